@@ -1,0 +1,47 @@
+"""The ``tsgate`` command: ``serve`` runs the gateway; ``dev`` starts local Cassandra/Redis."""
+
+import argparse
+import logging
+import sys
+
+from gateway import __version__
+from gateway.config import ConfigError, add_arguments, build_config
+
+
+def _setup_logging(level: str) -> None:
+    """Everything, Twisted included, goes through the logging module to stderr."""
+    from twisted.logger import STDLibLogObserver, globalLogBeginner
+
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    globalLogBeginner.beginLoggingTo([STDLibLogObserver()], redirectStandardIO=False)
+
+
+def _serve(namespace: argparse.Namespace) -> int:
+    try:
+        config = build_config(namespace)
+    except ConfigError as error:
+        print(f"tsgate serve: {error}", file=sys.stderr)
+        return 2
+    _setup_logging(config.log_level)
+    from gateway.service import run
+
+    return run(config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tsgate", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"tsgate {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the gateway")
+    add_arguments(serve)
+    serve.set_defaults(func=_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    namespace = build_parser().parse_args(argv)
+    return namespace.func(namespace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Every setting of ``tsgate serve`` in one table: command-line flag, config-file key, default.
+
+A config file (``--config FILE``) is TOML whose keys are the flag names without the leading
+dashes (``max-body-bytes = 1048576``). Flags given on the command line win over the file, the
+file wins over the defaults. docs/configuration.rst lists the same settings.
+"""
+
+import argparse
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+from gateway.model import Limits
+from protocols.timespec import UNIT_MS
+
+_DURATION_RE = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+
+
+def parse_duration(text: str) -> int:
+    """``10m``, ``7d``, ``1h30m`` -> milliseconds."""
+    text = str(text).strip()
+    position, total = 0, 0
+    for match in _DURATION_RE.finditer(text):
+        if match.start() != position:
+            break
+        total += int(match.group(1)) * UNIT_MS[match.group(2)]
+        position = match.end()
+    if position != len(text) or not text:
+        raise ValueError(f"{text!r} is not a duration (e.g. 30s, 10m, 7d, 1h30m)")
+    return total
+
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT`` or ``[v6]:PORT``."""
+    host, separator, port = str(text).rpartition(":")
+    if not separator or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _positive(text) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"{text!r} must be a positive integer")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: object
+    default: str
+    help: str
+
+
+SETTINGS = [
+    Setting("http", parse_hostport, "0.0.0.0:8080", "address of the HTTP APIs"),
+    Setting("data-dir", Path, "./tsgate-data", "directory of the embedded store"),
+    Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
+    Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
+    Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
+    Setting("max-inflight-samples", _positive, "1000000", "samples waiting for the store before writes get 503"),
+    Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
+    Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
+    Setting("max-name-length", _positive, "1024", "longest metric name"),
+    Setting("max-tag-key-length", _positive, "1024", "longest tag key"),
+    Setting("max-tag-value-length", _positive, "2048", "longest tag value"),
+    Setting("max-tags", _positive, "64", "most tags per series"),
+    Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
+    Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
+    Setting("log-level", lambda text: str(text).upper(), "info", "debug, info, warning or error"),
+]
+
+_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    http: tuple[str, int]
+    data_dir: Path
+    store: str
+    slot_width: int
+    max_body_bytes: int
+    max_inflight_samples: int
+    metadata_cache_size: int
+    max_series_per_query: int
+    max_name_length: int
+    max_tag_key_length: int
+    max_tag_value_length: int
+    max_tags: int
+    max_sample_age: int
+    max_future: int
+    log_level: str
+
+    @property
+    def store_url(self) -> str:
+        return self.store or f"sqlite:///{self.data_dir / 'tsgate.db'}"
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            max_name_length=self.max_name_length,
+            max_tag_key_length=self.max_tag_key_length,
+            max_tag_value_length=self.max_tag_value_length,
+            max_tags=self.max_tags,
+            max_sample_age_ms=self.max_sample_age,
+            max_future_ms=self.max_future,
+        )
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
+    for setting in SETTINGS:
+        parser.add_argument(f"--{setting.name}", default=None, help=f"{setting.help} (default {setting.default})")
+
+
+def _read_file(path: Path) -> dict[str, object]:
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"--config {path}: {error}") from None
+    values = {}
+    for key, value in document.items():
+        name = key.replace("_", "-")
+        if name not in _BY_NAME:
+            raise ConfigError(f"--config {path}: unknown setting {key!r}")
+        values[name] = value
+    return values
+
+
+def build_config(namespace: argparse.Namespace) -> Config:
+    """Defaults, then the config file, then flags; every value parsed and checked."""
+    raw = {setting.name: setting.default for setting in SETTINGS}
+    if namespace.config is not None:
+        raw.update(_read_file(namespace.config))
+    for setting in SETTINGS:
+        value = getattr(namespace, setting.name.replace("-", "_"))
+        if value is not None:
+            raw[setting.name] = value
+    values = {}
+    for name, value in raw.items():
+        try:
+            values[name.replace("-", "_")] = _BY_NAME[name].parse(value)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"--{name}: {error}") from None
+    if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
+    return Config(**values)

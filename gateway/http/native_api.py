@@ -1,0 +1,126 @@
+"""The native JSON API (seed 000): writes, metadata and queries under /api/."""
+
+from gateway.http.server import HTTPError, Router, arg, args, explicit_tenant, json_response, read_body, request_tenant, require_arg, Response
+from gateway.ingest import IngestPipeline
+from gateway.model import InvalidSample, Sample, validate_tenant
+from gateway.query import QueryPlanner
+from gateway.store import Store
+from protocols import native_json
+from protocols.timespec import BadTime, parse_time
+
+MAX_REPORTED_REJECTS = 100
+
+
+class NativeAPI:
+    def __init__(self, store: Store, pipeline: IngestPipeline, planner: QueryPlanner):
+        self.store = store
+        self.pipeline = pipeline
+        self.planner = planner
+
+    def register(self, router: Router) -> None:
+        router.add("/api/write/single", ("POST",), "write_single", self.write_single)
+        router.add("/api/write", ("POST",), "write", self.write_batch)
+        router.add("/api/put", ("POST",), "put", self.put)
+        router.add("/api/metadata/tenants", ("GET",), "tenants", self.tenants)
+        router.add("/api/metadata/metricNames", ("GET",), "metric_names", self.metric_names)
+        router.add("/api/metadata/tagKeys", ("GET",), "tag_keys", self.tag_keys)
+        router.add("/api/metadata/tagValues", ("GET",), "tag_values", self.tag_values)
+        router.add("/api/query", ("GET",), "query", self.query)
+
+    async def write_single(self, request):
+        return await self._write(request, native_json.decode_write_single)
+
+    async def write_batch(self, request):
+        return await self._write(request, native_json.decode_write_batch)
+
+    async def put(self, request):
+        return await self._write(request, native_json.decode_put)
+
+    async def _write(self, request, decode) -> Response:
+        """Write the good items; 200 when all were stored, 400 listing the rejects otherwise."""
+        request_tenant_ = explicit_tenant(request)
+        body = read_body(request)
+        try:
+            decoded, errors = decode(body, self.pipeline.clock())
+        except native_json.BadRequest as error:
+            raise HTTPError(400, str(error)) from None
+        rejects = [{"index": e.index, "field": e.field, "error": e.problem} for e in errors]
+        samples, positions = [], []
+        for index, item in decoded:
+            try:
+                tenant = self._item_tenant(item.tenant, request_tenant_)
+            except InvalidSample as error:
+                rejects.append({"index": index, "field": error.field, "error": error.problem})
+                continue
+            samples.append(Sample(tenant, item.metric_name, item.tags, item.timestamp_ms, item.value))
+            positions.append(index)
+        self.pipeline.count_rejected("json", "bad_item", len(rejects))
+        result = await self.pipeline.ingest("json", samples)
+        for reject in result.rejected:
+            rejects.append({"index": positions[reject.index], "field": reject.field, "error": reject.problem})
+        if not rejects:
+            return json_response(200, {"accepted": result.accepted, "rejected": []})
+        rejects.sort(key=lambda r: r["index"])
+        return json_response(
+            400,
+            {
+                "error": f"{len(rejects)} of {len(rejects) + result.accepted} samples rejected; the others were written",
+                "accepted": result.accepted,
+                "rejectedCount": len(rejects),
+                "rejected": rejects[:MAX_REPORTED_REJECTS],
+            },
+        )
+
+    @staticmethod
+    def _item_tenant(item_tenant: str | None, request_tenant_: str | None) -> str:
+        if item_tenant is None:
+            return request_tenant_ or "default"
+        validate_tenant(item_tenant)
+        if request_tenant_ is not None and item_tenant != request_tenant_:
+            raise InvalidSample(
+                "tenant", f"{item_tenant!r} differs from the request's tenant {request_tenant_!r}", "bad_tenant"
+            )
+        return item_tenant
+
+    async def tenants(self, request):
+        return json_response(200, await self.store.list_tenants())
+
+    async def metric_names(self, request):
+        return json_response(200, await self.store.list_metric_names(request_tenant(request)))
+
+    async def tag_keys(self, request):
+        tenant = request_tenant(request)
+        metric_name = require_arg(request, "metricName")
+        return json_response(200, await self.store.list_tag_keys(tenant, metric_name))
+
+    async def tag_values(self, request):
+        tenant = request_tenant(request)
+        metric_name = require_arg(request, "metricName")
+        tag_key = require_arg(request, "tagKey")
+        return json_response(200, await self.store.list_tag_values(tenant, metric_name, tag_key))
+
+    async def query(self, request):
+        tenant = request_tenant(request)
+        metric_name = require_arg(request, "metricName")
+        filters: dict[str, str] = {}
+        for pair in args(request, "tag"):
+            key, separator, value = pair.partition("=")
+            if not separator or not key:
+                raise HTTPError(400, f"tag {pair!r} must be written key=value", field="tag")
+            if filters.get(key, value) != value:
+                return json_response(200, [])
+            filters[key] = value
+        now = self.pipeline.clock()
+        start_ms = self._time(request, "start", "1h-ago", now)
+        end_ms = self._time(request, "end", "now", now)
+        if start_ms > end_ms:
+            raise HTTPError(400, "start is after end", field="start")
+        results = await self.planner.query(tenant, metric_name, filters, start_ms, end_ms)
+        return Response(200, native_json.encode_query_results(results))
+
+    @staticmethod
+    def _time(request, name: str, default: str, now: int) -> int:
+        try:
+            return parse_time(arg(request, name) or default, now)
+        except BadTime as error:
+            raise HTTPError(400, str(error), field=name) from None

@@ -1,0 +1,209 @@
+"""twisted.web glue shared by every HTTP API: routing, body limits, tenants, errors, metrics.
+
+Handlers are ``async def handler(request) -> Response``. Client mistakes raise HTTPError and
+become 4xx JSON answers; a store that cannot answer becomes 503 (so senders retry); anything
+else is logged and becomes 500.
+"""
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
+
+from twisted.internet import defer
+from twisted.web import resource, server
+
+from gateway import metrics
+from gateway.ingest import Overloaded
+from gateway.model import DEFAULT_TENANT, InvalidSample, validate_tenant
+from gateway.query import QueryTooLarge
+from gateway.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+class Response(NamedTuple):
+    status: int
+    body: bytes
+    content_type: str = JSON
+    headers: dict[str, str] = {}
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, **details):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.details = details
+
+
+def json_response(status: int, document) -> Response:
+    return Response(status, json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+
+
+Handler = Callable[[server.Request], Awaitable[Response]]
+
+
+class LimitedRequest(server.Request):
+    """A request that stops storing its body past the site's limit, so the handler can answer 413
+    without the gateway ever holding an oversized body."""
+
+    body_bytes = 0
+    body_too_large = False
+
+    def gotLength(self, length):
+        super().gotLength(length)
+        if length is not None and length > self.channel.site.max_body_bytes:
+            self.body_too_large = True
+
+    def handleContentChunk(self, data):
+        self.body_bytes += len(data)
+        if self.body_bytes > self.channel.site.max_body_bytes:
+            self.body_too_large = True
+        if not self.body_too_large:
+            super().handleContentChunk(data)
+
+
+class Site(server.Site):
+    requestFactory = LimitedRequest
+    noisy = False
+
+    def __init__(self, root: resource.Resource, max_body_bytes: int):
+        super().__init__(root)
+        self.max_body_bytes = max_body_bytes
+
+    def log(self, request):
+        """No per-request access log: /metrics has the request counts and latencies."""
+
+
+def read_body(request: LimitedRequest) -> bytes:
+    if request.body_too_large:
+        limit = request.channel.site.max_body_bytes
+        raise HTTPError(413, f"request body is over the limit of {limit} bytes (--max-body-bytes)")
+    request.content.seek(0)
+    return request.content.read()
+
+
+def arg(request: server.Request, name: str, default: str | None = None) -> str | None:
+    """A query-string or form argument as text; HTTPError 400 when it is not UTF-8."""
+    values = request.args.get(name.encode())
+    if not values:
+        return default
+    try:
+        return values[-1].decode("utf-8")
+    except UnicodeDecodeError:
+        raise HTTPError(400, f"parameter {name!r} is not valid UTF-8") from None
+
+
+def args(request: server.Request, name: str) -> list[str]:
+    try:
+        return [value.decode("utf-8") for value in request.args.get(name.encode(), [])]
+    except UnicodeDecodeError:
+        raise HTTPError(400, f"parameter {name!r} is not valid UTF-8") from None
+
+
+def require_arg(request: server.Request, name: str) -> str:
+    value = arg(request, name)
+    if not value:
+        raise HTTPError(400, f"parameter {name!r} is required", field=name)
+    return value
+
+
+def explicit_tenant(request: server.Request) -> str | None:
+    """The tenant a request names: ``tenant`` parameter, then X-Tenant, then X-Scope-OrgID."""
+    tenant = arg(request, "tenant")
+    for header in (b"x-tenant", b"x-scope-orgid"):
+        if tenant:
+            break
+        raw = request.getHeader(header)
+        tenant = raw.decode("utf-8", "replace").strip() if isinstance(raw, bytes) else raw
+    if not tenant:
+        return None
+    try:
+        return validate_tenant(tenant)
+    except InvalidSample as error:
+        raise HTTPError(400, str(error), field="tenant") from None
+
+
+def request_tenant(request: server.Request) -> str:
+    return explicit_tenant(request) or DEFAULT_TENANT
+
+
+def _root_cause(failure):
+    """gatherResults wraps the first failure in FirstError; the answer depends on what is inside."""
+    error = failure.value
+    while isinstance(error, defer.FirstError):
+        error = error.subFailure.value
+    return error
+
+
+class Router(resource.Resource):
+    """Exact-path routing with 404 for unknown paths and 405 (with Allow) for wrong methods."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.routes: dict[bytes, dict[bytes, tuple[str, Handler]]] = {}
+
+    def add(self, path: str, methods: tuple[str, ...], name: str, handler: Handler) -> None:
+        by_method = self.routes.setdefault(path.encode(), {})
+        for method in methods:
+            by_method[method.encode()] = (name, handler)
+
+    def render(self, request: server.Request):
+        started = time.perf_counter()
+        by_method = self.routes.get(request.path)
+        if by_method is None:
+            name, handler = "unknown", self._not_found
+        elif request.method not in by_method:
+            name, handler = "unknown", self._method_not_allowed(sorted(m.decode() for m in by_method))
+        else:
+            name, handler = by_method[request.method]
+        request.notifyFinish().addErrback(lambda _: setattr(request, "client_gone", True))
+        deferred = defer.ensureDeferred(handler(request))
+        deferred.addErrback(self._error_response, request)
+        deferred.addCallback(self._send, request, name, started)
+        deferred.addErrback(lambda failure: log.error("could not answer %s: %s", request.uri, failure.getTraceback()))
+        return server.NOT_DONE_YET
+
+    async def _not_found(self, request):
+        raise HTTPError(404, f"no such endpoint: {request.path.decode('utf-8', 'replace')}")
+
+    def _method_not_allowed(self, allowed: list[str]):
+        async def handler(request):
+            raise HTTPError(405, f"method {request.method.decode()} not allowed; use {', '.join(allowed)}", allow=allowed)
+
+        return handler
+
+    def _error_response(self, failure, request) -> Response:
+        error = _root_cause(failure)
+        if isinstance(error, HTTPError):
+            response = json_response(error.status, {"error": error.message, **error.details})
+            if error.status == 405:
+                return response._replace(headers={"Allow": ", ".join(error.details["allow"])})
+            return response
+        if isinstance(error, QueryTooLarge):
+            return json_response(422, {"error": str(error)})
+        if isinstance(error, (StoreUnavailable, Overloaded)):
+            log.warning("answering 503 to %s: %s", request.uri, error)
+            response = json_response(503, {"error": f"the store cannot take this request now, retry later: {error}"})
+            return response._replace(headers={"Retry-After": "1"})
+        log.error("error answering %s: %s", request.uri, failure.getTraceback())
+        return json_response(500, {"error": "internal error; see the gateway log"})
+
+    def _send(self, response: Response, request: server.Request, name: str, started: float) -> None:
+        metrics.HTTP_REQUESTS.labels(name, request.method.decode("ascii", "replace"), str(response.status)).observe(
+            time.perf_counter() - started
+        )
+        if request.finished or getattr(request, "client_gone", False):
+            return
+        request.setResponseCode(response.status)
+        request.setHeader(b"content-type", response.content_type.encode())
+        for header, value in response.headers.items():
+            request.setHeader(header.encode(), value.encode())
+        request.write(response.body)
+        request.finish()

@@ -1,0 +1,105 @@
+"""The ingest pipeline every protocol feeds: validate, hash, write metadata once, write data.
+
+A write is acknowledged (the Deferred fires) only after the store has accepted both the
+metadata of new series and every data point. Invalid samples are rejected one by one; the
+good samples beside them are still written.
+"""
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from twisted.internet.defer import Deferred
+
+from gateway import metrics
+from gateway.metadata_cache import SeenSeries
+from gateway.model import InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_sample
+from gateway.store import Store
+from gateway.store.contract import RawPoint
+
+
+class Rejected(NamedTuple):
+    index: int
+    field: str
+    problem: str
+    reason: str
+
+
+class IngestResult(NamedTuple):
+    accepted: int
+    rejected: list[Rejected]
+
+
+class Overloaded(Exception):
+    """More samples are in flight than the configured bound: the client should retry later."""
+
+
+class IngestPipeline:
+    def __init__(self, store: Store, limits: Limits, seen: SeenSeries, max_inflight_samples: int, clock=now_ms):
+        self.store = store
+        self.limits = limits
+        self.seen = seen
+        self.max_inflight_samples = max_inflight_samples
+        self.clock = clock
+        self.inflight_samples = 0
+        self._drained: list[Deferred] = []
+
+    def count_rejected(self, protocol: str, reason: str, count: int = 1) -> None:
+        """Count samples a protocol decoder refused before they reached the pipeline."""
+        metrics.SAMPLES_REJECTED.labels(protocol, reason).inc(count)
+
+    async def ingest(self, protocol: str, samples: Sequence[Sample]) -> IngestResult:
+        """Validate and store samples; rejects carry their index in ``samples``."""
+        rejected: list[Rejected] = []
+        now = self.clock()
+        points: list[RawPoint] = []
+        new_series: dict[tuple[str, str], SeriesKey] = {}
+        hashes: dict[tuple[str, str], str] = {}
+        for index, sample in enumerate(samples):
+            try:
+                validate_sample(sample, self.limits, now)
+            except InvalidSample as error:
+                item = Rejected(index, error.field, error.problem, error.reason)
+                rejected.append(item)
+                self.count_rejected(protocol, error.reason)
+                continue
+            text = series_set_text(sample.metric_name, sample.tags)
+            hash_ = hashes.get((sample.tenant, text))
+            if hash_ is None:
+                hash_ = hashes[(sample.tenant, text)] = series_set_hash(text)
+                key = (sample.tenant, hash_)
+                if key not in self.seen:
+                    new_series[key] = SeriesKey(sample.tenant, hash_, sample.metric_name, sample.tags)
+            points.append(RawPoint(sample.tenant, hash_, sample.timestamp_ms, sample.value))
+        if points:
+            await self._write(new_series, points)
+            metrics.SAMPLES_ACCEPTED.labels(protocol).inc(len(points))
+        return IngestResult(len(points), rejected)
+
+    async def _write(self, new_series: dict[tuple[str, str], SeriesKey], points: list[RawPoint]) -> None:
+        if self.inflight_samples and self.inflight_samples + len(points) > self.max_inflight_samples:
+            raise Overloaded(f"{self.inflight_samples} samples are already waiting for the store")
+        self.inflight_samples += len(points)
+        metrics.INGEST_INFLIGHT.set(self.inflight_samples)
+        try:
+            if new_series:
+                # Metadata first: whatever data is acknowledged is always findable.
+                await metrics.observe_store("write_series", self.store.write_series(list(new_series.values())))
+                self.seen.add_all(new_series)
+                metrics.SERIES_CREATED.inc(len(new_series))
+            await metrics.observe_store("write_raw", self.store.write_raw(points))
+        finally:
+            self.inflight_samples -= len(points)
+            metrics.INGEST_INFLIGHT.set(self.inflight_samples)
+            if not self.inflight_samples:
+                waiting, self._drained = self._drained, []
+                for deferred in waiting:
+                    deferred.callback(None)
+
+    def drain(self) -> Deferred:
+        """Fire once nothing is in flight (used at shutdown, after listeners stopped)."""
+        deferred = Deferred()
+        if self.inflight_samples:
+            self._drained.append(deferred)
+        else:
+            deferred.callback(None)
+        return deferred

@@ -1,0 +1,33 @@
+"""The gateway's own Prometheus metrics, served at /metrics (prometheus-client)."""
+
+import time
+
+from prometheus_client import Counter, Gauge, Histogram
+
+SAMPLES_ACCEPTED = Counter("tsgate_samples_accepted", "Samples written to the store", ["protocol"])
+SAMPLES_REJECTED = Counter("tsgate_samples_rejected", "Samples refused, by reason", ["protocol", "reason"])
+HTTP_REQUESTS = Histogram(
+    "tsgate_http_request_duration_seconds", "HTTP request latency", ["handler", "method", "code"]
+)
+STORE_OPERATIONS = Histogram(
+    "tsgate_store_operation_duration_seconds", "Store call latency, by operation", ["operation"]
+)
+STORE_ERRORS = Counter("tsgate_store_errors", "Store calls that failed, by operation", ["operation"])
+METADATA_CACHE = Counter("tsgate_metadata_cache_lookups", "Series metadata cache lookups", ["level", "result"])
+SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
+INGEST_INFLIGHT = Gauge("tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored")
+
+
+def observe_store(operation: str, deferred):
+    """Time a store call and count its failures; returns the same Deferred."""
+    started = time.perf_counter()
+
+    def succeeded(result):
+        STORE_OPERATIONS.labels(operation).observe(time.perf_counter() - started)
+        return result
+
+    def failed(failure):
+        STORE_ERRORS.labels(operation).inc()
+        return failure
+
+    return deferred.addCallbacks(succeeded, failed)

@@ -1,0 +1,100 @@
+"""The store contract: one interface, implemented table for table by every driver.
+
+Tables (docs/storage.rst has the layouts and the partition arithmetic):
+
+- ``tenants``            every tenant that ever wrote
+- ``metric_names``       tenant -> metric names
+- ``series_set_hashes``  (tenant, hash) -> metric name + tags
+- ``series_sets``        (tenant, metric, tag key, tag value) -> hashes; the intersection index.
+                         Every series is also indexed under the pseudo tag ``__name__=<metric>``.
+- ``tag_keys``           (tenant, metric) -> tag keys
+- ``tag_values``         (tenant, metric, tag key) -> tag values
+- ``data_raw``           (tenant, hash, time_slot) -> (ts, value); a partition holds one series for
+                         one slot, so its size is bounded by the slot width and the sample rate.
+
+Every method returns a Deferred: drivers never block the reactor. Writes are upserts, so
+writing the same metadata or the same (series, ts) twice is harmless (the last value wins).
+Time ranges are inclusive at both ends, as in Prometheus.
+"""
+
+import abc
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from twisted.internet.defer import Deferred
+
+from gateway.model import SeriesKey
+
+
+class RawPoint(NamedTuple):
+    tenant: str
+    series_set_hash: str
+    timestamp_ms: int
+    value: float
+
+
+class StoreUnavailable(Exception):
+    """The store cannot take or answer a request right now; the client should retry (503)."""
+
+
+def time_slot(timestamp_ms: int, slot_width_ms: int) -> int:
+    """Start of the slot holding a timestamp (floor, also for negative timestamps)."""
+    return timestamp_ms - timestamp_ms % slot_width_ms
+
+
+def time_slots(start_ms: int, end_ms: int, slot_width_ms: int) -> range:
+    """Every slot that overlaps the inclusive range [start_ms, end_ms]."""
+    return range(time_slot(start_ms, slot_width_ms), end_ms + 1, slot_width_ms)
+
+
+class Store(abc.ABC):
+    def __init__(self, slot_width_ms: int):
+        self.slot_width_ms = slot_width_ms
+
+    @abc.abstractmethod
+    def start(self) -> Deferred:
+        """Connect; the embedded store also creates its schema here."""
+
+    @abc.abstractmethod
+    def close(self) -> Deferred:
+        """Finish what is in flight and release connections and threads."""
+
+    @abc.abstractmethod
+    def ping(self) -> Deferred:
+        """Fire when the store answers a trivial query; fail with StoreUnavailable otherwise."""
+
+    @abc.abstractmethod
+    def write_series(self, series: Sequence[SeriesKey]) -> Deferred:
+        """Upsert the metadata of these series into every metadata table."""
+
+    @abc.abstractmethod
+    def write_raw(self, points: Sequence[RawPoint]) -> Deferred:
+        """Upsert raw points into data_raw; fire only once the store has accepted all of them."""
+
+    @abc.abstractmethod
+    def list_tenants(self) -> Deferred:
+        """Fire with the sorted list of tenants."""
+
+    @abc.abstractmethod
+    def list_metric_names(self, tenant: str) -> Deferred:
+        """Fire with the sorted metric names of a tenant."""
+
+    @abc.abstractmethod
+    def list_tag_keys(self, tenant: str, metric_name: str) -> Deferred:
+        """Fire with the sorted tag keys of a metric (never ``__name__``)."""
+
+    @abc.abstractmethod
+    def list_tag_values(self, tenant: str, metric_name: str, tag_key: str) -> Deferred:
+        """Fire with the sorted values of a tag key of a metric."""
+
+    @abc.abstractmethod
+    def find_series(self, tenant: str, metric_name: str, tag_key: str, tag_value: str) -> Deferred:
+        """Fire with the set of series-set hashes indexed under one tag pair (series_sets)."""
+
+    @abc.abstractmethod
+    def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:
+        """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
+
+    @abc.abstractmethod
+    def read_raw(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
+        """Fire with [(timestamp_ms, value), ...] in time order for one series and range."""

@@ -1,0 +1,264 @@
+"""The embedded default store: one SQLite file (WAL, synchronous=FULL, so a commit is durable).
+
+The tables mirror the Cassandra ones column for column (see contract.py). SQLite calls block,
+so they run on threads: one writer thread (SQLite allows one writer at a time) and a small pool
+of readers, each thread with its own connection.
+"""
+
+import json
+import math
+import sqlite3
+import struct
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from twisted.internet import reactor, threads
+from twisted.internet.defer import succeed
+from twisted.python.threadpool import ThreadPool
+
+from gateway.model import NAME_TAG, SeriesKey
+from gateway.store.contract import RawPoint, Store, StoreUnavailable, time_slot
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tenants (
+    tenant TEXT NOT NULL PRIMARY KEY
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS metric_names (
+    tenant TEXT NOT NULL,
+    metric_name TEXT NOT NULL,
+    PRIMARY KEY (tenant, metric_name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS series_set_hashes (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    metric_name TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    PRIMARY KEY (tenant, series_set_hash)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS series_sets (
+    tenant TEXT NOT NULL,
+    metric_name TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    tag_value TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    PRIMARY KEY (tenant, metric_name, tag_key, tag_value, series_set_hash)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tag_keys (
+    tenant TEXT NOT NULL,
+    metric_name TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    PRIMARY KEY (tenant, metric_name, tag_key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tag_values (
+    tenant TEXT NOT NULL,
+    metric_name TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    tag_value TEXT NOT NULL,
+    PRIMARY KEY (tenant, metric_name, tag_key, tag_value)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS data_raw (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    value REAL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
+) WITHOUT ROWID;
+"""
+
+_NAN = struct.Struct("<d")
+
+
+def _encode_value(value: float):
+    """SQLite turns NaN into NULL; keep NaNs as their 8 bytes so stale markers survive bit-exact."""
+    return _NAN.pack(value) if math.isnan(value) else value
+
+
+def _decode_value(stored) -> float:
+    return _NAN.unpack(stored)[0] if isinstance(stored, bytes) else stored
+
+
+class SQLiteStore(Store):
+    def __init__(self, path: Path, slot_width_ms: int, readers: int = 4):
+        super().__init__(slot_width_ms)
+        self.path = path
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._writer = ThreadPool(1, 1, name="sqlite-writer")
+        self._readers = ThreadPool(1, readers, name="sqlite-reader")
+
+    @classmethod
+    def from_url(cls, url: str, slot_width_ms: int) -> "SQLiteStore":
+        """``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``."""
+        parts = urlsplit(url)
+        path = unquote(parts.path)[1:] if parts.path.startswith("/") else unquote(parts.path)
+        if parts.netloc or not path:
+            raise ValueError(f"--store {url!r}: expected sqlite:///path/to/file.db")
+        return cls(Path(path), slot_width_ms)
+
+    def _connection(self) -> sqlite3.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            # Each connection stays on the thread that made it; close() closes them all after
+            # the threads have stopped, hence check_same_thread=False.
+            connection = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
+            connection.execute("PRAGMA synchronous=FULL")
+            self._local.connection = connection
+            self._connections.append(connection)
+        return connection
+
+    def _run(self, pool: ThreadPool, function, *args):
+        def guarded():
+            try:
+                return function(self._connection(), *args)
+            except sqlite3.OperationalError as error:
+                raise StoreUnavailable(f"sqlite: {error}") from error
+
+        return threads.deferToThreadPool(reactor, pool, guarded)
+
+    def _write(self, function, *args):
+        return self._run(self._writer, function, *args)
+
+    def _read(self, function, *args):
+        return self._run(self._readers, function, *args)
+
+    def start(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer.start()
+        self._readers.start()
+        return self._write(_create_schema)
+
+    def close(self):
+        def stop_and_close():
+            self._writer.stop()
+            self._readers.stop()
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+
+        return threads.deferToThread(stop_and_close)
+
+    def ping(self):
+        return self._read(lambda connection: connection.execute("SELECT 1").fetchone())
+
+    def write_series(self, series: Sequence[SeriesKey]):
+        return self._write(_write_series, list(series))
+
+    def write_raw(self, points: Sequence[RawPoint]):
+        width = self.slot_width_ms
+        rows = [
+            (p.tenant, p.series_set_hash, time_slot(p.timestamp_ms, width), p.timestamp_ms, _encode_value(p.value))
+            for p in points
+        ]
+        return self._write(_write_raw, rows)
+
+    def list_tenants(self):
+        return self._read(_column, "SELECT tenant FROM tenants ORDER BY tenant", ())
+
+    def list_metric_names(self, tenant):
+        return self._read(_column, "SELECT metric_name FROM metric_names WHERE tenant=? ORDER BY metric_name", (tenant,))
+
+    def list_tag_keys(self, tenant, metric_name):
+        return self._read(
+            _column, "SELECT tag_key FROM tag_keys WHERE tenant=? AND metric_name=? ORDER BY tag_key", (tenant, metric_name)
+        )
+
+    def list_tag_values(self, tenant, metric_name, tag_key):
+        return self._read(
+            _column,
+            "SELECT tag_value FROM tag_values WHERE tenant=? AND metric_name=? AND tag_key=? ORDER BY tag_value",
+            (tenant, metric_name, tag_key),
+        )
+
+    def find_series(self, tenant, metric_name, tag_key, tag_value):
+        query = (
+            "SELECT series_set_hash FROM series_sets"
+            " WHERE tenant=? AND metric_name=? AND tag_key=? AND tag_value=?"
+        )
+        return self._read(_column, query, (tenant, metric_name, tag_key, tag_value)).addCallback(set)
+
+    def get_series(self, tenant, hashes: Iterable[str]):
+        return self._read(_get_series, tenant, list(hashes))
+
+    def read_raw(self, tenant, series_set_hash, start_ms, end_ms):
+        if end_ms < start_ms:
+            return succeed([])
+        first_slot = time_slot(start_ms, self.slot_width_ms)
+        last_slot = time_slot(end_ms, self.slot_width_ms)
+        return self._read(_read_raw, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)
+
+
+def _create_schema(connection: sqlite3.Connection) -> None:
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.executescript(SCHEMA)
+    connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _column(connection: sqlite3.Connection, query: str, parameters: tuple) -> list:
+    return [row[0] for row in connection.execute(query, parameters)]
+
+
+def _transaction(connection: sqlite3.Connection, statements: list[tuple[str, list]]) -> None:
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        for query, rows in statements:
+            connection.executemany(query, rows)
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
+
+
+def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> None:
+    index_rows, key_rows, value_rows = [], [], []
+    for s in series:
+        index_rows.append((s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash))
+        for key, value in s.tags.items():
+            index_rows.append((s.tenant, s.metric_name, key, value, s.series_set_hash))
+            key_rows.append((s.tenant, s.metric_name, key))
+            value_rows.append((s.tenant, s.metric_name, key, value))
+    _transaction(
+        connection,
+        [
+            ("INSERT OR IGNORE INTO tenants VALUES (?)", [(s.tenant,) for s in series]),
+            ("INSERT OR IGNORE INTO metric_names VALUES (?, ?)", [(s.tenant, s.metric_name) for s in series]),
+            (
+                "INSERT OR REPLACE INTO series_set_hashes VALUES (?, ?, ?, ?)",
+                [(s.tenant, s.series_set_hash, s.metric_name, json.dumps(s.tags, sort_keys=True)) for s in series],
+            ),
+            ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", index_rows),
+            ("INSERT OR IGNORE INTO tag_keys VALUES (?, ?, ?)", key_rows),
+            ("INSERT OR IGNORE INTO tag_values VALUES (?, ?, ?, ?)", value_rows),
+        ],
+    )
+
+
+def _write_raw(connection: sqlite3.Connection, rows: list[tuple]) -> None:
+    _transaction(connection, [("INSERT OR REPLACE INTO data_raw VALUES (?, ?, ?, ?, ?)", rows)])
+
+
+def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, SeriesKey]:
+    found = {}
+    for start in range(0, len(hashes), 500):
+        chunk = hashes[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        query = (
+            "SELECT series_set_hash, metric_name, tags FROM series_set_hashes"
+            f" WHERE tenant=? AND series_set_hash IN ({marks})"
+        )
+        for series_set_hash, metric_name, tags in connection.execute(query, (tenant, *chunk)):
+            found[series_set_hash] = SeriesKey(tenant, series_set_hash, metric_name, json.loads(tags))
+    return found
+
+
+def _read_raw(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> list[tuple[int, float]]:
+    query = (
+        "SELECT ts, value FROM data_raw WHERE tenant=? AND series_set_hash=?"
+        " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
+    )
+    rows = connection.execute(query, (tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms))
+    return [(ts, _decode_value(value)) for ts, value in rows]

@@ -1,0 +1,179 @@
+"""The native JSON API's wire format: write bodies in, query results out.
+
+Write items (``/api/write/single``, ``/api/write`` as an array, seed 000)::
+
+    {"tenant": "t-1", "metricName": "cpu_idle", "tags": {"host": "h-1"}, "ts": 1700000000, "value": 1.5}
+
+Put items (``/api/put``, OpenTSDB style, one object or an array)::
+
+    {"metric": "cpu_idle", "tags": {"host": "h-1"}, "timestamp": 1700000000, "value": 1.5}
+
+Timestamps are epoch seconds or milliseconds (protocols.timespec's rule) or ISO-8601 strings;
+omitted, they are the arrival time. Values are JSON numbers, numeric strings, or ``"NaN"``,
+``"+Inf"``, ``"-Inf"``. Each item is decoded on its own: a bad item becomes an ItemError and the
+others go on.
+"""
+
+import json
+import math
+from typing import Any, NamedTuple
+
+from protocols.timespec import BadTime, epoch_to_ms, format_iso, parse_time
+
+
+class BadRequest(ValueError):
+    """The whole body is unusable (not JSON, wrong top-level shape)."""
+
+
+class DecodedItem(NamedTuple):
+    tenant: str | None
+    metric_name: str
+    tags: dict
+    timestamp_ms: int
+    value: float
+
+
+class ItemError(NamedTuple):
+    index: int
+    field: str
+    problem: str
+
+
+class _FieldError(ValueError):
+    def __init__(self, field: str, problem: str):
+        super().__init__(problem)
+        self.field = field
+        self.problem = problem
+
+
+_SPECIAL_VALUES = {"nan": math.nan, "+inf": math.inf, "inf": math.inf, "-inf": -math.inf}
+
+
+def _parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError as error:
+        raise BadRequest(f"body is not UTF-8: {error}") from None
+    except json.JSONDecodeError as error:
+        raise BadRequest(f"body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise BadRequest("body is nested too deeply") from None
+
+
+def _value(raw: Any) -> float:
+    if isinstance(raw, bool) or raw is None:
+        raise _FieldError("value", f"must be a number, got {json.dumps(raw)}")
+    if isinstance(raw, (int, float)):
+        try:
+            return float(raw)
+        except OverflowError:
+            raise _FieldError("value", "is too large for a float64") from None
+    if isinstance(raw, str):
+        special = _SPECIAL_VALUES.get(raw.strip().lower())
+        if special is not None:
+            return special
+        try:
+            return float(raw)
+        except ValueError:
+            pass
+    raise _FieldError("value", f"must be a number, got {json.dumps(raw)[:60]}")
+
+
+def _timestamp(raw: Any, field: str, now_ms: int) -> int:
+    if raw is None:
+        return now_ms
+    if isinstance(raw, bool):
+        raise _FieldError(field, "must be epoch seconds, milliseconds or an ISO-8601 string")
+    if isinstance(raw, (int, float)):
+        if not math.isfinite(raw):
+            raise _FieldError(field, "must be finite")
+        return epoch_to_ms(raw)
+    if isinstance(raw, str):
+        try:
+            return parse_time(raw, now_ms)
+        except BadTime as error:
+            raise _FieldError(field, str(error)) from None
+    raise _FieldError(field, "must be epoch seconds, milliseconds or an ISO-8601 string")
+
+
+def _item(raw: Any, name_field: str, time_fields: tuple[str, ...], now_ms: int) -> DecodedItem:
+    if not isinstance(raw, dict):
+        raise _FieldError("", "each item must be a JSON object")
+    tenant = raw.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        raise _FieldError("tenant", "must be a string")
+    if name_field not in raw:
+        raise _FieldError(name_field, "is required")
+    tags = raw.get("tags", {})
+    if not isinstance(tags, dict):
+        raise _FieldError("tags", "must be an object of tag names to string values")
+    if "value" not in raw:
+        raise _FieldError("value", "is required")
+    time_field = next((f for f in time_fields if f in raw), time_fields[0])
+    timestamp_ms = _timestamp(raw.get(time_field), time_field, now_ms)
+    return DecodedItem(tenant, raw[name_field], tags, timestamp_ms, _value(raw["value"]))
+
+
+def _items(raw_items: list, name_field: str, time_fields: tuple[str, ...], now_ms: int):
+    decoded: list[tuple[int, DecodedItem]] = []
+    errors: list[ItemError] = []
+    for index, raw in enumerate(raw_items):
+        try:
+            decoded.append((index, _item(raw, name_field, time_fields, now_ms)))
+        except _FieldError as error:
+            errors.append(ItemError(index, error.field, error.problem))
+    return decoded, errors
+
+
+def decode_write_single(body: bytes, now_ms: int):
+    """One seed-000 object -> ([(0, DecodedItem)], [ItemError])."""
+    raw = _parse_json(body)
+    if not isinstance(raw, dict):
+        raise BadRequest("body must be one JSON object (use /api/write for an array)")
+    return _items([raw], "metricName", ("ts", "timestamp"), now_ms)
+
+
+def decode_write_batch(body: bytes, now_ms: int):
+    """A JSON array of seed-000 objects -> ([(index, DecodedItem)], [ItemError])."""
+    raw = _parse_json(body)
+    if not isinstance(raw, list):
+        raise BadRequest("body must be a JSON array of objects")
+    return _items(raw, "metricName", ("ts", "timestamp"), now_ms)
+
+
+def decode_put(body: bytes, now_ms: int):
+    """An OpenTSDB-style object or array -> ([(index, DecodedItem)], [ItemError])."""
+    raw = _parse_json(body)
+    if isinstance(raw, dict):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise BadRequest("body must be a JSON object or an array of objects")
+    return _items(raw, "metric", ("timestamp",), now_ms)
+
+
+def json_value(value: float) -> float | str:
+    """JSON has no NaN or infinities: write them as Prometheus does, as strings."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "+Inf" if value > 0 else "-Inf"
+
+
+def encode_json(document: Any) -> bytes:
+    return json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def encode_query_results(results) -> bytes:
+    """Seed 000's query answer: [{tenant, metricName, tags, values: {ISO time: value}}]."""
+    return encode_json(
+        [
+            {
+                "tenant": result.tenant,
+                "metricName": result.metric_name,
+                "tags": result.tags,
+                "values": {format_iso(ts): json_value(value) for ts, value in result.points},
+            }
+            for result in results
+        ]
+    )
