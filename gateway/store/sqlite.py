@@ -70,16 +70,19 @@ CREATE TABLE IF NOT EXISTS data_raw (
 ) WITHOUT ROWID;
 """
 
-_NAN = struct.Struct("<d")
+_FLOAT = struct.Struct("<d")
 
 
 def _encode_value(value: float):
-    """SQLite turns NaN into NULL; keep NaNs as their 8 bytes so stale markers survive bit-exact."""
-    return _NAN.pack(value) if math.isnan(value) else value
+    """SQLite turns NaN into NULL and -0.0 into 0: keep those as their 8 bytes, so that values
+    (Prometheus stale markers above all) come back bit-exact."""
+    if math.isnan(value) or (value == 0 and math.copysign(1.0, value) < 0):
+        return _FLOAT.pack(value)
+    return value
 
 
 def _decode_value(stored) -> float:
-    return _NAN.unpack(stored)[0] if isinstance(stored, bytes) else stored
+    return _FLOAT.unpack(stored)[0] if isinstance(stored, bytes) else stored
 
 
 class SQLiteStore(Store):

@@ -1,0 +1,92 @@
+"""Start a real ``tsgate serve`` process on a free loopback port and talk HTTP to it."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class HTTPAnswer:
+    def __init__(self, status: int, headers, body: bytes):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class GatewayProcess:
+    """One gateway process; ``stop()`` sends SIGTERM and returns the exit code."""
+
+    def __init__(self, workdir: Path, *args: str):
+        self.workdir = workdir
+        self.args = list(args)
+        self.port = free_port()
+        self.process = None
+        self.log_path = workdir / f"gateway-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> "GatewayProcess":
+        command = [sys.executable, "-m", "gateway.cli", "serve", "--http", f"127.0.0.1:{self.port}", *self.args]
+        if not {"--data-dir", "--store", "--config"} & set(self.args):
+            command += ["--data-dir", str(self.workdir / "data")]
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.process = subprocess.Popen(command, cwd=self.workdir, env=env, stderr=self.log_path.open("ab"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if self.get("/healthz").status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"gateway did not answer /healthz within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+
+    def request(self, method: str, path: str, body=None, headers=None, timeout: float = 30) -> HTTPAnswer:
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return HTTPAnswer(answer.status, answer.headers, answer.read())
+        except urllib.error.HTTPError as error:
+            return HTTPAnswer(error.code, error.headers, error.read())
+
+    def get(self, path: str, **kwargs) -> HTTPAnswer:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, body, **kwargs) -> HTTPAnswer:
+        return self.request("POST", path, body, **kwargs)

@@ -1,0 +1,83 @@
+"""The tsgate command line and its config file, run as a user would."""
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway import __version__
+from gateway.cli import build_parser
+from gateway.config import ConfigError, build_config, parse_duration, parse_hostport
+from tests.gatewayproc import REPO, GatewayProcess
+
+
+def tsgate(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_version():
+    result = tsgate("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"tsgate {__version__}"
+
+
+def config_from(*argv):
+    return build_config(build_parser().parse_args(["serve", *argv]))
+
+
+def test_defaults():
+    config = config_from()
+    assert config.http == ("0.0.0.0", 8080)
+    assert config.store_url == "sqlite:///tsgate-data/tsgate.db"
+    assert config.slot_width == 3_600_000
+
+
+def test_file_then_flags(tmp_path):
+    path = tmp_path / "tsgate.toml"
+    path.write_text('http = "127.0.0.1:9999"\nmax_tags = 5\nmax-sample-age = "7d"\n')
+    config = config_from("--config", str(path), "--max-tags", "7")
+    assert config.http == ("127.0.0.1", 9999)
+    assert config.max_tags == 7
+    assert config.max_sample_age == 7 * 86_400_000
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [("nope = 1\n", "unknown setting 'nope'"), ("max_tags = -1\n", "--max-tags"), ("http = [\n", "--config"), ('slot-width = "fast"\n', "duration")],
+)
+def test_bad_config_file_is_refused(tmp_path, content, words):
+    path = tmp_path / "bad.toml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=words):
+        config_from("--config", str(path))
+
+
+def test_bad_flag_exits_2_with_a_message():
+    result = tsgate("serve", "--http", "nowhere")
+    assert result.returncode == 2 and "--http" in result.stderr
+
+
+def test_parsers():
+    assert parse_duration("1h30m") == 5_400_000
+    assert parse_hostport("[::1]:80") == ("::1", 80)
+    assert parse_hostport(":80") == ("0.0.0.0", 80)
+    for bad in ("", "5", "m5", "5 m"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+
+
+def test_serve_from_a_config_file(tmp_path):
+    process = GatewayProcess(tmp_path, "--config", str(tmp_path / "c.toml"))
+    (tmp_path / "c.toml").write_text(f'data-dir = "{tmp_path / "d"}"\nlog-level = "debug"\n')
+    process.start()
+    try:
+        assert process.post("/api/write/single", {"metricName": "m", "value": 1}).status == 200
+    finally:
+        assert process.stop() == 0
+    assert (tmp_path / "d" / "tsgate.db").exists()
+
+
+def test_unwritable_store_fails_start_with_exit_1(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = tsgate("serve", "--http", "127.0.0.1:0", "--data-dir", str(blocker / "sub"))
+    assert result.returncode == 1 and "could not start" in result.stderr

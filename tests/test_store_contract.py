@@ -1,0 +1,119 @@
+"""The store contract: every driver must pass this same suite."""
+
+import math
+import struct
+
+import pytest_twisted
+
+from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.store.contract import RawPoint, time_slot, time_slots
+
+HOUR = 3_600_000
+STALE_NAN_BITS = 0x7FF0000000000002
+
+
+def series(tenant, metric, tags):
+    return SeriesKey(tenant, series_set_hash(series_set_text(metric, tags)), metric, tags)
+
+
+def bits(value: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", value))[0]
+
+
+def test_time_slots_cover_an_inclusive_range():
+    assert time_slot(-1, HOUR) == -HOUR
+    assert time_slot(HOUR, HOUR) == HOUR
+    assert list(time_slots(HOUR - 1, HOUR, HOUR)) == [0, HOUR]
+    assert list(time_slots(HOUR, HOUR, HOUR)) == [HOUR]
+
+
+@pytest_twisted.ensureDeferred
+async def test_ping(store):
+    await store.ping()
+
+
+@pytest_twisted.ensureDeferred
+async def test_metadata_tables(store, tenant):
+    a = series(tenant, "cpu", {"host": "a", "os": "linux"})
+    b = series(tenant, "cpu", {"host": "b", "os": "linux"})
+    c = series(tenant, "mem", {"host": "a"})
+    await store.write_series([a, b, c])
+    assert tenant in await store.list_tenants()
+    assert await store.list_metric_names(tenant) == ["cpu", "mem"]
+    assert await store.list_tag_keys(tenant, "cpu") == ["host", "os"]
+    assert await store.list_tag_values(tenant, "cpu", "host") == ["a", "b"]
+    assert await store.list_tag_values(tenant, "cpu", "nope") == []
+    assert await store.find_series(tenant, "cpu", "os", "linux") == {a.series_set_hash, b.series_set_hash}
+    assert await store.find_series(tenant, "cpu", "host", "a") == {a.series_set_hash}
+    assert await store.find_series(tenant, "cpu", "__name__", "cpu") == {a.series_set_hash, b.series_set_hash}
+    assert await store.find_series(tenant, "mem", "host", "b") == set()
+    found = await store.get_series(tenant, [a.series_set_hash, c.series_set_hash, "unknown"])
+    assert found == {a.series_set_hash: a, c.series_set_hash: c}
+
+
+@pytest_twisted.ensureDeferred
+async def test_metadata_writes_are_idempotent(store, tenant):
+    a = series(tenant, "cpu", {"host": "a"})
+    await store.write_series([a, a])
+    await store.write_series([a])
+    assert await store.list_metric_names(tenant) == ["cpu"]
+    assert await store.find_series(tenant, "cpu", "host", "a") == {a.series_set_hash}
+
+
+@pytest_twisted.ensureDeferred
+async def test_awkward_names_round_trip(store, tenant):
+    tags = {"k,=\\": "v,=\\ ünïcødé", "empty-looking": " "}
+    s = series(tenant, "we,ird=name\\", tags)
+    await store.write_series([s])
+    assert await store.get_series(tenant, [s.series_set_hash]) == {s.series_set_hash: s}
+    assert await store.list_tag_keys(tenant, "we,ird=name\\") == sorted(tags)
+
+
+@pytest_twisted.ensureDeferred
+async def test_get_series_with_many_hashes(store, tenant):
+    many = [series(tenant, "m", {"i": str(i)}) for i in range(1200)]
+    await store.write_series(many)
+    found = await store.get_series(tenant, [s.series_set_hash for s in many])
+    assert len(found) == 1200
+
+
+@pytest_twisted.ensureDeferred
+async def test_tenants_are_isolated(store, tenant):
+    other = tenant + "-other"
+    a = series(tenant, "cpu", {"host": "a"})
+    await store.write_series([a])
+    await store.write_raw([RawPoint(tenant, a.series_set_hash, 1000, 1.0)])
+    assert await store.list_metric_names(other) == []
+    assert await store.find_series(other, "cpu", "host", "a") == set()
+    assert await store.get_series(other, [a.series_set_hash]) == {}
+    assert await store.read_raw(other, a.series_set_hash, 0, 2000) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_raw_data_in_time_order_across_slots(store, tenant):
+    h = series(tenant, "cpu", {}).series_set_hash
+    timestamps = [5 * HOUR + 1, HOUR - 1, HOUR, 3 * HOUR, 0, -1]
+    await store.write_raw([RawPoint(tenant, h, ts, float(ts)) for ts in timestamps])
+    everything = await store.read_raw(tenant, h, -HOUR, 6 * HOUR)
+    assert everything == [(ts, float(ts)) for ts in sorted(timestamps)]
+    assert await store.read_raw(tenant, h, HOUR - 1, 3 * HOUR) == [(HOUR - 1, HOUR - 1.0), (HOUR, float(HOUR)), (3 * HOUR, 3.0 * HOUR)]
+    assert await store.read_raw(tenant, h, 3 * HOUR + 1, 5 * HOUR) == []
+    assert await store.read_raw(tenant, h, 10, 5) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_raw_upsert_keeps_the_last_value(store, tenant):
+    h = series(tenant, "cpu", {}).series_set_hash
+    await store.write_raw([RawPoint(tenant, h, 1000, 1.0)])
+    await store.write_raw([RawPoint(tenant, h, 1000, 2.0)])
+    assert await store.read_raw(tenant, h, 0, 2000) == [(1000, 2.0)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_special_values_survive_bit_exact(store, tenant):
+    h = series(tenant, "cpu", {}).series_set_hash
+    stale = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
+    values = [math.nan, stale, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308]
+    await store.write_raw([RawPoint(tenant, h, i, v) for i, v in enumerate(values)])
+    stored = await store.read_raw(tenant, h, 0, len(values))
+    assert [bits(v) for _, v in stored] == [bits(v) for v in values]
