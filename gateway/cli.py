@@ -28,6 +28,32 @@ def _serve(namespace: argparse.Namespace) -> int:
     return run(config)
 
 
+def _schema(namespace: argparse.Namespace) -> int:
+    """``schema print`` shows the CQL for the settings; ``schema apply`` creates or upgrades it."""
+    from gateway.store.cassandra import CassandraStore, parse_url
+    from gateway.store.cassandra_schema import schema_text
+
+    try:
+        config = build_config(namespace)
+        if not config.store:
+            raise ValueError("--store cassandra://HOST/KEYSPACE is required (the embedded store makes its own schema)")
+        options = parse_url(config.store, config.raw_retention, config.slot_width)
+    except (ConfigError, ValueError) as error:
+        print(f"tsgate schema: {error}", file=sys.stderr)
+        return 2
+    if namespace.action == "print":
+        print(schema_text(options.schema), end="")
+        return 0
+    _setup_logging(config.log_level)
+    try:
+        statements = CassandraStore(options).apply_schema()
+    except Exception as error:
+        print(f"tsgate schema apply: {error}", file=sys.stderr)
+        return 1
+    print(f"schema applied: keyspace {options.schema.keyspace}, {len(statements)} statements")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tsgate", description=__doc__)
     parser.add_argument("--version", action="version", version=f"tsgate {__version__}")
@@ -35,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway")
     add_arguments(serve)
     serve.set_defaults(func=_serve)
+    schema = commands.add_parser("schema", help="print or apply the Cassandra schema")
+    schema.add_argument("action", choices=["print", "apply"])
+    add_arguments(schema)
+    schema.set_defaults(func=_schema)
+    from gateway.devservices.cli import register
+
+    register(commands)
     return parser
 
 

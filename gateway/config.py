@@ -59,6 +59,9 @@ SETTINGS = [
     Setting("data-dir", Path, "./tsgate-data", "directory of the embedded store"),
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
+    Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (Cassandra TTL)"),
+    Setting("redis", str, "", "redis://host:port/db shared by replicas for the metadata cache; none: in-memory only"),
+    Setting("redis-key-ttl", parse_duration, "1d", "expiry of the Redis metadata cache keys"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting("max-inflight-samples", _positive, "1000000", "samples waiting for the store before writes get 503"),
     Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
@@ -81,6 +84,9 @@ class Config:
     data_dir: Path
     store: str
     slot_width: int
+    raw_retention: int
+    redis: str
+    redis_key_ttl: int
     max_body_bytes: int
     max_inflight_samples: int
     metadata_cache_size: int

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from twisted.internet.defer import Deferred
 
 from gateway import metrics
-from gateway.metadata_cache import SeenSeries
+from gateway.metadata_cache import RedisSeenSeries, SeenSeries
 from gateway.model import InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_sample
 from gateway.store import Store
 from gateway.store.contract import RawPoint
@@ -34,10 +34,19 @@ class Overloaded(Exception):
 
 
 class IngestPipeline:
-    def __init__(self, store: Store, limits: Limits, seen: SeenSeries, max_inflight_samples: int, clock=now_ms):
+    def __init__(
+        self,
+        store: Store,
+        limits: Limits,
+        seen: SeenSeries,
+        max_inflight_samples: int,
+        shared_seen: RedisSeenSeries | None = None,
+        clock=now_ms,
+    ):
         self.store = store
         self.limits = limits
         self.seen = seen
+        self.shared_seen = shared_seen
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
         self.inflight_samples = 0
@@ -82,10 +91,7 @@ class IngestPipeline:
         metrics.INGEST_INFLIGHT.set(self.inflight_samples)
         try:
             if new_series:
-                # Metadata first: whatever data is acknowledged is always findable.
-                await metrics.observe_store("write_series", self.store.write_series(list(new_series.values())))
-                self.seen.add_all(new_series)
-                metrics.SERIES_CREATED.inc(len(new_series))
+                await self._write_metadata(new_series)
             await metrics.observe_store("write_raw", self.store.write_raw(points))
         finally:
             self.inflight_samples -= len(points)
@@ -94,6 +100,18 @@ class IngestPipeline:
                 waiting, self._drained = self._drained, []
                 for deferred in waiting:
                     deferred.callback(None)
+
+    async def _write_metadata(self, candidates: dict[tuple[str, str], SeriesKey]) -> None:
+        """Metadata before data, so whatever data is acknowledged is always findable."""
+        unseen = list(candidates)
+        if self.shared_seen is not None:
+            unseen = await self.shared_seen.unseen(unseen)
+        if unseen:
+            await metrics.observe_store("write_series", self.store.write_series([candidates[key] for key in unseen]))
+            metrics.SERIES_CREATED.inc(len(unseen))
+            if self.shared_seen is not None:
+                await self.shared_seen.mark(unseen)
+        self.seen.add_all(candidates)
 
     def drain(self) -> Deferred:
         """Fire once nothing is in flight (used at shutdown, after listeners stopped)."""

@@ -1,13 +1,22 @@
 """Which series already have their metadata in the store, so ingest writes it once per series.
 
-Level one is a bounded in-memory LRU keyed by tenant + series-set hash (seed 002). A false
-miss only costs a harmless re-insert of the metadata, never correctness.
+Level one is a bounded in-memory LRU keyed by tenant + series-set hash (seed 002); level two,
+when ``--redis`` is given, is Redis, shared by all replicas. A false miss at either level only
+costs a harmless re-insert of the metadata, never correctness.
 """
 
+import logging
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from twisted.internet import reactor, threads
+from twisted.internet.defer import Deferred, succeed
+from twisted.python.threadpool import ThreadPool
+
 from gateway import metrics
+
+log = logging.getLogger(__name__)
 
 
 class SeenSeries:
@@ -35,3 +44,84 @@ class SeenSeries:
             entries.move_to_end(key)
         while len(entries) > self.max_entries:
             entries.popitem(last=False)
+
+
+class RedisSeenSeries:
+    """Level two, shared by every replica (seed 002): one Redis key per tenant + series-set hash.
+
+    Seed 002 claims a key with SET NX before inserting the metadata. If that insert then fails, the
+    key says "indexed" while Cassandra has nothing, and other replicas would skip the insert and
+    acknowledge data nobody can find. So a key is set only after the store accepted the metadata:
+    a key in Redis always means the metadata is in the store. Two replicas that see a new series
+    at once both insert it, which is harmless.
+
+    Redis being down never stops ingest: lookups fall through (every series counts as unseen, so
+    its metadata is re-inserted) and the errors are counted. After a failure Redis is left alone
+    for a few seconds so that each request does not wait for a timeout.
+    """
+
+    RETRY_AFTER_S = 5.0
+
+    def __init__(self, url: str, key_ttl_ms: int, timeout_s: float = 0.5):
+        import redis
+
+        self._redis_errors = (redis.RedisError, OSError)
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self.key_ttl_s = max(1, key_ttl_ms // 1000)
+        self._pool = ThreadPool(1, 4, name="redis")
+        self._down_until = 0.0
+
+    @staticmethod
+    def key(tenant: str, series_set_hash: str) -> str:
+        return f"series|{tenant}|{series_set_hash}"
+
+    def start(self) -> None:
+        self._pool.start()
+
+    def stop(self) -> Deferred:
+        return threads.deferToThread(self._pool.stop)
+
+    def _call(self, operation: str, function, fallback):
+        """Run a Redis call on the pool; on failure count it, back off, and fire with ``fallback``."""
+        if time.monotonic() < self._down_until:
+            metrics.METADATA_CACHE.labels("redis", "skipped").inc()
+            return succeed(fallback)
+
+        def failed(failure):
+            failure.trap(*self._redis_errors)
+            metrics.REDIS_ERRORS.labels(operation).inc()
+            self._down_until = time.monotonic() + self.RETRY_AFTER_S
+            log.warning("redis %s failed (%s); going on without it", operation, failure.getErrorMessage())
+            return fallback
+
+        return threads.deferToThreadPool(reactor, self._pool, function).addErrback(failed)
+
+    def unseen(self, keys: list[tuple[str, str]]) -> Deferred:
+        """Fire with the keys Redis does not know (all of them when Redis cannot answer)."""
+        if not keys:
+            return succeed([])
+
+        def lookup():
+            pipeline = self.client.pipeline(transaction=False)
+            for tenant, hash_ in keys:
+                pipeline.exists(self.key(tenant, hash_))
+            found = pipeline.execute()
+            hits = sum(1 for exists in found if exists)
+            metrics.METADATA_CACHE.labels("redis", "hit").inc(hits)
+            metrics.METADATA_CACHE.labels("redis", "miss").inc(len(keys) - hits)
+            return [key for key, exists in zip(keys, found) if not exists]
+
+        return self._call("lookup", lookup, list(keys))
+
+    def mark(self, keys: list[tuple[str, str]]) -> Deferred:
+        """Record keys whose metadata the store has accepted."""
+        if not keys:
+            return succeed(None)
+
+        def store():
+            pipeline = self.client.pipeline(transaction=False)
+            for tenant, hash_ in keys:
+                pipeline.set(self.key(tenant, hash_), b"1", ex=self.key_ttl_s)
+            pipeline.execute()
+
+        return self._call("mark", store, None)

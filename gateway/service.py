@@ -14,7 +14,7 @@ from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.server import Router, Site
 from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import SeenSeries
+from gateway.metadata_cache import RedisSeenSeries, SeenSeries
 from gateway.query import QueryPlanner
 from gateway.store import open_store
 
@@ -24,9 +24,10 @@ log = logging.getLogger(__name__)
 class Gateway:
     def __init__(self, config: Config):
         self.config = config
-        self.store = open_store(config.store_url, config.slot_width)
+        self.store = open_store(config.store_url, config.slot_width, config.raw_retention)
+        self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
         self.pipeline = IngestPipeline(
-            self.store, config.limits, SeenSeries(config.metadata_cache_size), config.max_inflight_samples
+            self.store, config.limits, SeenSeries(config.metadata_cache_size), config.max_inflight_samples, self.shared_seen
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         router = Router()
@@ -37,21 +38,32 @@ class Gateway:
 
     async def start(self) -> None:
         await self.store.start()
+        if self.shared_seen is not None:
+            self.shared_seen.start()
         host, port = self.config.http
         self.ports.append(reactor.listenTCP(port, self.site, interface=host))
-        log.info("tsgate %s: HTTP on %s:%d, store %s", __version__, host, port, self.config.store_url)
+        log.info(
+            "tsgate %s: HTTP on %s:%d, store %s, redis %s",
+            __version__, host, port, self.config.store_url, self.config.redis or "none (in-memory cache only)",
+        )
 
     async def stop(self) -> None:
         log.info("stopping: no new connections, flushing accepted writes")
         await defer.gatherResults([defer.maybeDeferred(port.stopListening) for port in self.ports])
         await self.pipeline.drain()
         await self.store.close()
+        if self.shared_seen is not None:
+            await self.shared_seen.stop()
         log.info("stopped")
 
 
 def run(config: Config) -> int:
     """Run until a signal stops the reactor; 0 after a clean stop, 1 if start-up failed."""
-    gateway = Gateway(config)
+    try:
+        gateway = Gateway(config)
+    except ValueError as error:
+        log.error("bad setting: %s", error)
+        return 2
     outcome = {"code": 0}
 
     def started_or_failed():

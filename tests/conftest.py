@@ -1,15 +1,64 @@
-"""Shared fixtures: stores for the contract suite and a real gateway process for end-to-end tests."""
+"""Shared fixtures: real Cassandra and Redis for the session, stores for the contract suite, and
+real gateway processes for end-to-end tests.
 
+Cassandra and Redis are started by the project's own tooling (gateway.devservices) once per
+session; nothing is skipped when they cannot start: the session fails and says why.
+``TSGATE_TEST_CASSANDRA=host:port`` and ``TSGATE_TEST_REDIS=redis://...`` reuse running servers
+instead (handy while developing).
+"""
+
+import os
 import uuid
 
 import pytest
 import pytest_twisted
 
+from gateway.store.cassandra import CassandraStore
 from gateway.store.sqlite import SQLiteStore
 
 SLOT_WIDTH_MS = 3_600_000
+RAW_RETENTION_MS = 7 * 86_400_000
+TEST_KEYSPACE = "tsgate_test"
 
-STORE_DRIVERS = ["sqlite"]
+STORE_DRIVERS = ["sqlite", "cassandra"]
+
+
+@pytest.fixture(scope="session")
+def cassandra_server(tmp_path_factory):
+    """A real single-node Cassandra 5.0, assembled from Maven Central by gateway.devservices."""
+    from gateway.devservices.cassandra import CassandraServer
+
+    existing = os.environ.get("TSGATE_TEST_CASSANDRA")
+    if existing:
+        host, _, port = existing.partition(":")
+        yield type("Existing", (), {"host": host, "port": int(port or 9042), "stop": None, "start": None})()
+        return
+    server = CassandraServer(tmp_path_factory.mktemp("cassandra"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def cassandra_url(cassandra_server) -> str:
+    """URL of the test keyspace, its schema applied once with ``schema apply``'s own code."""
+    url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/{TEST_KEYSPACE}"
+    CassandraStore.from_url(url, RAW_RETENTION_MS, SLOT_WIDTH_MS).apply_schema()
+    return url
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    from gateway.devservices.redis import RedisServer
+
+    existing = os.environ.get("TSGATE_TEST_REDIS")
+    if existing:
+        yield type("Existing", (), {"url": existing})()
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -20,7 +69,10 @@ def tenant() -> str:
 
 @pytest_twisted.async_yield_fixture(params=STORE_DRIVERS)
 async def store(request, tmp_path):
-    driver = SQLiteStore(tmp_path / "contract.db", SLOT_WIDTH_MS)
+    if request.param == "sqlite":
+        driver = SQLiteStore(tmp_path / "contract.db", SLOT_WIDTH_MS)
+    else:
+        driver = CassandraStore.from_url(request.getfixturevalue("cassandra_url"), RAW_RETENTION_MS, SLOT_WIDTH_MS)
     await driver.start()
     yield driver
     await driver.close()
@@ -43,6 +95,14 @@ def start_gateway(tmp_path):
         process.stop()
 
 
+@pytest.fixture(params=["sqlite", "cassandra"])
+def backend_args(request) -> tuple[str, ...]:
+    """Gateway flags for each backend: the embedded store alone, or Cassandra with Redis."""
+    if request.param == "sqlite":
+        return ()
+    return ("--store", request.getfixturevalue("cassandra_url"), "--redis", request.getfixturevalue("redis_server").url)
+
+
 @pytest.fixture
-def gateway(start_gateway):
-    return start_gateway()
+def gateway(start_gateway, backend_args):
+    return start_gateway(*backend_args)

@@ -1,0 +1,94 @@
+"""`tsgate dev ...`: run a real Cassandra or Redis in the foreground for local development.
+
+Run it without the tsgate entry point as: python -m gateway.devservices.cli dev redis
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from gateway.devservices.cassandra import CassandraServer, ensure_cassandra_jars
+from gateway.devservices.redis import RedisServer
+
+
+def register(subparsers) -> None:
+    """Add the `dev` command (cassandra, redis, fetch-cassandra) to an argparse subparsers object."""
+    dev = subparsers.add_parser("dev", help="run a real Cassandra or Redis for development")
+    commands = dev.add_subparsers(dest="dev_command", required=True)
+
+    cassandra = commands.add_parser("cassandra", help="run a single-node Cassandra until interrupted")
+    cassandra.add_argument("--dir", type=Path, help="data directory, kept afterwards (default: a temporary one)")
+    cassandra.add_argument("--port", type=int, help="CQL native port (default: a free port)")
+    cassandra.add_argument("--heap", default="1G", help="JVM heap, -Xms and -Xmx (default: 1G)")
+    cassandra.set_defaults(func=run_cassandra)
+
+    redis = commands.add_parser("redis", help="run redis-server until interrupted")
+    redis.add_argument("--dir", type=Path, help="working directory, kept afterwards (default: a temporary one)")
+    redis.add_argument("--port", type=int, help="port (default: a free port)")
+    redis.set_defaults(func=run_redis)
+
+    fetch = commands.add_parser("fetch-cassandra", help="only download the Cassandra jars into the cache")
+    fetch.set_defaults(func=fetch_cassandra)
+
+
+def run_cassandra(args: argparse.Namespace) -> int:
+    with _workdir(args.dir, "cassandra") as workdir:
+        server = CassandraServer(workdir, native_port=args.port, heap=args.heap)
+        return _serve(server, "cassandra", f"{server.host}:{server.port}")
+
+
+def run_redis(args: argparse.Namespace) -> int:
+    with _workdir(args.dir, "redis") as workdir:
+        server = RedisServer(workdir, port=args.port)
+        return _serve(server, "redis", server.url)
+
+
+def fetch_cassandra(args: argparse.Namespace) -> int:
+    try:
+        print(ensure_cassandra_jars())
+    except RuntimeError as error:
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _workdir(path: Path | None, name: str):
+    """The given directory, kept afterwards, or a temporary one removed on exit."""
+    if path is not None:
+        return contextlib.nullcontext(path)
+    return tempfile.TemporaryDirectory(prefix=f"tsgate-dev-{name}-", ignore_cleanup_errors=True)
+
+
+def _serve(server: CassandraServer | RedisServer, name: str, address: str) -> int:
+    """Start the server, announce it, and stop it cleanly on SIGINT/SIGTERM; 1 if it dies on its own."""
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopping.set())
+    try:
+        server.start()
+    except RuntimeError as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(f"{name} ready at {address}", flush=True)
+    try:
+        while not stopping.wait(1):
+            if not server.running:
+                print(f"{name} exited unexpectedly; log: {server.log_path}", file=sys.stderr)
+                return 1
+    finally:
+        server.stop()
+    print(f"{name} stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m gateway.devservices.cli")
+    register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args()
+    sys.exit(parsed.func(parsed))

@@ -1,0 +1,367 @@
+"""The production store: Cassandra through cassandra-driver, table for table as contract.py says.
+
+Every statement is prepared and runs asynchronously; driver futures are bridged to Deferreds
+(callbacks arrive on the driver's I/O thread and are handed to the reactor), so the reactor
+never waits on Cassandra. A semaphore bounds the requests in flight. Timeouts and unavailable
+replicas become StoreUnavailable (HTTP 503, so senders retry); the driver reconnects on its own
+when Cassandra comes back.
+"""
+
+import logging
+import ssl
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+from urllib.parse import parse_qsl, unquote
+
+from cassandra import ConsistencyLevel, DriverException, OperationTimedOut, RequestExecutionException
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.connection import ConnectionException
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, RetryPolicy, TokenAwarePolicy
+from cassandra.query import BatchStatement, BatchType
+from prometheus_client import Counter
+from twisted.internet import defer, reactor, threads
+
+from gateway.config import parse_duration
+from gateway.model import NAME_TAG, SeriesKey
+from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
+from gateway.store.contract import RawPoint, Store, StoreUnavailable, time_slot, time_slots
+
+log = logging.getLogger(__name__)
+
+DRIVER_RETRIES = Counter("tsgate_cassandra_retries", "Requests the driver's retry policy retried", ["cause"])
+DRIVER_ERRORS = Counter("tsgate_cassandra_errors", "Requests that failed, by error", ["error"])
+
+# Single-partition unlogged batches stay well under Cassandra's batch size warning (5 KiB).
+ROWS_PER_BATCH = 40
+
+
+class CassandraOptions(NamedTuple):
+    hosts: list[tuple[str, int]]
+    schema: SchemaOptions
+    read_consistency: int
+    write_consistency: int
+    local_dc: str | None
+    username: str | None
+    password: str | None
+    tls: bool
+    tls_ca: str | None
+    request_timeout_s: float
+    max_inflight: int
+
+
+def _consistency(name: str) -> int:
+    try:
+        return ConsistencyLevel.name_to_value[name.upper()]
+    except KeyError:
+        choices = ", ".join(sorted(ConsistencyLevel.name_to_value))
+        raise ValueError(f"consistency {name!r} is not one of {choices}") from None
+
+
+def _replication(text: str) -> tuple[tuple[str, int], ...]:
+    """``simple:3`` or ``dc1:3,dc2:2``."""
+    pairs = []
+    for item in text.split(","):
+        name, _, factor = item.partition(":")
+        if not name or not factor.isdigit() or int(factor) < 1:
+            raise ValueError(f"replication {text!r}: expected simple:N or DC:N,DC:N")
+        pairs.append((name, int(factor)))
+    if any(name == "simple" for name, _ in pairs) and len(pairs) > 1:
+        raise ValueError(f"replication {text!r}: simple:N stands alone")
+    return tuple(pairs)
+
+
+def parse_url(url: str, raw_retention_ms: int, slot_width_ms: int) -> CassandraOptions:
+    """``cassandra://[user:password@]host[:port][,host[:port]...]/keyspace[?option=value&...]``
+
+    Options: replication (simple:N or DC:N,DC:N), consistency (both), read_consistency,
+    write_consistency, local_dc, username, password, tls (true/false), tls_ca (CA file),
+    request_timeout (duration), max_inflight (requests in flight). docs/configuration.rst.
+    """
+    if not url.startswith("cassandra://"):
+        raise ValueError(f"{url!r} is not a cassandra:// URL")
+    rest = url[len("cassandra://") :]
+    location, _, query = rest.partition("?")
+    netloc, _, keyspace = location.partition("/")
+    credentials, _, host_list = netloc.rpartition("@")
+    username, _, password = credentials.partition(":") if credentials else ("", "", "")
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    known = {"replication", "consistency", "read_consistency", "write_consistency", "local_dc", "username", "password", "tls", "tls_ca", "request_timeout", "max_inflight"}
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"unknown cassandra URL option(s): {', '.join(sorted(unknown))}")
+    hosts = []
+    for item in filter(None, host_list.split(",")):
+        host, _, port = item.rpartition(":") if item.count(":") == 1 or item.startswith("[") else (item, "", "")
+        if port and not port.isdigit():
+            raise ValueError(f"{item!r} is not host[:port]")
+        hosts.append((host.strip("[]"), int(port or 9042)))
+    if not hosts:
+        raise ValueError("the cassandra URL names no host")
+    keyspace = keyspace or "tsdb"
+    if not keyspace.replace("_", "a").isalnum() or not keyspace[0].isalpha():
+        raise ValueError(f"keyspace {keyspace!r} must be letters, digits and _ and start with a letter")
+    consistency = options.get("consistency", "LOCAL_QUORUM")
+    max_inflight = int(options.get("max_inflight", "256"))
+    if max_inflight < 1:
+        raise ValueError("max_inflight must be at least 1")
+    return CassandraOptions(
+        hosts=hosts,
+        schema=SchemaOptions(keyspace, _replication(options.get("replication", "simple:1")), raw_retention_ms, slot_width_ms),
+        read_consistency=_consistency(options.get("read_consistency", consistency)),
+        write_consistency=_consistency(options.get("write_consistency", consistency)),
+        local_dc=options.get("local_dc") or None,
+        username=unquote(username) or options.get("username") or None,
+        password=unquote(password) or options.get("password") or None,
+        tls=options.get("tls", "false").lower() in ("1", "true", "yes"),
+        tls_ca=options.get("tls_ca") or None,
+        request_timeout_s=parse_duration(options.get("request_timeout", "10s")) / 1000,
+        max_inflight=max_inflight,
+    )
+
+
+class CountingRetryPolicy(RetryPolicy):
+    """The driver's default retry decisions, counted so retries show up in /metrics."""
+
+    def on_read_timeout(self, *args, **kwargs):
+        DRIVER_RETRIES.labels("read_timeout").inc()
+        return super().on_read_timeout(*args, **kwargs)
+
+    def on_write_timeout(self, *args, **kwargs):
+        DRIVER_RETRIES.labels("write_timeout").inc()
+        return super().on_write_timeout(*args, **kwargs)
+
+    def on_unavailable(self, *args, **kwargs):
+        DRIVER_RETRIES.labels("unavailable").inc()
+        return super().on_unavailable(*args, **kwargs)
+
+    def on_request_error(self, *args, **kwargs):
+        DRIVER_RETRIES.labels("request_error").inc()
+        return super().on_request_error(*args, **kwargs)
+
+
+def _unavailable(error: Exception) -> Exception:
+    """Faults of the cluster (not of our statements) become StoreUnavailable."""
+    DRIVER_ERRORS.labels(type(error).__name__).inc()
+    if isinstance(error, (NoHostAvailable, OperationTimedOut, RequestExecutionException, ConnectionException, ConnectionError)):
+        return StoreUnavailable(f"cassandra: {type(error).__name__}: {error}")
+    return error
+
+
+class CassandraStore(Store):
+    def __init__(self, options: CassandraOptions):
+        super().__init__(options.schema.slot_width_ms)
+        self.options = options
+        self.keyspace = options.schema.keyspace
+        self.ttl_s = options.schema.raw_retention_ms // 1000
+        self.cluster: Cluster | None = None
+        self.session = None
+        self._semaphore = defer.DeferredSemaphore(options.max_inflight)
+        self._statements: dict[str, object] = {}
+
+    @classmethod
+    def from_url(cls, url: str, raw_retention_ms: int, slot_width_ms: int) -> "CassandraStore":
+        return cls(parse_url(url, raw_retention_ms, slot_width_ms))
+
+    def _cluster(self) -> Cluster:
+        options = self.options
+        balancing = TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=options.local_dc))
+        profile = ExecutionProfile(
+            load_balancing_policy=balancing,
+            retry_policy=CountingRetryPolicy(),
+            consistency_level=options.read_consistency,
+            request_timeout=options.request_timeout_s,
+        )
+        ssl_context = None
+        if options.tls:
+            ssl_context = ssl.create_default_context(cafile=options.tls_ca)
+        auth = PlainTextAuthProvider(options.username, options.password) if options.username else None
+        return Cluster(
+            contact_points=[host for host, _ in options.hosts],
+            port=options.hosts[0][1],
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
+            auth_provider=auth,
+            ssl_context=ssl_context,
+            connect_timeout=options.request_timeout_s,
+            protocol_version=5,
+        )
+
+    def _connect(self, keyspace: str | None):
+        self.cluster = self._cluster()
+        try:
+            return self.cluster.connect(keyspace)
+        except Exception as error:
+            self.cluster.shutdown()
+            raise _unavailable(error) from error
+
+    def apply_schema(self) -> list[str]:
+        """Create or upgrade keyspace and tables; blocking (used by ``tsgate schema apply``)."""
+        session = self._connect(None)
+        try:
+            statements = [keyspace_statement(self.options.schema), *table_statements(self.options.schema), *upgrade_statements(self.options.schema)]
+            for statement in statements:
+                session.execute(statement, timeout=120)
+            session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
+            return statements
+        finally:
+            self.cluster.shutdown()
+
+    def _prepare_all(self) -> None:
+        ks, ttl = self.keyspace, self.ttl_s
+        texts = {
+            "tenant": f"INSERT INTO {ks}.tenants (tenant) VALUES (?)",
+            "metric_name": f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (?, ?)",
+            "series_set_hash": f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)",
+            "series_set": f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (?, ?, ?, ?, ?)",
+            "tag_key": f"INSERT INTO {ks}.tag_keys (tenant, metric_name, tag_key) VALUES (?, ?, ?)",
+            "tag_value": f"INSERT INTO {ks}.tag_values (tenant, metric_name, tag_key, tag_value) VALUES (?, ?, ?, ?)",
+            "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL {ttl}",
+            "list_tenants": f"SELECT tenant FROM {ks}.tenants",
+            "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
+            "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
+            "list_tag_values": f"SELECT tag_value FROM {ks}.tag_values WHERE tenant = ? AND metric_name = ? AND tag_key = ?",
+            "find_series": f"SELECT series_set_hash FROM {ks}.series_sets WHERE tenant = ? AND metric_name = ? AND tag_key = ? AND tag_value = ?",
+            "get_series": f"SELECT metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
+            "read_raw": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?",
+        }
+        for name, text in texts.items():
+            statement = self.session.prepare(text)
+            is_write = text.startswith("INSERT")
+            statement.consistency_level = self.options.write_consistency if is_write else self.options.read_consistency
+            statement.is_idempotent = True
+            self._statements[name] = statement
+
+    def start(self):
+        def connect():
+            self.session = self._connect(self.keyspace)
+            self._prepare_all()
+
+        return threads.deferToThread(connect)
+
+    def close(self):
+        cluster = self.cluster
+        return threads.deferToThread(cluster.shutdown) if cluster else defer.succeed(None)
+
+    def _execute(self, statement, parameters=()) -> defer.Deferred:
+        """One request, bounded by the semaphore; fires with all rows (following pages)."""
+        return self._semaphore.run(self._execute_now, statement, parameters)
+
+    def _execute_now(self, statement, parameters) -> defer.Deferred:
+        deferred = defer.Deferred()
+        rows: list = []
+        try:
+            future = self.session.execute_async(statement, parameters)
+        except DriverException as error:
+            return defer.fail(_unavailable(error))
+
+        def page(page_rows):
+            if page_rows:
+                rows.extend(page_rows)
+            if future.has_more_pages:
+                future.start_fetching_next_page()
+            else:
+                reactor.callFromThread(deferred.callback, rows)
+
+        def failed(error):
+            reactor.callFromThread(deferred.errback, _unavailable(error))
+
+        future.add_callbacks(page, failed)
+        return deferred
+
+    def _execute_all(self, requests: list[tuple[object, tuple]]) -> defer.Deferred:
+        return defer.gatherResults([self._execute(s, p) for s, p in requests], consumeErrors=True).addErrback(_first_error)
+
+    def ping(self):
+        if self.session is None:
+            return defer.fail(StoreUnavailable("cassandra: not connected"))
+        return self._execute("SELECT release_version FROM system.local")
+
+    def write_series(self, series: Sequence[SeriesKey]):
+        s = self._statements
+        tenants, names, keys, values, index = set(), set(), set(), set(), []
+        hashes = []
+        for item in series:
+            tenants.add(item.tenant)
+            names.add((item.tenant, item.metric_name))
+            hashes.append((s["series_set_hash"], (item.tenant, item.series_set_hash, item.metric_name, item.tags)))
+            index.append((s["series_set"], (item.tenant, item.metric_name, NAME_TAG, item.metric_name, item.series_set_hash)))
+            for key, value in item.tags.items():
+                index.append((s["series_set"], (item.tenant, item.metric_name, key, value, item.series_set_hash)))
+                keys.add((item.tenant, item.metric_name, key))
+                values.add((item.tenant, item.metric_name, key, value))
+        requests = [
+            *((s["tenant"], (tenant,)) for tenant in tenants),
+            *((s["metric_name"], row) for row in names),
+            *hashes,
+            *index,
+            *((s["tag_key"], row) for row in keys),
+            *((s["tag_value"], row) for row in values),
+        ]
+        return self._execute_all(requests)
+
+    def write_raw(self, points: Sequence[RawPoint]):
+        """One insert per lone point; points of one partition go in single-partition batches."""
+        statement = self._statements["raw"]
+        width = self.slot_width_ms
+        partitions: dict[tuple, list] = defaultdict(list)
+        for p in points:
+            slot = time_slot(p.timestamp_ms, width)
+            partitions[(p.tenant, p.series_set_hash, slot)].append((p.tenant, p.series_set_hash, slot, p.timestamp_ms, p.value))
+        requests = []
+        for rows in partitions.values():
+            if len(rows) == 1:
+                requests.append((statement, rows[0]))
+                continue
+            for start in range(0, len(rows), ROWS_PER_BATCH):
+                batch = BatchStatement(BatchType.UNLOGGED, consistency_level=self.options.write_consistency)
+                for row in rows[start : start + ROWS_PER_BATCH]:
+                    batch.add(statement, row)
+                batch.is_idempotent = True
+                requests.append((batch, ()))
+        return self._execute_all(requests)
+
+    def list_tenants(self):
+        return self._execute(self._statements["list_tenants"]).addCallback(lambda rows: sorted(r.tenant for r in rows))
+
+    def list_metric_names(self, tenant):
+        return self._execute(self._statements["list_metric_names"], (tenant,)).addCallback(lambda rows: [r.metric_name for r in rows])
+
+    def list_tag_keys(self, tenant, metric_name):
+        return self._execute(self._statements["list_tag_keys"], (tenant, metric_name)).addCallback(lambda rows: [r.tag_key for r in rows])
+
+    def list_tag_values(self, tenant, metric_name, tag_key):
+        return self._execute(self._statements["list_tag_values"], (tenant, metric_name, tag_key)).addCallback(
+            lambda rows: [r.tag_value for r in rows]
+        )
+
+    def find_series(self, tenant, metric_name, tag_key, tag_value):
+        return self._execute(self._statements["find_series"], (tenant, metric_name, tag_key, tag_value)).addCallback(
+            lambda rows: {r.series_set_hash for r in rows}
+        )
+
+    def get_series(self, tenant, hashes: Iterable[str]):
+        hashes = list(hashes)
+        statement = self._statements["get_series"]
+
+        def collect(results):
+            return {
+                h: SeriesKey(tenant, h, rows[0].metric_name, dict(rows[0].tags or {}))
+                for h, rows in zip(hashes, results)
+                if rows
+            }
+
+        return self._execute_all([(statement, (tenant, h)) for h in hashes]).addCallback(collect)
+
+    def read_raw(self, tenant, series_set_hash, start_ms, end_ms):
+        statement = self._statements["read_raw"]
+        slots = time_slots(start_ms, end_ms, self.slot_width_ms)
+        requests = [(statement, (tenant, series_set_hash, slot, start_ms, end_ms)) for slot in slots]
+        return self._execute_all(requests).addCallback(lambda pages: [(r.ts, r.value) for rows in pages for r in rows])
+
+
+def _first_error(failure):
+    """Unwrap gatherResults' FirstError so callers see StoreUnavailable itself."""
+    failure.trap(defer.FirstError)
+    return failure.value.subFailure

@@ -1,0 +1,236 @@
+"""Carbon's pickle protocol: frames of a 4-byte big-endian length plus a pickle.
+
+The payload is a list of ``(path, (timestamp, value))`` (lists accepted in
+place of tuples). Pickle is a program, not data, so a frame passes two gates
+before anything is built: an opcode allowlist (data opcodes only, bounded memo
+indices) and an Unpickler whose find_class refuses every global.
+"""
+
+import io
+import pickle
+import pickletools
+from typing import NoReturn
+
+from protocols.graphite import (
+    BAD_PATH, BAD_PICKLE, BAD_PICKLE_ITEM, BAD_UTF8, FRAME_TOO_LARGE, TRUNCATED_FRAME,
+    InvalidInput, Reject, Sample, excerpt, parse_timestamp_ms, parse_value,
+)
+from protocols.graphite.tags import parse_path
+
+# carbon's PICKLE_RECEIVER_MAX_LENGTH default.
+DEFAULT_MAX_FRAME_BYTES = 1 << 20
+
+HEADER_BYTES = 4
+
+# Opcodes that build only None, bools, ints, floats, str, bytes, lists and
+# tuples, plus the stack, memo and framing machinery. Everything able to
+# reach a callable or an attribute (GLOBAL, STACK_GLOBAL, REDUCE, BUILD,
+# INST, OBJ, NEWOBJ*, EXT*, PERSID*) and everything unneeded (dicts, sets,
+# bytearrays, out-of-band buffers) is refused.
+ALLOWED_OPCODES = frozenset({
+    "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP",
+    "NONE", "NEWTRUE", "NEWFALSE",
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
+    "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE",
+    "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
+    "EMPTY_LIST", "APPEND", "APPENDS", "LIST",
+    "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
+    "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE", "GET", "BINGET", "LONG_BINGET",
+})
+
+# Argument layouts in the scan table: a value >= 0 is a fixed argument size;
+# _COUNTED - w is a w-byte little-endian length followed by that many bytes.
+_TEXT_LINE = -1
+_STOP = -2
+_PUT = -3
+_LONG_BINPUT = -4
+_COUNTED = -10
+_COUNT_WIDTH = {
+    pickletools.TAKEN_FROM_ARGUMENT1: 1,
+    pickletools.TAKEN_FROM_ARGUMENT4: 4,
+    pickletools.TAKEN_FROM_ARGUMENT4U: 4,
+    pickletools.TAKEN_FROM_ARGUMENT8U: 8,
+}
+
+
+def _scan_table() -> tuple[list, dict[int, str]]:
+    """Per opcode byte: its argument layout (None if refused), and its name for error details."""
+    layouts: list = [None] * 256
+    names = {}
+    special = {"STOP": _STOP, "PUT": _PUT, "LONG_BINPUT": _LONG_BINPUT}
+    for opcode in pickletools.opcodes:
+        code = ord(opcode.code)
+        names[code] = opcode.name
+        if opcode.name not in ALLOWED_OPCODES:
+            continue
+        if opcode.name in special:
+            layouts[code] = special[opcode.name]
+        elif opcode.arg is None:
+            layouts[code] = 0
+        elif opcode.arg.n == pickletools.UP_TO_NEWLINE:
+            layouts[code] = _TEXT_LINE
+        elif opcode.arg.n in _COUNT_WIDTH:
+            layouts[code] = _COUNTED - _COUNT_WIDTH[opcode.arg.n]
+        else:
+            layouts[code] = opcode.arg.n
+    return layouts, names
+
+
+_LAYOUTS, _OPCODE_NAMES = _scan_table()
+
+
+class NoGlobalsUnpickler(pickle.Unpickler):
+    """Second gate: even if a global got past the opcode scan, nothing is ever imported."""
+
+    def find_class(self, module: str, name: str) -> NoReturn:
+        raise pickle.UnpicklingError(f"global {module[:40]}.{name[:40]} refused")
+
+
+class PickleDecoder:
+    """Incremental decoder for one pickle connection: TCP reads split frames anywhere.
+
+    A frame longer than ``max_frame_bytes`` is rejected and its bytes are
+    dropped as they arrive, so the connection goes on with the next frame.
+    """
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+        self._skip = 0
+
+    def feed(self, data: bytes, now_ms: int) -> tuple[list[Sample], list[Reject]]:
+        samples: list[Sample] = []
+        rejects: list[Reject] = []
+        if self._skip:
+            skipped = min(self._skip, len(data))
+            self._skip -= skipped
+            data = memoryview(data)[skipped:]
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        with memoryview(buffer) as view:
+            while len(buffer) - start >= HEADER_BYTES:
+                size = int.from_bytes(view[start:start + HEADER_BYTES], "big")
+                available = len(buffer) - start - HEADER_BYTES
+                if size > self.max_frame_bytes:
+                    detail = f"{size} bytes, limit {self.max_frame_bytes}"
+                    rejects.append(Reject(FRAME_TOO_LARGE, detail))
+                    skipped = min(size, available)
+                    self._skip = size - skipped
+                    start += HEADER_BYTES + skipped
+                elif size <= available:
+                    payload = bytes(view[start + HEADER_BYTES:start + HEADER_BYTES + size])
+                    start += HEADER_BYTES + size
+                    frame_samples, frame_rejects = decode_frame(payload, now_ms)
+                    samples += frame_samples
+                    rejects += frame_rejects
+                else:
+                    break
+        del buffer[:start]
+        return samples, rejects
+
+    def finish(self) -> list[Reject]:
+        """Connection closed: a partly received frame is rejected (carbon drops it silently).
+
+        An oversized frame still being skipped was already rejected when its header arrived.
+        """
+        rejects = []
+        if self._buffer:
+            detail = f"{len(self._buffer)} bytes of an unfinished frame"
+            rejects.append(Reject(TRUNCATED_FRAME, detail))
+        self._buffer.clear()
+        self._skip = 0
+        return rejects
+
+
+def decode_frame(payload: bytes, now_ms: int) -> tuple[list[Sample], list[Reject]]:
+    """Decode one frame's pickle: a bad pickle is one reject, a bad item one reject each."""
+    samples: list[Sample] = []
+    rejects: list[Reject] = []
+    try:
+        check_opcodes(payload)
+        items = NoGlobalsUnpickler(io.BytesIO(payload), encoding="bytes").load()
+    except InvalidInput as error:
+        rejects.append(error.reject())
+        return samples, rejects
+    except Exception as error:  # the unpickler can raise nearly anything on hostile input
+        rejects.append(Reject(BAD_PICKLE, f"{type(error).__name__}: {str(error)[:200]}"))
+        return samples, rejects
+    if type(items) not in (list, tuple):
+        rejects.append(Reject(BAD_PICKLE, f"payload is a {type(items).__name__}, not a list"))
+        return samples, rejects
+    for item in items:
+        try:
+            samples.append(_decode_item(item, now_ms))
+        except InvalidInput as error:
+            rejects.append(error.reject())
+    return samples, rejects
+
+
+def check_opcodes(payload: bytes) -> None:
+    """First gate: walk the opcodes without building anything; raise InvalidInput on a refused one.
+
+    It also bounds memo indices: CPython's unpickler grows its memo array to
+    twice the largest index it is asked to store, so a 9-byte pickle with
+    LONG_BINPUT 2**27 would allocate and clear 2 GiB. A real pickle stores at
+    most one memo entry per opcode, so indices beyond the payload length are refused.
+    """
+    layouts = _LAYOUTS
+    from_bytes = int.from_bytes
+    end = len(payload)
+    position = 0
+    while position < end:
+        layout = layouts[payload[position]]
+        position += 1
+        if layout is None:
+            code = payload[position - 1]
+            name = _OPCODE_NAMES.get(code, f"byte 0x{code:02x}")
+            raise InvalidInput(BAD_PICKLE, f"opcode {name} not allowed at offset {position - 1}")
+        if layout >= 0:
+            position += layout
+        elif layout <= _COUNTED:
+            width = _COUNTED - layout
+            position += width + from_bytes(payload[position:position + width], "little")
+        elif layout == _TEXT_LINE or layout == _PUT:
+            newline = payload.find(b"\n", position)
+            if newline < 0:
+                break
+            if layout == _PUT:
+                _check_memo_index(payload[position:newline], end)
+            position = newline + 1
+        elif layout == _LONG_BINPUT:
+            _check_memo_index(from_bytes(payload[position:position + 4], "little"), end)
+            position += 4
+        else:  # STOP
+            if position != end:
+                raise InvalidInput(BAD_PICKLE, f"{end - position} bytes after STOP")
+            return
+    raise InvalidInput(BAD_PICKLE, "pickle truncated (no STOP)")
+
+
+def _check_memo_index(raw: bytes | int, payload_length: int) -> None:
+    try:
+        index = int(raw)
+    except ValueError:
+        raise InvalidInput(BAD_PICKLE, "bad memo index " + excerpt(raw)) from None
+    if index >= payload_length:
+        raise InvalidInput(BAD_PICKLE, f"memo index {index} beyond payload length {payload_length}")
+
+
+def _decode_item(item: object, now_ms: int) -> Sample:
+    if type(item) not in (tuple, list) or len(item) != 2:
+        raise InvalidInput(BAD_PICKLE_ITEM, "not (path, (timestamp, value)): " + excerpt(item))
+    raw_path, point = item
+    if type(point) not in (tuple, list) or len(point) != 2:
+        raise InvalidInput(BAD_PICKLE_ITEM, "not (timestamp, value): " + excerpt(point))
+    if type(raw_path) is bytes:
+        try:
+            raw_path = raw_path.decode()
+        except UnicodeDecodeError:
+            raise InvalidInput(BAD_UTF8, excerpt(raw_path)) from None
+    elif type(raw_path) is not str:
+        raise InvalidInput(BAD_PATH, "path is not text: " + excerpt(raw_path))
+    name, tags = parse_path(raw_path)
+    raw_timestamp, raw_value = point
+    value = parse_value(raw_value)
+    return name, tags, parse_timestamp_ms(raw_timestamp, now_ms), value

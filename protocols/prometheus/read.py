@@ -1,0 +1,319 @@
+"""Remote read: request decoding, label matching, and both response formats.
+
+SAMPLES answers are one snappy-compressed ReadResponse. STREAMED_XOR_CHUNKS
+answers are a sequence of frames, each uvarint(len(message)) + big-endian
+CRC-32C(message) + message, where message is a ChunkedReadResponse holding
+one series; frames can be written as soon as each series is ready.
+"""
+
+import functools
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from google.protobuf.message import DecodeError
+
+from . import remote_pb2, types_pb2
+from .crc32c import crc32c
+from .errors import ProtocolError, RemoteReadError
+from .snappy import compress_block, decompress_block
+from .xor import MAX_SAMPLES, decode_xor_chunk, encode_xor_chunk
+
+SAMPLES = "SAMPLES"
+STREAMED_XOR_CHUNKS = "STREAMED_XOR_CHUNKS"
+SAMPLES_CONTENT_TYPE = "application/x-protobuf"  # sent with Content-Encoding: snappy
+STREAMED_CONTENT_TYPE = "application/x-streamed-protobuf; proto=prometheus.ChunkedReadResponse"
+
+_MATCHER_TYPES = ("EQ", "NEQ", "RE", "NRE")
+_RESPONSE_TYPES = {
+    value.number: value.name for value in remote_pb2.ReadRequest.ResponseType.DESCRIPTOR.values
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(pattern: str) -> re.Pattern[str]:
+    # Prometheus anchors regexes at both ends and lets "." match newlines.
+    try:
+        return re.compile(pattern, re.DOTALL)
+    except re.error as exc:
+        raise RemoteReadError(400, f"invalid regular expression {pattern!r}: {exc}") from exc
+
+
+class Matcher(NamedTuple):
+    """A label matcher: type is "EQ", "NEQ", "RE" or "NRE"."""
+
+    type: str
+    name: str
+    value: str
+
+    def matches(self, value: str) -> bool:
+        """Match one label value; pass "" for a label the series does not have."""
+        if self.type == "EQ":
+            return value == self.value
+        if self.type == "NEQ":
+            return value != self.value
+        if self.type == "RE":
+            return _compile(self.value).fullmatch(value) is not None
+        if self.type == "NRE":
+            return _compile(self.value).fullmatch(value) is None
+        raise ValueError(f"unknown matcher type {self.type!r}")
+
+    def matches_labels(self, labels: Mapping[str, str]) -> bool:
+        """Match a series: an absent label counts as the empty string."""
+        return self.matches(labels.get(self.name, ""))
+
+
+def series_matches(matchers: Iterable[Matcher], labels: Mapping[str, str]) -> bool:
+    """True when every matcher accepts the series' labels."""
+    return all(matcher.matches_labels(labels) for matcher in matchers)
+
+
+@dataclass(frozen=True)
+class ReadHints:
+    """Optional hints about the PromQL query behind a remote read query."""
+
+    step_ms: int = 0
+    func: str = ""
+    start_ms: int = 0
+    end_ms: int = 0
+    grouping: tuple[str, ...] = ()
+    by: bool = False
+    range_ms: int = 0
+
+
+@dataclass
+class Query:
+    start_ms: int
+    end_ms: int
+    matchers: list[Matcher]
+    hints: ReadHints | None = None
+
+
+@dataclass
+class ReadRequest:
+    queries: list[Query]
+    # In the client's order of preference; unknown numbers are kept as str(n).
+    accepted_response_types: list[str] = field(default_factory=list)
+
+
+def decode_read_request(body: bytes, max_decompressed_bytes: int) -> ReadRequest:
+    """Decode a snappy-compressed ReadRequest or raise RemoteReadError (400, 413)."""
+    try:
+        raw = decompress_block(body, max_decompressed_bytes)
+    except ProtocolError as exc:
+        raise RemoteReadError(exc.status, exc.message) from exc
+    request = remote_pb2.ReadRequest()
+    try:
+        request.ParseFromString(raw)
+    except DecodeError as exc:
+        raise RemoteReadError(400, f"invalid protobuf prometheus.ReadRequest: {exc}") from exc
+    queries = []
+    for index, query in enumerate(request.queries):
+        matchers = []
+        for matcher in query.matchers:
+            if not 0 <= matcher.type < len(_MATCHER_TYPES):
+                raise RemoteReadError(400, f"query {index}: unknown matcher type {matcher.type}")
+            matchers.append(Matcher(_MATCHER_TYPES[matcher.type], matcher.name, matcher.value))
+            if matcher.type in (types_pb2.LabelMatcher.RE, types_pb2.LabelMatcher.NRE):
+                try:
+                    _compile(matcher.value)
+                except RemoteReadError as exc:
+                    raise RemoteReadError(400, f"query {index}: {exc.message}") from exc
+        hints = None
+        if query.HasField("hints"):
+            hints = ReadHints(
+                step_ms=query.hints.step_ms,
+                func=query.hints.func,
+                start_ms=query.hints.start_ms,
+                end_ms=query.hints.end_ms,
+                grouping=tuple(query.hints.grouping),
+                by=query.hints.by,
+                range_ms=query.hints.range_ms,
+            )
+        queries.append(Query(query.start_timestamp_ms, query.end_timestamp_ms, matchers, hints))
+    accepted = [
+        _RESPONSE_TYPES.get(number, str(number)) for number in request.accepted_response_types
+    ]
+    return ReadRequest(queries=queries, accepted_response_types=accepted)
+
+
+def negotiate_response_type(accepted_response_types: Sequence[str]) -> str:
+    """Pick the first response type we support; none listed means SAMPLES (400 if none fit)."""
+    if not accepted_response_types:
+        return SAMPLES
+    for response_type in accepted_response_types:
+        if response_type in (SAMPLES, STREAMED_XOR_CHUNKS):
+            return response_type
+    raise RemoteReadError(
+        400, f"no supported response type among {list(accepted_response_types)}"
+    )
+
+
+def encode_read_request(
+    queries: Iterable[Query], accepted_response_types: Iterable[str] = ()
+) -> bytes:
+    """Build a snappy-compressed ReadRequest, as a remote read client sends it."""
+    request = remote_pb2.ReadRequest()
+    for query in queries:
+        message = request.queries.add(
+            start_timestamp_ms=query.start_ms, end_timestamp_ms=query.end_ms
+        )
+        for matcher in query.matchers:
+            message.matchers.add(
+                type=_MATCHER_TYPES.index(matcher.type), name=matcher.name, value=matcher.value
+            )
+        if query.hints is not None:
+            message.hints.step_ms = query.hints.step_ms
+            message.hints.func = query.hints.func
+            message.hints.start_ms = query.hints.start_ms
+            message.hints.end_ms = query.hints.end_ms
+            message.hints.grouping.extend(query.hints.grouping)
+            message.hints.by = query.hints.by
+            message.hints.range_ms = query.hints.range_ms
+    for name in accepted_response_types:
+        request.accepted_response_types.append(remote_pb2.ReadRequest.ResponseType.Value(name))
+    return compress_block(request.SerializeToString())
+
+
+SeriesData = tuple[dict[str, str], list[tuple[int, float]]]
+
+
+def _add_labels(container, labels: Mapping[str, str]) -> None:
+    for name in sorted(labels):
+        container.add(name=name, value=labels[name])
+
+
+def encode_read_response(results: Sequence[Sequence[SeriesData]]) -> bytes:
+    """Build the SAMPLES answer: one QueryResult per query, in request order."""
+    response = remote_pb2.ReadResponse()
+    for series_list in results:
+        result = response.results.add()
+        for labels, samples in series_list:
+            ts = result.timeseries.add()
+            _add_labels(ts.labels, labels)
+            for timestamp, value in samples:
+                ts.samples.add(timestamp=timestamp, value=value)
+    return compress_block(response.SerializeToString())
+
+
+def decode_read_response(body: bytes, max_decompressed_bytes: int) -> list[list[SeriesData]]:
+    """Decode a SAMPLES answer (the client side of encode_read_response)."""
+    response = remote_pb2.ReadResponse()
+    try:
+        response.ParseFromString(decompress_block(body, max_decompressed_bytes))
+    except DecodeError as exc:
+        raise ProtocolError(400, f"invalid protobuf prometheus.ReadResponse: {exc}") from exc
+    return [
+        [
+            (
+                {label.name: label.value for label in ts.labels},
+                [(sample.timestamp, sample.value) for sample in ts.samples],
+            )
+            for ts in result.timeseries
+        ]
+        for result in response.results
+    ]
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_frame(message: bytes) -> bytes:
+    """Wrap one serialized ChunkedReadResponse as a stream frame."""
+    return _uvarint(len(message)) + crc32c(message).to_bytes(4, "big") + message
+
+
+def iter_frames(stream: bytes) -> Iterator[bytes]:
+    """Split a streamed answer into messages, checking each CRC-32C (ValueError if bad)."""
+    pos = 0
+    while pos < len(stream):
+        length = shift = 0
+        while True:
+            if pos >= len(stream) or shift > 63:
+                raise ValueError("truncated or malformed frame length")
+            byte = stream[pos]
+            pos += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        if pos + 4 + length > len(stream):
+            raise ValueError("truncated frame")
+        expected = int.from_bytes(stream[pos : pos + 4], "big")
+        message = stream[pos + 4 : pos + 4 + length]
+        if crc32c(message) != expected:
+            raise ValueError("frame checksum mismatch")
+        pos += 4 + length
+        yield message
+
+
+def encode_chunked_series_frames(
+    query_index: int,
+    labels: Mapping[str, str],
+    samples: Sequence[tuple[int, float]],
+    max_samples_per_chunk: int = 120,
+    max_frame_bytes: int = 1 << 20,
+) -> Iterator[bytes]:
+    """Yield the STREAMED_XOR_CHUNKS frames of one series (none if it has no samples).
+
+    Samples are cut into XOR chunks of at most `max_samples_per_chunk`
+    (Prometheus cuts at 120); a series whose chunk data passes
+    `max_frame_bytes` continues in another frame with the same labels, as
+    Prometheus does, so no frame grows without bound.
+    """
+    if not 1 <= max_samples_per_chunk <= MAX_SAMPLES:
+        raise ValueError(f"max_samples_per_chunk must be within 1..{MAX_SAMPLES}")
+    chunks: list[types_pb2.Chunk] = []
+    chunk_bytes = 0
+    for start in range(0, len(samples), max_samples_per_chunk):
+        part = samples[start : start + max_samples_per_chunk]
+        timestamps = [timestamp for timestamp, _ in part]
+        data = encode_xor_chunk(part)
+        chunks.append(
+            types_pb2.Chunk(
+                min_time_ms=min(timestamps),
+                max_time_ms=max(timestamps),
+                type=types_pb2.Chunk.XOR,
+                data=data,
+            )
+        )
+        chunk_bytes += len(data)
+        if chunk_bytes >= max_frame_bytes:
+            yield _series_frame(query_index, labels, chunks)
+            chunks, chunk_bytes = [], 0
+    if chunks:
+        yield _series_frame(query_index, labels, chunks)
+
+
+def _series_frame(
+    query_index: int, labels: Mapping[str, str], chunks: list[types_pb2.Chunk]
+) -> bytes:
+    response = remote_pb2.ChunkedReadResponse(query_index=query_index)
+    series = response.chunked_series.add()
+    _add_labels(series.labels, labels)
+    series.chunks.extend(chunks)
+    return encode_frame(response.SerializeToString())
+
+
+def decode_chunked_read_response(
+    stream: bytes,
+) -> Iterator[tuple[int, dict[str, str], list[tuple[int, float]]]]:
+    """Yield (query_index, labels, samples) per series per frame of a streamed answer."""
+    for message in iter_frames(stream):
+        response = remote_pb2.ChunkedReadResponse()
+        response.ParseFromString(message)
+        for series in response.chunked_series:
+            samples = []
+            for chunk in series.chunks:
+                if chunk.type != types_pb2.Chunk.XOR:
+                    raise ValueError(f"unsupported chunk encoding {chunk.type}")
+                samples.extend(decode_xor_chunk(chunk.data))
+            labels = {label.name: label.value for label in series.labels}
+            yield response.query_index, labels, samples

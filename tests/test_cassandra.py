@@ -1,0 +1,185 @@
+"""The production path on a real Cassandra 5.0 and a real Redis: schema, tables, faults, cache."""
+
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import pytest
+from cassandra.cluster import Cluster
+
+from gateway.model import series_set_hash, series_set_text
+from gateway.store.cassandra import parse_url
+from gateway.store.cassandra_schema import SchemaOptions, schema_text
+from tests.gatewayproc import REPO
+
+SCHEMA_FILE = REPO / "schema.cql"
+
+
+def cql_session(server):
+    cluster = Cluster([server.host], port=server.port, protocol_version=5)
+    return cluster, cluster.connect()
+
+
+def tsgate(*args):
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def describe(session, keyspace: str) -> dict:
+    """What system_schema says about a keyspace's tables, keyspace names removed."""
+    tables = {}
+    for row in session.execute("SELECT table_name, compaction, default_time_to_live, gc_grace_seconds FROM system_schema.tables WHERE keyspace_name = %s", [keyspace]):
+        tables[row.table_name] = {"compaction": dict(row.compaction), "ttl": row.default_time_to_live, "gc": row.gc_grace_seconds, "columns": {}}
+    for row in session.execute("SELECT table_name, column_name, kind, position, type, clustering_order FROM system_schema.columns WHERE keyspace_name = %s", [keyspace]):
+        tables[row.table_name]["columns"][row.column_name] = (row.kind, row.position, row.type, row.clustering_order)
+    return tables
+
+
+def test_schema_file_is_the_default_schema():
+    assert SCHEMA_FILE.read_text() == schema_text(SchemaOptions())
+    printed = tsgate("schema", "print", "--store", "cassandra://127.0.0.1/tsdb")
+    assert printed.returncode == 0 and printed.stdout == SCHEMA_FILE.read_text()
+
+
+def test_schema_file_and_schema_apply_agree(cassandra_server):
+    cluster, session = cql_session(cassandra_server)
+    try:
+        session.execute("DROP KEYSPACE IF EXISTS tsdb")
+        session.execute("DROP KEYSPACE IF EXISTS tsdb_applied")
+        for statement in filter(str.strip, re.sub(r"--[^\n]*", "", SCHEMA_FILE.read_text()).split(";")):
+            session.execute(statement)
+        url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsdb_applied"
+        for _ in range(2):
+            applied = tsgate("schema", "apply", "--store", url)
+            assert applied.returncode == 0, applied.stderr
+        assert describe(session, "tsdb") == describe(session, "tsdb_applied")
+        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "data_raw"}
+        raw = describe(session, "tsdb")["data_raw"]
+        assert raw["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and raw["ttl"] == 7 * 86400
+    finally:
+        cluster.shutdown()
+
+
+def test_schema_apply_upgrades_retention(cassandra_server):
+    url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsdb_upgrade"
+    assert tsgate("schema", "apply", "--store", url).returncode == 0
+    assert tsgate("schema", "apply", "--store", url, "--raw-retention", "2d").returncode == 0
+    cluster, session = cql_session(cassandra_server)
+    try:
+        raw = describe(session, "tsdb_upgrade")["data_raw"]
+        assert raw["ttl"] == 2 * 86400
+        assert raw["compaction"]["compaction_window_size"] == "2"
+    finally:
+        session.execute("DROP KEYSPACE IF EXISTS tsdb_upgrade")
+        cluster.shutdown()
+
+
+def test_url_options():
+    options = parse_url(
+        "cassandra://me:s%40cret@a:9142,b,[::1]:9043/ks?replication=dc1:3,dc2:2&consistency=quorum&read_consistency=one"
+        "&local_dc=dc1&tls=true&request_timeout=3s&max_inflight=64",
+        86_400_000,
+        3_600_000,
+    )
+    assert options.hosts == [("a", 9142), ("b", 9042), ("::1", 9043)]
+    assert options.schema.keyspace == "ks" and options.schema.replication == (("dc1", 3), ("dc2", 2))
+    assert (options.username, options.password, options.local_dc, options.tls) == ("me", "s@cret", "dc1", True)
+    assert options.request_timeout_s == 3 and options.max_inflight == 64
+    assert options.read_consistency == 1 and options.write_consistency == 4
+    for bad in ("cassandra:///ks", "cassandra://h/ks?consistency=most", "cassandra://h/ks?replication=simple:0", "cassandra://h/ks?color=red", "cassandra://h/1ks"):
+        with pytest.raises(ValueError):
+            parse_url(bad, 86_400_000, 3_600_000)
+
+
+def test_gateway_writes_land_in_the_documented_tables(start_gateway, cassandra_server, cassandra_url, redis_server, tenant):
+    gateway = start_gateway("--store", cassandra_url, "--redis", redis_server.url)
+    t0 = int(time.time()) - 60
+    body = {"tenant": tenant, "metricName": "cpu_idle", "tags": {"host": "h-1", "os": "linux"}, "ts": t0, "value": 42.5}
+    assert gateway.post("/api/write/single", body).status == 200
+    hash_ = series_set_hash(series_set_text("cpu_idle", {"host": "h-1", "os": "linux"}))
+    cluster, session = cql_session(cassandra_server)
+    try:
+        session.set_keyspace("tsgate_test")
+        assert [r.tenant for r in session.execute("SELECT tenant FROM tenants WHERE tenant = %s", [tenant])] == [tenant]
+        assert [r.metric_name for r in session.execute("SELECT metric_name FROM metric_names WHERE tenant = %s", [tenant])] == ["cpu_idle"]
+        row = session.execute("SELECT metric_name, tags FROM series_set_hashes WHERE tenant = %s AND series_set_hash = %s", [tenant, hash_]).one()
+        assert (row.metric_name, dict(row.tags)) == ("cpu_idle", {"host": "h-1", "os": "linux"})
+        index = session.execute("SELECT series_set_hash FROM series_sets WHERE tenant = %s AND metric_name = 'cpu_idle' AND tag_key = 'os' AND tag_value = 'linux'", [tenant])
+        assert [r.series_set_hash for r in index] == [hash_]
+        slot = t0 * 1000 - t0 * 1000 % 3_600_000
+        raw = session.execute("SELECT ts, value, TTL(value) AS ttl FROM data_raw WHERE tenant = %s AND series_set_hash = %s AND time_slot = %s", [tenant, hash_, slot]).one()
+        assert (raw.ts, raw.value) == (t0 * 1000, 42.5) and 0 < raw.ttl <= 7 * 86400
+    finally:
+        cluster.shutdown()
+
+
+def metric_value(gateway, name: str) -> float:
+    exposition = gateway.get("/metrics").body.decode()
+    match = re.search(rf"^{re.escape(name)} (\S+)$", exposition, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_redis_shares_the_metadata_cache_between_replicas(start_gateway, cassandra_url, redis_server, tenant):
+    first = start_gateway("--store", cassandra_url, "--redis", redis_server.url)
+    second = start_gateway("--store", cassandra_url, "--redis", redis_server.url)
+    batch = [{"metricName": "shared", "tags": {"i": str(i)}, "value": i} for i in range(20)]
+    assert first.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
+    assert second.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
+    assert metric_value(first, "tsgate_series_metadata_writes_total") == 20
+    assert metric_value(second, "tsgate_series_metadata_writes_total") == 0
+    assert metric_value(second, 'tsgate_metadata_cache_lookups_total{level="redis",result="hit"}') == 20
+
+
+def test_ingest_goes_on_when_redis_is_down(start_gateway, cassandra_url, tmp_path, tenant):
+    from gateway.devservices.redis import RedisServer
+
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    gateway = start_gateway("--store", cassandra_url, "--redis", redis.url)
+    q = urllib.parse.urlencode({"tenant": tenant, "metricName": "resilient", "start": "5m-ago"})
+    assert gateway.post("/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "1"}, "value": 1}).status == 200
+    redis.stop()
+    assert gateway.post("/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "2"}, "value": 2}).status == 200
+    assert len(gateway.get("/api/query?" + q).json()) == 2
+    assert metric_value(gateway, 'tsgate_redis_errors_total{operation="lookup"}') >= 1
+    redis.start()
+    time.sleep(5.5)
+    assert gateway.post("/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "3"}, "value": 3}).status == 200
+    assert len(gateway.get("/api/query?" + q).json()) == 3
+    redis.stop()
+
+
+def test_cassandra_outage_answers_503_and_loses_nothing_acknowledged(start_gateway, cassandra_server, cassandra_url, tenant):
+    """Stop Cassandra mid-run: writes get 503 (not acknowledged); after a restart, writing
+    resumes without restarting the gateway and every acknowledged sample is readable."""
+    gateway = start_gateway("--store", cassandra_url + "?request_timeout=2s")
+    acknowledged = []
+    t0 = int(time.time()) - 600
+
+    def write(i: int) -> int:
+        body = {"tenant": tenant, "metricName": "outage", "tags": {"phase": str(i // 10)}, "ts": t0 + i, "value": i}
+        status = gateway.post("/api/write/single", body, timeout=60).status
+        if status == 200:
+            acknowledged.append(i)
+        return status
+
+    for i in range(10):
+        assert write(i) == 200
+    cassandra_server.stop()
+    statuses = {write(i) for i in range(10, 15)}
+    assert statuses == {503}, statuses
+    assert gateway.get("/healthz").status == 503
+    cassandra_server.start()
+    deadline = time.monotonic() + 120
+    i = 15
+    while time.monotonic() < deadline and write(i) != 200:
+        i += 1
+        time.sleep(1)
+    for j in range(i + 1, i + 10):
+        assert write(j) == 200
+    assert gateway.get("/healthz").status == 200
+    q = urllib.parse.urlencode({"tenant": tenant, "metricName": "outage", "start": t0 - 1, "end": t0 + 1000})
+    stored = sorted(int(v) for series in gateway.get("/api/query?" + q).json() for v in series["values"].values())
+    assert set(acknowledged) <= set(stored)
+    assert "Traceback" not in gateway.log()

@@ -1,0 +1,966 @@
+"""Byte-level tests of the Prometheus remote write / remote read wire formats.
+
+Requests are built by hand from protobuf wire primitives (not with the
+generated classes), so these tests also pin the field numbers and wire types
+of our .proto files against the upstream ones.
+"""
+
+import math
+import random
+import struct
+from pathlib import Path
+
+import cramjam
+import pytest
+
+from protocols.prometheus import (
+    SAMPLES,
+    STREAMED_XOR_CHUNKS,
+    Matcher,
+    MetricMetadata,
+    ProtocolError,
+    Query,
+    ReadHints,
+    RemoteReadError,
+    RemoteWriteError,
+    Series,
+    WriteBatch,
+    crc32c,
+    decode_chunked_read_response,
+    decode_read_request,
+    decode_read_response,
+    decode_write_request,
+    decode_xor_chunk,
+    decompress_block,
+    encode_chunked_series_frames,
+    encode_frame,
+    encode_read_request,
+    encode_read_response,
+    encode_write_request_v1,
+    encode_write_request_v2,
+    encode_xor_chunk,
+    iter_frames,
+    message_version,
+    negotiate_response_type,
+    prometheus_metric_name,
+    sanitize_label_name,
+    series_matches,
+    uncompressed_length,
+    v2_written_headers,
+)
+
+DATA = Path(__file__).parent / "data" / "prometheus"
+LIMIT = 1 << 20
+V1 = "application/x-protobuf"
+V2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
+STALE_NAN_BITS = 0x7FF0000000000002
+
+
+# --- protobuf wire primitives -------------------------------------------------
+
+
+def varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # negative int64 values take ten bytes
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def f_varint(number: int, value: int) -> bytes:
+    return varint(number << 3) + varint(value)
+
+
+def f_bytes(number: int, payload: bytes | str) -> bytes:
+    if isinstance(payload, str):
+        payload = payload.encode()
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def f_double_bits(number: int, bits: int) -> bytes:
+    return varint(number << 3 | 1) + struct.pack("<Q", bits)
+
+
+def f_double(number: int, value: float) -> bytes:
+    return varint(number << 3 | 1) + struct.pack("<d", value)
+
+
+def bits_of(value: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", value))[0]
+
+
+def float_of(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<Q", bits))[0]
+
+
+def snappy(raw: bytes) -> bytes:
+    return bytes(cramjam.snappy.compress_raw(raw))
+
+
+def unsnappy(body: bytes) -> bytes:
+    return bytes(cramjam.snappy.decompress_raw(body))
+
+
+# prometheus.* messages
+def label(name: str, value: str) -> bytes:
+    return f_bytes(1, name) + f_bytes(2, value)
+
+
+def sample(value: float, timestamp: int) -> bytes:
+    return f_double(1, value) + f_varint(2, timestamp)
+
+
+def v1_series(labels, samples=(), exemplars=0, histograms=0) -> bytes:
+    out = b"".join(f_bytes(1, label(n, v)) for n, v in labels)
+    out += b"".join(f_bytes(2, sample(v, t)) for t, v in samples)
+    out += f_bytes(3, f_double(2, 1.5) + f_varint(3, 1000)) * exemplars  # Exemplar
+    out += f_bytes(4, f_varint(1, 7) + f_varint(15, 1000)) * histograms  # Histogram
+    return out
+
+
+def v1_request(*series: bytes, metadata: bytes = b"") -> bytes:
+    return b"".join(f_bytes(1, s) for s in series) + metadata
+
+
+def v1_metadata(type_number: int, family: str, help_text: str, unit: str) -> bytes:
+    return f_bytes(
+        3, f_varint(1, type_number) + f_bytes(2, family) + f_bytes(4, help_text) + f_bytes(5, unit)
+    )
+
+
+# io.prometheus.write.v2.* messages
+def packed(number: int, values) -> bytes:
+    return f_bytes(number, b"".join(varint(v) for v in values))
+
+
+def v2_series(refs, samples=(), metadata=b"", histograms=0, exemplars=0, packed_refs=True) -> bytes:
+    if packed_refs:
+        out = packed(1, refs) if refs else b""
+    else:
+        out = b"".join(f_varint(1, ref) for ref in refs)
+    out += b"".join(f_bytes(2, sample(v, t)) for t, v in samples)
+    out += f_bytes(3, f_varint(1, 2) + f_varint(15, 1000)) * histograms
+    out += f_bytes(4, f_double(2, 1.0) + f_varint(3, 1000)) * exemplars
+    if metadata:
+        out += f_bytes(5, metadata)
+    return out
+
+
+def v2_request(symbols, *series: bytes) -> bytes:
+    return b"".join(f_bytes(4, s) for s in symbols) + b"".join(f_bytes(5, s) for s in series)
+
+
+def decode_v1(raw: bytes) -> WriteBatch:
+    return decode_write_request(snappy(raw), V1, "snappy", LIMIT)
+
+
+def decode_v2(raw: bytes) -> WriteBatch:
+    return decode_write_request(snappy(raw), V2, "snappy", LIMIT)
+
+
+def reject(raw: bytes, decode=decode_v1) -> RemoteWriteError:
+    with pytest.raises(RemoteWriteError) as info:
+        decode(raw)
+    return info.value
+
+
+# --- snappy -------------------------------------------------------------------
+
+
+def test_snappy_block_header_is_the_uncompressed_length():
+    assert snappy(b"")[:1] == b"\x00"
+    block = snappy(b"x" * 300)
+    assert block[:2] == b"\xac\x02"  # uvarint 300
+    assert uncompressed_length(block) == 300
+    assert decompress_block(block, 300) == b"x" * 300
+
+
+def test_snappy_bomb_is_refused_without_inflating(monkeypatch):
+    def inflate(_):
+        raise AssertionError("a snappy bomb must not be inflated")
+
+    monkeypatch.setattr(cramjam.snappy, "decompress_raw", inflate)
+    bomb = b"\xff\xff\xff\xff\x0f" + b"\x00" * 16  # announces 4 GiB - 1
+    with pytest.raises(ProtocolError) as info:
+        decompress_block(bomb, LIMIT)
+    assert info.value.status == 413
+    assert "4294967295" in info.value.message
+    with pytest.raises(RemoteWriteError) as info:
+        decode_write_request(bomb, V1, "snappy", LIMIT)
+    assert info.value.status == 413
+    with pytest.raises(RemoteReadError) as info:
+        decode_read_request(bomb, LIMIT)
+    assert info.value.status == 413
+
+
+def test_snappy_limit_applies_to_real_compressed_payloads():
+    body = snappy(b"\x00" * (LIMIT + 1))
+    assert len(body) < LIMIT // 10
+    with pytest.raises(RemoteWriteError) as info:
+        decode_write_request(body, V1, None, LIMIT)
+    assert info.value.status == 413
+    assert decompress_block(snappy(b"\x00" * LIMIT), LIMIT) == b"\x00" * LIMIT
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",  # no header at all
+        b"\x80",  # truncated length
+        b"\x80\x80\x80\x80\x80\x01",  # length longer than 32 bits
+        b"\x05abc",  # announces 5 bytes, holds garbage
+        b"\x0a\x00",  # announces 10 bytes, holds none
+        bytes(cramjam.snappy.compress(b"hello world")),  # framed format, not a block
+    ],
+)
+def test_corrupt_snappy_is_a_bad_request(body):
+    with pytest.raises(RemoteWriteError) as info:
+        decode_write_request(body, V1, "snappy", LIMIT)
+    assert info.value.status == 400
+    assert "snappy" in info.value.message
+
+
+# --- content negotiation ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content_type, version",
+    [
+        (None, 1),
+        ("", 1),
+        ("application/x-protobuf", 1),
+        ("application/x-protobuf;proto=prometheus.WriteRequest", 1),
+        ("Application/X-Protobuf ; PROTO = prometheus.writerequest ", 1),
+        ('application/x-protobuf; proto="prometheus.WriteRequest"', 1),
+        ("application/x-protobuf;proto=io.prometheus.write.v2.Request", 2),
+        ("  application/x-protobuf ;  proto=io.prometheus.write.v2.Request  ", 2),
+        ("application/x-protobuf; charset=utf-8; proto=io.prometheus.write.v2.Request", 2),
+    ],
+)
+def test_content_type_selects_the_message(content_type, version):
+    assert message_version(content_type) == version
+    assert decode_write_request(snappy(b""), content_type, None, LIMIT).version == version
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/json",
+        "text/plain",
+        "application/protobuf",
+        "application/x-protobuf;proto=io.prometheus.write.v3.Request",
+        "application/x-protobuf;proto=prometheus.ReadRequest",
+        "application/x-protobuf;proto=",
+    ],
+)
+def test_unsupported_content_type_is_415(content_type):
+    bomb = b"\xff\xff\xff\xff\x0f"  # checked before the body is looked at
+    with pytest.raises(RemoteWriteError) as info:
+        decode_write_request(bomb, content_type, "snappy", LIMIT)
+    assert info.value.status == 415
+
+
+@pytest.mark.parametrize("encoding", [None, "", "snappy", " Snappy "])
+def test_snappy_or_missing_content_encoding_is_accepted(encoding):
+    assert decode_write_request(snappy(b""), V1, encoding, LIMIT) == WriteBatch(version=1)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd", "identity", "snappy, gzip", "framed"])
+def test_other_content_encodings_are_415(encoding):
+    with pytest.raises(RemoteWriteError) as info:
+        decode_write_request(snappy(b""), V1, encoding, LIMIT)
+    assert info.value.status == 415
+    assert encoding in info.value.message
+
+
+# --- remote write 1.0 -------------------------------------------------------------
+
+
+def test_v1_request_decodes_series_and_samples():
+    raw = v1_request(
+        v1_series(
+            [("__name__", "http_requests_total"), ("code", "200"), ("job", "api")],
+            [(1_700_000_000_000, 1.0), (1_700_000_015_000, 2.5)],
+        ),
+        v1_series([("__name__", "up"), ("instance", "a:9100")], [(-1, -0.0)]),
+    )
+    assert decode_v1(raw) == WriteBatch(
+        version=1,
+        series=[
+            Series(
+                {"__name__": "http_requests_total", "code": "200", "job": "api"},
+                [(1_700_000_000_000, 1.0), (1_700_000_015_000, 2.5)],
+            ),
+            Series({"__name__": "up", "instance": "a:9100"}, [(-1, -0.0)]),
+        ],
+    )
+    assert math.copysign(1.0, decode_v1(raw).series[1].samples[0][1]) == -1.0
+
+
+def test_v1_sample_values_keep_their_exact_bits():
+    nan_bits = [STALE_NAN_BITS, 0x7FF8000000000000, 0x7FF8000000000001, 0xFFF8000000000000]
+    series = b"".join(f_bytes(1, label(n, v)) for n, v in [("__name__", "m")])
+    series += b"".join(
+        f_bytes(2, f_double_bits(1, bits) + f_varint(2, i)) for i, bits in enumerate(nan_bits)
+    )
+    series += f_bytes(2, f_double(1, math.inf) + f_varint(2, 10))
+    samples = decode_v1(v1_request(series)).series[0].samples
+    assert [bits_of(value) for _, value in samples[:4]] == nan_bits
+    assert samples[4] == (10, math.inf)
+
+
+def test_v1_exemplars_and_histograms_are_counted_not_kept():
+    raw = v1_request(
+        v1_series([("__name__", "latency")], [(1000, 0.5)], exemplars=2, histograms=3),
+        v1_series([("__name__", "native")], histograms=1),
+    )
+    batch = decode_v1(raw)
+    assert (batch.exemplars_skipped, batch.histograms_skipped) == (2, 4)
+    assert batch.series == [
+        Series({"__name__": "latency"}, [(1000, 0.5)]),
+        Series({"__name__": "native"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "number, name",
+    [
+        (0, "unknown"),
+        (1, "counter"),
+        (2, "gauge"),
+        (3, "histogram"),
+        (4, "gaugehistogram"),
+        (5, "summary"),
+        (6, "info"),
+        (7, "stateset"),
+        (42, "unknown"),  # a type newer than us
+    ],
+)
+def test_v1_metadata_only_request_is_valid(number, name):
+    batch = decode_v1(v1_metadata(number, "http_requests", "Requests served.", "requests"))
+    assert batch == WriteBatch(
+        version=1, metadata=[MetricMetadata("http_requests", name, "Requests served.", "requests")]
+    )
+
+
+def test_v1_label_with_empty_value_is_dropped():
+    raw = v1_request(v1_series([("__name__", "m"), ("env", ""), ("job", "x")], [(1, 1.0)]))
+    assert decode_v1(raw).series[0].labels == {"__name__": "m", "job": "x"}
+
+
+GOOD = v1_series([("__name__", "ok")], [(1, 1.0)])
+
+
+@pytest.mark.parametrize(
+    "labels, words",
+    [
+        ([("__name__", "m"), ("job", "a"), ("env", "b")], "not sorted"),
+        ([("job", "a"), ("__name__", "m")], "not sorted"),
+        ([("__name__", "m"), ("job", "a"), ("job", "b")], "duplicate label name 'job'"),
+        ([("", "x"), ("__name__", "m")], "empty label name"),
+        ([("__name__", "m"), ("foo-bar", "x")], "invalid label name 'foo-bar'"),
+        ([("1abc", "x"), ("__name__", "m")], "invalid label name '1abc'"),
+        ([("__name__", "m"), ("a.b", "x")], "invalid label name 'a.b'"),
+        ([("__name__", "m"), ("é", "x")], "invalid label name 'é'"),
+        ([("__name__", "m"), ("a:b", "x")], "invalid label name 'a:b'"),
+        ([("job", "a")], "missing or empty __name__"),
+        ([("__name__", ""), ("job", "a")], "missing or empty __name__"),
+        ([], "missing or empty __name__"),
+    ],
+)
+def test_v1_invalid_labels_are_400_naming_the_series(labels, words):
+    error = reject(v1_request(GOOD, v1_series(labels, [(1, 1.0)])))
+    assert error.status == 400
+    assert error.message.startswith("series 1: ")
+    assert words in error.message
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x0a\x05\x0a\x01",  # timeseries field cut short
+        b"\x0a",  # tag without its length
+        b"\x0f",  # wire type 7 does not exist
+        f_bytes(1, f_bytes(1, f_bytes(1, b"\xff\xfe") + f_bytes(2, "v"))),  # label name not UTF-8
+    ],
+)
+def test_v1_bad_protobuf_is_400(raw):
+    error = reject(raw)
+    assert error.status == 400
+    assert "prometheus.WriteRequest" in error.message
+
+
+def test_v1_encoder_writes_the_same_bytes_as_the_spec():
+    series = [
+        Series(
+            {"job": "api", "__name__": "up", "empty": ""},
+            [(1000, 1.0), (-2000, float_of(STALE_NAN_BITS))],
+        ),
+    ]
+    metadata = [MetricMetadata("up", "gauge", "Target is up.", "")]
+    expected = v1_request(
+        b"".join(f_bytes(1, label(n, v)) for n, v in [("__name__", "up"), ("job", "api")])
+        + f_bytes(2, sample(1.0, 1000))
+        + f_bytes(2, f_double_bits(1, STALE_NAN_BITS) + f_varint(2, -2000)),
+        metadata=f_bytes(3, f_varint(1, 2) + f_bytes(2, "up") + f_bytes(4, "Target is up.")),
+    )
+    body = encode_write_request_v1(series, metadata)
+    assert unsnappy(body) == expected
+    batch = decode_write_request(body, None, None, LIMIT)
+    assert batch.series[0].labels == {"__name__": "up", "job": "api"}
+    assert bits_of(batch.series[0].samples[1][1]) == STALE_NAN_BITS
+    assert batch.metadata == metadata
+
+
+# --- remote write 2.0 -------------------------------------------------------------
+
+SYMBOLS = ["", "__name__", "http_requests_total", "job", "api", "Requests served.", "requests"]
+
+
+@pytest.mark.parametrize("packed_refs", [True, False])
+def test_v2_request_resolves_symbols_and_metadata(packed_refs):
+    counter = f_varint(1, 1) + f_varint(3, 5) + f_varint(4, 6)
+    raw = v2_request(
+        SYMBOLS,
+        v2_series([1, 2, 3, 4], [(1000, 3.0), (2000, 4.0)], counter, packed_refs=packed_refs),
+        v2_series([1, 2], [(1000, float_of(STALE_NAN_BITS))], packed_refs=packed_refs),
+    )
+    batch = decode_v2(raw)
+    assert batch == WriteBatch(
+        version=2,
+        series=[
+            Series(
+                {"__name__": "http_requests_total", "job": "api"},
+                [(1000, 3.0), (2000, 4.0)],
+                metric_type="counter",
+                help="Requests served.",
+                unit="requests",
+            ),
+            Series({"__name__": "http_requests_total"}, batch.series[1].samples),
+        ],
+    )
+    assert bits_of(batch.series[1].samples[0][1]) == STALE_NAN_BITS
+
+
+@pytest.mark.parametrize(
+    "number, name",
+    [(0, None), (1, "counter"), (2, "gauge"), (3, "histogram"), (4, "gaugehistogram"),
+     (5, "summary"), (6, "info"), (7, "stateset"), (99, "unknown")],
+)
+def test_v2_metric_type_names(number, name):
+    raw = v2_request(SYMBOLS, v2_series([1, 2], [(1, 1.0)], metadata=f_varint(1, number)))
+    assert decode_v2(raw).series[0].metric_type == name
+
+
+def test_v2_histograms_and_exemplars_are_counted_and_headers_say_zero_written():
+    raw = v2_request(
+        SYMBOLS,
+        v2_series([1, 2], [(1, 1.0), (2, 2.0)], exemplars=3),
+        v2_series([1, 2, 3, 4], histograms=2),
+    )
+    batch = decode_v2(raw)
+    assert (batch.exemplars_skipped, batch.histograms_skipped) == (3, 2)
+    assert batch.series[1].samples == []
+    assert v2_written_headers(batch) == {
+        "X-Prometheus-Remote-Write-Samples-Written": "2",
+        "X-Prometheus-Remote-Write-Histograms-Written": "0",
+        "X-Prometheus-Remote-Write-Exemplars-Written": "0",
+    }
+    partial = v2_written_headers(batch, samples_written=1)
+    assert partial["X-Prometheus-Remote-Write-Samples-Written"] == "1"
+
+
+def test_v1_body_sent_as_v2_decodes_to_nothing():
+    # v2 reserves fields 1-3, so a v1 body parses as an empty v2 request; the
+    # zero Written headers are how the sender notices.
+    batch = decode_v2(v1_request(GOOD))
+    assert batch == WriteBatch(version=2)
+    assert v2_written_headers(batch)["X-Prometheus-Remote-Write-Samples-Written"] == "0"
+
+
+@pytest.mark.parametrize(
+    "symbols, series, words",
+    [
+        (["x", "__name__", "m"], v2_series([1, 2], [(1, 1.0)]), "symbols[0] must be"),
+        (SYMBOLS, v2_series([1, 2, 3], [(1, 1.0)]), "series 0: odd number of labels_refs (3)"),
+        (SYMBOLS, v2_series([1, 7], [(1, 1.0)]), "series 0: label value ref 7 out of range"),
+        (SYMBOLS, v2_series([99, 2], [(1, 1.0)]), "series 0: label name ref 99 out of range"),
+        (SYMBOLS, v2_series([1, 2], [(1, 1.0)], metadata=f_varint(3, 7)), "series 0: help_ref 7"),
+        (SYMBOLS, v2_series([1, 2], [(1, 1.0)], metadata=f_varint(4, 8)), "series 0: unit_ref 8"),
+        (SYMBOLS, v2_series([3, 4, 1, 2], [(1, 1.0)]), "series 0: labels not sorted"),
+        (SYMBOLS, v2_series([1, 2, 1, 2], [(1, 1.0)]), "series 0: duplicate label name"),
+        (SYMBOLS + ["bad-name"], v2_series([1, 2, 7, 4], [(1, 1.0)]), "label name 'bad-name'"),
+        (SYMBOLS, v2_series([3, 4], [(1, 1.0)]), "series 0: missing or empty __name__"),
+        (SYMBOLS, v2_series([1, 0], [(1, 1.0)]), "series 0: missing or empty __name__"),
+        (SYMBOLS, v2_series([1, 2]), "series 0: no samples and no histograms"),
+        ([], v2_series([1, 2], [(1, 1.0)]), "out of range (symbols table has 0 entries)"),
+    ],
+)
+def test_v2_invalid_requests_are_400(symbols, series, words):
+    error = reject(v2_request(symbols, series), decode=decode_v2)
+    assert error.status == 400
+    assert words in error.message
+
+
+def test_v2_bad_protobuf_is_400():
+    error = reject(b"\x22\x05ab", decode=decode_v2)  # symbol cut short
+    assert error.status == 400
+    assert "io.prometheus.write.v2.Request" in error.message
+
+
+def test_v2_encoder_interns_strings_like_the_spec():
+    series = [
+        Series({"job": "api", "__name__": "up"}, [(1000, 1.0)]),
+        Series({"__name__": "reqs", "job": "api"}, [(1000, 5.0)], "counter", "Requests.", "s"),
+    ]
+    expected = v2_request(
+        ["", "__name__", "up", "job", "api", "reqs", "Requests.", "s"],
+        v2_series([1, 2, 3, 4], [(1000, 1.0)]),
+        v2_series([1, 5, 3, 4], [(1000, 5.0)], f_varint(1, 1) + f_varint(3, 6) + f_varint(4, 7)),
+    )
+    body = encode_write_request_v2(series)
+    assert unsnappy(body) == expected
+    assert decode_write_request(body, V2, "snappy", LIMIT).series == series
+
+
+# --- remote read: request and matchers ----------------------------------------
+
+
+def matcher_bytes(type_number: int, name: str, value: str) -> bytes:
+    # proto3 leaves out fields holding their default (EQ, ""), as encoders do.
+    out = f_varint(1, type_number) if type_number else b""
+    return out + f_bytes(2, name) + (f_bytes(3, value) if value else b"")
+
+
+def read_request_bytes() -> bytes:
+    hints = f_varint(1, 15000) + f_bytes(2, "rate") + f_varint(3, 1000) + f_varint(4, 61000)
+    hints += f_bytes(5, "job") + f_bytes(5, "code") + f_varint(6, 1) + f_varint(7, 300000)
+    query0 = f_varint(1, 1000) + f_varint(2, 61000)
+    query0 += f_bytes(3, matcher_bytes(0, "__name__", "http_requests_total"))
+    query0 += f_bytes(3, matcher_bytes(1, "env", ""))
+    query0 += f_bytes(3, matcher_bytes(2, "job", "api|web"))
+    query0 += f_bytes(3, matcher_bytes(3, "code", "5.."))
+    query0 += f_bytes(4, hints)
+    query1 = f_varint(1, -5000) + f_varint(2, -1) + f_bytes(3, matcher_bytes(0, "__name__", "up"))
+    return f_bytes(1, query0) + f_bytes(1, query1) + packed(2, [1, 0])
+
+
+def test_read_request_decodes_queries_matchers_and_hints():
+    request = decode_read_request(snappy(read_request_bytes()), LIMIT)
+    assert request.accepted_response_types == [STREAMED_XOR_CHUNKS, SAMPLES]
+    first, second = request.queries
+    assert (first.start_ms, first.end_ms) == (1000, 61000)
+    assert first.matchers == [
+        ("EQ", "__name__", "http_requests_total"),
+        ("NEQ", "env", ""),
+        ("RE", "job", "api|web"),
+        ("NRE", "code", "5.."),
+    ]
+    assert first.hints == ReadHints(15000, "rate", 1000, 61000, ("job", "code"), True, 300000)
+    assert second == Query(-5000, -1, [Matcher("EQ", "__name__", "up")], None)
+
+
+def test_read_request_encoder_writes_the_same_bytes():
+    request = decode_read_request(snappy(read_request_bytes()), LIMIT)
+    body = encode_read_request(request.queries, request.accepted_response_types)
+    assert unsnappy(body) == read_request_bytes()
+
+
+def test_explicit_default_fields_decode_like_absent_ones():
+    raw = f_bytes(1, f_bytes(3, f_varint(1, 0) + f_bytes(2, "env") + f_bytes(3, "")))
+    assert decode_read_request(snappy(raw), LIMIT).queries[0].matchers == [("EQ", "env", "")]
+
+
+def test_present_but_empty_hints_are_kept():
+    raw = f_bytes(1, f_varint(1, 1) + f_bytes(4, b""))
+    assert decode_read_request(snappy(raw), LIMIT).queries[0].hints == ReadHints()
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        (f_bytes(1, f_bytes(3, matcher_bytes(2, "job", "(x"))), "query 0: invalid regular expression"),
+        (f_bytes(1, f_bytes(3, matcher_bytes(3, "job", "[z-a]"))), "invalid regular expression"),
+        (f_bytes(1, f_bytes(3, matcher_bytes(4, "job", "x"))), "query 0: unknown matcher type 4"),
+        (b"\x0a\x09\x0a", "prometheus.ReadRequest"),
+    ],
+)
+def test_bad_read_requests_are_400(raw, words):
+    with pytest.raises(RemoteReadError) as info:
+        decode_read_request(snappy(raw), LIMIT)
+    assert info.value.status == 400
+    assert words in info.value.message
+
+
+def test_corrupt_snappy_read_request_is_400():
+    with pytest.raises(RemoteReadError) as info:
+        decode_read_request(b"\x05abc", LIMIT)
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "accepted, chosen",
+    [
+        ([], SAMPLES),
+        ([SAMPLES], SAMPLES),
+        ([STREAMED_XOR_CHUNKS, SAMPLES], STREAMED_XOR_CHUNKS),
+        (["7", SAMPLES], SAMPLES),
+    ],
+)
+def test_response_type_negotiation(accepted, chosen):
+    assert negotiate_response_type(accepted) == chosen
+
+
+def test_unknown_response_types_are_kept_and_refused():
+    request = decode_read_request(snappy(packed(2, [7])), LIMIT)
+    assert request.accepted_response_types == ["7"]
+    with pytest.raises(RemoteReadError) as info:
+        negotiate_response_type(request.accepted_response_types)
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "matcher, labels, expected",
+    [
+        (("EQ", "job", "api"), {"job": "api"}, True),
+        (("EQ", "job", "api"), {"job": "apis"}, False),
+        (("EQ", "foo", ""), {"job": "api"}, True),  # unset label equals ""
+        (("EQ", "foo", ""), {"foo": "x"}, False),
+        (("NEQ", "foo", ""), {"job": "api"}, False),  # foo!="" requires foo
+        (("NEQ", "foo", ""), {"foo": "x"}, True),
+        (("NEQ", "job", "api"), {}, True),
+        (("RE", "job", "ap"), {"job": "api"}, False),  # anchored at the end
+        (("RE", "job", "pi"), {"job": "api"}, False),  # and at the start
+        (("RE", "job", "a.*"), {"job": "api"}, True),
+        (("RE", "job", "api|web"), {"job": "web"}, True),
+        (("RE", "job", "api|web"), {"job": "apiweb"}, False),  # anchors wrap the alternation
+        (("RE", "job", "a.c"), {"job": "a\nc"}, True),  # "." matches a newline, as in Prometheus
+        (("RE", "foo", ".*"), {}, True),
+        (("RE", "foo", ".+"), {}, False),
+        (("RE", "foo", "bar|"), {}, True),
+        (("NRE", "code", "5.."), {"code": "500"}, False),
+        (("NRE", "code", "5.."), {"code": "200"}, True),
+        (("NRE", "code", "5.."), {}, True),
+        (("NRE", "foo", ""), {}, False),
+    ],
+)
+def test_matcher_semantics_follow_prometheus(matcher, labels, expected):
+    assert Matcher(*matcher).matches_labels(labels) is expected
+    assert Matcher(*matcher).matches(labels.get(matcher[1], "")) is expected
+
+
+def test_series_matches_needs_every_matcher():
+    matchers = [Matcher("EQ", "__name__", "up"), Matcher("RE", "job", "api|web")]
+    assert series_matches(matchers, {"__name__": "up", "job": "web"})
+    assert not series_matches(matchers, {"__name__": "up", "job": "db"})
+    assert series_matches([], {"__name__": "anything"})
+
+
+def test_invalid_regex_in_a_constructed_matcher_is_400():
+    with pytest.raises(RemoteReadError) as info:
+        Matcher("RE", "job", "a(").matches("a")
+    assert info.value.status == 400
+
+
+# --- remote read: SAMPLES response ------------------------------------------------
+
+
+def test_samples_response_bytes():
+    results = [
+        [({"job": "api", "__name__": "up"}, [(1000, 1.0), (2000, float_of(STALE_NAN_BITS))])],
+        [],
+        [({"__name__": "a"}, []), ({"__name__": "b"}, [(-1, -2.5)])],
+    ]
+    series_up = (
+        f_bytes(1, label("__name__", "up"))
+        + f_bytes(1, label("job", "api"))
+        + f_bytes(2, sample(1.0, 1000))
+        + f_bytes(2, f_double_bits(1, STALE_NAN_BITS) + f_varint(2, 2000))
+    )
+    expected = (
+        f_bytes(1, f_bytes(1, series_up))
+        + f_bytes(1, b"")
+        + f_bytes(
+            1,
+            f_bytes(1, f_bytes(1, label("__name__", "a")))
+            + f_bytes(1, f_bytes(1, label("__name__", "b")) + f_bytes(2, sample(-2.5, -1))),
+        )
+    )
+    body = encode_read_response(results)
+    assert unsnappy(body) == expected
+    decoded = decode_read_response(body, LIMIT)
+    assert len(decoded) == 3 and decoded[1] == [] and decoded[2] == results[2]
+    assert bits_of(decoded[0][0][1][1][1]) == STALE_NAN_BITS
+
+
+# --- remote read: STREAMED_XOR_CHUNKS ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data, crc",
+    [
+        (b"123456789", 0xE3069283),  # the standard check value
+        (b"", 0),
+        (bytes(32), 0x8A9136AA),  # RFC 3720 B.4 vectors
+        (b"\xff" * 32, 0x62A8AB43),
+        (bytes(range(32)), 0x46DD794E),
+        (bytes(range(31, -1, -1)), 0x113FDB5C),
+    ],
+)
+def test_crc32c_vectors(data, crc):
+    assert crc32c(data) == crc
+
+
+def test_crc32c_can_continue():
+    assert crc32c(b"6789", crc32c(b"12345")) == 0xE3069283
+
+
+def test_frame_layout():
+    assert encode_frame(b"123456789") == b"\x09" + bytes.fromhex("e3069283") + b"123456789"
+    frame = encode_frame(b"x" * 300)
+    assert frame[:2] == b"\xac\x02"
+    assert frame[2:6] == crc32c(b"x" * 300).to_bytes(4, "big")
+    assert list(iter_frames(encode_frame(b"abc") + frame)) == [b"abc", b"x" * 300]
+
+
+@pytest.mark.parametrize(
+    "stream, words",
+    [
+        (b"\x03" + b"\x00\x00\x00\x00" + b"abc", "checksum"),
+        (encode_frame(b"abc")[:-1], "truncated"),
+        (b"\x80", "truncated"),
+    ],
+)
+def test_bad_frames_are_refused(stream, words):
+    with pytest.raises(ValueError, match=words):
+        list(iter_frames(stream))
+
+
+def chunk_bytes(min_t: int, max_t: int, data: bytes) -> bytes:
+    return f_varint(1, min_t) + f_varint(2, max_t) + f_varint(3, 1) + f_bytes(4, data)
+
+
+def test_chunked_series_frame_bytes():
+    samples = [(1000 + 15000 * i, float(i)) for i in range(250)]
+    labels = {"job": "api", "__name__": "up"}
+    (frame,) = encode_chunked_series_frames(3, labels, samples)
+    parts = [samples[:120], samples[120:240], samples[240:]]
+    series = f_bytes(1, label("__name__", "up")) + f_bytes(1, label("job", "api"))
+    for part in parts:
+        series += f_bytes(2, chunk_bytes(part[0][0], part[-1][0], encode_xor_chunk(part)))
+    message = f_bytes(1, series) + f_varint(2, 3)
+    assert frame == varint(len(message)) + crc32c(message).to_bytes(4, "big") + message
+    assert list(decode_chunked_read_response(frame)) == [(3, labels, samples)]
+
+
+def test_chunked_series_split_over_frames_and_streams():
+    samples = [(i * 1000, random.Random(i).random()) for i in range(1000)]
+    frames = list(encode_chunked_series_frames(0, {"__name__": "x"}, samples, 100, 2000))
+    assert len(frames) > 1
+    decoded = list(decode_chunked_read_response(b"".join(frames)))
+    assert all(index == 0 and labels == {"__name__": "x"} for index, labels, _ in decoded)
+    assert [s for _, _, part in decoded for s in part] == samples
+    assert list(encode_chunked_series_frames(0, {"__name__": "x"}, [])) == []
+
+
+def test_chunk_time_range_covers_unsorted_samples():
+    (frame,) = encode_chunked_series_frames(0, {"__name__": "x"}, [(50, 1.0), (10, 2.0), (30, 3.0)])
+    (message,) = iter_frames(frame)
+    expected_chunk = chunk_bytes(10, 50, encode_xor_chunk([(50, 1.0), (10, 2.0), (30, 3.0)]))
+    assert f_bytes(2, expected_chunk) in message
+
+
+@pytest.mark.parametrize("size", [0, 65536])
+def test_chunk_size_limits(size):
+    with pytest.raises(ValueError):
+        next(encode_chunked_series_frames(0, {"__name__": "x"}, [(1, 1.0)], size))
+
+
+# --- XOR chunks -------------------------------------------------------------------
+# Vectors marked "Prometheus" were produced by github.com/prometheus/prometheus
+# v0.316.0 tsdb/chunkenc.NewXORChunk().Appender().Append(...) for the same input.
+
+PROMETHEUS_VECTORS = {
+    "one sample": ([(1000, 1.0)], "0001d00f3ff0000000000000"),
+    "basic": (
+        [(1000, 1.0), (2000, 1.0), (3000, 2.0), (4000, 2.5), (5001, 2.5), (6000, 0.0)],
+        "0006d00f3ff0000000000000e8073097ffdb41c000afffb09b0010",
+    ),
+    "specials and negative deltas": (
+        [
+            (-5000, float_of(STALE_NAN_BITS)),
+            (-4000, math.inf),
+            (-4100, -math.inf),
+            (100000, float_of(0x7FF8000000000001)),  # Go's math.NaN()
+            (100001, 1e-300),
+            (1 << 40, 42.0),
+        ],
+        "00068f4e7ff0000000000002e807ff000000000ddda6007c32e118008008000000000001ee695d9f975b"
+        "87f0be3cd63c000003fffff9e57a41e06e1fc2f8f359",
+    ),
+    "value widths": (
+        [
+            (i * 10, float_of(bits))
+            for i, bits in enumerate(
+                [
+                    bits_of(1.0),
+                    bits_of(-1.0),  # XOR is the sign bit alone: 63 trailing zeros
+                    0x0000000000000001,
+                    0x8000000000000001,  # 64 significant bits, stored as 0
+                    0x7FFFFFFFFFFFFFFF,
+                    bits_of(3.0),
+                    bits_of(3.0),
+                    bits_of(3.5),
+                    bits_of(1e308),
+                    0x0000000100000000,  # more than 31 leading zeros
+                ]
+            )
+        ],
+        "000a003ff00000000000000ac00d800bff000000000000150000000000000000bfffffffffffffff91ff"
+        "bffffffffffff8800100000000000011ff6e679c2f5e45027fe1ccf285ebc8a0",
+    ),
+}
+
+# Delta-of-deltas on both sides of every bucket boundary (14, 17, 20, 64 bits).
+DOD_BOUNDS = [0, 1, -1, 8192, -8191, 8193, -8192, 65536, -65535, 65537, -65536,
+              524288, -524287, 524289, -524288, 1 << 40, -(1 << 40)]
+
+
+def dod_bound_samples() -> list[tuple[int, float]]:
+    samples, delta = [(0, 0.0), (1000, 0.0)], 1000
+    for dod in DOD_BOUNDS:
+        delta += dod
+        samples.append((samples[-1][0] + delta, 0.0))
+    return samples
+
+
+PROMETHEUS_VECTORS["dod buckets"] = (
+    dod_bound_samples(),
+    "0013000000000000000000e80710002bfff50002800584002de00068000340005c20002ef00007400003a"
+    "00005e0000000000100002ffffffffffff80000780000080000000003ffffffc00000000000",
+)
+PROMETHEUS_VECTORS["120 samples"] = (
+    [(1_700_000_000_000 + i * 15000 + (i % 7) * 3, (i * i) / 3) for i in range(120)],
+    (DATA / "xor_chunk_120_samples.hex").read_text().strip(),
+)
+
+
+def same_bits(a, b) -> bool:
+    return [(t, bits_of(v)) for t, v in a] == [(t, bits_of(v)) for t, v in b]
+
+
+@pytest.mark.parametrize("name", PROMETHEUS_VECTORS)
+def test_xor_chunk_matches_prometheus_bytes(name):
+    samples, hex_bytes = PROMETHEUS_VECTORS[name]
+    assert encode_xor_chunk(samples).hex() == hex_bytes
+    assert same_bits(decode_xor_chunk(bytes.fromhex(hex_bytes)), samples)
+
+
+def test_xor_chunk_derived_by_hand():
+    # 0003: three samples. 00: zigzag varint of t=0. Eight 00 bytes: value 0.0.
+    # 0a: uvarint delta 10. Then bits: 0 (value unchanged), 10 + 00000000001010
+    # (delta-of-delta 20-10=10 in the 14-bit bucket), 0 (value unchanged),
+    # padded: 01000000 00000101 00000000 = 40 05 00.
+    samples = [(0, 0.0), (10, 0.0), (30, 0.0)]
+    expected = bytes.fromhex("0003" + "00" + "00" * 8 + "0a" + "400500")
+    assert encode_xor_chunk(samples) == expected
+    assert decode_xor_chunk(expected) == samples
+    assert encode_xor_chunk([]) == b"\x00\x00"
+    assert decode_xor_chunk(b"\x00\x00") == []
+
+
+def random_samples(rng: random.Random, count: int) -> list[tuple[int, float]]:
+    t = rng.randint(-(1 << 45), 1 << 45)
+    value = rng.uniform(-1e6, 1e6)
+    samples = []
+    for _ in range(count):
+        t += rng.choice([15000, 15000, 15001, 14999, 0, -1, rng.randint(-(1 << 30), 1 << 30)])
+        kind = rng.random()
+        if kind < 0.3:
+            pass  # repeat the value
+        elif kind < 0.6:
+            value += rng.choice([1.0, 0.5, -0.25])
+        elif kind < 0.8:
+            value = float(rng.randint(-1000, 1000))
+        else:
+            value = float_of(rng.getrandbits(64))  # any bit pattern, NaNs included
+        samples.append((t, value))
+    return samples
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_xor_chunk_round_trips_random_data(seed):
+    rng = random.Random(seed)
+    samples = random_samples(rng, rng.choice([1, 2, 3, 119, 120, 500]))
+    assert same_bits(decode_xor_chunk(encode_xor_chunk(samples)), samples)
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [
+        [(0, 0.0)],
+        [(-(1 << 63), -0.0), ((1 << 63) - 1, 0.0)],  # extreme timestamps
+        [((1 << 63) - 1, 1.0), (-(1 << 63), 1.0), ((1 << 63) - 1, 1.0)],  # wrapping deltas
+        [(i, 7.0) for i in range(120)],  # equal values
+        [(1000 * i, float_of(STALE_NAN_BITS)) for i in range(5)],
+        [(1000 * i, v) for i, v in enumerate([math.inf, -math.inf, math.nan, 5e-324, -1.7e308])],
+        [(100 - 10 * i, float(i)) for i in range(10)],  # time going backwards
+    ],
+)
+def test_xor_chunk_round_trips_edge_data(samples):
+    assert same_bits(decode_xor_chunk(encode_xor_chunk(samples)), samples)
+
+
+def test_xor_chunk_sample_limit():
+    big = [(i, 1.0) for i in range(65535)]
+    assert decode_xor_chunk(encode_xor_chunk(big)) == big
+    with pytest.raises(ValueError):
+        encode_xor_chunk(big + [(65535, 1.0)])
+
+
+def test_truncated_xor_chunk_is_refused():
+    data = bytes.fromhex(PROMETHEUS_VECTORS["basic"][1])
+    with pytest.raises(ValueError, match="truncated"):
+        decode_xor_chunk(data[:-3])
+
+
+# --- name mapping -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("servers.web-1.cpu.user", "servers_web_1_cpu_user"),
+        ("http_requests_total", "http_requests_total"),
+        ("job:rate5m", "job:rate5m"),
+        ("1min.load", "_1min_load"),
+        ("carbon.agents.a.b.c/d e", "carbon_agents_a_b_c_d_e"),
+        ("température", "temp_rature"),
+        ("_", "_"),
+    ],
+)
+def test_prometheus_metric_name(name, expected):
+    assert prometheus_metric_name(name) == expected
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("dc", "dc"),
+        ("data-center", "data_center"),
+        ("a:b", "a_b"),
+        ("9lives", "_9lives"),
+        ("rack.id", "rack_id"),
+    ],
+)
+def test_sanitize_label_name(name, expected):
+    assert sanitize_label_name(name) == expected
+
+
+def test_empty_names_cannot_be_mapped():
+    with pytest.raises(ValueError):
+        prometheus_metric_name("")
+    with pytest.raises(ValueError):
+        sanitize_label_name("")
