@@ -46,6 +46,13 @@ def _positive(text) -> int:
     return value
 
 
+def _non_negative(text) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{text!r} must be 0 or more")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str
@@ -63,9 +70,12 @@ SETTINGS = [
     Setting("redis", str, "", "redis://host:port/db shared by replicas for the metadata cache; none: in-memory only"),
     Setting("redis-key-ttl", parse_duration, "1d", "expiry of the Redis metadata cache keys"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
+    Setting("max-decompressed-bytes", _positive, str(64 << 20), "largest snappy-decompressed remote write/read body (413 above)"),
     Setting("max-inflight-samples", _positive, "1000000", "samples waiting for the store before writes get 503"),
     Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
     Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
+    Setting("max-samples-per-query", _positive, "5000000", "samples one remote-read query may return (422 above)"),
+    Setting("tenant-max-samples-per-second", _non_negative, "0", "per-tenant ingest rate of one process, 429 above; 0: no limit"),
     Setting("max-name-length", _positive, "1024", "longest metric name"),
     Setting("max-tag-key-length", _positive, "1024", "longest tag key"),
     Setting("max-tag-value-length", _positive, "2048", "longest tag value"),
@@ -88,9 +98,12 @@ class Config:
     redis: str
     redis_key_ttl: int
     max_body_bytes: int
+    max_decompressed_bytes: int
     max_inflight_samples: int
     metadata_cache_size: int
     max_series_per_query: int
+    max_samples_per_query: int
+    tenant_max_samples_per_second: int
     max_name_length: int
     max_tag_key_length: int
     max_tag_value_length: int

@@ -20,10 +20,11 @@ log = logging.getLogger(__name__)
 
 
 class SeenSeries:
-    """A bounded LRU set of (tenant, series_set_hash)."""
+    """A bounded LRU set of keys, (tenant, series_set_hash) for series."""
 
-    def __init__(self, max_entries: int):
+    def __init__(self, max_entries: int, level: str = "memory"):
         self.max_entries = max_entries
+        self.level = level
         self._entries: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def __len__(self) -> int:
@@ -32,9 +33,9 @@ class SeenSeries:
     def __contains__(self, key: tuple[str, str]) -> bool:
         if key in self._entries:
             self._entries.move_to_end(key)
-            metrics.METADATA_CACHE.labels("memory", "hit").inc()
+            metrics.METADATA_CACHE.labels(self.level, "hit").inc()
             return True
-        metrics.METADATA_CACHE.labels("memory", "miss").inc()
+        metrics.METADATA_CACHE.labels(self.level, "miss").inc()
         return False
 
     def add_all(self, keys: Iterable[tuple[str, str]]) -> None:

@@ -18,6 +18,10 @@ STORE_OPERATIONS = Histogram(
 STORE_ERRORS = Counter("tsgate_store_errors", "Store calls that failed, by operation", ["operation"])
 METADATA_CACHE = Counter("tsgate_metadata_cache_lookups", "Series metadata cache lookups", ["level", "result"])
 REDIS_ERRORS = Counter("tsgate_redis_errors", "Redis calls that failed (ingest went on without Redis)", ["operation"])
+PROMETHEUS_SKIPPED = Counter(
+    "tsgate_prometheus_skipped", "Remote-write parts not stored (exemplars, native histograms)", ["kind"]
+)
+RATE_LIMITED = Counter("tsgate_rate_limited_samples", "Samples refused with 429 over a tenant limit", ["limit"])
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
 INGEST_INFLIGHT = Gauge("tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored")
 

@@ -8,7 +8,7 @@ partitions. Lookups and reads run concurrently, with a bound on how many at once
 
 from typing import NamedTuple
 
-from twisted.internet.defer import DeferredSemaphore, gatherResults
+from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
 from gateway import metrics
 from gateway.model import NAME_TAG, SeriesKey
@@ -50,8 +50,66 @@ class QueryPlanner:
 
     async def query(self, tenant: str, metric_name: str, tag_filters: dict[str, str], start_ms: int, end_ms: int) -> list[SeriesResult]:
         series = await self.select_series(tenant, metric_name, tag_filters)
-        reads = [
-            self._limited("read_raw", self.store.read_raw, tenant, s.series_set_hash, start_ms, end_ms) for s in series
-        ]
-        data = await gatherResults(reads, consumeErrors=True)
+        data = await self.read_series(series, start_ms, end_ms)
         return [SeriesResult(tenant, s.metric_name, s.tags, points) for s, points in zip(series, data)]
+
+    async def read_series(self, series: list[SeriesKey], start_ms: int, end_ms: int) -> list[list[tuple[int, float]]]:
+        """Raw points of each series, in the same order."""
+        reads = [
+            self._limited("read_raw", self.store.read_raw, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series
+        ]
+        return await gatherResults(reads, consumeErrors=True)
+
+    async def select_by_matchers(self, tenant: str, matchers, label_view) -> list[SeriesKey]:
+        """Series whose labels, as ``label_view(metric, tags)`` shows them, satisfy every matcher.
+
+        Matchers have ``name``, ``type`` (EQ, NEQ, RE, NRE), ``value`` and ``matches(text)``, with
+        Prometheus semantics (an absent label is ""). The index narrows the candidates: an
+        equality or a regex that cannot match "" becomes series_sets lookups (regexes through
+        tag_values); everything is then checked on the full labels.
+        """
+        name_matchers = [m for m in matchers if m.name == NAME_TAG]
+        tag_matchers = [m for m in matchers if m.name != NAME_TAG]
+        found: list[SeriesKey] = []
+        for metric_name in await self._metric_names(tenant, name_matchers, label_view):
+            hashes = await self._candidates(tenant, metric_name, tag_matchers)
+            if len(found) + len(hashes) > self.max_series:
+                raise QueryTooLarge(
+                    f"the query matches more than {self.max_series} series (--max-series-per-query); narrow it"
+                )
+            series = await self._limited("get_series", self.store.get_series, tenant, sorted(hashes))
+            for key in series.values():
+                labels = label_view(key.metric_name, key.tags)
+                if all(m.matches(labels.get(m.name, "")) for m in matchers):
+                    found.append(key)
+        return found
+
+    async def _metric_names(self, tenant: str, name_matchers, label_view) -> list[str]:
+        """Metric names to look in: an exact name directly, otherwise the tenant's names filtered."""
+        exact = [m.value for m in name_matchers if m.type == "EQ"]
+        if exact:
+            names = [exact[0]]
+            if await self.store.find_series(tenant, exact[0], NAME_TAG, exact[0]):
+                return names
+        names = await self._limited("list_metric_names", self.store.list_metric_names, tenant)
+        return [n for n in names if all(m.matches(label_view(n, {})[NAME_TAG]) for m in name_matchers)]
+
+    async def _candidates(self, tenant: str, metric_name: str, tag_matchers) -> set[str]:
+        lookups = []
+        for matcher in tag_matchers:
+            if matcher.matches(""):
+                continue
+            if matcher.type == "EQ":
+                values = [matcher.value]
+            else:
+                all_values = await self._limited("list_tag_values", self.store.list_tag_values, tenant, metric_name, matcher.name)
+                values = [v for v in all_values if matcher.matches(v)]
+            lookups.append(ensureDeferred(self._union(tenant, metric_name, matcher.name, values)))
+        if not lookups:
+            lookups.append(ensureDeferred(self._union(tenant, metric_name, NAME_TAG, [metric_name])))
+        found = await gatherResults(lookups, consumeErrors=True)
+        return set.intersection(*found)
+
+    async def _union(self, tenant: str, metric_name: str, tag_key: str, values: list[str]) -> set[str]:
+        lookups = [self._limited("find_series", self.store.find_series, tenant, metric_name, tag_key, v) for v in values]
+        return set().union(*await gatherResults(lookups, consumeErrors=True))

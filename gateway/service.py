@@ -12,6 +12,8 @@ from gateway import __version__
 from gateway.config import Config
 from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
+from gateway.http.prometheus_api import PrometheusAPI
+from gateway.limits import TenantLimits
 from gateway.http.server import Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import RedisSeenSeries, SeenSeries
@@ -32,6 +34,14 @@ class Gateway:
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         router = Router()
         NativeAPI(self.store, self.pipeline, self.planner).register(router)
+        PrometheusAPI(
+            self.store,
+            self.pipeline,
+            self.planner,
+            TenantLimits(config.tenant_max_samples_per_second),
+            config.max_decompressed_bytes,
+            config.max_samples_per_query,
+        ).register(router)
         OpsAPI(self.store).register(router)
         self.site = Site(router, config.max_body_bytes)
         self.ports = []

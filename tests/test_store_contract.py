@@ -6,7 +6,7 @@ import struct
 import pytest_twisted
 
 from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.store.contract import RawPoint, time_slot, time_slots
+from gateway.store.contract import MetricMetadata, RawPoint, time_slot, time_slots
 
 HOUR = 3_600_000
 STALE_NAN_BITS = 0x7FF0000000000002
@@ -117,3 +117,15 @@ async def test_special_values_survive_bit_exact(store, tenant):
     await store.write_raw([RawPoint(tenant, h, i, v) for i, v in enumerate(values)])
     stored = await store.read_raw(tenant, h, 0, len(values))
     assert [bits(v) for _, v in stored] == [bits(v) for v in values]
+
+
+@pytest_twisted.ensureDeferred
+async def test_metric_metadata(store, tenant):
+    assert await store.get_metric_metadata(tenant, "http_requests_total") is None
+    first = MetricMetadata(tenant, "http_requests_total", "counter", "Requests.", "")
+    await store.write_metric_metadata([first, MetricMetadata(tenant, "temp", "gauge", "", "celsius")])
+    assert await store.get_metric_metadata(tenant, "http_requests_total") == first
+    changed = first._replace(help="All requests.")
+    await store.write_metric_metadata([changed])
+    assert await store.get_metric_metadata(tenant, "http_requests_total") == changed
+    assert await store.get_metric_metadata(tenant + "-other", "temp") is None

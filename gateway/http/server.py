@@ -16,6 +16,7 @@ from twisted.web import resource, server
 
 from gateway import metrics
 from gateway.ingest import Overloaded
+from gateway.limits import RateLimited
 from gateway.model import DEFAULT_TENANT, InvalidSample, validate_tenant
 from gateway.query import QueryTooLarge
 from gateway.store import StoreUnavailable
@@ -26,8 +27,10 @@ JSON = "application/json"
 
 
 class Response(NamedTuple):
+    """``body`` is bytes, or an async iterator of bytes that is streamed as it is produced."""
+
     status: int
-    body: bytes
+    body: object
     content_type: str = JSON
     headers: dict[str, str] = {}
 
@@ -166,7 +169,7 @@ class Router(resource.Resource):
         request.notifyFinish().addErrback(lambda _: setattr(request, "client_gone", True))
         deferred = defer.ensureDeferred(handler(request))
         deferred.addErrback(self._error_response, request)
-        deferred.addCallback(self._send, request, name, started)
+        deferred.addCallback(lambda response: defer.ensureDeferred(self._send(response, request, name, started)))
         deferred.addErrback(lambda failure: log.error("could not answer %s: %s", request.uri, failure.getTraceback()))
         return server.NOT_DONE_YET
 
@@ -186,6 +189,10 @@ class Router(resource.Resource):
             if error.status == 405:
                 return response._replace(headers={"Allow": ", ".join(error.details["allow"])})
             return response
+        if isinstance(error, RateLimited):
+            metrics.RATE_LIMITED.labels("samples_per_second").inc()
+            response = json_response(429, {"error": str(error)})
+            return response._replace(headers={"Retry-After": str(error.retry_after_s)})
         if isinstance(error, QueryTooLarge):
             return json_response(422, {"error": str(error)})
         if isinstance(error, (StoreUnavailable, Overloaded)):
@@ -195,15 +202,36 @@ class Router(resource.Resource):
         log.error("error answering %s: %s", request.uri, failure.getTraceback())
         return json_response(500, {"error": "internal error; see the gateway log"})
 
-    def _send(self, response: Response, request: server.Request, name: str, started: float) -> None:
-        metrics.HTTP_REQUESTS.labels(name, request.method.decode("ascii", "replace"), str(response.status)).observe(
-            time.perf_counter() - started
-        )
-        if request.finished or getattr(request, "client_gone", False):
-            return
-        request.setResponseCode(response.status)
-        request.setHeader(b"content-type", response.content_type.encode())
-        for header, value in response.headers.items():
-            request.setHeader(header.encode(), value.encode())
-        request.write(response.body)
-        request.finish()
+    async def _send(self, response: Response, request: server.Request, name: str, started: float) -> None:
+        status = response.status
+        try:
+            if request.finished or getattr(request, "client_gone", False):
+                return
+            request.setResponseCode(status)
+            request.setHeader(b"content-type", response.content_type.encode())
+            for header, value in response.headers.items():
+                request.setHeader(header.encode(), value.encode())
+            if isinstance(response.body, bytes):
+                request.write(response.body)
+            else:
+                await self._stream(response.body, request)
+            if not getattr(request, "client_gone", False):
+                request.finish()
+        finally:
+            metrics.HTTP_REQUESTS.labels(name, request.method.decode("ascii", "replace"), str(status)).observe(
+                time.perf_counter() - started
+            )
+
+    @staticmethod
+    async def _stream(chunks, request: server.Request) -> None:
+        """Write chunks as they come. The status is already sent, so a failure midway can only be
+        logged and the connection closed: the client sees a truncated stream, never a wrong one."""
+        try:
+            async for chunk in chunks:
+                if getattr(request, "client_gone", False):
+                    return
+                request.write(chunk)
+        except Exception:
+            log.exception("stream to %s failed midway; closing the connection", request.uri)
+            request.channel.loseConnection()
+            request.client_gone = True

@@ -26,7 +26,7 @@ from twisted.internet import defer, reactor, threads
 from gateway.config import parse_duration
 from gateway.model import NAME_TAG, SeriesKey
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
-from gateway.store.contract import RawPoint, Store, StoreUnavailable, time_slot, time_slots
+from gateway.store.contract import MetricMetadata, RawPoint, Store, StoreUnavailable, time_slot, time_slots
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +217,8 @@ class CassandraStore(Store):
             "series_set": f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (?, ?, ?, ?, ?)",
             "tag_key": f"INSERT INTO {ks}.tag_keys (tenant, metric_name, tag_key) VALUES (?, ?, ?)",
             "tag_value": f"INSERT INTO {ks}.tag_values (tenant, metric_name, tag_key, tag_value) VALUES (?, ?, ?, ?)",
+            "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
+            "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
             "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL {ttl}",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
@@ -300,6 +302,15 @@ class CassandraStore(Store):
             *((s["tag_value"], row) for row in values),
         ]
         return self._execute_all(requests)
+
+    def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
+        return self._execute_all([(self._statements["metric_metadata"], tuple(row)) for row in rows])
+
+    def get_metric_metadata(self, tenant, metric_name):
+        def first(rows):
+            return MetricMetadata(tenant, metric_name, rows[0].type, rows[0].help, rows[0].unit) if rows else None
+
+        return self._execute(self._statements["get_metric_metadata"], (tenant, metric_name)).addCallback(first)
 
     def write_raw(self, points: Sequence[RawPoint]):
         """One insert per lone point; points of one partition go in single-partition batches."""

@@ -95,6 +95,14 @@ def table_statements(options: SchemaOptions) -> list[str]:
         "    tag_value text,\n"
         "    PRIMARY KEY ((tenant, metric_name, tag_key), tag_value)\n"
         ")",
+        f"CREATE TABLE IF NOT EXISTS {ks}.metric_metadata (\n"
+        "    tenant text,\n"
+        "    metric_name text,\n"
+        "    type text,\n"
+        "    help text,\n"
+        "    unit text,\n"
+        "    PRIMARY KEY ((tenant, metric_name))\n"
+        ")",
         f"CREATE TABLE IF NOT EXISTS {ks}.data_raw (\n"
         "    tenant text,\n"
         "    series_set_hash text,\n"

@@ -9,6 +9,8 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          Every series is also indexed under the pseudo tag ``__name__=<metric>``.
 - ``tag_keys``           (tenant, metric) -> tag keys
 - ``tag_values``         (tenant, metric, tag key) -> tag values
+- ``metric_metadata``    (tenant, metric) -> type, help, unit (from Prometheus remote write), so
+                         roll-ups can tell counters from gauges.
 - ``data_raw``           (tenant, hash, time_slot) -> (ts, value); a partition holds one series for
                          one slot, so its size is bounded by the slot width and the sample rate.
 
@@ -31,6 +33,14 @@ class RawPoint(NamedTuple):
     series_set_hash: str
     timestamp_ms: int
     value: float
+
+
+class MetricMetadata(NamedTuple):
+    tenant: str
+    metric_name: str
+    type: str
+    help: str
+    unit: str
 
 
 class StoreUnavailable(Exception):
@@ -66,6 +76,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def write_series(self, series: Sequence[SeriesKey]) -> Deferred:
         """Upsert the metadata of these series into every metadata table."""
+
+    @abc.abstractmethod
+    def write_metric_metadata(self, rows: Sequence[MetricMetadata]) -> Deferred:
+        """Upsert the type, help and unit of metrics (the last write wins)."""
+
+    @abc.abstractmethod
+    def get_metric_metadata(self, tenant: str, metric_name: str) -> Deferred:
+        """Fire with the MetricMetadata of a metric, or None."""
 
     @abc.abstractmethod
     def write_raw(self, points: Sequence[RawPoint]) -> Deferred:

@@ -19,7 +19,7 @@ from twisted.internet.defer import succeed
 from twisted.python.threadpool import ThreadPool
 
 from gateway.model import NAME_TAG, SeriesKey
-from gateway.store.contract import RawPoint, Store, StoreUnavailable, time_slot
+from gateway.store.contract import MetricMetadata, RawPoint, Store, StoreUnavailable, time_slot
 
 SCHEMA_VERSION = 1
 
@@ -59,6 +59,14 @@ CREATE TABLE IF NOT EXISTS tag_values (
     tag_key TEXT NOT NULL,
     tag_value TEXT NOT NULL,
     PRIMARY KEY (tenant, metric_name, tag_key, tag_value)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS metric_metadata (
+    tenant TEXT NOT NULL,
+    metric_name TEXT NOT NULL,
+    type TEXT NOT NULL,
+    help TEXT NOT NULL,
+    unit TEXT NOT NULL,
+    PRIMARY KEY (tenant, metric_name)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS data_raw (
     tenant TEXT NOT NULL,
@@ -151,13 +159,25 @@ class SQLiteStore(Store):
     def write_series(self, series: Sequence[SeriesKey]):
         return self._write(_write_series, list(series))
 
+    def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
+        return self._write(_transaction_of, "INSERT OR REPLACE INTO metric_metadata VALUES (?, ?, ?, ?, ?)", list(rows))
+
+    def get_metric_metadata(self, tenant, metric_name):
+        def read(connection):
+            row = connection.execute(
+                "SELECT * FROM metric_metadata WHERE tenant=? AND metric_name=?", (tenant, metric_name)
+            ).fetchone()
+            return MetricMetadata(*row) if row else None
+
+        return self._read(read)
+
     def write_raw(self, points: Sequence[RawPoint]):
         width = self.slot_width_ms
         rows = [
             (p.tenant, p.series_set_hash, time_slot(p.timestamp_ms, width), p.timestamp_ms, _encode_value(p.value))
             for p in points
         ]
-        return self._write(_write_raw, rows)
+        return self._write(_transaction_of, "INSERT OR REPLACE INTO data_raw VALUES (?, ?, ?, ?, ?)", rows)
 
     def list_tenants(self):
         return self._read(_column, "SELECT tenant FROM tenants ORDER BY tenant", ())
@@ -240,8 +260,8 @@ def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> No
     )
 
 
-def _write_raw(connection: sqlite3.Connection, rows: list[tuple]) -> None:
-    _transaction(connection, [("INSERT OR REPLACE INTO data_raw VALUES (?, ?, ?, ?, ?)", rows)])
+def _transaction_of(connection: sqlite3.Connection, query: str, rows: list[tuple]) -> None:
+    _transaction(connection, [(query, rows)])
 
 
 def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, SeriesKey]:

@@ -1,0 +1,436 @@
+"""Ingest throughput into a real Cassandra 5.0: the gateway's HTTP JSON path against a raw loader.
+
+The raw loader writes the same data_raw rows with cassandra-driver and nothing else, as fast as
+one Python process can, so "gateway / raw best" says how much of what Cassandra takes from a
+Python client the gateway keeps. bench/README.rst tells how to run it and read the output.
+"""
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import BatchStatement, BatchType
+
+from gateway.config import parse_hostport
+from gateway.devservices.cassandra import CassandraServer
+from gateway.devservices.process import free_port, terminate
+from gateway.model import now_ms, series_set_hash, series_set_text
+from gateway.store.cassandra import ROWS_PER_BATCH, CassandraStore
+from gateway.store.contract import time_slot
+from protocols.timespec import format_iso
+
+REPO = Path(__file__).resolve().parent.parent
+METRIC = "bench_metric"
+INTERVAL_MS = 10_000
+# The gateway's defaults (--slot-width 1h, --raw-retention 7d): schema and raw rows must match what it writes.
+SLOT_WIDTH_MS = 3_600_000
+RAW_RETENTION_MS = 7 * 86_400_000
+# The gateway's default write consistency (cassandra URL option write_consistency).
+CONSISTENCY = ConsistencyLevel.LOCAL_QUORUM
+# One tenant per path, so no path overwrites another's rows and each is verified on its own.
+GATEWAY_TENANT = "bench"
+ROWS_TENANT = "bench_raw_rows"
+BATCHES_TENANT = "bench_raw_batches"
+WARMUP_TENANT = "bench_warmup"
+REQUEST_TIMEOUT_S = 60
+RETRY_503_FOR_S = 120
+TARGET_RATIO = 0.8
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(Exception):
+    """The run failed (an error answer, missing data): exit 1, unlike a missed target."""
+
+
+class Workload:
+    """N series x M points 10 s apart ending now; every path writes exactly these samples."""
+
+    def __init__(self, series: int, points: int, order: str):
+        end = now_ms() // INTERVAL_MS * INTERVAL_MS
+        self.timestamps = [end - (points - 1 - j) * INTERVAL_MS for j in range(points)]
+        self.tags = [{"host": f"h{i}", "dc": "dc1"} for i in range(series)]
+        self.hashes = [series_set_hash(series_set_text(METRIC, tags)) for tags in self.tags]
+        if order == "series":
+            self.samples = [(i, j) for i in range(series) for j in range(points)]
+        else:
+            self.samples = [(i, j) for j in range(points) for i in range(series)]
+
+    @staticmethod
+    def value(i: int, j: int) -> float:
+        """Exact in binary and in JSON, so any difference read back is a real one."""
+        return i + j / 1024
+
+    def rows(self, tenant: str) -> list[tuple]:
+        """data_raw rows (tenant, series_set_hash, time_slot, ts, value) in sample order."""
+        rows = []
+        for i, j in self.samples:
+            ts = self.timestamps[j]
+            rows.append((tenant, self.hashes[i], time_slot(ts, SLOT_WIDTH_MS), ts, self.value(i, j)))
+        return rows
+
+    def partitions(self) -> dict[tuple[str, int], dict[int, float]]:
+        """What each data_raw partition (series_set_hash, time_slot) of a tenant must hold: {ts: value}."""
+        expected = defaultdict(dict)
+        for _, hash_, slot, ts, value in self.rows(""):
+            expected[(hash_, slot)][ts] = value
+        return expected
+
+    def bodies(self, batch: int) -> list[bytes]:
+        """POST /api/write bodies, encoded before timing so the client costs next to nothing."""
+        bodies = []
+        for start in range(0, len(self.samples), batch):
+            items = [
+                {"metricName": METRIC, "tags": self.tags[i], "ts": self.timestamps[j], "value": self.value(i, j)}
+                for i, j in self.samples[start : start + batch]
+            ]
+            bodies.append(json.dumps(items, separators=(",", ":")).encode())
+        return bodies
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a process (fields 14 and 15 of /proc/<pid>/stat) in seconds."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def box_busy_s() -> float:
+    """CPU seconds all cores spent busy: on a shared box, other people's load shows up here."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in stat.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / CLK_TCK
+
+
+class Result(NamedTuple):
+    path: str
+    samples: int
+    seconds: float
+    cpu: dict[str, float]  # CPU seconds used during the run: client, box, and each process measured
+
+
+def measure(path: str, samples: int, pids: dict[str, int], run) -> tuple[Result, object]:
+    """Time run() and the CPU this process, the named processes and the whole box used meanwhile."""
+
+    def snapshot() -> dict[str, float]:
+        return {"client": time.process_time(), "box": box_busy_s(), **{name: process_cpu_s(pid) for name, pid in pids.items()}}
+
+    print(f"running: {path} ...", file=sys.stderr, flush=True)
+    before = snapshot()
+    started = time.perf_counter()
+    outcome = run()
+    seconds = time.perf_counter() - started
+    after = snapshot()
+    return Result(path, samples, seconds, {name: after[name] - before[name] for name in after}), outcome
+
+
+class GatewayProcess:
+    """A real ``tsgate serve`` on the benchmark's keyspace, its log kept for error messages."""
+
+    def __init__(self, store_url: str, max_body_bytes: int, log_path: Path):
+        self.port = free_port()
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.command = [
+            sys.executable, "-m", "gateway.cli", "serve",
+            "--http", f"127.0.0.1:{self.port}",
+            "--store", store_url,
+            "--log-level", "warning",
+            "--max-series-per-query", "1000000",
+            "--max-body-bytes", str(max_body_bytes),
+        ]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def start(self, timeout: float = 60) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command, cwd=self.log_path.parent, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BenchError(f"the gateway exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if self.get("/healthz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise BenchError(f"the gateway did not answer /healthz within {timeout:.0f}s:\n{self.log()}")
+
+    def stop(self) -> None:
+        terminate(self.process, 30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT_S)
+        try:
+            connection.request("GET", path, headers={"X-Tenant": GATEWAY_TENANT})
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+
+def post_all(port: int, bodies: list[bytes], connections: int) -> int:
+    """POST every body to /api/write over keep-alive connections; return how many 503s were retried.
+
+    200 means every sample is stored; 503 (overloaded or store unavailable) is retried as a
+    sender would, for at most RETRY_503_FOR_S; any other answer fails the run.
+    """
+    pending = queue.SimpleQueue()
+    for body in bodies:
+        pending.put(body)
+    headers = {"Content-Type": "application/json", "X-Tenant": GATEWAY_TENANT}
+    deadline = time.monotonic() + RETRY_503_FOR_S
+
+    def sender() -> int:
+        retried = 0
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+        try:
+            while True:
+                try:
+                    body = pending.get_nowait()
+                except queue.Empty:
+                    return retried
+                while True:
+                    connection.request("POST", "/api/write", body, headers)
+                    response = connection.getresponse()
+                    answer = response.read()
+                    if response.status == 200:
+                        break
+                    if response.status != 503 or time.monotonic() > deadline:
+                        raise BenchError(f"POST /api/write answered {response.status}: {answer[:500]!r}")
+                    retried += 1
+                    time.sleep(0.2)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(connections) as pool:
+        senders = [pool.submit(sender) for _ in range(connections)]
+        return sum(sender.result() for sender in senders)
+
+
+def connect(host: str, port: int) -> Cluster:
+    """A client set up as the gateway's: token-aware, protocol v5, its write consistency."""
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        consistency_level=CONSISTENCY,
+        request_timeout=REQUEST_TIMEOUT_S,
+    )
+    return Cluster([host], port=port, protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+
+
+def prepare_insert(session, keyspace: str):
+    """The gateway's own data_raw insert (CassandraStore._prepare_all): same columns and TTL."""
+    return session.prepare(
+        f"INSERT INTO {keyspace}.data_raw (tenant, series_set_hash, time_slot, ts, value) "
+        f"VALUES (?, ?, ?, ?, ?) USING TTL {RAW_RETENTION_MS // 1000}"
+    )
+
+
+def load_rows(session, insert, rows: list[tuple], inflight: int) -> None:
+    """One request per row, `inflight` at a time."""
+    execute_concurrent_with_args(session, insert, rows, concurrency=inflight)
+
+
+def load_batches(session, insert, rows: list[tuple], inflight: int) -> None:
+    """Single-partition UNLOGGED batches of up to ROWS_PER_BATCH rows, as the gateway sends them.
+
+    The loader groups the whole workload by partition; the gateway can only group within one request.
+    """
+    partitions = defaultdict(list)
+    for row in rows:
+        partitions[row[:3]].append(row)
+
+    def batches():
+        for partition_rows in partitions.values():
+            for start in range(0, len(partition_rows), ROWS_PER_BATCH):
+                batch = BatchStatement(BatchType.UNLOGGED, consistency_level=CONSISTENCY)
+                for row in partition_rows[start : start + ROWS_PER_BATCH]:
+                    batch.add(insert, row)
+                yield batch, ()
+
+    execute_concurrent(session, batches(), concurrency=inflight)
+
+
+def verify_rows(session, keyspace: str, tenant: str, expected: dict[tuple[str, int], dict[int, float]]) -> None:
+    """Read back every data_raw partition of the tenant; every row must be there with its value."""
+    select = session.prepare(f"SELECT ts, value FROM {keyspace}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot = ?")
+    keys = list(expected)
+    results = execute_concurrent_with_args(session, select, [(tenant, hash_, slot) for hash_, slot in keys], concurrency=64)
+    found = wrong = 0
+    for key, (_, rows) in zip(keys, results):
+        stored = {row.ts: row.value for row in rows}
+        found += len(stored)
+        wrong += sum(1 for ts, value in expected[key].items() if stored.get(ts) != value)
+    wanted = sum(len(points) for points in expected.values())
+    if found != wanted or wrong:
+        raise BenchError(f"tenant {tenant}: {found} of {wanted} rows in data_raw, {wrong} missing or with a wrong value")
+    print(f"verified: tenant {tenant} has all {wanted} rows in data_raw", file=sys.stderr)
+
+
+def verify_query(gateway: GatewayProcess, workload: Workload) -> None:
+    """The gateway's read path (series index, then data) must return every sample it acknowledged."""
+    start, end = workload.timestamps[0], workload.timestamps[-1]
+    status, body = gateway.get(f"/api/query?metricName={METRIC}&start={start}&end={end}")
+    if status != 200:
+        raise BenchError(f"GET /api/query answered {status}: {body[:500]!r}")
+    got = {series["tags"]["host"]: series["values"] for series in json.loads(body)}
+    expected = {
+        tags["host"]: {format_iso(ts): workload.value(i, j) for j, ts in enumerate(workload.timestamps)}
+        for i, tags in enumerate(workload.tags)
+    }
+    if got != expected:
+        points = sum(len(values) for values in got.values())
+        raise BenchError(
+            f"GET /api/query returned {len(got)} series and {points} points, not exactly the "
+            f"{len(expected)} series and {len(workload.samples)} points written"
+        )
+    print(f"verified: GET /api/query returns all {len(got)} series and {len(workload.samples)} points", file=sys.stderr)
+
+
+def drop_keyspace(session, keyspace: str) -> None:
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+
+
+def print_report(results: list[Result]) -> None:
+    print(
+        f"{'path':<32}{'samples':>9}{'seconds':>9}{'samples/s':>11}"
+        f"{'client CPU s':>14}{'gateway CPU s':>15}{'cassandra CPU s':>17}{'box busy cores':>16}"
+    )
+    for result in results:
+        cpu = {name: f"{seconds:.1f}" for name, seconds in result.cpu.items()}
+        print(
+            f"{result.path:<32}{result.samples:>9}{result.seconds:>9.2f}{result.samples / result.seconds:>11.0f}"
+            f"{cpu['client']:>14}{cpu.get('gateway', '-'):>15}{cpu.get('cassandra', '-'):>17}"
+            f"{result.cpu['box'] / result.seconds:>16.2f}"
+        )
+    gateway = [r for r in results if r.path.startswith("gateway")]
+    raw = [r for r in results if r.path.startswith("raw")]
+    if gateway and raw:
+        best = max(raw, key=lambda r: r.samples / r.seconds)
+        ratio = (gateway[0].samples / gateway[0].seconds) / (best.samples / best.seconds)
+        verdict = "met" if ratio >= TARGET_RATIO else "MISSED"
+        print(f"gateway / raw best ({best.path}): {ratio:.2f}   target >= {TARGET_RATIO}: {verdict}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.ingest_cassandra", description=__doc__.splitlines()[0])
+    parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
+    parser.add_argument("--heap", default="1G", help="heap of the Cassandra started here (default 1G)")
+    parser.add_argument("--series", type=int, default=1000, help="series (default 1000)")
+    parser.add_argument("--points", type=int, default=100, help="points per series, 10 s apart (default 100)")
+    parser.add_argument(
+        "--order", choices=["series", "time"], default="series",
+        help="series: a series' points are adjacent (default); time: one point of every series, then the next",
+    )
+    parser.add_argument("--batch", type=int, default=2000, help="samples per POST /api/write (default 2000)")
+    parser.add_argument("--concurrency", type=int, default=4, help="parallel HTTP connections (default 4)")
+    parser.add_argument("--raw-inflight", type=int, default=256, help="raw loader requests in flight (default 256, the gateway's max_inflight)")
+    parser.add_argument("--warmup", type=int, default=20000, help="rows the raw loader writes first, untimed, to warm Cassandra's JIT (default 20000)")
+    parser.add_argument("--skip-gateway", action="store_true", help="measure the raw loader only")
+    parser.add_argument("--skip-raw", action="store_true", help="measure the gateway only")
+    args = parser.parse_args(argv)
+    if min(args.series, args.points, args.batch, args.concurrency, args.raw_inflight) < 1 or args.warmup < 0:
+        parser.error("sizes must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workload = Workload(args.series, args.points, args.order)
+    expected = workload.partitions()
+    keyspace = f"tsgate_bench_{os.getpid()}"
+    results: list[Result] = []
+    with contextlib.ExitStack() as cleanup:
+        workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-"))
+        cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
+        pids: dict[str, int] = {}
+        if args.cassandra:
+            host, port = parse_hostport(args.cassandra)
+        else:
+            server = CassandraServer(workdir / "cassandra", heap=args.heap)
+            cleanup.callback(server.stop)
+            server.start(timeout=240)
+            host, port = server.host, server.port
+            # CassandraServer has no public pid; its CPU time shows where the time goes.
+            pids["cassandra"] = server._process.pid
+        cluster = connect(host, port)
+        cleanup.callback(cluster.shutdown)
+        session = cluster.connect()
+        cleanup.callback(drop_keyspace, session, keyspace)
+        store_url = f"cassandra://{host}:{port}/{keyspace}"
+        CassandraStore.from_url(store_url, RAW_RETENTION_MS, SLOT_WIDTH_MS).apply_schema()
+        version = session.execute("SELECT release_version FROM system.local").one().release_version
+        print(
+            f"tsgate ingest into Cassandra {version} at {host}:{port} ({'given' if args.cassandra else 'started here'}), "
+            f"keyspace {keyspace}: {args.series} series x {args.points} points = {len(workload.samples)} samples, "
+            f"{args.order} order; gateway: {args.batch} samples per POST, {args.concurrency} connections; "
+            f"raw: data_raw rows only (no metadata), {args.raw_inflight} requests in flight; "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+        insert = prepare_insert(session, keyspace)
+        if args.warmup:
+            load_rows(session, insert, workload.rows(WARMUP_TENANT)[: args.warmup], args.raw_inflight)
+
+        if not args.skip_gateway:
+            bodies = workload.bodies(args.batch)
+            gateway = GatewayProcess(store_url, max(10 << 20, max(map(len, bodies))), workdir / "gateway.log")
+            cleanup.callback(gateway.stop)
+            gateway.start()
+            result, retried = measure(
+                "gateway HTTP JSON", len(workload.samples), {**pids, "gateway": gateway.pid},
+                lambda: post_all(gateway.port, bodies, args.concurrency),
+            )
+            results.append(result)
+            if retried:
+                print(f"note: the gateway answered 503 {retried} times (retried)", file=sys.stderr)
+            verify_rows(session, keyspace, GATEWAY_TENANT, expected)
+            verify_query(gateway, workload)
+            gateway.stop()
+
+        if not args.skip_raw:
+            rows = workload.rows(ROWS_TENANT)
+            result, _ = measure("raw loader (per-row async)", len(rows), pids, lambda: load_rows(session, insert, rows, args.raw_inflight))
+            results.append(result)
+            verify_rows(session, keyspace, ROWS_TENANT, expected)
+            rows = workload.rows(BATCHES_TENANT)
+            result, _ = measure(
+                "raw loader (partition batches)", len(rows), pids, lambda: load_batches(session, insert, rows, args.raw_inflight)
+            )
+            results.append(result)
+            verify_rows(session, keyspace, BATCHES_TENANT, expected)
+
+        print_report(results)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as error:
+        print(f"tsgate bench: FAILED: {error}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,171 @@
+"""Prometheus remote write (1.0 and 2.0) in and remote read (samples and streamed chunks) out.
+
+Status codes follow the specs: 204 once the store has accepted everything; 400 for a
+malformed request or rejected samples (the good ones are written; Prometheus does not retry
+4xx); 413 for a body, or a decompressed body, over its limit; 415 for a content type or
+encoding we do not speak; 429 with Retry-After over a tenant limit; 503 when the store cannot
+take the write (Prometheus retries 5xx). docs/prometheus.rst has the details and the name
+mapping for Graphite series.
+"""
+
+import logging
+
+from twisted.web import server
+
+from gateway import metrics
+from gateway.http.server import HTTPError, Response, Router, json_response, read_body, request_tenant, require_arg
+from gateway.ingest import IngestPipeline
+from gateway.limits import TenantLimits
+from gateway.metadata_cache import SeenSeries
+from gateway.model import NAME_TAG, Sample
+from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.store import Store
+from gateway.store.contract import MetricMetadata
+from protocols import prometheus
+
+log = logging.getLogger(__name__)
+
+MAX_REPORTED_REJECTS = 10
+READ_BATCH = 64
+
+
+def _header(request: server.Request, name: bytes) -> str | None:
+    value = request.getHeader(name)
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+class PrometheusAPI:
+    def __init__(
+        self,
+        store: Store,
+        pipeline: IngestPipeline,
+        planner: QueryPlanner,
+        limits: TenantLimits,
+        max_decompressed_bytes: int,
+        max_samples_per_query: int,
+    ):
+        self.store = store
+        self.pipeline = pipeline
+        self.planner = planner
+        self.limits = limits
+        self.max_decompressed_bytes = max_decompressed_bytes
+        self.max_samples_per_query = max_samples_per_query
+        self._metadata_seen = SeenSeries(100_000, level="prometheus_metadata")
+
+    def register(self, router: Router) -> None:
+        router.add("/api/v1/write", ("POST",), "remote_write", self.write)
+        router.add("/api/v1/push", ("POST",), "remote_write", self.write)
+        router.add("/api/v1/read", ("POST",), "remote_read", self.read)
+        router.add("/api/v1/metadata", ("GET",), "metadata", self.metadata)
+
+    async def metadata(self, request) -> Response:
+        """Prometheus's metadata API for one metric (``metric`` is required here)."""
+        tenant = request_tenant(request)
+        metric = require_arg(request, "metric")
+        row = await self.store.get_metric_metadata(tenant, metric)
+        data = {metric: [{"type": row.type, "help": row.help, "unit": row.unit}]} if row else {}
+        return json_response(200, {"status": "success", "data": data})
+
+    async def write(self, request) -> Response:
+        tenant = request_tenant(request)
+        body = read_body(request)
+        try:
+            batch = prometheus.decode_write_request(
+                body,
+                _header(request, b"content-type"),
+                _header(request, b"content-encoding"),
+                self.max_decompressed_bytes,
+            )
+        except prometheus.RemoteWriteError as error:
+            self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
+            raise HTTPError(error.status, error.message) from None
+        skipped = batch.exemplars_skipped + batch.histograms_skipped
+        if skipped:
+            metrics.PROMETHEUS_SKIPPED.labels("exemplar").inc(batch.exemplars_skipped)
+            metrics.PROMETHEUS_SKIPPED.labels("native_histogram").inc(batch.histograms_skipped)
+        samples = []
+        for series in batch.series:
+            tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
+            name = series.labels[NAME_TAG]
+            samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
+        self.limits.check_rate(tenant, len(samples))
+        await self._write_metadata(tenant, batch)
+        result = await self.pipeline.ingest("prometheus", samples)
+        headers = prometheus.v2_written_headers(batch, result.accepted) if batch.version == 2 else {}
+        if result.rejected:
+            first = "; ".join(f"{r.field}: {r.problem}" for r in result.rejected[:MAX_REPORTED_REJECTS])
+            message = f"{len(result.rejected)} of {len(samples)} samples rejected, the others were written: {first}"
+            return Response(400, message.encode(), "text/plain; charset=utf-8", headers)
+        return Response(204, b"", "text/plain; charset=utf-8", headers)
+
+    async def _write_metadata(self, tenant: str, batch) -> None:
+        """Keep type/help/unit (v1 metadata requests, v2 per-series fields), each change once."""
+        rows = [MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata]
+        rows += [
+            MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit)
+            for s in batch.series
+            if s.metric_type
+        ]
+        fresh = {row: None for row in rows if row not in self._metadata_seen}
+        if fresh:
+            await metrics.observe_store("write_metric_metadata", self.store.write_metric_metadata(list(fresh)))
+            self._metadata_seen.add_all(fresh)
+
+    async def read(self, request):
+        tenant = request_tenant(request)
+        body = read_body(request)
+        try:
+            read_request = prometheus.decode_read_request(body, self.max_decompressed_bytes)
+            response_type = prometheus.negotiate_response_type(read_request.accepted_response_types)
+        except prometheus.RemoteReadError as error:
+            raise HTTPError(error.status, error.message) from None
+        selections = [await self._select(tenant, query) for query in read_request.queries]
+        if response_type == prometheus.SAMPLES:
+            answers = []
+            for query, selection in zip(read_request.queries, selections):
+                answers.append([item async for item in self._read(selection, query)])
+            return Response(
+                200,
+                prometheus.encode_read_response(answers),
+                prometheus.SAMPLES_CONTENT_TYPE,
+                {"Content-Encoding": "snappy"},
+            )
+        return Response(200, self._stream(read_request.queries, selections), prometheus.STREAMED_CONTENT_TYPE)
+
+    async def _select(self, tenant: str, query) -> list[tuple[dict[str, str], object]]:
+        """Matching series with their Prometheus labels, sorted by labels as Prometheus merges them."""
+        series = await self.planner.select_by_matchers(tenant, query.matchers, prometheus_labels)
+        labelled = [(prometheus_labels(key.metric_name, key.tags), key) for key in series]
+        labelled.sort(key=lambda item: sorted(item[0].items()))
+        return labelled
+
+    async def _read(self, selection, query):
+        """Yield (labels, points) of each series with points, a few series at a time, counting samples."""
+        samples = 0
+        for start in range(0, len(selection), READ_BATCH):
+            part = selection[start : start + READ_BATCH]
+            data = await self.planner.read_series([key for _, key in part], query.start_ms, query.end_ms)
+            for (labels, _), points in zip(part, data):
+                samples += len(points)
+                if samples > self.max_samples_per_query:
+                    raise QueryTooLarge(
+                        f"the query reads more than {self.max_samples_per_query} samples (--max-samples-per-query); narrow it"
+                    )
+                if points:
+                    yield labels, points
+
+    async def _stream(self, queries, selections):
+        """STREAMED_XOR_CHUNKS frames, produced series by series as they are read."""
+        for index, (query, selection) in enumerate(zip(queries, selections)):
+            async for labels, points in self._read(selection, query):
+                for frame in prometheus.encode_chunked_series_frames(index, labels, points):
+                    yield frame
+
+
+def prometheus_labels(metric_name: str, tags: dict[str, str]) -> dict[str, str]:
+    """Labels Prometheus 2.x accepts: names outside its character set are mapped (docs/prometheus.rst)."""
+    labels = {prometheus.sanitize_label_name(key): value for key, value in tags.items()}
+    labels[NAME_TAG] = prometheus.prometheus_metric_name(metric_name)
+    return labels
+
+
