@@ -5,6 +5,7 @@ reach the store, close the store, exit 0.
 """
 
 import logging
+import re
 
 from twisted.internet import defer, reactor
 
@@ -54,7 +55,7 @@ class Gateway:
         self.ports.append(reactor.listenTCP(port, self.site, interface=host))
         log.info(
             "tsgate %s: HTTP on %s:%d, store %s, redis %s",
-            __version__, host, port, self.config.store_url, self.config.redis or "none (in-memory cache only)",
+            __version__, host, port, redact(self.config.store_url), redact(self.config.redis) or "none (in-memory cache only)",
         )
 
     async def stop(self) -> None:
@@ -65,6 +66,11 @@ class Gateway:
         if self.shared_seen is not None:
             await self.shared_seen.stop()
         log.info("stopped")
+
+
+def redact(url: str) -> str:
+    """A URL fit for a log line: any password replaced by ***."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", re.sub(r"(password=)[^&]*", r"\1***", url))
 
 
 def run(config: Config) -> int:

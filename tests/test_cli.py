@@ -81,3 +81,11 @@ def test_unwritable_store_fails_start_with_exit_1(tmp_path):
     blocker.write_text("")
     result = tsgate("serve", "--http", "127.0.0.1:0", "--data-dir", str(blocker / "sub"))
     assert result.returncode == 1 and "could not start" in result.stderr
+
+
+def test_passwords_never_reach_the_log():
+    from gateway.service import redact
+
+    assert redact("cassandra://me:secret@h1,h2/ks?password=x&tls=1") == "cassandra://me:***@h1,h2/ks?password=***&tls=1"
+    assert redact("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
+    assert redact("cassandra://h:9042/ks") == "cassandra://h:9042/ks"

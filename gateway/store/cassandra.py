@@ -194,7 +194,22 @@ class CassandraStore(Store):
             return self.cluster.connect(keyspace)
         except Exception as error:
             self.cluster.shutdown()
+            if keyspace and self._keyspace_missing(keyspace):
+                raise RuntimeError(
+                    f"keyspace {keyspace!r} does not exist; create it with: tsgate schema apply --store cassandra://HOST/{keyspace}"
+                ) from error
             raise _unavailable(error) from error
+
+    def _keyspace_missing(self, keyspace: str) -> bool:
+        """Tell "no such keyspace" (a setup step was missed) from an unreachable cluster."""
+        cluster = self._cluster()
+        try:
+            rows = cluster.connect().execute("SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", [keyspace])
+            return not list(rows)
+        except Exception:
+            return False
+        finally:
+            cluster.shutdown()
 
     def apply_schema(self) -> list[str]:
         """Create or upgrade keyspace and tables; blocking (used by ``tsgate schema apply``)."""

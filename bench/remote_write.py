@@ -1,0 +1,504 @@
+"""Prometheus remote-write receive throughput: tsgate beside Prometheus and VictoriaMetrics.
+
+Every target gets the same POST /api/v1/write bodies (snappy + protobuf WriteRequest 1.0),
+all encoded before any timing, over the same keep-alive connections, one target at a time,
+so the ratios printed come from one run on one (possibly noisy) box. Targets, in run order:
+
+  prometheus          Debian's prometheus (2.42) with --web.enable-remote-write-receiver
+  victoria-metrics    Debian's single-node victoria-metrics
+  tsgate (sqlite)     the gateway on its embedded SQLite store
+  tsgate (cassandra)  the gateway on a Cassandra 5.0 started here (or --cassandra HOST:PORT)
+
+Each is started on a free loopback port with its data in a temporary directory, and stopped
+before the next one starts, so an idle target never takes CPU from a measured one. A target
+whose binary is missing shows as "not installed".
+
+The workload has the shape Prometheus sends: --concurrency K connections play K remote-write
+shards; each owns S series (--series-per-request) of one metric with 5 labels and sends one
+request per scrape round holding one sample of each of its series, rounds 10 s apart and in
+order, so the same series get a new sample every round and none arrives out of order.
+--requests R per size (default: about 200k samples) is split evenly between the connections.
+Before its timed runs every target takes a few untimed warm-up rounds of other series.
+
+Run from the repository root:
+
+    python -m bench.remote_write                        # all targets, S = 500 and 2000
+    python -m bench.remote_write --requests 40          # a quick check
+    python -m bench.remote_write --cassandra 127.0.0.1:9042 --skip sqlite --skip prometheus
+
+Reading the table: samples/s counts acknowledged (2xx) samples only; errors are non-2xx
+answers, failed connections and requests left unsent at the run timeout, detailed below the
+table. CPU columns are the CPU seconds a process used during the timed run: the target, the
+Cassandra under tsgate, and this client ("client", which must stay well below the target's);
+"cores" is target CPU / wall time (a Python process tops out near 1), "box" the busy cores of
+the whole machine (other people's load included). "vs prom" and "vs VM" divide tsgate's
+samples/s by theirs at the same size. Prometheus and VictoriaMetrics answer once samples are
+in memory (and in Prometheus's WAL), tsgate once its store has them.
+
+After its timed runs tsgate is checked, untimed, through GET /api/query: every sample of the
+run must read back with its value (at least as many as were acknowledged). Exit status 1 when
+a target failed or a check did not pass.
+"""
+
+import argparse
+import contextlib
+import http.client
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+from cassandra.cluster import Cluster
+
+from gateway.config import parse_hostport
+from gateway.devservices.cassandra import CassandraServer
+from gateway.devservices.process import free_port, terminate
+from gateway.model import now_ms
+from gateway.store.cassandra import CassandraStore
+from protocols.prometheus import Series, encode_write_request_v1
+from protocols.timespec import format_iso
+
+REPO = Path(__file__).resolve().parent.parent
+# --skip name -> table name, in run order.
+TARGETS = {
+    "prometheus": "prometheus",
+    "victoria-metrics": "victoria-metrics",
+    "sqlite": "tsgate (sqlite)",
+    "cassandra": "tsgate (cassandra)",
+}
+METRIC = "bench_metric"
+TENANT = "bench"
+INTERVAL_MS = 10_000
+SAMPLES_PER_SIZE = 200_000
+WARMUP_SERIES_PER_REQUEST = 500
+# The gateway's defaults (--slot-width 1h, --raw-retention 7d), for the schema applied here.
+SLOT_WIDTH_MS = 3_600_000
+RAW_RETENTION_MS = 7 * 86_400_000
+# What Prometheus's remote-write client sends; X-Scope-OrgID names tsgate's tenant, the others ignore it.
+HEADERS = {
+    "Content-Type": "application/x-protobuf",
+    "Content-Encoding": "snappy",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+    "User-Agent": "tsgate-bench",
+    "X-Scope-OrgID": TENANT,
+}
+REQUEST_TIMEOUT_S = 60
+START_TIMEOUT_S = 60
+CASSANDRA_START_TIMEOUT_S = 240
+CHECK_TIMEOUT_S = 300
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(Exception):
+    """A target failed (start, warm-up, check): reported, and the run exits 1."""
+
+
+class Workload:
+    """K shards x S series of one job, one request per shard and scrape round, encoded up front."""
+
+    def __init__(self, job: str, series_per_request: int, connections: int, rounds: int, end_ms: int):
+        self.job = job
+        self.series_per_request = series_per_request
+        self.series = series_per_request * connections
+        self.timestamps = [end_ms - (rounds - 1 - r) * INTERVAL_MS for r in range(rounds)]
+        labels = [self.labels(i) for i in range(self.series)]
+        # bodies[k][r]: shard k's request of round r; a shard sends its rounds in order.
+        self.bodies = [
+            [
+                encode_write_request_v1(
+                    Series(labels[i], [(ts, self.value(i, r))])
+                    for i in range(k * series_per_request, (k + 1) * series_per_request)
+                )
+                for r, ts in enumerate(self.timestamps)
+            ]
+            for k in range(connections)
+        ]
+        self.requests = connections * rounds
+        self.samples = self.requests * series_per_request
+
+    def labels(self, i: int) -> dict[str, str]:
+        """5 labels as a node exporter's would look; ten series per instance."""
+        return {"__name__": METRIC, "job": self.job, "instance": f"host{i // 10}:9100", "i": str(i), "region": "eu-1"}
+
+    @staticmethod
+    def value(i: int, r: int) -> float:
+        """Exact in binary and in JSON, so any difference read back is a real one."""
+        return i + r / 1024
+
+
+class Service:
+    """A target server on a loopback port; its output goes to a log quoted when it fails."""
+
+    def __init__(self, name: str, command: list[str], port: int, ready_path: str, log_path: Path, env: dict | None = None):
+        self.name = name
+        self.command = command
+        self.port = port
+        self.ready_path = ready_path
+        self.log_path = log_path
+        self.env = env
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def start(self, timeout: float) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command, cwd=self.log_path.parent, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BenchError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if self.get(self.ready_path, 2)[0] == 200:
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.2)
+        raise BenchError(f"{self.name} was not ready within {timeout:.0f}s:\n{self.log()}")
+
+    def stop(self) -> None:
+        terminate(self.process, 30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def get(self, path: str, timeout: float) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+
+def tsgate_service(name: str, store_args: list[str], workdir: Path) -> Service:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "gateway.cli", "serve",
+        "--http", f"127.0.0.1:{port}",
+        *store_args,
+        "--log-level", "warning",
+        "--max-series-per-query", "1000000",
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    return Service(name, command, port, "/healthz", workdir / "tsgate.log", env)
+
+
+def prometheus_service(binary: str, workdir: Path) -> Service:
+    port = free_port()
+    config = workdir / "prometheus.yml"
+    config.write_text("scrape_configs: []\n")
+    command = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-remote-write-receiver",
+        "--log.level=warn",
+    ]
+    return Service("prometheus", command, port, "/-/ready", workdir / "prometheus.log")
+
+
+def victoria_metrics_service(binary: str, workdir: Path) -> Service:
+    port = free_port()
+    command = [
+        binary,
+        f"-storageDataPath={workdir / 'data'}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        "-loggerLevel=WARN",
+    ]
+    return Service("victoria-metrics", command, port, "/health", workdir / "victoria-metrics.log")
+
+
+@contextlib.contextmanager
+def started(target: str, args: argparse.Namespace, workdir: Path):
+    """Yield (running service, other pids to measure); stop all of it on the way out."""
+    workdir.mkdir(parents=True)
+    with contextlib.ExitStack() as stack:
+        pids: dict[str, int] = {}
+        if target == "prometheus":
+            service = prometheus_service(shutil.which("prometheus"), workdir)
+        elif target == "victoria-metrics":
+            service = victoria_metrics_service(shutil.which("victoria-metrics"), workdir)
+        elif target == "sqlite":
+            service = tsgate_service(TARGETS[target], ["--data-dir", str(workdir / "data")], workdir)
+        else:
+            if args.cassandra:
+                host, port = parse_hostport(args.cassandra)
+            else:
+                server = CassandraServer(workdir / "cassandra", heap=args.heap)
+                stack.callback(server.stop)
+                try:
+                    server.start(timeout=CASSANDRA_START_TIMEOUT_S)
+                except RuntimeError as error:
+                    raise BenchError(str(error)) from None
+                host, port = server.host, server.port
+                # CassandraServer has no public pid; the store's CPU time is part of tsgate's cost.
+                pids["cassandra"] = server._process.pid
+            keyspace = f"tsgate_bench_rw_{os.getpid()}"
+            CassandraStore.from_url(f"cassandra://{host}:{port}/{keyspace}", RAW_RETENTION_MS, SLOT_WIDTH_MS).apply_schema()
+            if args.cassandra:
+                stack.callback(drop_keyspace, host, port, keyspace)
+            service = tsgate_service(TARGETS[target], ["--store", f"cassandra://{host}:{port}/{keyspace}"], workdir)
+        stack.callback(service.stop)
+        service.start(START_TIMEOUT_S)
+        yield service, pids
+
+
+def drop_keyspace(host: str, port: int, keyspace: str) -> None:
+    """Leave a Cassandra we were given as we found it."""
+    cluster = Cluster([host], port=port, protocol_version=5)
+    try:
+        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+    finally:
+        cluster.shutdown()
+
+
+def send(port: int, workload: Workload, timeout_s: float) -> tuple[int, dict[str, list]]:
+    """POST every body, one thread and keep-alive connection per shard; return (samples acknowledged, errors).
+
+    errors maps a kind ("HTTP 400", an exception name, "not sent") to [count, first message].
+    A failed connection is reopened for the next request; nothing is retried.
+    """
+    deadline = time.monotonic() + timeout_s
+    stop = threading.Event()
+    lock = threading.Lock()
+    errors: dict[str, list] = {}
+
+    def note(kind: str, message: str, count: int = 1) -> None:
+        with lock:
+            errors.setdefault(kind, [0, message])[0] += count
+
+    def shard(bodies: list[bytes]) -> int:
+        acknowledged = 0
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+        try:
+            for sent, body in enumerate(bodies):
+                if stop.is_set() or time.monotonic() > deadline:
+                    note("not sent", "run timeout or interrupted", len(bodies) - sent)
+                    break
+                try:
+                    connection.request("POST", "/api/v1/write", body, HEADERS)
+                    response = connection.getresponse()
+                    answer = response.read()
+                except (OSError, http.client.HTTPException) as error:
+                    note(type(error).__name__, str(error))
+                    connection.close()
+                    continue
+                if 200 <= response.status < 300:
+                    acknowledged += workload.series_per_request
+                else:
+                    note(f"HTTP {response.status}", answer[:300].decode(errors="replace"))
+            return acknowledged
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(len(workload.bodies)) as pool:
+        futures = [pool.submit(shard, bodies) for bodies in workload.bodies]
+        try:
+            acknowledged = sum(future.result() for future in futures)
+        finally:
+            stop.set()
+    return acknowledged, errors
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a process (fields 14 and 15 of /proc/<pid>/stat) in seconds."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def box_busy_s() -> float:
+    """CPU seconds all cores spent busy: on a shared box, other people's load shows up here."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in stat.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / CLK_TCK
+
+
+class Row(NamedTuple):
+    target: str
+    size: int
+    requests: int
+    acknowledged: int = 0
+    errors: dict[str, list] = {}
+    seconds: float = 0.0
+    cpu: dict[str, float] = {}  # CPU seconds during the run: target, cassandra, client, box
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.acknowledged / self.seconds if self.seconds else 0.0
+
+
+def measure(name: str, service: Service, pids: dict[str, int], workload: Workload, timeout_s: float) -> Row:
+    """Time one workload against one target, with the CPU every process involved used meanwhile."""
+    pids = {"target": service.pid, **pids}
+
+    def snapshot() -> dict[str, float]:
+        return {"client": time.process_time(), "box": box_busy_s(), **{key: process_cpu_s(pid) for key, pid in pids.items()}}
+
+    print(f"running: {name}, {workload.requests} requests x {workload.series_per_request} series ...", file=sys.stderr, flush=True)
+    before = snapshot()
+    started_at = time.perf_counter()
+    acknowledged, errors = send(service.port, workload, timeout_s)
+    seconds = time.perf_counter() - started_at
+    after = snapshot()
+    cpu = {key: after[key] - before[key] for key in after}
+    return Row(name, workload.series_per_request, workload.requests, acknowledged, errors, seconds, cpu)
+
+
+def check_tsgate(service: Service, workload: Workload, acknowledged: int) -> str:
+    """Read the run's series back through GET /api/query; every stored sample must have its value."""
+    query = urllib.parse.urlencode({
+        "metricName": METRIC,
+        "tag": f"job={workload.job}",
+        "start": workload.timestamps[0],
+        "end": workload.timestamps[-1],
+        "tenant": TENANT,
+    })
+    status, body = service.get(f"/api/query?{query}", CHECK_TIMEOUT_S)
+    if status != 200:
+        raise BenchError(f"{service.name}: GET /api/query answered {status}: {body[:500]!r}")
+    rounds = {format_iso(ts): r for r, ts in enumerate(workload.timestamps)}
+    stored = wrong = 0
+    for series in json.loads(body):
+        i = int(series["tags"]["i"])
+        for moment, value in series["values"].items():
+            stored += 1
+            if moment not in rounds or not 0 <= i < workload.series or value != workload.value(i, rounds[moment]):
+                wrong += 1
+    if wrong or stored < acknowledged:
+        raise BenchError(
+            f"{service.name}, S={workload.series_per_request}: {stored} samples read back, {wrong} of them wrong "
+            f"or unexpected; {acknowledged} acknowledged of {workload.samples} sent"
+        )
+    return f"checked: {stored}/{workload.samples} read back"
+
+
+def print_table(rows: list[Row]) -> None:
+    rates = {(row.target, row.size): row.rate for row in rows}
+
+    def ratio(row: Row, other: str) -> str:
+        theirs = rates.get((other, row.size))
+        return f"{row.rate / theirs:.2f}" if row.target.startswith("tsgate") and theirs else "-"
+
+    print(
+        f"{'target':<19}{'S':>5}{'reqs':>6}{'acked':>8}{'errors':>7}{'wall s':>8}{'samples/s':>10}"
+        f"{'CPU s':>7}{'cores':>6}{'us/smp':>7}{'cass CPU':>9}{'client':>7}{'box':>5}{'vs prom':>8}{'vs VM':>6}  note"
+    )
+    for row in rows:
+        if not row.seconds:
+            print(f"{row.target:<19}{row.size:>5}{row.requests:>6}  {row.note}")
+            continue
+        cpu = row.cpu
+        cassandra = f"{cpu['cassandra']:.1f}" if "cassandra" in cpu else "-"
+        per_sample = f"{cpu['target'] / row.acknowledged * 1e6:.1f}" if row.acknowledged else "-"
+        print(
+            f"{row.target:<19}{row.size:>5}{row.requests:>6}{row.acknowledged:>8}"
+            f"{sum(count for count, _ in row.errors.values()):>7}{row.seconds:>8.2f}{row.rate:>10.0f}"
+            f"{cpu['target']:>7.1f}{cpu['target'] / row.seconds:>6.2f}{per_sample:>7}{cassandra:>9}"
+            f"{cpu['client']:>7.1f}{cpu['box'] / row.seconds:>5.1f}"
+            f"{ratio(row, 'prometheus'):>8}{ratio(row, 'victoria-metrics'):>6}  {row.note}"
+        )
+    for row in rows:
+        for kind, (count, first) in row.errors.items():
+            print(f"errors: {row.target} S={row.size}: {count} x {kind}, first: {first}")
+
+
+def sizes(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or min(values) < 1:
+        raise ValueError(f"{text!r}: sizes must be positive")
+    return values
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.remote_write", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--series-per-request", type=sizes, action="append", metavar="S[,S...]",
+        help="series (1 sample each) per request; repeatable or comma-separated (default 500,2000)",
+    )
+    parser.add_argument("--requests", type=int, help=f"requests per size (default: {SAMPLES_PER_SIZE} samples / S)")
+    parser.add_argument("--concurrency", type=int, default=4, help="connections, one per shard (default 4)")
+    parser.add_argument("--warmup-rounds", type=int, default=10, help="untimed rounds of other series per target first (default 10)")
+    parser.add_argument("--skip", action="append", choices=TARGETS, default=[], help="leave a target out; repeatable")
+    parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
+    parser.add_argument("--heap", default="1G", help="heap of the Cassandra started here (default 1G)")
+    parser.add_argument("--run-timeout", type=float, default=600, help="seconds one timed run may take; the rest is left unsent (default 600)")
+    args = parser.parse_args(argv)
+    args.series_per_request = [s for group in args.series_per_request or [[500, 2000]] for s in group]
+    if args.concurrency < 1 or args.warmup_rounds < 0 or (args.requests is not None and args.requests < 1):
+        parser.error("--concurrency and --requests must be positive, --warmup-rounds not negative")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    end_ms = now_ms() // INTERVAL_MS * INTERVAL_MS
+    print("encoding request bodies ...", file=sys.stderr, flush=True)
+    workloads = []
+    for size in args.series_per_request:
+        requests = args.requests or math.ceil(SAMPLES_PER_SIZE / size)
+        rounds = math.ceil(requests / args.concurrency)
+        workloads.append(Workload(f"bench{size}", size, args.concurrency, rounds, end_ms))
+    warmup = Workload("warmup", WARMUP_SERIES_PER_REQUEST, args.concurrency, args.warmup_rounds, end_ms)
+    print(
+        f"remote write, {args.concurrency} connections; sizes {', '.join(f'{w.requests} x {w.series_per_request}' for w in workloads)} "
+        f"series per request; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    rows: list[Row] = []
+    failures: list[str] = []
+    workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-rw-"))
+    try:
+        for target, name in TARGETS.items():
+            if target in args.skip:
+                continue
+            if target in ("prometheus", "victoria-metrics") and not shutil.which(target):
+                rows += [Row(name, w.series_per_request, w.requests, note="not installed") for w in workloads]
+                continue
+            try:
+                with started(target, args, workdir / target) as (service, pids):
+                    if warmup.requests:
+                        acknowledged, errors = send(service.port, warmup, args.run_timeout)
+                        if errors:
+                            raise BenchError(f"{name}: warm-up errors: {errors}")
+                    for workload in workloads:
+                        row = measure(name, service, pids, workload, args.run_timeout)
+                        if name.startswith("tsgate"):
+                            try:
+                                row = row._replace(note=check_tsgate(service, workload, row.acknowledged))
+                            except BenchError as error:
+                                failures.append(str(error))
+                                row = row._replace(note="check FAILED")
+                        rows.append(row)
+            except BenchError as error:
+                failures.append(f"{name}: {error}")
+                rows.append(Row(name, 0, 0, note="FAILED (see below)"))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_table(rows)
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
