@@ -11,7 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from gateway.model import Limits
+from gateway.model import InvalidSample, Limits, validate_tenant
 from protocols.timespec import UNIT_MS
 
 _DURATION_RE = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
@@ -39,6 +39,10 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _optional_hostport(text) -> tuple[str, int] | None:
+    return parse_hostport(text) if str(text).strip() else None
+
+
 def _positive(text) -> int:
     value = int(text)
     if value <= 0:
@@ -63,6 +67,13 @@ class Setting:
 
 SETTINGS = [
     Setting("http", parse_hostport, "0.0.0.0:8080", "address of the HTTP APIs"),
+    Setting("graphite", _optional_hostport, "0.0.0.0:2003", "carbon plaintext TCP listener; empty: off"),
+    Setting("graphite-udp", _optional_hostport, "", "carbon plaintext UDP listener, e.g. 0.0.0.0:2003; empty: off"),
+    Setting("pickle", _optional_hostport, "0.0.0.0:2004", "carbon pickle TCP listener; empty: off"),
+    Setting("graphite-tenant", str, "default", "tenant of everything the Graphite listeners receive"),
+    Setting("graphite-max-line-length", _positive, "16384", "longest plaintext line (longer ones are rejected)"),
+    Setting("pickle-max-frame-bytes", _positive, str(1 << 20), "largest pickle frame (larger ones are rejected and skipped)"),
+    Setting("graphite-max-pending", _positive, "200000", "Graphite samples waiting for the store before TCP reading pauses"),
     Setting("data-dir", Path, "./tsgate-data", "directory of the embedded store"),
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
@@ -91,6 +102,13 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 @dataclasses.dataclass(frozen=True)
 class Config:
     http: tuple[str, int]
+    graphite: tuple[str, int] | None
+    graphite_udp: tuple[str, int] | None
+    pickle: tuple[str, int] | None
+    graphite_tenant: str
+    graphite_max_line_length: int
+    pickle_max_frame_bytes: int
+    graphite_max_pending: int
     data_dir: Path
     store: str
     slot_width: int
@@ -167,6 +185,10 @@ def build_config(namespace: argparse.Namespace) -> Config:
             values[name.replace("-", "_")] = _BY_NAME[name].parse(value)
         except (TypeError, ValueError) as error:
             raise ConfigError(f"--{name}: {error}") from None
+    try:
+        validate_tenant(values["graphite_tenant"])
+    except InvalidSample as error:
+        raise ConfigError(f"--graphite-tenant: {error.problem}") from None
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
     return Config(**values)

@@ -22,6 +22,10 @@ PROMETHEUS_SKIPPED = Counter(
     "tsgate_prometheus_skipped", "Remote-write parts not stored (exemplars, native histograms)", ["kind"]
 )
 RATE_LIMITED = Counter("tsgate_rate_limited_samples", "Samples refused with 429 over a tenant limit", ["limit"])
+GRAPHITE_PENDING = Gauge("tsgate_graphite_pending_samples", "Graphite samples received and not yet stored")
+GRAPHITE_BACKPRESSURE = Counter("tsgate_graphite_backpressure", "Times Graphite TCP reading was paused for a full backlog")
+GRAPHITE_UDP_DROPPED = Counter("tsgate_graphite_udp_dropped_samples", "Graphite UDP samples dropped over a full backlog")
+GRAPHITE_LOST = Counter("tsgate_graphite_lost_samples", "Graphite samples dropped after an unexpected store error")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
 INGEST_INFLIGHT = Gauge("tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored")
 

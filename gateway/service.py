@@ -12,6 +12,7 @@ from twisted.internet import defer, reactor
 from gateway import __version__
 from gateway.config import Config
 from gateway.http.native_api import NativeAPI
+from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.limits import TenantLimits
@@ -45,27 +46,44 @@ class Gateway:
         ).register(router)
         OpsAPI(self.store).register(router)
         self.site = Site(router, config.max_body_bytes)
+        self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
 
     async def start(self) -> None:
         await self.store.start()
         if self.shared_seen is not None:
             self.shared_seen.start()
-        host, port = self.config.http
+        config = self.config
+        host, port = config.http
         self.ports.append(reactor.listenTCP(port, self.site, interface=host))
+        if config.graphite:
+            factory = PlaintextFactory(self.graphite, config.graphite_tenant, config.graphite_max_line_length)
+            self.ports.append(reactor.listenTCP(config.graphite[1], factory, interface=config.graphite[0]))
+        if config.graphite_udp:
+            udp = PlaintextDatagramProtocol(self.graphite, config.graphite_tenant, config.graphite_max_line_length)
+            self.ports.append(reactor.listenUDP(config.graphite_udp[1], udp, interface=config.graphite_udp[0]))
+        if config.pickle:
+            factory = PickleFactory(self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes)
+            self.ports.append(reactor.listenTCP(config.pickle[1], factory, interface=config.pickle[0]))
         log.info(
-            "tsgate %s: HTTP on %s:%d, store %s, redis %s",
-            __version__, host, port, redact(self.config.store_url), redact(self.config.redis) or "none (in-memory cache only)",
+            "tsgate %s: HTTP on %s:%d, graphite %s, graphite-udp %s, pickle %s, store %s, redis %s",
+            __version__, host, port, _address(config.graphite), _address(config.graphite_udp), _address(config.pickle),
+            redact(config.store_url), redact(config.redis) or "none (in-memory cache only)",
         )
 
     async def stop(self) -> None:
         log.info("stopping: no new connections, flushing accepted writes")
         await defer.gatherResults([defer.maybeDeferred(port.stopListening) for port in self.ports])
+        await self.graphite.drain()
         await self.pipeline.drain()
         await self.store.close()
         if self.shared_seen is not None:
             await self.shared_seen.stop()
         log.info("stopped")
+
+
+def _address(hostport: tuple[str, int] | None) -> str:
+    return f"{hostport[0]}:{hostport[1]}" if hostport else "off"
 
 
 def redact(url: str) -> str:

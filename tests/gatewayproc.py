@@ -37,6 +37,8 @@ class GatewayProcess:
         self.workdir = workdir
         self.args = list(args)
         self.port = free_port()
+        self.graphite_port = free_port()
+        self.pickle_port = free_port()
         self.process = None
         self.log_path = workdir / f"gateway-{self.port}.log"
 
@@ -45,7 +47,11 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30) -> "GatewayProcess":
-        command = [sys.executable, "-m", "gateway.cli", "serve", "--http", f"127.0.0.1:{self.port}", *self.args]
+        command = [
+            sys.executable, "-m", "gateway.cli", "serve", "--http", f"127.0.0.1:{self.port}",
+            "--graphite", f"127.0.0.1:{self.graphite_port}", "--graphite-udp", f"127.0.0.1:{self.graphite_port}",
+            "--pickle", f"127.0.0.1:{self.pickle_port}", *self.args,
+        ]
         if not {"--data-dir", "--store", "--config"} & set(self.args):
             command += ["--data-dir", str(self.workdir / "data")]
         env = dict(os.environ, PYTHONPATH=str(REPO))

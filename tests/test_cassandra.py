@@ -187,5 +187,5 @@ def test_cassandra_outage_answers_503_and_loses_nothing_acknowledged(start_gatew
 
 def test_serve_on_a_missing_keyspace_says_how_to_create_it(cassandra_server):
     url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/no_such_keyspace"
-    result = tsgate("serve", "--http", "127.0.0.1:0", "--store", url)
+    result = tsgate("serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--store", url)
     assert result.returncode == 1 and "tsgate schema apply" in result.stderr

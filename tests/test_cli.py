@@ -79,7 +79,7 @@ def test_serve_from_a_config_file(tmp_path):
 def test_unwritable_store_fails_start_with_exit_1(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = tsgate("serve", "--http", "127.0.0.1:0", "--data-dir", str(blocker / "sub"))
+    result = tsgate("serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--data-dir", str(blocker / "sub"))
     assert result.returncode == 1 and "could not start" in result.stderr
 
 

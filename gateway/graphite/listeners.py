@@ -1,0 +1,221 @@
+"""Carbon's socket listeners: plaintext over TCP and UDP, pickle over TCP.
+
+Decoding is protocols/graphite's; this glues it to Twisted and to the ingest pipeline through
+one GraphiteIngest per gateway, which batches samples from every connection into few store
+writes and pushes back on senders: while more samples wait than ``max_pending``, every TCP
+connection stops reading (the kernel's buffers then stop the sender), and reading resumes when
+the backlog drains. A batch the store refuses (Cassandra down) is retried, never dropped, so
+nothing accepted from a TCP socket is lost. UDP cannot push back: what arrives over the limit
+is dropped and counted.
+"""
+
+import logging
+import time
+from collections import deque
+
+from twisted.internet import defer, reactor
+from twisted.internet.protocol import DatagramProtocol, Factory, Protocol
+
+from gateway import metrics
+from gateway.ingest import IngestPipeline, Overloaded
+from gateway.model import Sample, now_ms
+from gateway.store import StoreUnavailable
+from protocols.graphite.pickle import PickleDecoder
+from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
+
+log = logging.getLogger(__name__)
+
+
+class RejectLog:
+    """Log refused input at most once per reason every ``interval`` seconds (counting is exact)."""
+
+    def __init__(self, interval: float = 10.0):
+        self.interval = interval
+        self._last: dict[tuple[str, str], float] = {}
+
+    def __call__(self, protocol: str, rejects, peer: str) -> None:
+        now = time.monotonic()
+        for reject in rejects:
+            metrics.SAMPLES_REJECTED.labels(protocol, reject.reason).inc()
+            key = (protocol, reject.reason)
+            if now - self._last.get(key, -self.interval) >= self.interval:
+                self._last[key] = now
+                log.warning("%s from %s: %s: %s (logged once per %ds per reason)", protocol, peer, reject.reason, reject.detail, self.interval)
+
+
+class GraphiteIngest:
+    """The batching, retrying, back-pressuring stage between Graphite listeners and the pipeline."""
+
+    def __init__(self, pipeline: IngestPipeline, batch_size: int = 5000, max_pending: int = 200_000, flush_delay: float = 0.05):
+        self.pipeline = pipeline
+        self.batch_size = batch_size
+        self.max_pending = max_pending
+        self.flush_delay = flush_delay
+        self.reject_log = RejectLog()
+        self._queue: deque[tuple[str, list[Sample]]] = deque()
+        self.pending = 0
+        self._writing = False
+        self._paused = False
+        self._transports: set = set()
+        self._flush_call = None
+        self._retry_delay = 0.5
+        self._idle: list[defer.Deferred] = []
+
+    def register(self, transport) -> None:
+        self._transports.add(transport)
+        if self._paused:
+            transport.pauseProducing()
+
+    def unregister(self, transport) -> None:
+        self._transports.discard(transport)
+
+    @property
+    def full(self) -> bool:
+        return self.pending >= self.max_pending
+
+    def submit(self, protocol: str, samples: list[Sample]) -> None:
+        if not samples:
+            return
+        self._queue.append((protocol, samples))
+        self.pending += len(samples)
+        metrics.GRAPHITE_PENDING.set(self.pending)
+        if self.full and not self._paused:
+            self._paused = True
+            metrics.GRAPHITE_BACKPRESSURE.inc()
+            for transport in self._transports:
+                transport.pauseProducing()
+        self._schedule(self.flush_delay if self.pending < self.batch_size else 0)
+
+    def _schedule(self, delay: float) -> None:
+        if self._flush_call is None and not self._writing:
+            self._flush_call = reactor.callLater(delay, self._flush)
+
+    def _take_batch(self) -> tuple[str, list[Sample]]:
+        protocol, batch = self._queue.popleft()
+        while self._queue and self._queue[0][0] == protocol and len(batch) + len(self._queue[0][1]) <= self.batch_size:
+            batch = batch + self._queue.popleft()[1]
+        return protocol, batch
+
+    def _flush(self) -> None:
+        self._flush_call = None
+        if not self._queue:
+            return
+        self._writing = True
+        protocol, batch = self._take_batch()
+        defer.ensureDeferred(self.pipeline.ingest(protocol, batch)).addCallbacks(
+            self._written, self._failed, callbackArgs=(batch,), errbackArgs=(protocol, batch)
+        )
+
+    def _written(self, result, batch: list[Sample]) -> None:
+        self._writing = False
+        self._retry_delay = 0.5
+        self.pending -= len(batch)
+        metrics.GRAPHITE_PENDING.set(self.pending)
+        if self._paused and self.pending < self.max_pending // 2:
+            self._paused = False
+            for transport in self._transports:
+                transport.resumeProducing()
+        if self._queue:
+            self._schedule(0 if self.pending >= self.batch_size else self.flush_delay)
+        elif not self.pending:
+            waiting, self._idle = self._idle, []
+            for deferred in waiting:
+                deferred.callback(None)
+
+    def _failed(self, failure, protocol: str, batch: list[Sample]) -> None:
+        """Keep the batch at the head of the queue and try again later: never drop accepted data."""
+        self._writing = False
+        if not failure.check(StoreUnavailable, Overloaded, defer.FirstError):
+            log.error("graphite batch of %d samples failed and is dropped: %s", len(batch), failure.getTraceback())
+            metrics.GRAPHITE_LOST.inc(len(batch))
+            self._written(None, batch)
+            return
+        log.warning("graphite batch of %d samples not stored (%s); retrying in %.1fs", len(batch), failure.getErrorMessage(), self._retry_delay)
+        self._queue.appendleft((protocol, batch))
+        self._flush_call = reactor.callLater(self._retry_delay, self._flush)
+        self._retry_delay = min(self._retry_delay * 2, 10.0)
+
+    def drain(self) -> defer.Deferred:
+        """Fire when everything submitted has been stored (used at shutdown)."""
+        if not self.pending:
+            return defer.succeed(None)
+        deferred = defer.Deferred()
+        self._idle.append(deferred)
+        return deferred
+
+
+class _StreamProtocol(Protocol):
+    """A TCP connection feeding one incremental decoder into GraphiteIngest."""
+
+    protocol_name = ""
+
+    def __init__(self, ingest: GraphiteIngest, tenant: str, decoder):
+        self.ingest = ingest
+        self.tenant = tenant
+        self.decoder = decoder
+
+    def connectionMade(self):
+        peer = self.transport.getPeer()
+        self.peer = f"{peer.host}:{peer.port}"
+        self.ingest.register(self.transport)
+
+    def dataReceived(self, data: bytes):
+        samples, rejects = self.decoder.feed(data, now_ms())
+        if rejects:
+            self.ingest.reject_log(self.protocol_name, rejects, self.peer)
+        tenant = self.tenant
+        self.ingest.submit(self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples])
+
+    def connectionLost(self, reason=None):
+        rejects = self.decoder.finish()
+        if rejects:
+            self.ingest.reject_log(self.protocol_name, rejects, self.peer)
+        self.ingest.unregister(self.transport)
+
+
+class PlaintextProtocol(_StreamProtocol):
+    protocol_name = "graphite_plaintext"
+
+
+class PickleProtocol(_StreamProtocol):
+    protocol_name = "graphite_pickle"
+
+
+class PlaintextFactory(Factory):
+    noisy = False
+
+    def __init__(self, ingest: GraphiteIngest, tenant: str, max_line_length: int):
+        self.ingest, self.tenant, self.max_line_length = ingest, tenant, max_line_length
+
+    def buildProtocol(self, addr):
+        return PlaintextProtocol(self.ingest, self.tenant, PlaintextDecoder(self.max_line_length))
+
+
+class PickleFactory(Factory):
+    noisy = False
+
+    def __init__(self, ingest: GraphiteIngest, tenant: str, max_frame_bytes: int):
+        self.ingest, self.tenant, self.max_frame_bytes = ingest, tenant, max_frame_bytes
+
+    def buildProtocol(self, addr):
+        return PickleProtocol(self.ingest, self.tenant, PickleDecoder(self.max_frame_bytes))
+
+
+class PlaintextDatagramProtocol(DatagramProtocol):
+    """Whole lines per datagram; over the backlog limit the datagram is dropped and counted."""
+
+    noisy = False
+    protocol_name = "graphite_udp"
+
+    def __init__(self, ingest: GraphiteIngest, tenant: str, max_line_length: int):
+        self.ingest, self.tenant, self.max_line_length = ingest, tenant, max_line_length
+
+    def datagramReceived(self, data: bytes, addr):
+        samples, rejects = decode_datagram(data, now_ms(), self.max_line_length)
+        if rejects:
+            self.ingest.reject_log(self.protocol_name, rejects, f"{addr[0]}:{addr[1]}")
+        if self.ingest.full:
+            metrics.GRAPHITE_UDP_DROPPED.inc(len(samples))
+            return
+        tenant = self.tenant
+        self.ingest.submit(self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples])
