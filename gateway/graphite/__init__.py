@@ -1,0 +1,1 @@
+"""Graphite: carbon listeners, the path index and the render engine."""
