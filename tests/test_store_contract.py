@@ -6,7 +6,7 @@ import struct
 import pytest_twisted
 
 from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.store.contract import MetricMetadata, RawPoint, time_slot, time_slots
+from gateway.store.contract import MetricMetadata, PathNode, RawPoint, time_slot, time_slots
 
 HOUR = 3_600_000
 STALE_NAN_BITS = 0x7FF0000000000002
@@ -129,3 +129,23 @@ async def test_metric_metadata(store, tenant):
     await store.write_metric_metadata([changed])
     assert await store.get_metric_metadata(tenant, "http_requests_total") == changed
     assert await store.get_metric_metadata(tenant + "-other", "temp") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_graphite_path_tree(store, tenant):
+    await store.write_series([series(tenant, "a.b.c", {}), series(tenant, "a.b", {}), series(tenant, "a.x.c", {}), series(tenant, "tagged.m", {"k": "v"})])
+    assert await store.list_path_children(tenant, "") == [PathNode("a", False, True)]
+    assert await store.list_path_children(tenant, "a") == [PathNode("b", True, True), PathNode("x", False, True)]
+    assert await store.list_path_children(tenant, "a.b") == [PathNode("c", True, False)]
+    assert await store.list_path_children(tenant, "tagged") == []
+    assert await store.list_path_children(tenant + "-other", "") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_tenant_wide_tag_index(store, tenant):
+    await store.write_series([series(tenant, "cpu", {"host": "a", "dc": "x"}), series(tenant, "mem", {"host": "a"}), series(tenant, "mem", {"host": "b"})])
+    assert await store.list_tenant_tag_keys(tenant) == ["dc", "host"]
+    assert await store.list_tenant_tag_values(tenant, "host") == ["a", "b"]
+    assert await store.find_metrics_by_tag(tenant, "host", "a") == ["cpu", "mem"]
+    assert await store.find_metrics_by_tag(tenant, "host", "b") == ["mem"]
+    assert await store.list_tenant_tag_keys(tenant + "-other") == []

@@ -26,7 +26,7 @@ from twisted.internet import defer, reactor, threads
 from gateway.config import parse_duration
 from gateway.model import NAME_TAG, SeriesKey
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
-from gateway.store.contract import MetricMetadata, RawPoint, Store, StoreUnavailable, time_slot, time_slots
+from gateway.store.contract import MetricMetadata, PathNode, RawPoint, path_nodes, Store, StoreUnavailable, time_slot, time_slots
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +232,15 @@ class CassandraStore(Store):
             "series_set": f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (?, ?, ?, ?, ?)",
             "tag_key": f"INSERT INTO {ks}.tag_keys (tenant, metric_name, tag_key) VALUES (?, ?, ?)",
             "tag_value": f"INSERT INTO {ks}.tag_values (tenant, metric_name, tag_key, tag_value) VALUES (?, ?, ?, ?)",
+            "path_leaf": f"UPDATE {ks}.graphite_paths SET is_leaf = true WHERE tenant = ? AND parent = ? AND name = ?",
+            "path_branch": f"UPDATE {ks}.graphite_paths SET is_branch = true WHERE tenant = ? AND parent = ? AND name = ?",
+            "tenant_tag_key": f"INSERT INTO {ks}.tenant_tag_keys (tenant, tag_key) VALUES (?, ?)",
+            "tenant_tag_value": f"INSERT INTO {ks}.tenant_tag_values (tenant, tag_key, tag_value) VALUES (?, ?, ?)",
+            "tag_metric": f"INSERT INTO {ks}.tag_metrics (tenant, tag_key, tag_value, metric_name) VALUES (?, ?, ?, ?)",
+            "list_path_children": f"SELECT name, is_leaf, is_branch FROM {ks}.graphite_paths WHERE tenant = ? AND parent = ?",
+            "list_tenant_tag_keys": f"SELECT tag_key FROM {ks}.tenant_tag_keys WHERE tenant = ?",
+            "list_tenant_tag_values": f"SELECT tag_value FROM {ks}.tenant_tag_values WHERE tenant = ? AND tag_key = ?",
+            "find_metrics_by_tag": f"SELECT metric_name FROM {ks}.tag_metrics WHERE tenant = ? AND tag_key = ? AND tag_value = ?",
             "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
             "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL {ttl}",
@@ -245,7 +254,7 @@ class CassandraStore(Store):
         }
         for name, text in texts.items():
             statement = self.session.prepare(text)
-            is_write = text.startswith("INSERT")
+            is_write = text.startswith(("INSERT", "UPDATE"))
             statement.consistency_level = self.options.write_consistency if is_write else self.options.read_consistency
             statement.is_idempotent = True
             self._statements[name] = statement
@@ -298,7 +307,7 @@ class CassandraStore(Store):
     def write_series(self, series: Sequence[SeriesKey]):
         s = self._statements
         tenants, names, keys, values, index = set(), set(), set(), set(), []
-        hashes = []
+        hashes, paths, tags = [], set(), set()
         for item in series:
             tenants.add(item.tenant)
             names.add((item.tenant, item.metric_name))
@@ -308,6 +317,9 @@ class CassandraStore(Store):
                 index.append((s["series_set"], (item.tenant, item.metric_name, key, value, item.series_set_hash)))
                 keys.add((item.tenant, item.metric_name, key))
                 values.add((item.tenant, item.metric_name, key, value))
+                tags.add((item.tenant, key, value, item.metric_name))
+            if not item.tags:
+                paths.update((item.tenant, parent, name, leaf) for parent, name, leaf in path_nodes(item.metric_name))
         requests = [
             *((s["tenant"], (tenant,)) for tenant in tenants),
             *((s["metric_name"], row) for row in names),
@@ -315,8 +327,31 @@ class CassandraStore(Store):
             *index,
             *((s["tag_key"], row) for row in keys),
             *((s["tag_value"], row) for row in values),
+            *((s["path_leaf" if leaf else "path_branch"], (tenant, parent, name)) for tenant, parent, name, leaf in paths),
+            *((s["tenant_tag_key"], (tenant, key)) for tenant, key in {(t, k) for t, k, _, _ in tags}),
+            *((s["tenant_tag_value"], (tenant, key, value)) for tenant, key, value in {(t, k, v) for t, k, v, _ in tags}),
+            *((s["tag_metric"], row) for row in tags),
         ]
         return self._execute_all(requests)
+
+    def list_path_children(self, tenant, parent):
+        def nodes(rows):
+            return sorted(PathNode(r.name, bool(r.is_leaf), bool(r.is_branch)) for r in rows)
+
+        return self._execute(self._statements["list_path_children"], (tenant, parent)).addCallback(nodes)
+
+    def list_tenant_tag_keys(self, tenant):
+        return self._execute(self._statements["list_tenant_tag_keys"], (tenant,)).addCallback(lambda rows: [r.tag_key for r in rows])
+
+    def list_tenant_tag_values(self, tenant, tag_key):
+        return self._execute(self._statements["list_tenant_tag_values"], (tenant, tag_key)).addCallback(
+            lambda rows: [r.tag_value for r in rows]
+        )
+
+    def find_metrics_by_tag(self, tenant, tag_key, tag_value):
+        return self._execute(self._statements["find_metrics_by_tag"], (tenant, tag_key, tag_value)).addCallback(
+            lambda rows: [r.metric_name for r in rows]
+        )
 
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
         return self._execute_all([(self._statements["metric_metadata"], tuple(row)) for row in rows])

@@ -95,6 +95,32 @@ def table_statements(options: SchemaOptions) -> list[str]:
         "    tag_value text,\n"
         "    PRIMARY KEY ((tenant, metric_name, tag_key), tag_value)\n"
         ")",
+        f"CREATE TABLE IF NOT EXISTS {ks}.graphite_paths (\n"
+        "    tenant text,\n"
+        "    parent text,\n"
+        "    name text,\n"
+        "    is_leaf boolean,\n"
+        "    is_branch boolean,\n"
+        "    PRIMARY KEY ((tenant, parent), name)\n"
+        ")",
+        f"CREATE TABLE IF NOT EXISTS {ks}.tenant_tag_keys (\n"
+        "    tenant text,\n"
+        "    tag_key text,\n"
+        "    PRIMARY KEY ((tenant), tag_key)\n"
+        ")",
+        f"CREATE TABLE IF NOT EXISTS {ks}.tenant_tag_values (\n"
+        "    tenant text,\n"
+        "    tag_key text,\n"
+        "    tag_value text,\n"
+        "    PRIMARY KEY ((tenant, tag_key), tag_value)\n"
+        ")",
+        f"CREATE TABLE IF NOT EXISTS {ks}.tag_metrics (\n"
+        "    tenant text,\n"
+        "    tag_key text,\n"
+        "    tag_value text,\n"
+        "    metric_name text,\n"
+        "    PRIMARY KEY ((tenant, tag_key, tag_value), metric_name)\n"
+        ")",
         f"CREATE TABLE IF NOT EXISTS {ks}.metric_metadata (\n"
         "    tenant text,\n"
         "    metric_name text,\n"

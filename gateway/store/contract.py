@@ -9,6 +9,11 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          Every series is also indexed under the pseudo tag ``__name__=<metric>``.
 - ``tag_keys``           (tenant, metric) -> tag keys
 - ``tag_values``         (tenant, metric, tag key) -> tag values
+- ``graphite_paths``     (tenant, parent path) -> child node name, leaf and/or branch: the
+                         Graphite tree of every series without tags, one level per partition.
+- ``tenant_tag_keys``    tenant -> every tag key (Graphite's /tags, seriesByTag without a name)
+- ``tenant_tag_values``  (tenant, tag key) -> every value of it
+- ``tag_metrics``        (tenant, tag key, tag value) -> metric names carrying that pair
 - ``metric_metadata``    (tenant, metric) -> type, help, unit (from Prometheus remote write), so
                          roll-ups can tell counters from gauges.
 - ``data_raw``           (tenant, hash, time_slot) -> (ts, value); a partition holds one series for
@@ -33,6 +38,19 @@ class RawPoint(NamedTuple):
     series_set_hash: str
     timestamp_ms: int
     value: float
+
+
+class PathNode(NamedTuple):
+    name: str
+    is_leaf: bool
+    is_branch: bool
+
+
+def path_nodes(metric_name: str) -> list[tuple[str, str, bool]]:
+    """(parent, name, is_leaf) of every level of a Graphite path: "a.b.c" -> ("", "a", False),
+    ("a", "b", False), ("a.b", "c", True)."""
+    parts = metric_name.split(".")
+    return [(".".join(parts[:i]), part, i == len(parts) - 1) for i, part in enumerate(parts)]
 
 
 class MetricMetadata(NamedTuple):
@@ -75,7 +93,24 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def write_series(self, series: Sequence[SeriesKey]) -> Deferred:
-        """Upsert the metadata of these series into every metadata table."""
+        """Upsert the metadata of these series into every metadata table (series without tags
+        also into graphite_paths, series with tags into the tenant-wide tag tables)."""
+
+    @abc.abstractmethod
+    def list_path_children(self, tenant: str, parent: str) -> Deferred:
+        """Fire with the sorted [PathNode] directly under a Graphite path ("" is the root)."""
+
+    @abc.abstractmethod
+    def list_tenant_tag_keys(self, tenant: str) -> Deferred:
+        """Fire with every tag key of the tenant, sorted."""
+
+    @abc.abstractmethod
+    def list_tenant_tag_values(self, tenant: str, tag_key: str) -> Deferred:
+        """Fire with every value of a tag key across the tenant's metrics, sorted."""
+
+    @abc.abstractmethod
+    def find_metrics_by_tag(self, tenant: str, tag_key: str, tag_value: str) -> Deferred:
+        """Fire with the sorted metric names that have a series carrying ``tag_key=tag_value``."""
 
     @abc.abstractmethod
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]) -> Deferred:

@@ -19,7 +19,7 @@ from twisted.internet.defer import succeed
 from twisted.python.threadpool import ThreadPool
 
 from gateway.model import NAME_TAG, SeriesKey
-from gateway.store.contract import MetricMetadata, RawPoint, Store, StoreUnavailable, time_slot
+from gateway.store.contract import MetricMetadata, PathNode, RawPoint, path_nodes, Store, StoreUnavailable, time_slot
 
 SCHEMA_VERSION = 1
 
@@ -59,6 +59,32 @@ CREATE TABLE IF NOT EXISTS tag_values (
     tag_key TEXT NOT NULL,
     tag_value TEXT NOT NULL,
     PRIMARY KEY (tenant, metric_name, tag_key, tag_value)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS graphite_paths (
+    tenant TEXT NOT NULL,
+    parent TEXT NOT NULL,
+    name TEXT NOT NULL,
+    is_leaf INTEGER NOT NULL DEFAULT 0,
+    is_branch INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, parent, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tenant_tag_keys (
+    tenant TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    PRIMARY KEY (tenant, tag_key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tenant_tag_values (
+    tenant TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    tag_value TEXT NOT NULL,
+    PRIMARY KEY (tenant, tag_key, tag_value)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tag_metrics (
+    tenant TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    tag_value TEXT NOT NULL,
+    metric_name TEXT NOT NULL,
+    PRIMARY KEY (tenant, tag_key, tag_value, metric_name)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS metric_metadata (
     tenant TEXT NOT NULL,
@@ -159,6 +185,23 @@ class SQLiteStore(Store):
     def write_series(self, series: Sequence[SeriesKey]):
         return self._write(_write_series, list(series))
 
+    def list_path_children(self, tenant, parent):
+        query = "SELECT name, is_leaf, is_branch FROM graphite_paths WHERE tenant=? AND parent=? ORDER BY name"
+        return self._read(
+            lambda connection: [PathNode(n, bool(leaf), bool(branch)) for n, leaf, branch in connection.execute(query, (tenant, parent))]
+        )
+
+    def list_tenant_tag_keys(self, tenant):
+        return self._read(_column, "SELECT tag_key FROM tenant_tag_keys WHERE tenant=? ORDER BY tag_key", (tenant,))
+
+    def list_tenant_tag_values(self, tenant, tag_key):
+        query = "SELECT tag_value FROM tenant_tag_values WHERE tenant=? AND tag_key=? ORDER BY tag_value"
+        return self._read(_column, query, (tenant, tag_key))
+
+    def find_metrics_by_tag(self, tenant, tag_key, tag_value):
+        query = "SELECT metric_name FROM tag_metrics WHERE tenant=? AND tag_key=? AND tag_value=? ORDER BY metric_name"
+        return self._read(_column, query, (tenant, tag_key, tag_value))
+
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
         return self._write(_transaction_of, "INSERT OR REPLACE INTO metric_metadata VALUES (?, ?, ?, ?, ?)", list(rows))
 
@@ -237,13 +280,16 @@ def _transaction(connection: sqlite3.Connection, statements: list[tuple[str, lis
 
 
 def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> None:
-    index_rows, key_rows, value_rows = [], [], []
+    index_rows, key_rows, value_rows, path_rows, tag_rows = [], [], [], [], []
     for s in series:
         index_rows.append((s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash))
         for key, value in s.tags.items():
             index_rows.append((s.tenant, s.metric_name, key, value, s.series_set_hash))
             key_rows.append((s.tenant, s.metric_name, key))
             value_rows.append((s.tenant, s.metric_name, key, value))
+            tag_rows.append((s.tenant, key, value, s.metric_name))
+        if not s.tags:
+            path_rows += [(s.tenant, parent, name, int(leaf), int(not leaf)) for parent, name, leaf in path_nodes(s.metric_name)]
     _transaction(
         connection,
         [
@@ -256,6 +302,14 @@ def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> No
             ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", index_rows),
             ("INSERT OR IGNORE INTO tag_keys VALUES (?, ?, ?)", key_rows),
             ("INSERT OR IGNORE INTO tag_values VALUES (?, ?, ?, ?)", value_rows),
+            (
+                "INSERT INTO graphite_paths VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE"
+                " SET is_leaf = max(is_leaf, excluded.is_leaf), is_branch = max(is_branch, excluded.is_branch)",
+                path_rows,
+            ),
+            ("INSERT OR IGNORE INTO tenant_tag_keys VALUES (?, ?)", [(t, k) for t, k, _, _ in tag_rows]),
+            ("INSERT OR IGNORE INTO tenant_tag_values VALUES (?, ?, ?)", [(t, k, v) for t, k, v, _ in tag_rows]),
+            ("INSERT OR IGNORE INTO tag_metrics VALUES (?, ?, ?, ?)", tag_rows),
         ],
     )
 
