@@ -73,6 +73,7 @@ SETTINGS = [
     Setting("graphite-tenant", str, "default", "tenant of everything the Graphite listeners receive"),
     Setting("graphite-max-line-length", _positive, "16384", "longest plaintext line (longer ones are rejected)"),
     Setting("pickle-max-frame-bytes", _positive, str(1 << 20), "largest pickle frame (larger ones are rejected and skipped)"),
+    Setting("graphite-storage-schemas", lambda text: Path(text) if str(text).strip() else None, "", "carbon storage-schemas.conf giving each path's render step; none: 60 s"),
     Setting("graphite-max-pending", _positive, "200000", "Graphite samples waiting for the store before TCP reading pauses"),
     Setting("data-dir", Path, "./tsgate-data", "directory of the embedded store"),
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
@@ -108,6 +109,7 @@ class Config:
     graphite_tenant: str
     graphite_max_line_length: int
     pickle_max_frame_bytes: int
+    graphite_storage_schemas: Path | None
     graphite_max_pending: int
     data_dir: Path
     store: str

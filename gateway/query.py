@@ -71,7 +71,7 @@ class QueryPlanner:
         name_matchers = [m for m in matchers if m.name == NAME_TAG]
         tag_matchers = [m for m in matchers if m.name != NAME_TAG]
         found: list[SeriesKey] = []
-        for metric_name in await self._metric_names(tenant, name_matchers, label_view):
+        for metric_name in await self._metric_names(tenant, name_matchers, tag_matchers, label_view):
             hashes = await self._candidates(tenant, metric_name, tag_matchers)
             if len(found) + len(hashes) > self.max_series:
                 raise QueryTooLarge(
@@ -84,15 +84,27 @@ class QueryPlanner:
                     found.append(key)
         return found
 
-    async def _metric_names(self, tenant: str, name_matchers, label_view) -> list[str]:
-        """Metric names to look in: an exact name directly, otherwise the tenant's names filtered."""
+    async def _metric_names(self, tenant: str, name_matchers, tag_matchers, label_view) -> list[str]:
+        """Metric names to look in: an exact name directly; else the names the tenant-wide tag
+        index gives for the tag matchers that need a value; else all of the tenant's names."""
         exact = [m.value for m in name_matchers if m.type == "EQ"]
-        if exact:
-            names = [exact[0]]
-            if await self.store.find_series(tenant, exact[0], NAME_TAG, exact[0]):
-                return names
-        names = await self._limited("list_metric_names", self.store.list_metric_names, tenant)
-        return [n for n in names if all(m.matches(label_view(n, {})[NAME_TAG]) for m in name_matchers)]
+        if exact and await self.store.find_series(tenant, exact[0], NAME_TAG, exact[0]):
+            return [exact[0]]
+        names = None
+        for matcher in tag_matchers:
+            if matcher.matches(""):
+                continue
+            if matcher.type == "EQ":
+                values = [matcher.value]
+            else:
+                all_values = await self._limited("list_tenant_tag_values", self.store.list_tenant_tag_values, tenant, matcher.name)
+                values = [v for v in all_values if matcher.matches(v)]
+            lookups = [self._limited("find_metrics_by_tag", self.store.find_metrics_by_tag, tenant, matcher.name, v) for v in values]
+            found = set().union(*await gatherResults(lookups, consumeErrors=True))
+            names = found if names is None else names & found
+        if names is None:
+            names = await self._limited("list_metric_names", self.store.list_metric_names, tenant)
+        return sorted(n for n in names if all(m.matches(label_view(n, {})[NAME_TAG]) for m in name_matchers))
 
     async def _candidates(self, tenant: str, metric_name: str, tag_matchers) -> set[str]:
         lookups = []

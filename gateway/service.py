@@ -13,6 +13,9 @@ from gateway import __version__
 from gateway.config import Config
 from gateway.http.native_api import NativeAPI
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
+from gateway.graphite.finder import Finder
+from gateway.graphite.storage_schemas import StorageSchemas
+from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.limits import TenantLimits
@@ -44,6 +47,8 @@ class Gateway:
             config.max_decompressed_bytes,
             config.max_samples_per_query,
         ).register(router)
+        schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
+        GraphiteAPI(self.store, self.planner, Finder(self.store), config.limits, schemas).register(router)
         OpsAPI(self.store).register(router)
         self.site = Site(router, config.max_body_bytes)
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)

@@ -8,6 +8,7 @@ else is logged and becomes 500.
 import json
 import logging
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
@@ -151,15 +152,37 @@ class Router(resource.Resource):
     def __init__(self):
         super().__init__()
         self.routes: dict[bytes, dict[bytes, tuple[str, Handler]]] = {}
+        self.prefixes: list[tuple[bytes, dict[bytes, tuple[str, Handler]]]] = []
 
     def add(self, path: str, methods: tuple[str, ...], name: str, handler: Handler) -> None:
         by_method = self.routes.setdefault(path.encode(), {})
         for method in methods:
             by_method[method.encode()] = (name, handler)
 
+    def add_prefix(self, prefix: str, methods: tuple[str, ...], name: str, handler) -> None:
+        """Route every path under ``prefix``; the handler gets the rest of the path (decoded)."""
+
+        def bound(rest: str):
+            async def call(request):
+                return await handler(request, rest)
+
+            return call
+
+        self.prefixes.append((prefix.encode(), {m.encode(): (name, bound) for m in methods}))
+
+    def _lookup(self, path: bytes):
+        by_method = self.routes.get(path)
+        if by_method is not None:
+            return by_method
+        for prefix, handlers in self.prefixes:
+            if path.startswith(prefix) and len(path) > len(prefix):
+                rest = urllib.parse.unquote(path[len(prefix) :].decode("utf-8", "replace"))
+                return {method: (name, make(rest)) for method, (name, make) in handlers.items()}
+        return None
+
     def render(self, request: server.Request):
         started = time.perf_counter()
-        by_method = self.routes.get(request.path)
+        by_method = self._lookup(request.path)
         if by_method is None:
             name, handler = "unknown", self._not_found
         elif request.method not in by_method:

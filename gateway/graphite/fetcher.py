@@ -1,0 +1,74 @@
+"""Series for the render engine: glob paths through the path tree, seriesByTag through the tag
+index, raw samples bucketed to each series' step as whisper would store them.
+
+Buckets follow whisper: a sample at ``t`` lands in the bucket starting at ``t - t % step`` and the
+last sample of a bucket wins; a request for ``[from, until]`` returns buckets from
+``from - from % step + step`` up to ``until - until % step + step`` (exclusive), as graphite-web's
+whisper reader does. NaN (a Prometheus stale marker, say) reads as null.
+"""
+
+import math
+
+from twisted.internet.defer import ensureDeferred, gatherResults
+
+from gateway.graphite import tagdb
+from gateway.graphite.finder import Finder
+from gateway.graphite.series import TimeSeries
+from gateway.graphite.storage_schemas import StorageSchemas
+from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.graphite.functions import RenderError
+from gateway.query import QueryPlanner, QueryTooLarge
+
+
+class StoreFetcher:
+    """One per render request: knows the tenant, reads through the planner's bounded reads."""
+
+    def __init__(self, tenant: str, finder: Finder, planner: QueryPlanner, schemas: StorageSchemas, max_series: int):
+        self.tenant = tenant
+        self.finder = finder
+        self.planner = planner
+        self.schemas = schemas
+        self.max_series = max_series
+
+    async def fetch(self, path_expression: str, start: int, end: int) -> list[TimeSeries]:
+        paths = await self.finder.leaves(self.tenant, path_expression)
+        keys = [SeriesKey(self.tenant, series_set_hash(series_set_text(p, {})), p, {}) for p in paths]
+        return await self._read(keys, start, end, path_expression)
+
+    async def fetch_tagged(self, expressions: list[str], start: int, end: int) -> list[TimeSeries]:
+        try:
+            keys = await tagdb.find_series(self.planner, self.tenant, expressions)
+        except tagdb.BadTagExpression as error:
+            raise RenderError(str(error)) from None
+        expression = "seriesByTag(" + ",".join(repr(e) for e in expressions) + ")"
+        return await self._read(keys, start, end, expression)
+
+    async def _read(self, keys: list[SeriesKey], start: int, end: int, path_expression: str) -> list[TimeSeries]:
+        if len(keys) > self.max_series:
+            raise QueryTooLarge(f"{path_expression} matches {len(keys)} series, over the limit of {self.max_series}")
+        windows = []
+        for key in keys:
+            step = self.schemas.step_for(tagdb.graphite_path(key))
+            first = start - start % step + step
+            stop = end - end % step + step
+            windows.append((step, first, stop))
+        by_window: dict[tuple[int, int, int], list[int]] = {}
+        for index, window in enumerate(windows):
+            by_window.setdefault(window, []).append(index)
+        reads = [
+            ensureDeferred(self.planner.read_series([keys[i] for i in indexes], first * 1000, stop * 1000 - 1))
+            for (_, first, stop), indexes in by_window.items()
+        ]
+        data: list = [None] * len(keys)
+        for indexes, points_lists in zip(by_window.values(), await gatherResults(reads, consumeErrors=True)):
+            for index, points in zip(indexes, points_lists):
+                data[index] = points
+        series = []
+        for key, (step, first, stop), points in zip(keys, windows, data):
+            values = [None] * ((stop - first) // step)
+            for timestamp_ms, value in points:
+                t = timestamp_ms // 1000
+                values[(t - t % step - first) // step] = None if math.isnan(value) else value
+            name = tagdb.graphite_path(key)
+            series.append(TimeSeries(name, first, stop, step, values, path_expression=path_expression))
+        return series

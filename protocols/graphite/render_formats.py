@@ -1,0 +1,132 @@
+"""Encoders for Graphite render output formats, byte-compatible with graphite-web 1.1.
+
+``series_list`` is a list of series as ``gateway.graphite.series.TimeSeries`` (a list of values
+with name, start, end, step, tags, pathExpression, valuesPerPoint, consolidationFunc and
+xFilesFactor attributes); iterating a series yields its consolidated values.
+
+graphite-web applies ``maxDataPoints`` only to ``format=json``: call ``apply_max_data_points``
+before ``encode_json``, not before the other encoders.
+"""
+
+import csv
+import io
+import json
+import math
+import pickle
+from datetime import datetime, timezone, tzinfo
+
+try:
+    import msgpack
+except ImportError:
+    msgpack = None
+
+MSGPACK_AVAILABLE = msgpack is not None
+
+CONTENT_TYPES = {
+    "json": "application/json",
+    "jsonp": "text/javascript",
+    "csv": "text/csv",
+    "raw": "text/plain",
+    "pickle": "application/pickle",
+    "msgpack": "application/x-msgpack",
+}
+
+
+def apply_max_data_points(series_list, max_data_points: int) -> None:
+    """Consolidate each series to at most ``max_data_points`` points, as graphite-web's json view.
+
+    The time range is taken over all series; the start is nudged so buckets line up between
+    refreshes (graphite-web drops one raw value fewer than the nudge spans; kept as is).
+    """
+    if not any(series_list):
+        return
+    start = min(series.start for series in series_list)
+    end = max(series.end for series in series_list)
+    time_range = end - start
+    for series in series_list:
+        if max_data_points == 1:
+            series.consolidate(len(series))
+            continue
+        number_of_points = time_range / series.step
+        if max_data_points < number_of_points:
+            values_per_point = math.ceil(float(number_of_points) / float(max_data_points))
+            seconds_per_point = int(values_per_point * series.step)
+            nudge = seconds_per_point + (series.start % series.step) - (series.start % seconds_per_point)
+            series.start = series.start + nudge
+            for _ in range(1, int(nudge / series.step)):
+                del series[0]
+            series.consolidate(values_per_point)
+
+
+def encode_json(series_list, no_null_points: bool = False, pretty: bool = False, jsonp: str | None = None) -> bytes:
+    """``[{"target", "tags", "datapoints": [[value, ts], ...]}]``; NaN becomes null, ±Infinity ±1e9999.
+
+    With ``no_null_points``, null/NaN points are dropped and series left empty are omitted.
+    With ``jsonp``, the document is wrapped as ``callback(...)`` (content type text/javascript).
+    """
+    documents = []
+    if any(series_list):
+        for series in series_list:
+            datapoints = series.datapoints()
+            if no_null_points:
+                datapoints = [point for point in datapoints if point[0] is not None and not math.isnan(point[0])]
+                if not datapoints:
+                    continue
+            documents.append({"target": series.name, "tags": dict(series.tags), "datapoints": datapoints})
+    output = json.dumps(documents, indent=2 if pretty else None)
+    output = output.replace("NaN,", "null,").replace("Infinity,", "1e9999,")
+    if jsonp is not None:
+        output = "%s(%s)" % (jsonp, output)
+    return output.encode("utf-8")
+
+
+def encode_csv(series_list, tz: tzinfo = timezone.utc) -> bytes:
+    """``name,YYYY-MM-DD HH:MM:SS,value`` rows (empty value for null), CRLF line ends."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, dialect="excel")
+    for series in series_list:
+        for i, value in enumerate(series):
+            timestamp = datetime.fromtimestamp(series.start + i * series.step, tz)
+            writer.writerow((series.name, timestamp.strftime("%Y-%m-%d %H:%M:%S"), value))
+    return buffer.getvalue().encode("utf-8")
+
+
+def encode_raw(series_list) -> bytes:
+    """``name,start,end,step|v1,v2,...`` lines, values as Python reprs (``None`` for null)."""
+    lines = []
+    for series in series_list:
+        header = "%s,%d,%d,%d|" % (series.name, series.start, series.end, series.step)
+        lines.append(header + ",".join(map(repr, series)) + "\n")
+    return "".join(lines).encode("utf-8")
+
+
+def _series_info(series) -> dict:
+    return {
+        "name": str(series.name),
+        "start": series.start,
+        "end": series.end,
+        "step": series.step,
+        "values": list(series),
+        "pathExpression": str(series.pathExpression),
+        "valuesPerPoint": series.valuesPerPoint,
+        "consolidationFunc": str(series.consolidationFunc),
+        "xFilesFactor": series.xFilesFactor,
+    }
+
+
+def encode_pickle(series_list) -> bytes:
+    """A pickled list of dicts (name, start, end, step, values, pathExpression, ...), highest protocol."""
+    return pickle.dumps([_series_info(series) for series in series_list], protocol=-1)
+
+
+def encode_msgpack(series_list) -> bytes:
+    """The pickle format's dicts as msgpack; only when the ``msgpack`` package is installed."""
+    if msgpack is None:
+        raise RuntimeError("format=msgpack needs the msgpack package")
+    return msgpack.packb([_series_info(series) for series in series_list], use_bin_type=True)
+
+
+def encode_functions_json(catalog: dict, pretty: bool = False) -> bytes:
+    """The /functions document; infinite defaults are written 1e9999 as graphite-web does."""
+    output = json.dumps(catalog, indent=2 if pretty else None)
+    return output.replace("Infinity,", "1e9999,").encode("utf-8")
