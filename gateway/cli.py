@@ -37,7 +37,7 @@ def _schema(namespace: argparse.Namespace) -> int:
         config = build_config(namespace)
         if not config.store:
             raise ValueError("--store cassandra://HOST/KEYSPACE is required (the embedded store makes its own schema)")
-        options = parse_url(config.store, config.raw_retention, config.slot_width)
+        options = parse_url(config.store, config.layout)
     except (ConfigError, ValueError) as error:
         print(f"tsgate schema: {error}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 from gateway.model import InvalidSample, Limits, validate_tenant
+from gateway.store.layout import Layout, parse_granularities
 from protocols.timespec import UNIT_MS
 
 _DURATION_RE = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
@@ -79,6 +80,7 @@ SETTINGS = [
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
     Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (Cassandra TTL)"),
+    Setting("granularities", str, "5m:14d,1h:365d", "roll-up granularities with their retention, finest first"),
     Setting("redis", str, "", "redis://host:port/db shared by replicas for the metadata cache; none: in-memory only"),
     Setting("redis-key-ttl", parse_duration, "1d", "expiry of the Redis metadata cache keys"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
@@ -115,6 +117,7 @@ class Config:
     store: str
     slot_width: int
     raw_retention: int
+    granularities: str
     redis: str
     redis_key_ttl: int
     max_body_bytes: int
@@ -135,6 +138,10 @@ class Config:
     @property
     def store_url(self) -> str:
         return self.store or f"sqlite:///{self.data_dir / 'tsgate.db'}"
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.slot_width, self.raw_retention, parse_granularities(self.granularities, self.slot_width))
 
     @property
     def limits(self) -> Limits:
@@ -191,6 +198,10 @@ def build_config(namespace: argparse.Namespace) -> Config:
         validate_tenant(values["graphite_tenant"])
     except InvalidSample as error:
         raise ConfigError(f"--graphite-tenant: {error.problem}") from None
+    try:
+        parse_granularities(values["granularities"], values["slot_width"])
+    except ValueError as error:
+        raise ConfigError(f"--granularities: {error}") from None
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
     return Config(**values)

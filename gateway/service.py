@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 class Gateway:
     def __init__(self, config: Config):
         self.config = config
-        self.store = open_store(config.store_url, config.slot_width, config.raw_retention)
+        self.store = open_store(config.store_url, config.layout)
         self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
         self.pipeline = IngestPipeline(
             self.store, config.limits, SeenSeries(config.metadata_cache_size), config.max_inflight_samples, self.shared_seen

@@ -14,10 +14,10 @@ import pytest
 import pytest_twisted
 
 from gateway.store.cassandra import CassandraStore
+from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 
-SLOT_WIDTH_MS = 3_600_000
-RAW_RETENTION_MS = 7 * 86_400_000
+LAYOUT = Layout()
 TEST_KEYSPACE = "tsgate_test"
 
 STORE_DRIVERS = ["sqlite", "cassandra"]
@@ -43,7 +43,7 @@ def cassandra_server(tmp_path_factory):
 def cassandra_url(cassandra_server) -> str:
     """URL of the test keyspace, its schema applied once with ``schema apply``'s own code."""
     url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/{TEST_KEYSPACE}"
-    CassandraStore.from_url(url, RAW_RETENTION_MS, SLOT_WIDTH_MS).apply_schema()
+    CassandraStore.from_url(url, LAYOUT).apply_schema()
     return url
 
 
@@ -70,9 +70,9 @@ def tenant() -> str:
 @pytest_twisted.async_yield_fixture(params=STORE_DRIVERS)
 async def store(request, tmp_path):
     if request.param == "sqlite":
-        driver = SQLiteStore(tmp_path / "contract.db", SLOT_WIDTH_MS)
+        driver = SQLiteStore(tmp_path / "contract.db", LAYOUT)
     else:
-        driver = CassandraStore.from_url(request.getfixturevalue("cassandra_url"), RAW_RETENTION_MS, SLOT_WIDTH_MS)
+        driver = CassandraStore.from_url(request.getfixturevalue("cassandra_url"), LAYOUT)
     await driver.start()
     yield driver
     await driver.close()

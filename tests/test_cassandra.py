@@ -12,6 +12,7 @@ from cassandra.cluster import Cluster
 from gateway.model import series_set_hash, series_set_text
 from gateway.store.cassandra import parse_url
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
+from gateway.store.layout import Layout
 from tests.gatewayproc import REPO
 
 SCHEMA_FILE = REPO / "schema.cql"
@@ -79,8 +80,7 @@ def test_url_options():
     options = parse_url(
         "cassandra://me:s%40cret@a:9142,b,[::1]:9043/ks?replication=dc1:3,dc2:2&consistency=quorum&read_consistency=one"
         "&local_dc=dc1&tls=true&request_timeout=3s&max_inflight=64",
-        86_400_000,
-        3_600_000,
+        Layout(),
     )
     assert options.hosts == [("a", 9142), ("b", 9042), ("::1", 9043)]
     assert options.schema.keyspace == "ks" and options.schema.replication == (("dc1", 3), ("dc2", 2))
@@ -89,7 +89,7 @@ def test_url_options():
     assert options.read_consistency == 1 and options.write_consistency == 4
     for bad in ("cassandra:///ks", "cassandra://h/ks?consistency=most", "cassandra://h/ks?replication=simple:0", "cassandra://h/ks?color=red", "cassandra://h/1ks"):
         with pytest.raises(ValueError):
-            parse_url(bad, 86_400_000, 3_600_000)
+            parse_url(bad, Layout())
 
 
 def test_gateway_writes_land_in_the_documented_tables(start_gateway, cassandra_server, cassandra_url, redis_server, tenant):

@@ -10,7 +10,6 @@ import threading
 import time
 import urllib.parse
 
-import pytest
 
 from gateway.devservices.process import free_port, terminate
 

@@ -6,7 +6,7 @@ import struct
 import pytest_twisted
 
 from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.store.contract import MetricMetadata, PathNode, RawPoint, time_slot, time_slots
+from gateway.store.contract import MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
 
 HOUR = 3_600_000
 STALE_NAN_BITS = 0x7FF0000000000002
@@ -149,3 +149,42 @@ async def test_tenant_wide_tag_index(store, tenant):
     assert await store.find_metrics_by_tag(tenant, "host", "a") == ["cpu", "mem"]
     assert await store.find_metrics_by_tag(tenant, "host", "b") == ["mem"]
     assert await store.list_tenant_tag_keys(tenant + "-other") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_rollups_upsert_and_read(store, tenant):
+    five = store.layout.granularity("5m")
+    h = series(tenant, "cpu", {}).series_set_hash
+    gauge = Rollup(tenant, h, 300_000, min=1.0, max=3.0, sum=4.0, count=2)
+    counter = Rollup(tenant, h, 600_000, last=10.0, increase=2.5)
+    await store.write_rollups(five, [gauge, counter])
+    assert await store.read_rollups(five, tenant, h, 0, 10**9) == [gauge, counter]
+    replaced = gauge._replace(max=9.0, sum=13.0, count=3)
+    await store.write_rollups(five, [replaced])
+    assert await store.read_rollups(five, tenant, h, 300_000, 300_000) == [replaced]
+    far = Rollup(tenant, h, five.partition_width_ms * 3 + 300_000, sum=1.0, count=1)
+    await store.write_rollups(five, [far])
+    assert (await store.read_rollups(five, tenant, h, 0, 10**12))[-1] == far
+    assert await store.read_rollups(store.layout.granularity("1h"), tenant, h, 0, 10**12) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_pending_sets(store, tenant):
+    rows = [PendingSet(7, HOUR, tenant, "h1"), PendingSet(7, 0, tenant, "h2"), PendingSet(7, 2 * HOUR, tenant, "h3")]
+    await store.mark_pending(rows, 1000)
+    pending = [p for p in await store.list_pending(7, 2 * HOUR) if p.tenant == tenant]
+    assert pending == [PendingSet(7, 0, tenant, "h2", 1000), PendingSet(7, HOUR, tenant, "h1", 1000)]
+    await store.mark_pending([rows[0]], 2000)
+    await store.delete_pending(pending)
+    left = [p for p in await store.list_pending(7, 3 * HOUR) if p.tenant == tenant]
+    assert left == [PendingSet(7, HOUR, tenant, "h1", 2000), PendingSet(7, 2 * HOUR, tenant, "h3", 1000)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_metric_aggregators(store, tenant):
+    await store.write_series([series(tenant, "cpu", {})])
+    assert await store.get_metric_aggregators(tenant, "cpu") == []
+    await store.add_metric_aggregators(tenant, "cpu", ["raw", "min"])
+    await store.add_metric_aggregators(tenant, "cpu", ["max", "min"])
+    assert await store.get_metric_aggregators(tenant, "cpu") == ["max", "min", "raw"]
+    assert await store.list_metric_names(tenant) == ["cpu"]

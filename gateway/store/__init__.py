@@ -3,19 +3,20 @@
 from urllib.parse import urlsplit
 
 from gateway.store.contract import Store, StoreUnavailable
+from gateway.store.layout import Layout
 
 
-def open_store(url: str, slot_width_ms: int, raw_retention_ms: int) -> Store:
+def open_store(url: str, layout: Layout) -> Store:
     """Build (not start) the driver a ``--store`` URL names."""
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":
         from gateway.store.sqlite import SQLiteStore
 
-        return SQLiteStore.from_url(url, slot_width_ms)
+        return SQLiteStore.from_url(url, layout)
     if scheme == "cassandra":
         from gateway.store.cassandra import CassandraStore
 
-        return CassandraStore.from_url(url, raw_retention_ms, slot_width_ms)
+        return CassandraStore.from_url(url, layout)
     raise ValueError(f"--store {url!r}: unknown scheme {scheme!r} (expected sqlite:// or cassandra://)")
 
 

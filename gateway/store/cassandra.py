@@ -26,12 +26,18 @@ from twisted.internet import defer, reactor, threads
 from gateway.config import parse_duration
 from gateway.model import NAME_TAG, SeriesKey
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
-from gateway.store.contract import MetricMetadata, PathNode, RawPoint, path_nodes, Store, StoreUnavailable, time_slot, time_slots
+from gateway.store.layout import Layout
+from gateway.store.contract import MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot, time_slots
 
 log = logging.getLogger(__name__)
 
 DRIVER_RETRIES = Counter("tsgate_cassandra_retries", "Requests the driver's retry policy retried", ["cause"])
 DRIVER_ERRORS = Counter("tsgate_cassandra_errors", "Requests that failed, by error", ["error"])
+
+ROLLUP_COLUMNS = ("min", "max", "sum", "count", "last", "increase")
+# The column sets roll-ups are written with: gauges, delta counters, cumulative counters, and
+# names that already carry one aggregate (seed 000's qualifiers).
+ROLLUP_KINDS = [("min", "max", "sum", "count"), ("sum", "count"), ("last", "increase"), ("min", "count"), ("max", "count")]
 
 # Single-partition unlogged batches stay well under Cassandra's batch size warning (5 KiB).
 ROWS_PER_BATCH = 40
@@ -72,7 +78,7 @@ def _replication(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(pairs)
 
 
-def parse_url(url: str, raw_retention_ms: int, slot_width_ms: int) -> CassandraOptions:
+def parse_url(url: str, layout: Layout) -> CassandraOptions:
     """``cassandra://[user:password@]host[:port][,host[:port]...]/keyspace[?option=value&...]``
 
     Options: replication (simple:N or DC:N,DC:N), consistency (both), read_consistency,
@@ -108,7 +114,7 @@ def parse_url(url: str, raw_retention_ms: int, slot_width_ms: int) -> CassandraO
         raise ValueError("max_inflight must be at least 1")
     return CassandraOptions(
         hosts=hosts,
-        schema=SchemaOptions(keyspace, _replication(options.get("replication", "simple:1")), raw_retention_ms, slot_width_ms),
+        schema=SchemaOptions(keyspace, _replication(options.get("replication", "simple:1")), layout),
         read_consistency=_consistency(options.get("read_consistency", consistency)),
         write_consistency=_consistency(options.get("write_consistency", consistency)),
         local_dc=options.get("local_dc") or None,
@@ -151,7 +157,7 @@ def _unavailable(error: Exception) -> Exception:
 
 class CassandraStore(Store):
     def __init__(self, options: CassandraOptions):
-        super().__init__(options.schema.slot_width_ms)
+        super().__init__(options.schema.layout)
         self.options = options
         self.keyspace = options.schema.keyspace
         self.ttl_s = options.schema.raw_retention_ms // 1000
@@ -161,8 +167,8 @@ class CassandraStore(Store):
         self._statements: dict[str, object] = {}
 
     @classmethod
-    def from_url(cls, url: str, raw_retention_ms: int, slot_width_ms: int) -> "CassandraStore":
-        return cls(parse_url(url, raw_retention_ms, slot_width_ms))
+    def from_url(cls, url: str, layout: Layout) -> "CassandraStore":
+        return cls(parse_url(url, layout))
 
     def _cluster(self) -> Cluster:
         options = self.options
@@ -215,7 +221,18 @@ class CassandraStore(Store):
         """Create or upgrade keyspace and tables; blocking (used by ``tsgate schema apply``)."""
         session = self._connect(None)
         try:
-            statements = [keyspace_statement(self.options.schema), *table_statements(self.options.schema), *upgrade_statements(self.options.schema)]
+            schema = self.options.schema
+            statements = [keyspace_statement(schema), *table_statements(schema)]
+            existing = {
+                row.column_name
+                for row in session.execute(
+                    "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = 'metric_names'",
+                    [schema.keyspace],
+                )
+            }
+            if existing and "aggregators" not in existing:
+                statements.append(f"ALTER TABLE {schema.keyspace}.metric_names ADD aggregators set<text>")
+            statements += upgrade_statements(schema)
             for statement in statements:
                 session.execute(statement, timeout=120)
             session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
@@ -241,6 +258,11 @@ class CassandraStore(Store):
             "list_tenant_tag_keys": f"SELECT tag_key FROM {ks}.tenant_tag_keys WHERE tenant = ?",
             "list_tenant_tag_values": f"SELECT tag_value FROM {ks}.tenant_tag_values WHERE tenant = ? AND tag_key = ?",
             "find_metrics_by_tag": f"SELECT metric_name FROM {ks}.tag_metrics WHERE tenant = ? AND tag_key = ? AND tag_value = ?",
+            "pending": f"INSERT INTO {ks}.pending_downsample_sets (partition, time_slot, tenant, series_set_hash, last_touch) VALUES (?, ?, ?, ?, ?)",
+            "list_pending": f"SELECT partition, time_slot, tenant, series_set_hash, last_touch FROM {ks}.pending_downsample_sets WHERE partition = ? AND time_slot < ?",
+            "delete_pending": f"DELETE FROM {ks}.pending_downsample_sets WHERE partition = ? AND time_slot = ? AND tenant = ? AND series_set_hash = ? IF last_touch = ?",
+            "add_aggregators": f"UPDATE {ks}.metric_names SET aggregators = aggregators + ? WHERE tenant = ? AND metric_name = ?",
+            "get_aggregators": f"SELECT aggregators FROM {ks}.metric_names WHERE tenant = ? AND metric_name = ?",
             "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
             "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL {ttl}",
@@ -252,11 +274,23 @@ class CassandraStore(Store):
             "get_series": f"SELECT metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
             "read_raw": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?",
         }
+        for granularity in self.layout.granularities:
+            table, ttl_g = granularity.table, granularity.retention_ms // 1000
+            texts[f"read_{table}"] = (
+                f"SELECT ts, min, max, sum, count, last, increase FROM {ks}.{table}"
+                " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
+            )
+            for columns in ROLLUP_KINDS:
+                assignments = ", ".join(f"{c} = ?" for c in columns)
+                texts[f"write_{table}_{'_'.join(columns)}"] = (
+                    f"UPDATE {ks}.{table} USING TTL {ttl_g} SET {assignments}"
+                    " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts = ?"
+                )
         for name, text in texts.items():
             statement = self.session.prepare(text)
-            is_write = text.startswith(("INSERT", "UPDATE"))
+            is_write = text.startswith(("INSERT", "UPDATE", "DELETE"))
             statement.consistency_level = self.options.write_consistency if is_write else self.options.read_consistency
-            statement.is_idempotent = True
+            statement.is_idempotent = name != "add_aggregators"
             self._statements[name] = statement
 
     def start(self):
@@ -352,6 +386,49 @@ class CassandraStore(Store):
         return self._execute(self._statements["find_metrics_by_tag"], (tenant, tag_key, tag_value)).addCallback(
             lambda rows: [r.metric_name for r in rows]
         )
+
+    def write_rollups(self, granularity, rows):
+        """An UPDATE of only the aggregates a row has, so no tombstones are written for the rest."""
+        width = granularity.partition_width_ms
+        requests = []
+        for row in rows:
+            columns = tuple(c for c in ROLLUP_COLUMNS if getattr(row, c) is not None)
+            statement = self._statements[f"write_{granularity.table}_{'_'.join(columns)}"]
+            key = (row.tenant, row.series_set_hash, time_slot(row.timestamp_ms, width), row.timestamp_ms)
+            requests.append((statement, (*(getattr(row, c) for c in columns), *key)))
+        return self._execute_all(requests)
+
+    def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
+        statement = self._statements[f"read_{granularity.table}"]
+        slots = time_slots(start_ms, end_ms, granularity.partition_width_ms)
+        requests = [(statement, (tenant, series_set_hash, slot, start_ms, end_ms)) for slot in slots]
+
+        def rows(pages):
+            return [Rollup(tenant, series_set_hash, r.ts, r.min, r.max, r.sum, r.count, r.last, r.increase) for page in pages for r in page]
+
+        return self._execute_all(requests).addCallback(rows)
+
+    def mark_pending(self, rows, touched_ms):
+        statement = self._statements["pending"]
+        return self._execute_all([(statement, (*row[:4], touched_ms)) for row in rows])
+
+    def list_pending(self, partition, before_slot):
+        def rows(found):
+            return sorted(PendingSet(r.partition, r.time_slot, r.tenant, r.series_set_hash, r.last_touch) for r in found)
+
+        return self._execute(self._statements["list_pending"], (partition, before_slot)).addCallback(rows)
+
+    def delete_pending(self, rows):
+        return self._execute_all([(self._statements["delete_pending"], tuple(row)) for row in rows])
+
+    def add_metric_aggregators(self, tenant, metric_name, aggregators):
+        return self._execute(self._statements["add_aggregators"], (set(aggregators), tenant, metric_name))
+
+    def get_metric_aggregators(self, tenant, metric_name):
+        def aggregators(rows):
+            return sorted(rows[0].aggregators or ()) if rows else []
+
+        return self._execute(self._statements["get_aggregators"], (tenant, metric_name)).addCallback(aggregators)
 
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
         return self._execute_all([(self._statements["metric_metadata"], tuple(row)) for row in rows])

@@ -18,6 +18,10 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          roll-ups can tell counters from gauges.
 - ``data_raw``           (tenant, hash, time_slot) -> (ts, value); a partition holds one series for
                          one slot, so its size is bounded by the slot width and the sample rate.
+- ``data_{granularity}`` (tenant, hash, time_slot) -> (ts, min, max, sum, count, last, increase):
+                         roll-ups, one table per granularity with its own TTL (layout.py).
+- ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
+                         waiting for the downsampler when there is no Redis (seed 000).
 
 Every method returns a Deferred: drivers never block the reactor. Writes are upserts, so
 writing the same metadata or the same (series, ts) twice is harmless (the last value wins).
@@ -31,6 +35,7 @@ from typing import NamedTuple
 from twisted.internet.defer import Deferred
 
 from gateway.model import SeriesKey
+from gateway.store.layout import Granularity, Layout
 
 
 class RawPoint(NamedTuple):
@@ -51,6 +56,30 @@ def path_nodes(metric_name: str) -> list[tuple[str, str, bool]]:
     ("a", "b", False), ("a.b", "c", True)."""
     parts = metric_name.split(".")
     return [(".".join(parts[:i]), part, i == len(parts) - 1) for i, part in enumerate(parts)]
+
+
+class Rollup(NamedTuple):
+    """One roll-up bucket; aggregates a series kind does not have are None."""
+
+    tenant: str
+    series_set_hash: str
+    timestamp_ms: int
+    min: float | None = None
+    max: float | None = None
+    sum: float | None = None
+    count: int | None = None
+    last: float | None = None
+    increase: float | None = None
+
+
+class PendingSet(NamedTuple):
+    """A series with raw data in a slot that has not been rolled up since."""
+
+    partition: int
+    time_slot: int
+    tenant: str
+    series_set_hash: str
+    last_touch_ms: int = 0
 
 
 class MetricMetadata(NamedTuple):
@@ -76,8 +105,9 @@ def time_slots(start_ms: int, end_ms: int, slot_width_ms: int) -> range:
 
 
 class Store(abc.ABC):
-    def __init__(self, slot_width_ms: int):
-        self.slot_width_ms = slot_width_ms
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.slot_width_ms = layout.slot_width_ms
 
     @abc.abstractmethod
     def start(self) -> Deferred:
@@ -111,6 +141,35 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def find_metrics_by_tag(self, tenant: str, tag_key: str, tag_value: str) -> Deferred:
         """Fire with the sorted metric names that have a series carrying ``tag_key=tag_value``."""
+
+    @abc.abstractmethod
+    def write_rollups(self, granularity: Granularity, rows: Sequence[Rollup]) -> Deferred:
+        """Upsert roll-up rows (with the granularity's TTL): a later write replaces the aggregates."""
+
+    @abc.abstractmethod
+    def read_rollups(self, granularity: Granularity, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
+        """Fire with the [Rollup] of one series in an inclusive range, in time order."""
+
+    @abc.abstractmethod
+    def mark_pending(self, rows: Sequence[PendingSet], touched_ms: int) -> Deferred:
+        """Upsert pending series-slots, setting their last touch."""
+
+    @abc.abstractmethod
+    def list_pending(self, partition: int, before_slot: int) -> Deferred:
+        """Fire with the [PendingSet] of a partition whose slot starts before ``before_slot``, oldest first."""
+
+    @abc.abstractmethod
+    def delete_pending(self, rows: Sequence[PendingSet]) -> Deferred:
+        """Remove pending rows, each only if its last touch is still the one given (a series
+        touched again meanwhile stays pending)."""
+
+    @abc.abstractmethod
+    def add_metric_aggregators(self, tenant: str, metric_name: str, aggregators: Iterable[str]) -> Deferred:
+        """Add to the set of aggregators that exist for a metric (metric_names.aggregators)."""
+
+    @abc.abstractmethod
+    def get_metric_aggregators(self, tenant: str, metric_name: str) -> Deferred:
+        """Fire with the sorted aggregators recorded for a metric."""
 
     @abc.abstractmethod
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]) -> Deferred:

@@ -19,9 +19,22 @@ from twisted.internet.defer import succeed
 from twisted.python.threadpool import ThreadPool
 
 from gateway.model import NAME_TAG, SeriesKey
-from gateway.store.contract import MetricMetadata, PathNode, RawPoint, path_nodes, Store, StoreUnavailable, time_slot
+from gateway.store.layout import Layout
+from gateway.store.contract import MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+ROLLUP_TABLE = """
+CREATE TABLE IF NOT EXISTS {table} (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    min REAL, max REAL, sum REAL, count INTEGER, last REAL, increase REAL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
+) WITHOUT ROWID;
+"""
+ROLLUP_COLUMNS = ("min", "max", "sum", "count", "last", "increase")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
@@ -30,7 +43,16 @@ CREATE TABLE IF NOT EXISTS tenants (
 CREATE TABLE IF NOT EXISTS metric_names (
     tenant TEXT NOT NULL,
     metric_name TEXT NOT NULL,
+    aggregators TEXT NOT NULL DEFAULT '[]',
     PRIMARY KEY (tenant, metric_name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pending_downsample_sets (
+    partition INTEGER NOT NULL,
+    time_slot INTEGER NOT NULL,
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    last_touch INTEGER NOT NULL,
+    PRIMARY KEY (partition, time_slot, tenant, series_set_hash)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS series_set_hashes (
     tenant TEXT NOT NULL,
@@ -119,9 +141,17 @@ def _decode_value(stored) -> float:
     return _FLOAT.unpack(stored)[0] if isinstance(stored, bytes) else stored
 
 
+def _nullable(value):
+    return None if value is None else _encode_value(value)
+
+
+def _decode_nullable(stored):
+    return None if stored is None else _decode_value(stored)
+
+
 class SQLiteStore(Store):
-    def __init__(self, path: Path, slot_width_ms: int, readers: int = 4):
-        super().__init__(slot_width_ms)
+    def __init__(self, path: Path, layout: Layout, readers: int = 4):
+        super().__init__(layout)
         self.path = path
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
@@ -129,13 +159,13 @@ class SQLiteStore(Store):
         self._readers = ThreadPool(1, readers, name="sqlite-reader")
 
     @classmethod
-    def from_url(cls, url: str, slot_width_ms: int) -> "SQLiteStore":
+    def from_url(cls, url: str, layout: Layout) -> "SQLiteStore":
         """``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``."""
         parts = urlsplit(url)
         path = unquote(parts.path)[1:] if parts.path.startswith("/") else unquote(parts.path)
         if parts.netloc or not path:
             raise ValueError(f"--store {url!r}: expected sqlite:///path/to/file.db")
-        return cls(Path(path), slot_width_ms)
+        return cls(Path(path), layout)
 
     def _connection(self) -> sqlite3.Connection:
         connection = getattr(self._local, "connection", None)
@@ -167,7 +197,7 @@ class SQLiteStore(Store):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer.start()
         self._readers.start()
-        return self._write(_create_schema)
+        return self._write(_create_schema, self.layout.granularities)
 
     def close(self):
         def stop_and_close():
@@ -201,6 +231,79 @@ class SQLiteStore(Store):
     def find_metrics_by_tag(self, tenant, tag_key, tag_value):
         query = "SELECT metric_name FROM tag_metrics WHERE tenant=? AND tag_key=? AND tag_value=? ORDER BY metric_name"
         return self._read(_column, query, (tenant, tag_key, tag_value))
+
+    def write_rollups(self, granularity, rows):
+        width = granularity.partition_width_ms
+        values = [
+            (r.tenant, r.series_set_hash, time_slot(r.timestamp_ms, width), r.timestamp_ms, *(_nullable(getattr(r, c)) for c in ROLLUP_COLUMNS))
+            for r in rows
+        ]
+        query = f"INSERT OR REPLACE INTO {granularity.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        return self._write(_transaction_of, query, values)
+
+    def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
+        if end_ms < start_ms:
+            return succeed([])
+        width = granularity.partition_width_ms
+        query = (
+            f"SELECT ts, {', '.join(ROLLUP_COLUMNS)} FROM {granularity.table} WHERE tenant=? AND series_set_hash=?"
+            " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
+        )
+        parameters = (tenant, series_set_hash, time_slot(start_ms, width), time_slot(end_ms, width), start_ms, end_ms)
+
+        def read(connection):
+            return [
+                Rollup(tenant, series_set_hash, ts, *(_decode_nullable(v) for v in values))
+                for ts, *values in connection.execute(query, parameters)
+            ]
+
+        return self._read(read)
+
+    def mark_pending(self, rows, touched_ms):
+        values = [(r.partition, r.time_slot, r.tenant, r.series_set_hash, touched_ms) for r in rows]
+        return self._write(_transaction_of, "INSERT OR REPLACE INTO pending_downsample_sets VALUES (?, ?, ?, ?, ?)", values)
+
+    def list_pending(self, partition, before_slot):
+        query = (
+            "SELECT * FROM pending_downsample_sets WHERE partition=? AND time_slot < ?"
+            " ORDER BY time_slot, tenant, series_set_hash"
+        )
+        return self._read(lambda connection: [PendingSet(*row) for row in connection.execute(query, (partition, before_slot))])
+
+    def delete_pending(self, rows):
+        query = (
+            "DELETE FROM pending_downsample_sets WHERE partition=? AND time_slot=? AND tenant=?"
+            " AND series_set_hash=? AND last_touch=?"
+        )
+        return self._write(_transaction_of, query, [tuple(r) for r in rows])
+
+    def add_metric_aggregators(self, tenant, metric_name, aggregators):
+        def add(connection):
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                row = connection.execute(
+                    "SELECT aggregators FROM metric_names WHERE tenant=? AND metric_name=?", (tenant, metric_name)
+                ).fetchone()
+                merged = sorted(set(json.loads(row[0]) if row else ()) | set(aggregators))
+                connection.execute(
+                    "INSERT INTO metric_names VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET aggregators = excluded.aggregators",
+                    (tenant, metric_name, json.dumps(merged)),
+                )
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            connection.execute("COMMIT")
+
+        return self._write(add)
+
+    def get_metric_aggregators(self, tenant, metric_name):
+        def get(connection):
+            row = connection.execute(
+                "SELECT aggregators FROM metric_names WHERE tenant=? AND metric_name=?", (tenant, metric_name)
+            ).fetchone()
+            return json.loads(row[0]) if row else []
+
+        return self._read(get)
 
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
         return self._write(_transaction_of, "INSERT OR REPLACE INTO metric_metadata VALUES (?, ?, ?, ?, ?)", list(rows))
@@ -258,9 +361,12 @@ class SQLiteStore(Store):
         return self._read(_read_raw, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)
 
 
-def _create_schema(connection: sqlite3.Connection) -> None:
+def _create_schema(connection: sqlite3.Connection, granularities) -> None:
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.executescript(SCHEMA)
+    connection.executescript(SCHEMA + "".join(ROLLUP_TABLE.format(table=g.table) for g in granularities))
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(metric_names)")}
+    if "aggregators" not in columns:
+        connection.execute("ALTER TABLE metric_names ADD COLUMN aggregators TEXT NOT NULL DEFAULT '[]'")
     connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
@@ -294,7 +400,7 @@ def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> No
         connection,
         [
             ("INSERT OR IGNORE INTO tenants VALUES (?)", [(s.tenant,) for s in series]),
-            ("INSERT OR IGNORE INTO metric_names VALUES (?, ?)", [(s.tenant, s.metric_name) for s in series]),
+            ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", [(s.tenant, s.metric_name) for s in series]),
             (
                 "INSERT OR REPLACE INTO series_set_hashes VALUES (?, ?, ?, ?)",
                 [(s.tenant, s.series_set_hash, s.metric_name, json.dumps(s.tags, sort_keys=True)) for s in series],

@@ -1,0 +1,73 @@
+"""How time is cut up in storage: the slot width, raw retention, and the roll-up granularities.
+
+Both drivers and the Cassandra schema take one Layout, built from ``--slot-width``,
+``--raw-retention`` and ``--granularities`` (default ``5m:14d,1h:365d``). Each granularity is a
+table of its own (``data_5m``, ``data_1h``) with its own TTL; its partitions cover
+``partition_width_ms``, a whole number of slots holding about 1000 roll-up rows per series.
+"""
+
+import dataclasses
+import math
+import re
+from typing import NamedTuple
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+ROWS_PER_ROLLUP_PARTITION = 1000
+_UNITS = {"s": 1000, "m": 60_000, "h": HOUR_MS, "d": DAY_MS, "w": 7 * DAY_MS, "y": 365 * DAY_MS}
+_SPAN_RE = re.compile(r"(\d+)([smhdwy])")
+
+
+class Granularity(NamedTuple):
+    name: str
+    width_ms: int
+    retention_ms: int
+    partition_width_ms: int
+
+    @property
+    def table(self) -> str:
+        return f"data_{self.name}"
+
+
+def _span(text: str, what: str) -> int:
+    match = _SPAN_RE.fullmatch(text.strip())
+    if not match or int(match.group(1)) <= 0:
+        raise ValueError(f"{what} {text!r} is not a positive duration like 5m, 1h, 14d")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_granularities(text: str, slot_width_ms: int) -> tuple[Granularity, ...]:
+    """``5m:14d,1h:365d`` -> granularities, finest first; refuse what the downsampler cannot do."""
+    granularities = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, retention = item.partition(":")
+        width = _span(name, "granularity")
+        if not retention:
+            raise ValueError(f"granularity {item!r} needs a retention, e.g. {name}:30d")
+        if slot_width_ms % width:
+            raise ValueError(
+                f"the slot width ({slot_width_ms // 1000} s) must be a common multiple of the granularities;"
+                f" {name} does not divide it"
+            )
+        partition = math.ceil(width * ROWS_PER_ROLLUP_PARTITION / slot_width_ms) * slot_width_ms
+        granularities.append(Granularity(name.strip(), width, _span(retention, "retention"), partition))
+    granularities.sort(key=lambda g: g.width_ms)
+    for finer, coarser in zip(granularities, granularities[1:]):
+        if coarser.width_ms % finer.width_ms:
+            raise ValueError(f"granularity {coarser.name} is not a multiple of {finer.name}, so it cannot be rolled up from it")
+    if len({g.name for g in granularities}) != len(granularities):
+        raise ValueError(f"granularities {text!r} repeat a width")
+    return tuple(granularities)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    slot_width_ms: int = HOUR_MS
+    raw_retention_ms: int = 7 * DAY_MS
+    granularities: tuple[Granularity, ...] = parse_granularities("5m:14d,1h:365d", HOUR_MS)
+
+    def granularity(self, name: str) -> Granularity:
+        for granularity in self.granularities:
+            if granularity.name == name:
+                return granularity
+        raise KeyError(name)
