@@ -54,6 +54,34 @@ def _schema(namespace: argparse.Namespace) -> int:
     return 0
 
 
+def _downsample(namespace: argparse.Namespace) -> int:
+    """``downsample --once``: roll up everything settled in this replica's partitions, then exit."""
+    try:
+        config = build_config(namespace)
+    except ConfigError as error:
+        print(f"tsgate downsample: {error}", file=sys.stderr)
+        return 2
+    if not namespace.once:
+        print("tsgate downsample: only --once is supported here; `tsgate serve --roles downsample` runs it continuously", file=sys.stderr)
+        return 2
+    _setup_logging(config.log_level)
+    from twisted.internet import defer, task
+
+    from gateway.service import Gateway
+
+    async def once(reactor):
+        gateway = Gateway(config)
+        await gateway.store.start()
+        try:
+            done = await gateway.downsampler.run_once(config.owned_partitions, gateway.partition_lock)
+            print(f"rolled up {done} series-slots", flush=True)
+        finally:
+            await gateway.store.close()
+
+    task.react(lambda reactor: defer.ensureDeferred(once(reactor)))  # exits: 0, or 1 with the error logged
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tsgate", description=__doc__)
     parser.add_argument("--version", action="version", version=f"tsgate {__version__}")
@@ -65,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("action", choices=["print", "apply"])
     add_arguments(schema)
     schema.set_defaults(func=_schema)
+    downsample = commands.add_parser("downsample", help="roll up settled slots (see --once)")
+    downsample.add_argument("--once", action="store_true", help="process everything settled now, then exit")
+    add_arguments(downsample)
+    downsample.set_defaults(func=_downsample)
     from gateway.devservices.cli import register
 
     register(commands)

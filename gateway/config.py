@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 from gateway.model import InvalidSample, Limits, validate_tenant
+from gateway.downsample.partitions import parse_partitions
 from gateway.store.layout import Layout, parse_granularities
 from protocols.timespec import UNIT_MS
 
@@ -81,6 +82,12 @@ SETTINGS = [
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
     Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (Cassandra TTL)"),
     Setting("granularities", str, "5m:14d,1h:365d", "roll-up granularities with their retention, finest first"),
+    Setting("roles", str, "ingest,query,downsample", "what this process does: any of ingest, query, downsample"),
+    Setting("downsample-partitions-count", _positive, "64", "partitions the series are hashed into for downsampling"),
+    Setting("downsample-partitions", str, "", "partitions this replica rolls up, e.g. 0-15,40; empty: all (shared through Redis locks when --redis is given)"),
+    Setting("downsample-delay", parse_duration, "5m", "a slot is rolled up once it ended and saw no sample for this long"),
+    Setting("downsample-interval", parse_duration, "10s", "how often the downsample role looks for settled slots"),
+    Setting("counter-suffixes", str, "reads,writes,bytes", "metric name suffixes of delta counters (rolled up as sums)"),
     Setting("redis", str, "", "redis://host:port/db shared by replicas for the metadata cache; none: in-memory only"),
     Setting("redis-key-ttl", parse_duration, "1d", "expiry of the Redis metadata cache keys"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
@@ -118,6 +125,12 @@ class Config:
     slot_width: int
     raw_retention: int
     granularities: str
+    roles: str
+    downsample_partitions_count: int
+    downsample_partitions: str
+    downsample_delay: int
+    downsample_interval: int
+    counter_suffixes: str
     redis: str
     redis_key_ttl: int
     max_body_bytes: int
@@ -142,6 +155,16 @@ class Config:
     @property
     def layout(self) -> Layout:
         return Layout(self.slot_width, self.raw_retention, parse_granularities(self.granularities, self.slot_width))
+
+    @property
+    def role_set(self) -> set[str]:
+        return {r.strip() for r in self.roles.split(",") if r.strip()}
+
+    @property
+    def owned_partitions(self) -> list[int]:
+        return parse_partitions(self.downsample_partitions, self.downsample_partitions_count) or list(
+            range(self.downsample_partitions_count)
+        )
 
     @property
     def limits(self) -> Limits:
@@ -202,6 +225,13 @@ def build_config(namespace: argparse.Namespace) -> Config:
         parse_granularities(values["granularities"], values["slot_width"])
     except ValueError as error:
         raise ConfigError(f"--granularities: {error}") from None
+    roles = set(filter(None, (r.strip() for r in values["roles"].split(","))))
+    if not roles or roles - {"ingest", "query", "downsample"}:
+        raise ConfigError(f"--roles: {values['roles']!r} must name some of ingest, query, downsample")
+    try:
+        parse_partitions(values["downsample_partitions"], values["downsample_partitions_count"])
+    except ValueError as error:
+        raise ConfigError(f"--downsample-partitions: {error}") from None
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
     return Config(**values)

@@ -14,7 +14,8 @@ from gateway import metrics
 from gateway.metadata_cache import RedisSeenSeries, SeenSeries
 from gateway.model import InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_sample
 from gateway.store import Store
-from gateway.store.contract import RawPoint
+from gateway.downsample.partitions import partition_of
+from gateway.store.contract import PendingSet, RawPoint
 
 
 class Rejected(NamedTuple):
@@ -42,11 +43,15 @@ class IngestPipeline:
         max_inflight_samples: int,
         shared_seen: RedisSeenSeries | None = None,
         clock=now_ms,
+        pending=None,
+        partitions: int = 64,
     ):
         self.store = store
         self.limits = limits
         self.seen = seen
         self.shared_seen = shared_seen
+        self.pending = pending
+        self.partitions = partitions
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
         self.inflight_samples = 0
@@ -93,6 +98,8 @@ class IngestPipeline:
             if new_series:
                 await self._write_metadata(new_series)
             await metrics.observe_store("write_raw", self.store.write_raw(points))
+            if self.pending is not None:
+                await self._mark_pending(points)
         finally:
             self.inflight_samples -= len(points)
             metrics.INGEST_INFLIGHT.set(self.inflight_samples)
@@ -112,6 +119,14 @@ class IngestPipeline:
             if self.shared_seen is not None:
                 await self.shared_seen.mark(unseen)
         self.seen.add_all(candidates)
+
+    async def _mark_pending(self, points: list[RawPoint]) -> None:
+        """Once per distinct series and slot of the batch, before the write is acknowledged."""
+        width = self.store.slot_width_ms
+        keys = {(p.tenant, p.series_set_hash, p.timestamp_ms - p.timestamp_ms % width) for p in points}
+        items = [PendingSet(partition_of(tenant, hash_, self.partitions), slot, tenant, hash_) for tenant, hash_, slot in keys]
+        await self.pending.track(items, self.clock())
+        metrics.DOWNSAMPLE_PENDING_MARKS.inc(len(items))
 
     def drain(self) -> Deferred:
         """Fire once nothing is in flight (used at shutdown, after listeners stopped)."""

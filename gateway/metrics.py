@@ -26,6 +26,9 @@ GRAPHITE_PENDING = Gauge("tsgate_graphite_pending_samples", "Graphite samples re
 GRAPHITE_BACKPRESSURE = Counter("tsgate_graphite_backpressure", "Times Graphite TCP reading was paused for a full backlog")
 GRAPHITE_UDP_DROPPED = Counter("tsgate_graphite_udp_dropped_samples", "Graphite UDP samples dropped over a full backlog")
 GRAPHITE_LOST = Counter("tsgate_graphite_lost_samples", "Graphite samples dropped after an unexpected store error")
+DOWNSAMPLED = Counter("tsgate_downsampled_series_slots", "Series-slots rolled up")
+DOWNSAMPLE_ERRORS = Counter("tsgate_downsample_errors", "Settled slots whose roll-up failed (retried next round)")
+DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
 INGEST_INFLIGHT = Gauge("tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored")
 

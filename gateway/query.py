@@ -22,6 +22,32 @@ class SeriesResult(NamedTuple):
     points: list[tuple[int, float]]
 
 
+ROLLUP_AGGREGATORS = ("min", "max", "sum", "count", "avg", "last", "increase")
+
+
+def _aggregate_point(aggregator: str):
+    def point(row):
+        if aggregator == "avg":
+            if row.sum is None or not row.count:
+                return None
+            return (row.timestamp_ms, row.sum / row.count)
+        value = getattr(row, aggregator)
+        return None if value is None else (row.timestamp_ms, float(value))
+
+    return point
+
+
+def choose_granularity(layout, start_ms: int, now_ms: int):
+    """Raw while the range starts inside raw retention; otherwise the finest roll-up whose
+    retention still covers the start (the coarsest when none does)."""
+    if start_ms >= now_ms - layout.raw_retention_ms:
+        return None
+    for granularity in layout.granularities:
+        if start_ms >= now_ms - granularity.retention_ms:
+            return granularity
+    return layout.granularities[-1] if layout.granularities else None
+
+
 class QueryTooLarge(ValueError):
     """The query would touch more series than allowed; refuse instead of exhausting memory."""
 
@@ -52,6 +78,14 @@ class QueryPlanner:
         series = await self.select_series(tenant, metric_name, tag_filters)
         data = await self.read_series(series, start_ms, end_ms)
         return [SeriesResult(tenant, s.metric_name, s.tags, points) for s, points in zip(series, data)]
+
+    async def read_rollups(self, series: list[SeriesKey], granularity, aggregator: str, start_ms: int, end_ms: int):
+        """Points of one aggregator from a roll-up table (avg is sum/count), in the same order."""
+        reads = [
+            self._limited("read_rollups", self.store.read_rollups, granularity, s.tenant, s.series_set_hash, start_ms, end_ms)
+            for s in series
+        ]
+        return [[point for point in map(_aggregate_point(aggregator), rows) if point is not None] for rows in await gatherResults(reads, consumeErrors=True)]
 
     async def read_series(self, series: list[SeriesKey], start_ms: int, end_ms: int) -> list[list[tuple[int, float]]]:
         """Raw points of each series, in the same order."""

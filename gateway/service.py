@@ -5,14 +5,19 @@ reach the store, close the store, exit 0.
 """
 
 import logging
+import os
 import re
+import socket
 
 from twisted.internet import defer, reactor
+from twisted.internet.task import LoopingCall
 
 from gateway import __version__
 from gateway.config import Config
 from gateway.http.native_api import NativeAPI
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
+from gateway.downsample.pending import RedisPartitionLock, RedisPending, StorePending
+from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.http.graphite_api import GraphiteAPI
@@ -33,11 +38,19 @@ class Gateway:
         self.config = config
         self.store = open_store(config.store_url, config.layout)
         self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
+        self.pending = pending_tracker(config, self.store)
         self.pipeline = IngestPipeline(
-            self.store, config.limits, SeenSeries(config.metadata_cache_size), config.max_inflight_samples, self.shared_seen
+            self.store,
+            config.limits,
+            SeenSeries(config.metadata_cache_size),
+            config.max_inflight_samples,
+            self.shared_seen,
+            pending=self.pending,
+            partitions=config.downsample_partitions_count,
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
-        router = Router()
+        roles = config.role_set
+        router = Router(roles)
         NativeAPI(self.store, self.pipeline, self.planner).register(router)
         PrometheusAPI(
             self.store,
@@ -53,6 +66,9 @@ class Gateway:
         self.site = Site(router, config.max_body_bytes)
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
+        self.downsampler = Downsampler(self.store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(","))))
+        self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
+        self.partition_lock = partition_lock(config, self.pending)
 
     async def start(self) -> None:
         await self.store.start()
@@ -61,7 +77,11 @@ class Gateway:
         config = self.config
         host, port = config.http
         self.ports.append(reactor.listenTCP(port, self.site, interface=host))
-        if config.graphite:
+        if self.downsample_loop is not None:
+            self.downsample_loop.start(config.downsample_interval / 1000, now=False)
+        if "ingest" not in config.role_set:
+            log.info("roles %s: no carbon listeners", config.roles)
+        elif config.graphite:
             factory = PlaintextFactory(self.graphite, config.graphite_tenant, config.graphite_max_line_length)
             self.ports.append(reactor.listenTCP(config.graphite[1], factory, interface=config.graphite[0]))
         if config.graphite_udp:
@@ -79,12 +99,37 @@ class Gateway:
     async def stop(self) -> None:
         log.info("stopping: no new connections, flushing accepted writes")
         await defer.gatherResults([defer.maybeDeferred(port.stopListening) for port in self.ports])
+        if self.downsample_loop is not None and self.downsample_loop.running:
+            self.downsample_loop.stop()
         await self.graphite.drain()
         await self.pipeline.drain()
         await self.store.close()
         if self.shared_seen is not None:
             await self.shared_seen.stop()
         log.info("stopped")
+
+
+    async def _downsample(self) -> None:
+        """One round of the downsample role; a failed round is logged and retried next time."""
+        try:
+            await self.downsampler.run_once(self.config.owned_partitions, self.partition_lock)
+        except Exception as error:
+            log.warning("downsample round failed (%s); retrying next round", error)
+
+
+def pending_tracker(config: Config, store):
+    fallback = StorePending(store, config.slot_width, config.downsample_delay)
+    if not config.redis:
+        return fallback
+    return RedisPending(config.redis, fallback, config.slot_width, config.downsample_delay)
+
+
+def partition_lock(config: Config, pending):
+    """Competing consumers through Redis unless partitions are pinned; without Redis, none."""
+    if not isinstance(pending, RedisPending) or config.downsample_partitions:
+        return None
+    lease = max(60_000, 6 * config.downsample_interval)
+    return RedisPartitionLock(pending.client, f"{socket.gethostname()}:{os.getpid()}", lease)
 
 
 def _address(hostport: tuple[str, int] | None) -> str:

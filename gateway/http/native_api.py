@@ -3,7 +3,7 @@
 from gateway.http.server import HTTPError, Router, arg, args, explicit_tenant, json_response, read_body, request_tenant, require_arg, Response
 from gateway.ingest import IngestPipeline
 from gateway.model import InvalidSample, Sample, validate_tenant
-from gateway.query import QueryPlanner
+from gateway.query import ROLLUP_AGGREGATORS, QueryPlanner, SeriesResult, choose_granularity
 from gateway.store import Store
 from protocols import native_json
 from protocols.timespec import BadTime, parse_time
@@ -18,14 +18,14 @@ class NativeAPI:
         self.planner = planner
 
     def register(self, router: Router) -> None:
-        router.add("/api/write/single", ("POST",), "write_single", self.write_single)
-        router.add("/api/write", ("POST",), "write", self.write_batch)
-        router.add("/api/put", ("POST",), "put", self.put)
-        router.add("/api/metadata/tenants", ("GET",), "tenants", self.tenants)
-        router.add("/api/metadata/metricNames", ("GET",), "metric_names", self.metric_names)
-        router.add("/api/metadata/tagKeys", ("GET",), "tag_keys", self.tag_keys)
-        router.add("/api/metadata/tagValues", ("GET",), "tag_values", self.tag_values)
-        router.add("/api/query", ("GET",), "query", self.query)
+        router.add("/api/write/single", ("POST",), "write_single", self.write_single, role="ingest")
+        router.add("/api/write", ("POST",), "write", self.write_batch, role="ingest")
+        router.add("/api/put", ("POST",), "put", self.put, role="ingest")
+        router.add("/api/metadata/tenants", ("GET",), "tenants", self.tenants, role="query")
+        router.add("/api/metadata/metricNames", ("GET",), "metric_names", self.metric_names, role="query")
+        router.add("/api/metadata/tagKeys", ("GET",), "tag_keys", self.tag_keys, role="query")
+        router.add("/api/metadata/tagValues", ("GET",), "tag_values", self.tag_values, role="query")
+        router.add("/api/query", ("GET",), "query", self.query, role="query")
 
     async def write_single(self, request):
         return await self._write(request, native_json.decode_write_single)
@@ -115,8 +115,36 @@ class NativeAPI:
         end_ms = self._time(request, "end", "now", now)
         if start_ms > end_ms:
             raise HTTPError(400, "start is after end", field="start")
-        results = await self.planner.query(tenant, metric_name, filters, start_ms, end_ms)
+        granularity = self._granularity(request, start_ms, now)
+        if granularity is None:
+            if arg(request, "aggregator", "raw") != "raw":
+                raise HTTPError(400, "an aggregator other than raw needs a granularity", field="aggregator")
+            results = await self.planner.query(tenant, metric_name, filters, start_ms, end_ms)
+            return Response(200, native_json.encode_query_results(results))
+        aggregator = arg(request, "aggregator") or "avg"
+        if aggregator not in ROLLUP_AGGREGATORS:
+            raise HTTPError(400, f"aggregator {aggregator!r} is not one of raw, {', '.join(ROLLUP_AGGREGATORS)}", field="aggregator")
+        series = await self.planner.select_series(tenant, metric_name, filters)
+        data = await self.planner.read_rollups(series, granularity, aggregator, start_ms, end_ms)
+        results = [SeriesResult(tenant, s.metric_name, s.tags, points) for s, points in zip(series, data)]
         return Response(200, native_json.encode_query_results(results))
+
+    def _granularity(self, request, start_ms: int, now: int):
+        """``granularity=5m`` (or ISO ``PT5M``) explicitly, ``raw``, or chosen by the range."""
+        layout = self.store.layout
+        name = arg(request, "granularity")
+        if not name:
+            if arg(request, "aggregator") not in (None, "", "raw"):
+                return layout.granularities[0]
+            return choose_granularity(layout, start_ms, now)
+        if name == "raw":
+            return None
+        name = name.lower().removeprefix("pt").removeprefix("p")
+        try:
+            return layout.granularity(name)
+        except KeyError:
+            choices = ", ".join(["raw", *(g.name for g in layout.granularities)])
+            raise HTTPError(400, f"granularity {name!r} is not one of {choices}", field="granularity") from None
 
     @staticmethod
     def _time(request, name: str, default: str, now: int) -> int:

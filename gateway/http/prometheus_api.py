@@ -53,10 +53,10 @@ class PrometheusAPI:
         self._metadata_seen = SeenSeries(100_000, level="prometheus_metadata")
 
     def register(self, router: Router) -> None:
-        router.add("/api/v1/write", ("POST",), "remote_write", self.write)
-        router.add("/api/v1/push", ("POST",), "remote_write", self.write)
-        router.add("/api/v1/read", ("POST",), "remote_read", self.read)
-        router.add("/api/v1/metadata", ("GET",), "metadata", self.metadata)
+        router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
+        router.add("/api/v1/push", ("POST",), "remote_write", self.write, role="ingest")
+        router.add("/api/v1/read", ("POST",), "remote_read", self.read, role="query")
+        router.add("/api/v1/metadata", ("GET",), "metadata", self.metadata, role="query")
 
     async def metadata(self, request) -> Response:
         """Prometheus's metadata API for one metric (``metric`` is required here)."""

@@ -149,18 +149,24 @@ class Router(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self):
+    def __init__(self, roles: set[str] | None = None):
         super().__init__()
+        self.roles = roles
         self.routes: dict[bytes, dict[bytes, tuple[str, Handler]]] = {}
         self.prefixes: list[tuple[bytes, dict[bytes, tuple[str, Handler]]]] = []
 
-    def add(self, path: str, methods: tuple[str, ...], name: str, handler: Handler) -> None:
+    def add(self, path: str, methods: tuple[str, ...], name: str, handler: Handler, role: str | None = None) -> None:
+        """Routes of a role this process does not have (``--roles``) are left out: 404."""
+        if role is not None and self.roles is not None and role not in self.roles:
+            return
         by_method = self.routes.setdefault(path.encode(), {})
         for method in methods:
             by_method[method.encode()] = (name, handler)
 
-    def add_prefix(self, prefix: str, methods: tuple[str, ...], name: str, handler) -> None:
+    def add_prefix(self, prefix: str, methods: tuple[str, ...], name: str, handler, role: str | None = None) -> None:
         """Route every path under ``prefix``; the handler gets the rest of the path (decoded)."""
+        if role is not None and self.roles is not None and role not in self.roles:
+            return
 
         def bound(rest: str):
             async def call(request):

@@ -1,0 +1,148 @@
+"""Which series-slots wait for the downsampler, and when a slot has settled.
+
+A slot has settled once it has ended and no sample landed in it for ``delay`` (the last-touch
+delay): late data re-marks the slot and pushes it back. Two trackers keep that state:
+
+- StorePending: seed 000's ``pending_downsample_sets`` table, with a ``last_touch`` per row; rows
+  are deleted only if untouched since they were read.
+- RedisPending: seed 002's ``ingesting|<partition>|<slot>`` (a key that expires ``delay`` after
+  the last touch, or after the slot ends plus ``delay`` while it is still current) and
+  ``pending|<partition>|<slot>`` (a set of ``<tenant>|<hash>``). A settled set is renamed to
+  ``processing|...`` before it is read, so members added meanwhile start a new pending set instead
+  of being removed unprocessed (seed 002's SREM after processing could lose them).
+  When Redis cannot be reached, ingest marks the store table instead (counted), and the
+  downsampler reads both.
+"""
+
+import logging
+from collections import defaultdict
+from typing import NamedTuple
+
+from twisted.internet import threads
+
+from gateway import metrics
+from gateway.store import Store
+from gateway.store.contract import PendingSet
+
+log = logging.getLogger(__name__)
+
+
+class Work(NamedTuple):
+    """One settled slot of one partition: the series to roll up, and how to mark it done."""
+
+    partition: int
+    time_slot: int
+    members: list[tuple[str, str]]
+    token: object
+
+
+class StorePending:
+    def __init__(self, store: Store, slot_width_ms: int, delay_ms: int):
+        self.store = store
+        self.slot_width_ms = slot_width_ms
+        self.delay_ms = delay_ms
+
+    async def track(self, items: list[PendingSet], now_ms: int) -> None:
+        await metrics.observe_store("mark_pending", self.store.mark_pending(items, now_ms))
+
+    async def settled(self, partition: int, now_ms: int) -> list[Work]:
+        before = now_ms - self.delay_ms - self.slot_width_ms + 1
+        rows = await self.store.list_pending(partition, before)
+        by_slot: dict[int, list[PendingSet]] = defaultdict(list)
+        for row in rows:
+            if row.last_touch_ms + self.delay_ms <= now_ms:
+                by_slot[row.time_slot].append(row)
+        return [Work(partition, slot, [(r.tenant, r.series_set_hash) for r in group], group) for slot, group in sorted(by_slot.items())]
+
+    async def done(self, work: Work) -> None:
+        await self.store.delete_pending(work.token)
+
+
+class RedisPending:
+    def __init__(self, url: str, fallback: StorePending, slot_width_ms: int, delay_ms: int):
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self._errors = (redis.RedisError, OSError)
+        self.fallback = fallback
+        self.slot_width_ms = slot_width_ms
+        self.delay_ms = delay_ms
+
+    async def track(self, items: list[PendingSet], now_ms: int) -> None:
+        """One pipelined round trip per batch: SET ingesting (with its expiry) per slot, SADD per series."""
+
+        def write():
+            pipeline = self.client.pipeline(transaction=False)
+            for partition, slot in {(i.partition, i.time_slot) for i in items}:
+                expiry = max(slot + self.slot_width_ms + self.delay_ms - now_ms, self.delay_ms, 1)
+                pipeline.set(f"ingesting|{partition}|{slot}", b"1", px=expiry)
+            for item in items:
+                pipeline.sadd(f"pending|{item.partition}|{item.time_slot}", f"{item.tenant}|{item.series_set_hash}")
+            pipeline.execute()
+
+        try:
+            await threads.deferToThread(write)
+        except self._errors as error:
+            metrics.REDIS_ERRORS.labels("pending").inc()
+            log.warning("redis pending tracking failed (%s); marking the store table instead", error)
+            await self.fallback.track(items, now_ms)
+
+    async def settled(self, partition: int, now_ms: int) -> list[Work]:
+        def scan() -> list[Work]:
+            work = []
+            for prefix in ("processing", "pending"):
+                for key in self.client.scan_iter(match=f"{prefix}|{partition}|*", count=1000):
+                    slot = int(key.rsplit(b"|", 1)[1])
+                    processing = f"processing|{partition}|{slot}"
+                    if prefix == "pending":
+                        if self.client.exists(f"ingesting|{partition}|{slot}") or not self.client.renamenx(key, processing):
+                            continue
+                    members = [m.decode().rsplit("|", 1) for m in self.client.smembers(processing)]
+                    work.append(Work(partition, slot, [(tenant, hash_) for tenant, hash_ in members], processing))
+            return sorted(work, key=lambda w: w.time_slot)
+
+        try:
+            found = await threads.deferToThread(scan)
+        except self._errors as error:
+            metrics.REDIS_ERRORS.labels("pending").inc()
+            log.warning("redis pending scan failed (%s); only the store table is read this round", error)
+            found = []
+        return found + await self.fallback.settled(partition, now_ms)
+
+    async def done(self, work: Work) -> None:
+        if isinstance(work.token, str):
+            await threads.deferToThread(self.client.delete, work.token)
+        else:
+            await self.fallback.done(work)
+
+
+class RedisPartitionLock:
+    """Competing consumers: a partition is processed by whoever takes ``lock|<partition>`` first;
+    the lock expires after ``lease_ms``, so a replica that dies frees its work."""
+
+    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+    def __init__(self, client, owner: str, lease_ms: int):
+        self.client = client
+        self.owner = owner
+        self.lease_ms = lease_ms
+
+    def __call__(self, partition: int):
+        lock = self
+
+        class Held:
+            async def __aenter__(self):
+                key = f"lock|{partition}"
+                try:
+                    self.acquired = bool(await threads.deferToThread(lock.client.set, key, lock.owner, nx=True, px=lock.lease_ms))
+                except Exception as error:
+                    metrics.REDIS_ERRORS.labels("lock").inc()
+                    log.warning("redis lock for partition %d failed (%s); skipping it this round", partition, error)
+                    self.acquired = False
+                return self.acquired
+
+            async def __aexit__(self, *exc_info):
+                if self.acquired:
+                    await threads.deferToThread(lock.client.eval, RedisPartitionLock._RELEASE, 1, f"lock|{partition}", lock.owner)
+
+        return Held()

@@ -1,0 +1,113 @@
+"""The downsampler: roll-up arithmetic by hand, and `tsgate downsample --once` end to end on both
+backends (SQLite with the pending table, Cassandra with Redis), late arrivals included."""
+
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import pytest
+
+from gateway.downsample.aggregate import CUMULATIVE_COUNTER, DELTA_COUNTER, GAUGE, MAX_ONLY, roll_up, series_kind
+from gateway.downsample.partitions import jump_hash, parse_partitions, partition_of
+from gateway.query import choose_granularity
+from gateway.store.contract import Rollup
+from gateway.store.layout import HOUR_MS, Layout, parse_granularities
+from tests.gatewayproc import REPO
+
+MINUTE = 60_000
+
+
+def test_jump_hash_spreads_and_moves_few_series():
+    keys = [f"h{i}" for i in range(20_000)]
+    assert {partition_of("t", k, 64) for k in keys} == set(range(64))
+    moved = sum(partition_of("t", k, 64) != partition_of("t", k, 65) for k in keys)
+    assert moved < 20_000 * 2 / 65
+    assert jump_hash(0, 1) == 0 and all(0 <= jump_hash(k, 7) < 7 for k in range(1000))
+    assert parse_partitions("0-3,9", 64) == [0, 1, 2, 3, 9]
+    with pytest.raises(ValueError):
+        parse_partitions("60-70", 64)
+
+
+def test_granularities_must_fit_the_slot():
+    assert [g.name for g in parse_granularities("1h:365d,5m:14d", HOUR_MS)] == ["5m", "1h"]
+    for bad in ("7m:1d", "5m", "2h:1d", "5m:1d,7m:1d"):
+        with pytest.raises(ValueError):
+            parse_granularities(bad, HOUR_MS)
+
+
+def test_series_kinds():
+    assert series_kind("http_requests_total", None, ()) == CUMULATIVE_COUNTER
+    assert series_kind("temperature", "counter", ()) == CUMULATIVE_COUNTER
+    assert series_kind("disk_reads", None, ("reads",)) == DELTA_COUNTER
+    assert series_kind("servers.a.latency.max", None, ()) == MAX_ONLY
+    assert series_kind("cpu_idle", "gauge", ("reads",)) == GAUGE
+
+
+def test_gauge_roll_up_and_cascade():
+    layout = Layout()
+    points = [(i * MINUTE, float(v)) for i, v in enumerate([5, 7, 9, 1, 3, 8, 2, 2, 2, 10])]
+    rows = roll_up("t", "h", GAUGE, points + [(10 * MINUTE, float("nan"))], None, layout.granularities)
+    assert rows["5m"] == [Rollup("t", "h", 0, 1.0, 9.0, 25.0, 5), Rollup("t", "h", 5 * MINUTE, 2.0, 10.0, 24.0, 5)]
+    assert rows["1h"] == [Rollup("t", "h", 0, 1.0, 10.0, 49.0, 10)]
+
+
+def test_counter_increase_is_reset_aware():
+    layout = Layout()
+    points = [(i * MINUTE, float(v)) for i, v in enumerate([5, 7, 9, 1, 3, 8, 2, 2, 2, 10])]
+    rows = roll_up("t", "h", CUMULATIVE_COUNTER, points, 4.0, layout.granularities)
+    assert [(r.last, r.increase) for r in rows["5m"]] == [(3.0, 8.0), (10.0, 15.0)]
+    assert [(r.last, r.increase) for r in rows["1h"]] == [(10.0, 23.0)]
+
+
+def test_resolution_choice():
+    layout = Layout()
+    now = 1000 * 86_400_000
+    assert choose_granularity(layout, now - 86_400_000, now) is None
+    assert choose_granularity(layout, now - 10 * 86_400_000, now).name == "5m"
+    assert choose_granularity(layout, now - 100 * 86_400_000, now).name == "1h"
+    assert choose_granularity(layout, now - 900 * 86_400_000, now).name == "1h"
+
+
+def downsample_once(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def rollups(gateway, tenant, metric, granularity, aggregator, start, end):
+    params = {"tenant": tenant, "metricName": metric, "granularity": granularity, "aggregator": aggregator, "start": start, "end": end}
+    answer = gateway.get("/api/query?" + urllib.parse.urlencode(params))
+    assert answer.status == 200, answer.body
+    return [list(series["values"].values()) for series in answer.json()]
+
+
+def test_downsample_once_end_to_end_with_late_arrivals(start_gateway, backend_args, tmp_path, tenant):
+    store_args = backend_args or ("--data-dir", str(tmp_path / "data"))
+    gateway = start_gateway(*store_args, "--roles", "ingest,query", "--downsample-delay", "0s")
+    slot = (int(time.time() * 1000) // HOUR_MS - 3) * HOUR_MS
+    t0 = slot // 1000
+    gauge = [{"metricName": "room_temp", "tags": {"room": "a"}, "ts": t0 + i * 60, "value": float(i % 10)} for i in range(60)]
+    counter = [{"metricName": "jobs_total", "tags": {"q": "x"}, "ts": t0 + i * 60, "value": float(i if i < 30 else i - 30)} for i in range(60)]
+    assert gateway.post("/api/write", gauge + counter, headers={"X-Tenant": tenant}).status == 200
+    assert "rolled up" in downsample_once(*store_args)
+    window = (t0, t0 + 3599)
+    assert rollups(gateway, tenant, "room_temp", "5m", "avg", *window) == [[2.0, 7.0] * 6]
+    assert rollups(gateway, tenant, "room_temp", "5m", "max", *window) == [[4.0, 9.0] * 6]
+    assert rollups(gateway, tenant, "room_temp", "1h", "count", *window) == [[60.0]]
+    assert rollups(gateway, tenant, "room_temp", "1h", "sum", *window) == [[270.0]]
+    assert rollups(gateway, tenant, "jobs_total", "1h", "increase", *window) == [[58.0]]
+    assert rollups(gateway, tenant, "jobs_total", "1h", "last", *window) == [[29.0]]
+    assert "rolled up 0 " in downsample_once(*store_args)
+    late = [{"metricName": "room_temp", "tags": {"room": "a"}, "ts": t0 + 30, "value": 100.0}]
+    other_slot = [{"metricName": "room_temp", "tags": {"room": "a"}, "ts": t0 + 3600 + 60, "value": 5.0}]
+    assert gateway.post("/api/write", late + other_slot, headers={"X-Tenant": tenant}).status == 200
+    assert "rolled up 2 " in downsample_once(*store_args)
+    assert rollups(gateway, tenant, "room_temp", "1h", "count", t0, t0 + 7200) == [[61.0, 1.0]]
+    assert rollups(gateway, tenant, "room_temp", "1h", "max", *window) == [[100.0]]
+    assert rollups(gateway, tenant, "room_temp", "5m", "min", t0 + 3600, t0 + 7200) == [[5.0]]
+    bad = gateway.get("/api/query?" + urllib.parse.urlencode({"tenant": tenant, "metricName": "room_temp", "granularity": "7m"}))
+    assert bad.status == 400 and "granularity" in bad.json()["error"]
