@@ -351,6 +351,17 @@ def test_moving_average_with_points_fetches_earlier_data():
     assert values(result) == [7.5, 4.5, 1.5, 2.0, 4.0, 4.5]
 
 
+def test_functions_that_fetch_again_take_their_series_by_keyword():
+    # the first argument given as seriesList=... is evaluated again over the earlier/shifted range
+    fetcher = FakeFetcher()
+    result = single_with(fetcher, "movingAverage(seriesList=a.b.c, windowSize=2)")
+    assert ("a.b.c", 80, 160) in fetcher.calls
+    assert result.name == "movingAverage(a.b.c,2)"
+    assert values(result) == [7.5, 4.5, 1.5, 2.0, 4.0, 4.5]
+    shifted = single("timeShift(seriesList=a.b.c, timeShift='1min')")
+    assert values(shifted) == [100.0, 101.0, 102.0, 103.0, 7.0, 8.0]
+
+
 def test_moving_average_with_an_interval():
     fetcher = FakeFetcher()
     result = single_with(fetcher, "movingAverage(a.b.c, '1min')")
@@ -395,6 +406,29 @@ def test_n_percentile():
     result = single("nPercentile(a.x.c, 50)")
     assert result.name == "nPercentile(a.x.c, 50)"
     assert values(result) == [30.0] * 6
+
+
+def test_remove_above_and_below_percentile_tag_the_series_like_graphite_web():
+    # graphite-web's nPercentile sets the tag on a copy sharing the original's Tags object
+    above = single("removeAbovePercentile(a.x.c, 50)")
+    assert above.name == "removeAbovePercentile(a.x.c, 50)"
+    assert values(above) == [10.0, 20.0, 30.0, N, N, N]
+    assert dict(above.tags) == {"name": "a.x.c", "nPercentile": "50.0"}
+    below = single("removeBelowPercentile(a.x.c, 50)")
+    assert values(below) == [N, N, 30.0, N, 50.0, 60.0]
+    assert dict(below.tags) == {"name": "a.x.c", "nPercentile": "50.0"}
+    empty = single("removeAbovePercentile(a.x.c, 50)", start=300, end=360)  # no values: no percentile, no tag
+    assert dict(empty.tags) == {"name": "a.x.c"}
+
+
+def test_remove_between_percentile_ignores_null_points():
+    # a.b.c is null at 120 and a.x.c at 130 (graphite-web 1.1.8 fails with a TypeError there)
+    assert [s.name for s in evaluate("removeBetweenPercentile(a.*.c, 50)")] == ["a.b.c", "a.x.c"]
+    # x, x+1, ..., x+4 (all null at 130): the 30th..70th band is x+1..x+4 at every other point,
+    # so x+2 and x+3 never leave it and are removed
+    kept = evaluate("removeBetweenPercentile(group(a.x.c, offset(a.x.c, 1), offset(a.x.c, 2), "
+                    "offset(a.x.c, 3), offset(a.x.c, 4)), 70)")
+    assert [s.name for s in kept] == ["a.x.c", "offset(a.x.c,1)", "offset(a.x.c,4)"]
 
 
 def test_integral_by_interval_and_changed_and_is_non_null():

@@ -101,7 +101,12 @@ async def _call(node: Call, context: RenderContext, fetcher: Fetcher):
             node_or_target = _parse(node_or_target)
         return await _evaluate(node_or_target, new_context, fetcher)
 
-    request = Request(context=context, raw_args=node.args, evaluate=evaluate)
+    raw_args = list(node.args)
+    if not raw_args and function.params and function.params[0].name in node.kwargs:
+        # the first argument given by keyword (movingAverage(seriesList=a.b, windowSize=5)):
+        # functions that evaluate it again over another time range find it first all the same
+        raw_args = [node.kwargs[function.params[0].name]]
+    request = Request(context=context, raw_args=raw_args, evaluate=evaluate)
     try:
         if function.is_async:
             return await function.function(request, *args, **kwargs)

@@ -2037,8 +2037,10 @@ def removeBetweenPercentile(request, seriesList, n):
     columns = list(zip(*seriesList))
     lows = [percentile(column, 100 - n) for column in columns]
     highs = [percentile(column, n) for column in columns]
+    # graphite-web 1.1.8 compares None with floats here and fails (a TypeError) on any gap; a
+    # null point is neither inside nor outside the band
     return [series for series in seriesList
-            if sum(not lows[i] < value < highs[i] for i, value in enumerate(series)) > 0]
+            if sum(not lows[i] < value < highs[i] for i, value in enumerate(series) if value is not None) > 0]
 
 
 @series_function("limit", group="Filter Series", params=N_INTEGER_PARAMS)
@@ -2161,6 +2163,8 @@ def removeAbovePercentile(request, seriesList, n):
         line = nPercentile(request, [series], n)
         if not line or not len(line[0]):
             continue
+        # graphite-web's nPercentile tags a copy whose Tags object is shared with the original
+        series.tags["nPercentile"] = n
         threshold = line[0][0]
         for i, value in enumerate(series):
             if value is not None and value > threshold:
@@ -2176,6 +2180,8 @@ def removeBelowPercentile(request, seriesList, n):
         line = nPercentile(request, [series], n)
         if not line or not len(line[0]):
             continue
+        # graphite-web's nPercentile tags a copy whose Tags object is shared with the original
+        series.tags["nPercentile"] = n
         threshold = line[0][0]
         for i, value in enumerate(series):
             if value is None or value < threshold:

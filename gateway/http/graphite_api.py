@@ -111,7 +111,11 @@ class GraphiteAPI:
         if form not in ("json", "csv", "raw", "pickle", "msgpack") or (form == "msgpack" and not render_formats.MSGPACK_AVAILABLE):
             raise HTTPError(400, f"format {form!r} is not supported: use json, csv, raw or pickle (no images)", field="format")
         max_points = _int_arg(request, "maxDataPoints")
-        context = RenderContext(start, end, now, tz=tz, max_data_points=max_points)
+        try:
+            x_files_factor = float(arg(request, "xFilesFactor") or 0)
+        except ValueError:
+            raise HTTPError(400, "xFilesFactor must be a number", field="xFilesFactor") from None
+        context = RenderContext(start, end, now, tz=tz, x_files_factor=x_files_factor, max_data_points=max_points)
         fetcher = StoreFetcher(tenant, self.finder, self.planner, self.schemas, self.planner.max_series)
         series_list = []
         for target in args(request, "target"):
