@@ -55,7 +55,7 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
             applied = tsgate("schema", "apply", "--store", url)
             assert applied.returncode == 0, applied.stderr
         assert describe(session, "tsdb") == describe(session, "tsdb_applied")
-        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw"}
+        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw", "pending_downsample_sets", "data_5m", "data_1h"}
         raw = describe(session, "tsdb")["data_raw"]
         assert raw["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and raw["ttl"] == 7 * 86400
     finally:
