@@ -124,6 +124,10 @@ def test_real_prometheus_round_trip(start_gateway, backend_args, exporter, tmp_p
         assert metadata["data"]["tsgate_e2e_requests"] == [{"type": "counter", "help": "Requests served.", "unit": ""}]
         native = gateway.get("/api/query?metricName=tsgate_e2e_temperature_celsius&start=1m-ago", headers={"X-Scope-OrgID": tenant}).json()
         assert native and native[0]["tags"]["room"] == "lab"
+        target = "seriesByTag('name=tsgate_e2e_temperature_celsius','room=lab')"
+        rendered = gateway.get(f"/render?target={target}&from=-2min&format=json&tenant={tenant}").json()
+        assert rendered[0]["tags"] == {"name": "tsgate_e2e_temperature_celsius", "room": "lab", "job": "exporter", "instance": f"127.0.0.1:{exporter}"}
+        assert any(value is not None for value, _ in rendered[0]["datapoints"])
     finally:
         writer.stop()
         reader.stop()
