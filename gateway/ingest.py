@@ -52,6 +52,8 @@ class IngestPipeline:
         self.shared_seen = shared_seen
         self.pending = pending
         self.partitions = partitions
+        self._marked_current: set[tuple[str, str, int]] = set()
+        self._current_slot = None
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
         self.inflight_samples = 0
@@ -121,12 +123,24 @@ class IngestPipeline:
         self.seen.add_all(candidates)
 
     async def _mark_pending(self, points: list[RawPoint]) -> None:
-        """Once per distinct series and slot of the batch, before the write is acknowledged."""
+        """Once per distinct series and slot of the batch, before the write is acknowledged.
+
+        While a slot is still current, a series already marked in it by this process is not marked
+        again: the downsampler waits for the slot's end plus the delay anyway. Once the slot has
+        ended, every write marks (late data must re-open the slot)."""
         width = self.store.slot_width_ms
+        current = self.clock() // width * width
+        if current != self._current_slot:
+            self._current_slot, self._marked_current = current, set()
         keys = {(p.tenant, p.series_set_hash, p.timestamp_ms - p.timestamp_ms % width) for p in points}
+        keys -= self._marked_current
+        if not keys:
+            return
         items = [PendingSet(partition_of(tenant, hash_, self.partitions), slot, tenant, hash_) for tenant, hash_, slot in keys]
         await self.pending.track(items, self.clock())
         metrics.DOWNSAMPLE_PENDING_MARKS.inc(len(items))
+        if len(self._marked_current) < self.seen.max_entries:
+            self._marked_current.update(key for key in keys if key[2] == current)
 
     def drain(self) -> Deferred:
         """Fire once nothing is in flight (used at shutdown, after listeners stopped)."""
