@@ -30,8 +30,9 @@ Reading the table: samples/s counts acknowledged (2xx) samples only; errors are 
 answers, failed connections and requests left unsent at the run timeout, detailed below the
 table. CPU columns are the CPU seconds a process used during the timed run: the target, the
 Cassandra under tsgate, and this client ("client", which must stay well below the target's);
-"cores" is target CPU / wall time (a Python process tops out near 1), "box" the busy cores of
-the whole machine (other people's load included). "vs prom" and "vs VM" divide tsgate's
+"cores" is target CPU / wall time (a Python process tops out near 1), "us/smp" target CPU
+microseconds per acknowledged sample (the least noisy figure on a shared box), "box" the busy
+cores of the whole machine (other people's load included). "vs prom" and "vs VM" divide tsgate's
 samples/s by theirs at the same size. Prometheus and VictoriaMetrics answer once samples are
 in memory (and in Prometheus's WAL), tsgate once its store has them.
 
@@ -64,6 +65,7 @@ from gateway.devservices.cassandra import CassandraServer
 from gateway.devservices.process import free_port, terminate
 from gateway.model import now_ms
 from gateway.store.cassandra import CassandraStore
+from gateway.store.layout import Layout
 from protocols.prometheus import Series, encode_write_request_v1
 from protocols.timespec import format_iso
 
@@ -80,9 +82,6 @@ TENANT = "bench"
 INTERVAL_MS = 10_000
 SAMPLES_PER_SIZE = 200_000
 WARMUP_SERIES_PER_REQUEST = 500
-# The gateway's defaults (--slot-width 1h, --raw-retention 7d), for the schema applied here.
-SLOT_WIDTH_MS = 3_600_000
-RAW_RETENTION_MS = 7 * 86_400_000
 # What Prometheus's remote-write client sends; X-Scope-OrgID names tsgate's tenant, the others ignore it.
 HEADERS = {
     "Content-Type": "application/x-protobuf",
@@ -250,7 +249,8 @@ def started(target: str, args: argparse.Namespace, workdir: Path):
                 # CassandraServer has no public pid; the store's CPU time is part of tsgate's cost.
                 pids["cassandra"] = server._process.pid
             keyspace = f"tsgate_bench_rw_{os.getpid()}"
-            CassandraStore.from_url(f"cassandra://{host}:{port}/{keyspace}", RAW_RETENTION_MS, SLOT_WIDTH_MS).apply_schema()
+            # Layout() holds the gateway's defaults, which it serves with here.
+            CassandraStore.from_url(f"cassandra://{host}:{port}/{keyspace}", Layout()).apply_schema()
             if args.cassandra:
                 stack.callback(drop_keyspace, host, port, keyspace)
             service = tsgate_service(TARGETS[target], ["--store", f"cassandra://{host}:{port}/{keyspace}"], workdir)
@@ -352,7 +352,7 @@ def measure(name: str, service: Service, pids: dict[str, int], workload: Workloa
     def snapshot() -> dict[str, float]:
         return {"client": time.process_time(), "box": box_busy_s(), **{key: process_cpu_s(pid) for key, pid in pids.items()}}
 
-    print(f"running: {name}, {workload.requests} requests x {workload.series_per_request} series ...", file=sys.stderr, flush=True)
+    print(f"running: {name}, {workload.requests} x {workload.series_per_request} series ...", file=sys.stderr, flush=True)
     before = snapshot()
     started_at = time.perf_counter()
     acknowledged, errors = send(service.port, workload, timeout_s)
@@ -371,6 +371,7 @@ def check_tsgate(service: Service, workload: Workload, acknowledged: int) -> str
         "end": workload.timestamps[-1],
         "tenant": TENANT,
     })
+    started_at = time.perf_counter()
     status, body = service.get(f"/api/query?{query}", CHECK_TIMEOUT_S)
     if status != 200:
         raise BenchError(f"{service.name}: GET /api/query answered {status}: {body[:500]!r}")
@@ -387,7 +388,7 @@ def check_tsgate(service: Service, workload: Workload, acknowledged: int) -> str
             f"{service.name}, S={workload.series_per_request}: {stored} samples read back, {wrong} of them wrong "
             f"or unexpected; {acknowledged} acknowledged of {workload.samples} sent"
         )
-    return f"checked: {stored}/{workload.samples} read back"
+    return f"checked: {stored}/{workload.samples} read back in {time.perf_counter() - started_at:.1f}s"
 
 
 def print_table(rows: list[Row]) -> None:
@@ -395,11 +396,11 @@ def print_table(rows: list[Row]) -> None:
 
     def ratio(row: Row, other: str) -> str:
         theirs = rates.get((other, row.size))
-        return f"{row.rate / theirs:.2f}" if row.target.startswith("tsgate") and theirs else "-"
+        return f"{row.rate / theirs:.4f}" if row.target.startswith("tsgate") and theirs else "-"
 
     print(
         f"{'target':<19}{'S':>5}{'reqs':>6}{'acked':>8}{'errors':>7}{'wall s':>8}{'samples/s':>10}"
-        f"{'CPU s':>7}{'cores':>6}{'us/smp':>7}{'cass CPU':>9}{'client':>7}{'box':>5}{'vs prom':>8}{'vs VM':>6}  note"
+        f"{'CPU s':>7}{'cores':>6}{'us/smp':>7}{'cass CPU':>9}{'client':>7}{'box':>5}{'vs prom':>9}{'vs VM':>8}  note"
     )
     for row in rows:
         if not row.seconds:
@@ -413,7 +414,7 @@ def print_table(rows: list[Row]) -> None:
             f"{sum(count for count, _ in row.errors.values()):>7}{row.seconds:>8.2f}{row.rate:>10.0f}"
             f"{cpu['target']:>7.1f}{cpu['target'] / row.seconds:>6.2f}{per_sample:>7}{cassandra:>9}"
             f"{cpu['client']:>7.1f}{cpu['box'] / row.seconds:>5.1f}"
-            f"{ratio(row, 'prometheus'):>8}{ratio(row, 'victoria-metrics'):>6}  {row.note}"
+            f"{ratio(row, 'prometheus'):>9}{ratio(row, 'victoria-metrics'):>8}  {row.note}"
         )
     for row in rows:
         for kind, (count, first) in row.errors.items():
@@ -437,11 +438,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--requests", type=int, help=f"requests per size (default: {SAMPLES_PER_SIZE} samples / S)")
     parser.add_argument("--concurrency", type=int, default=4, help="connections, one per shard (default 4)")
-    parser.add_argument("--warmup-rounds", type=int, default=10, help="untimed rounds of other series per target first (default 10)")
+    parser.add_argument(
+        "--warmup-rounds", type=int, default=10, help="untimed rounds of other series each target takes first (default 10)"
+    )
     parser.add_argument("--skip", action="append", choices=TARGETS, default=[], help="leave a target out; repeatable")
     parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
     parser.add_argument("--heap", default="1G", help="heap of the Cassandra started here (default 1G)")
-    parser.add_argument("--run-timeout", type=float, default=600, help="seconds one timed run may take; the rest is left unsent (default 600)")
+    parser.add_argument(
+        "--run-timeout", type=float, default=600, help="seconds one timed run may take; the rest is left unsent (default 600)"
+    )
     args = parser.parse_args(argv)
     args.series_per_request = [s for group in args.series_per_request or [[500, 2000]] for s in group]
     if args.concurrency < 1 or args.warmup_rounds < 0 or (args.requests is not None and args.requests < 1):
@@ -459,9 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         rounds = math.ceil(requests / args.concurrency)
         workloads.append(Workload(f"bench{size}", size, args.concurrency, rounds, end_ms))
     warmup = Workload("warmup", WARMUP_SERIES_PER_REQUEST, args.concurrency, args.warmup_rounds, end_ms)
+    shapes = ", ".join(f"{w.requests} x {w.series_per_request}" for w in workloads)
     print(
-        f"remote write, {args.concurrency} connections; sizes {', '.join(f'{w.requests} x {w.series_per_request}' for w in workloads)} "
-        f"series per request; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}",
+        f"remote write, {args.concurrency} connections; requests x series per request: {shapes}; "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     rows: list[Row] = []
