@@ -88,7 +88,7 @@ SETTINGS = [
     Setting("downsample-delay", parse_duration, "5m", "a slot is rolled up once it ended and saw no sample for this long"),
     Setting("downsample-interval", parse_duration, "10s", "how often the downsample role looks for settled slots"),
     Setting("counter-suffixes", str, "reads,writes,bytes", "metric name suffixes of delta counters (rolled up as sums)"),
-    Setting("redis", str, "", "redis://host:port/db shared by replicas for the metadata cache; none: in-memory only"),
+    Setting("redis", str, "", "redis://host:port/db shared by replicas: metadata cache, pending roll-ups, partition locks; none: in-memory cache, pending table in the store"),
     Setting("redis-key-ttl", parse_duration, "1d", "expiry of the Redis metadata cache keys"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting("max-decompressed-bytes", _positive, str(64 << 20), "largest snappy-decompressed remote write/read body (413 above)"),
