@@ -20,6 +20,11 @@ from gateway.graphite.functions import RenderError
 from gateway.query import QueryPlanner, QueryTooLarge
 
 
+# A render (or a function such as linearRegression reaching back to epoch 0) must not build
+# unbounded lists on the reactor.
+MAX_POINTS_PER_SERIES = 1_000_000
+
+
 class StoreFetcher:
     """One per render request: knows the tenant, reads through the planner's bounded reads."""
 
@@ -51,6 +56,10 @@ class StoreFetcher:
             step = self.schemas.step_for(tagdb.graphite_path(key))
             first = start - start % step + step
             stop = end - end % step + step
+            if (stop - first) // step > MAX_POINTS_PER_SERIES:
+                raise QueryTooLarge(
+                    f"{path_expression} over {end - start} s at a {step} s step is more than {MAX_POINTS_PER_SERIES} points a series"
+                )
             windows.append((step, first, stop))
         by_window: dict[tuple[int, int, int], list[int]] = {}
         for index, window in enumerate(windows):

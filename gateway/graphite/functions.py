@@ -209,6 +209,13 @@ def _validate_int_or_inf(value):
     raise ValueError(value)
 
 
+def _validate_int_or_interval(value):
+    try:
+        return _validate_integer(value)
+    except (TypeError, ValueError):
+        return _validate_interval(value)
+
+
 def _validate_interval(value):
     parse_time_offset(value)
     return value
@@ -245,7 +252,7 @@ DATE = ParamType("date")
 FLOAT = ParamType("float", float)
 INTEGER = ParamType("integer", _validate_integer)
 INTERVAL = ParamType("interval", _validate_interval)
-INT_OR_INTERVAL = ParamType("intOrInterval")
+INT_OR_INTERVAL = ParamType("intOrInterval", _validate_int_or_interval)
 INT_OR_INF = ParamType("intOrInf", _validate_int_or_inf)
 NODE = ParamType("node", _validate_integer)
 NODE_OR_TAG = ParamType("nodeOrTag")
@@ -455,6 +462,14 @@ def apply_callback(request, callback: str, series_list):
 
 def interval_seconds(text) -> int:
     return parse_time_offset(text)
+
+
+def bucket_seconds(text) -> int:
+    """A bucket width: positive, or the buckets would never end (graphite-web just renders nothing)."""
+    seconds = interval_seconds(text)
+    if seconds <= 0:
+        raise RenderError(f"interval {text!r} must be positive")
+    return seconds
 
 
 def percentile(points, n, interpolate=False):
@@ -1291,6 +1306,8 @@ def integral(request, seriesList):
 def integralByInterval(request, seriesList, intervalUnit):
     """Running total that restarts every interval, counted from ``from``."""
     duration = abs(interval_seconds(intervalUnit))
+    if not duration:
+        raise RenderError(f"interval {intervalUnit!r} must not be zero")
     start_time = request.context.start
     results = []
     for series in seriesList:
@@ -1466,7 +1483,7 @@ def _summarize_values(series, func, interval, new_start, new_end):
 ])
 def summarize(request, seriesList, intervalString, func="sum", alignToFrom=False):
     """Aggregate values into fixed buckets, aligned to the interval (or to the series start)."""
-    interval = interval_seconds(intervalString)
+    interval = bucket_seconds(intervalString)
     results = []
     for series in seriesList:
         if alignToFrom:
@@ -1498,7 +1515,7 @@ async def smartSummarize(request, seriesList, intervalString, func="sum", alignT
         iso_weekday = int(alignTo[-1]) if unit == WEEKS and not alignTo[-1].isalpha() else 1
         start = _floor_to_unit(request.context.start, request.context.tz, unit, iso_weekday)
         seriesList = await request.evaluate_first_argument(start=start)
-    interval = interval_seconds(intervalString)
+    interval = bucket_seconds(intervalString)
     results = []
     for series in seriesList:
         values, aligned_end = _summarize_values(series, func, interval, series.start, series.end)
@@ -1516,7 +1533,7 @@ async def smartSummarize(request, seriesList, intervalString, func="sum", alignT
 ])
 async def hitcount(request, seriesList, intervalString, alignToInterval=False):
     """Hits per interval from per-second rates, splitting points that straddle bucket boundaries."""
-    interval = interval_seconds(intervalString)
+    interval = bucket_seconds(intervalString)
     if alignToInterval:
         unit = DAYS if interval >= 86400 else HOURS if interval >= 3600 else MINUTES if interval >= 60 else None
         start = request.context.start

@@ -7,6 +7,7 @@ with ``application/x-www-form-urlencoded``). Shapes follow graphite-web 1.1.
 
 import datetime
 import json
+import logging
 import time
 import zoneinfo
 
@@ -23,6 +24,8 @@ from gateway.store import Store
 from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
 from protocols.graphite.tags import parse_path
+
+log = logging.getLogger(__name__)
 
 DEFAULT_AUTOCOMPLETE_LIMIT = 100
 GRAPHITE_API_VERSION = "1.1.8"
@@ -64,6 +67,17 @@ def _limit(request) -> int:
         return max(0, int(raw))
     except ValueError:
         raise HTTPError(400, f"limit {raw!r} is not an integer", field="limit") from None
+
+
+def _filter(request):
+    """The ``filter`` regex of /tags, anchored at the start as Graphite's tag regexes are."""
+    pattern = arg(request, "filter")
+    if not pattern:
+        return None
+    try:
+        return tagdb.parse_expression(f"x=~{pattern}")
+    except tagdb.BadTagExpression as error:
+        raise HTTPError(400, f"filter: {error}", field="filter") from None
 
 
 def _expressions(request) -> list[str]:
@@ -123,6 +137,10 @@ class GraphiteAPI:
                 series_list.extend(await evaluate_target(target, context, fetcher))
             except RenderError as error:
                 raise HTTPError(400, f"target {target!r}: {error}", field="target") from None
+            except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError, KeyError) as error:
+                # Function arguments the validators let through; the user's target is at fault.
+                log.warning("target %r failed: %r", target, error, exc_info=True)
+                raise HTTPError(400, f"target {target!r} cannot be evaluated: {error!r}", field="target") from None
         if form == "json":
             if max_points:
                 render_formats.apply_max_data_points(series_list, max_points)
@@ -176,8 +194,12 @@ class GraphiteAPI:
         if form == "json":
             return _jsonp(request, [{"path": n.path, "is_leaf": n.is_leaf} for n in nodes])
         if form == "nodelist":
-            position = int(arg(request, "position", "-1"))
-            return _jsonp(request, {"nodes": sorted({n.path.split(".")[position] for n in nodes})})
+            position = _int_arg(request, "position")
+            position = -1 if position is None else position
+            try:
+                return _jsonp(request, {"nodes": sorted({n.path.split(".")[position] for n in nodes})})
+            except IndexError:
+                raise HTTPError(400, f"position {position} is beyond the matched paths", field="position") from None
         raise HTTPError(400, f"format {form!r} is not one of treejson, completer, json, nodelist", field="format")
 
     async def expand(self, request):
@@ -222,9 +244,9 @@ class GraphiteAPI:
     async def tag_list(self, request):
         tenant = request_tenant(request)
         keys = await self._tag_keys(tenant)
-        pattern = arg(request, "filter")
+        pattern = _filter(request)
         if pattern:
-            keys = [k for k in keys if tagdb.parse_expression(f"x=~{pattern}").matches(k)]
+            keys = [k for k in keys if pattern.matches(k)]
         return _jsonp(request, [{"tag": key} for key in keys[: _limit(request) if arg(request, "limit") else None]])
 
     async def _tag_keys(self, tenant: str) -> list[str]:
@@ -238,9 +260,9 @@ class GraphiteAPI:
     async def tag_details(self, request, tag: str):
         tenant = request_tenant(request)
         values = await self._tag_values(tenant, tag)
-        pattern = arg(request, "filter")
+        pattern = _filter(request)
         if pattern:
-            values = [v for v in values if tagdb.parse_expression(f"x=~{pattern}").matches(v)]
+            values = [v for v in values if pattern.matches(v)]
         counted = []
         for value in values:
             if tag == "name":
@@ -258,7 +280,10 @@ class GraphiteAPI:
         if not expressions:
             keys = await self._tag_keys(tenant)
         else:
-            searched = {tagdb.parse_expression(e).name for e in expressions}
+            try:
+                searched = {tagdb.parse_expression(e).name for e in expressions}
+            except tagdb.BadTagExpression as error:
+                raise HTTPError(400, str(error), field="expr") from None
             keys = set()
             for series in await self._tag_series_paths(tenant, expressions):
                 keys.update(tagdb.graphite_labels(series.metric_name, series.tags))
