@@ -97,6 +97,7 @@ SETTINGS = [
     Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
     Setting("max-samples-per-query", _positive, "5000000", "samples one remote-read query may return (422 above)"),
     Setting("tenant-max-samples-per-second", _non_negative, "0", "per-tenant ingest rate of one process, 429 above; 0: no limit"),
+    Setting("tenant-max-active-series", _non_negative, "0", "per-tenant series written in the last 20 min to one process, 429 above; 0: no limit"),
     Setting("max-name-length", _positive, "1024", "longest metric name"),
     Setting("max-tag-key-length", _positive, "1024", "longest tag key"),
     Setting("max-tag-value-length", _positive, "2048", "longest tag value"),
@@ -140,6 +141,7 @@ class Config:
     max_series_per_query: int
     max_samples_per_query: int
     tenant_max_samples_per_second: int
+    tenant_max_active_series: int
     max_name_length: int
     max_tag_key_length: int
     max_tag_value_length: int

@@ -21,7 +21,7 @@ REDIS_ERRORS = Counter("tsgate_redis_errors", "Redis calls that failed (ingest w
 PROMETHEUS_SKIPPED = Counter(
     "tsgate_prometheus_skipped", "Remote-write parts not stored (exemplars, native histograms)", ["kind"]
 )
-RATE_LIMITED = Counter("tsgate_rate_limited_samples", "Samples refused with 429 over a tenant limit", ["limit"])
+RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 429 over a tenant limit", ["limit"])
 GRAPHITE_PENDING = Gauge("tsgate_graphite_pending_samples", "Graphite samples received and not yet stored")
 GRAPHITE_BACKPRESSURE = Counter("tsgate_graphite_backpressure", "Times Graphite TCP reading was paused for a full backlog")
 GRAPHITE_UDP_DROPPED = Counter("tsgate_graphite_udp_dropped_samples", "Graphite UDP samples dropped over a full backlog")

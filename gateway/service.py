@@ -56,7 +56,7 @@ class Gateway:
             self.store,
             self.pipeline,
             self.planner,
-            TenantLimits(config.tenant_max_samples_per_second),
+            TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             config.max_decompressed_bytes,
             config.max_samples_per_query,
         ).register(router)

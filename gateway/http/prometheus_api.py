@@ -17,7 +17,7 @@ from gateway.http.server import HTTPError, Response, Router, json_response, read
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import SeenSeries
-from gateway.model import NAME_TAG, Sample
+from gateway.model import NAME_TAG, Sample, series_set_text
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
@@ -89,6 +89,8 @@ class PrometheusAPI:
             name = series.labels[NAME_TAG]
             samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
         self.limits.check_rate(tenant, len(samples))
+        if self.limits.max_active_series:
+            self.limits.check_series(tenant, (series_set_text(s.labels[NAME_TAG], s.labels) for s in batch.series))
         await self._write_metadata(tenant, batch)
         result = await self.pipeline.ingest("prometheus", samples)
         headers = prometheus.v2_written_headers(batch, result.accepted) if batch.version == 2 else {}

@@ -219,7 +219,7 @@ class Router(resource.Resource):
                 return response._replace(headers={"Allow": ", ".join(error.details["allow"])})
             return response
         if isinstance(error, RateLimited):
-            metrics.RATE_LIMITED.labels("samples_per_second").inc()
+            metrics.RATE_LIMITED.labels(error.limit).inc()
             response = json_response(429, {"error": str(error)})
             return response._replace(headers={"Retry-After": str(error.retry_after_s)})
         if isinstance(error, QueryTooLarge):
