@@ -27,6 +27,9 @@ GRAPHITE_BACKPRESSURE = Counter("tsgate_graphite_backpressure", "Times Graphite 
 GRAPHITE_UDP_DROPPED = Counter("tsgate_graphite_udp_dropped_samples", "Graphite UDP samples dropped over a full backlog")
 GRAPHITE_LOST = Counter("tsgate_graphite_lost_samples", "Graphite samples dropped after an unexpected store error")
 DOWNSAMPLED = Counter("tsgate_downsampled_series_slots", "Series-slots rolled up")
+DOWNSAMPLE_LAG = Gauge(
+    "tsgate_downsample_lag_seconds", "How long the oldest settled slot found in the last round had waited (0: none waiting)"
+)
 DOWNSAMPLE_ERRORS = Counter("tsgate_downsample_errors", "Settled slots whose roll-up failed (retried next round)")
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")

@@ -26,11 +26,12 @@ class Downsampler:
         self._semaphore = DeferredSemaphore(concurrency)
         self._kinds: dict[tuple[str, str], str] = {}
         self._recorded = SeenSeries(100_000, level="aggregators")
+        self._round_lag = 0.0
 
     async def run_once(self, partitions: list[int], lock=None) -> int:
         """Process every settled slot of the given partitions, oldest first; returns series-slots done.
         ``lock(partition)`` (competing consumers) is an async context manager or None."""
-        done = 0
+        done, self._round_lag = 0, 0.0
         for partition in partitions:
             if lock is None:
                 done += await self._partition(partition)
@@ -38,11 +39,16 @@ class Downsampler:
             async with lock(partition) as acquired:
                 if acquired:
                     done += await self._partition(partition)
+        metrics.DOWNSAMPLE_LAG.set(self._round_lag)
         return done
 
     async def _partition(self, partition: int) -> int:
-        done = 0
-        for work in await self.pending.settled(partition, now_ms()):
+        done, now = 0, now_ms()
+        settled = await self.pending.settled(partition, now)
+        if settled:
+            settled_at = settled[0].time_slot + self.layout.slot_width_ms + self.pending.delay_ms
+            self._round_lag = max(self._round_lag, (now - settled_at) / 1000)
+        for work in settled:
             await self._work(work)
             done += len(work.members)
         return done
