@@ -142,3 +142,23 @@ def test_two_downsampler_replicas_share_the_work(start_gateway, cassandra_url, r
     counts = rollups(ingest, tenant, "shared_load", "1h", "count", t0, t0 + 3599)
     assert counts == [[6.0]] * 40
     assert "Traceback" not in replicas[0].log() + replicas[1].log()
+
+
+def test_reads_past_raw_retention_use_roll_ups(start_gateway, tmp_path, tenant):
+    """With 1 h of raw retention, a render or remote read starting 3 h ago answers from 5m roll-ups."""
+    from protocols import prometheus
+    from protocols.prometheus import Matcher, Query
+
+    store_args = ("--data-dir", str(tmp_path / "data"), "--raw-retention", "1h", "--downsample-delay", "0s")
+    gateway = start_gateway(*store_args, "--roles", "ingest,query")
+    t0 = (int(time.time() * 1000) // HOUR_MS - 3) * HOUR_MS // 1000
+    batch = [{"metricName": "old.gauge", "ts": t0 + i * 60, "value": float(i % 5)} for i in range(60)]
+    assert gateway.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
+    downsample_once(*store_args)
+    rendered = gateway.get(f"/render?target=old.gauge&from={t0 - 1}&until={t0 + 3599}&format=json&tenant={tenant}").json()
+    points = [(ts, v) for v, ts in rendered[0]["datapoints"] if v is not None]
+    assert points[:2] == [(t0, 2.0), (t0 + 300, 2.0)] and len(points) == 12
+    body = prometheus.encode_read_request([Query(t0 * 1000, (t0 + 3599) * 1000, [Matcher("EQ", "__name__", "old_gauge")])])
+    answer = gateway.post("/api/v1/read", body, headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy"})
+    (result,) = prometheus.decode_read_response(answer.body, 1 << 20)
+    assert [v for _, v in result[0][1]] == [2.0] * 12

@@ -4,7 +4,9 @@ index, raw samples bucketed to each series' step as whisper would store them.
 Buckets follow whisper: a sample at ``t`` lands in the bucket starting at ``t - t % step`` and the
 last sample of a bucket wins; a request for ``[from, until]`` returns buckets from
 ``from - from % step + step`` up to ``until - until % step + step`` (exclusive), as graphite-web's
-whisper reader does. NaN (a Prometheus stale marker, say) reads as null.
+whisper reader does. NaN (a Prometheus stale marker, say) reads as null. A range that starts
+before raw retention reads the roll-up that covers it (docs/downsampling.rst) at its width: the
+average (the last value for counters, which have no average).
 """
 
 import math
@@ -15,9 +17,9 @@ from gateway.graphite import tagdb
 from gateway.graphite.finder import Finder
 from gateway.graphite.series import TimeSeries
 from gateway.graphite.storage_schemas import StorageSchemas
-from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.model import SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.graphite.functions import RenderError
-from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.query import QueryPlanner, QueryTooLarge, choose_granularity
 
 
 # A render (or a function such as linearRegression reaching back to epoch 0) must not build
@@ -48,12 +50,23 @@ class StoreFetcher:
         expression = "seriesByTag(" + ",".join(repr(e) for e in expressions) + ")"
         return await self._read(keys, start, end, expression)
 
+    async def _points(self, keys: list[SeriesKey], rollup, start_ms: int, end_ms: int):
+        """Raw points, or the avg roll-up (the last value for counters) past raw retention."""
+        if rollup is None:
+            return await self.planner.read_series(keys, start_ms, end_ms)
+        averages = await self.planner.read_rollups(keys, rollup, "avg", start_ms, end_ms)
+        lasts = await self.planner.read_rollups(keys, rollup, "last", start_ms, end_ms)
+        return [avg or last for avg, last in zip(averages, lasts)]
+
     async def _read(self, keys: list[SeriesKey], start: int, end: int, path_expression: str) -> list[TimeSeries]:
         if len(keys) > self.max_series:
             raise QueryTooLarge(f"{path_expression} matches {len(keys)} series, over the limit of {self.max_series}")
+        rollup = choose_granularity(self.planner.store.layout, start * 1000, now_ms())
         windows = []
         for key in keys:
             step = self.schemas.step_for(tagdb.graphite_path(key))
+            if rollup is not None:
+                step = max(step, rollup.width_ms // 1000)
             first = start - start % step + step
             stop = end - end % step + step
             if (stop - first) // step > MAX_POINTS_PER_SERIES:
@@ -65,7 +78,7 @@ class StoreFetcher:
         for index, window in enumerate(windows):
             by_window.setdefault(window, []).append(index)
         reads = [
-            ensureDeferred(self.planner.read_series([keys[i] for i in indexes], first * 1000, stop * 1000 - 1))
+            ensureDeferred(self._points([keys[i] for i in indexes], rollup, first * 1000, stop * 1000 - 1))
             for (_, first, stop), indexes in by_window.items()
         ]
         data: list = [None] * len(keys)

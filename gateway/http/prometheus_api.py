@@ -17,8 +17,8 @@ from gateway.http.server import HTTPError, Response, Router, json_response, read
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import SeenSeries
-from gateway.model import NAME_TAG, Sample, series_set_text
-from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.model import NAME_TAG, Sample, now_ms, series_set_text
+from gateway.query import QueryPlanner, QueryTooLarge, choose_granularity
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
 from protocols import prometheus
@@ -142,11 +142,17 @@ class PrometheusAPI:
         return labelled
 
     async def _read(self, selection, query):
-        """Yield (labels, points) of each series with points, a few series at a time, counting samples."""
+        """Yield (labels, points) of each series with points, a few series at a time, counting samples;
+        past raw retention the points are the avg roll-up of the granularity that covers the start."""
         samples = 0
+        rollup = choose_granularity(self.store.layout, query.start_ms, now_ms())
         for start in range(0, len(selection), READ_BATCH):
             part = selection[start : start + READ_BATCH]
-            data = await self.planner.read_series([key for _, key in part], query.start_ms, query.end_ms)
+            keys = [key for _, key in part]
+            if rollup is None:
+                data = await self.planner.read_series(keys, query.start_ms, query.end_ms)
+            else:
+                data = await self.planner.read_rollups(keys, rollup, "avg", query.start_ms, query.end_ms)
             for (labels, _), points in zip(part, data):
                 samples += len(points)
                 if samples > self.max_samples_per_query:
