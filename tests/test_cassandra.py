@@ -7,12 +7,15 @@ import time
 import urllib.parse
 
 import pytest
+import pytest_twisted
 from cassandra.cluster import Cluster
+from twisted.internet import reactor, task, threads
 
 from gateway.model import series_set_hash, series_set_text
-from gateway.store.cassandra import parse_url
+from gateway.store.cassandra import CassandraStore, parse_url
+from gateway.store.contract import RawPoint, Rollup
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
-from gateway.store.layout import Layout
+from gateway.store.layout import HOUR_MS, Layout, parse_granularities
 from tests.gatewayproc import REPO
 
 SCHEMA_FILE = REPO / "schema.cql"
@@ -189,3 +192,22 @@ def test_serve_on_a_missing_keyspace_says_how_to_create_it(cassandra_server):
     url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/no_such_keyspace"
     result = tsgate("serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--store", url)
     assert result.returncode == 1 and "tsgate schema apply" in result.stderr
+
+
+@pytest_twisted.ensureDeferred
+async def test_ttl_expires_raw_and_roll_up_rows(cassandra_server, tenant):
+    """Writes carry each table's TTL: with 2 s retentions, rows are gone 3.5 s later."""
+    layout = Layout(HOUR_MS, 2000, parse_granularities("5m:2s", HOUR_MS))
+    store = CassandraStore.from_url(f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsgate_ttl", layout)
+    await threads.deferToThread(store.apply_schema)
+    await store.start()
+    try:
+        five = layout.granularity("5m")
+        await store.write_raw([RawPoint(tenant, "h", 1000, 1.0)])
+        await store.write_rollups(five, [Rollup(tenant, "h", 0, 1.0, 1.0, 1.0, 1)])
+        assert await store.read_raw(tenant, "h", 0, 2000) == [(1000, 1.0)]
+        await task.deferLater(reactor, 3.5, lambda: None)
+        assert await store.read_raw(tenant, "h", 0, 2000) == []
+        assert await store.read_rollups(five, tenant, "h", 0, 2000) == []
+    finally:
+        await store.close()

@@ -162,3 +162,34 @@ def test_reads_past_raw_retention_use_roll_ups(start_gateway, tmp_path, tenant):
     answer = gateway.post("/api/v1/read", body, headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy"})
     (result,) = prometheus.decode_read_response(answer.body, 1 << 20)
     assert [v for _, v in result[0][1]] == [2.0] * 12
+
+
+def test_redis_restarting_mid_run_loses_no_roll_up(start_gateway, cassandra_url, tmp_path, tenant):
+    """While Redis is down, ingest marks the store's pending table instead; after Redis is back,
+    one `downsample --once` rolls up what was written during and after the outage."""
+    from gateway.devservices.redis import RedisServer
+
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    try:
+        args = ("--store", cassandra_url, "--redis", redis.url, "--downsample-delay", "0s")
+        gateway = start_gateway(*args, "--roles", "ingest,query")
+        t0 = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS // 1000
+
+        def write(name: str) -> None:
+            batch = [{"metricName": name, "ts": t0 + i * 60, "value": 1.0} for i in range(10)]
+            assert gateway.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
+
+        write("before_outage")
+        downsample_once(*args)
+        redis.stop()
+        write("during_outage")
+        redis.start()
+        time.sleep(5.5)
+        write("after_outage")
+        downsample_once(*args)
+        for name in ("before_outage", "during_outage", "after_outage"):
+            assert rollups(gateway, tenant, name, "1h", "count", t0, t0 + 3599) == [[10.0]], name
+        assert "marking the store table instead" in gateway.log()
+    finally:
+        redis.stop()
