@@ -30,6 +30,7 @@ DOWNSAMPLED = Counter("tsgate_downsampled_series_slots", "Series-slots rolled up
 DOWNSAMPLE_LAG = Gauge(
     "tsgate_downsample_lag_seconds", "How long the oldest settled slot found in the last round had waited (0: none waiting)"
 )
+DOWNSAMPLE_SETTLED = Gauge("tsgate_downsample_settled_slots", "Settled partition-slots found waiting at the last round")
 DOWNSAMPLE_ERRORS = Counter("tsgate_downsample_errors", "Settled slots whose roll-up failed (retried next round)")
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")

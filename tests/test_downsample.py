@@ -158,6 +158,9 @@ def test_reads_past_raw_retention_use_roll_ups(start_gateway, tmp_path, tenant):
     rendered = gateway.get(f"/render?target=old.gauge&from={t0 - 1}&until={t0 + 3599}&format=json&tenant={tenant}").json()
     points = [(ts, v) for v, ts in rendered[0]["datapoints"] if v is not None]
     assert points[:2] == [(t0, 2.0), (t0 + 300, 2.0)] and len(points) == 12
+    target = "consolidateBy(old.gauge,'max')"
+    maxima = gateway.get(f"/render?target={target}&from={t0 - 1}&until={t0 + 3599}&format=json&tenant={tenant}").json()
+    assert {v for v, _ in maxima[0]["datapoints"] if v is not None} == {4.0}
     body = prometheus.encode_read_request([Query(t0 * 1000, (t0 + 3599) * 1000, [Matcher("EQ", "__name__", "old_gauge")])])
     answer = gateway.post("/api/v1/read", body, headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy"})
     (result,) = prometheus.decode_read_response(answer.body, 1 << 20)

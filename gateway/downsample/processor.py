@@ -27,11 +27,12 @@ class Downsampler:
         self._kinds: dict[tuple[str, str], str] = {}
         self._recorded = SeenSeries(100_000, level="aggregators")
         self._round_lag = 0.0
+        self._round_settled = 0
 
     async def run_once(self, partitions: list[int], lock=None) -> int:
         """Process every settled slot of the given partitions, oldest first; returns series-slots done.
         ``lock(partition)`` (competing consumers) is an async context manager or None."""
-        done, self._round_lag = 0, 0.0
+        done, self._round_lag, self._round_settled = 0, 0.0, 0
         for partition in partitions:
             if lock is None:
                 done += await self._partition(partition)
@@ -40,11 +41,13 @@ class Downsampler:
                 if acquired:
                     done += await self._partition(partition)
         metrics.DOWNSAMPLE_LAG.set(self._round_lag)
+        metrics.DOWNSAMPLE_SETTLED.set(self._round_settled)
         return done
 
     async def _partition(self, partition: int) -> int:
         done, now = 0, now_ms()
         settled = await self.pending.settled(partition, now)
+        self._round_settled += len(settled)
         if settled:
             settled_at = settled[0].time_slot + self.layout.slot_width_ms + self.pending.delay_ms
             self._round_lag = max(self._round_lag, (now - settled_at) / 1000)

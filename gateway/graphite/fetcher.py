@@ -20,6 +20,7 @@ from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.model import SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.graphite.functions import RenderError
 from gateway.query import QueryPlanner, QueryTooLarge, choose_granularity
+from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target
 
 
 # A render (or a function such as linearRegression reaching back to epoch 0) must not build
@@ -27,11 +28,38 @@ from gateway.query import QueryPlanner, QueryTooLarge, choose_granularity
 MAX_POINTS_PER_SERIES = 1_000_000
 
 
+# consolidateBy's functions -> the roll-up aggregate that answers for them past raw retention.
+ROLLUP_FOR_CONSOLIDATION = {"average": "avg", "avg": "avg", "sum": "sum", "min": "min", "max": "max", "last": "last"}
+
+
+def consolidations(target: str) -> dict[str, str]:
+    """Path expressions of a target that sit inside ``consolidateBy(..., 'func')``, with func."""
+    found: dict[str, str] = {}
+
+    def walk(node, func):
+        if isinstance(node, PathExpression) and func:
+            found[node.path] = func
+        elif isinstance(node, Call):
+            if node.name == "consolidateBy" and len(node.args) > 1 and isinstance(node.args[1], Literal):
+                func = str(node.args[1].value)
+            for argument in [*node.args, *node.kwargs.values()]:
+                walk(argument, func)
+
+    try:
+        walk(parse_target(target), None)
+    except TargetSyntaxError:
+        pass
+    return found
+
+
 class StoreFetcher:
     """One per render request: knows the tenant, reads through the planner's bounded reads."""
 
-    def __init__(self, tenant: str, finder: Finder, planner: QueryPlanner, schemas: StorageSchemas, max_series: int):
+    def __init__(
+        self, tenant: str, finder: Finder, planner: QueryPlanner, schemas: StorageSchemas, max_series: int, consolidation: dict[str, str] | None = None
+    ):
         self.tenant = tenant
+        self.consolidation = consolidation or {}
         self.finder = finder
         self.planner = planner
         self.schemas = schemas
@@ -50,13 +78,15 @@ class StoreFetcher:
         expression = "seriesByTag(" + ",".join(repr(e) for e in expressions) + ")"
         return await self._read(keys, start, end, expression)
 
-    async def _points(self, keys: list[SeriesKey], rollup, start_ms: int, end_ms: int):
-        """Raw points, or the avg roll-up (the last value for counters) past raw retention."""
+    async def _points(self, keys: list[SeriesKey], rollup, start_ms: int, end_ms: int, path_expression: str):
+        """Raw points, or past raw retention the roll-up aggregate matching the target's
+        consolidateBy (average by default; the last value for counters, which have no other)."""
         if rollup is None:
             return await self.planner.read_series(keys, start_ms, end_ms)
-        averages = await self.planner.read_rollups(keys, rollup, "avg", start_ms, end_ms)
+        wanted = ROLLUP_FOR_CONSOLIDATION.get(self.consolidation.get(path_expression, "average"), "avg")
+        chosen = await self.planner.read_rollups(keys, rollup, wanted, start_ms, end_ms)
         lasts = await self.planner.read_rollups(keys, rollup, "last", start_ms, end_ms)
-        return [avg or last for avg, last in zip(averages, lasts)]
+        return [points or last for points, last in zip(chosen, lasts)]
 
     async def _read(self, keys: list[SeriesKey], start: int, end: int, path_expression: str) -> list[TimeSeries]:
         if len(keys) > self.max_series:
@@ -78,7 +108,7 @@ class StoreFetcher:
         for index, window in enumerate(windows):
             by_window.setdefault(window, []).append(index)
         reads = [
-            ensureDeferred(self._points([keys[i] for i in indexes], rollup, first * 1000, stop * 1000 - 1))
+            ensureDeferred(self._points([keys[i] for i in indexes], rollup, first * 1000, stop * 1000 - 1, path_expression))
             for (_, first, stop), indexes in by_window.items()
         ]
         data: list = [None] * len(keys)

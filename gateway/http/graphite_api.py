@@ -13,7 +13,7 @@ import zoneinfo
 
 from gateway.graphite import tagdb
 from gateway.graphite.evaluator import RenderContext, RenderError, evaluate_target
-from gateway.graphite.fetcher import StoreFetcher
+from gateway.graphite.fetcher import StoreFetcher, consolidations
 from gateway.graphite.finder import Finder, TooManyNodes
 from gateway.graphite.functions import function_catalog
 from gateway.graphite.storage_schemas import StorageSchemas
@@ -130,9 +130,11 @@ class GraphiteAPI:
         except ValueError:
             raise HTTPError(400, "xFilesFactor must be a number", field="xFilesFactor") from None
         context = RenderContext(start, end, now, tz=tz, x_files_factor=x_files_factor, max_data_points=max_points)
-        fetcher = StoreFetcher(tenant, self.finder, self.planner, self.schemas, self.planner.max_series)
+        targets = args(request, "target")
+        consolidation = {path: func for target in targets for path, func in consolidations(target).items()}
+        fetcher = StoreFetcher(tenant, self.finder, self.planner, self.schemas, self.planner.max_series, consolidation)
         series_list = []
-        for target in args(request, "target"):
+        for target in targets:
             try:
                 series_list.extend(await evaluate_target(target, context, fetcher))
             except RenderError as error:
