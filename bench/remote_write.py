@@ -60,6 +60,7 @@ from typing import NamedTuple
 
 from cassandra.cluster import Cluster
 
+from bench.ingest_cassandra import box_busy_s, process_cpu_s
 from gateway.config import parse_hostport
 from gateway.devservices.cassandra import CassandraServer
 from gateway.devservices.process import free_port, terminate
@@ -94,7 +95,6 @@ REQUEST_TIMEOUT_S = 60
 START_TIMEOUT_S = 60
 CASSANDRA_START_TIMEOUT_S = 240
 CHECK_TIMEOUT_S = 300
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class BenchError(Exception):
@@ -314,20 +314,6 @@ def send(port: int, workload: Workload, timeout_s: float) -> tuple[int, dict[str
         finally:
             stop.set()
     return acknowledged, errors
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of a process (fields 14 and 15 of /proc/<pid>/stat) in seconds."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def box_busy_s() -> float:
-    """CPU seconds all cores spent busy: on a shared box, other people's load shows up here."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in stat.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / CLK_TCK
 
 
 class Row(NamedTuple):

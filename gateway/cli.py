@@ -17,11 +17,7 @@ def _setup_logging(level: str) -> None:
 
 
 def _serve(namespace: argparse.Namespace) -> int:
-    try:
-        config = build_config(namespace)
-    except ConfigError as error:
-        print(f"tsgate serve: {error}", file=sys.stderr)
-        return 2
+    config = build_config(namespace)
     _setup_logging(config.log_level)
     from gateway.service import run
 
@@ -33,14 +29,13 @@ def _schema(namespace: argparse.Namespace) -> int:
     from gateway.store.cassandra import CassandraStore, parse_url
     from gateway.store.cassandra_schema import schema_text
 
+    config = build_config(namespace)
+    if not config.store:
+        raise ConfigError("--store cassandra://HOST/KEYSPACE is required (the embedded store makes its own schema)")
     try:
-        config = build_config(namespace)
-        if not config.store:
-            raise ValueError("--store cassandra://HOST/KEYSPACE is required (the embedded store makes its own schema)")
         options = parse_url(config.store, config.layout)
-    except (ConfigError, ValueError) as error:
-        print(f"tsgate schema: {error}", file=sys.stderr)
-        return 2
+    except ValueError as error:
+        raise ConfigError(f"--store: {error}") from None
     if namespace.action == "print":
         print(schema_text(options.schema), end="")
         return 0
@@ -56,14 +51,9 @@ def _schema(namespace: argparse.Namespace) -> int:
 
 def _downsample(namespace: argparse.Namespace) -> int:
     """``downsample --once``: roll up everything settled in this replica's partitions, then exit."""
-    try:
-        config = build_config(namespace)
-    except ConfigError as error:
-        print(f"tsgate downsample: {error}", file=sys.stderr)
-        return 2
+    config = build_config(namespace)
     if not namespace.once:
-        print("tsgate downsample: only --once is supported here; `tsgate serve --roles downsample` runs it continuously", file=sys.stderr)
-        return 2
+        raise ConfigError("only --once is supported here; `tsgate serve --roles downsample` runs it continuously")
     _setup_logging(config.log_level)
     from twisted.internet import defer, task
 
@@ -105,7 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     namespace = build_parser().parse_args(argv)
-    return namespace.func(namespace)
+    try:
+        return namespace.func(namespace)
+    except ConfigError as error:
+        print(f"tsgate {namespace.command}: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

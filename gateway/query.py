@@ -128,11 +128,7 @@ class QueryPlanner:
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
-            if matcher.type == "EQ":
-                values = [matcher.value]
-            else:
-                all_values = await self._limited("list_tenant_tag_values", self.store.list_tenant_tag_values, tenant, matcher.name)
-                values = [v for v in all_values if matcher.matches(v)]
+            values = await self._matching_values(matcher, "list_tenant_tag_values", self.store.list_tenant_tag_values, tenant)
             lookups = [self._limited("find_metrics_by_tag", self.store.find_metrics_by_tag, tenant, matcher.name, v) for v in values]
             found = set().union(*await gatherResults(lookups, consumeErrors=True))
             names = found if names is None else names & found
@@ -145,16 +141,19 @@ class QueryPlanner:
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
-            if matcher.type == "EQ":
-                values = [matcher.value]
-            else:
-                all_values = await self._limited("list_tag_values", self.store.list_tag_values, tenant, metric_name, matcher.name)
-                values = [v for v in all_values if matcher.matches(v)]
+            values = await self._matching_values(matcher, "list_tag_values", self.store.list_tag_values, tenant, metric_name)
             lookups.append(ensureDeferred(self._union(tenant, metric_name, matcher.name, values)))
         if not lookups:
             lookups.append(ensureDeferred(self._union(tenant, metric_name, NAME_TAG, [metric_name])))
         found = await gatherResults(lookups, consumeErrors=True)
         return set.intersection(*found)
+
+    async def _matching_values(self, matcher, operation: str, list_values, *scope) -> list[str]:
+        """The tag values a matcher that needs a value can mean: its own for an equality, the
+        listed values (of a metric, or of the tenant) it matches otherwise."""
+        if matcher.type == "EQ":
+            return [matcher.value]
+        return [v for v in await self._limited(operation, list_values, *scope, matcher.name) if matcher.matches(v)]
 
     async def _union(self, tenant: str, metric_name: str, tag_key: str, values: list[str]) -> set[str]:
         lookups = [self._limited("find_series", self.store.find_series, tenant, metric_name, tag_key, v) for v in values]

@@ -85,8 +85,12 @@ class StoreFetcher:
             return await self.planner.read_series(keys, start_ms, end_ms)
         wanted = ROLLUP_FOR_CONSOLIDATION.get(self.consolidation.get(path_expression, "average"), "avg")
         chosen = await self.planner.read_rollups(keys, rollup, wanted, start_ms, end_ms)
-        lasts = await self.planner.read_rollups(keys, rollup, "last", start_ms, end_ms)
-        return [points or last for points, last in zip(chosen, lasts)]
+        missing = [index for index, points in enumerate(chosen) if not points]
+        if missing:
+            lasts = await self.planner.read_rollups([keys[i] for i in missing], rollup, "last", start_ms, end_ms)
+            for index, points in zip(missing, lasts):
+                chosen[index] = points
+        return chosen
 
     async def _read(self, keys: list[SeriesKey], start: int, end: int, path_expression: str) -> list[TimeSeries]:
         if len(keys) > self.max_series:

@@ -27,17 +27,12 @@ from gateway.config import parse_duration
 from gateway.model import NAME_TAG, SeriesKey
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
 from gateway.store.layout import Layout
-from gateway.store.contract import MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot, time_slots
+from gateway.store.contract import ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot, time_slots
 
 log = logging.getLogger(__name__)
 
 DRIVER_RETRIES = Counter("tsgate_cassandra_retries", "Requests the driver's retry policy retried", ["cause"])
 DRIVER_ERRORS = Counter("tsgate_cassandra_errors", "Requests that failed, by error", ["error"])
-
-ROLLUP_COLUMNS = ("min", "max", "sum", "count", "last", "increase")
-# The column sets roll-ups are written with: gauges, delta counters, cumulative counters, and
-# names that already carry one aggregate (seed 000's qualifiers).
-ROLLUP_KINDS = [("min", "max", "sum", "count"), ("sum", "count"), ("last", "increase"), ("min", "count"), ("max", "count")]
 
 # Single-partition unlogged batches stay well under Cassandra's batch size warning (5 KiB).
 ROWS_PER_BATCH = 40
@@ -280,7 +275,7 @@ class CassandraStore(Store):
                 f"SELECT ts, min, max, sum, count, last, increase FROM {ks}.{table}"
                 " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
             )
-            for columns in ROLLUP_KINDS:
+            for columns in ROLLUP_COLUMN_SETS:
                 assignments = ", ".join(f"{c} = ?" for c in columns)
                 texts[f"write_{table}_{'_'.join(columns)}"] = (
                     f"UPDATE {ks}.{table} USING TTL {ttl_g} SET {assignments}"

@@ -72,6 +72,18 @@ class Rollup(NamedTuple):
     increase: float | None = None
 
 
+ROLLUP_COLUMNS = Rollup._fields[3:]
+# The aggregates a roll-up row carries, one set per series kind of gateway/downsample/aggregate.py
+# (gauge, delta counter, cumulative counter, _min, _max): drivers prepare a write for each.
+ROLLUP_COLUMN_SETS = (
+    ("min", "max", "sum", "count"),
+    ("sum", "count"),
+    ("last", "increase"),
+    ("min", "count"),
+    ("max", "count"),
+)
+
+
 class PendingSet(NamedTuple):
     """A series with raw data in a slot that has not been rolled up since."""
 

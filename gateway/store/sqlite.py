@@ -20,7 +20,7 @@ from twisted.python.threadpool import ThreadPool
 
 from gateway.model import NAME_TAG, SeriesKey
 from gateway.store.layout import Layout
-from gateway.store.contract import MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot
+from gateway.store.contract import ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot
 
 SCHEMA_VERSION = 2
 
@@ -34,7 +34,6 @@ CREATE TABLE IF NOT EXISTS {table} (
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
 ) WITHOUT ROWID;
 """
-ROLLUP_COLUMNS = ("min", "max", "sum", "count", "last", "increase")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
