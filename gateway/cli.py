@@ -2,26 +2,40 @@
 
 import argparse
 import logging
+import os
 import sys
 
 from gateway import __version__
-from gateway.config import ConfigError, add_arguments, build_config
+from gateway.config import ConfigError, add_arguments, build_config, setting_flags
+from gateway.workers import Worker, supervise
 
 
-def _setup_logging(level: str) -> None:
-    """Everything, Twisted included, goes through the logging module to stderr."""
+def _setup_logging(level: str, process: str = "") -> None:
+    """Everything, Twisted included, goes through the logging module to stderr.
+
+    ``process`` (e.g. ``worker 1 pid 4242``) tags each line when several processes share stderr.
+    """
     from twisted.logger import STDLibLogObserver, globalLogBeginner
 
-    logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tag = f"[{process}] " if process else ""
+    logging.basicConfig(stream=sys.stderr, level=level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
     globalLogBeginner.beginLoggingTo([STDLibLogObserver()], redirectStandardIO=False)
 
 
 def _serve(namespace: argparse.Namespace) -> int:
+    """One gateway process (``--workers 1``), a worker started by a supervisor, or the supervisor."""
     config = build_config(namespace)
-    _setup_logging(config.log_level)
+    worker = Worker.from_environment()
+    if worker is not None:
+        _setup_logging(config.log_level, f"worker {worker.index} pid {os.getpid()}")
+    elif config.worker_count > 1:
+        _setup_logging(config.log_level, f"supervisor pid {os.getpid()}")
+        return supervise(config, setting_flags(namespace))
+    else:
+        _setup_logging(config.log_level)
     from gateway.service import run
 
-    return run(config)
+    return run(config, worker)
 
 
 def _schema(namespace: argparse.Namespace) -> int:

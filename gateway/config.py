@@ -7,6 +7,7 @@ file wins over the defaults. docs/configuration.rst lists the same settings.
 
 import argparse
 import dataclasses
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -50,6 +51,11 @@ def _positive(text) -> int:
     if value <= 0:
         raise ValueError(f"{text!r} must be a positive integer")
     return value
+
+
+def _workers(text) -> int | None:
+    """``auto`` (None: decided by ``Config.worker_count``) or a positive number."""
+    return None if str(text).strip() == "auto" else _positive(text)
 
 
 def _non_negative(text) -> int:
@@ -104,6 +110,7 @@ SETTINGS = [
     Setting("max-tags", _positive, "64", "most tags per series"),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
+    Setting("workers", _workers, "auto", "worker processes sharing the listening sockets; auto: one per usable core, but 1 on the embedded SQLite store and with --roles downsample; tenant limits are per process, so N workers allow a tenant up to N times them"),
     Setting("log-level", lambda text: str(text).upper(), "info", "debug, info, warning or error"),
 ]
 
@@ -148,6 +155,7 @@ class Config:
     max_tags: int
     max_sample_age: int
     max_future: int
+    workers: int | None
     log_level: str
 
     @property
@@ -161,6 +169,32 @@ class Config:
     @property
     def role_set(self) -> set[str]:
         return {r.strip() for r in self.roles.split(",") if r.strip()}
+
+    @property
+    def worker_count(self) -> int:
+        """``--workers``, else one per usable core; 1 on SQLite, which has one writer at a time
+        (more processes would queue on its write lock), and for a downsample-only process (only one
+        worker runs the downsample loop, see gateway.workers)."""
+        if self.workers is not None:
+            return self.workers
+        if self.store_url.startswith("sqlite:") or self.role_set == {"downsample"}:
+            return 1
+        return len(os.sched_getaffinity(0))
+
+    @property
+    def listeners(self) -> dict[str, tuple[str, int]]:
+        """The sockets this configuration listens on, by setting name (``graphite-udp`` is UDP).
+
+        The carbon plaintext TCP listener needs the ingest role; UDP and pickle listen
+        whatever the roles (as ``Gateway.start`` always did).
+        """
+        wanted = {
+            "http": self.http,
+            "graphite": self.graphite if "ingest" in self.role_set else None,
+            "graphite-udp": self.graphite_udp,
+            "pickle": self.pickle,
+        }
+        return {name: address for name, address in wanted.items() if address is not None}
 
     @property
     def owned_partitions(self) -> list[int]:
@@ -204,6 +238,19 @@ def _read_file(path: Path) -> dict[str, object]:
     return values
 
 
+def setting_flags(namespace: argparse.Namespace) -> list[str]:
+    """Flags that give another process the same settings: ``--config`` and every flag given.
+
+    Worker processes get these, so they read the same config file and flags as the supervisor.
+    """
+    flags = ["--config", str(namespace.config)] if namespace.config is not None else []
+    for setting in SETTINGS:
+        value = getattr(namespace, setting.name.replace("-", "_"))
+        if value is not None:
+            flags.append(f"--{setting.name}={value}")
+    return flags
+
+
 def build_config(namespace: argparse.Namespace) -> Config:
     """Defaults, then the config file, then flags; every value parsed and checked."""
     raw = {setting.name: setting.default for setting in SETTINGS}
@@ -234,6 +281,8 @@ def build_config(namespace: argparse.Namespace) -> Config:
         parse_partitions(values["downsample_partitions"], values["downsample_partitions_count"])
     except ValueError as error:
         raise ConfigError(f"--downsample-partitions: {error}") from None
+    if values["workers"] not in (None, 1) and roles == {"downsample"}:
+        raise ConfigError("--workers: a downsample-only process runs one worker (only one worker runs the downsample loop)")
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
     return Config(**values)

@@ -11,8 +11,10 @@ from typing import NamedTuple
 from twisted.internet.defer import Deferred
 
 from gateway import metrics
-from gateway.metadata_cache import RedisSeenSeries, SeenSeries
-from gateway.model import InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_sample
+from gateway.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.model import (
+    InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_point, validate_series,
+)
 from gateway.store import Store
 from gateway.downsample.partitions import partition_of
 from gateway.store.contract import PendingSet, RawPoint
@@ -39,7 +41,7 @@ class IngestPipeline:
         self,
         store: Store,
         limits: Limits,
-        seen: SeenSeries,
+        known: KnownSeries,
         max_inflight_samples: int,
         shared_seen: RedisSeenSeries | None = None,
         clock=now_ms,
@@ -48,7 +50,7 @@ class IngestPipeline:
     ):
         self.store = store
         self.limits = limits
-        self.seen = seen
+        self.known = known
         self.shared_seen = shared_seen
         self.pending = pending
         self.partitions = partitions
@@ -64,30 +66,42 @@ class IngestPipeline:
         metrics.SAMPLES_REJECTED.labels(protocol, reason).inc(count)
 
     async def ingest(self, protocol: str, samples: Sequence[Sample]) -> IngestResult:
-        """Validate and store samples; rejects carry their index in ``samples``."""
+        """Validate and store samples; rejects carry their index in ``samples``.
+
+        A sample of a series in ``self.known`` only has its timestamp and value checked: its
+        name and tags passed validation and its hash was computed when it was first seen."""
         rejected: list[Rejected] = []
         now = self.clock()
-        points: list[RawPoint] = []
+        oldest, newest = now - self.limits.max_sample_age_ms, now + self.limits.max_future_ms
+        known = self.known
+        fresh: dict[tuple, str] = {}
         new_series: dict[tuple[str, str], SeriesKey] = {}
-        hashes: dict[tuple[str, str], str] = {}
-        for index, sample in enumerate(samples):
+        points: list[RawPoint] = []
+        for index, (tenant, name, tags, timestamp, value) in enumerate(samples):
             try:
-                validate_sample(sample, self.limits, now)
+                try:
+                    key = (tenant, name, tuple(tags.items()))
+                    hash_ = known.get(key) or fresh.get(key)
+                except (AttributeError, TypeError):
+                    key = hash_ = None
+                if hash_ is None:
+                    validate_series(name, tags, self.limits)
+                    validate_point(timestamp, value, oldest, newest)
+                    hash_ = fresh[key] = series_set_hash(series_set_text(name, tags))
+                    new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
+                else:
+                    validate_point(timestamp, value, oldest, newest)
             except InvalidSample as error:
-                item = Rejected(index, error.field, error.problem, error.reason)
-                rejected.append(item)
+                rejected.append(Rejected(index, error.field, error.problem, error.reason))
                 self.count_rejected(protocol, error.reason)
                 continue
-            text = series_set_text(sample.metric_name, sample.tags)
-            hash_ = hashes.get((sample.tenant, text))
-            if hash_ is None:
-                hash_ = hashes[(sample.tenant, text)] = series_set_hash(text)
-                key = (sample.tenant, hash_)
-                if key not in self.seen:
-                    new_series[key] = SeriesKey(sample.tenant, hash_, sample.metric_name, sample.tags)
-            points.append(RawPoint(sample.tenant, hash_, sample.timestamp_ms, sample.value))
+            points.append(RawPoint(tenant, hash_, timestamp, value))
+        if fresh:
+            metrics.METADATA_CACHE.labels("memory", "miss").inc(len(fresh))
         if points:
+            metrics.METADATA_CACHE.labels("memory", "hit").inc(len(points) - len(fresh))
             await self._write(new_series, points)
+            known.add_all(fresh)
             metrics.SAMPLES_ACCEPTED.labels(protocol).inc(len(points))
         return IngestResult(len(points), rejected)
 
@@ -120,7 +134,6 @@ class IngestPipeline:
             metrics.SERIES_CREATED.inc(len(unseen))
             if self.shared_seen is not None:
                 await self.shared_seen.mark(unseen)
-        self.seen.add_all(candidates)
 
     async def _mark_pending(self, points: list[RawPoint]) -> None:
         """Once per distinct series and slot of the batch, before the write is acknowledged.
@@ -139,7 +152,7 @@ class IngestPipeline:
         items = [PendingSet(partition_of(tenant, hash_, self.partitions), slot, tenant, hash_) for tenant, hash_, slot in keys]
         await self.pending.track(items, self.clock())
         metrics.DOWNSAMPLE_PENDING_MARKS.inc(len(items))
-        if len(self._marked_current) < self.seen.max_entries:
+        if len(self._marked_current) < self.known.max_entries:
             self._marked_current.update(key for key in keys if key[2] == current)
 
     def drain(self) -> Deferred:

@@ -20,17 +20,17 @@ log = logging.getLogger(__name__)
 
 
 class SeenSeries:
-    """A bounded LRU set of keys, (tenant, series_set_hash) for series."""
+    """A bounded LRU set of keys (Prometheus metric metadata rows already stored)."""
 
     def __init__(self, max_entries: int, level: str = "memory"):
         self.max_entries = max_entries
         self.level = level
-        self._entries: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._entries: OrderedDict[tuple, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
+    def __contains__(self, key: tuple) -> bool:
         if key in self._entries:
             self._entries.move_to_end(key)
             metrics.METADATA_CACHE.labels(self.level, "hit").inc()
@@ -38,10 +38,43 @@ class SeenSeries:
         metrics.METADATA_CACHE.labels(self.level, "miss").inc()
         return False
 
-    def add_all(self, keys: Iterable[tuple[str, str]]) -> None:
+    def add_all(self, keys: Iterable[tuple]) -> None:
         entries = self._entries
         for key in keys:
             entries[key] = None
+            entries.move_to_end(key)
+        while len(entries) > self.max_entries:
+            entries.popitem(last=False)
+
+
+class KnownSeries:
+    """Level one for series: a bounded LRU of series whose metadata the store has, with their hash.
+
+    Keyed by the label set as a protocol decoded it, ``(tenant, metric name, tuple(tags.items()))``,
+    so a sample of a known series skips the validation of its name and tags, the series-set text
+    and the murmur3 hash: the profile in docs/performance.md shows those were most of ingest's
+    CPU. The same series with its tags in another order is a second entry (a harmless extra
+    metadata write); it maps to the same hash.
+    """
+
+    def __init__(self, max_entries: int):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple) -> str | None:
+        """The series-set hash, or None; raises TypeError for an unhashable (invalid) label set."""
+        hash_ = self._entries.get(key)
+        if hash_ is not None:
+            self._entries.move_to_end(key)
+        return hash_
+
+    def add_all(self, items: dict[tuple, str]) -> None:
+        entries = self._entries
+        entries.update(items)
+        for key in items:
             entries.move_to_end(key)
         while len(entries) > self.max_entries:
             entries.popitem(last=False)

@@ -1,4 +1,12 @@
-"""The gateway's own Prometheus metrics, served at /metrics (prometheus-client)."""
+"""The gateway's own Prometheus metrics, served at /metrics (prometheus-client).
+
+Under ``--workers N`` every worker process is started with PROMETHEUS_MULTIPROC_DIR set, so
+prometheus-client keeps these values in per-process files there and /metrics adds them up
+(gateway.http.ops). Counters and histograms are summed, dead workers' counts included, so they
+never go backwards. Each gauge says how to combine processes: in-flight figures are summed over
+the live workers; the downsample gauges, set only by the worker running the downsample loop
+(0 in the others), take the largest live value.
+"""
 
 import time
 
@@ -22,19 +30,27 @@ PROMETHEUS_SKIPPED = Counter(
     "tsgate_prometheus_skipped", "Remote-write parts not stored (exemplars, native histograms)", ["kind"]
 )
 RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 429 over a tenant limit", ["limit"])
-GRAPHITE_PENDING = Gauge("tsgate_graphite_pending_samples", "Graphite samples received and not yet stored")
+GRAPHITE_PENDING = Gauge(
+    "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"
+)
 GRAPHITE_BACKPRESSURE = Counter("tsgate_graphite_backpressure", "Times Graphite TCP reading was paused for a full backlog")
 GRAPHITE_UDP_DROPPED = Counter("tsgate_graphite_udp_dropped_samples", "Graphite UDP samples dropped over a full backlog")
 GRAPHITE_LOST = Counter("tsgate_graphite_lost_samples", "Graphite samples dropped after an unexpected store error")
 DOWNSAMPLED = Counter("tsgate_downsampled_series_slots", "Series-slots rolled up")
 DOWNSAMPLE_LAG = Gauge(
-    "tsgate_downsample_lag_seconds", "How long the oldest settled slot found in the last round had waited (0: none waiting)"
+    "tsgate_downsample_lag_seconds",
+    "How long the oldest settled slot found in the last round had waited (0: none waiting)",
+    multiprocess_mode="livemax",
 )
-DOWNSAMPLE_SETTLED = Gauge("tsgate_downsample_settled_slots", "Settled partition-slots found waiting at the last round")
+DOWNSAMPLE_SETTLED = Gauge(
+    "tsgate_downsample_settled_slots", "Settled partition-slots found waiting at the last round", multiprocess_mode="livemax"
+)
 DOWNSAMPLE_ERRORS = Counter("tsgate_downsample_errors", "Settled slots whose roll-up failed (retried next round)")
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
-INGEST_INFLIGHT = Gauge("tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored")
+INGEST_INFLIGHT = Gauge(
+    "tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored", multiprocess_mode="livesum"
+)
 
 
 def observe_store(operation: str, deferred):

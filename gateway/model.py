@@ -146,8 +146,13 @@ def _check_text(field: str, text, max_length: int, reason: str) -> None:
 
 def validate_sample(sample: Sample, limits: Limits, now: int) -> None:
     """Raise InvalidSample naming the first problem; NaN and +-Inf are valid values."""
-    _check_text("metricName", sample.metric_name, limits.max_name_length, "bad_metric_name")
-    tags = sample.tags
+    validate_series(sample.metric_name, sample.tags, limits)
+    validate_point(sample.timestamp_ms, sample.value, now - limits.max_sample_age_ms, now + limits.max_future_ms)
+
+
+def validate_series(metric_name, tags, limits: Limits) -> None:
+    """The checks a series passes once: ingest remembers series that passed (gateway/ingest.py)."""
+    _check_text("metricName", metric_name, limits.max_name_length, "bad_metric_name")
     if not isinstance(tags, dict):
         raise InvalidSample("tags", "must be an object of tag names to values", "bad_tag")
     if len(tags) > limits.max_tags:
@@ -157,14 +162,15 @@ def validate_sample(sample: Sample, limits: Limits, now: int) -> None:
         if key == NAME_TAG:
             raise InvalidSample(f"tags.{key}", "is reserved for the metric name", "bad_tag")
         _check_text(f"tags.{key}", value, limits.max_tag_value_length, "bad_tag")
-    value = sample.value
+
+
+def validate_point(timestamp, value, oldest_ms: int, newest_ms: int) -> None:
+    """The checks every sample passes: a float value and an integer timestamp inside the window."""
     if not isinstance(value, float):
         raise InvalidSample("value", f"must be a number, got {type(value).__name__}", "bad_value")
-    timestamp = sample.timestamp_ms
     if not isinstance(timestamp, int):
         raise InvalidSample("timestamp", f"must be an integer, got {type(timestamp).__name__}", "bad_timestamp")
-    if timestamp < now - limits.max_sample_age_ms:
+    if timestamp < oldest_ms:
         raise InvalidSample("timestamp", f"{timestamp} ms is older than the accepted window", "too_old")
-    if timestamp > now + limits.max_future_ms:
+    if timestamp > newest_ms:
         raise InvalidSample("timestamp", f"{timestamp} ms is too far in the future", "too_new")
-

@@ -4,9 +4,11 @@ Shutdown order (SIGTERM or SIGINT): stop accepting connections, wait for accepte
 reach the store, close the store, exit 0.
 """
 
+import dataclasses
 import logging
 import os
 import re
+import signal
 import socket
 
 from twisted.internet import defer, reactor
@@ -26,23 +28,28 @@ from gateway.http.prometheus_api import PrometheusAPI
 from gateway.limits import TenantLimits
 from gateway.http.server import Router, Site
 from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import RedisSeenSeries, SeenSeries
+from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.query import QueryPlanner
 from gateway.store import open_store
+from gateway.workers import Worker
 
 log = logging.getLogger(__name__)
 
 
 class Gateway:
-    def __init__(self, config: Config):
+    """One gateway process. ``inherited`` maps listener names (``Config.listeners``) to sockets
+    already bound by a ``--workers`` supervisor; without it the gateway binds its own."""
+
+    def __init__(self, config: Config, inherited: dict[str, int] | None = None):
         self.config = config
+        self.inherited = inherited or {}
         self.store = open_store(config.store_url, config.layout)
         self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
         self.pending = pending_tracker(config, self.store)
         self.pipeline = IngestPipeline(
             self.store,
             config.limits,
-            SeenSeries(config.metadata_cache_size),
+            KnownSeries(config.metadata_cache_size),
             config.max_inflight_samples,
             self.shared_seen,
             pending=self.pending,
@@ -76,25 +83,37 @@ class Gateway:
             self.shared_seen.start()
         config = self.config
         host, port = config.http
-        self.ports.append(reactor.listenTCP(port, self.site, interface=host))
         if self.downsample_loop is not None:
             self.downsample_loop.start(config.downsample_interval / 1000, now=False)
         if "ingest" not in config.role_set:
             log.info("roles %s: no carbon listeners", config.roles)
-        elif config.graphite:
-            factory = PlaintextFactory(self.graphite, config.graphite_tenant, config.graphite_max_line_length)
-            self.ports.append(reactor.listenTCP(config.graphite[1], factory, interface=config.graphite[0]))
-        if config.graphite_udp:
-            udp = PlaintextDatagramProtocol(self.graphite, config.graphite_tenant, config.graphite_max_line_length)
-            self.ports.append(reactor.listenUDP(config.graphite_udp[1], udp, interface=config.graphite_udp[0]))
-        if config.pickle:
-            factory = PickleFactory(self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes)
-            self.ports.append(reactor.listenTCP(config.pickle[1], factory, interface=config.pickle[0]))
+        handlers = {
+            "http": self.site,
+            "graphite": PlaintextFactory(self.graphite, config.graphite_tenant, config.graphite_max_line_length),
+            "graphite-udp": PlaintextDatagramProtocol(self.graphite, config.graphite_tenant, config.graphite_max_line_length),
+            "pickle": PickleFactory(self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes),
+        }
+        for name, address in config.listeners.items():
+            self.ports.append(self._listen(name, address, handlers[name]))
         log.info(
             "tsgate %s: HTTP on %s:%d, graphite %s, graphite-udp %s, pickle %s, store %s, redis %s",
             __version__, host, port, _address(config.graphite), _address(config.graphite_udp), _address(config.pickle),
             redact(config.store_url), redact(config.redis) or "none (in-memory cache only)",
         )
+
+    def _listen(self, name: str, address: tuple[str, int], handler):
+        """Bind ``address``, or under ``--workers N`` adopt the socket the supervisor bound.
+
+        Twisted duplicates an adopted descriptor, so the inherited one is closed here.
+        """
+        udp = name == "graphite-udp"
+        fd = self.inherited.get(name)
+        if fd is None:
+            listen = reactor.listenUDP if udp else reactor.listenTCP
+            return listen(address[1], handler, interface=address[0])
+        with socket.socket(fileno=fd) as inherited:
+            adopt = reactor.adoptDatagramPort if udp else reactor.adoptStreamPort
+            return adopt(inherited.fileno(), inherited.family, handler)
 
     async def stop(self) -> None:
         log.info("stopping: no new connections, flushing accepted writes")
@@ -141,10 +160,17 @@ def redact(url: str) -> str:
     return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", re.sub(r"(password=)[^&]*", r"\1***", url))
 
 
-def run(config: Config) -> int:
-    """Run until a signal stops the reactor; 0 after a clean stop, 1 if start-up failed."""
+def run(config: Config, worker: Worker | None = None) -> int:
+    """Run until a signal stops the reactor; 0 after a clean stop, 1 if start-up failed.
+
+    As a ``--workers`` worker: only worker 0 keeps the downsample role (see gateway.workers),
+    the listening sockets come from the supervisor, the supervisor is told once the gateway
+    has started, and the worker stops by itself (draining as on SIGTERM) if the supervisor dies.
+    """
+    if worker is not None and worker.index != 0:
+        config = dataclasses.replace(config, roles=",".join(sorted(config.role_set - {"downsample"})))
     try:
-        gateway = Gateway(config)
+        gateway = Gateway(config, worker.listeners if worker is not None else None)
     except ValueError as error:
         log.error("bad setting: %s", error)
         return 2
@@ -160,9 +186,23 @@ def run(config: Config) -> int:
 
         def stop_on_shutdown(_):
             reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(gateway.stop()))
+            if worker is not None:
+                worker.announce_ready()
+                LoopingCall(_stop_if_orphaned, worker.supervisor_pid).start(1.0, now=False)
 
         deferred.addCallbacks(stop_on_shutdown, failed)
 
     reactor.callWhenRunning(started_or_failed)
     reactor.run()
+    if worker is not None:
+        # Drained: a SIGTERM from the supervisor arriving now (systemd may also have sent one
+        # to every process of the unit) must not kill the exit half-way.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return outcome["code"]
+
+
+def _stop_if_orphaned(supervisor_pid: int) -> None:
+    """A worker whose supervisor died (SIGKILL) would hold the ports forever: it stops instead."""
+    if os.getppid() != supervisor_pid and reactor.running:
+        log.warning("supervisor (pid %d) is gone: stopping", supervisor_pid)
+        reactor.stop()

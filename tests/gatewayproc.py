@@ -54,6 +54,8 @@ class GatewayProcess:
         ]
         if not {"--data-dir", "--store", "--config"} & set(self.args):
             command += ["--data-dir", str(self.workdir / "data")]
+        if "--workers" not in self.args:
+            command += ["--workers", "1"]  # one process, as before --workers existed, unless asked
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.process = subprocess.Popen(command, cwd=self.workdir, env=env, stderr=self.log_path.open("ab"))
         deadline = time.monotonic() + timeout

@@ -1,6 +1,9 @@
 """Operational endpoints: the gateway's own metrics, a health check and a version banner."""
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import __version__
 from gateway.http.server import Response, Router, json_response
@@ -20,7 +23,7 @@ class OpsAPI:
         return json_response(200, {"name": "tsgate", "version": __version__})
 
     async def metrics(self, request):
-        return Response(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+        return Response(200, generate_latest(metrics_registry()), CONTENT_TYPE_LATEST)
 
     async def healthz(self, request):
         """200 when the store answers a trivial query, 503 otherwise."""
@@ -29,3 +32,16 @@ class OpsAPI:
         except Exception as error:
             raise StoreUnavailable(f"store health check failed: {error}") from error
         return json_response(200, {"status": "ok"})
+
+
+def metrics_registry():
+    """This process's registry, or under ``--workers N`` (PROMETHEUS_MULTIPROC_DIR set by the
+    supervisor) a fresh one reading every worker's files, so any worker answers for all.
+
+    The multiprocess view has no process_* or python_* metrics: they describe one process.
+    """
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return REGISTRY
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    return registry

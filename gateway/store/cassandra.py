@@ -1,8 +1,9 @@
 """The production store: Cassandra through cassandra-driver, table for table as contract.py says.
 
-Every statement is prepared and runs asynchronously; driver futures are bridged to Deferreds
-(callbacks arrive on the driver's I/O thread and are handed to the reactor), so the reactor
-never waits on Cassandra. A semaphore bounds the requests in flight. Timeouts and unavailable
+Every statement is prepared and runs asynchronously through one bounded request queue
+(cassandra_requests.py): each store call fires one Deferred on the reactor thread, so the
+reactor never waits on Cassandra. Writes of many rows go in UNLOGGED batches of rows that share
+a replica (_batched), so a request carries up to ROWS_PER_BATCH rows. Timeouts and unavailable
 replicas become StoreUnavailable (HTTP 503, so senders retry); the driver reconnects on its own
 when Cassandra comes back.
 """
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 from urllib.parse import parse_qsl, unquote
 
-from cassandra import ConsistencyLevel, DriverException, OperationTimedOut, RequestExecutionException
+from cassandra import ConsistencyLevel, OperationTimedOut, RequestExecutionException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.connection import ConnectionException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
@@ -25,6 +26,7 @@ from twisted.internet import defer, reactor, threads
 
 from gateway.config import parse_duration
 from gateway.model import NAME_TAG, SeriesKey
+from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
 from gateway.store.layout import Layout
 from gateway.store.contract import ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot, time_slots
@@ -34,8 +36,11 @@ log = logging.getLogger(__name__)
 DRIVER_RETRIES = Counter("tsgate_cassandra_retries", "Requests the driver's retry policy retried", ["cause"])
 DRIVER_ERRORS = Counter("tsgate_cassandra_errors", "Requests that failed, by error", ["error"])
 
-# Single-partition unlogged batches stay well under Cassandra's batch size warning (5 KiB).
-ROWS_PER_BATCH = 40
+# An UNLOGGED batch holds at most this many rows and bytes of values: 50 data_raw rows are about
+# Cassandra's batch_size_warn_threshold (5 KiB); the byte bound keeps batches of big metadata rows
+# (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance.md measured it.
+ROWS_PER_BATCH = 50
+BATCH_VALUE_BYTES = 16 * 1024
 
 
 class CassandraOptions(NamedTuple):
@@ -158,7 +163,7 @@ class CassandraStore(Store):
         self.ttl_s = options.schema.raw_retention_ms // 1000
         self.cluster: Cluster | None = None
         self.session = None
-        self._semaphore = defer.DeferredSemaphore(options.max_inflight)
+        self._requests: RequestQueue | None = None
         self._statements: dict[str, object] = {}
 
     @classmethod
@@ -292,6 +297,7 @@ class CassandraStore(Store):
         def connect():
             self.session = self._connect(self.keyspace)
             self._prepare_all()
+            self._requests = RequestQueue(self.session, self.options.max_inflight, _unavailable)
 
         return threads.deferToThread(connect)
 
@@ -300,37 +306,16 @@ class CassandraStore(Store):
         return threads.deferToThread(cluster.shutdown) if cluster else defer.succeed(None)
 
     def _execute(self, statement, parameters=()) -> defer.Deferred:
-        """One request, bounded by the semaphore; fires with all rows (following pages)."""
-        return self._semaphore.run(self._execute_now, statement, parameters)
-
-    def _execute_now(self, statement, parameters) -> defer.Deferred:
-        deferred = defer.Deferred()
-        rows: list = []
-        try:
-            future = self.session.execute_async(statement, parameters)
-        except DriverException as error:
-            return defer.fail(_unavailable(error))
-
-        def page(page_rows):
-            if page_rows:
-                rows.extend(page_rows)
-            if future.has_more_pages:
-                future.start_fetching_next_page()
-            else:
-                reactor.callFromThread(deferred.callback, rows)
-
-        def failed(error):
-            reactor.callFromThread(deferred.errback, _unavailable(error))
-
-        future.add_callbacks(page, failed)
-        return deferred
+        """One request; fires with all its rows (every page)."""
+        return self._execute_all([(statement, parameters)]).addCallback(lambda results: results[0])
 
     def _execute_all(self, requests: list[tuple[object, tuple]]) -> defer.Deferred:
-        return defer.gatherResults([self._execute(s, p) for s, p in requests], consumeErrors=True).addErrback(_first_error)
+        """Requests through the store-wide bounded queue; fires with one row list per request."""
+        if self._requests is None:
+            return defer.fail(StoreUnavailable("cassandra: not connected"))
+        return self._requests.run(requests)
 
     def ping(self):
-        if self.session is None:
-            return defer.fail(StoreUnavailable("cassandra: not connected"))
         return self._execute("SELECT release_version FROM system.local")
 
     def write_series(self, series: Sequence[SeriesKey]):
@@ -361,7 +346,7 @@ class CassandraStore(Store):
             *((s["tenant_tag_value"], (tenant, key, value)) for tenant, key, value in {(t, k, v) for t, k, v, _ in tags}),
             *((s["tag_metric"], row) for row in tags),
         ]
-        return self._execute_all(requests)
+        return self._execute_all(self._batched(requests))
 
     def list_path_children(self, tenant, parent):
         def nodes(rows):
@@ -391,7 +376,7 @@ class CassandraStore(Store):
             statement = self._statements[f"write_{granularity.table}_{'_'.join(columns)}"]
             key = (row.tenant, row.series_set_hash, time_slot(row.timestamp_ms, width), row.timestamp_ms)
             requests.append((statement, (*(getattr(row, c) for c in columns), *key)))
-        return self._execute_all(requests)
+        return self._execute_all(self._batched(requests))
 
     def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
         statement = self._statements[f"read_{granularity.table}"]
@@ -405,7 +390,7 @@ class CassandraStore(Store):
 
     def mark_pending(self, rows, touched_ms):
         statement = self._statements["pending"]
-        return self._execute_all([(statement, (*row[:4], touched_ms)) for row in rows])
+        return self._execute_all(self._batched([(statement, (*row[:4], touched_ms)) for row in rows]))
 
     def list_pending(self, partition, before_slot):
         def rows(found):
@@ -426,7 +411,7 @@ class CassandraStore(Store):
         return self._execute(self._statements["get_aggregators"], (tenant, metric_name)).addCallback(aggregators)
 
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
-        return self._execute_all([(self._statements["metric_metadata"], tuple(row)) for row in rows])
+        return self._execute_all(self._batched([(self._statements["metric_metadata"], tuple(row)) for row in rows]))
 
     def get_metric_metadata(self, tenant, metric_name):
         def first(rows):
@@ -435,25 +420,54 @@ class CassandraStore(Store):
         return self._execute(self._statements["get_metric_metadata"], (tenant, metric_name)).addCallback(first)
 
     def write_raw(self, points: Sequence[RawPoint]):
-        """One insert per lone point; points of one partition go in single-partition batches."""
         statement = self._statements["raw"]
         width = self.slot_width_ms
-        partitions: dict[tuple, list] = defaultdict(list)
-        for p in points:
-            slot = time_slot(p.timestamp_ms, width)
-            partitions[(p.tenant, p.series_set_hash, slot)].append((p.tenant, p.series_set_hash, slot, p.timestamp_ms, p.value))
-        requests = []
-        for rows in partitions.values():
-            if len(rows) == 1:
-                requests.append((statement, rows[0]))
-                continue
-            for start in range(0, len(rows), ROWS_PER_BATCH):
-                batch = BatchStatement(BatchType.UNLOGGED, consistency_level=self.options.write_consistency)
-                for row in rows[start : start + ROWS_PER_BATCH]:
-                    batch.add(statement, row)
-                batch.is_idempotent = True
-                requests.append((batch, ()))
-        return self._execute_all(requests)
+        rows = sorted((tenant, hash_, timestamp - timestamp % width, timestamp, value) for tenant, hash_, timestamp, value in points)
+        return self._execute_all(self._batched([(statement, row) for row in rows]))
+
+    def _batched(self, requests: list[tuple[object, tuple]]) -> list[tuple[object, tuple]]:
+        """Single-row writes as UNLOGGED batches of up to ROWS_PER_BATCH rows sharing a replica.
+
+        A batch goes to one coordinator, which applies each partition's mutation; when that node
+        is a replica of every partition in the batch, batching saves the per-request cost on both
+        sides (the driver's request path is most of a Python client's CPU per row) without the
+        extra hop that makes multi-partition batches an anti-pattern. So rows are grouped by the
+        first replica of their partition (one group on a one-node cluster), in the given order.
+        """
+        if len(requests) <= 1:
+            return requests
+        bound = [statement.bind(parameters) for statement, parameters in requests]
+        batched = []
+        for group in self._by_replica(bound):
+            chunk, size = [], 0
+            for statement in group:
+                statement_size = sum(len(value) for value in statement.values if value)
+                if chunk and (len(chunk) == ROWS_PER_BATCH or size + statement_size > BATCH_VALUE_BYTES):
+                    batched.append(self._batch(chunk))
+                    chunk, size = [], 0
+                chunk.append(statement)
+                size += statement_size
+            batched.append(self._batch(chunk))
+        return batched
+
+    def _batch(self, statements: list) -> tuple[object, tuple]:
+        if len(statements) == 1:
+            return statements[0], ()
+        batch = BatchStatement(BatchType.UNLOGGED, consistency_level=self.options.write_consistency)
+        for statement in statements:
+            batch.add(statement)
+        batch.is_idempotent = all(statement.is_idempotent for statement in statements)
+        return batch, ()
+
+    def _by_replica(self, bound: list) -> list[list]:
+        token_map = self.cluster.metadata.token_map
+        if token_map is None or len(self.cluster.metadata.all_hosts()) <= 1:
+            return [bound]
+        groups: dict[object, list] = defaultdict(list)
+        for statement in bound:
+            replicas = token_map.get_replicas(self.keyspace, token_map.token_class.from_key(statement.routing_key))
+            groups[replicas[0] if replicas else None].append(statement)
+        return list(groups.values())
 
     def list_tenants(self):
         return self._execute(self._statements["list_tenants"]).addCallback(lambda rows: sorted(r.tenant for r in rows))
@@ -493,8 +507,3 @@ class CassandraStore(Store):
         requests = [(statement, (tenant, series_set_hash, slot, start_ms, end_ms)) for slot in slots]
         return self._execute_all(requests).addCallback(lambda pages: [(r.ts, r.value) for rows in pages for r in rows])
 
-
-def _first_error(failure):
-    """Unwrap gatherResults' FirstError so callers see StoreUnavailable itself."""
-    failure.trap(defer.FirstError)
-    return failure.value.subFailure

@@ -1,0 +1,97 @@
+"""Run groups of CQL requests with a store-wide bound on requests in flight, one reactor wake-up per group.
+
+A store call (write these 500 rows, read these 3 slots) is a group of requests. The first
+version bridged every request to its own Deferred through a DeferredSemaphore and a
+callFromThread: per request that was a Deferred, a semaphore round, and a reactor wake-up, about
+a third of the gateway's CPU on ingest (docs/performance.md). Here requests wait in one queue;
+the driver's completion callbacks, on its I/O thread, start the next ones (as cassandra-driver's
+own execute_concurrent does), and only a finished group goes back to the reactor thread.
+
+The first failure fails its group: its requests not started yet are skipped, and the group
+fires with the error once those already running have finished.
+"""
+
+import threading
+from collections import deque
+
+from cassandra import DriverException
+from twisted.internet import defer, reactor
+
+
+class _Group:
+    __slots__ = ("deferred", "results", "remaining", "error")
+
+    def __init__(self, size: int):
+        self.deferred = defer.Deferred()
+        self.results: list = [None] * size
+        self.remaining = size
+        self.error: Exception | None = None
+
+
+class RequestQueue:
+    """At most ``limit`` requests in flight across every group; the rest wait in FIFO order."""
+
+    def __init__(self, session, limit: int, translate_error):
+        self.session = session
+        self.limit = limit
+        self.translate_error = translate_error
+        self._lock = threading.Lock()
+        self._waiting: deque = deque()
+        self._inflight = 0
+
+    def run(self, requests: list[tuple[object, tuple]]) -> defer.Deferred:
+        """Fire with one list of rows per request, in order (every page of each)."""
+        if not requests:
+            return defer.succeed([])
+        group = _Group(len(requests))
+        with self._lock:
+            self._waiting.extend((group, index, statement, parameters) for index, (statement, parameters) in enumerate(requests))
+        self._start_more()
+        return group.deferred
+
+    def _start_more(self) -> None:
+        while True:
+            with self._lock:
+                if self._inflight >= self.limit or not self._waiting:
+                    return
+                group, index, statement, parameters = self._waiting.popleft()
+                self._inflight += 1
+            if group.error is not None:
+                self._finished(group, index, None, None)
+                continue
+            try:
+                future = self.session.execute_async(statement, parameters)
+            except DriverException as error:
+                self._finished(group, index, None, error)
+                continue
+            rows: list = []
+            future.add_callbacks(
+                self._page, self._failed, callback_args=(future, group, index, rows), errback_args=(group, index)
+            )
+
+    def _page(self, page_rows, future, group: _Group, index: int, rows: list) -> None:
+        if page_rows:
+            rows.extend(page_rows)
+        if future.has_more_pages:
+            future.start_fetching_next_page()
+            return
+        self._finished(group, index, rows, None)
+        self._start_more()
+
+    def _failed(self, error: Exception, group: _Group, index: int) -> None:
+        self._finished(group, index, None, error)
+        self._start_more()
+
+    def _finished(self, group: _Group, index: int, rows, error) -> None:
+        with self._lock:
+            self._inflight -= 1
+            if error is not None and group.error is None:
+                group.error = self.translate_error(error)
+            group.results[index] = rows
+            group.remaining -= 1
+            done = group.remaining == 0
+        if done:
+            if group.error is not None:
+                reactor.callFromThread(group.deferred.errback, group.error)
+            else:
+                reactor.callFromThread(group.deferred.callback, group.results)
