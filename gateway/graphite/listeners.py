@@ -2,7 +2,8 @@
 
 Decoding is protocols/graphite's; this glues it to Twisted and to the ingest pipeline through
 one GraphiteIngest per gateway, which batches samples from every connection into few store
-writes and pushes back on senders: while more samples wait than ``max_pending``, every TCP
+writes (up to ``concurrency`` of them at once, so the store's latency does not bound the rate)
+and pushes back on senders: while more samples wait than ``max_pending``, every TCP
 connection stops reading (the kernel's buffers then stop the sender), and reading resumes when
 the backlog drains. A batch the store refuses (Cassandra down) is retried, never dropped, so
 nothing accepted from a TCP socket is lost. UDP cannot push back: what arrives over the limit
@@ -46,15 +47,24 @@ class RejectLog:
 class GraphiteIngest:
     """The batching, retrying, back-pressuring stage between Graphite listeners and the pipeline."""
 
-    def __init__(self, pipeline: IngestPipeline, batch_size: int = 5000, max_pending: int = 200_000, flush_delay: float = 0.05):
+    def __init__(
+        self,
+        pipeline: IngestPipeline,
+        batch_size: int = 5000,
+        max_pending: int = 200_000,
+        flush_delay: float = 0.05,
+        concurrency: int = 4,
+    ):
         self.pipeline = pipeline
         self.batch_size = batch_size
+        self.concurrency = concurrency
         self.max_pending = max_pending
         self.flush_delay = flush_delay
         self.reject_log = RejectLog()
         self._queue: deque[tuple[str, list[Sample]]] = deque()
         self.pending = 0
-        self._writing = False
+        self._writing = 0
+        self._queued = 0
         self._paused = False
         self._transports: set = set()
         self._flush_call = None
@@ -77,6 +87,7 @@ class GraphiteIngest:
         if not samples:
             return
         self._queue.append((protocol, samples))
+        self._queued += len(samples)
         self.pending += len(samples)
         metrics.GRAPHITE_PENDING.set(self.pending)
         if self.full and not self._paused:
@@ -87,27 +98,30 @@ class GraphiteIngest:
         self._schedule(self.flush_delay if self.pending < self.batch_size else 0)
 
     def _schedule(self, delay: float) -> None:
-        if self._flush_call is None and not self._writing:
+        if self._flush_call is None and self._writing < self.concurrency:
             self._flush_call = reactor.callLater(delay, self._flush)
 
     def _take_batch(self) -> tuple[str, list[Sample]]:
         protocol, batch = self._queue.popleft()
         while self._queue and self._queue[0][0] == protocol and len(batch) + len(self._queue[0][1]) <= self.batch_size:
             batch = batch + self._queue.popleft()[1]
+        self._queued -= len(batch)
         return protocol, batch
 
     def _flush(self) -> None:
+        """Start writes while batches wait and fewer than ``concurrency`` are in flight."""
         self._flush_call = None
-        if not self._queue:
-            return
-        self._writing = True
-        protocol, batch = self._take_batch()
-        defer.ensureDeferred(self.pipeline.ingest(protocol, batch)).addCallbacks(
-            self._written, self._failed, callbackArgs=(batch,), errbackArgs=(protocol, batch)
-        )
+        while self._queue and self._writing < self.concurrency:
+            self._writing += 1
+            protocol, batch = self._take_batch()
+            defer.ensureDeferred(self.pipeline.ingest(protocol, batch)).addCallbacks(
+                self._written, self._failed, callbackArgs=(batch,), errbackArgs=(protocol, batch)
+            )
+            if self._queued < self.batch_size:
+                break  # a partial batch waits for more samples or the next completed write
 
     def _written(self, result, batch: list[Sample]) -> None:
-        self._writing = False
+        self._writing -= 1
         self._retry_delay = 0.5
         self.pending -= len(batch)
         metrics.GRAPHITE_PENDING.set(self.pending)
@@ -124,7 +138,7 @@ class GraphiteIngest:
 
     def _failed(self, failure, protocol: str, batch: list[Sample]) -> None:
         """Keep the batch at the head of the queue and try again later: never drop accepted data."""
-        self._writing = False
+        self._writing -= 1
         if not failure.check(StoreUnavailable, Overloaded, defer.FirstError):
             log.error("graphite batch of %d samples failed and is dropped: %s", len(batch), failure.getTraceback())
             metrics.GRAPHITE_LOST.inc(len(batch))
@@ -132,6 +146,9 @@ class GraphiteIngest:
             return
         log.warning("graphite batch of %d samples not stored (%s); retrying in %.1fs", len(batch), failure.getErrorMessage(), self._retry_delay)
         self._queue.appendleft((protocol, batch))
+        self._queued += len(batch)
+        if self._flush_call is not None:
+            self._flush_call.cancel()
         self._flush_call = reactor.callLater(self._retry_delay, self._flush)
         self._retry_delay = min(self._retry_delay * 2, 10.0)
 

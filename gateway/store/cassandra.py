@@ -10,6 +10,7 @@ when Cassandra comes back.
 
 import logging
 import ssl
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -35,6 +36,38 @@ log = logging.getLogger(__name__)
 
 DRIVER_RETRIES = Counter("tsgate_cassandra_retries", "Requests the driver's retry policy retried", ["cause"])
 DRIVER_ERRORS = Counter("tsgate_cassandra_errors", "Requests that failed, by error", ["error"])
+BATCH_WARNINGS = Counter(
+    "tsgate_cassandra_batch_warnings", "Cassandra's warnings about our multi-partition or large UNLOGGED batches"
+)
+
+
+class BatchWarningFilter(logging.Filter):
+    """Cassandra answers every UNLOGGED batch over 10 partitions or 5 KiB with a warning, which the
+    driver logs per request: thousands of lines a second at full ingest. tsgate sends such batches
+    on purpose (rows grouped by replica, see CassandraStore._batched), so they are counted, and
+    logged once per ``interval`` seconds. Every other server warning is logged as it comes."""
+
+    MARKERS = ("Unlogged batch covering", "Batch for [")
+
+    def __init__(self, interval: float = 600.0):
+        super().__init__()
+        self.interval = interval
+        self._last = -interval
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not any(marker in message for marker in self.MARKERS):
+            return True
+        BATCH_WARNINGS.inc()
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            return False
+        self._last = now
+        record.msg, record.args = "%s (expected: tsgate batches rows by replica; counted in tsgate_cassandra_batch_warnings_total, logged once per %ds)", (message, self.interval)
+        return True
+
+
+logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 
 # An UNLOGGED batch holds at most this many rows and bytes of values: 50 data_raw rows are about
 # Cassandra's batch_size_warn_threshold (5 KiB); the byte bound keeps batches of big metadata rows
