@@ -20,9 +20,7 @@ from pathlib import Path
 from cassandra.concurrent import execute_concurrent_with_args
 from twisted.internet import defer, task
 
-from bench.ingest_cassandra import BenchError, connect, drop_keyspace, process_cpu_s, settle
-from gateway.config import parse_hostport
-from gateway.devservices.cassandra import CassandraServer
+from bench.common import BenchError, cassandra, connect, drop_keyspace, process_cpu_s, settle
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import StorePending
 from gateway.model import SeriesKey, now_ms, series_set_hash, series_set_text
@@ -174,16 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as cleanup:
         workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-ds-"))
         cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
-        cassandra_pid = None
-        if args.cassandra:
-            host, port = parse_hostport(args.cassandra)
-        else:
-            server = CassandraServer(workdir / "cassandra", heap=args.heap)
-            cleanup.callback(server.stop)
-            server.start(timeout=240)
-            host, port = server.host, server.port
-            # CassandraServer has no public pid; its CPU time shows where the time goes.
-            cassandra_pid = server._process.pid
+        host, port, cassandra_pid = cleanup.enter_context(cassandra(args.cassandra, workdir / "cassandra", args.heap))
         cluster = connect(host, port)
         cleanup.callback(cluster.shutdown)
         session = cluster.connect()

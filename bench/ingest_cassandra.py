@@ -13,7 +13,6 @@ import json
 import os
 import queue
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,42 +21,31 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from cassandra import ConsistencyLevel
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType
 
-from gateway.config import parse_hostport
-from gateway.devservices.cassandra import CassandraServer
-from gateway.devservices.process import free_port, terminate
+from bench.common import (
+    CONSISTENCY, REQUEST_TIMEOUT_S, BenchError, Service, box_busy_s, cassandra, connect, drop_keyspace, process_cpu_s,
+    settle, tsgate_service,
+)
 from gateway.model import now_ms, series_set_hash, series_set_text
 from gateway.store.cassandra import ROWS_PER_BATCH, CassandraStore
 from gateway.store.contract import time_slot
 from gateway.store.layout import Layout
 from protocols.timespec import format_iso
 
-REPO = Path(__file__).resolve().parent.parent
 METRIC = "bench_metric"
 INTERVAL_MS = 10_000
 # The gateway's defaults (--slot-width, --raw-retention, ...): schema and raw rows must match what it writes.
 LAYOUT = Layout()
-# The gateway's default write consistency (cassandra URL option write_consistency).
-CONSISTENCY = ConsistencyLevel.LOCAL_QUORUM
 # One tenant per path and round (the round number is appended), so no run overwrites another's
 # rows and each is verified on its own.
 GATEWAY_TENANT = "bench"
 ROWS_TENANT = "bench_raw_rows"
 BATCHES_TENANT = "bench_raw_batches"
 WARMUP_TENANT = "bench_warmup"
-REQUEST_TIMEOUT_S = 60
 RETRY_503_FOR_S = 120
 TARGET_RATIO = 0.8
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-class BenchError(Exception):
-    """The run failed (an error answer, missing data): exit 1, unlike a missed target."""
 
 
 class Workload:
@@ -105,20 +93,6 @@ class Workload:
         return bodies
 
 
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of a process (fields 14 and 15 of /proc/<pid>/stat) in seconds."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def box_busy_s() -> float:
-    """CPU seconds all cores spent busy: on a shared box, other people's load shows up here."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in stat.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / CLK_TCK
-
-
 class Result(NamedTuple):
     path: str
     round: int
@@ -145,64 +119,6 @@ def measure(path: str, round_: int, samples: int, pids: dict[str, int], run) -> 
     seconds = time.perf_counter() - started
     after = snapshot()
     return Result(path, round_, samples, seconds, {name: after[name] - before[name] for name in after}), outcome
-
-
-class GatewayProcess:
-    """A real ``tsgate serve`` on the benchmark's keyspace, its log kept for error messages."""
-
-    def __init__(self, store_url: str, max_body_bytes: int, log_path: Path):
-        self.port = free_port()
-        self.log_path = log_path
-        self.process: subprocess.Popen | None = None
-        self.command = [
-            sys.executable, "-m", "gateway.cli", "serve",
-            "--http", f"127.0.0.1:{self.port}",
-            # HTTP only: the carbon listeners' default ports may be held by other gateways on the box.
-            "--graphite", "", "--pickle", "",
-            # No roll-ups in this process: they run in the background and would blur the ingest figures.
-            "--roles", "ingest,query",
-            "--store", store_url,
-            "--log-level", "warning",
-            "--max-series-per-query", "1000000",
-            "--max-body-bytes", str(max_body_bytes),
-        ]
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def start(self, timeout: float = 60) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command, cwd=self.log_path.parent, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchError(f"the gateway exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if self.get("/healthz", GATEWAY_TENANT)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise BenchError(f"the gateway did not answer /healthz within {timeout:.0f}s:\n{self.log()}")
-
-    def stop(self) -> None:
-        terminate(self.process, 30)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
-
-    def get(self, path: str, tenant: str) -> tuple[int, bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT_S)
-        try:
-            connection.request("GET", path, headers={"X-Tenant": tenant})
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
 
 
 def post_all(port: int, bodies: list[bytes], tenant: str, connections: int) -> int:
@@ -244,16 +160,6 @@ def post_all(port: int, bodies: list[bytes], tenant: str, connections: int) -> i
         return sum(sender.result() for sender in senders)
 
 
-def connect(host: str, port: int) -> Cluster:
-    """A client set up as the gateway's: token-aware, protocol v5, its write consistency."""
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
-        consistency_level=CONSISTENCY,
-        request_timeout=REQUEST_TIMEOUT_S,
-    )
-    return Cluster([host], port=port, protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
-
-
 def prepare_insert(session, keyspace: str):
     """The gateway's own data_raw insert (CassandraStore._prepare_all): same columns and TTL."""
     return session.prepare(
@@ -272,19 +178,20 @@ def load_batches(session, insert, rows: list[tuple], inflight: int) -> None:
 
     The loader groups the whole workload by partition; the gateway can only group within one request.
     """
+    execute_concurrent(session, ((batch, ()) for batch in partition_batches(insert, rows)), concurrency=inflight)
+
+
+def partition_batches(insert, rows: list[tuple]):
+    """Yield UNLOGGED batches of up to ROWS_PER_BATCH rows of one data_raw partition each."""
     partitions = defaultdict(list)
     for row in rows:
         partitions[row[:3]].append(row)
-
-    def batches():
-        for partition_rows in partitions.values():
-            for start in range(0, len(partition_rows), ROWS_PER_BATCH):
-                batch = BatchStatement(BatchType.UNLOGGED, consistency_level=CONSISTENCY)
-                for row in partition_rows[start : start + ROWS_PER_BATCH]:
-                    batch.add(insert, row)
-                yield batch, ()
-
-    execute_concurrent(session, batches(), concurrency=inflight)
+    for partition_rows in partitions.values():
+        for start in range(0, len(partition_rows), ROWS_PER_BATCH):
+            batch = BatchStatement(BatchType.UNLOGGED, consistency_level=CONSISTENCY)
+            for row in partition_rows[start : start + ROWS_PER_BATCH]:
+                batch.add(insert, row)
+            yield batch
 
 
 def verify_rows(session, keyspace: str, tenant: str, expected: dict[tuple[str, int], dict[int, float]]) -> None:
@@ -303,10 +210,10 @@ def verify_rows(session, keyspace: str, tenant: str, expected: dict[tuple[str, i
     print(f"verified: tenant {tenant} has all {wanted} rows in data_raw", file=sys.stderr)
 
 
-def verify_query(gateway: GatewayProcess, tenant: str, workload: Workload) -> None:
+def verify_query(gateway: Service, tenant: str, workload: Workload) -> None:
     """The gateway's read path (series index, then data) must return every sample it acknowledged."""
     start, end = workload.timestamps[0], workload.timestamps[-1]
-    status, body = gateway.get(f"/api/query?metricName={METRIC}&start={start}&end={end}", tenant)
+    status, body = gateway.get(f"/api/query?metricName={METRIC}&start={start}&end={end}", headers={"X-Tenant": tenant})
     if status != 200:
         raise BenchError(f"GET /api/query answered {status}: {body[:500]!r}")
     got = {series["tags"]["host"]: series["values"] for series in json.loads(body)}
@@ -321,21 +228,6 @@ def verify_query(gateway: GatewayProcess, tenant: str, workload: Workload) -> No
             f"{len(expected)} series and {len(workload.samples)} points written"
         )
     print(f"verified: GET /api/query for tenant {tenant} returns all {len(got)} series and {len(workload.samples)} points", file=sys.stderr)
-
-
-def settle(pid: int, limit_s: float = 60) -> float:
-    """Wait until Cassandra uses under a quarter of a core (JIT compilation, flushes done); seconds waited."""
-    started = time.monotonic()
-    while time.monotonic() < started + limit_s:
-        before = process_cpu_s(pid)
-        time.sleep(1)
-        if process_cpu_s(pid) - before < 0.25:
-            break
-    return time.monotonic() - started
-
-
-def drop_keyspace(session, keyspace: str) -> None:
-    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
 
 
 def print_report(results: list[Result]) -> None:
@@ -399,16 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as cleanup:
         workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-"))
         cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
-        pids: dict[str, int] = {}
-        if args.cassandra:
-            host, port = parse_hostport(args.cassandra)
-        else:
-            server = CassandraServer(workdir / "cassandra", heap=args.heap)
-            cleanup.callback(server.stop)
-            server.start(timeout=240)
-            host, port = server.host, server.port
-            # CassandraServer has no public pid; its CPU time shows where the time goes.
-            pids["cassandra"] = server._process.pid
+        host, port, cassandra_pid = cleanup.enter_context(cassandra(args.cassandra, workdir / "cassandra", args.heap))
+        pids = {"cassandra": cassandra_pid} if cassandra_pid else {}
         cluster = connect(host, port)
         cleanup.callback(cluster.shutdown)
         session = cluster.connect()
@@ -427,7 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         gateway = None
         if not args.skip_gateway:
-            gateway = GatewayProcess(store_url, max(10 << 20, max(map(len, bodies))), workdir / "gateway.log")
+            gateway = tsgate_service(
+                "gateway", ["--store", store_url], workdir / "gateway.log",
+                # No roll-ups in this process: they run in the background and would blur the ingest figures.
+                ["--roles", "ingest,query", "--max-body-bytes", str(max(10 << 20, max(map(len, bodies))))],
+            )
             cleanup.callback(gateway.stop)
             gateway.start()
 

@@ -48,7 +48,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -58,19 +57,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from cassandra.cluster import Cluster
-
-from bench.ingest_cassandra import box_busy_s, process_cpu_s
-from gateway.config import parse_hostport
-from gateway.devservices.cassandra import CassandraServer
-from gateway.devservices.process import free_port, terminate
+from bench.common import BenchError, Service, box_busy_s, cassandra, connect, drop_keyspace, process_cpu_s, tsgate_service
+from gateway.devservices.process import free_port
 from gateway.model import now_ms
 from gateway.store.cassandra import CassandraStore
 from gateway.store.layout import Layout
 from protocols.prometheus import Series, encode_write_request_v1
 from protocols.timespec import format_iso
 
-REPO = Path(__file__).resolve().parent.parent
 # --skip name -> table name, in run order.
 TARGETS = {
     "prometheus": "prometheus",
@@ -93,12 +87,7 @@ HEADERS = {
 }
 REQUEST_TIMEOUT_S = 60
 START_TIMEOUT_S = 60
-CASSANDRA_START_TIMEOUT_S = 240
 CHECK_TIMEOUT_S = 300
-
-
-class BenchError(Exception):
-    """A target failed (start, warm-up, check): reported, and the run exits 1."""
 
 
 class Workload:
@@ -132,69 +121,6 @@ class Workload:
     def value(i: int, r: int) -> float:
         """Exact in binary and in JSON, so any difference read back is a real one."""
         return i + r / 1024
-
-
-class Service:
-    """A target server on a loopback port; its output goes to a log quoted when it fails."""
-
-    def __init__(self, name: str, command: list[str], port: int, ready_path: str, log_path: Path, env: dict | None = None):
-        self.name = name
-        self.command = command
-        self.port = port
-        self.ready_path = ready_path
-        self.log_path = log_path
-        self.env = env
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def start(self, timeout: float) -> None:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command, cwd=self.log_path.parent, env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if self.get(self.ready_path, 2)[0] == 200:
-                    return
-            except (OSError, http.client.HTTPException):
-                pass
-            time.sleep(0.2)
-        raise BenchError(f"{self.name} was not ready within {timeout:.0f}s:\n{self.log()}")
-
-    def stop(self) -> None:
-        terminate(self.process, 30)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
-
-    def get(self, path: str, timeout: float) -> tuple[int, bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
-
-
-def tsgate_service(name: str, store_args: list[str], workdir: Path) -> Service:
-    port = free_port()
-    command = [
-        sys.executable, "-m", "gateway.cli", "serve",
-        "--http", f"127.0.0.1:{port}",
-        *store_args,
-        "--log-level", "warning",
-        "--max-series-per-query", "1000000",
-    ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return Service(name, command, port, "/healthz", workdir / "tsgate.log", env)
 
 
 def prometheus_service(binary: str, workdir: Path) -> Service:
@@ -234,38 +160,23 @@ def started(target: str, args: argparse.Namespace, workdir: Path):
         elif target == "victoria-metrics":
             service = victoria_metrics_service(shutil.which("victoria-metrics"), workdir)
         elif target == "sqlite":
-            service = tsgate_service(TARGETS[target], ["--data-dir", str(workdir / "data")], workdir)
+            service = tsgate_service(TARGETS[target], ["--data-dir", str(workdir / "data")], workdir / "tsgate.log")
         else:
-            if args.cassandra:
-                host, port = parse_hostport(args.cassandra)
-            else:
-                server = CassandraServer(workdir / "cassandra", heap=args.heap)
-                stack.callback(server.stop)
-                try:
-                    server.start(timeout=CASSANDRA_START_TIMEOUT_S)
-                except RuntimeError as error:
-                    raise BenchError(str(error)) from None
-                host, port = server.host, server.port
-                # CassandraServer has no public pid; the store's CPU time is part of tsgate's cost.
-                pids["cassandra"] = server._process.pid
+            host, port, cassandra_pid = stack.enter_context(cassandra(args.cassandra, workdir / "cassandra", args.heap))
+            if cassandra_pid:
+                # The store's CPU time is part of tsgate's cost.
+                pids["cassandra"] = cassandra_pid
             keyspace = f"tsgate_bench_rw_{os.getpid()}"
             # Layout() holds the gateway's defaults, which it serves with here.
             CassandraStore.from_url(f"cassandra://{host}:{port}/{keyspace}", Layout()).apply_schema()
             if args.cassandra:
-                stack.callback(drop_keyspace, host, port, keyspace)
-            service = tsgate_service(TARGETS[target], ["--store", f"cassandra://{host}:{port}/{keyspace}"], workdir)
+                # Leave a Cassandra we were given as we found it.
+                cluster = stack.enter_context(connect(host, port))
+                stack.callback(drop_keyspace, cluster.connect(), keyspace)
+            service = tsgate_service(TARGETS[target], ["--store", f"cassandra://{host}:{port}/{keyspace}"], workdir / "tsgate.log")
         stack.callback(service.stop)
         service.start(START_TIMEOUT_S)
         yield service, pids
-
-
-def drop_keyspace(host: str, port: int, keyspace: str) -> None:
-    """Leave a Cassandra we were given as we found it."""
-    cluster = Cluster([host], port=port, protocol_version=5)
-    try:
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-    finally:
-        cluster.shutdown()
 
 
 def send(port: int, workload: Workload, timeout_s: float) -> tuple[int, dict[str, list]]:

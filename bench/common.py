@@ -1,0 +1,210 @@
+"""Helpers every benchmark shares: CPU seconds from /proc, server processes, Cassandra and keyspaces.
+
+One copy of each, so that the suite (``python -m bench``) and the older single-purpose scripts
+measure CPU, start servers and clean up the same way.
+"""
+
+import contextlib
+import http.client
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
+from gateway.config import parse_hostport
+from gateway.devservices.cassandra import CassandraServer
+from gateway.devservices.process import free_port, terminate
+
+REPO = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The gateway's default write consistency (cassandra URL option write_consistency).
+CONSISTENCY = ConsistencyLevel.LOCAL_QUORUM
+REQUEST_TIMEOUT_S = 60
+CASSANDRA_START_TIMEOUT_S = 240
+
+
+class BenchError(Exception):
+    """The run failed (an error answer, missing data, a server that would not start): exit 1."""
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a process (fields 14 and 15 of /proc/<pid>/stat) in seconds."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and its descendants (/proc/<pid>/task/<tid>/children, recursively): a server's workers."""
+    pids, index = [pid], 0
+    while index < len(pids):
+        with contextlib.suppress(FileNotFoundError):  # a process or thread that just exited
+            for task in os.listdir(f"/proc/{pids[index]}/task"):
+                with open(f"/proc/{pids[index]}/task/{task}/children") as children:
+                    pids.extend(int(child) for child in children.read().split())
+        index += 1
+    return pids
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and every live descendant: the gateway's parent plus its workers."""
+    total = 0.0
+    for member in process_tree(pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += process_cpu_s(member)
+    return total
+
+
+def box_busy_s() -> float:
+    """CPU seconds all cores spent busy: on a shared box, other people's load shows up here."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in stat.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / CLK_TCK
+
+
+def settle(pid: int, limit_s: float = 60) -> float:
+    """Wait until Cassandra uses under a quarter of a core (JIT compilation, flushes done); seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() < started + limit_s:
+        before = process_cpu_s(pid)
+        time.sleep(1)
+        if process_cpu_s(pid) - before < 0.25:
+            break
+    return time.monotonic() - started
+
+
+class Service:
+    """A server on a loopback port, ready once ready_path answers 200 (or, with ready_path None, once
+    the port accepts connections); its output goes to a log quoted when it fails."""
+
+    def __init__(self, name: str, command: list[str], port: int, ready_path: str | None, log_path: Path, env: dict | None = None):
+        self.name = name
+        self.command = command
+        self.port = port
+        self.ready_path = ready_path
+        self.log_path = log_path
+        self.env = env
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def start(self, timeout: float = 60) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command, cwd=self.log_path.parent, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BenchError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if self.ready_path is None:
+                    with contextlib.closing(http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)) as probe:
+                        probe.connect()
+                        return
+                if self.get(self.ready_path, 2)[0] == 200:
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.2)
+        raise BenchError(f"{self.name} was not ready within {timeout:.0f}s:\n{self.log()}")
+
+    def stop(self) -> None:
+        terminate(self.process, 30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def get(self, path: str, timeout: float = REQUEST_TIMEOUT_S, headers: dict | None = None) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            connection.request("GET", path, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+
+def tsgate_service(name: str, store_args: list[str], log_path: Path, extra_args: list[str] = ()) -> Service:
+    """A real ``tsgate serve`` on a free HTTP port; the carbon listeners are off unless extra_args set them
+    (their default ports may be held by other gateways on the box)."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "gateway.cli", "serve",
+        "--http", f"127.0.0.1:{port}",
+        "--graphite", "", "--pickle", "",
+        *store_args,
+        "--log-level", "warning",
+        "--max-series-per-query", "1000000",
+        *extra_args,
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    return Service(name, command, port, "/healthz", log_path, env)
+
+
+@contextlib.contextmanager
+def cassandra(given: str | None, workdir: Path, heap: str = "1G"):
+    """Yield (host, port, pid) of the Cassandra to use: the given HOST:PORT (pid None: its CPU is not
+    measured), or one started here in workdir and stopped on the way out."""
+    if given:
+        host, port = parse_hostport(given)
+        yield host, port, None
+        return
+    server = CassandraServer(workdir, heap=heap)
+    try:
+        try:
+            server.start(timeout=CASSANDRA_START_TIMEOUT_S)
+        except RuntimeError as error:
+            raise BenchError(str(error)) from None
+        # CassandraServer has no public pid; its CPU time shows where the time goes.
+        yield server.host, server.port, server._process.pid
+    finally:
+        server.stop()
+
+
+def connect(host: str, port: int) -> Cluster:
+    """A client set up as the gateway's: token-aware, protocol v5, its write consistency."""
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        consistency_level=CONSISTENCY,
+        request_timeout=REQUEST_TIMEOUT_S,
+    )
+    return Cluster([host], port=port, protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+
+
+def drop_keyspace(session, keyspace: str) -> None:
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+
+
+@contextlib.contextmanager
+def fresh_keyspace(session, host: str, port: int, keyspace: str):
+    """Create the keyspace with the gateway's defaults through ``tsgate schema apply`` (as an operator
+    does), yield its store URL, and drop it on the way out, failed or not."""
+    store_url = f"cassandra://{host}:{port}/{keyspace}"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "schema", "apply", "--store", store_url, "--log-level", "warning"],
+            cwd=REPO, capture_output=True, text=True,
+        )
+        if result.returncode:
+            raise BenchError(f"tsgate schema apply {store_url} exited {result.returncode}: {result.stderr[-2000:]}")
+        yield store_url
+    finally:
+        drop_keyspace(session, keyspace)
+
+
+def which(binary: str) -> str:
+    """The path of a reference server's binary, or BenchError saying it is not installed (bench/run installs it)."""
+    path = shutil.which(binary)
+    if path is None:
+        raise BenchError(f"{binary} is not installed (bench/run installs it with apt-get)")
+    return path
