@@ -28,7 +28,7 @@ from pathlib import Path
 from bench import ingest, receive
 from bench.common import REPO, cassandra, connect
 from bench.plot import plot_rates
-from bench.report import format_table, write_json
+from bench.report import format_table, read_json, write_json
 
 PARTS = ("ingest", "receive", "query", "memory")
 RESULTS = REPO / "docs" / "performance-results.json"
@@ -113,6 +113,21 @@ def measure(args: argparse.Namespace, suite: Suite, workdir: Path, context: dict
     return figures
 
 
+def earlier_figures(parts: list[str], context: dict) -> list:
+    """Figures of the parts not run now, kept from the last results file, so that the parts can be
+    run one at a time (on a shared box a full run may not fit in one quiet window)."""
+    if not RESULTS.exists():
+        return []
+    earlier_context, earlier = read_json(RESULTS)
+    kept = [figure for figure in earlier if figure.section not in parts]
+    if kept:
+        context["earlier_runs"] = [
+            *earlier_context.pop("earlier_runs", []),
+            {**earlier_context, "kept_sections": sorted({figure.section for figure in kept})},
+        ]
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Multi-partition batches make Cassandra send a warning the driver logs for every request.
@@ -143,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     context.update(
         load_average_after=os.getloadavg()[0], minutes=round((time.monotonic() - started) / 60, 1), failures=suite.failures
     )
+    figures = earlier_figures(args.parts, context) + figures
     print()
     print(format_table(figures))
     RESULTS.parent.mkdir(exist_ok=True)
