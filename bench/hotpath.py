@@ -1,0 +1,138 @@
+"""CPU per sample of decoding plus the ingest pipeline, without a database: the gateway's own share.
+
+End-to-end figures on a shared 2-core box mix tsgate's CPU with Cassandra's and the neighbours';
+this isolates the Python work tsgate does per sample before the store: the protocol decoder,
+building samples, validation, the series-set hash (or the known-series cache) and pending marks.
+The store accepts and discards (DiscardingStore), so the figures exclude the driver's per-row cost,
+which bench/ingest.py measures for real. Each workload sends its series twice: the first pass
+finds new series (validation, hash, metadata), the second only known ones (the steady state).
+
+    python -m bench.hotpath                    # table of µs of CPU per sample
+    python -m bench.hotpath --profile rw       # plus the top functions of one workload (cProfile)
+"""
+
+import argparse
+import cProfile
+import json
+import pstats
+import time
+
+from twisted.internet import defer
+
+from gateway.downsample.pending import StorePending
+from gateway.ingest import IngestPipeline
+from gateway.metadata_cache import KnownSeries
+from gateway.model import NAME_TAG, Limits, Sample, now_ms
+from gateway.store.layout import Layout
+from protocols import native_json
+from protocols.graphite.plaintext import PlaintextDecoder
+from protocols.prometheus import write as remote_write
+
+TENANT = "bench"
+
+
+class DiscardingStore:
+    """Accepts every write at once: what is left is the gateway's CPU, not the database's."""
+
+    def __init__(self):
+        self.slot_width_ms = Layout().slot_width_ms
+
+    def write_raw(self, points):
+        return defer.succeed(None)
+
+    def write_series(self, series):
+        return defer.succeed(None)
+
+    def mark_pending(self, rows, touched_ms):
+        return defer.succeed(None)
+
+
+def plaintext(bodies):
+    for body in bodies:
+        samples, _ = PlaintextDecoder().feed(body, now_ms())
+        yield "graphite_plaintext", [Sample(TENANT, name, tags, ts, value) for name, tags, ts, value in samples]
+
+
+def prometheus(bodies):
+    for body in bodies:
+        batch = remote_write.decode_write_request(body, remote_write.V1_CONTENT_TYPE, "snappy", 1 << 30)
+        samples = []
+        for series in batch.series:
+            tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
+            samples.extend(Sample(TENANT, series.labels[NAME_TAG], tags, ts, value) for ts, value in series.samples)
+        yield "prometheus", samples
+
+
+def native(bodies):
+    for body in bodies:
+        decoded, _ = native_json.decode_write_batch(body, now_ms())
+        yield "json", [Sample(TENANT, i.metric_name, i.tags, i.timestamp_ms, i.value) for _, i in decoded]
+
+
+def workloads(series: int, per_request: int) -> dict:
+    """Bodies as senders shape them: one sample per series per request (a scrape's worth)."""
+    start = now_ms() // 1000 - 60
+    chunks = [range(first, min(series, first + per_request)) for first in range(0, series, per_request)]
+    return {
+        "plaintext": (plaintext, [
+            b"".join(b"servers.host%d.cpu.metric%d %d.5 %d\n" % (i % 100, i, i, start) for i in chunk) for chunk in chunks
+        ]),
+        "rw": (prometheus, [
+            remote_write.encode_write_request_v1([
+                remote_write.Series({NAME_TAG: "bench_metric", "job": "bench", "instance": f"h{i % 100}", "series": str(i)}, [(start * 1000, float(i))])
+                for i in chunk
+            ])
+            for chunk in chunks
+        ]),
+        "json": (native, [
+            json.dumps([
+                {"metricName": "bench_metric", "tags": {"host": f"h{i % 100}", "series": str(i)}, "ts": start, "value": float(i)}
+                for i in chunk
+            ]).encode()
+            for chunk in chunks
+        ]),
+    }
+
+
+def run(pipeline: IngestPipeline, decode, bodies) -> None:
+    """Decode each body and ingest it; the store answers at once, so each ingest completes here."""
+    for protocol, samples in decode(bodies):
+        defer.ensureDeferred(pipeline.ingest(protocol, samples))
+
+
+def measure(decode, bodies, samples: int, profile: bool) -> tuple[float, float]:
+    """µs of CPU per sample: first pass (new series), second pass (known series)."""
+    store = DiscardingStore()
+    pending = StorePending(store, store.slot_width_ms, 60_000)
+    pipeline = IngestPipeline(store, Limits(), KnownSeries(10_000_000), 1 << 40, pending=pending)
+    started = time.process_time()
+    run(pipeline, decode, bodies)
+    new = time.process_time() - started
+    started = time.process_time()
+    if profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(run, pipeline, decode, bodies)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    else:
+        run(pipeline, decode, bodies)
+    known = time.process_time() - started
+    return new / samples * 1e6, known / samples * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--series", type=int, default=100_000)
+    parser.add_argument("--per-request", type=int, default=2000)
+    parser.add_argument("--profile", choices=["plaintext", "rw", "json"], help="cProfile the known-series pass of one workload")
+    args = parser.parse_args(argv)
+    print(f"{'workload':<10} {'new series µs/sample':>21} {'known series µs/sample':>23}")
+    for name, (decode, bodies) in workloads(args.series, args.per_request).items():
+        if args.profile and args.profile != name:
+            continue
+        new, known = measure(decode, bodies, args.series, args.profile == name)
+        print(f"{name:<10} {new:>21.2f} {known:>23.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
