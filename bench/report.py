@@ -39,3 +39,20 @@ def write_json(figures: list[Figure], path: Path, context: dict) -> None:
 def read_json(path: Path) -> tuple[dict, list[Figure]]:
     data = json.loads(path.read_text())
     return data["context"], [Figure(**item) for item in data["figures"]]
+
+
+def format_markdown(figures: list[Figure]) -> str:
+    """The same table as Markdown, for docs/performance.md."""
+    lines = ["| section | measured | value | unit | ratio | reference | note |", "|---|---|---|---|---|---|---|"]
+    for f in figures:
+        ratio = "" if f.ratio is None else f"{f.ratio:.2f}"
+        value = f"{f.value:,.0f}" if abs(f.value) >= 100 else f"{f.value:.3g}"
+        lines.append(f"| {f.section} | {f.name} | {value} | {f.unit} | {ratio} | {f.reference} | {f.note} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    context, figures = read_json(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/performance-results.json"))
+    print(format_markdown(figures))
