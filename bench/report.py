@@ -17,14 +17,16 @@ class Figure(NamedTuple):
     note: str = ""
 
 
+def _cells(f: Figure) -> tuple[str, ...]:
+    ratio = "" if f.ratio is None else f"{f.ratio:.2f}"
+    value = f"{f.value:,.0f}" if abs(f.value) >= 100 else f"{f.value:.3g}"
+    return (f.section, f.name, value, f.unit, ratio, f.reference, f.note)
+
+
 def format_table(figures: list[Figure]) -> str:
     """A plain-text table, one line per figure, grouped by section in the given order."""
     header = ("section", "measured", "value", "unit", "ratio", "reference", "note")
-    rows = [header]
-    for f in figures:
-        ratio = "" if f.ratio is None else f"{f.ratio:.2f}"
-        value = f"{f.value:,.0f}" if abs(f.value) >= 100 else f"{f.value:.3g}"
-        rows.append((f.section, f.name, value, f.unit, ratio, f.reference, f.note))
+    rows = [header, *map(_cells, figures)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
@@ -44,10 +46,7 @@ def read_json(path: Path) -> tuple[dict, list[Figure]]:
 def format_markdown(figures: list[Figure]) -> str:
     """The same table as Markdown, for docs/performance.md."""
     lines = ["| section | measured | value | unit | ratio | reference | note |", "|---|---|---|---|---|---|---|"]
-    for f in figures:
-        ratio = "" if f.ratio is None else f"{f.ratio:.2f}"
-        value = f"{f.value:,.0f}" if abs(f.value) >= 100 else f"{f.value:.3g}"
-        lines.append(f"| {f.section} | {f.name} | {value} | {f.unit} | {ratio} | {f.reference} | {f.note} |")
+    lines += ["| " + " | ".join(_cells(f)) + " |" for f in figures]
     return "\n".join(lines)
 
 
