@@ -9,9 +9,9 @@ import urllib.parse
 import pytest
 import pytest_twisted
 from cassandra.cluster import Cluster
-from twisted.internet import reactor, task, threads
+from twisted.internet import defer, reactor, task, threads
 
-from gateway.model import series_set_hash, series_set_text
+from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.store.cassandra import CassandraStore, parse_url
 from gateway.store.contract import RawPoint, Rollup
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
@@ -209,5 +209,30 @@ async def test_ttl_expires_raw_and_roll_up_rows(cassandra_server, tenant):
         await task.deferLater(reactor, 3.5, lambda: None)
         assert await store.read_raw(tenant, "h", 0, 2000) == []
         assert await store.read_rollups(five, tenant, "h", 0, 2000) == []
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_writes_and_paged_reads_through_a_tight_request_bound(cassandra_url, tenant):
+    """max_inflight=2: thousands of rows (batched by replica), series with 40 KiB of tag values
+    (batches split by size under Cassandra's 50 KiB limit), and a read of 12,000 points (three
+    driver pages) all complete, and every row comes back."""
+    store = CassandraStore.from_url(f"{cassandra_url}?max_inflight=2", Layout())
+    await store.start()
+    try:
+        points = [RawPoint(tenant, f"h{i % 300}", 1000 * (i // 300), float(i)) for i in range(6000)]
+        points += [RawPoint(tenant, "long", t * 100, float(t)) for t in range(12_000)]
+        await store.write_raw(points)
+        wide = {f"k{k}": "v" * 2000 for k in range(20)}
+        series = [SeriesKey(tenant, series_set_hash(series_set_text(f"wide{i}", wide)), f"wide{i}", wide) for i in range(5)]
+        await store.write_series(series)
+        reads = await defer.gatherResults([store.read_raw(tenant, f"h{i}", 0, HOUR_MS) for i in range(300)])
+        assert [len(rows) for rows in reads] == [20] * 300
+        assert reads[7][3] == (3000, 907.0)
+        long = await store.read_raw(tenant, "long", 0, HOUR_MS)
+        assert long == [(t * 100, float(t)) for t in range(12_000)]
+        found = await store.get_series(tenant, [s.series_set_hash for s in series])
+        assert {key: value.tags for key, value in found.items()} == {s.series_set_hash: wide for s in series}
     finally:
         await store.close()
