@@ -9,7 +9,7 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 from gateway import metrics
 from gateway.downsample.aggregate import AGGREGATORS, PROMETHEUS_COUNTER_SUFFIXES, roll_up, series_kind
 from gateway.downsample.pending import Work
-from gateway.metadata_cache import SeenSeries
+from gateway.metadata_cache import LRUMap, SeenSeries
 from gateway.model import now_ms
 from gateway.store import Store
 from gateway.store.layout import Layout
@@ -24,7 +24,7 @@ class Downsampler:
         self.layout = layout
         self.counter_suffixes = counter_suffixes
         self._semaphore = DeferredSemaphore(concurrency)
-        self._kinds: dict[tuple[str, str], str] = {}
+        self._kinds = LRUMap(100_000)
         self._recorded = SeenSeries(100_000, level="aggregators")
         self._round_lag = 0.0
         self._round_settled = 0
@@ -92,7 +92,8 @@ class Downsampler:
     async def _kind(self, tenant: str, metric_name: str) -> str:
         """From remote-write metadata when there is some (the family name drops _total etc.)."""
         key = (tenant, metric_name)
-        if key not in self._kinds:
+        kind = self._kinds.get(key)
+        if kind is None:
             metric_type = None
             family = next((metric_name[: -len(s)] for s in PROMETHEUS_COUNTER_SUFFIXES if metric_name.endswith(s)), None)
             for name in filter(None, (metric_name, family)):
@@ -100,5 +101,6 @@ class Downsampler:
                 if metadata is not None:
                     metric_type = metadata.type
                     break
-            self._kinds[key] = series_kind(metric_name, metric_type, self.counter_suffixes)
-        return self._kinds[key]
+            kind = series_kind(metric_name, metric_type, self.counter_suffixes)
+            self._kinds.add_all({key: kind})
+        return kind
