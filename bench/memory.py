@@ -19,9 +19,9 @@ What bounds the gateway's memory (defaults from gateway/config.py, named in the 
   as decoded, (tenant, metric name, tag pairs), to its hash, at most ``--metadata-cache-size``
   entries (1,000,000); it holds every label string, so it is most of the growth (about 700 MB at
   1M series of this benchmark's 5 labels);
-* the pending roll-up marks of the current slot (IngestPipeline._marked_current): (tenant, hash,
-  slot) of series written in the current ``--slot-width`` (1 h), capped at the same size, emptied
-  when the slot ends (about 110 MB at 1M);
+* the pending roll-up marks still holding a slot open (IngestPipeline._marked): (tenant, hash,
+  slot) to a time, capped at the same size, expired entries dropped once per ``--slot-width``
+  (1 h) and whenever it is full (about 110 MB at 1M);
 * active series per tenant (gateway/limits.py): kept only when ``--tenant-max-active-series`` is
   set (default 0: off), at most that many, for 20 minutes;
 * the Prometheus metadata cache (100,000 entries) and the Graphite storage-schemas step cache

@@ -54,8 +54,8 @@ class IngestPipeline:
         self.shared_seen = shared_seen
         self.pending = pending
         self.partitions = partitions
-        self._marked_current: set[tuple[str, str, int]] = set()
-        self._current_slot = None
+        self._marked: dict[tuple[str, str, int], int] = {}  # (tenant, hash, slot) -> held open until (ms)
+        self._swept_slot = 0
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
         self.inflight_samples = 0
@@ -136,24 +136,32 @@ class IngestPipeline:
                 await self.shared_seen.mark(unseen)
 
     async def _mark_pending(self, points: list[RawPoint]) -> None:
-        """Once per distinct series and slot of the batch, before the write is acknowledged.
+        """Once per distinct series and slot of the batch, before the write is acknowledged, unless
+        an earlier mark of this process still holds that slot open.
 
-        While a slot is still current, a series already marked in it by this process is not marked
-        again: the downsampler waits for the slot's end plus the delay anyway. Once the slot has
-        ended, every write marks (late data must re-open the slot)."""
+        A mark made at time m holds slot s open until max(end of s, m) + delay: neither tracker
+        calls a slot settled before both its end and its last touch are ``delay`` old. A later
+        write before that moment, less half the delay (a margin for clock skew between this
+        process and the downsampler, and for the roll-up's own run), needs no mark: the roll-up
+        reads it with the rest. So a steady stream marks once per series and slot, and a backfill
+        of a past slot once per series every half delay instead of on every write."""
         width = self.store.slot_width_ms
-        current = self.clock() // width * width
-        if current != self._current_slot:
-            self._current_slot, self._marked_current = current, set()
+        now = self.clock()
+        marked = self._marked
         keys = {(p.tenant, p.series_set_hash, p.timestamp_ms - p.timestamp_ms % width) for p in points}
-        keys -= self._marked_current
+        keys = [key for key in keys if marked.get(key, 0) <= now]
         if not keys:
             return
         items = [PendingSet(partition_of(tenant, hash_, self.partitions), slot, tenant, hash_) for tenant, hash_, slot in keys]
-        await self.pending.track(items, self.clock())
+        await self.pending.track(items, now)
         metrics.DOWNSAMPLE_PENDING_MARKS.inc(len(items))
-        if len(self._marked_current) < self.known.max_entries:
-            self._marked_current.update(key for key in keys if key[2] == current)
+        if len(marked) + len(keys) > self.known.max_entries or now // width != self._swept_slot:
+            self._marked = marked = {key: until for key, until in marked.items() if until > now}
+            self._swept_slot = now // width
+        if len(marked) + len(keys) <= self.known.max_entries:
+            margin = self.pending.delay_ms // 2
+            for key in keys:
+                marked[key] = max(key[2] + width, now) + margin
 
     def drain(self) -> Deferred:
         """Fire once nothing is in flight (used at shutdown, after listeners stopped)."""
