@@ -208,3 +208,42 @@ def which(binary: str) -> str:
     if path is None:
         raise BenchError(f"{binary} is not installed (bench/run installs it with apt-get)")
     return path
+
+
+RETRY_503_FOR_S = 120
+
+
+def post_until_accepted(connection: http.client.HTTPConnection, path: str, body: bytes, headers: dict, accepted: int) -> int:
+    """POST like a well-behaved sender: a 503 (the gateway's backpressure) is retried for at most
+    RETRY_503_FOR_S; any other answer than ``accepted`` fails the run. Returns the retries."""
+    deadline = time.monotonic() + RETRY_503_FOR_S
+    retried = 0
+    while True:
+        connection.request("POST", path, body, headers)
+        response = connection.getresponse()
+        answer = response.read()
+        if response.status == accepted:
+            return retried
+        if response.status != 503 or time.monotonic() > deadline:
+            raise BenchError(f"POST {path} answered {response.status}: {answer[:300]!r}")
+        retried += 1
+        time.sleep(0.2)
+
+
+def run_part_alone(run, description: str, argv: list[str] | None = None) -> None:
+    """``python -m bench.<part>``: one suite part on its own Cassandra (or ``--cassandra``)."""
+    import argparse
+    import tempfile
+
+    from bench.report import format_table
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
+    parser.add_argument("--quick", action="store_true", help="small workloads: a smoke run")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-part-"))
+    try:
+        with cassandra(args.cassandra, workdir / "cassandra") as (host, port, _):
+            print(format_table(run(f"{host}:{port}", workdir, args.quick)))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

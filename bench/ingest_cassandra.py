@@ -25,7 +25,8 @@ from cassandra.concurrent import execute_concurrent, execute_concurrent_with_arg
 from cassandra.query import BatchStatement, BatchType
 
 from bench.common import (
-    CONSISTENCY, REQUEST_TIMEOUT_S, BenchError, Service, box_busy_s, cassandra, connect, drop_keyspace, process_cpu_s,
+    CONSISTENCY, REQUEST_TIMEOUT_S, BenchError, Service, box_busy_s, cassandra, connect, drop_keyspace, post_until_accepted,
+    process_cpu_s,
     settle, tsgate_service,
 )
 from gateway.model import now_ms, series_set_hash, series_set_text
@@ -44,7 +45,6 @@ GATEWAY_TENANT = "bench"
 ROWS_TENANT = "bench_raw_rows"
 BATCHES_TENANT = "bench_raw_batches"
 WARMUP_TENANT = "bench_warmup"
-RETRY_503_FOR_S = 120
 TARGET_RATIO = 0.8
 
 
@@ -141,17 +141,7 @@ def post_all(port: int, bodies: list[bytes], tenant: str, connections: int) -> i
                     body = pending.get_nowait()
                 except queue.Empty:
                     return retried
-                deadline = time.monotonic() + RETRY_503_FOR_S
-                while True:
-                    connection.request("POST", "/api/write", body, headers)
-                    response = connection.getresponse()
-                    answer = response.read()
-                    if response.status == 200:
-                        break
-                    if response.status != 503 or time.monotonic() > deadline:
-                        raise BenchError(f"POST /api/write answered {response.status}: {answer[:500]!r}")
-                    retried += 1
-                    time.sleep(0.2)
+                retried += post_until_accepted(connection, "/api/write", body, headers, 200)
         finally:
             connection.close()
 

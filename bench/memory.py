@@ -30,20 +30,18 @@ What bounds the gateway's memory (defaults from gateway/config.py, named in the 
 So RSS should grow with active series up to 1M and plateau beyond.
 """
 
-import argparse
 import http.client
 import os
 import shutil
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.common import BenchError, cassandra, connect, fresh_keyspace, process_tree, tsgate_service
+from bench.common import BenchError, connect, fresh_keyspace, post_until_accepted, process_tree, run_part_alone, tsgate_service
 from bench.remote_write import HEADERS
-from bench.report import Figure, format_table
+from bench.report import Figure
 from gateway.config import SETTINGS, parse_hostport
 from gateway.model import now_ms
 from protocols.prometheus import Series, encode_write_request_v1
@@ -55,7 +53,6 @@ SERIES_PER_REQUEST = 2000
 CONNECTIONS = 2
 ROUNDS = 3
 INTERVAL_MS = 10_000
-RETRY_503_FOR_S = 120
 METADATA_CACHE_SIZE = int(next(s.default for s in SETTINGS if s.name == "metadata-cache-size"))
 
 
@@ -101,16 +98,7 @@ def send(port: int, series: int) -> float:
         )
         connection = free.pop()
         try:
-            deadline = time.monotonic() + RETRY_503_FOR_S
-            while True:
-                connection.request("POST", "/api/v1/write", body, HEADERS)
-                response = connection.getresponse()
-                answer = response.read()
-                if response.status == 204:
-                    return
-                if response.status != 503 or time.monotonic() > deadline:
-                    raise BenchError(f"POST /api/v1/write answered {response.status}: {answer[:300]!r}")
-                time.sleep(0.2)
+            post_until_accepted(connection, "/api/v1/write", body, HEADERS, 204)
         finally:
             free.append(connection)
 
@@ -211,16 +199,7 @@ def run(cassandra: str, workdir: Path, quick: bool) -> list[Figure]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
-    parser.add_argument("--quick", action="store_true", help="10k and 50k series instead of 100k and 1M")
-    args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-memory-"))
-    try:
-        with cassandra(args.cassandra, workdir / "cassandra") as (host, port, _):
-            print(format_table(run(f"{host}:{port}", workdir, args.quick)))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    run_part_alone(run, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

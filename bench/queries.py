@@ -21,15 +21,12 @@ Figures are p50 and p99 (nearest rank: under 100 requests p99 is the slowest) in
 from the request sent until the last byte of the answer read.
 """
 
-import argparse
 import contextlib
 import http.client
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -37,10 +34,10 @@ from typing import NamedTuple
 
 from twisted.internet import defer, task
 
-from bench.common import REPO, BenchError, cassandra, connect, fresh_keyspace, tsgate_service
+from bench.common import REPO, BenchError, connect, fresh_keyspace, run_part_alone, tsgate_service
 from bench.find import DCS, QUERIES, hosts_for, percentile, populate
 from bench.ingest_cassandra import post_all
-from bench.report import Figure, format_table
+from bench.report import Figure
 from gateway.config import parse_hostport
 from gateway.model import now_ms
 from gateway.store.cassandra import CassandraStore
@@ -284,20 +281,10 @@ def run(cassandra: str, workdir: Path, quick: bool) -> list[Figure]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.queries", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
-    parser.add_argument("--quick", action="store_true", help="small workloads, a smoke run of a few minutes")
-    parser.add_argument("--write-tree", nargs=2, metavar=("STORE_URL", "METRICS"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.write_tree:
-        store_url, metrics = args.write_tree
+    if sys.argv[1:2] == ["--write-tree"]:  # the child process run() starts to write the find tree
+        store_url, metrics = sys.argv[2:4]
         task.react(lambda reactor: defer.ensureDeferred(write_tree_here(store_url, int(metrics))))
-    workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-query-"))
-    try:
-        with cassandra(args.cassandra, workdir / "cassandra") as (host, port, _):
-            print(format_table(run(f"{host}:{port}", workdir, args.quick)))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    run_part_alone(run, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":
