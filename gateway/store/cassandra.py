@@ -21,9 +21,9 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.connection import ConnectionException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, RetryPolicy, TokenAwarePolicy
-from cassandra.query import BatchStatement, BatchType
+from cassandra.query import BatchStatement, BatchType, tuple_factory
 from prometheus_client import Counter
-from twisted.internet import defer, reactor, threads
+from twisted.internet import defer, threads
 
 from gateway.config import parse_duration
 from gateway.model import NAME_TAG, SeriesKey
@@ -74,6 +74,10 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 # (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance.md measured it.
 ROWS_PER_BATCH = 50
 BATCH_VALUE_BYTES = 16 * 1024
+
+# The execution profile of data reads: rows as plain tuples. The driver's default builds a
+# namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.md).
+PLAIN_ROWS = "plain_rows"
 
 
 class CassandraOptions(NamedTuple):
@@ -205,13 +209,16 @@ class CassandraStore(Store):
 
     def _cluster(self) -> Cluster:
         options = self.options
-        balancing = TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=options.local_dc))
-        profile = ExecutionProfile(
-            load_balancing_policy=balancing,
-            retry_policy=CountingRetryPolicy(),
-            consistency_level=options.read_consistency,
-            request_timeout=options.request_timeout_s,
-        )
+
+        def profile(**overrides) -> ExecutionProfile:
+            return ExecutionProfile(
+                load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=options.local_dc)),
+                retry_policy=CountingRetryPolicy(),
+                consistency_level=options.read_consistency,
+                request_timeout=options.request_timeout_s,
+                **overrides,
+            )
+
         ssl_context = None
         if options.tls:
             ssl_context = ssl.create_default_context(cafile=options.tls_ca)
@@ -219,7 +226,7 @@ class CassandraStore(Store):
         return Cluster(
             contact_points=[host for host, _ in options.hosts],
             port=options.hosts[0][1],
-            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile(), PLAIN_ROWS: profile(row_factory=tuple_factory)},
             reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
             auth_provider=auth,
             ssl_context=ssl_context,
@@ -310,7 +317,7 @@ class CassandraStore(Store):
         for granularity in self.layout.granularities:
             table, ttl_g = granularity.table, granularity.retention_ms // 1000
             texts[f"read_{table}"] = (
-                f"SELECT ts, min, max, sum, count, last, increase FROM {ks}.{table}"
+                f"SELECT ts, {', '.join(ROLLUP_COLUMNS)} FROM {ks}.{table}"
                 " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
             )
             for columns in ROLLUP_COLUMN_SETS:
@@ -342,11 +349,11 @@ class CassandraStore(Store):
         """One request; fires with all its rows (every page)."""
         return self._execute_all([(statement, parameters)]).addCallback(lambda results: results[0])
 
-    def _execute_all(self, requests: list[tuple[object, tuple]]) -> defer.Deferred:
+    def _execute_all(self, requests: list[tuple[object, tuple]], profile=EXEC_PROFILE_DEFAULT) -> defer.Deferred:
         """Requests through the store-wide bounded queue; fires with one row list per request."""
         if self._requests is None:
             return defer.fail(StoreUnavailable("cassandra: not connected"))
-        return self._requests.run(requests)
+        return self._requests.run(requests, profile)
 
     def ping(self):
         return self._execute("SELECT release_version FROM system.local")
@@ -417,9 +424,9 @@ class CassandraStore(Store):
         requests = [(statement, (tenant, series_set_hash, slot, start_ms, end_ms)) for slot in slots]
 
         def rows(pages):
-            return [Rollup(tenant, series_set_hash, r.ts, r.min, r.max, r.sum, r.count, r.last, r.increase) for page in pages for r in page]
+            return [Rollup(tenant, series_set_hash, *row) for page in pages for row in page]
 
-        return self._execute_all(requests).addCallback(rows)
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(rows)
 
     def mark_pending(self, rows, touched_ms):
         statement = self._statements["pending"]
@@ -538,5 +545,5 @@ class CassandraStore(Store):
         statement = self._statements["read_raw"]
         slots = time_slots(start_ms, end_ms, self.slot_width_ms)
         requests = [(statement, (tenant, series_set_hash, slot, start_ms, end_ms)) for slot in slots]
-        return self._execute_all(requests).addCallback(lambda pages: [(r.ts, r.value) for rows in pages for r in rows])
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(lambda pages: [row for rows in pages for row in rows])
 

@@ -39,13 +39,14 @@ class RequestQueue:
         self._waiting: deque = deque()
         self._inflight = 0
 
-    def run(self, requests: list[tuple[object, tuple]]) -> defer.Deferred:
-        """Fire with one list of rows per request, in order (every page of each)."""
+    def run(self, requests: list[tuple[object, tuple]], profile) -> defer.Deferred:
+        """Fire with one list of rows per request, in order (every page of each); ``profile`` is
+        the driver execution profile to run them with."""
         if not requests:
             return defer.succeed([])
         group = _Group(len(requests))
         with self._lock:
-            self._waiting.extend((group, index, statement, parameters) for index, (statement, parameters) in enumerate(requests))
+            self._waiting.extend((group, index, statement, parameters, profile) for index, (statement, parameters) in enumerate(requests))
         self._start_more()
         return group.deferred
 
@@ -54,13 +55,13 @@ class RequestQueue:
             with self._lock:
                 if self._inflight >= self.limit or not self._waiting:
                     return
-                group, index, statement, parameters = self._waiting.popleft()
+                group, index, statement, parameters, profile = self._waiting.popleft()
                 self._inflight += 1
             if group.error is not None:
                 self._finished(group, index, None, None)
                 continue
             try:
-                future = self.session.execute_async(statement, parameters)
+                future = self.session.execute_async(statement, parameters, execution_profile=profile)
             except DriverException as error:
                 self._finished(group, index, None, error)
                 continue
