@@ -193,6 +193,9 @@ def run(config: Config, worker: Worker | None = None) -> int:
         deferred.addCallbacks(stop_on_shutdown, failed)
 
     reactor.callWhenRunning(started_or_failed)
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and Twisted then leaves it so; SIGINT is documented to stop the gateway like SIGTERM.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     reactor.run()
     if worker is not None:
         # Drained: a SIGTERM from the supervisor arriving now (systemd may also have sent one
