@@ -17,7 +17,7 @@ What bounds the gateway's memory (defaults from gateway/config.py, named in the 
 
 * the metadata cache (gateway/metadata_cache.py KnownSeries): an LRU from each series' label set
   as decoded, (tenant, metric name, tag pairs), to its hash, at most ``--metadata-cache-size``
-  entries (1,000,000); it holds every tag value, so it is most of the growth (about 630 MB at
+  entries (1,000,000); it holds every tag value, so it is most of the growth (about 490 MB at
   1M series of this benchmark's 5 labels);
 * the pending roll-up marks still holding a slot open (IngestPipeline._marked): (tenant, hash,
   slot) to a time, capped at the same size, expired entries dropped once per ``--slot-width``
