@@ -156,5 +156,10 @@ def test_sigterm_flushes_and_data_survives_a_restart(tmp_path, tenant):
 
 def test_sigint_also_stops_cleanly(tmp_path):
     process = GatewayProcess(tmp_path).start()
-    process.process.send_signal(signal.SIGINT)
-    assert process.process.wait(30) == 0
+    try:
+        process.process.send_signal(signal.SIGINT)
+        assert process.process.wait(30) == 0
+    finally:
+        if process.process.poll() is None:  # the signal was not handled: do not leave it running
+            process.process.kill()
+            process.process.wait()
