@@ -138,12 +138,12 @@ class GraphiteIngest:
 
     def _failed(self, failure, protocol: str, batch: list[Sample]) -> None:
         """Keep the batch at the head of the queue and try again later: never drop accepted data."""
-        self._writing -= 1
         if not failure.check(StoreUnavailable, Overloaded, defer.FirstError):
             log.error("graphite batch of %d samples failed and is dropped: %s", len(batch), failure.getTraceback())
             metrics.GRAPHITE_LOST.inc(len(batch))
-            self._written(None, batch)
+            self._written(None, batch)  # counts the write as finished
             return
+        self._writing -= 1
         log.warning("graphite batch of %d samples not stored (%s); retrying in %.1fs", len(batch), failure.getErrorMessage(), self._retry_delay)
         self._queue.appendleft((protocol, batch))
         self._queued += len(batch)
