@@ -247,3 +247,12 @@ def run_part_alone(run, description: str, argv: list[str] | None = None) -> None
             print(format_table(run(f"{host}:{port}", workdir, args.quick)))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def exit_with(main) -> None:
+    """A script's exit: main's status, or 1 with the reason when a check failed (BenchError)."""
+    try:
+        sys.exit(main())
+    except BenchError as error:
+        print(f"tsgate bench: FAILED: {error}", file=sys.stderr)
+        sys.exit(1)

@@ -20,7 +20,7 @@ from pathlib import Path
 from cassandra.concurrent import execute_concurrent_with_args
 from twisted.internet import defer, task
 
-from bench.common import BenchError, cassandra, connect, drop_keyspace, process_cpu_s, settle
+from bench.common import BenchError, cassandra, connect, drop_keyspace, exit_with, process_cpu_s, settle
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import StorePending
 from gateway.model import SeriesKey, now_ms, series_set_hash, series_set_text
@@ -209,8 +209,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as error:
-        print(f"tsgate bench: FAILED: {error}", file=sys.stderr)
-        sys.exit(1)
+    exit_with(main)

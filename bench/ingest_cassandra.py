@@ -25,9 +25,8 @@ from cassandra.concurrent import execute_concurrent, execute_concurrent_with_arg
 from cassandra.query import BatchStatement, BatchType
 
 from bench.common import (
-    CONSISTENCY, REQUEST_TIMEOUT_S, BenchError, Service, box_busy_s, cassandra, connect, drop_keyspace, post_until_accepted,
-    process_cpu_s,
-    settle, tsgate_service,
+    CONSISTENCY, REQUEST_TIMEOUT_S, BenchError, Service, box_busy_s, cassandra, connect, drop_keyspace, exit_with,
+    post_until_accepted, process_cpu_s, settle, tsgate_service,
 )
 from gateway.model import now_ms, series_set_hash, series_set_text
 from gateway.store.cassandra import ROWS_PER_BATCH, CassandraStore
@@ -351,8 +350,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as error:
-        print(f"tsgate bench: FAILED: {error}", file=sys.stderr)
-        sys.exit(1)
+    exit_with(main)

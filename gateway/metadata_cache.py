@@ -19,34 +19,6 @@ from gateway import metrics
 log = logging.getLogger(__name__)
 
 
-class SeenSeries:
-    """A bounded LRU set of keys (Prometheus metric metadata rows already stored)."""
-
-    def __init__(self, max_entries: int, level: str = "memory"):
-        self.max_entries = max_entries
-        self.level = level
-        self._entries: OrderedDict[tuple, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: tuple) -> bool:
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            metrics.METADATA_CACHE.labels(self.level, "hit").inc()
-            return True
-        metrics.METADATA_CACHE.labels(self.level, "miss").inc()
-        return False
-
-    def add_all(self, keys: Iterable[tuple]) -> None:
-        entries = self._entries
-        for key in keys:
-            entries[key] = None
-            entries.move_to_end(key)
-        while len(entries) > self.max_entries:
-            entries.popitem(last=False)
-
-
 class LRUMap:
     """A bounded map that forgets its least recently used entries."""
 
@@ -71,6 +43,23 @@ class LRUMap:
             entries.move_to_end(key)
         while len(entries) > self.max_entries:
             entries.popitem(last=False)
+
+
+class SeenSeries(LRUMap):
+    """A bounded LRU set of keys (metric metadata rows, aggregator sets already stored), with
+    each lookup counted under ``level``."""
+
+    def __init__(self, max_entries: int, level: str = "memory"):
+        super().__init__(max_entries)
+        self.level = level
+
+    def __contains__(self, key: tuple) -> bool:
+        found = self.get(key) is not None
+        metrics.METADATA_CACHE.labels(self.level, "hit" if found else "miss").inc()
+        return found
+
+    def add_all(self, keys: Iterable[tuple]) -> None:
+        super().add_all(dict.fromkeys(keys, True))
 
 
 class KnownSeries(LRUMap):
