@@ -59,7 +59,10 @@ def _schema(namespace: argparse.Namespace) -> int:
     except Exception as error:
         print(f"tsgate schema apply: {error}", file=sys.stderr)
         return 1
-    print(f"schema applied: keyspace {options.schema.keyspace}, {len(statements)} statements")
+    notes = [statement for statement in statements if statement.startswith("--")]
+    print(f"schema applied: keyspace {options.schema.keyspace}, {len(statements) - len(notes)} statements")
+    for note in notes:
+        print(note)
     return 0
 
 

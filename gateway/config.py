@@ -86,7 +86,8 @@ SETTINGS = [
     Setting("data-dir", Path, "./tsgate-data", "directory of the embedded store"),
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
-    Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (Cassandra TTL)"),
+    Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (in sealed blocks)"),
+    Setting("head-retention", parse_duration, "6h", "how long head rows (raw samples not yet sealed into a block) are kept past the end of their slot; the downsampler must seal a slot within it"),
     Setting("granularities", str, "5m:14d,1h:365d", "roll-up granularities with their retention, finest first"),
     Setting("roles", str, "ingest,query,downsample", "what this process does: any of ingest, query, downsample"),
     Setting("downsample-partitions-count", _positive, "64", "partitions the series are hashed into for downsampling"),
@@ -132,6 +133,7 @@ class Config:
     store: str
     slot_width: int
     raw_retention: int
+    head_retention: int
     granularities: str
     roles: str
     downsample_partitions_count: int
@@ -164,7 +166,7 @@ class Config:
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.slot_width, self.raw_retention, parse_granularities(self.granularities, self.slot_width))
+        return Layout(self.slot_width, self.raw_retention, parse_granularities(self.granularities, self.slot_width), self.head_retention)
 
     @property
     def role_set(self) -> set[str]:
@@ -274,6 +276,11 @@ def build_config(namespace: argparse.Namespace) -> Config:
         parse_granularities(values["granularities"], values["slot_width"])
     except ValueError as error:
         raise ConfigError(f"--granularities: {error}") from None
+    if values["head_retention"] <= values["downsample_delay"]:
+        raise ConfigError(
+            f"--head-retention ({raw['head-retention']}) must be longer than --downsample-delay ({raw['downsample-delay']}):"
+            " head rows must outlive the wait before their slot is sealed"
+        )
     roles = set(filter(None, (r.strip() for r in values["roles"].split(","))))
     if not roles or roles - {"ingest", "query", "downsample"}:
         raise ConfigError(f"--roles: {values['roles']!r} must name some of ingest, query, downsample")

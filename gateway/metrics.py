@@ -37,6 +37,7 @@ GRAPHITE_BACKPRESSURE = Counter("tsgate_graphite_backpressure", "Times Graphite 
 GRAPHITE_UDP_DROPPED = Counter("tsgate_graphite_udp_dropped_samples", "Graphite UDP samples dropped over a full backlog")
 GRAPHITE_LOST = Counter("tsgate_graphite_lost_samples", "Graphite samples dropped after an unexpected store error")
 DOWNSAMPLED = Counter("tsgate_downsampled_series_slots", "Series-slots rolled up")
+SEALED_SAMPLES = Counter("tsgate_sealed_samples", "Samples written into data blocks by the downsampler (a re-sealed slot counts again)")
 DOWNSAMPLE_LAG = Gauge(
     "tsgate_downsample_lag_seconds",
     "How long the oldest settled slot found in the last round had waited (0: none waiting)",

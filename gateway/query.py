@@ -1,9 +1,9 @@
-"""The query planner: tag filters -> intersection of series_sets lookups -> data per series.
+"""The query planner: tag filters -> intersection of series_sets lookups -> series to read.
 
 Seed 000's plan: each ``tag=value`` filter is one series_sets lookup, the matching series are the
 intersection of the lookups (a metric with no filter is looked up under ``__name__``), their
-names and tags come from series_set_hashes, and the data of each comes from its own raw
-partitions. Lookups and reads run concurrently, with a bound on how many at once.
+names and tags come from series_set_hashes. Lookups run concurrently, with a bound on how many
+at once; the samples of the series come from the read path (``self.reader``, read_path.py).
 """
 
 from typing import NamedTuple
@@ -12,6 +12,8 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 
 from gateway import metrics
 from gateway.model import NAME_TAG, SeriesKey
+from gateway.read_path import ReadPath
+from gateway.samples import Samples
 from gateway.store import Store
 
 
@@ -19,33 +21,7 @@ class SeriesResult(NamedTuple):
     tenant: str
     metric_name: str
     tags: dict[str, str]
-    points: list[tuple[int, float]]
-
-
-ROLLUP_AGGREGATORS = ("min", "max", "sum", "count", "avg", "last", "increase")
-
-
-def _aggregate_point(aggregator: str):
-    def point(row):
-        if aggregator == "avg":
-            if row.sum is None or not row.count:
-                return None
-            return (row.timestamp_ms, row.sum / row.count)
-        value = getattr(row, aggregator)
-        return None if value is None else (row.timestamp_ms, float(value))
-
-    return point
-
-
-def choose_granularity(layout, start_ms: int, now_ms: int):
-    """Raw while the range starts inside raw retention; otherwise the finest roll-up whose
-    retention still covers the start (the coarsest when none does)."""
-    if start_ms >= now_ms - layout.raw_retention_ms:
-        return None
-    for granularity in layout.granularities:
-        if start_ms >= now_ms - granularity.retention_ms:
-            return granularity
-    return layout.granularities[-1] if layout.granularities else None
+    samples: Samples
 
 
 class QueryTooLarge(ValueError):
@@ -56,6 +32,7 @@ class QueryPlanner:
     def __init__(self, store: Store, max_series: int, concurrency: int = 32):
         self.store = store
         self.max_series = max_series
+        self.reader = ReadPath(store, concurrency)
         self._semaphore = DeferredSemaphore(concurrency)
 
     def _limited(self, operation: str, call, *args):
@@ -75,24 +52,10 @@ class QueryPlanner:
         return sorted(series.values(), key=lambda s: sorted(s.tags.items()))
 
     async def query(self, tenant: str, metric_name: str, tag_filters: dict[str, str], start_ms: int, end_ms: int) -> list[SeriesResult]:
+        """Series of a metric matching the filters, with their samples (stitched by the read path)."""
         series = await self.select_series(tenant, metric_name, tag_filters)
-        data = await self.read_series(series, start_ms, end_ms)
-        return [SeriesResult(tenant, s.metric_name, s.tags, points) for s, points in zip(series, data)]
-
-    async def read_rollups(self, series: list[SeriesKey], granularity, aggregator: str, start_ms: int, end_ms: int):
-        """Points of one aggregator from a roll-up table (avg is sum/count), in the same order."""
-        reads = [
-            self._limited("read_rollups", self.store.read_rollups, granularity, s.tenant, s.series_set_hash, start_ms, end_ms)
-            for s in series
-        ]
-        return [[point for point in map(_aggregate_point(aggregator), rows) if point is not None] for rows in await gatherResults(reads, consumeErrors=True)]
-
-    async def read_series(self, series: list[SeriesKey], start_ms: int, end_ms: int) -> list[list[tuple[int, float]]]:
-        """Raw points of each series, in the same order."""
-        reads = [
-            self._limited("read_raw", self.store.read_raw, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series
-        ]
-        return await gatherResults(reads, consumeErrors=True)
+        data = await self.reader.read(series, start_ms, end_ms)
+        return [SeriesResult(tenant, s.metric_name, s.tags, d.samples) for s, d in zip(series, data)]
 
     async def select_by_matchers(self, tenant: str, matchers, label_view) -> list[SeriesKey]:
         """Series whose labels, as ``label_view(metric, tags)`` shows them, satisfy every matcher.

@@ -6,12 +6,15 @@ import sys
 import time
 import urllib.parse
 
+import numpy as np
 import pytest
 import pytest_twisted
 from cassandra.cluster import Cluster
 from twisted.internet import defer, reactor, task, threads
 
+from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.store.blocks import encode_block
 from gateway.store.cassandra import CassandraStore, parse_url
 from gateway.store.contract import RawPoint, Rollup
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
@@ -58,9 +61,10 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
             applied = tsgate("schema", "apply", "--store", url)
             assert applied.returncode == 0, applied.stderr
         assert describe(session, "tsdb") == describe(session, "tsdb_applied")
-        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw", "pending_downsample_sets", "data_5m", "data_1h"}
-        raw = describe(session, "tsdb")["data_raw"]
-        assert raw["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and raw["ttl"] == 7 * 86400
+        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw", "head_slots", "data_blocks", "pending_downsample_sets", "data_5m", "data_1h"}
+        blocks = describe(session, "tsdb")["data_blocks"]
+        assert blocks["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and blocks["ttl"] == 7 * 86400
+        assert describe(session, "tsdb")["data_raw"]["ttl"] == 7 * 3600
     finally:
         cluster.shutdown()
 
@@ -71,11 +75,69 @@ def test_schema_apply_upgrades_retention(cassandra_server):
     assert tsgate("schema", "apply", "--store", url, "--raw-retention", "2d").returncode == 0
     cluster, session = cql_session(cassandra_server)
     try:
-        raw = describe(session, "tsdb_upgrade")["data_raw"]
-        assert raw["ttl"] == 2 * 86400
-        assert raw["compaction"]["compaction_window_size"] == "2"
+        blocks = describe(session, "tsdb_upgrade")["data_blocks"]
+        assert blocks["ttl"] == 2 * 86400
+        assert blocks["compaction"]["compaction_window_size"] == "2"
     finally:
         session.execute("DROP KEYSPACE IF EXISTS tsdb_upgrade")
+        cluster.shutdown()
+
+
+def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cassandra_server, tenant):
+    """A keyspace made before blocks existed (no head_slots, no data_blocks; data_raw rows
+    written with the raw retention's TTL) is upgraded by `schema apply`, and what it held stays
+    readable, before and after the downsampler seals it."""
+    url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsdb_old_layout"
+    cluster, session = cql_session(cassandra_server)
+    try:
+        session.execute("DROP KEYSPACE IF EXISTS tsdb_old_layout")
+        old_schema = SCHEMA_FILE.read_text().replace("tsdb.", "tsdb_old_layout.").replace("KEYSPACE IF NOT EXISTS tsdb\n", "KEYSPACE IF NOT EXISTS tsdb_old_layout\n")
+        for statement in filter(str.strip, re.sub(r"--[^\n]*", "", old_schema).split(";")):
+            if "head_slots" not in statement and "data_blocks" not in statement:
+                session.execute(statement)
+        t0 = (int(time.time()) // 3600 - 2) * 3600
+        hash_ = series_set_hash(series_set_text("legacy_temp", {"room": "a"}))
+        ks = "tsdb_old_layout"
+        session.execute(f"INSERT INTO {ks}.tenants (tenant) VALUES (%s)", [tenant])
+        session.execute(f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (%s, 'legacy_temp')", [tenant])
+        session.execute(
+            f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (%s, %s, 'legacy_temp', {{'room': 'a'}})",
+            [tenant, hash_],
+        )
+        for key, value in (("__name__", "legacy_temp"), ("room", "a")):
+            session.execute(
+                f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (%s, 'legacy_temp', %s, %s, %s)",
+                [tenant, key, value, hash_],
+            )
+        for i in range(30):
+            ts = (t0 + i * 60) * 1000
+            session.execute(
+                f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (%s, %s, %s, %s, %s) USING TTL 604800",
+                [tenant, hash_, t0 * 1000, ts, float(i)],
+            )
+        applied = tsgate("schema", "apply", "--store", url)
+        assert applied.returncode == 0, applied.stderr
+        assert "indexed 1 data_raw partitions" in applied.stdout
+        gateway = start_gateway("--store", url, "--roles", "ingest,query", "--downsample-delay", "0s")
+        query = "/api/query?" + urllib.parse.urlencode({"tenant": tenant, "metricName": "legacy_temp", "start": t0, "end": t0 + 3599})
+
+        def values():
+            answer = gateway.get(query)
+            assert answer.status == 200, answer.body
+            return list(answer.json()[0]["values"].values())
+
+        assert values() == [float(i) for i in range(30)]
+        new = {"tenant": tenant, "metricName": "legacy_temp", "tags": {"room": "a"}, "ts": t0 + 1800, "value": 99.0}
+        assert gateway.post("/api/write/single", new).status == 200
+        sealed = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", "--store", url],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )
+        assert sealed.returncode == 0, sealed.stderr
+        assert values() == [float(i) for i in range(30)] + [99.0]
+        assert session.execute(f"SELECT count(*) FROM {ks}.data_blocks").one()[0] == 1
+    finally:
+        session.execute("DROP KEYSPACE IF EXISTS tsdb_old_layout")
         cluster.shutdown()
 
 
@@ -197,7 +259,7 @@ def test_serve_on_a_missing_keyspace_says_how_to_create_it(cassandra_server):
 @pytest_twisted.ensureDeferred
 async def test_ttl_expires_raw_and_roll_up_rows(cassandra_server, tenant):
     """Writes carry each table's TTL: with 2 s retentions, rows are gone 3.5 s later."""
-    layout = Layout(HOUR_MS, 2000, parse_granularities("5m:2s", HOUR_MS))
+    layout = Layout(HOUR_MS, 2000, parse_granularities("5m:2s", HOUR_MS), head_retention_ms=2000)
     store = CassandraStore.from_url(f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsgate_ttl", layout)
     await threads.deferToThread(store.apply_schema)
     await store.start()
@@ -205,9 +267,12 @@ async def test_ttl_expires_raw_and_roll_up_rows(cassandra_server, tenant):
         five = layout.granularity("5m")
         await store.write_raw([RawPoint(tenant, "h", 1000, 1.0)])
         await store.write_rollups(five, [Rollup(tenant, "h", 0, 1.0, 1.0, 1.0, 1)])
-        assert await store.read_raw(tenant, "h", 0, 2000) == [(1000, 1.0)]
+        await store.write_block(tenant, "h", 0, encode_block(np.array([1000]), np.array([1.0])), samples.empty())
+        assert (await store.read_head(tenant, "h", 0, 2000)).points() == [(1000, 1.0)]
+        assert len(await store.read_blocks(tenant, "h", 0, 2000)) == 1
         await task.deferLater(reactor, 3.5, lambda: None)
-        assert await store.read_raw(tenant, "h", 0, 2000) == []
+        assert (await store.read_head(tenant, "h", 0, 2000)).points() == []
+        assert await store.read_blocks(tenant, "h", 0, 2000) == []
         assert await store.read_rollups(five, tenant, "h", 0, 2000) == []
     finally:
         await store.close()
@@ -227,11 +292,11 @@ async def test_writes_and_paged_reads_through_a_tight_request_bound(cassandra_ur
         wide = {f"k{k}": "v" * 2000 for k in range(20)}
         series = [SeriesKey(tenant, series_set_hash(series_set_text(f"wide{i}", wide)), f"wide{i}", wide) for i in range(5)]
         await store.write_series(series)
-        reads = await defer.gatherResults([store.read_raw(tenant, f"h{i}", 0, HOUR_MS) for i in range(300)])
-        assert [len(rows) for rows in reads] == [20] * 300
-        assert reads[7][3] == (3000, 907.0)
-        long = await store.read_raw(tenant, "long", 0, HOUR_MS)
-        assert long == [(t * 100, float(t)) for t in range(12_000)]
+        reads = await defer.gatherResults([store.read_head(tenant, f"h{i}", 0, HOUR_MS) for i in range(300)])
+        assert [len(found) for found in reads] == [20] * 300
+        assert reads[7].points()[3] == (3000, 907.0)
+        long = await store.read_head(tenant, "long", 0, HOUR_MS)
+        assert long.points() == [(t * 100, float(t)) for t in range(12_000)]
         found = await store.get_series(tenant, [s.series_set_hash for s in series])
         assert {key: value.tags for key, value in found.items()} == {s.series_set_hash: wide for s in series}
     finally:

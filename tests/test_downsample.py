@@ -10,7 +10,7 @@ import pytest
 
 from gateway.downsample.aggregate import CUMULATIVE_COUNTER, DELTA_COUNTER, GAUGE, MAX_ONLY, roll_up, series_kind
 from gateway.downsample.partitions import jump_hash, parse_partitions, partition_of
-from gateway.query import choose_granularity
+from gateway.read_path import choose_granularity
 from gateway.store.contract import Rollup
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
 from tests.gatewayproc import REPO

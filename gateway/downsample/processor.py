@@ -1,17 +1,23 @@
-"""Roll up settled series-slots: read the raw slot, aggregate, write each granularity, then mark
-the work done (only after the writes succeeded: a crash redoes work, never loses it)."""
+"""Seal and roll up settled series-slots: merge the slot's head rows into its block, write the
+block, then the roll-ups of every granularity computed from the merged samples, then mark the
+work done (only after the writes succeeded: a crash redoes work, never loses it; sealing the same
+samples twice writes the same block)."""
 
 import logging
 import time
 
+import numpy as np
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
-from gateway import metrics
+from gateway import metrics, samples
 from gateway.downsample.aggregate import AGGREGATORS, PROMETHEUS_COUNTER_SUFFIXES, roll_up, series_kind
 from gateway.downsample.pending import Work
 from gateway.metadata_cache import LRUMap, SeenSeries
 from gateway.model import now_ms
+from gateway.read_path import ReadPath
+from gateway.samples import Samples
 from gateway.store import Store
+from gateway.store.blocks import decode_block, encode_block
 from gateway.store.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -23,10 +29,12 @@ class Downsampler:
         self.pending = pending
         self.layout = layout
         self.counter_suffixes = counter_suffixes
+        self.reader = ReadPath(store)
         self._semaphore = DeferredSemaphore(concurrency)
         self._kinds = LRUMap(100_000)
         self._recorded = SeenSeries(100_000, level="aggregators")
         self._round_lag = 0.0
+        self._swept_at: int | None = None
         self._round_settled = 0
 
     async def run_once(self, partitions: list[int], lock=None) -> int:
@@ -42,7 +50,15 @@ class Downsampler:
                     done += await self._partition(partition)
         metrics.DOWNSAMPLE_LAG.set(self._round_lag)
         metrics.DOWNSAMPLE_SETTLED.set(self._round_settled)
+        await self._sweep()
         return done
+
+    async def _sweep(self) -> None:
+        """Drop data past its retention, at most once a slot (a no-op on Cassandra, whose TTLs do it)."""
+        now = now_ms()
+        if self._swept_at is None or now - self._swept_at >= self.layout.slot_width_ms:
+            self._swept_at = now
+            await metrics.observe_store("sweep", self.store.sweep(now))
 
     async def _partition(self, partition: int) -> int:
         done, now = 0, now_ms()
@@ -76,18 +92,32 @@ class Downsampler:
         if series_set_hash not in found:
             log.warning("pending series %s of tenant %s has no metadata; skipped", series_set_hash, tenant)
             return
-        metric_name = found[series_set_hash].metric_name
-        kind = await self._kind(tenant, metric_name)
+        key = found[series_set_hash]
+        kind = await self._kind(tenant, key.metric_name)
+        merged = await self._seal(tenant, series_set_hash, slot)
         width = self.layout.slot_width_ms
-        points = await self.store.read_raw(tenant, series_set_hash, slot - width, slot + width - 1)
-        before = [value for timestamp, value in points if timestamp < slot and value == value]
-        inside = [(timestamp, value) for timestamp, value in points if timestamp >= slot]
-        rows = roll_up(tenant, series_set_hash, kind, inside, before[-1] if before else None, self.layout.granularities)
+        (before,) = await self.reader.read_raw([key], slot - width, slot - 1)
+        numbers = before.values[~np.isnan(before.values)]
+        previous = float(numbers[-1]) if len(numbers) else None
+        rows = roll_up(tenant, series_set_hash, kind, merged.points(), previous, self.layout.granularities)
         for granularity in self.layout.granularities:
             await metrics.observe_store("write_rollups", self.store.write_rollups(granularity, rows[granularity.name]))
-        if (tenant, metric_name) not in self._recorded:
-            await self.store.add_metric_aggregators(tenant, metric_name, AGGREGATORS[kind])
-            self._recorded.add_all([(tenant, metric_name)])
+        if (tenant, key.metric_name) not in self._recorded:
+            await self.store.add_metric_aggregators(tenant, key.metric_name, AGGREGATORS[kind])
+            self._recorded.add_all([(tenant, key.metric_name)])
+
+    async def _seal(self, tenant: str, series_set_hash: str, slot: int) -> Samples:
+        """The slot's block merged with its head rows (the head wins), written back when the head
+        had anything; returns the merged samples."""
+        end = slot + self.layout.slot_width_ms - 1
+        head = await self.store.read_head(tenant, series_set_hash, slot, end)
+        blocks = await self.store.read_blocks(tenant, series_set_hash, slot, end)
+        merged = samples.merge([*(Samples(*decode_block(block)) for block in blocks), head])
+        if len(head):
+            block = encode_block(merged.timestamps, merged.values)
+            await metrics.observe_store("write_block", self.store.write_block(tenant, series_set_hash, slot, block, head))
+            metrics.SEALED_SAMPLES.inc(len(merged))
+        return merged
 
     async def _kind(self, tenant: str, metric_name: str) -> str:
         """From remote-write metadata when there is some (the family name drops _total etc.)."""

@@ -5,21 +5,23 @@ Buckets follow whisper: a sample at ``t`` lands in the bucket starting at ``t - 
 last sample of a bucket wins; a request for ``[from, until]`` returns buckets from
 ``from - from % step + step`` up to ``until - until % step + step`` (exclusive), as graphite-web's
 whisper reader does. NaN (a Prometheus stale marker, say) reads as null. A range that starts
-before raw retention reads the roll-up that covers it (docs/downsampling.rst) at its width: the
-average (the last value for counters, which have no average).
+before raw retention reads, up to the raw retention, the roll-up that covers its start
+(docs/downsampling.rst) at its width: the aggregate matching the target's consolidateBy (average
+by default; the last value for counters, which have no other), and the raw samples after it are
+consolidated into buckets of that width the same way, as whisper's coarser archive would hold them.
 """
 
-import math
-
+import numpy as np
 from twisted.internet.defer import ensureDeferred, gatherResults
 
 from gateway.graphite import tagdb
 from gateway.graphite.finder import Finder
 from gateway.graphite.series import TimeSeries
 from gateway.graphite.storage_schemas import StorageSchemas
-from gateway.model import SeriesKey, now_ms, series_set_hash, series_set_text
+from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.graphite.functions import RenderError
-from gateway.query import QueryPlanner, QueryTooLarge, choose_granularity
+from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.samples import Samples
 from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target
 
 
@@ -78,24 +80,12 @@ class StoreFetcher:
         expression = "seriesByTag(" + ",".join(repr(e) for e in expressions) + ")"
         return await self._read(keys, start, end, expression)
 
-    async def _points(self, keys: list[SeriesKey], rollup, start_ms: int, end_ms: int, path_expression: str):
-        """Raw points, or past raw retention the roll-up aggregate matching the target's
-        consolidateBy (average by default; the last value for counters, which have no other)."""
-        if rollup is None:
-            return await self.planner.read_series(keys, start_ms, end_ms)
-        wanted = ROLLUP_FOR_CONSOLIDATION.get(self.consolidation.get(path_expression, "average"), "avg")
-        chosen = await self.planner.read_rollups(keys, rollup, wanted, start_ms, end_ms)
-        missing = [index for index, points in enumerate(chosen) if not points]
-        if missing:
-            lasts = await self.planner.read_rollups([keys[i] for i in missing], rollup, "last", start_ms, end_ms)
-            for index, points in zip(missing, lasts):
-                chosen[index] = points
-        return chosen
-
     async def _read(self, keys: list[SeriesKey], start: int, end: int, path_expression: str) -> list[TimeSeries]:
         if len(keys) > self.max_series:
             raise QueryTooLarge(f"{path_expression} matches {len(keys)} series, over the limit of {self.max_series}")
-        rollup = choose_granularity(self.planner.store.layout, start * 1000, now_ms())
+        reader = self.planner.reader
+        rollup = reader.rollup_for(start * 1000)
+        wanted = ROLLUP_FOR_CONSOLIDATION.get(self.consolidation.get(path_expression, "average"), "avg")
         windows = []
         for key in keys:
             step = self.schemas.step_for(tagdb.graphite_path(key))
@@ -112,19 +102,46 @@ class StoreFetcher:
         for index, window in enumerate(windows):
             by_window.setdefault(window, []).append(index)
         reads = [
-            ensureDeferred(self._points([keys[i] for i in indexes], rollup, first * 1000, stop * 1000 - 1, path_expression))
+            ensureDeferred(reader.read([keys[i] for i in indexes], first * 1000, stop * 1000 - 1, wanted))
             for (_, first, stop), indexes in by_window.items()
         ]
         data: list = [None] * len(keys)
-        for indexes, points_lists in zip(by_window.values(), await gatherResults(reads, consumeErrors=True)):
-            for index, points in zip(indexes, points_lists):
-                data[index] = points
+        for indexes, found in zip(by_window.values(), await gatherResults(reads, consumeErrors=True)):
+            for index, read in zip(indexes, found):
+                data[index] = read
         series = []
-        for key, (step, first, stop), points in zip(keys, windows, data):
-            values = [None] * ((stop - first) // step)
-            for timestamp_ms, value in points:
-                t = timestamp_ms // 1000
-                values[(t - t % step - first) // step] = None if math.isnan(value) else value
+        for key, (step, first, stop), read in zip(keys, windows, data):
+            how = "last" if rollup is None or read.aggregate == "last" else wanted
+            values = bucket(read.samples, first, step, (stop - first) // step, how)
             name = tagdb.graphite_path(key)
             series.append(TimeSeries(name, first, stop, step, values, path_expression=path_expression))
         return series
+
+
+def bucket(found: Samples, first: int, step: int, count: int, how: str) -> list[float | None]:
+    """Samples into ``count`` buckets of ``step`` seconds from ``first`` (aligned to the step), as
+    whisper stores them: ``how`` is "last" (the last sample of a bucket wins, NaN included, and
+    reads as None) or the roll-up consolidation "avg", "sum", "min", "max" (NaNs left out)."""
+    seconds = found.timestamps // 1000
+    index = (seconds - seconds % step - first) // step
+    inside = (index >= 0) & (index < count)
+    index, values = index[inside], found.values[inside]
+    out = np.full(count, np.nan)
+    if how != "last":
+        numbers = ~np.isnan(values)
+        index, values = index[numbers], values[numbers]
+    if len(index):
+        runs = np.flatnonzero(np.diff(index)) + 1
+        starts = np.concatenate(([0], runs))
+        if how == "last":
+            out[index[np.concatenate((runs - 1, [len(index) - 1]))]] = values[np.concatenate((runs - 1, [len(index) - 1]))]
+        elif how == "avg":
+            out[index[starts]] = np.add.reduceat(values, starts) / np.diff(np.concatenate((starts, [len(index)])))
+        else:
+            reduce = {"sum": np.add, "min": np.minimum, "max": np.maximum}[how]
+            out[index[starts]] = reduce.reduceat(values, starts)
+    listed = out.tolist()
+    if np.isnan(out).any():
+        for position in np.flatnonzero(np.isnan(out)).tolist():
+            listed[position] = None
+    return listed

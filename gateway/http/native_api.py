@@ -3,7 +3,8 @@
 from gateway.http.server import HTTPError, Router, arg, args, explicit_tenant, json_response, read_body, request_tenant, require_arg, Response
 from gateway.ingest import IngestPipeline
 from gateway.model import InvalidSample, Sample, validate_tenant
-from gateway.query import ROLLUP_AGGREGATORS, QueryPlanner, SeriesResult, choose_granularity
+from gateway.query import QueryPlanner, SeriesResult
+from gateway.read_path import ROLLUP_AGGREGATES
 from gateway.store import Store
 from protocols import native_json
 from protocols.timespec import BadTime, parse_time
@@ -115,29 +116,33 @@ class NativeAPI:
         end_ms = self._time(request, "end", "now", now)
         if start_ms > end_ms:
             raise HTTPError(400, "start is after end", field="start")
-        granularity = self._granularity(request, start_ms, now)
-        if granularity is None:
-            if arg(request, "aggregator", "raw") != "raw":
-                raise HTTPError(400, "an aggregator other than raw needs a granularity", field="aggregator")
-            results = await self.planner.query(tenant, metric_name, filters, start_ms, end_ms)
-            return Response(200, native_json.encode_query_results(results))
-        aggregator = arg(request, "aggregator") or "avg"
-        if aggregator not in ROLLUP_AGGREGATORS:
-            raise HTTPError(400, f"aggregator {aggregator!r} is not one of raw, {', '.join(ROLLUP_AGGREGATORS)}", field="aggregator")
+        aggregator = arg(request, "aggregator") or None
+        if aggregator not in (None, "raw", *ROLLUP_AGGREGATES):
+            choices = ", ".join(("raw", *ROLLUP_AGGREGATES))
+            raise HTTPError(400, f"aggregator {aggregator!r} is not one of {choices}", field="aggregator")
+        granularity = self._granularity(request)
+        if granularity is None and aggregator not in (None, "raw") and arg(request, "granularity") != "raw":
+            granularity = self.store.layout.granularities[0]
+        if granularity is not None and aggregator == "raw":
+            raise HTTPError(400, "aggregator raw reads raw samples, so it takes no granularity", field="aggregator")
+        if granularity is None and aggregator not in (None, "raw"):
+            raise HTTPError(400, "an aggregator other than raw needs a granularity", field="aggregator")
         series = await self.planner.select_series(tenant, metric_name, filters)
-        data = await self.planner.read_rollups(series, granularity, aggregator, start_ms, end_ms)
-        results = [SeriesResult(tenant, s.metric_name, s.tags, points) for s, points in zip(series, data)]
+        reader = self.planner.reader
+        if granularity is not None:
+            data = [read for read, _ in await reader.read_rollup(series, granularity, aggregator or "avg", start_ms, end_ms)]
+        elif aggregator == "raw" or arg(request, "granularity") == "raw":
+            data = await reader.read_raw(series, start_ms, end_ms)
+        else:
+            data = [read.samples for read in await reader.read(series, start_ms, end_ms)]
+        results = [SeriesResult(tenant, s.metric_name, s.tags, d) for s, d in zip(series, data)]
         return Response(200, native_json.encode_query_results(results))
 
-    def _granularity(self, request, start_ms: int, now: int):
-        """``granularity=5m`` (or ISO ``PT5M``) explicitly, ``raw``, or chosen by the range."""
+    def _granularity(self, request):
+        """An explicit ``granularity=5m`` (or ISO ``PT5M``); None for ``raw`` or none given."""
         layout = self.store.layout
         name = arg(request, "granularity")
-        if not name:
-            if arg(request, "aggregator") not in (None, "", "raw"):
-                return layout.granularities[0]
-            return choose_granularity(layout, start_ms, now)
-        if name == "raw":
+        if not name or name == "raw":
             return None
         name = name.lower().removeprefix("pt").removeprefix("p")
         try:

@@ -17,8 +17,8 @@ from gateway.http.server import HTTPError, Response, Router, json_response, read
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import SeenSeries
-from gateway.model import NAME_TAG, Sample, now_ms, series_set_text
-from gateway.query import QueryPlanner, QueryTooLarge, choose_granularity
+from gateway.model import NAME_TAG, Sample, series_set_text
+from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
 from protocols import prometheus
@@ -125,7 +125,7 @@ class PrometheusAPI:
         if response_type == prometheus.SAMPLES:
             answers = []
             for query, selection in zip(read_request.queries, selections):
-                answers.append([item async for item in self._read(selection, query)])
+                answers.append([(labels, found.points()) async for labels, found in self._read(selection, query)])
             return Response(
                 200,
                 prometheus.encode_read_response(answers),
@@ -142,31 +142,27 @@ class PrometheusAPI:
         return labelled
 
     async def _read(self, selection, query):
-        """Yield (labels, points) of each series with points, a few series at a time, counting samples;
-        past raw retention the points are the avg roll-up of the granularity that covers the start."""
+        """Yield (labels, Samples) of each series with samples, a few series at a time, counting
+        samples. Past raw retention the read path gives the avg roll-up (the last value for
+        counters, which have no avg, so rate() over them stays right) up to the raw retention."""
         samples = 0
-        rollup = choose_granularity(self.store.layout, query.start_ms, now_ms())
         for start in range(0, len(selection), READ_BATCH):
             part = selection[start : start + READ_BATCH]
-            keys = [key for _, key in part]
-            if rollup is None:
-                data = await self.planner.read_series(keys, query.start_ms, query.end_ms)
-            else:
-                data = await self.planner.read_rollups(keys, rollup, "avg", query.start_ms, query.end_ms)
-            for (labels, _), points in zip(part, data):
-                samples += len(points)
+            data = await self.planner.reader.read([key for _, key in part], query.start_ms, query.end_ms)
+            for (labels, _), read in zip(part, data):
+                samples += len(read.samples)
                 if samples > self.max_samples_per_query:
                     raise QueryTooLarge(
                         f"the query reads more than {self.max_samples_per_query} samples (--max-samples-per-query); narrow it"
                     )
-                if points:
-                    yield labels, points
+                if len(read.samples):
+                    yield labels, read.samples
 
     async def _stream(self, queries, selections):
         """STREAMED_XOR_CHUNKS frames, produced series by series as they are read."""
         for index, (query, selection) in enumerate(zip(queries, selections)):
-            async for labels, points in self._read(selection, query):
-                for frame in prometheus.encode_chunked_series_frames(index, labels, points):
+            async for labels, found in self._read(selection, query):
+                for frame in prometheus.encode_chunked_series_frames(index, labels, found.points()):
                     yield frame
 
 

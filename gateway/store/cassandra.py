@@ -21,16 +21,21 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.connection import ConnectionException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, RetryPolicy, TokenAwarePolicy
+import numpy as np
 from cassandra.query import BatchStatement, BatchType, tuple_factory
 from prometheus_client import Counter
 from twisted.internet import defer, threads
 
+from gateway import samples
 from gateway.config import parse_duration
-from gateway.model import NAME_TAG, SeriesKey
+from gateway.metadata_cache import LRUMap
+from gateway.model import SeriesKey
+from gateway.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
+from gateway.store.contract import ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, Store, StoreUnavailable, time_slot, time_slots
+from gateway.store.index import index_rows
 from gateway.store.layout import Layout
-from gateway.store.contract import ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot, time_slots
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +79,11 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 # (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance.md measured it.
 ROWS_PER_BATCH = 50
 BATCH_VALUE_BYTES = 16 * 1024
+
+# A head_slots entry lives this much longer than the head rows written with it, and is rewritten
+# when a write comes within this much of its end; HEAD_SLOTS_REMEMBERED series-slots are remembered.
+HEAD_SLOT_MARGIN_MS = 3_600_000
+HEAD_SLOTS_REMEMBERED = 1_000_000
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
 # namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.md).
@@ -202,6 +212,7 @@ class CassandraStore(Store):
         self.session = None
         self._requests: RequestQueue | None = None
         self._statements: dict[str, object] = {}
+        self._head_slots_written = LRUMap(HEAD_SLOTS_REMEMBERED)
 
     @classmethod
     def from_url(cls, url: str, layout: Layout) -> "CassandraStore":
@@ -273,12 +284,32 @@ class CassandraStore(Store):
             if existing and "aggregators" not in existing:
                 statements.append(f"ALTER TABLE {schema.keyspace}.metric_names ADD aggregators set<text>")
             statements += upgrade_statements(schema)
+            tables = {
+                row.table_name
+                for row in session.execute("SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", [schema.keyspace])
+            }
             for statement in statements:
                 session.execute(statement, timeout=120)
             session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
+            if "data_raw" in tables and "head_slots" not in tables:
+                statements.append(self._index_head_rows(session))
             return statements
         finally:
             self.cluster.shutdown()
+
+    def _index_head_rows(self, session) -> str:
+        """The upgrade from one row a sample: data_raw rows written before head_slots existed get
+        entries, so read_head finds them until they expire with the raw retention they were written
+        with. Slots still pending are sealed into blocks by the downsampler like any other; slots
+        rolled up before the upgrade stay head rows until then."""
+        ks, ttl = self.keyspace, self.ttl_s
+        insert = session.prepare(f"INSERT INTO {ks}.head_slots (tenant, series_set_hash, time_slot) VALUES (?, ?, ?) USING TTL {ttl}")
+        rows = session.execute(f"SELECT DISTINCT tenant, series_set_hash, time_slot FROM {ks}.data_raw", timeout=120)
+        count = 0
+        for row in rows:
+            session.execute(insert, (row.tenant, row.series_set_hash, row.time_slot))
+            count += 1
+        return f"-- indexed {count} data_raw partitions written before the upgrade in head_slots"
 
     def _prepare_all(self) -> None:
         ks, ttl = self.keyspace, self.ttl_s
@@ -305,14 +336,18 @@ class CassandraStore(Store):
             "get_aggregators": f"SELECT aggregators FROM {ks}.metric_names WHERE tenant = ? AND metric_name = ?",
             "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
-            "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL {ttl}",
+            "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL ?",
+            "head_slot": f"INSERT INTO {ks}.head_slots (tenant, series_set_hash, time_slot) VALUES (?, ?, ?) USING TTL ?",
+            "head_slots": f"SELECT time_slot FROM {ks}.head_slots WHERE tenant = ? AND series_set_hash = ? AND time_slot >= ? AND time_slot <= ?",
+            "read_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
+            "write_block": f"INSERT INTO {ks}.data_blocks (tenant, series_set_hash, block_partition, time_slot, block) VALUES (?, ?, ?, ?, ?) USING TTL {ttl}",
+            "read_blocks": f"SELECT block FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
             "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
             "list_tag_values": f"SELECT tag_value FROM {ks}.tag_values WHERE tenant = ? AND metric_name = ? AND tag_key = ?",
             "find_series": f"SELECT series_set_hash FROM {ks}.series_sets WHERE tenant = ? AND metric_name = ? AND tag_key = ? AND tag_value = ?",
             "get_series": f"SELECT metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
-            "read_raw": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?",
         }
         for granularity in self.layout.granularities:
             table, ttl_g = granularity.table, granularity.retention_ms // 1000
@@ -359,32 +394,18 @@ class CassandraStore(Store):
         return self._execute("SELECT release_version FROM system.local")
 
     def write_series(self, series: Sequence[SeriesKey]):
-        s = self._statements
-        tenants, names, keys, values, index = set(), set(), set(), set(), []
-        hashes, paths, tags = [], set(), set()
-        for item in series:
-            tenants.add(item.tenant)
-            names.add((item.tenant, item.metric_name))
-            hashes.append((s["series_set_hash"], (item.tenant, item.series_set_hash, item.metric_name, item.tags)))
-            index.append((s["series_set"], (item.tenant, item.metric_name, NAME_TAG, item.metric_name, item.series_set_hash)))
-            for key, value in item.tags.items():
-                index.append((s["series_set"], (item.tenant, item.metric_name, key, value, item.series_set_hash)))
-                keys.add((item.tenant, item.metric_name, key))
-                values.add((item.tenant, item.metric_name, key, value))
-                tags.add((item.tenant, key, value, item.metric_name))
-            if not item.tags:
-                paths.update((item.tenant, parent, name, leaf) for parent, name, leaf in path_nodes(item.metric_name))
+        s, rows = self._statements, index_rows(series)
         requests = [
-            *((s["tenant"], (tenant,)) for tenant in tenants),
-            *((s["metric_name"], row) for row in names),
-            *hashes,
-            *index,
-            *((s["tag_key"], row) for row in keys),
-            *((s["tag_value"], row) for row in values),
-            *((s["path_leaf" if leaf else "path_branch"], (tenant, parent, name)) for tenant, parent, name, leaf in paths),
-            *((s["tenant_tag_key"], (tenant, key)) for tenant, key in {(t, k) for t, k, _, _ in tags}),
-            *((s["tenant_tag_value"], (tenant, key, value)) for tenant, key, value in {(t, k, v) for t, k, v, _ in tags}),
-            *((s["tag_metric"], row) for row in tags),
+            *((s["tenant"], row) for row in rows.tenants),
+            *((s["metric_name"], row) for row in rows.metric_names),
+            *((s["series_set_hash"], row) for row in rows.series_set_hashes),
+            *((s["series_set"], row) for row in rows.series_sets),
+            *((s["tag_key"], row) for row in rows.tag_keys),
+            *((s["tag_value"], row) for row in rows.tag_values),
+            *((s["path_leaf" if leaf else "path_branch"], (tenant, parent, name)) for tenant, parent, name, leaf in rows.graphite_paths),
+            *((s["tenant_tag_key"], row) for row in rows.tenant_tag_keys),
+            *((s["tenant_tag_value"], row) for row in rows.tenant_tag_values),
+            *((s["tag_metric"], row) for row in rows.tag_metrics),
         ]
         return self._execute_all(self._batched(requests))
 
@@ -460,10 +481,72 @@ class CassandraStore(Store):
         return self._execute(self._statements["get_metric_metadata"], (tenant, metric_name)).addCallback(first)
 
     def write_raw(self, points: Sequence[RawPoint]):
+        """Head rows, each with the TTL of its slot, and a head_slots entry for each series-slot
+        whose entry this process has not written lately (read_head finds head rows through it)."""
         statement = self._statements["raw"]
+        width, now = self.slot_width_ms, int(time.time() * 1000)
+        ttls: dict[int, int] = {}
+        rows = []
+        for tenant, hash_, timestamp, value in sorted(points):
+            slot = timestamp - timestamp % width
+            ttl = ttls.get(slot)
+            if ttl is None:
+                ttl = ttls[slot] = self.layout.head_ttl_ms(slot, now) // 1000 + 1
+            rows.append((statement, (tenant, hash_, slot, timestamp, value, ttl)))
+        entries, fresh = self._head_slot_entries(points, now)
+        written = self._execute_all(self._batched(entries + rows))
+        return written.addCallback(lambda _: self._head_slots_written.add_all(fresh))
+
+    def _head_slot_entries(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
+        """An entry outlives every head row of its slot written until it is rewritten: it is written
+        with HEAD_SLOT_MARGIN_MS more than a head row's TTL and rewritten once that margin is used up.
+        Returns the requests and what to remember once they succeeded."""
+        width, written = self.slot_width_ms, self._head_slots_written
+        keys = {(tenant, hash_, timestamp - timestamp % width) for tenant, hash_, timestamp, _ in points}
+        requests, fresh = [], {}
+        for key in keys:
+            if (written.get(key) or 0) > now:
+                continue
+            ttl_ms = self.layout.head_ttl_ms(key[2], now) + HEAD_SLOT_MARGIN_MS
+            requests.append((self._statements["head_slot"], (*key, ttl_ms // 1000)))
+            fresh[key] = now + HEAD_SLOT_MARGIN_MS
+        return requests, fresh
+
+    def read_head(self, tenant, series_set_hash, start_ms, end_ms):
+        """The series' head slots in the range from head_slots, then their rows in one request."""
+        if end_ms < start_ms:
+            return defer.succeed(samples.empty())
         width = self.slot_width_ms
-        rows = sorted((tenant, hash_, timestamp - timestamp % width, timestamp, value) for tenant, hash_, timestamp, value in points)
-        return self._execute_all(self._batched([(statement, row) for row in rows]))
+        slots_read = self._execute_all(
+            [(self._statements["head_slots"], (tenant, series_set_hash, time_slot(start_ms, width), time_slot(end_ms, width)))],
+            PLAIN_ROWS,
+        )
+
+        def read_rows(results):
+            slots = [row[0] for row in results[0]]
+            if not slots:
+                return [[]]
+            return self._execute_all([(self._statements["read_head"], (tenant, series_set_hash, slots, start_ms, end_ms))], PLAIN_ROWS)
+
+        return slots_read.addCallback(read_rows).addCallback(lambda results: _samples_of(results[0]))
+
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed):
+        """Head rows are left to their TTL: deleting them would write tombstones."""
+        partition = time_slot(slot_ms, self.layout.block_partition_width_ms)
+        return self._execute(self._statements["write_block"], (tenant, series_set_hash, partition, slot_ms, block))
+
+    def read_blocks(self, tenant, series_set_hash, start_ms, end_ms):
+        if end_ms < start_ms:
+            return defer.succeed([])
+        width = self.slot_width_ms
+        first, last = time_slot(start_ms, width), time_slot(end_ms, width)
+        statement = self._statements["read_blocks"]
+        partitions = time_slots(first, last, self.layout.block_partition_width_ms)
+        requests = [(statement, (tenant, series_set_hash, partition, first, last)) for partition in partitions]
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(lambda pages: [row[0] for page in pages for row in page])
+
+    def sweep(self, now_ms):
+        return defer.succeed(None)
 
     def _batched(self, requests: list[tuple[object, tuple]]) -> list[tuple[object, tuple]]:
         """Single-row writes as UNLOGGED batches of up to ROWS_PER_BATCH rows sharing a replica.
@@ -541,9 +624,12 @@ class CassandraStore(Store):
 
         return self._execute_all([(statement, (tenant, h)) for h in hashes]).addCallback(collect)
 
-    def read_raw(self, tenant, series_set_hash, start_ms, end_ms):
-        statement = self._statements["read_raw"]
-        slots = time_slots(start_ms, end_ms, self.slot_width_ms)
-        requests = [(statement, (tenant, series_set_hash, slot, start_ms, end_ms)) for slot in slots]
-        return self._execute_all(requests, PLAIN_ROWS).addCallback(lambda pages: [row for rows in pages for row in rows])
+
+
+def _samples_of(rows: list[tuple[int, float]]) -> Samples:
+    """(ts, value) rows of several head partitions, in any slot order -> Samples."""
+    if not rows:
+        return samples.empty()
+    array = np.array(rows, dtype=[("ts", np.int64), ("value", np.float64)])
+    return samples.merge([Samples(array["ts"], array["value"])])
 

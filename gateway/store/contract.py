@@ -16,8 +16,10 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
 - ``tag_metrics``        (tenant, tag key, tag value) -> metric names carrying that pair
 - ``metric_metadata``    (tenant, metric) -> type, help, unit (from Prometheus remote write), so
                          roll-ups can tell counters from gauges.
-- ``data_raw``           (tenant, hash, time_slot) -> (ts, value); a partition holds one series for
-                         one slot, so its size is bounded by the slot width and the sample rate.
+- ``data_raw``           (tenant, hash, time_slot) -> (ts, value): head rows, one a sample, kept
+                         until the downsampler sealed their slot (Layout.head_ttl_ms).
+- ``data_blocks``        (tenant, hash, block partition) -> (time_slot, block): each sealed slot's
+                         samples as one compressed block (blocks.py), kept the raw retention.
 - ``data_{granularity}`` (tenant, hash, time_slot) -> (ts, min, max, sum, count, last, increase):
                          roll-ups, one table per granularity with its own TTL (layout.py).
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
@@ -35,6 +37,7 @@ from typing import NamedTuple
 from twisted.internet.defer import Deferred
 
 from gateway.model import SeriesKey
+from gateway.samples import Samples
 from gateway.store.layout import Granularity, Layout
 
 
@@ -49,13 +52,6 @@ class PathNode(NamedTuple):
     name: str
     is_leaf: bool
     is_branch: bool
-
-
-def path_nodes(metric_name: str) -> list[tuple[str, str, bool]]:
-    """(parent, name, is_leaf) of every level of a Graphite path: "a.b.c" -> ("", "a", False),
-    ("a", "b", False), ("a.b", "c", True)."""
-    parts = metric_name.split(".")
-    return [(".".join(parts[:i]), part, i == len(parts) - 1) for i, part in enumerate(parts)]
 
 
 class Rollup(NamedTuple):
@@ -193,7 +189,26 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def write_raw(self, points: Sequence[RawPoint]) -> Deferred:
-        """Upsert raw points into data_raw; fire only once the store has accepted all of them."""
+        """Upsert raw points as head rows (data_raw); fire only once the store has accepted all of them."""
+
+    @abc.abstractmethod
+    def read_head(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
+        """Fire with the Samples of one series' head rows in an inclusive range."""
+
+    @abc.abstractmethod
+    def write_block(self, tenant: str, series_set_hash: str, slot_ms: int, block: bytes, sealed: Samples) -> Deferred:
+        """Upsert the block of one series-slot (kept the raw retention). ``sealed`` are the head
+        samples merged into it: a driver without TTLs deletes those head rows that still hold
+        the sealed value (a row rewritten meanwhile stays, to be sealed next time)."""
+
+    @abc.abstractmethod
+    def read_blocks(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
+        """Fire with the blocks (bytes) of one series whose slot overlaps an inclusive range, in slot order."""
+
+    @abc.abstractmethod
+    def sweep(self, now_ms: int) -> Deferred:
+        """Delete what is past its retention (head rows, blocks, roll-ups); a no-op where the
+        store expires data by itself (Cassandra TTLs)."""
 
     @abc.abstractmethod
     def list_tenants(self) -> Deferred:
@@ -219,6 +234,3 @@ class Store(abc.ABC):
     def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:
         """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
 
-    @abc.abstractmethod
-    def read_raw(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
-        """Fire with [(timestamp_ms, value), ...] in time order for one series and range."""

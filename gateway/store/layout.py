@@ -1,9 +1,13 @@
-"""How time is cut up in storage: the slot width, raw retention, and the roll-up granularities.
+"""How time is cut up in storage: the slot width, raw and head retention, and the roll-up granularities.
 
 Both drivers and the Cassandra schema take one Layout, built from ``--slot-width``,
-``--raw-retention`` and ``--granularities`` (default ``5m:14d,1h:365d``). Each granularity is a
-table of its own (``data_5m``, ``data_1h``) with its own TTL; its partitions cover
-``partition_width_ms``, a whole number of slots holding about 1000 roll-up rows per series.
+``--raw-retention``, ``--head-retention`` and ``--granularities`` (default ``5m:14d,1h:365d``).
+Raw samples live first as head rows (``data_raw``, one row a sample, kept ``head_retention_ms``
+past the end of their slot) and, once the downsampler sealed their slot, in a compressed block
+(``data_blocks``, kept ``raw_retention_ms``), whose partitions cover ``BLOCK_PARTITION_SLOTS``
+slots. Each granularity is a table of its own (``data_5m``, ``data_1h``) with its own TTL; its
+partitions cover ``partition_width_ms``, a whole number of slots holding about 1000 roll-up rows
+per series. docs/storage.rst has the arithmetic.
 """
 
 import dataclasses
@@ -14,6 +18,9 @@ from typing import NamedTuple
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 ROWS_PER_ROLLUP_PARTITION = 1000
+# A data_blocks partition holds this many slots of one series: a week with the default 1 h slots,
+# so a 24 h read touches 1-2 partitions and a 30 d read 5-6 (docs/storage.rst).
+BLOCK_PARTITION_SLOTS = 168
 _UNITS = {"s": 1000, "m": 60_000, "h": HOUR_MS, "d": DAY_MS, "w": 7 * DAY_MS, "y": 365 * DAY_MS}
 _SPAN_RE = re.compile(r"(\d+)([smhdwy])")
 
@@ -65,6 +72,16 @@ class Layout:
     slot_width_ms: int = HOUR_MS
     raw_retention_ms: int = 7 * DAY_MS
     granularities: tuple[Granularity, ...] = parse_granularities("5m:14d,1h:365d", HOUR_MS)
+    head_retention_ms: int = 6 * HOUR_MS
+
+    @property
+    def block_partition_width_ms(self) -> int:
+        return BLOCK_PARTITION_SLOTS * self.slot_width_ms
+
+    def head_ttl_ms(self, slot_ms: int, now_ms: int) -> int:
+        """How long a head row of a slot written now must live: until ``head_retention_ms`` after
+        the slot ended, and at least that long from now (late data gets the same time to be sealed)."""
+        return max(slot_ms + self.slot_width_ms - now_ms, 0) + self.head_retention_ms
 
     def granularity(self, name: str) -> Granularity:
         for granularity in self.granularities:

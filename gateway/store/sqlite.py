@@ -1,8 +1,12 @@
 """The embedded default store: one SQLite file (WAL, synchronous=FULL, so a commit is durable).
 
-The tables mirror the Cassandra ones column for column (see contract.py). SQLite calls block,
-so they run on threads: one writer thread (SQLite allows one writer at a time) and a small pool
-of readers, each thread with its own connection.
+The tables mirror the Cassandra ones column for column (see contract.py), with two differences
+that stand in for Cassandra's TTLs: sealing a slot deletes the head rows it sealed, in the same
+transaction as the block's write, and ``sweep`` deletes blocks, head rows and roll-ups past their
+retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
+blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows). SQLite
+calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
+small pool of readers, each thread with its own connection.
 """
 
 import json
@@ -18,11 +22,16 @@ from twisted.internet import reactor, threads
 from twisted.internet.defer import succeed
 from twisted.python.threadpool import ThreadPool
 
-from gateway.model import NAME_TAG, SeriesKey
-from gateway.store.layout import Layout
-from gateway.store.contract import ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, path_nodes, Store, StoreUnavailable, time_slot
+import numpy as np
 
-SCHEMA_VERSION = 2
+from gateway import samples
+from gateway.model import SeriesKey
+from gateway.samples import Samples
+from gateway.store.contract import ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, Store, StoreUnavailable, time_slot
+from gateway.store.index import index_rows
+from gateway.store.layout import Layout
+
+SCHEMA_VERSION = 3
 
 ROLLUP_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -123,6 +132,13 @@ CREATE TABLE IF NOT EXISTS data_raw (
     value REAL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS data_blocks (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    block BLOB NOT NULL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot)
+);
 """
 
 _FLOAT = struct.Struct("<d")
@@ -352,15 +368,32 @@ class SQLiteStore(Store):
     def get_series(self, tenant, hashes: Iterable[str]):
         return self._read(_get_series, tenant, list(hashes))
 
-    def read_raw(self, tenant, series_set_hash, start_ms, end_ms):
+    def read_head(self, tenant, series_set_hash, start_ms, end_ms):
         if end_ms < start_ms:
-            return succeed([])
+            return succeed(samples.empty())
         first_slot = time_slot(start_ms, self.slot_width_ms)
         last_slot = time_slot(end_ms, self.slot_width_ms)
-        return self._read(_read_raw, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)
+        return self._read(_read_head, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)
+
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed):
+        return self._write(_write_block, tenant, series_set_hash, slot_ms, block, sealed)
+
+    def read_blocks(self, tenant, series_set_hash, start_ms, end_ms):
+        if end_ms < start_ms:
+            return succeed([])
+        query = (
+            "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
+        )
+        parameters = (tenant, series_set_hash, time_slot(start_ms, self.slot_width_ms), time_slot(end_ms, self.slot_width_ms))
+        return self._read(_column, query, parameters)
+
+    def sweep(self, now_ms):
+        return self._write(_sweep, self.layout, now_ms)
 
 
 def _create_schema(connection: sqlite3.Connection, granularities) -> None:
+    # Takes effect only on a new, empty file; an older file keeps its pages until VACUUM.
+    connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
     connection.execute("PRAGMA journal_mode=WAL")
     connection.executescript(SCHEMA + "".join(ROLLUP_TABLE.format(table=g.table) for g in granularities))
     columns = {row[1] for row in connection.execute("PRAGMA table_info(metric_names)")}
@@ -385,36 +418,27 @@ def _transaction(connection: sqlite3.Connection, statements: list[tuple[str, lis
 
 
 def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> None:
-    index_rows, key_rows, value_rows, path_rows, tag_rows = [], [], [], [], []
-    for s in series:
-        index_rows.append((s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash))
-        for key, value in s.tags.items():
-            index_rows.append((s.tenant, s.metric_name, key, value, s.series_set_hash))
-            key_rows.append((s.tenant, s.metric_name, key))
-            value_rows.append((s.tenant, s.metric_name, key, value))
-            tag_rows.append((s.tenant, key, value, s.metric_name))
-        if not s.tags:
-            path_rows += [(s.tenant, parent, name, int(leaf), int(not leaf)) for parent, name, leaf in path_nodes(s.metric_name)]
+    rows = index_rows(series)
     _transaction(
         connection,
         [
-            ("INSERT OR IGNORE INTO tenants VALUES (?)", [(s.tenant,) for s in series]),
-            ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", [(s.tenant, s.metric_name) for s in series]),
+            ("INSERT OR IGNORE INTO tenants VALUES (?)", rows.tenants),
+            ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", rows.metric_names),
             (
                 "INSERT OR REPLACE INTO series_set_hashes VALUES (?, ?, ?, ?)",
-                [(s.tenant, s.series_set_hash, s.metric_name, json.dumps(s.tags, sort_keys=True)) for s in series],
+                [(tenant, hash_, name, json.dumps(tags, sort_keys=True)) for tenant, hash_, name, tags in rows.series_set_hashes],
             ),
-            ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", index_rows),
-            ("INSERT OR IGNORE INTO tag_keys VALUES (?, ?, ?)", key_rows),
-            ("INSERT OR IGNORE INTO tag_values VALUES (?, ?, ?, ?)", value_rows),
+            ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", rows.series_sets),
+            ("INSERT OR IGNORE INTO tag_keys VALUES (?, ?, ?)", rows.tag_keys),
+            ("INSERT OR IGNORE INTO tag_values VALUES (?, ?, ?, ?)", rows.tag_values),
             (
                 "INSERT INTO graphite_paths VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE"
                 " SET is_leaf = max(is_leaf, excluded.is_leaf), is_branch = max(is_branch, excluded.is_branch)",
-                path_rows,
+                [(tenant, parent, name, int(leaf), int(not leaf)) for tenant, parent, name, leaf in rows.graphite_paths],
             ),
-            ("INSERT OR IGNORE INTO tenant_tag_keys VALUES (?, ?)", [(t, k) for t, k, _, _ in tag_rows]),
-            ("INSERT OR IGNORE INTO tenant_tag_values VALUES (?, ?, ?)", [(t, k, v) for t, k, v, _ in tag_rows]),
-            ("INSERT OR IGNORE INTO tag_metrics VALUES (?, ?, ?, ?)", tag_rows),
+            ("INSERT OR IGNORE INTO tenant_tag_keys VALUES (?, ?)", rows.tenant_tag_keys),
+            ("INSERT OR IGNORE INTO tenant_tag_values VALUES (?, ?, ?)", rows.tenant_tag_values),
+            ("INSERT OR IGNORE INTO tag_metrics VALUES (?, ?, ?, ?)", rows.tag_metrics),
         ],
     )
 
@@ -437,10 +461,47 @@ def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) 
     return found
 
 
-def _read_raw(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> list[tuple[int, float]]:
+def _read_head(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> Samples:
     query = (
         "SELECT ts, value FROM data_raw WHERE tenant=? AND series_set_hash=?"
         " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
     )
-    rows = connection.execute(query, (tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms))
-    return [(ts, _decode_value(value)) for ts, value in rows]
+    rows = connection.execute(query, (tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)).fetchall()
+    if not rows:
+        return samples.empty()
+    timestamps, values = zip(*rows)
+    return Samples(
+        np.array(timestamps, dtype=np.int64),
+        np.array([_decode_value(v) for v in values] if any(isinstance(v, bytes) for v in values) else values, dtype=np.float64),
+    )
+
+
+def _write_block(connection, tenant, series_set_hash, slot_ms, block, sealed: Samples) -> None:
+    """The block, and the deletion of the head rows it sealed that still hold the sealed value, in
+    one transaction: a reader sees the samples in the head or in the block, never in neither."""
+    head_rows = [
+        (tenant, series_set_hash, slot_ms, ts, _encode_value(value))
+        for ts, value in zip(sealed.timestamps.tolist(), sealed.values.tolist())
+    ]
+    _transaction(
+        connection,
+        [
+            ("INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", [(tenant, series_set_hash, slot_ms, block)]),
+            ("DELETE FROM data_raw WHERE tenant=? AND series_set_hash=? AND time_slot=? AND ts=? AND value IS ?", head_rows),
+        ],
+    )
+
+
+def _sweep(connection, layout: Layout, now_ms: int) -> None:
+    """Delete blocks and head rows older than the raw retention and roll-ups older than theirs
+    (by the samples' time), then return the freed pages to the file system."""
+    raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
+    statements = [
+        ("DELETE FROM data_raw WHERE time_slot < ?", [(raw_before,)]),
+        ("DELETE FROM data_blocks WHERE time_slot < ?", [(raw_before,)]),
+    ]
+    for granularity in layout.granularities:
+        statements.append((f"DELETE FROM {granularity.table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
+    _transaction(connection, statements)
+    connection.execute("PRAGMA incremental_vacuum")
+    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")

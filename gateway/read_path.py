@@ -1,0 +1,127 @@
+"""The one read path: samples of many series over a range, stitched from head rows, blocks and roll-ups.
+
+Every reader (native /api/query, Graphite render, Prometheus remote read, the downsampler) asks
+here and gets numpy arrays (gateway/samples.py); the edges convert to their own shapes.
+
+- Within the raw retention (``now - raw_retention`` to the end of the range) the samples are the
+  series' sealed blocks merged with its head rows (slots not sealed yet, and writes that came
+  after a slot was sealed; a head row wins over a block's sample of the same timestamp).
+- Before that, they are one aggregate of the finest roll-up whose retention covers the start of
+  the range, one point per roll-up bucket at the bucket's start. The boundary is the raw
+  retention's start rounded up to a bucket, so no bucket is counted twice.
+
+So a range that starts past the raw retention still ends with the newest samples (Grafana's
+"Last 7 days" shows the current hour). docs/storage.rst has the details.
+"""
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+from twisted.internet.defer import DeferredSemaphore, gatherResults
+
+from gateway import metrics, samples
+from gateway.model import SeriesKey, now_ms
+from gateway.samples import Samples
+from gateway.store import Store
+from gateway.store.blocks import decode_block
+from gateway.store.contract import Rollup
+from gateway.store.layout import Granularity, Layout
+
+ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
+
+
+class SeriesData(NamedTuple):
+    """The samples of one series, and the roll-up aggregate that gave those before the raw
+    retention (None when the whole range was raw)."""
+
+    samples: Samples
+    aggregate: str | None
+
+
+def choose_granularity(layout: Layout, start_ms: int, now: int) -> Granularity | None:
+    """None while the range starts inside the raw retention; otherwise the finest roll-up whose
+    retention still covers the start (the coarsest when none does)."""
+    if start_ms >= now - layout.raw_retention_ms:
+        return None
+    for granularity in layout.granularities:
+        if start_ms >= now - granularity.retention_ms:
+            return granularity
+    return layout.granularities[-1] if layout.granularities else None
+
+
+def rollup_samples(rows: Sequence[Rollup], aggregate: str, fallback: str | None = None) -> tuple[Samples, str | None]:
+    """One aggregate of roll-up rows (avg is sum/count) as Samples; rows without it use
+    ``fallback`` (a counter has no avg, only last and increase). Returns the aggregate used."""
+    for wanted in filter(None, (aggregate, fallback)):
+        points = [(row.timestamp_ms, value) for row in rows if (value := _aggregate(row, wanted)) is not None]
+        if points:
+            return samples.from_points(points), wanted
+    return samples.empty(), None
+
+
+def _aggregate(row: Rollup, aggregate: str) -> float | None:
+    if aggregate == "avg":
+        return row.sum / row.count if row.sum is not None and row.count else None
+    value = getattr(row, aggregate)
+    return None if value is None else float(value)
+
+
+class ReadPath:
+    def __init__(self, store: Store, concurrency: int = 32, clock=now_ms):
+        self.store = store
+        self.layout = store.layout
+        self.clock = clock
+        self._semaphore = DeferredSemaphore(concurrency)
+
+    def _limited(self, operation: str, call, *args):
+        return self._semaphore.run(lambda: metrics.observe_store(operation, call(*args)))
+
+    def rollup_for(self, start_ms: int) -> Granularity | None:
+        """The roll-up a range starting here reads before the raw retention (None: all raw)."""
+        return choose_granularity(self.layout, start_ms, self.clock())
+
+    async def read(
+        self, series: Sequence[SeriesKey], start_ms: int, end_ms: int, aggregate: str = "avg", fallback: str | None = "last"
+    ) -> list[SeriesData]:
+        """Each series' samples in the inclusive range, stitched as the module says, in order."""
+        granularity = self.rollup_for(start_ms)
+        if granularity is None:
+            return [SeriesData(s, None) for s in await self.read_raw(series, start_ms, end_ms)]
+        width = granularity.width_ms
+        boundary = math.ceil((self.clock() - self.layout.raw_retention_ms) / width) * width
+        old = await self.read_rollup(series, granularity, aggregate, start_ms, min(end_ms, boundary - 1), fallback)
+        new = await self.read_raw(series, boundary, end_ms) if end_ms >= boundary else [samples.empty()] * len(series)
+        return [SeriesData(samples.merge([before, after]), used) for (before, used), after in zip(old, new)]
+
+    async def read_raw(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[Samples]:
+        """Blocks merged with head rows, for every series concurrently (bounded)."""
+        if end_ms < start_ms:
+            return [samples.empty() for _ in series]
+        blocks = [self._limited("read_blocks", self.store.read_blocks, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series]
+        heads = [self._limited("read_head", self.store.read_head, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series]
+        found_blocks = await gatherResults(blocks, consumeErrors=True)
+        found_heads = await gatherResults(heads, consumeErrors=True)
+        return [_stitch_raw(series_blocks, head, start_ms, end_ms) for series_blocks, head in zip(found_blocks, found_heads)]
+
+    async def read_rollup(
+        self, series: Sequence[SeriesKey], granularity: Granularity, aggregate: str, start_ms: int, end_ms: int, fallback: str | None = None
+    ) -> list[tuple[Samples, str | None]]:
+        """One aggregate of a roll-up table for every series (with ``fallback`` for series lacking it)."""
+        if end_ms < start_ms:
+            return [(samples.empty(), None) for _ in series]
+        reads = [
+            self._limited("read_rollups", self.store.read_rollups, granularity, s.tenant, s.series_set_hash, start_ms, end_ms)
+            for s in series
+        ]
+        return [rollup_samples(rows, aggregate, fallback) for rows in await gatherResults(reads, consumeErrors=True)]
+
+
+def _stitch_raw(blocks: list[bytes], head: Samples, start_ms: int, end_ms: int) -> Samples:
+    """Blocks (cut to the range) first, the head last so that its samples win."""
+    if not blocks:
+        return head
+    decoded = [Samples(*decode_block(block)) for block in blocks]
+    sealed = Samples(np.concatenate([d.timestamps for d in decoded]), np.concatenate([d.values for d in decoded]))
+    return samples.merge([sealed.between(start_ms, end_ms), head])

@@ -1,0 +1,54 @@
+"""Which metadata rows a batch of new series writes, table by table: one fan-out for every driver.
+
+A driver turns each table's rows into its own statements (SQLite INSERT OR IGNORE, CQL INSERT or
+UPDATE); the rows themselves, and so what a series can be found by, are decided here once.
+"""
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from gateway.model import NAME_TAG, SeriesKey
+
+
+def path_nodes(metric_name: str) -> list[tuple[str, str, bool]]:
+    """(parent, name, is_leaf) of every level of a Graphite path: "a.b.c" -> ("", "a", False),
+    ("a", "b", False), ("a.b", "c", True)."""
+    parts = metric_name.split(".")
+    return [(".".join(parts[:i]), part, i == len(parts) - 1) for i, part in enumerate(parts)]
+
+
+class IndexRows(NamedTuple):
+    """Rows per metadata table, each list without repeats, in first-seen order."""
+
+    tenants: list[tuple[str]]
+    metric_names: list[tuple[str, str]]
+    series_set_hashes: list[tuple[str, str, str, dict[str, str]]]
+    series_sets: list[tuple[str, str, str, str, str]]
+    tag_keys: list[tuple[str, str, str]]
+    tag_values: list[tuple[str, str, str, str]]
+    graphite_paths: list[tuple[str, str, str, bool]]  # (tenant, parent, name, is_leaf)
+    tenant_tag_keys: list[tuple[str, str]]
+    tenant_tag_values: list[tuple[str, str, str]]
+    tag_metrics: list[tuple[str, str, str, str]]  # (tenant, tag key, tag value, metric name)
+
+
+def index_rows(series: Sequence[SeriesKey]) -> IndexRows:
+    """Every series is indexed under its tag pairs and under ``__name__=<metric>``; series without
+    tags also go into the Graphite path tree, series with tags into the tenant-wide tag tables."""
+    rows = IndexRows(*({} for _ in IndexRows._fields))
+    for s in series:
+        rows.tenants[(s.tenant,)] = None
+        rows.metric_names[(s.tenant, s.metric_name)] = None
+        rows.series_set_hashes[(s.tenant, s.series_set_hash)] = (s.tenant, s.series_set_hash, s.metric_name, s.tags)
+        rows.series_sets[(s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash)] = None
+        for key, value in s.tags.items():
+            rows.series_sets[(s.tenant, s.metric_name, key, value, s.series_set_hash)] = None
+            rows.tag_keys[(s.tenant, s.metric_name, key)] = None
+            rows.tag_values[(s.tenant, s.metric_name, key, value)] = None
+            rows.tenant_tag_keys[(s.tenant, key)] = None
+            rows.tenant_tag_values[(s.tenant, key, value)] = None
+            rows.tag_metrics[(s.tenant, key, value, s.metric_name)] = None
+        if not s.tags:
+            for parent, name, leaf in path_nodes(s.metric_name):
+                rows.graphite_paths[(s.tenant, parent, name, leaf)] = None
+    return IndexRows(*(list(table.values()) if table is rows.series_set_hashes else list(table) for table in rows))
