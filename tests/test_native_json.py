@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from gateway import samples
 from gateway.query import SeriesResult
 from protocols import native_json
 from protocols.timespec import BadTime, format_iso, parse_time
@@ -90,7 +91,8 @@ def test_unusable_bodies(decoder, body):
 
 
 def test_query_results_seed_000_shape():
-    results = [SeriesResult("t-1", "cpu", {"host": "a"}, [(1598205180000, 1.0), (1598205180500, math.nan), (1598205181000, -math.inf)])]
+    points = [(1598205180000, 1.0), (1598205180500, math.nan), (1598205181000, -math.inf)]
+    results = [SeriesResult("t-1", "cpu", {"host": "a"}, samples.from_points(points))]
     document = json.loads(native_json.encode_query_results(results))
     assert document == [
         {

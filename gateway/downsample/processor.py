@@ -10,7 +10,7 @@ import numpy as np
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
 from gateway import metrics, samples
-from gateway.downsample.aggregate import AGGREGATORS, PROMETHEUS_COUNTER_SUFFIXES, roll_up, series_kind
+from gateway.downsample.aggregate import AGGREGATORS, CUMULATIVE_COUNTER, PROMETHEUS_COUNTER_SUFFIXES, roll_up, series_kind
 from gateway.downsample.pending import Work
 from gateway.metadata_cache import LRUMap, SeenSeries
 from gateway.model import now_ms
@@ -32,6 +32,7 @@ class Downsampler:
         self.reader = ReadPath(store)
         self._semaphore = DeferredSemaphore(concurrency)
         self._kinds = LRUMap(100_000)
+        self._series = LRUMap(100_000)  # (tenant, hash) -> SeriesKey: a series' name and tags never change
         self._recorded = SeenSeries(100_000, level="aggregators")
         self._round_lag = 0.0
         self._swept_at: int | None = None
@@ -74,7 +75,7 @@ class Downsampler:
 
     async def _work(self, work: Work) -> None:
         started = time.perf_counter()
-        jobs = [self._semaphore.run(self._series_slot_deferred, tenant, hash_, work.time_slot) for tenant, hash_ in work.members]
+        jobs = [self._semaphore.run(self._series_slot_job, tenant, hash_, work.time_slot) for tenant, hash_ in work.members]
         try:
             await gatherResults(jobs, consumeErrors=True)
         except Exception:
@@ -84,34 +85,45 @@ class Downsampler:
         metrics.DOWNSAMPLED.inc(len(work.members))
         log.debug("rolled up %d series of slot %d (partition %d) in %.3fs", len(work.members), work.time_slot, work.partition, time.perf_counter() - started)
 
-    def _series_slot_deferred(self, tenant: str, series_set_hash: str, slot: int):
-        return ensureDeferred(self._series_slot(tenant, series_set_hash, slot))
+    def _series_slot_job(self, tenant: str, series_set_hash: str, slot: int):
+        return ensureDeferred(self.roll_up_series_slot(tenant, series_set_hash, slot))
 
-    async def _series_slot(self, tenant: str, series_set_hash: str, slot: int) -> None:
-        found = await self.store.get_series(tenant, [series_set_hash])
-        if series_set_hash not in found:
-            log.warning("pending series %s of tenant %s has no metadata; skipped", series_set_hash, tenant)
-            return
-        key = found[series_set_hash]
+    async def roll_up_series_slot(self, tenant: str, series_set_hash: str, slot: int) -> None:
+        """Seal one series-slot into its block and write its roll-ups (idempotent)."""
+        key = self._series.get((tenant, series_set_hash))
+        if key is None:
+            found = await self.store.get_series(tenant, [series_set_hash])
+            if series_set_hash not in found:
+                log.warning("pending series %s of tenant %s has no metadata; skipped", series_set_hash, tenant)
+                return
+            key = found[series_set_hash]
+            self._series.add_all({(tenant, series_set_hash): key})
         kind = await self._kind(tenant, key.metric_name)
         merged = await self._seal(tenant, series_set_hash, slot)
-        width = self.layout.slot_width_ms
-        (before,) = await self.reader.read_raw([key], slot - width, slot - 1)
-        numbers = before.values[~np.isnan(before.values)]
-        previous = float(numbers[-1]) if len(numbers) else None
+        previous = await self._previous_value(key, slot) if kind == CUMULATIVE_COUNTER else None
         rows = roll_up(tenant, series_set_hash, kind, merged.points(), previous, self.layout.granularities)
-        for granularity in self.layout.granularities:
-            await metrics.observe_store("write_rollups", self.store.write_rollups(granularity, rows[granularity.name]))
+        await gatherResults(
+            [metrics.observe_store("write_rollups", self.store.write_rollups(g, rows[g.name])) for g in self.layout.granularities],
+            consumeErrors=True,
+        )
         if (tenant, key.metric_name) not in self._recorded:
             await self.store.add_metric_aggregators(tenant, key.metric_name, AGGREGATORS[kind])
             self._recorded.add_all([(tenant, key.metric_name)])
+
+    async def _previous_value(self, key, slot: int) -> float | None:
+        """The last value before the slot (in the slot before it), which a counter's first increase starts from."""
+        (before,) = await self.reader.read_raw([key], slot - self.layout.slot_width_ms, slot - 1)
+        numbers = before.values[~np.isnan(before.values)]
+        return float(numbers[-1]) if len(numbers) else None
 
     async def _seal(self, tenant: str, series_set_hash: str, slot: int) -> Samples:
         """The slot's block merged with its head rows (the head wins), written back when the head
         had anything; returns the merged samples."""
         end = slot + self.layout.slot_width_ms - 1
-        head = await self.store.read_head(tenant, series_set_hash, slot, end)
-        blocks = await self.store.read_blocks(tenant, series_set_hash, slot, end)
+        head, blocks = await gatherResults(
+            [self.store.read_head(tenant, series_set_hash, slot, end), self.store.read_blocks(tenant, series_set_hash, slot, end)],
+            consumeErrors=True,
+        )
         merged = samples.merge([*(Samples(*decode_block(block)) for block in blocks), head])
         if len(head):
             block = encode_block(merged.timestamps, merged.values)

@@ -1,0 +1,119 @@
+"""The read path and the sealing on the embedded store with a fixed clock: stitching raw and
+roll-ups, counters past raw retention, sealing merges, and the SQLite retention sweep."""
+
+import struct
+
+import numpy as np
+import pytest
+import pytest_twisted
+
+from gateway import samples
+from gateway.downsample.processor import Downsampler
+from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.read_path import ReadPath, rollup_samples
+from gateway.samples import Samples
+from gateway.store.blocks import BadBlock, decode_block, encode_block, read_header
+from gateway.store.contract import RawPoint, Rollup
+from gateway.store.layout import HOUR_MS, Layout, parse_granularities
+from gateway.store.sqlite import SQLiteStore
+
+MINUTE = 60_000
+NOW = 1_000 * HOUR_MS + 17 * MINUTE
+LAYOUT = Layout(HOUR_MS, 2 * HOUR_MS, parse_granularities("5m:1d,1h:30d", HOUR_MS), head_retention_ms=HOUR_MS)
+STALE = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
+
+
+def key(tenant: str, name: str) -> SeriesKey:
+    return SeriesKey(tenant, series_set_hash(series_set_text(name, {})), name, {})
+
+
+@pytest_twisted.async_yield_fixture
+async def sqlite(tmp_path):
+    store = SQLiteStore(tmp_path / "t.db", LAYOUT)
+    await store.start()
+    yield store
+    await store.close()
+
+
+def test_blocks_are_bit_exact_and_versioned():
+    timestamps = np.array([-5, 0, 1_700_000_000_123, 1_700_000_010_007], dtype=np.int64)
+    values = np.array([STALE, -0.0, np.inf, 0.1 + 0.2])
+    block = encode_block(timestamps, values)
+    decoded_timestamps, decoded_values = decode_block(block)
+    assert decoded_timestamps.tolist() == timestamps.tolist()
+    assert decoded_values.view(np.uint64).tolist() == values.view(np.uint64).tolist()
+    assert read_header(block)[2:] == (4, -5, 1_700_000_010_007)
+    assert [len(part) for part in decode_block(encode_block(np.array([], dtype=np.int64), np.array([])))] == [0, 0]
+    with pytest.raises(BadBlock):
+        decode_block(b"XX" + block[2:])
+    with pytest.raises(ValueError):
+        encode_block(timestamps, values[:2])
+
+
+def test_merge_lets_the_later_source_win():
+    block = Samples(np.array([1, 2, 3]), np.array([1.0, 2.0, 3.0]))
+    head = Samples(np.array([2, 4]), np.array([20.0, 40.0]))
+    assert samples.merge([block, head]).points() == [(1, 1.0), (2, 20.0), (3, 3.0), (4, 40.0)]
+    assert samples.from_points([(5, 1.0), (3, 2.0), (5, 3.0)]).points() == [(3, 2.0), (5, 3.0)]
+    assert samples.merge([samples.empty(), head]).points() == head.points()
+
+
+def test_counters_fall_back_to_their_last_value():
+    gauge = [Rollup("t", "h", 0, 1.0, 3.0, 4.0, 2), Rollup("t", "h", 300_000, 2.0, 2.0, 2.0, 1)]
+    counter = [Rollup("t", "h", 0, last=10.0, increase=4.0)]
+    assert rollup_samples(gauge, "avg", "last")[0].points() == [(0, 2.0), (300_000, 2.0)]
+    found, used = rollup_samples(counter, "avg", "last")
+    assert (found.points(), used) == ([(0, 10.0)], "last")
+    assert rollup_samples(counter, "avg")[1] is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_range_past_raw_retention_ends_with_the_newest_samples(sqlite):
+    """Roll-up averages up to the raw retention's start (rounded up to a 5 m bucket), raw samples after."""
+    series = key("t", "temp")
+    old = [Rollup("t", series.series_set_hash, NOW - 3 * HOUR_MS + i * 5 * MINUTE, 0.0, 2.0, 2.0 * i, 2) for i in range(36)]
+    await sqlite.write_rollups(LAYOUT.granularity("5m"), old)
+    recent = [RawPoint("t", series.series_set_hash, NOW - i * MINUTE, float(i)) for i in range(130)]
+    await sqlite.write_raw(recent)
+    reader = ReadPath(sqlite, clock=lambda: NOW)
+    (found,) = await reader.read([series], NOW - 3 * HOUR_MS, NOW)
+    boundary = NOW - 2 * HOUR_MS + 3 * MINUTE
+    assert found.aggregate == "avg"
+    points = found.samples.points()
+    assert [p for p in points if p[0] < boundary] == [(r.timestamp_ms, r.sum / r.count) for r in old if r.timestamp_ms < boundary]
+    assert [p for p in points if p[0] >= boundary] == sorted((p.timestamp_ms, p.value) for p in recent if p.timestamp_ms >= boundary)
+    assert points[-1] == (NOW, 0.0)
+    (inside,) = await reader.read([series], NOW - HOUR_MS, NOW)
+    assert inside.aggregate is None and len(inside.samples) == 61
+
+
+@pytest_twisted.ensureDeferred
+async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite):
+    """The head rows of a slot become its block (the head row of a rewritten timestamp wins); a
+    late sample after sealing is merged into the block next time; the sweep removes blocks,
+    head rows and roll-ups past their retention."""
+    series = key("t", "jobs_total")
+    await sqlite.write_series([series])
+    slot = NOW - NOW % HOUR_MS - HOUR_MS
+    downsampler = Downsampler(sqlite, pending=None, layout=LAYOUT, counter_suffixes=())
+
+    async def seal():
+        await downsampler.roll_up_series_slot("t", series.series_set_hash, slot)
+
+    await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot - MINUTE, 100.0)])
+    await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot + i * MINUTE, float(i)) for i in range(10)])
+    await seal()
+    assert (await sqlite.read_head("t", series.series_set_hash, slot, slot + HOUR_MS - 1)).points() == []
+    await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot + 3 * MINUTE, 30.0), RawPoint("t", series.series_set_hash, slot + 30 * MINUTE, 31.0)])
+    await seal()
+    (block,) = await sqlite.read_blocks("t", series.series_set_hash, slot, slot)
+    assert Samples(*decode_block(block)).points() == [(slot + i * MINUTE, float(v)) for i, v in [(0, 0), (1, 1), (2, 2), (3, 30), *((i, i) for i in range(4, 10)), (30, 31)]]
+    (hourly,) = await sqlite.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, slot, slot)
+    assert (hourly.last, hourly.increase) == (31.0, 0.0 + 1 + 1 + 28 + 4 + 1 + 1 + 1 + 1 + 1 + 22)
+    await sqlite.sweep(NOW + 3 * HOUR_MS)
+    assert await sqlite.read_blocks("t", series.series_set_hash, slot - HOUR_MS, slot) == []
+    assert (await sqlite.read_head("t", series.series_set_hash, slot - HOUR_MS, slot)).points() == []
+    assert len(await sqlite.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW)) == 3
+    await sqlite.sweep(NOW + 2 * 86_400_000)
+    assert await sqlite.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW) == []
+    assert len(await sqlite.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, 0, NOW)) == 1
