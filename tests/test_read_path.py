@@ -117,3 +117,52 @@ async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite)
     await sqlite.sweep(NOW + 2 * 86_400_000)
     assert await sqlite.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW) == []
     assert len(await sqlite.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, 0, NOW)) == 1
+
+
+def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_path):
+    """A file written before blocks existed (schema version 2, no data_blocks) opens, its rows
+    read back, and sealing turns them into a block without changing the answer."""
+    import json
+    import re
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+    import urllib.parse
+
+    from gateway.store.sqlite import ROLLUP_TABLE, SCHEMA
+    from tests.gatewayproc import REPO
+
+    data = tmp_path / "data"
+    data.mkdir()
+    old = sqlite3.connect(data / "tsgate.db", isolation_level=None)
+    old.execute("PRAGMA journal_mode=WAL")
+    old.executescript(re.sub(r"CREATE TABLE IF NOT EXISTS data_blocks \(.*?\);", "", SCHEMA, flags=re.S))
+    old.executescript("".join(ROLLUP_TABLE.format(table=t) for t in ("data_5m", "data_1h")) + "PRAGMA user_version=2;")
+    series = key("old", "legacy_temp")
+    slot = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS
+    old.execute("INSERT INTO tenants VALUES ('old')")
+    old.execute("INSERT INTO metric_names (tenant, metric_name) VALUES ('old', 'legacy_temp')")
+    old.execute("INSERT INTO series_set_hashes VALUES ('old', ?, 'legacy_temp', ?)", (series.series_set_hash, json.dumps({})))
+    old.execute("INSERT INTO series_sets VALUES ('old', 'legacy_temp', '__name__', 'legacy_temp', ?)", (series.series_set_hash,))
+    old.executemany(
+        "INSERT INTO data_raw VALUES ('old', ?, ?, ?, ?)", [(series.series_set_hash, slot, slot + i * MINUTE, float(i)) for i in range(20)]
+    )
+    old.execute("INSERT INTO pending_downsample_sets VALUES (0, ?, 'old', ?, 0)", (slot, series.series_set_hash))
+    old.close()
+    store_args = ("--data-dir", str(data), "--downsample-partitions-count", "1")
+    gateway = start_gateway(*store_args, "--roles", "ingest,query")
+    params = {"tenant": "old", "metricName": "legacy_temp", "start": slot, "end": slot + HOUR_MS - 1}
+    before = gateway.get("/api/query?" + urllib.parse.urlencode(params))
+    assert before.status == 200 and list(before.json()[0]["values"].values()) == [float(i) for i in range(20)]
+    sealed = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *store_args],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert sealed.returncode == 0 and "rolled up 1 " in sealed.stdout, sealed.stderr
+    after = gateway.get("/api/query?" + urllib.parse.urlencode(params))
+    assert after.body == before.body
+    check = sqlite3.connect(data / "tsgate.db")
+    assert check.execute("SELECT count(*) FROM data_blocks").fetchone()[0] == 1
+    assert check.execute("SELECT count(*) FROM data_raw").fetchone()[0] == 0
+    check.close()
