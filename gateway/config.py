@@ -166,7 +166,7 @@ class Config:
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.slot_width, self.raw_retention, parse_granularities(self.granularities, self.slot_width), self.head_retention)
+        return Layout(self.slot_width, self.raw_retention, parse_granularities(self.granularities, self.slot_width), self.head_retention, self.downsample_delay)
 
     @property
     def role_set(self) -> set[str]:

@@ -267,13 +267,31 @@ async def test_ttl_expires_raw_and_roll_up_rows(cassandra_server, tenant):
         five = layout.granularity("5m")
         await store.write_raw([RawPoint(tenant, "h", 1000, 1.0)])
         await store.write_rollups(five, [Rollup(tenant, "h", 0, 1.0, 1.0, 1.0, 1)])
-        await store.write_block(tenant, "h", 0, encode_block(np.array([1000]), np.array([1.0])), samples.empty())
+        await store.write_block(tenant, "h", 0, encode_block(np.array([1000]), np.array([1.0])), samples.empty(), 0)
         assert (await store.read_head(tenant, "h", 0, 2000)).points() == [(1000, 1.0)]
         assert len(await store.read_blocks(tenant, "h", 0, 2000)) == 1
         await task.deferLater(reactor, 3.5, lambda: None)
         assert (await store.read_head(tenant, "h", 0, 2000)).points() == []
         assert await store.read_blocks(tenant, "h", 0, 2000) == []
         assert await store.read_rollups(five, tenant, "h", 0, 2000) == []
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sealed_head_rows_are_not_read_again(cassandra_url, tenant):
+    """After a seal, read_head skips the slot's head rows (they are in the block) until a write
+    lands in the slot again; then it reads the slot's head rows, the new one included."""
+    store = CassandraStore.from_url(cassandra_url, Layout(settle_delay_ms=0))
+    await store.start()
+    try:
+        await store.write_raw([RawPoint(tenant, "sealed", ts, 1.0) for ts in (10, 20, HOUR_MS + 10)])
+        head = await store.read_head(tenant, "sealed", 0, HOUR_MS - 1)
+        await store.write_block(tenant, "sealed", 0, encode_block(head.timestamps, head.values), head, int(time.time() * 1000) + 1)
+        assert (await store.read_head(tenant, "sealed", 0, 2 * HOUR_MS)).points() == [(HOUR_MS + 10, 1.0)]
+        await task.deferLater(reactor, 0.01, lambda: None)
+        await store.write_raw([RawPoint(tenant, "sealed", 30, 3.0)])
+        assert (await store.read_head(tenant, "sealed", 0, HOUR_MS - 1)).points() == [(10, 1.0), (20, 1.0), (30, 3.0)]
     finally:
         await store.close()
 

@@ -2,6 +2,7 @@
 
 import math
 import struct
+import time
 
 import numpy as np
 import pytest_twisted
@@ -95,7 +96,7 @@ async def test_tenants_are_isolated(store, tenant):
     assert await store.find_series(other, "cpu", "host", "a") == set()
     assert await store.get_series(other, [a.series_set_hash]) == {}
     assert points(await store.read_head(other, a.series_set_hash, 0, 2000)) == []
-    await store.write_block(tenant, a.series_set_hash, 0, encode_block(np.array([1000]), np.array([1.0])), samples.empty())
+    await store.write_block(tenant, a.series_set_hash, 0, encode_block(np.array([1000]), np.array([1.0])), samples.empty(), 0)
     assert await store.read_blocks(other, a.series_set_hash, 0, 2000) == []
 
 
@@ -128,7 +129,7 @@ async def test_special_values_survive_bit_exact(store, tenant):
     await store.write_raw([RawPoint(tenant, h, i, v) for i, v in enumerate(values)])
     stored = await store.read_head(tenant, h, 0, len(values))
     assert [bits(v) for _, v in points(stored)] == [bits(v) for v in values]
-    await store.write_block(tenant, h, 0, encode_block(stored.timestamps, stored.values), stored)
+    await store.write_block(tenant, h, 0, encode_block(stored.timestamps, stored.values), stored, 0)
     (block,) = await store.read_blocks(tenant, h, 0, len(values))
     timestamps, sealed = decode_block(block)
     assert timestamps.tolist() == list(range(len(values)))
@@ -141,14 +142,14 @@ async def test_blocks_by_slot(store, tenant):
     week = store.layout.block_partition_width_ms
     slots = [-HOUR, 0, 2 * HOUR, week - HOUR, week, 3 * week]
     for slot in slots:
-        await store.write_block(tenant, h, slot, encode_block(np.array([slot + 5]), np.array([float(slot)])), samples.empty())
+        await store.write_block(tenant, h, slot, encode_block(np.array([slot + 5]), np.array([float(slot)])), samples.empty(), 0)
     def firsts(blocks):
         return [int(decode_block(b)[0][0]) - 5 for b in blocks]
     assert firsts(await store.read_blocks(tenant, h, -HOUR, 4 * week)) == slots
     assert firsts(await store.read_blocks(tenant, h, 1, week)) == [0, 2 * HOUR, week - HOUR, week]
     assert firsts(await store.read_blocks(tenant, h, week + HOUR, 3 * week - 1)) == []
     assert await store.read_blocks(tenant, h, 10, 5) == []
-    await store.write_block(tenant, h, 0, encode_block(np.array([7, 8]), np.array([1.0, 2.0])), samples.empty())
+    await store.write_block(tenant, h, 0, encode_block(np.array([7, 8]), np.array([1.0, 2.0])), samples.empty(), 0)
     (replaced,) = await store.read_blocks(tenant, h, 0, 0)
     assert decode_block(replaced)[0].tolist() == [7, 8]
 
@@ -160,9 +161,11 @@ async def test_read_path_stitches_blocks_and_head(store, tenant):
     h = series(tenant, "cpu", {})
     await store.write_raw([RawPoint(tenant, h.series_set_hash, ts, float(ts)) for ts in (10, 20, 30, HOUR + 10)])
     head = await store.read_head(tenant, h.series_set_hash, 0, HOUR - 1)
+    head_read = int(time.time() * 1000)
     for _ in range(2):
-        await store.write_block(tenant, h.series_set_hash, 0, encode_block(head.timestamps, head.values), head)
+        await store.write_block(tenant, h.series_set_hash, 0, encode_block(head.timestamps, head.values), head, head_read)
     await store.write_raw([RawPoint(tenant, h.series_set_hash, 20, -1.0), RawPoint(tenant, h.series_set_hash, 25, 2.5)])
+    assert {(20, -1.0), (25, 2.5)} <= set(points(await store.read_head(tenant, h.series_set_hash, 0, HOUR - 1)))
     reader = ReadPath(store)
     stitched, empty = await reader.read_raw([h, series(tenant, "none", {})], 0, 2 * HOUR)
     assert points(stitched) == [(10, 10.0), (20, -1.0), (25, 2.5), (30, 30.0), (HOUR + 10, HOUR + 10.0)]

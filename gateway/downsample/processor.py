@@ -120,6 +120,7 @@ class Downsampler:
         """The slot's block merged with its head rows (the head wins), written back when the head
         had anything; returns the merged samples."""
         end = slot + self.layout.slot_width_ms - 1
+        head_read = now_ms()
         head, blocks = await gatherResults(
             [self.store.read_head(tenant, series_set_hash, slot, end), self.store.read_blocks(tenant, series_set_hash, slot, end)],
             consumeErrors=True,
@@ -127,7 +128,7 @@ class Downsampler:
         merged = samples.merge([*(Samples(*decode_block(block)) for block in blocks), head])
         if len(head):
             block = encode_block(merged.timestamps, merged.values)
-            await metrics.observe_store("write_block", self.store.write_block(tenant, series_set_hash, slot, block, head))
+            await metrics.observe_store("write_block", self.store.write_block(tenant, series_set_hash, slot, block, head, head_read))
             metrics.SEALED_SAMPLES.inc(len(merged))
         return merged
 

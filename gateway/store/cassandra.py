@@ -80,10 +80,13 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 ROWS_PER_BATCH = 50
 BATCH_VALUE_BYTES = 16 * 1024
 
-# A head_slots entry lives this much longer than the head rows written with it, and is rewritten
-# when a write comes within this much of its end; HEAD_SLOTS_REMEMBERED series-slots are remembered.
+# A head_slots entry lives this much longer than the head rows written with it; HEAD_SLOTS_REMEMBERED
+# series-slots are remembered as having a fresh entry. A seal records the time it read the head
+# less SEAL_CLOCK_MARGIN_MS (at most half the settle delay), so the clocks of ingest and
+# downsampler processes may differ by that much.
 HEAD_SLOT_MARGIN_MS = 3_600_000
 HEAD_SLOTS_REMEMBERED = 1_000_000
+SEAL_CLOCK_MARGIN_MS = 60_000
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
 # namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.md).
@@ -303,11 +306,13 @@ class CassandraStore(Store):
         with. Slots still pending are sealed into blocks by the downsampler like any other; slots
         rolled up before the upgrade stay head rows until then."""
         ks, ttl = self.keyspace, self.ttl_s
-        insert = session.prepare(f"INSERT INTO {ks}.head_slots (tenant, series_set_hash, time_slot) VALUES (?, ?, ?) USING TTL {ttl}")
+        insert = session.prepare(
+            f"INSERT INTO {ks}.head_slots (tenant, series_set_hash, time_slot, written_at) VALUES (?, ?, ?, ?) USING TTL {ttl}"
+        )
         rows = session.execute(f"SELECT DISTINCT tenant, series_set_hash, time_slot FROM {ks}.data_raw", timeout=120)
-        count = 0
+        count, now = 0, int(time.time() * 1000)
         for row in rows:
-            session.execute(insert, (row.tenant, row.series_set_hash, row.time_slot))
+            session.execute(insert, (row.tenant, row.series_set_hash, row.time_slot, now))
             count += 1
         return f"-- indexed {count} data_raw partitions written before the upgrade in head_slots"
 
@@ -337,8 +342,9 @@ class CassandraStore(Store):
             "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
             "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL ?",
-            "head_slot": f"INSERT INTO {ks}.head_slots (tenant, series_set_hash, time_slot) VALUES (?, ?, ?) USING TTL ?",
-            "head_slots": f"SELECT time_slot FROM {ks}.head_slots WHERE tenant = ? AND series_set_hash = ? AND time_slot >= ? AND time_slot <= ?",
+            "head_slot": f"INSERT INTO {ks}.head_slots (tenant, series_set_hash, time_slot, written_at) VALUES (?, ?, ?, ?) USING TTL ?",
+            "seal_head_slot": f"UPDATE {ks}.head_slots USING TTL ? SET sealed_at = ? WHERE tenant = ? AND series_set_hash = ? AND time_slot = ?",
+            "head_slots": f"SELECT time_slot, written_at, sealed_at FROM {ks}.head_slots WHERE tenant = ? AND series_set_hash = ? AND time_slot >= ? AND time_slot <= ?",
             "read_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
             "write_block": f"INSERT INTO {ks}.data_blocks (tenant, series_set_hash, block_partition, time_slot, block) VALUES (?, ?, ?, ?, ?) USING TTL {ttl}",
             "read_blocks": f"SELECT block FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
@@ -498,22 +504,27 @@ class CassandraStore(Store):
         return written.addCallback(lambda _: self._head_slots_written.add_all(fresh))
 
     def _head_slot_entries(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
-        """An entry outlives every head row of its slot written until it is rewritten: it is written
-        with HEAD_SLOT_MARGIN_MS more than a head row's TTL and rewritten once that margin is used up.
-        Returns the requests and what to remember once they succeeded."""
-        width, written = self.slot_width_ms, self._head_slots_written
+        """head_slots entries (``written_at`` = now) of the batch's series-slots, but for those this
+        process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
+        cannot have been sealed since (sealing waits for the slot's end and its last write to be
+        ``settle_delay`` old), so a reader that finds the entry newer than the last seal reads the
+        head rows anyway. A write after that refreshes the entry, so one that lands after a seal
+        always makes its slot's head rows read again. Returns the requests and what to remember
+        once they succeeded."""
+        width, written, layout = self.slot_width_ms, self._head_slots_written, self.layout
         keys = {(tenant, hash_, timestamp - timestamp % width) for tenant, hash_, timestamp, _ in points}
         requests, fresh = [], {}
         for key in keys:
             if (written.get(key) or 0) > now:
                 continue
-            ttl_ms = self.layout.head_ttl_ms(key[2], now) + HEAD_SLOT_MARGIN_MS
-            requests.append((self._statements["head_slot"], (*key, ttl_ms // 1000)))
-            fresh[key] = now + HEAD_SLOT_MARGIN_MS
+            ttl_ms = layout.head_ttl_ms(key[2], now) + layout.settle_delay_ms + HEAD_SLOT_MARGIN_MS
+            requests.append((self._statements["head_slot"], (*key, now, ttl_ms // 1000)))
+            fresh[key] = max(key[2] + width, now) + layout.settle_delay_ms // 2
         return requests, fresh
 
     def read_head(self, tenant, series_set_hash, start_ms, end_ms):
-        """The series' head slots in the range from head_slots, then their rows in one request."""
+        """The series' head slots in the range from head_slots, then, in one request, the rows of
+        those written since their last seal (the rows of the others are all in their blocks)."""
         if end_ms < start_ms:
             return defer.succeed(samples.empty())
         width = self.slot_width_ms
@@ -523,17 +534,23 @@ class CassandraStore(Store):
         )
 
         def read_rows(results):
-            slots = [row[0] for row in results[0]]
+            slots = [slot for slot, written_at, sealed_at in results[0] if written_at is not None and (sealed_at is None or written_at > sealed_at)]
             if not slots:
                 return [[]]
             return self._execute_all([(self._statements["read_head"], (tenant, series_set_hash, slots, start_ms, end_ms))], PLAIN_ROWS)
 
         return slots_read.addCallback(read_rows).addCallback(lambda results: _samples_of(results[0]))
 
-    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed):
-        """Head rows are left to their TTL: deleting them would write tombstones."""
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
+        """The block, then the slot's head_slots entry marked sealed as of the head's read (less a
+        margin for clock skew), so readers skip the head rows it holds. Head rows are left to
+        their TTL: deleting them would write tombstones."""
         partition = time_slot(slot_ms, self.layout.block_partition_width_ms)
-        return self._execute(self._statements["write_block"], (tenant, series_set_hash, partition, slot_ms, block))
+        written = self._execute(self._statements["write_block"], (tenant, series_set_hash, partition, slot_ms, block))
+        ttl_s = (self.layout.head_ttl_ms(slot_ms, head_read_ms) + HEAD_SLOT_MARGIN_MS) // 1000
+        margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
+        sealed_at = (ttl_s, head_read_ms - margin, tenant, series_set_hash, slot_ms)
+        return written.addCallback(lambda _: self._execute(self._statements["seal_head_slot"], sealed_at))
 
     def read_blocks(self, tenant, series_set_hash, start_ms, end_ms):
         if end_ms < start_ms:

@@ -163,6 +163,8 @@ def table_statements(options: SchemaOptions) -> list[str]:
         "    tenant text,\n"
         "    series_set_hash text,\n"
         "    time_slot bigint,\n"
+        "    written_at bigint,\n"
+        "    sealed_at bigint,\n"
         "    PRIMARY KEY ((tenant, series_set_hash), time_slot)\n"
         ") WITH CLUSTERING ORDER BY (time_slot ASC)\n"
         f"    AND compaction = {_twcs(options.slot_width_ms)}\n"

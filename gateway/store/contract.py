@@ -196,10 +196,11 @@ class Store(abc.ABC):
         """Fire with the Samples of one series' head rows in an inclusive range."""
 
     @abc.abstractmethod
-    def write_block(self, tenant: str, series_set_hash: str, slot_ms: int, block: bytes, sealed: Samples) -> Deferred:
+    def write_block(self, tenant: str, series_set_hash: str, slot_ms: int, block: bytes, sealed: Samples, head_read_ms: int) -> Deferred:
         """Upsert the block of one series-slot (kept the raw retention). ``sealed`` are the head
-        samples merged into it: a driver without TTLs deletes those head rows that still hold
-        the sealed value (a row rewritten meanwhile stays, to be sealed next time)."""
+        samples merged into it, read at ``head_read_ms``: afterwards read_head needs to return
+        only head rows written since (a driver without TTLs deletes the sealed rows that still
+        hold the sealed value; a row rewritten meanwhile stays, to be sealed next time)."""
 
     @abc.abstractmethod
     def read_blocks(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:

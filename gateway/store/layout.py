@@ -73,6 +73,7 @@ class Layout:
     raw_retention_ms: int = 7 * DAY_MS
     granularities: tuple[Granularity, ...] = parse_granularities("5m:14d,1h:365d", HOUR_MS)
     head_retention_ms: int = 6 * HOUR_MS
+    settle_delay_ms: int = 5 * 60_000  # --downsample-delay: a slot is sealed once it saw no write for this long
 
     @property
     def block_partition_width_ms(self) -> int:

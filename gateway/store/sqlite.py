@@ -375,7 +375,7 @@ class SQLiteStore(Store):
         last_slot = time_slot(end_ms, self.slot_width_ms)
         return self._read(_read_head, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)
 
-    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed):
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
         return self._write(_write_block, tenant, series_set_hash, slot_ms, block, sealed)
 
     def read_blocks(self, tenant, series_set_hash, start_ms, end_ms):
