@@ -1,6 +1,7 @@
 """The read path and the sealing on the embedded store with a fixed clock: stitching raw and
 roll-ups, counters past raw retention, sealing merges, and the SQLite retention sweep."""
 
+import sqlite3
 import struct
 
 import numpy as np
@@ -111,6 +112,8 @@ async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite)
     (hourly,) = await sqlite.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, slot, slot)
     assert (hourly.last, hourly.increase) == (31.0, 0.0 + 1 + 1 + 28 + 4 + 1 + 1 + 1 + 1 + 1 + 22)
     await sqlite.sweep(NOW + 3 * HOUR_MS)
+    with sqlite3.connect(sqlite.path) as check:
+        assert check.execute("PRAGMA freelist_count").fetchone() == (0,)
     assert await sqlite.read_blocks("t", series.series_set_hash, slot - HOUR_MS, slot) == []
     assert (await sqlite.read_head("t", series.series_set_hash, slot - HOUR_MS, slot)).points() == []
     assert len(await sqlite.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW)) == 3
@@ -124,7 +127,6 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     read back, and sealing turns them into a block without changing the answer."""
     import json
     import re
-    import sqlite3
     import subprocess
     import sys
     import time

@@ -503,5 +503,14 @@ def _sweep(connection, layout: Layout, now_ms: int) -> None:
     for granularity in layout.granularities:
         statements.append((f"DELETE FROM {granularity.table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
     _transaction(connection, statements)
-    connection.execute("PRAGMA incremental_vacuum")
+    # incremental_vacuum frees one page per step, and Python's sqlite3 steps a statement without
+    # result columns once: so one statement per free page, all in one transaction.
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        for _ in range(connection.execute("PRAGMA freelist_count").fetchone()[0]):
+            connection.execute("PRAGMA incremental_vacuum(1)")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
     connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
