@@ -7,6 +7,8 @@ table, writes docs/performance-results.json and docs/performance-ingest.png. Par
   receive  tsgate beside carbon-cache, VictoriaMetrics and Prometheus on the same workloads
   query    bench/queries.py (when present)
   memory   bench/memory.py (when present)
+  storage  bench/storage.py (when present): disk bytes per sample, render and remote read over sealed
+           blocks, ingest against sealing rate, beside VictoriaMetrics, graphite-web and Prometheus
 
 bench/README.rst says what each figure means. A failed measurement is reported and the others
 go on; the exit status is then 1.
@@ -26,11 +28,11 @@ import time
 from pathlib import Path
 
 from bench import ingest, receive
-from bench.common import REPO, cassandra, connect
+from bench.common import REPO, PartialResults, cassandra, connect
 from bench.plot import plot_rates
 from bench.report import format_table, read_json, write_json
 
-PARTS = ("ingest", "receive", "query", "memory")
+PARTS = ("ingest", "receive", "query", "memory", "storage")
 RESULTS = REPO / "docs" / "performance-results.json"
 PLOT = REPO / "docs" / "performance-ingest.png"
 
@@ -67,8 +69,9 @@ class Suite:
 
 
 def other_part(name: str, cassandra_at: str, workdir: Path, quick: bool, suite: Suite) -> list:
-    """The query and memory parts are bench/queries.py and bench/memory.py, written separately."""
-    module = {"query": "queries", "memory": "memory"}[name]
+    """The query, memory and storage parts are bench/queries.py, bench/memory.py and bench/storage.py,
+    written separately. A part that raises PartialResults keeps the figures it did measure."""
+    module = {"query": "queries", "memory": "memory", "storage": "storage"}[name]
     try:
         part = __import__(f"bench.{module}", fromlist=["run"])
     except ModuleNotFoundError as error:
@@ -78,7 +81,16 @@ def other_part(name: str, cassandra_at: str, workdir: Path, quick: bool, suite: 
         return []
     print(f"running: {name} (bench/{module}.py) ...", flush=True)
     (workdir / name).mkdir()
-    return suite.attempt(name, lambda: part.run(cassandra_at, workdir / name, quick)) or []
+    kept = []
+
+    def run_part() -> list:
+        try:
+            return part.run(cassandra_at, workdir / name, quick)
+        except PartialResults as error:
+            kept.extend(error.figures)
+            raise
+
+    return suite.attempt(name, run_part) or kept
 
 
 def measure(args: argparse.Namespace, suite: Suite, workdir: Path, context: dict) -> list:
@@ -107,7 +119,7 @@ def measure(args: argparse.Namespace, suite: Suite, workdir: Path, context: dict
         if "receive" in args.parts:
             references = receive.run_references(workloads, workdir / "receive", suite.attempt)
             figures += receive.figures(references, tsgate_runs)
-        for name in ("query", "memory"):
+        for name in ("query", "memory", "storage"):
             if name in args.parts:
                 figures += other_part(name, f"{host}:{port}", workdir, args.quick, suite)
     return figures

@@ -33,6 +33,16 @@ class BenchError(Exception):
     """The run failed (an error answer, missing data, a server that would not start): exit 1."""
 
 
+class PartialResults(BenchError):
+    """Some measurements of a part failed and the others did not: the figures of those that did
+    (the suite keeps them in its table) and what failed (which makes the run fail)."""
+
+    def __init__(self, figures: list, failures: list[str]):
+        super().__init__("; ".join(failures))
+        self.figures = figures
+        self.failures = failures
+
+
 def process_cpu_s(pid: int) -> float:
     """utime + stime of a process (fields 14 and 15 of /proc/<pid>/stat) in seconds."""
     with open(f"/proc/{pid}/stat") as stat:

@@ -93,16 +93,18 @@ def timestamps(points: int) -> list[int]:
     return [end - (points - 1 - j) * STEP_MS for j in range(points)]
 
 
-def write_json(port: int, what: str, items: list[dict]) -> None:
-    """POST /api/write in bodies of SAMPLES_PER_BODY samples; 200 means stored."""
+def write_json(port: int, what: str, items: list[dict], tenant: str | None = None) -> float:
+    """POST /api/write in bodies of SAMPLES_PER_BODY samples (to ``tenant``, by default the
+    workload's own); 200 means stored. Returns the seconds it took."""
     bodies = [
         json.dumps(items[start : start + SAMPLES_PER_BODY], separators=(",", ":")).encode()
         for start in range(0, len(items), SAMPLES_PER_BODY)
     ]
     started = time.perf_counter()
-    post_all(port, bodies, TENANTS[what], CONNECTIONS)
+    post_all(port, bodies, tenant or TENANTS[what], CONNECTIONS)
     seconds = time.perf_counter() - started
     print(f"query: wrote {what}: {len(items)} samples in {seconds:.1f} s ({len(items) / seconds:.0f}/s)", file=sys.stderr, flush=True)
+    return seconds
 
 
 def time_requests(port: int, method: str, path: str, body: bytes | None, headers: dict, requests: int, check) -> Timed:
@@ -130,6 +132,30 @@ def figures(name: str, timed: Timed, note: str) -> list[Figure]:
     return [Figure(SECTION, name, timed.p50, "ms p50", note=note), Figure(SECTION, name, timed.p99, "ms p99", note=note)]
 
 
+def render_check(names: list[str], stamps: list[int], value, buckets: int | None):
+    """check(answer) of a /render answer in JSON: every series of ``names`` (path i holds
+    ``value(i, j)`` at ``stamps[j]``, in ms), with ``buckets`` points each when given, and every
+    sample written inside the answer's window with its value."""
+    index = {name: i for i, name in enumerate(names)}
+    point_of = {ts // 1000: j for j, ts in enumerate(stamps)}
+
+    def check(answer: bytes) -> None:
+        rendered = json.loads(answer)
+        if sorted(s["target"] for s in rendered) != sorted(names):
+            raise BenchError(f"render returned {len(rendered)} series, not the {len(names)} written")
+        for s in rendered:
+            i, points = index[s["target"]], s["datapoints"]
+            if buckets is not None and len(points) != buckets:
+                raise BenchError(f"render: {s['target']} has {len(points)} points, not {buckets}")
+            first, last = points[0][1], points[-1][1]
+            expected = {t: value(i, j) for t, j in point_of.items() if first <= t <= last}
+            got = {t: v for v, t in points if v is not None}
+            if got != expected:
+                raise BenchError(f"render: {s['target']} has {len(got)} values where {len(expected)} were written, or wrong ones")
+
+    return check
+
+
 def bench_render(port: int, series: int, requests: int) -> list[Figure]:
     """``series`` paths x 24 h at 10 s, rendered all at once at their 10 s step."""
     stamps = timestamps(RENDER_POINTS)
@@ -137,24 +163,7 @@ def bench_render(port: int, series: int, requests: int) -> list[Figure]:
     write_json(port, "render", [
         {"metricName": names[i], "ts": ts, "value": value(i, j)} for i in range(series) for j, ts in enumerate(stamps)
     ])
-    index = {name: i for i, name in enumerate(names)}
-    point_of = {ts // 1000: j for j, ts in enumerate(stamps)}
-
-    def check(answer: bytes) -> None:
-        """Every series with 8640 buckets, and every sample written inside the window with its value."""
-        rendered = json.loads(answer)
-        if sorted(s["target"] for s in rendered) != sorted(names):
-            raise BenchError(f"render returned {len(rendered)} series, not the {series} written")
-        for s in rendered:
-            i, points = index[s["target"]], s["datapoints"]
-            if len(points) != RENDER_POINTS:
-                raise BenchError(f"render: {s['target']} has {len(points)} points, not {RENDER_POINTS}")
-            first, last = points[0][1], points[-1][1]
-            expected = {t: value(i, j) for t, j in point_of.items() if first <= t <= last}
-            got = {t: v for v, t in points if v is not None}
-            if got != expected:
-                raise BenchError(f"render: {s['target']} has {len(got)} values where {len(expected)} were written, or wrong ones")
-
+    check = render_check(names, stamps, value, RENDER_POINTS)
     query = urllib.parse.urlencode({"target": "bench.render.*", "from": "-24h", "format": "json"})
     timed = time_requests(port, "GET", f"/render?{query}", None, {"X-Tenant": TENANTS["render"]}, requests, check)
     note = f"{requests} requests, {series} series x {RENDER_POINTS} points, {timed.answer_bytes / 2**20:.1f} MiB JSON"
@@ -210,6 +219,30 @@ def bench_find(port: int, store_url: str, metrics: int, requests: int) -> list[F
     return results
 
 
+def remote_read_headers(tenant: str) -> dict:
+    """What Prometheus's remote-read client sends; X-Scope-OrgID names tsgate's tenant (others ignore it)."""
+    return {
+        "Content-Type": "application/x-protobuf",
+        "Content-Encoding": "snappy",
+        "X-Prometheus-Remote-Read-Version": "0.1.0",
+        "X-Scope-OrgID": tenant,
+    }
+
+
+def remote_read_series(answer: bytes, response_type: str) -> list[tuple[dict, list]]:
+    """(labels, samples) of each series of a remote-read answer to one query, SAMPLES or
+    STREAMED_XOR_CHUNKS; a series spanning several frames (past 1 MiB of chunks) is joined."""
+    if response_type == prometheus.SAMPLES:
+        (result,) = prometheus.decode_read_response(answer, MAX_ANSWER_BYTES)
+        return result
+    found: dict[tuple, tuple[dict, list]] = {}
+    for query_index, labels, samples in prometheus.decode_chunked_read_response(answer):
+        if query_index != 0:
+            raise BenchError(f"remote read: a frame of query {query_index}, labels {labels}; only one was asked")
+        found.setdefault(tuple(sorted(labels.items())), (labels, []))[1].extend(samples)
+    return list(found.values())
+
+
 def bench_remote_read(port: int, series: int, requests: int) -> list[Figure]:
     """``series`` series x 1 h at 10 s, read back by one query matching them all, in both answer types."""
     stamps = timestamps(READ_POINTS)
@@ -221,34 +254,24 @@ def bench_remote_read(port: int, series: int, requests: int) -> list[Figure]:
     expected = {str(i): [(ts, value(i, j)) for j, ts in enumerate(stamps)] for i in range(series)}
     query = prometheus.Query(stamps[0], stamps[-1], [prometheus.Matcher("EQ", "__name__", READ_METRIC)])
 
-    def compare(found: dict[str, list]) -> None:
-        if found != expected:
-            counts = sorted({len(samples) for samples in found.values()})
-            raise BenchError(f"remote read: {len(found)} series of {counts} samples, not {series} x {READ_POINTS} as written")
+    def checker(response_type: str):
+        def check(answer: bytes) -> None:
+            found = {}
+            for labels, samples in remote_read_series(answer, response_type):
+                if labels["__name__"] != READ_METRIC:
+                    raise BenchError(f"remote read: unexpected series {labels}")
+                found[labels["i"]] = samples
+            if found != expected:
+                counts = sorted({len(samples) for samples in found.values()})
+                raise BenchError(f"remote read: {len(found)} series of {counts} samples, not {series} x {READ_POINTS} as written")
 
-    def check_samples(answer: bytes) -> None:
-        (result,) = prometheus.decode_read_response(answer, MAX_ANSWER_BYTES)
-        compare({labels["i"]: samples for labels, samples in result if labels["__name__"] == READ_METRIC})
+        return check
 
-    def check_streamed(answer: bytes) -> None:
-        """A series may span several frames (past 1 MiB of chunks): join them by labels."""
-        found: dict[str, list] = {}
-        for query_index, labels, samples in prometheus.decode_chunked_read_response(answer):
-            if query_index != 0 or labels["__name__"] != READ_METRIC:
-                raise BenchError(f"remote read: unexpected frame, query {query_index}, labels {labels}")
-            found.setdefault(labels["i"], []).extend(samples)
-        compare(found)
-
-    headers = {
-        "Content-Type": "application/x-protobuf",
-        "Content-Encoding": "snappy",
-        "X-Prometheus-Remote-Read-Version": "0.1.0",
-        "X-Scope-OrgID": TENANTS["read"],
-    }
+    headers = remote_read_headers(TENANTS["read"])
     results = []
-    for response_type, check in ((prometheus.SAMPLES, check_samples), (prometheus.STREAMED_XOR_CHUNKS, check_streamed)):
+    for response_type in (prometheus.SAMPLES, prometheus.STREAMED_XOR_CHUNKS):
         body = prometheus.encode_read_request([query], [response_type])
-        timed = time_requests(port, "POST", "/api/v1/read", body, headers, requests, check)
+        timed = time_requests(port, "POST", "/api/v1/read", body, headers, requests, checker(response_type))
         note = f"{requests} requests, {series} x {READ_POINTS} samples, answer {timed.answer_bytes / 2**20:.2f} MiB"
         results += figures(f"remote read {series} series x 1h, {response_type}", timed, note)
     return results
