@@ -26,7 +26,7 @@ from gateway.model import SeriesKey, now_ms
 from gateway.samples import Samples
 from gateway.store import Store
 from gateway.store.blocks import decode_block
-from gateway.store.contract import Rollup
+from gateway.store.contract import RawData, Rollup
 from gateway.store.layout import Granularity, Layout
 
 ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
@@ -99,11 +99,8 @@ class ReadPath:
         """Blocks merged with head rows, for every series concurrently (bounded)."""
         if end_ms < start_ms:
             return [samples.empty() for _ in series]
-        blocks = [self._limited("read_blocks", self.store.read_blocks, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series]
-        heads = [self._limited("read_head", self.store.read_head, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series]
-        found_blocks = await gatherResults(blocks, consumeErrors=True)
-        found_heads = await gatherResults(heads, consumeErrors=True)
-        return [_stitch_raw(series_blocks, head, start_ms, end_ms) for series_blocks, head in zip(found_blocks, found_heads)]
+        reads = [self._limited("read_raw", self.store.read_raw, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series]
+        return [stitch_raw(found, start_ms, end_ms) for found in await gatherResults(reads, consumeErrors=True)]
 
     async def read_rollup(
         self, series: Sequence[SeriesKey], granularity: Granularity, aggregate: str, start_ms: int, end_ms: int, fallback: str | None = None
@@ -118,8 +115,9 @@ class ReadPath:
         return [rollup_samples(rows, aggregate, fallback) for rows in await gatherResults(reads, consumeErrors=True)]
 
 
-def _stitch_raw(blocks: list[bytes], head: Samples, start_ms: int, end_ms: int) -> Samples:
+def stitch_raw(found: RawData, start_ms: int, end_ms: int) -> Samples:
     """Blocks (cut to the range) first, the head last so that its samples win."""
+    blocks, head = found
     if not blocks:
         return head
     decoded = [Samples(*decode_block(block)) for block in blocks]

@@ -106,3 +106,13 @@ def backend_args(request) -> tuple[str, ...]:
 @pytest.fixture
 def gateway(start_gateway, backend_args):
     return start_gateway(*backend_args)
+
+
+async def read_head(store, *args):
+    """The head rows of store.read_raw (tests of the store contract)."""
+    return (await store.read_raw(*args)).head
+
+
+async def read_blocks(store, *args):
+    """The blocks of store.read_raw (tests of the store contract)."""
+    return (await store.read_raw(*args)).blocks

@@ -17,6 +17,7 @@ from gateway.store.blocks import BadBlock, decode_block, encode_block, read_head
 from gateway.store.contract import RawPoint, Rollup
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
 from gateway.store.sqlite import SQLiteStore
+from tests.conftest import read_blocks, read_head
 
 MINUTE = 60_000
 NOW = 1_000 * HOUR_MS + 17 * MINUTE
@@ -104,18 +105,18 @@ async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite)
     await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot - MINUTE, 100.0)])
     await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot + i * MINUTE, float(i)) for i in range(10)])
     await seal()
-    assert (await sqlite.read_head("t", series.series_set_hash, slot, slot + HOUR_MS - 1)).points() == []
+    assert (await read_head(sqlite, "t", series.series_set_hash, slot, slot + HOUR_MS - 1)).points() == []
     await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot + 3 * MINUTE, 30.0), RawPoint("t", series.series_set_hash, slot + 30 * MINUTE, 31.0)])
     await seal()
-    (block,) = await sqlite.read_blocks("t", series.series_set_hash, slot, slot)
+    (block,) = await read_blocks(sqlite, "t", series.series_set_hash, slot, slot)
     assert Samples(*decode_block(block)).points() == [(slot + i * MINUTE, float(v)) for i, v in [(0, 0), (1, 1), (2, 2), (3, 30), *((i, i) for i in range(4, 10)), (30, 31)]]
     (hourly,) = await sqlite.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, slot, slot)
     assert (hourly.last, hourly.increase) == (31.0, 0.0 + 1 + 1 + 28 + 4 + 1 + 1 + 1 + 1 + 1 + 22)
     await sqlite.sweep(NOW + 3 * HOUR_MS)
     with sqlite3.connect(sqlite.path) as check:
         assert check.execute("PRAGMA freelist_count").fetchone() == (0,)
-    assert await sqlite.read_blocks("t", series.series_set_hash, slot - HOUR_MS, slot) == []
-    assert (await sqlite.read_head("t", series.series_set_hash, slot - HOUR_MS, slot)).points() == []
+    assert await read_blocks(sqlite, "t", series.series_set_hash, slot - HOUR_MS, slot) == []
+    assert (await read_head(sqlite, "t", series.series_set_hash, slot - HOUR_MS, slot)).points() == []
     assert len(await sqlite.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW)) == 3
     await sqlite.sweep(NOW + 2 * 86_400_000)
     assert await sqlite.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW) == []

@@ -12,6 +12,7 @@ from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
+from tests.conftest import read_blocks, read_head
 
 HOUR = 3_600_000
 STALE_NAN_BITS = 0x7FF0000000000002
@@ -95,9 +96,9 @@ async def test_tenants_are_isolated(store, tenant):
     assert await store.list_metric_names(other) == []
     assert await store.find_series(other, "cpu", "host", "a") == set()
     assert await store.get_series(other, [a.series_set_hash]) == {}
-    assert points(await store.read_head(other, a.series_set_hash, 0, 2000)) == []
+    assert points(await read_head(store, other, a.series_set_hash, 0, 2000)) == []
     await store.write_block(tenant, a.series_set_hash, 0, encode_block(np.array([1000]), np.array([1.0])), samples.empty(), 0)
-    assert await store.read_blocks(other, a.series_set_hash, 0, 2000) == []
+    assert await read_blocks(store, other, a.series_set_hash, 0, 2000) == []
 
 
 @pytest_twisted.ensureDeferred
@@ -105,12 +106,12 @@ async def test_raw_data_in_time_order_across_slots(store, tenant):
     h = series(tenant, "cpu", {}).series_set_hash
     timestamps = [5 * HOUR + 1, HOUR - 1, HOUR, 3 * HOUR, 0, -1]
     await store.write_raw([RawPoint(tenant, h, ts, float(ts)) for ts in timestamps])
-    everything = await store.read_head(tenant, h, -HOUR, 6 * HOUR)
+    everything = await read_head(store, tenant, h, -HOUR, 6 * HOUR)
     assert everything.timestamps.dtype == np.int64 and everything.values.dtype == np.float64
     assert points(everything) == [(ts, float(ts)) for ts in sorted(timestamps)]
-    assert points(await store.read_head(tenant, h, HOUR - 1, 3 * HOUR)) == [(HOUR - 1, HOUR - 1.0), (HOUR, float(HOUR)), (3 * HOUR, 3.0 * HOUR)]
-    assert points(await store.read_head(tenant, h, 3 * HOUR + 1, 5 * HOUR)) == []
-    assert points(await store.read_head(tenant, h, 10, 5)) == []
+    assert points(await read_head(store, tenant, h, HOUR - 1, 3 * HOUR)) == [(HOUR - 1, HOUR - 1.0), (HOUR, float(HOUR)), (3 * HOUR, 3.0 * HOUR)]
+    assert points(await read_head(store, tenant, h, 3 * HOUR + 1, 5 * HOUR)) == []
+    assert points(await read_head(store, tenant, h, 10, 5)) == []
 
 
 @pytest_twisted.ensureDeferred
@@ -118,7 +119,7 @@ async def test_raw_upsert_keeps_the_last_value(store, tenant):
     h = series(tenant, "cpu", {}).series_set_hash
     await store.write_raw([RawPoint(tenant, h, 1000, 1.0)])
     await store.write_raw([RawPoint(tenant, h, 1000, 2.0)])
-    assert points(await store.read_head(tenant, h, 0, 2000)) == [(1000, 2.0)]
+    assert points(await read_head(store, tenant, h, 0, 2000)) == [(1000, 2.0)]
 
 
 @pytest_twisted.ensureDeferred
@@ -127,10 +128,10 @@ async def test_special_values_survive_bit_exact(store, tenant):
     stale = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
     values = [math.nan, stale, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308]
     await store.write_raw([RawPoint(tenant, h, i, v) for i, v in enumerate(values)])
-    stored = await store.read_head(tenant, h, 0, len(values))
+    stored = await read_head(store, tenant, h, 0, len(values))
     assert [bits(v) for _, v in points(stored)] == [bits(v) for v in values]
     await store.write_block(tenant, h, 0, encode_block(stored.timestamps, stored.values), stored, 0)
-    (block,) = await store.read_blocks(tenant, h, 0, len(values))
+    (block,) = await read_blocks(store, tenant, h, 0, len(values))
     timestamps, sealed = decode_block(block)
     assert timestamps.tolist() == list(range(len(values)))
     assert [bits(v) for v in sealed.tolist()] == [bits(v) for v in values]
@@ -145,12 +146,12 @@ async def test_blocks_by_slot(store, tenant):
         await store.write_block(tenant, h, slot, encode_block(np.array([slot + 5]), np.array([float(slot)])), samples.empty(), 0)
     def firsts(blocks):
         return [int(decode_block(b)[0][0]) - 5 for b in blocks]
-    assert firsts(await store.read_blocks(tenant, h, -HOUR, 4 * week)) == slots
-    assert firsts(await store.read_blocks(tenant, h, 1, week)) == [0, 2 * HOUR, week - HOUR, week]
-    assert firsts(await store.read_blocks(tenant, h, week + HOUR, 3 * week - 1)) == []
-    assert await store.read_blocks(tenant, h, 10, 5) == []
+    assert firsts(await read_blocks(store, tenant, h, -HOUR, 4 * week)) == slots
+    assert firsts(await read_blocks(store, tenant, h, 1, week)) == [0, 2 * HOUR, week - HOUR, week]
+    assert firsts(await read_blocks(store, tenant, h, week + HOUR, 3 * week - 1)) == []
+    assert await read_blocks(store, tenant, h, 10, 5) == []
     await store.write_block(tenant, h, 0, encode_block(np.array([7, 8]), np.array([1.0, 2.0])), samples.empty(), 0)
-    (replaced,) = await store.read_blocks(tenant, h, 0, 0)
+    (replaced,) = await read_blocks(store, tenant, h, 0, 0)
     assert decode_block(replaced)[0].tolist() == [7, 8]
 
 
@@ -160,12 +161,12 @@ async def test_read_path_stitches_blocks_and_head(store, tenant):
     timestamp; sealing twice is harmless; a series with nothing reads empty."""
     h = series(tenant, "cpu", {})
     await store.write_raw([RawPoint(tenant, h.series_set_hash, ts, float(ts)) for ts in (10, 20, 30, HOUR + 10)])
-    head = await store.read_head(tenant, h.series_set_hash, 0, HOUR - 1)
+    head = await read_head(store, tenant, h.series_set_hash, 0, HOUR - 1)
     head_read = int(time.time() * 1000)
     for _ in range(2):
         await store.write_block(tenant, h.series_set_hash, 0, encode_block(head.timestamps, head.values), head, head_read)
     await store.write_raw([RawPoint(tenant, h.series_set_hash, 20, -1.0), RawPoint(tenant, h.series_set_hash, 25, 2.5)])
-    assert {(20, -1.0), (25, 2.5)} <= set(points(await store.read_head(tenant, h.series_set_hash, 0, HOUR - 1)))
+    assert {(20, -1.0), (25, 2.5)} <= set(points(await read_head(store, tenant, h.series_set_hash, 0, HOUR - 1)))
     reader = ReadPath(store)
     stitched, empty = await reader.read_raw([h, series(tenant, "none", {})], 0, 2 * HOUR)
     assert points(stitched) == [(10, 10.0), (20, -1.0), (25, 2.5), (30, 30.0), (HOUR + 10, HOUR + 10.0)]

@@ -9,15 +9,15 @@ import time
 import numpy as np
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
-from gateway import metrics, samples
+from gateway import metrics
 from gateway.downsample.aggregate import AGGREGATORS, CUMULATIVE_COUNTER, PROMETHEUS_COUNTER_SUFFIXES, roll_up, series_kind
 from gateway.downsample.pending import Work
 from gateway.metadata_cache import LRUMap, SeenSeries
 from gateway.model import now_ms
-from gateway.read_path import ReadPath
+from gateway.read_path import ReadPath, stitch_raw
 from gateway.samples import Samples
 from gateway.store import Store
-from gateway.store.blocks import decode_block, encode_block
+from gateway.store.blocks import encode_block
 from gateway.store.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -119,16 +119,12 @@ class Downsampler:
     async def _seal(self, tenant: str, series_set_hash: str, slot: int) -> Samples:
         """The slot's block merged with its head rows (the head wins), written back when the head
         had anything; returns the merged samples."""
-        end = slot + self.layout.slot_width_ms - 1
         head_read = now_ms()
-        head, blocks = await gatherResults(
-            [self.store.read_head(tenant, series_set_hash, slot, end), self.store.read_blocks(tenant, series_set_hash, slot, end)],
-            consumeErrors=True,
-        )
-        merged = samples.merge([*(Samples(*decode_block(block)) for block in blocks), head])
-        if len(head):
+        found = await self.store.read_raw(tenant, series_set_hash, slot, slot + self.layout.slot_width_ms - 1)
+        merged = stitch_raw(found, slot, slot + self.layout.slot_width_ms - 1)
+        if len(found.head):
             block = encode_block(merged.timestamps, merged.values)
-            await metrics.observe_store("write_block", self.store.write_block(tenant, series_set_hash, slot, block, head, head_read))
+            await metrics.observe_store("write_block", self.store.write_block(tenant, series_set_hash, slot, block, found.head, head_read))
             metrics.SEALED_SAMPLES.inc(len(merged))
         return merged
 

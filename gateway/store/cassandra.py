@@ -33,7 +33,7 @@ from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
-from gateway.store.contract import ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, Store, StoreUnavailable, time_slot, time_slots
+from gateway.store.contract import ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store, StoreUnavailable, time_slot, time_slots
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
@@ -80,12 +80,12 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 ROWS_PER_BATCH = 50
 BATCH_VALUE_BYTES = 16 * 1024
 
-# A head_slots entry lives this much longer than the head rows written with it; HEAD_SLOTS_REMEMBERED
-# series-slots are remembered as having a fresh entry. A seal records the time it read the head
+# A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
+# series-slots are remembered as having a fresh written_at. A seal records the time it read the head
 # less SEAL_CLOCK_MARGIN_MS (at most half the settle delay), so the clocks of ingest and
 # downsampler processes may differ by that much.
-HEAD_SLOT_MARGIN_MS = 3_600_000
-HEAD_SLOTS_REMEMBERED = 1_000_000
+WRITTEN_AT_MARGIN_MS = 3_600_000
+WRITTEN_AT_REMEMBERED = 1_000_000
 SEAL_CLOCK_MARGIN_MS = 60_000
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
@@ -215,7 +215,7 @@ class CassandraStore(Store):
         self.session = None
         self._requests: RequestQueue | None = None
         self._statements: dict[str, object] = {}
-        self._head_slots_written = LRUMap(HEAD_SLOTS_REMEMBERED)
+        self._written_at_fresh = LRUMap(WRITTEN_AT_REMEMBERED)
 
     @classmethod
     def from_url(cls, url: str, layout: Layout) -> "CassandraStore":
@@ -294,27 +294,29 @@ class CassandraStore(Store):
             for statement in statements:
                 session.execute(statement, timeout=120)
             session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
-            if "data_raw" in tables and "head_slots" not in tables:
+            if "data_raw" in tables and "data_blocks" not in tables:
                 statements.append(self._index_head_rows(session))
             return statements
         finally:
             self.cluster.shutdown()
 
     def _index_head_rows(self, session) -> str:
-        """The upgrade from one row a sample: data_raw rows written before head_slots existed get
-        entries, so read_head finds them until they expire with the raw retention they were written
-        with. Slots still pending are sealed into blocks by the downsampler like any other; slots
-        rolled up before the upgrade stay head rows until then."""
+        """The upgrade from one row a sample: each data_raw partition written before data_blocks
+        existed gets a ``written_at`` in its slot's data_blocks row, so read_raw reads its rows
+        until they expire with the raw retention they were written with. Slots still pending are
+        sealed into blocks by the downsampler like any other; slots rolled up before the upgrade
+        stay head rows until then."""
         ks, ttl = self.keyspace, self.ttl_s
-        insert = session.prepare(
-            f"INSERT INTO {ks}.head_slots (tenant, series_set_hash, time_slot, written_at) VALUES (?, ?, ?, ?) USING TTL {ttl}"
+        update = session.prepare(
+            f"UPDATE {ks}.data_blocks USING TTL {ttl} SET written_at = ?"
+            " WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?"
         )
         rows = session.execute(f"SELECT DISTINCT tenant, series_set_hash, time_slot FROM {ks}.data_raw", timeout=120)
-        count, now = 0, int(time.time() * 1000)
+        count, now, width = 0, int(time.time() * 1000), self.layout.block_partition_width_ms
         for row in rows:
-            session.execute(insert, (row.tenant, row.series_set_hash, row.time_slot, now))
+            session.execute(update, (now, row.tenant, row.series_set_hash, time_slot(row.time_slot, width), row.time_slot))
             count += 1
-        return f"-- indexed {count} data_raw partitions written before the upgrade in head_slots"
+        return f"-- indexed {count} data_raw partitions written before the upgrade in data_blocks"
 
     def _prepare_all(self) -> None:
         ks, ttl = self.keyspace, self.ttl_s
@@ -342,12 +344,11 @@ class CassandraStore(Store):
             "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
             "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL ?",
-            "head_slot": f"INSERT INTO {ks}.head_slots (tenant, series_set_hash, time_slot, written_at) VALUES (?, ?, ?, ?) USING TTL ?",
-            "seal_head_slot": f"UPDATE {ks}.head_slots USING TTL ? SET sealed_at = ? WHERE tenant = ? AND series_set_hash = ? AND time_slot = ?",
-            "head_slots": f"SELECT time_slot, written_at, sealed_at FROM {ks}.head_slots WHERE tenant = ? AND series_set_hash = ? AND time_slot >= ? AND time_slot <= ?",
+            "head_written": f"UPDATE {ks}.data_blocks USING TTL ? SET written_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
+            "head_sealed": f"UPDATE {ks}.data_blocks USING TTL ? SET sealed_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
+            "write_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
+            "read_slots": f"SELECT time_slot, block, written_at, sealed_at FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
             "read_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
-            "write_block": f"INSERT INTO {ks}.data_blocks (tenant, series_set_hash, block_partition, time_slot, block) VALUES (?, ?, ?, ?, ?) USING TTL {ttl}",
-            "read_blocks": f"SELECT block FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
             "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
@@ -487,8 +488,8 @@ class CassandraStore(Store):
         return self._execute(self._statements["get_metric_metadata"], (tenant, metric_name)).addCallback(first)
 
     def write_raw(self, points: Sequence[RawPoint]):
-        """Head rows, each with the TTL of its slot, and a head_slots entry for each series-slot
-        whose entry this process has not written lately (read_head finds head rows through it)."""
+        """Head rows, each with the TTL of its slot, and the slot's ``written_at`` in data_blocks
+        where this process has not written it lately (read_raw finds head rows through it)."""
         statement = self._statements["raw"]
         width, now = self.slot_width_ms, int(time.time() * 1000)
         ttls: dict[int, int] = {}
@@ -499,68 +500,63 @@ class CassandraStore(Store):
             if ttl is None:
                 ttl = ttls[slot] = self.layout.head_ttl_ms(slot, now) // 1000 + 1
             rows.append((statement, (tenant, hash_, slot, timestamp, value, ttl)))
-        entries, fresh = self._head_slot_entries(points, now)
+        entries, fresh = self._written_at_updates(points, now)
         written = self._execute_all(self._batched(entries + rows))
-        return written.addCallback(lambda _: self._head_slots_written.add_all(fresh))
+        return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
 
-    def _head_slot_entries(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
-        """head_slots entries (``written_at`` = now) of the batch's series-slots, but for those this
+    def _written_at_updates(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
+        """``written_at`` = now in the data_blocks rows of the batch's series-slots, but for those this
         process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
         cannot have been sealed since (sealing waits for the slot's end and its last write to be
         ``settle_delay`` old), so a reader that finds the entry newer than the last seal reads the
         head rows anyway. A write after that refreshes the entry, so one that lands after a seal
         always makes its slot's head rows read again. Returns the requests and what to remember
         once they succeeded."""
-        width, written, layout = self.slot_width_ms, self._head_slots_written, self.layout
+        width, written, layout = self.slot_width_ms, self._written_at_fresh, self.layout
         keys = {(tenant, hash_, timestamp - timestamp % width) for tenant, hash_, timestamp, _ in points}
         requests, fresh = [], {}
         for key in keys:
             if (written.get(key) or 0) > now:
                 continue
-            ttl_ms = layout.head_ttl_ms(key[2], now) + layout.settle_delay_ms + HEAD_SLOT_MARGIN_MS
-            requests.append((self._statements["head_slot"], (*key, now, ttl_ms // 1000)))
+            tenant, hash_, slot = key
+            ttl_ms = layout.head_ttl_ms(slot, now) + layout.settle_delay_ms + WRITTEN_AT_MARGIN_MS
+            partition = time_slot(slot, layout.block_partition_width_ms)
+            requests.append((self._statements["head_written"], (ttl_ms // 1000, now, tenant, hash_, partition, slot)))
             fresh[key] = max(key[2] + width, now) + layout.settle_delay_ms // 2
         return requests, fresh
 
-    def read_head(self, tenant, series_set_hash, start_ms, end_ms):
-        """The series' head slots in the range from head_slots, then, in one request, the rows of
-        those written since their last seal (the rows of the others are all in their blocks)."""
+    def read_raw(self, tenant, series_set_hash, start_ms, end_ms):
+        """The data_blocks rows of the range (one request a block partition: 1-2 for a day), then,
+        in one request, the head rows of the slots written since their last seal, if any (the
+        head rows of the others are all in their blocks)."""
         if end_ms < start_ms:
-            return defer.succeed(samples.empty())
-        width = self.slot_width_ms
-        slots_read = self._execute_all(
-            [(self._statements["head_slots"], (tenant, series_set_hash, time_slot(start_ms, width), time_slot(end_ms, width)))],
-            PLAIN_ROWS,
-        )
-
-        def read_rows(results):
-            slots = [slot for slot, written_at, sealed_at in results[0] if written_at is not None and (sealed_at is None or written_at > sealed_at)]
-            if not slots:
-                return [[]]
-            return self._execute_all([(self._statements["read_head"], (tenant, series_set_hash, slots, start_ms, end_ms))], PLAIN_ROWS)
-
-        return slots_read.addCallback(read_rows).addCallback(lambda results: _samples_of(results[0]))
-
-    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
-        """The block, then the slot's head_slots entry marked sealed as of the head's read (less a
-        margin for clock skew), so readers skip the head rows it holds. Head rows are left to
-        their TTL: deleting them would write tombstones."""
-        partition = time_slot(slot_ms, self.layout.block_partition_width_ms)
-        written = self._execute(self._statements["write_block"], (tenant, series_set_hash, partition, slot_ms, block))
-        ttl_s = (self.layout.head_ttl_ms(slot_ms, head_read_ms) + HEAD_SLOT_MARGIN_MS) // 1000
-        margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
-        sealed_at = (ttl_s, head_read_ms - margin, tenant, series_set_hash, slot_ms)
-        return written.addCallback(lambda _: self._execute(self._statements["seal_head_slot"], sealed_at))
-
-    def read_blocks(self, tenant, series_set_hash, start_ms, end_ms):
-        if end_ms < start_ms:
-            return defer.succeed([])
+            return defer.succeed(RawData([], samples.empty()))
         width = self.slot_width_ms
         first, last = time_slot(start_ms, width), time_slot(end_ms, width)
-        statement = self._statements["read_blocks"]
+        statement = self._statements["read_slots"]
         partitions = time_slots(first, last, self.layout.block_partition_width_ms)
         requests = [(statement, (tenant, series_set_hash, partition, first, last)) for partition in partitions]
-        return self._execute_all(requests, PLAIN_ROWS).addCallback(lambda pages: [row[0] for page in pages for row in page])
+
+        def read_head(pages):
+            rows = [row for page in pages for row in page]
+            blocks = [block for _, block, _, _ in rows if block is not None]
+            unsealed = [slot for slot, _, written, sealed in rows if written is not None and (sealed is None or written > sealed)]
+            if not unsealed:
+                return RawData(blocks, samples.empty())
+            head = self._execute_all([(self._statements["read_head"], (tenant, series_set_hash, unsealed, start_ms, end_ms))], PLAIN_ROWS)
+            return head.addCallback(lambda results: RawData(blocks, _samples_of(results[0])))
+
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(read_head)
+
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
+        """The block, then its row marked sealed as of the head's read (less a margin for clock
+        skew), so readers skip the head rows it holds. Head rows are left to their TTL: deleting
+        them would write tombstones."""
+        key = (tenant, series_set_hash, time_slot(slot_ms, self.layout.block_partition_width_ms), slot_ms)
+        written = self._execute(self._statements["write_block"], (block, *key))
+        ttl_s = (self.layout.head_ttl_ms(slot_ms, head_read_ms) + WRITTEN_AT_MARGIN_MS) // 1000
+        margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
+        return written.addCallback(lambda _: self._execute(self._statements["head_sealed"], (ttl_s, head_read_ms - margin, *key)))
 
     def sweep(self, now_ms):
         return defer.succeed(None)

@@ -159,23 +159,14 @@ def table_statements(options: SchemaOptions) -> list[str]:
         f"    AND compaction = {_twcs(options.slot_width_ms)}\n"
         f"    AND default_time_to_live = {head_ttl_s}\n"
         "    AND gc_grace_seconds = 10800",
-        f"CREATE TABLE IF NOT EXISTS {ks}.head_slots (\n"
-        "    tenant text,\n"
-        "    series_set_hash text,\n"
-        "    time_slot bigint,\n"
-        "    written_at bigint,\n"
-        "    sealed_at bigint,\n"
-        "    PRIMARY KEY ((tenant, series_set_hash), time_slot)\n"
-        ") WITH CLUSTERING ORDER BY (time_slot ASC)\n"
-        f"    AND compaction = {_twcs(options.slot_width_ms)}\n"
-        f"    AND default_time_to_live = {head_ttl_s}\n"
-        "    AND gc_grace_seconds = 10800",
         f"CREATE TABLE IF NOT EXISTS {ks}.data_blocks (\n"
         "    tenant text,\n"
         "    series_set_hash text,\n"
         "    block_partition bigint,\n"
         "    time_slot bigint,\n"
         "    block blob,\n"
+        "    written_at bigint,\n"
+        "    sealed_at bigint,\n"
         "    PRIMARY KEY ((tenant, series_set_hash, block_partition), time_slot)\n"
         ") WITH CLUSTERING ORDER BY (time_slot ASC)\n"
         f"    AND compaction = {_twcs(window)}\n"
@@ -215,8 +206,6 @@ def upgrade_statements(options: SchemaOptions) -> list[str]:
         f"ALTER TABLE {options.keyspace}.data_raw\n"
         f"    WITH compaction = {_twcs(options.slot_width_ms)}\n"
         f"    AND default_time_to_live = {head_ttl_s}",
-        f"ALTER TABLE {options.keyspace}.head_slots\n"
-        f"    WITH default_time_to_live = {head_ttl_s}",
         f"ALTER TABLE {options.keyspace}.data_blocks\n"
         f"    WITH compaction = {_twcs(window)}\n"
         f"    AND default_time_to_live = {options.raw_retention_ms // 1000}",

@@ -19,7 +19,8 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
 - ``data_raw``           (tenant, hash, time_slot) -> (ts, value): head rows, one a sample, kept
                          until the downsampler sealed their slot (Layout.head_ttl_ms).
 - ``data_blocks``        (tenant, hash, block partition) -> (time_slot, block): each sealed slot's
-                         samples as one compressed block (blocks.py), kept the raw retention.
+                         samples as one compressed block (blocks.py), kept the raw retention; on
+                         Cassandra also when the slot's head rows were last written and sealed.
 - ``data_{granularity}`` (tenant, hash, time_slot) -> (ts, min, max, sum, count, last, increase):
                          roll-ups, one table per granularity with its own TTL (layout.py).
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
@@ -88,6 +89,13 @@ class PendingSet(NamedTuple):
     tenant: str
     series_set_hash: str
     last_touch_ms: int = 0
+
+
+class RawData(NamedTuple):
+    """Raw samples of one series as stored: sealed blocks (bytes, gateway/store/blocks.py) and head rows."""
+
+    blocks: list[bytes]
+    head: Samples
 
 
 class MetricMetadata(NamedTuple):
@@ -192,19 +200,17 @@ class Store(abc.ABC):
         """Upsert raw points as head rows (data_raw); fire only once the store has accepted all of them."""
 
     @abc.abstractmethod
-    def read_head(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
-        """Fire with the Samples of one series' head rows in an inclusive range."""
+    def read_raw(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
+        """Fire with the RawData of one series in an inclusive range: the blocks of the slots that
+        overlap it, in slot order, and the Samples of the head rows in it not sealed into those
+        blocks yet (a driver may return sealed head rows too: the head wins, with the same values)."""
 
     @abc.abstractmethod
     def write_block(self, tenant: str, series_set_hash: str, slot_ms: int, block: bytes, sealed: Samples, head_read_ms: int) -> Deferred:
         """Upsert the block of one series-slot (kept the raw retention). ``sealed`` are the head
-        samples merged into it, read at ``head_read_ms``: afterwards read_head needs to return
-        only head rows written since (a driver without TTLs deletes the sealed rows that still
-        hold the sealed value; a row rewritten meanwhile stays, to be sealed next time)."""
-
-    @abc.abstractmethod
-    def read_blocks(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
-        """Fire with the blocks (bytes) of one series whose slot overlaps an inclusive range, in slot order."""
+        samples merged into it, read at ``head_read_ms``: afterwards read_raw needs to return only
+        head rows written since (a driver without TTLs deletes the sealed rows that still hold
+        the sealed value; a row rewritten meanwhile stays, to be sealed next time)."""
 
     @abc.abstractmethod
     def sweep(self, now_ms: int) -> Deferred:

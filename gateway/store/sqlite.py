@@ -27,7 +27,7 @@ import numpy as np
 from gateway import samples
 from gateway.model import SeriesKey
 from gateway.samples import Samples
-from gateway.store.contract import ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, Store, StoreUnavailable, time_slot
+from gateway.store.contract import ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store, StoreUnavailable, time_slot
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
@@ -368,24 +368,15 @@ class SQLiteStore(Store):
     def get_series(self, tenant, hashes: Iterable[str]):
         return self._read(_get_series, tenant, list(hashes))
 
-    def read_head(self, tenant, series_set_hash, start_ms, end_ms):
+    def read_raw(self, tenant, series_set_hash, start_ms, end_ms):
         if end_ms < start_ms:
-            return succeed(samples.empty())
+            return succeed(RawData([], samples.empty()))
         first_slot = time_slot(start_ms, self.slot_width_ms)
         last_slot = time_slot(end_ms, self.slot_width_ms)
-        return self._read(_read_head, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)
+        return self._read(_read_raw, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
         return self._write(_write_block, tenant, series_set_hash, slot_ms, block, sealed)
-
-    def read_blocks(self, tenant, series_set_hash, start_ms, end_ms):
-        if end_ms < start_ms:
-            return succeed([])
-        query = (
-            "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
-        )
-        parameters = (tenant, series_set_hash, time_slot(start_ms, self.slot_width_ms), time_slot(end_ms, self.slot_width_ms))
-        return self._read(_column, query, parameters)
 
     def sweep(self, now_ms):
         return self._write(_sweep, self.layout, now_ms)
@@ -461,19 +452,22 @@ def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) 
     return found
 
 
-def _read_head(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> Samples:
-    query = (
+def _read_raw(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> RawData:
+    blocks_query = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
+    blocks = _column(connection, blocks_query, (tenant, series_set_hash, first_slot, last_slot))
+    head_query = (
         "SELECT ts, value FROM data_raw WHERE tenant=? AND series_set_hash=?"
         " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
     )
-    rows = connection.execute(query, (tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)).fetchall()
+    rows = connection.execute(head_query, (tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)).fetchall()
     if not rows:
-        return samples.empty()
+        return RawData(blocks, samples.empty())
     timestamps, values = zip(*rows)
-    return Samples(
+    head = Samples(
         np.array(timestamps, dtype=np.int64),
         np.array([_decode_value(v) for v in values] if any(isinstance(v, bytes) for v in values) else values, dtype=np.float64),
     )
+    return RawData(blocks, head)
 
 
 def _write_block(connection, tenant, series_set_hash, slot_ms, block, sealed: Samples) -> None:
