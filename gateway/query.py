@@ -11,10 +11,14 @@ from typing import NamedTuple
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
 from gateway import metrics
+from gateway.metadata_cache import LRUMap
 from gateway.model import NAME_TAG, SeriesKey
 from gateway.read_path import ReadPath
 from gateway.samples import Samples
 from gateway.store import Store
+
+
+SERIES_REMEMBERED = 100_000
 
 
 class SeriesResult(NamedTuple):
@@ -33,6 +37,7 @@ class QueryPlanner:
         self.store = store
         self.max_series = max_series
         self.reader = ReadPath(store, concurrency)
+        self._series = LRUMap(SERIES_REMEMBERED)
         self._semaphore = DeferredSemaphore(concurrency)
 
     def _limited(self, operation: str, call, *args):
@@ -48,8 +53,24 @@ class QueryPlanner:
             raise QueryTooLarge(
                 f"the query matches {len(hashes)} series, over the limit of {self.max_series}; add tag filters"
             )
-        series = await self._limited("get_series", self.store.get_series, tenant, sorted(hashes))
+        series = await self._get_series(tenant, hashes)
         return sorted(series.values(), key=lambda s: sorted(s.tags.items()))
+
+    async def _get_series(self, tenant: str, hashes) -> dict[str, SeriesKey]:
+        """series_set_hashes lookups, through a cache: a series' name and tags never change, and a
+        dashboard asks for the same series again and again (on Cassandra a lookup is a request a series)."""
+        found, missing = {}, []
+        for hash_ in hashes:
+            key = self._series.get((tenant, hash_))
+            if key is None:
+                missing.append(hash_)
+            else:
+                found[hash_] = key
+        if missing:
+            fetched = await self._limited("get_series", self.store.get_series, tenant, sorted(missing))
+            self._series.add_all({(tenant, hash_): key for hash_, key in fetched.items()})
+            found.update(fetched)
+        return found
 
     async def query(self, tenant: str, metric_name: str, tag_filters: dict[str, str], start_ms: int, end_ms: int) -> list[SeriesResult]:
         """Series of a metric matching the filters, with their samples (stitched by the read path)."""
@@ -74,7 +95,7 @@ class QueryPlanner:
                 raise QueryTooLarge(
                     f"the query matches more than {self.max_series} series (--max-series-per-query); narrow it"
                 )
-            series = await self._limited("get_series", self.store.get_series, tenant, sorted(hashes))
+            series = await self._get_series(tenant, hashes)
             for key in series.values():
                 labels = label_view(key.metric_name, key.tags)
                 if all(m.matches(labels.get(m.name, "")) for m in matchers):
