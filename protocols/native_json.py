@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from protocols.timespec import BadTime, epoch_to_ms, format_iso, parse_time
+from protocols.timespec import BadTime, epoch_to_ms, parse_time
 
 
 class BadRequest(ValueError):
