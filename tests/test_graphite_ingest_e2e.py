@@ -122,7 +122,8 @@ def test_carbon_c_relay_into_tsgate(gateway, tmp_path):
                 assert time.monotonic() < deadline, (tmp_path / "relay.log").read_text()
                 time.sleep(0.2)
         for i in (0, 19):
-            series = wait_for(lambda: query(gateway, f"relay{now}.host{i}.cpu"), 90)
+            # metadata is written before data: wait for the value, not just the series
+            series = wait_for(lambda: [s for s in query(gateway, f"relay{now}.host{i}.cpu") if s["values"]], 90)
             assert list(series[0]["values"].values()) == [float(i)]
     finally:
         terminate(relay, 10)

@@ -26,6 +26,19 @@ def test_json():
         b'[[2, 100], [3.5, 110], [null, 120], [-1e9999, 130]]}]')
 
 
+def test_json_of_finite_series_is_what_pythons_json_writes():
+    """The orjson path writes the bytes graphite-web's json.dumps writes, for everyday numbers."""
+    import json
+    import random
+
+    rng = random.Random(7)
+    values = [rng.choice([None, NAN, round(rng.uniform(-1e6, 1e6), rng.randint(0, 6)), rng.randint(-9, 9), 0.1 + 0.2, -0.0]) for _ in range(500)]
+    series = [TimeSeries("x.é\"y", 1000, 1000 + 10 * 500, 10, values, tags={"k": "v,w"}), TimeSeries("z", 0, 30, 10, [1.5, None, 2])]
+    expected = json.dumps([{"target": s.name, "tags": dict(s.tags), "datapoints": s.datapoints()} for s in series]).replace("NaN,", "null,")
+    assert encode_json(series) == expected.encode()
+    assert json.loads(encode_json(series, jsonp="cb")[3:-1]) == json.loads(expected)
+
+
 def test_json_without_null_points_drops_empty_series():
     series = example() + [TimeSeries("empty", 100, 120, 10, [None, None])]
     assert encode_json(series, no_null_points=True) == (
