@@ -695,6 +695,30 @@ def test_samples_response_bytes():
     assert bits_of(decoded[0][0][1][1][1]) == STALE_NAN_BITS
 
 
+def test_samples_answer_is_what_protobuf_serializes():
+    """The vectorised sample encoding writes protobuf's own bytes, whatever the values and
+    timestamps (zeros left out, negative timestamps as 10-byte varints, NaN payloads kept)."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    specials = np.array([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 5e-324], dtype=np.float64)
+    values = np.concatenate([rng.normal(0, 1e6, 500), specials, np.frombuffer(struct.pack("<Q", STALE_NAN_BITS), dtype=np.float64)])
+    stamps = np.concatenate([rng.integers(-(2**62), 2**62, 300), rng.integers(0, 2**14, 200), [0, -1, 1, 127, 128, -(2**63), 2**63 - 1]])
+    stamps = stamps[: len(values)].astype(np.int64)
+
+    from types import SimpleNamespace
+
+    from protocols.prometheus import remote_pb2
+
+    arrays = SimpleNamespace(timestamps=stamps, values=values)
+    expected = remote_pb2.ReadResponse()
+    series = expected.results.add().timeseries.add()
+    series.labels.add(name="__name__", value="x")
+    for timestamp, value in zip(stamps.tolist(), values.tolist()):
+        series.samples.add(timestamp=timestamp, value=value)
+    assert unsnappy(encode_read_response([[({"__name__": "x"}, arrays)]])) == expected.SerializeToString()
+
+
 # --- remote read: STREAMED_XOR_CHUNKS ---------------------------------------------
 
 

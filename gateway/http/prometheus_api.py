@@ -10,6 +10,7 @@ mapping for Graphite series.
 
 import logging
 
+from twisted.internet import threads
 from twisted.web import server
 
 from gateway import metrics
@@ -26,7 +27,7 @@ from protocols import prometheus
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_REJECTS = 10
-READ_BATCH = 64
+READ_BATCH = 256
 
 
 def _header(request: server.Request, name: bytes) -> str | None:
@@ -125,10 +126,10 @@ class PrometheusAPI:
         if response_type == prometheus.SAMPLES:
             answers = []
             for query, selection in zip(read_request.queries, selections):
-                answers.append([(labels, found.points()) async for labels, found in self._read(selection, query)])
+                answers.append([item async for item in self._read(selection, query)])
             return Response(
                 200,
-                prometheus.encode_read_response(answers),
+                await threads.deferToThread(prometheus.encode_read_response, answers),
                 prometheus.SAMPLES_CONTENT_TYPE,
                 {"Content-Encoding": "snappy"},
             )

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from . import remote_pb2, types_pb2
@@ -184,17 +185,70 @@ def _add_labels(container, labels: Mapping[str, str]) -> None:
         container.add(name=name, value=labels[name])
 
 
-def encode_read_response(results: Sequence[Sequence[SeriesData]]) -> bytes:
-    """Build the SAMPLES answer: one QueryResult per query, in request order."""
-    response = remote_pb2.ReadResponse()
-    for series_list in results:
-        result = response.results.add()
-        for labels, samples in series_list:
-            ts = result.timeseries.add()
-            _add_labels(ts.labels, labels)
-            for timestamp, value in samples:
-                ts.samples.add(timestamp=timestamp, value=value)
-    return compress_block(response.SerializeToString())
+def encode_read_response(results) -> bytes:
+    """Build the SAMPLES answer: one QueryResult per query, in request order; each series is
+    (labels, samples), samples being [(timestamp_ms, value), ...] or anything with numpy
+    ``timestamps`` and ``values`` arrays. The bytes are those protobuf's SerializeToString
+    writes, with the samples encoded by numpy rather than one protobuf call a sample (millions
+    of samples in a large read)."""
+    return compress_block(b"".join(_field(1, _query_result(series_list)) for series_list in results))
+
+
+def _query_result(series_list) -> bytes:
+    parts = []
+    for labels, samples in series_list:
+        message = types_pb2.TimeSeries()
+        _add_labels(message.labels, labels)
+        timestamps, values = _sample_arrays(samples)
+        parts.append(_field(1, message.SerializeToString() + _encoded_samples(timestamps, values)))
+    return b"".join(parts)
+
+
+def _sample_arrays(samples) -> tuple[np.ndarray, np.ndarray]:
+    if hasattr(samples, "timestamps"):
+        return np.asarray(samples.timestamps, dtype=np.int64), np.asarray(samples.values, dtype=np.float64)
+    pairs = np.array(list(samples), dtype=[("ts", np.int64), ("value", np.float64)])
+    return pairs["ts"], pairs["value"]
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _uvarint(number << 3 | 2) + _uvarint(len(payload)) + payload
+
+
+def _encoded_samples(timestamps: np.ndarray, values: np.ndarray) -> bytes:
+    """``Sample`` fields (number 2 of TimeSeries) of every sample, vectorised. A Sample is
+    ``0x12 <length> [0x09 <8 bytes of the double>] [0x10 <varint timestamp>]``; as proto3 does,
+    a value whose bits are all zero (+0.0) and a timestamp of 0 are left out. A negative
+    timestamp is a 10-byte varint of its two's complement."""
+    count = len(timestamps)
+    if not count:
+        return b""
+    value_bits = values.view(np.uint64)
+    stamps = timestamps.view(np.uint64)
+    groups = (stamps[:, None] >> (7 * np.arange(10, dtype=np.uint64))) & np.uint64(0x7F)
+    varint_length = np.maximum(1, 10 - np.argmax(groups[:, ::-1] != 0, axis=1))
+    varint_length[stamps == 0] = 0
+    has_value = value_bits != 0
+    body = 9 * has_value + (varint_length + 1) * (stamps != 0)
+    starts = np.concatenate(([0], np.cumsum(body + 2)[:-1]))
+    out = np.zeros(int(np.sum(body + 2)), dtype=np.uint8)
+    out[starts] = 0x12
+    out[starts + 1] = body
+    at = starts + 2
+    with_value = at[has_value]
+    out[with_value] = 0x09
+    out[with_value[:, None] + np.arange(1, 9)] = values[has_value].astype("<f8").view(np.uint8).reshape(-1, 8)
+    at = at + 9 * has_value
+    with_time = stamps != 0
+    out[at[with_time]] = 0x10
+    lengths, digits = varint_length[with_time], groups[with_time].astype(np.uint8)
+    more = np.arange(10) < (lengths[:, None] - 1)
+    digits[more] |= 0x80
+    used = np.arange(10) < lengths[:, None]
+    positions = at[with_time][:, None] + 1 + np.arange(10)
+    out[positions[used]] = digits[used]
+    return out.tobytes()
 
 
 def decode_read_response(body: bytes, max_decompressed_bytes: int) -> list[list[SeriesData]]:
