@@ -14,6 +14,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def downsample_once(*args: str) -> str:
+    """`tsgate downsample --once` with no settle delay (and the given store flags); its output."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -1,8 +1,6 @@
 """The downsampler: roll-up arithmetic by hand, and `tsgate downsample --once` end to end on both
 backends (SQLite with the pending table, Cassandra with Redis), late arrivals included."""
 
-import subprocess
-import sys
 import time
 import urllib.parse
 
@@ -13,7 +11,7 @@ from gateway.downsample.partitions import jump_hash, parse_partitions, partition
 from gateway.read_path import choose_granularity
 from gateway.store.contract import Rollup
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
-from tests.gatewayproc import REPO
+from tests.gatewayproc import downsample_once
 
 MINUTE = 60_000
 
@@ -67,15 +65,6 @@ def test_resolution_choice():
     assert choose_granularity(layout, now - 10 * 86_400_000, now).name == "5m"
     assert choose_granularity(layout, now - 100 * 86_400_000, now).name == "1h"
     assert choose_granularity(layout, now - 900 * 86_400_000, now).name == "1h"
-
-
-def downsample_once(*args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def rollups(gateway, tenant, metric, granularity, aggregator, start, end):

@@ -5,8 +5,6 @@ that starts past the raw retention still ends with the newest samples."""
 
 import json
 import struct
-import subprocess
-import sys
 import time
 import urllib.parse
 
@@ -15,7 +13,7 @@ import pytest
 from gateway.store.layout import HOUR_MS
 from protocols import prometheus
 from protocols.prometheus import Matcher, Query, Series
-from tests.gatewayproc import REPO
+from tests.gatewayproc import downsample_once
 
 STALE = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
 SCHEMAS = "[all]\npattern = .*\nretentions = 10s:7d\n"
@@ -28,15 +26,6 @@ def bits(value: float) -> int:
 @pytest.fixture
 def store_args(backend_args, tmp_path):
     return backend_args or ("--data-dir", str(tmp_path / "data"))
-
-
-def downsample_once(*args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def remote_write(gateway, tenant: str, series: list[Series]) -> None:
