@@ -696,7 +696,7 @@ def figures_of(results: dict, sizes: Sizes, workload_label: str, render_label: s
             ])))
         total = sum(size for size, _ in tables.values())
         add("tsgate cassandra, whole keyspace bytes/sample", total / samples, "B/sample", vm_name, vm_value,
-            f"{total} bytes, every table (metadata, pending marks, head_slots too)")
+            f"{total} bytes, every table (metadata and pending marks too)")
     lite = results.get("tsgate sqlite")
     if lite:
         now, before = lite["sizes"], lite["before"]
