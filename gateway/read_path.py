@@ -96,11 +96,21 @@ class ReadPath:
         return [SeriesData(samples.merge([before, after]), used) for (before, used), after in zip(old, new)]
 
     async def read_raw(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[Samples]:
-        """Blocks merged with head rows, for every series concurrently (bounded)."""
+        """Blocks merged with head rows, the series of a tenant in one store call (bounded)."""
         if end_ms < start_ms:
             return [samples.empty() for _ in series]
-        reads = [self._limited("read_raw", self.store.read_raw, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series]
-        return [stitch_raw(found, start_ms, end_ms) for found in await gatherResults(reads, consumeErrors=True)]
+        by_tenant: dict[str, list[int]] = {}
+        for index, key in enumerate(series):
+            by_tenant.setdefault(key.tenant, []).append(index)
+        reads = [
+            self._limited("read_raw", self.store.read_raw, tenant, [series[i].series_set_hash for i in indexes], start_ms, end_ms)
+            for tenant, indexes in by_tenant.items()
+        ]
+        found: list = [None] * len(series)
+        for indexes, raw in zip(by_tenant.values(), await gatherResults(reads, consumeErrors=True)):
+            for index, data in zip(indexes, raw):
+                found[index] = stitch_raw(data, start_ms, end_ms)
+        return found
 
     async def read_rollup(
         self, series: Sequence[SeriesKey], granularity: Granularity, aggregate: str, start_ms: int, end_ms: int, fallback: str | None = None

@@ -108,11 +108,13 @@ def gateway(start_gateway, backend_args):
     return start_gateway(*backend_args)
 
 
-async def read_head(store, *args):
-    """The head rows of store.read_raw (tests of the store contract)."""
-    return (await store.read_raw(*args)).head
+async def read_head(store, tenant, series_set_hash, start_ms, end_ms):
+    """The head rows of one series from store.read_raw (tests of the store contract)."""
+    (found,) = await store.read_raw(tenant, [series_set_hash], start_ms, end_ms)
+    return found.head
 
 
-async def read_blocks(store, *args):
-    """The blocks of store.read_raw (tests of the store contract)."""
-    return (await store.read_raw(*args)).blocks
+async def read_blocks(store, tenant, series_set_hash, start_ms, end_ms):
+    """The blocks of one series from store.read_raw (tests of the store contract)."""
+    (found,) = await store.read_raw(tenant, [series_set_hash], start_ms, end_ms)
+    return found.blocks

@@ -138,6 +138,19 @@ async def test_special_values_survive_bit_exact(store, tenant):
 
 
 @pytest_twisted.ensureDeferred
+async def test_read_raw_of_many_series_keeps_their_order(store, tenant):
+    """Over 64 series (more than one Cassandra request's worth), sealed or not, some unknown."""
+    hashes = [f"many{i:03d}" for i in range(150)]
+    await store.write_raw([RawPoint(tenant, h, 1000 + i, float(i)) for i, h in enumerate(hashes)])
+    for i, h in enumerate(hashes[::3]):
+        await store.write_block(tenant, h, 0, encode_block(np.array([5]), np.array([-1.0])), samples.empty(), 0)
+    asked = ["unknown", *reversed(hashes)]
+    found = await store.read_raw(tenant, asked, 0, HOUR - 1)
+    assert [f.head.points()[-1:] for f in found] == [[]] + [[(1000 + i, float(i))] for i in reversed(range(150))]
+    assert [len(f.blocks) for f in found] == [0] + [int(i % 3 == 0) for i in reversed(range(150))]
+
+
+@pytest_twisted.ensureDeferred
 async def test_blocks_by_slot(store, tenant):
     h = series(tenant, "cpu", {}).series_set_hash
     week = store.layout.block_partition_width_ms

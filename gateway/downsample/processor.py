@@ -120,7 +120,7 @@ class Downsampler:
         """The slot's block merged with its head rows (the head wins), written back when the head
         had anything; returns the merged samples."""
         head_read = now_ms()
-        found = await self.store.read_raw(tenant, series_set_hash, slot, slot + self.layout.slot_width_ms - 1)
+        (found,) = await self.store.read_raw(tenant, [series_set_hash], slot, slot + self.layout.slot_width_ms - 1)
         merged = stitch_raw(found, slot, slot + self.layout.slot_width_ms - 1)
         if len(found.head):
             block = encode_block(merged.timestamps, merged.values)

@@ -200,10 +200,11 @@ class Store(abc.ABC):
         """Upsert raw points as head rows (data_raw); fire only once the store has accepted all of them."""
 
     @abc.abstractmethod
-    def read_raw(self, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
-        """Fire with the RawData of one series in an inclusive range: the blocks of the slots that
-        overlap it, in slot order, and the Samples of the head rows in it not sealed into those
-        blocks yet (a driver may return sealed head rows too: the head wins, with the same values)."""
+    def read_raw(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Fire with one RawData per series (in the order of ``hashes``) in an inclusive range:
+        the blocks of the slots that overlap it, in slot order, and the Samples of the head rows
+        in it not sealed into those blocks yet (a driver may return sealed head rows too: the head
+        wins, with the same values). Many series at once, so a driver can read them in few requests."""
 
     @abc.abstractmethod
     def write_block(self, tenant: str, series_set_hash: str, slot_ms: int, block: bytes, sealed: Samples, head_read_ms: int) -> Deferred:

@@ -368,12 +368,17 @@ class SQLiteStore(Store):
     def get_series(self, tenant, hashes: Iterable[str]):
         return self._read(_get_series, tenant, list(hashes))
 
-    def read_raw(self, tenant, series_set_hash, start_ms, end_ms):
+    def read_raw(self, tenant, hashes, start_ms, end_ms):
+        hashes = list(hashes)
         if end_ms < start_ms:
-            return succeed(RawData([], samples.empty()))
+            return succeed([RawData([], samples.empty()) for _ in hashes])
         first_slot = time_slot(start_ms, self.slot_width_ms)
         last_slot = time_slot(end_ms, self.slot_width_ms)
-        return self._read(_read_raw, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)
+
+        def read(connection):
+            return [_read_raw(connection, tenant, hash_, first_slot, last_slot, start_ms, end_ms) for hash_ in hashes]
+
+        return self._read(read)
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
         return self._write(_write_block, tenant, series_set_hash, slot_ms, block, sealed)
