@@ -97,6 +97,7 @@ SETTINGS = [
     Setting("counter-suffixes", str, "reads,writes,bytes", "metric name suffixes of delta counters (rolled up as sums)"),
     Setting("redis", str, "", "redis://host:port/db shared by replicas: metadata cache, pending roll-ups, partition locks; none: in-memory cache, pending table in the store"),
     Setting("redis-key-ttl", parse_duration, "1d", "expiry of the Redis metadata cache keys"),
+    Setting("auth-file", lambda text: Path(text) if str(text).strip() else None, "", "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting("max-decompressed-bytes", _positive, str(64 << 20), "largest snappy-decompressed remote write/read body (413 above)"),
     Setting("max-inflight-samples", _positive, "1000000", "samples waiting for the store before writes get 503"),
@@ -143,6 +144,7 @@ class Config:
     counter_suffixes: str
     redis: str
     redis_key_ttl: int
+    auth_file: Path | None
     max_body_bytes: int
     max_decompressed_bytes: int
     max_inflight_samples: int
@@ -290,6 +292,13 @@ def build_config(namespace: argparse.Namespace) -> Config:
         raise ConfigError(f"--downsample-partitions: {error}") from None
     if values["workers"] not in (None, 1) and roles == {"downsample"}:
         raise ConfigError("--workers: a downsample-only process runs one worker (only one worker runs the downsample loop)")
+    if values["auth_file"] is not None:
+        from gateway.http.auth import AuthFileError, Credentials
+
+        try:
+            Credentials.from_file(values["auth_file"])
+        except AuthFileError as error:
+            raise ConfigError(str(error)) from None
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
     return Config(**values)

@@ -29,6 +29,7 @@ REDIS_ERRORS = Counter("tsgate_redis_errors", "Redis calls that failed (ingest w
 PROMETHEUS_SKIPPED = Counter(
     "tsgate_prometheus_skipped", "Remote-write parts not stored (exemplars, native histograms)", ["kind"]
 )
+AUTH_FAILURES = Counter("tsgate_auth_failures", "HTTP requests refused for their credential (--auth-file)", ["reason"])
 RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 429 over a tenant limit", ["limit"])
 GRAPHITE_PENDING = Gauge(
     "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"

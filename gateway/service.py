@@ -16,6 +16,7 @@ from twisted.internet.task import LoopingCall
 
 from gateway import __version__
 from gateway.config import Config
+from gateway.http.auth import Credentials
 from gateway.http.native_api import NativeAPI
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.downsample.pending import RedisPartitionLock, RedisPending, StorePending
@@ -57,7 +58,7 @@ class Gateway:
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         roles = config.role_set
-        router = Router(roles)
+        router = Router(roles, Credentials.from_file(config.auth_file) if config.auth_file else None)
         NativeAPI(self.store, self.pipeline, self.planner).register(router)
         PrometheusAPI(
             self.store,

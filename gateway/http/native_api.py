@@ -22,7 +22,7 @@ class NativeAPI:
         router.add("/api/write/single", ("POST",), "write_single", self.write_single, role="ingest")
         router.add("/api/write", ("POST",), "write", self.write_batch, role="ingest")
         router.add("/api/put", ("POST",), "put", self.put, role="ingest")
-        router.add("/api/metadata/tenants", ("GET",), "tenants", self.tenants, role="query")
+        router.add("/api/metadata/tenants", ("GET",), "tenants", self.tenants, role="query", access="admin")
         router.add("/api/metadata/metricNames", ("GET",), "metric_names", self.metric_names, role="query")
         router.add("/api/metadata/tagKeys", ("GET",), "tag_keys", self.tag_keys, role="query")
         router.add("/api/metadata/tagValues", ("GET",), "tag_values", self.tag_values, role="query")

@@ -15,9 +15,9 @@ class OpsAPI:
         self.store = store
 
     def register(self, router: Router) -> None:
-        router.add("/", ("GET",), "root", self.root)
-        router.add("/metrics", ("GET",), "metrics", self.metrics)
-        router.add("/healthz", ("GET",), "healthz", self.healthz)
+        router.add("/", ("GET",), "root", self.root, access="any")
+        router.add("/metrics", ("GET",), "metrics", self.metrics, access="admin")
+        router.add("/healthz", ("GET",), "healthz", self.healthz, access="public")
 
     async def root(self, request):
         return json_response(200, {"name": "tsgate", "version": __version__})

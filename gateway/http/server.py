@@ -16,6 +16,7 @@ from twisted.internet import defer
 from twisted.web import resource, server
 
 from gateway import metrics
+from gateway.http.auth import Credentials, Unauthorized
 from gateway.ingest import Overloaded
 from gateway.limits import RateLimited
 from gateway.model import DEFAULT_TENANT, InvalidSample, validate_tenant
@@ -37,10 +38,11 @@ class Response(NamedTuple):
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, **details):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, **details):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
         self.details = details
 
 
@@ -116,14 +118,37 @@ def require_arg(request: server.Request, name: str) -> str:
     return value
 
 
-def explicit_tenant(request: server.Request) -> str | None:
-    """The tenant a request names: ``tenant`` parameter, then X-Tenant, then X-Scope-OrgID."""
-    tenant = arg(request, "tenant")
-    for header in (b"x-tenant", b"x-scope-orgid"):
-        if tenant:
-            break
+def _tenant_header(request: server.Request) -> str | None:
+    """``X-Scope-OrgID`` or ``X-Tenant`` (a request carrying both must agree)."""
+    named = set()
+    for header in (b"x-scope-orgid", b"x-tenant"):
         raw = request.getHeader(header)
-        tenant = raw.decode("utf-8", "replace").strip() if isinstance(raw, bytes) else raw
+        value = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw or "").strip()
+        if value:
+            named.add(value)
+    if len(named) > 1:
+        raise HTTPError(400, "the X-Scope-OrgID and X-Tenant headers name different tenants", field="tenant")
+    return named.pop() if named else None
+
+
+def explicit_tenant(request: server.Request) -> str | None:
+    """The tenant a request is for, by one rule for every HTTP API (docs/security.rst):
+
+    with ``--auth-file``, the credential's tenant, and a header or parameter naming another is
+    403; without, the ``X-Scope-OrgID``/``X-Tenant`` header a trusted proxy sets always wins, and
+    a ``tenant`` parameter (query or form) that disagrees with it is 400, never a silent switch;
+    else the parameter; else None (the caller's default).
+    """
+    header, parameter = _tenant_header(request), arg(request, "tenant")
+    principal = getattr(request, "principal", None)
+    if principal is not None:
+        for named in (header, parameter):
+            if named and named != principal.tenant:
+                raise HTTPError(403, f"credential {principal.name!r} is for tenant {principal.tenant!r}, not {named!r}", field="tenant")
+        return principal.tenant
+    if header and parameter and parameter != header:
+        raise HTTPError(400, f"tenant parameter {parameter!r} differs from the tenant header's {header!r}", field="tenant")
+    tenant = header or parameter
     if not tenant:
         return None
     try:
@@ -136,6 +161,14 @@ def request_tenant(request: server.Request) -> str:
     return explicit_tenant(request) or DEFAULT_TENANT
 
 
+_KNOWN_METHODS = {b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"}
+
+
+def _method_label(method: bytes) -> str:
+    """Any other method a client invents is ``other``, so /metrics stays bounded."""
+    return method.decode("ascii") if method in _KNOWN_METHODS else "other"
+
+
 def _root_cause(failure):
     """gatherResults wraps the first failure in FirstError; the answer depends on what is inside."""
     error = failure.value
@@ -144,29 +177,43 @@ def _root_cause(failure):
     return error
 
 
+_ACCESS_OF_ROLE = {"ingest": "write", "query": "read"}
+
+
 class Router(resource.Resource):
-    """Exact-path routing with 404 for unknown paths and 405 (with Allow) for wrong methods."""
+    """Exact-path routing with 404 for unknown paths and 405 (with Allow) for wrong methods.
+
+    With ``credentials`` (``--auth-file``) every route needs a credential holding the route's
+    access: ``write`` for ingest routes, ``read`` for query routes, ``admin`` for operator
+    routes, ``any`` for any valid credential; ``public`` routes need none.
+    """
 
     isLeaf = True
 
-    def __init__(self, roles: set[str] | None = None):
+    def __init__(self, roles: set[str] | None = None, credentials: Credentials | None = None):
         super().__init__()
         self.roles = roles
-        self.routes: dict[bytes, dict[bytes, tuple[str, Handler]]] = {}
-        self.prefixes: list[tuple[bytes, dict[bytes, tuple[str, Handler]]]] = []
+        self.credentials = credentials
+        self.routes: dict[bytes, dict[bytes, tuple[str, Handler, str]]] = {}
+        self.prefixes: list[tuple[bytes, dict[bytes, tuple[str, object, str]]]] = []
 
-    def add(self, path: str, methods: tuple[str, ...], name: str, handler: Handler, role: str | None = None) -> None:
+    def _wanted(self, role: str | None) -> bool:
         """Routes of a role this process does not have (``--roles``) are left out: 404."""
-        if role is not None and self.roles is not None and role not in self.roles:
+        return role is None or self.roles is None or role in self.roles
+
+    def add(self, path: str, methods: tuple[str, ...], name: str, handler: Handler, role: str | None = None, access: str | None = None) -> None:
+        if not self._wanted(role):
             return
+        access = access or _ACCESS_OF_ROLE.get(role, "admin")
         by_method = self.routes.setdefault(path.encode(), {})
         for method in methods:
-            by_method[method.encode()] = (name, handler)
+            by_method[method.encode()] = (name, handler, access)
 
     def add_prefix(self, prefix: str, methods: tuple[str, ...], name: str, handler, role: str | None = None) -> None:
         """Route every path under ``prefix``; the handler gets the rest of the path (decoded)."""
-        if role is not None and self.roles is not None and role not in self.roles:
+        if not self._wanted(role):
             return
+        access = _ACCESS_OF_ROLE.get(role, "admin")
 
         def bound(rest: str):
             async def call(request):
@@ -174,7 +221,7 @@ class Router(resource.Resource):
 
             return call
 
-        self.prefixes.append((prefix.encode(), {m.encode(): (name, bound) for m in methods}))
+        self.prefixes.append((prefix.encode(), {m.encode(): (name, bound, access) for m in methods}))
 
     def _lookup(self, path: bytes):
         by_method = self.routes.get(path)
@@ -183,24 +230,39 @@ class Router(resource.Resource):
         for prefix, handlers in self.prefixes:
             if path.startswith(prefix) and len(path) > len(prefix):
                 rest = urllib.parse.unquote(path[len(prefix) :].decode("utf-8", "replace"))
-                return {method: (name, make(rest)) for method, (name, make) in handlers.items()}
+                return {method: (name, make(rest), access) for method, (name, make, access) in handlers.items()}
         return None
 
     def render(self, request: server.Request):
         started = time.perf_counter()
         by_method = self._lookup(request.path)
         if by_method is None:
-            name, handler = "unknown", self._not_found
+            name, handler, access = "unknown", self._not_found, "any"
         elif request.method not in by_method:
-            name, handler = "unknown", self._method_not_allowed(sorted(m.decode() for m in by_method))
+            name, handler, access = "unknown", self._method_not_allowed(sorted(m.decode() for m in by_method)), "any"
         else:
-            name, handler = by_method[request.method]
+            name, handler, access = by_method[request.method]
         request.notifyFinish().addErrback(lambda _: setattr(request, "client_gone", True))
-        deferred = defer.ensureDeferred(handler(request))
+        deferred = defer.ensureDeferred(self._authorized(handler, access, request))
         deferred.addErrback(self._error_response, request)
         deferred.addCallback(lambda response: defer.ensureDeferred(self._send(response, request, name, started)))
         deferred.addErrback(lambda failure: log.error("could not answer %s: %s", request.uri, failure.getTraceback()))
         return server.NOT_DONE_YET
+
+    async def _authorized(self, handler: Handler, access: str, request: server.Request) -> Response:
+        """Run ``handler`` once the request's credential allows ``access`` (401/403 otherwise)."""
+        if self.credentials is not None and access != "public":
+            raw = request.getHeader(b"authorization")
+            try:
+                principal = await self.credentials.authenticate(raw.decode("latin-1") if isinstance(raw, bytes) else raw)
+            except Unauthorized as error:
+                metrics.AUTH_FAILURES.labels("unauthenticated").inc()
+                raise HTTPError(401, str(error), headers={"WWW-Authenticate": 'Basic realm="tsgate"'}) from None
+            if access != "any" and access not in principal.roles and "admin" not in principal.roles:
+                metrics.AUTH_FAILURES.labels("forbidden").inc()
+                raise HTTPError(403, f"credential {principal.name!r} lacks the {access!r} role this endpoint needs")
+            request.principal = principal
+        return await handler(request)
 
     async def _not_found(self, request):
         raise HTTPError(404, f"no such endpoint: {request.path.decode('utf-8', 'replace')}")
@@ -217,7 +279,7 @@ class Router(resource.Resource):
             response = json_response(error.status, {"error": error.message, **error.details})
             if error.status == 405:
                 return response._replace(headers={"Allow": ", ".join(error.details["allow"])})
-            return response
+            return response._replace(headers=error.headers)
         if isinstance(error, RateLimited):
             metrics.RATE_LIMITED.labels(error.limit).inc()
             response = json_response(429, {"error": str(error)})
@@ -247,7 +309,7 @@ class Router(resource.Resource):
             if not getattr(request, "client_gone", False):
                 request.finish()
         finally:
-            metrics.HTTP_REQUESTS.labels(name, request.method.decode("ascii", "replace"), str(status)).observe(
+            metrics.HTTP_REQUESTS.labels(name, _method_label(request.method), str(status)).observe(
                 time.perf_counter() - started
             )
 
