@@ -78,7 +78,7 @@ def _downsample(namespace: argparse.Namespace) -> int:
 
     async def once(reactor):
         gateway = Gateway(config)
-        await gateway.store.start()
+        await gateway.open_store()
         try:
             done = await gateway.downsampler.run_once(config.owned_partitions, gateway.partition_lock)
             print(f"rolled up {done} series-slots", flush=True)

@@ -99,10 +99,10 @@ class RedisSeenSeries:
         self.key_ttl_s = max(1, key_ttl_ms // 1000)
         self._pool = ThreadPool(1, 4, name="redis")
         self._down_until = 0.0
+        self.namespace = ""  # set by the gateway once the store's identity is known (redis_namespace)
 
-    @staticmethod
-    def key(tenant: str, series_set_hash: str) -> str:
-        return f"series|{tenant}|{series_set_hash}"
+    def key(self, tenant: str, series_set_hash: str) -> str:
+        return f"{self.namespace}series|{tenant}|{series_set_hash}"
 
     def start(self) -> None:
         self._pool.start()

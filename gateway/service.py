@@ -19,7 +19,7 @@ from gateway.config import Config
 from gateway.http.auth import Credentials
 from gateway.http.native_api import NativeAPI
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
-from gateway.downsample.pending import RedisPartitionLock, RedisPending, StorePending
+from gateway.downsample.pending import RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
 from gateway.graphite.storage_schemas import StorageSchemas
@@ -55,6 +55,7 @@ class Gateway:
             self.shared_seen,
             pending=self.pending,
             partitions=config.downsample_partitions_count,
+            tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         roles = config.role_set
@@ -64,9 +65,9 @@ class Gateway:
             self.store,
             self.pipeline,
             self.planner,
-            TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             config.max_decompressed_bytes,
             config.max_samples_per_query,
+            config.max_metadata_length,
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
         GraphiteAPI(self.store, self.planner, Finder(self.store), config.limits, schemas).register(router)
@@ -78,8 +79,17 @@ class Gateway:
         self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
         self.partition_lock = partition_lock(config, self.pending)
 
-    async def start(self) -> None:
+    async def open_store(self) -> None:
+        """Connect the store, then prefix the Redis keys with its identity (redis_namespace)."""
         await self.store.start()
+        if self.config.redis:
+            namespace = redis_namespace(await self.store.identity())
+            self.pending.use_namespace(namespace)
+            if self.shared_seen is not None:
+                self.shared_seen.namespace = namespace
+
+    async def start(self) -> None:
+        await self.open_store()
         if self.shared_seen is not None:
             self.shared_seen.start()
         config = self.config
@@ -149,7 +159,7 @@ def partition_lock(config: Config, pending):
     if not isinstance(pending, RedisPending) or config.downsample_partitions:
         return None
     lease = max(60_000, 6 * config.downsample_interval)
-    return RedisPartitionLock(pending.client, f"{socket.gethostname()}:{os.getpid()}", lease)
+    return RedisPartitionLock(pending, f"{socket.gethostname()}:{os.getpid()}", lease)
 
 
 def _address(hostport: tuple[str, int] | None) -> str:

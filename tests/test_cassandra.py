@@ -197,6 +197,37 @@ def test_redis_shares_the_metadata_cache_between_replicas(start_gateway, cassand
     assert metric_value(second, 'tsgate_metadata_cache_lookups_total{level="redis",result="hit"}') == 20
 
 
+def test_two_keyspaces_sharing_one_redis_keep_their_keys_apart(start_gateway, cassandra_server, cassandra_url, redis_server, tenant):
+    """Before Redis keys were namespaced, the second keyspace found the first one's "already
+    indexed" marks, skipped its metadata writes, and answered [] for data it had accepted. Dropping
+    and making a keyspace again gives it a new identity too."""
+    other_url = cassandra_url.rsplit("/", 1)[0] + "/tsgate_test_other"
+    cluster, session = cql_session(cassandra_server)
+    try:
+        session.execute("DROP KEYSPACE IF EXISTS tsgate_test_other")
+        CassandraStore.from_url(other_url, Layout()).apply_schema()
+        first_identity = session.execute("SELECT id FROM system_schema.tables WHERE keyspace_name = 'tsgate_test_other' AND table_name = 'series_set_hashes'").one().id
+        batch = [{"metricName": "shared_redis", "tags": {"i": str(i)}, "value": i} for i in range(5)]
+        for url in (cassandra_url, other_url):
+            gateway = start_gateway("--store", url, "--redis", redis_server.url)
+            assert gateway.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
+            assert metric_value(gateway, "tsgate_series_metadata_writes_total") == 5
+            answer = gateway.get("/api/metadata/tagValues?metricName=shared_redis&tagKey=i", headers={"X-Tenant": tenant})
+            assert answer.json() == ["0", "1", "2", "3", "4"]
+            gateway.stop()
+        session.execute("DROP KEYSPACE tsgate_test_other")
+        CassandraStore.from_url(other_url, Layout()).apply_schema()
+        again = session.execute("SELECT id FROM system_schema.tables WHERE keyspace_name = 'tsgate_test_other' AND table_name = 'series_set_hashes'").one().id
+        assert again != first_identity
+        gateway = start_gateway("--store", other_url, "--redis", redis_server.url)
+        assert gateway.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
+        assert gateway.get("/api/metadata/metricNames", headers={"X-Tenant": tenant}).json() == ["shared_redis"]
+        gateway.stop()
+    finally:
+        session.execute("DROP KEYSPACE IF EXISTS tsgate_test_other")
+        cluster.shutdown()
+
+
 def test_ingest_goes_on_when_redis_is_down(start_gateway, cassandra_url, tmp_path, tenant):
     from gateway.devservices.redis import RedisServer
 

@@ -43,6 +43,14 @@ async def test_ping(store):
 
 
 @pytest_twisted.ensureDeferred
+async def test_identity_is_stable(store):
+    """The prefix of the store's Redis keys: the same on every call (and every replica)."""
+    identity = await store.identity()
+    assert identity and identity == await store.identity()
+    assert set(identity) <= set("abcdefghijklmnopqrstuvwxyz0123456789_:-")
+
+
+@pytest_twisted.ensureDeferred
 async def test_metadata_tables(store, tenant):
     a = series(tenant, "cpu", {"host": "a", "os": "linux"})
     b = series(tenant, "cpu", {"host": "b", "os": "linux"})

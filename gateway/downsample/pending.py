@@ -67,6 +67,11 @@ class RedisPending:
         self.fallback = fallback
         self.slot_width_ms = slot_width_ms
         self.delay_ms = delay_ms
+        self.namespace = ""
+
+    def use_namespace(self, namespace: str) -> None:
+        """Prefix every key (see redis_namespace); set once the store's identity is known."""
+        self.namespace = namespace
 
     async def track(self, items: list[PendingSet], now_ms: int) -> None:
         """One pipelined round trip per batch: SET ingesting (with its expiry) per slot, SADD per series."""
@@ -75,9 +80,9 @@ class RedisPending:
             pipeline = self.client.pipeline(transaction=False)
             for partition, slot in {(i.partition, i.time_slot) for i in items}:
                 expiry = max(slot + self.slot_width_ms + self.delay_ms - now_ms, self.delay_ms, 1)
-                pipeline.set(f"ingesting|{partition}|{slot}", b"1", px=expiry)
+                pipeline.set(f"{self.namespace}ingesting|{partition}|{slot}", b"1", px=expiry)
             for item in items:
-                pipeline.sadd(f"pending|{item.partition}|{item.time_slot}", f"{item.tenant}|{item.series_set_hash}")
+                pipeline.sadd(f"{self.namespace}pending|{item.partition}|{item.time_slot}", f"{item.tenant}|{item.series_set_hash}")
             pipeline.execute()
 
         try:
@@ -88,14 +93,16 @@ class RedisPending:
             await self.fallback.track(items, now_ms)
 
     async def settled(self, partition: int, now_ms: int) -> list[Work]:
+        namespace = self.namespace
+
         def scan() -> list[Work]:
             work = []
             for prefix in ("processing", "pending"):
-                for key in self.client.scan_iter(match=f"{prefix}|{partition}|*", count=1000):
+                for key in self.client.scan_iter(match=f"{namespace}{prefix}|{partition}|*", count=1000):
                     slot = int(key.rsplit(b"|", 1)[1])
-                    processing = f"processing|{partition}|{slot}"
+                    processing = f"{namespace}processing|{partition}|{slot}"
                     if prefix == "pending":
-                        if self.client.exists(f"ingesting|{partition}|{slot}") or not self.client.renamenx(key, processing):
+                        if self.client.exists(f"{namespace}ingesting|{partition}|{slot}") or not self.client.renamenx(key, processing):
                             continue
                     members = [m.decode().rsplit("|", 1) for m in self.client.smembers(processing)]
                     work.append(Work(partition, slot, [(tenant, hash_) for tenant, hash_ in members], processing))
@@ -116,14 +123,23 @@ class RedisPending:
             await self.fallback.done(work)
 
 
+def redis_namespace(store_identity: str) -> str:
+    """The prefix of every Redis key of one store: deployments (or a keyspace dropped and made
+    again) sharing one Redis must not see each other's "already indexed" marks or pending sets.
+    Store identities are letters, digits, ``:``, ``-`` and ``_``: nothing a SCAN pattern reads
+    as a wildcard."""
+    return f"tsgate|{store_identity}|"
+
+
 class RedisPartitionLock:
     """Competing consumers: a partition is processed by whoever takes ``lock|<partition>`` first;
     the lock expires after ``lease_ms``, so a replica that dies frees its work."""
 
     _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
-    def __init__(self, client, owner: str, lease_ms: int):
-        self.client = client
+    def __init__(self, pending: RedisPending, owner: str, lease_ms: int):
+        self.pending = pending
+        self.client = pending.client
         self.owner = owner
         self.lease_ms = lease_ms
 
@@ -132,7 +148,7 @@ class RedisPartitionLock:
 
         class Held:
             async def __aenter__(self):
-                key = f"lock|{partition}"
+                self.key = key = f"{lock.pending.namespace}lock|{partition}"
                 try:
                     self.acquired = bool(await threads.deferToThread(lock.client.set, key, lock.owner, nx=True, px=lock.lease_ms))
                 except Exception as error:
@@ -143,6 +159,6 @@ class RedisPartitionLock:
 
             async def __aexit__(self, *exc_info):
                 if self.acquired:
-                    await threads.deferToThread(lock.client.eval, RedisPartitionLock._RELEASE, 1, f"lock|{partition}", lock.owner)
+                    await threads.deferToThread(lock.client.eval, RedisPartitionLock._RELEASE, 1, self.key, lock.owner)
 
         return Held()

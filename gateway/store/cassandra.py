@@ -403,6 +403,11 @@ class CassandraStore(Store):
     def ping(self):
         return self._execute("SELECT release_version FROM system.local")
 
+    def identity(self):
+        """The keyspace and the id Cassandra gave its series table when it was created."""
+        query = "SELECT id FROM system_schema.tables WHERE keyspace_name = %s AND table_name = 'series_set_hashes'"
+        return self._execute(query, (self.keyspace,)).addCallback(lambda rows: f"{self.keyspace}:{rows[0].id}")
+
     def write_series(self, series: Sequence[SeriesKey]):
         s, rows = self._statements, index_rows(series)
         requests = [

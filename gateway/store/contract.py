@@ -138,6 +138,11 @@ class Store(abc.ABC):
         """Fire when the store answers a trivial query; fail with StoreUnavailable otherwise."""
 
     @abc.abstractmethod
+    def identity(self) -> Deferred:
+        """Fire with a text naming this database and no other: two keyspaces, two SQLite files, or
+        a keyspace dropped and made again differ. Keys in a shared Redis are prefixed with it."""
+
+    @abc.abstractmethod
     def write_series(self, series: Sequence[SeriesKey]) -> Deferred:
         """Upsert the metadata of these series into every metadata table (series without tags
         also into graphite_paths, series with tags into the tenant-wide tag tables)."""

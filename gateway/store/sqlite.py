@@ -132,6 +132,10 @@ CREATE TABLE IF NOT EXISTS data_raw (
     value REAL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS store_identity (
+    id TEXT NOT NULL
+);
+INSERT INTO store_identity (id) SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM store_identity);
 CREATE TABLE IF NOT EXISTS data_blocks (
     tenant TEXT NOT NULL,
     series_set_hash TEXT NOT NULL,
@@ -226,6 +230,10 @@ class SQLiteStore(Store):
 
     def ping(self):
         return self._read(lambda connection: connection.execute("SELECT 1").fetchone())
+
+    def identity(self):
+        """A random id the file got when its schema was made (a copied file keeps it)."""
+        return self._read(lambda connection: "sqlite:" + connection.execute("SELECT id FROM store_identity").fetchone()[0])
 
     def write_series(self, series: Sequence[SeriesKey]):
         return self._write(_write_series, list(series))
