@@ -110,6 +110,7 @@ SETTINGS = [
     Setting("max-tag-key-length", _positive, "1024", "longest tag key"),
     Setting("max-tag-value-length", _positive, "2048", "longest tag value"),
     Setting("max-tags", _positive, "64", "most tags per series"),
+    Setting("max-metadata-length", _positive, "1024", "longest Prometheus metadata text (metric family name, help, unit); longer metadata is skipped and counted, its samples are written"),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
     Setting("workers", _workers, "auto", "worker processes sharing the listening sockets; auto: one per usable core, but 1 on the embedded SQLite store and with --roles downsample; tenant limits are per process, so N workers allow a tenant up to N times them"),
@@ -157,6 +158,7 @@ class Config:
     max_tag_key_length: int
     max_tag_value_length: int
     max_tags: int
+    max_metadata_length: int
     max_sample_age: int
     max_future: int
     workers: int | None

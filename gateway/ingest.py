@@ -1,4 +1,5 @@
-"""The ingest pipeline every protocol feeds: validate, hash, write metadata once, write data.
+"""The ingest pipeline every protocol feeds: validate, hash, apply the tenant limits, write
+metadata once, write data.
 
 A write is acknowledged (the Deferred fires) only after the store has accepted both the
 metadata of new series and every data point. Invalid samples are rejected one by one; the
@@ -12,6 +13,7 @@ from typing import NamedTuple
 from twisted.internet.defer import Deferred
 
 from gateway import metrics
+from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.model import (
     InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_point, validate_series,
@@ -45,6 +47,16 @@ def _compact(key: tuple) -> tuple:
     return intern(tenant), intern(name), (*map(intern, labels[:half]), *labels[half:])
 
 
+def _per_tenant(points: list[RawPoint]) -> dict[str, tuple[int, set[str]]]:
+    """What TenantLimits.admit weighs: samples and distinct series of each tenant."""
+    counts: dict[str, int] = {}
+    series: dict[str, set[str]] = {}
+    for point in points:
+        counts[point.tenant] = counts.get(point.tenant, 0) + 1
+        series.setdefault(point.tenant, set()).add(point.series_set_hash)
+    return {tenant: (count, series[tenant]) for tenant, count in counts.items()}
+
+
 class IngestPipeline:
     def __init__(
         self,
@@ -56,9 +68,11 @@ class IngestPipeline:
         clock=now_ms,
         pending=None,
         partitions: int = 64,
+        tenant_limits: TenantLimits | None = None,
     ):
         self.store = store
         self.limits = limits
+        self.tenant_limits = tenant_limits or TenantLimits(0, 0)
         self.known = known
         self.shared_seen = shared_seen
         self.pending = pending
@@ -108,6 +122,8 @@ class IngestPipeline:
         if fresh:
             metrics.METADATA_CACHE.labels("memory", "miss").inc(len(fresh))
         if points:
+            if self.tenant_limits.enabled:
+                self.tenant_limits.admit(_per_tenant(points))
             metrics.METADATA_CACHE.labels("memory", "hit").inc(len(points) - len(fresh))
             await self._write(new_series, points)
             known.add_all(fresh)

@@ -27,7 +27,7 @@ STORE_ERRORS = Counter("tsgate_store_errors", "Store calls that failed, by opera
 METADATA_CACHE = Counter("tsgate_metadata_cache_lookups", "Series metadata cache lookups", ["level", "result"])
 REDIS_ERRORS = Counter("tsgate_redis_errors", "Redis calls that failed (ingest went on without Redis)", ["operation"])
 PROMETHEUS_SKIPPED = Counter(
-    "tsgate_prometheus_skipped", "Remote-write parts not stored (exemplars, native histograms)", ["kind"]
+    "tsgate_prometheus_skipped", "Remote-write parts not stored (exemplars, native histograms, metadata over --max-metadata-length)", ["kind"]
 )
 AUTH_FAILURES = Counter("tsgate_auth_failures", "HTTP requests refused for their credential (--auth-file)", ["reason"])
 RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 429 over a tenant limit", ["limit"])

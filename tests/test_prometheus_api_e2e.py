@@ -87,6 +87,22 @@ def test_remote_write_v2_and_push_path(gateway, tenant):
     assert native[0]["tags"] == {"queue": "a"} and len(native[0]["values"]) == 2
 
 
+def test_metadata_over_the_length_limit_is_skipped_and_its_samples_written(start_gateway, tenant):
+    """8 MB of help text used to be stored and served."""
+    gateway = start_gateway("--max-metadata-length", "100")
+    t = now_ms() - 10_000
+    body = prometheus.encode_write_request_v2([
+        Series({"__name__": "chatty", "queue": "a"}, [(t, 3.0)], metric_type="gauge", help="x" * 101, unit="items"),
+        Series({"__name__": "quiet", "queue": "a"}, [(t, 4.0)], metric_type="gauge", help="Short.", unit="items"),
+    ])
+    assert gateway.post("/api/v1/push", body, headers=rw_headers(tenant, V2)).status == 204
+    headers = {"X-Scope-OrgID": tenant}
+    assert gateway.get("/api/v1/metadata?metric=chatty", headers=headers).json()["data"] == {}
+    assert gateway.get("/api/v1/metadata?metric=quiet", headers=headers).json()["data"]["quiet"][0]["help"] == "Short."
+    assert len(gateway.get("/api/query?metricName=chatty&start=1m-ago", headers=headers).json()[0]["values"]) == 1
+    assert 'tsgate_prometheus_skipped_total{kind="metadata_too_long"} 1.0' in gateway.get("/metrics").body.decode()
+
+
 def test_streamed_xor_chunks(gateway, tenant):
     t = now_ms() - 600_000
     samples = [(t + i * 1000, float(i % 17) / 3) for i in range(300)]

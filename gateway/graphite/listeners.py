@@ -6,8 +6,10 @@ writes (up to ``concurrency`` of them at once, so the store's latency does not b
 and pushes back on senders: while more samples wait than ``max_pending``, every TCP
 connection stops reading (the kernel's buffers then stop the sender), and reading resumes when
 the backlog drains. A batch the store refuses (Cassandra down) is retried, never dropped, so
-nothing accepted from a TCP socket is lost. UDP cannot push back: what arrives over the limit
-is dropped and counted.
+nothing accepted from a TCP socket is lost. A batch over the tenant's limits
+(``--tenant-max-samples-per-second``, ``--tenant-max-active-series``) is retried after the wait
+the limit names, with every TCP connection paused meanwhile. UDP cannot push back: what arrives
+over the backlog limit, or while the tenant is over its limits, is dropped and counted.
 """
 
 import logging
@@ -19,6 +21,7 @@ from twisted.internet.protocol import DatagramProtocol, Factory, Protocol
 
 from gateway import metrics
 from gateway.ingest import IngestPipeline, Overloaded
+from gateway.limits import RateLimited
 from gateway.model import Sample, now_ms
 from gateway.store import StoreUnavailable
 from protocols.graphite.pickle import PickleDecoder
@@ -69,6 +72,7 @@ class GraphiteIngest:
         self._transports: set = set()
         self._flush_call = None
         self._retry_delay = 0.5
+        self._limited_until = 0.0
         self._idle: list[defer.Deferred] = []
 
     def register(self, transport) -> None:
@@ -83,6 +87,18 @@ class GraphiteIngest:
     def full(self) -> bool:
         return self.pending >= self.max_pending
 
+    @property
+    def refusing(self) -> bool:
+        """What UDP asks before taking a datagram: the backlog is full or the tenant is limited."""
+        return self.full or time.monotonic() < self._limited_until
+
+    def _pause(self) -> None:
+        if not self._paused:
+            self._paused = True
+            metrics.GRAPHITE_BACKPRESSURE.inc()
+            for transport in self._transports:
+                transport.pauseProducing()
+
     def submit(self, protocol: str, samples: list[Sample]) -> None:
         if not samples:
             return
@@ -90,11 +106,8 @@ class GraphiteIngest:
         self._queued += len(samples)
         self.pending += len(samples)
         metrics.GRAPHITE_PENDING.set(self.pending)
-        if self.full and not self._paused:
-            self._paused = True
-            metrics.GRAPHITE_BACKPRESSURE.inc()
-            for transport in self._transports:
-                transport.pauseProducing()
+        if self.full:
+            self._pause()
         self._schedule(self.flush_delay if self.pending < self.batch_size else 0)
 
     def _schedule(self, delay: float) -> None:
@@ -138,6 +151,9 @@ class GraphiteIngest:
 
     def _failed(self, failure, protocol: str, batch: list[Sample]) -> None:
         """Keep the batch at the head of the queue and try again later: never drop accepted data."""
+        if failure.check(RateLimited):
+            self._wait_for_the_limit(failure.value, protocol, batch)
+            return
         if not failure.check(StoreUnavailable, Overloaded, defer.FirstError):
             log.error("graphite batch of %d samples failed and is dropped: %s", len(batch), failure.getTraceback())
             metrics.GRAPHITE_LOST.inc(len(batch))
@@ -145,12 +161,24 @@ class GraphiteIngest:
             return
         self._writing -= 1
         log.warning("graphite batch of %d samples not stored (%s); retrying in %.1fs", len(batch), failure.getErrorMessage(), self._retry_delay)
+        self._retry_later(protocol, batch, self._retry_delay)
+        self._retry_delay = min(self._retry_delay * 2, 10.0)
+
+    def _wait_for_the_limit(self, error: RateLimited, protocol: str, batch: list[Sample]) -> None:
+        """Hold the batch and pause the TCP senders until the limit's wait is over."""
+        self._writing -= 1
+        metrics.RATE_LIMITED.labels(error.limit).inc()
+        self._limited_until = time.monotonic() + error.retry_after_s
+        log.warning("graphite batch of %d samples held for %ds, carbon connections paused: %s", len(batch), error.retry_after_s, error)
+        self._pause()
+        self._retry_later(protocol, batch, error.retry_after_s)
+
+    def _retry_later(self, protocol: str, batch: list[Sample], delay: float) -> None:
         self._queue.appendleft((protocol, batch))
         self._queued += len(batch)
         if self._flush_call is not None:
             self._flush_call.cancel()
-        self._flush_call = reactor.callLater(self._retry_delay, self._flush)
-        self._retry_delay = min(self._retry_delay * 2, 10.0)
+        self._flush_call = reactor.callLater(delay, self._flush)
 
     def drain(self) -> defer.Deferred:
         """Fire when everything submitted has been stored (used at shutdown)."""
@@ -219,7 +247,7 @@ class PickleFactory(Factory):
 
 
 class PlaintextDatagramProtocol(DatagramProtocol):
-    """Whole lines per datagram; over the backlog limit the datagram is dropped and counted."""
+    """Whole lines per datagram; over the backlog or tenant limits the datagram is dropped and counted."""
 
     noisy = False
     protocol_name = "graphite_udp"
@@ -231,7 +259,7 @@ class PlaintextDatagramProtocol(DatagramProtocol):
         samples, rejects = decode_datagram(data, now_ms(), self.max_line_length)
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, f"{addr[0]}:{addr[1]}")
-        if self.ingest.full:
+        if self.ingest.refusing:
             metrics.GRAPHITE_UDP_DROPPED.inc(len(samples))
             return
         tenant = self.tenant

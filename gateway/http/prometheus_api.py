@@ -16,9 +16,8 @@ from twisted.web import server
 from gateway import metrics
 from gateway.http.server import HTTPError, Response, Router, json_response, read_body, request_tenant, require_arg
 from gateway.ingest import IngestPipeline
-from gateway.limits import TenantLimits
 from gateway.metadata_cache import SeenSeries
-from gateway.model import NAME_TAG, Sample, series_set_text
+from gateway.model import NAME_TAG, Sample
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
@@ -41,16 +40,16 @@ class PrometheusAPI:
         store: Store,
         pipeline: IngestPipeline,
         planner: QueryPlanner,
-        limits: TenantLimits,
         max_decompressed_bytes: int,
         max_samples_per_query: int,
+        max_metadata_length: int = 1024,
     ):
         self.store = store
         self.pipeline = pipeline
         self.planner = planner
-        self.limits = limits
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_samples_per_query = max_samples_per_query
+        self.max_metadata_length = max_metadata_length
         self._metadata_seen = SeenSeries(100_000, level="prometheus_metadata")
 
     def register(self, router: Router) -> None:
@@ -89,9 +88,6 @@ class PrometheusAPI:
             tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
             name = series.labels[NAME_TAG]
             samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
-        self.limits.check_rate(tenant, len(samples))
-        if self.limits.max_active_series:
-            self.limits.check_series(tenant, (series_set_text(s.labels[NAME_TAG], s.labels) for s in batch.series))
         await self._write_metadata(tenant, batch)
         result = await self.pipeline.ingest("prometheus", samples)
         headers = prometheus.v2_written_headers(batch, result.accepted) if batch.version == 2 else {}
@@ -102,14 +98,20 @@ class PrometheusAPI:
         return Response(204, b"", "text/plain; charset=utf-8", headers)
 
     async def _write_metadata(self, tenant: str, batch) -> None:
-        """Keep type/help/unit (v1 metadata requests, v2 per-series fields), each change once."""
+        """Keep type/help/unit (v1 metadata requests, v2 per-series fields), each change once;
+        metadata longer than ``--max-metadata-length`` is skipped and counted (as Mimir does),
+        the samples beside it are written."""
         rows = [MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata]
         rows += [
             MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit)
             for s in batch.series
             if s.metric_type
         ]
-        fresh = {row: None for row in rows if row not in self._metadata_seen}
+        limit = self.max_metadata_length
+        kept = [row for row in rows if max(len(row.metric_name), len(row.help), len(row.unit)) <= limit]
+        if len(kept) < len(rows):
+            metrics.PROMETHEUS_SKIPPED.labels("metadata_too_long").inc(len(rows) - len(kept))
+        fresh = {row: None for row in kept if row not in self._metadata_seen}
         if fresh:
             await metrics.observe_store("write_metric_metadata", self.store.write_metric_metadata(list(fresh)))
             self._metadata_seen.add_all(fresh)
