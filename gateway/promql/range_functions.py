@@ -3,7 +3,7 @@ computed for every step at once: per series, each step's window is a slice of it
 
 import numpy as np
 
-from gateway.promql.values import RangeVector, Series, Vector, drop_metric_name, gather
+from gateway.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather
 
 
 def _per_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector:
@@ -123,6 +123,31 @@ def predict_linear(matrix: RangeVector, seconds: np.ndarray, eval_ms: np.ndarray
     return _per_series(matrix, compute)
 
 
+def holt_winters(matrix: RangeVector, smoothing: float, trend: float) -> Vector:
+    """Double exponential smoothing of each window, Prometheus 2.42's loop run for all steps at
+    once: position by position, only the windows that are that long move on."""
+    if not 0 < smoothing < 1:
+        raise PromQLError(f"invalid smoothing factor. Expected: 0 < sf < 1, got: {smoothing:f}")
+    if not 0 < trend < 1:
+        raise PromQLError(f"invalid trend factor. Expected: 0 < tf < 1, got: {trend:f}")
+
+    def compute(series: Series, lo, hi):
+        _, vs, mask = gather(series, lo, hi)
+        level_before = np.zeros(len(lo))
+        level = vs[:, 0].copy()
+        slope = vs[:, min(1, vs.shape[1] - 1)] - vs[:, 0]
+        for i in range(1, vs.shape[1]):
+            moving = mask[:, i]
+            if i > 1:
+                slope = np.where(moving, trend * (level - level_before) + (1 - trend) * slope, slope)
+            smoothed = smoothing * vs[:, i] + (1 - smoothing) * (level + slope)
+            level_before = np.where(moving, level, level_before)
+            level = np.where(moving, smoothed, level)
+        return level, hi - lo >= 2
+
+    return _per_series(matrix, compute)
+
+
 def _counting(matrix: RangeVector, counted) -> Vector:
     def compute(series: Series, lo, hi):
         vs = series.values
@@ -169,7 +194,7 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
                 return quantiles(np.where(mask, vs, np.inf), count, parameter), present
         raise AssertionError(name)
 
-    return _per_series(matrix, compute)
+    return _per_series(matrix, compute, keep_name=name == "last")
 
 
 def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
