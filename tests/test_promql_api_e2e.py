@@ -24,7 +24,7 @@ def promql(gateway, tenant: str, path: str, method: str = "GET", **params):
 
 @pytest.fixture
 def loaded(start_gateway, backend_args, tenant):
-    gateway = start_gateway(*backend_args, "--max-samples-per-query", "500")
+    gateway = start_gateway(*backend_args, "--query-max-samples", "500")
     now = int(time.time()) * 1000
     series = [
         Series({"__name__": "jobs_total", "job": job}, [(now - 300_000 + i * 15_000, float(i * factor)) for i in range(20)])
@@ -80,11 +80,11 @@ def test_errors_have_prometheus_status_and_type(loaded, tenant, path, params, st
 
 
 def test_the_samples_limit_is_an_execution_error(start_gateway, tenant):
-    gateway = start_gateway("--max-samples-per-query", "10")
+    gateway = start_gateway("--query-max-samples", "10")
     now = int(time.time()) * 1000
     remote_write(gateway, tenant, [Series({"__name__": "many"}, [(now - 60_000 + i * 1000, 1.0) for i in range(30)])])
     answer = promql(gateway, tenant, "/api/v1/query", query="sum_over_time(many[5m])", time=now / 1000)
-    assert answer.status == 422 and "--max-samples-per-query" in answer.json()["error"]
+    assert answer.status == 422 and "--query-max-samples" in answer.json()["error"]
 
 
 def test_past_raw_retention_counters_read_their_rollups(start_gateway, backend_args, tmp_path, tenant):

@@ -166,7 +166,7 @@ class PromQLAPI:
                     if samples > self.max_samples:
                         raise PromQLError(
                             "query processing would load too many samples into memory in query execution"
-                            f" (--max-samples-per-query {self.max_samples})"
+                            f" (--query-max-samples {self.max_samples})"
                         )
                     if len(read.samples):
                         labels = prometheus_labels(series.metric_name, series.tags)
