@@ -193,8 +193,8 @@ class Evaluator:
         selector = node.vector_selector
         series = []
         for found in self.data.get(selector_key(selector), []):
-            keep = ~is_stale(found.values)
-            series.append(Series(found.labels, found.timestamps[keep], found.values[keep]))
+            stale = is_stale(found.values)
+            series.append(Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found)
         return RangeVector(series, self._refs(selector, ctx), _ms(node.range))
 
     def _subquery(self, node, ctx: Context) -> RangeVector:
