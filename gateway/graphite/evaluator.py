@@ -47,6 +47,9 @@ async def evaluate_target(target: str, context: RenderContext, fetcher: Fetcher)
         return [result]
     if not isinstance(result, list):
         raise RenderError(f"target {target!r} does not produce series")
+    if not all(isinstance(series, TimeSeries) for series in result):
+        # mapSeries() alone: lists of series, which only reduceSeries() takes
+        raise RenderError(f"target {target!r} produces lists of series, not series: use it inside reduceSeries()")
     return result
 
 

@@ -216,6 +216,13 @@ def _validate_int_or_interval(value):
         return _validate_interval(value)
 
 
+def _validate_node_or_tag(value):
+    """graphite-web looks a float node up as a tag name; inf and nan are neither node nor tag."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(value)
+    return value
+
+
 def _validate_interval(value):
     parse_time_offset(value)
     return value
@@ -255,7 +262,7 @@ INTERVAL = ParamType("interval", _validate_interval)
 INT_OR_INTERVAL = ParamType("intOrInterval", _validate_int_or_interval)
 INT_OR_INF = ParamType("intOrInf", _validate_int_or_inf)
 NODE = ParamType("node", _validate_integer)
-NODE_OR_TAG = ParamType("nodeOrTag")
+NODE_OR_TAG = ParamType("nodeOrTag", _validate_node_or_tag)
 SERIES_LIST = ParamType("seriesList", _validate_series_list)
 SERIES_LISTS = ParamType("seriesLists", _validate_series_lists)
 STRING = ParamType("string")
@@ -2502,7 +2509,9 @@ def verticalLine(request, ts, label=None, color=None):
         raise RenderError("verticalLine(): timestamp %s exists before start of range" % timestamp)
     if timestamp > context.end:
         raise RenderError("verticalLine(): timestamp %s exists after end of range" % timestamp)
-    series = TimeSeries(label, timestamp, timestamp, 1.0, [1.0, 1.0], x_files_factor=context.x_files_factor)
+    # without a label graphite-web answers a series named None (tags {"name": "None"})
+    series = TimeSeries(label, timestamp, timestamp, 1.0, [1.0, 1.0], tags=None if label else {"name": label},
+                        x_files_factor=context.x_files_factor)
     series.options["drawAsInfinite"] = True
     if color:
         series.color = color
