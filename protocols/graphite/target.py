@@ -196,7 +196,10 @@ class _Parser:
             number = match.group()
             if "e" in number or "E" in number or "." in number:
                 return Literal(float(number))
-            return Literal(int(number))
+            try:
+                return Literal(int(number))
+            except ValueError:  # past Python's 4300-digit limit
+                self.fail(f"number {number[:20]}... is too long")
         match = _KEYWORD.match(self.text, self.pos)
         if match and self.followed_by_end_of_argument(match.end()):
             self.pos = match.end()
