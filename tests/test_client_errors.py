@@ -184,6 +184,48 @@ def test_vertical_line_without_a_label_answers_as_graphite_web(gateway):
     assert answer.json() == [{"target": None, "tags": {"name": "None"}, "datapoints": [[1.0, at]]}]
 
 
+@pytest.mark.parametrize("target, status", [
+    ("identity(1)", 400),  # a number where a string (the name) goes
+    ("sinFunction(1.5)", 400),
+    ("aliasByMetric(alias(a.b.c, 2))", 400),
+    ("integralByInterval(a.b.c, '[z-a]')", 400),  # not an interval
+    ("smartSummarize(a.b.c, '1min', 'sum', 'fortnight')", 400),
+    ("scaleToSeconds(a.b.c, inf)", 400),
+    ("add(a.b.c, inf)", 400),
+    ("nPercentile(a.b.c, 1e300)", 400),
+    ("averageOutsidePercentile(a.b.*, -1e300)", 400),
+    ("time('t', 0)", 400),
+    ("sinFunction('s', 1, -100)", 400),
+    ("stdev(a.b.c, -1)", 400),
+    ("log(a.b.c, 1)", 400),
+    ("exponentialMovingAverage(a.b.c, -1)", 400),
+    ("asPercent(a.b.*, 'name')", 400),
+    ("asPercent(a.b.*, mapSeries(a.b.*, 1), 0)", 400),
+    ("countSeries(None)", 400),
+    ("groupByNode(a.b.*, 1, 'sumSeriesLists')", 400),
+    ("aliasQuery(a.b.c, 'c', 'd', 'no placeholder')", 400),
+    ("useSeriesAbove(a.b.*, 0, '(', 'x')", 400),
+    ("timeShift(a.b.c, '99999999y', alignDst=true)", 400),
+    ("timeShift(a.b.c, '99999999y')", 400),
+    ("timeStack(a.b.c, '1min', 0, 9223372036854775807)", 422),
+    ("timeShift(a.b.c, '')", 200),
+    ("exp(scale(a.b.c, 1000))", 200),  # e**1000 is +inf
+    ("cactiStyle(scale(a.b.c, inf), 'si')", 200),
+    ("aliasSub(verticalLine('-5min'), 'None', 'x')", 200),
+    ("sumSeries(verticalLine('-5min'), a.b.c)", 200),
+    ("substr(a.b.c, None)", 200),
+    ("timeStack(a.b.c, None, None)", 200),
+    ("averageOutsidePercentile(nothing.here, 50)", 200),
+])
+def test_function_arguments_that_used_to_fail_inside_a_function(gateway, target, status):
+    """Bad arguments are a 400 naming the function or argument; values graphite-web's code
+    cannot handle get an answer; nothing is an internal error."""
+    answer = render(gateway, target=target)
+    assert answer.status == status, answer.body[:300]
+    if status != 200:
+        assert "internal error" not in answer.json()["error"]
+
+
 def test_url_over_16_kib_is_414_with_a_message(gateway):
     answer = gateway.get("/render?target=a.b.c&pad=" + "x" * 17_000)
     assert_client_error(answer, 414, "POST")

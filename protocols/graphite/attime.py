@@ -43,12 +43,12 @@ def parse_at_time(text: str, now: int, tz: tzinfo = timezone.utc) -> int:
 
 
 # datetime's years 1 to 9999 in epoch seconds: a time outside them is a mistake, not a range.
-_EARLIEST = -62_135_596_800
-_LATEST = 253_402_300_799
+EARLIEST = -62_135_596_800
+LATEST = 253_402_300_799
 
 
 def _in_range(seconds: int, original: str) -> int:
-    if not _EARLIEST <= seconds <= _LATEST:
+    if not EARLIEST <= seconds <= LATEST:
         raise ValueError(f"time {original[:60]!r} is outside the years 1 to 9999")
     return seconds
 
