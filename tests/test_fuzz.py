@@ -188,7 +188,7 @@ ENDPOINTS = {
     "/metrics/index.json": ["jsonp", "tenant"],
     "/tags": ["filter", "limit", "jsonp"],
     "/tags/host": ["filter", "jsonp"],
-    "/tags/findSeries": ["expr", "jsonp"],
+    "/tags/findSeries": ["expr", "expr[]", "jsonp"],
     "/tags/autoComplete/tags": ["tagPrefix", "limit", "expr"],
     "/tags/autoComplete/values": ["tag", "valuePrefix", "limit", "expr"],
     "/functions": ["grouped", "group", "pretty"],
@@ -199,7 +199,10 @@ ENDPOINTS = {
     "/api/metadata/metricNames": ["tenant"],
     "/api/metadata/tagKeys": ["metricName", "tenant"],
     "/api/metadata/tagValues": ["metricName", "tagKey", "tenant"],
+    "/api/v1/metadata": ["metric", "tenant"],
     "/healthz": [],
+    "/metrics": [],
+    "/": [],
 }
 BASE_PARAMS = {
     "/render": {"target": "a.b.*", "from": "-10min", "format": "json"},
@@ -210,6 +213,7 @@ BASE_PARAMS = {
     "/api/query": {"metricName": "cpu"},
     "/api/metadata/tagKeys": {"metricName": "cpu"},
     "/api/metadata/tagValues": {"metricName": "cpu", "tagKey": "host"},
+    "/api/v1/metadata": {"metric": "cpu"},
 }
 # Argument values by graphite-web parameter type (from /functions), hostile ones included.
 ARGUMENTS = {
