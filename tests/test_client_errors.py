@@ -2,6 +2,7 @@
 dropped connection: one test per hostile probe of issue #12, against a real ``tsgate serve`` on
 the embedded store."""
 
+import sqlite3
 import time
 import urllib.parse
 
@@ -9,7 +10,7 @@ import pytest
 
 from protocols import prometheus
 from protocols.prometheus import Matcher, Query, Series
-from tests.gatewayproc import GatewayProcess
+from tests.gatewayproc import GatewayProcess, downsample_once
 from tests.test_graphite_ingest_e2e import send_tcp, wait_for
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -256,6 +257,22 @@ def test_refused_carbon_samples_are_logged(gateway):
     send_tcp(gateway.graphite_port, f"refused.old 1 1000\nrefused.future 1 {now + 86_400}\n".encode())
     assert wait_for(lambda: "refused.future" in gateway.log() and "refused.old" in gateway.log(), timeout=10), gateway.log()[-2000:]
     assert "too_old" in gateway.log() and "too_new" in gateway.log()
+
+
+def test_an_error_that_is_not_the_targets_fault_is_a_logged_500(start_gateway, tmp_path):
+    """A stored block that cannot be decoded is the gateway's problem, not a wrong target: 500
+    with the traceback in the log."""
+    data = ("--data-dir", str(tmp_path / "data"))
+    gateway = start_gateway(*data)
+    slot_start = (int(time.time()) // 3600 - 2) * 3600
+    send_tcp(gateway.graphite_port, "".join(f"broken.block {i} {slot_start + 60 * i}\n" for i in range(5)).encode())
+    assert wait_for(lambda: b"broken.block" in render(gateway, target="broken.block", **{"from": "-3h"}).body)
+    assert "rolled up" in downsample_once(*data)
+    with sqlite3.connect(tmp_path / "data" / "tsgate.db") as database:
+        assert database.execute("UPDATE data_blocks SET block = x'00'").rowcount == 1
+    answer = render(gateway, target="sumSeries(broken.block)", **{"from": "-3h"})
+    assert answer.status == 500 and answer.json() == {"error": "internal error; see the gateway log"}
+    assert "BadBlock" in gateway.log()
 
 
 def test_nothing_above_was_a_500(gateway):
