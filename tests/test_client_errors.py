@@ -227,6 +227,18 @@ def test_function_arguments_that_used_to_fail_inside_a_function(gateway, target,
         assert "internal error" not in answer.json()["error"]
 
 
+def test_regexes_nested_too_deeply_are_400(gateway):
+    """Python's re compiles nested groups recursively: 1000 of them are a RecursionError."""
+    deep = "(" * 1000
+    assert_client_error(get(gateway, "/tags", filter=deep), 400, "regex")
+    assert_client_error(get(gateway, "/tags/findSeries", expr=f"name=~{deep}"), 400, "regex")
+    assert_client_error(render(gateway, target=f"grep(a.b.*, '{deep}')"), 400, "regular expression")
+    query = Query(0, 1, [Matcher("RE", "__name__", deep)])
+    body = prometheus.encode_read_request([query], [prometheus.SAMPLES])
+    answer = gateway.post("/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"})
+    assert answer.status == 400 and b"regular expression" in answer.body
+
+
 def test_url_over_16_kib_is_414_with_a_message(gateway):
     answer = gateway.get("/render?target=a.b.c&pad=" + "x" * 17_000)
     assert_client_error(answer, 414, "POST")

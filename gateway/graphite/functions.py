@@ -2179,7 +2179,7 @@ def grep(request, seriesList, pattern):
 def _compile(pattern):
     try:
         return re.compile(pattern)
-    except (re.error, TypeError) as error:
+    except (re.error, RecursionError, TypeError) as error:  # RecursionError: groups nested too deeply
         raise RenderError(f"invalid regular expression {pattern!r}: {error}") from None
 
 
