@@ -209,6 +209,7 @@ def test_vertical_line_without_a_label_answers_as_graphite_web(gateway):
     ("timeShift(a.b.c, '99999999y', alignDst=true)", 400),
     ("timeShift(a.b.c, '99999999y')", 400),
     ("timeStack(a.b.c, '1min', 0, 9223372036854775807)", 422),
+    ("hitcount(a.b.c, '99999999y')", 400),
     ("timeShift(a.b.c, '')", 200),
     ("exp(scale(a.b.c, 1000))", 200),  # e**1000 is +inf
     ("cactiStyle(scale(a.b.c, inf), 'si')", 200),

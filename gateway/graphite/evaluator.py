@@ -51,6 +51,9 @@ async def evaluate_target(target: str, context: RenderContext, fetcher: Fetcher)
     if not all(isinstance(series, TimeSeries) for series in result):
         # mapSeries() alone: lists of series, which only reduceSeries() takes
         raise RenderError(f"target {target!r} produces lists of series, not series: use it inside reduceSeries()")
+    for series in result:
+        if not attime.EARLIEST <= series.start <= series.end <= attime.LATEST:  # hitcount(x, '99999999y')
+            raise RenderError(f"series {series.name!r} reaches out of the years 1 to 9999 (an interval too long?)")
     return result
 
 
