@@ -31,6 +31,16 @@ from gateway.store.layout import Granularity, Layout
 
 ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
 
+# The times a read can ask for: 1970 to the end of the year 9999. Stores keep int64 milliseconds,
+# so a range is cut to these rather than overflowing (``end=9223372036854775807``, ``1e20``, or
+# a remote read starting at int64's minimum all mean "everything").
+EARLIEST_MS = 0
+LATEST_MS = 253_402_300_799_999
+
+
+def clamp_range(start_ms: int, end_ms: int) -> tuple[int, int]:
+    return max(start_ms, EARLIEST_MS), min(end_ms, LATEST_MS)
+
 
 class SeriesData(NamedTuple):
     """The samples of one series, and the roll-up aggregate that gave those before the raw
@@ -86,6 +96,7 @@ class ReadPath:
         self, series: Sequence[SeriesKey], start_ms: int, end_ms: int, aggregate: str = "avg", fallback: str | None = "last"
     ) -> list[SeriesData]:
         """Each series' samples in the inclusive range, stitched as the module says, in order."""
+        start_ms, end_ms = clamp_range(start_ms, end_ms)
         granularity = self.rollup_for(start_ms)
         if granularity is None:
             return [SeriesData(s, None) for s in await self.read_raw(series, start_ms, end_ms)]
@@ -97,6 +108,7 @@ class ReadPath:
 
     async def read_raw(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[Samples]:
         """Blocks merged with head rows, the series of a tenant in one store call (bounded)."""
+        start_ms, end_ms = clamp_range(start_ms, end_ms)
         if end_ms < start_ms:
             return [samples.empty() for _ in series]
         by_tenant: dict[str, list[int]] = {}
@@ -116,6 +128,7 @@ class ReadPath:
         self, series: Sequence[SeriesKey], granularity: Granularity, aggregate: str, start_ms: int, end_ms: int, fallback: str | None = None
     ) -> list[tuple[Samples, str | None]]:
         """One aggregate of a roll-up table for every series (with ``fallback`` for series lacking it)."""
+        start_ms, end_ms = clamp_range(start_ms, end_ms)
         if end_ms < start_ms:
             return [(samples.empty(), None) for _ in series]
         reads = [

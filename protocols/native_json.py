@@ -10,7 +10,8 @@ Put items (``/api/put``, OpenTSDB style, one object or an array)::
 
 Timestamps are epoch seconds or milliseconds (protocols.timespec's rule) or ISO-8601 strings;
 omitted, they are the arrival time. Values are JSON numbers, numeric strings, or ``"NaN"``,
-``"+Inf"``, ``"-Inf"``. Each item is decoded on its own: a bad item becomes an ItemError and the
+``"+Inf"``, ``"-Inf"``; a number out of float64's range (``1e999``) or a bare ``NaN``/``Infinity``
+refuses its item. Each item is decoded on its own: a bad item becomes an ItemError and the
 others go on.
 """
 
@@ -51,9 +52,29 @@ class _FieldError(ValueError):
 _SPECIAL_VALUES = {"nan": math.nan, "+inf": math.inf, "inf": math.inf, "-inf": -math.inf}
 
 
+class _OutOfRange(NamedTuple):
+    """A JSON number no float64 holds (``1e999``, 400 digits) or a non-standard ``NaN``/``Infinity``
+    literal: kept as text, so the item that carries it is refused naming its field."""
+
+    text: str
+
+
+# float64 tops out at 309 digits; past that an integer would only become +Inf.
+_MAX_INTEGER_DIGITS = 309
+
+
+def _parse_float(text: str) -> float | _OutOfRange:
+    number = float(text)
+    return number if math.isfinite(number) else _OutOfRange(text)
+
+
+def _parse_int(text: str) -> int | _OutOfRange:
+    return int(text) if len(text.lstrip("-")) <= _MAX_INTEGER_DIGITS else _OutOfRange(text)
+
+
 def _parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return json.loads(body, parse_float=_parse_float, parse_int=_parse_int, parse_constant=_OutOfRange)
     except UnicodeDecodeError as error:
         raise BadRequest(f"body is not UTF-8: {error}") from None
     except json.JSONDecodeError as error:
@@ -62,28 +83,40 @@ def _parse_json(body: bytes) -> Any:
         raise BadRequest("body is nested too deeply") from None
 
 
+def _out_of_range(raw: _OutOfRange, field: str) -> _FieldError:
+    return _FieldError(field, f"number {raw.text[:40]}{'...' if len(raw.text) > 40 else ''} is out of range (write NaN and infinities as the strings \"NaN\", \"+Inf\", \"-Inf\")")
+
+
 def _value(raw: Any) -> float:
+    if isinstance(raw, _OutOfRange):
+        raise _out_of_range(raw, "value")
     if isinstance(raw, bool) or raw is None:
         raise _FieldError("value", f"must be a number, got {json.dumps(raw)}")
     if isinstance(raw, (int, float)):
         try:
             return float(raw)
         except OverflowError:
-            raise _FieldError("value", "is too large for a float64") from None
+            raise _out_of_range(_OutOfRange(str(raw)), "value") from None
     if isinstance(raw, str):
         special = _SPECIAL_VALUES.get(raw.strip().lower())
         if special is not None:
             return special
         try:
-            return float(raw)
+            number = float(raw)
         except ValueError:
             pass
+        else:
+            if math.isfinite(number):
+                return number
+            raise _out_of_range(_OutOfRange(raw), "value")
     raise _FieldError("value", f"must be a number, got {json.dumps(raw)[:60]}")
 
 
 def _timestamp(raw: Any, field: str, now_ms: int) -> int:
     if raw is None:
         return now_ms
+    if isinstance(raw, _OutOfRange):
+        raise _out_of_range(raw, field)
     if isinstance(raw, bool):
         raise _FieldError(field, "must be epoch seconds, milliseconds or an ISO-8601 string")
     if isinstance(raw, (int, float)):

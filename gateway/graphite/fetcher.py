@@ -19,15 +19,12 @@ from gateway.graphite.finder import Finder
 from gateway.graphite.series import TimeSeries
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.graphite.functions import RenderError
+from gateway.graphite.functions import MAX_POINTS_PER_SERIES, RenderError
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.samples import Samples
 from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target
 
 
-# A render (or a function such as linearRegression reaching back to epoch 0) must not build
-# unbounded lists on the reactor.
-MAX_POINTS_PER_SERIES = 1_000_000
 
 
 # consolidateBy's functions -> the roll-up aggregate that answers for them past raw retention.
@@ -92,7 +89,7 @@ class StoreFetcher:
             if rollup is not None:
                 step = max(step, rollup.width_ms // 1000)
             first = start - start % step + step
-            stop = end - end % step + step
+            stop = max(end - end % step + step, first)  # an empty window when end < start
             if (stop - first) // step > MAX_POINTS_PER_SERIES:
                 raise QueryTooLarge(
                     f"{path_expression} over {end - start} s at a {step} s step is more than {MAX_POINTS_PER_SERIES} points a series"

@@ -35,14 +35,11 @@ def _translate(pattern: str) -> str:
         elif char == "?":
             out.append(".")
         elif char == "[":
-            end = pattern.find("]", index + 1)
+            end = _class_end(pattern, index)
             if end == -1:
                 out.append(re.escape(char))
             else:
-                body = pattern[index + 1 : end]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
+                out.append(_class(pattern[index + 1 : end]))
                 index = end
         elif char == "{":
             end = pattern.find("}", index + 1)
@@ -56,6 +53,38 @@ def _translate(pattern: str) -> str:
             out.append(re.escape(char))
         index += 1
     return "".join(out)
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """Where the ``[...]`` class opened at ``start`` ends, by fnmatch's rules (which graphite-web
+    uses): a ``]`` right after ``[`` or ``[!`` belongs to the class; -1 when it never closes
+    (``a.[]``, ``[!]``), and then the ``[`` is a literal character."""
+    end = start + 1
+    if pattern[end : end + 1] == "!":
+        end += 1
+    if pattern[end : end + 1] == "]":
+        end += 1
+    return pattern.find("]", end)
+
+
+def _class(body: str) -> str:
+    """A class body as a regex, as fnmatch makes it: a reversed range (``z-a``) matches nothing."""
+    negate = body.startswith("!")
+    if negate:
+        body = body[1:]
+    items, index = [], 0
+    while index < len(body):
+        if index + 2 < len(body) and body[index + 1] == "-":
+            low, high = body[index], body[index + 2]
+            if low <= high:
+                items.append(f"{re.escape(low)}-{re.escape(high)}")
+            index += 3
+        else:
+            items.append(re.escape(body[index]))
+            index += 1
+    if not items:
+        return "." if negate else "(?!)"
+    return "[" + ("^" if negate else "") + "".join(items) + "]"
 
 
 def component_matcher(pattern: str):

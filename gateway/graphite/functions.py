@@ -21,6 +21,7 @@ from itertools import zip_longest
 from typing import Any, Awaitable, Callable
 
 from gateway.graphite.series import CONSOLIDATION_FUNCTIONS, TimeSeries, parse_tags
+from gateway.query import QueryTooLarge
 from protocols.graphite.attime import (
     DAYS, HOURS, MINUTES, MONTHS_UNIT, SECONDS, WEEKS, YEARS, parse_at_time, parse_time_offset, unit_name,
 )
@@ -28,6 +29,15 @@ from protocols.graphite.target import first_path_expression
 
 INF = float("inf")
 NAN = float("nan")
+
+
+# A render (or a function such as linearRegression reaching back to epoch 0) must not build
+# unbounded lists on the reactor.
+MAX_POINTS_PER_SERIES = 1_000_000
+
+
+# timeStack() evaluates its series once per shift: more copies than this is no graph, only memory.
+MAX_TIME_STACK = 1000
 
 
 class RenderError(ValueError):
@@ -216,8 +226,22 @@ def _validate_int_or_interval(value):
         return _validate_interval(value)
 
 
+def _validate_string(value):
+    """graphite-web has no check here, and its functions then fail on a number (a 500)."""
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value
+
+
+def _validate_node_or_tag(value):
+    """graphite-web looks a float node up as a tag name; inf and nan are neither node nor tag."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(value)
+    return value
+
+
 def _validate_interval(value):
-    parse_time_offset(value)
+    interval_seconds(value)
     return value
 
 
@@ -255,11 +279,11 @@ INTERVAL = ParamType("interval", _validate_interval)
 INT_OR_INTERVAL = ParamType("intOrInterval", _validate_int_or_interval)
 INT_OR_INF = ParamType("intOrInf", _validate_int_or_inf)
 NODE = ParamType("node", _validate_integer)
-NODE_OR_TAG = ParamType("nodeOrTag")
+NODE_OR_TAG = ParamType("nodeOrTag", _validate_node_or_tag)
 SERIES_LIST = ParamType("seriesList", _validate_series_list)
 SERIES_LISTS = ParamType("seriesLists", _validate_series_lists)
-STRING = ParamType("string")
-TAG = ParamType("tag")
+STRING = ParamType("string", _validate_string)
+TAG = ParamType("tag", _validate_string)
 ANY = ParamType("any")
 AGG_FUNC = ParamType("aggFunc", _validate_agg_func)
 AGG_OR_SERIES_FUNC = ParamType("aggOrSeriesFunc")
@@ -300,8 +324,8 @@ class Param:
         return result
 
     def validate(self, value, function_name: str):
-        if value is None and (self.default is not None or not self.required):
-            return value
+        if value is None and (self.default is not None or not self.required) and self.type not in (SERIES_LIST, SERIES_LISTS):
+            return self.default
         options = self.all_options()
         if options and self.strict_options and self.type is not AGG_FUNC and value not in options:
             raise RenderError(f'Invalid option specified for function "{function_name}" parameter '
@@ -425,7 +449,7 @@ def format_path_expressions(series_list) -> str:
     for series in series_list:
         if series.pathExpression not in expressions:
             expressions.append(series.pathExpression)
-    return ",".join(expressions)
+    return ",".join(map(str, expressions))  # verticalLine() without a label has None
 
 
 def node_or_tag(series, n, path_expression=None) -> str:
@@ -456,12 +480,25 @@ def group_series(series_list, key_function) -> dict:
 def apply_callback(request, callback: str, series_list):
     """groupBy* callback: a registered aggregating function name or an aggregation name."""
     if callback in REGISTRY:
-        return REGISTRY[callback].function(request, series_list)[0]
+        function = REGISTRY[callback]
+        if function.is_async or any(param.required for param in function.params[1:]):
+            raise RenderError(f"{callback} cannot aggregate a group of series on its own")
+        return function.function(request, series_list)[0]
     return aggregate(request, series_list, callback)[0]
 
 
+def _require_finite(value: float, function: str, param: str) -> None:
+    """For numbers graphite-web formats with %d (an OverflowError, its 500, on inf)."""
+    if not math.isfinite(value):
+        raise RenderError(f'{function}(): parameter "{param}" must be a finite number, not {value!r}')
+
+
 def interval_seconds(text) -> int:
-    return parse_time_offset(text)
+    """Seconds of an interval argument; a RenderError (400) naming it when it is not one."""
+    try:
+        return parse_time_offset(_validate_string(text))
+    except ValueError:
+        raise RenderError(f"invalid interval {text!r}: use e.g. '5min', '-1h', '2d'") from None
 
 
 def bucket_seconds(text) -> int:
@@ -474,6 +511,8 @@ def bucket_seconds(text) -> int:
 
 def percentile(points, n, interpolate=False):
     """NIST percentile as graphite-web's _getPercentile (nearest rank unless interpolating)."""
+    if not 0 <= n <= 100:
+        raise RenderError(f"percentile {n!r} is not between 0 and 100")
     ordered = sorted(p for p in points if p is not None)
     if not ordered:
         return None
@@ -499,6 +538,8 @@ def format_units(value, system="si", units=None):
         "binary": (("Pi", 1024.0 ** 5), ("Ti", 1024.0 ** 4), ("Gi", 1024.0 ** 3), ("Mi", 1024.0 ** 2), ("Ki", 1024.0)),
         "si": (("P", 1000.0 ** 5), ("T", 1000.0 ** 4), ("G", 1000.0 ** 3), ("M", 1000.0 ** 2), ("k", 1000.0)),
     }[system]
+    if not math.isfinite(value):
+        return value, units or ""
     for prefix, size in prefixes:
         if abs(value) >= size:
             scaled = value / size
@@ -707,6 +748,8 @@ def asPercent(request, seriesList, total=None, *nodes):
     """Each series as a percentage of a total (a number, a series, matching series or their sum)."""
     x_files_factor = request.context.x_files_factor
     normalize([seriesList])
+    if isinstance(total, list) and not all(isinstance(series, TimeSeries) for series in total):
+        raise RenderError("asPercent total must be a series list, not lists of series")
     if nodes:
         groups = group_series(seriesList, lambda s: aggregation_key(s, nodes))
         keys = list(groups)
@@ -751,6 +794,8 @@ def asPercent(request, seriesList, total=None, *nodes):
             total_values = total[0]
             total_text = total_values.name
     else:
+        if isinstance(total, bool) or not isinstance(total, (int, float)):
+            raise RenderError(f"asPercent(): total {total!r} must be a number or a series list")
         total_values = [total] * len(seriesList[0])
         total_text = str(total)
 
@@ -1028,6 +1073,7 @@ def scale(request, seriesList, factor):
 ])
 def scaleToSeconds(request, seriesList, seconds):
     """Turn per-step values into per-``seconds`` values (value * seconds / step)."""
+    _require_finite(seconds, "scaleToSeconds", "seconds")
     for series in seriesList:
         series.tags["scaleToSeconds"] = seconds
         _rename(series, "scaleToSeconds(%s,%d)" % (series.name, seconds))
@@ -1041,6 +1087,13 @@ def scaleToSeconds(request, seriesList, seconds):
     return seriesList
 
 
+def _exp(value: float) -> float:
+    try:
+        return math.exp(value)
+    except OverflowError:  # graphite-web fails here (its 500); e to a large power is +inf
+        return INF
+
+
 @series_function("exp", group="Transform", params=[Param("seriesList", SERIES_LIST, required=True)])
 def exp(request, seriesList):
     """e raised to the power of each value."""
@@ -1048,7 +1101,7 @@ def exp(request, seriesList):
         series.tags["exp"] = "e"
         _rename(series, "exp(%s)" % series.name)
         for i, value in enumerate(series):
-            series[i] = None if value is None else math.exp(value)
+            series[i] = None if value is None else _exp(value)
     return seriesList
 
 
@@ -1058,6 +1111,7 @@ def exp(request, seriesList):
 ])
 def add(request, seriesList, constant):
     """Add a constant to every value."""
+    _require_finite(constant, "add", "constant")
     for series in seriesList:
         series.tags["add"] = constant
         _rename(series, "add(%s,%d)" % (series.name, constant))
@@ -1424,6 +1478,8 @@ def isNonNull(request, seriesList):
 ])
 def logarithm(request, seriesList, base=10):
     """Logarithm of every value (None for values <= 0)."""
+    if base <= 0 or base == 1:
+        raise RenderError(f"log(): base {base} must be positive and not 1")
     results = []
     for series in seriesList:
         values = [None if v is None or v <= 0 else math.log(v, base) for v in series]
@@ -1505,13 +1561,16 @@ def summarize(request, seriesList, intervalString, func="sum", alignToFrom=False
     Param("seriesList", SERIES_LIST, required=True),
     Param("intervalString", INTERVAL, required=True, suggestions=["10min", "1h", "1d"]),
     Param("func", AGG_FUNC, default="sum"),
-    Param("alignTo", STRING, options=[None, YEARS, MONTHS_UNIT, WEEKS, DAYS, HOURS, MINUTES, SECONDS, True, False],
+    Param("alignTo", ParamType("string"), options=[None, YEARS, MONTHS_UNIT, WEEKS, DAYS, HOURS, MINUTES, SECONDS, True, False],
           strict_options=False),
 ])
 async def smartSummarize(request, seriesList, intervalString, func="sum", alignTo=None):
     """summarize whose buckets start at ``from``, optionally first moved back to a unit boundary."""
     if alignTo is not None and not isinstance(alignTo, bool):
-        unit = unit_name(alignTo)
+        try:
+            unit = unit_name(_validate_string(alignTo))
+        except ValueError:
+            raise RenderError(f"smartSummarize(): alignTo {alignTo!r} is not a time unit") from None
         iso_weekday = int(alignTo[-1]) if unit == WEEKS and not alignTo[-1].isalpha() else 1
         start = _floor_to_unit(request.context.start, request.context.tz, unit, iso_weekday)
         seriesList = await request.evaluate_first_argument(start=start)
@@ -1576,7 +1635,7 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
 
 
 def _negative_by_default(interval: str) -> str:
-    return "-" + interval if interval[0].isdigit() else interval
+    return "-" + interval if interval[:1].isdigit() else interval
 
 
 @series_function("timeShift", group="Transform", params=[
@@ -1611,8 +1670,10 @@ async def timeShift(request, seriesList, timeShift, resetEnd=True, alignDst=Fals
 def _align_dst(context, start: int, end: int) -> tuple[int, int]:
     """Move a shifted range by an hour when it and the request are on different sides of DST."""
     def in_dst(timestamp):
-        offset = datetime.fromtimestamp(timestamp, context.tz).dst()
-        return bool(offset)
+        try:
+            return bool(datetime.fromtimestamp(timestamp, context.tz).dst())
+        except (ValueError, OverflowError, OSError):
+            raise RenderError("timeShift() moves the time range out of the years 1 to 9999") from None
     request_dst = (in_dst(context.start), in_dst(context.end))
     shifted_dst = (in_dst(start), in_dst(end))
     if all(request_dst) and not any(shifted_dst):
@@ -1634,6 +1695,8 @@ async def timeStack(request, seriesList, timeShiftUnit="1d", timeShiftStart=0, t
     delta = interval_seconds(timeShiftUnit)
     if not seriesList:
         return []
+    if timeShiftEnd - timeShiftStart > MAX_TIME_STACK:
+        raise QueryTooLarge(f"timeStack() asks for {timeShiftEnd - timeShiftStart} shifted copies, over {MAX_TIME_STACK}")
     reference = seriesList[0]
     results = []
     for shift in range(int(timeShiftStart), int(timeShiftEnd)):
@@ -1679,6 +1742,10 @@ def _parse_date(value, context) -> int:
 
 
 def _generated_times(context, step: int) -> list[int]:
+    if not isinstance(step, int) or step <= 0:
+        raise RenderError(f"step {step!r} must be a positive number of seconds")
+    if (context.end - context.start) // step > MAX_POINTS_PER_SERIES:
+        raise QueryTooLarge(f"{context.end - context.start} s at a {step} s step is more than {MAX_POINTS_PER_SERIES} points a series")
     return list(range(context.start, context.end, step))
 
 
@@ -1787,6 +1854,8 @@ async def exponentialMovingAverage(request, seriesList, windowSize):
     if isinstance(windowSize, str):
         preview_seconds = abs(interval_seconds(windowSize))
         constant = 2.0 / (int(preview_seconds) + 1)
+    elif windowSize < 0:
+        raise RenderError(f"exponentialMovingAverage(): windowSize {windowSize} is negative")
     else:
         preview_seconds = max(series.step for series in seriesList) * int(windowSize)
         constant = 2.0 / (int(windowSize) + 1)
@@ -1839,6 +1908,8 @@ def nPercentile(request, seriesList, n):
 ])
 def stdev(request, seriesList, points, windowTolerance=0.1):
     """Moving standard deviation over ``points`` points, None if too many are missing."""
+    if points <= 0:
+        raise RenderError(f"stdev(): points {points} must be positive")
     for index, series in enumerate(seriesList):
         series.tags["stdev"] = points
         result = series.copy(name="stdev(%s,%d)" % (series.name, int(points)), values=[])
@@ -2043,7 +2114,9 @@ def averageOutsidePercentile(request, seriesList, n):
         n = 100 - n
     low = percentile(averages, 100 - n)
     high = percentile(averages, n)
-    return [series for series in seriesList if not low < safe_avg(series) < high]
+    if low is None:  # no series has a value: none is inside the band
+        return seriesList
+    return [series for series, average in zip(seriesList, averages) if average is None or not low < average < high]
 
 
 @series_function("removeBetweenPercentile", group="Filter Series", params=N_FLOAT_PARAMS)
@@ -2106,8 +2179,16 @@ def grep(request, seriesList, pattern):
 def _compile(pattern):
     try:
         return re.compile(pattern)
-    except (re.error, TypeError) as error:
+    except (re.error, RecursionError, TypeError) as error:  # RecursionError: groups nested too deeply
         raise RenderError(f"invalid regular expression {pattern!r}: {error}") from None
+
+
+def _substitute(search, replace, name: str) -> str:
+    """re.sub with the user's pattern and replacement; a RenderError (400) when either is bad."""
+    try:
+        return _compile(search).sub(replace, str(name))  # verticalLine() without a label has no name
+    except re.error as error:
+        raise RenderError(f"invalid replacement {replace!r}: {error}") from None
 
 
 @series_function("removeEmptySeries", group="Filter Series", params=[
@@ -2141,7 +2222,7 @@ def unique(request, *seriesLists):
 ])
 async def useSeriesAbove(request, seriesList, value, search, replace):
     """For series whose maximum is above value, fetch the series named by a regex substitution."""
-    names = [re.sub(search, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
+    names = [_substitute(search, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
     if not names:
         return []
     found = await request.evaluate("group(%s)" % ",".join(names), request.context)
@@ -2275,12 +2356,8 @@ def alias(request, seriesList, newName):
 ])
 def aliasSub(request, seriesList, search, replace):
     """Rename with a regular-expression substitution (\\1 back-references)."""
-    regex = _compile(search)
     for series in seriesList:
-        try:
-            series.name = regex.sub(replace, series.name)
-        except re.error as error:
-            raise RenderError(f"invalid replacement {replace!r}: {error}") from None
+        series.name = _substitute(search, replace, series.name)
     return seriesList
 
 
@@ -2319,14 +2396,17 @@ def aliasByMetric(request, seriesList):
 async def aliasQuery(request, seriesList, search, replace, newName):
     """Rename with the last value of another series found by a regex substitution of the name."""
     for series in seriesList:
-        query = re.sub(search, replace, series.name)
+        query = _substitute(search, replace, series.name)
         found = await request.evaluate(query, request.context)
         if not found:
             raise RenderError("No series found with query: " + query)
         current = safe_last(found[0])
         if current is None:
             raise RenderError("Cannot get last value of series: " + found[0].name)
-        series.name = newName % current
+        try:
+            series.name = newName % current
+        except (TypeError, ValueError) as error:
+            raise RenderError(f"aliasQuery(): newName {newName!r} needs one %-placeholder for the value: {error}") from None
     return seriesList
 
 
@@ -2502,7 +2582,9 @@ def verticalLine(request, ts, label=None, color=None):
         raise RenderError("verticalLine(): timestamp %s exists before start of range" % timestamp)
     if timestamp > context.end:
         raise RenderError("verticalLine(): timestamp %s exists after end of range" % timestamp)
-    series = TimeSeries(label, timestamp, timestamp, 1.0, [1.0, 1.0], x_files_factor=context.x_files_factor)
+    # without a label graphite-web answers a series named None (tags {"name": "None"})
+    series = TimeSeries(label, timestamp, timestamp, 1, [1.0, 1.0], tags=None if label else {"name": label},
+                        x_files_factor=context.x_files_factor)
     series.options["drawAsInfinite"] = True
     if color:
         series.color = color
@@ -2617,10 +2699,15 @@ def cactiStyle(request, seriesList, system=None, units=None):
             return "%.2f %s" % (scaled, prefix) if units else "%.2f%s" % (scaled, prefix)
         return "%.2f %s" % (value, units) if units else "%.2f" % value
 
+    def width(value):
+        """graphite-web's column width, from the value's integer part (an infinity has none)."""
+        value = value or 3
+        return len(fmt(int(value) if math.isfinite(value) else value))
+
     name_width = max([0] + [len(series.name) for series in seriesList])
-    last_width = max([0] + [len(fmt(int(safe_last(s) or 3))) for s in seriesList]) + 3
-    max_width = max([0] + [len(fmt(int(safe_max(s) or 3))) for s in seriesList]) + 3
-    min_width = max([0] + [len(fmt(int(safe_min(s) or 3))) for s in seriesList]) + 3
+    last_width = max([0] + [width(safe_last(s)) for s in seriesList]) + 3
+    max_width = max([0] + [width(safe_max(s)) for s in seriesList]) + 3
+    min_width = max([0] + [width(safe_min(s)) for s in seriesList]) + 3
     for series in seriesList:
         last, maximum, minimum = safe_last(series), safe_max(series), safe_min(series)
         last = NAN if last is None else fmt(float(last))

@@ -38,13 +38,17 @@ class RejectLog:
         self._last: dict[tuple[str, str], float] = {}
 
     def __call__(self, protocol: str, rejects, peer: str) -> None:
-        now = time.monotonic()
+        """Count and log what a decoder refused."""
         for reject in rejects:
             metrics.SAMPLES_REJECTED.labels(protocol, reject.reason).inc()
-            key = (protocol, reject.reason)
-            if now - self._last.get(key, -self.interval) >= self.interval:
-                self._last[key] = now
-                log.warning("%s from %s: %s: %s (logged once per %ds per reason)", protocol, peer, reject.reason, reject.detail, self.interval)
+            self.log(protocol, reject.reason, reject.detail, peer)
+
+    def log(self, protocol: str, reason: str, detail, peer: str) -> None:
+        now = time.monotonic()
+        key = (protocol, reason)
+        if now - self._last.get(key, -self.interval) >= self.interval:
+            self._last[key] = now
+            log.warning("%s from %s: %s: %s (logged once per %ds per reason)", protocol, peer, reason, detail, self.interval)
 
 
 class GraphiteIngest:
@@ -128,10 +132,18 @@ class GraphiteIngest:
             self._writing += 1
             protocol, batch = self._take_batch()
             defer.ensureDeferred(self.pipeline.ingest(protocol, batch)).addCallbacks(
-                self._written, self._failed, callbackArgs=(batch,), errbackArgs=(protocol, batch)
+                self._stored, self._failed, callbackArgs=(protocol, batch), errbackArgs=(protocol, batch)
             )
             if self._queued < self.batch_size:
                 break  # a partial batch waits for more samples or the next completed write
+
+    def _stored(self, result, protocol: str, batch: list[Sample]) -> None:
+        """Log the samples the pipeline refused (it counted them; batches mix connections, so
+        no peer), then account for the write."""
+        for reject in result.rejected:
+            sample = batch[reject.index]
+            self.reject_log.log(protocol, reject.reason, f"{sample.metric_name[:200]!r}: {reject.field} {reject.problem}", "a sender")
+        self._written(None, batch)
 
     def _written(self, result, batch: list[Sample]) -> None:
         self._writing -= 1

@@ -45,7 +45,7 @@ def parse_expression(expression: str) -> TagMatcher:
     if operator in ("=~", "!=~"):
         try:
             regex = re.compile(value)
-        except re.error as error:
+        except (re.error, RecursionError) as error:  # RecursionError: groups nested too deeply
             raise BadTagExpression(f"{expression!r}: bad regex: {error}") from None
     return TagMatcher(NAME_TAG if tag == "name" else tag, _TYPES[operator], value, regex)
 

@@ -131,17 +131,19 @@ class PrometheusAPI:
         except prometheus.RemoteReadError as error:
             raise HTTPError(error.status, error.message) from None
         selections = [await self._select(tenant, query) for query in read_request.queries]
+        # Everything is read (at most --max-samples-per-query a query) before the status is sent,
+        # so a query over the limit is a 422 for streamed answers too, never a cut stream.
+        answers = []
+        for query, selection in zip(read_request.queries, selections):
+            answers.append([item async for item in self._read(selection, query)])
         if response_type == prometheus.SAMPLES:
-            answers = []
-            for query, selection in zip(read_request.queries, selections):
-                answers.append([item async for item in self._read(selection, query)])
             return Response(
                 200,
                 await threads.deferToThread(prometheus.encode_read_response, answers),
                 prometheus.SAMPLES_CONTENT_TYPE,
                 {"Content-Encoding": "snappy"},
             )
-        return Response(200, self._stream(read_request.queries, selections), prometheus.STREAMED_CONTENT_TYPE)
+        return Response(200, self._stream(answers), prometheus.STREAMED_CONTENT_TYPE)
 
     async def _select(self, tenant: str, query) -> list[tuple[dict[str, str], object]]:
         """Matching series with their Prometheus labels, sorted by labels as Prometheus merges them."""
@@ -167,10 +169,11 @@ class PrometheusAPI:
                 if len(read.samples):
                     yield labels, read.samples
 
-    async def _stream(self, queries, selections):
-        """STREAMED_XOR_CHUNKS frames, produced series by series as they are read."""
-        for index, (query, selection) in enumerate(zip(queries, selections)):
-            async for labels, found in self._read(selection, query):
+    @staticmethod
+    async def _stream(answers):
+        """STREAMED_XOR_CHUNKS frames, encoded series by series as they are sent."""
+        for index, answer in enumerate(answers):
+            for labels, found in answer:
                 for frame in prometheus.encode_chunked_series_frames(index, labels, found.points()):
                     yield frame
 

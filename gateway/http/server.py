@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from twisted.internet import defer
-from twisted.web import resource, server
+from twisted.web import http, resource, server
 
 from gateway import metrics
 from gateway.http.auth import Credentials, Unauthorized
@@ -73,8 +73,32 @@ class LimitedRequest(server.Request):
             super().handleContentChunk(data)
 
 
+class Channel(http.HTTPChannel):
+    """twisted.web closes the connection without a word when a request line or a header line is
+    over ``MAX_LENGTH`` (16 KiB): say why first, 414 for the request line, 431 for a header."""
+
+    def lineLengthExceeded(self, line):
+        if self._receivedHeaderSize == 0:  # nothing of this request parsed yet: its request line
+            status, reason = 414, b"URI Too Long"
+            message = f"the request line is over {self.MAX_LENGTH} bytes; send long parameters in a POST form body"
+        else:
+            status, reason = 431, b"Request Header Fields Too Large"
+            message = f"a request header is over {self.MAX_LENGTH} bytes"
+        body = json.dumps({"error": message}).encode()
+        head = f"HTTP/1.1 {status} ".encode() + reason
+        headers = f"\r\nContent-Type: {JSON}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        self.transport.write(head + headers + body)
+        self.loseConnection()
+
+
+def _channel(site):
+    """twisted's own channel factory (_genericHTTPChannelProtocolFactory) with our Channel."""
+    return http._GenericHTTPChannelProtocol(Channel())
+
+
 class Site(server.Site):
     requestFactory = LimitedRequest
+    protocol = _channel
     noisy = False
 
     def __init__(self, root: resource.Resource, max_body_bytes: int):

@@ -37,7 +37,7 @@ def _compile(pattern: str) -> re.Pattern[str]:
     # Prometheus anchors regexes at both ends and lets "." match newlines.
     try:
         return re.compile(pattern, re.DOTALL)
-    except re.error as exc:
+    except (re.error, RecursionError) as exc:  # RecursionError: groups nested too deeply
         raise RemoteReadError(400, f"invalid regular expression {pattern!r}: {exc}") from exc
 
 
