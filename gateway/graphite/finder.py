@@ -6,12 +6,12 @@ So ``a.*.c`` reads the children of ``a`` and then of each ``a.X``, and ``*.*.lea
 two levels of the tree, never the list of every metric. docs/graphite.rst has the figures.
 """
 
-import re
 from typing import NamedTuple
 
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway.store import Store
+from protocols.linear_regex import BadPattern, compile_regex, escape
 
 GLOB_CHARACTERS = set("*?[{")
 
@@ -37,7 +37,7 @@ def _translate(pattern: str) -> str:
         elif char == "[":
             end = pattern.find("]", index + 1)
             if end == -1:
-                out.append(re.escape(char))
+                out.append(escape(char))
             else:
                 body = pattern[index + 1 : end]
                 if body.startswith("!"):
@@ -47,23 +47,27 @@ def _translate(pattern: str) -> str:
         elif char == "{":
             end = pattern.find("}", index + 1)
             if end == -1:
-                out.append(re.escape(char))
+                out.append(escape(char))
             else:
                 alternatives = pattern[index + 1 : end].split(",")
                 out.append("(?:" + "|".join(_translate(a) for a in alternatives) + ")")
                 index = end
         else:
-            out.append(re.escape(char))
+            out.append(escape(char))
         index += 1
     return "".join(out)
 
 
 def component_matcher(pattern: str):
-    """A predicate for one path component, or None when the component is a literal."""
+    """A predicate for one path component, or None when the component is a literal; BadPattern for
+    a glob that is no regex (``[z-a]``)."""
     if not GLOB_CHARACTERS & set(pattern):
         return None
-    regex = re.compile(_translate(pattern) + r"\Z", re.DOTALL)
-    return lambda name: regex.match(name) is not None
+    try:
+        regex = compile_regex(_translate(pattern), dot_nl=True)
+    except BadPattern as error:
+        raise BadPattern(f"glob {pattern!r} is not valid: {error}") from None
+    return lambda name: regex.fullmatch(name) is not None
 
 
 def _join(parent: str, name: str) -> str:

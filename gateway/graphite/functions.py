@@ -25,6 +25,7 @@ from protocols.graphite.attime import (
     DAYS, HOURS, MINUTES, MONTHS_UNIT, SECONDS, WEEKS, YEARS, parse_at_time, parse_time_offset, unit_name,
 )
 from protocols.graphite.target import first_path_expression
+from protocols.linear_regex import BadPattern, compile_regex
 
 INF = float("inf")
 NAN = float("nan")
@@ -2104,10 +2105,18 @@ def grep(request, seriesList, pattern):
 
 
 def _compile(pattern):
+    """Client regexes are RE2's: linear time, so no pattern can stall the server."""
     try:
-        return re.compile(pattern)
-    except (re.error, TypeError) as error:
-        raise RenderError(f"invalid regular expression {pattern!r}: {error}") from None
+        return compile_regex(pattern)
+    except BadPattern as error:
+        raise RenderError(str(error)) from None
+
+
+def _substitute(regex, replace, name):
+    try:
+        return regex.sub(replace, name)
+    except (IndexError, KeyError, ValueError) as error:
+        raise RenderError(f"invalid replacement {replace!r}: {error}") from None
 
 
 @series_function("removeEmptySeries", group="Filter Series", params=[
@@ -2141,7 +2150,8 @@ def unique(request, *seriesLists):
 ])
 async def useSeriesAbove(request, seriesList, value, search, replace):
     """For series whose maximum is above value, fetch the series named by a regex substitution."""
-    names = [re.sub(search, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
+    regex = _compile(search)
+    names = [_substitute(regex, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
     if not names:
         return []
     found = await request.evaluate("group(%s)" % ",".join(names), request.context)
@@ -2277,10 +2287,7 @@ def aliasSub(request, seriesList, search, replace):
     """Rename with a regular-expression substitution (\\1 back-references)."""
     regex = _compile(search)
     for series in seriesList:
-        try:
-            series.name = regex.sub(replace, series.name)
-        except re.error as error:
-            raise RenderError(f"invalid replacement {replace!r}: {error}") from None
+        series.name = _substitute(regex, replace, series.name)
     return seriesList
 
 
@@ -2318,8 +2325,9 @@ def aliasByMetric(request, seriesList):
 ])
 async def aliasQuery(request, seriesList, search, replace, newName):
     """Rename with the last value of another series found by a regex substitution of the name."""
+    regex = _compile(search)
     for series in seriesList:
-        query = re.sub(search, replace, series.name)
+        query = _substitute(regex, replace, series.name)
         found = await request.evaluate(query, request.context)
         if not found:
             raise RenderError("No series found with query: " + query)

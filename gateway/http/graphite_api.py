@@ -26,6 +26,7 @@ from gateway.store import Store
 from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
 from protocols.graphite.tags import parse_path
+from protocols.linear_regex import BadPattern
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class GraphiteAPI:
         for target in targets:
             try:
                 series_list.extend(await evaluate_target(target, context, fetcher))
-            except RenderError as error:
+            except (RenderError, BadPattern) as error:
                 raise HTTPError(400, f"target {target!r}: {error}", field="target") from None
             except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError, KeyError) as error:
                 # Function arguments the validators let through; the user's target is at fault.

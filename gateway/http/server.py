@@ -21,6 +21,7 @@ from gateway.limits import RateLimited
 from gateway.model import DEFAULT_TENANT, InvalidSample, validate_tenant
 from gateway.query import QueryTooLarge
 from gateway.store import StoreUnavailable
+from protocols.linear_regex import BadPattern
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,8 @@ class Router(resource.Resource):
             return response._replace(headers={"Retry-After": str(error.retry_after_s)})
         if isinstance(error, QueryTooLarge):
             return json_response(422, {"error": str(error)})
+        if isinstance(error, BadPattern):
+            return json_response(400, {"error": str(error)})
         if isinstance(error, (StoreUnavailable, Overloaded)):
             log.warning("answering 503 to %s: %s", request.uri, error)
             response = json_response(503, {"error": f"the store cannot take this request now, retry later: {error}"})

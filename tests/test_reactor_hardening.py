@@ -1,0 +1,162 @@
+"""No single request stalls the server: hostile regexes and globs, render and query budgets, pickle
+frames that explode into samples. Each probe runs against a real gateway while /healthz requests
+are sent concurrently; /healthz must keep answering fast (p99 under 100 ms)."""
+
+import socket
+import statistics
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from protocols import prometheus
+from protocols.prometheus import Matcher, Query
+from tests.gatewayproc import GatewayProcess
+
+# Catastrophic backtracking for Python's re (seconds to hours against A_NAME), linear for RE2.
+PROBE_27 = "^" + "(a+)+" * 5 + "$"
+PROBE_40 = "^" + "(a+)+" * 7 + "(a)$"
+A_NAME = "a" * 40 + "b"
+GLOB_PROBE = "*a" * 12 + "*b"  # against a name of 40 "a" and no "b"
+HEALTHZ_P99_S = 0.1
+
+
+def test_probes_have_the_lengths_of_the_issue():
+    assert (len(PROBE_27), len(PROBE_40)) == (27, 40)
+
+
+@pytest.fixture(scope="module")
+def hostile_gateway(tmp_path_factory):
+    """One embedded-store gateway holding series whose names make backtracking regexes explode."""
+    gateway = GatewayProcess(tmp_path_factory.mktemp("reactor")).start()
+    now = int(time.time())
+    lines = (
+        f"hostile.{A_NAME} 1 {now - 60}\nhostile.{'a' * 40}.x 1 {now - 60}\n"
+        f"probe;host={A_NAME} 1 {now - 60}\nprobe;host=aaa 2 {now - 60}\n"
+    )
+    with socket.create_connection(("127.0.0.1", gateway.graphite_port), timeout=10) as connection:
+        connection.sendall(lines.encode())
+    deadline = time.monotonic() + 30
+    while gateway.get("/metrics/find?query=hostile.*").json() == [] or len(
+        gateway.get("/tags/findSeries?expr=name=probe").json()
+    ) < 2:
+        assert time.monotonic() < deadline, gateway.log()
+        time.sleep(0.1)
+    yield gateway
+    gateway.stop()
+
+
+def healthz_while(gateway, hostile, minimum: int = 60, clients: int = 4):
+    """Run ``hostile()`` and, concurrently, /healthz requests until it is done (at least
+    ``minimum`` of them); its answer, how long it took, and the /healthz latencies in seconds."""
+    done = threading.Event()
+    latencies = []
+
+    def probe():
+        while not done.is_set() or len(latencies) < minimum:
+            started = time.perf_counter()
+            assert gateway.get("/healthz", timeout=30).status == 200
+            latencies.append(time.perf_counter() - started)
+
+    with ThreadPoolExecutor(clients + 1) as pool:
+        probes = [pool.submit(probe) for _ in range(clients)]
+        started = time.perf_counter()
+        try:
+            answer = hostile()
+        finally:
+            elapsed = time.perf_counter() - started
+            done.set()
+        for future in probes:
+            future.result()
+    return answer, elapsed, latencies
+
+
+def p99(latencies) -> float:
+    return statistics.quantiles(latencies, n=100)[98]
+
+
+def assert_fast(gateway, hostile, budget_s: float = 1.0):
+    """The hostile request is answered within ``budget_s``, /healthz p99 under 100 ms meanwhile."""
+    answer, elapsed, latencies = healthz_while(gateway, hostile)
+    assert elapsed < budget_s, f"the hostile request took {elapsed:.2f} s"
+    assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms while it ran"
+    return answer
+
+
+def remote_read(gateway, pattern):
+    now_ms = int(time.time() * 1000)
+    query = Query(now_ms - 3_600_000, now_ms, [Matcher("EQ", "__name__", "probe"), Matcher("RE", "host", pattern)])
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+    return gateway.post("/api/v1/read", prometheus.encode_read_request([query]), headers=headers)
+
+
+def get(gateway, path, **params):
+    return lambda: gateway.get(path + "?" + urllib.parse.urlencode(params), timeout=60)
+
+
+@pytest.mark.parametrize("pattern", [PROBE_27, PROBE_40], ids=["27-chars", "40-chars"])
+def test_remote_read_regex_matcher_is_linear(hostile_gateway, pattern):
+    answer = assert_fast(hostile_gateway, lambda: remote_read(hostile_gateway, pattern))
+    assert answer.status == 200, answer.body
+    assert prometheus.decode_read_response(answer.body, 1 << 20) == [[]]
+
+
+def test_remote_read_regex_that_re2_cannot_compile_is_400(hostile_gateway):
+    answer = remote_read(hostile_gateway, r"(a)\1")
+    assert answer.status == 400 and repr(r"(a)\1") in answer.json()["error"], answer.body
+
+
+@pytest.mark.parametrize("pattern", [PROBE_27, PROBE_40], ids=["27-chars", "40-chars"])
+def test_series_by_tag_regex_is_linear(hostile_gateway, pattern):
+    target = f"seriesByTag('name=probe','host=~{pattern}')"
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/render", target=target, format="json", **{"from": "-1h"}))
+    assert answer.status == 200 and answer.json() == [], answer.body
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/tags/findSeries", expr=["name=probe", f"host=~{pattern}"]))
+    assert answer.status == 200 and answer.json() == [], answer.body
+
+
+@pytest.mark.parametrize("pattern", [PROBE_27, PROBE_40], ids=["27-chars", "40-chars"])
+def test_tag_filter_is_linear(hostile_gateway, pattern):
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/tags/host", filter=pattern))
+    assert answer.status == 200 and answer.json() == {"tag": "host", "values": []}, answer.body
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/tags", filter=pattern))
+    assert answer.status == 200 and answer.json() == [], answer.body
+
+
+@pytest.mark.parametrize("pattern", [PROBE_27, PROBE_40], ids=["27-chars", "40-chars"])
+def test_autocomplete_regex_is_linear(hostile_gateway, pattern):
+    expressions = ["name=probe", f"host=~{pattern}"]
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/tags/autoComplete/values", tag="host", expr=expressions))
+    assert answer.status == 200 and answer.json() == [], answer.body
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/tags/autoComplete/tags", expr=expressions))
+    assert answer.status == 200 and answer.json() == [], answer.body
+
+
+@pytest.mark.parametrize("pattern", [PROBE_27, PROBE_40], ids=["27-chars", "40-chars"])
+@pytest.mark.parametrize("function", ["grep", "exclude"])
+def test_grep_and_exclude_are_linear(hostile_gateway, pattern, function):
+    target = f"{function}(hostile.*,'{pattern}')"
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/render", target=target, format="json", **{"from": "-1h"}))
+    assert answer.status == 200, answer.body
+    assert [series["target"] for series in answer.json()] == ([] if function == "grep" else [f"hostile.{A_NAME}"])
+
+
+def test_regex_functions_refuse_backreferences_with_400(hostile_gateway):
+    for target in [r"grep(hostile.*,'(a)\1')", r"aliasSub(hostile.*,'(a)\1','x')", r"aliasSub(hostile.*,'(a)','\2')"]:
+        answer = hostile_gateway.get("/render?" + urllib.parse.urlencode({"target": target, "from": "-1h"}))
+        assert answer.status == 400, (target, answer.body)
+
+
+def test_find_glob_is_linear(hostile_gateway):
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/metrics/find", query=f"hostile.{GLOB_PROBE}"))
+    assert answer.status == 200 and [node["id"] for node in answer.json()] == [f"hostile.{A_NAME}"], answer.body
+    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/render", target=f"hostile.{GLOB_PROBE}.x", **{"from": "-1h"}))
+    assert answer.status == 200 and answer.json() == [], answer.body
+
+
+@pytest.mark.parametrize("glob", ["[z-a]", "a[]", "[!]"])
+def test_find_glob_that_is_no_regex_is_400(hostile_gateway, glob):
+    answer = hostile_gateway.get("/metrics/find?" + urllib.parse.urlencode({"query": f"hostile.{glob}"}))
+    assert answer.status == 400 and f"glob {glob!r}" in answer.json()["error"], answer.body
