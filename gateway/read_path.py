@@ -30,6 +30,7 @@ from gateway.store.contract import RawData, Rollup
 from gateway.store.layout import Granularity, Layout
 
 ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
+READ_BATCH = 256  # series an API reads at a time, counting samples against its limit in between
 
 
 class SeriesData(NamedTuple):

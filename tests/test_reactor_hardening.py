@@ -160,3 +160,76 @@ def test_find_glob_is_linear(hostile_gateway):
 def test_find_glob_that_is_no_regex_is_400(hostile_gateway, glob):
     answer = hostile_gateway.get("/metrics/find?" + urllib.parse.urlencode({"query": f"hostile.{glob}"}))
     assert answer.status == 400 and f"glob {glob!r}" in answer.json()["error"], answer.body
+
+
+def render(gateway, target, since, **params):
+    return get(gateway, "/render", target=target, format="json", **{"from": since}, **params)
+
+
+@pytest.mark.parametrize("target", [
+    "time('t',1)", "summarize(hostile.*,'1s')", "sinFunction('s',1,1)", "randomWalk('r',1)", "hitcount(time('t',60),'1s')",
+])
+def test_render_over_the_points_budget_is_422_before_the_work(hostile_gateway, target):
+    answer = assert_fast(hostile_gateway, render(hostile_gateway, target, "-1y"))
+    assert answer.status == 422 and "--max-points-per-query" in answer.json()["error"], answer.body
+
+
+def test_render_reading_over_the_points_budget_is_422(start_gateway):
+    gateway = start_gateway("--max-points-per-query", "1000")
+    now = int(time.time())
+    with socket.create_connection(("127.0.0.1", gateway.graphite_port), timeout=10) as connection:
+        connection.sendall(f"budget.a 1 {now - 60}\nbudget.b 2 {now - 60}\n".encode())
+    deadline = time.monotonic() + 30
+    while len(gateway.get("/metrics/find?query=budget.*").json()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert render(gateway, "budget.*", "-5h")().status == 200  # 2 series x 300 points
+    answer = render(gateway, "budget.*", "-1d")()  # 2 x 1440
+    assert answer.status == 422 and "reading budget.*" in answer.json()["error"], answer.body
+    for target in ["hitcount(budget.a,'1s')", "sinFunction('s',1,1)", "smartSummarize(budget.a,'1s')"]:
+        answer = render(gateway, target, "-1h")()
+        assert answer.status == 422 and "--max-points-per-query" in answer.json()["error"], (target, answer.body)
+
+
+@pytest.mark.parametrize("target", [
+    "hitcount(time('t',60),'1s')", "sinFunction('s',1,1)", "smartSummarize(sinFunction('s',1,1),'2s')",
+    "movingAverage(time('t',1),100)",
+])
+@pytest.mark.parametrize("max_data_points", ["", "1000"])
+def test_heavy_render_under_the_budget_keeps_healthz_fast(hostile_gateway, target, max_data_points):
+    """Thirty days of 1 s points (2.6 million) are computed and encoded off the reactor."""
+    params = {"maxDataPoints": max_data_points} if max_data_points else {}
+    answer, elapsed, latencies = healthz_while(hostile_gateway, render(hostile_gateway, target, "-30d", **params))
+    assert answer.status == 200, answer.body
+    assert len(answer.json()[0]["datapoints"]) >= (999 if max_data_points else 1_290_000)
+    assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms during a {elapsed:.1f} s render"
+
+
+def write_samples(gateway, metric: str, series: int, per_series: int, tenant: str = "default"):
+    """``series`` x ``per_series`` samples one second apart, ending a minute ago, by /api/write."""
+    end = int(time.time()) - 60
+    for index in range(series):
+        for first in range(0, per_series, 50_000):
+            items = [
+                {"metricName": metric, "tags": {"s": str(index)}, "ts": end - per_series + offset, "value": offset}
+                for offset in range(first, min(per_series, first + 50_000))
+            ]
+            answer = gateway.post("/api/write", items, headers={"X-Scope-OrgID": tenant}, timeout=120)
+            assert answer.status == 200, answer.body
+
+
+def test_api_query_over_the_points_budget_is_422(start_gateway):
+    gateway = start_gateway("--max-points-per-query", "1000")
+    write_samples(gateway, "budgeted", 2, 600)
+    query = get(gateway, "/api/query", metricName="budgeted", start="1h-ago")
+    answer = query()
+    assert answer.status == 422 and "--max-points-per-query" in answer.json()["error"], answer.body
+    answer = get(gateway, "/api/query", metricName="budgeted", tag="s=1", start="1h-ago")()
+    assert answer.status == 200 and len(answer.json()[0]["values"]) == 600, answer.body
+
+
+def test_api_query_of_720k_samples_keeps_healthz_fast(hostile_gateway):
+    write_samples(hostile_gateway, "many", 8, 90_000)
+    answer, elapsed, latencies = healthz_while(hostile_gateway, get(hostile_gateway, "/api/query", metricName="many", start="2d-ago"))
+    assert answer.status == 200 and sum(len(series["values"]) for series in answer.json()) == 720_000
+    assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms during a {elapsed:.1f} s query"

@@ -50,6 +50,14 @@ class Request:
         """Evaluate the first argument again with the context fields changed (start=..., end=...)."""
         return await self.evaluate(self.raw_args[0], replace(self.context, **changes))
 
+    async def compute(self, function, *args, **kwargs):
+        """Run CPU-bound work through the context's ``offload`` (a thread under the server), so
+        the event loop keeps serving other requests meanwhile; directly without one."""
+        offload = self.context.offload
+        if offload is None:
+            return function(*args, **kwargs)
+        return await offload(function, *args, **kwargs)
+
 
 # Safe aggregation helpers (None-aware), as graphite-web's functions/safe.py
 
@@ -1449,6 +1457,11 @@ def minMax(request, seriesList):
     return seriesList
 
 
+def _spend_buckets(request, spans: list[int], interval: int, what: str) -> None:
+    """Spend the buckets of ``interval`` seconds that series spanning ``spans`` seconds will get."""
+    _spend_points(request.context, sum(-(-span // interval) for span in spans), what)
+
+
 def _summarize_values(series, func, interval, new_start, new_end):
     """Bucket values into [t, t+interval) from new_start; a bucket also takes the point covering t."""
     function = get_agg_func(func)
@@ -1485,13 +1498,15 @@ def _summarize_values(series, func, interval, new_start, new_end):
 def summarize(request, seriesList, intervalString, func="sum", alignToFrom=False):
     """Aggregate values into fixed buckets, aligned to the interval (or to the series start)."""
     interval = bucket_seconds(intervalString)
-    results = []
+    bounds = []
     for series in seriesList:
         if alignToFrom:
-            new_start, new_end = series.start, series.end
+            bounds.append((series.start, series.end))
         else:
-            new_start = series.start - (series.start % interval)
-            new_end = series.end - (series.end % interval) + interval
+            bounds.append((series.start - (series.start % interval), series.end - (series.end % interval) + interval))
+    _spend_buckets(request, [end - start for start, end in bounds], interval, f"summarize(..., {intervalString!r})")
+    results = []
+    for series, (new_start, new_end) in zip(seriesList, bounds):
         values, aligned_end = _summarize_values(series, func, interval, new_start, new_end)
         if alignToFrom:
             new_end = aligned_end
@@ -1517,6 +1532,11 @@ async def smartSummarize(request, seriesList, intervalString, func="sum", alignT
         start = _floor_to_unit(request.context.start, request.context.tz, unit, iso_weekday)
         seriesList = await request.evaluate_first_argument(start=start)
     interval = bucket_seconds(intervalString)
+    _spend_buckets(request, [series.end - series.start for series in seriesList], interval, f"smartSummarize(..., {intervalString!r})")
+    return await request.compute(_smart_summarize, seriesList, intervalString, interval, func)
+
+
+def _smart_summarize(seriesList, intervalString, interval, func):
     results = []
     for series in seriesList:
         values, aligned_end = _summarize_values(series, func, interval, series.start, series.end)
@@ -1544,12 +1564,23 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
         for series in seriesList:
             count = int((series.end - series.start) // interval)
             series.end = series.start + count * interval + interval
+    _spend_buckets(request, [series.end - series.start for series in seriesList], interval, f"hitcount(..., {intervalString!r})")
+    return await request.compute(_hitcount, seriesList, intervalString, interval, alignToInterval)
+
+
+def _hitcount(seriesList, intervalString, interval, alignToInterval):
     results = []
     for series in seriesList:
         step = int(series.step)
         bucket_count = int(math.ceil(float(series.end - series.start) / interval))
-        buckets = [[] for _ in range(bucket_count)]
+        # running sums, None for a bucket without hits (not a list a bucket: millions of lists
+        # would keep the garbage collector, and so every thread, busy)
+        values = [None] * bucket_count
         new_start = int(series.end - bucket_count * interval)
+
+        def add(index, hits):
+            values[index] = (0 if values[index] is None else values[index]) + hits
+
         for i, value in enumerate(series):
             if value is None:
                 continue
@@ -1561,15 +1592,14 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
                 end_mod = interval
             if start_bucket == end_bucket:
                 if start_bucket >= 0:
-                    buckets[start_bucket].append(value * (end_mod - start_mod))
+                    add(start_bucket, value * (end_mod - start_mod))
             else:
                 if start_bucket >= 0:
-                    buckets[start_bucket].append(value * (interval - start_mod))
+                    add(start_bucket, value * (interval - start_mod))
                 for j in range(start_bucket + 1, end_bucket):
-                    buckets[j].append(value * interval)
+                    add(j, value * interval)
                 if end_mod > 0:
-                    buckets[end_bucket].append(value * end_mod)
-        values = [sum(bucket) if bucket else None for bucket in buckets]
+                    add(end_bucket, value * end_mod)
         series.tags["hitcount"] = intervalString
         name = 'hitcount(%s, "%s"%s)' % (series.name, intervalString, ", true" if alignToInterval else "")
         results.append(series.copy(name=name, start=new_start, step=interval, values=values))
@@ -1679,8 +1709,16 @@ def _parse_date(value, context) -> int:
         raise RenderError(str(error)) from None
 
 
-def _generated_times(context, step: int) -> list[int]:
-    return list(range(context.start, context.end, step))
+def _spend_points(context, points: int, what: str) -> None:
+    """Count points against the request's budget before building them (QueryTooLarge over it)."""
+    if context.budget is not None:
+        context.budget.spend(points, what)
+
+
+def _generated_times(context, step: int, what: str) -> range:
+    times = range(context.start, context.end, step)
+    _spend_points(context, len(times), what)
+    return times
 
 
 @series_function("time", "timeFunction", group="Transform", params=[
@@ -1690,7 +1728,7 @@ def _generated_times(context, step: int) -> list[int]:
 def timeFunction(request, name, step=60):
     """A series whose value is its own timestamp."""
     context = request.context
-    values = [float(t) for t in _generated_times(context, step)]
+    values = [float(t) for t in _generated_times(context, step, f"time({name!r}, {step})")]
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
 
 
@@ -1702,7 +1740,7 @@ def timeFunction(request, name, step=60):
 def sinFunction(request, name, amplitude=1, step=60):
     """A sine wave of the timestamp, times amplitude."""
     context = request.context
-    values = [math.sin(t) * amplitude for t in _generated_times(context, step)]
+    values = [math.sin(t) * amplitude for t in _generated_times(context, step, f"sinFunction({name!r}, {amplitude}, {step})")]
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
 
 
@@ -1717,9 +1755,14 @@ async def _moving_window(request, seriesList, windowSize, func, xFilesFactor, ta
         preview_seconds = abs(interval_seconds(windowSize))
     else:
         preview_seconds = max(series.step for series in seriesList) * int(windowSize)
+    fetched = await request.evaluate_first_argument(start=request.context.start - preview_seconds)
+    return await request.compute(_moving_window_values, fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name)
+
+
+def _moving_window_values(fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name):
     function = get_agg_func(func)
     results = []
-    for series in await request.evaluate_first_argument(start=request.context.start - preview_seconds):
+    for series in fetched:
         if isinstance(windowSize, str):
             name = '%s(%s,"%s")' % (tag_name, series.name, windowSize)
             window_points = preview_seconds // series.step
@@ -1791,8 +1834,13 @@ async def exponentialMovingAverage(request, seriesList, windowSize):
     else:
         preview_seconds = max(series.step for series in seriesList) * int(windowSize)
         constant = 2.0 / (int(windowSize) + 1)
+    fetched = await request.evaluate_first_argument(start=request.context.start - preview_seconds)
+    return await request.compute(_exponential_moving_average, fetched, windowSize, preview_seconds, constant)
+
+
+def _exponential_moving_average(fetched, windowSize, preview_seconds, constant):
     results = []
-    for series in await request.evaluate_first_argument(start=request.context.start - preview_seconds):
+    for series in fetched:
         if isinstance(windowSize, str):
             name = 'exponentialMovingAverage(%s,"%s")' % (series.name, windowSize)
             window_points = preview_seconds // series.step
@@ -1934,7 +1982,9 @@ def aggregateLine(request, seriesList, func="average", keepStep=False):
 def identity(request, name):
     """A series whose value is its timestamp, every 60 seconds."""
     context = request.context
-    series = TimeSeries(name, context.start, context.end, 60, list(range(context.start, context.end, 60)),
+    # a comprehension, not list(): one C call making millions of ints would hold the GIL throughout
+    times = [t for t in _generated_times(context, 60, f"identity({name!r})")]
+    series = TimeSeries(name, context.start, context.end, 60, times,
                         x_files_factor=context.x_files_factor)
     series.pathExpression = 'identity("%s")' % name
     return [series]
@@ -2648,7 +2698,7 @@ def randomWalkFunction(request, name, step=60):
     context = request.context
     values = []
     current = 0
-    for _ in _generated_times(context, step):
+    for _ in _generated_times(context, step, f"randomWalk({name!r}, {step})"):
         values.append(current)
         current += random.random() - 0.5
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]

@@ -20,6 +20,7 @@ from gateway.limits import TenantLimits
 from gateway.metadata_cache import SeenSeries
 from gateway.model import NAME_TAG, Sample, series_set_text
 from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.read_path import READ_BATCH
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
 from protocols import prometheus
@@ -27,7 +28,6 @@ from protocols import prometheus
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_REJECTS = 10
-READ_BATCH = 256
 
 
 def _header(request: server.Request, name: bytes) -> str | None:
