@@ -2,7 +2,9 @@
 frames that explode into samples. Each probe runs against a real gateway while /healthz requests
 are sent concurrently; /healthz must keep answering fast (p99 under 100 ms)."""
 
+import pickle
 import socket
+import struct
 import statistics
 import threading
 import time
@@ -233,3 +235,43 @@ def test_api_query_of_720k_samples_keeps_healthz_fast(hostile_gateway):
     answer, elapsed, latencies = healthz_while(hostile_gateway, get(hostile_gateway, "/api/query", metricName="many", start="2d-ago"))
     assert answer.status == 200 and sum(len(series["values"]) for series in answer.json()) == 720_000
     assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms during a {elapsed:.1f} s query"
+
+
+def pickle_frame(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+def metric_value(gateway, name: str) -> float:
+    for line in gateway.get("/metrics").body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_pickle_frame_of_dup_opcodes_is_refused_and_legal_large_frames_keep_healthz_fast(hostile_gateway):
+    now = int(time.time())
+    item = pickle.dumps((f"dup{now}.a", (now - 30, 1.5)), protocol=2)[2:-1]
+    dup = b"\x80\x02(" + item + b"2" * 1_000_000 + b"l."
+    legal = [pickle.dumps([(f"big{now}.s{i % 50}", (now - 86_400 + i // 50, float(i))) for i in range(first, first + 18_000)], protocol=2)
+             for first in range(0, 18_000, 18_000)]
+    good = pickle.dumps([(f"dup{now}.b", (now - 30, 2.5))], protocol=2)
+
+    def send():
+        with socket.create_connection(("127.0.0.1", hostile_gateway.pickle_port), timeout=30) as connection:
+            for payload in [good, dup, *legal, good.replace(b".b", b".c")]:
+                connection.sendall(pickle_frame(payload))
+        deadline = time.monotonic() + 60
+        while not get(hostile_gateway, "/api/query", metricName=f"dup{now}.c", start="1h-ago")().json():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    _, elapsed, latencies = healthz_while(hostile_gateway, send)
+    assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms while decoding for {elapsed:.1f} s"
+    rejected = 'tsgate_samples_rejected_total{protocol="graphite_pickle",reason="too_many_items"}'
+    assert metric_value(hostile_gateway, rejected) == 1
+    assert [len(series["values"]) for series in get(hostile_gateway, "/api/query", metricName=f"dup{now}.a", start="1h-ago")().json()] == []
+    assert get(hostile_gateway, "/api/query", metricName=f"dup{now}.b", start="1h-ago")().json()[0]["values"]
+    deadline = time.monotonic() + 60
+    while len(get(hostile_gateway, "/metrics/find", query=f"big{now}.*")().json()) < 50:
+        assert time.monotonic() < deadline, "the legal frames were not all stored"
+        time.sleep(0.1)
