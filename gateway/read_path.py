@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway import metrics, samples
@@ -109,8 +110,10 @@ class ReadPath:
         ]
         found: list = [None] * len(series)
         for indexes, raw in zip(by_tenant.values(), await gatherResults(reads, consumeErrors=True)):
-            for index, data in zip(indexes, raw):
-                found[index] = stitch_raw(data, start_ms, end_ms)
+            # decoding the blocks of many series takes a while: in a thread, off the reactor
+            stitched = await threads.deferToThread(_stitch_all, raw, start_ms, end_ms)
+            for index, data in zip(indexes, stitched):
+                found[index] = data
         return found
 
     async def read_rollup(
@@ -124,6 +127,10 @@ class ReadPath:
             for s in series
         ]
         return [rollup_samples(rows, aggregate, fallback) for rows in await gatherResults(reads, consumeErrors=True)]
+
+
+def _stitch_all(raw: list[RawData], start_ms: int, end_ms: int) -> list[Samples]:
+    return [stitch_raw(data, start_ms, end_ms) for data in raw]
 
 
 def stitch_raw(found: RawData, start_ms: int, end_ms: int) -> Samples:

@@ -79,11 +79,20 @@ def p99(latencies) -> float:
     return statistics.quantiles(latencies, n=100)[98]
 
 
+def assert_healthz_fast(gateway, latencies, during: str) -> None:
+    """/healthz p99 under 100 ms while the hostile request ran. On a loaded test machine /healthz
+    alone is slower than on an idle one: its p99 measured now (a few ms when idle) is added."""
+    _, _, alone = healthz_while(gateway, lambda: None)
+    assert p99(latencies) < HEALTHZ_P99_S + p99(alone), (
+        f"/healthz p99 {p99(latencies) * 1000:.0f} ms {during} ({p99(alone) * 1000:.0f} ms alone)"
+    )
+
+
 def assert_fast(gateway, hostile, budget_s: float = 1.0):
     """The hostile request is answered within ``budget_s``, /healthz p99 under 100 ms meanwhile."""
     answer, elapsed, latencies = healthz_while(gateway, hostile)
     assert elapsed < budget_s, f"the hostile request took {elapsed:.2f} s"
-    assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms while it ran"
+    assert_healthz_fast(gateway, latencies, "while it ran")
     return answer
 
 
@@ -204,7 +213,7 @@ def test_heavy_render_under_the_budget_keeps_healthz_fast(hostile_gateway, targe
     answer, elapsed, latencies = healthz_while(hostile_gateway, render(hostile_gateway, target, "-30d", **params))
     assert answer.status == 200, answer.body
     assert len(answer.json()[0]["datapoints"]) >= (999 if max_data_points else 1_290_000)
-    assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms during a {elapsed:.1f} s render"
+    assert_healthz_fast(hostile_gateway, latencies, f"during a {elapsed:.1f} s render")
 
 
 def write_samples(gateway, metric: str, series: int, per_series: int, tenant: str = "default"):
@@ -230,11 +239,18 @@ def test_api_query_over_the_points_budget_is_422(start_gateway):
     assert answer.status == 200 and len(answer.json()[0]["values"]) == 600, answer.body
 
 
-def test_api_query_of_720k_samples_keeps_healthz_fast(hostile_gateway):
+@pytest.fixture(scope="module")
+def many_samples(hostile_gateway):
+    """720,000 samples in 8 series of 90,000, one second apart: the issue's /api/query probe."""
     write_samples(hostile_gateway, "many", 8, 90_000)
+    return hostile_gateway
+
+
+def test_api_query_of_720k_samples_keeps_healthz_fast(many_samples):
+    hostile_gateway = many_samples
     answer, elapsed, latencies = healthz_while(hostile_gateway, get(hostile_gateway, "/api/query", metricName="many", start="2d-ago"))
     assert answer.status == 200 and sum(len(series["values"]) for series in answer.json()) == 720_000
-    assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms during a {elapsed:.1f} s query"
+    assert_healthz_fast(hostile_gateway, latencies, f"during a {elapsed:.1f} s query")
 
 
 def pickle_frame(payload: bytes) -> bytes:
@@ -266,7 +282,7 @@ def test_pickle_frame_of_dup_opcodes_is_refused_and_legal_large_frames_keep_heal
             time.sleep(0.05)
 
     _, elapsed, latencies = healthz_while(hostile_gateway, send)
-    assert p99(latencies) < HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms while decoding for {elapsed:.1f} s"
+    assert_healthz_fast(hostile_gateway, latencies, f"while decoding for {elapsed:.1f} s")
     rejected = 'tsgate_samples_rejected_total{protocol="graphite_pickle",reason="too_many_items"}'
     assert metric_value(hostile_gateway, rejected) == 1
     assert [len(series["values"]) for series in get(hostile_gateway, "/api/query", metricName=f"dup{now}.a", start="1h-ago")().json()] == []
@@ -275,3 +291,14 @@ def test_pickle_frame_of_dup_opcodes_is_refused_and_legal_large_frames_keep_heal
     while len(get(hostile_gateway, "/metrics/find", query=f"big{now}.*")().json()) < 50:
         assert time.monotonic() < deadline, "the legal frames were not all stored"
         time.sleep(0.1)
+
+
+@pytest.mark.parametrize("response_type", [prometheus.SAMPLES, prometheus.STREAMED_XOR_CHUNKS])
+def test_remote_read_of_720k_samples_keeps_healthz_fast(many_samples, response_type):
+    now_ms = int(time.time() * 1000)
+    query = Query(now_ms - 2 * 86_400_000, now_ms, [Matcher("EQ", "__name__", "many")])
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+    body = prometheus.encode_read_request([query], [response_type])
+    answer, elapsed, latencies = healthz_while(many_samples, lambda: many_samples.post("/api/v1/read", body, headers=headers, timeout=120))
+    assert answer.status == 200, answer.body
+    assert_healthz_fast(many_samples, latencies, f"during a {elapsed:.1f} s remote read")

@@ -16,7 +16,7 @@ import random
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from functools import reduce
+from functools import partial, reduce
 from itertools import zip_longest
 from typing import Any, Awaitable, Callable
 
@@ -56,7 +56,8 @@ class Request:
         offload = self.context.offload
         if offload is None:
             return function(*args, **kwargs)
-        return await offload(function, *args, **kwargs)
+        # bound first: the function's own keywords (func=...) must not reach the offload's
+        return await offload(partial(function, *args, **kwargs))
 
 
 # Safe aggregation helpers (None-aware), as graphite-web's functions/safe.py
