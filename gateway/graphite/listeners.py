@@ -230,7 +230,12 @@ class PickleProtocol(_StreamProtocol):
         if not self._lost:
             self.transport.pauseProducing()
         decoding = threads.deferToThread(self.decoder.feed, data, now_ms())
-        decoding.addCallback(self._decoded).addErrback(lambda failure: log.error("pickle decoding failed: %s", failure.getTraceback()))
+        decoding.addCallbacks(self._decoded, self._decode_failed)
+
+    def _decode_failed(self, failure) -> None:
+        """A decoder bug, not bad input (that is a reject): drop the connection, keep serving."""
+        log.error("pickle decoding failed; closing %s: %s", self.peer, failure.getTraceback())
+        self.transport.abortConnection()
 
     def _decoded(self, decoded) -> None:
         self._decoding = False
