@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway import metrics, samples
@@ -30,6 +31,7 @@ from gateway.store.contract import RawData, Rollup
 from gateway.store.layout import Granularity, Layout
 
 ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
+READ_BATCH = 256  # series an API reads at a time, counting samples against its limit in between
 
 # The times a read can ask for: 1970 to the end of the year 9999. Stores keep int64 milliseconds,
 # so a range is cut to these rather than overflowing (``end=9223372036854775807``, ``1e20``, or
@@ -120,8 +122,10 @@ class ReadPath:
         ]
         found: list = [None] * len(series)
         for indexes, raw in zip(by_tenant.values(), await gatherResults(reads, consumeErrors=True)):
-            for index, data in zip(indexes, raw):
-                found[index] = stitch_raw(data, start_ms, end_ms)
+            # decoding the blocks of many series takes a while: in a thread, off the reactor
+            stitched = await threads.deferToThread(_stitch_all, raw, start_ms, end_ms)
+            for index, data in zip(indexes, stitched):
+                found[index] = data
         return found
 
     async def read_rollup(
@@ -136,6 +140,10 @@ class ReadPath:
             for s in series
         ]
         return [rollup_samples(rows, aggregate, fallback) for rows in await gatherResults(reads, consumeErrors=True)]
+
+
+def _stitch_all(raw: list[RawData], start_ms: int, end_ms: int) -> list[Samples]:
+    return [stitch_raw(data, start_ms, end_ms) for data in raw]
 
 
 def stitch_raw(found: RawData, start_ms: int, end_ms: int) -> Samples:

@@ -199,20 +199,26 @@ def encode_json(document: Any) -> bytes:
     return json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
+# Samples encoded by one json.dumps: a call holds the GIL throughout (a million samples, about
+# a second), so even from a thread a whole answer in one call would stall the event loop.
+SAMPLES_PER_CALL = 65536
+
+
 def encode_query_results(results) -> bytes:
     """Seed 000's query answer: [{tenant, metricName, tags, values: {ISO time: value}}]. Each
-    result has tenant, metric_name, tags and samples (numpy timestamps in ms and float values)."""
-    return encode_json(
-        [
-            {
-                "tenant": result.tenant,
-                "metricName": result.metric_name,
-                "tags": result.tags,
-                "values": dict(zip(iso_times(result.samples.timestamps), map(json_value, result.samples.values.tolist()))),
-            }
-            for result in results
+    result has tenant, metric_name, tags and samples (numpy timestamps in ms and float values).
+    Encoded SAMPLES_PER_CALL samples at a time, the pieces joined as one json.dumps writes them."""
+    documents = []
+    for result in results:
+        head = encode_json({"tenant": result.tenant, "metricName": result.metric_name, "tags": result.tags})
+        timestamps, values = result.samples
+        pieces = [
+            encode_json(dict(zip(iso_times(timestamps[first : first + SAMPLES_PER_CALL]),
+                                 map(json_value, values[first : first + SAMPLES_PER_CALL].tolist()))))[1:-1]
+            for first in range(0, len(timestamps), SAMPLES_PER_CALL)
         ]
-    )
+        documents.append(b"%s, \"values\": {%s}}" % (head[:-1], b", ".join(pieces)))
+    return b"[%s]" % b", ".join(documents)
 
 
 def iso_times(timestamps_ms: np.ndarray) -> list[str]:

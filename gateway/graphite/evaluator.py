@@ -9,7 +9,7 @@ time range (timeShift, moving windows, ...) evaluate their first argument again 
 
 from dataclasses import dataclass, field
 from datetime import timezone, tzinfo
-from typing import Protocol
+from typing import Callable, Protocol
 
 from gateway.graphite.functions import REGISTRY, EmptyResult, RenderError, Request
 from gateway.graphite.series import TimeSeries
@@ -28,6 +28,8 @@ class RenderContext:
     x_files_factor: float = 0.0  # the request's xFilesFactor; setXFilesFactor changes it
     max_data_points: int | None = None
     stacks: dict = field(default_factory=dict)  # stacked() running totals, shared by copies
+    budget: object = None  # the request's query.PointsBudget, shared by copies; None: unbounded
+    offload: Callable | None = None  # runs a function's CPU-bound work elsewhere (deferToThread); None: inline
 
 
 class Fetcher(Protocol):
@@ -119,6 +121,6 @@ async def _call(node: Call, context: RenderContext, fetcher: Fetcher):
     try:
         if function.is_async:
             return await function.function(request, *args, **kwargs)
-        return function.function(request, *args, **kwargs)
+        return await request.compute(function.function, request, *args, **kwargs)
     except EmptyResult:
         return []

@@ -16,7 +16,7 @@ import random
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from functools import reduce
+from functools import partial, reduce
 from itertools import zip_longest
 from typing import Any, Awaitable, Callable
 
@@ -26,6 +26,7 @@ from protocols.graphite.attime import (
     DAYS, HOURS, MINUTES, MONTHS_UNIT, SECONDS, WEEKS, YEARS, parse_at_time, parse_time_offset, unit_name,
 )
 from protocols.graphite.target import first_path_expression
+from protocols.linear_regex import BadPattern, compile_regex
 
 INF = float("inf")
 NAN = float("nan")
@@ -58,6 +59,15 @@ class Request:
     async def evaluate_first_argument(self, **changes) -> list:
         """Evaluate the first argument again with the context fields changed (start=..., end=...)."""
         return await self.evaluate(self.raw_args[0], replace(self.context, **changes))
+
+    async def compute(self, function, *args, **kwargs):
+        """Run CPU-bound work through the context's ``offload`` (a thread under the server), so
+        the event loop keeps serving other requests meanwhile; directly without one."""
+        offload = self.context.offload
+        if offload is None:
+            return function(*args, **kwargs)
+        # bound first: the function's own keywords (func=...) must not reach the offload's
+        return await offload(partial(function, *args, **kwargs))
 
 
 # Safe aggregation helpers (None-aware), as graphite-web's functions/safe.py
@@ -1504,6 +1514,11 @@ def minMax(request, seriesList):
     return seriesList
 
 
+def _spend_buckets(request, spans: list[int], interval: int, what: str) -> None:
+    """Spend the buckets of ``interval`` seconds that series spanning ``spans`` seconds will get."""
+    _spend_points(request.context, sum(-(-span // interval) for span in spans), what)
+
+
 def _summarize_values(series, func, interval, new_start, new_end):
     """Bucket values into [t, t+interval) from new_start; a bucket also takes the point covering t."""
     function = get_agg_func(func)
@@ -1540,13 +1555,15 @@ def _summarize_values(series, func, interval, new_start, new_end):
 def summarize(request, seriesList, intervalString, func="sum", alignToFrom=False):
     """Aggregate values into fixed buckets, aligned to the interval (or to the series start)."""
     interval = bucket_seconds(intervalString)
-    results = []
+    bounds = []
     for series in seriesList:
         if alignToFrom:
-            new_start, new_end = series.start, series.end
+            bounds.append((series.start, series.end))
         else:
-            new_start = series.start - (series.start % interval)
-            new_end = series.end - (series.end % interval) + interval
+            bounds.append((series.start - (series.start % interval), series.end - (series.end % interval) + interval))
+    _spend_buckets(request, [end - start for start, end in bounds], interval, f"summarize(..., {intervalString!r})")
+    results = []
+    for series, (new_start, new_end) in zip(seriesList, bounds):
         values, aligned_end = _summarize_values(series, func, interval, new_start, new_end)
         if alignToFrom:
             new_end = aligned_end
@@ -1575,6 +1592,11 @@ async def smartSummarize(request, seriesList, intervalString, func="sum", alignT
         start = _floor_to_unit(request.context.start, request.context.tz, unit, iso_weekday)
         seriesList = await request.evaluate_first_argument(start=start)
     interval = bucket_seconds(intervalString)
+    _spend_buckets(request, [series.end - series.start for series in seriesList], interval, f"smartSummarize(..., {intervalString!r})")
+    return await request.compute(_smart_summarize, seriesList, intervalString, interval, func)
+
+
+def _smart_summarize(seriesList, intervalString, interval, func):
     results = []
     for series in seriesList:
         values, aligned_end = _summarize_values(series, func, interval, series.start, series.end)
@@ -1602,12 +1624,23 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
         for series in seriesList:
             count = int((series.end - series.start) // interval)
             series.end = series.start + count * interval + interval
+    _spend_buckets(request, [series.end - series.start for series in seriesList], interval, f"hitcount(..., {intervalString!r})")
+    return await request.compute(_hitcount, seriesList, intervalString, interval, alignToInterval)
+
+
+def _hitcount(seriesList, intervalString, interval, alignToInterval):
     results = []
     for series in seriesList:
         step = int(series.step)
         bucket_count = int(math.ceil(float(series.end - series.start) / interval))
-        buckets = [[] for _ in range(bucket_count)]
+        # running sums, None for a bucket without hits (not a list a bucket: millions of lists
+        # would keep the garbage collector, and so every thread, busy)
+        values = [None] * bucket_count
         new_start = int(series.end - bucket_count * interval)
+
+        def add(index, hits):
+            values[index] = (0 if values[index] is None else values[index]) + hits
+
         for i, value in enumerate(series):
             if value is None:
                 continue
@@ -1619,15 +1652,14 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
                 end_mod = interval
             if start_bucket == end_bucket:
                 if start_bucket >= 0:
-                    buckets[start_bucket].append(value * (end_mod - start_mod))
+                    add(start_bucket, value * (end_mod - start_mod))
             else:
                 if start_bucket >= 0:
-                    buckets[start_bucket].append(value * (interval - start_mod))
+                    add(start_bucket, value * (interval - start_mod))
                 for j in range(start_bucket + 1, end_bucket):
-                    buckets[j].append(value * interval)
+                    add(j, value * interval)
                 if end_mod > 0:
-                    buckets[end_bucket].append(value * end_mod)
-        values = [sum(bucket) if bucket else None for bucket in buckets]
+                    add(end_bucket, value * end_mod)
         series.tags["hitcount"] = intervalString
         name = 'hitcount(%s, "%s"%s)' % (series.name, intervalString, ", true" if alignToInterval else "")
         results.append(series.copy(name=name, start=new_start, step=interval, values=values))
@@ -1741,12 +1773,18 @@ def _parse_date(value, context) -> int:
         raise RenderError(str(error)) from None
 
 
-def _generated_times(context, step: int) -> list[int]:
+def _spend_points(context, points: int, what: str) -> None:
+    """Count points against the request's budget before building them (QueryTooLarge over it)."""
+    if context.budget is not None:
+        context.budget.spend(points, what)
+
+
+def _generated_times(context, step: int, what: str) -> range:
     if not isinstance(step, int) or step <= 0:
         raise RenderError(f"step {step!r} must be a positive number of seconds")
-    if (context.end - context.start) // step > MAX_POINTS_PER_SERIES:
-        raise QueryTooLarge(f"{context.end - context.start} s at a {step} s step is more than {MAX_POINTS_PER_SERIES} points a series")
-    return list(range(context.start, context.end, step))
+    times = range(context.start, context.end, step)
+    _spend_points(context, len(times), what)
+    return times
 
 
 @series_function("time", "timeFunction", group="Transform", params=[
@@ -1756,7 +1794,7 @@ def _generated_times(context, step: int) -> list[int]:
 def timeFunction(request, name, step=60):
     """A series whose value is its own timestamp."""
     context = request.context
-    values = [float(t) for t in _generated_times(context, step)]
+    values = [float(t) for t in _generated_times(context, step, f"time({name!r}, {step})")]
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
 
 
@@ -1768,7 +1806,7 @@ def timeFunction(request, name, step=60):
 def sinFunction(request, name, amplitude=1, step=60):
     """A sine wave of the timestamp, times amplitude."""
     context = request.context
-    values = [math.sin(t) * amplitude for t in _generated_times(context, step)]
+    values = [math.sin(t) * amplitude for t in _generated_times(context, step, f"sinFunction({name!r}, {amplitude}, {step})")]
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
 
 
@@ -1783,9 +1821,14 @@ async def _moving_window(request, seriesList, windowSize, func, xFilesFactor, ta
         preview_seconds = abs(interval_seconds(windowSize))
     else:
         preview_seconds = max(series.step for series in seriesList) * int(windowSize)
+    fetched = await request.evaluate_first_argument(start=request.context.start - preview_seconds)
+    return await request.compute(_moving_window_values, fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name)
+
+
+def _moving_window_values(fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name):
     function = get_agg_func(func)
     results = []
-    for series in await request.evaluate_first_argument(start=request.context.start - preview_seconds):
+    for series in fetched:
         if isinstance(windowSize, str):
             name = '%s(%s,"%s")' % (tag_name, series.name, windowSize)
             window_points = preview_seconds // series.step
@@ -1859,8 +1902,13 @@ async def exponentialMovingAverage(request, seriesList, windowSize):
     else:
         preview_seconds = max(series.step for series in seriesList) * int(windowSize)
         constant = 2.0 / (int(windowSize) + 1)
+    fetched = await request.evaluate_first_argument(start=request.context.start - preview_seconds)
+    return await request.compute(_exponential_moving_average, fetched, windowSize, preview_seconds, constant)
+
+
+def _exponential_moving_average(fetched, windowSize, preview_seconds, constant):
     results = []
-    for series in await request.evaluate_first_argument(start=request.context.start - preview_seconds):
+    for series in fetched:
         if isinstance(windowSize, str):
             name = 'exponentialMovingAverage(%s,"%s")' % (series.name, windowSize)
             window_points = preview_seconds // series.step
@@ -2004,7 +2052,9 @@ def aggregateLine(request, seriesList, func="average", keepStep=False):
 def identity(request, name):
     """A series whose value is its timestamp, every 60 seconds."""
     context = request.context
-    series = TimeSeries(name, context.start, context.end, 60, list(range(context.start, context.end, 60)),
+    # a comprehension, not list(): one C call making millions of ints would hold the GIL throughout
+    times = [t for t in _generated_times(context, 60, f"identity({name!r})")]
+    series = TimeSeries(name, context.start, context.end, 60, times,
                         x_files_factor=context.x_files_factor)
     series.pathExpression = 'identity("%s")' % name
     return [series]
@@ -2177,17 +2227,18 @@ def grep(request, seriesList, pattern):
 
 
 def _compile(pattern):
+    """Client regexes are RE2's: linear time, so no pattern can stall the server."""
     try:
-        return re.compile(pattern)
-    except (re.error, RecursionError, TypeError) as error:  # RecursionError: groups nested too deeply
-        raise RenderError(f"invalid regular expression {pattern!r}: {error}") from None
+        return compile_regex(pattern)
+    except BadPattern as error:
+        raise RenderError(str(error)) from None
 
 
-def _substitute(search, replace, name: str) -> str:
-    """re.sub with the user's pattern and replacement; a RenderError (400) when either is bad."""
+def _substitute(regex, replace, name) -> str:
+    """regex.sub with the user's replacement; a RenderError (400) when it is bad."""
     try:
-        return _compile(search).sub(replace, str(name))  # verticalLine() without a label has no name
-    except re.error as error:
+        return regex.sub(replace, str(name))  # verticalLine() without a label has no name
+    except (IndexError, KeyError, ValueError) as error:
         raise RenderError(f"invalid replacement {replace!r}: {error}") from None
 
 
@@ -2222,7 +2273,8 @@ def unique(request, *seriesLists):
 ])
 async def useSeriesAbove(request, seriesList, value, search, replace):
     """For series whose maximum is above value, fetch the series named by a regex substitution."""
-    names = [_substitute(search, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
+    regex = _compile(search)
+    names = [_substitute(regex, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
     if not names:
         return []
     found = await request.evaluate("group(%s)" % ",".join(names), request.context)
@@ -2356,8 +2408,9 @@ def alias(request, seriesList, newName):
 ])
 def aliasSub(request, seriesList, search, replace):
     """Rename with a regular-expression substitution (\\1 back-references)."""
+    regex = _compile(search)
     for series in seriesList:
-        series.name = _substitute(search, replace, series.name)
+        series.name = _substitute(regex, replace, series.name)
     return seriesList
 
 
@@ -2395,8 +2448,9 @@ def aliasByMetric(request, seriesList):
 ])
 async def aliasQuery(request, seriesList, search, replace, newName):
     """Rename with the last value of another series found by a regex substitution of the name."""
+    regex = _compile(search)
     for series in seriesList:
-        query = _substitute(search, replace, series.name)
+        query = _substitute(regex, replace, series.name)
         found = await request.evaluate(query, request.context)
         if not found:
             raise RenderError("No series found with query: " + query)
@@ -2727,7 +2781,7 @@ def randomWalkFunction(request, name, step=60):
     context = request.context
     values = []
     current = 0
-    for _ in _generated_times(context, step):
+    for _ in _generated_times(context, step, f"randomWalk({name!r}, {step})"):
         values.append(current)
         current += random.random() - 0.5
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]

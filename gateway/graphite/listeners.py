@@ -16,7 +16,7 @@ import logging
 import time
 from collections import deque
 
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, threads
 from twisted.internet.protocol import DatagramProtocol, Factory, Protocol
 
 from gateway import metrics
@@ -95,6 +95,11 @@ class GraphiteIngest:
     def refusing(self) -> bool:
         """What UDP asks before taking a datagram: the backlog is full or the tenant is limited."""
         return self.full or time.monotonic() < self._limited_until
+
+    @property
+    def paused(self) -> bool:
+        """True while backpressure keeps the TCP connections from reading."""
+        return self._paused
 
     def _pause(self) -> None:
         if not self._paused:
@@ -217,17 +222,23 @@ class _StreamProtocol(Protocol):
         self.ingest.register(self.transport)
 
     def dataReceived(self, data: bytes):
-        samples, rejects = self.decoder.feed(data, now_ms())
+        self._submit(self.decoder.feed(data, now_ms()))
+
+    def _submit(self, decoded) -> None:
+        samples, rejects = decoded
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
         tenant = self.tenant
         self.ingest.submit(self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples])
 
     def connectionLost(self, reason=None):
+        self.ingest.unregister(self.transport)
+        self._finish()
+
+    def _finish(self) -> None:
         rejects = self.decoder.finish()
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
-        self.ingest.unregister(self.transport)
 
 
 class PlaintextProtocol(_StreamProtocol):
@@ -235,7 +246,52 @@ class PlaintextProtocol(_StreamProtocol):
 
 
 class PickleProtocol(_StreamProtocol):
+    """Pickle decodes in a thread: a 1 MB frame is up to 130,000 items, hundreds of ms of Python
+    that must not hold the reactor. One decode at a time per connection, in arrival order; the
+    connection stops reading meanwhile, so what waits for the decoder stays small."""
+
     protocol_name = "graphite_pickle"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._received: list[bytes] = []
+        self._decoding = False
+        self._lost = False
+
+    def dataReceived(self, data: bytes):
+        self._received.append(data)
+        if not self._decoding:
+            self._decode()
+
+    def _decode(self) -> None:
+        data = b"".join(self._received)
+        self._received = []
+        self._decoding = True
+        if not self._lost:
+            self.transport.pauseProducing()
+        decoding = threads.deferToThread(self.decoder.feed, data, now_ms())
+        decoding.addCallbacks(self._decoded, self._decode_failed)
+
+    def _decode_failed(self, failure) -> None:
+        """A decoder bug, not bad input (that is a reject): drop the connection, keep serving."""
+        log.error("pickle decoding failed; closing %s: %s", self.peer, failure.getTraceback())
+        self.transport.abortConnection()
+
+    def _decoded(self, decoded) -> None:
+        self._decoding = False
+        self._submit(decoded)
+        if self._received:
+            self._decode()
+        elif self._lost:
+            self._finish()
+        elif not self.ingest.paused:
+            self.transport.resumeProducing()
+
+    def connectionLost(self, reason=None):
+        self._lost = True
+        self.ingest.unregister(self.transport)
+        if not self._decoding:
+            self._finish()
 
 
 class PlaintextFactory(Factory):

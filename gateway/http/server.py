@@ -5,6 +5,7 @@ become 4xx JSON answers; a store that cannot answer becomes 503 (so senders retr
 else is logged and becomes 500.
 """
 
+import io
 import json
 import logging
 import time
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from twisted.internet import defer
+from twisted.protocols.basic import FileSender
 from twisted.web import http, resource, server
 
 from gateway import metrics
@@ -22,10 +24,12 @@ from gateway.limits import RateLimited
 from gateway.model import DEFAULT_TENANT, InvalidSample, validate_tenant
 from gateway.query import QueryTooLarge
 from gateway.store import StoreUnavailable
+from protocols.linear_regex import BadPattern
 
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+LARGE_BODY_BYTES = 1 << 20  # answers past this size are written as the client takes them
 
 
 class Response(NamedTuple):
@@ -310,6 +314,8 @@ class Router(resource.Resource):
             return response._replace(headers={"Retry-After": str(error.retry_after_s)})
         if isinstance(error, QueryTooLarge):
             return json_response(422, {"error": str(error)})
+        if isinstance(error, BadPattern):
+            return json_response(400, {"error": str(error)})
         if isinstance(error, (StoreUnavailable, Overloaded)):
             log.warning("answering 503 to %s: %s", request.uri, error)
             response = json_response(503, {"error": f"the store cannot take this request now, retry later: {error}"})
@@ -326,7 +332,9 @@ class Router(resource.Resource):
             request.setHeader(b"content-type", response.content_type.encode())
             for header, value in response.headers.items():
                 request.setHeader(header.encode(), value.encode())
-            if isinstance(response.body, bytes):
+            if isinstance(response.body, bytes) and len(response.body) > LARGE_BODY_BYTES:
+                await self._write_large(response.body, request)
+            elif isinstance(response.body, bytes):
                 request.write(response.body)
             else:
                 await self._stream(response.body, request)
@@ -336,6 +344,15 @@ class Router(resource.Resource):
             metrics.HTTP_REQUESTS.labels(name, _method_label(request.method), str(status)).observe(
                 time.perf_counter() - started
             )
+
+    @staticmethod
+    async def _write_large(body: bytes, request: server.Request) -> None:
+        """Write a large body 16 KB at a time as the socket drains (a pull producer): written at
+        once, Twisted would copy all of it in one piece on the reactor (~50 ms for 80 MB)."""
+        try:
+            await FileSender().beginFileTransfer(io.BytesIO(body), request)
+        except Exception:  # FileSender's way of saying the client went away
+            request.client_gone = True
 
     @staticmethod
     async def _stream(chunks, request: server.Request) -> None:
