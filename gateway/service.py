@@ -177,6 +177,10 @@ def run(config: Config, worker: Worker | None = None) -> int:
     outcome = {"code": 0}
 
     def started_or_failed():
+        # Registered before starting: whatever start() got running (the store's thread pools
+        # above all, which would keep the process alive after the reactor stops) is stopped
+        # the same way after a failed start as after SIGTERM.
+        reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(gateway.stop()))
         deferred = defer.ensureDeferred(gateway.start())
 
         def failed(failure):
@@ -184,13 +188,12 @@ def run(config: Config, worker: Worker | None = None) -> int:
             outcome["code"] = 1
             reactor.stop()
 
-        def stop_on_shutdown(_):
-            reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(gateway.stop()))
+        def started(_):
             if worker is not None:
                 worker.announce_ready()
                 LoopingCall(_stop_if_orphaned, worker.supervisor_pid).start(1.0, now=False)
 
-        deferred.addCallbacks(stop_on_shutdown, failed)
+        deferred.addCallbacks(started, failed)
 
     reactor.callWhenRunning(started_or_failed)
     # A process started in the background by a non-interactive shell inherits SIGINT ignored,

@@ -24,6 +24,14 @@ def downsample_once(*args: str) -> str:
     return result.stdout
 
 
+def tsgate_serve(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `tsgate serve` until it exits by itself (no carbon listeners unless asked); its result and run time."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--graphite", "", "--pickle", "", "--data-dir", str(tmp_path / "d"), *args]
+    result = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=timeout)
+    return result, time.monotonic() - started
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
