@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from twisted.internet import defer
-from twisted.web import resource, server
+from twisted.web import http, resource, server
 
 from gateway import metrics
+from gateway.connections import Connections
 from gateway.ingest import Overloaded
 from gateway.limits import RateLimited
 from gateway.model import DEFAULT_TENANT, InvalidSample, validate_tenant
@@ -71,13 +72,76 @@ class LimitedRequest(server.Request):
             super().handleContentChunk(data)
 
 
+class Channel(http.HTTPChannel):
+    """An HTTP connection counted in the gateway's connection cap and closed gracefully at shutdown.
+
+    The idle timeout (Site ``timeout``) is not restarted by the bytes of an incomplete request
+    head: a client sending its headers slowly is closed like an idle one, however it trickles.
+    """
+
+    awaiting_headers = True
+
+    @property
+    def evictable(self) -> bool:
+        """No request under way: what the connection cap may close for a new connection."""
+        return self.awaiting_headers
+
+    def connectionMade(self):
+        super().connectionMade()
+        self.site.connections.opened(self)
+
+    def connectionLost(self, reason):
+        super().connectionLost(reason)
+        self.site.connections.closed(self)
+
+    def resetTimeout(self):
+        if not self.awaiting_headers:
+            super().resetTimeout()
+
+    def allHeadersReceived(self):
+        self.awaiting_headers = False
+        super().allHeadersReceived()
+
+    def requestDone(self, request):
+        self.awaiting_headers = True  # before the next pipelined request is parsed
+        super().requestDone(request)
+
+    def timeoutConnection(self):
+        metrics.IDLE_CLOSED.labels("http").inc()
+        super().timeoutConnection()
+
+    def checkPersistence(self, request, version):
+        """Requests that arrive while the gateway stops are answered with ``Connection: close``."""
+        if self.site.connections.closing:
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return super().checkPersistence(request, version)
+
+    def close_when_idle(self) -> None:
+        """Close now if no request is under way, else once its answer is sent."""
+        if not self.requests:
+            self.loseConnection()
+            return
+        self.persistent = False
+        for request in self.requests:
+            if not request.startedWriting:
+                request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+
+
 class Site(server.Site):
+    protocol = Channel
     requestFactory = LimitedRequest
     noisy = False
 
-    def __init__(self, root: resource.Resource, max_body_bytes: int):
-        super().__init__(root)
+    def __init__(self, root: resource.Resource, max_body_bytes: int, connections: Connections, idle_timeout_s: float | None):
+        super().__init__(root, timeout=idle_timeout_s)
         self.max_body_bytes = max_body_bytes
+        self.connections = connections
+
+    def buildProtocol(self, addr):
+        if not self.connections.admit("http", addr):
+            return None
+        return super().buildProtocol(addr)
 
     def log(self, request):
         """No per-request access log: /metrics has the request counts and latencies."""
