@@ -15,6 +15,7 @@ import signal
 import socket
 
 from twisted.internet import defer, reactor
+from twisted.internet.error import CannotListenError
 from twisted.internet.task import LoopingCall
 
 from gateway import __version__
@@ -35,7 +36,7 @@ from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.query import QueryPlanner
 from gateway.store import open_store
-from gateway.workers import Worker
+from gateway.workers import CannotListen, Worker
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,10 @@ class Gateway:
         fd = self.inherited.get(name)
         if fd is None:
             listen = reactor.listenUDP if udp else reactor.listenTCP
-            return listen(address[1], handler, interface=address[0])
+            try:
+                return listen(address[1], handler, interface=address[0])
+            except CannotListenError as error:
+                raise CannotListen(name, *address, getattr(error.socketError, "strerror", str(error.socketError))) from None
         with socket.socket(fileno=fd) as inherited:
             adopt = reactor.adoptDatagramPort if udp else reactor.adoptStreamPort
             return adopt(inherited.fileno(), inherited.family, handler)

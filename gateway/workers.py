@@ -84,7 +84,10 @@ class _Slot:
 
 
 class CannotListen(Exception):
-    pass
+    """A listener's address cannot be bound; the message names the address and the setting."""
+
+    def __init__(self, name: str, host: str, port: int, reason: str):
+        super().__init__(f"cannot listen on {host}:{port} (--{name}): {reason}")
 
 
 def bind_listeners(config: Config) -> dict[str, socket.socket]:
@@ -96,7 +99,7 @@ def bind_listeners(config: Config) -> dict[str, socket.socket]:
         except OSError as error:
             for sock in bound.values():
                 sock.close()
-            raise CannotListen(f"cannot listen on {host}:{port} (--{name}): {error.strerror}") from None
+            raise CannotListen(name, host, port, error.strerror) from None
     return bound
 
 
