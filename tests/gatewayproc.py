@@ -91,10 +91,10 @@ class GatewayProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, timeout: float = 30) -> int:
+    def stop(self, timeout: float = 30, signum: int = signal.SIGTERM) -> int:
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else 0
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(signum)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -6,6 +6,7 @@ import http.client
 import json
 import re
 import resource
+import signal
 import socket
 import threading
 import time
@@ -76,9 +77,9 @@ class KeepAliveWriter(threading.Thread):
     """One keep-alive HTTP connection posting one sample a request until told to stop; reconnects
     when the gateway closes it. ``acknowledged``: the values answered 200."""
 
-    def __init__(self, gateway: GatewayProcess, path: str, number: int, now: int):
+    def __init__(self, gateway: GatewayProcess, path: str, number: int, now: int, tenant: str):
         super().__init__()
-        self.gateway, self.path, self.number, self.now = gateway, path, number, now
+        self.gateway, self.path, self.number, self.now, self.tenant = gateway, path, number, now, tenant
         self.acknowledged: list[int] = []
         self.stop = threading.Event()
 
@@ -94,7 +95,7 @@ class KeepAliveWriter(threading.Thread):
             if self.stop.is_set():
                 break
             try:
-                connection.request("POST", self.path, self.body(i), {"Content-Type": "application/json"})
+                connection.request("POST", self.path, self.body(i), {"Content-Type": "application/json", "X-Scope-OrgID": self.tenant})
                 answer = connection.getresponse()
                 answer.read()
                 if answer.status == 200:
@@ -125,12 +126,18 @@ class CarbonSender(threading.Thread):
                 time.sleep(0.05)
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_sigterm_under_continuous_load_exits_0_in_time_and_keeps_every_acknowledged_sample(tmp_path, workers):
+@pytest.mark.parametrize(
+    "backend, workers, signum",
+    [("sqlite", "1", signal.SIGTERM), ("sqlite", "2", signal.SIGTERM), ("sqlite", "1", signal.SIGINT), ("cassandra", "2", signal.SIGTERM)],
+)
+def test_a_stop_signal_under_continuous_load_exits_0_in_time_and_keeps_every_acknowledged_sample(request, tmp_path, tenant, backend, workers, signum):
     shutdown_timeout_s = 5
-    gateway = GatewayProcess(tmp_path, "--workers", workers, "--shutdown-timeout", f"{shutdown_timeout_s}s").start()
+    store = ("--data-dir", str(tmp_path / "data"))
+    if backend == "cassandra":
+        store = ("--store", request.getfixturevalue("cassandra_url"), "--redis", request.getfixturevalue("redis_server").url)
+    gateway = GatewayProcess(tmp_path, "--workers", workers, "--shutdown-timeout", f"{shutdown_timeout_s}s", *store).start()
     now = int(time.time())
-    writers = [KeepAliveWriter(gateway, path, number, now) for number, path in enumerate(["/api/put", "/api/write"] * 2)]
+    writers = [KeepAliveWriter(gateway, path, number, now, tenant) for number, path in enumerate(["/api/put", "/api/write"] * 2)]
     carbon = CarbonSender(gateway.graphite_port)
     idle = socket.create_connection(("127.0.0.1", gateway.port))  # a keep-alive connection between requests
     try:
@@ -138,7 +145,7 @@ def test_sigterm_under_continuous_load_exits_0_in_time_and_keeps_every_acknowled
             thread.start()
         wait_for(lambda: all(len(w.acknowledged) > 20 for w in writers) and carbon.lines > 1000, what="load under way")
         started = time.monotonic()
-        code = gateway.stop(timeout=shutdown_timeout_s + 20)
+        code = gateway.stop(timeout=shutdown_timeout_s + 20, signum=signum)
         elapsed = time.monotonic() - started
     finally:
         for thread in [*writers, carbon]:
@@ -146,12 +153,13 @@ def test_sigterm_under_continuous_load_exits_0_in_time_and_keeps_every_acknowled
             thread.join()
         idle.close()
     assert code == 0, gateway.log()
-    assert elapsed < shutdown_timeout_s + 3, f"SIGTERM took {elapsed:.1f}s"
+    assert elapsed < shutdown_timeout_s + 3, f"stopping took {elapsed:.1f}s"
     assert "Traceback" not in gateway.log()
 
-    reader = GatewayProcess(tmp_path, "--data-dir", str(tmp_path / "data")).start()
+    reader = GatewayProcess(tmp_path, *store).start()
     try:
-        stored = {s["tags"]["writer"]: {int(v) for v in s["values"].values()} for s in query(reader, "stop_load", start=str(now - 3100))}
+        answer = query(reader, "stop_load", start=str(now - 3100), tenant=tenant)
+        stored = {s["tags"]["writer"]: {int(v) for v in s["values"].values()} for s in answer}
     finally:
         assert reader.stop() == 0
     for writer in writers:
