@@ -5,9 +5,9 @@ descriptors (which the store needs too). At the cap a new connection takes the p
 oldest HTTP connection with no request under way (idle keep-alive, or still sending its request
 head), so a flood of sockets that never send a request cannot lock everyone else out; when there
 is none (every connection is busy, or carbon), the new connection is closed at once, counted and
-logged (at most once per ``LOG_INTERVAL_S``). At shutdown the same
-registry closes them: each connection's ``close_when_idle`` answers what it already received
-first, and ``abort_all`` ends whatever is left when the shutdown timeout runs out.
+logged (at most once per ``LOG_INTERVAL_S``). At shutdown the same registry closes them: each
+connection's ``close_when_idle`` answers what it already received first, and ``abort_all`` ends
+whatever is left when the shutdown timeout runs out.
 """
 
 import logging

@@ -58,7 +58,12 @@ CONNECTIONS_OPEN = Gauge(
 CONNECTIONS_REFUSED = Counter(
     "tsgate_refused_connections", "New TCP connections closed at once over --max-connections", ["listener"]
 )
-IDLE_CLOSED = Counter("tsgate_idle_closed_connections", "Connections closed for being idle (--http-idle-timeout, --carbon-idle-timeout)", ["listener"])
+IDLE_CLOSED = Counter(
+    "tsgate_idle_closed_connections",
+    "Idle connections closed (--http-idle-timeout, --carbon-idle-timeout, or for a new one at --max-connections)",
+    ["listener"],
+)
+
 
 def observe_store(operation: str, deferred):
     """Time a store call and count its failures; returns the same Deferred."""

@@ -121,7 +121,7 @@ class Gateway:
             try:
                 return listen(address[1], handler, interface=address[0])
             except CannotListenError as error:
-                raise CannotListen(name, *address, getattr(error.socketError, "strerror", str(error.socketError))) from None
+                raise CannotListen(name, *address, error.socketError.strerror) from None
         with socket.socket(fileno=fd) as inherited:
             adopt = reactor.adoptDatagramPort if udp else reactor.adoptStreamPort
             return adopt(inherited.fileno(), inherited.family, handler)
