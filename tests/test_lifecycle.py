@@ -4,6 +4,7 @@ sample; in one process and under ``--workers`` alike."""
 
 import http.client
 import json
+import os
 import re
 import resource
 import signal
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from tests.gatewayproc import GatewayProcess, downsample_once, free_port, tsgate_serve
-from tests.test_workers import query, wait_for
+from tests.test_workers import query, ready_workers, wait_for
 
 PROMPTLY_S = 15  # a hang makes tsgate_serve's timeout fail the test
 # Under --workers the supervisor tries worker 0 three times (STARTUP_ATTEMPTS), a fresh
@@ -317,3 +318,38 @@ def test_idle_and_slow_header_connections_are_closed(tmp_path):
         assert 'tsgate_idle_closed_connections_total{listener="http"} 2.0' in gateway.get("/metrics").body.decode()
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_request_under_way_at_sigterm_is_answered_with_connection_close_and_stored(tmp_path):
+    gateway = GatewayProcess(tmp_path).start()
+    body = json.dumps({"metric": "in_flight", "timestamp": int(time.time()), "value": 7}).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as client:
+        client.sendall(b"POST /api/put HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:10])
+        time.sleep(0.3)
+        gateway.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        client.sendall(body[10:])
+        answer = b""
+        while chunk := client.recv(4096):
+            answer += chunk
+    head, _, _ = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower(), answer
+    assert gateway.process.wait(20) == 0
+    reader = GatewayProcess(tmp_path, "--data-dir", str(tmp_path / "data")).start()
+    try:
+        assert [s["values"] for s in query(reader, "in_flight")][0]
+    finally:
+        assert reader.stop() == 0
+
+
+def test_the_supervisor_kills_a_worker_that_does_not_stop_in_time(tmp_path):
+    gateway = GatewayProcess(tmp_path, "--workers", "2", "--shutdown-timeout", "1s").start()
+    workers = wait_for(lambda: len(ready_workers(gateway)) == 2 and ready_workers(gateway), what="2 ready workers")
+    os.kill(workers[1], signal.SIGSTOP)  # a worker that cannot drain
+    started = time.monotonic()
+    assert gateway.stop(timeout=30) == 0
+    assert 1 + 10 <= time.monotonic() - started < 1 + 10 + STOP_MARGIN_S
+    log = gateway.log()
+    assert f"worker 1 (pid {workers[1]}) still running 11s after SIGTERM: killing it" in log
+    assert f"worker 1 (pid {workers[1]}) stopped (killed by SIGKILL)" in log
+    assert f"worker 0 (pid {workers[0]}) stopped (exit code 0)" in log
