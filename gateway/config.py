@@ -102,7 +102,7 @@ SETTINGS = [
     Setting("redis-key-ttl", parse_duration, "1d", "expiry of the Redis metadata cache keys"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting("max-decompressed-bytes", _positive, str(64 << 20), "largest snappy-decompressed remote write/read body (413 above)"),
-    Setting("max-connections", _auto_or_positive, "auto", "TCP connections one process keeps open over all its HTTP and carbon listeners; at it a new one replaces the oldest idle HTTP connection, or is closed at once (logged, counted); auto: the open-files limit (ulimit -n) minus 128"),
+    Setting("max-connections", _auto_or_positive, "auto", "TCP connections one process keeps open over all its HTTP and carbon listeners; at it a new one replaces the oldest idle one (no request under way), or is closed at once (logged, counted); auto: the open-files limit (ulimit -n) minus 128"),
     Setting("http-idle-timeout", parse_duration, "60s", "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never"),
     Setting("carbon-idle-timeout", parse_duration, "5m", "a carbon plaintext or pickle TCP connection that sends nothing for this long is closed; 0s: never"),
     Setting("shutdown-timeout", parse_duration, "10s", "on SIGTERM or SIGINT, how long open requests, carbon batches and a running downsample round get to finish; then what is left is logged and closed"),

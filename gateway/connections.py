@@ -2,10 +2,10 @@
 
 One cap over all of them (``--max-connections``), so connections cannot use up the process's file
 descriptors (which the store needs too). At the cap a new connection takes the place of the
-oldest HTTP connection with no request under way (idle keep-alive, or still sending its request
-head), so a flood of sockets that never send a request cannot lock everyone else out; when there
-is none (every connection is busy, or carbon), the new connection is closed at once, counted and
-logged (at most once per ``LOG_INTERVAL_S``). At shutdown the same registry closes them: each
+oldest idle one (``evictable``: an HTTP connection with no request under way, idle keep-alive or
+still sending its request head, or a carbon connection that has sent nothing yet), so a flood of
+sockets that never send a request cannot lock everyone else out; when there is none (every
+connection is busy), the new connection is closed at once, counted and logged (at most once per ``LOG_INTERVAL_S``). At shutdown the same registry closes them: each
 connection's ``close_when_idle`` answers what it already received first, and ``abort_all`` ends
 whatever is left when the shutdown timeout runs out.
 """
@@ -36,24 +36,24 @@ class Connections:
             return True
         idle = next((connection for connection in self.open if connection.evictable), None)
         if idle is not None:
-            metrics.IDLE_CLOSED.labels("http").inc()
-            self._log("%s: closed the oldest idle HTTP connection for a new one from %s", listener, address)
+            metrics.IDLE_CLOSED.labels(idle.listener).inc()
+            self._log(listener, address, f"closed the oldest idle connection ({idle.listener}) for a new one")
             self.closed(idle)  # now, so that the next new connection picks another one
             idle.transport.abortConnection()
             return True
         metrics.CONNECTIONS_REFUSED.labels(listener).inc()
-        self._log("%s: closed a new connection from %s", listener, address)
+        self._log(listener, address, "closed a new connection")
         return False
 
-    def _log(self, message: str, listener: str, address) -> None:
+    def _log(self, listener: str, address, what: str) -> None:
         """A warning at most once per ``LOG_INTERVAL_S`` (the metrics count every case)."""
         now = time.monotonic()
         if now - self._logged_at >= LOG_INTERVAL_S:
             self._logged_at = now
             peer = f"{address.host}:{address.port}" if hasattr(address, "port") else str(address)
             log.warning(
-                message + ": %d connections open, the limit (--max-connections); logged at most once per %ds",
-                listener, peer, len(self.open), LOG_INTERVAL_S,
+                "%s: %s from %s: %d connections open, the limit (--max-connections); logged at most once per %ds",
+                listener, what, peer, len(self.open), LOG_INTERVAL_S,
             )
 
     def opened(self, connection) -> None:

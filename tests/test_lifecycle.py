@@ -9,6 +9,7 @@ import re
 import resource
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -232,12 +233,20 @@ def closed_by_peer(sock: socket.socket, within: float) -> bool:
         return False
 
 
-def test_at_max_connections_a_new_connection_replaces_an_idle_http_one_or_is_closed_at_once(tmp_path):
+def test_at_max_connections_a_new_connection_replaces_the_oldest_idle_one_or_is_closed_at_once(tmp_path):
     gateway = GatewayProcess(tmp_path, "--max-connections", "4").start()
     connect = socket.create_connection
     try:
-        carbon = [connect(("127.0.0.1", port)) for port in (gateway.graphite_port, gateway.graphite_port, gateway.pickle_port)]
+        silent_carbon = connect(("127.0.0.1", gateway.graphite_port))
+        carbon = [connect(("127.0.0.1", port)) for port in (gateway.graphite_port, gateway.pickle_port)]
+        carbon[0].sendall(b"cap.line 1 %d\n" % time.time())
+        carbon[1].sendall(struct.pack("!L", 10**6))  # the length of a pickle frame still to come
         idle_http = connect(("127.0.0.1", gateway.port))
+        time.sleep(0.3)
+        assert gateway.get("/healthz").status == 200  # in place of the oldest idle connection
+        assert closed_by_peer(silent_carbon, within=5)
+        carbon.append(connect(("127.0.0.1", gateway.graphite_port)))
+        carbon[2].sendall(b"cap.line 2 %d\n" % time.time())
         time.sleep(0.3)
         assert gateway.get("/healthz").status == 200  # in place of the idle HTTP connection
         assert closed_by_peer(idle_http, within=5)
@@ -257,8 +266,9 @@ def test_at_max_connections_a_new_connection_replaces_an_idle_http_one_or_is_clo
         assert 'tsgate_refused_connections_total{listener="graphite_pickle"} 1.0' in metrics
         assert 'tsgate_refused_connections_total{listener="http"} 1.0' in metrics
         assert 'tsgate_idle_closed_connections_total{listener="http"} 1.0' in metrics
+        assert 'tsgate_idle_closed_connections_total{listener="graphite_plaintext"} 1.0' in metrics
         log = gateway.log()
-        assert "http: closed the oldest idle HTTP connection for a new one from 127.0.0.1:" in log
+        assert "http: closed the oldest idle connection (graphite_plaintext) for a new one from 127.0.0.1:" in log
         assert "4 connections open, the limit (--max-connections)" in log
     finally:
         assert gateway.stop() == 0

@@ -171,7 +171,7 @@ class _StreamProtocol(Protocol, TimeoutMixin):
     """
 
     protocol_name = ""
-    evictable = False  # an idle carbon sender is normal (see gateway.connections)
+    evictable = True  # until the first bytes arrive: a socket that sent nothing (see gateway.connections)
 
     def __init__(self, ingest: GraphiteIngest, tenant: str, decoder, connections: Connections, idle_timeout_s: float | None):
         self.ingest = ingest
@@ -187,8 +187,13 @@ class _StreamProtocol(Protocol, TimeoutMixin):
         self.connections.opened(self)
         self.setTimeout(self.idle_timeout_s)
 
+    @property
+    def listener(self) -> str:
+        return self.protocol_name
+
     def dataReceived(self, data: bytes):
         self.resetTimeout()
+        self.evictable = False
         samples, rejects = self.decoder.feed(data, now_ms())
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)

@@ -79,6 +79,7 @@ class Channel(http.HTTPChannel):
     head: a client sending its headers slowly is closed like an idle one, however it trickles.
     """
 
+    listener = "http"
     awaiting_headers = True
 
     @property
@@ -107,7 +108,7 @@ class Channel(http.HTTPChannel):
         super().requestDone(request)
 
     def timeoutConnection(self):
-        metrics.IDLE_CLOSED.labels("http").inc()
+        metrics.IDLE_CLOSED.labels(self.listener).inc()
         super().timeoutConnection()
 
     def checkPersistence(self, request, version):
