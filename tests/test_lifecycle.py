@@ -276,7 +276,8 @@ def test_at_max_connections_a_new_connection_replaces_the_oldest_idle_one_or_is_
 
 def test_idle_sockets_do_not_lock_out_a_gateway_at_1024_open_files(tmp_path):
     """The issue's probe: at the common limit of 1,024 open files (cap auto: 896), 1,100
-    connections that never send a request; real requests are still answered."""
+    connections to the HTTP and carbon ports that never send anything; real requests are still
+    answered."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # inherited by the gateway
     try:
@@ -285,8 +286,9 @@ def test_idle_sockets_do_not_lock_out_a_gateway_at_1024_open_files(tmp_path):
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     idle = []
     try:
-        for _ in range(1100):
-            idle.append(socket.create_connection(("127.0.0.1", gateway.port)))
+        for i in range(1100):
+            port = (gateway.port, gateway.graphite_port, gateway.pickle_port)[i % 3]
+            idle.append(socket.create_connection(("127.0.0.1", port)))
         for i in range(20):
             assert gateway.post("/api/put", {"metric": "lockout", "timestamp": int(time.time()), "value": i}).status == 200
             assert gateway.get("/healthz").status == 200
