@@ -1,6 +1,7 @@
-"""Start and stop of a real ``tsgate serve``: failures before serving exit 1 promptly with the
-reason; SIGTERM under load exits 0 within ``--shutdown-timeout`` and keeps every acknowledged
-sample; in one process and under ``--workers`` alike."""
+"""Start, stop and connections of a real ``tsgate serve``: failures before serving exit 1 promptly
+with the reason; SIGTERM or SIGINT under load exits 0 within ``--shutdown-timeout`` and keeps every
+acknowledged sample, in one process and under ``--workers`` alike; the connection cap and the
+idle and slow-header timeouts."""
 
 import http.client
 import json
