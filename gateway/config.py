@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import os
 import re
+import resource
 import tomllib
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from gateway.model import InvalidSample, Limits, validate_tenant
 from gateway.downsample.partitions import parse_partitions
 from gateway.store.layout import Layout, parse_granularities
 from protocols.timespec import UNIT_MS
+
+RESERVED_DESCRIPTORS = 128  # open files kept free of client connections (--max-connections auto)
 
 _DURATION_RE = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 
@@ -53,8 +56,8 @@ def _positive(text) -> int:
     return value
 
 
-def _workers(text) -> int | None:
-    """``auto`` (None: decided by ``Config.worker_count``) or a positive number."""
+def _auto_or_positive(text) -> int | None:
+    """``auto`` (None: decided by a Config property) or a positive number."""
     return None if str(text).strip() == "auto" else _positive(text)
 
 
@@ -100,6 +103,10 @@ SETTINGS = [
     Setting("auth-file", lambda text: Path(text) if str(text).strip() else None, "", "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting("max-decompressed-bytes", _positive, str(64 << 20), "largest snappy-decompressed remote write/read body (413 above)"),
+    Setting("max-connections", _auto_or_positive, "auto", "TCP connections one process keeps open over all its HTTP and carbon listeners; at it a new one replaces the oldest idle one (no request under way), or is closed at once (logged, counted); auto: the open-files limit (ulimit -n) minus 128"),
+    Setting("http-idle-timeout", parse_duration, "60s", "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never"),
+    Setting("carbon-idle-timeout", parse_duration, "5m", "a carbon plaintext or pickle TCP connection that sends nothing for this long is closed; 0s: never"),
+    Setting("shutdown-timeout", parse_duration, "10s", "on SIGTERM or SIGINT, how long open requests, carbon batches and a running downsample round get to finish; then what is left is logged and closed"),
     Setting("max-inflight-samples", _positive, "1000000", "samples waiting for the store before writes get 503"),
     Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
     Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
@@ -117,7 +124,7 @@ SETTINGS = [
     Setting("max-metadata-length", _positive, "1024", "longest Prometheus metadata text (metric family name, help, unit); longer metadata is skipped and counted, its samples are written"),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
-    Setting("workers", _workers, "auto", "worker processes sharing the listening sockets; auto: one per usable core, but 1 on the embedded SQLite store and with --roles downsample; tenant limits are per process, so N workers allow a tenant up to N times them"),
+    Setting("workers", _auto_or_positive, "auto", "worker processes sharing the listening sockets; auto: one per usable core, but 1 on the embedded SQLite store and with --roles downsample; tenant limits are per process, so N workers allow a tenant up to N times them"),
     Setting("log-level", lambda text: str(text).upper(), "info", "debug, info, warning or error"),
 ]
 
@@ -152,6 +159,10 @@ class Config:
     auth_file: Path | None
     max_body_bytes: int
     max_decompressed_bytes: int
+    max_connections: int | None
+    http_idle_timeout: int
+    carbon_idle_timeout: int
+    shutdown_timeout: int
     max_inflight_samples: int
     metadata_cache_size: int
     max_series_per_query: int
@@ -194,6 +205,17 @@ class Config:
         if self.store_url.startswith("sqlite:") or self.role_set == {"downsample"}:
             return 1
         return len(os.sched_getaffinity(0))
+
+    @property
+    def connection_limit(self) -> int:
+        """``--max-connections``, else the open-files limit less what the store, Redis, logs and
+        threads need, so the cap is reached before accept() fails for lack of descriptors."""
+        if self.max_connections is not None:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return 1 << 16  # no limit on open files: still a bound
+        return max(1, soft - RESERVED_DESCRIPTORS)
 
     @property
     def listeners(self) -> dict[str, tuple[str, int]]:

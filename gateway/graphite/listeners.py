@@ -18,8 +18,10 @@ from collections import deque
 
 from twisted.internet import defer, reactor, threads
 from twisted.internet.protocol import DatagramProtocol, Factory, Protocol
+from twisted.protocols.policies import TimeoutMixin
 
 from gateway import metrics
+from gateway.connections import Connections
 from gateway.ingest import IngestPipeline, Overloaded
 from gateway.limits import RateLimited
 from gateway.model import Sample, now_ms
@@ -72,7 +74,7 @@ class GraphiteIngest:
         self.pending = 0
         self._writing = 0
         self._queued = 0
-        self._paused = False
+        self.paused = False
         self._transports: set = set()
         self._flush_call = None
         self._retry_delay = 0.5
@@ -81,7 +83,7 @@ class GraphiteIngest:
 
     def register(self, transport) -> None:
         self._transports.add(transport)
-        if self._paused:
+        if self.paused:
             transport.pauseProducing()
 
     def unregister(self, transport) -> None:
@@ -96,14 +98,9 @@ class GraphiteIngest:
         """What UDP asks before taking a datagram: the backlog is full or the tenant is limited."""
         return self.full or time.monotonic() < self._limited_until
 
-    @property
-    def paused(self) -> bool:
-        """True while backpressure keeps the TCP connections from reading."""
-        return self._paused
-
     def _pause(self) -> None:
-        if not self._paused:
-            self._paused = True
+        if not self.paused:
+            self.paused = True
             metrics.GRAPHITE_BACKPRESSURE.inc()
             for transport in self._transports:
                 transport.pauseProducing()
@@ -155,8 +152,8 @@ class GraphiteIngest:
         self._retry_delay = 0.5
         self.pending -= len(batch)
         metrics.GRAPHITE_PENDING.set(self.pending)
-        if self._paused and self.pending < self.max_pending // 2:
-            self._paused = False
+        if self.paused and self.pending < self.max_pending // 2:
+            self.paused = False
             for transport in self._transports:
                 transport.resumeProducing()
         if self._queue:
@@ -206,23 +203,42 @@ class GraphiteIngest:
         return deferred
 
 
-class _StreamProtocol(Protocol):
-    """A TCP connection feeding one incremental decoder into GraphiteIngest."""
+class _StreamProtocol(Protocol, TimeoutMixin):
+    """A TCP connection feeding one incremental decoder into GraphiteIngest.
+
+    Counted in the gateway's connection cap; closed after ``idle_timeout_s`` without data (not
+    while reading is paused for backpressure: then the silence is the gateway's own doing).
+    """
 
     protocol_name = ""
+    evictable = True  # until the first bytes arrive: a socket that sent nothing (see gateway.connections)
 
-    def __init__(self, ingest: GraphiteIngest, tenant: str, decoder):
+    def __init__(self, ingest: GraphiteIngest, tenant: str, decoder, connections: Connections, idle_timeout_s: float | None):
         self.ingest = ingest
         self.tenant = tenant
         self.decoder = decoder
+        self.connections = connections
+        self.idle_timeout_s = idle_timeout_s
 
     def connectionMade(self):
         peer = self.transport.getPeer()
         self.peer = f"{peer.host}:{peer.port}"
         self.ingest.register(self.transport)
+        self.connections.opened(self)
+        self.setTimeout(self.idle_timeout_s)
+
+    @property
+    def listener(self) -> str:
+        return self.protocol_name
 
     def dataReceived(self, data: bytes):
+        self._touched()
         self._submit(self.decoder.feed(data, now_ms()))
+
+    def _touched(self) -> None:
+        """Bytes arrived: the connection is not idle (its timeout, the connection cap)."""
+        self.resetTimeout()
+        self.evictable = False
 
     def _submit(self, decoded) -> None:
         samples, rejects = decoded
@@ -231,8 +247,22 @@ class _StreamProtocol(Protocol):
         tenant = self.tenant
         self.ingest.submit(self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples])
 
+    def timeoutConnection(self):
+        if self.ingest.paused:
+            self.resetTimeout()
+            return
+        log.info("%s: closing the connection from %s, idle for %ds (--carbon-idle-timeout)", self.protocol_name, self.peer, self.idle_timeout_s)
+        metrics.IDLE_CLOSED.labels(self.protocol_name).inc()
+        self.transport.loseConnection()
+
+    def close_when_idle(self) -> None:
+        """At shutdown: what was read is already submitted; carbon has no answer to wait for."""
+        self.transport.loseConnection()
+
     def connectionLost(self, reason=None):
+        self.setTimeout(None)
         self.ingest.unregister(self.transport)
+        self.connections.closed(self)
         self._finish()
 
     def _finish(self) -> None:
@@ -259,6 +289,7 @@ class PickleProtocol(_StreamProtocol):
         self._lost = False
 
     def dataReceived(self, data: bytes):
+        self._touched()
         self._received.append(data)
         if not self._decoding:
             self._decode()
@@ -289,29 +320,39 @@ class PickleProtocol(_StreamProtocol):
 
     def connectionLost(self, reason=None):
         self._lost = True
+        self.setTimeout(None)
         self.ingest.unregister(self.transport)
+        self.connections.closed(self)
         if not self._decoding:
             self._finish()
 
 
-class PlaintextFactory(Factory):
-    noisy = False
+class _StreamFactory(Factory):
+    """Builds a listener's connections, unless the gateway-wide connection cap is reached.
+    ``limit`` is the decoder's: the longest plaintext line or the largest pickle frame."""
 
-    def __init__(self, ingest: GraphiteIngest, tenant: str, max_line_length: int):
-        self.ingest, self.tenant, self.max_line_length = ingest, tenant, max_line_length
+    noisy = False
+    protocol_class: type[_StreamProtocol]
+    decoder_class: type
+
+    def __init__(self, ingest: GraphiteIngest, tenant: str, limit: int, connections: Connections, idle_timeout_s: float | None):
+        self.ingest, self.tenant, self.limit = ingest, tenant, limit
+        self.connections, self.idle_timeout_s = connections, idle_timeout_s
 
     def buildProtocol(self, addr):
-        return PlaintextProtocol(self.ingest, self.tenant, PlaintextDecoder(self.max_line_length))
+        if not self.connections.admit(self.protocol_class.protocol_name, addr):
+            return None
+        return self.protocol_class(self.ingest, self.tenant, self.decoder_class(self.limit), self.connections, self.idle_timeout_s)
 
 
-class PickleFactory(Factory):
-    noisy = False
+class PlaintextFactory(_StreamFactory):
+    protocol_class = PlaintextProtocol
+    decoder_class = PlaintextDecoder
 
-    def __init__(self, ingest: GraphiteIngest, tenant: str, max_frame_bytes: int):
-        self.ingest, self.tenant, self.max_frame_bytes = ingest, tenant, max_frame_bytes
 
-    def buildProtocol(self, addr):
-        return PickleProtocol(self.ingest, self.tenant, PickleDecoder(self.max_frame_bytes))
+class PickleFactory(_StreamFactory):
+    protocol_class = PickleProtocol
+    decoder_class = PickleDecoder
 
 
 class PlaintextDatagramProtocol(DatagramProtocol):

@@ -18,6 +18,7 @@ from twisted.protocols.basic import FileSender
 from twisted.web import http, resource, server
 
 from gateway import metrics
+from gateway.connections import Connections
 from gateway.http.auth import Credentials, Unauthorized
 from gateway.ingest import Overloaded
 from gateway.limits import RateLimited
@@ -78,8 +79,62 @@ class LimitedRequest(server.Request):
 
 
 class Channel(http.HTTPChannel):
-    """twisted.web closes the connection without a word when a request line or a header line is
-    over ``MAX_LENGTH`` (16 KiB): say why first, 414 for the request line, 431 for a header."""
+    """An HTTP connection counted in the gateway's connection cap and closed gracefully at shutdown.
+
+    The idle timeout (Site ``timeout``) is not restarted by the bytes of an incomplete request
+    head: a client sending its headers slowly is closed like an idle one, however it trickles.
+    twisted.web closes the connection without a word when a request line or a header line is
+    over ``MAX_LENGTH`` (16 KiB): this one says why first, 414 for the request line, 431 for a header.
+    """
+
+    listener = "http"
+    awaiting_headers = True
+
+    @property
+    def evictable(self) -> bool:
+        """No request under way: what the connection cap may close for a new connection."""
+        return self.awaiting_headers
+
+    def connectionMade(self):
+        super().connectionMade()
+        self.site.connections.opened(self)
+
+    def connectionLost(self, reason):
+        super().connectionLost(reason)
+        self.site.connections.closed(self)
+
+    def resetTimeout(self):
+        if not self.awaiting_headers:
+            super().resetTimeout()
+
+    def allHeadersReceived(self):
+        self.awaiting_headers = False
+        super().allHeadersReceived()
+
+    def requestDone(self, request):
+        self.awaiting_headers = True  # before the next pipelined request is parsed
+        super().requestDone(request)
+
+    def timeoutConnection(self):
+        metrics.IDLE_CLOSED.labels(self.listener).inc()
+        super().timeoutConnection()
+
+    def checkPersistence(self, request, version):
+        """Requests that arrive while the gateway stops are answered with ``Connection: close``."""
+        if self.site.connections.closing:
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return super().checkPersistence(request, version)
+
+    def close_when_idle(self) -> None:
+        """Close now if no request is under way, else once its answer is sent."""
+        if not self.requests:
+            self.loseConnection()
+            return
+        self.persistent = False
+        for request in self.requests:
+            if not request.startedWriting:
+                request.responseHeaders.setRawHeaders(b"connection", [b"close"])
 
     def lineLengthExceeded(self, line):
         if self._receivedHeaderSize == 0:  # nothing of this request parsed yet: its request line
@@ -95,19 +150,20 @@ class Channel(http.HTTPChannel):
         self.loseConnection()
 
 
-def _channel(site):
-    """twisted's own channel factory (_genericHTTPChannelProtocolFactory) with our Channel."""
-    return http._GenericHTTPChannelProtocol(Channel())
-
-
 class Site(server.Site):
+    protocol = Channel
     requestFactory = LimitedRequest
-    protocol = _channel
     noisy = False
 
-    def __init__(self, root: resource.Resource, max_body_bytes: int):
-        super().__init__(root)
+    def __init__(self, root: resource.Resource, max_body_bytes: int, connections: Connections, idle_timeout_s: float | None):
+        super().__init__(root, timeout=idle_timeout_s)
         self.max_body_bytes = max_body_bytes
+        self.connections = connections
+
+    def buildProtocol(self, addr):
+        if not self.connections.admit("http", addr):
+            return None
+        return super().buildProtocol(addr)
 
     def log(self, request):
         """No per-request access log: /metrics has the request counts and latencies."""
