@@ -7,7 +7,6 @@ with ``application/x-www-form-urlencoded``). Shapes follow graphite-web 1.1.
 
 import datetime
 import json
-import logging
 import time
 import zoneinfo
 
@@ -26,8 +25,6 @@ from gateway.store import Store
 from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
 from protocols.graphite.tags import parse_path
-
-log = logging.getLogger(__name__)
 
 DEFAULT_AUTOCOMPLETE_LIMIT = 100
 GRAPHITE_API_VERSION = "1.1.8"
