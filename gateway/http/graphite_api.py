@@ -7,7 +7,6 @@ with ``application/x-www-form-urlencoded``). Shapes follow graphite-web 1.1.
 
 import datetime
 import json
-import logging
 import time
 import zoneinfo
 
@@ -27,8 +26,6 @@ from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
 from protocols.graphite.tags import parse_path
 from protocols.linear_regex import BadPattern
-
-log = logging.getLogger(__name__)
 
 DEFAULT_AUTOCOMPLETE_LIMIT = 100
 GRAPHITE_API_VERSION = "1.1.8"
