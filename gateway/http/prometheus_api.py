@@ -85,9 +85,9 @@ class PrometheusAPI:
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
             raise HTTPError(error.status, error.message) from None
-        skipped = batch.exemplars_skipped + batch.histograms_skipped
+        skipped = batch.exemplar_count + batch.histograms_skipped
         if skipped:
-            metrics.PROMETHEUS_SKIPPED.labels("exemplar").inc(batch.exemplars_skipped)
+            metrics.PROMETHEUS_SKIPPED.labels("exemplar").inc(batch.exemplar_count)
             metrics.PROMETHEUS_SKIPPED.labels("native_histogram").inc(batch.histograms_skipped)
         samples = []
         for series in batch.series:
