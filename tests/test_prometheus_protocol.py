@@ -777,6 +777,32 @@ def test_samples_answer_is_what_protobuf_serializes():
     assert unsnappy(encode_read_response([[({"__name__": "x"}, arrays)]])) == expected.SerializeToString()
 
 
+def test_samples_answer_with_exemplars_is_what_protobuf_serializes():
+    """Exemplars follow the samples (field 3 of TimeSeries); a series may have exemplars only."""
+    from protocols.prometheus import remote_pb2
+
+    nan = float_of(STALE_NAN_BITS)
+    exemplars = [Exemplar({"trace_id": "t1", "a": "b"}, nan, 999), Exemplar({}, 0.0, -5), Exemplar({"x": "y"}, -0.0, 0)]
+    results = [[({"__name__": "x"}, [(1000, 1.0)], exemplars), ({"__name__": "y"}, [], exemplars[:1])], [({"__name__": "z"}, [(1, 2.0)])]]
+    expected = remote_pb2.ReadResponse()
+    for series_list in results:
+        result = expected.results.add()
+        for labels, samples, *rest in series_list:
+            series = result.timeseries.add()
+            for name in sorted(labels):
+                series.labels.add(name=name, value=labels[name])
+            for timestamp, value in samples:
+                series.samples.add(timestamp=timestamp, value=value)
+            for exemplar in rest[0] if rest else ():
+                message = series.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp)
+                for name in sorted(exemplar.labels):
+                    message.labels.add(name=name, value=exemplar.labels[name])
+    encoded = unsnappy(encode_read_response(results))
+    assert encoded == expected.SerializeToString()
+    exemplar_bytes = f_bytes(3, f_bytes(1, label("a", "b")) + f_bytes(1, label("trace_id", "t1")) + f_double_bits(2, STALE_NAN_BITS) + f_varint(3, 999))
+    assert f_bytes(2, sample(1.0, 1000)) + exemplar_bytes in encoded
+
+
 # --- remote read: STREAMED_XOR_CHUNKS ---------------------------------------------
 
 
