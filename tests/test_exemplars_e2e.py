@@ -1,19 +1,15 @@
-"""Exemplars over real HTTP on both stores: remote write 1.0 and 2.0 in (hand-built, and from a
-real Prometheus 2.42), the RW 2.0 written header, /api/v1/query_exemplars and remote read SAMPLES
-out, bit for bit."""
+"""Exemplars over real HTTP on both stores: remote write 1.0 and 2.0 in, the RW 2.0 written
+header, /api/v1/query_exemplars and remote read SAMPLES out, bit for bit (a real Prometheus
+sending exemplars: test_prometheus_e2e.py)."""
 
 import struct
-import threading
 import time
 import urllib.parse
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from gateway.devservices.process import free_port
 from protocols import prometheus
 from protocols.prometheus import Exemplar, Matcher, Query, Series, remote_pb2
-from tests.prometheusproc import PrometheusProcess
 
 STALE_NAN_BITS = 0x7FF0000000000002
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
@@ -141,69 +137,3 @@ def test_query_exemplars_errors_are_bad_data(start_gateway, tenant, params, word
     gateway = start_gateway()
     answer = gateway.get(f"/api/v1/query_exemplars?{urllib.parse.urlencode(params)}", headers={"X-Scope-OrgID": tenant})
     assert answer.status == 400 and answer.json()["errorType"] == "bad_data" and words in answer.json()["error"]
-
-
-WRITER = """
-global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: exporter
-    static_configs: [{targets: ["127.0.0.1:EXPORTER_PORT"]}]
-remote_write:
-  - url: http://127.0.0.1:GATEWAY_PORT/api/v1/write?tenant=TENANT
-    send_exemplars: true
-    queue_config: {batch_send_deadline: 500ms, min_backoff: 100ms, max_backoff: 1s}
-"""
-
-
-@pytest.fixture
-def exemplar_exporter():
-    """An exporter whose counter gets an exemplar (a new trace id) on every increment; Prometheus
-    scrapes it in OpenMetrics, the only exposition that carries exemplars."""
-    registry = CollectorRegistry()
-    requests = Counter("tsgate_ex_requests", "Requests served.", ["path"], registry=registry)
-    port = free_port()
-    server, _ = start_http_server(port, "127.0.0.1", registry)
-    stop = threading.Event()
-
-    def churn():
-        tick = 0
-        while not stop.wait(0.4):
-            tick += 1
-            requests.labels("/a").inc(1.5, exemplar={"trace_id": f"{tick:016x}"})
-
-    worker = threading.Thread(target=churn, daemon=True)
-    worker.start()
-    yield port
-    stop.set()
-    server.shutdown()
-
-
-def canonical_exemplars(answer: dict) -> list:
-    assert answer["status"] == "success", answer
-    return sorted((sorted(item["seriesLabels"].items()), item["exemplars"]) for item in answer["data"])
-
-
-def test_real_prometheus_sends_exemplars_and_both_answer_alike(start_gateway, backend_args, exemplar_exporter, tmp_path, tenant):
-    """Prometheus 2.42 with exemplar storage scrapes exemplars and remote-writes them; tsgate's
-    /api/v1/query_exemplars then answers what Prometheus's own does, exemplar for exemplar."""
-    gateway = start_gateway(*backend_args)
-    config = WRITER.replace("GATEWAY_PORT", str(gateway.port)).replace("EXPORTER_PORT", str(exemplar_exporter)).replace("TENANT", tenant)
-    writer = PrometheusProcess(tmp_path / "writer", config, "--enable-feature=exemplar-storage").start()
-    try:
-        query = 'rate(tsgate_ex_requests_total{path="/a"}[1m])'
-        deadline = time.monotonic() + 60
-        while True:
-            end = time.time() - 3
-            params = {"query": query, "start": end - 30, "end": end}
-            expected = canonical_exemplars(writer.api("/api/v1/query_exemplars", **params))
-            got = canonical_exemplars(query_exemplars(gateway, tenant, query, round(params["start"] * 1000), round(end * 1000)).json())
-            if expected and expected[0][1] and len(expected[0][1]) >= 5 and got == expected:
-                break
-            assert time.monotonic() < deadline, (expected, got)
-            time.sleep(1)
-        labels, exemplars = got[0]
-        assert dict(labels)["job"] == "exporter" and exemplars[0]["labels"]["trace_id"] and exemplars[0]["value"] == "1.5"
-    finally:
-        writer.stop()
-    assert "Traceback" not in gateway.log()
