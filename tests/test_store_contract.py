@@ -323,3 +323,14 @@ async def test_sqlite_sweep_deletes_exemplars_past_their_retention(tmp_path, ten
         assert [r.timestamp_ms for r in found] == [2 * HOUR, 3 * HOUR]
     finally:
         await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_exemplars_of_many_series_over_many_slots(store, tenant):
+    """Cassandra reads many series-slots a request: each row still lands with its own series."""
+    hashes = [f"s{i:03d}" for i in range(300)]
+    await store.write_exemplars([ExemplarRow(tenant, h, slot * HOUR + i, float(i), {"slot": str(slot)}) for i, h in enumerate(hashes) for slot in (1, 5)])
+    found = await store.read_exemplars(tenant, hashes[::-1], HOUR, 5 * HOUR + 299)
+    assert [[(r.series_set_hash, r.timestamp_ms, r.value) for r in rows] for rows in found] == [
+        [(h, HOUR + i, float(i)), (h, 5 * HOUR + i, float(i))] for i, h in reversed(list(enumerate(hashes)))
+    ]

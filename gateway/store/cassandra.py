@@ -95,8 +95,9 @@ SEAL_CLOCK_MARGIN_MS = 60_000
 # cost per request, not Cassandra, was most of a read of many series.
 READ_SERIES_PER_REQUEST = 64
 
-# Slots of one series whose exemplars one request reads (an IN on the last partition key column).
-EXEMPLAR_SLOTS_PER_REQUEST = 100
+# Partitions (series x slots, two INs on the partition key) whose exemplars one request reads:
+# a remote read of many series over a few slots costs a few requests, not one a series.
+EXEMPLAR_PARTITIONS_PER_REQUEST = 256
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
 # namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.md).
@@ -361,7 +362,7 @@ class CassandraStore(Store):
             "read_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
             "write_exemplar": f"INSERT INTO {ks}.exemplars (tenant, series_set_hash, time_slot, ts, labels, value) VALUES (?, ?, ?, ?, ?, ?)",
             "read_exemplars": (
-                f"SELECT ts, value, labels FROM {ks}.exemplars WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ?"
+                f"SELECT series_set_hash, ts, value, labels FROM {ks}.exemplars WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ?"
                 f" PER PARTITION LIMIT {self.layout.max_exemplars_per_series}"
             ),
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
@@ -603,17 +604,24 @@ class CassandraStore(Store):
 
     def read_exemplars(self, tenant, hashes, start_ms, end_ms):
         """The newest ``max_exemplars_per_series`` of each slot (PER PARTITION LIMIT over the
-        clustering order ts DESC, labels ASC), then those in the range: what SQLite keeps."""
+        clustering order ts DESC, labels ASC), then those in the range: what SQLite keeps. Up to
+        EXEMPLAR_PARTITIONS_PER_REQUEST series-slots a request."""
         hashes = list(hashes)
         slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
-        chunks = [slots[i : i + EXEMPLAR_SLOTS_PER_REQUEST] for i in range(0, len(slots), EXEMPLAR_SLOTS_PER_REQUEST)]
+        slot_chunk = max(1, min(len(slots), EXEMPLAR_PARTITIONS_PER_REQUEST))
+        series_chunk = max(1, EXEMPLAR_PARTITIONS_PER_REQUEST // slot_chunk)
         statement = self._statements["read_exemplars"]
-        requests = [(statement, (tenant, hash_, chunk)) for hash_ in hashes for chunk in chunks]
+        requests = [
+            (statement, (tenant, hashes[i : i + series_chunk], slots[j : j + slot_chunk]))
+            for i in range(0, len(hashes), series_chunk)
+            for j in range(0, len(slots), slot_chunk)
+        ]
 
         def collect(pages):
             rows: dict[str, list[ExemplarRow]] = {hash_: [] for hash_ in hashes}
-            for (_, (_, hash_, _)), page in zip(requests, pages):
-                rows[hash_] += [ExemplarRow(tenant, hash_, ts, value, json.loads(labels)) for ts, value, labels in page]
+            for page in pages:
+                for hash_, ts, value, labels in page:
+                    rows[hash_].append(ExemplarRow(tenant, hash_, ts, value, json.loads(labels)))
             return [exemplars_in_range(rows[hash_], start_ms, end_ms) for hash_ in hashes]
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
