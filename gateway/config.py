@@ -92,6 +92,8 @@ SETTINGS = [
     Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (in sealed blocks)"),
     Setting("head-retention", parse_duration, "6h", "how long head rows (raw samples not yet sealed into a block) are kept past the end of their slot; the downsampler must seal a slot within it"),
     Setting("granularities", str, "5m:14d,1h:365d", "roll-up granularities with their retention, finest first"),
+    Setting("exemplar-retention", parse_duration, "7d", "how long Prometheus exemplars are kept (by their timestamp)"),
+    Setting("max-exemplars-per-series", _positive, "100", "exemplars kept per series and slot (--slot-width): the newest"),
     Setting("roles", str, "ingest,query,downsample", "what this process does: any of ingest, query, downsample"),
     Setting("downsample-partitions-count", _positive, "64", "partitions the series are hashed into for downsampling"),
     Setting("downsample-partitions", str, "", "partitions this replica rolls up, e.g. 0-15,40; empty: all (shared through Redis locks when --redis is given)"),
@@ -148,6 +150,8 @@ class Config:
     raw_retention: int
     head_retention: int
     granularities: str
+    exemplar_retention: int
+    max_exemplars_per_series: int
     roles: str
     downsample_partitions_count: int
     downsample_partitions: str
@@ -189,7 +193,15 @@ class Config:
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.slot_width, self.raw_retention, parse_granularities(self.granularities, self.slot_width), self.head_retention, self.downsample_delay)
+        return Layout(
+            self.slot_width,
+            self.raw_retention,
+            parse_granularities(self.granularities, self.slot_width),
+            self.head_retention,
+            self.downsample_delay,
+            self.exemplar_retention,
+            self.max_exemplars_per_series,
+        )
 
     @property
     def role_set(self) -> set[str]:

@@ -16,11 +16,11 @@ from gateway import metrics
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.model import (
-    InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_point, validate_series,
+    ExemplarSample, InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_point, validate_series,
 )
 from gateway.store import Store
 from gateway.downsample.partitions import partition_of
-from gateway.store.contract import PendingSet, RawPoint
+from gateway.store.contract import ExemplarRow, PendingSet, RawPoint
 
 
 class Rejected(NamedTuple):
@@ -129,6 +129,38 @@ class IngestPipeline:
             known.add_all(fresh)
             metrics.SAMPLES_ACCEPTED.labels(protocol).inc(len(points))
         return IngestResult(len(points), rejected)
+
+    async def ingest_exemplars(self, protocol: str, exemplars: Sequence[ExemplarSample]) -> IngestResult:
+        """Validate and store exemplars as samples are (their series checked, their timestamp in
+        the accepted window), after their series' metadata; rejects carry their index. Called after
+        ``ingest`` of the same request, the series of its samples are known by then."""
+        rejected: list[Rejected] = []
+        now = self.clock()
+        oldest, newest = now - self.limits.max_sample_age_ms, now + self.limits.max_future_ms
+        fresh: dict[tuple, str] = {}
+        new_series: dict[tuple[str, str], SeriesKey] = {}
+        rows: list[ExemplarRow] = []
+        for index, (tenant, name, tags, timestamp, value, labels) in enumerate(exemplars):
+            key = _compact((tenant, name, (*tags.keys(), *tags.values())))
+            try:
+                hash_ = self.known.get(key) or fresh.get(key)
+                if hash_ is None:
+                    validate_series(name, tags, self.limits)
+                    hash_ = fresh[key] = series_set_hash(series_set_text(name, tags))
+                    new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
+                validate_point(timestamp, value, oldest, newest)
+            except InvalidSample as error:
+                rejected.append(Rejected(index, error.field, error.problem, error.reason))
+                metrics.EXEMPLARS_REJECTED.labels(protocol, error.reason).inc()
+                continue
+            rows.append(ExemplarRow(tenant, hash_, timestamp, value, labels))
+        if rows:
+            if new_series:
+                await self._write_metadata(new_series)
+            await metrics.observe_store("write_exemplars", self.store.write_exemplars(rows))
+            self.known.add_all(fresh)
+            metrics.EXEMPLARS_ACCEPTED.labels(protocol).inc(len(rows))
+        return IngestResult(len(rows), rejected)
 
     async def _write(self, new_series: dict[tuple[str, str], SeriesKey], points: list[RawPoint]) -> None:
         if self.inflight_samples and self.inflight_samples + len(points) > self.max_inflight_samples:

@@ -33,6 +33,17 @@ class Sample(NamedTuple):
     value: float
 
 
+class ExemplarSample(NamedTuple):
+    """An exemplar of the series (tenant, metric_name, tags): its own labels, value and time."""
+
+    tenant: str
+    metric_name: str
+    tags: dict[str, str]
+    timestamp_ms: int
+    value: float
+    labels: dict[str, str]
+
+
 class SeriesKey(NamedTuple):
     """A series as the store indexes it: the tenant stays outside the hash."""
 

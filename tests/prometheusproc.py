@@ -19,8 +19,9 @@ def prometheus_binary() -> str:
 
 
 class PrometheusProcess:
-    def __init__(self, workdir: Path, config: str):
+    def __init__(self, workdir: Path, config: str, *flags: str):
         self.workdir = workdir
+        self.flags = flags
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / "prometheus.yml"
@@ -35,6 +36,7 @@ class PrometheusProcess:
             f"--storage.tsdb.path={self.workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--log.level=info",
+            *self.flags,
         ]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self.log_path.open("ab"))
         deadline = time.monotonic() + timeout

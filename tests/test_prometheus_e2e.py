@@ -7,6 +7,7 @@ The tenant travels as ``?tenant=`` in the URLs: Debian's Prometheus 2.42 does no
 
 import threading
 import time
+import urllib.parse
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -26,6 +27,7 @@ remote_write:
   - url: http://127.0.0.1:GATEWAY_PORT/api/v1/write?tenant=TENANT
     queue_config: {batch_send_deadline: 500ms, min_backoff: 100ms, max_backoff: 1s}
     metadata_config: {send: true, send_interval: 2s}
+    send_exemplars: true
 """
 
 READER = """
@@ -71,7 +73,8 @@ def wait_for_first_scrape(prometheus, timeout: float = 30) -> None:
 
 @pytest.fixture
 def exporter():
-    """A small exporter whose counter and gauge change while Prometheus scrapes it."""
+    """A small exporter whose counter and gauge change while Prometheus scrapes it; each increment of
+    /a carries an exemplar (a new trace id), which Prometheus sees over OpenMetrics."""
     registry = CollectorRegistry()
     requests = Counter("tsgate_e2e_requests", "Requests served.", ["path"], registry=registry)
     temperature = Gauge("tsgate_e2e_temperature", "Room temperature.", ["room"], unit="celsius", registry=registry)
@@ -83,7 +86,7 @@ def exporter():
         tick = 0
         while not stop.wait(0.3):
             tick += 1
-            requests.labels("/a").inc()
+            requests.labels("/a").inc(exemplar={"trace_id": f"{tick:016x}"})
             requests.labels("/b").inc(tick % 3)
             temperature.labels("lab").set(20 + tick % 7 + 0.25)
 
@@ -148,3 +151,33 @@ def test_graphite_style_names_read_back_through_real_prometheus(start_gateway, b
         assert len(regex["data"]["result"]) == 1
     finally:
         reader.stop()
+
+
+def canonical_exemplars(answer: dict) -> list:
+    assert answer["status"] == "success", answer
+    return sorted((sorted(item["seriesLabels"].items()), item["exemplars"]) for item in answer["data"])
+
+
+def test_real_prometheus_sends_exemplars_and_both_answer_alike(start_gateway, backend_args, exporter, tmp_path, tenant):
+    """Prometheus 2.42 with exemplar storage scrapes exemplars and remote-writes them
+    (send_exemplars); tsgate's /api/v1/query_exemplars then answers what Prometheus's own does."""
+    gateway = start_gateway(*backend_args)
+    values = dict(GATEWAY_PORT=gateway.port, EXPORTER_PORT=exporter, TENANT=tenant)
+    writer = PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=exemplar-storage").start()
+    try:
+        query = 'rate(tsgate_e2e_requests_total{path="/a"}[1m])'
+        deadline = time.monotonic() + 60
+        while True:
+            end = time.time() - 3
+            params = {"query": query, "start": end - 30, "end": end}
+            expected = canonical_exemplars(writer.api("/api/v1/query_exemplars", **params))
+            got = canonical_exemplars(gateway.get("/api/v1/query_exemplars?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json())
+            if expected and len(expected[0][1]) >= 5 and got == expected:
+                break
+            assert time.monotonic() < deadline, (expected, got)
+            time.sleep(1)
+        labels, exemplars = got[0]
+        assert dict(labels)["job"] == "exporter" and exemplars[0]["labels"]["trace_id"] and exemplars[0]["value"] == "1"
+    finally:
+        writer.stop()
+    assert "Traceback" not in gateway.log()

@@ -23,6 +23,7 @@ from protocols.prometheus import (
     ReadHints,
     RemoteReadError,
     RemoteWriteError,
+    Exemplar,
     Series,
     WriteBatch,
     crc32c,
@@ -311,17 +312,45 @@ def test_v1_sample_values_keep_their_exact_bits():
     assert samples[4] == (10, math.inf)
 
 
-def test_v1_exemplars_and_histograms_are_counted_not_kept():
+def v1_exemplar(labels, value: float, timestamp: int) -> bytes:
+    return f_bytes(3, b"".join(f_bytes(1, label(n, v)) for n, v in labels) + f_double(2, value) + f_varint(3, timestamp))
+
+
+def test_v1_exemplars_are_decoded_and_histograms_counted():
     raw = v1_request(
-        v1_series([("__name__", "latency")], [(1000, 0.5)], exemplars=2, histograms=3),
+        v1_series([("__name__", "latency")], [(1000, 0.5)], histograms=3)
+        + v1_exemplar([("trace_id", "abc"), ("span_id", "1f")], 0.25, 990)
+        + v1_exemplar([("empty", ""), ("trace_id", "def")], float_of(STALE_NAN_BITS), -5),
         v1_series([("__name__", "native")], histograms=1),
+        v1_series([("__name__", "bare")], exemplars=1),
     )
     batch = decode_v1(raw)
-    assert (batch.exemplars_skipped, batch.histograms_skipped) == (2, 4)
-    assert batch.series == [
-        Series({"__name__": "latency"}, [(1000, 0.5)]),
-        Series({"__name__": "native"}),
-    ]
+    assert batch.histograms_skipped == 4
+    assert batch.exemplar_count == 3
+    assert batch.series[0].exemplars[0] == Exemplar({"trace_id": "abc", "span_id": "1f"}, 0.25, 990)
+    nan = batch.series[0].exemplars[1]
+    assert (nan.labels, nan.timestamp, bits_of(nan.value)) == ({"trace_id": "def"}, -5, STALE_NAN_BITS)
+    assert batch.series[1] == Series({"__name__": "native"})
+    assert batch.series[2].exemplars == [Exemplar({}, 1.5, 1000)]
+
+
+@pytest.mark.parametrize(
+    "exemplar, words",
+    [
+        (v1_exemplar([("bad-name", "x")], 1.0, 1), "series 0: invalid label name 'bad-name'"),
+        (v1_exemplar([("a", "x"), ("a", "y")], 1.0, 1), "series 0: exemplar has a duplicate label name 'a'"),
+        (v1_exemplar([("trace_id", "x" * 121)], 1.0, 1), "exemplar labels are 129 characters long, over 128"),
+    ],
+)
+def test_v1_invalid_exemplars_are_400(exemplar, words):
+    error = reject(v1_request(v1_series([("__name__", "m")], [(1, 1.0)]) + exemplar))
+    assert error.status == 400
+    assert words in error.message
+
+
+def test_exemplar_labels_of_exactly_128_characters_are_accepted():
+    raw = v1_request(v1_series([("__name__", "m")], [(1, 1.0)]) + v1_exemplar([("trace_id", "x" * 120)], 1.0, 1))
+    assert decode_v1(raw).exemplar_count == 1
 
 
 @pytest.mark.parametrize(
@@ -454,22 +483,51 @@ def test_v2_metric_type_names(number, name):
     assert decode_v2(raw).series[0].metric_type == name
 
 
-def test_v2_histograms_and_exemplars_are_counted_and_headers_say_zero_written():
+def v2_exemplar(refs, value: float, timestamp: int) -> bytes:
+    return f_bytes(4, (packed(1, refs) if refs else b"") + f_double(2, value) + f_varint(3, timestamp))
+
+
+def test_v2_exemplars_resolve_symbols_and_headers_say_what_was_written():
     raw = v2_request(
-        SYMBOLS,
-        v2_series([1, 2], [(1, 1.0), (2, 2.0)], exemplars=3),
-        v2_series([1, 2, 3, 4], histograms=2),
+        SYMBOLS + ["trace_id", "abc"],
+        v2_series([1, 2], [(1, 1.0), (2, 2.0)]) + v2_exemplar([7, 8], 0.5, 2) + v2_exemplar([3, 4, 7, 8], 1.5, 1),
+        v2_series([1, 2, 3, 4], histograms=2, exemplars=1),
     )
     batch = decode_v2(raw)
-    assert (batch.exemplars_skipped, batch.histograms_skipped) == (3, 2)
-    assert batch.series[1].samples == []
-    assert v2_written_headers(batch) == {
+    assert batch.histograms_skipped == 2
+    assert batch.series[0].exemplars == [Exemplar({"trace_id": "abc"}, 0.5, 2), Exemplar({"job": "api", "trace_id": "abc"}, 1.5, 1)]
+    assert batch.series[1].samples == [] and batch.series[1].exemplars == [Exemplar({}, 1.0, 1000)]
+    assert v2_written_headers(batch, exemplars_written=3) == {
         "X-Prometheus-Remote-Write-Samples-Written": "2",
         "X-Prometheus-Remote-Write-Histograms-Written": "0",
-        "X-Prometheus-Remote-Write-Exemplars-Written": "0",
+        "X-Prometheus-Remote-Write-Exemplars-Written": "3",
     }
     partial = v2_written_headers(batch, samples_written=1)
     assert partial["X-Prometheus-Remote-Write-Samples-Written"] == "1"
+    assert partial["X-Prometheus-Remote-Write-Exemplars-Written"] == "0"
+
+
+@pytest.mark.parametrize(
+    "exemplar, words",
+    [
+        (v2_exemplar([3], 1.0, 1), "series 0: odd number of exemplar labels_refs (1)"),
+        (v2_exemplar([3, 99], 1.0, 1), "series 0: exemplar label value ref 99 out of range"),
+        (v2_exemplar([99, 4], 1.0, 1), "series 0: exemplar label name ref 99 out of range"),
+    ],
+)
+def test_v2_invalid_exemplars_are_400(exemplar, words):
+    error = reject(v2_request(SYMBOLS, v2_series([1, 2], [(1, 1.0)]) + exemplar), decode=decode_v2)
+    assert error.status == 400
+    assert words in error.message
+
+
+def test_encoders_write_exemplars_both_versions_decode():
+    series = [Series({"__name__": "up"}, [(1000, 1.0)], exemplars=[Exemplar({"trace_id": "t1", "a": "b"}, 0.5, 999)])]
+    v1 = unsnappy(encode_write_request_v1(series))
+    assert v1 == v1_request(v1_series([("__name__", "up")], [(1000, 1.0)]) + v1_exemplar([("a", "b"), ("trace_id", "t1")], 0.5, 999))
+    v2 = unsnappy(encode_write_request_v2(series))
+    assert v2 == v2_request(["", "__name__", "up", "a", "b", "trace_id", "t1"], v2_series([1, 2], [(1000, 1.0)]) + v2_exemplar([3, 4, 5, 6], 0.5, 999))
+    assert decode_v1(v1).series == series and decode_v2(v2).series == series
 
 
 def test_v1_body_sent_as_v2_decodes_to_nothing():
@@ -717,6 +775,32 @@ def test_samples_answer_is_what_protobuf_serializes():
     for timestamp, value in zip(stamps.tolist(), values.tolist()):
         series.samples.add(timestamp=timestamp, value=value)
     assert unsnappy(encode_read_response([[({"__name__": "x"}, arrays)]])) == expected.SerializeToString()
+
+
+def test_samples_answer_with_exemplars_is_what_protobuf_serializes():
+    """Exemplars follow the samples (field 3 of TimeSeries); a series may have exemplars only."""
+    from protocols.prometheus import remote_pb2
+
+    nan = float_of(STALE_NAN_BITS)
+    exemplars = [Exemplar({"trace_id": "t1", "a": "b"}, nan, 999), Exemplar({}, 0.0, -5), Exemplar({"x": "y"}, -0.0, 0)]
+    results = [[({"__name__": "x"}, [(1000, 1.0)], exemplars), ({"__name__": "y"}, [], exemplars[:1])], [({"__name__": "z"}, [(1, 2.0)])]]
+    expected = remote_pb2.ReadResponse()
+    for series_list in results:
+        result = expected.results.add()
+        for labels, samples, *rest in series_list:
+            series = result.timeseries.add()
+            for name in sorted(labels):
+                series.labels.add(name=name, value=labels[name])
+            for timestamp, value in samples:
+                series.samples.add(timestamp=timestamp, value=value)
+            for exemplar in rest[0] if rest else ():
+                message = series.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp)
+                for name in sorted(exemplar.labels):
+                    message.labels.add(name=name, value=exemplar.labels[name])
+    encoded = unsnappy(encode_read_response(results))
+    assert encoded == expected.SerializeToString()
+    exemplar_bytes = f_bytes(3, f_bytes(1, label("a", "b")) + f_bytes(1, label("trace_id", "t1")) + f_double_bits(2, STALE_NAN_BITS) + f_varint(3, 999))
+    assert f_bytes(2, sample(1.0, 1000)) + exemplar_bytes in encoded
 
 
 # --- remote read: STREAMED_XOR_CHUNKS ---------------------------------------------

@@ -11,7 +11,9 @@ from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
-from gateway.store.contract import MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
+from gateway.store.contract import ExemplarRow, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
+from gateway.store.layout import Layout
+from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_blocks, read_head
 
 HOUR = 3_600_000
@@ -265,3 +267,70 @@ async def test_metric_aggregators(store, tenant):
     await store.add_metric_aggregators(tenant, "cpu", ["max", "min"])
     assert await store.get_metric_aggregators(tenant, "cpu") == ["max", "min", "raw"]
     assert await store.list_metric_names(tenant) == ["cpu"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_exemplars_round_trip_bit_exact_per_series(store, tenant):
+    """Values keep their bits (NaN payloads, -0.0), labels their text; each series gets its own
+    list, oldest first, in the order of the hashes asked, over an inclusive range across slots."""
+    nan = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
+    a = [
+        ExemplarRow(tenant, "a", HOUR - 1, nan, {"trace_id": "t1"}),
+        ExemplarRow(tenant, "a", HOUR, -0.0, {"trace_id": "t2", "span_id": "é"}),
+        ExemplarRow(tenant, "a", 3 * HOUR, 1.5, {}),
+    ]
+    b = [ExemplarRow(tenant, "b", HOUR, 2.5, {"trace_id": "t3"})]
+    await store.write_exemplars(a + b)
+    found = await store.read_exemplars(tenant, ["b", "missing", "a"], HOUR - 1, 3 * HOUR)
+    assert found[0] == b and found[1] == []
+    assert [(r.timestamp_ms, bits(r.value), r.labels) for r in found[2]] == [(r.timestamp_ms, bits(r.value), r.labels) for r in a]
+    assert await store.read_exemplars(tenant, ["a"], HOUR, 3 * HOUR - 1) == [[a[1]]]
+    assert await store.read_exemplars(tenant, ["a"], HOUR, HOUR - 1) == [[]]
+
+
+@pytest_twisted.ensureDeferred
+async def test_exemplar_writes_are_upserts_by_timestamp_and_labels(store, tenant):
+    await store.write_exemplars([ExemplarRow(tenant, "a", 1000, 1.0, {"trace_id": "x", "a": "b"})])
+    await store.write_exemplars([ExemplarRow(tenant, "a", 1000, 2.0, {"a": "b", "trace_id": "x"})])
+    await store.write_exemplars([ExemplarRow(tenant, "a", 1000, 3.0, {"trace_id": "y"})])
+    (found,) = await store.read_exemplars(tenant, ["a"], 0, 2000)
+    assert [(r.value, r.labels) for r in found] == [(2.0, {"a": "b", "trace_id": "x"}), (3.0, {"trace_id": "y"})]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_series_keeps_the_newest_exemplars_of_each_slot(store, tenant):
+    """--max-exemplars-per-series (100 in LAYOUT) per slot: the newest win, in later writes too."""
+    cap = store.layout.max_exemplars_per_series
+    first = [ExemplarRow(tenant, "a", HOUR + i, float(i), {"n": str(i)}) for i in range(cap)]
+    await store.write_exemplars(first)
+    await store.write_exemplars([ExemplarRow(tenant, "a", HOUR + cap + i, float(cap + i), {}) for i in range(5)])
+    await store.write_exemplars([ExemplarRow(tenant, "a", 2 * HOUR, 9.0, {})])
+    (found,) = await store.read_exemplars(tenant, ["a"], 0, 3 * HOUR)
+    assert [r.timestamp_ms for r in found] == [HOUR + i for i in range(5, cap + 5)] + [2 * HOUR]
+    (older,) = await store.read_exemplars(tenant, ["a"], HOUR, HOUR + 4)
+    assert older == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_sweep_deletes_exemplars_past_their_retention(tmp_path, tenant):
+    """Cassandra expires them by TTL (test_cassandra.py); SQLite's sweep, by their timestamp."""
+    store = SQLiteStore(tmp_path / "sweep.db", Layout(exemplar_retention_ms=2 * HOUR))
+    await store.start()
+    try:
+        await store.write_exemplars([ExemplarRow(tenant, "a", t, 1.0, {}) for t in (HOUR, 2 * HOUR, 3 * HOUR)])
+        await store.sweep(4 * HOUR)
+        (found,) = await store.read_exemplars(tenant, ["a"], 0, 4 * HOUR)
+        assert [r.timestamp_ms for r in found] == [2 * HOUR, 3 * HOUR]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_exemplars_of_many_series_over_many_slots(store, tenant):
+    """Cassandra reads many series-slots a request: each row still lands with its own series."""
+    hashes = [f"s{i:03d}" for i in range(300)]
+    await store.write_exemplars([ExemplarRow(tenant, h, slot * HOUR + i, float(i), {"slot": str(slot)}) for i, h in enumerate(hashes) for slot in (1, 5)])
+    found = await store.read_exemplars(tenant, hashes[::-1], HOUR, 5 * HOUR + 299)
+    assert [[(r.series_set_hash, r.timestamp_ms, r.value) for r in rows] for rows in found] == [
+        [(h, HOUR + i, float(i)), (h, 5 * HOUR + i, float(i))] for i, h in reversed(list(enumerate(hashes)))
+    ]

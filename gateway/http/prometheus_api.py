@@ -17,7 +17,7 @@ from gateway import metrics
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import SeenSeries
-from gateway.model import NAME_TAG, Sample
+from gateway.model import NAME_TAG, ExemplarSample, Sample
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.read_path import READ_BATCH
 from gateway.store import Store
@@ -88,21 +88,26 @@ class PrometheusAPI:
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
             raise HTTPError(error.status, error.message) from None
-        skipped = batch.exemplars_skipped + batch.histograms_skipped
-        if skipped:
-            metrics.PROMETHEUS_SKIPPED.labels("exemplar").inc(batch.exemplars_skipped)
+        if batch.histograms_skipped:
             metrics.PROMETHEUS_SKIPPED.labels("native_histogram").inc(batch.histograms_skipped)
-        samples = []
+        samples, exemplars = [], []
         for series in batch.series:
             tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
             name = series.labels[NAME_TAG]
             samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
+            if series.exemplars:
+                exemplars.extend(ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars)
         await self._write_metadata(tenant, batch)
         result = await self.pipeline.ingest("prometheus", samples)
-        headers = prometheus.v2_written_headers(batch, result.accepted) if batch.version == 2 else {}
-        if result.rejected:
-            first = "; ".join(f"{r.field}: {r.problem}" for r in result.rejected[:MAX_REPORTED_REJECTS])
-            message = f"{len(result.rejected)} of {len(samples)} samples rejected, the others were written: {first}"
+        stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
+        headers = prometheus.v2_written_headers(batch, result.accepted, stored.accepted) if batch.version == 2 else {}
+        problems = [
+            f"{len(rejected)} of {total} {kind} rejected: " + "; ".join(f"{r.field}: {r.problem}" for r in rejected[:MAX_REPORTED_REJECTS])
+            for kind, rejected, total in (("samples", result.rejected, len(samples)), ("exemplars", stored.rejected, len(exemplars)))
+            if rejected
+        ]
+        if problems:
+            message = f"{'; '.join(problems)}; the others were written"
             return Response(400, message.encode(), "text/plain; charset=utf-8", headers)
         return Response(204, b"", "text/plain; charset=utf-8", headers)
 
@@ -140,9 +145,20 @@ class PrometheusAPI:
         for query, selection in zip(read_request.queries, selections):
             answers.append([item async for item in self._read(selection, query)])
         if response_type == prometheus.SAMPLES:
+            with_exemplars = []
+            for query, selection, answer in zip(read_request.queries, selections, answers):
+                found = {_label_key(labels): samples for labels, samples in answer}
+                exemplars = await self._exemplars(tenant, selection, query)
+                with_exemplars.append(
+                    [
+                        (labels, found.get(_label_key(labels), ()), rows)
+                        for (labels, _), rows in zip(selection, exemplars)
+                        if rows or _label_key(labels) in found
+                    ]
+                )
             return Response(
                 200,
-                await threads.deferToThread(prometheus.encode_read_response, answers),
+                await threads.deferToThread(prometheus.encode_read_response, with_exemplars),
                 prometheus.SAMPLES_CONTENT_TYPE,
                 {"Content-Encoding": "snappy"},
             )
@@ -172,6 +188,16 @@ class PrometheusAPI:
                 if len(read.samples):
                     yield labels, read.samples
 
+    async def _exemplars(self, tenant: str, selection, query) -> list[list[prometheus.Exemplar]]:
+        """The exemplars of each selected series in the query's range (SAMPLES answers carry them;
+        streamed chunks have no place for them)."""
+        found = []
+        for start in range(0, len(selection), READ_BATCH):
+            part = [key.series_set_hash for _, key in selection[start : start + READ_BATCH]]
+            for rows in await self.store.read_exemplars(tenant, part, query.start_ms, query.end_ms):
+                found.append([prometheus.Exemplar(row.labels, row.value, row.timestamp_ms) for row in rows])
+        return found
+
     @staticmethod
     async def _stream(answers):
         """STREAMED_XOR_CHUNKS frames, encoded series by series as they are sent (long series in a thread)."""
@@ -187,6 +213,10 @@ class PrometheusAPI:
 
 def _series_frames(index: int, labels: dict[str, str], found) -> list[bytes]:
     return list(prometheus.encode_chunked_series_frames(index, labels, found.points()))
+
+
+def _label_key(labels: dict[str, str]) -> tuple:
+    return tuple(sorted(labels.items()))
 
 
 def prometheus_labels(metric_name: str, tags: dict[str, str]) -> dict[str, str]:

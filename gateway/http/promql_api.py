@@ -64,8 +64,9 @@ def parse_step(text: str, name: str) -> int:
 
 
 class PromQLAPI:
-    def __init__(self, store: Store, planner: QueryPlanner, max_samples: int, lookback_ms: int, timeout_ms: int):
+    def __init__(self, store: Store, planner: QueryPlanner, max_samples: int, lookback_ms: int, timeout_ms: int, max_future_ms: int):
         self.store = store
+        self.max_future_ms = max_future_ms
         self.planner = planner
         self.max_samples = max_samples
         self.lookback_ms = lookback_ms
@@ -228,9 +229,37 @@ class PromQLAPI:
         return _answer({"version": "2.42.0", "revision": f"tsgate-{__version__}", "branch": "", "buildUser": "", "buildDate": "", "goVersion": "", "features": {}})
 
     async def exemplars(self, request) -> Response:
-        """Exemplars are not stored yet: an empty answer, as Prometheus gives without exemplar storage."""
-        _required(request, "query")
-        return _answer([])
+        """Prometheus's exemplar query: the exemplars of every series the query's selectors select,
+        in [start, end] (default: the exemplar retention up to now; a range is cut to what can be
+        stored, from the retention's start to ``--max-future`` ahead)."""
+        text = _required(request, "query")
+        tenant = request_tenant(request)
+        now = int(time.time() * 1000)
+        oldest, newest = now - self.store.layout.exemplar_retention_ms, now + self.max_future_ms
+        start = parse_time(arg(request, "start"), "start") if arg(request, "start") else oldest
+        end = parse_time(arg(request, "end"), "end") if arg(request, "end") else now
+        if end < start:
+            raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
+        start, end = max(start, oldest), min(end, newest)
+        expr = await threads.deferToThread(parse, text)
+        selected = {}
+        for matchers, _, _ in plan(expr, Query(start, end, 0, self.lookback_ms)).values():
+            for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
+                selected[key.series_set_hash] = key
+        keys = list(selected.values())
+        result = []
+        for begin in range(0, len(keys), READ_BATCH):
+            part = keys[begin : begin + READ_BATCH]
+            found = await self.store.read_exemplars(tenant, [key.series_set_hash for key in part], start, end)
+            result += [
+                {
+                    "seriesLabels": prometheus_labels(key.metric_name, key.tags),
+                    "exemplars": [{"labels": row.labels, "value": format_value(row.value), "timestamp": row.timestamp_ms / 1000} for row in rows],
+                }
+                for key, rows in zip(part, found)
+                if rows
+            ]
+        return _answer(sorted(result, key=lambda item: sorted(item["seriesLabels"].items())))
 
 
 def _required(request, name: str) -> str:

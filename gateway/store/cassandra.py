@@ -8,6 +8,7 @@ replicas become StoreUnavailable (HTTP 503, so senders retry); the driver reconn
 when Cassandra comes back.
 """
 
+import json
 import logging
 import ssl
 import time
@@ -33,7 +34,10 @@ from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
-from gateway.store.contract import ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store, StoreUnavailable, time_slot, time_slots
+from gateway.store.contract import (
+    ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, ExemplarRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store,
+    StoreUnavailable, exemplar_labels_text, exemplars_in_range, time_slot, time_slots,
+)
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
@@ -90,6 +94,10 @@ SEAL_CLOCK_MARGIN_MS = 60_000
 # Series whose data_blocks rows one request reads (an IN on the partition key): the Python driver's
 # cost per request, not Cassandra, was most of a read of many series.
 READ_SERIES_PER_REQUEST = 64
+
+# Partitions (series x slots, two INs on the partition key) whose exemplars one request reads:
+# a remote read of many series over a few slots costs a few requests, not one a series.
+EXEMPLAR_PARTITIONS_PER_REQUEST = 256
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
 # namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.md).
@@ -352,6 +360,11 @@ class CassandraStore(Store):
             "write_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
             "read_slots": f"SELECT series_set_hash, time_slot, block, written_at, sealed_at FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash IN ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
             "read_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
+            "write_exemplar": f"INSERT INTO {ks}.exemplars (tenant, series_set_hash, time_slot, ts, labels, value) VALUES (?, ?, ?, ?, ?, ?)",
+            "read_exemplars": (
+                f"SELECT series_set_hash, ts, value, labels FROM {ks}.exemplars WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ?"
+                f" PER PARTITION LIMIT {self.layout.max_exemplars_per_series}"
+            ),
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
             "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
@@ -579,6 +592,39 @@ class CassandraStore(Store):
         ttl_s = (self.layout.head_ttl_ms(slot_ms, head_read_ms) + WRITTEN_AT_MARGIN_MS) // 1000
         margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
         return written.addCallback(lambda _: self._execute(self._statements["head_sealed"], (ttl_s, head_read_ms - margin, *key)))
+
+    def write_exemplars(self, exemplars):
+        """Rows with the table's TTL (--exemplar-retention); the per-series cap applies on reading."""
+        statement, width = self._statements["write_exemplar"], self.slot_width_ms
+        requests = [
+            (statement, (e.tenant, e.series_set_hash, time_slot(e.timestamp_ms, width), e.timestamp_ms, exemplar_labels_text(e.labels), e.value))
+            for e in exemplars
+        ]
+        return self._execute_all(self._batched(requests))
+
+    def read_exemplars(self, tenant, hashes, start_ms, end_ms):
+        """The newest ``max_exemplars_per_series`` of each slot (PER PARTITION LIMIT over the
+        clustering order ts DESC, labels ASC), then those in the range: what SQLite keeps. Up to
+        EXEMPLAR_PARTITIONS_PER_REQUEST series-slots a request."""
+        hashes = list(hashes)
+        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
+        slot_chunk = max(1, min(len(slots), EXEMPLAR_PARTITIONS_PER_REQUEST))
+        series_chunk = max(1, EXEMPLAR_PARTITIONS_PER_REQUEST // slot_chunk)
+        statement = self._statements["read_exemplars"]
+        requests = [
+            (statement, (tenant, hashes[i : i + series_chunk], slots[j : j + slot_chunk]))
+            for i in range(0, len(hashes), series_chunk)
+            for j in range(0, len(slots), slot_chunk)
+        ]
+
+        def collect(pages):
+            rows: dict[str, list[ExemplarRow]] = {hash_: [] for hash_ in hashes}
+            for page in pages:
+                for hash_, ts, value, labels in page:
+                    rows[hash_].append(ExemplarRow(tenant, hash_, ts, value, json.loads(labels)))
+            return [exemplars_in_range(rows[hash_], start_ms, end_ms) for hash_ in hashes]
+
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
 
     def sweep(self, now_ms):
         return defer.succeed(None)

@@ -23,6 +23,10 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          Cassandra also when the slot's head rows were last written and sealed.
 - ``data_{granularity}`` (tenant, hash, time_slot) -> (ts, min, max, sum, count, last, increase):
                          roll-ups, one table per granularity with its own TTL (layout.py).
+- ``exemplars``          (tenant, hash, time_slot) -> (ts, labels, value): Prometheus exemplars of a
+                         series, kept ``--exemplar-retention``; a read gives at most the newest
+                         ``--max-exemplars-per-series`` of each slot (SQLite deletes the older ones
+                         as it writes, Cassandra leaves them to their TTL).
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
                          waiting for the downsampler when there is no Redis (seed 000).
 
@@ -32,6 +36,7 @@ Time ranges are inclusive at both ends, as in Prometheus.
 """
 
 import abc
+import json
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -47,6 +52,27 @@ class RawPoint(NamedTuple):
     series_set_hash: str
     timestamp_ms: int
     value: float
+
+
+class ExemplarRow(NamedTuple):
+    """One exemplar of a series: its own labels (a trace id, say), value and timestamp."""
+
+    tenant: str
+    series_set_hash: str
+    timestamp_ms: int
+    value: float
+    labels: dict[str, str]
+
+
+def exemplar_labels_text(labels: dict[str, str]) -> str:
+    """The exemplars table's text of a label set: sorted JSON, so the same set is one row."""
+    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
+
+
+def exemplars_in_range(rows: Iterable[ExemplarRow], start_ms: int, end_ms: int) -> list[ExemplarRow]:
+    """The rows in an inclusive range, oldest first (ties by labels), as read_exemplars returns them."""
+    found = [row for row in rows if start_ms <= row.timestamp_ms <= end_ms]
+    return sorted(found, key=lambda row: (row.timestamp_ms, exemplar_labels_text(row.labels)))
 
 
 class PathNode(NamedTuple):
@@ -219,9 +245,20 @@ class Store(abc.ABC):
         the sealed value; a row rewritten meanwhile stays, to be sealed next time)."""
 
     @abc.abstractmethod
+    def write_exemplars(self, exemplars: Sequence[ExemplarRow]) -> Deferred:
+        """Upsert exemplars (one row per series, timestamp and label set; the last value wins),
+        kept ``layout.exemplar_retention_ms``; fire once the store has accepted all of them."""
+
+    @abc.abstractmethod
+    def read_exemplars(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Fire with one list of ExemplarRow per series (in the order of ``hashes``) in an inclusive
+        range, oldest first: of each slot, only the newest ``layout.max_exemplars_per_series``
+        stored (newest by timestamp, then the smallest label text) are candidates."""
+
+    @abc.abstractmethod
     def sweep(self, now_ms: int) -> Deferred:
-        """Delete what is past its retention (head rows, blocks, roll-ups); a no-op where the
-        store expires data by itself (Cassandra TTLs)."""
+        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars); a no-op
+        where the store expires data by itself (Cassandra TTLs)."""
 
     @abc.abstractmethod
     def list_tenants(self) -> Deferred:

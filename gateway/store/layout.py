@@ -1,7 +1,8 @@
 """How time is cut up in storage: the slot width, raw and head retention, and the roll-up granularities.
 
 Both drivers and the Cassandra schema take one Layout, built from ``--slot-width``,
-``--raw-retention``, ``--head-retention`` and ``--granularities`` (default ``5m:14d,1h:365d``).
+``--raw-retention``, ``--head-retention``, ``--granularities`` (default ``5m:14d,1h:365d``),
+``--exemplar-retention`` and ``--max-exemplars-per-series``.
 Raw samples live first as head rows (``data_raw``, one row a sample, kept ``head_retention_ms``
 past the end of their slot) and, once the downsampler sealed their slot, in a compressed block
 (``data_blocks``, kept ``raw_retention_ms``), whose partitions cover ``BLOCK_PARTITION_SLOTS``
@@ -74,6 +75,8 @@ class Layout:
     granularities: tuple[Granularity, ...] = parse_granularities("5m:14d,1h:365d", HOUR_MS)
     head_retention_ms: int = 6 * HOUR_MS
     settle_delay_ms: int = 5 * 60_000  # --downsample-delay: a slot is sealed once it saw no write for this long
+    exemplar_retention_ms: int = 7 * DAY_MS  # --exemplar-retention
+    max_exemplars_per_series: int = 100  # --max-exemplars-per-series: the newest kept per series and slot
 
     @property
     def block_partition_width_ms(self) -> int:

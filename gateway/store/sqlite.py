@@ -2,8 +2,8 @@
 
 The tables mirror the Cassandra ones column for column (see contract.py), with two differences
 that stand in for Cassandra's TTLs: sealing a slot deletes the head rows it sealed, in the same
-transaction as the block's write, and ``sweep`` deletes blocks, head rows and roll-ups past their
-retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
+transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups and exemplars
+past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
 blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows). SQLite
 calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
 small pool of readers, each thread with its own connection.
@@ -27,11 +27,14 @@ import numpy as np
 from gateway import samples
 from gateway.model import SeriesKey
 from gateway.samples import Samples
-from gateway.store.contract import ROLLUP_COLUMNS, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store, StoreUnavailable, time_slot
+from gateway.store.contract import (
+    ROLLUP_COLUMNS, ExemplarRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store, StoreUnavailable,
+    exemplar_labels_text, exemplars_in_range, time_slot,
+)
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 ROLLUP_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -131,6 +134,15 @@ CREATE TABLE IF NOT EXISTS data_raw (
     ts INTEGER NOT NULL,
     value REAL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS exemplars (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    labels TEXT NOT NULL,
+    value REAL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot, ts, labels)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS store_identity (
     id TEXT NOT NULL
@@ -391,6 +403,39 @@ class SQLiteStore(Store):
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
         return self._write(_write_block, tenant, series_set_hash, slot_ms, block, sealed)
 
+    def write_exemplars(self, exemplars):
+        width = self.slot_width_ms
+        rows = [
+            (e.tenant, e.series_set_hash, time_slot(e.timestamp_ms, width), e.timestamp_ms, exemplar_labels_text(e.labels), _encode_value(e.value))
+            for e in exemplars
+        ]
+        return self._write(_write_exemplars, rows, self.layout.max_exemplars_per_series)
+
+    def read_exemplars(self, tenant, hashes, start_ms, end_ms):
+        hashes = list(hashes)
+        if end_ms < start_ms:
+            return succeed([[] for _ in hashes])
+        query = (
+            "SELECT ts, value, labels FROM exemplars WHERE tenant=? AND series_set_hash=?"
+            " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ?"
+        )
+        slots = (time_slot(start_ms, self.slot_width_ms), time_slot(end_ms, self.slot_width_ms))
+
+        def read(connection):
+            return [
+                exemplars_in_range(
+                    (
+                        ExemplarRow(tenant, hash_, ts, _decode_value(value), json.loads(labels))
+                        for ts, value, labels in connection.execute(query, (tenant, hash_, *slots, start_ms, end_ms))
+                    ),
+                    start_ms,
+                    end_ms,
+                )
+                for hash_ in hashes
+            ]
+
+        return self._read(read)
+
     def sweep(self, now_ms):
         return self._write(_sweep, self.layout, now_ms)
 
@@ -499,13 +544,26 @@ def _write_block(connection, tenant, series_set_hash, slot_ms, block, sealed: Sa
     )
 
 
+def _write_exemplars(connection, rows: list[tuple], keep: int) -> None:
+    """The exemplars, then, in the same transaction, the deletion of those past the newest
+    ``keep`` of each series-slot they landed in (--max-exemplars-per-series)."""
+    trim = (
+        "DELETE FROM exemplars WHERE tenant=?1 AND series_set_hash=?2 AND time_slot=?3 AND (ts, labels) NOT IN"
+        " (SELECT ts, labels FROM exemplars WHERE tenant=?1 AND series_set_hash=?2 AND time_slot=?3"
+        " ORDER BY ts DESC, labels LIMIT ?4)"
+    )
+    slots = sorted({(*row[:3], keep) for row in rows})
+    _transaction(connection, [("INSERT OR REPLACE INTO exemplars VALUES (?, ?, ?, ?, ?, ?)", rows), (trim, slots)])
+
+
 def _sweep(connection, layout: Layout, now_ms: int) -> None:
-    """Delete blocks and head rows older than the raw retention and roll-ups older than theirs
-    (by the samples' time), then return the freed pages to the file system."""
+    """Delete blocks and head rows older than the raw retention, and roll-ups and exemplars older
+    than theirs (by the samples' time), then return the freed pages to the file system."""
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
     statements = [
         ("DELETE FROM data_raw WHERE time_slot < ?", [(raw_before,)]),
         ("DELETE FROM data_blocks WHERE time_slot < ?", [(raw_before,)]),
+        ("DELETE FROM exemplars WHERE ts < ?", [(now_ms - layout.exemplar_retention_ms,)]),
     ]
     for granularity in layout.granularities:
         statements.append((f"DELETE FROM {granularity.table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))

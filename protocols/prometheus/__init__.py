@@ -42,6 +42,7 @@ from .snappy import compress_block, decompress_block, uncompressed_length
 from .write import (
     V1_CONTENT_TYPE,
     V2_CONTENT_TYPE,
+    Exemplar,
     MetricMetadata,
     Series,
     WriteBatch,
@@ -60,6 +61,7 @@ __all__ = [
     "STREAMED_XOR_CHUNKS",
     "V1_CONTENT_TYPE",
     "V2_CONTENT_TYPE",
+    "Exemplar",
     "Matcher",
     "MetricMetadata",
     "ProtocolError",

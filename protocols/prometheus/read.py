@@ -185,21 +185,31 @@ def _add_labels(container, labels: Mapping[str, str]) -> None:
 
 def encode_read_response(results) -> bytes:
     """Build the SAMPLES answer: one QueryResult per query, in request order; each series is
-    (labels, samples), samples being [(timestamp_ms, value), ...] or anything with numpy
-    ``timestamps`` and ``values`` arrays. The bytes are those protobuf's SerializeToString
-    writes, with the samples encoded by numpy rather than one protobuf call a sample (millions
-    of samples in a large read)."""
+    (labels, samples) or (labels, samples, exemplars), samples being [(timestamp_ms, value), ...]
+    or anything with numpy ``timestamps`` and ``values`` arrays, exemplars objects with
+    ``labels``, ``value`` and ``timestamp`` (write.Exemplar). The bytes are those protobuf's
+    SerializeToString writes, with the samples encoded by numpy rather than one protobuf call a
+    sample (millions of samples in a large read)."""
     return compress_block(b"".join(_field(1, _query_result(series_list)) for series_list in results))
 
 
 def _query_result(series_list) -> bytes:
     parts = []
-    for labels, samples in series_list:
+    for labels, samples, *exemplars in series_list:
         message = types_pb2.TimeSeries()
         _add_labels(message.labels, labels)
         timestamps, values = _sample_arrays(samples)
-        parts.append(_field(1, message.SerializeToString() + _encoded_samples(timestamps, values)))
+        parts.append(_field(1, message.SerializeToString() + _encoded_samples(timestamps, values) + _encoded_exemplars(*exemplars)))
     return b"".join(parts)
+
+
+def _encoded_exemplars(exemplars=()) -> bytes:
+    """``Exemplar`` fields (number 3 of TimeSeries, after the samples as protobuf orders them):
+    few per series, so written by protobuf itself."""
+    message = types_pb2.TimeSeries()
+    for exemplar in exemplars:
+        _add_labels(message.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp).labels, exemplar.labels)
+    return message.SerializeToString()
 
 
 def _sample_arrays(samples) -> tuple[np.ndarray, np.ndarray]:

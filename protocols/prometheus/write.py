@@ -8,6 +8,7 @@ either stores everything in the returned batch or nothing.
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -26,6 +27,8 @@ HISTOGRAMS_WRITTEN_HEADER = "X-Prometheus-Remote-Write-Histograms-Written"
 EXEMPLARS_WRITTEN_HEADER = "X-Prometheus-Remote-Write-Exemplars-Written"
 
 METRIC_NAME_LABEL = "__name__"
+# Prometheus's bound on an exemplar's label set: names and values together, in characters.
+MAX_EXEMPLAR_LABELS_LENGTH = 128
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 _V1_TYPE_NAMES = {
@@ -40,6 +43,15 @@ _V2_TYPE_NAMES = {
 _V2_TYPE_NUMBERS = {name: number for number, name in _V2_TYPE_NAMES.items()}
 
 
+class Exemplar(NamedTuple):
+    """An exemplar of a series: its own labels (a trace id, say), a value and a timestamp (ms).
+    A NamedTuple: a frozen dataclass took a third of decoding an exemplar."""
+
+    labels: dict[str, str]
+    value: float
+    timestamp: int
+
+
 @dataclass
 class Series:
     """One time series; `labels` includes `__name__`, samples are (timestamp_ms, value)."""
@@ -49,6 +61,7 @@ class Series:
     metric_type: str | None = None  # v2 only: "counter", "gauge", ...
     help: str = ""  # v2 only
     unit: str = ""  # v2 only
+    exemplars: list[Exemplar] = field(default_factory=list)
 
 
 @dataclass
@@ -68,12 +81,15 @@ class WriteBatch:
     version: int
     series: list[Series] = field(default_factory=list)
     metadata: list[MetricMetadata] = field(default_factory=list)
-    exemplars_skipped: int = 0
     histograms_skipped: int = 0
 
     @property
     def sample_count(self) -> int:
         return sum(len(series.samples) for series in self.series)
+
+    @property
+    def exemplar_count(self) -> int:
+        return sum(len(series.exemplars) for series in self.series)
 
 
 def message_version(content_type: str | None) -> int:
@@ -173,14 +189,38 @@ def _validated_labels(index: int, pairs: Iterable[tuple[str, str]]) -> dict[str,
     return labels
 
 
+def _exemplar(index: int, pairs: Iterable[tuple[str, str]], value: float, timestamp: int) -> Exemplar:
+    """Check an exemplar's labels (valid, distinct names; at most MAX_EXEMPLAR_LABELS_LENGTH
+    characters in all, as Prometheus bounds them); empty values are dropped as for series."""
+    labels: dict[str, str] = {}
+    length = 0
+    for name, label_value in pairs:
+        if name not in _VALID_LABEL_NAMES:
+            _check_label_name(index, name)
+        if name in labels:
+            raise RemoteWriteError(400, f"series {index}: exemplar has a duplicate label name {name!r}")
+        length += len(name) + len(label_value)
+        if label_value:
+            labels[name] = label_value
+    if length > MAX_EXEMPLAR_LABELS_LENGTH:
+        raise RemoteWriteError(
+            400, f"series {index}: exemplar labels are {length} characters long, over {MAX_EXEMPLAR_LABELS_LENGTH}"
+        )
+    return Exemplar(labels, value, timestamp)
+
+
 def _decode_v1(raw: bytes) -> WriteBatch:
     request = _parse(remote_pb2.WriteRequest(), raw)
     batch = WriteBatch(version=1)
     for index, ts in enumerate(request.timeseries):
         labels = _validated_labels(index, ((label.name, label.value) for label in ts.labels))
         samples = [(sample.timestamp, sample.value) for sample in ts.samples]
-        batch.series.append(Series(labels=labels, samples=samples))
-        batch.exemplars_skipped += len(ts.exemplars)
+        # Tested first: iterating an empty repeated field costs more than testing it (~0.5 µs a series).
+        exemplars = [
+            _exemplar(index, ((label.name, label.value) for label in e.labels), e.value, e.timestamp)
+            for e in ts.exemplars
+        ] if ts.exemplars else []
+        batch.series.append(Series(labels=labels, samples=samples, exemplars=exemplars))
         batch.histograms_skipped += len(ts.histograms)
     for metadata in request.metadata:
         batch.metadata.append(
@@ -231,29 +271,45 @@ def _decode_v2(raw: bytes) -> WriteBatch:
             Series(
                 labels=labels,
                 samples=[(sample.timestamp, sample.value) for sample in ts.samples],
+                exemplars=[_v2_exemplar(symbols, index, e) for e in ts.exemplars] if ts.exemplars else [],
                 metric_type=_V2_TYPE_NAMES.get(metadata.type, "unknown") if metadata.type else None,
                 help=_symbol(symbols, metadata.help_ref, index, "help_ref"),
                 unit=_symbol(symbols, metadata.unit_ref, index, "unit_ref"),
             )
         )
-        batch.exemplars_skipped += len(ts.exemplars)
         batch.histograms_skipped += len(ts.histograms)
     return batch
 
 
-def v2_written_headers(batch: WriteBatch, samples_written: int | None = None) -> dict[str, str]:
+def _v2_exemplar(symbols: list[str], index: int, exemplar) -> Exemplar:
+    refs = exemplar.labels_refs
+    if len(refs) % 2:
+        raise RemoteWriteError(400, f"series {index}: odd number of exemplar labels_refs ({len(refs)})")
+    pairs = [
+        (
+            _symbol(symbols, refs[i], index, "exemplar label name ref"),
+            _symbol(symbols, refs[i + 1], index, "exemplar label value ref"),
+        )
+        for i in range(0, len(refs), 2)
+    ]
+    return _exemplar(index, pairs, exemplar.value, exemplar.timestamp)
+
+
+def v2_written_headers(
+    batch: WriteBatch, samples_written: int | None = None, exemplars_written: int = 0
+) -> dict[str, str]:
     """Response headers a v2 receiver must send: how many elements were stored.
 
     Samples default to every sample of the batch (pass `samples_written` after a
-    partial failure). Histograms and exemplars are always 0 because tsgate
-    skips them, which tells the sender they were not stored.
+    partial failure); exemplars are those the caller stored. Histograms are always 0
+    because tsgate skips them, which tells the sender they were not stored.
     """
     if samples_written is None:
         samples_written = batch.sample_count
     return {
         SAMPLES_WRITTEN_HEADER: str(samples_written),
         HISTOGRAMS_WRITTEN_HEADER: "0",
-        EXEMPLARS_WRITTEN_HEADER: "0",
+        EXEMPLARS_WRITTEN_HEADER: str(exemplars_written),
     }
 
 
@@ -269,6 +325,10 @@ def encode_write_request_v1(
                 ts.labels.add(name=name, value=item.labels[name])
         for timestamp, value in item.samples:
             ts.samples.add(timestamp=timestamp, value=value)
+        for exemplar in item.exemplars:
+            message = ts.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp)
+            for name in sorted(exemplar.labels):
+                message.labels.add(name=name, value=exemplar.labels[name])
     for entry in metadata or ():
         request.metadata.add(
             type=types_pb2.MetricMetadata.MetricType.Value(entry.type.upper()),
@@ -296,6 +356,10 @@ def encode_write_request_v2(series: Iterable[Series]) -> bytes:
                 ts.labels_refs.extend((intern(name), intern(item.labels[name])))
         for timestamp, value in item.samples:
             ts.samples.add(timestamp=timestamp, value=value)
+        for exemplar in item.exemplars:
+            message = ts.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp)
+            for name in sorted(exemplar.labels):
+                message.labels_refs.extend((intern(name), intern(exemplar.labels[name])))
         if item.metric_type not in (None, "unknown"):
             if item.metric_type not in _V2_TYPE_NUMBERS:
                 raise ValueError(f"unknown metric type {item.metric_type!r}")
