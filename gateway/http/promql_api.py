@@ -140,7 +140,7 @@ class PromQLAPI:
         expr = await threads.deferToThread(parse, text)
         needs = plan(expr, query)
         data = await self._fetch(tenant, needs, deadline)
-        value = await threads.deferToThread(Evaluator(query, data, deadline).evaluate, expr, times)
+        value = await threads.deferToThread(Evaluator(query, data, deadline).result, expr, times)
         return value, self._rollup_warnings(needs)
 
     def _rollup_warnings(self, needs: dict) -> list[str]:

@@ -16,7 +16,7 @@ import promql_parser
 
 from gateway.promql.functions import FUNCTIONS
 from gateway.promql.values import (
-    NAME, PromQLError, RangeVector, Scalar, Series, String, Vector, drop_metric_name, is_stale, labels_key,
+    NAME, PromQLError, RangeVector, Scalar, Series, String, Vector, drop_metric_name, is_stale, labels_key, merge_same_labels,
 )
 from gateway.promql.range_functions import quantiles
 from protocols.prometheus.read import Matcher
@@ -24,6 +24,7 @@ from protocols.prometheus.read import Matcher
 DEFAULT_SUBQUERY_STEP_MS = 60_000
 _MATCH_TYPES = {"MatchOp.Equal": "EQ", "MatchOp.NotEqual": "NEQ", "MatchOp.Re": "RE", "MatchOp.NotRe": "NRE"}
 _COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
+_ARITHMETIC = {"+", "-", "*", "/", "%", "^"}  # the operators that drop __name__ (atan2 keeps it in 2.42)
 _SET_OPERATORS = {"and", "or", "unless"}
 
 
@@ -133,6 +134,11 @@ class Evaluator:
         self.query = query
         self.data = data
         self.deadline = deadline
+
+    def result(self, expr, times_ms: np.ndarray):
+        """The query's answer: its value, with rows of one label set merged as Prometheus does."""
+        value = self.evaluate(expr, times_ms)
+        return merge_same_labels(value) if isinstance(value, Vector) else value
 
     def evaluate(self, expr, times_ms: np.ndarray):
         if time.monotonic() > self.deadline:
@@ -286,7 +292,7 @@ class Evaluator:
             raise PromQLError("comparisons between scalars must use BOOL modifier", "bad_data")
         if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
             value, keep = _operate(op, lhs.values, rhs.values)
-            return Scalar(np.where(keep, value, 0.0) if op in _COMPARISONS else value)
+            return Scalar(np.asarray(keep, dtype=np.float64) if op in _COMPARISONS else value)
         if isinstance(lhs, Scalar) or isinstance(rhs, Scalar):
             return _vector_scalar(op, lhs, rhs, return_bool)
         if op in _SET_OPERATORS:
@@ -325,7 +331,7 @@ def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
         if return_bool:
             return vector.with_values(keep.astype(np.float64))
         return Vector(vector.labels, vector.values, vector.present & keep, vector.sample_ms).without_absent()
-    return vector.with_values(np.asarray(value, dtype=np.float64))
+    return vector.with_values(np.asarray(value, dtype=np.float64), drop_name=op in _ARITHMETIC)
 
 
 def _signature(labels: dict, modifier, include_name: bool = False) -> tuple:
@@ -361,7 +367,7 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     right_kept = [p & ~left_present.get(_signature(l, modifier), none) for l, p in zip(rhs.labels, rhs.present)]
     values = np.vstack([*lhs.values, *rhs.values])
     present = np.vstack([*lhs.present, *right_kept])
-    return Vector(labels, values, present).without_absent()
+    return merge_same_labels(Vector(labels, values, present).without_absent())
 
 
 def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool) -> Vector:
@@ -382,7 +388,7 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
         if len(indexes) > 1 and (one.present[indexes].sum(axis=0) > 1).any():
             side = "left" if swapped else "right"
             raise PromQLError(f"found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side")
-    drop_name = op not in _COMPARISONS or return_bool
+    drop_name = op in _ARITHMETIC or return_bool
     results: dict[tuple, tuple[dict, np.ndarray, np.ndarray]] = {}
     many_seen: dict[tuple, np.ndarray] = {}
     for index, labels in enumerate(many.labels):

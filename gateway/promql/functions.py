@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 
 from gateway.promql import range_functions as ranged
-from gateway.promql.values import NAME, PromQLError, Scalar, Vector, labels_key
+from gateway.promql.values import NAME, PromQLError, Scalar, Vector, labels_key, merge_same_labels
 from protocols.linear_regex import BadPattern, compile_regex
 
 _ELEMENTWISE = {
@@ -186,7 +186,7 @@ def _label_replace(ctx, args, call):
         if value:
             changed[destination] = value
         labels.append(changed)
-    return _unique(Vector(labels, vector.values, vector.present, vector.sample_ms))
+    return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms))
 
 
 def _label_join(ctx, args, call):
@@ -201,24 +201,7 @@ def _label_join(ctx, args, call):
         if value:
             changed[destination] = value
         labels.append(changed)
-    return _unique(Vector(labels, vector.values, vector.present, vector.sample_ms))
-
-
-def _unique(vector: Vector) -> Vector:
-    """Two series that became the same labels may not both have a value at one step."""
-    rows: dict[tuple, list[int]] = defaultdict(list)
-    for index, labels in enumerate(vector.labels):
-        rows[labels_key(labels)].append(index)
-    if all(len(indexes) == 1 for indexes in rows.values()):
-        return vector
-    labels, values, present = [], [], []
-    for indexes in rows.values():
-        if (vector.present[indexes].sum(axis=0) > 1).any():
-            raise PromQLError("vector cannot contain metrics with the same labelset")
-        labels.append(vector.labels[indexes[0]])
-        values.append(np.where(vector.present[indexes], vector.values[indexes], 0.0).sum(axis=0))
-        present.append(vector.present[indexes].any(axis=0))
-    return Vector(labels, np.vstack(values), np.vstack(present))
+    return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms))
 
 
 def _histogram_quantile(ctx, args, call):

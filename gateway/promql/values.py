@@ -79,6 +79,25 @@ class RangeVector(NamedTuple):
         return lo, hi
 
 
+def merge_same_labels(vector: Vector) -> Vector:
+    """One row per label set: rows that became the same labels (a function dropped ``__name__``,
+    label_replace, the two sides of ``or``) merge, as Prometheus's range results do; two with a
+    value at the same step are the error Prometheus gives."""
+    rows: dict[tuple, list[int]] = {}
+    for index, labels in enumerate(vector.labels):
+        rows.setdefault(labels_key(labels), []).append(index)
+    if len(rows) == len(vector.labels):
+        return vector
+    labels, values, present = [], [], []
+    for indexes in rows.values():
+        if (vector.present[indexes].sum(axis=0) > 1).any():
+            raise PromQLError("vector cannot contain metrics with the same labelset")
+        labels.append(vector.labels[indexes[0]])
+        values.append(np.where(vector.present[indexes], vector.values[indexes], 0.0).sum(axis=0))
+        present.append(vector.present[indexes].any(axis=0))
+    return Vector(labels, np.vstack(values), np.vstack(present))
+
+
 def drop_metric_name(labels: Labels) -> Labels:
     if NAME not in labels:
         return labels
