@@ -72,6 +72,12 @@ class QueryPlanner:
             found.update(fetched)
         return found
 
+    async def metadata(self, tenant: str, metric_names: list[str]) -> list:
+        """Prometheus metadata (type, help, unit) of each metric name, None where there is none;
+        the lookups run concurrently, bounded like every planner lookup."""
+        lookups = [self._limited("get_metric_metadata", self.store.get_metric_metadata, tenant, name) for name in metric_names]
+        return await gatherResults(lookups, consumeErrors=True)
+
     async def query(self, tenant: str, metric_name: str, tag_filters: dict[str, str], start_ms: int, end_ms: int) -> list[SeriesResult]:
         """Series of a metric matching the filters, with their samples (stitched by the read path)."""
         series = await self.select_series(tenant, metric_name, tag_filters)

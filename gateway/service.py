@@ -26,6 +26,7 @@ from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
+from gateway.http.promql_api import PromQLAPI
 from gateway.limits import TenantLimits
 from gateway.http.server import Router, Site
 from gateway.ingest import IngestPipeline
@@ -69,6 +70,7 @@ class Gateway:
             config.max_samples_per_query,
             config.max_metadata_length,
         ).register(router)
+        PromQLAPI(self.store, self.planner, config.max_samples_per_query, config.query_lookback_delta, config.query_timeout).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
         GraphiteAPI(self.store, self.planner, Finder(self.store), config.limits, schemas).register(router)
         OpsAPI(self.store).register(router)

@@ -14,7 +14,7 @@ from twisted.internet import threads
 from twisted.web import server
 
 from gateway import metrics
-from gateway.http.server import HTTPError, Response, Router, json_response, read_body, request_tenant, require_arg
+from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import SeenSeries
 from gateway.model import NAME_TAG, Sample
@@ -59,11 +59,17 @@ class PrometheusAPI:
         router.add("/api/v1/metadata", ("GET",), "metadata", self.metadata, role="query")
 
     async def metadata(self, request) -> Response:
-        """Prometheus's metadata API for one metric (``metric`` is required here)."""
+        """Prometheus's metadata API: one ``metric``, or every metric of the tenant (up to ``limit``)."""
         tenant = request_tenant(request)
-        metric = require_arg(request, "metric")
-        row = await self.store.get_metric_metadata(tenant, metric)
-        data = {metric: [{"type": row.type, "help": row.help, "unit": row.unit}]} if row else {}
+        metric = arg(request, "metric")
+        limit = arg(request, "limit")
+        if limit is not None and not limit.lstrip("-").isdigit():
+            raise HTTPError(400, f"parameter 'limit' is not an integer: {limit!r}")
+        names = [metric] if metric else await self.store.list_metric_names(tenant)
+        if limit is not None and int(limit) > 0:
+            names = names[: int(limit)]
+        rows = await self.planner.metadata(tenant, names)
+        data = {row.metric_name: [{"type": row.type, "help": row.help, "unit": row.unit}] for row in rows if row}
         return json_response(200, {"status": "success", "data": data})
 
     async def write(self, request) -> Response:

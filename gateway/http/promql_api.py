@@ -1,0 +1,276 @@
+"""Prometheus's HTTP query API (what Grafana's Prometheus data source calls), answered by the
+PromQL engine in gateway/promql over the read path. Envelopes, status codes and error types are
+Prometheus's: 400 bad_data, 422 execution, 503 timeout/unavailable. docs/promql.rst has the
+details and the deliberate differences."""
+
+import math
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import orjson
+import promql_parser
+from twisted.internet import threads
+
+from gateway import __version__
+from gateway.http.prometheus_api import READ_BATCH, prometheus_labels
+from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
+from gateway.promql.engine import Evaluator, Query, format_value, parse, plan, selector_matchers
+from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String
+from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.store import Store, StoreUnavailable
+from protocols import prometheus
+
+MAX_POINTS_PER_SERIES = 11_000
+_ERROR_STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503}
+
+
+def _answer(data) -> Response:
+    return Response(200, orjson.dumps({"status": "success", "data": data}))
+
+
+def _error(kind: str, message: str) -> Response:
+    return Response(_ERROR_STATUS[kind], orjson.dumps({"status": "error", "errorType": kind, "error": message}))
+
+
+def parse_time(text: str, name: str) -> int:
+    """Epoch seconds (fractions allowed) or RFC 3339, as Prometheus takes them; milliseconds."""
+    try:
+        seconds = float(text)
+        if math.isfinite(seconds) and abs(seconds) < 1e13:
+            return round(seconds * 1000)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+            return round(moment.replace(tzinfo=moment.tzinfo or timezone.utc).timestamp() * 1000)
+        except ValueError:
+            pass
+    raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid timestamp', "bad_data")
+
+
+def parse_step(text: str, name: str) -> int:
+    """Seconds (fractions allowed) or a Prometheus duration (``15s``, ``1m30s``); milliseconds."""
+    try:
+        seconds = float(text)
+        if math.isfinite(seconds) and abs(seconds) < 1e13:
+            return round(seconds * 1000)
+    except ValueError:
+        try:
+            return round(promql_parser.parse_duration(text).total_seconds() * 1000)
+        except (ValueError, TypeError, OverflowError):
+            pass
+    raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid duration', "bad_data")
+
+
+class PromQLAPI:
+    def __init__(self, store: Store, planner: QueryPlanner, max_samples: int, lookback_ms: int, timeout_ms: int):
+        self.store = store
+        self.planner = planner
+        self.max_samples = max_samples
+        self.lookback_ms = lookback_ms
+        self.timeout_ms = timeout_ms
+
+    def register(self, router: Router) -> None:
+        both = ("GET", "POST")
+        router.add("/api/v1/query", both, "promql_query", self._guarded(self.query), role="query")
+        router.add("/api/v1/query_range", both, "promql_query_range", self._guarded(self.query_range), role="query")
+        router.add("/api/v1/series", both, "promql_series", self._guarded(self.series), role="query")
+        router.add("/api/v1/labels", both, "promql_labels", self._guarded(self.labels), role="query")
+        router.add_prefix("/api/v1/label/", ("GET",), "promql_label_values", self._guarded(self.label_values), role="query")
+        router.add("/api/v1/status/buildinfo", ("GET",), "promql_buildinfo", self.buildinfo, role="query")
+        router.add("/api/v1/query_exemplars", both, "promql_exemplars", self._guarded(self.exemplars), role="query")
+
+    @staticmethod
+    def _guarded(handler):
+        """Prometheus's error envelope for what the engine, the planner and the store raise."""
+
+        async def call(request, *rest):
+            try:
+                return await handler(request, *rest)
+            except PromQLError as error:
+                return _error(error.kind, str(error))
+            except QueryTooLarge as error:
+                return _error("execution", str(error))
+            except HTTPError as error:
+                if error.status in (401, 403):
+                    raise
+                return _error("bad_data", error.message)
+            except StoreUnavailable as error:
+                return _error("unavailable", f"the store cannot answer now: {error}")
+
+        return call
+
+    # -- queries ------------------------------------------------------------------------------
+
+    async def query(self, request) -> Response:
+        text = _required(request, "query")
+        at_ms = parse_time(arg(request, "time"), "time") if arg(request, "time") else int(time.time() * 1000)
+        times = np.array([at_ms], dtype=np.int64)
+        value = await self._evaluate(request, text, Query(at_ms, at_ms, 0, self.lookback_ms), times, instant=True)
+        return Response(200, await threads.deferToThread(_encode_instant, value, at_ms))
+
+    async def query_range(self, request) -> Response:
+        text = _required(request, "query")
+        start = parse_time(_required(request, "start"), "start")
+        end = parse_time(_required(request, "end"), "end")
+        step = parse_step(_required(request, "step"), "step")
+        if end < start:
+            raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
+        if step <= 0:
+            raise PromQLError('invalid parameter "step": zero or negative query resolution step widths are not accepted. Try a positive integer', "bad_data")
+        if (end - start) / step > MAX_POINTS_PER_SERIES:
+            raise PromQLError("exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)", "bad_data")
+        times = np.arange(start, end + 1, step, dtype=np.int64)
+        value = await self._evaluate(request, text, Query(start, end, step, self.lookback_ms), times, instant=False)
+        if isinstance(value, RangeVector):
+            raise PromQLError('invalid expression type "range vector" for range query, must be Scalar or instant Vector', "bad_data")
+        if isinstance(value, String):
+            raise PromQLError('invalid expression type "string" for range query, must be Scalar or instant Vector', "bad_data")
+        return Response(200, await threads.deferToThread(_encode_matrix, value, times))
+
+    async def _evaluate(self, request, text: str, query: Query, times: np.ndarray, instant: bool):
+        tenant = request_tenant(request)
+        timeout_ms = parse_step(arg(request, "timeout"), "timeout") if arg(request, "timeout") else self.timeout_ms
+        deadline = time.monotonic() + min(timeout_ms, self.timeout_ms) / 1000
+        expr = await threads.deferToThread(parse, text)
+        needs = plan(expr, query)
+        data = await self._fetch(tenant, needs, deadline)
+        return await threads.deferToThread(Evaluator(query, data, deadline).evaluate, expr, times)
+
+    async def _fetch(self, tenant: str, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
+        """Every selector's series and samples, through the planner and the read path."""
+        data, samples = {}, 0
+        for key, (matchers, low, high) in needs.items():
+            keys = await self.planner.select_by_matchers(tenant, matchers, prometheus_labels)
+            found = []
+            for start in range(0, len(keys), READ_BATCH):
+                if time.monotonic() > deadline:
+                    raise PromQLError("query timed out in query execution", "timeout")
+                part = keys[start : start + READ_BATCH]
+                for series, read in zip(part, await self.planner.reader.read(part, low, high)):
+                    samples += len(read.samples)
+                    if samples > self.max_samples:
+                        raise PromQLError(
+                            "query processing would load too many samples into memory in query execution"
+                            f" (--max-samples-per-query {self.max_samples})"
+                        )
+                    if len(read.samples):
+                        labels = prometheus_labels(series.metric_name, series.tags)
+                        found.append(Series(labels, read.samples.timestamps, read.samples.values))
+            data[key] = found
+        return data
+
+    # -- metadata -----------------------------------------------------------------------------
+
+    async def _matched(self, request) -> list[dict] | None:
+        """Label sets of the series the ``match[]`` selectors select (None without match[])."""
+        selectors = args(request, "match[]")
+        if not selectors:
+            return None
+        tenant = request_tenant(request)
+        found: dict[tuple, dict] = {}
+        for text in selectors:
+            expr = await threads.deferToThread(parse, text)
+            if type(expr).__name__ != "VectorSelector":
+                raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
+            for key in await self.planner.select_by_matchers(tenant, selector_matchers(expr), prometheus_labels):
+                labels = prometheus_labels(key.metric_name, key.tags)
+                found[tuple(sorted(labels.items()))] = labels
+        return [found[key] for key in sorted(found)]
+
+    async def series(self, request) -> Response:
+        matched = await self._matched(request)
+        if matched is None:
+            raise PromQLError("no match[] parameter provided", "bad_data")
+        return _answer(matched[: _limit(request)])
+
+    async def labels(self, request) -> Response:
+        matched = await self._matched(request)
+        if matched is None:
+            keys = await self.store.list_tenant_tag_keys(request_tenant(request))
+            names = {"__name__", *(prometheus.sanitize_label_name(k) for k in keys)}
+        else:
+            names = {name for labels in matched for name in labels}
+        return _answer(sorted(names)[: _limit(request)])
+
+    async def label_values(self, request, rest: str) -> Response:
+        name, _, tail = rest.partition("/")
+        if tail != "values":
+            raise HTTPError(404, f"no such endpoint: /api/v1/label/{rest}")
+        matched = await self._matched(request)
+        if matched is not None:
+            values = {labels[name] for labels in matched if name in labels}
+        elif name == "__name__":
+            values = {prometheus.prometheus_metric_name(n) for n in await self.store.list_metric_names(request_tenant(request))}
+        else:
+            values = set(await self.store.list_tenant_tag_values(request_tenant(request), name))
+        return _answer(sorted(values)[: _limit(request)])
+
+    async def buildinfo(self, request) -> Response:
+        """A Prometheus version Grafana accepts; ``revision`` says it is tsgate."""
+        return _answer({"version": "2.42.0", "revision": f"tsgate-{__version__}", "branch": "", "buildUser": "", "buildDate": "", "goVersion": "", "features": {}})
+
+    async def exemplars(self, request) -> Response:
+        """Exemplars are not stored yet: an empty answer, as Prometheus gives without exemplar storage."""
+        _required(request, "query")
+        return _answer([])
+
+
+def _required(request, name: str) -> str:
+    value = arg(request, name)
+    if not value:
+        raise PromQLError(f'invalid parameter "{name}": missing', "bad_data")
+    return value
+
+
+def _limit(request) -> int | None:
+    text = arg(request, "limit")
+    if not text:
+        return None
+    try:
+        limit = int(text)
+    except ValueError:
+        raise PromQLError(f'invalid parameter "limit": cannot parse "{text}" to a valid limit', "bad_data") from None
+    return limit if limit > 0 else None
+
+
+def _points(times: np.ndarray, values: np.ndarray) -> list:
+    return [[t / 1000, format_value(v)] for t, v in zip(times.tolist(), values.tolist())]
+
+
+def _encode_matrix(value, times: np.ndarray) -> bytes:
+    if isinstance(value, Scalar):
+        result = [{"metric": {}, "values": _points(times, value.values)}]
+    else:
+        rows = sorted(range(len(value.labels)), key=lambda i: sorted(value.labels[i].items()))
+        result = [
+            {"metric": value.labels[i], "values": _points(times[value.present[i]], value.values[i][value.present[i]])}
+            for i in rows
+            if value.present[i].any()
+        ]
+    return orjson.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+
+def _encode_instant(value, at_ms: int) -> bytes:
+    at = at_ms / 1000
+    if isinstance(value, Scalar):
+        data = {"resultType": "scalar", "result": [at, format_value(value.values[0])]}
+    elif isinstance(value, String):
+        data = {"resultType": "string", "result": [at, value.value]}
+    elif isinstance(value, RangeVector):
+        result = []
+        for series in sorted(value.series, key=lambda s: sorted(s.labels.items())):
+            lo, hi = value.windows(series)
+            if hi[0] > lo[0]:
+                result.append({"metric": series.labels, "values": _points(series.timestamps[lo[0] : hi[0]], series.values[lo[0] : hi[0]])})
+        data = {"resultType": "matrix", "result": result}
+    else:
+        data = {
+            "resultType": "vector",
+            "result": [
+                {"metric": labels, "value": [at, format_value(values[0])]}
+                for labels, values, present in zip(value.labels, value.values, value.present)
+                if present[0]
+            ],
+        }
+    return orjson.dumps({"status": "success", "data": data})

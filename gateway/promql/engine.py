@@ -1,0 +1,510 @@
+"""PromQL evaluation with Prometheus 2.42's semantics, every step of a query at once.
+
+A query runs in two phases: ``plan`` walks the parsed expression (``promql-parser``) and lists the
+selectors with the time range each needs (offsets, ``@``, ranges, subqueries and the lookback
+included); the service fetches those series through the read path; then ``Evaluator`` computes
+the expression over numpy arrays, off the reactor, checking the query's deadline between nodes.
+"""
+
+import math
+import time
+from collections import defaultdict
+from typing import NamedTuple
+
+import numpy as np
+import promql_parser
+
+from gateway.promql.functions import FUNCTIONS
+from gateway.promql.values import (
+    NAME, PromQLError, RangeVector, Scalar, Series, String, Vector, drop_metric_name, is_stale, labels_key,
+)
+from gateway.promql.range_functions import quantiles
+from protocols.prometheus.read import Matcher
+
+DEFAULT_SUBQUERY_STEP_MS = 60_000
+_MATCH_TYPES = {"MatchOp.Equal": "EQ", "MatchOp.NotEqual": "NEQ", "MatchOp.Re": "RE", "MatchOp.NotRe": "NRE"}
+_COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
+_SET_OPERATORS = {"and", "or", "unless"}
+
+
+class Query(NamedTuple):
+    start_ms: int
+    end_ms: int
+    step_ms: int
+    lookback_ms: int
+
+
+def parse(text: str):
+    try:
+        return promql_parser.parse(text)
+    except (ValueError, TypeError) as error:
+        raise PromQLError(f"invalid parameter \"query\": {error}", "bad_data") from None
+
+
+def _ms(delta) -> int:
+    return 0 if delta is None else round(delta.total_seconds() * 1000)
+
+
+def _at_ms(node, query: Query) -> int | None:
+    at = getattr(node, "at", None)
+    if at is None:
+        return None
+    kind = str(at.type)
+    if kind.endswith("Start"):
+        return query.start_ms
+    if kind.endswith("End"):
+        return query.end_ms
+    return round(at.at.timestamp() * 1000)
+
+
+def selector_matchers(selector) -> list[Matcher]:
+    matchers = [Matcher(_MATCH_TYPES[str(m.op)], m.name, m.value) for m in selector.matchers.matchers]
+    if selector.name:
+        matchers.append(Matcher("EQ", NAME, selector.name))
+    return matchers
+
+
+def selector_key(selector) -> tuple:
+    return tuple(sorted((m.name, m.type, m.value) for m in selector_matchers(selector)))
+
+
+def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
+    """Every selector of ``expr`` with the sample range [min, max] it needs."""
+    needs: dict[tuple, tuple[list[Matcher], int, int]] = {}
+
+    def need(selector, low: int, high: int) -> None:
+        key = selector_key(selector)
+        if key in needs:
+            _, old_low, old_high = needs[key]
+            low, high = min(low, old_low), max(high, old_high)
+        needs[key] = (selector_matchers(selector), low, high)
+
+    def walk(node, low: int, high: int) -> None:
+        kind = type(node).__name__
+        if kind in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
+            selector = node.vector_selector if kind == "MatrixSelector" else node
+            offset, at = _ms(selector.offset), _at_ms(selector, query)
+            ref_low, ref_high = (at - offset, at - offset) if at is not None else (low - offset, high - offset)
+            if kind == "VectorSelector":
+                need(node, ref_low - query.lookback_ms, ref_high)
+            elif kind == "MatrixSelector":
+                need(selector, ref_low - _ms(node.range), ref_high)
+            else:
+                walk(node.expr, ref_low - _ms(node.range), ref_high)
+            return
+        for child in _children(node):
+            walk(child, low, high)
+
+    walk(expr, query.start_ms, query.end_ms)
+    return needs
+
+
+def _children(node) -> list:
+    kind = type(node).__name__
+    if kind == "Call":
+        return list(node.args)
+    if kind == "AggregateExpr":
+        return [node.expr] + ([node.param] if node.param is not None else [])
+    if kind == "BinaryExpr":
+        return [node.lhs, node.rhs]
+    if kind in ("ParenExpr", "UnaryExpr"):
+        return [node.expr]
+    return []
+
+
+class Context(NamedTuple):
+    """The evaluation times of one (sub)expression."""
+
+    times_ms: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        return len(self.times_ms)
+
+
+class Evaluator:
+    def __init__(self, query: Query, data: dict[tuple, list[Series]], deadline: float):
+        self.query = query
+        self.data = data
+        self.deadline = deadline
+
+    def evaluate(self, expr, times_ms: np.ndarray):
+        if time.monotonic() > self.deadline:
+            raise PromQLError("query timed out in expression evaluation", "timeout")
+        ctx = Context(times_ms)
+        kind = type(expr).__name__
+        if kind == "NumberLiteral":
+            return Scalar(np.full(ctx.steps, float(expr.val)))
+        if kind == "StringLiteral":
+            return String(expr.val)
+        if kind == "ParenExpr":
+            return self.evaluate(expr.expr, times_ms)
+        if kind == "UnaryExpr":
+            value = self.evaluate(expr.expr, times_ms)
+            if isinstance(value, Scalar):
+                return Scalar(-value.values)
+            return value.with_values(-value.values)
+        if kind == "VectorSelector":
+            return self._instant(expr, ctx)
+        if kind == "MatrixSelector":
+            return self._range(expr, ctx)
+        if kind == "SubqueryExpr":
+            return self._subquery(expr, ctx)
+        if kind == "Call":
+            return self._call(expr, ctx)
+        if kind == "AggregateExpr":
+            return self._aggregate(expr, ctx)
+        if kind == "BinaryExpr":
+            return self._binary(expr, ctx)
+        raise PromQLError(f"unsupported expression {expr}", "bad_data")
+
+    def _refs(self, selector, ctx: Context) -> np.ndarray:
+        at = _at_ms(selector, self.query)
+        base = np.full(ctx.steps, at, dtype=np.int64) if at is not None else ctx.times_ms
+        return base - _ms(selector.offset)
+
+    def _instant(self, selector, ctx: Context) -> Vector:
+        refs = self._refs(selector, ctx)
+        labels, rows, masks, stamps = [], [], [], []
+        for series in self.data.get(selector_key(selector), []):
+            if not len(series.timestamps):
+                continue
+            index = np.searchsorted(series.timestamps, refs, side="right") - 1
+            found = index >= 0
+            index = np.maximum(index, 0)
+            sample_ms, values = series.timestamps[index], series.values[index]
+            found &= (sample_ms >= refs - self.query.lookback_ms) & ~is_stale(values)
+            if found.any():
+                labels.append(series.labels)
+                rows.append(values)
+                masks.append(found)
+                stamps.append(sample_ms)
+        if not rows:
+            return Vector.empty(ctx.steps)
+        return Vector(labels, np.vstack(rows), np.vstack(masks), np.vstack(stamps))
+
+    def _range(self, node, ctx: Context) -> RangeVector:
+        selector = node.vector_selector
+        series = []
+        for found in self.data.get(selector_key(selector), []):
+            keep = ~is_stale(found.values)
+            series.append(Series(found.labels, found.timestamps[keep], found.values[keep]))
+        return RangeVector(series, self._refs(selector, ctx), _ms(node.range))
+
+    def _subquery(self, node, ctx: Context) -> RangeVector:
+        step = _ms(node.step) or DEFAULT_SUBQUERY_STEP_MS
+        range_ms = _ms(node.range)
+        refs = self._refs(node, ctx)
+        first, last = int(refs.min()) - range_ms, int(refs.max())
+        start = step * (first // step)
+        if start < first:
+            start += step
+        inner_times = np.arange(start, last + 1, step, dtype=np.int64)
+        inner = self.evaluate(node.expr, inner_times)
+        if not isinstance(inner, Vector):
+            raise PromQLError("subquery is only allowed on instant vector", "bad_data")
+        series = [
+            Series(labels, inner_times[present], values[present])
+            for labels, values, present in zip(inner.labels, inner.values, inner.present)
+        ]
+        return RangeVector(series, refs, range_ms)
+
+    def _call(self, call, ctx: Context):
+        name = call.func.name
+        function = FUNCTIONS.get(name)
+        if function is None:
+            raise PromQLError(f"function {name!r} is not supported", "bad_data")
+        args = [self.evaluate(arg, ctx.times_ms) for arg in call.args]
+        return function(ctx, args, call)
+
+    # -- aggregations -----------------------------------------------------------------------
+
+    def _aggregate(self, node, ctx: Context):
+        op = str(node.op)
+        vector = self.evaluate(node.expr, ctx.times_ms)
+        param = self.evaluate(node.param, ctx.times_ms) if node.param is not None else None
+        modifier = node.modifier
+        grouping = list(modifier.labels) if modifier is not None else []
+        without = modifier is not None and str(modifier.type).endswith("Exclude")
+        if op == "count_values":
+            return _count_values(vector, param.value, grouping, without, ctx)
+        group_of, group_labels = _groups(vector.labels, grouping, without)
+        if op in ("topk", "bottomk", "limitk"):
+            return _top(vector, param.values, group_of, op)
+        count = len(group_labels)
+        present = np.zeros((count, ctx.steps), dtype=bool)
+        np.logical_or.at(present, group_of, vector.present)
+        values = np.where(vector.present, vector.values, 0.0)
+        counts = np.zeros((count, ctx.steps))
+        np.add.at(counts, group_of, vector.present.astype(np.float64))
+        with np.errstate(all="ignore"):
+            if op in ("sum", "avg"):
+                result = np.zeros((count, ctx.steps))
+                np.add.at(result, group_of, values)
+                if op == "avg":
+                    result = result / counts
+            elif op == "count":
+                result = counts
+            elif op == "group":
+                result = np.ones((count, ctx.steps))
+            elif op in ("min", "max"):
+                result = np.full((count, ctx.steps), np.nan)
+                (np.fmin if op == "min" else np.fmax).at(result, group_of, np.where(vector.present, vector.values, np.nan))
+            elif op in ("stddev", "stdvar"):
+                sums = np.zeros((count, ctx.steps))
+                np.add.at(sums, group_of, values)
+                mean = sums / counts
+                squares = np.zeros((count, ctx.steps))
+                np.add.at(squares, group_of, np.where(vector.present, (vector.values - mean[group_of]) ** 2, 0.0))
+                result = squares / counts
+                if op == "stddev":
+                    result = np.sqrt(result)
+            elif op == "quantile":
+                result = np.full((count, ctx.steps), np.nan)
+                for group in range(count):
+                    rows = np.flatnonzero(group_of == group)
+                    padded = np.where(vector.present[rows], vector.values[rows], np.inf).T
+                    result[group] = quantiles(padded, counts[group], param.values)
+            else:
+                raise PromQLError(f"aggregation {op!r} is not supported", "bad_data")
+        return Vector(group_labels, result, present).without_absent()
+
+    # -- binary operators -------------------------------------------------------------------
+
+    def _binary(self, node, ctx: Context):
+        op = str(node.op)
+        lhs, rhs = self.evaluate(node.lhs, ctx.times_ms), self.evaluate(node.rhs, ctx.times_ms)
+        modifier = node.modifier
+        return_bool = bool(modifier is not None and modifier.return_bool)
+        if op in _COMPARISONS and not return_bool and isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
+            raise PromQLError("comparisons between scalars must use BOOL modifier", "bad_data")
+        if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
+            value, keep = _operate(op, lhs.values, rhs.values)
+            return Scalar(np.where(keep, value, 0.0) if op in _COMPARISONS else value)
+        if isinstance(lhs, Scalar) or isinstance(rhs, Scalar):
+            return _vector_scalar(op, lhs, rhs, return_bool)
+        if op in _SET_OPERATORS:
+            return _set_operation(op, lhs, rhs, modifier)
+        return _vector_vector(op, lhs, rhs, modifier, return_bool)
+
+
+def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Value and keep flag of ``left op right`` (the keep flag matters for comparisons only)."""
+    with np.errstate(all="ignore"):
+        if op == "+":
+            return left + right, True
+        if op == "-":
+            return left - right, True
+        if op == "*":
+            return left * right, True
+        if op == "/":
+            return np.true_divide(left, right), True
+        if op == "%":
+            return np.fmod(left, right), True
+        if op == "^":
+            return np.power(left, right), True
+        if op == "atan2":
+            return np.arctan2(left, right), True
+        comparison = {"==": np.equal, "!=": np.not_equal, ">": np.greater, "<": np.less, ">=": np.greater_equal, "<=": np.less_equal}[op]
+        keep = comparison(left, right)
+        return left, keep
+
+
+def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
+    vector, scalar, swapped = (lhs, rhs, False) if isinstance(lhs, Vector) else (rhs, lhs, True)
+    scalar_values = np.broadcast_to(scalar.values, vector.values.shape)
+    left, right = (scalar_values, vector.values) if swapped else (vector.values, scalar_values)
+    value, keep = _operate(op, left, right)
+    if op in _COMPARISONS:
+        if return_bool:
+            return vector.with_values(keep.astype(np.float64))
+        return Vector(vector.labels, vector.values, vector.present & keep, vector.sample_ms).without_absent()
+    return vector.with_values(np.asarray(value, dtype=np.float64))
+
+
+def _signature(labels: dict, modifier, include_name: bool = False) -> tuple:
+    matching = modifier.matching if modifier is not None else None
+    if matching is not None and str(matching.type).endswith("Include"):
+        return tuple((name, labels.get(name, "")) for name in sorted(matching.labels))
+    ignored = set(matching.labels) if matching is not None else set()
+    if not include_name:
+        ignored.add(NAME)
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in ignored))
+
+
+def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
+    steps = lhs.values.shape[1] if lhs.labels else rhs.values.shape[1]
+    right_present: dict[tuple, np.ndarray] = {}
+    for labels, present in zip(rhs.labels, rhs.present):
+        key = _signature(labels, modifier)
+        right_present[key] = right_present.get(key, np.zeros(steps, dtype=bool)) | present
+    none = np.zeros(steps, dtype=bool)
+    if op in ("and", "unless"):
+        masks = [right_present.get(_signature(labels, modifier), none) for labels in lhs.labels]
+        present = [p & (m if op == "and" else ~m) for p, m in zip(lhs.present, masks)]
+        if not lhs.labels:
+            return Vector.empty(steps)
+        return Vector(lhs.labels, lhs.values, np.vstack(present), lhs.sample_ms).without_absent()
+    left_present: dict[tuple, np.ndarray] = {}
+    for labels, present in zip(lhs.labels, lhs.present):
+        key = _signature(labels, modifier)
+        left_present[key] = left_present.get(key, np.zeros(steps, dtype=bool)) | present
+    labels = list(lhs.labels) + list(rhs.labels)
+    if not labels:
+        return Vector.empty(steps)
+    right_kept = [p & ~left_present.get(_signature(l, modifier), none) for l, p in zip(rhs.labels, rhs.present)]
+    values = np.vstack([*lhs.values, *rhs.values])
+    present = np.vstack([*lhs.present, *right_kept])
+    return Vector(labels, values, present).without_absent()
+
+
+def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool) -> Vector:
+    card = str(modifier.card) if modifier is not None else "VectorMatchCardinality.OneToOne"
+    if card.endswith("OneToMany"):
+        many, one, swapped = rhs, lhs, True
+    else:
+        many, one, swapped = lhs, rhs, False
+    steps = many.values.shape[1] if many.labels else (one.values.shape[1] if one.labels else 0)
+    if not many.labels or not one.labels:
+        return Vector.empty(steps)
+    one_to_one = not (card.endswith("ManyToOne") or card.endswith("OneToMany"))
+    include = list(modifier.group_labels or []) if modifier is not None and not one_to_one else []
+    by_signature: dict[tuple, list[int]] = defaultdict(list)
+    for index, labels in enumerate(one.labels):
+        by_signature[_signature(labels, modifier)].append(index)
+    for indexes in by_signature.values():
+        if len(indexes) > 1 and (one.present[indexes].sum(axis=0) > 1).any():
+            side = "left" if swapped else "right"
+            raise PromQLError(f"found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side")
+    drop_name = op not in _COMPARISONS or return_bool
+    results: dict[tuple, tuple[dict, np.ndarray, np.ndarray]] = {}
+    many_seen: dict[tuple, np.ndarray] = {}
+    for index, labels in enumerate(many.labels):
+        signature = _signature(labels, modifier)
+        partners = by_signature.get(signature)
+        if not partners:
+            continue
+        if one_to_one:
+            seen = many_seen.get(signature)
+            if seen is not None and (seen & many.present[index]).any():
+                raise PromQLError("multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)")
+            many_seen[signature] = many.present[index] | (seen if seen is not None else False)
+        other_values = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
+        other_present = one.present[partners].any(axis=0)
+        partner_labels = one.labels[partners[0]]
+        left, right = (other_values, many.values[index]) if swapped else (many.values[index], other_values)
+        value, keep = _operate(op, left, right)
+        present = many.present[index] & other_present
+        if op in _COMPARISONS:
+            if return_bool:
+                value = keep.astype(np.float64)
+            else:
+                present = present & keep
+                value = many.values[index] if swapped else left
+        result_labels = _result_labels(labels, partner_labels, modifier, one_to_one, include, drop_name)
+        key = labels_key(result_labels)
+        if key in results:
+            old_labels, old_values, old_present = results[key]
+            if (old_present & present).any():
+                raise PromQLError("multiple matches for labels: grouping labels must ensure unique matches")
+            value = np.where(present, value, old_values)
+            present = present | old_present
+        results[key] = (result_labels, np.asarray(value, dtype=np.float64), present)
+    if not results:
+        return Vector.empty(steps)
+    labels, values, present = zip(*results.values())
+    return Vector(list(labels), np.vstack(values), np.vstack(present)).without_absent()
+
+
+def _result_labels(labels: dict, partner: dict, modifier, one_to_one: bool, include: list[str], drop_name: bool) -> dict:
+    result = drop_metric_name(labels) if drop_name else dict(labels)
+    matching = modifier.matching if modifier is not None else None
+    if one_to_one and matching is not None:
+        names = set(matching.labels)
+        if str(matching.type).endswith("Include"):
+            result = {k: v for k, v in result.items() if k in names}
+        else:
+            result = {k: v for k, v in result.items() if k not in names}
+    for name in include:
+        if partner.get(name, ""):
+            result = {**result, name: partner[name]}
+        else:
+            result = {k: v for k, v in result.items() if k != name}
+    return result
+
+
+# -- aggregation helpers --------------------------------------------------------------------
+
+
+def _group_labels(labels: dict, grouping: list[str], without: bool) -> dict:
+    if without:
+        dropped = set(grouping) | {NAME}
+        return {k: v for k, v in labels.items() if k not in dropped}
+    return {k: labels[k] for k in grouping if labels.get(k, "")}
+
+
+def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple[np.ndarray, list[dict]]:
+    index_of: dict[tuple, int] = {}
+    group_labels: list[dict] = []
+    group_of = np.zeros(len(all_labels), dtype=np.int64)
+    for row, labels in enumerate(all_labels):
+        group = _group_labels(labels, grouping, without)
+        key = labels_key(group)
+        if key not in index_of:
+            index_of[key] = len(group_labels)
+            group_labels.append(group)
+        group_of[row] = index_of[key]
+    return group_of, group_labels
+
+
+def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) -> Vector:
+    if not vector.labels:
+        return vector
+    present = np.zeros_like(vector.present)
+    largest = op == "topk"
+    for group in np.unique(group_of):
+        rows = np.flatnonzero(group_of == group)
+        values = vector.values[rows]
+        nan = np.isnan(values)
+        key = np.where(nan, -np.inf if largest else np.inf, values)
+        key = -key if largest else key
+        rank_key = np.where(vector.present[rows], np.where(nan, 1, 0), 2)
+        for step in range(values.shape[1]):
+            k = k_values[step]
+            if not k >= 1:
+                continue
+            order = np.lexsort((key[:, step], rank_key[:, step]))
+            chosen = [row for row in order[: int(min(k, len(rows)))] if vector.present[rows[row], step]]
+            present[rows[chosen], step] = True
+    return Vector(vector.labels, vector.values, present, vector.sample_ms).without_absent()
+
+
+def _count_values(vector: Vector, label: str, grouping: list[str], without: bool, ctx: Context) -> Vector:
+    counts: dict[tuple, tuple[dict, np.ndarray]] = {}
+    for labels, values, present in zip(vector.labels, vector.values, vector.present):
+        base = _group_labels(labels, grouping, without)
+        for step in np.flatnonzero(present):
+            result = {**base, label: format_value(values[step])}
+            key = labels_key(result)
+            if key not in counts:
+                counts[key] = (result, np.zeros(ctx.steps))
+            counts[key][1][step] += 1
+    if not counts:
+        return Vector.empty(ctx.steps)
+    labels, rows = zip(*counts.values())
+    values = np.vstack(rows)
+    return Vector(list(labels), values, values > 0)
+
+
+def format_value(value: float) -> str:
+    """Go's strconv.FormatFloat(v, 'f', -1, 64), as Prometheus writes sample values."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = repr(float(value))
+    if "e" in text or "E" in text:
+        text = np.format_float_positional(value, unique=True, trim="-")
+    elif text.endswith(".0"):
+        text = text[:-2]
+    return text

@@ -1,0 +1,105 @@
+"""The values a PromQL expression evaluates to, over all the steps of a query at once.
+
+An instant vector is a matrix: one row per series, one column per evaluation step, with a
+``present`` mask beside the values (NaN is a value in PromQL, so it cannot mean "absent").
+A range vector keeps each series' raw samples and, per step, the window they are cut to.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+STALE_NAN_BITS = 0x7FF0000000000002
+NAME = "__name__"
+
+
+class PromQLError(Exception):
+    """A query Prometheus would refuse: ``kind`` is its errorType (bad_data, execution, timeout)."""
+
+    def __init__(self, message: str, kind: str = "execution"):
+        super().__init__(message)
+        self.kind = kind
+
+
+Labels = dict[str, str]
+
+
+class Vector(NamedTuple):
+    labels: list[Labels]
+    values: np.ndarray  # (series, steps) float64
+    present: np.ndarray  # (series, steps) bool
+    sample_ms: np.ndarray | None = None  # (series, steps) int64: the timestamps timestamp() gives
+
+    @classmethod
+    def empty(cls, steps: int) -> "Vector":
+        return cls([], np.zeros((0, steps)), np.zeros((0, steps), dtype=bool))
+
+    def without_absent(self) -> "Vector":
+        """Rows present at no step are left out (a function's output has no empty series)."""
+        keep = self.present.any(axis=1)
+        if keep.all():
+            return self
+        index = np.flatnonzero(keep)
+        stamps = None if self.sample_ms is None else self.sample_ms[index]
+        return Vector([self.labels[i] for i in index], self.values[index], self.present[index], stamps)
+
+    def with_values(self, values: np.ndarray, present: np.ndarray | None = None, drop_name: bool = True) -> "Vector":
+        labels = [drop_metric_name(labels) for labels in self.labels] if drop_name else self.labels
+        return Vector(labels, values, self.present if present is None else present & self.present)
+
+
+class Scalar(NamedTuple):
+    values: np.ndarray  # (steps,)
+
+
+class String(NamedTuple):
+    value: str
+
+
+class Series(NamedTuple):
+    """The samples of one series, sorted by time, stale markers removed for range use."""
+
+    labels: Labels
+    timestamps: np.ndarray  # int64 ms
+    values: np.ndarray
+
+
+class RangeVector(NamedTuple):
+    """Series with, per step, the window [ref - range, ref] their samples are cut to."""
+
+    series: list[Series]
+    refs: np.ndarray  # (steps,) int64 ms: the end of each step's window
+    range_ms: int
+
+    def windows(self, series: Series) -> tuple[np.ndarray, np.ndarray]:
+        """Per step, the first and one-past-last sample index inside the window (both ends inclusive,
+        as Prometheus 2.x selects)."""
+        lo = np.searchsorted(series.timestamps, self.refs - self.range_ms, side="left")
+        hi = np.searchsorted(series.timestamps, self.refs, side="right")
+        return lo, hi
+
+
+def drop_metric_name(labels: Labels) -> Labels:
+    if NAME not in labels:
+        return labels
+    return {k: v for k, v in labels.items() if k != NAME}
+
+
+def labels_key(labels: Labels) -> tuple:
+    return tuple(sorted(labels.items()))
+
+
+def is_stale(values: np.ndarray) -> np.ndarray:
+    return values.view(np.int64) == STALE_NAN_BITS
+
+
+def gather(series: Series, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows' samples as (steps, widest window) arrays of timestamps and values, with the
+    mask of real entries; the padding repeats the last sample and is masked out."""
+    width = int((hi - lo).max()) if len(lo) else 0
+    index = lo[:, None] + np.arange(max(width, 1))[None, :]
+    mask = index < hi[:, None]
+    index = np.minimum(index, max(len(series.values) - 1, 0))
+    if not len(series.values):
+        return np.zeros(index.shape, dtype=np.int64), np.zeros(index.shape), np.zeros(index.shape, dtype=bool)
+    return series.timestamps[index], series.values[index], mask
