@@ -433,7 +433,9 @@ def difference(expected: dict, got: dict, ordered: bool) -> str | None:
     if got["data"].get("resultType") != kind:
         return f"resultType {got['data'].get('resultType')} instead of {kind}"
     theirs = got["data"]["result"]
-    if kind in ("scalar", "string"):
+    if kind == "string":
+        return None if theirs == result else f"{theirs} instead of {result}"
+    if kind == "scalar":
         return None if same_points([result], [theirs]) else f"{theirs} instead of {result}"
 
     def keyed(items):
