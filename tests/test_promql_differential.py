@@ -13,8 +13,9 @@ tsgate returns exactly the sample timestamps remote read of Prometheus returns, 
 query of ``QUERIES`` of both: as an instant query at END and, unless marked instant-only, as a
 range query over [END - 60 s, END] with a step of 1 s, 5 s or 15 s (taken in turn). Prometheus
 gets GET requests; tsgate gets GET for instant queries and form POST for range queries, with the
-tenant in ``X-Scope-OrgID``. The bad queries of ``ERRORS`` must fail alike (HTTP status and
-``errorType``).
+tenant in ``X-Scope-OrgID``. The other parameter forms of ``PARAMETER_FORMS`` (RFC 3339 times,
+fractions of seconds, durations as steps) must answer alike, and the bad requests of ``ERRORS``
+must fail alike (HTTP status and ``errorType``).
 
 Answers match when they have the same resultType, the same series (label sets), the same
 timestamps and values equal within 1e-9 relative (NaN equals NaN, infinities their own sign).
@@ -93,6 +94,8 @@ subquery      | IR | sum_over_time(sum(d_requests_total)[30s:3s])
 subquery      | IR | min_over_time(d_temperature_celsius[20s:7s] offset 5s)
 subquery      | IR | deriv(avg(d_temperature_celsius)[30s:2s])
 subquery      | I  | rate(d_requests_total[10s])[40s:10s]
+subquery      | IR | rate(d_requests_total[1m:5s])
+subquery      | IR | predict_linear(d_load[1m:10s], 30)
 lookback      | IR | d_vanishing
 lookback      | IR | d_vanishing offset 30s
 lookback      | IR | last_over_time(d_vanishing[1m])
@@ -134,6 +137,9 @@ aggregation   | IR | count_values("value", d_load)
 aggregation   | IR | count_values by (instance) ("v", d_signed)
 aggregation   | IR | sum by (le) (d_duration_seconds_bucket)
 aggregation   | IR | sum by (job) (rate(d_requests_total[1m0s]))
+aggregation   | IR | topk(scalar(count(d_version)), d_temperature_celsius)
+aggregation   | IR | count(d_vanishing)
+aggregation   | IR | sum by (instance) (d_requests_total) and on(instance) d_load > 5
 arithmetic    | IR | d_requests_total + 1
 arithmetic    | IR | 2 * d_temperature_celsius - 3
 arithmetic    | IR | d_requests_total / 0
@@ -158,8 +164,8 @@ comparison    | IR | d_temperature_celsius > 20
 comparison    | IR | d_temperature_celsius > bool 20
 comparison    | IR | d_temperature_celsius >= 21.5
 comparison    | IR | d_temperature_celsius < bool 22
-comparison    | IR | d_requests_total == 13
-comparison    | IR | d_requests_total != bool 13
+comparison    | IR | d_load == 3
+comparison    | IR | d_load != bool 3
 comparison    | IR | d_signed <= 0
 comparison    | IR | 20 < d_temperature_celsius
 comparison    | IR | 3 > bool 2
@@ -203,6 +209,8 @@ histogram     | IR | histogram_quantile(0.5, sum by (le) (rate(d_duration_second
 histogram     | IR | histogram_quantile(0.99, sum by (le, handler) (d_duration_seconds_bucket))
 histogram     | IR | histogram_quantile(0, d_duration_seconds_bucket)
 histogram     | IR | histogram_quantile(1.5, d_duration_seconds_bucket)
+histogram     | IR | histogram_quantile(0.5, d_duration_seconds_bucket{le!="+Inf"})
+histogram     | IR | increase(d_duration_seconds_bucket[1m])
 labels        | IR | label_replace(d_temperature_celsius, "place", "$1", "room", "(.*)")
 labels        | IR | label_replace(d_requests_total, "short", "x$1", "path", "/(.)")
 labels        | IR | label_replace(d_requests_total, "nomatch", "$1", "path", "z(.*)")
@@ -239,6 +247,15 @@ misc          | IR | changes(d_temperature_celsius[30s])
 misc          | IR | changes(d_requests_total[1m])
 misc          | IR | resets(d_requests_total[1m])
 misc          | IR | 42
+misc          | IR | time() - timestamp(d_temperature_celsius)
+misc          | IR | timestamp(d_temperature_celsius offset 10s)
+misc          | IR | changes(d_vanishing[1m])
+misc          | IR | avg_over_time(d_vanishing[1m])
+misc          | IR | stddev_over_time(d_version[30s])
+misc          | IR | scalar(vector(3)) + d_load
+misc          | IR | d_temperature_celsius unless on() vector(1)
+misc          | IR | ceil(rate(d_requests_total[20s]))
+misc          | IR | -(1 + 2)
 misc          | I  | "hello"
 sort          | IR-ordered | sort(d_temperature_celsius)
 sort          | IR-ordered | sort_desc(d_temperature_celsius)
@@ -290,7 +307,19 @@ ERRORS = [
     ("/api/v1/query_range", {"query": "d_load", "start": "0", "end": "END", "step": "1"}),
     ("/api/v1/query_range", {"query": "d_load[1m]", "start": "START", "end": "END", "step": "5"}),
     ("/api/v1/query_range", {"query": "d_load", "start": "START", "end": "END"}),
+    ("/api/v1/query", {"query": "topk(d_load, d_load)", "time": "END"}),
     ("/api/v1/query", {"query": 'label_replace(d_requests_total, "path", "", "path", ".*")', "time": "END"}),
+    ("/api/v1/query", {"query": "d_requests_total + on(instance) d_temperature_celsius", "time": "END"}),
+]
+
+# The other forms of the parameters Prometheus accepts; the answers must match.
+PARAMETER_FORMS = [
+    ("/api/v1/query", {"query": "d_load", "time": "END_RFC3339"}),
+    ("/api/v1/query", {"query": "d_load", "time": "MID.25"}),
+    ("/api/v1/query_range", {"query": "d_load", "start": "START.5", "end": "END", "step": "15s"}),
+    ("/api/v1/query_range", {"query": "d_ratio", "start": "START", "end": "END", "step": "1m"}),
+    ("/api/v1/query_range", {"query": "d_ratio", "start": "START", "end": "END", "step": "2.5"}),
+    ("/api/v1/query_range", {"query": "sum(d_load)", "start": "START_RFC3339", "end": "END_RFC3339", "step": "10"}),
 ]
 
 
@@ -469,7 +498,9 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
         time.sleep(RUN_SECONDS)
         prometheus.config_path.write_text(config[: config.index("scrape_configs:")] + config[config.index("remote_write:") :])
         prometheus.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
         while prometheus.api("/api/v1/targets")["data"]["activeTargets"]:
+            assert time.monotonic() < deadline, "Prometheus kept its targets after the reload"
             time.sleep(0.5)
         stopped = int(time.time())
         end, start = stopped - 8, stopped - 8 - WINDOW
@@ -482,7 +513,9 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
             time.sleep(1)
 
         def placed(text: str) -> str:
-            return text.replace("START", str(start)).replace("END", str(end)).replace("MID", str(mid))
+            for name, at in (("START", start), ("END", end), ("MID", mid)):
+                text = text.replace(f"{name}_RFC3339", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))).replace(name, str(at))
+            return text
 
         mismatches, asked, empty = [], 0, []
         for number, (area, modes, query) in enumerate(parsed_queries()):
@@ -502,6 +535,14 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
                 problem = difference(expected, got, in_order)
                 if problem:
                     mismatches.append(f"[{area}] {path} {params}: {problem}")
+        for path, params in PARAMETER_FORMS:
+            params = {key: placed(value) for key, value in params.items()}
+            asked += 1
+            status, expected = ask_prometheus(prometheus, path, params)
+            assert status == 200 and expected["data"]["result"], f"the test's parameters are wrong: {params}: {expected}"
+            problem = difference(expected, ask_tsgate(gateway, tenant, path, params)[1], False)
+            if problem:
+                mismatches.append(f"[parameters] {path} {params}: {problem}")
         for path, params in ERRORS:
             params = {key: placed(value) for key, value in params.items()}
             asked += 1
