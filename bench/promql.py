@@ -8,7 +8,9 @@ to 0 every 500 samples (a restart), at a phase of their own.
 * tsgate: ``tsgate serve --workers 1`` on SQLite (and, with ``--cassandra HOST:PORT``, on a fresh
   keyspace of that Cassandra too), loaded untimed through ``POST /api/v1/write`` (remote write
   1.0, 4 connections, 50 series x 1 h a request, each series in time order), then sealed as
-  production data of that age is, by ``tsgate downsample --once --downsample-delay 0s``.
+  production data of that age is, by ``tsgate downsample --once --downsample-delay 0s``. The
+  gateway runs with ``--head-retention 3d``: its head rows of a backfill this old would otherwise
+  expire (on Cassandra, by TTL) before the downsampler seals them.
 * Prometheus: the same samples as an OpenMetrics text file, turned into TSDB blocks by Debian's
   ``promtool tsdb create-blocks-from openmetrics`` (2.42 has no other way to take 24 h old data:
   its remote-write receiver refuses samples older than its head), in the data directory of a
@@ -62,6 +64,9 @@ SHARDS = 4
 SERIES_PER_REQUEST = 50
 RESET_EVERY = 500
 TARGET_RATIO = 3.0
+# Head rows live --head-retention (6 h by default) past the end of their slot: this backfill reaches
+# 24 h back, so they must live until the downsampler has sealed them.
+HEAD_RETENTION = "3d"
 
 
 def log(message: str) -> None:
@@ -191,7 +196,7 @@ def started_prometheus(stack: contextlib.ExitStack, workdir: Path, workload: Wor
 
 def started_tsgate(stack: contextlib.ExitStack, name: str, store_url: str, workdir: Path, workload: Workload) -> Service:
     """A gateway on store_url holding the workload, sealed (stopped with the stack)."""
-    gateway = tsgate_service(name, ["--store", store_url], workdir / f"{name}.log", ["--workers", "1"])
+    gateway = tsgate_service(name, ["--store", store_url], workdir / f"{name}.log", ["--workers", "1", "--head-retention", HEAD_RETENTION])
     stack.callback(gateway.stop)
     gateway.start(60)
     seconds = send(gateway.port, workload)
