@@ -106,6 +106,7 @@ SETTINGS = [
     Setting("max-samples-per-query", _positive, "5000000", "samples one remote-read query may return (422 above)"),
     Setting("query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"),
     Setting("query-timeout", parse_duration, "2m", "PromQL: longest a query may run (503 timeout above)"),
+    Setting("query-max-samples", _positive, "50000000", "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)"),
     Setting("tenant-max-samples-per-second", _non_negative, "0", "per-tenant ingest rate of one process, 429 above; 0: no limit"),
     Setting("tenant-max-active-series", _non_negative, "0", "per-tenant series written in the last 20 min to one process, 429 above; 0: no limit"),
     Setting("max-name-length", _positive, "1024", "longest metric name"),
@@ -156,6 +157,7 @@ class Config:
     max_samples_per_query: int
     query_lookback_delta: int
     query_timeout: int
+    query_max_samples: int
     tenant_max_samples_per_second: int
     tenant_max_active_series: int
     max_name_length: int

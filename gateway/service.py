@@ -70,7 +70,7 @@ class Gateway:
             config.max_samples_per_query,
             config.max_metadata_length,
         ).register(router)
-        PromQLAPI(self.store, self.planner, config.max_samples_per_query, config.query_lookback_delta, config.query_timeout).register(router)
+        PromQLAPI(self.store, self.planner, config.query_max_samples, config.query_lookback_delta, config.query_timeout).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
         GraphiteAPI(self.store, self.planner, Finder(self.store), config.limits, schemas).register(router)
         OpsAPI(self.store).register(router)

@@ -106,8 +106,8 @@ class PromQLAPI:
         text = _required(request, "query")
         at_ms = parse_time(arg(request, "time"), "time") if arg(request, "time") else int(time.time() * 1000)
         times = np.array([at_ms], dtype=np.int64)
-        value = await self._evaluate(request, text, Query(at_ms, at_ms, 0, self.lookback_ms), times, instant=True)
-        return Response(200, await threads.deferToThread(_encode_instant, value, at_ms))
+        value, warnings = await self._evaluate(request, text, Query(at_ms, at_ms, 0, self.lookback_ms), times)
+        return Response(200, await threads.deferToThread(_encode_instant, value, at_ms, warnings))
 
     async def query_range(self, request) -> Response:
         text = _required(request, "query")
@@ -121,21 +121,35 @@ class PromQLAPI:
         if (end - start) / step > MAX_POINTS_PER_SERIES:
             raise PromQLError("exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)", "bad_data")
         times = np.arange(start, end + 1, step, dtype=np.int64)
-        value = await self._evaluate(request, text, Query(start, end, step, self.lookback_ms), times, instant=False)
+        value, warnings = await self._evaluate(request, text, Query(start, end, step, self.lookback_ms), times)
         if isinstance(value, RangeVector):
             raise PromQLError('invalid expression type "range vector" for range query, must be Scalar or instant Vector', "bad_data")
         if isinstance(value, String):
             raise PromQLError('invalid expression type "string" for range query, must be Scalar or instant Vector', "bad_data")
-        return Response(200, await threads.deferToThread(_encode_matrix, value, times))
+        return Response(200, await threads.deferToThread(_encode_matrix, value, times, warnings))
 
-    async def _evaluate(self, request, text: str, query: Query, times: np.ndarray, instant: bool):
+    async def _evaluate(self, request, text: str, query: Query, times: np.ndarray):
+        """The value of the query, and the warnings its answer must carry."""
         tenant = request_tenant(request)
         timeout_ms = parse_step(arg(request, "timeout"), "timeout") if arg(request, "timeout") else self.timeout_ms
         deadline = time.monotonic() + min(timeout_ms, self.timeout_ms) / 1000
         expr = await threads.deferToThread(parse, text)
         needs = plan(expr, query)
         data = await self._fetch(tenant, needs, deadline)
-        return await threads.deferToThread(Evaluator(query, data, deadline).evaluate, expr, times)
+        value = await threads.deferToThread(Evaluator(query, data, deadline).evaluate, expr, times)
+        return value, self._rollup_warnings(needs)
+
+    def _rollup_warnings(self, needs: dict) -> list[str]:
+        """Say so when samples before the raw retention came from roll-ups (docs/promql.rst)."""
+        earliest = min((low for _, low, _ in needs.values()), default=None)
+        granularity = self.planner.reader.rollup_for(earliest) if earliest is not None else None
+        if granularity is None:
+            return []
+        boundary = datetime.fromtimestamp(self.planner.reader.clock() / 1000 - self.store.layout.raw_retention_ms / 1000, timezone.utc)
+        return [
+            f"samples before {boundary:%Y-%m-%dT%H:%M:%SZ} (past --raw-retention) are {granularity.name} roll-ups:"
+            " one point per bucket, the average for gauges, the last value for counters"
+        ]
 
     async def _fetch(self, tenant: str, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
         """Every selector's series and samples, through the planner and the read path."""
@@ -152,7 +166,7 @@ class PromQLAPI:
                     if samples > self.max_samples:
                         raise PromQLError(
                             "query processing would load too many samples into memory in query execution"
-                            f" (--max-samples-per-query {self.max_samples})"
+                            f" (--query-max-samples {self.max_samples})"
                         )
                     if len(read.samples):
                         labels = prometheus_labels(series.metric_name, series.tags)
@@ -238,7 +252,14 @@ def _points(times: np.ndarray, values: np.ndarray) -> list:
     return [[t / 1000, format_value(v)] for t, v in zip(times.tolist(), values.tolist())]
 
 
-def _encode_matrix(value, times: np.ndarray) -> bytes:
+def _envelope(data, warnings: list[str]) -> bytes:
+    document = {"status": "success", "data": data}
+    if warnings:
+        document["warnings"] = warnings
+    return orjson.dumps(document)
+
+
+def _encode_matrix(value, times: np.ndarray, warnings: list[str]) -> bytes:
     if isinstance(value, Scalar):
         result = [{"metric": {}, "values": _points(times, value.values)}]
     else:
@@ -248,10 +269,10 @@ def _encode_matrix(value, times: np.ndarray) -> bytes:
             for i in rows
             if value.present[i].any()
         ]
-    return orjson.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+    return _envelope({"resultType": "matrix", "result": result}, warnings)
 
 
-def _encode_instant(value, at_ms: int) -> bytes:
+def _encode_instant(value, at_ms: int, warnings: list[str]) -> bytes:
     at = at_ms / 1000
     if isinstance(value, Scalar):
         data = {"resultType": "scalar", "result": [at, format_value(value.values[0])]}
@@ -273,4 +294,4 @@ def _encode_instant(value, at_ms: int) -> bytes:
                 if present[0]
             ],
         }
-    return orjson.dumps({"status": "success", "data": data})
+    return _envelope(data, warnings)

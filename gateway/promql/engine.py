@@ -27,6 +27,12 @@ _COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
 _SET_OPERATORS = {"and", "or", "unless"}
 
 
+# Prometheus 3 renamed it double_exponential_smoothing; the parser knows only the new name.
+promql_parser.register_extra_functions([
+    promql_parser.Function("holt_winters", [promql_parser.ValueType.Matrix, promql_parser.ValueType.Scalar, promql_parser.ValueType.Scalar], promql_parser.ValueType.Vector)
+])
+
+
 class Query(NamedTuple):
     start_ms: int
     end_ms: int
@@ -187,8 +193,8 @@ class Evaluator:
         selector = node.vector_selector
         series = []
         for found in self.data.get(selector_key(selector), []):
-            keep = ~is_stale(found.values)
-            series.append(Series(found.labels, found.timestamps[keep], found.values[keep]))
+            stale = is_stale(found.values)
+            series.append(Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found)
         return RangeVector(series, self._refs(selector, ctx), _ms(node.range))
 
     def _subquery(self, node, ctx: Context) -> RangeVector:
@@ -225,11 +231,11 @@ class Evaluator:
         param = self.evaluate(node.param, ctx.times_ms) if node.param is not None else None
         modifier = node.modifier
         grouping = list(modifier.labels) if modifier is not None else []
-        without = modifier is not None and str(modifier.type).endswith("Exclude")
+        without = modifier is not None and str(modifier.type).endswith("Without")
         if op == "count_values":
             return _count_values(vector, param.value, grouping, without, ctx)
         group_of, group_labels = _groups(vector.labels, grouping, without)
-        if op in ("topk", "bottomk", "limitk"):
+        if op in ("topk", "bottomk"):
             return _top(vector, param.values, group_of, op)
         count = len(group_labels)
         present = np.zeros((count, ctx.steps), dtype=bool)

@@ -316,6 +316,7 @@ FUNCTIONS.update({
     "idelta": _ranged(lambda ctx, a: ranged.instant_rate(a[0], False)),
     "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
     "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
+    "holt_winters": _ranged(lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))),
     "changes": _ranged(lambda ctx, a: ranged.changes(a[0])),
     "resets": _ranged(lambda ctx, a: ranged.resets(a[0])),
     "quantile_over_time": _ranged(lambda ctx, a: ranged.over_time(a[1], "quantile", a[0].values)),

@@ -3,7 +3,9 @@ computed for every step at once: per series, each step's window is a slice of it
 
 import numpy as np
 
-from gateway.promql.values import RangeVector, Series, Vector, drop_metric_name, gather
+from gateway.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather
+
+STACK = 32  # series evaluated together by _all_series
 
 
 def _per_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector:
@@ -19,6 +21,35 @@ def _per_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
     steps = len(matrix.refs)
     if not rows:
         return Vector.empty(steps)
+    return Vector(labels, np.vstack(rows), np.vstack(masks))
+
+
+def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector:
+    """As _per_series, STACK series at a time: their samples are laid end to end and every
+    window becomes a (series, step) pair of indexes into them. For the functions that only look
+    at a window's ends and at pairs of neighbours inside it, which never straddle two series.
+    (A few dozen series at a time: arrays of all of them at once cost more in page faults than
+    the loop they save.)"""
+    series = [s for s in matrix.series if len(s.timestamps)]
+    labels, rows, masks = [], [], []
+    for first in range(0, len(series), STACK):
+        part = series[first : first + STACK]
+        timestamps = np.concatenate([s.timestamps for s in part])
+        values = np.concatenate([s.values for s in part])
+        base = min(int(timestamps.min()), int(matrix.refs.min()) - matrix.range_ms)
+        span = max(int(timestamps.max()), int(matrix.refs.max())) - base + 1
+        owner = np.repeat(np.arange(len(part), dtype=np.int64), [len(s.timestamps) for s in part])
+        keys = timestamps - base + owner * span
+        shift = np.arange(len(part), dtype=np.int64)[:, None] * span
+        lo = np.searchsorted(keys, (matrix.refs - matrix.range_ms - base)[None, :] + shift, side="left")
+        hi = np.searchsorted(keys, (matrix.refs - base)[None, :] + shift, side="right")
+        result, present = compute(Series({}, timestamps, values), lo, hi)
+        keep = present.any(axis=1)
+        labels += [s.labels if keep_name else drop_metric_name(s.labels) for s, kept in zip(part, keep) if kept]
+        rows.append(np.asarray(result)[keep])
+        masks.append(present[keep])
+    if not labels:
+        return Vector.empty(len(matrix.refs))
     return Vector(labels, np.vstack(rows), np.vstack(masks))
 
 
@@ -40,7 +71,7 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
         ts, vs = series.timestamps, series.values
         present = hi - lo >= 2
         if not present.any():
-            return np.zeros(len(lo)), present
+            return np.zeros(lo.shape), present
         first_i, last_i = np.minimum(lo, len(vs) - 1), np.maximum(hi - 1, 0)
         first, last = vs[first_i], vs[last_i]
         result = last - first
@@ -63,7 +94,7 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
                 factor = factor / range_s
             return result * factor, present
 
-    return _per_series(matrix, compute)
+    return _all_series(matrix, compute)
 
 
 def instant_rate(matrix: RangeVector, is_rate: bool) -> Vector:
@@ -80,9 +111,7 @@ def instant_rate(matrix: RangeVector, is_rate: bool) -> Vector:
                 result = result / (interval / 1000)
         return result, present
 
-    if not any(len(s.values) for s in matrix.series):
-        return Vector.empty(len(matrix.refs))
-    return _per_series(matrix, compute)
+    return _all_series(matrix, compute)
 
 
 def _linear_regression(ts, vs, mask, intercept_ms):
@@ -123,13 +152,38 @@ def predict_linear(matrix: RangeVector, seconds: np.ndarray, eval_ms: np.ndarray
     return _per_series(matrix, compute)
 
 
+def holt_winters(matrix: RangeVector, smoothing: float, trend: float) -> Vector:
+    """Double exponential smoothing of each window, Prometheus 2.42's loop run for all steps at
+    once: position by position, only the windows that are that long move on."""
+    if not 0 < smoothing < 1:
+        raise PromQLError(f"invalid smoothing factor. Expected: 0 < sf < 1, got: {smoothing:f}")
+    if not 0 < trend < 1:
+        raise PromQLError(f"invalid trend factor. Expected: 0 < tf < 1, got: {trend:f}")
+
+    def compute(series: Series, lo, hi):
+        _, vs, mask = gather(series, lo, hi)
+        level_before = np.zeros(len(lo))
+        level = vs[:, 0].copy()
+        slope = vs[:, min(1, vs.shape[1] - 1)] - vs[:, 0]
+        for i in range(1, vs.shape[1]):
+            moving = mask[:, i]
+            if i > 1:
+                slope = np.where(moving, trend * (level - level_before) + (1 - trend) * slope, slope)
+            smoothed = smoothing * vs[:, i] + (1 - smoothing) * (level + slope)
+            level_before = np.where(moving, level, level_before)
+            level = np.where(moving, smoothed, level)
+        return level, hi - lo >= 2
+
+    return _per_series(matrix, compute)
+
+
 def _counting(matrix: RangeVector, counted) -> Vector:
     def compute(series: Series, lo, hi):
         vs = series.values
         flags = counted(vs[1:], vs[:-1]).astype(np.float64) if len(vs) > 1 else np.zeros(0)
         return _between_samples(vs, flags, lo, hi), hi > lo
 
-    return _per_series(matrix, compute)
+    return _all_series(matrix, compute)
 
 
 def changes(matrix: RangeVector) -> Vector:
@@ -149,9 +203,9 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
         if name == "count":
             return count, present
         if name == "present":
-            return np.ones(len(lo)), present
+            return np.ones(lo.shape), present
         if name == "last":
-            return series.values[np.maximum(hi - 1, 0)] if len(series.values) else np.zeros(len(lo)), present
+            return series.values[np.maximum(hi - 1, 0)], present
         _, vs, mask = gather(series, lo, hi)
         with np.errstate(invalid="ignore", divide="ignore"):
             if name == "sum":
@@ -169,7 +223,8 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
                 return quantiles(np.where(mask, vs, np.inf), count, parameter), present
         raise AssertionError(name)
 
-    return _per_series(matrix, compute)
+    stacked = name in ("count", "present", "last")
+    return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name == "last")
 
 
 def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
