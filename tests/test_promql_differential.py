@@ -472,6 +472,9 @@ def difference(expected: dict, got: dict, ordered: bool) -> str | None:
         return pairs if ordered else sorted(pairs, key=lambda pair: pair[0])
 
     mine, yours = keyed(result), keyed(theirs)
+    repeated = sorted({labels for labels, _ in yours if [other for other, _ in yours].count(labels) > 1})
+    if repeated:
+        return f"{len(yours)} series where Prometheus has {len(mine)}: the same labels more than once, e.g. {dict(repeated[0])}"
     if [labels for labels, _ in mine] != [labels for labels, _ in yours]:
         missing = [dict(labels) for labels, _ in mine if labels not in dict(yours)]
         extra = [dict(labels) for labels, _ in yours if labels not in dict(mine)]
