@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import os
 import re
+import resource
 import tomllib
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from gateway.model import InvalidSample, Limits, validate_tenant
 from gateway.downsample.partitions import parse_partitions
 from gateway.store.layout import Layout, parse_granularities
 from protocols.timespec import UNIT_MS
+
+RESERVED_DESCRIPTORS = 128  # open files kept free of client connections (--max-connections auto)
 
 _DURATION_RE = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 
@@ -53,8 +56,8 @@ def _positive(text) -> int:
     return value
 
 
-def _workers(text) -> int | None:
-    """``auto`` (None: decided by ``Config.worker_count``) or a positive number."""
+def _auto_or_positive(text) -> int | None:
+    """``auto`` (None: decided by a Config property) or a positive number."""
     return None if str(text).strip() == "auto" else _positive(text)
 
 
@@ -100,6 +103,10 @@ SETTINGS = [
     Setting("auth-file", lambda text: Path(text) if str(text).strip() else None, "", "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header"),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting("max-decompressed-bytes", _positive, str(64 << 20), "largest snappy-decompressed remote write/read body (413 above)"),
+    Setting("max-connections", _auto_or_positive, "auto", "TCP connections one process keeps open over all its HTTP and carbon listeners; at it a new one replaces the oldest idle one (no request under way), or is closed at once (logged, counted); auto: the open-files limit (ulimit -n) minus 128"),
+    Setting("http-idle-timeout", parse_duration, "60s", "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never"),
+    Setting("carbon-idle-timeout", parse_duration, "5m", "a carbon plaintext or pickle TCP connection that sends nothing for this long is closed; 0s: never"),
+    Setting("shutdown-timeout", parse_duration, "10s", "on SIGTERM or SIGINT, how long open requests, carbon batches and a running downsample round get to finish; then what is left is logged and closed"),
     Setting("max-inflight-samples", _positive, "1000000", "samples waiting for the store before writes get 503"),
     Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
     Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
@@ -107,6 +114,7 @@ SETTINGS = [
     Setting("query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"),
     Setting("query-timeout", parse_duration, "2m", "PromQL: longest a query may run (503 timeout above)"),
     Setting("query-max-samples", _positive, "50000000", "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)"),
+    Setting("max-points-per-query", _positive, "10000000", "points one /render or /api/query request may read, generate or bucket (time(), summarize(), hitcount(), ...), counted before the work is done (422 above)"),
     Setting("tenant-max-samples-per-second", _non_negative, "0", "per-tenant ingest rate of one process, 429 above; 0: no limit"),
     Setting("tenant-max-active-series", _non_negative, "0", "per-tenant series written in the last 20 min to one process, 429 above; 0: no limit"),
     Setting("max-name-length", _positive, "1024", "longest metric name"),
@@ -116,7 +124,7 @@ SETTINGS = [
     Setting("max-metadata-length", _positive, "1024", "longest Prometheus metadata text (metric family name, help, unit); longer metadata is skipped and counted, its samples are written"),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
-    Setting("workers", _workers, "auto", "worker processes sharing the listening sockets; auto: one per usable core, but 1 on the embedded SQLite store and with --roles downsample; tenant limits are per process, so N workers allow a tenant up to N times them"),
+    Setting("workers", _auto_or_positive, "auto", "worker processes sharing the listening sockets; auto: one per usable core, but 1 on the embedded SQLite store and with --roles downsample; tenant limits are per process, so N workers allow a tenant up to N times them"),
     Setting("log-level", lambda text: str(text).upper(), "info", "debug, info, warning or error"),
 ]
 
@@ -151,6 +159,10 @@ class Config:
     auth_file: Path | None
     max_body_bytes: int
     max_decompressed_bytes: int
+    max_connections: int | None
+    http_idle_timeout: int
+    carbon_idle_timeout: int
+    shutdown_timeout: int
     max_inflight_samples: int
     metadata_cache_size: int
     max_series_per_query: int
@@ -158,6 +170,7 @@ class Config:
     query_lookback_delta: int
     query_timeout: int
     query_max_samples: int
+    max_points_per_query: int
     tenant_max_samples_per_second: int
     tenant_max_active_series: int
     max_name_length: int
@@ -192,6 +205,17 @@ class Config:
         if self.store_url.startswith("sqlite:") or self.role_set == {"downsample"}:
             return 1
         return len(os.sched_getaffinity(0))
+
+    @property
+    def connection_limit(self) -> int:
+        """``--max-connections``, else the open-files limit less what the store, Redis, logs and
+        threads need, so the cap is reached before accept() fails for lack of descriptors."""
+        if self.max_connections is not None:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return 1 << 16  # no limit on open files: still a bound
+        return max(1, soft - RESERVED_DESCRIPTORS)
 
     @property
     def listeners(self) -> dict[str, tuple[str, int]]:

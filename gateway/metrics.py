@@ -53,6 +53,17 @@ SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata
 INGEST_INFLIGHT = Gauge(
     "tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored", multiprocess_mode="livesum"
 )
+CONNECTIONS_OPEN = Gauge(
+    "tsgate_open_connections", "TCP connections open on the HTTP and carbon listeners", multiprocess_mode="livesum"
+)
+CONNECTIONS_REFUSED = Counter(
+    "tsgate_refused_connections", "New TCP connections closed at once over --max-connections", ["listener"]
+)
+IDLE_CLOSED = Counter(
+    "tsgate_idle_closed_connections",
+    "Idle connections closed (--http-idle-timeout, --carbon-idle-timeout, or for a new one at --max-connections)",
+    ["listener"],
+)
 
 
 def observe_store(operation: str, deferred):

@@ -32,6 +32,23 @@ class QueryTooLarge(ValueError):
     """The query would touch more series than allowed; refuse instead of exhausting memory."""
 
 
+class PointsBudget:
+    """The points one request may read, generate or bucket (--max-points-per-query). Each step
+    spends its points before it builds them, so an oversized request costs nothing but a 422."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.spent = 0
+
+    def spend(self, points: int, what: str) -> None:
+        self.spent += points
+        if self.spent > self.limit:
+            raise QueryTooLarge(
+                f"{what} needs {points} points, which brings the request over its budget of {self.limit} points"
+                " (--max-points-per-query); shorten the range or use a coarser step"
+            )
+
+
 class QueryPlanner:
     def __init__(self, store: Store, max_series: int, concurrency: int = 32):
         self.store = store

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway import metrics, samples
@@ -30,6 +31,17 @@ from gateway.store.contract import RawData, Rollup
 from gateway.store.layout import Granularity, Layout
 
 ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
+READ_BATCH = 256  # series an API reads at a time, counting samples against its limit in between
+
+# The times a read can ask for: 1970 to the end of the year 9999. Stores keep int64 milliseconds,
+# so a range is cut to these rather than overflowing (``end=9223372036854775807``, ``1e20``, or
+# a remote read starting at int64's minimum all mean "everything").
+EARLIEST_MS = 0
+LATEST_MS = 253_402_300_799_999
+
+
+def clamp_range(start_ms: int, end_ms: int) -> tuple[int, int]:
+    return max(start_ms, EARLIEST_MS), min(end_ms, LATEST_MS)
 
 
 class SeriesData(NamedTuple):
@@ -86,6 +98,7 @@ class ReadPath:
         self, series: Sequence[SeriesKey], start_ms: int, end_ms: int, aggregate: str = "avg", fallback: str | None = "last"
     ) -> list[SeriesData]:
         """Each series' samples in the inclusive range, stitched as the module says, in order."""
+        start_ms, end_ms = clamp_range(start_ms, end_ms)
         granularity = self.rollup_for(start_ms)
         if granularity is None:
             return [SeriesData(s, None) for s in await self.read_raw(series, start_ms, end_ms)]
@@ -97,6 +110,7 @@ class ReadPath:
 
     async def read_raw(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[Samples]:
         """Blocks merged with head rows, the series of a tenant in one store call (bounded)."""
+        start_ms, end_ms = clamp_range(start_ms, end_ms)
         if end_ms < start_ms:
             return [samples.empty() for _ in series]
         by_tenant: dict[str, list[int]] = {}
@@ -108,14 +122,17 @@ class ReadPath:
         ]
         found: list = [None] * len(series)
         for indexes, raw in zip(by_tenant.values(), await gatherResults(reads, consumeErrors=True)):
-            for index, data in zip(indexes, raw):
-                found[index] = stitch_raw(data, start_ms, end_ms)
+            # decoding the blocks of many series takes a while: in a thread, off the reactor
+            stitched = await threads.deferToThread(_stitch_all, raw, start_ms, end_ms)
+            for index, data in zip(indexes, stitched):
+                found[index] = data
         return found
 
     async def read_rollup(
         self, series: Sequence[SeriesKey], granularity: Granularity, aggregate: str, start_ms: int, end_ms: int, fallback: str | None = None
     ) -> list[tuple[Samples, str | None]]:
         """One aggregate of a roll-up table for every series (with ``fallback`` for series lacking it)."""
+        start_ms, end_ms = clamp_range(start_ms, end_ms)
         if end_ms < start_ms:
             return [(samples.empty(), None) for _ in series]
         reads = [
@@ -123,6 +140,10 @@ class ReadPath:
             for s in series
         ]
         return [rollup_samples(rows, aggregate, fallback) for rows in await gatherResults(reads, consumeErrors=True)]
+
+
+def _stitch_all(raw: list[RawData], start_ms: int, end_ms: int) -> list[Samples]:
+    return [stitch_raw(data, start_ms, end_ms) for data in raw]
 
 
 def stitch_raw(found: RawData, start_ms: int, end_ms: int) -> Samples:

@@ -1,21 +1,28 @@
 """The running gateway: builds the store, pipeline, planner and HTTP site, and stops them cleanly.
 
-Shutdown order (SIGTERM or SIGINT): stop accepting connections, wait for accepted writes to
-reach the store, close the store, exit 0.
+Shutdown order (SIGTERM or SIGINT): stop accepting connections; close the open ones (an HTTP
+connection once the request under way is answered, carbon ones at once: what they sent is already
+queued); wait for accepted writes to reach the store and for a running downsample round, at most
+``--shutdown-timeout``, then log what is left and close it; close the store; exit 0. Nothing is
+acknowledged before the store has it, so what is left at the timeout was never acknowledged.
 """
 
 import dataclasses
+import gc
 import logging
 import os
 import re
 import signal
 import socket
+import sys
 
 from twisted.internet import defer, reactor
+from twisted.internet.error import CannotListenError
 from twisted.internet.task import LoopingCall
 
 from gateway import __version__
 from gateway.config import Config
+from gateway.connections import Connections
 from gateway.http.auth import Credentials
 from gateway.http.native_api import NativeAPI
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
@@ -33,7 +40,7 @@ from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.query import QueryPlanner
 from gateway.store import open_store
-from gateway.workers import Worker
+from gateway.workers import CannotListen, Worker
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +68,7 @@ class Gateway:
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         roles = config.role_set
         router = Router(roles, Credentials.from_file(config.auth_file) if config.auth_file else None)
-        NativeAPI(self.store, self.pipeline, self.planner).register(router)
+        NativeAPI(self.store, self.pipeline, self.planner, config.max_points_per_query).register(router)
         PrometheusAPI(
             self.store,
             self.pipeline,
@@ -72,13 +79,15 @@ class Gateway:
         ).register(router)
         PromQLAPI(self.store, self.planner, config.query_max_samples, config.query_lookback_delta, config.query_timeout).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
-        GraphiteAPI(self.store, self.planner, Finder(self.store), config.limits, schemas).register(router)
+        GraphiteAPI(self.store, self.planner, Finder(self.store), config.limits, schemas, config.max_points_per_query).register(router)
         OpsAPI(self.store).register(router)
-        self.site = Site(router, config.max_body_bytes)
+        self.connections = Connections(config.connection_limit)
+        self.site = Site(router, config.max_body_bytes, self.connections, _seconds(config.http_idle_timeout))
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
         self.downsampler = Downsampler(self.store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(","))))
         self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
+        self.downsample_stopped = defer.succeed(None)  # fires once the loop stopped and its last round ended
         self.partition_lock = partition_lock(config, self.pending)
 
     async def open_store(self) -> None:
@@ -97,14 +106,15 @@ class Gateway:
         config = self.config
         host, port = config.http
         if self.downsample_loop is not None:
-            self.downsample_loop.start(config.downsample_interval / 1000, now=False)
+            self.downsample_stopped = self.downsample_loop.start(config.downsample_interval / 1000, now=False)
         if "ingest" not in config.role_set:
             log.info("roles %s: no carbon listeners", config.roles)
+        carbon_idle_s = _seconds(config.carbon_idle_timeout)
         handlers = {
             "http": self.site,
-            "graphite": PlaintextFactory(self.graphite, config.graphite_tenant, config.graphite_max_line_length),
+            "graphite": PlaintextFactory(self.graphite, config.graphite_tenant, config.graphite_max_line_length, self.connections, carbon_idle_s),
             "graphite-udp": PlaintextDatagramProtocol(self.graphite, config.graphite_tenant, config.graphite_max_line_length),
-            "pickle": PickleFactory(self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes),
+            "pickle": PickleFactory(self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes, self.connections, carbon_idle_s),
         }
         for name, address in config.listeners.items():
             self.ports.append(self._listen(name, address, handlers[name]))
@@ -123,23 +133,35 @@ class Gateway:
         fd = self.inherited.get(name)
         if fd is None:
             listen = reactor.listenUDP if udp else reactor.listenTCP
-            return listen(address[1], handler, interface=address[0])
+            try:
+                return listen(address[1], handler, interface=address[0])
+            except CannotListenError as error:
+                raise CannotListen(name, *address, error.socketError.strerror) from None
         with socket.socket(fileno=fd) as inherited:
             adopt = reactor.adoptDatagramPort if udp else reactor.adoptStreamPort
             return adopt(inherited.fileno(), inherited.family, handler)
 
     async def stop(self) -> None:
-        log.info("stopping: no new connections, flushing accepted writes")
+        timeout_s = self.config.shutdown_timeout / 1000
+        log.info("stopping: no new connections; answering open requests and flushing accepted writes (at most %gs)", timeout_s)
         await defer.gatherResults([defer.maybeDeferred(port.stopListening) for port in self.ports])
         if self.downsample_loop is not None and self.downsample_loop.running:
             self.downsample_loop.stop()
-        await self.graphite.drain()
-        await self.pipeline.drain()
+        finished = defer.gatherResults(
+            [self.connections.close_all(), self.graphite.drain(), self.pipeline.drain(), self.downsample_stopped]
+        )
+        if not await _within(finished, timeout_s):
+            log.warning(
+                "shutdown timeout (%gs, --shutdown-timeout) reached: closing %d connections still open;"
+                " not yet stored: %d carbon samples, %d samples in store writes under way; downsample round %s",
+                timeout_s, len(self.connections.open), self.graphite.pending, self.pipeline.inflight_samples,
+                "still running (redone after restart)" if not self.downsample_stopped.called else "done",
+            )
+            self.connections.abort_all()
         await self.store.close()
         if self.shared_seen is not None:
             await self.shared_seen.stop()
         log.info("stopped")
-
 
     async def _downsample(self) -> None:
         """One round of the downsample role; a failed round is logged and retried next time."""
@@ -164,6 +186,26 @@ def partition_lock(config: Config, pending):
     return RedisPartitionLock(pending, f"{socket.gethostname()}:{os.getpid()}", lease)
 
 
+def _within(deferred: defer.Deferred, seconds: float) -> defer.Deferred:
+    """Fires True once ``deferred`` fired (whatever its result), or False after ``seconds``.
+    ``deferred`` itself is left alone: cancelling the drains would break their waiters."""
+    outcome = defer.Deferred()
+    timer = reactor.callLater(seconds, outcome.callback, False)
+
+    def fired(_):
+        if timer.active():
+            timer.cancel()
+            outcome.callback(True)
+
+    deferred.addBoth(fired)
+    return outcome
+
+
+def _seconds(milliseconds: int) -> float | None:
+    """A timeout setting for Twisted: seconds, or None (never) for 0."""
+    return milliseconds / 1000 or None
+
+
 def _address(hostport: tuple[str, int] | None) -> str:
     return f"{hostport[0]}:{hostport[1]}" if hostport else "off"
 
@@ -171,6 +213,9 @@ def _address(hostport: tuple[str, int] | None) -> str:
 def redact(url: str) -> str:
     """A URL fit for a log line: any password replaced by ***."""
     return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", re.sub(r"(password=)[^&]*", r"\1***", url))
+
+
+REACTOR_GIL_WAIT_S = 0.001
 
 
 def run(config: Config, worker: Worker | None = None) -> int:
@@ -190,6 +235,10 @@ def run(config: Config, worker: Worker | None = None) -> int:
     outcome = {"code": 0}
 
     def started_or_failed():
+        # Registered before starting: whatever start() got running (the store's thread pools
+        # above all, which would keep the process alive after the reactor stops) is stopped
+        # the same way after a failed start as after SIGTERM.
+        reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(gateway.stop()))
         deferred = defer.ensureDeferred(gateway.start())
 
         def failed(failure):
@@ -197,18 +246,23 @@ def run(config: Config, worker: Worker | None = None) -> int:
             outcome["code"] = 1
             reactor.stop()
 
-        def stop_on_shutdown(_):
-            reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(gateway.stop()))
+        def started(_):
             if worker is not None:
                 worker.announce_ready()
                 LoopingCall(_stop_if_orphaned, worker.supervisor_pid).start(1.0, now=False)
 
-        deferred.addCallbacks(stop_on_shutdown, failed)
+        deferred.addCallbacks(started, failed)
 
     reactor.callWhenRunning(started_or_failed)
     # A process started in the background by a non-interactive shell inherits SIGINT ignored,
     # and Twisted then leaves it so; SIGINT is documented to stop the gateway like SIGTERM.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Render and encoding work runs in threads; a thread waiting for the GIL gets it after this
+    # interval, so the reactor thread waits about 1 ms (not Python's 5 ms) each time it wakes up.
+    sys.setswitchinterval(REACTOR_GIL_WAIT_S)
+    # The modules and objects built so far live as long as the process: kept out of the garbage
+    # collector's full passes, which hold the GIL (~25 ms each) while a heavy request runs.
+    gc.freeze()
     reactor.run()
     if worker is not None:
         # Drained: a SIGTERM from the supervisor arriving now (systemd may also have sent one

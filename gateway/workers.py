@@ -18,7 +18,8 @@ A worker that dies is logged (pid, exit code or signal) and restarted, at most o
 worker. A worker that exits before it is ready counts as a start-up failure; after
 ``STARTUP_ATTEMPTS`` of those in a row (a worker becoming ready resets the count) the supervisor
 stops the others and exits 1: the worker's own log lines above say why. SIGTERM or SIGINT to
-the supervisor sends SIGTERM to every worker, waits for each to drain and exit, then exits 0.
+the supervisor sends SIGTERM to every worker, waits for each to drain and exit (killing one
+still running ``STOP_MARGIN_S`` past ``--shutdown-timeout``), then exits 0.
 
 /metrics of any worker shows the sum of all (prometheus-client's multiprocess mode, files in a
 temporary directory that the supervisor creates and removes; see gateway.metrics).
@@ -47,6 +48,7 @@ ENVIRONMENT_KEY = "TSGATE_WORKER"
 STARTUP_ATTEMPTS = 3
 RESTART_INTERVAL_S = 1.0
 LISTEN_BACKLOG = 50  # Twisted's listenTCP default, as with --workers 1
+STOP_MARGIN_S = 10.0  # past --shutdown-timeout, for a worker to close its store and exit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +84,10 @@ class _Slot:
 
 
 class CannotListen(Exception):
-    pass
+    """A listener's address cannot be bound; the message names the address and the setting."""
+
+    def __init__(self, name: str, host: str, port: int, reason: str):
+        super().__init__(f"cannot listen on {host}:{port} (--{name}): {reason}")
 
 
 def bind_listeners(config: Config) -> dict[str, socket.socket]:
@@ -94,7 +99,7 @@ def bind_listeners(config: Config) -> dict[str, socket.socket]:
         except OSError as error:
             for sock in bound.values():
                 sock.close()
-            raise CannotListen(f"cannot listen on {host}:{port} (--{name}): {error.strerror}") from None
+            raise CannotListen(name, host, port, error.strerror) from None
     return bound
 
 
@@ -129,6 +134,7 @@ class Supervisor:
         self.startup_failures = 0
         self.first_ready = False  # workers 1..N-1 wait for worker 0's first start
         self.stop_signal = None
+        self.stop_wait_s = config.shutdown_timeout / 1000 + STOP_MARGIN_S
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -208,7 +214,8 @@ class Supervisor:
         return sum(slot.process is not None for slot in self.slots)
 
     def _stop_workers(self) -> None:
-        """SIGTERM every worker and wait for each to drain and exit.
+        """SIGTERM every worker and wait for each to drain and exit; one still running
+        ``STOP_MARGIN_S`` after its ``--shutdown-timeout`` is killed (and logged).
 
         The supervisor's copies of the sockets are closed first, so once the workers have
         stopped listening, new connections are refused instead of waiting in a backlog.
@@ -218,9 +225,15 @@ class Supervisor:
         for slot in self.slots:
             if slot.process is not None:
                 slot.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_wait_s
         for slot in self.slots:
             if slot.process is not None:
-                code = slot.process.wait()
+                try:
+                    code = slot.process.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.error("worker %d (pid %d) still running %gs after SIGTERM: killing it", slot.index, slot.process.pid, self.stop_wait_s)
+                    slot.process.kill()
+                    code = slot.process.wait()
                 self._close_ready_pipe(slot)
                 multiprocess.mark_process_dead(slot.process.pid, self.metrics_dir)
                 level = logging.INFO if code == 0 else logging.WARNING

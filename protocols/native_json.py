@@ -10,7 +10,8 @@ Put items (``/api/put``, OpenTSDB style, one object or an array)::
 
 Timestamps are epoch seconds or milliseconds (protocols.timespec's rule) or ISO-8601 strings;
 omitted, they are the arrival time. Values are JSON numbers, numeric strings, or ``"NaN"``,
-``"+Inf"``, ``"-Inf"``. Each item is decoded on its own: a bad item becomes an ItemError and the
+``"+Inf"``, ``"-Inf"``; a number out of float64's range (``1e999``) or a bare ``NaN``/``Infinity``
+refuses its item. Each item is decoded on its own: a bad item becomes an ItemError and the
 others go on.
 """
 
@@ -51,9 +52,29 @@ class _FieldError(ValueError):
 _SPECIAL_VALUES = {"nan": math.nan, "+inf": math.inf, "inf": math.inf, "-inf": -math.inf}
 
 
+class _OutOfRange(NamedTuple):
+    """A JSON number no float64 holds (``1e999``, 400 digits) or a non-standard ``NaN``/``Infinity``
+    literal: kept as text, so the item that carries it is refused naming its field."""
+
+    text: str
+
+
+# float64 tops out at 309 digits; past that an integer would only become +Inf.
+_MAX_INTEGER_DIGITS = 309
+
+
+def _parse_float(text: str) -> float | _OutOfRange:
+    number = float(text)
+    return number if math.isfinite(number) else _OutOfRange(text)
+
+
+def _parse_int(text: str) -> int | _OutOfRange:
+    return int(text) if len(text.lstrip("-")) <= _MAX_INTEGER_DIGITS else _OutOfRange(text)
+
+
 def _parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return json.loads(body, parse_float=_parse_float, parse_int=_parse_int, parse_constant=_OutOfRange)
     except UnicodeDecodeError as error:
         raise BadRequest(f"body is not UTF-8: {error}") from None
     except json.JSONDecodeError as error:
@@ -62,28 +83,40 @@ def _parse_json(body: bytes) -> Any:
         raise BadRequest("body is nested too deeply") from None
 
 
+def _out_of_range(raw: _OutOfRange, field: str) -> _FieldError:
+    return _FieldError(field, f"number {raw.text[:40]}{'...' if len(raw.text) > 40 else ''} is out of range (write NaN and infinities as the strings \"NaN\", \"+Inf\", \"-Inf\")")
+
+
 def _value(raw: Any) -> float:
+    if isinstance(raw, _OutOfRange):
+        raise _out_of_range(raw, "value")
     if isinstance(raw, bool) or raw is None:
         raise _FieldError("value", f"must be a number, got {json.dumps(raw)}")
     if isinstance(raw, (int, float)):
         try:
             return float(raw)
         except OverflowError:
-            raise _FieldError("value", "is too large for a float64") from None
+            raise _out_of_range(_OutOfRange(str(raw)), "value") from None
     if isinstance(raw, str):
         special = _SPECIAL_VALUES.get(raw.strip().lower())
         if special is not None:
             return special
         try:
-            return float(raw)
+            number = float(raw)
         except ValueError:
             pass
+        else:
+            if math.isfinite(number):
+                return number
+            raise _out_of_range(_OutOfRange(raw), "value")
     raise _FieldError("value", f"must be a number, got {json.dumps(raw)[:60]}")
 
 
 def _timestamp(raw: Any, field: str, now_ms: int) -> int:
     if raw is None:
         return now_ms
+    if isinstance(raw, _OutOfRange):
+        raise _out_of_range(raw, field)
     if isinstance(raw, bool):
         raise _FieldError(field, "must be epoch seconds, milliseconds or an ISO-8601 string")
     if isinstance(raw, (int, float)):
@@ -166,20 +199,26 @@ def encode_json(document: Any) -> bytes:
     return json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
+# Samples encoded by one json.dumps: a call holds the GIL throughout (a million samples, about
+# a second), so even from a thread a whole answer in one call would stall the event loop.
+SAMPLES_PER_CALL = 65536
+
+
 def encode_query_results(results) -> bytes:
     """Seed 000's query answer: [{tenant, metricName, tags, values: {ISO time: value}}]. Each
-    result has tenant, metric_name, tags and samples (numpy timestamps in ms and float values)."""
-    return encode_json(
-        [
-            {
-                "tenant": result.tenant,
-                "metricName": result.metric_name,
-                "tags": result.tags,
-                "values": dict(zip(iso_times(result.samples.timestamps), map(json_value, result.samples.values.tolist()))),
-            }
-            for result in results
+    result has tenant, metric_name, tags and samples (numpy timestamps in ms and float values).
+    Encoded SAMPLES_PER_CALL samples at a time, the pieces joined as one json.dumps writes them."""
+    documents = []
+    for result in results:
+        head = encode_json({"tenant": result.tenant, "metricName": result.metric_name, "tags": result.tags})
+        timestamps, values = result.samples
+        pieces = [
+            encode_json(dict(zip(iso_times(timestamps[first : first + SAMPLES_PER_CALL]),
+                                 map(json_value, values[first : first + SAMPLES_PER_CALL].tolist()))))[1:-1]
+            for first in range(0, len(timestamps), SAMPLES_PER_CALL)
         ]
-    )
+        documents.append(b"%s, \"values\": {%s}}" % (head[:-1], b", ".join(pieces)))
+    return b"[%s]" % b", ".join(documents)
 
 
 def iso_times(timestamps_ms: np.ndarray) -> list[str]:

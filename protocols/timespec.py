@@ -12,7 +12,7 @@ import re
 EPOCH_MS_THRESHOLD = 100_000_000_000
 
 UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000, "y": 31_536_000_000}
-_RELATIVE_RE = re.compile(r"(\d+)(ms|s|m|h|d|w|y)-ago")
+_RELATIVE_RE = re.compile(r"(\d{1,18})(ms|s|m|h|d|w|y)-ago")  # 18 digits: int64, never Python's digit limit
 
 
 class BadTime(ValueError):

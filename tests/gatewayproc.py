@@ -24,6 +24,14 @@ def downsample_once(*args: str) -> str:
     return result.stdout
 
 
+def tsgate_serve(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `tsgate serve` until it exits by itself (no carbon listeners unless asked); its result and run time."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--graphite", "", "--pickle", "", "--data-dir", str(tmp_path / "d"), *args]
+    result = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=timeout)
+    return result, time.monotonic() - started
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -83,10 +91,10 @@ class GatewayProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, timeout: float = 30) -> int:
+    def stop(self, timeout: float = 30, signum: int = signal.SIGTERM) -> int:
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else 0
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(signum)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:

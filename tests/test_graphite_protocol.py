@@ -3,6 +3,7 @@
 import copyreg
 import io
 import pickle
+import pickletools
 import random
 import struct
 import time
@@ -588,3 +589,28 @@ def test_pickle_fuzz():
         assert_well_formed(samples, rejects)
         assert_well_formed(*decode_frame(data, NOW_MS))
     assert CALLS == []
+
+
+# --- pickle: frames bounded in samples, not only bytes -----------------------------------------
+
+def dup_frame(copies: int) -> bytes:
+    """One item, then DUP ``copies`` times, in one list: a byte a sample."""
+    item = pickle.dumps(("a.b", (1700000000, 1.5)), protocol=2)[2:-1]
+    return b"\x80\x02(" + item + b"2" * copies + b"l."
+
+
+def test_pickle_frame_of_dup_opcodes_is_one_reject_and_the_good_frames_stay():
+    data = frame(pickle.dumps(ITEMS, protocol=2)) + frame(dup_frame(1_000_000)) + frame(pickle.dumps(ITEMS, protocol=2))
+    started = time.perf_counter()
+    samples, rejects = feed_all(PickleDecoder(), [data])
+    assert time.perf_counter() - started < 0.5
+    assert samples == EXPECTED * 2 and reasons(rejects) == ["too_many_items"]
+    assert rejects[0].detail == "1000001 items in 1000035 bytes, at most one per 8 bytes"
+
+
+def test_pickle_items_as_small_as_a_pickler_writes_them_are_kept():
+    items = [("a", (i % 200, 1)) for i in range(10_000)]
+    payload = pickletools.optimize(pickle.dumps(items, protocol=2))
+    assert len(payload) < 8 * len(items) + 64
+    samples, rejects = decode_frame(payload, NOW_MS)
+    assert len(samples) == 10_000 and rejects == []

@@ -9,8 +9,6 @@ import re
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -22,7 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.cli import build_parser
 from gateway.config import ConfigError, build_config
-from tests.gatewayproc import REPO, GatewayProcess, free_port
+from tests.gatewayproc import GatewayProcess, free_port, tsgate_serve
 
 READY = re.compile(r"worker (\d+) \(pid (\d+)\) ready")
 
@@ -176,13 +174,6 @@ def test_sigterm_drains_every_worker_and_loses_no_acknowledged_write(start_gatew
     for number, acks in acknowledged.items():
         stored = {int(v) for v in series[str(number)].values()}
         assert set(acks) <= stored, f"writer {number}: acknowledged but lost {sorted(set(acks) - stored)[:10]}"
-
-
-def tsgate_serve(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--graphite", "", "--pickle", "", "--data-dir", str(tmp_path / "d"), *args]
-    result = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=timeout)
-    return result, time.monotonic() - started
 
 
 def test_a_port_in_use_fails_once_in_the_supervisor(tmp_path):

@@ -9,10 +9,11 @@ time range (timeShift, moving windows, ...) evaluate their first argument again 
 
 from dataclasses import dataclass, field
 from datetime import timezone, tzinfo
-from typing import Protocol
+from typing import Callable, Protocol
 
 from gateway.graphite.functions import REGISTRY, EmptyResult, RenderError, Request
 from gateway.graphite.series import TimeSeries
+from protocols.graphite import attime
 from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target
 
 __all__ = ["Fetcher", "RenderContext", "RenderError", "evaluate_target"]
@@ -27,6 +28,8 @@ class RenderContext:
     x_files_factor: float = 0.0  # the request's xFilesFactor; setXFilesFactor changes it
     max_data_points: int | None = None
     stacks: dict = field(default_factory=dict)  # stacked() running totals, shared by copies
+    budget: object = None  # the request's query.PointsBudget, shared by copies; None: unbounded
+    offload: Callable | None = None  # runs a function's CPU-bound work elsewhere (deferToThread); None: inline
 
 
 class Fetcher(Protocol):
@@ -47,6 +50,12 @@ async def evaluate_target(target: str, context: RenderContext, fetcher: Fetcher)
         return [result]
     if not isinstance(result, list):
         raise RenderError(f"target {target!r} does not produce series")
+    if not all(isinstance(series, TimeSeries) for series in result):
+        # mapSeries() alone: lists of series, which only reduceSeries() takes
+        raise RenderError(f"target {target!r} produces lists of series, not series: use it inside reduceSeries()")
+    for series in result:
+        if not attime.EARLIEST <= series.start <= series.end <= attime.LATEST:  # hitcount(x, '99999999y')
+            raise RenderError(f"series {series.name!r} reaches out of the years 1 to 9999 (an interval too long?)")
     return result
 
 
@@ -97,6 +106,8 @@ async def _call(node: Call, context: RenderContext, fetcher: Fetcher):
     args, kwargs = function.validate(args, kwargs)
 
     async def evaluate(node_or_target, new_context):
+        if not attime.EARLIEST <= new_context.start <= new_context.end <= attime.LATEST:
+            raise RenderError(f"{node.name}() moves the time range out of the years 1 to 9999")
         if isinstance(node_or_target, str):
             node_or_target = _parse(node_or_target)
         return await _evaluate(node_or_target, new_context, fetcher)
@@ -110,6 +121,6 @@ async def _call(node: Call, context: RenderContext, fetcher: Fetcher):
     try:
         if function.is_async:
             return await function.function(request, *args, **kwargs)
-        return function.function(request, *args, **kwargs)
+        return await request.compute(function.function, request, *args, **kwargs)
     except EmptyResult:
         return []

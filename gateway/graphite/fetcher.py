@@ -12,6 +12,7 @@ consolidated into buckets of that width the same way, as whisper's coarser archi
 """
 
 import numpy as np
+from twisted.internet import threads
 from twisted.internet.defer import ensureDeferred, gatherResults
 
 from gateway.graphite import tagdb
@@ -19,15 +20,12 @@ from gateway.graphite.finder import Finder
 from gateway.graphite.series import TimeSeries
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.graphite.functions import RenderError
-from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.graphite.functions import MAX_POINTS_PER_SERIES, RenderError
+from gateway.query import PointsBudget, QueryPlanner, QueryTooLarge
 from gateway.samples import Samples
 from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target
 
 
-# A render (or a function such as linearRegression reaching back to epoch 0) must not build
-# unbounded lists on the reactor.
-MAX_POINTS_PER_SERIES = 1_000_000
 
 
 # consolidateBy's functions -> the roll-up aggregate that answers for them past raw retention.
@@ -58,9 +56,11 @@ class StoreFetcher:
     """One per render request: knows the tenant, reads through the planner's bounded reads."""
 
     def __init__(
-        self, tenant: str, finder: Finder, planner: QueryPlanner, schemas: StorageSchemas, max_series: int, consolidation: dict[str, str] | None = None
+        self, tenant: str, finder: Finder, planner: QueryPlanner, schemas: StorageSchemas, max_series: int,
+        consolidation: dict[str, str] | None = None, budget: PointsBudget | None = None,
     ):
         self.tenant = tenant
+        self.budget = budget
         self.consolidation = consolidation or {}
         self.finder = finder
         self.planner = planner
@@ -92,12 +92,14 @@ class StoreFetcher:
             if rollup is not None:
                 step = max(step, rollup.width_ms // 1000)
             first = start - start % step + step
-            stop = end - end % step + step
+            stop = max(end - end % step + step, first)  # an empty window when end < start
             if (stop - first) // step > MAX_POINTS_PER_SERIES:
                 raise QueryTooLarge(
                     f"{path_expression} over {end - start} s at a {step} s step is more than {MAX_POINTS_PER_SERIES} points a series"
                 )
             windows.append((step, first, stop))
+        if self.budget is not None:
+            self.budget.spend(sum((stop - first) // step for step, first, stop in windows), f"reading {path_expression}")
         by_window: dict[tuple[int, int, int], list[int]] = {}
         for index, window in enumerate(windows):
             by_window.setdefault(window, []).append(index)
@@ -109,13 +111,17 @@ class StoreFetcher:
         for indexes, found in zip(by_window.values(), await gatherResults(reads, consumeErrors=True)):
             for index, read in zip(indexes, found):
                 data[index] = read
-        series = []
-        for key, (step, first, stop), read in zip(keys, windows, data):
-            how = "last" if rollup is None or read.aggregate == "last" else wanted
-            values = bucket(read.samples, first, step, (stop - first) // step, how)
-            name = tagdb.graphite_path(key)
-            series.append(TimeSeries(name, first, stop, step, values, path_expression=path_expression))
-        return series
+        # Millions of points become Python lists here: in a thread, off the reactor.
+        return await threads.deferToThread(_bucketed, keys, windows, data, rollup is not None, wanted, path_expression)
+
+
+def _bucketed(keys, windows, data, from_rollup: bool, wanted: str, path_expression: str) -> list[TimeSeries]:
+    series = []
+    for key, (step, first, stop), read in zip(keys, windows, data):
+        how = "last" if not from_rollup or read.aggregate == "last" else wanted
+        values = bucket(read.samples, first, step, (stop - first) // step, how)
+        series.append(TimeSeries(tagdb.graphite_path(key), first, stop, step, values, path_expression=path_expression))
+    return series
 
 
 def bucket(found: Samples, first: int, step: int, count: int, how: str) -> list[float | None]:

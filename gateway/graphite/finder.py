@@ -6,12 +6,12 @@ So ``a.*.c`` reads the children of ``a`` and then of each ``a.X``, and ``*.*.lea
 two levels of the tree, never the list of every metric. docs/graphite.rst has the figures.
 """
 
-import re
 from typing import NamedTuple
 
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway.store import Store
+from protocols.linear_regex import BadPattern, compile_regex, escape
 
 GLOB_CHARACTERS = set("*?[{")
 
@@ -35,35 +35,71 @@ def _translate(pattern: str) -> str:
         elif char == "?":
             out.append(".")
         elif char == "[":
-            end = pattern.find("]", index + 1)
+            end = _class_end(pattern, index)
             if end == -1:
-                out.append(re.escape(char))
+                out.append(escape(char))
             else:
-                body = pattern[index + 1 : end]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
+                out.append(_class(pattern[index + 1 : end]))
                 index = end
         elif char == "{":
             end = pattern.find("}", index + 1)
             if end == -1:
-                out.append(re.escape(char))
+                out.append(escape(char))
             else:
                 alternatives = pattern[index + 1 : end].split(",")
                 out.append("(?:" + "|".join(_translate(a) for a in alternatives) + ")")
                 index = end
         else:
-            out.append(re.escape(char))
+            out.append(escape(char))
         index += 1
     return "".join(out)
 
 
+def _class_end(pattern: str, start: int) -> int:
+    """Where the ``[...]`` class opened at ``start`` ends, by fnmatch's rules (which graphite-web
+    uses): a ``]`` right after ``[`` or ``[!`` belongs to the class; -1 when it never closes
+    (``a.[]``, ``[!]``), and then the ``[`` is a literal character."""
+    end = start + 1
+    if pattern[end : end + 1] == "!":
+        end += 1
+    if pattern[end : end + 1] == "]":
+        end += 1
+    return pattern.find("]", end)
+
+
+NOTHING = r"[^\x00-\x{10FFFF}]"  # a class no character is in (RE2 has no (?!) lookahead)
+
+
+def _class(body: str) -> str:
+    """A class body as a regex, as fnmatch makes it: a reversed range (``z-a``) matches nothing."""
+    negate = body.startswith("!")
+    if negate:
+        body = body[1:]
+    items, index = [], 0
+    while index < len(body):
+        if index + 2 < len(body) and body[index + 1] == "-":
+            low, high = body[index], body[index + 2]
+            if low <= high:
+                items.append(f"{escape(low)}-{escape(high)}")
+            index += 3
+        else:
+            items.append(escape(body[index]))
+            index += 1
+    if not items:
+        return "." if negate else NOTHING
+    return "[" + ("^" if negate else "") + "".join(items) + "]"
+
+
 def component_matcher(pattern: str):
-    """A predicate for one path component, or None when the component is a literal."""
+    """A predicate for one path component, or None when the component is a literal; BadPattern for
+    a glob that is no regex (``[z-a]``)."""
     if not GLOB_CHARACTERS & set(pattern):
         return None
-    regex = re.compile(_translate(pattern) + r"\Z", re.DOTALL)
-    return lambda name: regex.match(name) is not None
+    try:
+        regex = compile_regex(_translate(pattern), dot_nl=True)
+    except BadPattern as error:
+        raise BadPattern(f"glob {pattern!r} is not valid: {error}") from None
+    return lambda name: regex.fullmatch(name) is not None
 
 
 def _join(parent: str, name: str) -> str:

@@ -16,18 +16,29 @@ import random
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from functools import reduce
+from functools import partial, reduce
 from itertools import zip_longest
 from typing import Any, Awaitable, Callable
 
 from gateway.graphite.series import CONSOLIDATION_FUNCTIONS, TimeSeries, parse_tags
+from gateway.query import QueryTooLarge
 from protocols.graphite.attime import (
     DAYS, HOURS, MINUTES, MONTHS_UNIT, SECONDS, WEEKS, YEARS, parse_at_time, parse_time_offset, unit_name,
 )
 from protocols.graphite.target import first_path_expression
+from protocols.linear_regex import BadPattern, compile_regex
 
 INF = float("inf")
 NAN = float("nan")
+
+
+# A render (or a function such as linearRegression reaching back to epoch 0) must not build
+# unbounded lists on the reactor.
+MAX_POINTS_PER_SERIES = 1_000_000
+
+
+# timeStack() evaluates its series once per shift: more copies than this is no graph, only memory.
+MAX_TIME_STACK = 1000
 
 
 class RenderError(ValueError):
@@ -48,6 +59,15 @@ class Request:
     async def evaluate_first_argument(self, **changes) -> list:
         """Evaluate the first argument again with the context fields changed (start=..., end=...)."""
         return await self.evaluate(self.raw_args[0], replace(self.context, **changes))
+
+    async def compute(self, function, *args, **kwargs):
+        """Run CPU-bound work through the context's ``offload`` (a thread under the server), so
+        the event loop keeps serving other requests meanwhile; directly without one."""
+        offload = self.context.offload
+        if offload is None:
+            return function(*args, **kwargs)
+        # bound first: the function's own keywords (func=...) must not reach the offload's
+        return await offload(partial(function, *args, **kwargs))
 
 
 # Safe aggregation helpers (None-aware), as graphite-web's functions/safe.py
@@ -216,8 +236,22 @@ def _validate_int_or_interval(value):
         return _validate_interval(value)
 
 
+def _validate_string(value):
+    """graphite-web has no check here, and its functions then fail on a number (a 500)."""
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value
+
+
+def _validate_node_or_tag(value):
+    """graphite-web looks a float node up as a tag name; inf and nan are neither node nor tag."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(value)
+    return value
+
+
 def _validate_interval(value):
-    parse_time_offset(value)
+    interval_seconds(value)
     return value
 
 
@@ -255,11 +289,11 @@ INTERVAL = ParamType("interval", _validate_interval)
 INT_OR_INTERVAL = ParamType("intOrInterval", _validate_int_or_interval)
 INT_OR_INF = ParamType("intOrInf", _validate_int_or_inf)
 NODE = ParamType("node", _validate_integer)
-NODE_OR_TAG = ParamType("nodeOrTag")
+NODE_OR_TAG = ParamType("nodeOrTag", _validate_node_or_tag)
 SERIES_LIST = ParamType("seriesList", _validate_series_list)
 SERIES_LISTS = ParamType("seriesLists", _validate_series_lists)
-STRING = ParamType("string")
-TAG = ParamType("tag")
+STRING = ParamType("string", _validate_string)
+TAG = ParamType("tag", _validate_string)
 ANY = ParamType("any")
 AGG_FUNC = ParamType("aggFunc", _validate_agg_func)
 AGG_OR_SERIES_FUNC = ParamType("aggOrSeriesFunc")
@@ -300,8 +334,8 @@ class Param:
         return result
 
     def validate(self, value, function_name: str):
-        if value is None and (self.default is not None or not self.required):
-            return value
+        if value is None and (self.default is not None or not self.required) and self.type not in (SERIES_LIST, SERIES_LISTS):
+            return self.default
         options = self.all_options()
         if options and self.strict_options and self.type is not AGG_FUNC and value not in options:
             raise RenderError(f'Invalid option specified for function "{function_name}" parameter '
@@ -425,7 +459,7 @@ def format_path_expressions(series_list) -> str:
     for series in series_list:
         if series.pathExpression not in expressions:
             expressions.append(series.pathExpression)
-    return ",".join(expressions)
+    return ",".join(map(str, expressions))  # verticalLine() without a label has None
 
 
 def node_or_tag(series, n, path_expression=None) -> str:
@@ -456,12 +490,25 @@ def group_series(series_list, key_function) -> dict:
 def apply_callback(request, callback: str, series_list):
     """groupBy* callback: a registered aggregating function name or an aggregation name."""
     if callback in REGISTRY:
-        return REGISTRY[callback].function(request, series_list)[0]
+        function = REGISTRY[callback]
+        if function.is_async or any(param.required for param in function.params[1:]):
+            raise RenderError(f"{callback} cannot aggregate a group of series on its own")
+        return function.function(request, series_list)[0]
     return aggregate(request, series_list, callback)[0]
 
 
+def _require_finite(value: float, function: str, param: str) -> None:
+    """For numbers graphite-web formats with %d (an OverflowError, its 500, on inf)."""
+    if not math.isfinite(value):
+        raise RenderError(f'{function}(): parameter "{param}" must be a finite number, not {value!r}')
+
+
 def interval_seconds(text) -> int:
-    return parse_time_offset(text)
+    """Seconds of an interval argument; a RenderError (400) naming it when it is not one."""
+    try:
+        return parse_time_offset(_validate_string(text))
+    except ValueError:
+        raise RenderError(f"invalid interval {text!r}: use e.g. '5min', '-1h', '2d'") from None
 
 
 def bucket_seconds(text) -> int:
@@ -474,6 +521,8 @@ def bucket_seconds(text) -> int:
 
 def percentile(points, n, interpolate=False):
     """NIST percentile as graphite-web's _getPercentile (nearest rank unless interpolating)."""
+    if not 0 <= n <= 100:
+        raise RenderError(f"percentile {n!r} is not between 0 and 100")
     ordered = sorted(p for p in points if p is not None)
     if not ordered:
         return None
@@ -499,6 +548,8 @@ def format_units(value, system="si", units=None):
         "binary": (("Pi", 1024.0 ** 5), ("Ti", 1024.0 ** 4), ("Gi", 1024.0 ** 3), ("Mi", 1024.0 ** 2), ("Ki", 1024.0)),
         "si": (("P", 1000.0 ** 5), ("T", 1000.0 ** 4), ("G", 1000.0 ** 3), ("M", 1000.0 ** 2), ("k", 1000.0)),
     }[system]
+    if not math.isfinite(value):
+        return value, units or ""
     for prefix, size in prefixes:
         if abs(value) >= size:
             scaled = value / size
@@ -707,6 +758,8 @@ def asPercent(request, seriesList, total=None, *nodes):
     """Each series as a percentage of a total (a number, a series, matching series or their sum)."""
     x_files_factor = request.context.x_files_factor
     normalize([seriesList])
+    if isinstance(total, list) and not all(isinstance(series, TimeSeries) for series in total):
+        raise RenderError("asPercent total must be a series list, not lists of series")
     if nodes:
         groups = group_series(seriesList, lambda s: aggregation_key(s, nodes))
         keys = list(groups)
@@ -751,6 +804,8 @@ def asPercent(request, seriesList, total=None, *nodes):
             total_values = total[0]
             total_text = total_values.name
     else:
+        if isinstance(total, bool) or not isinstance(total, (int, float)):
+            raise RenderError(f"asPercent(): total {total!r} must be a number or a series list")
         total_values = [total] * len(seriesList[0])
         total_text = str(total)
 
@@ -1028,6 +1083,7 @@ def scale(request, seriesList, factor):
 ])
 def scaleToSeconds(request, seriesList, seconds):
     """Turn per-step values into per-``seconds`` values (value * seconds / step)."""
+    _require_finite(seconds, "scaleToSeconds", "seconds")
     for series in seriesList:
         series.tags["scaleToSeconds"] = seconds
         _rename(series, "scaleToSeconds(%s,%d)" % (series.name, seconds))
@@ -1041,6 +1097,13 @@ def scaleToSeconds(request, seriesList, seconds):
     return seriesList
 
 
+def _exp(value: float) -> float:
+    try:
+        return math.exp(value)
+    except OverflowError:  # graphite-web fails here (its 500); e to a large power is +inf
+        return INF
+
+
 @series_function("exp", group="Transform", params=[Param("seriesList", SERIES_LIST, required=True)])
 def exp(request, seriesList):
     """e raised to the power of each value."""
@@ -1048,7 +1111,7 @@ def exp(request, seriesList):
         series.tags["exp"] = "e"
         _rename(series, "exp(%s)" % series.name)
         for i, value in enumerate(series):
-            series[i] = None if value is None else math.exp(value)
+            series[i] = None if value is None else _exp(value)
     return seriesList
 
 
@@ -1058,6 +1121,7 @@ def exp(request, seriesList):
 ])
 def add(request, seriesList, constant):
     """Add a constant to every value."""
+    _require_finite(constant, "add", "constant")
     for series in seriesList:
         series.tags["add"] = constant
         _rename(series, "add(%s,%d)" % (series.name, constant))
@@ -1424,6 +1488,8 @@ def isNonNull(request, seriesList):
 ])
 def logarithm(request, seriesList, base=10):
     """Logarithm of every value (None for values <= 0)."""
+    if base <= 0 or base == 1:
+        raise RenderError(f"log(): base {base} must be positive and not 1")
     results = []
     for series in seriesList:
         values = [None if v is None or v <= 0 else math.log(v, base) for v in series]
@@ -1446,6 +1512,11 @@ def minMax(request, seriesList):
                 except ZeroDivisionError:
                     series[i] = 0.0
     return seriesList
+
+
+def _spend_buckets(request, spans: list[int], interval: int, what: str) -> None:
+    """Spend the buckets of ``interval`` seconds that series spanning ``spans`` seconds will get."""
+    _spend_points(request.context, sum(-(-span // interval) for span in spans), what)
 
 
 def _summarize_values(series, func, interval, new_start, new_end):
@@ -1484,13 +1555,15 @@ def _summarize_values(series, func, interval, new_start, new_end):
 def summarize(request, seriesList, intervalString, func="sum", alignToFrom=False):
     """Aggregate values into fixed buckets, aligned to the interval (or to the series start)."""
     interval = bucket_seconds(intervalString)
-    results = []
+    bounds = []
     for series in seriesList:
         if alignToFrom:
-            new_start, new_end = series.start, series.end
+            bounds.append((series.start, series.end))
         else:
-            new_start = series.start - (series.start % interval)
-            new_end = series.end - (series.end % interval) + interval
+            bounds.append((series.start - (series.start % interval), series.end - (series.end % interval) + interval))
+    _spend_buckets(request, [end - start for start, end in bounds], interval, f"summarize(..., {intervalString!r})")
+    results = []
+    for series, (new_start, new_end) in zip(seriesList, bounds):
         values, aligned_end = _summarize_values(series, func, interval, new_start, new_end)
         if alignToFrom:
             new_end = aligned_end
@@ -1505,17 +1578,25 @@ def summarize(request, seriesList, intervalString, func="sum", alignToFrom=False
     Param("seriesList", SERIES_LIST, required=True),
     Param("intervalString", INTERVAL, required=True, suggestions=["10min", "1h", "1d"]),
     Param("func", AGG_FUNC, default="sum"),
-    Param("alignTo", STRING, options=[None, YEARS, MONTHS_UNIT, WEEKS, DAYS, HOURS, MINUTES, SECONDS, True, False],
+    Param("alignTo", ParamType("string"), options=[None, YEARS, MONTHS_UNIT, WEEKS, DAYS, HOURS, MINUTES, SECONDS, True, False],
           strict_options=False),
 ])
 async def smartSummarize(request, seriesList, intervalString, func="sum", alignTo=None):
     """summarize whose buckets start at ``from``, optionally first moved back to a unit boundary."""
     if alignTo is not None and not isinstance(alignTo, bool):
-        unit = unit_name(alignTo)
+        try:
+            unit = unit_name(_validate_string(alignTo))
+        except ValueError:
+            raise RenderError(f"smartSummarize(): alignTo {alignTo!r} is not a time unit") from None
         iso_weekday = int(alignTo[-1]) if unit == WEEKS and not alignTo[-1].isalpha() else 1
         start = _floor_to_unit(request.context.start, request.context.tz, unit, iso_weekday)
         seriesList = await request.evaluate_first_argument(start=start)
     interval = bucket_seconds(intervalString)
+    _spend_buckets(request, [series.end - series.start for series in seriesList], interval, f"smartSummarize(..., {intervalString!r})")
+    return await request.compute(_smart_summarize, seriesList, intervalString, interval, func)
+
+
+def _smart_summarize(seriesList, intervalString, interval, func):
     results = []
     for series in seriesList:
         values, aligned_end = _summarize_values(series, func, interval, series.start, series.end)
@@ -1543,12 +1624,23 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
         for series in seriesList:
             count = int((series.end - series.start) // interval)
             series.end = series.start + count * interval + interval
+    _spend_buckets(request, [series.end - series.start for series in seriesList], interval, f"hitcount(..., {intervalString!r})")
+    return await request.compute(_hitcount, seriesList, intervalString, interval, alignToInterval)
+
+
+def _hitcount(seriesList, intervalString, interval, alignToInterval):
     results = []
     for series in seriesList:
         step = int(series.step)
         bucket_count = int(math.ceil(float(series.end - series.start) / interval))
-        buckets = [[] for _ in range(bucket_count)]
+        # running sums, None for a bucket without hits (not a list a bucket: millions of lists
+        # would keep the garbage collector, and so every thread, busy)
+        values = [None] * bucket_count
         new_start = int(series.end - bucket_count * interval)
+
+        def add(index, hits):
+            values[index] = (0 if values[index] is None else values[index]) + hits
+
         for i, value in enumerate(series):
             if value is None:
                 continue
@@ -1560,15 +1652,14 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
                 end_mod = interval
             if start_bucket == end_bucket:
                 if start_bucket >= 0:
-                    buckets[start_bucket].append(value * (end_mod - start_mod))
+                    add(start_bucket, value * (end_mod - start_mod))
             else:
                 if start_bucket >= 0:
-                    buckets[start_bucket].append(value * (interval - start_mod))
+                    add(start_bucket, value * (interval - start_mod))
                 for j in range(start_bucket + 1, end_bucket):
-                    buckets[j].append(value * interval)
+                    add(j, value * interval)
                 if end_mod > 0:
-                    buckets[end_bucket].append(value * end_mod)
-        values = [sum(bucket) if bucket else None for bucket in buckets]
+                    add(end_bucket, value * end_mod)
         series.tags["hitcount"] = intervalString
         name = 'hitcount(%s, "%s"%s)' % (series.name, intervalString, ", true" if alignToInterval else "")
         results.append(series.copy(name=name, start=new_start, step=interval, values=values))
@@ -1576,7 +1667,7 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
 
 
 def _negative_by_default(interval: str) -> str:
-    return "-" + interval if interval[0].isdigit() else interval
+    return "-" + interval if interval[:1].isdigit() else interval
 
 
 @series_function("timeShift", group="Transform", params=[
@@ -1611,8 +1702,10 @@ async def timeShift(request, seriesList, timeShift, resetEnd=True, alignDst=Fals
 def _align_dst(context, start: int, end: int) -> tuple[int, int]:
     """Move a shifted range by an hour when it and the request are on different sides of DST."""
     def in_dst(timestamp):
-        offset = datetime.fromtimestamp(timestamp, context.tz).dst()
-        return bool(offset)
+        try:
+            return bool(datetime.fromtimestamp(timestamp, context.tz).dst())
+        except (ValueError, OverflowError, OSError):
+            raise RenderError("timeShift() moves the time range out of the years 1 to 9999") from None
     request_dst = (in_dst(context.start), in_dst(context.end))
     shifted_dst = (in_dst(start), in_dst(end))
     if all(request_dst) and not any(shifted_dst):
@@ -1634,6 +1727,8 @@ async def timeStack(request, seriesList, timeShiftUnit="1d", timeShiftStart=0, t
     delta = interval_seconds(timeShiftUnit)
     if not seriesList:
         return []
+    if timeShiftEnd - timeShiftStart > MAX_TIME_STACK:
+        raise QueryTooLarge(f"timeStack() asks for {timeShiftEnd - timeShiftStart} shifted copies, over {MAX_TIME_STACK}")
     reference = seriesList[0]
     results = []
     for shift in range(int(timeShiftStart), int(timeShiftEnd)):
@@ -1678,8 +1773,18 @@ def _parse_date(value, context) -> int:
         raise RenderError(str(error)) from None
 
 
-def _generated_times(context, step: int) -> list[int]:
-    return list(range(context.start, context.end, step))
+def _spend_points(context, points: int, what: str) -> None:
+    """Count points against the request's budget before building them (QueryTooLarge over it)."""
+    if context.budget is not None:
+        context.budget.spend(points, what)
+
+
+def _generated_times(context, step: int, what: str) -> range:
+    if not isinstance(step, int) or step <= 0:
+        raise RenderError(f"step {step!r} must be a positive number of seconds")
+    times = range(context.start, context.end, step)
+    _spend_points(context, len(times), what)
+    return times
 
 
 @series_function("time", "timeFunction", group="Transform", params=[
@@ -1689,7 +1794,7 @@ def _generated_times(context, step: int) -> list[int]:
 def timeFunction(request, name, step=60):
     """A series whose value is its own timestamp."""
     context = request.context
-    values = [float(t) for t in _generated_times(context, step)]
+    values = [float(t) for t in _generated_times(context, step, f"time({name!r}, {step})")]
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
 
 
@@ -1701,7 +1806,7 @@ def timeFunction(request, name, step=60):
 def sinFunction(request, name, amplitude=1, step=60):
     """A sine wave of the timestamp, times amplitude."""
     context = request.context
-    values = [math.sin(t) * amplitude for t in _generated_times(context, step)]
+    values = [math.sin(t) * amplitude for t in _generated_times(context, step, f"sinFunction({name!r}, {amplitude}, {step})")]
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
 
 
@@ -1716,9 +1821,14 @@ async def _moving_window(request, seriesList, windowSize, func, xFilesFactor, ta
         preview_seconds = abs(interval_seconds(windowSize))
     else:
         preview_seconds = max(series.step for series in seriesList) * int(windowSize)
+    fetched = await request.evaluate_first_argument(start=request.context.start - preview_seconds)
+    return await request.compute(_moving_window_values, fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name)
+
+
+def _moving_window_values(fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name):
     function = get_agg_func(func)
     results = []
-    for series in await request.evaluate_first_argument(start=request.context.start - preview_seconds):
+    for series in fetched:
         if isinstance(windowSize, str):
             name = '%s(%s,"%s")' % (tag_name, series.name, windowSize)
             window_points = preview_seconds // series.step
@@ -1787,11 +1897,18 @@ async def exponentialMovingAverage(request, seriesList, windowSize):
     if isinstance(windowSize, str):
         preview_seconds = abs(interval_seconds(windowSize))
         constant = 2.0 / (int(preview_seconds) + 1)
+    elif windowSize < 0:
+        raise RenderError(f"exponentialMovingAverage(): windowSize {windowSize} is negative")
     else:
         preview_seconds = max(series.step for series in seriesList) * int(windowSize)
         constant = 2.0 / (int(windowSize) + 1)
+    fetched = await request.evaluate_first_argument(start=request.context.start - preview_seconds)
+    return await request.compute(_exponential_moving_average, fetched, windowSize, preview_seconds, constant)
+
+
+def _exponential_moving_average(fetched, windowSize, preview_seconds, constant):
     results = []
-    for series in await request.evaluate_first_argument(start=request.context.start - preview_seconds):
+    for series in fetched:
         if isinstance(windowSize, str):
             name = 'exponentialMovingAverage(%s,"%s")' % (series.name, windowSize)
             window_points = preview_seconds // series.step
@@ -1839,6 +1956,8 @@ def nPercentile(request, seriesList, n):
 ])
 def stdev(request, seriesList, points, windowTolerance=0.1):
     """Moving standard deviation over ``points`` points, None if too many are missing."""
+    if points <= 0:
+        raise RenderError(f"stdev(): points {points} must be positive")
     for index, series in enumerate(seriesList):
         series.tags["stdev"] = points
         result = series.copy(name="stdev(%s,%d)" % (series.name, int(points)), values=[])
@@ -1933,7 +2052,9 @@ def aggregateLine(request, seriesList, func="average", keepStep=False):
 def identity(request, name):
     """A series whose value is its timestamp, every 60 seconds."""
     context = request.context
-    series = TimeSeries(name, context.start, context.end, 60, list(range(context.start, context.end, 60)),
+    # a comprehension, not list(): one C call making millions of ints would hold the GIL throughout
+    times = [t for t in _generated_times(context, 60, f"identity({name!r})")]
+    series = TimeSeries(name, context.start, context.end, 60, times,
                         x_files_factor=context.x_files_factor)
     series.pathExpression = 'identity("%s")' % name
     return [series]
@@ -2043,7 +2164,9 @@ def averageOutsidePercentile(request, seriesList, n):
         n = 100 - n
     low = percentile(averages, 100 - n)
     high = percentile(averages, n)
-    return [series for series in seriesList if not low < safe_avg(series) < high]
+    if low is None:  # no series has a value: none is inside the band
+        return seriesList
+    return [series for series, average in zip(seriesList, averages) if average is None or not low < average < high]
 
 
 @series_function("removeBetweenPercentile", group="Filter Series", params=N_FLOAT_PARAMS)
@@ -2104,10 +2227,19 @@ def grep(request, seriesList, pattern):
 
 
 def _compile(pattern):
+    """Client regexes are RE2's: linear time, so no pattern can stall the server."""
     try:
-        return re.compile(pattern)
-    except (re.error, TypeError) as error:
-        raise RenderError(f"invalid regular expression {pattern!r}: {error}") from None
+        return compile_regex(pattern)
+    except BadPattern as error:
+        raise RenderError(str(error)) from None
+
+
+def _substitute(regex, replace, name) -> str:
+    """regex.sub with the user's replacement; a RenderError (400) when it is bad."""
+    try:
+        return regex.sub(replace, str(name))  # verticalLine() without a label has no name
+    except (IndexError, KeyError, ValueError) as error:
+        raise RenderError(f"invalid replacement {replace!r}: {error}") from None
 
 
 @series_function("removeEmptySeries", group="Filter Series", params=[
@@ -2141,7 +2273,8 @@ def unique(request, *seriesLists):
 ])
 async def useSeriesAbove(request, seriesList, value, search, replace):
     """For series whose maximum is above value, fetch the series named by a regex substitution."""
-    names = [re.sub(search, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
+    regex = _compile(search)
+    names = [_substitute(regex, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
     if not names:
         return []
     found = await request.evaluate("group(%s)" % ",".join(names), request.context)
@@ -2277,10 +2410,7 @@ def aliasSub(request, seriesList, search, replace):
     """Rename with a regular-expression substitution (\\1 back-references)."""
     regex = _compile(search)
     for series in seriesList:
-        try:
-            series.name = regex.sub(replace, series.name)
-        except re.error as error:
-            raise RenderError(f"invalid replacement {replace!r}: {error}") from None
+        series.name = _substitute(regex, replace, series.name)
     return seriesList
 
 
@@ -2318,15 +2448,19 @@ def aliasByMetric(request, seriesList):
 ])
 async def aliasQuery(request, seriesList, search, replace, newName):
     """Rename with the last value of another series found by a regex substitution of the name."""
+    regex = _compile(search)
     for series in seriesList:
-        query = re.sub(search, replace, series.name)
+        query = _substitute(regex, replace, series.name)
         found = await request.evaluate(query, request.context)
         if not found:
             raise RenderError("No series found with query: " + query)
         current = safe_last(found[0])
         if current is None:
             raise RenderError("Cannot get last value of series: " + found[0].name)
-        series.name = newName % current
+        try:
+            series.name = newName % current
+        except (TypeError, ValueError) as error:
+            raise RenderError(f"aliasQuery(): newName {newName!r} needs one %-placeholder for the value: {error}") from None
     return seriesList
 
 
@@ -2502,7 +2636,9 @@ def verticalLine(request, ts, label=None, color=None):
         raise RenderError("verticalLine(): timestamp %s exists before start of range" % timestamp)
     if timestamp > context.end:
         raise RenderError("verticalLine(): timestamp %s exists after end of range" % timestamp)
-    series = TimeSeries(label, timestamp, timestamp, 1.0, [1.0, 1.0], x_files_factor=context.x_files_factor)
+    # without a label graphite-web answers a series named None (tags {"name": "None"})
+    series = TimeSeries(label, timestamp, timestamp, 1, [1.0, 1.0], tags=None if label else {"name": label},
+                        x_files_factor=context.x_files_factor)
     series.options["drawAsInfinite"] = True
     if color:
         series.color = color
@@ -2617,10 +2753,15 @@ def cactiStyle(request, seriesList, system=None, units=None):
             return "%.2f %s" % (scaled, prefix) if units else "%.2f%s" % (scaled, prefix)
         return "%.2f %s" % (value, units) if units else "%.2f" % value
 
+    def width(value):
+        """graphite-web's column width, from the value's integer part (an infinity has none)."""
+        value = value or 3
+        return len(fmt(int(value) if math.isfinite(value) else value))
+
     name_width = max([0] + [len(series.name) for series in seriesList])
-    last_width = max([0] + [len(fmt(int(safe_last(s) or 3))) for s in seriesList]) + 3
-    max_width = max([0] + [len(fmt(int(safe_max(s) or 3))) for s in seriesList]) + 3
-    min_width = max([0] + [len(fmt(int(safe_min(s) or 3))) for s in seriesList]) + 3
+    last_width = max([0] + [width(safe_last(s)) for s in seriesList]) + 3
+    max_width = max([0] + [width(safe_max(s)) for s in seriesList]) + 3
+    min_width = max([0] + [width(safe_min(s)) for s in seriesList]) + 3
     for series in seriesList:
         last, maximum, minimum = safe_last(series), safe_max(series), safe_min(series)
         last = NAN if last is None else fmt(float(last))
@@ -2640,7 +2781,7 @@ def randomWalkFunction(request, name, step=60):
     context = request.context
     values = []
     current = 0
-    for _ in _generated_times(context, step):
+    for _ in _generated_times(context, step, f"randomWalk({name!r}, {step})"):
         values.append(current)
         current += random.random() - 0.5
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]

@@ -16,10 +16,12 @@ import logging
 import time
 from collections import deque
 
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, threads
 from twisted.internet.protocol import DatagramProtocol, Factory, Protocol
+from twisted.protocols.policies import TimeoutMixin
 
 from gateway import metrics
+from gateway.connections import Connections
 from gateway.ingest import IngestPipeline, Overloaded
 from gateway.limits import RateLimited
 from gateway.model import Sample, now_ms
@@ -38,13 +40,17 @@ class RejectLog:
         self._last: dict[tuple[str, str], float] = {}
 
     def __call__(self, protocol: str, rejects, peer: str) -> None:
-        now = time.monotonic()
+        """Count and log what a decoder refused."""
         for reject in rejects:
             metrics.SAMPLES_REJECTED.labels(protocol, reject.reason).inc()
-            key = (protocol, reject.reason)
-            if now - self._last.get(key, -self.interval) >= self.interval:
-                self._last[key] = now
-                log.warning("%s from %s: %s: %s (logged once per %ds per reason)", protocol, peer, reject.reason, reject.detail, self.interval)
+            self.log(protocol, reject.reason, reject.detail, peer)
+
+    def log(self, protocol: str, reason: str, detail, peer: str) -> None:
+        now = time.monotonic()
+        key = (protocol, reason)
+        if now - self._last.get(key, -self.interval) >= self.interval:
+            self._last[key] = now
+            log.warning("%s from %s: %s: %s (logged once per %ds per reason)", protocol, peer, reason, detail, self.interval)
 
 
 class GraphiteIngest:
@@ -68,7 +74,7 @@ class GraphiteIngest:
         self.pending = 0
         self._writing = 0
         self._queued = 0
-        self._paused = False
+        self.paused = False
         self._transports: set = set()
         self._flush_call = None
         self._retry_delay = 0.5
@@ -77,7 +83,7 @@ class GraphiteIngest:
 
     def register(self, transport) -> None:
         self._transports.add(transport)
-        if self._paused:
+        if self.paused:
             transport.pauseProducing()
 
     def unregister(self, transport) -> None:
@@ -93,8 +99,8 @@ class GraphiteIngest:
         return self.full or time.monotonic() < self._limited_until
 
     def _pause(self) -> None:
-        if not self._paused:
-            self._paused = True
+        if not self.paused:
+            self.paused = True
             metrics.GRAPHITE_BACKPRESSURE.inc()
             for transport in self._transports:
                 transport.pauseProducing()
@@ -128,18 +134,26 @@ class GraphiteIngest:
             self._writing += 1
             protocol, batch = self._take_batch()
             defer.ensureDeferred(self.pipeline.ingest(protocol, batch)).addCallbacks(
-                self._written, self._failed, callbackArgs=(batch,), errbackArgs=(protocol, batch)
+                self._stored, self._failed, callbackArgs=(protocol, batch), errbackArgs=(protocol, batch)
             )
             if self._queued < self.batch_size:
                 break  # a partial batch waits for more samples or the next completed write
+
+    def _stored(self, result, protocol: str, batch: list[Sample]) -> None:
+        """Log the samples the pipeline refused (it counted them; batches mix connections, so
+        no peer), then account for the write."""
+        for reject in result.rejected:
+            sample = batch[reject.index]
+            self.reject_log.log(protocol, reject.reason, f"{sample.metric_name[:200]!r}: {reject.field} {reject.problem}", "a sender")
+        self._written(None, batch)
 
     def _written(self, result, batch: list[Sample]) -> None:
         self._writing -= 1
         self._retry_delay = 0.5
         self.pending -= len(batch)
         metrics.GRAPHITE_PENDING.set(self.pending)
-        if self._paused and self.pending < self.max_pending // 2:
-            self._paused = False
+        if self.paused and self.pending < self.max_pending // 2:
+            self.paused = False
             for transport in self._transports:
                 transport.resumeProducing()
         if self._queue:
@@ -189,33 +203,72 @@ class GraphiteIngest:
         return deferred
 
 
-class _StreamProtocol(Protocol):
-    """A TCP connection feeding one incremental decoder into GraphiteIngest."""
+class _StreamProtocol(Protocol, TimeoutMixin):
+    """A TCP connection feeding one incremental decoder into GraphiteIngest.
+
+    Counted in the gateway's connection cap; closed after ``idle_timeout_s`` without data (not
+    while reading is paused for backpressure: then the silence is the gateway's own doing).
+    """
 
     protocol_name = ""
+    evictable = True  # until the first bytes arrive: a socket that sent nothing (see gateway.connections)
 
-    def __init__(self, ingest: GraphiteIngest, tenant: str, decoder):
+    def __init__(self, ingest: GraphiteIngest, tenant: str, decoder, connections: Connections, idle_timeout_s: float | None):
         self.ingest = ingest
         self.tenant = tenant
         self.decoder = decoder
+        self.connections = connections
+        self.idle_timeout_s = idle_timeout_s
 
     def connectionMade(self):
         peer = self.transport.getPeer()
         self.peer = f"{peer.host}:{peer.port}"
         self.ingest.register(self.transport)
+        self.connections.opened(self)
+        self.setTimeout(self.idle_timeout_s)
+
+    @property
+    def listener(self) -> str:
+        return self.protocol_name
 
     def dataReceived(self, data: bytes):
-        samples, rejects = self.decoder.feed(data, now_ms())
+        self._touched()
+        self._submit(self.decoder.feed(data, now_ms()))
+
+    def _touched(self) -> None:
+        """Bytes arrived: the connection is not idle (its timeout, the connection cap)."""
+        self.resetTimeout()
+        self.evictable = False
+
+    def _submit(self, decoded) -> None:
+        samples, rejects = decoded
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
         tenant = self.tenant
         self.ingest.submit(self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples])
 
+    def timeoutConnection(self):
+        if self.ingest.paused:
+            self.resetTimeout()
+            return
+        log.info("%s: closing the connection from %s, idle for %ds (--carbon-idle-timeout)", self.protocol_name, self.peer, self.idle_timeout_s)
+        metrics.IDLE_CLOSED.labels(self.protocol_name).inc()
+        self.transport.loseConnection()
+
+    def close_when_idle(self) -> None:
+        """At shutdown: what was read is already submitted; carbon has no answer to wait for."""
+        self.transport.loseConnection()
+
     def connectionLost(self, reason=None):
+        self.setTimeout(None)
+        self.ingest.unregister(self.transport)
+        self.connections.closed(self)
+        self._finish()
+
+    def _finish(self) -> None:
         rejects = self.decoder.finish()
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
-        self.ingest.unregister(self.transport)
 
 
 class PlaintextProtocol(_StreamProtocol):
@@ -223,27 +276,83 @@ class PlaintextProtocol(_StreamProtocol):
 
 
 class PickleProtocol(_StreamProtocol):
+    """Pickle decodes in a thread: a 1 MB frame is up to 130,000 items, hundreds of ms of Python
+    that must not hold the reactor. One decode at a time per connection, in arrival order; the
+    connection stops reading meanwhile, so what waits for the decoder stays small."""
+
     protocol_name = "graphite_pickle"
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._received: list[bytes] = []
+        self._decoding = False
+        self._lost = False
 
-class PlaintextFactory(Factory):
+    def dataReceived(self, data: bytes):
+        self._touched()
+        self._received.append(data)
+        if not self._decoding:
+            self._decode()
+
+    def _decode(self) -> None:
+        data = b"".join(self._received)
+        self._received = []
+        self._decoding = True
+        if not self._lost:
+            self.transport.pauseProducing()
+        decoding = threads.deferToThread(self.decoder.feed, data, now_ms())
+        decoding.addCallbacks(self._decoded, self._decode_failed)
+
+    def _decode_failed(self, failure) -> None:
+        """A decoder bug, not bad input (that is a reject): drop the connection, keep serving."""
+        log.error("pickle decoding failed; closing %s: %s", self.peer, failure.getTraceback())
+        self.transport.abortConnection()
+
+    def _decoded(self, decoded) -> None:
+        self._decoding = False
+        self._submit(decoded)
+        if self._received:
+            self._decode()
+        elif self._lost:
+            self._finish()
+        elif not self.ingest.paused:
+            self.transport.resumeProducing()
+
+    def connectionLost(self, reason=None):
+        self._lost = True
+        self.setTimeout(None)
+        self.ingest.unregister(self.transport)
+        self.connections.closed(self)
+        if not self._decoding:
+            self._finish()
+
+
+class _StreamFactory(Factory):
+    """Builds a listener's connections, unless the gateway-wide connection cap is reached.
+    ``limit`` is the decoder's: the longest plaintext line or the largest pickle frame."""
+
     noisy = False
+    protocol_class: type[_StreamProtocol]
+    decoder_class: type
 
-    def __init__(self, ingest: GraphiteIngest, tenant: str, max_line_length: int):
-        self.ingest, self.tenant, self.max_line_length = ingest, tenant, max_line_length
+    def __init__(self, ingest: GraphiteIngest, tenant: str, limit: int, connections: Connections, idle_timeout_s: float | None):
+        self.ingest, self.tenant, self.limit = ingest, tenant, limit
+        self.connections, self.idle_timeout_s = connections, idle_timeout_s
 
     def buildProtocol(self, addr):
-        return PlaintextProtocol(self.ingest, self.tenant, PlaintextDecoder(self.max_line_length))
+        if not self.connections.admit(self.protocol_class.protocol_name, addr):
+            return None
+        return self.protocol_class(self.ingest, self.tenant, self.decoder_class(self.limit), self.connections, self.idle_timeout_s)
 
 
-class PickleFactory(Factory):
-    noisy = False
+class PlaintextFactory(_StreamFactory):
+    protocol_class = PlaintextProtocol
+    decoder_class = PlaintextDecoder
 
-    def __init__(self, ingest: GraphiteIngest, tenant: str, max_frame_bytes: int):
-        self.ingest, self.tenant, self.max_frame_bytes = ingest, tenant, max_frame_bytes
 
-    def buildProtocol(self, addr):
-        return PickleProtocol(self.ingest, self.tenant, PickleDecoder(self.max_frame_bytes))
+class PickleFactory(_StreamFactory):
+    protocol_class = PickleProtocol
+    decoder_class = PickleDecoder
 
 
 class PlaintextDatagramProtocol(DatagramProtocol):

@@ -7,6 +7,7 @@ value per ``n`` (so ``for v in series`` and ``list(series)`` see consolidated va
 """
 
 import re
+from itertools import islice
 
 CONSOLIDATION_FUNCTIONS = ("sum", "average", "avg", "avg_zero", "max", "min", "first", "last")
 _FUNCTION_NAME = re.compile(r"^[a-z]+[(].+[)]$", re.IGNORECASE)
@@ -109,6 +110,17 @@ class TimeSeries(list):
         """Consolidated ``(value, timestamp)`` pairs, timestamps from ``start`` by the effective step."""
         timestamps = range(int(self.start), int(self.end) + 1, int(self.step * self.valuesPerPoint))
         return list(zip(self, timestamps))
+
+    def datapoint_chunks(self, size: int):
+        """``datapoints()`` in lists of at most ``size`` pairs, made as they are consumed: a large
+        series never holds millions of tuples at once (the garbage collector would scan them all)."""
+        timestamps = range(int(self.start), int(self.end) + 1, int(self.step * self.valuesPerPoint))
+        values = iter(self)
+        for first in range(0, len(timestamps), size):
+            chunk = list(zip(islice(values, size), timestamps[first : first + size]))
+            if not chunk:
+                return
+            yield chunk
 
     def copy(self, name: str | None = None, start: int | None = None, end: int | None = None,
              step: int | None = None, values: list | None = None, tags: dict | None = None) -> "TimeSeries":

@@ -1,7 +1,7 @@
 """Graphite's tag queries (seriesByTag, /tags/findSeries) on the store's tag indexes.
 
 Tag expressions are Graphite 1.1's: ``tag=value``, ``tag!=value``, ``tag=~regex``, ``tag!=~regex``.
-Regexes are anchored at the start of the value only (Graphite uses ``re.match``); a spec that
+Regexes (RE2, linear time) are anchored at the start of the value only (Graphite uses ``re.match``); a spec that
 matches an empty value also matches series without the tag; at least one spec must require a
 non-empty value. The ``name`` tag is the metric name.
 """
@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from gateway.model import NAME_TAG, SeriesKey
 from gateway.query import QueryPlanner
+from protocols.linear_regex import BadPattern, compile_regex
 from protocols.graphite.tags import format_tagged_path
 
 _TAGSPEC_RE = re.compile(r"^([^;!=]+)(!?=~?)([^;]*)$")
@@ -25,7 +26,7 @@ class TagMatcher(NamedTuple):
     name: str
     type: str
     value: str
-    regex: re.Pattern | None
+    regex: object  # a compiled RE2 pattern for =~ and !=~, else None
 
     def matches(self, value: str) -> bool:
         if self.type == "EQ":
@@ -44,8 +45,8 @@ def parse_expression(expression: str) -> TagMatcher:
     regex = None
     if operator in ("=~", "!=~"):
         try:
-            regex = re.compile(value)
-        except re.error as error:
+            regex = compile_regex(value)
+        except BadPattern as error:
             raise BadTagExpression(f"{expression!r}: bad regex: {error}") from None
     return TagMatcher(NAME_TAG if tag == "name" else tag, _TYPES[operator], value, regex)
 

@@ -21,11 +21,12 @@ from gateway.graphite.functions import function_catalog
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant, require_arg
 from gateway.model import NAME_TAG, InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_sample
-from gateway.query import QueryPlanner
+from gateway.query import PointsBudget, QueryPlanner
 from gateway.store import Store
 from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
 from protocols.graphite.tags import parse_path
+from protocols.linear_regex import BadPattern
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,16 @@ def _int_arg(request, name: str) -> int | None:
         return None
     try:
         return int(float(raw))
-    except ValueError:
-        raise HTTPError(400, f"{name} {raw!r} is not a number", field=name) from None
+    except (ValueError, OverflowError):  # also inf and nan
+        raise HTTPError(400, f"{name} {raw[:40]!r} is not a finite number", field=name) from None
+
+
+def _max_data_points(request) -> int | None:
+    """None or 0: no limit (graphite-web ignores 0 too)."""
+    max_points = _int_arg(request, "maxDataPoints")
+    if max_points is not None and max_points < 0:
+        raise HTTPError(400, f"maxDataPoints {max_points} is negative", field="maxDataPoints")
+    return max_points
 
 
 def _timezone(name: str | None):
@@ -87,8 +96,9 @@ def _expressions(request) -> list[str]:
 
 
 class GraphiteAPI:
-    def __init__(self, store: Store, planner: QueryPlanner, finder: Finder, limits: Limits, schemas: StorageSchemas):
+    def __init__(self, store: Store, planner: QueryPlanner, finder: Finder, limits: Limits, schemas: StorageSchemas, max_points: int):
         self.store = store
+        self.max_points = max_points
         self.schemas = schemas
         self.limits = limits
         self.planner = planner
@@ -126,32 +136,30 @@ class GraphiteAPI:
         form = arg(request, "format", "json")
         if form not in ("json", "csv", "raw", "pickle", "msgpack") or (form == "msgpack" and not render_formats.MSGPACK_AVAILABLE):
             raise HTTPError(400, f"format {form!r} is not supported: use json, csv, raw or pickle (no images)", field="format")
-        max_points = _int_arg(request, "maxDataPoints")
+        max_points = _max_data_points(request)
         try:
             x_files_factor = float(arg(request, "xFilesFactor") or 0)
         except ValueError:
             raise HTTPError(400, "xFilesFactor must be a number", field="xFilesFactor") from None
-        context = RenderContext(start, end, now, tz=tz, x_files_factor=x_files_factor, max_data_points=max_points)
+        budget = PointsBudget(self.max_points)
+        context = RenderContext(
+            start, end, now, tz=tz, x_files_factor=x_files_factor, max_data_points=max_points, budget=budget,
+            offload=threads.deferToThread,
+        )
         targets = args(request, "target")
         consolidation = {path: func for target in targets for path, func in consolidations(target).items()}
-        fetcher = StoreFetcher(tenant, self.finder, self.planner, self.schemas, self.planner.max_series, consolidation)
+        fetcher = StoreFetcher(tenant, self.finder, self.planner, self.schemas, self.planner.max_series, consolidation, budget)
         series_list = []
         for target in targets:
             try:
                 series_list.extend(await evaluate_target(target, context, fetcher))
-            except RenderError as error:
+            except (RenderError, BadPattern) as error:
                 raise HTTPError(400, f"target {target!r}: {error}", field="target") from None
-            except (TypeError, ValueError, ArithmeticError, AttributeError, IndexError, KeyError) as error:
-                # Function arguments the validators let through; the user's target is at fault.
-                log.warning("target %r failed: %r", target, error, exc_info=True)
-                raise HTTPError(400, f"target {target!r} cannot be evaluated: {error!r}", field="target") from None
         # Encoding a large answer takes a while (a day of 100 series at 10 s is 17 MB of JSON): in a thread.
         if form == "json":
-            if max_points:
-                render_formats.apply_max_data_points(series_list, max_points)
             no_nulls = arg(request, "noNullPoints", "false").lower() in ("1", "true")
             callback = arg(request, "jsonp")
-            body = await threads.deferToThread(render_formats.encode_json, series_list, no_null_points=no_nulls, jsonp=callback)
+            body = await threads.deferToThread(_consolidated_json, series_list, max_points, no_nulls, callback)
             return Response(200, body, render_formats.CONTENT_TYPES["jsonp" if callback else "json"])
         encode = {"csv": render_formats.encode_csv, "raw": render_formats.encode_raw, "pickle": render_formats.encode_pickle, "msgpack": render_formats.encode_msgpack}[form]
         body = await (threads.deferToThread(encode, series_list, tz) if form == "csv" else threads.deferToThread(encode, series_list))
@@ -335,6 +343,13 @@ class GraphiteAPI:
         if not paths:
             raise HTTPError(400, "no path specified", field="path")
         return _jsonp(request, await self._register(request_tenant(request), paths))
+
+
+def _consolidated_json(series_list, max_points: int | None, no_nulls: bool, callback: str | None) -> bytes:
+    """maxDataPoints consolidation and the JSON encoding of a render: CPU-bound, run in a thread."""
+    if max_points:
+        render_formats.apply_max_data_points(series_list, max_points)
+    return render_formats.encode_json(series_list, no_null_points=no_nulls, jsonp=callback)
 
 
 def _tree_json(nodes, base: str, wildcards: bool) -> list[dict]:

@@ -20,6 +20,7 @@ from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, Stri
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.store import Store, StoreUnavailable
 from protocols import prometheus
+from protocols.linear_regex import BadPattern
 
 MAX_POINTS_PER_SERIES = 11_000
 _ERROR_STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503}
@@ -91,6 +92,8 @@ class PromQLAPI:
                 return _error(error.kind, str(error))
             except QueryTooLarge as error:
                 return _error("execution", str(error))
+            except BadPattern as error:
+                return _error("bad_data", str(error))
             except HTTPError as error:
                 if error.status in (401, 403):
                     raise

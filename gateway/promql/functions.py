@@ -9,6 +9,7 @@ import numpy as np
 
 from gateway.promql import range_functions as ranged
 from gateway.promql.values import NAME, PromQLError, Scalar, Vector, labels_key
+from protocols.linear_regex import BadPattern, compile_regex
 
 _ELEMENTWISE = {
     "abs": np.abs, "ceil": np.ceil, "floor": np.floor, "exp": np.exp, "sqrt": np.sqrt, "ln": np.log, "log2": np.log2,
@@ -147,7 +148,7 @@ def _absent_over_time(ctx, args, call):
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
-def _expand(template: str, match: re.Match) -> str:
+def _expand(template: str, match) -> str:
     """Go's regexp Expand: ``$1``, ``${1}``, ``$name``; a name is the longest run of word characters."""
     out, position = [], 0
     for found in re.finditer(r"\$(?:\{(\w+)\}|(\w+)|\$)", template):
@@ -169,9 +170,9 @@ def _expand(template: str, match: re.Match) -> str:
 def _label_replace(ctx, args, call):
     vector, destination, replacement, source, pattern = args[0], args[1].value, args[2].value, args[3].value, args[4].value
     try:
-        regex = re.compile(f"^(?:{pattern})$", re.DOTALL)
-    except re.error as error:
-        raise PromQLError(f'invalid regular expression in label_replace(): {pattern}: {error}', "bad_data") from None
+        regex = compile_regex(f"^(?:{pattern})$", dot_nl=True)
+    except BadPattern as error:
+        raise PromQLError(f"label_replace(): {error}", "bad_data") from None
     if not _LABEL_NAME.match(destination):
         raise PromQLError(f"invalid destination label name in label_replace(): {destination}", "bad_data")
     labels = []

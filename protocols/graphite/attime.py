@@ -30,7 +30,7 @@ def parse_at_time(text: str, now: int, tz: tzinfo = timezone.utc) -> int:
     if not spec:
         raise ValueError("empty time")
     if spec.isdigit() and not _looks_like_yyyymmdd(spec):
-        return int(spec)
+        return _in_range(_int(spec, text), text)
     if "+" in spec:
         reference, offset = spec.split("+", 1)
         offset = "+" + offset
@@ -39,7 +39,18 @@ def parse_at_time(text: str, now: int, tz: tzinfo = timezone.utc) -> int:
         offset = "-" + offset
     else:
         reference, offset = spec, ""
-    return _parse_reference(reference, now, tz, text) + parse_time_offset(offset)
+    return _in_range(_parse_reference(reference, now, tz, text) + parse_time_offset(offset), text)
+
+
+# datetime's years 1 to 9999 in epoch seconds: a time outside them is a mistake, not a range.
+EARLIEST = -62_135_596_800
+LATEST = 253_402_300_799
+
+
+def _in_range(seconds: int, original: str) -> int:
+    if not EARLIEST <= seconds <= LATEST:
+        raise ValueError(f"time {original[:60]!r} is outside the years 1 to 9999")
+    return seconds
 
 
 def parse_time_offset(text: str) -> int:
@@ -60,7 +71,7 @@ def parse_time_offset(text: str) -> int:
             digits += 1
         if digits == 0:
             raise ValueError(f"invalid time offset {text!r}: expected a number")
-        number = int(rest[:digits])
+        number = _int(rest[:digits], text)
         rest = rest[digits:]
         letters = 0
         while letters < len(rest) and rest[letters].isalpha():
@@ -143,12 +154,12 @@ def _parse_reference(reference: str, now: int, tz: tzinfo, original: str) -> int
 def _date(year: int, month: int, day: int, hour: int, minute: int, original: str) -> datetime:
     try:
         return datetime(year, month, day, hour, minute)
-    except ValueError as error:
+    except (ValueError, OverflowError) as error:
         raise ValueError(f"invalid date in {original!r}: {error}") from None
 
 
 def _int(text: str, original: str) -> int:
     try:
         return int(text)
-    except ValueError:
-        raise ValueError(f"invalid number {text!r} in time {original!r}") from None
+    except ValueError:  # also past Python's 4300-digit limit
+        raise ValueError(f"invalid number {text[:20]!r} in time {original[:60]!r}") from None

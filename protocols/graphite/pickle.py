@@ -12,7 +12,7 @@ import pickletools
 from typing import NoReturn
 
 from protocols.graphite import (
-    BAD_PATH, BAD_PICKLE, BAD_PICKLE_ITEM, BAD_UTF8, FRAME_TOO_LARGE, TRUNCATED_FRAME,
+    BAD_PATH, BAD_PICKLE, BAD_PICKLE_ITEM, BAD_UTF8, FRAME_TOO_LARGE, TOO_MANY_ITEMS, TRUNCATED_FRAME,
     InvalidInput, Reject, Sample, excerpt, parse_timestamp_ms, parse_value,
 )
 from protocols.graphite.tags import parse_path
@@ -21,6 +21,11 @@ from protocols.graphite.tags import parse_path
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
 
 HEADER_BYTES = 4
+
+# The smallest item a pickler writes: a memoized path (BINGET), two one-byte ints, two TUPLE2.
+# A frame holding more items than its bytes allow at this size repeats objects (DUP, GET): 1 MB
+# of DUP opcodes would otherwise become a million samples.
+MIN_ITEM_BYTES = 8
 
 # Opcodes that build only None, bools, ints, floats, str, bytes, lists and
 # tuples, plus the stack, memo and framing machinery. Everything able to
@@ -158,6 +163,10 @@ def decode_frame(payload: bytes, now_ms: int) -> tuple[list[Sample], list[Reject
         return samples, rejects
     if type(items) not in (list, tuple):
         rejects.append(Reject(BAD_PICKLE, f"payload is a {type(items).__name__}, not a list"))
+        return samples, rejects
+    if len(items) > len(payload) // MIN_ITEM_BYTES:
+        detail = f"{len(items)} items in {len(payload)} bytes, at most one per {MIN_ITEM_BYTES} bytes"
+        rejects.append(Reject(TOO_MANY_ITEMS, detail))
         return samples, rejects
     for item in items:
         try:

@@ -24,6 +24,9 @@ except ImportError:
 
 MSGPACK_AVAILABLE = msgpack is not None
 _INFINITY = float("inf")
+# Points encoded at a time: one orjson call holds the GIL throughout, so encoding a large answer
+# in a thread would otherwise stall the reactor thread for its whole length in one piece.
+POINTS_PER_CALL = 65536
 
 CONTENT_TYPES = {
     "json": "application/json",
@@ -70,28 +73,41 @@ def encode_json(series_list, no_null_points: bool = False, pretty: bool = False,
     them (graphite-web's output); numbers keep their value, though orjson may spell a few
     differently (``0.00001`` for ``1e-05``).
     """
-    documents = []
-    if any(series_list):
-        for series in series_list:
-            datapoints = series.datapoints()
-            if no_null_points:
-                datapoints = [point for point in datapoints if point[0] is not None and not math.isnan(point[0])]
-                if not datapoints:
-                    continue
-            documents.append((series, datapoints))
     if pretty:
-        plain = [{"target": series.name, "tags": dict(series.tags), "datapoints": datapoints} for series, datapoints in documents]
-        output = _python_json(plain, indent=2).encode("utf-8")
-    else:
-        parts = [
-            b'{"target": %s, "tags": %s, "datapoints": %s}'
-            % (json.dumps(series.name).encode(), json.dumps(dict(series.tags)).encode(), _datapoints_json(series, datapoints))
-            for series, datapoints in documents
+        plain = [
+            {"target": series.name, "tags": dict(series.tags), "datapoints": datapoints}
+            for series, datapoints in _kept_datapoints(series_list, no_null_points)
         ]
-        output = b"[" + b", ".join(parts) + b"]"
+        pieces = [_python_json(plain, indent=2).encode("utf-8")]
+    else:
+        pieces = []
+        for series in series_list if any(series_list) else []:
+            datapoints = _datapoints_json(series, no_null_points)
+            if datapoints is not None:
+                pieces.append(b", " if pieces else b"[")
+                pieces.append(b'{"target": %s, "tags": %s, "datapoints": [' % (
+                    json.dumps(series.name).encode(), json.dumps(dict(series.tags)).encode()))
+                pieces.extend(datapoints)
+                pieces.append(b"]}")
+        pieces.append(b"]" if pieces else b"[]")
     if jsonp is not None:
-        output = b"%s(%s)" % (jsonp.encode("utf-8"), output)
-    return output
+        pieces = [b"%s(" % jsonp.encode("utf-8"), *pieces, b")"]
+    # joined once: every join of a large answer is a copy holding the GIL (the reactor waits)
+    return b"".join(pieces)
+
+
+def _kept(datapoints: list, no_null_points: bool) -> list:
+    if not no_null_points:
+        return datapoints
+    return [point for point in datapoints if point[0] is not None and not math.isnan(point[0])]
+
+
+def _kept_datapoints(series_list, no_null_points: bool):
+    """(series, datapoints) of the series to encode: with ``no_null_points``, those left with points."""
+    for series in series_list if any(series_list) else []:
+        datapoints = _kept(series.datapoints(), no_null_points)
+        if datapoints or not no_null_points:
+            yield series, datapoints
 
 
 def _python_json(document, indent: int | None = None) -> str:
@@ -99,13 +115,25 @@ def _python_json(document, indent: int | None = None) -> str:
     return json.dumps(document, indent=indent).replace("NaN,", "null,").replace("Infinity,", "1e9999,")
 
 
-def _datapoints_json(series, datapoints: list) -> bytes:
-    """``[[value, ts], ...]``: orjson, with Python's ``", "`` separators (the text holds only numbers
-    and nulls, so every comma is a separator). orjson writes NaN as null, as wanted, but infinities
-    as null too: a series holding one (consolidation makes one only from one) takes Python's encoder."""
+def _datapoints_json(series, no_null_points: bool) -> list[bytes] | None:
+    """The pieces of ``[value, ts], ...`` (without the outer brackets), or None when
+    ``no_null_points`` leaves none: orjson, with Python's ``", "`` separators (the text holds only
+    numbers and nulls, so every comma is a separator), POINTS_PER_CALL points at a time. orjson
+    writes NaN as null, as wanted, but infinities as null too: a series holding one (consolidation
+    makes one only from one) takes Python's encoder."""
     if list.__contains__(series, _INFINITY) or list.__contains__(series, -_INFINITY):
-        return _python_json(datapoints).encode("utf-8")
-    return orjson.dumps(datapoints).replace(b",", b", ")
+        datapoints = _kept(series.datapoints(), no_null_points)
+        return [_python_json(datapoints)[1:-1].encode("utf-8")] if datapoints or not no_null_points else None
+    pieces = []
+    for datapoints in series.datapoint_chunks(POINTS_PER_CALL):
+        datapoints = _kept(datapoints, no_null_points)
+        if datapoints:
+            if pieces:
+                pieces.append(b", ")
+            pieces.append(orjson.dumps(datapoints)[1:-1].replace(b",", b", "))
+    if no_null_points and not pieces:
+        return None
+    return pieces
 
 
 def encode_csv(series_list, tz: tzinfo = timezone.utc) -> bytes:

@@ -38,14 +38,35 @@ class Call:
     raw: str = ""  # the call's source text, graphite-web's pathExpression for seriesByTag
 
 
+# Calls nested (or piped) deeper than this are refused: real targets nest a handful deep, and
+# evaluating a deeper one would exhaust Python's stack.
+MAX_NESTING = 100
+
+
 def parse_target(text: str):
     """Parse a whole target; trailing text is an error (graphite-web silently ignores it)."""
     parser = _Parser(text)
-    node = parser.expression()
+    try:
+        node = parser.expression()
+    except RecursionError:
+        raise TargetSyntaxError(f"target is nested deeper than {MAX_NESTING} calls") from None
     parser.skip_space()
     if parser.pos != len(text):
         parser.fail("unexpected text")
+    if _nesting(node) > MAX_NESTING:
+        raise TargetSyntaxError(f"target is nested deeper than {MAX_NESTING} calls")
     return node
+
+
+def _nesting(root) -> int:
+    """How deep calls nest in a parsed target (without recursion: the tree may be deep)."""
+    deepest, stack = 0, [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Call):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in [*node.args, *node.kwargs.values()])
+    return deepest
 
 
 def first_path_expression(name: str) -> str | None:
@@ -69,6 +90,7 @@ class _Parser:
     def __init__(self, text: str):
         self.text = text
         self.pos = 0
+        self.depth = 0
 
     def fail(self, message: str):
         raise TargetSyntaxError(f"{message} at position {self.pos} in target {self.text!r}")
@@ -110,6 +132,14 @@ class _Parser:
         return self.path_expression()
 
     def call_arguments(self, name: str, start: int) -> Call:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            self.fail(f"calls nested deeper than {MAX_NESTING}")
+        call = self._call_arguments(name, start)
+        self.depth -= 1
+        return call
+
+    def _call_arguments(self, name: str, start: int) -> Call:
         call = Call(name)
         self.skip_space()
         if self.peek() == ")":
@@ -166,7 +196,10 @@ class _Parser:
             number = match.group()
             if "e" in number or "E" in number or "." in number:
                 return Literal(float(number))
-            return Literal(int(number))
+            try:
+                return Literal(int(number))
+            except ValueError:  # past Python's 4300-digit limit
+                self.fail(f"number {number[:20]}... is too long")
         match = _KEYWORD.match(self.text, self.pos)
         if match and self.followed_by_end_of_argument(match.end()):
             self.pos = match.end()

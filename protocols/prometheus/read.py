@@ -6,8 +6,6 @@ CRC-32C(message) + message, where message is a ChunkedReadResponse holding
 one series; frames can be written as soon as each series is ready.
 """
 
-import functools
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -16,6 +14,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from . import remote_pb2, types_pb2
+from ..linear_regex import BadPattern, compile_regex
 from .crc32c import crc32c
 from .errors import ProtocolError, RemoteReadError
 from .snappy import compress_block, decompress_block
@@ -32,13 +31,12 @@ _RESPONSE_TYPES = {
 }
 
 
-@functools.lru_cache(maxsize=1024)
-def _compile(pattern: str) -> re.Pattern[str]:
-    # Prometheus anchors regexes at both ends and lets "." match newlines.
+def _compile(pattern: str):
+    # Prometheus regexes are RE2's, anchored at both ends (fullmatch), "." matching newlines.
     try:
-        return re.compile(pattern, re.DOTALL)
-    except re.error as exc:
-        raise RemoteReadError(400, f"invalid regular expression {pattern!r}: {exc}") from exc
+        return compile_regex(pattern, dot_nl=True)
+    except BadPattern as error:
+        raise RemoteReadError(400, str(error)) from None
 
 
 class Matcher(NamedTuple):
