@@ -18,6 +18,7 @@ from gateway.http.server import HTTPError, Response, Router, arg, json_response,
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import SeenSeries
 from gateway.model import NAME_TAG, ExemplarSample, Sample
+from gateway.read_path import clamp_range
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.read_path import READ_BATCH
 from gateway.store import Store
@@ -192,9 +193,10 @@ class PrometheusAPI:
         """The exemplars of each selected series in the query's range (SAMPLES answers carry them;
         streamed chunks have no place for them)."""
         found = []
+        start_ms, end_ms = clamp_range(query.start_ms, query.end_ms)
         for start in range(0, len(selection), READ_BATCH):
             part = [key.series_set_hash for _, key in selection[start : start + READ_BATCH]]
-            for rows in await self.store.read_exemplars(tenant, part, query.start_ms, query.end_ms):
+            for rows in await self.store.read_exemplars(tenant, part, start_ms, end_ms):
                 found.append([prometheus.Exemplar(row.labels, row.value, row.timestamp_ms) for row in rows])
         return found
 
