@@ -162,11 +162,13 @@ def _check_label_name(index: int, name: str) -> None:
         _VALID_LABEL_NAMES.add(name)
 
 
-def _validated_labels(index: int, pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+def _validated_labels(index: int, pairs: list[tuple[str, str]]) -> dict[str, str]:
     """Check a series' labels against the spec and return them as a dict.
 
     Labels with an empty value are dropped: to Prometheus an empty label
-    value is the same as an absent label.
+    value is the same as an absent label. Labels out of order are sorted, as
+    Prometheus's own receiver does: senders should sort them, but some (the
+    remote-write compliance suite among them) send them in map order.
     """
     labels: dict[str, str] = {}
     previous = ""
@@ -176,10 +178,7 @@ def _validated_labels(index: int, pairs: Iterable[tuple[str, str]]) -> dict[str,
         if name <= previous:
             if name == previous:
                 raise RemoteWriteError(400, f"series {index}: duplicate label name {name!r}")
-            raise RemoteWriteError(
-                400,
-                f"series {index}: labels not sorted by name ({name!r} after {previous!r})",
-            )
+            return _validated_labels(index, sorted(pairs))
         previous = name
         if value:
             labels[name] = value
@@ -212,7 +211,7 @@ def _decode_v1(raw: bytes) -> WriteBatch:
     request = _parse(remote_pb2.WriteRequest(), raw)
     batch = WriteBatch(version=1)
     for index, ts in enumerate(request.timeseries):
-        labels = _validated_labels(index, ((label.name, label.value) for label in ts.labels))
+        labels = _validated_labels(index, [(label.name, label.value) for label in ts.labels])
         samples = [(sample.timestamp, sample.value) for sample in ts.samples]
         exemplars = [
             _exemplar(index, ((label.name, label.value) for label in e.labels), e.value, e.timestamp)
@@ -254,13 +253,13 @@ def _decode_v2(raw: bytes) -> WriteBatch:
             raise RemoteWriteError(
                 400, f"series {index}: odd number of labels_refs ({len(refs)})"
             )
-        pairs = (
+        pairs = [
             (
                 _symbol(symbols, refs[i], index, "label name ref"),
                 _symbol(symbols, refs[i + 1], index, "label value ref"),
             )
             for i in range(0, len(refs), 2)
-        )
+        ]
         labels = _validated_labels(index, pairs)
         if not ts.samples and not ts.histograms:
             raise RemoteWriteError(400, f"series {index}: no samples and no histograms")
