@@ -85,8 +85,8 @@ class PrometheusAPI:
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
             raise HTTPError(error.status, error.message) from None
-        if batch.histograms_skipped:
-            metrics.PROMETHEUS_SKIPPED.labels("native_histogram").inc(batch.histograms_skipped)
+        if batch.histogram_count:
+            metrics.PROMETHEUS_SKIPPED.labels("native_histogram").inc(batch.histogram_count)
         samples, exemplars = [], []
         for series in batch.series:
             tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
