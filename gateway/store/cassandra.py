@@ -35,7 +35,7 @@ from gateway.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
 from gateway.store.contract import (
-    ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, ExemplarRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store,
+    ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store,
     StoreUnavailable, exemplar_labels_text, exemplars_in_range, time_slot, time_slots,
 )
 from gateway.store.index import index_rows
@@ -95,7 +95,7 @@ SEAL_CLOCK_MARGIN_MS = 60_000
 # cost per request, not Cassandra, was most of a read of many series.
 READ_SERIES_PER_REQUEST = 64
 
-# Slots of one series whose exemplars one request reads (an IN on the last partition key column).
+# Slots of one series whose exemplars or histograms one request reads (an IN on the last partition key column).
 EXEMPLAR_SLOTS_PER_REQUEST = 100
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
@@ -364,6 +364,8 @@ class CassandraStore(Store):
                 f"SELECT ts, value, labels FROM {ks}.exemplars WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ?"
                 f" PER PARTITION LIMIT {self.layout.max_exemplars_per_series}"
             ),
+            "write_histogram": f"INSERT INTO {ks}.histograms (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?)",
+            "read_histograms": f"SELECT ts, data FROM {ks}.histograms WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
             "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
@@ -615,6 +617,27 @@ class CassandraStore(Store):
             for (_, (_, hash_, _)), page in zip(requests, pages):
                 rows[hash_] += [ExemplarRow(tenant, hash_, ts, value, json.loads(labels)) for ts, value, labels in page]
             return [exemplars_in_range(rows[hash_], start_ms, end_ms) for hash_ in hashes]
+
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
+
+    def write_histograms(self, histograms):
+        """Rows with the table's TTL (--raw-retention)."""
+        statement, width = self._statements["write_histogram"], self.slot_width_ms
+        requests = [(statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data)) for h in histograms]
+        return self._execute_all(self._batched(requests))
+
+    def read_histograms(self, tenant, hashes, start_ms, end_ms):
+        hashes = list(hashes)
+        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
+        chunks = [slots[i : i + EXEMPLAR_SLOTS_PER_REQUEST] for i in range(0, len(slots), EXEMPLAR_SLOTS_PER_REQUEST)]
+        statement = self._statements["read_histograms"]
+        requests = [(statement, (tenant, hash_, chunk, start_ms, end_ms)) for hash_ in hashes for chunk in chunks]
+
+        def collect(pages):
+            rows: dict[str, list[HistogramRow]] = {hash_: [] for hash_ in hashes}
+            for (_, (_, hash_, *_)), page in zip(requests, pages):
+                rows[hash_] += [HistogramRow(tenant, hash_, ts, bytes(data)) for ts, data in page]
+            return [sorted(rows[hash_], key=lambda row: row.timestamp_ms) for hash_ in hashes]
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
 
