@@ -784,6 +784,18 @@ def test_response_type_negotiation(accepted, chosen):
     assert negotiate_response_type(accepted) == chosen
 
 
+@pytest.mark.parametrize(
+    "accepted, chosen",
+    [
+        ([STREAMED_XOR_CHUNKS, SAMPLES], SAMPLES),
+        ([STREAMED_XOR_CHUNKS], STREAMED_XOR_CHUNKS),
+        ([], SAMPLES),
+    ],
+)
+def test_answers_with_histograms_are_samples_when_the_client_accepts_them(accepted, chosen):
+    assert negotiate_response_type(accepted, has_histograms=True) == chosen
+
+
 def test_unknown_response_types_are_kept_and_refused():
     request = decode_read_request(snappy(packed(2, [7])), LIMIT)
     assert request.accepted_response_types == ["7"]
@@ -914,6 +926,32 @@ def test_samples_answer_with_exemplars_is_what_protobuf_serializes():
     assert encoded == expected.SerializeToString()
     exemplar_bytes = f_bytes(3, f_bytes(1, label("a", "b")) + f_bytes(1, label("trace_id", "t1")) + f_double_bits(2, STALE_NAN_BITS) + f_varint(3, 999))
     assert f_bytes(2, sample(1.0, 1000)) + exemplar_bytes in encoded
+
+
+def test_samples_answer_with_histograms_is_what_protobuf_serializes():
+    """Histograms (field 4 of TimeSeries) follow the exemplars, each the stored bytes as they are;
+    a series may have histograms only."""
+    from protocols.prometheus import remote_pb2
+
+    stored = [Histogram(1000, data) for data in VALID_HISTOGRAMS.values()]
+    results = [[
+        ({"__name__": "h"}, [(1000, 1.0)], [Exemplar({"trace_id": "t"}, 0.5, 999)], stored),
+        ({"__name__": "only_histograms"}, [], [], stored[:1]),
+    ]]
+    expected = remote_pb2.ReadResponse()
+    result = expected.results.add()
+    for labels, samples, exemplars, histograms in results[0]:
+        series = result.timeseries.add()
+        series.labels.add(name="__name__", value=labels["__name__"])
+        for timestamp, value in samples:
+            series.samples.add(timestamp=timestamp, value=value)
+        for exemplar in exemplars:
+            series.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp).labels.add(name="trace_id", value="t")
+        for histogram in histograms:
+            series.histograms.add().ParseFromString(histogram.data)
+    encoded = unsnappy(encode_read_response(results))
+    assert encoded == expected.SerializeToString()
+    assert [h.SerializeToString() for h in expected.results[0].timeseries[0].histograms] == [h.data for h in stored]
 
 
 # --- remote read: STREAMED_XOR_CHUNKS ---------------------------------------------
