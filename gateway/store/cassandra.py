@@ -96,7 +96,7 @@ SEAL_CLOCK_MARGIN_MS = 60_000
 READ_SERIES_PER_REQUEST = 64
 
 # Slots of one series whose exemplars or histograms one request reads (an IN on the last partition key column).
-EXEMPLAR_SLOTS_PER_REQUEST = 100
+SLOTS_PER_REQUEST = 100
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
 # namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.md).
@@ -607,18 +607,22 @@ class CassandraStore(Store):
         """The newest ``max_exemplars_per_series`` of each slot (PER PARTITION LIMIT over the
         clustering order ts DESC, labels ASC), then those in the range: what SQLite keeps."""
         hashes = list(hashes)
-        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
-        chunks = [slots[i : i + EXEMPLAR_SLOTS_PER_REQUEST] for i in range(0, len(slots), EXEMPLAR_SLOTS_PER_REQUEST)]
-        statement = self._statements["read_exemplars"]
-        requests = [(statement, (tenant, hash_, chunk)) for hash_ in hashes for chunk in chunks]
+        requests = self._slot_requests(self._statements["read_exemplars"], tenant, hashes, start_ms, end_ms)
 
         def collect(pages):
             rows: dict[str, list[ExemplarRow]] = {hash_: [] for hash_ in hashes}
-            for (_, (_, hash_, _)), page in zip(requests, pages):
+            for (_, (_, hash_, *_)), page in zip(requests, pages):
                 rows[hash_] += [ExemplarRow(tenant, hash_, ts, value, json.loads(labels)) for ts, value, labels in page]
             return [exemplars_in_range(rows[hash_], start_ms, end_ms) for hash_ in hashes]
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
+
+    def _slot_requests(self, statement, tenant, hashes, start_ms, end_ms, *more):
+        """One request a series and run of SLOTS_PER_REQUEST slots of an inclusive range:
+        (tenant, hash, slots, *more) for a statement whose partitions are series-slots."""
+        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
+        chunks = [slots[i : i + SLOTS_PER_REQUEST] for i in range(0, len(slots), SLOTS_PER_REQUEST)]
+        return [(statement, (tenant, hash_, chunk, *more)) for hash_ in hashes for chunk in chunks]
 
     def write_histograms(self, histograms):
         """Rows with the table's TTL (--raw-retention)."""
@@ -628,10 +632,7 @@ class CassandraStore(Store):
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
-        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
-        chunks = [slots[i : i + EXEMPLAR_SLOTS_PER_REQUEST] for i in range(0, len(slots), EXEMPLAR_SLOTS_PER_REQUEST)]
-        statement = self._statements["read_histograms"]
-        requests = [(statement, (tenant, hash_, chunk, start_ms, end_ms)) for hash_ in hashes for chunk in chunks]
+        requests = self._slot_requests(self._statements["read_histograms"], tenant, hashes, start_ms, end_ms, start_ms, end_ms)
 
         def collect(pages):
             rows: dict[str, list[HistogramRow]] = {hash_: [] for hash_ in hashes}
