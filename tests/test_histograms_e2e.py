@@ -93,3 +93,13 @@ def test_invalid_or_too_old_histograms_are_400_naming_them(start_gateway, backen
     (found,) = stored(read_samples(gateway, tenant, [Query(0, t, [Matcher("EQ", "__name__", "late")])]))
     assert found == [({"__name__": "late"}, [], [at(HISTOGRAM, t).data])]
     assert 'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="too_old"} 1.0' in gateway.get("/metrics").body.decode()
+
+
+def test_remote_read_of_more_histograms_than_the_query_limit_is_422(start_gateway, tenant):
+    gateway = start_gateway("--max-samples-per-query", "2")
+    t = now_ms() - 60_000
+    assert write(gateway, tenant, [Series({"__name__": "h"}, histograms=[at(HISTOGRAM, t + i) for i in range(3)])]).status == 204
+    answer = post_read(gateway, tenant, [Query(t, t + 1, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
+    assert answer.status == 200
+    answer = post_read(gateway, tenant, [Query(t, t + 2, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
+    assert answer.status == 422 and b"more than 2 native histograms (--max-samples-per-query)" in answer.body

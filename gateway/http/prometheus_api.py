@@ -141,6 +141,10 @@ class PrometheusAPI:
             await self._attached(self.store.read_histograms, tenant, selection, query, lambda row: prometheus.Histogram(row.timestamp_ms, row.data))
             for query, selection in zip(read_request.queries, selections)
         ]
+        if sum(len(rows) for found in histograms for rows in found) > self.max_samples_per_query:
+            raise QueryTooLarge(
+                f"the query reads more than {self.max_samples_per_query} native histograms (--max-samples-per-query); narrow it"
+            )
         response_type = prometheus.negotiate_response_type(read_request.accepted_response_types, any(map(any, histograms)))
         if response_type == prometheus.SAMPLES:
             answers = []
