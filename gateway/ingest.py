@@ -16,11 +16,12 @@ from gateway import metrics
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.model import (
-    ExemplarSample, InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_point, validate_series,
+    ExemplarSample, HistogramSample, InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_point,
+    validate_series, validate_timestamp,
 )
 from gateway.store import Store
 from gateway.downsample.partitions import partition_of
-from gateway.store.contract import ExemplarRow, PendingSet, RawPoint
+from gateway.store.contract import ExemplarRow, HistogramRow, PendingSet, RawPoint
 
 
 class Rejected(NamedTuple):
@@ -131,16 +132,42 @@ class IngestPipeline:
         return IngestResult(len(points), rejected)
 
     async def ingest_exemplars(self, protocol: str, exemplars: Sequence[ExemplarSample]) -> IngestResult:
-        """Validate and store exemplars as samples are (their series checked, their timestamp in
-        the accepted window), after their series' metadata; rejects carry their index. Called after
-        ``ingest`` of the same request, the series of its samples are known by then."""
+        """Validate and store exemplars (values are floats by construction: the decoder's doubles)."""
+        return await self._ingest_attached(
+            protocol,
+            exemplars,
+            lambda e, hash_: ExemplarRow(e.tenant, hash_, e.timestamp_ms, e.value, e.labels),
+            "write_exemplars",
+            self.store.write_exemplars,
+            metrics.EXEMPLARS_ACCEPTED,
+            metrics.EXEMPLARS_REJECTED,
+        )
+
+    async def ingest_histograms(self, protocol: str, histograms: Sequence[HistogramSample]) -> IngestResult:
+        """Validate and store native histogram samples (their bytes were checked by the decoder)."""
+        return await self._ingest_attached(
+            protocol,
+            histograms,
+            lambda h, hash_: HistogramRow(h.tenant, hash_, h.timestamp_ms, h.data),
+            "write_histograms",
+            self.store.write_histograms,
+            metrics.HISTOGRAMS_ACCEPTED,
+            metrics.HISTOGRAMS_REJECTED,
+        )
+
+    async def _ingest_attached(self, protocol, items, make_row, operation, write, accepted, rejected_metric) -> IngestResult:
+        """Store what belongs to a series but is not a float sample (exemplars, histograms) as
+        samples are: the series checked, the timestamp in the accepted window, the series'
+        metadata written first; rejects carry their index. Called after ``ingest`` of the same
+        request, the series of its samples are known by then."""
         rejected: list[Rejected] = []
         now = self.clock()
         oldest, newest = now - self.limits.max_sample_age_ms, now + self.limits.max_future_ms
         fresh: dict[tuple, str] = {}
         new_series: dict[tuple[str, str], SeriesKey] = {}
-        rows: list[ExemplarRow] = []
-        for index, (tenant, name, tags, timestamp, value, labels) in enumerate(exemplars):
+        rows = []
+        for index, item in enumerate(items):
+            tenant, name, tags = item.tenant, item.metric_name, item.tags
             key = _compact((tenant, name, (*tags.keys(), *tags.values())))
             try:
                 hash_ = self.known.get(key) or fresh.get(key)
@@ -148,18 +175,18 @@ class IngestPipeline:
                     validate_series(name, tags, self.limits)
                     hash_ = fresh[key] = series_set_hash(series_set_text(name, tags))
                     new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
-                validate_point(timestamp, value, oldest, newest)
+                validate_timestamp(item.timestamp_ms, oldest, newest)
             except InvalidSample as error:
                 rejected.append(Rejected(index, error.field, error.problem, error.reason))
-                metrics.EXEMPLARS_REJECTED.labels(protocol, error.reason).inc()
+                rejected_metric.labels(protocol, error.reason).inc()
                 continue
-            rows.append(ExemplarRow(tenant, hash_, timestamp, value, labels))
+            rows.append(make_row(item, hash_))
         if rows:
             if new_series:
                 await self._write_metadata(new_series)
-            await metrics.observe_store("write_exemplars", self.store.write_exemplars(rows))
+            await metrics.observe_store(operation, write(rows))
             self.known.add_all(fresh)
-            metrics.EXEMPLARS_ACCEPTED.labels(protocol).inc(len(rows))
+            accepted.labels(protocol).inc(len(rows))
         return IngestResult(len(rows), rejected)
 
     async def _write(self, new_series: dict[tuple[str, str], SeriesKey], points: list[RawPoint]) -> None:

@@ -19,6 +19,8 @@ SAMPLES_ACCEPTED = Counter("tsgate_samples_accepted", "Samples written to the st
 SAMPLES_REJECTED = Counter("tsgate_samples_rejected", "Samples refused, by reason", ["protocol", "reason"])
 EXEMPLARS_ACCEPTED = Counter("tsgate_exemplars_accepted", "Exemplars written to the store", ["protocol"])
 EXEMPLARS_REJECTED = Counter("tsgate_exemplars_rejected", "Exemplars refused, by reason", ["protocol", "reason"])
+HISTOGRAMS_ACCEPTED = Counter("tsgate_native_histograms_accepted", "Native histogram samples written to the store", ["protocol"])
+HISTOGRAMS_REJECTED = Counter("tsgate_native_histograms_rejected", "Native histogram samples refused, by reason", ["protocol", "reason"])
 HTTP_REQUESTS = Histogram(
     "tsgate_http_request_duration_seconds", "HTTP request latency", ["handler", "method", "code"]
 )
@@ -29,7 +31,7 @@ STORE_ERRORS = Counter("tsgate_store_errors", "Store calls that failed, by opera
 METADATA_CACHE = Counter("tsgate_metadata_cache_lookups", "Series metadata cache lookups", ["level", "result"])
 REDIS_ERRORS = Counter("tsgate_redis_errors", "Redis calls that failed (ingest went on without Redis)", ["operation"])
 PROMETHEUS_SKIPPED = Counter(
-    "tsgate_prometheus_skipped", "Remote-write parts not stored (native histograms, metadata over --max-metadata-length)", ["kind"]
+    "tsgate_prometheus_skipped", "Remote-write parts not stored (metadata over --max-metadata-length)", ["kind"]
 )
 AUTH_FAILURES = Counter("tsgate_auth_failures", "HTTP requests refused for their credential (--auth-file)", ["reason"])
 RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 429 over a tenant limit", ["limit"])

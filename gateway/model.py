@@ -44,6 +44,16 @@ class ExemplarSample(NamedTuple):
     labels: dict[str, str]
 
 
+class HistogramSample(NamedTuple):
+    """A native histogram sample of the series (tenant, metric_name, tags): its protobuf bytes."""
+
+    tenant: str
+    metric_name: str
+    tags: dict[str, str]
+    timestamp_ms: int
+    data: bytes
+
+
 class SeriesKey(NamedTuple):
     """A series as the store indexes it: the tenant stays outside the hash."""
 
@@ -179,6 +189,11 @@ def validate_point(timestamp, value, oldest_ms: int, newest_ms: int) -> None:
     """The checks every sample passes: a float value and an integer timestamp inside the window."""
     if not isinstance(value, float):
         raise InvalidSample("value", f"must be a number, got {type(value).__name__}", "bad_value")
+    validate_timestamp(timestamp, oldest_ms, newest_ms)
+
+
+def validate_timestamp(timestamp, oldest_ms: int, newest_ms: int) -> None:
+    """An integer timestamp inside the accepted window (samples, exemplars, native histograms)."""
     if not isinstance(timestamp, int):
         raise InvalidSample("timestamp", f"must be an integer, got {type(timestamp).__name__}", "bad_timestamp")
     if timestamp < oldest_ms:

@@ -16,7 +16,7 @@ from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.store.blocks import encode_block
 from gateway.store.cassandra import CassandraStore, parse_url
-from gateway.store.contract import ExemplarRow, RawPoint, Rollup
+from gateway.store.contract import ExemplarRow, HistogramRow, RawPoint, Rollup
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
 from tests.gatewayproc import REPO
@@ -62,7 +62,7 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
             applied = tsgate("schema", "apply", "--store", url)
             assert applied.returncode == 0, applied.stderr
         assert describe(session, "tsdb") == describe(session, "tsdb_applied")
-        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw", "data_blocks", "exemplars", "pending_downsample_sets", "data_5m", "data_1h"}
+        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw", "data_blocks", "histograms", "exemplars", "pending_downsample_sets", "data_5m", "data_1h"}
         blocks = describe(session, "tsdb")["data_blocks"]
         assert blocks["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and blocks["ttl"] == 7 * 86400
         assert describe(session, "tsdb")["data_raw"]["ttl"] == 7 * 3600
@@ -290,7 +290,7 @@ def test_serve_on_a_missing_keyspace_says_how_to_create_it(cassandra_server):
 
 @pytest_twisted.ensureDeferred
 async def test_ttl_expires_raw_and_roll_up_rows(cassandra_server, tenant):
-    """Writes carry each table's TTL (exemplars too): with 2 s retentions, rows are gone 3.5 s later."""
+    """Writes carry each table's TTL (exemplars and histograms too): with 2 s retentions, rows are gone 3.5 s later."""
     layout = Layout(HOUR_MS, 2000, parse_granularities("5m:2s", HOUR_MS), head_retention_ms=2000, exemplar_retention_ms=2000)
     store = CassandraStore.from_url(f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsgate_ttl", layout)
     await threads.deferToThread(store.apply_schema)
@@ -304,8 +304,11 @@ async def test_ttl_expires_raw_and_roll_up_rows(cassandra_server, tenant):
         assert len(await read_blocks(store, tenant, "h", 0, 2000)) == 1
         await store.write_exemplars([ExemplarRow(tenant, "h", 1000, 1.0, {"trace_id": "x"})])
         assert len((await store.read_exemplars(tenant, ["h"], 0, 2000))[0]) == 1
+        await store.write_histograms([HistogramRow(tenant, "h", 1000, b"\x08\x00")])
+        assert len((await store.read_histograms(tenant, ["h"], 0, 2000))[0]) == 1
         await task.deferLater(reactor, 3.5, lambda: None)
         assert await store.read_exemplars(tenant, ["h"], 0, 2000) == [[]]
+        assert await store.read_histograms(tenant, ["h"], 0, 2000) == [[]]
         assert (await read_head(store, tenant, "h", 0, 2000)).points() == []
         assert await read_blocks(store, tenant, "h", 0, 2000) == []
         assert await store.read_rollups(five, tenant, "h", 0, 2000) == []

@@ -1,6 +1,7 @@
 """The downsampler: roll-up arithmetic by hand, and `tsgate downsample --once` end to end on both
 backends (SQLite with the pending table, Cassandra with Redis), late arrivals included."""
 
+import math
 import time
 import urllib.parse
 
@@ -48,6 +49,18 @@ def test_gauge_roll_up_and_cascade():
     rows = roll_up("t", "h", GAUGE, points + [(10 * MINUTE, float("nan"))], None, layout.granularities)
     assert rows["5m"] == [Rollup("t", "h", 0, 1.0, 9.0, 25.0, 5), Rollup("t", "h", 5 * MINUTE, 2.0, 10.0, 24.0, 5)]
     assert rows["1h"] == [Rollup("t", "h", 0, 1.0, 10.0, 49.0, 10)]
+
+
+def test_infinities_of_both_signs_sum_to_nan_instead_of_stopping_the_roll_up():
+    layout = Layout()
+    points = [(0, math.inf), (MINUTE, -math.inf), (2 * MINUTE, 1.0), (6 * MINUTE, math.inf)]
+    rows = roll_up("t", "h", GAUGE, points, None, layout.granularities)
+    first, second = rows["5m"]
+    assert (first.min, first.max, math.isnan(first.sum), first.count) == (-math.inf, math.inf, True, 3)
+    assert second.sum == math.inf
+    assert math.isnan(rows["1h"][0].sum)
+    delta = roll_up("t", "h", DELTA_COUNTER, points, None, layout.granularities)
+    assert math.isnan(delta["5m"][0].sum)
 
 
 def test_counter_increase_is_reset_aware():

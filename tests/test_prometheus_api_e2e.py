@@ -87,6 +87,21 @@ def test_remote_write_v2_and_push_path(gateway, tenant):
     assert native[0]["tags"] == {"queue": "a"} and len(native[0]["values"]) == 2
 
 
+def test_labels_out_of_order_are_written_as_one_series(gateway, tenant):
+    """Prometheus's receiver sorts labels; senders in map order (the compliance suite) rely on it."""
+    t = now_ms() - 10_000
+    request = remote_pb2.WriteRequest()
+    for offset, names in enumerate([("zeta", "__name__", "alpha"), ("__name__", "alpha", "zeta")]):
+        ts = request.timeseries.add()
+        for name in names:
+            ts.labels.add(name=name, value="m" if name == "__name__" else name[0])
+        ts.samples.add(timestamp=t + offset, value=float(offset))
+    answer = gateway.post("/api/v1/write", bytes(cramjam.snappy.compress_raw(request.SerializeToString())), headers=rw_headers(tenant))
+    assert answer.status == 204, answer.body
+    (result,) = prometheus.decode_read_response(read(gateway, tenant, [Query(t - 1, t + 5, [Matcher("EQ", "__name__", "m")])]).body, 1 << 20)
+    assert result == [({"__name__": "m", "alpha": "a", "zeta": "z"}, [(t, 0.0), (t + 1, 1.0)])]
+
+
 def test_metadata_over_the_length_limit_is_skipped_and_its_samples_written(start_gateway, tenant):
     """8 MB of help text used to be stored and served."""
     gateway = start_gateway("--max-metadata-length", "100")
@@ -145,8 +160,10 @@ def test_rejections(strict_gateway, tenant):
     ts = request.timeseries.add()
     ts.labels.add(name="zeta", value="1")
     ts.labels.add(name="__name__", value="m")
+    ts.labels.add(name="zeta", value="2")
     ts.samples.add(timestamp=now_ms(), value=1.0)
-    assert write(bytes(cramjam.snappy.compress_raw(request.SerializeToString()))).status == 400
+    answer = write(bytes(cramjam.snappy.compress_raw(request.SerializeToString())))
+    assert answer.status == 400 and b"duplicate label name 'zeta'" in answer.body
     no_name = remote_pb2.WriteRequest()
     no_name.timeseries.add().labels.add(name="job", value="x")
     answer = write(bytes(cramjam.snappy.compress_raw(no_name.SerializeToString())))

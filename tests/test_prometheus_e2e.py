@@ -5,6 +5,8 @@ The tenant travels as ``?tenant=`` in the URLs: Debian's Prometheus 2.42 does no
 ``headers`` configured for remote write (checked: a capture shows none of them).
 """
 
+import http.server
+import struct
 import threading
 import time
 import urllib.parse
@@ -13,7 +15,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from gateway.devservices.process import free_port
+from protocols.prometheus import Matcher, Query
 from tests.prometheusproc import PrometheusProcess
+from tests.test_exemplars_e2e import read_samples
 
 WRITER = """
 global:
@@ -28,6 +32,7 @@ remote_write:
     queue_config: {batch_send_deadline: 500ms, min_backoff: 100ms, max_backoff: 1s}
     metadata_config: {send: true, send_interval: 2s}
     send_exemplars: true
+    send_native_histograms: true
 """
 
 READER = """
@@ -178,6 +183,96 @@ def test_real_prometheus_sends_exemplars_and_both_answer_alike(start_gateway, ba
             time.sleep(1)
         labels, exemplars = got[0]
         assert dict(labels)["job"] == "exporter" and exemplars[0]["labels"]["trace_id"] and exemplars[0]["value"] == "1"
+    finally:
+        writer.stop()
+    assert "Traceback" not in gateway.log()
+
+
+# The exposition format Prometheus 2.42 scrapes native histograms in (io.prometheus.client, metrics.proto).
+PROTOBUF_EXPOSITION = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def _field(number: int, wire_type: int, payload: bytes) -> bytes:
+    if wire_type == 2:
+        payload = _varint(len(payload)) + payload
+    return _varint(number << 3 | wire_type) + payload
+
+
+def native_histogram_family(name: str, observations: int) -> bytes:
+    """A delimited MetricFamily holding one native histogram: schema 0, zero threshold 0.001,
+    ``observations`` observations of 1.5 (bucket 1 of schema 0: (1, 2]) plus one of 0."""
+    span = _field(1, 0, _varint(2)) + _field(2, 0, _varint(1))  # offset (sint32 1), length 1
+    histogram = (
+        _field(1, 0, _varint(observations + 1))  # sample_count
+        + _field(2, 1, struct.pack("<d", 1.5 * observations))  # sample_sum
+        + _field(5, 0, _varint(0))  # schema (sint32 0)
+        + _field(6, 1, struct.pack("<d", 0.001))  # zero_threshold
+        + _field(7, 0, _varint(1))  # zero_count
+        + _field(12, 2, span)  # positive_span
+        + _field(13, 2, _varint(observations * 2))  # positive_delta (sint64, zigzag)
+    )
+    family = _field(1, 2, name.encode()) + _field(2, 2, b"Latency.") + _field(3, 0, _varint(4)) + _field(4, 2, _field(7, 2, histogram))
+    return _varint(len(family)) + family
+
+
+@pytest.fixture
+def native_exporter():
+    """Serves one native histogram over the protobuf exposition format, one more observation a scrape."""
+    scrapes = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            scrapes.append(1)
+            body = native_histogram_family("tsgate_e2e_latency_seconds", len(scrapes))
+            self.send_response(200)
+            self.send_header("Content-Type", PROTOBUF_EXPOSITION)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_real_prometheus_sends_native_histograms_and_reads_agree(start_gateway, backend_args, native_exporter, tmp_path, tenant):
+    """Prometheus 2.42 with native histograms scrapes one and remote-writes it
+    (send_native_histograms); tsgate's remote read gives it back with the count and sum
+    Prometheus's own query API shows at the same timestamp, and the exporter's buckets."""
+    gateway = start_gateway(*backend_args)
+    values = dict(GATEWAY_PORT=gateway.port, EXPORTER_PORT=native_exporter, TENANT=tenant)
+    writer = PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms").start()
+    try:
+        query = Query(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", "tsgate_e2e_latency_seconds")])
+        deadline = time.monotonic() + 60
+        while True:
+            (result,) = read_samples(gateway, tenant, [query]).results
+            histograms = [h for series in result.timeseries for h in series.histograms]
+            if len(histograms) >= 3:
+                break
+            assert time.monotonic() < deadline, "tsgate never received native histograms"
+            time.sleep(1)
+        (series,) = result.timeseries
+        assert {label.name: label.value for label in series.labels}["job"] == "exporter" and not series.samples
+        for histogram in histograms:
+            answer = writer.api("/api/v1/query", query="tsgate_e2e_latency_seconds", time=histogram.timestamp / 1000)
+            (own,) = answer["data"]["result"]
+            assert own["histogram"][1]["count"] == str(histogram.count_int) and float(own["histogram"][1]["sum"]) == histogram.sum
+            observations = histogram.count_int - 1
+            assert (histogram.schema, histogram.zero_threshold, histogram.zero_count_int) == (0, 0.001, 1)
+            assert [(s.offset, s.length) for s in histogram.positive_spans] == [(1, 1)] and list(histogram.positive_deltas) == [observations]
     finally:
         writer.stop()
     assert "Traceback" not in gateway.log()

@@ -24,6 +24,7 @@ from protocols.prometheus import (
     RemoteReadError,
     RemoteWriteError,
     Exemplar,
+    Histogram,
     Series,
     WriteBatch,
     crc32c,
@@ -113,11 +114,47 @@ def sample(value: float, timestamp: int) -> bytes:
     return f_double(1, value) + f_varint(2, timestamp)
 
 
+def packed(number: int, values) -> bytes:
+    return f_bytes(number, b"".join(varint(v) for v in values))
+
+
+def zigzag(n: int) -> int:
+    return (n << 1) ^ (n >> 63)
+
+
+def span(offset: int, length: int) -> bytes:
+    return (f_varint(1, zigzag(offset)) if offset else b"") + f_varint(2, length)
+
+
+def histogram(
+    count=3, sum_=1.5, schema=0, zero_count=1, positive=((0, 2),), deltas=(1, 0), negative=(), negative_deltas=(),
+    timestamp=1000, is_float=False, custom=(), reset_hint=0,
+) -> bytes:
+    """A prometheus.Histogram as protobuf writes it (fields in number order, packed repeated):
+    by default 1 zero-bucket observation and 1 in each of 2 positive buckets, count 3."""
+    out = f_double(2, count) if is_float else f_varint(1, count)
+    out += (f_double(3, sum_) if sum_ else b"") + (f_varint(4, zigzag(schema)) if schema else b"")
+    out += f_double(7, zero_count) if is_float else (f_varint(6, zero_count) if zero_count else b"")
+    out += b"".join(f_bytes(8, span(o, n)) for o, n in negative)
+    if negative_deltas:
+        out += f_bytes(10, b"".join(struct.pack("<d", c) for c in negative_deltas)) if is_float else packed(9, map(zigzag, negative_deltas))
+    out += b"".join(f_bytes(11, span(o, n)) for o, n in positive)
+    if deltas:
+        out += f_bytes(13, b"".join(struct.pack("<d", c) for c in deltas)) if is_float else packed(12, map(zigzag, deltas))
+    out += (f_varint(14, reset_hint) if reset_hint else b"") + f_varint(15, timestamp)
+    if custom:
+        out += f_bytes(16, b"".join(struct.pack("<d", c) for c in custom))
+    return out
+
+
+HISTOGRAM = histogram()
+
+
 def v1_series(labels, samples=(), exemplars=0, histograms=0) -> bytes:
     out = b"".join(f_bytes(1, label(n, v)) for n, v in labels)
     out += b"".join(f_bytes(2, sample(v, t)) for t, v in samples)
     out += f_bytes(3, f_double(2, 1.5) + f_varint(3, 1000)) * exemplars  # Exemplar
-    out += f_bytes(4, f_varint(1, 7) + f_varint(15, 1000)) * histograms  # Histogram
+    out += f_bytes(4, HISTOGRAM) * histograms
     return out
 
 
@@ -132,17 +169,13 @@ def v1_metadata(type_number: int, family: str, help_text: str, unit: str) -> byt
 
 
 # io.prometheus.write.v2.* messages
-def packed(number: int, values) -> bytes:
-    return f_bytes(number, b"".join(varint(v) for v in values))
-
-
 def v2_series(refs, samples=(), metadata=b"", histograms=0, exemplars=0, packed_refs=True) -> bytes:
     if packed_refs:
         out = packed(1, refs) if refs else b""
     else:
         out = b"".join(f_varint(1, ref) for ref in refs)
     out += b"".join(f_bytes(2, sample(v, t)) for t, v in samples)
-    out += f_bytes(3, f_varint(1, 2) + f_varint(15, 1000)) * histograms
+    out += f_bytes(3, HISTOGRAM) * histograms
     out += f_bytes(4, f_double(2, 1.0) + f_varint(3, 1000)) * exemplars
     if metadata:
         out += f_bytes(5, metadata)
@@ -316,7 +349,7 @@ def v1_exemplar(labels, value: float, timestamp: int) -> bytes:
     return f_bytes(3, b"".join(f_bytes(1, label(n, v)) for n, v in labels) + f_double(2, value) + f_varint(3, timestamp))
 
 
-def test_v1_exemplars_are_decoded_and_histograms_counted():
+def test_v1_exemplars_and_histograms_are_decoded():
     raw = v1_request(
         v1_series([("__name__", "latency")], [(1000, 0.5)], histograms=3)
         + v1_exemplar([("trace_id", "abc"), ("span_id", "1f")], 0.25, 990)
@@ -325,12 +358,13 @@ def test_v1_exemplars_are_decoded_and_histograms_counted():
         v1_series([("__name__", "bare")], exemplars=1),
     )
     batch = decode_v1(raw)
-    assert batch.histograms_skipped == 4
+    assert batch.histogram_count == 4
+    assert batch.series[0].histograms == [Histogram(1000, HISTOGRAM)] * 3
     assert batch.exemplar_count == 3
     assert batch.series[0].exemplars[0] == Exemplar({"trace_id": "abc", "span_id": "1f"}, 0.25, 990)
     nan = batch.series[0].exemplars[1]
     assert (nan.labels, nan.timestamp, bits_of(nan.value)) == ({"trace_id": "def"}, -5, STALE_NAN_BITS)
-    assert batch.series[1] == Series({"__name__": "native"})
+    assert batch.series[1] == Series({"__name__": "native"}, histograms=[Histogram(1000, HISTOGRAM)])
     assert batch.series[2].exemplars == [Exemplar({}, 1.5, 1000)]
 
 
@@ -382,11 +416,20 @@ def test_v1_label_with_empty_value_is_dropped():
 GOOD = v1_series([("__name__", "ok")], [(1, 1.0)])
 
 
+def test_v1_labels_out_of_order_are_sorted_as_prometheus_does():
+    raw = v1_request(v1_series([("job", "a"), ("__name__", "m"), ("env", "b")], [(1, 1.0)]))
+    assert list(decode_v1(raw).series[0].labels.items()) == [("__name__", "m"), ("env", "b"), ("job", "a")]
+
+
+def test_v1_duplicate_label_out_of_order_is_still_400():
+    error = reject(v1_request(v1_series([("job", "a"), ("__name__", "m"), ("job", "b")], [(1, 1.0)])))
+    assert error.status == 400
+    assert "series 0: duplicate label name 'job'" in error.message
+
+
 @pytest.mark.parametrize(
     "labels, words",
     [
-        ([("__name__", "m"), ("job", "a"), ("env", "b")], "not sorted"),
-        ([("job", "a"), ("__name__", "m")], "not sorted"),
         ([("__name__", "m"), ("job", "a"), ("job", "b")], "duplicate label name 'job'"),
         ([("", "x"), ("__name__", "m")], "empty label name"),
         ([("__name__", "m"), ("foo-bar", "x")], "invalid label name 'foo-bar'"),
@@ -448,6 +491,11 @@ def test_v1_encoder_writes_the_same_bytes_as_the_spec():
 SYMBOLS = ["", "__name__", "http_requests_total", "job", "api", "Requests served.", "requests"]
 
 
+def test_v2_labels_out_of_order_are_sorted_as_prometheus_does():
+    batch = decode_v2(v2_request(SYMBOLS, v2_series([3, 4, 1, 2], [(1, 1.0)])))
+    assert list(batch.series[0].labels.items()) == [("__name__", "http_requests_total"), ("job", "api")]
+
+
 @pytest.mark.parametrize("packed_refs", [True, False])
 def test_v2_request_resolves_symbols_and_metadata(packed_refs):
     counter = f_varint(1, 1) + f_varint(3, 5) + f_varint(4, 6)
@@ -494,17 +542,18 @@ def test_v2_exemplars_resolve_symbols_and_headers_say_what_was_written():
         v2_series([1, 2, 3, 4], histograms=2, exemplars=1),
     )
     batch = decode_v2(raw)
-    assert batch.histograms_skipped == 2
+    assert batch.histogram_count == 2
     assert batch.series[0].exemplars == [Exemplar({"trace_id": "abc"}, 0.5, 2), Exemplar({"job": "api", "trace_id": "abc"}, 1.5, 1)]
     assert batch.series[1].samples == [] and batch.series[1].exemplars == [Exemplar({}, 1.0, 1000)]
-    assert v2_written_headers(batch, exemplars_written=3) == {
+    assert v2_written_headers(batch, exemplars_written=3, histograms_written=2) == {
         "X-Prometheus-Remote-Write-Samples-Written": "2",
-        "X-Prometheus-Remote-Write-Histograms-Written": "0",
+        "X-Prometheus-Remote-Write-Histograms-Written": "2",
         "X-Prometheus-Remote-Write-Exemplars-Written": "3",
     }
     partial = v2_written_headers(batch, samples_written=1)
     assert partial["X-Prometheus-Remote-Write-Samples-Written"] == "1"
     assert partial["X-Prometheus-Remote-Write-Exemplars-Written"] == "0"
+    assert partial["X-Prometheus-Remote-Write-Histograms-Written"] == "0"
 
 
 @pytest.mark.parametrize(
@@ -530,6 +579,71 @@ def test_encoders_write_exemplars_both_versions_decode():
     assert decode_v1(v1).series == series and decode_v2(v2).series == series
 
 
+VALID_HISTOGRAMS = {
+    "integer": histogram(),
+    "float": histogram(count=3.5, zero_count=0.5, deltas=(1.0, 2.0), is_float=True),
+    "float count not checked": histogram(count=1.0, zero_count=0.5, deltas=(1.0, 2.0), is_float=True),
+    "empty": histogram(count=0, sum_=0.0, zero_count=0, positive=(), deltas=()),
+    "negative only": histogram(count=2, zero_count=0, positive=(), deltas=(), negative=((-3, 1), (2, 1)), negative_deltas=(1, 0)),
+    "NaN sum, count above buckets": histogram(count=9, sum_=math.nan),
+    "custom buckets": histogram(schema=-53, zero_count=0, count=3, positive=((0, 2), (1, 1)), deltas=(1, 0, 0), custom=(0.1, 0.5, 1.0)),
+    "schema -4": histogram(schema=-4),
+    "schema 8": histogram(schema=8),
+    "reset hint gauge": histogram(reset_hint=3),
+}
+
+
+@pytest.mark.parametrize("data", VALID_HISTOGRAMS.values(), ids=VALID_HISTOGRAMS.keys())
+def test_valid_histograms_keep_their_exact_bytes_from_v1_and_v2(data):
+    v1 = decode_v1(v1_request(v1_series([("__name__", "h")]) + f_bytes(4, data)))
+    assert v1.series[0].histograms == [Histogram(1000, data)]
+    v2 = decode_v2(v2_request(SYMBOLS, v2_series([1, 2]) + f_bytes(3, data)))
+    assert v2.series[0].histograms == [Histogram(1000, data)]
+
+
+def test_v2_created_timestamp_is_dropped_and_unknown_fields_too():
+    v2 = decode_v2(v2_request(SYMBOLS, v2_series([1, 2]) + f_bytes(3, HISTOGRAM + f_varint(17, 900) + f_varint(99, 1))))
+    assert v2.series[0].histograms == [Histogram(1000, HISTOGRAM)]
+
+
+INVALID_HISTOGRAMS = {
+    "count above buckets": (histogram(count=4), "3 observations found in buckets, but the count is 4"),
+    "count below buckets": (histogram(count=2), "3 observations found in buckets, but the count is 2"),
+    "NaN sum, count below buckets": (histogram(count=2, sum_=math.nan), "3 observations found in buckets, but the count is 2"),
+    "negative bucket": (histogram(count=0, zero_count=1, deltas=(1, -2)), "positive bucket 2 has a count of -1"),
+    "negative float bucket": (histogram(count=1.0, deltas=(1.0, -1.0), is_float=True), "positive bucket 2 has a count of -1.0"),
+    "spans need more buckets": (histogram(positive=((0, 3),)), "positive spans need 3 buckets, have 2"),
+    "negative offset after the first span": (histogram(positive=((0, 1), (-1, 1))), "positive span 2 has a negative offset -1"),
+    "schema 9": (histogram(schema=9), "schema 9 is not an exponential schema"),
+    "schema -5": (histogram(schema=-5), "schema -5 is not an exponential schema"),
+    "exponential with custom bounds": (histogram(custom=(1.0,)), "must not have custom bounds"),
+    "custom bounds not increasing": (histogram(schema=-53, zero_count=0, count=2, custom=(1.0, 1.0)), "custom bounds must increase, 1.0 follows 1.0"),
+    "custom bound +Inf": (histogram(schema=-53, zero_count=0, count=2, custom=(1.0, math.inf)), "must not be +Inf"),
+    "custom bounds too few": (histogram(schema=-53, zero_count=0, count=2, positive=((1, 2),), custom=(1.0,)), "1 custom bounds cannot cover spans 3 buckets long"),
+    "custom buckets with a zero bucket": (histogram(schema=-53, custom=(1.0, 2.0)), "custom buckets: must have no zero bucket"),
+}
+
+
+@pytest.mark.parametrize("data, words", INVALID_HISTOGRAMS.values(), ids=INVALID_HISTOGRAMS.keys())
+def test_invalid_histograms_are_400_in_v1_and_v2(data, words):
+    for error in (
+        reject(v1_request(v1_series([("__name__", "h")], [(1, 1.0)]) + f_bytes(4, data))),
+        reject(v2_request(SYMBOLS, v2_series([1, 2]) + f_bytes(3, data)), decode=decode_v2),
+    ):
+        assert error.status == 400
+        assert error.message.startswith("series 0: invalid native histogram at 1000: ")
+        assert words in error.message
+
+
+def test_encoders_write_histograms_both_versions_decode():
+    series = [Series({"__name__": "h"}, histograms=[Histogram(1000, HISTOGRAM), Histogram(2000, histogram(timestamp=2000))])]
+    v1 = unsnappy(encode_write_request_v1(series))
+    assert v1 == v1_request(v1_series([("__name__", "h")]) + f_bytes(4, HISTOGRAM) + f_bytes(4, histogram(timestamp=2000)))
+    v2 = unsnappy(encode_write_request_v2(series))
+    assert v2 == v2_request(["", "__name__", "h"], v2_series([1, 2]) + f_bytes(3, HISTOGRAM) + f_bytes(3, histogram(timestamp=2000)))
+    assert decode_v1(v1).series == series and decode_v2(v2).series == series
+
+
 def test_v1_body_sent_as_v2_decodes_to_nothing():
     # v2 reserves fields 1-3, so a v1 body parses as an empty v2 request; the
     # zero Written headers are how the sender notices.
@@ -547,7 +661,6 @@ def test_v1_body_sent_as_v2_decodes_to_nothing():
         (SYMBOLS, v2_series([99, 2], [(1, 1.0)]), "series 0: label name ref 99 out of range"),
         (SYMBOLS, v2_series([1, 2], [(1, 1.0)], metadata=f_varint(3, 7)), "series 0: help_ref 7"),
         (SYMBOLS, v2_series([1, 2], [(1, 1.0)], metadata=f_varint(4, 8)), "series 0: unit_ref 8"),
-        (SYMBOLS, v2_series([3, 4, 1, 2], [(1, 1.0)]), "series 0: labels not sorted"),
         (SYMBOLS, v2_series([1, 2, 1, 2], [(1, 1.0)]), "series 0: duplicate label name"),
         (SYMBOLS + ["bad-name"], v2_series([1, 2, 7, 4], [(1, 1.0)]), "label name 'bad-name'"),
         (SYMBOLS, v2_series([3, 4], [(1, 1.0)]), "series 0: missing or empty __name__"),
@@ -669,6 +782,18 @@ def test_corrupt_snappy_read_request_is_400():
 )
 def test_response_type_negotiation(accepted, chosen):
     assert negotiate_response_type(accepted) == chosen
+
+
+@pytest.mark.parametrize(
+    "accepted, chosen",
+    [
+        ([STREAMED_XOR_CHUNKS, SAMPLES], SAMPLES),
+        ([STREAMED_XOR_CHUNKS], STREAMED_XOR_CHUNKS),
+        ([], SAMPLES),
+    ],
+)
+def test_answers_with_histograms_are_samples_when_the_client_accepts_them(accepted, chosen):
+    assert negotiate_response_type(accepted, has_histograms=True) == chosen
 
 
 def test_unknown_response_types_are_kept_and_refused():
@@ -801,6 +926,32 @@ def test_samples_answer_with_exemplars_is_what_protobuf_serializes():
     assert encoded == expected.SerializeToString()
     exemplar_bytes = f_bytes(3, f_bytes(1, label("a", "b")) + f_bytes(1, label("trace_id", "t1")) + f_double_bits(2, STALE_NAN_BITS) + f_varint(3, 999))
     assert f_bytes(2, sample(1.0, 1000)) + exemplar_bytes in encoded
+
+
+def test_samples_answer_with_histograms_is_what_protobuf_serializes():
+    """Histograms (field 4 of TimeSeries) follow the exemplars, each the stored bytes as they are;
+    a series may have histograms only."""
+    from protocols.prometheus import remote_pb2
+
+    stored = [Histogram(1000, data) for data in VALID_HISTOGRAMS.values()]
+    results = [[
+        ({"__name__": "h"}, [(1000, 1.0)], [Exemplar({"trace_id": "t"}, 0.5, 999)], stored),
+        ({"__name__": "only_histograms"}, [], [], stored[:1]),
+    ]]
+    expected = remote_pb2.ReadResponse()
+    result = expected.results.add()
+    for labels, samples, exemplars, histograms in results[0]:
+        series = result.timeseries.add()
+        series.labels.add(name="__name__", value=labels["__name__"])
+        for timestamp, value in samples:
+            series.samples.add(timestamp=timestamp, value=value)
+        for exemplar in exemplars:
+            series.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp).labels.add(name="trace_id", value="t")
+        for histogram in histograms:
+            series.histograms.add().ParseFromString(histogram.data)
+    encoded = unsnappy(encode_read_response(results))
+    assert encoded == expected.SerializeToString()
+    assert [h.SerializeToString() for h in expected.results[0].timeseries[0].histograms] == [h.data for h in stored]
 
 
 # --- remote read: STREAMED_XOR_CHUNKS ---------------------------------------------

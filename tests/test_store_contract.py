@@ -11,7 +11,7 @@ from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
-from gateway.store.contract import ExemplarRow, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
+from gateway.store.contract import ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
 from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_blocks, read_head
@@ -334,3 +334,31 @@ async def test_exemplars_of_many_series_over_many_slots(store, tenant):
     assert [[(r.series_set_hash, r.timestamp_ms, r.value) for r in rows] for rows in found] == [
         [(h, HOUR + i, float(i)), (h, 5 * HOUR + i, float(i))] for i, h in reversed(list(enumerate(hashes)))
     ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_histograms_round_trip_bit_exact_per_series(store, tenant):
+    """Bytes come back as written; each series gets its own list, oldest first, in the order of
+    the hashes asked, over an inclusive range across slots; a rewrite of a timestamp replaces it."""
+    a = [HistogramRow(tenant, "a", HOUR - 1, bytes(range(256))), HistogramRow(tenant, "a", HOUR, b"\x00"), HistogramRow(tenant, "a", 3 * HOUR, b"")]
+    b = [HistogramRow(tenant, "b", HOUR, b"\x08\x03")]
+    await store.write_histograms(list(reversed(a)) + b)
+    assert await store.read_histograms(tenant, ["b", "missing", "a"], HOUR - 1, 3 * HOUR) == [b, [], a]
+    assert await store.read_histograms(tenant, ["a"], HOUR, 3 * HOUR - 1) == [[a[1]]]
+    assert await store.read_histograms(tenant, ["a"], HOUR, HOUR - 1) == [[]]
+    await store.write_histograms([HistogramRow(tenant, "a", HOUR, b"\x01")])
+    assert await store.read_histograms(tenant, ["a"], HOUR, HOUR) == [[HistogramRow(tenant, "a", HOUR, b"\x01")]]
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_sweep_deletes_histograms_past_the_raw_retention(tmp_path, tenant):
+    """Cassandra expires them by TTL (test_cassandra.py); SQLite's sweep, by slot as blocks."""
+    store = SQLiteStore(tmp_path / "sweep.db", Layout(raw_retention_ms=2 * HOUR))
+    await store.start()
+    try:
+        await store.write_histograms([HistogramRow(tenant, "a", t, b"h") for t in (HOUR, 2 * HOUR, 3 * HOUR)])
+        await store.sweep(4 * HOUR)
+        (found,) = await store.read_histograms(tenant, ["a"], 0, 4 * HOUR)
+        assert [r.timestamp_ms for r in found] == [2 * HOUR, 3 * HOUR]
+    finally:
+        await store.close()

@@ -61,14 +61,23 @@ def _bucket_rows(tenant: str, series_set_hash: str, kind: str, buckets: dict[int
                 previous = value
             rows.append(Rollup(tenant, series_set_hash, start, last=values[-1], increase=increase))
         elif kind == DELTA_COUNTER:
-            rows.append(Rollup(tenant, series_set_hash, start, sum=math.fsum(values), count=len(values)))
+            rows.append(Rollup(tenant, series_set_hash, start, sum=_sum(values), count=len(values)))
         elif kind == MIN_ONLY:
             rows.append(Rollup(tenant, series_set_hash, start, min=min(values), count=len(values)))
         elif kind == MAX_ONLY:
             rows.append(Rollup(tenant, series_set_hash, start, max=max(values), count=len(values)))
         else:
-            rows.append(Rollup(tenant, series_set_hash, start, min=min(values), max=max(values), sum=math.fsum(values), count=len(values)))
+            rows.append(Rollup(tenant, series_set_hash, start, min=min(values), max=max(values), sum=_sum(values), count=len(values)))
     return rows
+
+
+def _sum(values: Sequence[float]) -> float:
+    """An exact sum, NaN where +Inf meets -Inf (as in PromQL): math.fsum raises there, which
+    stopped the roll-up of a series holding both (the compliance suite sends both)."""
+    try:
+        return math.fsum(values)
+    except ValueError:
+        return math.nan
 
 
 def roll_up(
@@ -106,8 +115,8 @@ def _combine(start: int, rows: list[Rollup]) -> Rollup:
         timestamp_ms=start,
         min=min(mins) if mins else None,
         max=max(maxes) if maxes else None,
-        sum=math.fsum(sums) if sums else None,
+        sum=_sum(sums) if sums else None,
         count=sum(counts) if counts else None,
-        increase=math.fsum(increases) if increases else None,
+        increase=_sum(increases) if increases else None,
         last=lasts[-1] if lasts else None,
     )

@@ -17,7 +17,7 @@ from gateway import metrics
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import SeenSeries
-from gateway.model import NAME_TAG, ExemplarSample, Sample
+from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
 from gateway.read_path import clamp_range
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.read_path import READ_BATCH
@@ -89,23 +89,26 @@ class PrometheusAPI:
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
             raise HTTPError(error.status, error.message) from None
-        if batch.histograms_skipped:
-            metrics.PROMETHEUS_SKIPPED.labels("native_histogram").inc(batch.histograms_skipped)
-        samples, exemplars = [], []
+        samples, histograms, exemplars = [], [], []
         for series in batch.series:
             tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
             name = series.labels[NAME_TAG]
             samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
+            if series.histograms:
+                histograms.extend(HistogramSample(tenant, name, tags, h.timestamp, h.data) for h in series.histograms)
             if series.exemplars:
                 exemplars.extend(ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars)
         await self._write_metadata(tenant, batch)
         result = await self.pipeline.ingest("prometheus", samples)
+        native = await self.pipeline.ingest_histograms("prometheus", histograms)
         stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
-        headers = prometheus.v2_written_headers(batch, result.accepted, stored.accepted) if batch.version == 2 else {}
+        headers = prometheus.v2_written_headers(batch, result.accepted, stored.accepted, native.accepted) if batch.version == 2 else {}
+        parts = (("samples", result, samples), ("native histograms", native, histograms), ("exemplars", stored, exemplars))
         problems = [
-            f"{len(rejected)} of {total} {kind} rejected: " + "; ".join(f"{r.field}: {r.problem}" for r in rejected[:MAX_REPORTED_REJECTS])
-            for kind, rejected, total in (("samples", result.rejected, len(samples)), ("exemplars", stored.rejected, len(exemplars)))
-            if rejected
+            f"{len(outcome.rejected)} of {len(sent)} {kind} rejected: "
+            + "; ".join(f"{r.field}: {r.problem}" for r in outcome.rejected[:MAX_REPORTED_REJECTS])
+            for kind, outcome, sent in parts
+            if outcome.rejected
         ]
         if problems:
             message = f"{'; '.join(problems)}; the others were written"
@@ -136,30 +139,41 @@ class PrometheusAPI:
         body = read_body(request)
         try:
             read_request = prometheus.decode_read_request(body, self.max_decompressed_bytes)
-            response_type = prometheus.negotiate_response_type(read_request.accepted_response_types)
+            prometheus.negotiate_response_type(read_request.accepted_response_types)  # a 400 before reading
         except prometheus.RemoteReadError as error:
             raise HTTPError(error.status, error.message) from None
         selections = [await self._select(tenant, query) for query in read_request.queries]
+        histograms = [
+            await self._attached(self.store.read_histograms, tenant, selection, query, lambda row: prometheus.Histogram(row.timestamp_ms, row.data))
+            for query, selection in zip(read_request.queries, selections)
+        ]
+        if sum(len(rows) for found in histograms for rows in found) > self.max_samples_per_query:
+            raise QueryTooLarge(
+                f"the query reads more than {self.max_samples_per_query} native histograms (--max-samples-per-query); narrow it"
+            )
         # Everything is read (at most --max-samples-per-query a query) before the status is sent,
         # so a query over the limit is a 422 for streamed answers too, never a cut stream.
         answers = []
         for query, selection in zip(read_request.queries, selections):
             answers.append([item async for item in self._read(selection, query)])
+        response_type = prometheus.negotiate_response_type(read_request.accepted_response_types, any(map(any, histograms)))
         if response_type == prometheus.SAMPLES:
-            with_exemplars = []
-            for query, selection, answer in zip(read_request.queries, selections, answers):
+            complete = []
+            for query, selection, answer, native in zip(read_request.queries, selections, answers, histograms):
                 found = {_label_key(labels): samples for labels, samples in answer}
-                exemplars = await self._exemplars(tenant, selection, query)
-                with_exemplars.append(
+                exemplars = await self._attached(
+                    self.store.read_exemplars, tenant, selection, query, lambda row: prometheus.Exemplar(row.labels, row.value, row.timestamp_ms)
+                )
+                complete.append(
                     [
-                        (labels, found.get(_label_key(labels), ()), rows)
-                        for (labels, _), rows in zip(selection, exemplars)
-                        if rows or _label_key(labels) in found
+                        (labels, found.get(_label_key(labels), ()), rows, native_rows)
+                        for (labels, _), rows, native_rows in zip(selection, exemplars, native)
+                        if rows or native_rows or _label_key(labels) in found
                     ]
                 )
             return Response(
                 200,
-                await threads.deferToThread(prometheus.encode_read_response, with_exemplars),
+                await threads.deferToThread(prometheus.encode_read_response, complete),
                 prometheus.SAMPLES_CONTENT_TYPE,
                 {"Content-Encoding": "snappy"},
             )
@@ -189,15 +203,17 @@ class PrometheusAPI:
                 if len(read.samples):
                     yield labels, read.samples
 
-    async def _exemplars(self, tenant: str, selection, query) -> list[list[prometheus.Exemplar]]:
-        """The exemplars of each selected series in the query's range (SAMPLES answers carry them;
-        streamed chunks have no place for them)."""
+    async def _attached(self, read, tenant: str, selection, query, convert) -> list[list]:
+        """What the store keeps beside the samples of each selected series (``read`` is
+        read_exemplars or read_histograms) in the query's range, one list a series. SAMPLES
+        answers carry both; streamed chunks have no place for exemplars, and tsgate writes no
+        histogram chunks (negotiate_response_type)."""
         found = []
         start_ms, end_ms = clamp_range(query.start_ms, query.end_ms)
         for start in range(0, len(selection), READ_BATCH):
             part = [key.series_set_hash for _, key in selection[start : start + READ_BATCH]]
-            for rows in await self.store.read_exemplars(tenant, part, start_ms, end_ms):
-                found.append([prometheus.Exemplar(row.labels, row.value, row.timestamp_ms) for row in rows])
+            for rows in await read(tenant, part, start_ms, end_ms):
+                found.append([convert(row) for row in rows])
         return found
 
     @staticmethod

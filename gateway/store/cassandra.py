@@ -35,7 +35,7 @@ from gateway.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
 from gateway.store.contract import (
-    ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, ExemplarRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store,
+    ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store,
     StoreUnavailable, exemplar_labels_text, exemplars_in_range, time_slot, time_slots,
 )
 from gateway.store.index import index_rows
@@ -95,9 +95,9 @@ SEAL_CLOCK_MARGIN_MS = 60_000
 # cost per request, not Cassandra, was most of a read of many series.
 READ_SERIES_PER_REQUEST = 64
 
-# Partitions (series x slots, two INs on the partition key) whose exemplars one request reads:
-# a remote read of many series over a few slots costs a few requests, not one a series.
-EXEMPLAR_PARTITIONS_PER_REQUEST = 256
+# Series-slots (partitions: two INs on the partition key) whose exemplars or histograms one request
+# reads: a remote read of many series over a few slots costs a few requests, not one a series.
+PARTITIONS_PER_REQUEST = 256
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
 # namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.md).
@@ -365,6 +365,8 @@ class CassandraStore(Store):
                 f"SELECT series_set_hash, ts, value, labels FROM {ks}.exemplars WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ?"
                 f" PER PARTITION LIMIT {self.layout.max_exemplars_per_series}"
             ),
+            "write_histogram": f"INSERT INTO {ks}.histograms (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?)",
+            "read_histograms": f"SELECT series_set_hash, ts, data FROM {ks}.histograms WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
             "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
@@ -605,17 +607,9 @@ class CassandraStore(Store):
     def read_exemplars(self, tenant, hashes, start_ms, end_ms):
         """The newest ``max_exemplars_per_series`` of each slot (PER PARTITION LIMIT over the
         clustering order ts DESC, labels ASC), then those in the range: what SQLite keeps. Up to
-        EXEMPLAR_PARTITIONS_PER_REQUEST series-slots a request."""
+        PARTITIONS_PER_REQUEST series-slots a request."""
         hashes = list(hashes)
-        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
-        slot_chunk = max(1, min(len(slots), EXEMPLAR_PARTITIONS_PER_REQUEST))
-        series_chunk = max(1, EXEMPLAR_PARTITIONS_PER_REQUEST // slot_chunk)
-        statement = self._statements["read_exemplars"]
-        requests = [
-            (statement, (tenant, hashes[i : i + series_chunk], slots[j : j + slot_chunk]))
-            for i in range(0, len(hashes), series_chunk)
-            for j in range(0, len(slots), slot_chunk)
-        ]
+        requests = self._partition_requests(self._statements["read_exemplars"], tenant, hashes, start_ms, end_ms)
 
         def collect(pages):
             rows: dict[str, list[ExemplarRow]] = {hash_: [] for hash_ in hashes}
@@ -623,6 +617,37 @@ class CassandraStore(Store):
                 for hash_, ts, value, labels in page:
                     rows[hash_].append(ExemplarRow(tenant, hash_, ts, value, json.loads(labels)))
             return [exemplars_in_range(rows[hash_], start_ms, end_ms) for hash_ in hashes]
+
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
+
+    def _partition_requests(self, statement, tenant, hashes, start_ms, end_ms, *more):
+        """Requests of up to PARTITIONS_PER_REQUEST series-slots of an inclusive range:
+        (tenant, hashes, slots, *more) for a statement whose partitions are series-slots."""
+        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
+        slot_chunk = max(1, min(len(slots), PARTITIONS_PER_REQUEST))
+        series_chunk = max(1, PARTITIONS_PER_REQUEST // slot_chunk)
+        return [
+            (statement, (tenant, hashes[i : i + series_chunk], slots[j : j + slot_chunk], *more))
+            for i in range(0, len(hashes), series_chunk)
+            for j in range(0, len(slots), slot_chunk)
+        ]
+
+    def write_histograms(self, histograms):
+        """Rows with the table's TTL (--raw-retention)."""
+        statement, width = self._statements["write_histogram"], self.slot_width_ms
+        requests = [(statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data)) for h in histograms]
+        return self._execute_all(self._batched(requests))
+
+    def read_histograms(self, tenant, hashes, start_ms, end_ms):
+        hashes = list(hashes)
+        requests = self._partition_requests(self._statements["read_histograms"], tenant, hashes, start_ms, end_ms, start_ms, end_ms)
+
+        def collect(pages):
+            rows: dict[str, list[HistogramRow]] = {hash_: [] for hash_ in hashes}
+            for page in pages:
+                for hash_, ts, data in page:
+                    rows[hash_].append(HistogramRow(tenant, hash_, ts, bytes(data)))
+            return [sorted(rows[hash_], key=lambda row: row.timestamp_ms) for hash_ in hashes]
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
 

@@ -172,6 +172,17 @@ def table_statements(options: SchemaOptions) -> list[str]:
         f"    AND compaction = {_twcs(window)}\n"
         f"    AND default_time_to_live = {ttl_s}\n"
         "    AND gc_grace_seconds = 10800",
+        f"CREATE TABLE IF NOT EXISTS {ks}.histograms (\n"
+        "    tenant text,\n"
+        "    series_set_hash text,\n"
+        "    time_slot bigint,\n"
+        "    ts bigint,\n"
+        "    data blob,\n"
+        "    PRIMARY KEY ((tenant, series_set_hash, time_slot), ts)\n"
+        ") WITH CLUSTERING ORDER BY (ts ASC)\n"
+        f"    AND compaction = {_twcs(window)}\n"
+        f"    AND default_time_to_live = {ttl_s}\n"
+        "    AND gc_grace_seconds = 10800",
         f"CREATE TABLE IF NOT EXISTS {ks}.exemplars (\n"
         "    tenant text,\n"
         "    series_set_hash text,\n"
@@ -223,6 +234,9 @@ def upgrade_statements(options: SchemaOptions) -> list[str]:
         f"    WITH compaction = {_twcs(options.slot_width_ms)}\n"
         f"    AND default_time_to_live = {head_ttl_s}",
         f"ALTER TABLE {options.keyspace}.data_blocks\n"
+        f"    WITH compaction = {_twcs(window)}\n"
+        f"    AND default_time_to_live = {options.raw_retention_ms // 1000}",
+        f"ALTER TABLE {options.keyspace}.histograms\n"
         f"    WITH compaction = {_twcs(window)}\n"
         f"    AND default_time_to_live = {options.raw_retention_ms // 1000}",
         f"ALTER TABLE {options.keyspace}.exemplars\n"

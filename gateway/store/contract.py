@@ -27,6 +27,9 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          series, kept ``--exemplar-retention``; a read gives at most the newest
                          ``--max-exemplars-per-series`` of each slot (SQLite deletes the older ones
                          as it writes, Cassandra leaves them to their TTL).
+- ``histograms``         (tenant, hash, time_slot) -> (ts, data): Prometheus native histogram samples
+                         of a series, each the bytes of its prometheus.Histogram message, kept the
+                         raw retention and never rolled up (docs/downsampling.rst).
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
                          waiting for the downsampler when there is no Redis (seed 000).
 
@@ -62,6 +65,15 @@ class ExemplarRow(NamedTuple):
     timestamp_ms: int
     value: float
     labels: dict[str, str]
+
+
+class HistogramRow(NamedTuple):
+    """One native histogram sample of a series: its timestamp and prometheus.Histogram bytes."""
+
+    tenant: str
+    series_set_hash: str
+    timestamp_ms: int
+    data: bytes
 
 
 def exemplar_labels_text(labels: dict[str, str]) -> str:
@@ -256,8 +268,18 @@ class Store(abc.ABC):
         stored (newest by timestamp, then the smallest label text) are candidates."""
 
     @abc.abstractmethod
+    def write_histograms(self, histograms: Sequence[HistogramRow]) -> Deferred:
+        """Upsert native histogram samples (one row per series and timestamp; the last wins),
+        kept ``layout.raw_retention_ms``; fire once the store has accepted all of them."""
+
+    @abc.abstractmethod
+    def read_histograms(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Fire with one list of HistogramRow per series (in the order of ``hashes``) in an
+        inclusive range, oldest first."""
+
+    @abc.abstractmethod
     def sweep(self, now_ms: int) -> Deferred:
-        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars); a no-op
+        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars, histograms); a no-op
         where the store expires data by itself (Cassandra TTLs)."""
 
     @abc.abstractmethod

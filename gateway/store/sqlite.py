@@ -2,8 +2,8 @@
 
 The tables mirror the Cassandra ones column for column (see contract.py), with two differences
 that stand in for Cassandra's TTLs: sealing a slot deletes the head rows it sealed, in the same
-transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups and exemplars
-past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
+transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups, exemplars and
+histograms past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
 blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows). SQLite
 calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
 small pool of readers, each thread with its own connection.
@@ -28,13 +28,13 @@ from gateway import samples
 from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.contract import (
-    ROLLUP_COLUMNS, ExemplarRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store, StoreUnavailable,
+    ROLLUP_COLUMNS, ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store, StoreUnavailable,
     exemplar_labels_text, exemplars_in_range, time_slot,
 )
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 ROLLUP_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -143,6 +143,14 @@ CREATE TABLE IF NOT EXISTS exemplars (
     labels TEXT NOT NULL,
     value REAL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts, labels)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS histograms (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS store_identity (
     id TEXT NOT NULL
@@ -436,6 +444,27 @@ class SQLiteStore(Store):
 
         return self._read(read)
 
+    def write_histograms(self, histograms):
+        width = self.slot_width_ms
+        rows = [(h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms]
+        return self._write(_transaction_of, "INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?)", rows)
+
+    def read_histograms(self, tenant, hashes, start_ms, end_ms):
+        hashes = list(hashes)
+        query = (
+            "SELECT ts, data FROM histograms WHERE tenant=? AND series_set_hash=?"
+            " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
+        )
+        slots = (time_slot(start_ms, self.slot_width_ms), time_slot(end_ms, self.slot_width_ms))
+
+        def read(connection):
+            return [
+                [HistogramRow(tenant, hash_, ts, bytes(data)) for ts, data in connection.execute(query, (tenant, hash_, *slots, start_ms, end_ms))]
+                for hash_ in hashes
+            ]
+
+        return self._read(read)
+
     def sweep(self, now_ms):
         return self._write(_sweep, self.layout, now_ms)
 
@@ -557,12 +586,13 @@ def _write_exemplars(connection, rows: list[tuple], keep: int) -> None:
 
 
 def _sweep(connection, layout: Layout, now_ms: int) -> None:
-    """Delete blocks and head rows older than the raw retention, and roll-ups and exemplars older
+    """Delete blocks, head rows and histograms older than the raw retention, and roll-ups and exemplars older
     than theirs (by the samples' time), then return the freed pages to the file system."""
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
     statements = [
         ("DELETE FROM data_raw WHERE time_slot < ?", [(raw_before,)]),
         ("DELETE FROM data_blocks WHERE time_slot < ?", [(raw_before,)]),
+        ("DELETE FROM histograms WHERE time_slot < ?", [(raw_before,)]),
         ("DELETE FROM exemplars WHERE ts < ?", [(now_ms - layout.exemplar_retention_ms,)]),
     ]
     for granularity in layout.granularities:

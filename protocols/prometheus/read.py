@@ -137,8 +137,14 @@ def decode_read_request(body: bytes, max_decompressed_bytes: int) -> ReadRequest
     return ReadRequest(queries=queries, accepted_response_types=accepted)
 
 
-def negotiate_response_type(accepted_response_types: Sequence[str]) -> str:
-    """Pick the first response type we support; none listed means SAMPLES (400 if none fit)."""
+def negotiate_response_type(accepted_response_types: Sequence[str], has_histograms: bool = False) -> str:
+    """Pick the first response type we support; none listed means SAMPLES (400 if none fit).
+
+    tsgate's STREAMED_XOR_CHUNKS answers carry float samples only (no histogram chunk
+    encodings), so an answer holding native histograms is SAMPLES when the client accepts it,
+    as Prometheus's own remote read client does (it lists both)."""
+    if has_histograms and SAMPLES in accepted_response_types:
+        return SAMPLES
     if not accepted_response_types:
         return SAMPLES
     for response_type in accepted_response_types:
@@ -185,9 +191,11 @@ def _add_labels(container, labels: Mapping[str, str]) -> None:
 
 def encode_read_response(results) -> bytes:
     """Build the SAMPLES answer: one QueryResult per query, in request order; each series is
-    (labels, samples) or (labels, samples, exemplars), samples being [(timestamp_ms, value), ...]
-    or anything with numpy ``timestamps`` and ``values`` arrays, exemplars objects with
-    ``labels``, ``value`` and ``timestamp`` (write.Exemplar). The bytes are those protobuf's
+    (labels, samples), (labels, samples, exemplars) or (labels, samples, exemplars, histograms),
+    samples being [(timestamp_ms, value), ...] or anything with numpy ``timestamps`` and
+    ``values`` arrays, exemplars objects with ``labels``, ``value`` and ``timestamp``
+    (write.Exemplar), histograms objects with ``data``, a prometheus.Histogram message as
+    protobuf serialises it (write.Histogram). The bytes are those protobuf's
     SerializeToString writes, with the samples encoded by numpy rather than one protobuf call a
     sample (millions of samples in a large read)."""
     return compress_block(b"".join(_field(1, _query_result(series_list)) for series_list in results))
@@ -195,15 +203,17 @@ def encode_read_response(results) -> bytes:
 
 def _query_result(series_list) -> bytes:
     parts = []
-    for labels, samples, *exemplars in series_list:
+    for labels, samples, *extras in series_list:
         message = types_pb2.TimeSeries()
         _add_labels(message.labels, labels)
         timestamps, values = _sample_arrays(samples)
-        parts.append(_field(1, message.SerializeToString() + _encoded_samples(timestamps, values) + _encoded_exemplars(*exemplars)))
+        exemplars, histograms = (*extras, (), ())[:2]
+        encoded = message.SerializeToString() + _encoded_samples(timestamps, values) + _encoded_exemplars(exemplars)
+        parts.append(_field(1, encoded + b"".join(_field(4, histogram.data) for histogram in histograms)))
     return b"".join(parts)
 
 
-def _encoded_exemplars(exemplars=()) -> bytes:
+def _encoded_exemplars(exemplars) -> bytes:
     """``Exemplar`` fields (number 3 of TimeSeries, after the samples as protobuf orders them):
     few per series, so written by protobuf itself."""
     message = types_pb2.TimeSeries()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protocols/prometheus/types.proto\x12\nprometheus\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"*\n\x06Sample\x12\r\n\x05value\x18\x01 \x01(\x01\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\"O\n\x08\x45xemplar\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.prometheus.Label\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\"p\n\tHistogram\x12\x13\n\tcount_int\x18\x01 \x01(\x04H\x00\x12\x15\n\x0b\x63ount_float\x18\x02 \x01(\x01H\x00\x12\x0b\n\x03sum\x18\x03 \x01(\x01\x12\x0e\n\x06schema\x18\x04 \x01(\x11\x12\x11\n\ttimestamp\x18\x0f \x01(\x03\x42\x07\n\x05\x63ount\"\xa8\x01\n\nTimeSeries\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.prometheus.Label\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.prometheus.Sample\x12\'\n\texemplars\x18\x03 \x03(\x0b\x32\x14.prometheus.Exemplar\x12)\n\nhistograms\x18\x04 \x03(\x0b\x32\x15.prometheus.Histogram\"\xf8\x01\n\x0eMetricMetadata\x12\x33\n\x04type\x18\x01 \x01(\x0e\x32%.prometheus.MetricMetadata.MetricType\x12\x1a\n\x12metric_family_name\x18\x02 \x01(\t\x12\x0c\n\x04help\x18\x04 \x01(\t\x12\x0c\n\x04unit\x18\x05 \x01(\t\"y\n\nMetricType\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07\x43OUNTER\x10\x01\x12\t\n\x05GAUGE\x10\x02\x12\r\n\tHISTOGRAM\x10\x03\x12\x12\n\x0eGAUGEHISTOGRAM\x10\x04\x12\x0b\n\x07SUMMARY\x10\x05\x12\x08\n\x04INFO\x10\x06\x12\x0c\n\x08STATESET\x10\x07\"\x82\x01\n\x0cLabelMatcher\x12+\n\x04type\x18\x01 \x01(\x0e\x32\x1d.prometheus.LabelMatcher.Type\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\"(\n\x04Type\x12\x06\n\x02\x45Q\x10\x00\x12\x07\n\x03NEQ\x10\x01\x12\x06\n\x02RE\x10\x02\x12\x07\n\x03NRE\x10\x03\"|\n\tReadHints\x12\x0f\n\x07step_ms\x18\x01 \x01(\x03\x12\x0c\n\x04\x66unc\x18\x02 \x01(\t\x12\x10\n\x08start_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x04 \x01(\x03\x12\x10\n\x08grouping\x18\x05 \x03(\t\x12\n\n\x02\x62y\x18\x06 \x01(\x08\x12\x10\n\x08range_ms\x18\x07 \x01(\x03\"\xaf\x01\n\x05\x43hunk\x12\x13\n\x0bmin_time_ms\x18\x01 \x01(\x03\x12\x13\n\x0bmax_time_ms\x18\x02 \x01(\x03\x12(\n\x04type\x18\x03 \x01(\x0e\x32\x1a.prometheus.Chunk.Encoding\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"D\n\x08\x45ncoding\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x07\n\x03XOR\x10\x01\x12\r\n\tHISTOGRAM\x10\x02\x12\x13\n\x0f\x46LOAT_HISTOGRAM\x10\x03\"U\n\rChunkedSeries\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.prometheus.Label\x12!\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x11.prometheus.Chunkb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protocols/prometheus/types.proto\x12\nprometheus\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"*\n\x06Sample\x12\r\n\x05value\x18\x01 \x01(\x01\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\"O\n\x08\x45xemplar\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.prometheus.Label\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\"\x92\x04\n\tHistogram\x12\x13\n\tcount_int\x18\x01 \x01(\x04H\x00\x12\x15\n\x0b\x63ount_float\x18\x02 \x01(\x01H\x00\x12\x0b\n\x03sum\x18\x03 \x01(\x01\x12\x0e\n\x06schema\x18\x04 \x01(\x11\x12\x16\n\x0ezero_threshold\x18\x05 \x01(\x01\x12\x18\n\x0ezero_count_int\x18\x06 \x01(\x04H\x01\x12\x1a\n\x10zero_count_float\x18\x07 \x01(\x01H\x01\x12.\n\x0enegative_spans\x18\x08 \x03(\x0b\x32\x16.prometheus.BucketSpan\x12\x17\n\x0fnegative_deltas\x18\t \x03(\x12\x12\x17\n\x0fnegative_counts\x18\n \x03(\x01\x12.\n\x0epositive_spans\x18\x0b \x03(\x0b\x32\x16.prometheus.BucketSpan\x12\x17\n\x0fpositive_deltas\x18\x0c \x03(\x12\x12\x17\n\x0fpositive_counts\x18\r \x03(\x01\x12\x33\n\nreset_hint\x18\x0e \x01(\x0e\x32\x1f.prometheus.Histogram.ResetHint\x12\x11\n\ttimestamp\x18\x0f \x01(\x03\x12\x15\n\rcustom_values\x18\x10 \x03(\x01\"4\n\tResetHint\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x07\n\x03YES\x10\x01\x12\x06\n\x02NO\x10\x02\x12\t\n\x05GAUGE\x10\x03\x42\x07\n\x05\x63ountB\x0c\n\nzero_count\",\n\nBucketSpan\x12\x0e\n\x06offset\x18\x01 \x01(\x11\x12\x0e\n\x06length\x18\x02 \x01(\r\"\xa8\x01\n\nTimeSeries\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.prometheus.Label\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.prometheus.Sample\x12\'\n\texemplars\x18\x03 \x03(\x0b\x32\x14.prometheus.Exemplar\x12)\n\nhistograms\x18\x04 \x03(\x0b\x32\x15.prometheus.Histogram\"\xf8\x01\n\x0eMetricMetadata\x12\x33\n\x04type\x18\x01 \x01(\x0e\x32%.prometheus.MetricMetadata.MetricType\x12\x1a\n\x12metric_family_name\x18\x02 \x01(\t\x12\x0c\n\x04help\x18\x04 \x01(\t\x12\x0c\n\x04unit\x18\x05 \x01(\t\"y\n\nMetricType\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07\x43OUNTER\x10\x01\x12\t\n\x05GAUGE\x10\x02\x12\r\n\tHISTOGRAM\x10\x03\x12\x12\n\x0eGAUGEHISTOGRAM\x10\x04\x12\x0b\n\x07SUMMARY\x10\x05\x12\x08\n\x04INFO\x10\x06\x12\x0c\n\x08STATESET\x10\x07\"\x82\x01\n\x0cLabelMatcher\x12+\n\x04type\x18\x01 \x01(\x0e\x32\x1d.prometheus.LabelMatcher.Type\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\"(\n\x04Type\x12\x06\n\x02\x45Q\x10\x00\x12\x07\n\x03NEQ\x10\x01\x12\x06\n\x02RE\x10\x02\x12\x07\n\x03NRE\x10\x03\"|\n\tReadHints\x12\x0f\n\x07step_ms\x18\x01 \x01(\x03\x12\x0c\n\x04\x66unc\x18\x02 \x01(\t\x12\x10\n\x08start_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x04 \x01(\x03\x12\x10\n\x08grouping\x18\x05 \x03(\t\x12\n\n\x02\x62y\x18\x06 \x01(\x08\x12\x10\n\x08range_ms\x18\x07 \x01(\x03\"\xaf\x01\n\x05\x43hunk\x12\x13\n\x0bmin_time_ms\x18\x01 \x01(\x03\x12\x13\n\x0bmax_time_ms\x18\x02 \x01(\x03\x12(\n\x04type\x18\x03 \x01(\x0e\x32\x1a.prometheus.Chunk.Encoding\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"D\n\x08\x45ncoding\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x07\n\x03XOR\x10\x01\x12\r\n\tHISTOGRAM\x10\x02\x12\x13\n\x0f\x46LOAT_HISTOGRAM\x10\x03\"U\n\rChunkedSeries\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.prometheus.Label\x12!\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x11.prometheus.Chunkb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,24 +37,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLE']._serialized_end=128
   _globals['_EXEMPLAR']._serialized_start=130
   _globals['_EXEMPLAR']._serialized_end=209
-  _globals['_HISTOGRAM']._serialized_start=211
-  _globals['_HISTOGRAM']._serialized_end=323
-  _globals['_TIMESERIES']._serialized_start=326
-  _globals['_TIMESERIES']._serialized_end=494
-  _globals['_METRICMETADATA']._serialized_start=497
-  _globals['_METRICMETADATA']._serialized_end=745
-  _globals['_METRICMETADATA_METRICTYPE']._serialized_start=624
-  _globals['_METRICMETADATA_METRICTYPE']._serialized_end=745
-  _globals['_LABELMATCHER']._serialized_start=748
-  _globals['_LABELMATCHER']._serialized_end=878
-  _globals['_LABELMATCHER_TYPE']._serialized_start=838
-  _globals['_LABELMATCHER_TYPE']._serialized_end=878
-  _globals['_READHINTS']._serialized_start=880
-  _globals['_READHINTS']._serialized_end=1004
-  _globals['_CHUNK']._serialized_start=1007
-  _globals['_CHUNK']._serialized_end=1182
-  _globals['_CHUNK_ENCODING']._serialized_start=1114
-  _globals['_CHUNK_ENCODING']._serialized_end=1182
-  _globals['_CHUNKEDSERIES']._serialized_start=1184
-  _globals['_CHUNKEDSERIES']._serialized_end=1269
+  _globals['_HISTOGRAM']._serialized_start=212
+  _globals['_HISTOGRAM']._serialized_end=742
+  _globals['_HISTOGRAM_RESETHINT']._serialized_start=667
+  _globals['_HISTOGRAM_RESETHINT']._serialized_end=719
+  _globals['_BUCKETSPAN']._serialized_start=744
+  _globals['_BUCKETSPAN']._serialized_end=788
+  _globals['_TIMESERIES']._serialized_start=791
+  _globals['_TIMESERIES']._serialized_end=959
+  _globals['_METRICMETADATA']._serialized_start=962
+  _globals['_METRICMETADATA']._serialized_end=1210
+  _globals['_METRICMETADATA_METRICTYPE']._serialized_start=1089
+  _globals['_METRICMETADATA_METRICTYPE']._serialized_end=1210
+  _globals['_LABELMATCHER']._serialized_start=1213
+  _globals['_LABELMATCHER']._serialized_end=1343
+  _globals['_LABELMATCHER_TYPE']._serialized_start=1303
+  _globals['_LABELMATCHER_TYPE']._serialized_end=1343
+  _globals['_READHINTS']._serialized_start=1345
+  _globals['_READHINTS']._serialized_end=1469
+  _globals['_CHUNK']._serialized_start=1472
+  _globals['_CHUNK']._serialized_end=1647
+  _globals['_CHUNK_ENCODING']._serialized_start=1579
+  _globals['_CHUNK_ENCODING']._serialized_end=1647
+  _globals['_CHUNKEDSERIES']._serialized_start=1649
+  _globals['_CHUNKEDSERIES']._serialized_end=1734
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@ receiver to refuse a request that holds any invalid sample), so a caller
 either stores everything in the returned batch or nothing.
 """
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ METRIC_NAME_LABEL = "__name__"
 # Prometheus's bound on an exemplar's label set: names and values together, in characters.
 MAX_EXEMPLAR_LABELS_LENGTH = 128
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Native histogram schemas Prometheus accepts: exponential -4..8, and -53 (custom bucket bounds, NHCB).
+MIN_EXPONENTIAL_SCHEMA, MAX_EXPONENTIAL_SCHEMA = -4, 8
+CUSTOM_BUCKETS_SCHEMA = -53
 
 _V1_TYPE_NAMES = {
     value.number: value.name.lower()
@@ -52,6 +56,15 @@ class Exemplar(NamedTuple):
     timestamp: int
 
 
+@dataclass(frozen=True)
+class Histogram:
+    """A native histogram sample: its timestamp (ms) and the bytes of its prometheus.Histogram
+    message (types.proto, as protobuf serialises it), which tsgate stores and returns as is."""
+
+    timestamp: int
+    data: bytes
+
+
 @dataclass
 class Series:
     """One time series; `labels` includes `__name__`, samples are (timestamp_ms, value)."""
@@ -62,6 +75,7 @@ class Series:
     help: str = ""  # v2 only
     unit: str = ""  # v2 only
     exemplars: list[Exemplar] = field(default_factory=list)
+    histograms: list[Histogram] = field(default_factory=list)
 
 
 @dataclass
@@ -81,7 +95,6 @@ class WriteBatch:
     version: int
     series: list[Series] = field(default_factory=list)
     metadata: list[MetricMetadata] = field(default_factory=list)
-    histograms_skipped: int = 0
 
     @property
     def sample_count(self) -> int:
@@ -90,6 +103,10 @@ class WriteBatch:
     @property
     def exemplar_count(self) -> int:
         return sum(len(series.exemplars) for series in self.series)
+
+    @property
+    def histogram_count(self) -> int:
+        return sum(len(series.histograms) for series in self.series)
 
 
 def message_version(content_type: str | None) -> int:
@@ -163,11 +180,13 @@ def _check_label_name(index: int, name: str) -> None:
         _VALID_LABEL_NAMES.add(name)
 
 
-def _validated_labels(index: int, pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+def _validated_labels(index: int, pairs: list[tuple[str, str]]) -> dict[str, str]:
     """Check a series' labels against the spec and return them as a dict.
 
     Labels with an empty value are dropped: to Prometheus an empty label
-    value is the same as an absent label.
+    value is the same as an absent label. Labels out of order are sorted, as
+    Prometheus's own receiver does: senders should sort them, but some (the
+    remote-write compliance suite among them) send them in map order.
     """
     labels: dict[str, str] = {}
     previous = ""
@@ -177,10 +196,7 @@ def _validated_labels(index: int, pairs: Iterable[tuple[str, str]]) -> dict[str,
         if name <= previous:
             if name == previous:
                 raise RemoteWriteError(400, f"series {index}: duplicate label name {name!r}")
-            raise RemoteWriteError(
-                400,
-                f"series {index}: labels not sorted by name ({name!r} after {previous!r})",
-            )
+            return _validated_labels(index, sorted(pairs))
         previous = name
         if value:
             labels[name] = value
@@ -213,15 +229,15 @@ def _decode_v1(raw: bytes) -> WriteBatch:
     request = _parse(remote_pb2.WriteRequest(), raw)
     batch = WriteBatch(version=1)
     for index, ts in enumerate(request.timeseries):
-        labels = _validated_labels(index, ((label.name, label.value) for label in ts.labels))
+        labels = _validated_labels(index, [(label.name, label.value) for label in ts.labels])
         samples = [(sample.timestamp, sample.value) for sample in ts.samples]
         # Tested first: iterating an empty repeated field costs more than testing it (~0.5 µs a series).
         exemplars = [
             _exemplar(index, ((label.name, label.value) for label in e.labels), e.value, e.timestamp)
             for e in ts.exemplars
         ] if ts.exemplars else []
-        batch.series.append(Series(labels=labels, samples=samples, exemplars=exemplars))
-        batch.histograms_skipped += len(ts.histograms)
+        histograms = [_histogram(index, h) for h in ts.histograms] if ts.histograms else []
+        batch.series.append(Series(labels=labels, samples=samples, exemplars=exemplars, histograms=histograms))
     for metadata in request.metadata:
         batch.metadata.append(
             MetricMetadata(
@@ -256,13 +272,13 @@ def _decode_v2(raw: bytes) -> WriteBatch:
             raise RemoteWriteError(
                 400, f"series {index}: odd number of labels_refs ({len(refs)})"
             )
-        pairs = (
+        pairs = [
             (
                 _symbol(symbols, refs[i], index, "label name ref"),
                 _symbol(symbols, refs[i + 1], index, "label value ref"),
             )
             for i in range(0, len(refs), 2)
-        )
+        ]
         labels = _validated_labels(index, pairs)
         if not ts.samples and not ts.histograms:
             raise RemoteWriteError(400, f"series {index}: no samples and no histograms")
@@ -272,12 +288,12 @@ def _decode_v2(raw: bytes) -> WriteBatch:
                 labels=labels,
                 samples=[(sample.timestamp, sample.value) for sample in ts.samples],
                 exemplars=[_v2_exemplar(symbols, index, e) for e in ts.exemplars] if ts.exemplars else [],
+                histograms=[_histogram(index, _v1_histogram(h)) for h in ts.histograms] if ts.histograms else [],
                 metric_type=_V2_TYPE_NAMES.get(metadata.type, "unknown") if metadata.type else None,
                 help=_symbol(symbols, metadata.help_ref, index, "help_ref"),
                 unit=_symbol(symbols, metadata.unit_ref, index, "unit_ref"),
             )
         )
-        batch.histograms_skipped += len(ts.histograms)
     return batch
 
 
@@ -295,20 +311,106 @@ def _v2_exemplar(symbols: list[str], index: int, exemplar) -> Exemplar:
     return _exemplar(index, pairs, exemplar.value, exemplar.timestamp)
 
 
+def _v1_histogram(histogram) -> types_pb2.Histogram:
+    """The types.proto form of a v2 Histogram: fields 1 to 16 have the same numbers and types;
+    the created timestamp (17) has no place there and is dropped, as for samples."""
+    message = types_pb2.Histogram.FromString(histogram.SerializeToString())
+    message.DiscardUnknownFields()
+    return message
+
+
+def _histogram(index: int, message: types_pb2.Histogram) -> Histogram:
+    """Check a histogram as Prometheus does before appending it and keep its bytes."""
+    try:
+        _check_histogram(message)
+    except ValueError as exc:
+        raise RemoteWriteError(400, f"series {index}: invalid native histogram at {message.timestamp}: {exc}") from None
+    message.DiscardUnknownFields()
+    return Histogram(message.timestamp, message.SerializeToString())
+
+
+def _check_histogram(h: types_pb2.Histogram) -> None:
+    """Prometheus's Histogram.Validate / FloatHistogram.Validate, on the wire form: a known
+    schema; spans that match the buckets; no negative bucket count; for integer histograms,
+    the buckets and the zero bucket add up to the count (at most the count when the sum is
+    NaN). Float histograms skip that last check, as Prometheus does (rounding)."""
+    is_float = h.WhichOneof("count") == "count_float"
+    positive = list(h.positive_counts) if is_float else _absolute_counts(h.positive_deltas)
+    negative = list(h.negative_counts) if is_float else _absolute_counts(h.negative_deltas)
+    if h.schema == CUSTOM_BUCKETS_SCHEMA:
+        _check_custom_bounds(list(h.custom_values), h.positive_spans, len(positive))
+        if _zero_count(h) or h.zero_threshold or h.negative_spans or negative:
+            raise ValueError("custom buckets: must have no zero bucket and no negative buckets")
+    elif MIN_EXPONENTIAL_SCHEMA <= h.schema <= MAX_EXPONENTIAL_SCHEMA:
+        _check_spans("positive", h.positive_spans, len(positive))
+        _check_spans("negative", h.negative_spans, len(negative))
+        if h.custom_values:
+            raise ValueError("a histogram with an exponential schema must not have custom bounds")
+    else:
+        raise ValueError(f"schema {h.schema} is not an exponential schema ({MIN_EXPONENTIAL_SCHEMA}..{MAX_EXPONENTIAL_SCHEMA}) or {CUSTOM_BUCKETS_SCHEMA}")
+    for side, counts in (("positive", positive), ("negative", negative)):
+        for number, count in enumerate(counts, 1):
+            if count < 0:
+                raise ValueError(f"{side} bucket {number} has a count of {count}")
+    if is_float:
+        return
+    in_buckets = sum(positive) + sum(negative) + h.zero_count_int
+    if in_buckets > h.count_int or (in_buckets != h.count_int and not math.isnan(h.sum)):
+        raise ValueError(f"{in_buckets} observations found in buckets, but the count is {h.count_int}")
+
+
+def _zero_count(h: types_pb2.Histogram) -> float:
+    return h.zero_count_float if h.WhichOneof("zero_count") == "zero_count_float" else h.zero_count_int
+
+
+def _absolute_counts(deltas) -> list[int]:
+    """Bucket counts from the deltas integer histograms carry (each to the previous bucket)."""
+    counts, current = [], 0
+    for delta in deltas:
+        current += delta
+        counts.append(current)
+    return counts
+
+
+def _check_spans(side: str, spans, buckets: int) -> None:
+    for number, span in enumerate(spans, 1):
+        if number > 1 and span.offset < 0:
+            raise ValueError(f"{side} span {number} has a negative offset {span.offset}")
+    needed = sum(span.length for span in spans)
+    if needed != buckets:
+        raise ValueError(f"{side} spans need {needed} buckets, have {buckets}")
+
+
+def _check_custom_bounds(bounds: list[float], spans, buckets: int) -> None:
+    """Custom (NHCB) bounds rise strictly and leave +Inf implicit; the spans, none with a
+    negative offset, cover at most one bucket more than there are bounds."""
+    for previous, current in zip([-math.inf, *bounds], bounds):
+        if not current > previous:
+            raise ValueError(f"custom bounds must increase, {current} follows {previous}")
+    if bounds and bounds[-1] == math.inf:
+        raise ValueError("the last custom bound must not be +Inf, it is implicit")
+    for number, span in enumerate(spans, 1):
+        if span.offset < 0:
+            raise ValueError(f"span {number} has a negative offset {span.offset}")
+    _check_spans("positive", spans, buckets)
+    covered = sum(span.offset + span.length for span in spans)
+    if covered > len(bounds) + 1:
+        raise ValueError(f"{len(bounds)} custom bounds cannot cover spans {covered} buckets long")
+
+
 def v2_written_headers(
-    batch: WriteBatch, samples_written: int | None = None, exemplars_written: int = 0
+    batch: WriteBatch, samples_written: int | None = None, exemplars_written: int = 0, histograms_written: int = 0
 ) -> dict[str, str]:
     """Response headers a v2 receiver must send: how many elements were stored.
 
     Samples default to every sample of the batch (pass `samples_written` after a
-    partial failure); exemplars are those the caller stored. Histograms are always 0
-    because tsgate skips them, which tells the sender they were not stored.
+    partial failure); exemplars and histograms are those the caller stored.
     """
     if samples_written is None:
         samples_written = batch.sample_count
     return {
         SAMPLES_WRITTEN_HEADER: str(samples_written),
-        HISTOGRAMS_WRITTEN_HEADER: "0",
+        HISTOGRAMS_WRITTEN_HEADER: str(histograms_written),
         EXEMPLARS_WRITTEN_HEADER: str(exemplars_written),
     }
 
@@ -329,6 +431,8 @@ def encode_write_request_v1(
             message = ts.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp)
             for name in sorted(exemplar.labels):
                 message.labels.add(name=name, value=exemplar.labels[name])
+        for histogram in item.histograms:
+            ts.histograms.add().MergeFromString(histogram.data)
     for entry in metadata or ():
         request.metadata.add(
             type=types_pb2.MetricMetadata.MetricType.Value(entry.type.upper()),
@@ -360,6 +464,9 @@ def encode_write_request_v2(series: Iterable[Series]) -> bytes:
             message = ts.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp)
             for name in sorted(exemplar.labels):
                 message.labels_refs.extend((intern(name), intern(exemplar.labels[name])))
+        for histogram in item.histograms:
+            # Fields 1 to 16 of the v2 Histogram are those of types.proto's.
+            ts.histograms.add().MergeFromString(histogram.data)
         if item.metric_type not in (None, "unknown"):
             if item.metric_type not in _V2_TYPE_NUMBERS:
                 raise ValueError(f"unknown metric type {item.metric_type!r}")

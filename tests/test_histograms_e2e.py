@@ -1,0 +1,105 @@
+"""Native histograms over real HTTP on both stores: remote write 1.0 and 2.0 in, the RW 2.0
+Histograms-Written header, remote read SAMPLES out, bit for bit."""
+
+from protocols import prometheus
+from protocols.prometheus import Histogram, Matcher, Query, Series, remote_pb2, types_pb2
+from tests.test_exemplars_e2e import now_ms, read_samples, write
+from tests.test_prometheus_protocol import HISTOGRAM, VALID_HISTOGRAMS, histogram
+
+
+def at(data: bytes, timestamp: int) -> Histogram:
+    """The same histogram at another timestamp, as protobuf writes it."""
+    message = types_pb2.Histogram.FromString(data)
+    message.timestamp = timestamp
+    return Histogram(timestamp, message.SerializeToString())
+
+
+def stored(answer) -> list[list[tuple[dict, list, list[bytes]]]]:
+    """Each query's series as (labels, samples, histogram bytes re-serialised by protobuf)."""
+    return [
+        [
+            (
+                {label.name: label.value for label in series.labels},
+                [(sample.timestamp, sample.value) for sample in series.samples],
+                [h.SerializeToString() for h in series.histograms],
+            )
+            for series in result.timeseries
+        ]
+        for result in answer.results
+    ]
+
+
+def post_read(gateway, tenant, queries, accepted):
+    body = prometheus.encode_read_request(queries, accepted)
+    return gateway.post("/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "X-Scope-OrgID": tenant})
+
+
+def test_rw1_and_rw2_histograms_come_back_bit_exact(gateway, tenant):
+    """Every kind (integer, float, empty, negative only, NaN sum, custom buckets, schemas -4 and 8,
+    reset hint) through both versions; the header and /metrics count them."""
+    t = now_ms() - 60_000
+    kinds = list(VALID_HISTOGRAMS.values())
+    v1 = [at(data, t + i) for i, data in enumerate(kinds)]
+    answer = write(gateway, tenant, [Series({"__name__": "latency_seconds", "job": "v1"}, [(t, 1.0)], histograms=v1)])
+    assert answer.status == 204, answer.body
+    v2 = [at(data, t + i) for i, data in enumerate(reversed(kinds))]
+    answer = write(gateway, tenant, [Series({"__name__": "latency_seconds", "job": "v2"}, histograms=v2, metric_type="histogram")], version=2)
+    assert answer.status == 204, answer.body
+    assert answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == str(len(v2))
+    assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "0"
+
+    (found,) = stored(read_samples(gateway, tenant, [Query(t - 1, t + 1000, [Matcher("EQ", "__name__", "latency_seconds")])]))
+    assert found == [
+        ({"__name__": "latency_seconds", "job": "v1"}, [(t, 1.0)], [h.data for h in v1]),
+        ({"__name__": "latency_seconds", "job": "v2"}, [], [h.data for h in v2]),
+    ]
+    (later,) = stored(read_samples(gateway, tenant, [Query(t + 2, t + 3, [Matcher("EQ", "job", "v1")])]))
+    assert later == [({"__name__": "latency_seconds", "job": "v1"}, [], [v1[2].data, v1[3].data])]
+    metrics = gateway.get("/metrics").body.decode()
+    assert f'tsgate_native_histograms_accepted_total{{protocol="prometheus"}} {2.0 * len(kinds)}' in metrics
+    assert 'kind="native_histogram"' not in metrics
+
+
+def test_a_client_accepting_both_gets_samples_when_histograms_are_in_the_answer(gateway, tenant):
+    """Prometheus's client lists STREAMED_XOR_CHUNKS then SAMPLES: tsgate writes no histogram
+    chunks, so an answer with histograms is SAMPLES; without histograms it stays streamed."""
+    t = now_ms() - 60_000
+    write(gateway, tenant, [Series({"__name__": "h"}, histograms=[at(HISTOGRAM, t)]), Series({"__name__": "f"}, [(t, 2.0)])])
+    both = [prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES]
+    answer = post_read(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "h")])], both)
+    assert answer.status == 200 and answer.headers["Content-Type"] == prometheus.SAMPLES_CONTENT_TYPE
+    response = remote_pb2.ReadResponse.FromString(prometheus.decompress_block(answer.body, 1 << 24))
+    assert stored(response) == [[({"__name__": "h"}, [], [at(HISTOGRAM, t).data])]]
+    floats = post_read(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "f")])], both)
+    assert floats.status == 200 and floats.headers["Content-Type"] == prometheus.STREAMED_CONTENT_TYPE
+    streamed_only = post_read(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "h")])], [prometheus.STREAMED_XOR_CHUNKS])
+    assert streamed_only.status == 200 and streamed_only.headers["Content-Type"] == prometheus.STREAMED_CONTENT_TYPE
+
+
+def test_invalid_or_too_old_histograms_are_400_naming_them(start_gateway, backend_args, tenant):
+    """An invalid histogram refuses the whole request (Prometheus's bad_count_histogram case);
+    one outside the accepted window is refused alone, the header counting what was stored."""
+    gateway = start_gateway(*backend_args, "--max-sample-age", "1d")
+    t = now_ms() - 1000
+    bad = Histogram(t, histogram(count=5, timestamp=t))
+    answer = write(gateway, tenant, [Series({"__name__": "bad"}, [(t, 1.0)], histograms=[bad])], version=2)
+    assert answer.status == 400 and b"series 0: invalid native histogram at" in answer.body
+    assert b"3 observations found in buckets, but the count is 5" in answer.body
+    assert stored(read_samples(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "bad")])])) == [[]]
+
+    answer = write(gateway, tenant, [Series({"__name__": "late"}, histograms=[at(HISTOGRAM, t), at(HISTOGRAM, 1000)])], version=2)
+    assert answer.status == 400 and b"1 of 2 native histograms rejected: timestamp: 1000 ms is older than the accepted window" in answer.body
+    assert answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "1"
+    (found,) = stored(read_samples(gateway, tenant, [Query(0, t, [Matcher("EQ", "__name__", "late")])]))
+    assert found == [({"__name__": "late"}, [], [at(HISTOGRAM, t).data])]
+    assert 'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="too_old"} 1.0' in gateway.get("/metrics").body.decode()
+
+
+def test_remote_read_of_more_histograms_than_the_query_limit_is_422(start_gateway, tenant):
+    gateway = start_gateway("--max-samples-per-query", "2")
+    t = now_ms() - 60_000
+    assert write(gateway, tenant, [Series({"__name__": "h"}, histograms=[at(HISTOGRAM, t + i) for i in range(3)])]).status == 204
+    answer = post_read(gateway, tenant, [Query(t, t + 1, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
+    assert answer.status == 200
+    answer = post_read(gateway, tenant, [Query(t, t + 2, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
+    assert answer.status == 422 and b"more than 2 native histograms (--max-samples-per-query)" in answer.body
