@@ -34,33 +34,37 @@ def _error(kind: str, message: str) -> Response:
     return Response(_ERROR_STATUS[kind], orjson.dumps({"status": "error", "errorType": kind, "error": message}))
 
 
-def parse_time(text: str, name: str) -> int:
-    """Epoch seconds (fractions allowed) or RFC 3339, as Prometheus takes them; milliseconds."""
+def _seconds_ms(text: str) -> int | None:
+    """Epoch or duration seconds (fractions allowed) as milliseconds; None when ``text`` is not
+    a finite number of a sane size."""
     try:
         seconds = float(text)
-        if math.isfinite(seconds) and abs(seconds) < 1e13:
-            return round(seconds * 1000)
     except ValueError:
+        return None
+    return round(seconds * 1000) if math.isfinite(seconds) and abs(seconds) < 1e13 else None
+
+
+def parse_time(text: str, name: str) -> int:
+    """Epoch seconds (fractions allowed) or RFC 3339, as Prometheus takes them; milliseconds."""
+    found = _seconds_ms(text)
+    if found is None:
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-            return round(moment.replace(tzinfo=moment.tzinfo or timezone.utc).timestamp() * 1000)
-        except ValueError:
-            pass
-    raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid timestamp', "bad_data")
+            found = round(moment.replace(tzinfo=moment.tzinfo or timezone.utc).timestamp() * 1000)
+        except (ValueError, OverflowError):
+            raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid timestamp', "bad_data") from None
+    return found
 
 
 def parse_step(text: str, name: str) -> int:
     """Seconds (fractions allowed) or a Prometheus duration (``15s``, ``1m30s``); milliseconds."""
-    try:
-        seconds = float(text)
-        if math.isfinite(seconds) and abs(seconds) < 1e13:
-            return round(seconds * 1000)
-    except ValueError:
+    found = _seconds_ms(text)
+    if found is None:
         try:
-            return round(promql_parser.parse_duration(text).total_seconds() * 1000)
+            found = round(promql_parser.parse_duration(text).total_seconds() * 1000)
         except (ValueError, TypeError, OverflowError):
-            pass
-    raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid duration', "bad_data")
+            raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid duration', "bad_data") from None
+    return found
 
 
 class PromQLAPI:

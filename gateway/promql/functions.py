@@ -175,18 +175,11 @@ def _label_replace(ctx, args, call):
         raise PromQLError(f"label_replace(): {error}", "bad_data") from None
     if not _LABEL_NAME.match(destination):
         raise PromQLError(f"invalid destination label name in label_replace(): {destination}", "bad_data")
-    labels = []
-    for series in vector.labels:
+    def relabel(series):
         match = regex.match(series.get(source, ""))
-        if match is None:
-            labels.append(series)
-            continue
-        value = _expand(replacement, match)
-        changed = {k: v for k, v in series.items() if k != destination}
-        if value:
-            changed[destination] = value
-        labels.append(changed)
-    return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms))
+        return None if match is None else _expand(replacement, match)
+
+    return _set_label(vector, destination, relabel)
 
 
 def _label_join(ctx, args, call):
@@ -194,9 +187,18 @@ def _label_join(ctx, args, call):
     sources = [a.value for a in args[3:]]
     if not _LABEL_NAME.match(destination):
         raise PromQLError(f"invalid destination label name in label_join(): {destination}", "bad_data")
+    return _set_label(vector, destination, lambda series: separator.join(series.get(s, "") for s in sources))
+
+
+def _set_label(vector: Vector, destination: str, value_of) -> Vector:
+    """Each series with ``destination`` set to ``value_of(labels)`` (removed when that is empty,
+    the series left as it is when it is None)."""
     labels = []
     for series in vector.labels:
-        value = separator.join(series.get(s, "") for s in sources)
+        value = value_of(series)
+        if value is None:
+            labels.append(series)
+            continue
         changed = {k: v for k, v in series.items() if k != destination}
         if value:
             changed[destination] = value
