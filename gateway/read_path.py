@@ -41,7 +41,8 @@ LATEST_MS = 253_402_300_799_999
 
 
 def clamp_range(start_ms: int, end_ms: int) -> tuple[int, int]:
-    return max(start_ms, EARLIEST_MS), min(end_ms, LATEST_MS)
+    """Both ends within [EARLIEST_MS, LATEST_MS] (a range that ends before 1970 reads nothing after it)."""
+    return min(max(start_ms, EARLIEST_MS), LATEST_MS), max(min(end_ms, LATEST_MS), EARLIEST_MS)
 
 
 class SeriesData(NamedTuple):
