@@ -90,6 +90,20 @@ def test_histogram_quantile_on_classic_buckets():
     assert instant("histogram_quantile(0.99, latency_bucket)", 60) == {(): 0.5}
 
 
+def test_histogram_count_and_sum_read_native_histograms_with_lookback_and_staleness():
+    expr = parse('histogram_count(latency{job="api"}) + histogram_sum(latency{job="api"})')
+    query = Query(60 * S, 60 * S, 0, 300 * S)
+    (key,) = plan(expr, query)
+    labels = {"__name__": "latency", "job": "api"}
+    counts = {key: [series(labels, [(0, 4.0), (30, 6.0), (90, STALE)])]}
+    sums = {key: [series(labels, [(0, 1.5), (30, 2.5), (90, STALE)])]}
+    evaluator = Evaluator(query, {key: []}, time.monotonic() + 10, {"histogram_count": counts, "histogram_sum": sums})
+    value = evaluator.evaluate(expr, np.array([60 * S, 100 * S], dtype=np.int64))
+    assert value.labels == [{"job": "api"}] and value.values[0, 0] == 8.5 and value.present[0].tolist() == [True, False]
+    with pytest.raises(PromQLError, match="selector"):
+        evaluator.evaluate(parse("histogram_count(sum(latency))"), np.array([60 * S], dtype=np.int64))
+
+
 def test_scalars_and_errors():
     assert evaluate("1 + 2 * 3", 60).values.tolist() == [7.0]
     with pytest.raises(PromQLError, match="BOOL"):

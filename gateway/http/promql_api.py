@@ -15,11 +15,13 @@ from twisted.internet import threads
 from gateway import __version__
 from gateway.http.prometheus_api import READ_BATCH, prometheus_labels
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
-from gateway.promql.engine import Evaluator, Query, format_value, parse, plan, selector_matchers
-from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String
+from gateway.promql.engine import HISTOGRAM_FUNCTIONS, Evaluator, Query, format_value, histogram_selectors, parse, plan, selector_matchers
+from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String, is_stale
+from gateway.read_path import clamp_range
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.store import Store, StoreUnavailable
 from protocols import prometheus
+from protocols.prometheus import types_pb2
 from protocols.linear_regex import BadPattern
 
 MAX_POINTS_PER_SERIES = 11_000
@@ -144,7 +146,8 @@ class PromQLAPI:
         expr = await threads.deferToThread(parse, text)
         needs = plan(expr, query)
         data = await self._fetch(tenant, needs, deadline)
-        value = await threads.deferToThread(Evaluator(query, data, deadline).result, expr, times)
+        histograms = await self._fetch_histograms(tenant, {key: needs[key] for key in histogram_selectors(expr)})
+        value = await threads.deferToThread(Evaluator(query, data, deadline, histograms).result, expr, times)
         return value, self._rollup_warnings(needs)
 
     def _rollup_warnings(self, needs: dict) -> list[str]:
@@ -181,6 +184,24 @@ class PromQLAPI:
                         found.append(Series(labels, read.samples.timestamps, read.samples.values))
             data[key] = found
         return data
+
+    async def _fetch_histograms(self, tenant: str, needs: dict) -> dict[str, dict[tuple, list[Series]]]:
+        """The native histograms of the selectors histogram_count() and histogram_sum() read, as
+        two series lists each (a stale histogram is a stale marker in both)."""
+        found: dict[str, dict[tuple, list[Series]]] = {name: {} for name in HISTOGRAM_FUNCTIONS}
+        for key, (matchers, low, high) in needs.items():
+            keys = await self.planner.select_by_matchers(tenant, matchers, prometheus_labels)
+            start_ms, end_ms = clamp_range(low, high)
+            for begin in range(0, len(keys), READ_BATCH):
+                part = keys[begin : begin + READ_BATCH]
+                rows = await self.store.read_histograms(tenant, [k.series_set_hash for k in part], start_ms, end_ms)
+                for series, decoded in zip(part, await threads.deferToThread(_counts_and_sums, rows)):
+                    if decoded is not None:
+                        labels = prometheus_labels(series.metric_name, series.tags)
+                        timestamps, counts, sums = decoded
+                        found["histogram_count"].setdefault(key, []).append(Series(labels, timestamps, counts))
+                        found["histogram_sum"].setdefault(key, []).append(Series(labels, timestamps, sums))
+        return found
 
     # -- metadata -----------------------------------------------------------------------------
 
@@ -264,6 +285,21 @@ class PromQLAPI:
                 if rows
             ]
         return _answer(sorted(result, key=lambda item: sorted(item["seriesLabels"].items())))
+
+
+def _counts_and_sums(rows_by_series) -> list:
+    """(timestamps, counts, sums) of each series' stored histograms, None for a series without."""
+    decoded = []
+    for rows in rows_by_series:
+        if not rows:
+            decoded.append(None)
+            continue
+        histograms = [types_pb2.Histogram.FromString(row.data) for row in rows]
+        sums = np.array([h.sum for h in histograms])
+        counts = np.array([h.count_float if h.WhichOneof("count") == "count_float" else h.count_int for h in histograms], dtype=np.float64)
+        counts = np.where(is_stale(sums), sums, counts)
+        decoded.append((np.array([row.timestamp_ms for row in rows], dtype=np.int64), counts, sums))
+    return decoded
 
 
 def _required(request, name: str) -> str:

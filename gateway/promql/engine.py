@@ -106,6 +106,24 @@ def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
     return needs
 
 
+HISTOGRAM_FUNCTIONS = ("histogram_count", "histogram_sum")
+
+
+def histogram_selectors(expr) -> set[tuple]:
+    """Keys of the selectors whose native histograms the query reads: the arguments of
+    histogram_count() and histogram_sum()."""
+    found = set()
+
+    def walk(node) -> None:
+        if type(node).__name__ == "Call" and node.func.name in HISTOGRAM_FUNCTIONS and type(node.args[0]).__name__ == "VectorSelector":
+            found.add(selector_key(node.args[0]))
+        for child in _children(node):
+            walk(child)
+
+    walk(expr)
+    return found
+
+
 def _children(node) -> list:
     kind = type(node).__name__
     if kind == "Call":
@@ -130,10 +148,14 @@ class Context(NamedTuple):
 
 
 class Evaluator:
-    def __init__(self, query: Query, data: dict[tuple, list[Series]], deadline: float):
+    """``data``: each selector's float series; ``histograms``: for the selectors of
+    histogram_selectors, the count and the sum of their native histograms as two series lists."""
+
+    def __init__(self, query: Query, data: dict[tuple, list[Series]], deadline: float, histograms: dict[str, dict[tuple, list[Series]]] | None = None):
         self.query = query
         self.data = data
         self.deadline = deadline
+        self.histograms = histograms or {}
 
     def result(self, expr, times_ms: np.ndarray):
         """The query's answer: its value, with rows of one label set merged as Prometheus does."""
@@ -175,10 +197,10 @@ class Evaluator:
         base = np.full(ctx.steps, at, dtype=np.int64) if at is not None else ctx.times_ms
         return base - _ms(selector.offset)
 
-    def _instant(self, selector, ctx: Context) -> Vector:
+    def _instant(self, selector, ctx: Context, data: dict[tuple, list[Series]] | None = None) -> Vector:
         refs = self._refs(selector, ctx)
         labels, rows, masks, stamps = [], [], [], []
-        for series in self.data.get(selector_key(selector), []):
+        for series in (self.data if data is None else data).get(selector_key(selector), []):
             if not len(series.timestamps):
                 continue
             index = np.searchsorted(series.timestamps, refs, side="right") - 1
@@ -223,6 +245,10 @@ class Evaluator:
 
     def _call(self, call, ctx: Context):
         name = call.func.name
+        if name in HISTOGRAM_FUNCTIONS:
+            if type(call.args[0]).__name__ != "VectorSelector":
+                raise PromQLError(f"{name}() reads native histograms of a series selector only, here", "bad_data")
+            return self._instant(call.args[0], ctx, self.histograms.get(name, {})).with_values(None)
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")

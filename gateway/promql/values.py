@@ -43,8 +43,10 @@ class Vector(NamedTuple):
         stamps = None if self.sample_ms is None else self.sample_ms[index]
         return Vector([self.labels[i] for i in index], self.values[index], self.present[index], stamps)
 
-    def with_values(self, values: np.ndarray, present: np.ndarray | None = None, drop_name: bool = True) -> "Vector":
+    def with_values(self, values: np.ndarray | None, present: np.ndarray | None = None, drop_name: bool = True) -> "Vector":
+        """These rows with other values (None: the same), without ``__name__`` unless told."""
         labels = [drop_metric_name(labels) for labels in self.labels] if drop_name else self.labels
+        values = self.values if values is None else values
         return Vector(labels, values, self.present if present is None else present & self.present)
 
 
