@@ -145,8 +145,9 @@ class PromQLAPI:
         deadline = time.monotonic() + min(timeout_ms, self.timeout_ms) / 1000
         expr = await threads.deferToThread(parse, text)
         needs = plan(expr, query)
-        data = await self._fetch(tenant, needs, deadline)
-        histograms = await self._fetch_histograms(tenant, {key: needs[key] for key in histogram_selectors(expr)})
+        selected = {key: await self.planner.select_by_matchers(tenant, matchers, prometheus_labels) for key, (matchers, _, _) in needs.items()}
+        data = await self._fetch(selected, needs, deadline)
+        histograms = await self._fetch_histograms(tenant, selected, {key: needs[key] for key in histogram_selectors(expr)})
         value = await threads.deferToThread(Evaluator(query, data, deadline, histograms).result, expr, times)
         return value, self._rollup_warnings(needs)
 
@@ -162,11 +163,11 @@ class PromQLAPI:
             " one point per bucket, the average for gauges, the last value for counters"
         ]
 
-    async def _fetch(self, tenant: str, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
-        """Every selector's series and samples, through the planner and the read path."""
+    async def _fetch(self, selected: dict, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
+        """The samples of every selector's ``selected`` series, through the read path."""
         data, samples = {}, 0
-        for key, (matchers, low, high) in needs.items():
-            keys = await self.planner.select_by_matchers(tenant, matchers, prometheus_labels)
+        for key, (_, low, high) in needs.items():
+            keys = selected[key]
             found = []
             for start in range(0, len(keys), READ_BATCH):
                 if time.monotonic() > deadline:
@@ -185,12 +186,12 @@ class PromQLAPI:
             data[key] = found
         return data
 
-    async def _fetch_histograms(self, tenant: str, needs: dict) -> dict[str, dict[tuple, list[Series]]]:
+    async def _fetch_histograms(self, tenant: str, selected: dict, needs: dict) -> dict[str, dict[tuple, list[Series]]]:
         """The native histograms of the selectors histogram_count() and histogram_sum() read, as
         two series lists each (a stale histogram is a stale marker in both)."""
         found: dict[str, dict[tuple, list[Series]]] = {name: {} for name in HISTOGRAM_FUNCTIONS}
-        for key, (matchers, low, high) in needs.items():
-            keys = await self.planner.select_by_matchers(tenant, matchers, prometheus_labels)
+        for key, (_, low, high) in needs.items():
+            keys = selected[key]
             start_ms, end_ms = clamp_range(low, high)
             for begin in range(0, len(keys), READ_BATCH):
                 part = keys[begin : begin + READ_BATCH]
