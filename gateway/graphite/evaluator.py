@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from datetime import timezone, tzinfo
 from typing import Callable, Protocol
 
-from gateway.graphite.functions import REGISTRY, EmptyResult, RenderError, Request
+from gateway.graphite.errors import EmptyResult, RenderError
+from gateway.graphite.functions import REGISTRY
+from gateway.graphite.functions.registry import Request
 from gateway.graphite.series import TimeSeries
 from protocols.graphite import attime
 from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target

@@ -16,11 +16,11 @@ from twisted.internet import threads
 from twisted.internet.defer import ensureDeferred, gatherResults
 
 from gateway.graphite import tagdb
+from gateway.graphite.errors import MAX_POINTS_PER_SERIES, RenderError
 from gateway.graphite.finder import Finder
 from gateway.graphite.series import TimeSeries
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.graphite.functions import MAX_POINTS_PER_SERIES, RenderError
 from gateway.query import PointsBudget, QueryPlanner, QueryTooLarge
 from gateway.samples import Samples
 from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target
