@@ -23,18 +23,20 @@ def _cells(f: Figure) -> tuple[str, ...]:
     return (f.section, f.name, value, f.unit, ratio, f.reference, f.note)
 
 
+HEADER = ("section", "measured", "value", "unit", "ratio", "reference", "note")
+
+
 def format_table(figures: list[Figure]) -> str:
     """A plain-text table, one line per figure, grouped by section in the given order."""
-    header = ("section", "measured", "value", "unit", "ratio", "reference", "note")
-    rows = [header, *map(_cells, figures)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    rows = [HEADER, *map(_cells, figures)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 
 
 def write_json(figures: list[Figure], path: Path, context: dict) -> None:
-    """Figures plus the run's context (date, box load, versions) for docs/performance.md."""
+    """Figures plus the run's context (date, box load, versions) for docs/performance.rst."""
     path.write_text(json.dumps({"context": context, "figures": [f._asdict() for f in figures]}, indent=2) + "\n")
 
 
@@ -43,10 +45,13 @@ def read_json(path: Path) -> tuple[dict, list[Figure]]:
     return data["context"], [Figure(**item) for item in data["figures"]]
 
 
-def format_markdown(figures: list[Figure]) -> str:
-    """The same table as Markdown, for docs/performance.md."""
-    lines = ["| section | measured | value | unit | ratio | reference | note |", "|---|---|---|---|---|---|---|"]
-    lines += ["| " + " | ".join(_cells(f)) + " |" for f in figures]
+def format_rst(figures: list[Figure]) -> str:
+    """The same table as a reStructuredText list table, for docs/performance.rst."""
+    lines = [".. list-table::", "   :header-rows: 1", ""]
+    for row in [HEADER, *map(_cells, figures)]:
+        for i, cell in enumerate(row):
+            bullet = "   * -" if i == 0 else "     -"
+            lines.append(f"{bullet} {cell}" if cell else bullet)
     return "\n".join(lines)
 
 
@@ -54,4 +59,4 @@ if __name__ == "__main__":
     import sys
 
     context, figures = read_json(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/performance-results.json"))
-    print(format_markdown(figures))
+    print(format_rst(figures))

@@ -3,7 +3,7 @@
 A store call (write these 500 rows, read these 3 slots) is a group of requests. The first
 version bridged every request to its own Deferred through a DeferredSemaphore and a
 callFromThread: per request that was a Deferred, a semaphore round, and a reactor wake-up, about
-a third of the gateway's CPU on ingest (docs/performance.md). Here requests wait in one queue;
+a third of the gateway's CPU on ingest (docs/performance.rst). Here requests wait in one queue;
 the driver's completion callbacks, on its I/O thread, start the next ones (as cassandra-driver's
 own execute_concurrent does), and only a finished group goes back to the reactor thread.
 

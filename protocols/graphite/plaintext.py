@@ -2,7 +2,7 @@
 
 Rules follow carbon's MetricLineReceiver (exactly three whitespace-separated
 fields, value and timestamp through float()); limits and the differences from
-carbon are listed in docs/graphite-ingest.md.
+carbon are listed in docs/graphite.rst (Wire formats).
 """
 
 from protocols.graphite import (

@@ -1,7 +1,7 @@
 """Graphite metric paths: plain ``a.b.c``, tagged ``name;k=v`` and carbon's ``name{k="v"}`` form.
 
 Rules follow carbon/graphite-web 1.1.x ``TaggedSeries``; where this module
-differs (empty nodes, whitespace) it says so. See docs/graphite-ingest.md.
+differs (empty nodes, whitespace) it says so. See docs/graphite.rst (Wire formats).
 """
 
 from protocols.graphite import BAD_PATH, BAD_TAG, InvalidInput, excerpt

@@ -1,7 +1,7 @@
 """Prometheus remote write (1.0, 2.0) and remote read wire formats, sans I/O.
 
 Bytes in, plain Python data out, and back: no sockets, no HTTP server. Errors
-carry the HTTP status to answer with (see docs/prometheus-protocol.md).
+carry the HTTP status to answer with (see docs/prometheus.rst, Wire formats).
 
 The *_pb2.py modules are generated from the .proto files beside them and
 committed. Regenerate them from the repository root with grpcio-tools 1.85.1

@@ -1,0 +1,33 @@
+"""The documentation is one format (reStructuredText), every docs/ page the code cites exists, and
+docs/performance.rst holds the table bench.report prints for docs/performance-results.json."""
+
+import re
+from pathlib import Path
+
+from bench.report import format_rst, read_json
+
+REPO = Path(__file__).resolve().parent.parent
+CITED = re.compile(r"\bdocs/[\w.-]*\w")
+
+
+def test_docs_are_restructuredtext():
+    pages = {path.name for path in (REPO / "docs").iterdir() if path.suffix not in (".json", ".png")}
+    assert pages and all(name.endswith(".rst") for name in pages), sorted(pages)
+
+
+def test_every_cited_docs_page_exists():
+    sources = [REPO / "README.rst", *(REPO / ".ci").iterdir()]
+    for folder in ("docs", "gateway", "protocols", "bench", "tests"):
+        sources += [path for path in (REPO / folder).rglob("*") if path.suffix in (".py", ".rst", ".cfg")]
+    missing = {
+        f"{path.relative_to(REPO)}: {cited}"
+        for path in sources
+        for cited in CITED.findall(path.read_text(encoding="utf-8"))
+        if not (REPO / cited).exists()
+    }
+    assert not missing, sorted(missing)
+
+
+def test_performance_page_holds_the_report_table():
+    _, figures = read_json(REPO / "docs" / "performance-results.json")
+    assert format_rst(figures) in (REPO / "docs" / "performance.rst").read_text(encoding="utf-8")
