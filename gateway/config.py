@@ -11,6 +11,8 @@ import os
 import re
 import resource
 import tomllib
+from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from gateway.model import InvalidSample, Limits, validate_tenant
@@ -71,7 +73,7 @@ def _non_negative(text) -> int:
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str
-    parse: object
+    parse: Callable[[Any], Any]
     default: str
     help: str
 
@@ -301,7 +303,7 @@ def setting_flags(namespace: argparse.Namespace) -> list[str]:
 
 def build_config(namespace: argparse.Namespace) -> Config:
     """Defaults, then the config file, then flags; every value parsed and checked."""
-    raw = {setting.name: setting.default for setting in SETTINGS}
+    raw: dict[str, object] = {setting.name: setting.default for setting in SETTINGS}
     if namespace.config is not None:
         raw.update(_read_file(namespace.config))
     for setting in SETTINGS:

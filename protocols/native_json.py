@@ -37,7 +37,7 @@ class DecodedItem(NamedTuple):
 
 
 class ItemError(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # a field, shadowing tuple.index on purpose
     field: str
     problem: str
 

@@ -26,7 +26,7 @@ def partition_of(tenant: str, series_set_hash: str, partitions: int) -> int:
 
 def parse_partitions(text: str, count: int) -> list[int]:
     """``0-15,40`` -> [0, ..., 15, 40]; every partition must be below the count."""
-    chosen = set()
+    chosen: set[int] = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
         first, _, last = part.partition("-")
         if not first.isdigit() or (last and not last.isdigit()):

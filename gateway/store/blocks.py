@@ -33,7 +33,7 @@ class BadBlock(ValueError):
 class BlockHeader(NamedTuple):
     version: int
     codec: int
-    count: int
+    count: int  # type: ignore[assignment]  # a field, shadowing tuple.count on purpose
     first_ms: int
     last_ms: int
 

@@ -14,7 +14,7 @@ import ssl
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote
 
 from cassandra import ConsistencyLevel, OperationTimedOut, RequestExecutionException
@@ -222,8 +222,8 @@ class CassandraStore(Store):
         self.options = options
         self.keyspace = options.schema.keyspace
         self.ttl_s = options.schema.raw_retention_ms // 1000
-        self.cluster: Cluster | None = None
-        self.session = None
+        self.cluster: Any = None  # a Cluster once open() ran
+        self.session: Any = None  # its Session
         self._requests: RequestQueue | None = None
         self._statements: dict[str, object] = {}
         self._written_at_fresh = LRUMap(WRITTEN_AT_REMEMBERED)
@@ -654,7 +654,7 @@ class CassandraStore(Store):
     def sweep(self, now_ms):
         return defer.succeed(None)
 
-    def _batched(self, requests: list[tuple[object, tuple]]) -> list[tuple[object, tuple]]:
+    def _batched(self, requests: list[tuple[Any, tuple]]) -> list[tuple[Any, tuple]]:
         """Single-row writes as UNLOGGED batches of up to ROWS_PER_BATCH rows sharing a replica.
 
         A batch goes to one coordinator, which applies each partition's mutation; when that node
@@ -668,7 +668,8 @@ class CassandraStore(Store):
         bound = [statement.bind(parameters) for statement, parameters in requests]
         batched = []
         for group in self._by_replica(bound):
-            chunk, size = [], 0
+            chunk: list = []
+            size = 0
             for statement in group:
                 statement_size = sum(len(value) for value in statement.values if value)
                 if chunk and (len(chunk) == ROWS_PER_BATCH or size + statement_size > BATCH_VALUE_BYTES):

@@ -22,7 +22,7 @@ class _Group:
     __slots__ = ("deferred", "results", "remaining", "error")
 
     def __init__(self, size: int):
-        self.deferred = defer.Deferred()
+        self.deferred: defer.Deferred = defer.Deferred()
         self.results: list = [None] * size
         self.remaining = size
         self.error: Exception | None = None

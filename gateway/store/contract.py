@@ -102,7 +102,7 @@ class Rollup(NamedTuple):
     min: float | None = None
     max: float | None = None
     sum: float | None = None
-    count: int | None = None
+    count: int | None = None  # type: ignore[assignment]  # a field, shadowing tuple.count on purpose
     last: float | None = None
     increase: float | None = None
 

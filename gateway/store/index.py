@@ -35,20 +35,20 @@ class IndexRows(NamedTuple):
 def index_rows(series: Sequence[SeriesKey]) -> IndexRows:
     """Every series is indexed under its tag pairs and under ``__name__=<metric>``; series without
     tags also go into the Graphite path tree, series with tags into the tenant-wide tag tables."""
-    rows = IndexRows(*({} for _ in IndexRows._fields))
+    tables: dict[str, dict[tuple, object]] = {name: {} for name in IndexRows._fields}
     for s in series:
-        rows.tenants[(s.tenant,)] = None
-        rows.metric_names[(s.tenant, s.metric_name)] = None
-        rows.series_set_hashes[(s.tenant, s.series_set_hash)] = (s.tenant, s.series_set_hash, s.metric_name, s.tags)
-        rows.series_sets[(s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash)] = None
+        tables["tenants"][(s.tenant,)] = None
+        tables["metric_names"][(s.tenant, s.metric_name)] = None
+        tables["series_set_hashes"][(s.tenant, s.series_set_hash)] = (s.tenant, s.series_set_hash, s.metric_name, s.tags)
+        tables["series_sets"][(s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash)] = None
         for key, value in s.tags.items():
-            rows.series_sets[(s.tenant, s.metric_name, key, value, s.series_set_hash)] = None
-            rows.tag_keys[(s.tenant, s.metric_name, key)] = None
-            rows.tag_values[(s.tenant, s.metric_name, key, value)] = None
-            rows.tenant_tag_keys[(s.tenant, key)] = None
-            rows.tenant_tag_values[(s.tenant, key, value)] = None
-            rows.tag_metrics[(s.tenant, key, value, s.metric_name)] = None
+            tables["series_sets"][(s.tenant, s.metric_name, key, value, s.series_set_hash)] = None
+            tables["tag_keys"][(s.tenant, s.metric_name, key)] = None
+            tables["tag_values"][(s.tenant, s.metric_name, key, value)] = None
+            tables["tenant_tag_keys"][(s.tenant, key)] = None
+            tables["tenant_tag_values"][(s.tenant, key, value)] = None
+            tables["tag_metrics"][(s.tenant, key, value, s.metric_name)] = None
         if not s.tags:
             for parent, name, leaf in path_nodes(s.metric_name):
-                rows.graphite_paths[(s.tenant, parent, name, leaf)] = None
-    return IndexRows(*(list(table.values()) if table is rows.series_set_hashes else list(table) for table in rows))
+                tables["graphite_paths"][(s.tenant, parent, name, leaf)] = None
+    return IndexRows(**{name: list(table.values()) if name == "series_set_hashes" else list(table) for name, table in tables.items()})  # type: ignore[arg-type]

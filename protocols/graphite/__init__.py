@@ -6,7 +6,7 @@ A reject carries one of ``REJECT_REASONS`` so the gateway can count refusals
 by reason, and a short bounded detail it can log.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 Sample = tuple[str, dict[str, str], int, float]
 
@@ -69,7 +69,7 @@ def excerpt(raw: object) -> str:
     return f"<{type(raw).__name__}>"
 
 
-def parse_value(raw: object) -> float:
+def parse_value(raw: Any) -> float:
     """Carbon's value rule: anything float() takes (text or number); NaN and ±inf refused."""
     try:
         value = float(raw)
@@ -82,7 +82,7 @@ def parse_value(raw: object) -> float:
     return value
 
 
-def parse_timestamp_ms(raw: object, now_ms: int) -> int:
+def parse_timestamp_ms(raw: Any, now_ms: int) -> int:
     """Carbon's timestamp rule: int(float(ts)) seconds, where -1 means arrival time.
 
     Fractions are truncated (carbon stores whole seconds). Other negative,

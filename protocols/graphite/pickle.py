@@ -103,7 +103,7 @@ class PickleDecoder:
         self._buffer = bytearray()
         self._skip = 0
 
-    def feed(self, data: bytes, now_ms: int) -> tuple[list[Sample], list[Reject]]:
+    def feed(self, data: bytes | memoryview, now_ms: int) -> tuple[list[Sample], list[Reject]]:
         samples: list[Sample] = []
         rejects: list[Reject] = []
         if self._skip:
@@ -227,10 +227,10 @@ def _check_memo_index(raw: bytes | int, payload_length: int) -> None:
 
 
 def _decode_item(item: object, now_ms: int) -> Sample:
-    if type(item) not in (tuple, list) or len(item) != 2:
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise InvalidInput(BAD_PICKLE_ITEM, "not (path, (timestamp, value)): " + excerpt(item))
     raw_path, point = item
-    if type(point) not in (tuple, list) or len(point) != 2:
+    if not isinstance(point, (tuple, list)) or len(point) != 2:
         raise InvalidInput(BAD_PICKLE_ITEM, "not (timestamp, value): " + excerpt(point))
     if type(raw_path) is bytes:
         try:

@@ -124,7 +124,7 @@ def _datapoints_json(series, no_null_points: bool) -> list[bytes] | None:
     if list.__contains__(series, _INFINITY) or list.__contains__(series, -_INFINITY):
         datapoints = _kept(series.datapoints(), no_null_points)
         return [_python_json(datapoints)[1:-1].encode("utf-8")] if datapoints or not no_null_points else None
-    pieces = []
+    pieces: list[bytes] = []
     for datapoints in series.datapoint_chunks(POINTS_PER_CALL):
         datapoints = _kept(datapoints, no_null_points)
         if datapoints:

@@ -105,7 +105,7 @@ def _parse_braces_form(path: str) -> tuple[str, dict[str, str]]:
 
 def _read_quoted(body: str, position: int) -> tuple[str, int]:
     """Read the value after an opening quote; return it and the index past the closing quote."""
-    chars = []
+    chars: list[str] = []
     while position < len(body):
         char = body[position]
         if char == '"':

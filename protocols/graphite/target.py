@@ -8,6 +8,7 @@ rewritten into nested calls, as graphite-web evaluates them. Templates are not s
 
 import re
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 SYMBOLS = "(){},.'\"\\|"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -92,7 +93,7 @@ class _Parser:
         self.pos = 0
         self.depth = 0
 
-    def fail(self, message: str):
+    def fail(self, message: str) -> NoReturn:
         raise TargetSyntaxError(f"{message} at position {self.pos} in target {self.text!r}")
 
     def peek(self) -> str:

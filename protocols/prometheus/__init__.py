@@ -3,14 +3,14 @@
 Bytes in, plain Python data out, and back: no sockets, no HTTP server. Errors
 carry the HTTP status to answer with (see docs/prometheus.rst, Wire formats).
 
-The *_pb2.py modules are generated from the .proto files beside them and
-committed. Regenerate them from the repository root with grpcio-tools 1.85.1
+The *_pb2.py modules and their *_pb2.pyi type stubs are generated from the
+.proto files beside them and committed. Regenerate them from the repository root with grpcio-tools 1.85.1
 (protoc 35.1, gencode 7.35.1, which needs protobuf runtime >= 7.35.1, < 8),
 installed in a throwaway venv so it cannot change the project's protobuf:
 
     python -m venv /tmp/protoc-venv
     /tmp/protoc-venv/bin/pip install grpcio-tools==1.85.1
-    /tmp/protoc-venv/bin/python -m grpc_tools.protoc -I . --python_out=. \\
+    /tmp/protoc-venv/bin/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. \\
         protocols/prometheus/types.proto protocols/prometheus/remote.proto \\
         protocols/prometheus/write_v2.proto
 """
