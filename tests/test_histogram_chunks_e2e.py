@@ -1,0 +1,161 @@
+"""Native histograms through remote read STREAMED_XOR_CHUNKS, checked by Prometheus's own decoder.
+
+Histograms are written with remote write to a real ``tsgate serve`` (both stores); a Go program
+built against prometheus/prometheus v0.309.1 (tests/chunkdecoder.py) asks for streamed chunks and
+decodes every chunk with tsdb/chunkenc. What it prints must be what was written, bit for bit
+(floats as their bits), with chunks cut where chunkenc requires: at 120 samples, at a counter
+reset, at a layout change and where the kind of sample changes.
+"""
+
+import struct
+
+from protocols.prometheus import Histogram, Series, types_pb2
+from tests.chunkdecoder import decode_remote_read
+from tests.test_exemplars_e2e import now_ms, write
+
+H = types_pb2.Histogram
+STEP = 15_000
+HINTS = {H.UNKNOWN: "UnknownCounterReset", H.NO: "NotCounterReset", H.GAUGE: "GaugeType"}
+
+
+def hexbits(value: float) -> str:
+    return struct.pack(">d", value).hex()
+
+
+def integer(t, spans, deltas, zero=0, negative_spans=(), negative_deltas=(), schema=3, sum_=None, hint=H.UNKNOWN, custom=(), zero_threshold=2.0**-128):
+    """A valid integer histogram (its count is the sum of its buckets)."""
+    counts = [sum(deltas[: i + 1]) for i in range(len(deltas))] + [sum(negative_deltas[: i + 1]) for i in range(len(negative_deltas))]
+    count = zero + sum(counts)
+    message = H(
+        count_int=count, zero_count_int=zero, sum=float(count) * 1.5 if sum_ is None else sum_, schema=schema,
+        zero_threshold=zero_threshold, positive_deltas=deltas, negative_deltas=negative_deltas, reset_hint=hint, timestamp=t, custom_values=custom,
+    )
+    for offset, length in spans:
+        message.positive_spans.add(offset=offset, length=length)
+    for offset, length in negative_spans:
+        message.negative_spans.add(offset=offset, length=length)
+    return message
+
+
+def floating(t, spans, counts, zero=0.0, negative_spans=(), negative_counts=(), schema=0, sum_=1.25, hint=H.UNKNOWN, custom=(), zero_threshold=0.001):
+    message = H(
+        count_float=zero + sum(counts) + sum(negative_counts), zero_count_float=zero, sum=sum_, schema=schema, zero_threshold=zero_threshold,
+        positive_counts=counts, negative_counts=negative_counts, reset_hint=hint, timestamp=t, custom_values=custom,
+    )
+    for offset, length in spans:
+        message.positive_spans.add(offset=offset, length=length)
+    for offset, length in negative_spans:
+        message.negative_spans.add(offset=offset, length=length)
+    return message
+
+
+def decoded_form(message: H, hint: int) -> dict:
+    """A written histogram as the decoder prints it, with the hint chunkenc gives back."""
+    is_float = message.WhichOneof("count") == "count_float"
+    number = hexbits if is_float else str
+    return {
+        "t": message.timestamp,
+        "hint": HINTS[hint],
+        "schema": message.schema,
+        "zero_threshold": hexbits(message.zero_threshold),
+        "count": number(message.count_float if is_float else message.count_int),
+        "zero_count": number(message.zero_count_float if is_float else message.zero_count_int),
+        "sum": hexbits(message.sum),
+        "positive_spans": [{"offset": s.offset, "length": s.length} for s in message.positive_spans],
+        "negative_spans": [{"offset": s.offset, "length": s.length} for s in message.negative_spans],
+        "positive": [number(v) for v in (message.positive_counts if is_float else message.positive_deltas)],
+        "negative": [number(v) for v in (message.negative_counts if is_float else message.negative_deltas)],
+        "custom_values": [hexbits(v) for v in message.custom_values],
+    }
+
+
+def float_form(t: int, value: float) -> dict:
+    return {"t": t, "value": hexbits(value), "schema": 0, "positive_spans": None, "negative_spans": None, "positive": None, "negative": None, "custom_values": None}
+
+
+def expected_chunks(layout: list[tuple[str, str, list]]) -> list[tuple[str, str, int, int, list[dict]]]:
+    """(encoding, header, min, max, samples) of each chunk; in a histogram chunk the first
+    sample's hint is unknown (gauge in a gauge chunk) and the others' no reset, as chunkenc reads them."""
+    chunks = []
+    for encoding, header, samples in layout:
+        if encoding == "XOR":
+            forms = [float_form(t, v) for t, v in samples]
+            times = [t for t, _ in samples]
+        else:
+            gauge = header == "GaugeType"
+            forms = [decoded_form(m, H.GAUGE if gauge else (H.NO if i else H.UNKNOWN)) for i, m in enumerate(samples)]
+            times = [m.timestamp for m in samples]
+        chunks.append((encoding, header, min(times), max(times), forms))
+    return chunks
+
+
+def found_chunks(records: list[dict], name: str) -> list[tuple[str, str, int, int, list[dict]]]:
+    chunks = []
+    for record in records:
+        assert record["labels"]["__name__"] == name and record["query_index"] == 0
+        chunks.append((record["encoding"], record.get("header", ""), record["min_time_ms"], record["max_time_ms"], record["samples"]))
+    return chunks
+
+
+def histograms(messages) -> list[Histogram]:
+    return [Histogram(m.timestamp, m.SerializeToString()) for m in messages]
+
+
+def test_streamed_histogram_chunks_round_trip_through_chunkenc(gateway, tenant):
+    t0 = now_ms() - 2 * 3600_000
+    url = f"{gateway.url}/api/v1/read"
+
+    def check(name, series_samples, messages, layout):
+        answer = write(gateway, tenant, [Series({"__name__": name, "job": "h14"}, series_samples, histograms=histograms(messages))])
+        assert answer.status == 204, answer.body
+        records = decode_remote_read(url, tenant, t0 - 1, now_ms(), name)
+        assert found_chunks(records, name) == expected_chunks(layout)
+        assert all(record["labels"] == {"__name__": name, "job": "h14"} for record in records)
+
+    # Integer histograms with a zero bucket and negative buckets: a counter reset at 50 (the
+    # count goes down), then at 90 a new positive bucket (a new layout, no reset).
+    ints = []
+    for i in range(130):
+        t = t0 + i * STEP
+        if i < 50:
+            ints.append(integer(t, [(0, 2), (2, 1)], [i + 1, 0, 1], zero=i, negative_spans=[(-1, 1)], negative_deltas=[i]))
+        elif i < 90:
+            ints.append(integer(t, [(0, 2), (2, 1)], [i - 50, 1, 1], zero=i - 50, negative_spans=[(-1, 1)], negative_deltas=[i - 50]))
+        else:
+            ints.append(integer(t, [(0, 2), (2, 2)], [i - 50, 1, 1, 0], zero=i - 50, negative_spans=[(-1, 1)], negative_deltas=[i - 50]))
+    check(
+        "requests_seconds",
+        [],
+        ints,
+        [("HISTOGRAM", "UnknownCounterReset", ints[:50]), ("HISTOGRAM", "CounterReset", ints[50:90]), ("HISTOGRAM", "NotCounterReset", ints[90:])],
+    )
+
+    # Float histograms: 120-sample chunks, a NaN sum, and a reset the writer's hint announces.
+    floats = [
+        floating(t0 + i * STEP, [(1, 2)], [0.5 * i, 0.25 * i], zero=0.125 * i, negative_spans=[(-2, 1), (1, 1)], negative_counts=[i / 3, 1.0],
+                 sum_=float("nan") if i == 7 else 1.5 * i, hint=H.YES if i == 200 else H.UNKNOWN)
+        for i in range(250)
+    ]
+    check(
+        "latency_seconds",
+        [],
+        floats,
+        [("FLOAT_HISTOGRAM", "UnknownCounterReset", floats[:120]), ("FLOAT_HISTOGRAM", "NotCounterReset", floats[120:200]), ("FLOAT_HISTOGRAM", "CounterReset", floats[200:])],
+    )
+
+    # Custom buckets (schema -53), integer then float, between float samples in one series.
+    bounds = [0.1, 0.25, 1.0, 2.5, 1e6 + 0.5]
+    nhcb_int = [integer(t0 + (3 + i) * STEP, [(0, 6)], [i, 1, 0, 0, 2, 0], schema=-53, custom=bounds, zero_threshold=0.0) for i in range(10)]
+    nhcb_float = [floating(t0 + (13 + i) * STEP, [(0, 3), (2, 1)], [1.0, 2.0 + i, 3.0, 4.5], schema=-53, custom=bounds, zero_threshold=0.0) for i in range(10)]
+    before = [(t0 + i * STEP, float(i)) for i in range(3)]
+    after = [(t0 + (23 + i) * STEP, 0.1 * i) for i in range(5)]
+    check(
+        "nhcb_seconds",
+        before + after,
+        nhcb_int + nhcb_float,
+        [("XOR", "", before), ("HISTOGRAM", "UnknownCounterReset", nhcb_int), ("FLOAT_HISTOGRAM", "UnknownCounterReset", nhcb_float), ("XOR", "", after)],
+    )
+
+    # Gauge histograms go down and up in one chunk.
+    gauges = [integer(t0 + i * STEP, [(0, 1)], [count], zero=1, hint=H.GAUGE, schema=0) for i, count in enumerate([5, 1, 7, 0, 3])]
+    check("queue_bytes", [], gauges, [("HISTOGRAM", "GaugeType", gauges)])
