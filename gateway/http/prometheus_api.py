@@ -31,8 +31,9 @@ MAX_REPORTED_REJECTS = 10
 # A series this small is XOR-encoded on the reactor in about a millisecond; larger ones (pure
 # Python, ~2 us a sample) are encoded in a thread so that one long series stalls nobody.
 INLINE_ENCODE_SAMPLES = 1000
-# A native histogram costs about as much to encode as this many float samples (its buckets).
-HISTOGRAM_ENCODE_COST = 20
+# Encoding a native histogram costs about one float sample per this many bytes of its message
+# (its buckets: ~40 us for a 12-bucket histogram of 60 bytes).
+HISTOGRAM_BYTES_PER_SAMPLE = 4
 
 
 def _header(request: server.Request, name: bytes) -> str | None:
@@ -231,7 +232,7 @@ class PrometheusAPI:
         """STREAMED_XOR_CHUNKS frames, encoded series by series as they are sent (long series in a thread)."""
         for index, answer in enumerate(answers):
             for labels, found, native in answer:
-                if len(found) + HISTOGRAM_ENCODE_COST * len(native) <= INLINE_ENCODE_SAMPLES:
+                if len(found) + sum(len(row.data) for row in native) // HISTOGRAM_BYTES_PER_SAMPLE <= INLINE_ENCODE_SAMPLES:
                     frames = _series_frames(index, labels, found, native)
                 else:
                     frames = await threads.deferToThread(_series_frames, index, labels, found, native)
