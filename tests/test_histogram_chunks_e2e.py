@@ -159,3 +159,53 @@ def test_streamed_histogram_chunks_round_trip_through_chunkenc(gateway, tenant):
     # Gauge histograms go down and up in one chunk.
     gauges = [integer(t0 + i * STEP, [(0, 1)], [count], zero=1, hint=H.GAUGE, schema=0) for i, count in enumerate([5, 1, 7, 0, 3])]
     check("queue_bytes", [], gauges, [("HISTOGRAM", "GaugeType", gauges)])
+
+
+def random_series(rng, t0: int, is_float: bool, size: int) -> list[H]:
+    """Valid histograms that wander between a few layouts, reset now and then, and take counts
+    of every width (so every varbit width and XOR window turns up)."""
+    layouts = [
+        (3, 2.0**-128, [(0, 2), (2, 1)], [(-1, 1)], []),
+        (3, 2.0**-128, [(0, 2), (2, 2)], [(-1, 1)], []),
+        (-2, 0.0, [(-5, 3)], [], []),
+        (8, 0.001, [], [(0, 4), (7, 1)], []),
+        (-53, 0.0, [(0, 2), (1, 2)], [], [0.005, 0.1, 1.0, 60.0, 1e6 + 0.3]),
+    ]
+    messages, t = [], t0
+    for _ in range(size):
+        t += rng.choice([1, 1000, 15_000, 15_000, 15_001, rng.randint(1, 600_000)])
+        if not messages or rng.random() < 0.05:
+            schema, zero_threshold, positive, negative, custom = rng.choice(layouts)
+            scale = rng.choice([1, 1000, 1 << 30, 1 << 50])
+        n_positive, n_negative = sum(length for _, length in positive), sum(length for _, length in negative)
+        grow = rng.random() >= 0.03  # else a reset: counts start again low
+        base = len(messages) * scale if grow else 0
+        positive_counts = [base + rng.randint(0, scale) for _ in range(n_positive)]
+        negative_counts = [base + rng.randint(0, scale) for _ in range(n_negative)]
+        zero = 0 if schema == -53 else base + rng.randint(0, scale)
+        sum_ = rng.choice([float("nan"), -0.0, rng.random() * scale, float(rng.randint(0, 10))])
+        if is_float:
+            messages.append(floating(t, positive, [c / 4 for c in positive_counts], zero / 4, negative, [c / 4 for c in negative_counts], schema, sum_, custom=custom, zero_threshold=zero_threshold))
+        else:
+            deltas = [b - a for a, b in zip([0, *positive_counts], positive_counts)]
+            negative_deltas = [b - a for a, b in zip([0, *negative_counts], negative_counts)]
+            messages.append(integer(t, positive, deltas, zero, negative, negative_deltas, schema, sum_, custom=custom, zero_threshold=zero_threshold))
+    return messages
+
+
+def test_random_histograms_come_back_bit_exact_from_chunkenc(gateway, tenant):
+    """Hundreds of random histograms a series, integer and float: every sample chunkenc decodes
+    is the one written (but its hint), in order, in chunks of at most 120."""
+    import random
+
+    rng = random.Random(1414)
+    t0 = now_ms() - 12 * 3600_000  # 400 steps of about a minute
+    for name, is_float in (("random_int", False), ("random_float", True)):
+        messages = random_series(rng, t0, is_float, 400)
+        answer = write(gateway, tenant, [Series({"__name__": name}, histograms=histograms(messages))])
+        assert answer.status == 204, answer.body
+        records = decode_remote_read(f"{gateway.url}/api/v1/read", tenant, t0, now_ms(), name)
+        assert len(records) > 5 and all(1 <= len(r["samples"]) <= 120 for r in records)
+        assert {r["encoding"] for r in records} == {"FLOAT_HISTOGRAM" if is_float else "HISTOGRAM"}
+        found = [sample for record in records for sample in record["samples"]]
+        assert [{**sample, "hint": None} for sample in found] == [{**decoded_form(m, H.UNKNOWN), "hint": None} for m in messages]

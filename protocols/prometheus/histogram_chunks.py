@@ -292,24 +292,20 @@ def _write_layout(out: BitWriter, h: NativeHistogram) -> None:
 
 
 def _write_varbit_int(out: BitWriter, value: int) -> None:
-    if value == 0:
-        out.write(0, 1)
-        return
-    for prefix, prefix_bits, nbits in _VARBIT:
-        if -((1 << (nbits - 1)) - 1) <= value <= 1 << (nbits - 1):
-            out.write(prefix, prefix_bits)
-            out.write(value, nbits)
-            return
-    out.write(0xFF, 8)
-    out.write(value, 64)
+    _write_varbit(out, value, lambda nbits: -((1 << (nbits - 1)) - 1) <= value <= 1 << (nbits - 1))
 
 
 def _write_varbit_uint(out: BitWriter, value: int) -> None:
+    _write_varbit(out, value, lambda nbits: value < 1 << nbits)
+
+
+def _write_varbit(out: BitWriter, value: int, fits) -> None:
+    """The narrowest width ``fits`` accepts (0 is one bit, the widest 64 bits)."""
     if value == 0:
         out.write(0, 1)
         return
     for prefix, prefix_bits, nbits in _VARBIT:
-        if value < 1 << nbits:
+        if fits(nbits):
             out.write(prefix, prefix_bits)
             out.write(value, nbits)
             return
