@@ -228,3 +228,19 @@ def test_streamed_series_interleave_float_and_histogram_chunks_in_time_order():
     assert same(histograms[3], F._replace(timestamp=8))
     with pytest.raises(ValueError, match="histogram chunks"):
         list(prometheus.decode_chunked_read_response(frame))
+
+
+@pytest.mark.parametrize("is_float", [False, True])
+def test_damaged_chunks_are_value_errors(is_float):
+    """A client decoding a damaged answer gets ValueError, whatever the damage."""
+    rng = random.Random(7)
+    good = bytes.fromhex(VECTORS["float, custom buckets" if is_float else "integer, every varbit width"][2])
+    for _ in range(2000):
+        data = bytearray(good[: rng.randint(0, len(good))])
+        for _ in range(rng.randint(0, 3)):
+            if data:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            decode_histogram_chunk(bytes(data), is_float)
+        except ValueError:
+            pass
