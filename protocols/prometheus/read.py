@@ -356,13 +356,15 @@ def encode_chunked_series_frames(
         yield _series_frame(query_index, labels, chunks)
 
 
+_FLOAT, _HISTOGRAM, _FLOAT_HISTOGRAM = types_pb2.Chunk.XOR, types_pb2.Chunk.HISTOGRAM, types_pb2.Chunk.FLOAT_HISTOGRAM
+
+
 def _series_chunks(samples: Sequence[tuple[int, float]], histograms: Sequence, max_samples: int) -> Iterator[types_pb2.Chunk]:
     """The chunks of one series: float samples as they come when there are no histograms;
     otherwise every sample in time order, a new chunk whenever the kind (float, integer
     histogram, float histogram) changes, as Prometheus's head cuts them."""
     if not histograms:
-        for start in range(0, len(samples), max_samples):
-            yield _chunk(types_pb2.Chunk.XOR, samples[start : start + max_samples], encode_xor_chunk)
+        yield from _xor_chunks(samples, max_samples)
         return
     decoded = [histogram_chunks.from_protobuf(h.timestamp, h.data) for h in histograms]
     timeline = sorted(
@@ -371,15 +373,15 @@ def _series_chunks(samples: Sequence[tuple[int, float]], histograms: Sequence, m
     )
     for kind, run in groupby(timeline, key=lambda event: event[1]):
         if kind == _FLOAT:
-            points = [samples[i] for _, _, i in run]
-            for start in range(0, len(points), max_samples):
-                yield _chunk(types_pb2.Chunk.XOR, points[start : start + max_samples], encode_xor_chunk)
+            yield from _xor_chunks([samples[i] for _, _, i in run], max_samples)
             continue
         for header, part in histogram_chunks.cut_chunks([decoded[i] for _, _, i in run], max_samples):
             yield _chunk(kind, part, partial(histogram_chunks.encode_histogram_chunk, header))
 
 
-_FLOAT, _HISTOGRAM, _FLOAT_HISTOGRAM = types_pb2.Chunk.XOR, types_pb2.Chunk.HISTOGRAM, types_pb2.Chunk.FLOAT_HISTOGRAM
+def _xor_chunks(samples: Sequence[tuple[int, float]], max_samples: int) -> Iterator[types_pb2.Chunk]:
+    for start in range(0, len(samples), max_samples):
+        yield _chunk(_FLOAT, samples[start : start + max_samples], encode_xor_chunk)
 
 
 def _chunk(encoding: int, part: Sequence, encode) -> types_pb2.Chunk:
