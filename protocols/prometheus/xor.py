@@ -8,7 +8,8 @@ after the first XORed with the previous one, Gorilla style, reusing the
 previous leading/trailing zero window when the new XOR fits inside it. Bits
 are written most significant first and the last byte is zero-padded. Values
 are handled as raw 64-bit patterns, so NaN payloads (the stale marker
-0x7ff0000000000002) survive a round trip.
+0x7ff0000000000002) survive a round trip. The bit writer and reader and the value
+XOR (write_xor, read_xor) are shared with the histogram chunks (histogram_chunks.py).
 """
 
 import struct
