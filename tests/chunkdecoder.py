@@ -41,7 +41,9 @@ def decoder_binary() -> Path:
         source, build = target / "src", target / "build"
         shutil.copytree(SOURCE, source)
         command = [str(go), "build", "-o", str(binary), "."]
-        result = subprocess.run(command, cwd=source, env=go_env(go, build), capture_output=True, text=True, timeout=1200)
+        result = subprocess.run(
+            command, cwd=source, env=go_env(go, build), capture_output=True, text=True, timeout=1200
+        )
         if result.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
         shutil.rmtree(build)  # the module and build caches; the binary is all we need
@@ -54,7 +56,10 @@ def decode_remote_read(url: str, tenant: str, start_ms: int, end_ms: int, name: 
     dict a chunk (labels, encoding, min/max time, counter-reset header, samples; floats as
     the hex of their bits)."""
     result = subprocess.run(
-        [str(decoder_binary()), url, tenant, str(start_ms), str(end_ms), name], capture_output=True, text=True, timeout=60
+        [str(decoder_binary()), url, tenant, str(start_ms), str(end_ms), name],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if result.returncode != 0:
         raise RuntimeError(f"chunkdecode failed ({result.returncode}): {result.stderr[-4000:]}")

@@ -33,29 +33,41 @@ H = types_pb2.Histogram
 STALE = struct.unpack(">d", bytes.fromhex("7ff0000000000002"))[0]
 GO_NAN = struct.unpack(">d", bytes.fromhex("7ff8000000000001"))[0]  # Go's math.NaN()
 A = NativeHistogram(1000, False, H.UNKNOWN, 3, 2.0**-128, 10, 2, 12.5, ((-2, 2), (1, 1)), ((0, 1),), (3, 1, -2), (2,))
-B = A._replace(timestamp=1015, count=12, sum=20.0, positive=(3, 2, -2))
-C = A._replace(timestamp=1030, count=15, zero_count=3, sum=25.25, positive=(4, 2, -2), negative=(4,))
+B = A._replace(timestamp=1015, total=12, sum=20.0, positive=(3, 2, -2))
+C = A._replace(timestamp=1030, total=15, zero_count=3, sum=25.25, positive=(4, 2, -2), negative=(4,))
 W = NativeHistogram(-5, False, H.UNKNOWN, -4, 0.3, 1 << 40, 300, -1e300, ((5, 4),), (), (1, 100, 5000, 1 << 20))
-W2 = W._replace(timestamp=1_000_000_000, count=(1 << 40) + (1 << 30), zero_count=301, sum=math.inf, positive=(1 << 50, 100, 5000, 1 << 20))
-W3 = W2._replace(timestamp=1_000_000_007, count=(1 << 63) - 1, sum=GO_NAN, positive=(1 << 55, -100, 3, 33))
+W2 = W._replace(
+    timestamp=1_000_000_000,
+    total=(1 << 40) + (1 << 30),
+    zero_count=301,
+    sum=math.inf,
+    positive=(1 << 50, 100, 5000, 1 << 20),
+)
+W3 = W2._replace(timestamp=1_000_000_007, total=(1 << 63) - 1, sum=GO_NAN, positive=(1 << 55, -100, 3, 33))
 G = A._replace(timestamp=7, hint=H.GAUGE)
-G2 = G._replace(timestamp=8, count=4, zero_count=1, positive=(1, 0, 0), negative=(0,))
+G2 = G._replace(timestamp=8, total=4, zero_count=1, positive=(1, 0, 0), negative=(0,))
 EMPTY = NativeHistogram(0, False, H.UNKNOWN, 8, 0.0, 0, 0, 0.0)
 F = NativeHistogram(5, True, H.UNKNOWN, -53, 0.0, 7.0, 0.0, 3.5, ((0, 3),), (), (1.0, 2.5, 3.5), (), (0.5, 1.0, 1e9))
-F2 = F._replace(timestamp=65, count=8.0, positive=(1.0, 3.5, 3.5))
+F2 = F._replace(timestamp=65, total=8.0, positive=(1.0, 3.5, 3.5))
 N = NativeHistogram(100, True, H.UNKNOWN, 0, 0.001, 5.5, 0.5, -2.0, (), ((-1, 1), (2, 2)), (), (1.0, 2.0, 2.0))
-N2 = N._replace(timestamp=200, count=6.5, negative=(1.0, 2.75, 2.25))
+N2 = N._replace(timestamp=200, total=6.5, negative=(1.0, 2.75, 2.25))
 N3 = N2._replace(timestamp=300, sum=-2.5, zero_count=1.5)
-BOUNDS = NativeHistogram(1, True, H.UNKNOWN, -53, 0.0, 1.0, 0.0, 1.0, ((0, 1),), (), (1.0,), (), (-1.0, 0.0, 0.001, 33554.43, 33554.431, 0.3))
+BOUNDS = NativeHistogram(
+    1, True, H.UNKNOWN, -53, 0.0, 1.0, 0.0, 1.0, ((0, 1),), (), (1.0,), (), (-1.0, 0.0, 0.001, 33554.43, 33554.431, 0.3)
+)
 
 
 def stale(h: NativeHistogram, timestamp: int) -> NativeHistogram:
     """A stale marker as chunkenc keeps it: the sum alone."""
-    return NativeHistogram(timestamp, h.is_float, H.UNKNOWN, 0, 0.0, h.count * 0, h.zero_count * 0, STALE)
+    return NativeHistogram(timestamp, h.is_float, H.UNKNOWN, 0, 0.0, h.total * 0, h.zero_count * 0, STALE)
 
 
 VECTORS = {
-    "integer": (UNKNOWN_COUNTER_RESET, [A, B, C], "000300749ca568c63178fa315240290000000000009c6d2c7c9ac5ea2231d836b1ba40"),
+    "integer": (
+        UNKNOWN_COUNTER_RESET,
+        [A, B, C],
+        "000300749ca568c63178fa315240290000000000009c6d2c7c9ac5ea2231d836b1ba40",
+    ),
     "integer, reset header": (COUNTER_RESET, [A], "000180749ca568c63178fa315240290000000000009c6d20"),
     "integer, every varbit width": (
         NOT_COUNTER_RESET,
@@ -63,9 +75,17 @@ VECTORS = {
         "000340ff3fd3333333333333de469856eff800040000000003a59fc6fc8791000eb391e327c09c47e0800007f0000001dcd6502ff0000002"
         "00000004707d038fc8791000eb3ff01ffffffffffff8feffffffc4653602ff7ffffeff7fffffffbecd20000000000007f9e0000000000007a71f7d8f7fbe000420",
     ),
-    "integer, stale marker": (UNKNOWN_COUNTER_RESET, [A, stale(A, 1015)], "000200749ca568c63178fa315240290000000000009c6d2c798bdff640000000000080"),
+    "integer, stale marker": (
+        UNKNOWN_COUNTER_RESET,
+        [A, stale(A, 1015)],
+        "000200749ca568c63178fa315240290000000000009c6d2c798bdff640000000000080",
+    ),
     "integer gauge": (GAUGE_TYPE, [G, G2], "0002c0749ca568c63161f15240290000000000009c6d28eeaeb5e560"),
-    "integer, empty": (UNKNOWN_COUNTER_RESET, [EMPTY, EMPTY._replace(timestamp=60000), EMPTY._replace(timestamp=120000)], "00030000c4000000000000000003e3a98000"),
+    "integer, empty": (
+        UNKNOWN_COUNTER_RESET,
+        [EMPTY, EMPTY._replace(timestamp=60000), EMPTY._replace(timestamp=120000)],
+        "00030000c4000000000000000003e3a98000",
+    ),
     "float, custom buckets": (
         UNKNOWN_COUNTER_RESET,
         [F, F2],
@@ -128,7 +148,9 @@ def test_zero_thresholds_take_one_byte_when_a_power_of_two_in_range():
 
 def h(timestamp, count, buckets=(1,), hint=H.UNKNOWN, **changes) -> NativeHistogram:
     """An integer histogram of one positive span over ``buckets`` (deltas)."""
-    base = NativeHistogram(timestamp, False, hint, 0, 0.0, count, 0, float(count), ((0, len(buckets)),), (), tuple(buckets))
+    base = NativeHistogram(
+        timestamp, False, hint, 0, 0.0, count, 0, float(count), ((0, len(buckets)),), (), tuple(buckets)
+    )
     return base._replace(**changes)
 
 
@@ -138,8 +160,16 @@ def headers_and_sizes(histograms, max_samples=120):
 
 def test_chunks_are_cut_at_120_samples_with_a_known_no_reset_header():
     series = [h(i, i) for i in range(250)]
-    assert headers_and_sizes(series) == [(UNKNOWN_COUNTER_RESET, 120), (NOT_COUNTER_RESET, 120), (NOT_COUNTER_RESET, 10)]
-    assert headers_and_sizes(series, 100) == [(UNKNOWN_COUNTER_RESET, 100), (NOT_COUNTER_RESET, 100), (NOT_COUNTER_RESET, 50)]
+    assert headers_and_sizes(series) == [
+        (UNKNOWN_COUNTER_RESET, 120),
+        (NOT_COUNTER_RESET, 120),
+        (NOT_COUNTER_RESET, 10),
+    ]
+    assert headers_and_sizes(series, 100) == [
+        (UNKNOWN_COUNTER_RESET, 100),
+        (NOT_COUNTER_RESET, 100),
+        (NOT_COUNTER_RESET, 50),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -156,7 +186,7 @@ def test_chunks_are_cut_at_120_samples_with_a_known_no_reset_header():
     ],
 )
 def test_a_new_chunk_starts_at_a_reset_or_a_layout_change(second, header):
-    third = second._replace(timestamp=3, count=second.count + 1, hint=H.GAUGE if second.hint == H.GAUGE else H.NO)
+    third = second._replace(timestamp=3, total=second.total + 1, hint=H.GAUGE if second.hint == H.GAUGE else H.NO)
     assert headers_and_sizes([h(1, 4), second, third]) == [(UNKNOWN_COUNTER_RESET, 1), (header, 2)]
 
 
@@ -182,7 +212,19 @@ def random_histogram(rng: random.Random, timestamp: int, is_float: bool) -> Nati
     else:
         buckets = tuple(rng.randint(-(1 << rng.randint(1, 62)), 1 << rng.randint(1, 62)) for _ in range(n))
         count, zero = rng.randint(0, (1 << 64) - 1), rng.randint(0, 1 << 40)
-    return NativeHistogram(timestamp, is_float, H.UNKNOWN, rng.randint(-4, 8), rng.choice([0.0, 2.0**-128, 1e-9]), count, zero, rng.random() * 1e9, spans, (), buckets)
+    return NativeHistogram(
+        timestamp,
+        is_float,
+        H.UNKNOWN,
+        rng.randint(-4, 8),
+        rng.choice([0.0, 2.0**-128, 1e-9]),
+        count,
+        zero,
+        rng.random() * 1e9,
+        spans,
+        (),
+        buckets,
+    )
 
 
 @pytest.mark.parametrize("is_float", [False, True])
@@ -194,7 +236,14 @@ def test_random_chunks_decode_to_what_was_encoded(is_float):
         for _ in range(rng.randint(0, 30)):
             t += rng.choice([0, 1, 15000, rng.randint(1, 1 << 35)])
             other = random_histogram(rng, t, is_float)
-            series.append(other._replace(schema=first.schema, zero_threshold=first.zero_threshold, positive_spans=first.positive_spans, positive=other.positive[: len(first.positive)] + (0,) * (len(first.positive) - len(other.positive))))
+            series.append(
+                other._replace(
+                    schema=first.schema,
+                    zero_threshold=first.zero_threshold,
+                    positive_spans=first.positive_spans,
+                    positive=other.positive[: len(first.positive)] + (0,) * (len(first.positive) - len(other.positive)),
+                )
+            )
         header, found = decode_histogram_chunk(encode_histogram_chunk(NOT_COUNTER_RESET, series), is_float)
         assert header == NOT_COUNTER_RESET
         assert all(same(a, b._replace(hint=a.hint)) for a, b in zip(found, series)) and len(found) == len(series)

@@ -17,6 +17,7 @@ installed in a throwaway venv so it cannot change the project's protobuf:
 
 from .crc32c import crc32c
 from .errors import ProtocolError, RemoteReadError, RemoteWriteError
+from .histogram_chunks import NativeHistogram, decode_histogram_chunk, encode_histogram_chunk
 from .names import prometheus_metric_name, sanitize_label_name
 from .read import (
     SAMPLES,
@@ -54,7 +55,6 @@ from .write import (
     message_version,
     v2_written_headers,
 )
-from .histogram_chunks import NativeHistogram, decode_histogram_chunk, encode_histogram_chunk
 from .xor import decode_xor_chunk, encode_xor_chunk
 
 __all__ = [

@@ -43,7 +43,15 @@ RESET_HEADERS = {
 }
 
 # (prefix, prefix bits, payload bits) of varbit numbers, narrowest first.
-_VARBIT = ((0b10, 2, 3), (0b110, 3, 6), (0b1110, 4, 9), (0b11110, 5, 12), (0b111110, 6, 18), (0b1111110, 7, 25), (0b11111110, 8, 56))
+_VARBIT = (
+    (0b10, 2, 3),
+    (0b110, 3, 6),
+    (0b1110, 4, 9),
+    (0b11110, 5, 12),
+    (0b111110, 6, 18),
+    (0b1111110, 7, 25),
+    (0b11111110, 8, 56),
+)
 _CUSTOM_BOUND_LIMIT = 33554430  # bound * 1000 that still fits the 4-byte varbit
 
 
@@ -54,10 +62,10 @@ class NativeHistogram(NamedTuple):
 
     timestamp: int
     is_float: bool
-    hint: int
+    hint: "types_pb2.Histogram.ResetHint"
     schema: int
     zero_threshold: float
-    count: int | float
+    total: int | float  # the count of observations
     zero_count: int | float
     sum: float
     positive_spans: tuple[tuple[int, int], ...] = ()
@@ -101,14 +109,19 @@ def from_protobuf(timestamp: int, data: bytes) -> NativeHistogram:
 def to_protobuf(h: NativeHistogram) -> types_pb2.Histogram:
     """The prometheus.Histogram message of a decoded sample."""
     message = types_pb2.Histogram(
-        sum=h.sum, schema=h.schema, zero_threshold=h.zero_threshold, reset_hint=h.hint, timestamp=h.timestamp, custom_values=h.custom_values
+        sum=h.sum,
+        schema=h.schema,
+        zero_threshold=h.zero_threshold,
+        reset_hint=h.hint,
+        timestamp=h.timestamp,
+        custom_values=h.custom_values,
     )
     if h.is_float:
-        message.count_float, message.zero_count_float = h.count, h.zero_count
+        message.count_float, message.zero_count_float = h.total, h.zero_count
         message.positive_counts.extend(h.positive)
         message.negative_counts.extend(h.negative)
     else:
-        message.count_int, message.zero_count_int = h.count, h.zero_count
+        message.count_int, message.zero_count_int = int(h.total), int(h.zero_count)
         message.positive_deltas.extend(h.positive)
         message.negative_deltas.extend(h.negative)
     for spans, field in ((h.positive_spans, message.positive_spans), (h.negative_spans, message.negative_spans)):
@@ -135,7 +148,7 @@ def reset_header(previous: NativeHistogram | None, h: NativeHistogram) -> int:
         return NOT_COUNTER_RESET  # after a gauge chunk, as upstream
     if previous.is_stale:
         return UNKNOWN_COUNTER_RESET
-    if h.count < previous.count:
+    if h.total < previous.total:
         return COUNTER_RESET
     if h.schema != previous.schema or float_bits(h.zero_threshold) != float_bits(previous.zero_threshold):
         return UNKNOWN_COUNTER_RESET
@@ -168,7 +181,9 @@ def _bucket_counts(h: NativeHistogram, side: str) -> dict[int, float]:
     return counts
 
 
-def cut_chunks(histograms: Sequence[NativeHistogram], max_samples: int = 120) -> list[tuple[int, list[NativeHistogram]]]:
+def cut_chunks(
+    histograms: Sequence[NativeHistogram], max_samples: int = 120
+) -> list[tuple[int, list[NativeHistogram]]]:
     """Time-ordered histograms of one encoding as (counter-reset header, samples) chunks.
 
     A new chunk starts after ``max_samples``, at a counter reset (or an unknown one), at a
@@ -185,7 +200,11 @@ def cut_chunks(histograms: Sequence[NativeHistogram], max_samples: int = 120) ->
         if chunks:
             header, samples = chunks[-1]
             gauge = h.hint == types_pb2.Histogram.GAUGE
-            if len(samples) < max_samples and gauge == (header == GAUGE_TYPE) and (h.is_stale or h.layout() == samples[0].layout()):
+            if (
+                len(samples) < max_samples
+                and gauge == (header == GAUGE_TYPE)
+                and (h.is_stale or h.layout() == samples[0].layout())
+            ):
                 last = samples[-1]
                 if (gauge and not last.is_stale) or (not gauge and reset_header(last, h) == NOT_COUNTER_RESET):
                     samples.append(h)
@@ -208,12 +227,12 @@ def encode_histogram_chunk(header: int, histograms: Sequence[NativeHistogram]) -
     _write_layout(out, first)
     _write_varbit_int(out, first.timestamp)
     if is_float:
-        for value in (first.count, first.zero_count, first.sum, *first.positive, *first.negative):
+        for value in (first.total, first.zero_count, first.sum, *first.positive, *first.negative):
             out.write(float_bits(value), 64)
         _write_float_samples(out, first, histograms[1:])
     else:
-        _write_varbit_uint(out, first.count)
-        _write_varbit_uint(out, first.zero_count)
+        _write_varbit_uint(out, int(first.total))
+        _write_varbit_uint(out, int(first.zero_count))
         out.write(float_bits(first.sum), 64)
         for delta in (*first.positive, *first.negative):
             _write_varbit_int(out, delta)
@@ -223,18 +242,22 @@ def encode_histogram_chunk(header: int, histograms: Sequence[NativeHistogram]) -
 
 def _stale_only(h: NativeHistogram) -> NativeHistogram:
     """A stale marker keeps only its sum, as chunkenc writes it."""
-    return NativeHistogram(h.timestamp, h.is_float, h.hint, 0, 0.0, h.count * 0, h.zero_count * 0, h.sum) if h.is_stale else h
+    return (
+        NativeHistogram(h.timestamp, h.is_float, h.hint, 0, 0.0, h.total * 0, h.zero_count * 0, h.sum)
+        if h.is_stale
+        else h
+    )
 
 
 def _write_integer_samples(out: BitWriter, first: NativeHistogram, rest: Sequence[NativeHistogram]) -> None:
-    t, count, zero_count, sum_bits = first.timestamp, first.count, first.zero_count, float_bits(first.sum)
+    t, count, zero_count, sum_bits = first.timestamp, int(first.total), int(first.zero_count), float_bits(first.sum)
     buckets = [*first.positive, *first.negative]
     bucket_deltas = [0] * len(buckets)
     t_delta = count_delta = zero_delta = 0
     window = XorWindow()
     for h in map(_stale_only, rest):
         new_t_delta = signed64(h.timestamp - t)
-        new_count_delta, new_zero_delta = signed64(h.count - count), signed64(h.zero_count - zero_count)
+        new_count_delta, new_zero_delta = signed64(int(h.total) - count), signed64(int(h.zero_count) - zero_count)
         _write_varbit_int(out, signed64(new_t_delta - t_delta))
         if h.is_stale:
             out.write(0, 2)  # count and zero count delta-of-deltas are written as 0
@@ -246,18 +269,18 @@ def _write_integer_samples(out: BitWriter, first: NativeHistogram, rest: Sequenc
             delta = signed64(value - buckets[i])
             _write_varbit_int(out, signed64(delta - bucket_deltas[i]))
             buckets[i], bucket_deltas[i] = value, delta
-        t, count, zero_count, sum_bits = h.timestamp, h.count, h.zero_count, float_bits(h.sum)
+        t, count, zero_count, sum_bits = h.timestamp, int(h.total), int(h.zero_count), float_bits(h.sum)
         t_delta, count_delta, zero_delta = new_t_delta, new_count_delta, new_zero_delta
 
 
 def _write_float_samples(out: BitWriter, first: NativeHistogram, rest: Sequence[NativeHistogram]) -> None:
-    values = [float_bits(v) for v in (first.count, first.zero_count, first.sum, *first.positive, *first.negative)]
+    values = [float_bits(v) for v in (first.total, first.zero_count, first.sum, *first.positive, *first.negative)]
     windows = [XorWindow() for _ in values]
     t, t_delta = first.timestamp, 0
     for h in map(_stale_only, rest):
         new_t_delta = signed64(h.timestamp - t)
         _write_varbit_int(out, signed64(new_t_delta - t_delta))
-        for i, value in enumerate((h.count, h.zero_count, h.sum, *h.positive, *h.negative)):
+        for i, value in enumerate((h.total, h.zero_count, h.sum, *h.positive, *h.negative)):
             bits = float_bits(value)
             write_xor(out, bits, values[i], windows[i])
             values[i] = bits
@@ -353,12 +376,30 @@ def decode_histogram_chunk(data: bytes, is_float: bool) -> tuple[int, list[Nativ
     read = _read_float_samples if is_float else _read_integer_samples
     samples = []
     for i, (t, count_, zero_count, sum_, buckets) in enumerate(read(reader, count, n_buckets)):
-        hint = types_pb2.Histogram.GAUGE if header == GAUGE_TYPE else (types_pb2.Histogram.NO if i else types_pb2.Histogram.UNKNOWN)
+        hint = (
+            types_pb2.Histogram.GAUGE
+            if header == GAUGE_TYPE
+            else (types_pb2.Histogram.NO if i else types_pb2.Histogram.UNKNOWN)
+        )
         if float_bits(sum_) == STALE_NAN_BITS:
             samples.append(NativeHistogram(t, is_float, hint, 0, 0.0, count_ * 0, zero_count * 0, sum_))
             continue
         samples.append(
-            NativeHistogram(t, is_float, hint, schema, zero_threshold, count_, zero_count, sum_, positive_spans, negative_spans, tuple(buckets[:n_positive]), tuple(buckets[n_positive:]), custom_values)
+            NativeHistogram(
+                t,
+                is_float,
+                hint,
+                schema,
+                zero_threshold,
+                count_,
+                zero_count,
+                sum_,
+                positive_spans,
+                negative_spans,
+                tuple(buckets[:n_positive]),
+                tuple(buckets[n_positive:]),
+                custom_values,
+            )
         )
     return header, samples
 
@@ -384,7 +425,11 @@ def _read_integer_samples(reader: BitReader, count: int, n_buckets: int):
         t_delta += _read_varbit(reader, True)
         count_delta += _read_varbit(reader, True)
         zero_delta += _read_varbit(reader, True)
-        t, total, zero_count = signed64(t + t_delta), (total + count_delta) & (1 << 64) - 1, (zero_count + zero_delta) & (1 << 64) - 1
+        t, total, zero_count = (
+            signed64(t + t_delta),
+            (total + count_delta) & (1 << 64) - 1,
+            (zero_count + zero_delta) & (1 << 64) - 1,
+        )
         sum_bits = read_xor(reader, sum_bits, window)
         if sum_bits == STALE_NAN_BITS:
             yield t, total, zero_count, bits_float(sum_bits), []

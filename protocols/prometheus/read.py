@@ -384,7 +384,7 @@ def _xor_chunks(samples: Sequence[tuple[int, float]], max_samples: int) -> Itera
         yield _chunk(_FLOAT, samples[start : start + max_samples], encode_xor_chunk)
 
 
-def _chunk(encoding: int, part: Sequence, encode) -> types_pb2.Chunk:
+def _chunk(encoding: "types_pb2.Chunk.Encoding", part: Sequence, encode) -> types_pb2.Chunk:
     """One chunk of ``part`` (pairs or histograms, timestamp first) with its time range."""
     timestamps = [item[0] for item in part]
     return types_pb2.Chunk(min_time_ms=min(timestamps), max_time_ms=max(timestamps), type=encoding, data=encode(part))
