@@ -97,6 +97,32 @@ def _go_toolchain(home: Path) -> Path:
     return root / "bin" / "go"
 
 
+def go_env(go: Path, build: Path) -> dict[str, str]:
+    """The environment of a pinned, offline-reproducible build: modules from the proxy checked
+    against go.sum, the module and build caches under ``build``."""
+    return {
+        "PATH": f"{go.parent}:/usr/bin:/bin",
+        "HOME": str(build),
+        "GOTOOLCHAIN": "local",
+        "GOPROXY": PROXY,
+        "GOFLAGS": "-mod=readonly -modcacherw",
+        "GOMODCACHE": str(build / "mod"),
+        "GOCACHE": str(build / "cache"),
+        "GOPATH": str(build / "gopath"),
+        "CGO_ENABLED": "0",
+        **{name: value for name, value in os.environ.items() if name.lower().endswith("_proxy")},
+    }
+
+
+def go_toolchain() -> Path:
+    """The pinned ``go`` binary, shared with the suite's build (downloaded once, under its lock)."""
+    home = cache_dir() / "rw-compliance"
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _go_toolchain(home)
+
+
 def suite_binaries() -> tuple[Path, Path]:
     """(the compiled suite, test2json), built once per pinned version and cached."""
     home = cache_dir() / "rw-compliance"
@@ -118,18 +144,7 @@ def suite_binaries() -> tuple[Path, Path]:
         _download(f"{PROXY}/{SUITE_MODULE}/@v/{SUITE_VERSION}.zip", SUITE_SHA256, target / "suite.zip")
         _unzip(target / "suite.zip", f"{SUITE_MODULE}@{SUITE_VERSION}/", source)
         (target / "suite.zip").unlink()
-        env = {
-            "PATH": f"{go.parent}:/usr/bin:/bin",
-            "HOME": str(build),
-            "GOTOOLCHAIN": "local",
-            "GOPROXY": PROXY,
-            "GOFLAGS": "-mod=readonly -modcacherw",
-            "GOMODCACHE": str(build / "mod"),
-            "GOCACHE": str(build / "cache"),
-            "GOPATH": str(build / "gopath"),
-            "CGO_ENABLED": "0",
-            **{name: value for name, value in os.environ.items() if name.lower().endswith("_proxy")},
-        }
+        env = go_env(go, build)
         _log("building the suite and its dependencies (downloaded from the proxy) ...")
         commands = [
             [str(go), "test", "-c", "-o", str(suite), "."],

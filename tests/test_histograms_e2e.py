@@ -3,6 +3,7 @@ Histograms-Written header, remote read SAMPLES out, bit for bit."""
 
 from protocols import prometheus
 from protocols.prometheus import Histogram, Matcher, Query, Series, remote_pb2, types_pb2
+from protocols.prometheus.histogram_chunks import to_protobuf
 from tests.test_exemplars_e2e import now_ms, read_samples, write
 from tests.test_prometheus_protocol import HISTOGRAM, VALID_HISTOGRAMS, histogram
 
@@ -60,20 +61,26 @@ def test_rw1_and_rw2_histograms_come_back_bit_exact(gateway, tenant):
     assert 'kind="native_histogram"' not in metrics
 
 
-def test_a_client_accepting_both_gets_samples_when_histograms_are_in_the_answer(gateway, tenant):
-    """Prometheus's client lists STREAMED_XOR_CHUNKS then SAMPLES: tsgate writes no histogram
-    chunks, so an answer with histograms is SAMPLES; without histograms it stays streamed."""
+def test_the_client_order_of_response_types_decides_with_histograms_too(gateway, tenant):
+    """Prometheus 3's client lists STREAMED_XOR_CHUNKS then SAMPLES: histograms come as histogram
+    chunks then (test_histogram_chunks_e2e.py decodes them with Prometheus's chunkenc); a client
+    listing SAMPLES first, or nothing, gets them as Histogram messages."""
     t = now_ms() - 60_000
-    write(gateway, tenant, [Series({"__name__": "h"}, histograms=[at(HISTOGRAM, t)]), Series({"__name__": "f"}, [(t, 2.0)])])
-    both = [prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES]
-    answer = post_read(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "h")])], both)
-    assert answer.status == 200 and answer.headers["Content-Type"] == prometheus.SAMPLES_CONTENT_TYPE
-    response = remote_pb2.ReadResponse.FromString(prometheus.decompress_block(answer.body, 1 << 24))
-    assert stored(response) == [[({"__name__": "h"}, [], [at(HISTOGRAM, t).data])]]
-    floats = post_read(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "f")])], both)
-    assert floats.status == 200 and floats.headers["Content-Type"] == prometheus.STREAMED_CONTENT_TYPE
-    streamed_only = post_read(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "h")])], [prometheus.STREAMED_XOR_CHUNKS])
-    assert streamed_only.status == 200 and streamed_only.headers["Content-Type"] == prometheus.STREAMED_CONTENT_TYPE
+    write(gateway, tenant, [Series({"__name__": "h"}, [(t - 1, 2.0)], histograms=[at(HISTOGRAM, t)])])
+    query = [Query(t - 1, t, [Matcher("EQ", "__name__", "h")])]
+    streamed = post_read(gateway, tenant, query, [prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES])
+    assert streamed.status == 200 and streamed.headers["Content-Type"] == prometheus.STREAMED_CONTENT_TYPE
+    ((index, labels, samples, histograms),) = prometheus.decode_chunked_series(streamed.body)
+    assert (index, labels, samples) == (0, {"__name__": "h"}, [(t - 1, 2.0)])
+    (found,) = histograms
+    expected = types_pb2.Histogram.FromString(at(HISTOGRAM, t).data)
+    expected.reset_hint = types_pb2.Histogram.UNKNOWN  # chunks keep no hint: the first of a chunk reads as unknown
+    assert to_protobuf(found).SerializeToString() == expected.SerializeToString()
+    for accepted in ([prometheus.SAMPLES, prometheus.STREAMED_XOR_CHUNKS], []):
+        answer = post_read(gateway, tenant, query, accepted)
+        assert answer.status == 200 and answer.headers["Content-Type"] == prometheus.SAMPLES_CONTENT_TYPE
+        response = remote_pb2.ReadResponse.FromString(prometheus.decompress_block(answer.body, 1 << 24))
+        assert stored(response) == [[({"__name__": "h"}, [(t - 1, 2.0)], [at(HISTOGRAM, t).data])]]
 
 
 def test_invalid_or_too_old_histograms_are_400_naming_them(start_gateway, backend_args, tenant):

@@ -784,18 +784,6 @@ def test_response_type_negotiation(accepted, chosen):
     assert negotiate_response_type(accepted) == chosen
 
 
-@pytest.mark.parametrize(
-    "accepted, chosen",
-    [
-        ([STREAMED_XOR_CHUNKS, SAMPLES], SAMPLES),
-        ([STREAMED_XOR_CHUNKS], STREAMED_XOR_CHUNKS),
-        ([], SAMPLES),
-    ],
-)
-def test_answers_with_histograms_are_samples_when_the_client_accepts_them(accepted, chosen):
-    assert negotiate_response_type(accepted, has_histograms=True) == chosen
-
-
 def test_unknown_response_types_are_kept_and_refused():
     request = decode_read_request(snappy(packed(2, [7])), LIMIT)
     assert request.accepted_response_types == ["7"]

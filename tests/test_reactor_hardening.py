@@ -296,3 +296,29 @@ def test_remote_read_of_720k_samples_keeps_healthz_fast(many_samples, response_t
     answer, elapsed, latencies = healthz_while(many_samples, lambda: many_samples.post("/api/v1/read", body, headers=headers, timeout=120))
     assert answer.status == 200, answer.body
     assert_healthz_fast(many_samples, latencies, f"during a {elapsed:.1f} s remote read")
+
+
+def test_streamed_read_of_40k_native_histograms_keeps_healthz_fast(hostile_gateway):
+    """Histogram chunks are encoded in pure Python (tens of microseconds a histogram): a large
+    streamed read is encoded off the reactor."""
+    from protocols.prometheus import Histogram, Series, types_pb2
+
+    now_ms = int(time.time() * 1000)
+    start = now_ms - 10_001 * 1000
+    for series in range(4):
+        histograms = []
+        for i in range(10_000):
+            message = types_pb2.Histogram(count_int=20 * (i + 1), sum=1.5 * i, schema=3, positive_deltas=[i + 1] + [0] * 19, timestamp=start + i * 1000)
+            message.positive_spans.add(offset=0, length=20)
+            histograms.append(Histogram(message.timestamp, message.SerializeToString()))
+        for first in range(0, 10_000, 2_500):
+            body = prometheus.encode_write_request_v1([Series({"__name__": "many_histograms", "s": str(series)}, histograms=histograms[first : first + 2_500])])
+            answer = hostile_gateway.post("/api/v1/write", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"})
+            assert answer.status == 204, answer.body
+    query = Query(start, now_ms, [Matcher("EQ", "__name__", "many_histograms")])
+    body = prometheus.encode_read_request([query], [prometheus.STREAMED_XOR_CHUNKS])
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+    answer, elapsed, latencies = healthz_while(hostile_gateway, lambda: hostile_gateway.post("/api/v1/read", body, headers=headers, timeout=120))
+    assert answer.status == 200, answer.body
+    assert sum(len(found) for *_, found in prometheus.decode_chunked_series(answer.body)) == 40_000
+    assert_healthz_fast(hostile_gateway, latencies, f"during a {elapsed:.1f} s streamed read of histograms")

@@ -17,6 +17,7 @@ installed in a throwaway venv so it cannot change the project's protobuf:
 
 from .crc32c import crc32c
 from .errors import ProtocolError, RemoteReadError, RemoteWriteError
+from .histogram_chunks import NativeHistogram, decode_histogram_chunk, encode_histogram_chunk
 from .names import prometheus_metric_name, sanitize_label_name
 from .read import (
     SAMPLES,
@@ -28,6 +29,7 @@ from .read import (
     ReadHints,
     ReadRequest,
     decode_chunked_read_response,
+    decode_chunked_series,
     decode_read_request,
     decode_read_response,
     encode_chunked_series_frames,
@@ -65,6 +67,7 @@ __all__ = [
     "Exemplar",
     "Histogram",
     "Matcher",
+    "NativeHistogram",
     "MetricMetadata",
     "ProtocolError",
     "Query",
@@ -77,6 +80,8 @@ __all__ = [
     "compress_block",
     "crc32c",
     "decode_chunked_read_response",
+    "decode_chunked_series",
+    "decode_histogram_chunk",
     "decode_read_request",
     "decode_read_response",
     "decode_write_request",
@@ -84,6 +89,7 @@ __all__ = [
     "decompress_block",
     "encode_chunked_series_frames",
     "encode_frame",
+    "encode_histogram_chunk",
     "encode_read_request",
     "encode_read_response",
     "encode_write_request_v1",

@@ -8,12 +8,14 @@ one series; frames can be written as soon as each series is ready.
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import groupby
 from typing import NamedTuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from . import remote_pb2, types_pb2
+from . import histogram_chunks, remote_pb2, types_pb2
 from ..linear_regex import BadPattern, compile_regex
 from .crc32c import crc32c
 from .errors import ProtocolError, RemoteReadError
@@ -137,14 +139,10 @@ def decode_read_request(body: bytes, max_decompressed_bytes: int) -> ReadRequest
     return ReadRequest(queries=queries, accepted_response_types=accepted)
 
 
-def negotiate_response_type(accepted_response_types: Sequence[str], has_histograms: bool = False) -> str:
+def negotiate_response_type(accepted_response_types: Sequence[str]) -> str:
     """Pick the first response type we support; none listed means SAMPLES (400 if none fit).
-
-    tsgate's STREAMED_XOR_CHUNKS answers carry float samples only (no histogram chunk
-    encodings), so an answer holding native histograms is SAMPLES when the client accepts it,
-    as Prometheus's own remote read client does (it lists both)."""
-    if has_histograms and SAMPLES in accepted_response_types:
-        return SAMPLES
+    Both carry native histograms: SAMPLES as Histogram messages, STREAMED_XOR_CHUNKS as
+    histogram chunks."""
     if not accepted_response_types:
         return SAMPLES
     for response_type in accepted_response_types:
@@ -332,36 +330,64 @@ def encode_chunked_series_frames(
     samples: Sequence[tuple[int, float]],
     max_samples_per_chunk: int = 120,
     max_frame_bytes: int = 1 << 20,
+    histograms: Sequence = (),
 ) -> Iterator[bytes]:
     """Yield the STREAMED_XOR_CHUNKS frames of one series (none if it has no samples).
 
     Samples are cut into XOR chunks of at most `max_samples_per_chunk`
     (Prometheus cuts at 120); a series whose chunk data passes
     `max_frame_bytes` continues in another frame with the same labels, as
-    Prometheus does, so no frame grows without bound.
+    Prometheus does, so no frame grows without bound. `histograms` (objects
+    with ``timestamp`` and ``data``, the prometheus.Histogram bytes, as
+    write.Histogram) become histogram chunks (histogram_chunks.py) between the
+    float chunks, in time order, as a Prometheus series holds them.
     """
     if not 1 <= max_samples_per_chunk <= MAX_SAMPLES:
         raise ValueError(f"max_samples_per_chunk must be within 1..{MAX_SAMPLES}")
     chunks: list[types_pb2.Chunk] = []
     chunk_bytes = 0
-    for start in range(0, len(samples), max_samples_per_chunk):
-        part = samples[start : start + max_samples_per_chunk]
-        timestamps = [timestamp for timestamp, _ in part]
-        data = encode_xor_chunk(part)
-        chunks.append(
-            types_pb2.Chunk(
-                min_time_ms=min(timestamps),
-                max_time_ms=max(timestamps),
-                type=types_pb2.Chunk.XOR,
-                data=data,
-            )
-        )
-        chunk_bytes += len(data)
+    for chunk in _series_chunks(samples, histograms, max_samples_per_chunk):
+        chunks.append(chunk)
+        chunk_bytes += len(chunk.data)
         if chunk_bytes >= max_frame_bytes:
             yield _series_frame(query_index, labels, chunks)
             chunks, chunk_bytes = [], 0
     if chunks:
         yield _series_frame(query_index, labels, chunks)
+
+
+_FLOAT, _HISTOGRAM, _FLOAT_HISTOGRAM = types_pb2.Chunk.XOR, types_pb2.Chunk.HISTOGRAM, types_pb2.Chunk.FLOAT_HISTOGRAM
+
+
+def _series_chunks(samples: Sequence[tuple[int, float]], histograms: Sequence, max_samples: int) -> Iterator[types_pb2.Chunk]:
+    """The chunks of one series: float samples as they come when there are no histograms;
+    otherwise every sample in time order, a new chunk whenever the kind (float, integer
+    histogram, float histogram) changes, as Prometheus's head cuts them."""
+    if not histograms:
+        yield from _xor_chunks(samples, max_samples)
+        return
+    decoded = [histogram_chunks.from_protobuf(h.timestamp, h.data) for h in histograms]
+    timeline = sorted(
+        [(t, _FLOAT, i) for i, (t, _) in enumerate(samples)]
+        + [(h.timestamp, _FLOAT_HISTOGRAM if h.is_float else _HISTOGRAM, i) for i, h in enumerate(decoded)]
+    )
+    for kind, run in groupby(timeline, key=lambda event: event[1]):
+        if kind == _FLOAT:
+            yield from _xor_chunks([samples[i] for _, _, i in run], max_samples)
+            continue
+        for header, part in histogram_chunks.cut_chunks([decoded[i] for _, _, i in run], max_samples):
+            yield _chunk(kind, part, partial(histogram_chunks.encode_histogram_chunk, header))
+
+
+def _xor_chunks(samples: Sequence[tuple[int, float]], max_samples: int) -> Iterator[types_pb2.Chunk]:
+    for start in range(0, len(samples), max_samples):
+        yield _chunk(_FLOAT, samples[start : start + max_samples], encode_xor_chunk)
+
+
+def _chunk(encoding: "types_pb2.Chunk.Encoding", part: Sequence, encode) -> types_pb2.Chunk:
+    """One chunk of ``part`` (pairs or histograms, timestamp first) with its time range."""
+    timestamps = [item[0] for item in part]
+    return types_pb2.Chunk(min_time_ms=min(timestamps), max_time_ms=max(timestamps), type=encoding, data=encode(part))
 
 
 def _series_frame(
@@ -374,18 +400,32 @@ def _series_frame(
     return encode_frame(response.SerializeToString())
 
 
-def decode_chunked_read_response(
+def decode_chunked_series(
     stream: bytes,
-) -> Iterator[tuple[int, dict[str, str], list[tuple[int, float]]]]:
-    """Yield (query_index, labels, samples) per series per frame of a streamed answer."""
+) -> Iterator[tuple[int, dict[str, str], list[tuple[int, float]], list[histogram_chunks.NativeHistogram]]]:
+    """Yield (query_index, labels, samples, histograms) per series per frame of a streamed answer."""
     for message in iter_frames(stream):
         response = remote_pb2.ChunkedReadResponse()
         response.ParseFromString(message)
         for series in response.chunked_series:
-            samples = []
+            samples, histograms = [], []
             for chunk in series.chunks:
-                if chunk.type != types_pb2.Chunk.XOR:
+                if chunk.type == types_pb2.Chunk.XOR:
+                    samples.extend(decode_xor_chunk(chunk.data))
+                elif chunk.type in (types_pb2.Chunk.HISTOGRAM, types_pb2.Chunk.FLOAT_HISTOGRAM):
+                    histograms.extend(histogram_chunks.decode_histogram_chunk(chunk.data, chunk.type == types_pb2.Chunk.FLOAT_HISTOGRAM)[1])
+                else:
                     raise ValueError(f"unsupported chunk encoding {chunk.type}")
-                samples.extend(decode_xor_chunk(chunk.data))
             labels = {label.name: label.value for label in series.labels}
-            yield response.query_index, labels, samples
+            yield response.query_index, labels, samples, histograms
+
+
+def decode_chunked_read_response(
+    stream: bytes,
+) -> Iterator[tuple[int, dict[str, str], list[tuple[int, float]]]]:
+    """Yield (query_index, labels, samples) per series per frame of a streamed answer of float
+    samples only (ValueError at a histogram chunk: decode_chunked_series reads those)."""
+    for query_index, labels, samples, histograms in decode_chunked_series(stream):
+        if histograms:
+            raise ValueError("the answer holds histogram chunks")
+        yield query_index, labels, samples

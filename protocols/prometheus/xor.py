@@ -8,7 +8,8 @@ after the first XORed with the previous one, Gorilla style, reusing the
 previous leading/trailing zero window when the new XOR fits inside it. Bits
 are written most significant first and the last byte is zero-padded. Values
 are handled as raw 64-bit patterns, so NaN payloads (the stale marker
-0x7ff0000000000002) survive a round trip.
+0x7ff0000000000002) survive a round trip. The bit writer and reader and the value
+XOR (write_xor, read_xor) are shared with the histogram chunks (histogram_chunks.py).
 """
 
 import struct
@@ -25,20 +26,20 @@ _UINT64 = struct.Struct(">Q")
 _DOD_BUCKETS = ((0b10, 2, 14), (0b110, 3, 17), (0b1110, 4, 20))
 
 
-def _float_bits(value: float) -> int:
+def float_bits(value: float) -> int:
     return _UINT64.unpack(_DOUBLE.pack(value))[0]
 
 
-def _bits_float(bits: int) -> float:
+def bits_float(bits: int) -> float:
     return _DOUBLE.unpack(_UINT64.pack(bits))[0]
 
 
-def _signed64(value: int) -> int:
+def signed64(value: int) -> int:
     value &= _MASK64
     return value - (1 << 64) if value >> 63 else value
 
 
-class _BitWriter:
+class BitWriter:
     """Appends bit fields most significant bit first."""
 
     def __init__(self) -> None:
@@ -67,7 +68,7 @@ class _BitWriter:
         return bytes(self._out + tail)
 
 
-class _BitReader:
+class BitReader:
     """Reads bit fields most significant bit first."""
 
     def __init__(self, data: bytes) -> None:
@@ -79,7 +80,7 @@ class _BitReader:
     def read(self, nbits: int) -> int:
         while self._nbits < nbits:
             if self._pos >= len(self._data):
-                raise ValueError("XOR chunk is truncated")
+                raise ValueError("chunk is truncated")
             self._acc = (self._acc << 8) | self._data[self._pos]
             self._pos += 1
             self._nbits += 8
@@ -97,19 +98,19 @@ class _BitReader:
                 if value > _MASK64:
                     break
                 return value
-        raise ValueError("XOR chunk has a malformed varint")
+        raise ValueError("chunk has a malformed varint")
 
 
 def encode_xor_chunk(samples: Sequence[tuple[int, float]]) -> bytes:
     """Encode (timestamp_ms, value) pairs as one XOR chunk, header included."""
     if len(samples) > MAX_SAMPLES:
         raise ValueError(f"an XOR chunk holds at most {MAX_SAMPLES} samples")
-    out = _BitWriter()
+    out = BitWriter()
     out.write(len(samples), 16)
     prev_t = prev_delta = prev_bits = 0
-    leading = trailing = -1  # -1: no zero window chosen yet
+    window = XorWindow()
     for i, (t, value) in enumerate(samples):
-        bits = _float_bits(value)
+        bits = float_bits(value)
         if i == 0:
             out.write_uvarint(((t << 1) ^ (t >> 63)) & _MASK64)
             out.write(bits, 64)
@@ -119,28 +120,55 @@ def encode_xor_chunk(samples: Sequence[tuple[int, float]]) -> bytes:
         if i == 1:
             out.write_uvarint(delta)
         else:
-            _write_dod(out, _signed64(delta - prev_delta))
-        xor = bits ^ prev_bits
-        if xor == 0:
-            out.write(0, 1)
-        else:
-            new_leading = min(64 - xor.bit_length(), 31)  # 5-bit field
-            new_trailing = (xor & -xor).bit_length() - 1
-            if leading >= 0 and new_leading >= leading and new_trailing >= trailing:
-                out.write(0b10, 2)
-                out.write(xor >> trailing, 64 - leading - trailing)
-            else:
-                leading, trailing = new_leading, new_trailing
-                significant = 64 - leading - trailing
-                out.write(0b11, 2)
-                out.write(leading, 5)
-                out.write(significant & 0x3F, 6)  # 64 is stored as 0
-                out.write(xor >> trailing, significant)
+            _write_dod(out, signed64(delta - prev_delta))
+        write_xor(out, bits, prev_bits, window)
         prev_t, prev_delta, prev_bits = t, delta, bits
     return out.getvalue()
 
 
-def _write_dod(out: _BitWriter, dod: int) -> None:
+class XorWindow:
+    """The leading/trailing zero window a run of XORed values shares (None: none chosen yet)."""
+
+    def __init__(self) -> None:
+        self.leading: int | None = None
+        self.trailing = 0
+
+
+def write_xor(out: BitWriter, bits: int, prev_bits: int, window: XorWindow) -> None:
+    """One value (raw 64 bits) XORed with the previous one, reusing the window when it fits."""
+    xor = bits ^ prev_bits
+    if xor == 0:
+        out.write(0, 1)
+        return
+    leading = min(64 - xor.bit_length(), 31)  # 5-bit field
+    trailing = (xor & -xor).bit_length() - 1
+    if window.leading is not None and leading >= window.leading and trailing >= window.trailing:
+        out.write(0b10, 2)
+        out.write(xor >> window.trailing, 64 - window.leading - window.trailing)
+        return
+    window.leading, window.trailing = leading, trailing
+    significant = 64 - leading - trailing
+    out.write(0b11, 2)
+    out.write(leading, 5)
+    out.write(significant & 0x3F, 6)  # 64 is stored as 0
+    out.write(xor >> trailing, significant)
+
+
+def read_xor(reader: BitReader, prev_bits: int, window: XorWindow) -> int:
+    """The next value's raw 64 bits (the reader side of write_xor)."""
+    if not reader.read(1):
+        return prev_bits
+    if reader.read(1):
+        window.leading = reader.read(5)
+        significant = reader.read(6) or 64
+        window.trailing = 64 - window.leading - significant
+        if window.trailing < 0:
+            raise ValueError("chunk has an impossible value width")
+    leading = window.leading or 0  # a reader with no window yet reads all 64 bits, as upstream
+    return prev_bits ^ (reader.read(64 - leading - window.trailing) << window.trailing)
+
+
+def _write_dod(out: BitWriter, dod: int) -> None:
     if dod == 0:
         out.write(0, 1)
         return
@@ -156,36 +184,29 @@ def _write_dod(out: _BitWriter, dod: int) -> None:
 
 def decode_xor_chunk(data: bytes) -> list[tuple[int, float]]:
     """Decode one XOR chunk (header included) into (timestamp_ms, value) pairs."""
-    reader = _BitReader(data)
+    reader = BitReader(data)
     count = reader.read(16)
     samples: list[tuple[int, float]] = []
     t = delta = bits = 0
-    leading = trailing = 0
+    window = XorWindow()
     for i in range(count):
         if i == 0:
             zigzag = reader.read_uvarint()
-            t = _signed64((zigzag >> 1) ^ -(zigzag & 1))
+            t = signed64((zigzag >> 1) ^ -(zigzag & 1))
             bits = reader.read(64)
-            samples.append((t, _bits_float(bits)))
+            samples.append((t, bits_float(bits)))
             continue
         if i == 1:
             delta = reader.read_uvarint()
         else:
             delta = (delta + _read_dod(reader)) & _MASK64
-        t = _signed64(t + delta)
-        if reader.read(1):
-            if reader.read(1):
-                leading = reader.read(5)
-                significant = reader.read(6) or 64
-                trailing = 64 - leading - significant
-                if trailing < 0:
-                    raise ValueError("XOR chunk has an impossible value width")
-            bits ^= reader.read(64 - leading - trailing) << trailing
-        samples.append((t, _bits_float(bits)))
+        t = signed64(t + delta)
+        bits = read_xor(reader, bits, window)
+        samples.append((t, bits_float(bits)))
     return samples
 
 
-def _read_dod(reader: _BitReader) -> int:
+def _read_dod(reader: BitReader) -> int:
     # Each further 1 bit of the prefix selects the next, wider bucket.
     if not reader.read(1):
         return 0
@@ -193,4 +214,4 @@ def _read_dod(reader: _BitReader) -> int:
         if not reader.read(1):
             value = reader.read(nbits)
             return value - (1 << nbits) if value > 1 << (nbits - 1) else value
-    return _signed64(reader.read(64))
+    return signed64(reader.read(64))
