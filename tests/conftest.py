@@ -78,6 +78,15 @@ async def store(request, tmp_path):
     await driver.close()
 
 
+@pytest_twisted.async_yield_fixture
+async def sqlite_store(tmp_path):
+    """A started SQLite store in a file of the test's own (the unit tests' store)."""
+    driver = SQLiteStore(tmp_path / "unit.db", LAYOUT)
+    await driver.start()
+    yield driver
+    await driver.close()
+
+
 @pytest.fixture
 def start_gateway(tmp_path):
     """Start gateway processes with extra flags; all are stopped (SIGTERM) after the test."""
