@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gateway.limits import RateLimited, TenantLimits
-from tests.test_cassandra import metric_value
+from tests.gatewayproc import metric_value
 
 
 class FakeClock:
