@@ -45,6 +45,8 @@ def next_timer(clock: Clock) -> float:
 
 @pytest_twisted.ensureDeferred
 async def test_a_full_backlog_pauses_every_tcp_sender_until_half_drained(sqlite_store, tenant):
+    """TCP senders stop being read (and UDP datagrams are dropped) from max_pending on, until the
+    backlog is under half of it."""
     clock = Clock()
     ingest = GraphiteIngest(pipeline_on(sqlite_store), batch_size=10, max_pending=20, flush_delay=0.05, concurrency=1, clock=clock)
     first, late = StringTransport(), StringTransport()
@@ -56,6 +58,9 @@ async def test_a_full_backlog_pauses_every_tcp_sender_until_half_drained(sqlite_
     assert counter("tsgate_graphite_backpressure_total") - paused_before == 1
     ingest.register(late)
     assert late.producerState == "paused"
+    dropped_before = counter("tsgate_graphite_udp_dropped_samples_total")
+    PlaintextDatagramProtocol(ingest, tenant, 1000).datagramReceived(b"backlog.udp 1 1700000000\n", ("127.0.0.1", 2003))
+    assert counter("tsgate_graphite_udp_dropped_samples_total") - dropped_before == 1 and ingest.pending == 25
     assert next_timer(clock) == 0.05  # set by the first, partial, batch
     clock.advance(0.05)
     await until(lambda: ingest.pending == 15)
