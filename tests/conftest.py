@@ -98,10 +98,16 @@ async def store(request, tmp_path):
     await driver.close()
 
 
+@pytest.fixture
+def store_layout() -> Layout:
+    """The layout of ``sqlite_store``; a test module overrides it for short slots or retentions."""
+    return LAYOUT
+
+
 @pytest_twisted.async_yield_fixture
-async def sqlite_store(tmp_path):
+async def sqlite_store(tmp_path, store_layout):
     """A started SQLite store in a file of the test's own (the unit tests' store)."""
-    driver = SQLiteStore(tmp_path / "unit.db", LAYOUT)
+    driver = SQLiteStore(tmp_path / "unit.db", store_layout)
     await driver.start()
     yield driver
     await driver.close()
