@@ -165,3 +165,21 @@ async def test_a_batch_failing_unexpectedly_is_dropped_counted_and_its_write_fin
     await ingest.drain()
     assert ingest._writing == 0
     assert await stored(sqlite_store, tenant, "fine") == 5
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_backlog_over_the_tenant_rate_waits_instead_of_spinning(sqlite_store, tenant):
+    """With a batch's worth of samples still queued, a refused batch used to be taken again at
+    once, forever, in the same reactor turn."""
+    clock = Clock()
+    limits = TenantLimits(5, burst_seconds=1, clock=clock.seconds)
+    ingest = GraphiteIngest(pipeline_on(sqlite_store, tenant_limits=limits), batch_size=5, concurrency=2, clock=clock)
+    for start in range(0, 15, 5):
+        ingest.submit("graphite_plaintext", samples(tenant, "spin", 5, start))
+    clock.advance(0)
+    assert ingest.paused and next_timer(clock) == 1
+    drained = ingest.drain()
+    while not drained.called:
+        await until(lambda: ingest._writing == 0)
+        clock.advance(1)
+    assert await stored(sqlite_store, tenant, "spin") == 15
