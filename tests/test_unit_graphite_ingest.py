@@ -28,7 +28,9 @@ def samples(tenant: str, name: str, count: int, start: int = 0) -> list[Sample]:
 
 def pipeline_on(store, max_inflight: int = 1_000_000, tenant_limits=None) -> IngestPipeline:
     pending = StorePending(store, store.slot_width_ms, 0)
-    return IngestPipeline(store, Limits(), KnownSeries(1000), max_inflight, pending=pending, tenant_limits=tenant_limits)
+    return IngestPipeline(
+        store, Limits(), KnownSeries(1000), max_inflight, pending=pending, tenant_limits=tenant_limits
+    )
 
 
 async def stored(store, tenant: str, name: str) -> int:
@@ -48,7 +50,9 @@ async def test_a_full_backlog_pauses_every_tcp_sender_until_half_drained(sqlite_
     """TCP senders stop being read (and UDP datagrams are dropped) from max_pending on, until the
     backlog is under half of it."""
     clock = Clock()
-    ingest = GraphiteIngest(pipeline_on(sqlite_store), batch_size=10, max_pending=20, flush_delay=0.05, concurrency=1, clock=clock)
+    ingest = GraphiteIngest(
+        pipeline_on(sqlite_store), batch_size=10, max_pending=20, flush_delay=0.05, concurrency=1, clock=clock
+    )
     first, late = StringTransport(), StringTransport()
     ingest.register(first)
     paused_before = counter("tsgate_graphite_backpressure_total")
@@ -81,7 +85,9 @@ async def test_a_busy_store_is_retried_with_doubling_delays_and_nothing_is_lost(
     """The pipeline refuses a second write while the first waits for the store (Overloaded): the
     batch goes back to the head of the queue, retried after 0.5, 1, 2 s; a stored batch resets the delay."""
     clock = Clock()
-    ingest = GraphiteIngest(pipeline_on(sqlite_store, max_inflight=5), batch_size=5, max_pending=1000, concurrency=2, clock=clock)
+    ingest = GraphiteIngest(
+        pipeline_on(sqlite_store, max_inflight=5), batch_size=5, max_pending=1000, concurrency=2, clock=clock
+    )
     release = threading.Event()
     sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
     try:
@@ -110,7 +116,9 @@ async def test_over_the_tenant_rate_tcp_waits_and_udp_drops(sqlite_store, tenant
     datagrams arriving meanwhile are dropped and counted, not queued."""
     clock = Clock()
     limits = TenantLimits(10, burst_seconds=1, clock=clock.seconds)
-    ingest = GraphiteIngest(pipeline_on(sqlite_store, tenant_limits=limits), batch_size=100, flush_delay=0.05, clock=clock)
+    ingest = GraphiteIngest(
+        pipeline_on(sqlite_store, tenant_limits=limits), batch_size=100, flush_delay=0.05, clock=clock
+    )
     sender = StringTransport()
     ingest.register(sender)
     udp = PlaintextDatagramProtocol(ingest, tenant, 1000)

@@ -27,8 +27,13 @@ def marks() -> float:
 
 def pipeline_on(store, clock, max_inflight: int = 1_000_000, tenant_limits=None) -> IngestPipeline:
     return IngestPipeline(
-        store, Limits(), KnownSeries(1000), max_inflight, clock=clock,
-        pending=StorePending(store, store.slot_width_ms, DELAY), tenant_limits=tenant_limits,
+        store,
+        Limits(),
+        KnownSeries(1000),
+        max_inflight,
+        clock=clock,
+        pending=StorePending(store, store.slot_width_ms, DELAY),
+        tenant_limits=tenant_limits,
     )
 
 
@@ -37,7 +42,11 @@ async def last_touch(store, tenant: str, name: str) -> list[tuple[int, int]]:
     hash_ = series_set_hash(series_set_text(name, {}))
     rows = []
     for partition in range(64):
-        rows += [(r.time_slot, r.last_touch_ms) for r in await store.list_pending(partition, 1 << 62) if (r.tenant, r.series_set_hash) == (tenant, hash_)]
+        rows += [
+            (r.time_slot, r.last_touch_ms)
+            for r in await store.list_pending(partition, 1 << 62)
+            if (r.tenant, r.series_set_hash) == (tenant, hash_)
+        ]
     return sorted(rows)
 
 
@@ -71,7 +80,10 @@ async def test_a_backfill_of_a_past_slot_marks_once_every_half_delay(sqlite_stor
     before = marks()
     for step in range(12):  # a write every 30 s: marks at 0, 2.5 and 5 minutes
         clock.now = SLOT + 10 * MINUTE + step * 30_000
-        await pipeline.ingest("test", [Sample(tenant, "backfill", {}, past + step * 1000, 1.0), Sample(tenant, "live", {}, clock.now, 1.0)])
+        await pipeline.ingest(
+            "test",
+            [Sample(tenant, "backfill", {}, past + step * 1000, 1.0), Sample(tenant, "live", {}, clock.now, 1.0)],
+        )
     assert marks() - before == 3 + 1
     assert await last_touch(sqlite_store, tenant, "backfill") == [(past, SLOT + 10 * MINUTE + 10 * 30_000)]
     assert await last_touch(sqlite_store, tenant, "live") == [(SLOT, SLOT + 10 * MINUTE)]
@@ -86,7 +98,9 @@ async def test_in_flight_samples_are_bounded_counted_and_drained(sqlite_store, t
     release = threading.Event()
     sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
     try:
-        first = ensureDeferred(pipeline.ingest("test", [Sample(tenant, "bounded", {"i": str(i)}, clock.now, 1.0) for i in range(12)]))
+        first = ensureDeferred(
+            pipeline.ingest("test", [Sample(tenant, "bounded", {"i": str(i)}, clock.now, 1.0) for i in range(12)])
+        )
         assert pipeline.inflight_samples == 12
         refused = ensureDeferred(pipeline.ingest("test", [Sample(tenant, "bounded", {}, clock.now, 1.0)]))
         with pytest.raises(Overloaded):
@@ -113,7 +127,9 @@ async def test_a_batch_over_the_tenant_limit_is_refused_whole_and_never_in_fligh
         await pipeline.ingest("test", [Sample("other-" + tenant, "limited", {}, clock.now, 1.0), ok[0]])
     assert pipeline.inflight_samples == 0
     seconds.now = 1
-    assert (await pipeline.ingest("test", [Sample("other-" + tenant, "limited", {}, clock.now, 1.0), ok[0]])).accepted == 2
+    assert (
+        await pipeline.ingest("test", [Sample("other-" + tenant, "limited", {}, clock.now, 1.0), ok[0]])
+    ).accepted == 2
 
 
 @pytest_twisted.ensureDeferred

@@ -11,7 +11,14 @@ from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.query import QueryPlanner, QueryTooLarge
 from protocols.prometheus import Matcher
 
-OPERATIONS = ("find_series", "list_tag_values", "list_tenant_tag_values", "find_metrics_by_tag", "list_metric_names", "get_series")
+OPERATIONS = (
+    "find_series",
+    "list_tag_values",
+    "list_tenant_tag_values",
+    "find_metrics_by_tag",
+    "list_metric_names",
+    "get_series",
+)
 SERIES = [
     ("cpu", {"host": "a", "dc": "x"}),
     ("cpu", {"host": "b", "dc": "y"}),
@@ -21,7 +28,10 @@ SERIES = [
 
 
 def lookups() -> dict[str, float]:
-    return {op: REGISTRY.get_sample_value("tsgate_store_operation_duration_seconds_count", {"operation": op}) or 0.0 for op in OPERATIONS}
+    return {
+        op: REGISTRY.get_sample_value("tsgate_store_operation_duration_seconds_count", {"operation": op}) or 0.0
+        for op in OPERATIONS
+    }
 
 
 @pytest_twisted.async_yield_fixture
@@ -70,7 +80,9 @@ async def test_without_an_exact_name_the_tenant_wide_tag_index_picks_the_metrics
     assert spent == {"find_metrics_by_tag": 1, "find_series": 2, "get_series": 2}
     found, spent = await select(planner, tenant, ("RE", "__name__", "c.*"), ("RE", "dc", "[xy]"))
     assert [tags["host"] for _, tags in found] == ["a", "b"]
-    assert spent["list_tenant_tag_values"] == 1 and spent["find_metrics_by_tag"] == 2 and "list_metric_names" not in spent
+    assert (
+        spent["list_tenant_tag_values"] == 1 and spent["find_metrics_by_tag"] == 2 and "list_metric_names" not in spent
+    )
 
 
 @pytest_twisted.ensureDeferred
@@ -87,5 +99,11 @@ async def test_more_candidates_than_the_limit_are_refused_before_their_series_ar
     before = lookups()["get_series"]
     with pytest.raises(QueryTooLarge):
         await planner.select_by_matchers(tenant, [Matcher("RE", "__name__", ".+")], graphite_labels)
-    assert lookups()["get_series"] == before + 1  # cpu's three series were read; mem's would pass the limit and were not
-    assert await planner.select_series(tenant, "cpu", {"dc": "x"}) == [SeriesKey(tenant, series_set_hash(series_set_text("cpu", {"host": "a", "dc": "x"})), "cpu", {"host": "a", "dc": "x"})]
+    assert (
+        lookups()["get_series"] == before + 1
+    )  # cpu's three series were read; mem's would pass the limit and were not
+    assert await planner.select_series(tenant, "cpu", {"dc": "x"}) == [
+        SeriesKey(
+            tenant, series_set_hash(series_set_text("cpu", {"host": "a", "dc": "x"})), "cpu", {"host": "a", "dc": "x"}
+        )
+    ]
