@@ -18,9 +18,29 @@ from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 
 LAYOUT = Layout()
+
+# Fixtures that start, or stand for, a process outside pytest: Java and Cassandra, Redis, tsgate
+# gateways, Prometheus and exporters, graphite-web. A test that needs any of them is ``slow``.
+PROCESS_FIXTURES = {
+    "cassandra_server", "cassandra_url", "redis_server", "start_gateway", "gateway", "hostile_gateway", "tsgate",
+    "graphite_web", "grafana", "exporter", "exporters", "native_exporter",
+}
 TEST_KEYSPACE = "tsgate_test"
 
 STORE_DRIVERS = ["sqlite", "cassandra"]
+
+
+def pytest_collection_modifyitems(items):
+    """Mark each test ``slow`` (see PROCESS_FIXTURES; a test starting such a process itself says
+    so with ``@pytest.mark.slow``) or ``fast``: ``pytest -m fast`` needs no Java and no server."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec else {}
+        on_cassandra = "cassandra" in (params.get("store"), params.get("backend_args"))
+        if item.get_closest_marker("slow") or on_cassandra or PROCESS_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+        else:
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +93,21 @@ async def store(request, tmp_path):
         driver = SQLiteStore(tmp_path / "contract.db", LAYOUT)
     else:
         driver = CassandraStore.from_url(request.getfixturevalue("cassandra_url"), LAYOUT)
+    await driver.start()
+    yield driver
+    await driver.close()
+
+
+@pytest.fixture
+def store_layout() -> Layout:
+    """The layout of ``sqlite_store``; a test module overrides it for short slots or retentions."""
+    return LAYOUT
+
+
+@pytest_twisted.async_yield_fixture
+async def sqlite_store(tmp_path, store_layout):
+    """A started SQLite store in a file of the test's own (the unit tests' store)."""
+    driver = SQLiteStore(tmp_path / "unit.db", store_layout)
     await driver.start()
     yield driver
     await driver.close()

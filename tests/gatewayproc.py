@@ -1,7 +1,9 @@
 """Start a real ``tsgate serve`` process on a free loopback port and talk HTTP to it."""
 
+import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,6 +32,29 @@ def tsgate_serve(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subpr
     command = [sys.executable, "-m", "gateway.cli", "serve", "--graphite", "", "--pickle", "", "--data-dir", str(tmp_path / "d"), *args]
     result = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=timeout)
     return result, time.monotonic() - started
+
+
+def metric_value(gateway, name: str) -> float:
+    """One sample of the gateway's /metrics, by its full name and labels; 0 when absent."""
+    match = re.search(rf"^{re.escape(name)} (\S+)$", gateway.get("/metrics").body.decode(), re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+REDIS_LOOKUPS = 'tsgate_metadata_cache_lookups_total{level="redis",result="miss"}'
+
+
+def wait_until_redis_is_used(gateway, tenant: str, timeout_s: float = 30) -> None:
+    """Write new probe series until the gateway looks one up in Redis: after a Redis failure it
+    leaves Redis alone for a while (RedisSeenSeries.RETRY_AFTER_S), whatever that while is."""
+    before = metric_value(gateway, REDIS_LOOKUPS)
+    deadline = time.monotonic() + timeout_s
+    for probe in itertools.count():
+        body = {"tenant": tenant, "metricName": "redis_probe", "tags": {"n": str(probe)}, "value": 1}
+        assert gateway.post("/api/write/single", body).status == 200
+        if metric_value(gateway, REDIS_LOOKUPS) > before:
+            return
+        assert time.monotonic() < deadline, "the gateway did not use Redis again"
+        time.sleep(0.2)
 
 
 def free_port() -> int:

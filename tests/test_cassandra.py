@@ -19,7 +19,7 @@ from gateway.store.cassandra import CassandraStore, parse_url
 from gateway.store.contract import ExemplarRow, HistogramRow, RawPoint, Rollup
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
-from tests.gatewayproc import REPO
+from tests.gatewayproc import REPO, metric_value, wait_until_redis_is_used
 from tests.conftest import read_blocks, read_head
 
 SCHEMA_FILE = REPO / "schema.cql"
@@ -44,6 +44,7 @@ def describe(session, keyspace: str) -> dict:
     return tables
 
 
+@pytest.mark.slow
 def test_schema_file_is_the_default_schema():
     assert SCHEMA_FILE.read_text() == schema_text(SchemaOptions())
     printed = tsgate("schema", "print", "--store", "cassandra://127.0.0.1/tsdb")
@@ -180,12 +181,6 @@ def test_gateway_writes_land_in_the_documented_tables(start_gateway, cassandra_s
         cluster.shutdown()
 
 
-def metric_value(gateway, name: str) -> float:
-    exposition = gateway.get("/metrics").body.decode()
-    match = re.search(rf"^{re.escape(name)} (\S+)$", exposition, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 def test_redis_shares_the_metadata_cache_between_replicas(start_gateway, cassandra_url, redis_server, tenant):
     first = start_gateway("--store", cassandra_url, "--redis", redis_server.url)
     second = start_gateway("--store", cassandra_url, "--redis", redis_server.url)
@@ -241,7 +236,7 @@ def test_ingest_goes_on_when_redis_is_down(start_gateway, cassandra_url, tmp_pat
     assert len(gateway.get("/api/query?" + q).json()) == 2
     assert metric_value(gateway, 'tsgate_redis_errors_total{operation="lookup"}') >= 1
     redis.start()
-    time.sleep(5.5)
+    wait_until_redis_is_used(gateway, tenant)
     assert gateway.post("/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "3"}, "value": 3}).status == 200
     assert len(gateway.get("/api/query?" + q).json()) == 3
     redis.stop()

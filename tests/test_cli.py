@@ -15,6 +15,7 @@ def tsgate(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_version():
     result = tsgate("--version")
     assert result.returncode == 0 and result.stdout.strip() == f"tsgate {__version__}"
@@ -51,6 +52,7 @@ def test_bad_config_file_is_refused(tmp_path, content, words):
         config_from("--config", str(path))
 
 
+@pytest.mark.slow
 def test_bad_flag_exits_2_with_a_message():
     result = tsgate("serve", "--http", "nowhere")
     assert result.returncode == 2 and "--http" in result.stderr
@@ -65,6 +67,7 @@ def test_parsers():
             parse_duration(bad)
 
 
+@pytest.mark.slow
 def test_serve_from_a_config_file(tmp_path):
     process = GatewayProcess(tmp_path, "--config", str(tmp_path / "c.toml"))
     (tmp_path / "c.toml").write_text(f'data-dir = "{tmp_path / "d"}"\nlog-level = "debug"\n')
@@ -76,6 +79,7 @@ def test_serve_from_a_config_file(tmp_path):
     assert (tmp_path / "d" / "tsgate.db").exists()
 
 
+@pytest.mark.slow
 def test_unwritable_store_fails_start_with_exit_1(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import RoundRobinPolicy
 
 from gateway.devservices.cassandra import CassandraServer
 from gateway.devservices.redis import RedisServer
+
+pytestmark = pytest.mark.slow  # every test here starts Cassandra or Redis
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -6,13 +6,14 @@ import time
 import urllib.parse
 
 import pytest
+import redis
 
 from gateway.downsample.aggregate import CUMULATIVE_COUNTER, DELTA_COUNTER, GAUGE, MAX_ONLY, roll_up, series_kind
 from gateway.downsample.partitions import jump_hash, parse_partitions, partition_of
 from gateway.read_path import choose_granularity
 from gateway.store.contract import Rollup
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
-from tests.gatewayproc import downsample_once
+from tests.gatewayproc import downsample_once, metric_value, wait_until_redis_is_used
 
 MINUTE = 60_000
 
@@ -115,35 +116,42 @@ def test_downsample_once_end_to_end_with_late_arrivals(start_gateway, backend_ar
     assert bad.status == 400 and "granularity" in bad.json()["error"]
 
 
-def metric_value(gateway, name: str) -> float:
-    import re
-
-    match = re.search(rf"^{re.escape(name)} (\S+)$", gateway.get("/metrics").body.decode(), re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
-def test_two_downsampler_replicas_share_the_work(start_gateway, cassandra_url, redis_server, tenant):
+def test_two_downsampler_replicas_share_the_work(start_gateway, cassandra_url, tmp_path, tenant):
     """Two downsample-only processes compete for partitions through Redis locks: every pending
-    series-slot is rolled up, and no series-slot is counted twice."""
-    shared = ("--store", cassandra_url, "--redis", redis_server.url, "--downsample-delay", "0s")
-    ingest = start_gateway(*shared, "--roles", "ingest,query")
-    slot = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS
-    t0 = slot // 1000
-    batch = [{"metricName": "shared_load", "tags": {"i": str(i)}, "ts": t0 + p * 600, "value": float(p)} for i in range(40) for p in range(6)]
-    assert ingest.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
-    replicas = [start_gateway(*shared, "--roles", "downsample,query", "--downsample-interval", "1s") for _ in range(2)]
+    series-slot is rolled up, and no series-slot is counted twice (the replicas' counts add up to
+    exactly the 40 series-slots once no pending work is left in Redis). The Redis is the test's
+    own: any other downsampler on the keyspace and a shared Redis would take part of the work."""
+    from gateway.devservices.redis import RedisServer
 
-    def total() -> float:
-        return sum(metric_value(r, "tsgate_downsampled_series_slots_total") for r in replicas)
+    own_redis = RedisServer(tmp_path / "redis")
+    own_redis.start()
+    try:
+        shared = ("--store", cassandra_url, "--redis", own_redis.url, "--downsample-delay", "0s")
+        ingest = start_gateway(*shared, "--roles", "ingest,query")
+        slot = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS
+        t0 = slot // 1000
+        batch = [{"metricName": "shared_load", "tags": {"i": str(i)}, "ts": t0 + p * 600, "value": float(p)} for i in range(40) for p in range(6)]
+        assert ingest.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
+        replicas = [start_gateway(*shared, "--roles", "downsample,query", "--downsample-interval", "1s") for _ in range(2)]
+        client = redis.Redis.from_url(own_redis.url)
 
-    deadline = time.monotonic() + 60
-    while total() < 40 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(3)
-    assert total() >= 40
-    counts = rollups(ingest, tenant, "shared_load", "1h", "count", t0, t0 + 3599)
-    assert counts == [[6.0]] * 40
-    assert "Traceback" not in replicas[0].log() + replicas[1].log()
+        def total() -> float:
+            return sum(metric_value(r, "tsgate_downsampled_series_slots_total") for r in replicas)
+
+        def work_left() -> bool:
+            return any(b"|pending|" in key or b"|processing|" in key for key in client.scan_iter(match="tsgate|*"))
+
+        deadline = time.monotonic() + 60
+        while total() < 40 or work_left():
+            assert time.monotonic() < deadline, total()
+            time.sleep(0.5)
+        assert total() == 40
+        client.close()
+        counts = rollups(ingest, tenant, "shared_load", "1h", "count", t0, t0 + 3599)
+        assert counts == [[6.0]] * 40
+        assert "Traceback" not in replicas[0].log() + replicas[1].log()
+    finally:
+        own_redis.stop()
 
 
 def test_reads_past_raw_retention_use_roll_ups(start_gateway, tmp_path, tenant):
@@ -190,7 +198,7 @@ def test_redis_restarting_mid_run_loses_no_roll_up(start_gateway, cassandra_url,
         redis.stop()
         write("during_outage")
         redis.start()
-        time.sleep(5.5)
+        wait_until_redis_is_used(gateway, tenant)
         write("after_outage")
         downsample_once(*args)
         for name in ("before_outage", "during_outage", "after_outage"):

@@ -1,7 +1,6 @@
 """Carbon listeners end to end: real sockets into a real gateway, read back over HTTP."""
 
 import pickle
-import re
 import shutil
 import socket
 import struct
@@ -12,6 +11,7 @@ import urllib.parse
 
 
 from gateway.devservices.process import free_port, terminate
+from tests.gatewayproc import metric_value
 
 
 def send_tcp(port: int, *chunks: bytes) -> None:
@@ -34,11 +34,6 @@ def wait_for(check, timeout: float = 30):
         if result or time.monotonic() > deadline:
             return result
         time.sleep(0.2)
-
-
-def metric_value(gateway, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} (\S+)$", gateway.get("/metrics").body.decode(), re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
 
 
 def test_plaintext_tcp(gateway):

@@ -19,6 +19,8 @@ import pytest
 from tests.gatewayproc import GatewayProcess, downsample_once, free_port, tsgate_serve
 from tests.test_workers import query, ready_workers, wait_for
 
+pytestmark = pytest.mark.slow  # every test here starts tsgate
+
 PROMPTLY_S = 15  # a hang makes tsgate_serve's timeout fail the test
 # Under --workers the supervisor tries worker 0 three times (STARTUP_ATTEMPTS), a fresh
 # interpreter each time: slower on a loaded machine, still bounded.

@@ -5,7 +5,11 @@ import signal
 import time
 import urllib.parse
 
+import pytest
+
 from tests.gatewayproc import GatewayProcess
+
+pytestmark = pytest.mark.slow  # the sigterm tests start tsgate themselves; the rest use the gateway fixture
 
 
 def now_s() -> int:

@@ -15,7 +15,7 @@ import pytest
 
 from protocols import prometheus
 from protocols.prometheus import Matcher, Query
-from tests.gatewayproc import GatewayProcess
+from tests.gatewayproc import GatewayProcess, metric_value
 
 # Catastrophic backtracking for Python's re (seconds to hours against A_NAME), linear for RE2.
 PROBE_27 = "^" + "(a+)+" * 5 + "$"
@@ -249,13 +249,6 @@ def test_api_query_of_720k_samples_keeps_healthz_fast(many_samples):
 
 def pickle_frame(payload: bytes) -> bytes:
     return struct.pack(">I", len(payload)) + payload
-
-
-def metric_value(gateway, name: str) -> float:
-    for line in gateway.get("/metrics").body.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
 
 
 def test_pickle_frame_of_dup_opcodes_is_refused_and_legal_large_frames_keep_healthz_fast(hostile_gateway):

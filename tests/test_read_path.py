@@ -16,7 +16,6 @@ from gateway.samples import Samples
 from gateway.store.blocks import BadBlock, decode_block, encode_block, read_header
 from gateway.store.contract import RawPoint, Rollup
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
-from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_blocks, read_head
 
 MINUTE = 60_000
@@ -29,12 +28,9 @@ def key(tenant: str, name: str) -> SeriesKey:
     return SeriesKey(tenant, series_set_hash(series_set_text(name, {})), name, {})
 
 
-@pytest_twisted.async_yield_fixture
-async def sqlite(tmp_path):
-    store = SQLiteStore(tmp_path / "t.db", LAYOUT)
-    await store.start()
-    yield store
-    await store.close()
+@pytest.fixture
+def store_layout() -> Layout:
+    return LAYOUT
 
 
 def test_blocks_are_bit_exact_and_versioned():
@@ -70,14 +66,14 @@ def test_counters_fall_back_to_their_last_value():
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_range_past_raw_retention_ends_with_the_newest_samples(sqlite):
+async def test_a_range_past_raw_retention_ends_with_the_newest_samples(sqlite_store):
     """Roll-up averages up to the raw retention's start (rounded up to a 5 m bucket), raw samples after."""
     series = key("t", "temp")
     old = [Rollup("t", series.series_set_hash, NOW - 3 * HOUR_MS + i * 5 * MINUTE, 0.0, 2.0, 2.0 * i, 2) for i in range(36)]
-    await sqlite.write_rollups(LAYOUT.granularity("5m"), old)
+    await sqlite_store.write_rollups(LAYOUT.granularity("5m"), old)
     recent = [RawPoint("t", series.series_set_hash, NOW - i * MINUTE, float(i)) for i in range(130)]
-    await sqlite.write_raw(recent)
-    reader = ReadPath(sqlite, clock=lambda: NOW)
+    await sqlite_store.write_raw(recent)
+    reader = ReadPath(sqlite_store, clock=lambda: NOW)
     (found,) = await reader.read([series], NOW - 3 * HOUR_MS, NOW)
     boundary = NOW - 2 * HOUR_MS + 3 * MINUTE
     assert found.aggregate == "avg"
@@ -90,37 +86,37 @@ async def test_a_range_past_raw_retention_ends_with_the_newest_samples(sqlite):
 
 
 @pytest_twisted.ensureDeferred
-async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite):
+async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite_store):
     """The head rows of a slot become its block (the head row of a rewritten timestamp wins); a
     late sample after sealing is merged into the block next time; the sweep removes blocks,
     head rows and roll-ups past their retention."""
     series = key("t", "jobs_total")
-    await sqlite.write_series([series])
+    await sqlite_store.write_series([series])
     slot = NOW - NOW % HOUR_MS - HOUR_MS
-    downsampler = Downsampler(sqlite, pending=None, layout=LAYOUT, counter_suffixes=())
+    downsampler = Downsampler(sqlite_store, pending=None, layout=LAYOUT, counter_suffixes=())
 
     async def seal():
         await downsampler.roll_up_series_slot("t", series.series_set_hash, slot)
 
-    await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot - MINUTE, 100.0)])
-    await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot + i * MINUTE, float(i)) for i in range(10)])
+    await sqlite_store.write_raw([RawPoint("t", series.series_set_hash, slot - MINUTE, 100.0)])
+    await sqlite_store.write_raw([RawPoint("t", series.series_set_hash, slot + i * MINUTE, float(i)) for i in range(10)])
     await seal()
-    assert (await read_head(sqlite, "t", series.series_set_hash, slot, slot + HOUR_MS - 1)).points() == []
-    await sqlite.write_raw([RawPoint("t", series.series_set_hash, slot + 3 * MINUTE, 30.0), RawPoint("t", series.series_set_hash, slot + 30 * MINUTE, 31.0)])
+    assert (await read_head(sqlite_store, "t", series.series_set_hash, slot, slot + HOUR_MS - 1)).points() == []
+    await sqlite_store.write_raw([RawPoint("t", series.series_set_hash, slot + 3 * MINUTE, 30.0), RawPoint("t", series.series_set_hash, slot + 30 * MINUTE, 31.0)])
     await seal()
-    (block,) = await read_blocks(sqlite, "t", series.series_set_hash, slot, slot)
+    (block,) = await read_blocks(sqlite_store, "t", series.series_set_hash, slot, slot)
     assert Samples(*decode_block(block)).points() == [(slot + i * MINUTE, float(v)) for i, v in [(0, 0), (1, 1), (2, 2), (3, 30), *((i, i) for i in range(4, 10)), (30, 31)]]
-    (hourly,) = await sqlite.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, slot, slot)
+    (hourly,) = await sqlite_store.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, slot, slot)
     assert (hourly.last, hourly.increase) == (31.0, 0.0 + 1 + 1 + 28 + 4 + 1 + 1 + 1 + 1 + 1 + 22)
-    await sqlite.sweep(NOW + 3 * HOUR_MS)
-    with sqlite3.connect(sqlite.path) as check:
+    await sqlite_store.sweep(NOW + 3 * HOUR_MS)
+    with sqlite3.connect(sqlite_store.path) as check:
         assert check.execute("PRAGMA freelist_count").fetchone() == (0,)
-    assert await read_blocks(sqlite, "t", series.series_set_hash, slot - HOUR_MS, slot) == []
-    assert (await read_head(sqlite, "t", series.series_set_hash, slot - HOUR_MS, slot)).points() == []
-    assert len(await sqlite.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW)) == 3
-    await sqlite.sweep(NOW + 2 * 86_400_000)
-    assert await sqlite.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW) == []
-    assert len(await sqlite.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, 0, NOW)) == 1
+    assert await read_blocks(sqlite_store, "t", series.series_set_hash, slot - HOUR_MS, slot) == []
+    assert (await read_head(sqlite_store, "t", series.series_set_hash, slot - HOUR_MS, slot)).points() == []
+    assert len(await sqlite_store.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW)) == 3
+    await sqlite_store.sweep(NOW + 2 * 86_400_000)
+    assert await sqlite_store.read_rollups(LAYOUT.granularity("5m"), "t", series.series_set_hash, 0, NOW) == []
+    assert len(await sqlite_store.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, 0, NOW)) == 1
 
 
 def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_path):

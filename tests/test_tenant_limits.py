@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gateway.limits import RateLimited, TenantLimits
-from tests.test_cassandra import metric_value
+from tests.gatewayproc import metric_value
 
 
 class FakeClock:
@@ -54,6 +54,28 @@ def test_active_series_are_forgotten_after_the_window():
     clock.now += 61
     limits.admit({"a": (1, {"s2"})})
     assert not TenantLimits(0, 0).enabled
+
+
+def test_a_series_written_again_stays_active_and_the_wait_named_is_at_most_a_minute():
+    clock = FakeClock()
+    limits = TenantLimits(0, max_active_series=2, active_window_s=600, clock=clock)
+    limits.admit({"a": (1, {"s1", "s2"})})
+    clock.now += 500
+    limits.admit({"a": (1, {"s1"})})
+    clock.now += 200  # s2 was last written 700 s ago: no longer active; s1 200 s ago
+    limits.admit({"a": (1, {"s3"})})
+    with pytest.raises(RateLimited) as refused:
+        limits.admit({"a": (1, {"s4"})})
+    assert refused.value.retry_after_s == 60  # s1 frees its place in 400 s
+
+
+def test_an_idle_tenant_saves_up_no_more_than_the_burst():
+    clock = FakeClock()
+    limits = TenantLimits(10, burst_seconds=1, clock=clock)
+    clock.now += 3600
+    limits.admit({"a": (10, set())})
+    with pytest.raises(RateLimited):
+        limits.admit({"a": (1, set())})
 
 
 @pytest.fixture

@@ -211,6 +211,7 @@ def tsgate(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gateway.cli", *args], input=stdin, capture_output=True, text=True, cwd=REPO, timeout=60)
 
 
+@pytest.mark.slow
 def test_the_cli_hashes_secrets_for_the_auth_file():
     token = tsgate("auth", "hash-token", stdin="s3cret\n")
     assert token.returncode == 0 and token.stdout.strip() == hash_token("s3cret")
@@ -220,6 +221,7 @@ def test_the_cli_hashes_secrets_for_the_auth_file():
     assert tsgate("auth", "hash-token", stdin="").returncode == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text, problem",
     [

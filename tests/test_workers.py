@@ -176,6 +176,7 @@ def test_sigterm_drains_every_worker_and_loses_no_acknowledged_write(start_gatew
         assert set(acks) <= stored, f"writer {number}: acknowledged but lost {sorted(set(acks) - stored)[:10]}"
 
 
+@pytest.mark.slow
 def test_a_port_in_use_fails_once_in_the_supervisor(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -187,6 +188,7 @@ def test_a_port_in_use_fails_once_in_the_supervisor(tmp_path):
     assert "worker 0 started" not in result.stderr
 
 
+@pytest.mark.slow
 def test_workers_that_cannot_start_make_the_supervisor_give_up(tmp_path):
     store = f"cassandra://127.0.0.1:{free_port()}/ks?request_timeout=1s"
     result, elapsed = tsgate_serve(tmp_path, "--workers", "2", "--http", f"127.0.0.1:{free_port()}", "--store", store)

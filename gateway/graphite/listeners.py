@@ -63,8 +63,10 @@ class GraphiteIngest:
         max_pending: int = 200_000,
         flush_delay: float = 0.05,
         concurrency: int = 4,
+        clock=reactor,
     ):
         self.pipeline = pipeline
+        self.clock = clock  # the reactor's time and timers (a task.Clock in unit tests)
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.max_pending = max_pending
@@ -96,7 +98,7 @@ class GraphiteIngest:
     @property
     def refusing(self) -> bool:
         """What UDP asks before taking a datagram: the backlog is full or the tenant is limited."""
-        return self.full or time.monotonic() < self._limited_until
+        return self.full or self.clock.seconds() < self._limited_until
 
     def _pause(self) -> None:
         if not self.paused:
@@ -118,7 +120,7 @@ class GraphiteIngest:
 
     def _schedule(self, delay: float) -> None:
         if self._flush_call is None and self._writing < self.concurrency:
-            self._flush_call = reactor.callLater(delay, self._flush)
+            self._flush_call = self.clock.callLater(delay, self._flush)
 
     def _take_batch(self) -> tuple[str, list[Sample]]:
         protocol, batch = self._queue.popleft()
@@ -128,9 +130,11 @@ class GraphiteIngest:
         return protocol, batch
 
     def _flush(self) -> None:
-        """Start writes while batches wait and fewer than ``concurrency`` are in flight."""
+        """Start writes while batches wait and fewer than ``concurrency`` are in flight, until a
+        write sets the next flush: a batch the pipeline refuses at once (Overloaded, RateLimited)
+        goes back to the head of the queue with a retry timer, and taking it again here would spin."""
         self._flush_call = None
-        while self._queue and self._writing < self.concurrency:
+        while self._queue and self._writing < self.concurrency and self._flush_call is None:
             self._writing += 1
             protocol, batch = self._take_batch()
             defer.ensureDeferred(self.pipeline.ingest(protocol, batch)).addCallbacks(
@@ -182,7 +186,7 @@ class GraphiteIngest:
         """Hold the batch and pause the TCP senders until the limit's wait is over."""
         self._writing -= 1
         metrics.RATE_LIMITED.labels(error.limit).inc()
-        self._limited_until = time.monotonic() + error.retry_after_s
+        self._limited_until = self.clock.seconds() + error.retry_after_s
         log.warning("graphite batch of %d samples held for %ds, carbon connections paused: %s", len(batch), error.retry_after_s, error)
         self._pause()
         self._retry_later(protocol, batch, error.retry_after_s)
@@ -192,7 +196,7 @@ class GraphiteIngest:
         self._queued += len(batch)
         if self._flush_call is not None:
             self._flush_call.cancel()
-        self._flush_call = reactor.callLater(delay, self._flush)
+        self._flush_call = self.clock.callLater(delay, self._flush)
 
     def drain(self) -> defer.Deferred:
         """Fire when everything submitted has been stored (used at shutdown)."""

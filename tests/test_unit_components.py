@@ -1,0 +1,139 @@
+"""Small parts of the service on their own: the LRU map behind every cache, and the Cassandra
+request queue's bound (driven through a session whose requests the test completes by hand, as the
+driver's I/O thread would)."""
+
+import pytest
+import pytest_twisted
+from cassandra import DriverException
+
+from gateway.metadata_cache import LRUMap, SeenSeries
+from gateway.store.cassandra_requests import RequestQueue
+
+
+def test_lru_map_forgets_the_least_recently_used():
+    lru = LRUMap(3)
+    lru.add_all({"a": 1, "b": 2, "c": 3})
+    assert lru.get("a") == 1  # now the most recent
+    lru.add_all({"d": 4})
+    assert len(lru) == 3 and lru.get("b") is None
+    lru.add_all({"c": 30, "e": 5})  # c refreshed by the update, a is now the oldest
+    assert [lru.get(k) for k in "acde"] == [None, 30, 4, 5]
+    with pytest.raises(TypeError):
+        lru.get(["unhashable"])
+
+
+def test_lru_map_keeps_only_the_newest_of_a_batch_larger_than_itself():
+    lru = LRUMap(2)
+    lru.add_all({i: i for i in range(5)})
+    assert len(lru) == 2 and lru.get(3) == 3 and lru.get(4) == 4 and lru.get(2) is None
+
+
+def test_seen_series_is_a_set_on_the_same_bound():
+    seen = SeenSeries(2)
+    seen.add_all([("t", "a"), ("t", "b"), ("t", "c")])
+    assert ("t", "a") not in seen and ("t", "c") in seen and len(seen) == 2
+
+
+class Future:
+    """A request the driver is running: ``page`` and ``fail`` complete it as its I/O thread would."""
+
+    def __init__(self, statement):
+        self.statement = statement
+        self.has_more_pages = False
+        self.fetches = 0
+
+    def add_callbacks(self, callback, errback, callback_args, errback_args):
+        self._callback, self._errback = callback, errback
+        self._callback_args, self._errback_args = callback_args, errback_args
+
+    def start_fetching_next_page(self):
+        self.fetches += 1
+
+    def page(self, rows, more: bool = False):
+        self.has_more_pages = more
+        self._callback(rows, *self._callback_args)
+
+    def fail(self, error):
+        self._errback(error, *self._errback_args)
+
+
+class Session:
+    """Records the requests started; a statement named "refused" is refused by the driver at once."""
+
+    def __init__(self):
+        self.started: list[Future] = []
+
+    def execute_async(self, statement, parameters, execution_profile):
+        if statement == "refused":
+            raise DriverException("no host available")
+        future = Future(statement)
+        self.started.append(future)
+        return future
+
+
+class StoreError(Exception):
+    pass
+
+
+def queue_of(limit: int) -> tuple[Session, RequestQueue]:
+    session = Session()
+    return session, RequestQueue(session, limit, lambda error: StoreError(str(error)))
+
+
+def running(session: Session) -> list[str]:
+    return [f.statement for f in session.started if not hasattr(f, "done")]
+
+
+def finish(future: Future, rows, more: bool = False) -> None:
+    if not more:
+        future.done = True
+    future.page(rows, more)
+
+
+@pytest_twisted.ensureDeferred
+async def test_at_most_limit_requests_run_across_groups_in_fifo_order():
+    session, queue = queue_of(3)
+    first = queue.run([(f"a{i}", ()) for i in range(4)], "profile")
+    second = queue.run([("b0", ()), ("b1", ())], "profile")
+    assert running(session) == ["a0", "a1", "a2"]
+    finish(session.started[1], [("a1 row",)])
+    assert running(session) == ["a0", "a2", "a3"]
+    finish(session.started[0], [("a0 page 1",)], more=True)  # more pages: still in flight
+    assert session.started[0].fetches == 1 and running(session) == ["a0", "a2", "a3"]
+    finish(session.started[0], [("a0 page 2",)])
+    assert running(session) == ["a2", "a3", "b0"]
+    for future in session.started[2:4]:
+        finish(future, [])
+    assert running(session) == ["b0", "b1"]
+    assert await first == [[("a0 page 1",), ("a0 page 2",)], [("a1 row",)], [], []]
+    for future in session.started[4:]:
+        finish(future, [(future.statement,)])
+    assert await second == [[("b0",)], [("b1",)]]
+    assert queue._inflight == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_first_failure_fails_its_group_once_its_running_requests_end():
+    session, queue = queue_of(2)
+    failing = queue.run([("a0", ()), ("a1", ()), ("a2", ()), ("a3", ())], "profile")
+    other = queue.run([("b0", ())], "profile")
+    session.started[0].fail(Exception("timeout"))
+    # a1 still runs; a2 and a3 are skipped without being sent, which lets b0 start
+    assert [f.statement for f in session.started] == ["a0", "a1", "b0"]
+    assert not failing.called
+    finish(session.started[1], [])
+    with pytest.raises(StoreError, match="timeout"):
+        await failing
+    finish(session.started[2], [("b0",)])
+    assert await other == [[("b0",)]]
+    assert queue._inflight == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_the_driver_refuses_fails_the_group_and_frees_its_place():
+    session, queue = queue_of(1)
+    refused = queue.run([("refused", ()), ("a1", ())], "profile")
+    with pytest.raises(StoreError, match="no host"):
+        await refused
+    assert session.started == [] and queue._inflight == 0
+    assert await queue.run([], "profile") == []

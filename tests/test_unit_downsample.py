@@ -1,0 +1,97 @@
+"""Two Downsampler replicas sharing one store's pending work, in process: every series-slot is
+rolled up by exactly one of them, counted once, with the real trackers (the store's pending table
+with partitions split between replicas, as ``--downsample-partitions`` does; Redis locks when
+both take every partition)."""
+
+import uuid
+
+import pytest_twisted
+from twisted.internet.defer import ensureDeferred, gatherResults
+
+from gateway.downsample.partitions import partition_of
+from gateway.downsample.pending import RedisPartitionLock, RedisPending, StorePending
+from gateway.downsample.processor import Downsampler
+from gateway.ingest import IngestPipeline
+from gateway.metadata_cache import KnownSeries
+from gateway.model import Limits, Sample, now_ms
+from gateway.query import QueryPlanner
+from gateway.store.layout import HOUR_MS
+
+PARTITIONS = 64
+SERIES = 40
+POINTS = 6
+
+
+async def write_a_past_slot(store, pending, tenant: str) -> int:
+    """SERIES series of POINTS points each in the slot two hours ago; the slot's start."""
+    slot = (now_ms() // HOUR_MS - 2) * HOUR_MS
+    pipeline = IngestPipeline(store, Limits(), KnownSeries(1000), 1_000_000, pending=pending, partitions=PARTITIONS)
+    batch = [
+        Sample(tenant, "shared_load", {"i": str(i)}, slot + p * 600_000, float(p))
+        for i in range(SERIES)
+        for p in range(POINTS)
+    ]
+    assert (await pipeline.ingest("test", batch)).accepted == SERIES * POINTS
+    return slot
+
+
+async def hourly_counts(store, tenant: str, slot: int) -> list[float]:
+    """The 1h roll-up count of every series of the slot."""
+    planner = QueryPlanner(store, max_series=SERIES)
+    series = await planner.select_series(tenant, "shared_load", {})
+    hourly = store.layout.granularity("1h")
+    rows = await gatherResults(
+        [store.read_rollups(hourly, tenant, s.series_set_hash, slot, slot + HOUR_MS - 1) for s in series]
+    )
+    return [row.count for found in rows for row in found]
+
+
+def replica(store, pending) -> Downsampler:
+    return Downsampler(store, pending, store.layout, ())
+
+
+@pytest_twisted.ensureDeferred
+async def test_replicas_owning_half_the_partitions_each_roll_up_their_own_series_once(sqlite_store, tenant):
+    pending = StorePending(sqlite_store, sqlite_store.slot_width_ms, 0)
+    slot = await write_a_past_slot(sqlite_store, pending, tenant)
+    halves = [list(range(PARTITIONS // 2)), list(range(PARTITIONS // 2, PARTITIONS))]
+    mine = [
+        sum(
+            partition_of(tenant, key.series_set_hash, PARTITIONS) in half
+            for key in await QueryPlanner(sqlite_store, SERIES).select_series(tenant, "shared_load", {})
+        )
+        for half in halves
+    ]
+    replicas = [replica(sqlite_store, StorePending(sqlite_store, sqlite_store.slot_width_ms, 0)) for _ in halves]
+    rounds = [ensureDeferred(r.run_once(half)) for r, half in zip(replicas, halves)]
+    assert await gatherResults(rounds) == mine and sum(mine) == SERIES
+    assert await gatherResults([ensureDeferred(r.run_once(half)) for r, half in zip(replicas, halves)]) == [0, 0]
+    assert await hourly_counts(sqlite_store, tenant, slot) == [POINTS] * SERIES
+
+
+@pytest_twisted.ensureDeferred
+async def test_replicas_competing_through_redis_locks_roll_up_every_series_exactly_once(
+    sqlite_store, redis_server, tenant
+):
+    namespace = f"tsgate|unit-{uuid.uuid4().hex}|"
+
+    def tracker() -> RedisPending:
+        pending = RedisPending(
+            redis_server.url, StorePending(sqlite_store, sqlite_store.slot_width_ms, 0), sqlite_store.slot_width_ms, 0
+        )
+        pending.use_namespace(namespace)
+        return pending
+
+    slot = await write_a_past_slot(sqlite_store, tracker(), tenant)
+    trackers = [tracker(), tracker()]
+    replicas = [replica(sqlite_store, pending) for pending in trackers]
+    locks = [RedisPartitionLock(pending, f"replica-{n}", 60_000) for n, pending in enumerate(trackers)]
+    everything = list(range(PARTITIONS))
+    done = await gatherResults([ensureDeferred(r.run_once(everything, lock)) for r, lock in zip(replicas, locks)])
+    assert sum(done) == SERIES
+    assert await gatherResults([ensureDeferred(r.run_once(everything, lock)) for r, lock in zip(replicas, locks)]) == [
+        0,
+        0,
+    ]
+    assert await hourly_counts(sqlite_store, tenant, slot) == [POINTS] * SERIES
+    assert not list(trackers[0].client.scan_iter(match=f"{namespace}*"))

@@ -1,0 +1,193 @@
+"""GraphiteIngest on its own: the real pipeline and SQLite store underneath, its timers on a
+task.Clock, so pausing, resuming, backing off and dropping are counted exactly without sockets."""
+
+import threading
+
+import pytest_twisted
+from prometheus_client import REGISTRY
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from gateway.downsample.pending import StorePending
+from gateway.graphite.listeners import GraphiteIngest, PlaintextDatagramProtocol
+from gateway.ingest import IngestPipeline
+from gateway.limits import TenantLimits
+from gateway.metadata_cache import KnownSeries
+from gateway.model import Limits, Sample, now_ms, series_set_hash, series_set_text
+from tests.unit import until
+
+
+def counter(name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def samples(tenant: str, name: str, count: int, start: int = 0) -> list[Sample]:
+    now = now_ms()
+    return [Sample(tenant, name, {}, now - 60_000 + i, float(i)) for i in range(start, start + count)]
+
+
+def pipeline_on(store, max_inflight: int = 1_000_000, tenant_limits=None) -> IngestPipeline:
+    pending = StorePending(store, store.slot_width_ms, 0)
+    return IngestPipeline(
+        store, Limits(), KnownSeries(1000), max_inflight, pending=pending, tenant_limits=tenant_limits
+    )
+
+
+async def stored(store, tenant: str, name: str) -> int:
+    now = now_ms()
+    (found,) = await store.read_raw(tenant, [series_set_hash(series_set_text(name, {}))], now - 3_600_000, now)
+    return len(found.head)
+
+
+def next_timer(clock: Clock) -> float:
+    """Seconds until the one timer GraphiteIngest has set."""
+    (call,) = clock.getDelayedCalls()
+    return call.getTime() - clock.seconds()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_full_backlog_pauses_every_tcp_sender_until_half_drained(sqlite_store, tenant):
+    """TCP senders stop being read (and UDP datagrams are dropped) from max_pending on, until the
+    backlog is under half of it."""
+    clock = Clock()
+    ingest = GraphiteIngest(
+        pipeline_on(sqlite_store), batch_size=10, max_pending=20, flush_delay=0.05, concurrency=1, clock=clock
+    )
+    first, late = StringTransport(), StringTransport()
+    ingest.register(first)
+    paused_before = counter("tsgate_graphite_backpressure_total")
+    for start in range(0, 25, 5):
+        ingest.submit("graphite_plaintext", samples(tenant, "backlog", 5, start))
+    assert ingest.paused and first.producerState == "paused"
+    assert counter("tsgate_graphite_backpressure_total") - paused_before == 1
+    ingest.register(late)
+    assert late.producerState == "paused"
+    dropped_before = counter("tsgate_graphite_udp_dropped_samples_total")
+    PlaintextDatagramProtocol(ingest, tenant, 1000).datagramReceived(b"backlog.udp 1 1700000000\n", ("127.0.0.1", 2003))
+    assert counter("tsgate_graphite_udp_dropped_samples_total") - dropped_before == 1 and ingest.pending == 25
+    assert next_timer(clock) == 0.05  # set by the first, partial, batch
+    clock.advance(0.05)
+    await until(lambda: ingest.pending == 15)
+    assert ingest.paused  # 15 still wait: reading resumes below half of max_pending
+    clock.advance(0)
+    await until(lambda: ingest.pending == 5)
+    assert not ingest.paused and first.producerState == late.producerState == "producing"
+    assert next_timer(clock) == 0.05  # a partial batch waits a little for more samples
+    drained = ingest.drain()
+    clock.advance(0.05)
+    await drained
+    assert await stored(sqlite_store, tenant, "backlog") == 25
+    assert counter("tsgate_graphite_backpressure_total") - paused_before == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_busy_store_is_retried_with_doubling_delays_and_nothing_is_lost(sqlite_store, tenant):
+    """The pipeline refuses a second write while the first waits for the store (Overloaded): the
+    batch goes back to the head of the queue, retried after 0.5, 1, 2 s; a stored batch resets the delay."""
+    clock = Clock()
+    ingest = GraphiteIngest(
+        pipeline_on(sqlite_store, max_inflight=5), batch_size=5, max_pending=1000, concurrency=2, clock=clock
+    )
+    release = threading.Event()
+    sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
+    try:
+        ingest.submit("graphite_plaintext", samples(tenant, "busy", 5))
+        ingest.submit("graphite_plaintext", samples(tenant, "busy", 5, 5))
+        clock.advance(0)
+        assert ingest.pending == 10 and ingest.pipeline.inflight_samples == 5
+        for delay in (0.5, 1.0, 2.0):
+            assert next_timer(clock) == delay
+            clock.advance(delay)
+        assert next_timer(clock) == 4.0
+    finally:
+        release.set()
+    await until(lambda: ingest.pending == 5)
+    assert ingest._retry_delay == 0.5
+    drained = ingest.drain()
+    clock.advance(4.0)
+    await drained
+    assert await stored(sqlite_store, tenant, "busy") == 10
+    assert ingest._writing == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_over_the_tenant_rate_tcp_waits_and_udp_drops(sqlite_store, tenant):
+    """A batch over the tenant's rate is held for the wait the limit names, TCP senders paused;
+    datagrams arriving meanwhile are dropped and counted, not queued."""
+    clock = Clock()
+    limits = TenantLimits(10, burst_seconds=1, clock=clock.seconds)
+    ingest = GraphiteIngest(
+        pipeline_on(sqlite_store, tenant_limits=limits), batch_size=100, flush_delay=0.05, clock=clock
+    )
+    sender = StringTransport()
+    ingest.register(sender)
+    udp = PlaintextDatagramProtocol(ingest, tenant, 1000)
+    limited_before = counter("tsgate_rate_limited_requests_total", limit="samples_per_second")
+    dropped_before = counter("tsgate_graphite_udp_dropped_samples_total")
+    ingest.submit("graphite_plaintext", samples(tenant, "limited", 10))
+    clock.advance(0.05)
+    await until(lambda: ingest.pending == 0)
+    ingest.submit("graphite_plaintext", samples(tenant, "limited", 5, 10))
+    clock.advance(0.05)
+    assert counter("tsgate_rate_limited_requests_total", limit="samples_per_second") - limited_before == 1
+    assert ingest.paused and sender.producerState == "paused" and ingest.refusing
+    udp.datagramReceived(b"limited.udp 1 1700000000\nlimited.udp 2 1700000001\n", ("127.0.0.1", 2003))
+    assert counter("tsgate_graphite_udp_dropped_samples_total") - dropped_before == 2
+    assert ingest.pending == 5
+    assert next_timer(clock) == 1
+    clock.advance(1)
+    assert not ingest.refusing
+    await until(lambda: ingest.pending == 0)
+    assert not ingest.paused and sender.producerState == "producing"
+    udp.datagramReceived(f"limited.udp 1 {now_ms() // 1000}\n".encode(), ("127.0.0.1", 2003))
+    assert ingest.pending == 1 and counter("tsgate_graphite_udp_dropped_samples_total") - dropped_before == 2
+    drained = ingest.drain()
+    clock.advance(0.05)
+    await drained
+    assert await stored(sqlite_store, tenant, "limited") == 15
+    assert await stored(sqlite_store, tenant, "limited.udp") == 1
+
+
+class BrokenPipeline(IngestPipeline):
+    """A pipeline with a bug for batches of one metric: the error is neither the store's nor a limit."""
+
+    async def ingest(self, protocol, batch):
+        if batch[0].metric_name == "buggy":
+            raise ValueError("a bug")
+        return await super().ingest(protocol, batch)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_batch_failing_unexpectedly_is_dropped_counted_and_its_write_finished_once(sqlite_store, tenant):
+    """The in-flight write count went negative once (a dropped batch finished twice), which let
+    more than ``concurrency`` writes run at once."""
+    clock = Clock()
+    pipeline = BrokenPipeline(sqlite_store, Limits(), KnownSeries(1000), 1_000_000)
+    ingest = GraphiteIngest(pipeline, batch_size=5, concurrency=1, clock=clock)
+    lost_before = counter("tsgate_graphite_lost_samples_total")
+    ingest.submit("graphite_plaintext", samples(tenant, "buggy", 5))
+    ingest.submit("graphite_pickle", samples(tenant, "fine", 5))
+    clock.advance(0)
+    assert counter("tsgate_graphite_lost_samples_total") - lost_before == 5
+    assert ingest._writing == 1  # the next batch's write, and only it
+    await ingest.drain()
+    assert ingest._writing == 0
+    assert await stored(sqlite_store, tenant, "fine") == 5
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_backlog_over_the_tenant_rate_waits_instead_of_spinning(sqlite_store, tenant):
+    """With a batch's worth of samples still queued, a refused batch used to be taken again at
+    once, forever, in the same reactor turn."""
+    clock = Clock()
+    limits = TenantLimits(5, burst_seconds=1, clock=clock.seconds)
+    ingest = GraphiteIngest(pipeline_on(sqlite_store, tenant_limits=limits), batch_size=5, concurrency=2, clock=clock)
+    for start in range(0, 15, 5):
+        ingest.submit("graphite_plaintext", samples(tenant, "spin", 5, start))
+    clock.advance(0)
+    assert ingest.paused and next_timer(clock) == 1
+    drained = ingest.drain()
+    while not drained.called:
+        await until(lambda: ingest._writing == 0)
+        clock.advance(1)
+    assert await stored(sqlite_store, tenant, "spin") == 15

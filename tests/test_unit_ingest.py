@@ -1,0 +1,148 @@
+"""IngestPipeline on its own, on a real SQLite store with a settable clock: when a write marks its
+series-slots pending, how in-flight samples are counted and bounded, and when drain fires."""
+
+import threading
+
+import pytest
+import pytest_twisted
+from prometheus_client import REGISTRY
+from twisted.internet.defer import ensureDeferred
+
+from gateway.downsample.pending import StorePending
+from gateway.ingest import IngestPipeline, Overloaded
+from gateway.limits import RateLimited, TenantLimits
+from gateway.metadata_cache import KnownSeries
+from gateway.model import Limits, Sample, series_set_hash, series_set_text
+from gateway.store.layout import HOUR_MS
+from tests.unit import MsClock
+
+MINUTE = 60_000
+DELAY = 5 * MINUTE
+SLOT = 1_000 * HOUR_MS  # a slot boundary; the clock starts 10 minutes into it
+
+
+def marks() -> float:
+    return REGISTRY.get_sample_value("tsgate_downsample_pending_marks_total") or 0.0
+
+
+def pipeline_on(store, clock, max_inflight: int = 1_000_000, tenant_limits=None) -> IngestPipeline:
+    return IngestPipeline(
+        store,
+        Limits(),
+        KnownSeries(1000),
+        max_inflight,
+        clock=clock,
+        pending=StorePending(store, store.slot_width_ms, DELAY),
+        tenant_limits=tenant_limits,
+    )
+
+
+async def last_touch(store, tenant: str, name: str) -> list[tuple[int, int]]:
+    """(slot, last touch) of every pending row of the series, over all partitions."""
+    hash_ = series_set_hash(series_set_text(name, {}))
+    rows = []
+    for partition in range(64):
+        rows += [
+            (r.time_slot, r.last_touch_ms)
+            for r in await store.list_pending(partition, 1 << 62)
+            if (r.tenant, r.series_set_hash) == (tenant, hash_)
+        ]
+    return sorted(rows)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_steady_stream_marks_each_series_slot_once(sqlite_store, tenant):
+    """A mark at m holds slot s open until max(end of s, m) + delay/2: writes before that need no
+    mark; the first write after it marks again (late data must push the slot's settling back)."""
+    clock = MsClock(SLOT + 10 * MINUTE)
+    pipeline = pipeline_on(sqlite_store, clock)
+    before = marks()
+    await pipeline.ingest("test", [Sample(tenant, "steady", {}, SLOT + MINUTE, 1.0)])
+    assert await last_touch(sqlite_store, tenant, "steady") == [(SLOT, SLOT + 10 * MINUTE)]
+    for minute in range(11, 60):
+        clock.now = SLOT + minute * MINUTE
+        await pipeline.ingest("test", [Sample(tenant, "steady", {}, clock.now, float(minute))])
+    clock.now = SLOT + HOUR_MS + DELAY // 2 - 1  # the mark's last held moment
+    await pipeline.ingest("test", [Sample(tenant, "steady", {}, SLOT + 59 * MINUTE + 1, 2.0)])
+    assert marks() - before == 1
+    assert await last_touch(sqlite_store, tenant, "steady") == [(SLOT, SLOT + 10 * MINUTE)]
+    clock.now += 1
+    await pipeline.ingest("test", [Sample(tenant, "steady", {}, SLOT + 59 * MINUTE + 2, 3.0)])
+    assert marks() - before == 2
+    assert await last_touch(sqlite_store, tenant, "steady") == [(SLOT, clock.now)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_backfill_of_a_past_slot_marks_once_every_half_delay(sqlite_store, tenant):
+    clock = MsClock(SLOT + 10 * MINUTE)
+    pipeline = pipeline_on(sqlite_store, clock)
+    past = SLOT - 3 * HOUR_MS
+    before = marks()
+    for step in range(12):  # a write every 30 s: marks at 0, 2.5 and 5 minutes
+        clock.now = SLOT + 10 * MINUTE + step * 30_000
+        await pipeline.ingest(
+            "test",
+            [Sample(tenant, "backfill", {}, past + step * 1000, 1.0), Sample(tenant, "live", {}, clock.now, 1.0)],
+        )
+    assert marks() - before == 3 + 1
+    assert await last_touch(sqlite_store, tenant, "backfill") == [(past, SLOT + 10 * MINUTE + 10 * 30_000)]
+    assert await last_touch(sqlite_store, tenant, "live") == [(SLOT, SLOT + 10 * MINUTE)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_in_flight_samples_are_bounded_counted_and_drained(sqlite_store, tenant):
+    """While the store's writer is busy, a write that would pass the bound is refused (and not
+    counted), a first write may exceed it alone, and drain fires once the count is back to 0."""
+    clock = MsClock(SLOT + 10 * MINUTE)
+    pipeline = pipeline_on(sqlite_store, clock, max_inflight=10)
+    release = threading.Event()
+    sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
+    try:
+        first = ensureDeferred(
+            pipeline.ingest("test", [Sample(tenant, "bounded", {"i": str(i)}, clock.now, 1.0) for i in range(12)])
+        )
+        assert pipeline.inflight_samples == 12
+        refused = ensureDeferred(pipeline.ingest("test", [Sample(tenant, "bounded", {}, clock.now, 1.0)]))
+        with pytest.raises(Overloaded):
+            await refused
+        assert pipeline.inflight_samples == 12
+        drained = pipeline.drain()
+        assert not drained.called and not first.called
+    finally:
+        release.set()
+    assert (await first).accepted == 12
+    assert drained.called and pipeline.inflight_samples == 0
+    assert REGISTRY.get_sample_value("tsgate_ingest_inflight_samples") == 0
+    assert pipeline.drain().called
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_batch_over_the_tenant_limit_is_refused_whole_and_never_in_flight(sqlite_store, tenant):
+    seconds = MsClock(0)
+    clock = MsClock(SLOT + 10 * MINUTE)
+    pipeline = pipeline_on(sqlite_store, clock, tenant_limits=TenantLimits(10, burst_seconds=1, clock=seconds))
+    ok = [Sample(tenant, "limited", {}, clock.now - i, 1.0) for i in range(10)]
+    assert (await pipeline.ingest("test", ok)).accepted == 10
+    with pytest.raises(RateLimited):
+        await pipeline.ingest("test", [Sample("other-" + tenant, "limited", {}, clock.now, 1.0), ok[0]])
+    assert pipeline.inflight_samples == 0
+    seconds.now = 1
+    assert (
+        await pipeline.ingest("test", [Sample("other-" + tenant, "limited", {}, clock.now, 1.0), ok[0]])
+    ).accepted == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_invalid_samples_are_rejected_one_by_one_beside_good_ones(sqlite_store, tenant):
+    clock = MsClock(SLOT + 10 * MINUTE)
+    pipeline = pipeline_on(sqlite_store, clock)
+    batch = [
+        Sample(tenant, "good", {}, clock.now, 1.0),
+        Sample(tenant, "", {}, clock.now, 1.0),
+        Sample(tenant, "good", {}, clock.now + 11 * MINUTE, 1.0),
+        Sample(tenant, "good", {}, clock.now - 1, 2.0),
+    ]
+    result = await pipeline.ingest("test", batch)
+    assert result.accepted == 2 and [r.index for r in result.rejected] == [1, 2]
+    (found,) = await sqlite_store.read_raw(tenant, [series_set_hash(series_set_text("good", {}))], SLOT, SLOT + HOUR_MS)
+    assert len(found.head) == 2
