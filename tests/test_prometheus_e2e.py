@@ -281,3 +281,140 @@ def test_real_prometheus_sends_native_histograms_and_reads_agree(start_gateway, 
     finally:
         writer.stop()
     assert "Traceback" not in gateway.log()
+
+
+def _packed(values: list[int]) -> bytes:
+    """Packed sint64s (zigzag varints)."""
+    return b"".join(_varint(v << 1 if v >= 0 else (-v << 1) - 1) for v in values)
+
+
+def _spans(spans: list[tuple[int, int]], number: int) -> bytes:
+    return b"".join(_field(number, 2, _field(1, 0, _varint(offset << 1 if offset >= 0 else (-offset << 1) - 1)) + _field(2, 0, _varint(length))) for offset, length in spans)
+
+
+def restarting_histogram_family(name: str, scrape: int) -> bytes:
+    """A delimited MetricFamily with a schema 1 native histogram that restarts every 8 scrapes:
+    at m = 1..8, m in the zero bucket (threshold 0.01), m, 2m, 3m in buckets 0-2 and m in bucket 5
+    (offset 2 after them), 2m in negative bucket 1; count 10m, sum 4.5m."""
+    m = (scrape - 1) % 8 + 1
+    positive = [m, 2 * m, 3 * m, m]
+    histogram = (
+        _field(1, 0, _varint(10 * m))
+        + _field(2, 1, struct.pack("<d", 4.5 * m))
+        + _field(5, 0, _varint(2))  # schema (sint32 1)
+        + _field(6, 1, struct.pack("<d", 0.01))
+        + _field(7, 0, _varint(m))
+        + _spans([(1, 1)], 9)
+        + _field(10, 2, _packed([2 * m]))
+        + _spans([(0, 3), (2, 1)], 12)
+        + _field(13, 2, _packed([b - a for a, b in zip([0] + positive, positive)]))
+    )
+    family = _field(1, 2, name.encode()) + _field(2, 2, b"Sizes.") + _field(3, 0, _varint(4)) + _field(4, 2, _field(7, 2, histogram))
+    return _varint(len(family)) + family
+
+
+@pytest.fixture
+def restarting_exporter():
+    """Serves the histogram of restarting_histogram_family, one scrape further each time."""
+    scrapes = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            scrapes.append(1)
+            body = restarting_histogram_family("tsgate_e2e_size_bytes", len(scrapes))
+            self.send_response(200)
+            self.send_header("Content-Type", PROTOBUF_EXPOSITION)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+HISTOGRAM_QUERIES = [
+    "tsgate_e2e_size_bytes",
+    "tsgate_e2e_size_bytes[5s]",
+    "histogram_quantile(0.5, tsgate_e2e_size_bytes)",
+    "histogram_quantile(0.05, tsgate_e2e_size_bytes)",
+    "histogram_quantile(0.15, tsgate_e2e_size_bytes)",
+    "histogram_quantile(0.99, tsgate_e2e_size_bytes)",
+    "histogram_quantile(0.9, rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_fraction(0, 2, tsgate_e2e_size_bytes)",
+    "histogram_fraction(-1.2, 1.2, rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_count(rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_sum(rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_count(increase(tsgate_e2e_size_bytes[15s]))",
+    "rate(tsgate_e2e_size_bytes[10s])",
+    "increase(tsgate_e2e_size_bytes[15s])",
+    "delta(tsgate_e2e_size_bytes[10s])",
+    "sum by (job) (tsgate_e2e_size_bytes)",
+    "sum by (job) (rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_count(sum(rate(tsgate_e2e_size_bytes[10s])))",
+    "count(tsgate_e2e_size_bytes)",
+]
+# Left out, 2.42 being wrong or short where tsgate follows Prometheus 3 (docs/promql.rst):
+# irate/idelta of histograms (2.42 answers the float 0) and histogram * scalar (2.42 answers the
+# histogram unchanged); histogram_avg/stddev/stdvar are not in 2.42 (test_promql_histograms.py
+# checks them against Prometheus 3's formulas).
+
+
+def _numbers(value, exact: bool):
+    """The JSON with its number strings as floats: exact (tsgate's side), or approximate to 1e-9
+    relative (Prometheus's side: rates are sums of products whose rounding depends on the order
+    of operations, and 2.42's bucket bounds come from a table that is off by an ulp here and there)."""
+    if isinstance(value, list):
+        return [_numbers(item, exact) for item in value]
+    if isinstance(value, dict):
+        return {key: _numbers(item, exact) for key, item in value.items()}
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if exact else pytest.approx(number, rel=1e-9, abs=1e-12, nan_ok=True)
+    return value
+
+
+def test_real_prometheus_and_tsgate_agree_on_promql_over_native_histograms(start_gateway, backend_args, restarting_exporter, tmp_path, tenant):
+    """Prometheus 2.42 scrapes a native histogram that restarts every 8 scrapes and remote-writes
+    it; at the timestamps of the last samples tsgate received, tsgate's PromQL answers (histogram
+    JSON, quantiles, fractions, rates across resets, sums) equal Prometheus's own."""
+    gateway = start_gateway(*backend_args)
+    values = dict(GATEWAY_PORT=gateway.port, EXPORTER_PORT=restarting_exporter, TENANT=tenant)
+    writer = PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms").start()
+    try:
+        query = Query(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", "tsgate_e2e_size_bytes")])
+        deadline = time.monotonic() + 90
+        while True:
+            (result,) = read_samples(gateway, tenant, [query]).results
+            histograms = [h for series in result.timeseries for h in series.histograms]
+            if len(histograms) >= 20:
+                break
+            assert time.monotonic() < deadline, "tsgate never received 20 native histograms"
+            time.sleep(1)
+        compared = 0
+        for histogram in histograms[-3:]:
+            for text in HISTOGRAM_QUERIES:
+                params = {"query": text, "time": histogram.timestamp / 1000}
+                expected = writer.api("/api/v1/query", **params)
+                got = gateway.get("/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json()
+                assert expected["status"] == "success" and expected["data"]["result"], (text, expected)
+                assert _numbers(got["data"], True) == _numbers(expected["data"], False), f"{text}\n{got}\n{expected}"
+                compared += 1
+        assert compared == 3 * len(HISTOGRAM_QUERIES)
+        end = histograms[-1].timestamp / 1000
+        for text in ("rate(tsgate_e2e_size_bytes[10s])", "tsgate_e2e_size_bytes", "histogram_quantile(0.9, tsgate_e2e_size_bytes)"):
+            params = {"query": text, "start": end - 8, "end": end, "step": 0.5}
+            expected = writer.api("/api/v1/query_range", **params)
+            got = gateway.get("/api/v1/query_range?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json()
+            assert expected["status"] == "success" and len(expected["data"]["result"][0].get("histograms") or expected["data"]["result"][0]["values"]) == 17
+            assert _numbers(got["data"], True) == _numbers(expected["data"], False), f"{text}\n{got}\n{expected}"
+    finally:
+        writer.stop()
+    assert "Traceback" not in gateway.log()

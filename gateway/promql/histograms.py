@@ -165,10 +165,11 @@ class Histogram:
         return math.ldexp(fraction, exponent) if exponent <= 1024 else math.inf
 
     def buckets(self) -> Iterator[Bucket]:
-        """Every bucket with a count, lowest first: negative, zero, positive (AllBucketIterator)."""
+        """Every bucket, lowest first: negative, zero, positive (AllBucketIterator: the zero
+        bucket only with a count above 0, as in Prometheus)."""
         for index in sorted(self.negative, reverse=True):
             yield Bucket(-self.bound(index), -self.bound(index - 1), True, False, self.negative[index])
-        if self.zero_count:
+        if self.zero_count > 0:
             yield Bucket(-self.zero_threshold, self.zero_threshold, True, True, self.zero_count)
         for index in sorted(self.positive):
             yield Bucket(self.bound(index - 1), self.bound(index), False, True, self.positive[index])
