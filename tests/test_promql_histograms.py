@@ -241,3 +241,18 @@ def test_the_json_is_prometheus_2_42s():
     value, _ = evaluate('latency{job="web"}[30s]', 60)
     (ranged,) = orjson.loads(_encode_instant(value, 60000, []))["data"]["result"]
     assert [point[0] for point in ranged["histograms"]] == [30.0, 45.0, 60.0] and "values" not in ranged
+
+
+def test_set_operators_and_relabelling_keep_histograms():
+    api, web, batch = (("__name__", "latency"), ("job", "api")), (("__name__", "latency"), ("job", "web")), (("__name__", "latency"), ("job", "batch"))
+    assert instant('latency and on(job) latency{job=~"api|batch"}', 60) == {api: growing(4), batch: 1.0}
+    assert instant('latency unless on(job) latency{job=~"api|batch"}', 60) == {web: growing(1)}
+    assert instant('latency{job="api"} or latency', 60) == {api: growing(4), web: growing(1), batch: 1.0}
+    relabelled = instant('label_replace(latency{job="api"}, "team", "$1", "job", "(.*)")', 60)
+    assert relabelled == {(("__name__", "latency"), ("job", "api"), ("team", "api")): growing(4)}
+
+
+def test_absent_sees_histograms():
+    assert instant('absent(latency{job="api"})', 60) == {}
+    assert instant('absent_over_time(latency{job="api"}[1m])', 60) == {}
+    assert instant('absent(latency{job="none"})', 60) == {(("job", "none"),): 1.0}

@@ -17,7 +17,7 @@ import promql_parser
 from gateway.promql.functions import FUNCTIONS
 from gateway.promql.histograms import IncompatibleBuckets
 from gateway.promql.values import (
-    NAME, PromQLError, RangeVector, Scalar, Series, String, Vector, drop_metric_name, is_stale, labels_key, merge_same_labels,
+    NAME, PromQLError, RangeVector, Scalar, Series, String, Vector, drop_metric_name, is_stale, labels_key, merge_same_labels, stacked,
 )
 from gateway.promql.range_functions import quantiles
 from protocols.prometheus.read import Matcher
@@ -305,7 +305,7 @@ class Evaluator:
         if op in ("topk", "bottomk"):
             return _top(vector, param.values, group_of, op)
         count = len(group_labels)
-        counted = vector.present | vector.histogram_present if op in ("count", "group") and vector.histograms is not None else vector.present
+        counted = vector.sampled if op in ("count", "group") else vector.present
         present = np.zeros((count, ctx.steps), dtype=bool)
         np.logical_or.at(present, group_of, counted)
         values = np.where(vector.present, vector.values, 0.0)
@@ -451,29 +451,31 @@ def _signature(labels: dict, modifier, include_name: bool = False) -> tuple:
 
 
 def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
+    """and/or/unless, on floats and histograms alike."""
     steps = lhs.values.shape[1] if lhs.labels else rhs.values.shape[1]
     right_present: dict[tuple, np.ndarray] = {}
-    for labels, present in zip(rhs.labels, rhs.present):
+    for labels, present in zip(rhs.labels, rhs.sampled):
         key = _signature(labels, modifier)
         right_present[key] = right_present.get(key, np.zeros(steps, dtype=bool)) | present
     none = np.zeros(steps, dtype=bool)
     if op in ("and", "unless"):
-        masks = [right_present.get(_signature(labels, modifier), none) for labels in lhs.labels]
-        present = [p & (m if op == "and" else ~m) for p, m in zip(lhs.present, masks)]
         if not lhs.labels:
             return Vector.empty(steps)
-        return Vector(lhs.labels, lhs.values, np.vstack(present), lhs.sample_ms).without_absent()
+        masks = np.vstack([right_present.get(_signature(labels, modifier), none) for labels in lhs.labels])
+        keep = masks if op == "and" else ~masks
+        histograms = None if lhs.histograms is None else np.where(keep, lhs.histograms, None)
+        return Vector(lhs.labels, lhs.values, lhs.present & keep, lhs.sample_ms, histograms).without_absent()
     left_present: dict[tuple, np.ndarray] = {}
-    for labels, present in zip(lhs.labels, lhs.present):
+    for labels, present in zip(lhs.labels, lhs.sampled):
         key = _signature(labels, modifier)
         left_present[key] = left_present.get(key, np.zeros(steps, dtype=bool)) | present
     labels = list(lhs.labels) + list(rhs.labels)
     if not labels:
         return Vector.empty(steps)
-    right_kept = [p & ~left_present.get(_signature(l, modifier), none) for l, p in zip(rhs.labels, rhs.present)]
-    values = np.vstack([*lhs.values, *rhs.values])
-    present = np.vstack([*lhs.present, *right_kept])
-    return merge_same_labels(Vector(labels, values, present).without_absent())
+    right_kept = np.vstack([~left_present.get(_signature(l, modifier), none) for l in rhs.labels]) if rhs.labels else np.zeros((0, steps), dtype=bool)
+    right = Vector(rhs.labels, rhs.values, rhs.present & right_kept, None, None if rhs.histograms is None else np.where(right_kept, rhs.histograms, None))
+    left = Vector(lhs.labels, lhs.values, lhs.present, None, lhs.histograms)
+    return merge_same_labels(stacked(left, right).without_absent())
 
 
 def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool) -> Vector:

@@ -137,7 +137,7 @@ def selector_labels(call_argument) -> dict:
 
 def _absent(ctx, args, call):
     vector = args[0]
-    seen = vector.present.any(axis=0)
+    seen = vector.sampled.any(axis=0)
     return Vector([selector_labels(call.args[0])], np.ones((1, ctx.steps)), ~seen[None, :]).without_absent()
 
 
@@ -203,7 +203,7 @@ def _set_label(vector: Vector, destination: str, value_of) -> Vector:
         if value:
             changed[destination] = value
         labels.append(changed)
-    return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms))
+    return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms, vector.histograms))
 
 
 def _of_histograms(compute):

@@ -250,7 +250,7 @@ def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
 def absent_over_time(matrix: RangeVector, labels: dict) -> Vector:
     steps = len(matrix.refs)
     seen = np.zeros(steps, dtype=bool)
-    for series in matrix.series:
+    for series in (*matrix.series, *matrix.histogram_series):
         lo, hi = matrix.windows(series)
         seen |= hi > lo
     return Vector([labels], np.ones((1, steps)), ~seen[None, :]).without_absent()

@@ -45,10 +45,15 @@ class Vector(NamedTuple):
             return np.zeros(self.present.shape, dtype=bool)
         return self.histograms != None  # noqa: E711 (element-wise on an object array)
 
+    @property
+    def sampled(self) -> np.ndarray:
+        """Where a row holds a sample, float or histogram."""
+        return self.present if self.histograms is None else self.present | self.histogram_present
+
     def without_absent(self) -> "Vector":
         """Rows with no sample (float or histogram) at any step are left out (a function's
         output has no empty series)."""
-        keep = (self.present | self.histogram_present).any(axis=1)
+        keep = self.sampled.any(axis=1)
         if keep.all():
             return self
         index = np.flatnonzero(keep)
@@ -108,7 +113,7 @@ def merge_same_labels(vector: Vector) -> Vector:
     holds = vector.histogram_present
     labels, values, present, histograms = [], [], [], []
     for indexes in rows.values():
-        if ((vector.present[indexes] | holds[indexes]).sum(axis=0) > 1).any():
+        if (vector.sampled[indexes].sum(axis=0) > 1).any():
             raise PromQLError("vector cannot contain metrics with the same labelset")
         labels.append(vector.labels[indexes[0]])
         values.append(np.where(vector.present[indexes], vector.values[indexes], 0.0).sum(axis=0))
@@ -151,8 +156,9 @@ def stacked(first: Vector, second: Vector) -> Vector:
         return first
     if not first.labels:
         return second
-    histograms = [
-        v.histograms if v.histograms is not None else np.full(v.values.shape, None, dtype=object) for v in (first, second)
-    ]
+    if first.histograms is None and second.histograms is None:
+        histograms = None
+    else:
+        histograms = np.vstack([v.histograms if v.histograms is not None else np.full(v.values.shape, None, dtype=object) for v in (first, second)])
     return Vector(first.labels + second.labels, np.vstack([first.values, second.values]), np.vstack([first.present, second.present]),
-                  None, np.vstack(histograms))
+                  None, histograms)
