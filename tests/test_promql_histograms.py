@@ -50,6 +50,10 @@ def _series(labels, points, objects: bool) -> Series:
     return Series(labels, stamps, np.array([v for _, v in points], dtype=object if objects else np.float64))
 
 
+def _chosen(pairs, matchers):
+    return [(labels, points) for labels, points in pairs if all(m.matches(labels.get(m.name, "")) for m in matchers)]
+
+
 def evaluate(text: str, at: float | None = None, start: float | None = None, end: float | None = None, step: float = 15):
     expr = parse(text)
     if at is not None:
@@ -58,11 +62,8 @@ def evaluate(text: str, at: float | None = None, start: float | None = None, end
     times = np.arange(query.start_ms, query.end_ms + 1, int(step * S), dtype=np.int64)
     data, histograms = {}, {}
     for key, (matchers, _, _) in plan(expr, query).items():
-        def chosen(pairs):
-            return [(labels, points) for labels, points in pairs if all(m.matches(labels.get(m.name, "")) for m in matchers)]
-
-        data[key] = [_series(labels, points, False) for labels, points in chosen(FLOATS)]
-        histograms[key] = [_series(labels, points, True) for labels, points in chosen(HISTOGRAMS)]
+        data[key] = [_series(labels, points, False) for labels, points in _chosen(FLOATS, matchers)]
+        histograms[key] = [_series(labels, points, True) for labels, points in _chosen(HISTOGRAMS, matchers)]
     evaluator = Evaluator(query, data, time.monotonic() + 10, histograms)
     return evaluator.result(expr, times), evaluator.warnings
 

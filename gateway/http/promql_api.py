@@ -16,13 +16,12 @@ from gateway import __version__
 from gateway.http.prometheus_api import READ_BATCH, prometheus_labels
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
 from gateway.promql.engine import Evaluator, Query, format_value, parse, plan, selector_matchers
-from gateway.promql.histograms import Histogram
-from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String, is_stale
-from gateway.read_path import clamp_range
+from gateway.promql.histograms import decode_sample
+from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String
 from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.read_path import clamp_range
 from gateway.store import Store, StoreUnavailable
 from protocols import prometheus
-from protocols.prometheus import types_pb2
 from protocols.linear_regex import BadPattern
 
 MAX_POINTS_PER_SERIES = 11_000
@@ -148,7 +147,7 @@ class PromQLAPI:
         needs = plan(expr, query)
         selected = {key: await self.planner.select_by_matchers(tenant, matchers, prometheus_labels) for key, (matchers, _, _) in needs.items()}
         data, histograms = await defer.gatherResults(
-            [defer.ensureDeferred(self._fetch(selected, needs, deadline)), defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs))],
+            [defer.ensureDeferred(self._fetch(selected, needs, deadline)), defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs, deadline))],
             consumeErrors=True,
         ).addErrback(lambda failure: failure.value.subFailure.raiseException())
         evaluator = Evaluator(query, data, deadline, histograms)
@@ -190,16 +189,26 @@ class PromQLAPI:
             data[key] = found
         return data
 
-    async def _fetch_histograms(self, tenant: str, selected: dict, needs: dict) -> dict[tuple, list[Series]]:
+    async def _fetch_histograms(self, tenant: str, selected: dict, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
         """The native histograms of every selector's ``selected`` series (raw samples only: the
-        read path's roll-ups hold floats), as series of Histogram objects (None: stale)."""
+        read path's roll-ups hold floats), as series of Histogram objects (None: stale); each
+        histogram counts as one sample against --query-max-samples."""
         found: dict[tuple, list[Series]] = {}
+        samples = 0
         for key, (_, low, high) in needs.items():
             keys = selected[key]
             start_ms, end_ms = clamp_range(low, high)
             for begin in range(0, len(keys), READ_BATCH):
+                if time.monotonic() > deadline:
+                    raise PromQLError("query timed out in query execution", "timeout")
                 part = keys[begin : begin + READ_BATCH]
                 rows = await self.store.read_histograms(tenant, [k.series_set_hash for k in part], start_ms, end_ms)
+                samples += sum(len(r) for r in rows)
+                if samples > self.max_samples:
+                    raise PromQLError(
+                        "query processing would load too many samples into memory in query execution"
+                        f" (--query-max-samples {self.max_samples})"
+                    )
                 if not any(rows):
                     continue
                 for series, decoded in zip(part, await threads.deferToThread(_decoded_histograms, rows)):
@@ -299,11 +308,8 @@ def _decoded_histograms(rows_by_series) -> list:
         if not rows:
             decoded.append(None)
             continue
-        messages = [types_pb2.Histogram.FromString(row.data) for row in rows]
-        samples = np.full(len(messages), None, dtype=object)
-        for index, message in enumerate(messages):
-            if not is_stale(np.array([message.sum]))[0]:
-                samples[index] = Histogram.from_proto(message)
+        samples = np.full(len(rows), None, dtype=object)
+        samples[:] = [decode_sample(row.data) for row in rows]
         decoded.append((np.array([row.timestamp_ms for row in rows], dtype=np.int64), samples))
     return decoded
 
@@ -348,7 +354,7 @@ def _series(labels: dict, times: np.ndarray, values: np.ndarray, present: np.nda
     if present.any():
         series["values"] = _points(times[present], values[present])
     if histograms is not None:
-        holds = histograms != None  # noqa: E711 (element-wise on an object array)
+        holds = np.not_equal(histograms, None)
         if holds.any():
             series["histograms"] = _histogram_points(times[holds], histograms[holds])
     return series if len(series) > 1 else None

@@ -9,17 +9,18 @@ the expression over numpy arrays, off the reactor, checking the query's deadline
 import math
 import time
 from collections import defaultdict
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import promql_parser
 
 from gateway.promql.functions import FUNCTIONS
 from gateway.promql.histograms import IncompatibleBuckets
+from gateway.promql.range_functions import quantiles
 from gateway.promql.values import (
     NAME, PromQLError, RangeVector, Scalar, Series, String, Vector, drop_metric_name, is_stale, labels_key, merge_same_labels, stacked,
 )
-from gateway.promql.range_functions import quantiles
 from protocols.prometheus.read import Matcher
 
 DEFAULT_SUBQUERY_STEP_MS = 60_000
@@ -226,7 +227,7 @@ class Evaluator:
             found = index >= 0
             index = np.maximum(index, 0)
             sample_ms, samples = series.timestamps[index], series.values[index]
-            found &= (sample_ms >= refs - self.query.lookback_ms) & (samples != None)  # noqa: E711 (None: a stale marker)
+            found &= (sample_ms >= refs - self.query.lookback_ms) & np.not_equal(samples, None)  # None: a stale marker
             if not found.any():
                 continue
             row = row_of.get(labels_key(series.labels))
@@ -254,7 +255,7 @@ class Evaluator:
             series.append(Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found)
         histograms = []
         for found in self.histograms.get(selector_key(selector), []):
-            kept = found.values != None  # noqa: E711 (None: a stale marker)
+            kept = np.not_equal(found.values, None)  # None: a stale marker
             histograms.append(Series(found.labels, found.timestamps[kept], found.values[kept]))
         return RangeVector(series, self._refs(selector, ctx), _ms(node.range), tuple(histograms))
 
@@ -405,7 +406,7 @@ def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
 def _scaled(histograms: np.ndarray, factors: np.ndarray, op: str) -> np.ndarray:
     """``histogram * scalar`` (either side) and ``histogram / scalar``, step by step."""
     out = np.full(histograms.shape, None, dtype=object)
-    for row, step in zip(*np.nonzero(histograms != None)):  # noqa: E711 (element-wise on an object array)
+    for row, step in zip(*np.nonzero(np.not_equal(histograms, None))):
         factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
         out[row, step] = histograms[row, step].scale(factor)
     return out

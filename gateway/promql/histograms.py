@@ -9,13 +9,17 @@ up to +Inf.
 """
 
 import math
-from typing import Iterator, NamedTuple
+import struct
+from collections.abc import Iterator
+from typing import NamedTuple
 
+from gateway.promql.values import STALE_NAN_BITS
 from protocols.prometheus import types_pb2
 
 CUSTOM_BUCKETS_SCHEMA = -53
 _RESET_YES, _RESET_NO = types_pb2.Histogram.YES, types_pb2.Histogram.NO
 _MAX_FLOAT = 1.7976931348623157e308
+_STALE_SUM = struct.pack("<Q", STALE_NAN_BITS)
 
 
 class IncompatibleBuckets(ValueError):
@@ -323,5 +327,10 @@ def _combined(a: dict[int, float], b: dict[int, float], sign: float) -> dict[int
     return out
 
 
-def decode(data: bytes) -> Histogram:
-    return Histogram.from_proto(types_pb2.Histogram.FromString(data))
+def decode_sample(data: bytes) -> Histogram | None:
+    """A stored prometheus.Histogram as a sample; None for a stale marker (its sum is the
+    staleness NaN)."""
+    message = types_pb2.Histogram.FromString(data)
+    if struct.pack("<d", message.sum) == _STALE_SUM:
+        return None
+    return Histogram.from_proto(message)

@@ -1,10 +1,12 @@
 """Functions over range vectors (``rate(x[5m])``, ``*_over_time``...), Prometheus 2.x semantics,
 computed for every step at once: per series, each step's window is a slice of its samples."""
 
+import itertools
+
 import numpy as np
 
-from gateway.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather, labels_key
 from gateway.promql.histograms import IncompatibleBuckets
+from gateway.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather, labels_key
 from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 
 GAUGE_HINT = HistogramMessage.GAUGE
@@ -273,7 +275,7 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
             try:
                 result = last.reduced(min(h.schema for h in window) if is_counter else min(first.schema, last.schema)).sub(first)
                 if is_counter:
-                    for previous, current in zip(window[:-1], window[1:]):
+                    for previous, current in itertools.pairwise(window):
                         if current.detect_reset(previous):
                             result = result.add(previous)
             except IncompatibleBuckets as error:
@@ -328,7 +330,7 @@ def _histogram_rows(matrix: RangeVector, compute) -> Vector:
         if other is not None:
             float_lo, float_hi = matrix.windows(other)
             row[float_hi > float_lo] = None
-        if (row != None).any():  # noqa: E711 (element-wise on an object array)
+        if np.not_equal(row, None).any():
             labels.append(drop_metric_name(series.labels))
             rows.append(row)
     if not rows:

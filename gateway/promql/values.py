@@ -43,7 +43,7 @@ class Vector(NamedTuple):
         """Where a row holds a histogram sample (all False without histograms)."""
         if self.histograms is None:
             return np.zeros(self.present.shape, dtype=bool)
-        return self.histograms != None  # noqa: E711 (element-wise on an object array)
+        return np.not_equal(self.histograms, None)
 
     @property
     def sampled(self) -> np.ndarray:
