@@ -219,19 +219,23 @@ def native_histogram_family(name: str, observations: int) -> bytes:
         + _field(12, 2, span)  # positive_span
         + _field(13, 2, _varint(observations * 2))  # positive_delta (sint64, zigzag)
     )
-    family = _field(1, 2, name.encode()) + _field(2, 2, b"Latency.") + _field(3, 0, _varint(4)) + _field(4, 2, _field(7, 2, histogram))
+    return histogram_family(name, "Latency.", histogram)
+
+
+def histogram_family(name: str, help_text: str, histogram: bytes) -> bytes:
+    """A delimited MetricFamily of type HISTOGRAM holding one metric with ``histogram``."""
+    family = _field(1, 2, name.encode()) + _field(2, 2, help_text.encode()) + _field(3, 0, _varint(4)) + _field(4, 2, _field(7, 2, histogram))
     return _varint(len(family)) + family
 
 
-@pytest.fixture
-def native_exporter():
-    """Serves one native histogram over the protobuf exposition format, one more observation a scrape."""
+def serve_histograms(family) -> tuple[http.server.ThreadingHTTPServer, int]:
+    """An exporter of ``family(scrape number)`` over the protobuf exposition format; its port."""
     scrapes = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             scrapes.append(1)
-            body = native_histogram_family("tsgate_e2e_latency_seconds", len(scrapes))
+            body = family(len(scrapes))
             self.send_response(200)
             self.send_header("Content-Type", PROTOBUF_EXPOSITION)
             self.send_header("Content-Length", str(len(body)))
@@ -243,7 +247,32 @@ def native_exporter():
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
+    return server, server.server_address[1]
+
+
+def histogram_writer(gateway, exporter_port: int, tmp_path, tenant: str) -> PrometheusProcess:
+    """A Prometheus with native histograms on, scraping the exporter and remote-writing to tsgate."""
+    values = {"GATEWAY_PORT": gateway.port, "EXPORTER_PORT": exporter_port, "TENANT": tenant}
+    return PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms").start()
+
+
+def received_histograms(gateway, tenant: str, name: str, at_least: int, timeout: float):
+    """tsgate's remote-read answer for ``name`` once it holds ``at_least`` native histograms."""
+    query = Query(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", name)])
+    deadline = time.monotonic() + timeout
+    while True:
+        (result,) = read_samples(gateway, tenant, [query]).results
+        if sum(len(series.histograms) for series in result.timeseries) >= at_least:
+            return result
+        assert time.monotonic() < deadline, f"tsgate never received {at_least} native histograms"
+        time.sleep(1)
+
+
+@pytest.fixture
+def native_exporter():
+    """Serves one native histogram, one more observation a scrape."""
+    server, port = serve_histograms(lambda scrape: native_histogram_family("tsgate_e2e_latency_seconds", scrape))
+    yield port
     server.shutdown()
 
 
@@ -252,18 +281,10 @@ def test_real_prometheus_sends_native_histograms_and_reads_agree(start_gateway, 
     (send_native_histograms); tsgate's remote read gives it back with the count and sum
     Prometheus's own query API shows at the same timestamp, and the exporter's buckets."""
     gateway = start_gateway(*backend_args)
-    values = dict(GATEWAY_PORT=gateway.port, EXPORTER_PORT=native_exporter, TENANT=tenant)
-    writer = PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms").start()
+    writer = histogram_writer(gateway, native_exporter, tmp_path, tenant)
     try:
-        query = Query(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", "tsgate_e2e_latency_seconds")])
-        deadline = time.monotonic() + 60
-        while True:
-            (result,) = read_samples(gateway, tenant, [query]).results
-            histograms = [h for series in result.timeseries for h in series.histograms]
-            if len(histograms) >= 3:
-                break
-            assert time.monotonic() < deadline, "tsgate never received native histograms"
-            time.sleep(1)
+        result = received_histograms(gateway, tenant, "tsgate_e2e_latency_seconds", 3, 60)
+        histograms = [h for series in result.timeseries for h in series.histograms]
         (series,) = result.timeseries
         assert {label.name: label.value for label in series.labels}["job"] == "exporter" and not series.samples
         for histogram in histograms:
@@ -309,31 +330,14 @@ def restarting_histogram_family(name: str, scrape: int) -> bytes:
         + _spans([(0, 3), (2, 1)], 12)
         + _field(13, 2, _packed([b - a for a, b in zip([0] + positive, positive)]))
     )
-    family = _field(1, 2, name.encode()) + _field(2, 2, b"Sizes.") + _field(3, 0, _varint(4)) + _field(4, 2, _field(7, 2, histogram))
-    return _varint(len(family)) + family
+    return histogram_family(name, "Sizes.", histogram)
 
 
 @pytest.fixture
 def restarting_exporter():
     """Serves the histogram of restarting_histogram_family, one scrape further each time."""
-    scrapes = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            scrapes.append(1)
-            body = restarting_histogram_family("tsgate_e2e_size_bytes", len(scrapes))
-            self.send_response(200)
-            self.send_header("Content-Type", PROTOBUF_EXPOSITION)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
+    server, port = serve_histograms(lambda scrape: restarting_histogram_family("tsgate_e2e_size_bytes", scrape))
+    yield port
     server.shutdown()
 
 
@@ -386,18 +390,10 @@ def test_real_prometheus_and_tsgate_agree_on_promql_over_native_histograms(start
     it; at the timestamps of the last samples tsgate received, tsgate's PromQL answers (histogram
     JSON, quantiles, fractions, rates across resets, sums) equal Prometheus's own."""
     gateway = start_gateway(*backend_args)
-    values = dict(GATEWAY_PORT=gateway.port, EXPORTER_PORT=restarting_exporter, TENANT=tenant)
-    writer = PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms").start()
+    writer = histogram_writer(gateway, restarting_exporter, tmp_path, tenant)
     try:
-        query = Query(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", "tsgate_e2e_size_bytes")])
-        deadline = time.monotonic() + 90
-        while True:
-            (result,) = read_samples(gateway, tenant, [query]).results
-            histograms = [h for series in result.timeseries for h in series.histograms]
-            if len(histograms) >= 20:
-                break
-            assert time.monotonic() < deadline, "tsgate never received 20 native histograms"
-            time.sleep(1)
+        result = received_histograms(gateway, tenant, "tsgate_e2e_size_bytes", 20, 90)
+        histograms = [h for series in result.timeseries for h in series.histograms]
         compared = 0
         for histogram in histograms[-3:]:
             for text in HISTOGRAM_QUERIES:

@@ -8,6 +8,7 @@ holds (2^((i-1)/2^s), 2^(i/2^s)]; for custom buckets (schema -53, NHCB) bucket i
 up to +Inf.
 """
 
+import dataclasses
 import math
 import struct
 from collections.abc import Iterator
@@ -34,22 +35,20 @@ class Bucket(NamedTuple):
     count: float
 
 
+@dataclasses.dataclass(slots=True)
 class Histogram:
-    """One native histogram sample, with float counts (Prometheus's FloatHistogram)."""
+    """One native histogram sample, with float counts (Prometheus's FloatHistogram). Equality
+    leaves the reset hint out (it is about the sample's history, not its value)."""
 
-    __slots__ = ("schema", "zero_threshold", "zero_count", "count", "sum", "positive", "negative", "custom_values", "reset_hint")
-
-    def __init__(self, schema: int, zero_threshold: float, zero_count: float, count: float, sum_: float,
-                 positive: dict[int, float], negative: dict[int, float], custom_values: tuple = (), reset_hint: int = 0):
-        self.schema = schema
-        self.zero_threshold = zero_threshold
-        self.zero_count = zero_count
-        self.count = count
-        self.sum = sum_
-        self.positive = positive
-        self.negative = negative
-        self.custom_values = custom_values
-        self.reset_hint = reset_hint
+    schema: int
+    zero_threshold: float
+    zero_count: float
+    count: float
+    sum: float
+    positive: dict[int, float]
+    negative: dict[int, float]
+    custom_values: tuple = ()
+    reset_hint: int = dataclasses.field(default=0, compare=False)
 
     @classmethod
     def from_proto(cls, message) -> "Histogram":
@@ -63,27 +62,18 @@ class Histogram:
                    tuple(message.custom_values), message.reset_hint)
 
     def copy(self, **changes) -> "Histogram":
-        fields = {name: getattr(self, name) for name in self.__slots__}
-        fields["sum_"] = fields.pop("sum")
-        fields.update(changes)
-        return Histogram(**fields)
+        return dataclasses.replace(self, **changes)
 
     @property
     def custom(self) -> bool:
         return self.schema == CUSTOM_BUCKETS_SCHEMA
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Histogram) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__ if n != "reset_hint")
-
-    def __repr__(self) -> str:
-        return f"Histogram(schema={self.schema}, count={self.count}, sum={self.sum}, zero={self.zero_count}@{self.zero_threshold}, +{self.positive}, -{self.negative})"
 
     # -- arithmetic ---------------------------------------------------------------------------
 
     def scale(self, factor: float) -> "Histogram":
         """Every count and the sum times ``factor`` (``h * s``, ``h / s``, rate's extrapolation)."""
         return self.copy(
-            zero_count=self.zero_count * factor, count=self.count * factor, sum_=self.sum * factor,
+            zero_count=self.zero_count * factor, count=self.count * factor, sum=self.sum * factor,
             positive={i: c * factor for i, c in self.positive.items()}, negative={i: c * factor for i, c in self.negative.items()},
         )
 
@@ -91,7 +81,7 @@ class Histogram:
         """``self + sign * other`` in the lower of both schemas and the larger zero threshold."""
         a, b = reconcile(self, other)
         return a.copy(
-            zero_count=a.zero_count + sign * b.zero_count, count=a.count + sign * b.count, sum_=a.sum + sign * b.sum,
+            zero_count=a.zero_count + sign * b.zero_count, count=a.count + sign * b.count, sum=a.sum + sign * b.sum,
             positive=_combined(a.positive, b.positive, sign), negative=_combined(a.negative, b.negative, sign), reset_hint=0,
         )
 
