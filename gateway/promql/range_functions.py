@@ -320,8 +320,10 @@ def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
 def _histogram_rows(matrix: RangeVector, compute) -> Vector:
     """``compute(series, lo, hi) -> object row`` for every histogram series, as a Vector of
     histogram samples (a window mixing floats and histograms of one series is left out)."""
-    labels, rows = [], []
     steps = len(matrix.refs)
+    if not matrix.histogram_series:
+        return Vector.empty(steps)
+    labels, rows = [], []
     floats = {labels_key(s.labels): s for s in matrix.series}
     for series in matrix.histogram_series:
         lo, hi = matrix.windows(series)
