@@ -19,7 +19,18 @@ from gateway.promql.functions import FUNCTIONS
 from gateway.promql.histograms import IncompatibleBuckets
 from gateway.promql.range_functions import quantiles
 from gateway.promql.values import (
-    NAME, PromQLError, RangeVector, Scalar, Series, String, Vector, drop_metric_name, is_stale, labels_key, merge_same_labels, stacked,
+    NAME,
+    PromQLError,
+    RangeVector,
+    Scalar,
+    Series,
+    String,
+    Vector,
+    drop_metric_name,
+    is_stale,
+    labels_key,
+    merge_same_labels,
+    stacked,
 )
 from protocols.prometheus.read import Matcher
 
@@ -473,7 +484,7 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     labels = list(lhs.labels) + list(rhs.labels)
     if not labels:
         return Vector.empty(steps)
-    right_kept = np.vstack([~left_present.get(_signature(l, modifier), none) for l in rhs.labels]) if rhs.labels else np.zeros((0, steps), dtype=bool)
+    right_kept = np.vstack([~left_present.get(_signature(right_labels, modifier), none) for right_labels in rhs.labels]) if rhs.labels else np.zeros((0, steps), dtype=bool)
     right = Vector(rhs.labels, rhs.values, rhs.present & right_kept, None, None if rhs.histograms is None else np.where(right_kept, rhs.histograms, None))
     left = Vector(lhs.labels, lhs.values, lhs.present, None, lhs.histograms)
     return merge_same_labels(stacked(left, right).without_absent())

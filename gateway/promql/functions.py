@@ -8,7 +8,16 @@ from collections import defaultdict
 import numpy as np
 
 from gateway.promql import range_functions as ranged
-from gateway.promql.values import NAME, PromQLError, Scalar, Vector, drop_metric_name, labels_key, merge_same_labels, stacked
+from gateway.promql.values import (
+    NAME,
+    PromQLError,
+    Scalar,
+    Vector,
+    drop_metric_name,
+    labels_key,
+    merge_same_labels,
+    stacked,
+)
 from protocols.linear_regex import BadPattern, compile_regex
 
 _ELEMENTWISE = {
