@@ -188,21 +188,16 @@ class Histogram:
         bucket beside buckets of one sign only starts (or ends) at 0; a first custom bucket
         (from -Inf) starts at 0 when its upper bound is positive."""
         found = [b for b in self.buckets() if b.count]
+        positive, negative = any(self.positive.values()), any(self.negative.values())
         for i, b in enumerate(found):
             if not self.custom and b.lower < 0 < b.upper:
-                if not self.negative_count() and self.positive_count():
+                if positive and not negative:
                     found[i] = b._replace(lower=0.0)
-                elif not self.positive_count() and self.negative_count():
+                elif negative and not positive:
                     found[i] = b._replace(upper=0.0)
             elif self.custom and b.lower == -math.inf and b.upper > 0:
                 found[i] = b._replace(lower=0.0)
         return found
-
-    def positive_count(self) -> int:
-        return sum(1 for c in self.positive.values() if c)
-
-    def negative_count(self) -> int:
-        return sum(1 for c in self.negative.values() if c)
 
     def quantile(self, q: float) -> float:
         """Prometheus 2.42's histogramQuantile: walk the buckets up to rank q * count and
