@@ -219,19 +219,23 @@ def native_histogram_family(name: str, observations: int) -> bytes:
         + _field(12, 2, span)  # positive_span
         + _field(13, 2, _varint(observations * 2))  # positive_delta (sint64, zigzag)
     )
-    family = _field(1, 2, name.encode()) + _field(2, 2, b"Latency.") + _field(3, 0, _varint(4)) + _field(4, 2, _field(7, 2, histogram))
+    return histogram_family(name, "Latency.", histogram)
+
+
+def histogram_family(name: str, help_text: str, histogram: bytes) -> bytes:
+    """A delimited MetricFamily of type HISTOGRAM holding one metric with ``histogram``."""
+    family = _field(1, 2, name.encode()) + _field(2, 2, help_text.encode()) + _field(3, 0, _varint(4)) + _field(4, 2, _field(7, 2, histogram))
     return _varint(len(family)) + family
 
 
-@pytest.fixture
-def native_exporter():
-    """Serves one native histogram over the protobuf exposition format, one more observation a scrape."""
+def serve_histograms(family) -> tuple[http.server.ThreadingHTTPServer, int]:
+    """An exporter of ``family(scrape number)`` over the protobuf exposition format; its port."""
     scrapes = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             scrapes.append(1)
-            body = native_histogram_family("tsgate_e2e_latency_seconds", len(scrapes))
+            body = family(len(scrapes))
             self.send_response(200)
             self.send_header("Content-Type", PROTOBUF_EXPOSITION)
             self.send_header("Content-Length", str(len(body)))
@@ -243,7 +247,32 @@ def native_exporter():
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
+    return server, server.server_address[1]
+
+
+def histogram_writer(gateway, exporter_port: int, tmp_path, tenant: str) -> PrometheusProcess:
+    """A Prometheus with native histograms on, scraping the exporter and remote-writing to tsgate."""
+    values = {"GATEWAY_PORT": gateway.port, "EXPORTER_PORT": exporter_port, "TENANT": tenant}
+    return PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms").start()
+
+
+def received_histograms(gateway, tenant: str, name: str, at_least: int, timeout: float):
+    """tsgate's remote-read answer for ``name`` once it holds ``at_least`` native histograms."""
+    query = Query(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", name)])
+    deadline = time.monotonic() + timeout
+    while True:
+        (result,) = read_samples(gateway, tenant, [query]).results
+        if sum(len(series.histograms) for series in result.timeseries) >= at_least:
+            return result
+        assert time.monotonic() < deadline, f"tsgate never received {at_least} native histograms"
+        time.sleep(1)
+
+
+@pytest.fixture
+def native_exporter():
+    """Serves one native histogram, one more observation a scrape."""
+    server, port = serve_histograms(lambda scrape: native_histogram_family("tsgate_e2e_latency_seconds", scrape))
+    yield port
     server.shutdown()
 
 
@@ -252,18 +281,10 @@ def test_real_prometheus_sends_native_histograms_and_reads_agree(start_gateway, 
     (send_native_histograms); tsgate's remote read gives it back with the count and sum
     Prometheus's own query API shows at the same timestamp, and the exporter's buckets."""
     gateway = start_gateway(*backend_args)
-    values = dict(GATEWAY_PORT=gateway.port, EXPORTER_PORT=native_exporter, TENANT=tenant)
-    writer = PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms").start()
+    writer = histogram_writer(gateway, native_exporter, tmp_path, tenant)
     try:
-        query = Query(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", "tsgate_e2e_latency_seconds")])
-        deadline = time.monotonic() + 60
-        while True:
-            (result,) = read_samples(gateway, tenant, [query]).results
-            histograms = [h for series in result.timeseries for h in series.histograms]
-            if len(histograms) >= 3:
-                break
-            assert time.monotonic() < deadline, "tsgate never received native histograms"
-            time.sleep(1)
+        result = received_histograms(gateway, tenant, "tsgate_e2e_latency_seconds", 3, 60)
+        histograms = [h for series in result.timeseries for h in series.histograms]
         (series,) = result.timeseries
         assert {label.name: label.value for label in series.labels}["job"] == "exporter" and not series.samples
         for histogram in histograms:
@@ -278,6 +299,118 @@ def test_real_prometheus_sends_native_histograms_and_reads_agree(start_gateway, 
                 expected = writer.api("/api/v1/query", **params)["data"]["result"]
                 got = gateway.get("/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json()["data"]["result"]
                 assert expected and got == expected, (function, got, expected)
+    finally:
+        writer.stop()
+    assert "Traceback" not in gateway.log()
+
+
+def _packed(values: list[int]) -> bytes:
+    """Packed sint64s (zigzag varints)."""
+    return b"".join(_varint(v << 1 if v >= 0 else (-v << 1) - 1) for v in values)
+
+
+def _spans(spans: list[tuple[int, int]], number: int) -> bytes:
+    return b"".join(_field(number, 2, _field(1, 0, _varint(offset << 1 if offset >= 0 else (-offset << 1) - 1)) + _field(2, 0, _varint(length))) for offset, length in spans)
+
+
+def restarting_histogram_family(name: str, scrape: int) -> bytes:
+    """A delimited MetricFamily with a schema 1 native histogram that restarts every 8 scrapes:
+    at m = 1..8, m in the zero bucket (threshold 0.01), m, 2m, 3m in buckets 0-2 and m in bucket 5
+    (offset 2 after them), 2m in negative bucket 1; count 10m, sum 4.5m."""
+    m = (scrape - 1) % 8 + 1
+    positive = [m, 2 * m, 3 * m, m]
+    histogram = (
+        _field(1, 0, _varint(10 * m))
+        + _field(2, 1, struct.pack("<d", 4.5 * m))
+        + _field(5, 0, _varint(2))  # schema (sint32 1)
+        + _field(6, 1, struct.pack("<d", 0.01))
+        + _field(7, 0, _varint(m))
+        + _spans([(1, 1)], 9)
+        + _field(10, 2, _packed([2 * m]))
+        + _spans([(0, 3), (2, 1)], 12)
+        + _field(13, 2, _packed([b - a for a, b in zip([0] + positive, positive)]))
+    )
+    return histogram_family(name, "Sizes.", histogram)
+
+
+@pytest.fixture
+def restarting_exporter():
+    """Serves the histogram of restarting_histogram_family, one scrape further each time."""
+    server, port = serve_histograms(lambda scrape: restarting_histogram_family("tsgate_e2e_size_bytes", scrape))
+    yield port
+    server.shutdown()
+
+
+HISTOGRAM_QUERIES = [
+    "tsgate_e2e_size_bytes",
+    "tsgate_e2e_size_bytes[5s]",
+    "histogram_quantile(0.5, tsgate_e2e_size_bytes)",
+    "histogram_quantile(0.05, tsgate_e2e_size_bytes)",
+    "histogram_quantile(0.15, tsgate_e2e_size_bytes)",
+    "histogram_quantile(0.99, tsgate_e2e_size_bytes)",
+    "histogram_quantile(0.9, rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_fraction(0, 2, tsgate_e2e_size_bytes)",
+    "histogram_fraction(-1.2, 1.2, rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_count(rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_sum(rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_count(increase(tsgate_e2e_size_bytes[15s]))",
+    "rate(tsgate_e2e_size_bytes[10s])",
+    "increase(tsgate_e2e_size_bytes[15s])",
+    "delta(tsgate_e2e_size_bytes[10s])",
+    "sum by (job) (tsgate_e2e_size_bytes)",
+    "sum by (job) (rate(tsgate_e2e_size_bytes[10s]))",
+    "histogram_count(sum(rate(tsgate_e2e_size_bytes[10s])))",
+    "count(tsgate_e2e_size_bytes)",
+]
+# Left out, 2.42 being wrong or short where tsgate follows Prometheus 3 (docs/promql.rst):
+# irate/idelta of histograms (2.42 answers the float 0) and histogram * scalar (2.42 answers the
+# histogram unchanged); histogram_avg/stddev/stdvar are not in 2.42 (test_promql_histograms.py
+# checks them against Prometheus 3's formulas).
+
+
+def _numbers(value, exact: bool):
+    """The JSON with its number strings as floats: exact (tsgate's side), or approximate to 1e-9
+    relative (Prometheus's side: rates are sums of products whose rounding depends on the order
+    of operations, and 2.42's bucket bounds come from a table that is off by an ulp here and there)."""
+    if isinstance(value, list):
+        return [_numbers(item, exact) for item in value]
+    if isinstance(value, dict):
+        return {key: _numbers(item, exact) for key, item in value.items()}
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if exact else pytest.approx(number, rel=1e-9, abs=1e-12, nan_ok=True)
+    return value
+
+
+def test_real_prometheus_and_tsgate_agree_on_promql_over_native_histograms(start_gateway, backend_args, restarting_exporter, tmp_path, tenant):
+    """Prometheus 2.42 scrapes a native histogram that restarts every 8 scrapes and remote-writes
+    it; at the timestamps of the last samples tsgate received, tsgate's PromQL answers (histogram
+    JSON, quantiles, fractions, rates across resets, sums) equal Prometheus's own."""
+    gateway = start_gateway(*backend_args)
+    writer = histogram_writer(gateway, restarting_exporter, tmp_path, tenant)
+    try:
+        result = received_histograms(gateway, tenant, "tsgate_e2e_size_bytes", 20, 90)
+        histograms = [h for series in result.timeseries for h in series.histograms]
+        compared = 0
+        for histogram in histograms[-3:]:
+            for text in HISTOGRAM_QUERIES:
+                params = {"query": text, "time": histogram.timestamp / 1000}
+                expected = writer.api("/api/v1/query", **params)
+                got = gateway.get("/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json()
+                assert expected["status"] == "success" and expected["data"]["result"], (text, expected)
+                assert _numbers(got["data"], True) == _numbers(expected["data"], False), f"{text}\n{got}\n{expected}"
+                compared += 1
+        assert compared == 3 * len(HISTOGRAM_QUERIES)
+        end = histograms[-1].timestamp / 1000
+        for text in ("rate(tsgate_e2e_size_bytes[10s])", "tsgate_e2e_size_bytes", "histogram_quantile(0.9, tsgate_e2e_size_bytes)"):
+            params = {"query": text, "start": end - 8, "end": end, "step": 0.5}
+            expected = writer.api("/api/v1/query_range", **params)
+            got = gateway.get("/api/v1/query_range?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json()
+            assert expected["status"] == "success" and len(expected["data"]["result"][0].get("histograms") or expected["data"]["result"][0]["values"]) == 17
+            assert _numbers(got["data"], True) == _numbers(expected["data"], False), f"{text}\n{got}\n{expected}"
     finally:
         writer.stop()
     assert "Traceback" not in gateway.log()

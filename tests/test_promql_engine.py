@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gateway.promql.engine import Evaluator, Query, format_value, parse, plan
+from gateway.promql.histograms import Histogram
 from gateway.promql.values import STALE_NAN_BITS, PromQLError, Scalar, Series, Vector
 
 STALE = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
@@ -95,13 +96,11 @@ def test_histogram_count_and_sum_read_native_histograms_with_lookback_and_stalen
     query = Query(60 * S, 60 * S, 0, 300 * S)
     (key,) = plan(expr, query)
     labels = {"__name__": "latency", "job": "api"}
-    counts = {key: [series(labels, [(0, 4.0), (30, 6.0), (90, STALE)])]}
-    sums = {key: [series(labels, [(0, 1.5), (30, 2.5), (90, STALE)])]}
-    evaluator = Evaluator(query, {key: []}, time.monotonic() + 10, {"histogram_count": counts, "histogram_sum": sums})
+    samples = [Histogram(0, 0.0, 4.0, 4.0, 1.5, {}, {}), Histogram(0, 0.0, 6.0, 6.0, 2.5, {}, {}), None]
+    histograms = {key: [Series(labels, np.array([0, 30 * S, 90 * S], dtype=np.int64), np.array(samples, dtype=object))]}
+    evaluator = Evaluator(query, {key: []}, time.monotonic() + 10, histograms)
     value = evaluator.evaluate(expr, np.array([60 * S, 100 * S], dtype=np.int64))
     assert value.labels == [{"job": "api"}] and value.values[0, 0] == 8.5 and value.present[0].tolist() == [True, False]
-    with pytest.raises(PromQLError, match="selector"):
-        evaluator.evaluate(parse("histogram_count(sum(latency))"), np.array([60 * S], dtype=np.int64))
 
 
 def test_scalars_and_errors():

@@ -10,18 +10,18 @@ from datetime import datetime, timezone
 import numpy as np
 import orjson
 import promql_parser
-from twisted.internet import threads
+from twisted.internet import defer, threads
 
 from gateway import __version__
 from gateway.http.prometheus_api import READ_BATCH, prometheus_labels
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
-from gateway.promql.engine import HISTOGRAM_FUNCTIONS, Evaluator, Query, format_value, histogram_selectors, parse, plan, selector_matchers
-from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String, is_stale
-from gateway.read_path import clamp_range
+from gateway.promql.engine import Evaluator, Query, format_value, parse, plan, selector_matchers
+from gateway.promql.histograms import decode_sample
+from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String
 from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.read_path import clamp_range
 from gateway.store import Store, StoreUnavailable
 from protocols import prometheus
-from protocols.prometheus import types_pb2
 from protocols.linear_regex import BadPattern
 
 MAX_POINTS_PER_SERIES = 11_000
@@ -146,10 +146,13 @@ class PromQLAPI:
         expr = await threads.deferToThread(parse, text)
         needs = plan(expr, query)
         selected = {key: await self.planner.select_by_matchers(tenant, matchers, prometheus_labels) for key, (matchers, _, _) in needs.items()}
-        data = await self._fetch(selected, needs, deadline)
-        histograms = await self._fetch_histograms(tenant, selected, {key: needs[key] for key in histogram_selectors(expr)})
-        value = await threads.deferToThread(Evaluator(query, data, deadline, histograms).result, expr, times)
-        return value, self._rollup_warnings(needs)
+        data, histograms = await defer.gatherResults(
+            [defer.ensureDeferred(self._fetch(selected, needs, deadline)), defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs, deadline))],
+            consumeErrors=True,
+        ).addErrback(lambda failure: failure.value.subFailure.raiseException())
+        evaluator = Evaluator(query, data, deadline, histograms)
+        value = await threads.deferToThread(evaluator.result, expr, times)
+        return value, self._rollup_warnings(needs) + evaluator.warnings
 
     def _rollup_warnings(self, needs: dict) -> list[str]:
         """Say so when samples before the raw retention came from roll-ups (docs/promql.rst)."""
@@ -186,22 +189,31 @@ class PromQLAPI:
             data[key] = found
         return data
 
-    async def _fetch_histograms(self, tenant: str, selected: dict, needs: dict) -> dict[str, dict[tuple, list[Series]]]:
-        """The native histograms of the selectors histogram_count() and histogram_sum() read, as
-        two series lists each (a stale histogram is a stale marker in both)."""
-        found: dict[str, dict[tuple, list[Series]]] = {name: {} for name in HISTOGRAM_FUNCTIONS}
+    async def _fetch_histograms(self, tenant: str, selected: dict, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
+        """The native histograms of every selector's ``selected`` series (raw samples only: the
+        read path's roll-ups hold floats), as series of Histogram objects (None: stale); each
+        histogram counts as one sample against --query-max-samples."""
+        found: dict[tuple, list[Series]] = {}
+        samples = 0
         for key, (_, low, high) in needs.items():
             keys = selected[key]
             start_ms, end_ms = clamp_range(low, high)
             for begin in range(0, len(keys), READ_BATCH):
+                if time.monotonic() > deadline:
+                    raise PromQLError("query timed out in query execution", "timeout")
                 part = keys[begin : begin + READ_BATCH]
                 rows = await self.store.read_histograms(tenant, [k.series_set_hash for k in part], start_ms, end_ms)
-                for series, decoded in zip(part, await threads.deferToThread(_counts_and_sums, rows)):
+                samples += sum(len(r) for r in rows)
+                if samples > self.max_samples:
+                    raise PromQLError(
+                        "query processing would load too many samples into memory in query execution"
+                        f" (--query-max-samples {self.max_samples})"
+                    )
+                if not any(rows):
+                    continue
+                for series, decoded in zip(part, await threads.deferToThread(_decoded_histograms, rows)):
                     if decoded is not None:
-                        labels = prometheus_labels(series.metric_name, series.tags)
-                        timestamps, counts, sums = decoded
-                        found["histogram_count"].setdefault(key, []).append(Series(labels, timestamps, counts))
-                        found["histogram_sum"].setdefault(key, []).append(Series(labels, timestamps, sums))
+                        found.setdefault(key, []).append(Series(prometheus_labels(series.metric_name, series.tags), *decoded))
         return found
 
     # -- metadata -----------------------------------------------------------------------------
@@ -288,18 +300,17 @@ class PromQLAPI:
         return _answer(sorted(result, key=lambda item: sorted(item["seriesLabels"].items())))
 
 
-def _counts_and_sums(rows_by_series) -> list:
-    """(timestamps, counts, sums) of each series' stored histograms, None for a series without."""
+def _decoded_histograms(rows_by_series) -> list:
+    """(timestamps, object array of Histogram or None for a stale marker) of each series' stored
+    histograms; None for a series without."""
     decoded = []
     for rows in rows_by_series:
         if not rows:
             decoded.append(None)
             continue
-        histograms = [types_pb2.Histogram.FromString(row.data) for row in rows]
-        sums = np.array([h.sum for h in histograms])
-        counts = np.array([h.count_float if h.WhichOneof("count") == "count_float" else h.count_int for h in histograms], dtype=np.float64)
-        counts = np.where(is_stale(sums), sums, counts)
-        decoded.append((np.array([row.timestamp_ms for row in rows], dtype=np.int64), counts, sums))
+        samples = np.full(len(rows), None, dtype=object)
+        samples[:] = [decode_sample(row.data) for row in rows]
+        decoded.append((np.array([row.timestamp_ms for row in rows], dtype=np.int64), samples))
     return decoded
 
 
@@ -325,6 +336,10 @@ def _points(times: np.ndarray, values: np.ndarray) -> list:
     return [[t / 1000, format_value(v)] for t, v in zip(times.tolist(), values.tolist())]
 
 
+def _histogram_points(times: np.ndarray, histograms: np.ndarray) -> list:
+    return [[t / 1000, h.json(format_value)] for t, h in zip(times.tolist(), histograms.tolist())]
+
+
 def _envelope(data, warnings: list[str]) -> bytes:
     document = {"status": "success", "data": data}
     if warnings:
@@ -332,16 +347,29 @@ def _envelope(data, warnings: list[str]) -> bytes:
     return orjson.dumps(document)
 
 
+def _series(labels: dict, times: np.ndarray, values: np.ndarray, present: np.ndarray, histograms: np.ndarray | None) -> dict | None:
+    """A matrix series as Prometheus 2.42 writes one: ``values`` (floats) and ``histograms``,
+    each only when there are some; None for a series with neither."""
+    series = {"metric": labels}
+    if present.any():
+        series["values"] = _points(times[present], values[present])
+    if histograms is not None:
+        holds = np.not_equal(histograms, None)
+        if holds.any():
+            series["histograms"] = _histogram_points(times[holds], histograms[holds])
+    return series if len(series) > 1 else None
+
+
 def _encode_matrix(value, times: np.ndarray, warnings: list[str]) -> bytes:
     if isinstance(value, Scalar):
         result = [{"metric": {}, "values": _points(times, value.values)}]
     else:
         rows = sorted(range(len(value.labels)), key=lambda i: sorted(value.labels[i].items()))
-        result = [
-            {"metric": value.labels[i], "values": _points(times[value.present[i]], value.values[i][value.present[i]])}
+        found = (
+            _series(value.labels[i], times, value.values[i], value.present[i], None if value.histograms is None else value.histograms[i])
             for i in rows
-            if value.present[i].any()
-        ]
+        )
+        result = [series for series in found if series is not None]
     return _envelope({"resultType": "matrix", "result": result}, warnings)
 
 
@@ -353,18 +381,28 @@ def _encode_instant(value, at_ms: int, warnings: list[str]) -> bytes:
         data = {"resultType": "string", "result": [at, value.value]}
     elif isinstance(value, RangeVector):
         result = []
-        for series in sorted(value.series, key=lambda s: sorted(s.labels.items())):
-            lo, hi = value.windows(series)
-            if hi[0] > lo[0]:
-                result.append({"metric": series.labels, "values": _points(series.timestamps[lo[0] : hi[0]], series.values[lo[0] : hi[0]])})
+        histograms = {tuple(sorted(s.labels.items())): s for s in value.histogram_series}
+        floats = {tuple(sorted(s.labels.items())): s for s in value.series}
+        for key in sorted(floats.keys() | histograms.keys()):
+            series = {"metric": (floats.get(key) or histograms.get(key)).labels}
+            if key in floats:
+                lo, hi = value.windows(floats[key])
+                if hi[0] > lo[0]:
+                    series["values"] = _points(floats[key].timestamps[lo[0] : hi[0]], floats[key].values[lo[0] : hi[0]])
+            if key in histograms:
+                lo, hi = value.windows(histograms[key])
+                if hi[0] > lo[0]:
+                    series["histograms"] = _histogram_points(histograms[key].timestamps[lo[0] : hi[0]], histograms[key].values[lo[0] : hi[0]])
+            if len(series) > 1:
+                result.append(series)
         data = {"resultType": "matrix", "result": result}
     else:
-        data = {
-            "resultType": "vector",
-            "result": [
-                {"metric": labels, "value": [at, format_value(values[0])]}
-                for labels, values, present in zip(value.labels, value.values, value.present)
-                if present[0]
-            ],
-        }
+        holds = value.histogram_present[:, 0]
+        result = []
+        for row, (labels, values, present) in enumerate(zip(value.labels, value.values, value.present)):
+            if present[0]:
+                result.append({"metric": labels, "value": [at, format_value(values[0])]})
+            elif holds[row]:
+                result.append({"metric": labels, "histogram": [at, value.histograms[row, 0].json(format_value)]})
+        data = {"resultType": "vector", "result": result}
     return _envelope(data, warnings)

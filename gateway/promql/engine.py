@@ -9,16 +9,29 @@ the expression over numpy arrays, off the reactor, checking the query's deadline
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import promql_parser
 
 from gateway.promql.functions import FUNCTIONS
-from gateway.promql.values import (
-    NAME, PromQLError, RangeVector, Scalar, Series, String, Vector, drop_metric_name, is_stale, labels_key, merge_same_labels,
-)
+from gateway.promql.histograms import IncompatibleBuckets
 from gateway.promql.range_functions import quantiles
+from gateway.promql.values import (
+    NAME,
+    PromQLError,
+    RangeVector,
+    Scalar,
+    Series,
+    String,
+    Vector,
+    drop_metric_name,
+    is_stale,
+    labels_key,
+    merge_same_labels,
+    stacked,
+)
 from protocols.prometheus.read import Matcher
 
 DEFAULT_SUBQUERY_STEP_MS = 60_000
@@ -106,24 +119,6 @@ def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
     return needs
 
 
-HISTOGRAM_FUNCTIONS = ("histogram_count", "histogram_sum")
-
-
-def histogram_selectors(expr) -> set[tuple]:
-    """Keys of the selectors whose native histograms the query reads: the arguments of
-    histogram_count() and histogram_sum()."""
-    found = set()
-
-    def walk(node) -> None:
-        if type(node).__name__ == "Call" and node.func.name in HISTOGRAM_FUNCTIONS and type(node.args[0]).__name__ == "VectorSelector":
-            found.add(selector_key(node.args[0]))
-        for child in _children(node):
-            walk(child)
-
-    walk(expr)
-    return found
-
-
 def _children(node) -> list:
     kind = type(node).__name__
     if kind == "Call":
@@ -138,9 +133,10 @@ def _children(node) -> list:
 
 
 class Context(NamedTuple):
-    """The evaluation times of one (sub)expression."""
+    """The evaluation times of one (sub)expression, and where to report a warning."""
 
     times_ms: np.ndarray
+    warn: Callable[[str], None] = lambda message: None
 
     @property
     def steps(self) -> int:
@@ -148,14 +144,21 @@ class Context(NamedTuple):
 
 
 class Evaluator:
-    """``data``: each selector's float series; ``histograms``: for the selectors of
-    histogram_selectors, the count and the sum of their native histograms as two series lists."""
+    """``data``: each selector's float series; ``histograms``: each selector's native histogram
+    series (values: an object array of Histogram, None for a stale marker). ``warnings``
+    collects what Prometheus 3 reports as annotations (elements dropped for mixing floats and
+    histograms, or incompatible buckets)."""
 
-    def __init__(self, query: Query, data: dict[tuple, list[Series]], deadline: float, histograms: dict[str, dict[tuple, list[Series]]] | None = None):
+    def __init__(self, query: Query, data: dict[tuple, list[Series]], deadline: float, histograms: dict[tuple, list[Series]] | None = None):
         self.query = query
         self.data = data
         self.deadline = deadline
         self.histograms = histograms or {}
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
 
     def result(self, expr, times_ms: np.ndarray):
         """The query's answer: its value, with rows of one label set merged as Prometheus does."""
@@ -165,7 +168,7 @@ class Evaluator:
     def evaluate(self, expr, times_ms: np.ndarray):
         if time.monotonic() > self.deadline:
             raise PromQLError("query timed out in expression evaluation", "timeout")
-        ctx = Context(times_ms)
+        ctx = Context(times_ms, self.warn)
         kind = type(expr).__name__
         if kind == "NumberLiteral":
             return Scalar(np.full(ctx.steps, float(expr.val)))
@@ -197,10 +200,15 @@ class Evaluator:
         base = np.full(ctx.steps, at, dtype=np.int64) if at is not None else ctx.times_ms
         return base - _ms(selector.offset)
 
-    def _instant(self, selector, ctx: Context, data: dict[tuple, list[Series]] | None = None) -> Vector:
+    def _instant(self, selector, ctx: Context) -> Vector:
         refs = self._refs(selector, ctx)
+        vector = self._instant_floats(selector, ctx, refs)
+        histograms = self.histograms.get(selector_key(selector))
+        return self._with_histograms(vector, histograms, refs, ctx) if histograms else vector
+
+    def _instant_floats(self, selector, ctx: Context, refs: np.ndarray) -> Vector:
         labels, rows, masks, stamps = [], [], [], []
-        for series in (self.data if data is None else data).get(selector_key(selector), []):
+        for series in self.data.get(selector_key(selector), []):
             if not len(series.timestamps):
                 continue
             index = np.searchsorted(series.timestamps, refs, side="right") - 1
@@ -217,13 +225,50 @@ class Evaluator:
             return Vector.empty(ctx.steps)
         return Vector(labels, np.vstack(rows), np.vstack(masks), np.vstack(stamps))
 
+    def _with_histograms(self, vector: Vector, histogram_series: list[Series], refs: np.ndarray, ctx: Context) -> Vector:
+        """``vector`` with each step's latest native histogram of ``histogram_series`` (same
+        lookback and staleness as floats); where a series holds both, the newer sample wins."""
+        row_of = {labels_key(labels): row for row, labels in enumerate(vector.labels)}
+        labels = list(vector.labels)
+        values, present = list(vector.values), list(vector.present)
+        stamps = list(vector.sample_ms) if vector.sample_ms is not None else [np.zeros(ctx.steps, dtype=np.int64)] * len(labels)
+        histograms = [np.full(ctx.steps, None, dtype=object) for _ in labels]
+        for series in histogram_series:
+            index = np.searchsorted(series.timestamps, refs, side="right") - 1
+            found = index >= 0
+            index = np.maximum(index, 0)
+            sample_ms, samples = series.timestamps[index], series.values[index]
+            found &= (sample_ms >= refs - self.query.lookback_ms) & np.not_equal(samples, None)  # None: a stale marker
+            if not found.any():
+                continue
+            row = row_of.get(labels_key(series.labels))
+            if row is None:
+                row = len(labels)
+                labels.append(series.labels)
+                values.append(np.zeros(ctx.steps))
+                present.append(np.zeros(ctx.steps, dtype=bool))
+                stamps.append(sample_ms)
+                histograms.append(np.full(ctx.steps, None, dtype=object))
+            else:
+                found &= ~present[row] | (sample_ms > stamps[row])
+                present[row] = present[row] & ~found
+                stamps[row] = np.where(found, sample_ms, stamps[row])
+            histograms[row] = np.where(found, samples, histograms[row])
+        if len(labels) == len(vector.labels) and not any(h.any() for h in histograms if h is not None):
+            return vector
+        return Vector(labels, np.vstack(values), np.vstack(present), np.vstack(stamps), np.vstack(histograms)).without_absent()
+
     def _range(self, node, ctx: Context) -> RangeVector:
         selector = node.vector_selector
         series = []
         for found in self.data.get(selector_key(selector), []):
             stale = is_stale(found.values)
             series.append(Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found)
-        return RangeVector(series, self._refs(selector, ctx), _ms(node.range))
+        histograms = []
+        for found in self.histograms.get(selector_key(selector), []):
+            kept = np.not_equal(found.values, None)  # None: a stale marker
+            histograms.append(Series(found.labels, found.timestamps[kept], found.values[kept]))
+        return RangeVector(series, self._refs(selector, ctx), _ms(node.range), tuple(histograms))
 
     def _subquery(self, node, ctx: Context) -> RangeVector:
         step = _ms(node.step) or DEFAULT_SUBQUERY_STEP_MS
@@ -240,15 +285,17 @@ class Evaluator:
         series = [
             Series(labels, inner_times[present], values[present])
             for labels, values, present in zip(inner.labels, inner.values, inner.present)
+            if present.any()
         ]
-        return RangeVector(series, refs, range_ms)
+        histograms = [
+            Series(labels, inner_times[holds], row[holds])
+            for labels, row, holds in zip(inner.labels, inner.histograms if inner.histograms is not None else [], inner.histogram_present)
+            if holds.any()
+        ]
+        return RangeVector(series, refs, range_ms, tuple(histograms))
 
     def _call(self, call, ctx: Context):
         name = call.func.name
-        if name in HISTOGRAM_FUNCTIONS:
-            if type(call.args[0]).__name__ != "VectorSelector":
-                raise PromQLError(f"{name}() reads native histograms of a series selector only, here", "bad_data")
-            return self._instant(call.args[0], ctx, self.histograms.get(name, {})).with_values(None)
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
@@ -270,11 +317,12 @@ class Evaluator:
         if op in ("topk", "bottomk"):
             return _top(vector, param.values, group_of, op)
         count = len(group_labels)
+        counted = vector.sampled if op in ("count", "group") else vector.present
         present = np.zeros((count, ctx.steps), dtype=bool)
-        np.logical_or.at(present, group_of, vector.present)
+        np.logical_or.at(present, group_of, counted)
         values = np.where(vector.present, vector.values, 0.0)
         counts = np.zeros((count, ctx.steps))
-        np.add.at(counts, group_of, vector.present.astype(np.float64))
+        np.add.at(counts, group_of, counted.astype(np.float64))
         with np.errstate(all="ignore"):
             if op in ("sum", "avg"):
                 result = np.zeros((count, ctx.steps))
@@ -305,6 +353,9 @@ class Evaluator:
                     result[group] = quantiles(padded, counts[group], param.values)
             else:
                 raise PromQLError(f"aggregation {op!r} is not supported", "bad_data")
+        if op in ("sum", "avg") and vector.histograms is not None:
+            histograms, mixed = _aggregate_histograms(vector, group_of, count, op, ctx)
+            return Vector(group_labels, result, present & ~mixed, None, histograms).without_absent()
         return Vector(group_labels, result, present).without_absent()
 
     # -- binary operators -------------------------------------------------------------------
@@ -357,7 +408,48 @@ def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
         if return_bool:
             return vector.with_values(keep.astype(np.float64))
         return Vector(vector.labels, vector.values, vector.present & keep, vector.sample_ms).without_absent()
-    return vector.with_values(np.asarray(value, dtype=np.float64), drop_name=op in _ARITHMETIC)
+    result = vector.with_values(np.asarray(value, dtype=np.float64), drop_name=op in _ARITHMETIC)
+    if vector.histograms is not None and (op == "*" or (op == "/" and not swapped)):
+        result = result._replace(histograms=_scaled(vector.histograms, scalar.values, op)).without_absent()
+    return result
+
+
+def _scaled(histograms: np.ndarray, factors: np.ndarray, op: str) -> np.ndarray:
+    """``histogram * scalar`` (either side) and ``histogram / scalar``, step by step."""
+    out = np.full(histograms.shape, None, dtype=object)
+    for row, step in zip(*np.nonzero(np.not_equal(histograms, None))):
+        factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
+        out[row, step] = histograms[row, step].scale(factor)
+    return out
+
+
+def _aggregate_histograms(vector: Vector, group_of: np.ndarray, count: int, op: str, ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    """sum/avg of each group's histograms per step, and the mask of (group, step) elements that
+    mix floats and histograms: Prometheus drops those (3.x with a warning, as here)."""
+    holds = vector.histogram_present
+    has_float = np.zeros((count, ctx.steps), dtype=bool)
+    np.logical_or.at(has_float, group_of, vector.present)
+    totals = np.full((count, ctx.steps), None, dtype=object)
+    counts = np.zeros((count, ctx.steps))
+    broken = np.zeros((count, ctx.steps), dtype=bool)
+    for row, step in zip(*np.nonzero(holds)):
+        group, histogram = group_of[row], vector.histograms[row, step]
+        counts[group, step] += 1
+        if broken[group, step]:
+            continue
+        try:
+            totals[group, step] = histogram if totals[group, step] is None else totals[group, step].add(histogram)
+        except IncompatibleBuckets as error:
+            broken[group, step] = True
+            ctx.warn(f"{op}: {error}: the element is left out")
+    mixed = has_float & (counts > 0)
+    if mixed.any():
+        ctx.warn(f"{op}: encountered a mix of histograms and floats: the element is left out")
+    for group, step in zip(*np.nonzero((counts > 0) & ~mixed & ~broken)):
+        if op == "avg":
+            totals[group, step] = totals[group, step].scale(1 / counts[group, step])
+    totals[mixed | broken] = None
+    return totals, mixed
 
 
 def _signature(labels: dict, modifier, include_name: bool = False) -> tuple:
@@ -371,29 +463,31 @@ def _signature(labels: dict, modifier, include_name: bool = False) -> tuple:
 
 
 def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
+    """and/or/unless, on floats and histograms alike."""
     steps = lhs.values.shape[1] if lhs.labels else rhs.values.shape[1]
     right_present: dict[tuple, np.ndarray] = {}
-    for labels, present in zip(rhs.labels, rhs.present):
+    for labels, present in zip(rhs.labels, rhs.sampled):
         key = _signature(labels, modifier)
         right_present[key] = right_present.get(key, np.zeros(steps, dtype=bool)) | present
     none = np.zeros(steps, dtype=bool)
     if op in ("and", "unless"):
-        masks = [right_present.get(_signature(labels, modifier), none) for labels in lhs.labels]
-        present = [p & (m if op == "and" else ~m) for p, m in zip(lhs.present, masks)]
         if not lhs.labels:
             return Vector.empty(steps)
-        return Vector(lhs.labels, lhs.values, np.vstack(present), lhs.sample_ms).without_absent()
+        masks = np.vstack([right_present.get(_signature(labels, modifier), none) for labels in lhs.labels])
+        keep = masks if op == "and" else ~masks
+        histograms = None if lhs.histograms is None else np.where(keep, lhs.histograms, None)
+        return Vector(lhs.labels, lhs.values, lhs.present & keep, lhs.sample_ms, histograms).without_absent()
     left_present: dict[tuple, np.ndarray] = {}
-    for labels, present in zip(lhs.labels, lhs.present):
+    for labels, present in zip(lhs.labels, lhs.sampled):
         key = _signature(labels, modifier)
         left_present[key] = left_present.get(key, np.zeros(steps, dtype=bool)) | present
     labels = list(lhs.labels) + list(rhs.labels)
     if not labels:
         return Vector.empty(steps)
-    right_kept = [p & ~left_present.get(_signature(l, modifier), none) for l, p in zip(rhs.labels, rhs.present)]
-    values = np.vstack([*lhs.values, *rhs.values])
-    present = np.vstack([*lhs.present, *right_kept])
-    return merge_same_labels(Vector(labels, values, present).without_absent())
+    right_kept = np.vstack([~left_present.get(_signature(right_labels, modifier), none) for right_labels in rhs.labels]) if rhs.labels else np.zeros((0, steps), dtype=bool)
+    right = Vector(rhs.labels, rhs.values, rhs.present & right_kept, None, None if rhs.histograms is None else np.where(right_kept, rhs.histograms, None))
+    left = Vector(lhs.labels, lhs.values, lhs.present, None, lhs.histograms)
+    return merge_same_labels(stacked(left, right).without_absent())
 
 
 def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool) -> Vector:

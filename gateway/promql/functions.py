@@ -8,7 +8,16 @@ from collections import defaultdict
 import numpy as np
 
 from gateway.promql import range_functions as ranged
-from gateway.promql.values import NAME, PromQLError, Scalar, Vector, labels_key, merge_same_labels
+from gateway.promql.values import (
+    NAME,
+    PromQLError,
+    Scalar,
+    Vector,
+    drop_metric_name,
+    labels_key,
+    merge_same_labels,
+    stacked,
+)
 from protocols.linear_regex import BadPattern, compile_regex
 
 _ELEMENTWISE = {
@@ -137,7 +146,7 @@ def selector_labels(call_argument) -> dict:
 
 def _absent(ctx, args, call):
     vector = args[0]
-    seen = vector.present.any(axis=0)
+    seen = vector.sampled.any(axis=0)
     return Vector([selector_labels(call.args[0])], np.ones((1, ctx.steps)), ~seen[None, :]).without_absent()
 
 
@@ -203,10 +212,32 @@ def _set_label(vector: Vector, destination: str, value_of) -> Vector:
         if value:
             changed[destination] = value
         labels.append(changed)
-    return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms))
+    return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms, vector.histograms))
+
+
+def _of_histograms(compute):
+    """A function of each histogram sample (and the step) giving a float; floats are left out."""
+
+    def apply(ctx, args, call):
+        vector = args[-1]
+        holds = vector.histogram_present
+        values = np.full(holds.shape, np.nan)
+        with np.errstate(all="ignore"):
+            for row, step in zip(*np.nonzero(holds)):
+                values[row, step] = compute(vector.histograms[row, step], args, step)
+        labels = [drop_metric_name(labels) for labels in vector.labels]
+        return Vector(labels, values, holds).without_absent()
+
+    return apply
 
 
 def _histogram_quantile(ctx, args, call):
+    """Classic ``le`` buckets and native histograms both (as Prometheus, one call may hold both)."""
+    native = _of_histograms(lambda h, a, step: h.quantile(a[0].values[step]))(ctx, args, call)
+    return stacked(_classic_quantile(ctx, args), native)
+
+
+def _classic_quantile(ctx, args):
     q, vector = args[0].values, args[1]
     groups: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
     group_labels = {}
@@ -295,11 +326,17 @@ FUNCTIONS.update({
     "timestamp": _timestamp, "vector": _vector, "scalar": _scalar, "pi": _pi, "sort": _sort(False),
     "sort_desc": _sort(True), "absent": _absent, "absent_over_time": _absent_over_time, "label_replace": _label_replace,
     "label_join": _label_join, "histogram_quantile": _histogram_quantile,
-    "rate": _ranged(lambda ctx, a: ranged.extrapolated_rate(a[0], True, True)),
-    "increase": _ranged(lambda ctx, a: ranged.extrapolated_rate(a[0], True, False)),
-    "delta": _ranged(lambda ctx, a: ranged.extrapolated_rate(a[0], False, False)),
-    "irate": _ranged(lambda ctx, a: ranged.instant_rate(a[0], True)),
-    "idelta": _ranged(lambda ctx, a: ranged.instant_rate(a[0], False)),
+    "rate": _ranged(lambda ctx, a: stacked(ranged.extrapolated_rate(a[0], True, True), ranged.histogram_rate(a[0], True, True, ctx.warn))),
+    "increase": _ranged(lambda ctx, a: stacked(ranged.extrapolated_rate(a[0], True, False), ranged.histogram_rate(a[0], True, False, ctx.warn))),
+    "delta": _ranged(lambda ctx, a: stacked(ranged.extrapolated_rate(a[0], False, False), ranged.histogram_rate(a[0], False, False, ctx.warn))),
+    "irate": _ranged(lambda ctx, a: stacked(ranged.instant_rate(a[0], True), ranged.histogram_instant_rate(a[0], True, ctx.warn))),
+    "idelta": _ranged(lambda ctx, a: stacked(ranged.instant_rate(a[0], False), ranged.histogram_instant_rate(a[0], False, ctx.warn))),
+    "histogram_count": _of_histograms(lambda h, a, step: h.count),
+    "histogram_sum": _of_histograms(lambda h, a, step: h.sum),
+    "histogram_avg": _of_histograms(lambda h, a, step: float(np.divide(h.sum, h.count))),
+    "histogram_stdvar": _of_histograms(lambda h, a, step: h.variance()),
+    "histogram_stddev": _of_histograms(lambda h, a, step: math.sqrt(h.variance())),
+    "histogram_fraction": _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step])),
     "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
     "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
     "holt_winters": _ranged(lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))),

@@ -1,9 +1,15 @@
 """Functions over range vectors (``rate(x[5m])``, ``*_over_time``...), Prometheus 2.x semantics,
 computed for every step at once: per series, each step's window is a slice of its samples."""
 
+import itertools
+
 import numpy as np
 
-from gateway.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather
+from gateway.promql.histograms import IncompatibleBuckets
+from gateway.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather, labels_key
+from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
+
+GAUGE_HINT = HistogramMessage.GAUGE
 
 STACK = 32  # series evaluated together by _all_series
 
@@ -246,7 +252,89 @@ def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
 def absent_over_time(matrix: RangeVector, labels: dict) -> Vector:
     steps = len(matrix.refs)
     seen = np.zeros(steps, dtype=bool)
-    for series in matrix.series:
+    for series in (*matrix.series, *matrix.histogram_series):
         lo, hi = matrix.windows(series)
         seen |= hi > lo
     return Vector([labels], np.ones((1, steps)), ~seen[None, :]).without_absent()
+
+
+def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -> Vector:
+    """rate/increase (counters) and delta (gauges) of native histograms: last minus first in the
+    lowest schema of the window, counter resets added back (histogramRate), then extrapolated as
+    extrapolated_rate does floats (without its zero-point cut, as Prometheus). A window whose
+    custom bucket bounds differ is left out with a warning, as Prometheus 3 does."""
+    range_s = matrix.range_ms / 1000
+    range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
+
+    def compute(series: Series, lo, hi):
+        out = np.full(len(lo), None, dtype=object)
+        ts, hs = series.timestamps, series.values
+        for step in np.flatnonzero(hi - lo >= 2):
+            window = hs[lo[step] : hi[step]]
+            first, last = window[0], window[-1]
+            try:
+                result = last.reduced(min(h.schema for h in window) if is_counter else min(first.schema, last.schema)).sub(first)
+                if is_counter:
+                    for previous, current in itertools.pairwise(window):
+                        if current.detect_reset(previous):
+                            result = result.add(previous)
+            except IncompatibleBuckets as error:
+                warn(f"rate/increase/delta: {error}: the element is left out")
+                continue
+            first_ms, last_ms = ts[lo[step]], ts[hi[step] - 1]
+            sampled = (last_ms - first_ms) / 1000
+            average = sampled / (len(window) - 1)
+            to_start, to_end = (first_ms - range_start[step]) / 1000, (range_end[step] - last_ms) / 1000
+            threshold = average * 1.1
+            interval = sampled + (to_start if to_start < threshold else average / 2) + (to_end if to_end < threshold else average / 2)
+            factor = interval / sampled / (range_s if is_rate else 1)
+            out[step] = result.scale(factor).copy(reset_hint=GAUGE_HINT)
+        return out
+
+    return _histogram_rows(matrix, compute)
+
+
+def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
+    """irate/idelta of native histograms: the last two samples (irate: the last alone after a
+    counter reset), per second for irate."""
+
+    def compute(series: Series, lo, hi):
+        out = np.full(len(lo), None, dtype=object)
+        ts, hs = series.timestamps, series.values
+        for step in np.flatnonzero(hi - lo >= 2):
+            previous, last = hs[hi[step] - 2], hs[hi[step] - 1]
+            interval = (ts[hi[step] - 1] - ts[hi[step] - 2]) / 1000
+            if interval == 0:
+                continue
+            try:
+                result = last if is_rate and last.detect_reset(previous) else last.sub(previous)
+            except IncompatibleBuckets as error:
+                warn(f"irate/idelta: {error}: the element is left out")
+                continue
+            out[step] = (result.scale(1 / interval) if is_rate else result).copy(reset_hint=GAUGE_HINT)
+        return out
+
+    return _histogram_rows(matrix, compute)
+
+
+def _histogram_rows(matrix: RangeVector, compute) -> Vector:
+    """``compute(series, lo, hi) -> object row`` for every histogram series, as a Vector of
+    histogram samples (a window mixing floats and histograms of one series is left out)."""
+    steps = len(matrix.refs)
+    if not matrix.histogram_series:
+        return Vector.empty(steps)
+    labels, rows = [], []
+    floats = {labels_key(s.labels): s for s in matrix.series}
+    for series in matrix.histogram_series:
+        lo, hi = matrix.windows(series)
+        row = compute(series, lo, hi)
+        other = floats.get(labels_key(series.labels))
+        if other is not None:
+            float_lo, float_hi = matrix.windows(other)
+            row[float_hi > float_lo] = None
+        if np.not_equal(row, None).any():
+            labels.append(drop_metric_name(series.labels))
+            rows.append(row)
+    if not rows:
+        return Vector.empty(steps)
+    return Vector(labels, np.zeros((len(rows), steps)), np.zeros((len(rows), steps), dtype=bool), None, np.vstack(rows))

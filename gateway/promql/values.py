@@ -2,6 +2,9 @@
 
 An instant vector is a matrix: one row per series, one column per evaluation step, with a
 ``present`` mask beside the values (NaN is a value in PromQL, so it cannot mean "absent").
+Native histogram samples (gateway/promql/histograms.py) sit beside, in an object matrix that is
+None where a row has no histogram: ``present`` is about floats only, so every function that
+knows floats only leaves histograms out, as Prometheus does.
 A range vector keeps each series' raw samples and, per step, the window they are cut to.
 """
 
@@ -29,19 +32,34 @@ class Vector(NamedTuple):
     values: np.ndarray  # (series, steps) float64
     present: np.ndarray  # (series, steps) bool
     sample_ms: np.ndarray | None = None  # (series, steps) int64: the timestamps timestamp() gives
+    histograms: np.ndarray | None = None  # (series, steps) object: a Histogram or None
 
     @classmethod
     def empty(cls, steps: int) -> "Vector":
         return cls([], np.zeros((0, steps)), np.zeros((0, steps), dtype=bool))
 
+    @property
+    def histogram_present(self) -> np.ndarray:
+        """Where a row holds a histogram sample (all False without histograms)."""
+        if self.histograms is None:
+            return np.zeros(self.present.shape, dtype=bool)
+        return np.not_equal(self.histograms, None)
+
+    @property
+    def sampled(self) -> np.ndarray:
+        """Where a row holds a sample, float or histogram."""
+        return self.present if self.histograms is None else self.present | self.histogram_present
+
     def without_absent(self) -> "Vector":
-        """Rows present at no step are left out (a function's output has no empty series)."""
-        keep = self.present.any(axis=1)
+        """Rows with no sample (float or histogram) at any step are left out (a function's
+        output has no empty series)."""
+        keep = self.sampled.any(axis=1)
         if keep.all():
             return self
         index = np.flatnonzero(keep)
         stamps = None if self.sample_ms is None else self.sample_ms[index]
-        return Vector([self.labels[i] for i in index], self.values[index], self.present[index], stamps)
+        histograms = None if self.histograms is None else self.histograms[index]
+        return Vector([self.labels[i] for i in index], self.values[index], self.present[index], stamps, histograms)
 
     def with_values(self, values: np.ndarray | None, present: np.ndarray | None = None, drop_name: bool = True) -> "Vector":
         """These rows with other values (None: the same), without ``__name__`` unless told."""
@@ -67,11 +85,13 @@ class Series(NamedTuple):
 
 
 class RangeVector(NamedTuple):
-    """Series with, per step, the window [ref - range, ref] their samples are cut to."""
+    """Series with, per step, the window [ref - range, ref] their samples are cut to;
+    ``histogram_series`` are those holding native histograms (values: an object array)."""
 
     series: list[Series]
     refs: np.ndarray  # (steps,) int64 ms: the end of each step's window
     range_ms: int
+    histogram_series: tuple = ()
 
     def windows(self, series: Series) -> tuple[np.ndarray, np.ndarray]:
         """Per step, the first and one-past-last sample index inside the window (both ends inclusive,
@@ -90,14 +110,18 @@ def merge_same_labels(vector: Vector) -> Vector:
         rows.setdefault(labels_key(labels), []).append(index)
     if len(rows) == len(vector.labels):
         return vector
-    labels, values, present = [], [], []
+    holds = vector.histogram_present
+    labels, values, present, histograms = [], [], [], []
     for indexes in rows.values():
-        if (vector.present[indexes].sum(axis=0) > 1).any():
+        if (vector.sampled[indexes].sum(axis=0) > 1).any():
             raise PromQLError("vector cannot contain metrics with the same labelset")
         labels.append(vector.labels[indexes[0]])
         values.append(np.where(vector.present[indexes], vector.values[indexes], 0.0).sum(axis=0))
         present.append(vector.present[indexes].any(axis=0))
-    return Vector(labels, np.vstack(values), np.vstack(present))
+        if vector.histograms is not None:
+            picked = np.argmax(holds[indexes], axis=0)
+            histograms.append(vector.histograms[np.asarray(indexes)[picked], np.arange(holds.shape[1])])
+    return Vector(labels, np.vstack(values), np.vstack(present), None, np.vstack(histograms) if histograms else None)
 
 
 def drop_metric_name(labels: Labels) -> Labels:
@@ -124,3 +148,17 @@ def gather(series: Series, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, 
     if not len(series.values):
         return np.zeros(index.shape, dtype=np.int64), np.zeros(index.shape), np.zeros(index.shape, dtype=bool)
     return series.timestamps[index], series.values[index], mask
+
+
+def stacked(first: Vector, second: Vector) -> Vector:
+    """The rows of both vectors (e.g. a function's float results and its histogram results)."""
+    if not second.labels:
+        return first
+    if not first.labels:
+        return second
+    if first.histograms is None and second.histograms is None:
+        histograms = None
+    else:
+        histograms = np.vstack([v.histograms if v.histograms is not None else np.full(v.values.shape, None, dtype=object) for v in (first, second)])
+    return Vector(first.labels + second.labels, np.vstack([first.values, second.values]), np.vstack([first.present, second.present]),
+                  None, histograms)

@@ -1,0 +1,321 @@
+"""Native histograms as PromQL values: Prometheus's FloatHistogram with its arithmetic (schema
+and zero-threshold reconciliation, counter-reset detection) and the functions that read one
+(quantile, fraction, stddev). docs/promql.rst lists what the engine does with them.
+
+Buckets are kept as ``{index: count}`` per sign. For an exponential schema s (-4..8), bucket i
+holds (2^((i-1)/2^s), 2^(i/2^s)]; for custom buckets (schema -53, NHCB) bucket i holds
+(custom_values[i-1], custom_values[i]], the first one from -Inf and the one past the last bound
+up to +Inf.
+"""
+
+import dataclasses
+import math
+import struct
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from gateway.promql.values import STALE_NAN_BITS
+from protocols.prometheus import types_pb2
+
+CUSTOM_BUCKETS_SCHEMA = -53
+_RESET_YES, _RESET_NO = types_pb2.Histogram.YES, types_pb2.Histogram.NO
+_MAX_FLOAT = 1.7976931348623157e308
+_STALE_SUM = struct.pack("<Q", STALE_NAN_BITS)
+
+
+class IncompatibleBuckets(ValueError):
+    """Custom-bucket histograms with different bounds, or custom and exponential ones, met."""
+
+
+class Bucket(NamedTuple):
+    lower: float
+    upper: float
+    lower_inclusive: bool
+    upper_inclusive: bool
+    count: float
+
+
+@dataclasses.dataclass(slots=True)
+class Histogram:
+    """One native histogram sample, with float counts (Prometheus's FloatHistogram). Equality
+    leaves the reset hint out (it is about the sample's history, not its value)."""
+
+    schema: int
+    zero_threshold: float
+    zero_count: float
+    count: float
+    sum: float
+    positive: dict[int, float]
+    negative: dict[int, float]
+    custom_values: tuple = ()
+    reset_hint: int = dataclasses.field(default=0, compare=False)
+
+    @classmethod
+    def from_proto(cls, message) -> "Histogram":
+        """A prometheus.Histogram message (integer or float counts) as a float histogram."""
+        floats = message.WhichOneof("count") == "count_float"
+        count = message.count_float if floats else float(message.count_int)
+        zero_count = message.zero_count_float if message.WhichOneof("zero_count") == "zero_count_float" else float(message.zero_count_int)
+        positive = _buckets(message.positive_spans, message.positive_counts if floats else message.positive_deltas, not floats)
+        negative = _buckets(message.negative_spans, message.negative_counts if floats else message.negative_deltas, not floats)
+        return cls(message.schema, message.zero_threshold, zero_count, count, message.sum, positive, negative,
+                   tuple(message.custom_values), message.reset_hint)
+
+    def copy(self, **changes) -> "Histogram":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def custom(self) -> bool:
+        return self.schema == CUSTOM_BUCKETS_SCHEMA
+
+    # -- arithmetic ---------------------------------------------------------------------------
+
+    def scale(self, factor: float) -> "Histogram":
+        """Every count and the sum times ``factor`` (``h * s``, ``h / s``, rate's extrapolation)."""
+        return self.copy(
+            zero_count=self.zero_count * factor, count=self.count * factor, sum=self.sum * factor,
+            positive={i: c * factor for i, c in self.positive.items()}, negative={i: c * factor for i, c in self.negative.items()},
+        )
+
+    def add(self, other: "Histogram", sign: float = 1.0) -> "Histogram":
+        """``self + sign * other`` in the lower of both schemas and the larger zero threshold."""
+        a, b = reconcile(self, other)
+        return a.copy(
+            zero_count=a.zero_count + sign * b.zero_count, count=a.count + sign * b.count, sum=a.sum + sign * b.sum,
+            positive=_combined(a.positive, b.positive, sign), negative=_combined(a.negative, b.negative, sign), reset_hint=0,
+        )
+
+    def sub(self, other: "Histogram") -> "Histogram":
+        return self.add(other, -1.0)
+
+    def reduced(self, schema: int) -> "Histogram":
+        """The same observations in buckets of a lower exponential schema (each 2^(delta) merge)."""
+        if self.custom or schema >= self.schema:
+            return self
+        shift = self.schema - schema
+        return self.copy(schema=schema, positive=_merge_indexes(self.positive, shift), negative=_merge_indexes(self.negative, shift))
+
+    def widened(self, threshold: float) -> "Histogram":
+        """The zero bucket grown to at least ``threshold``: the buckets inside it join it (a
+        threshold that falls inside a populated bucket grows to that bucket's upper bound)."""
+        if self.custom or threshold <= self.zero_threshold:
+            return self
+        while True:
+            moved, grown = self.zero_count, threshold
+            kept_positive, kept_negative = {}, {}
+            for buckets, kept in ((self.positive, kept_positive), (self.negative, kept_negative)):
+                for index in sorted(buckets):
+                    lower, upper = self.bound(index - 1), self.bound(index)
+                    if lower >= threshold:
+                        kept[index] = buckets[index]
+                        continue
+                    moved += buckets[index]
+                    if upper > threshold and buckets[index]:
+                        grown = max(grown, upper)
+            if grown == threshold:
+                return self.copy(zero_threshold=threshold, zero_count=moved, positive=kept_positive, negative=kept_negative)
+            threshold = grown
+
+    def detect_reset(self, previous: "Histogram") -> bool:
+        """Prometheus's DetectReset: this sample restarted the counter since ``previous`` (a
+        count, the zero bucket or any bucket went down, the zero threshold shrank, the schema
+        grew, or the custom bounds changed)."""
+        if self.reset_hint == _RESET_YES:
+            return True
+        if self.reset_hint == _RESET_NO:
+            return False
+        if self.count < previous.count or self.custom != previous.custom:
+            return True
+        if self.custom:
+            if self.custom_values != previous.custom_values:
+                return True
+        elif self.schema > previous.schema or self.zero_threshold < previous.zero_threshold:
+            return True
+        before = previous.reduced(self.schema).widened(self.zero_threshold)
+        if before.zero_threshold != self.zero_threshold or self.zero_count < before.zero_count:
+            return True
+        return any(count > self.positive.get(i, 0.0) for i, count in before.positive.items()) or any(
+            count > self.negative.get(i, 0.0) for i, count in before.negative.items()
+        )
+
+    # -- buckets ------------------------------------------------------------------------------
+
+    def bound(self, index: int) -> float:
+        """The upper bound of positive bucket ``index`` (Prometheus's getBound)."""
+        if self.custom:
+            if index < 0:
+                return -math.inf
+            return self.custom_values[index] if index < len(self.custom_values) else math.inf
+        if self.schema < 0:
+            exponent = index << -self.schema
+            if exponent == 1024:
+                return _MAX_FLOAT
+            return math.ldexp(1.0, exponent) if exponent < 1024 else math.inf
+        per_power = 1 << self.schema
+        fraction = 2.0 ** ((index % per_power) / per_power) / 2
+        exponent = index // per_power + 1
+        if fraction == 0.5 and exponent == 1025:
+            return _MAX_FLOAT
+        return math.ldexp(fraction, exponent) if exponent <= 1024 else math.inf
+
+    def buckets(self) -> Iterator[Bucket]:
+        """Every bucket, lowest first: negative, zero, positive (AllBucketIterator: the zero
+        bucket only with a count above 0, as in Prometheus)."""
+        for index in sorted(self.negative, reverse=True):
+            yield Bucket(-self.bound(index), -self.bound(index - 1), True, False, self.negative[index])
+        if self.zero_count > 0:
+            yield Bucket(-self.zero_threshold, self.zero_threshold, True, True, self.zero_count)
+        for index in sorted(self.positive):
+            yield Bucket(self.bound(index - 1), self.bound(index), False, True, self.positive[index])
+
+    def json(self, format_value) -> dict:
+        """Prometheus 2.42's JSON: count, sum, and the non-empty buckets as
+        [boundary rule, lower, upper, count] (rule 0 (lo, hi], 1 [lo, hi), 2 (lo, hi), 3 [lo, hi])."""
+        out = {"count": format_value(self.count), "sum": format_value(self.sum)}
+        rows = [
+            [_RULES[b.lower_inclusive, b.upper_inclusive], format_value(b.lower), format_value(b.upper), format_value(b.count)]
+            for b in self.buckets()
+            if b.count != 0
+        ]
+        if rows:
+            out["buckets"] = rows
+        return out
+
+    # -- functions ----------------------------------------------------------------------------
+
+    def _interpolation_buckets(self) -> list[Bucket]:
+        """The buckets as histogram_quantile and histogram_fraction interpolate in: a zero
+        bucket beside buckets of one sign only starts (or ends) at 0; a first custom bucket
+        (from -Inf) starts at 0 when its upper bound is positive."""
+        found = [b for b in self.buckets() if b.count]
+        positive, negative = any(self.positive.values()), any(self.negative.values())
+        for i, b in enumerate(found):
+            if not self.custom and b.lower < 0 < b.upper:
+                if positive and not negative:
+                    found[i] = b._replace(lower=0.0)
+                elif negative and not positive:
+                    found[i] = b._replace(upper=0.0)
+            elif self.custom and b.lower == -math.inf and b.upper > 0:
+                found[i] = b._replace(lower=0.0)
+        return found
+
+    def quantile(self, q: float) -> float:
+        """Prometheus 2.42's histogramQuantile: walk the buckets up to rank q * count and
+        interpolate linearly inside the bucket reached."""
+        if q < 0:
+            return -math.inf
+        if q > 1:
+            return math.inf
+        if self.count == 0 or math.isnan(q):
+            return math.nan
+        rank, seen, bucket = q * self.count, 0.0, None
+        for bucket in self._interpolation_buckets():
+            seen += bucket.count
+            if seen >= rank:
+                break
+        if bucket is None:
+            return math.nan
+        if self.custom:
+            if bucket.lower == -math.inf:
+                return bucket.upper
+            if bucket.upper == math.inf:
+                return bucket.lower
+        seen = min(seen, self.count)
+        if seen < rank:
+            return bucket.upper
+        rank -= seen - bucket.count
+        return bucket.lower + (bucket.upper - bucket.lower) * (rank / bucket.count)
+
+    def fraction(self, lower: float, upper: float) -> float:
+        """histogram_fraction: the share of observations in [lower, upper], interpolating
+        linearly inside the buckets the ends fall in (an infinite bucket counts whole or not)."""
+        if self.count == 0 or math.isnan(lower) or math.isnan(upper):
+            return math.nan
+        if lower >= upper:
+            return 0.0
+        inside = 0.0
+        for b in self._interpolation_buckets():
+            low, high = max(b.lower, lower), min(b.upper, upper)
+            if high < low or (high == low and b.upper > b.lower):
+                continue
+            if low == b.lower and high == b.upper:
+                inside += b.count
+            elif math.isfinite(b.upper - b.lower):
+                inside += b.count * (high - low) / (b.upper - b.lower)
+        return inside / self.count
+
+    def variance(self) -> float:
+        """histogram_stdvar (Prometheus 3): each bucket's observations taken at its geometric
+        mean (0 in the zero bucket, the arithmetic mean of a custom bucket's bounds)."""
+        if self.count == 0:
+            return math.nan
+        mean = self.sum / self.count
+        total = 0.0
+        for b in self.buckets():
+            if not b.count:
+                continue
+            if self.custom:
+                value = (b.upper + b.lower) / 2
+            elif b.lower <= 0 <= b.upper:
+                value = 0.0
+            else:
+                value = math.copysign(math.sqrt(b.upper * b.lower), b.upper)
+            total += b.count * (value - mean) ** 2
+        return total / self.count
+
+
+_RULES = {(False, True): 0, (True, False): 1, (False, False): 2, (True, True): 3}
+
+
+def reconcile(a: Histogram, b: Histogram) -> tuple[Histogram, Histogram]:
+    """Both histograms in one bucket layout: the lower schema, the larger zero threshold."""
+    if a.custom or b.custom:
+        if a.custom != b.custom or a.custom_values != b.custom_values:
+            raise IncompatibleBuckets("histograms with different custom bucket bounds")
+        return a, b
+    schema = min(a.schema, b.schema)
+    a, b = a.reduced(schema), b.reduced(schema)
+    while a.zero_threshold != b.zero_threshold:
+        threshold = max(a.zero_threshold, b.zero_threshold)
+        a, b = a.widened(threshold), b.widened(threshold)
+    return a, b
+
+
+def _buckets(spans, values, deltas: bool) -> dict[int, float]:
+    """{index: count} from spans and (delta-encoded integer or absolute float) counts."""
+    found, index, position, running = {}, 0, 0, 0
+    for span in spans:
+        index += span.offset
+        for _ in range(span.length):
+            if deltas:
+                running += values[position]
+                found[index] = float(running)
+            else:
+                found[index] = values[position]
+            position += 1
+            index += 1
+    return found
+
+
+def _merge_indexes(buckets: dict[int, float], shift: int) -> dict[int, float]:
+    merged: dict[int, float] = {}
+    for index, count in buckets.items():
+        target = ((index - 1) >> shift) + 1
+        merged[target] = merged.get(target, 0.0) + count
+    return merged
+
+
+def _combined(a: dict[int, float], b: dict[int, float], sign: float) -> dict[int, float]:
+    out = dict(a)
+    for index, count in b.items():
+        out[index] = out.get(index, 0.0) + sign * count
+    return out
+
+
+def decode_sample(data: bytes) -> Histogram | None:
+    """A stored prometheus.Histogram as a sample; None for a stale marker (its sum is the
+    staleness NaN)."""
+    message = types_pb2.Histogram.FromString(data)
+    if struct.pack("<d", message.sum) == _STALE_SUM:
+        return None
+    return Histogram.from_proto(message)

@@ -1,0 +1,259 @@
+"""PromQL over native histograms, on hand-made series with answers worked out by hand from
+Prometheus's definitions (docs/promql.rst); test_prometheus_e2e.py compares with a real
+Prometheus 2.42."""
+
+import math
+import time
+
+import numpy as np
+import orjson
+import pytest
+
+from gateway.http.promql_api import _encode_instant, _encode_matrix
+from gateway.promql.engine import Evaluator, Query, parse, plan
+from gateway.promql.histograms import Histogram
+from gateway.promql.values import Series, Vector
+
+S = 1000
+
+
+def h(count, sum_, positive=None, negative=None, zero=0.0, schema=0, threshold=0.001, custom=(), hint=0) -> Histogram:
+    return Histogram(schema, threshold, zero, count, sum_, positive or {}, negative or {}, custom, hint)
+
+
+def growing(k: int) -> Histogram:
+    """Sample k of a steady counter: k zero observations, 2k in (1, 2], 3k in (2, 4]."""
+    return h(6.0 * k, 10.0 * k, {1: 2.0 * k, 2: 3.0 * k}, zero=float(k))
+
+
+API = {"__name__": "latency", "job": "api"}
+WEB = {"__name__": "latency", "job": "web"}
+HISTOGRAMS = [
+    (API, [(15 * k, growing(k)) for k in range(9)]),
+    # a restart at 60 s: back to sample 1
+    (WEB, [(15 * k, growing(k)) for k in range(4)] + [(60, growing(1))]),
+    # schema 1 then schema 0: (1, 1.41] and (1.41, 2] become (1, 2]
+    ({"__name__": "sized"}, [(0, h(2.0, 3.0, {1: 1.0, 2: 1.0}, schema=1)), (60, h(5.0, 8.0, {1: 5.0}))]),
+    # custom buckets (-Inf, 0.5] (0.5, 1] (1, 5] (5, +Inf)
+    ({"__name__": "nhcb"}, [(0, h(10.0, 20.0, {0: 2.0, 1: 2.0, 2: 4.0, 3: 2.0}, schema=-53, threshold=0.0, custom=(0.5, 1.0, 5.0)))]),
+    ({"__name__": "nhcb_rebucketed"}, [
+        (0, h(10.0, 20.0, {0: 10.0}, schema=-53, threshold=0.0, custom=(0.5, 1.0))),
+        (30, h(4.0, 4.0, {1: 4.0}, schema=-53, threshold=0.0, custom=(0.5, 2.0))),
+        (60, h(6.0, 6.0, {1: 6.0}, schema=-53, threshold=0.0, custom=(0.5, 2.0))),
+    ]),
+]
+FLOATS = [({"__name__": "latency", "job": "batch"}, [(t, 1.0) for t in range(0, 121, 15)])]
+
+
+def _series(labels, points, objects: bool) -> Series:
+    stamps = np.array([t * S for t, _ in points], dtype=np.int64)
+    return Series(labels, stamps, np.array([v for _, v in points], dtype=object if objects else np.float64))
+
+
+def _chosen(pairs, matchers):
+    return [(labels, points) for labels, points in pairs if all(m.matches(labels.get(m.name, "")) for m in matchers)]
+
+
+def evaluate(text: str, at: float | None = None, start: float | None = None, end: float | None = None, step: float = 15):
+    expr = parse(text)
+    if at is not None:
+        start = end = at
+    query = Query(int(start * S), int(end * S), int(step * S), 300 * S)
+    times = np.arange(query.start_ms, query.end_ms + 1, int(step * S), dtype=np.int64)
+    data, histograms = {}, {}
+    for key, (matchers, _, _) in plan(expr, query).items():
+        data[key] = [_series(labels, points, False) for labels, points in _chosen(FLOATS, matchers)]
+        histograms[key] = [_series(labels, points, True) for labels, points in _chosen(HISTOGRAMS, matchers)]
+    evaluator = Evaluator(query, data, time.monotonic() + 10, histograms)
+    return evaluator.result(expr, times), evaluator.warnings
+
+
+def instant(text: str, at: float) -> dict:
+    """{labels: float or Histogram} of an instant query."""
+    value, _ = evaluate(text, at)
+    assert isinstance(value, Vector)
+    found = {}
+    for row, labels in enumerate(value.labels):
+        key = tuple(sorted(labels.items()))
+        if value.present[row, 0]:
+            found[key] = value.values[row, 0]
+        elif value.histograms is not None and value.histograms[row, 0] is not None:
+            found[key] = value.histograms[row, 0]
+    return found
+
+
+def test_a_selector_gives_histogram_samples_with_lookback():
+    assert instant('latency{job="api"}', 60) == {tuple(sorted(API.items())): growing(4)}
+    assert instant('latency{job="api"}', 70) == {tuple(sorted(API.items())): growing(4)}  # the last sample, 10 s old
+    assert instant('latency{job="api"}', 120 + 300) == {tuple(sorted(API.items())): growing(8)}
+    assert instant('latency{job="api"}', 120 + 301) == {}
+    both = instant("latency", 60)
+    assert both[(("__name__", "latency"), ("job", "batch"))] == 1.0 and both[(("__name__", "latency"), ("job", "web"))] == growing(1)
+
+
+def test_histogram_count_sum_avg_of_any_expression():
+    api = (("job", "api"),)
+    assert instant('histogram_count(latency{job="api"})', 60) == {api: 24.0}
+    assert instant('histogram_sum(latency{job="api"})', 60) == {api: 40.0}
+    assert instant('histogram_avg(latency{job="api"})', 60) == {api: 40.0 / 24.0}
+    # rate over [0, 60]: sample 4 minus sample 0, no extrapolation, per second
+    assert instant('histogram_count(rate(latency{job="api"}[1m]))', 60) == {api: pytest.approx(24 / 60)}
+    assert instant('histogram_sum(sum(latency{job=~"api|web"}))', 60) == {(): 40.0 + 10.0}
+    assert instant("histogram_count(latency)", 60) == {api: 24.0, (("job", "web"),): 6.0}  # the float series left out
+
+
+def test_histogram_stddev_and_stdvar_from_prometheus_3_formulas():
+    mean = 40.0 / 24.0
+    # zero bucket at 0, exponential buckets at their geometric mean
+    variance = (4 * (0 - mean) ** 2 + 8 * (math.sqrt(1 * 2) - mean) ** 2 + 12 * (math.sqrt(2 * 4) - mean) ** 2) / 24
+    api = (("job", "api"),)
+    assert instant('histogram_stdvar(latency{job="api"})', 60) == {api: pytest.approx(variance)}
+    assert instant('histogram_stddev(latency{job="api"})', 60) == {api: pytest.approx(math.sqrt(variance))}
+    # custom buckets at their midpoints: the first one's, (-Inf + 0.5) / 2, is -Inf
+    assert math.isinf(instant("histogram_stdvar(nhcb)", 60)[()])
+
+
+def test_histogram_quantile_interpolates_linearly_in_native_buckets():
+    api = (("job", "api"),)
+    # sample 4: 4 in the zero bucket, 8 in (1, 2], 12 in (2, 4]; 24 in all
+    assert instant('histogram_quantile(0.5, latency{job="api"})', 60) == {api: 2.0}  # rank 12 ends (1, 2]
+    assert instant('histogram_quantile(0.75, latency{job="api"})', 60) == {api: 3.0}  # rank 18: 6 of 12 into (2, 4]
+    # rank 2.4 in the zero bucket, which starts at 0 since there are no negative buckets
+    assert instant('histogram_quantile(0.1, latency{job="api"})', 60) == {api: pytest.approx(0.001 * 2.4 / 4)}
+    assert instant('histogram_quantile(0.5, rate(latency{job="api"}[1m]))', 60) == {api: 2.0}
+    assert instant('histogram_quantile(1.5, latency{job="api"})', 60) == {api: math.inf}
+    # the classic path beside it is unchanged
+    assert instant("histogram_quantile(0.5, latency_bucket)", 60) == {}
+
+
+def test_histogram_quantile_and_fraction_on_custom_buckets():
+    # 2 in (-Inf, 0.5], 2 in (0.5, 1], 4 in (1, 5], 2 above 5
+    assert instant("histogram_quantile(0.5, nhcb)", 30) == {(): 2.0}  # rank 5: 1 of 4 into (1, 5]
+    assert instant("histogram_quantile(0.1, nhcb)", 30) == {(): 0.25}  # the first bucket starts at 0
+    assert instant("histogram_quantile(0.95, nhcb)", 30) == {(): 5.0}  # the +Inf bucket: its lower bound
+    assert instant("histogram_fraction(0, 3, nhcb)", 30) == {(): pytest.approx((2 + 2 + 4 * 2 / 4) / 10)}
+
+
+def test_histogram_fraction_interpolates_inside_buckets():
+    # all of the zero bucket (4) and (1, 2] (8), half of (2, 4] (6) out of 24
+    assert instant('histogram_fraction(0, 3, latency{job="api"})', 60) == {(("job", "api"),): 0.75}
+    assert instant('histogram_fraction(-1, 0.0005, latency{job="api"})', 60) == {(("job", "api"),): pytest.approx(2 / 24)}
+    assert instant('histogram_fraction(3, 3, latency{job="api"})', 60) == {(("job", "api"),): 0.0}
+
+
+def test_rate_and_increase_extrapolate_like_floats():
+    api = (("job", "api"),)
+    (rate,) = instant('rate(latency{job="api"}[1m])', 60).values()
+    assert rate.count == pytest.approx(24 / 60) and rate.sum == pytest.approx(40 / 60)
+    assert rate.positive == pytest.approx({1: 8 / 60, 2: 12 / 60}) and rate.zero_count == pytest.approx(4 / 60)
+    # window [10 s, 70 s]: samples 1..4 over 45 s, extrapolated 5 s back and 10 s on -> * 60 / 45
+    (increase,) = instant('increase(latency{job="api"}[1m])', 70).values()
+    assert increase.count == pytest.approx(18 * 60 / 45) and increase.positive == pytest.approx({1: 6 * 60 / 45, 2: 9 * 60 / 45})
+    (delta,) = instant('delta(latency{job="api"}[1m])', 60).values()
+    assert delta.count == 24.0
+    (irate,) = instant('irate(latency{job="api"}[1m])', 60).values()
+    assert irate.count == pytest.approx(6 / 15) and irate.positive == pytest.approx({1: 2 / 15, 2: 3 / 15})
+    assert set(instant('rate(latency{job="api"}[1m])', 60)) == {api}
+
+
+def test_counter_resets_add_the_sample_before_back():
+    # 0 1 2 3 | restart | 1: last - first + the sample before the restart
+    (increase,) = instant('increase(latency{job="web"}[1m])', 60).values()
+    assert increase.count == 6 + 18 and increase.positive == {1: 2 + 6, 2: 3 + 9} and increase.zero_count == 1 + 3
+    (irate,) = instant('irate(latency{job="web"}[1m])', 60).values()
+    assert irate.count == pytest.approx(6 / 15)  # after a reset, the last sample alone
+    # the custom bounds changed at 30 s: last minus first has no meaning, the element is left out
+    value, warnings = evaluate("increase(nhcb_rebucketed[1m])", 60)
+    assert not value.labels and warnings == ["rate/increase/delta: histograms with different custom bucket bounds: the element is left out"]
+    # over [30 s, 60 s] the bounds are the same: 4 -> 6
+    (increase,) = instant("increase(nhcb_rebucketed[30s])", 60).values()
+    assert increase.count == 2.0 and increase.positive == {1: 2.0}
+
+
+def test_reset_detection():
+    before = h(10.0, 10.0, {1: 5.0, 2: 5.0}, zero=0.0)
+    assert not h(11.0, 11.0, {1: 6.0, 2: 5.0}).detect_reset(before)
+    assert h(11.0, 11.0, {1: 4.0, 2: 7.0}).detect_reset(before)  # a bucket went down
+    assert h(9.0, 11.0, {1: 5.0, 2: 4.0}).detect_reset(before)  # the count went down
+    assert h(10.0, 10.0, {1: 5.0, 2: 5.0}, schema=1).detect_reset(before)  # a higher schema
+    assert h(10.0, 10.0, {1: 5.0, 2: 5.0}, threshold=0.0001).detect_reset(before)  # a smaller zero threshold
+    # a zero threshold of 1 takes in bucket 0 ((0.5, 1]) only, which is empty in both: no reset
+    assert not h(10.0, 10.0, {1: 5.0, 2: 5.0}, threshold=1.0).detect_reset(before)
+    # a zero threshold of 1.5 falls inside the populated (1, 2]: the layouts cannot be compared
+    assert h(10.0, 10.0, {2: 5.0}, zero=5.0, threshold=1.5).detect_reset(before)
+    assert h(12.0, 12.0, {1: 6.0, 2: 6.0}, hint=1).detect_reset(before)  # the sender said so
+    assert not h(1.0, 1.0, {}, hint=2).detect_reset(before)
+
+
+def test_schemas_are_reconciled_to_the_lowest():
+    (increase,) = instant("increase(sized[1m])", 60).values()
+    assert increase.schema == 0 and increase.positive == {1: 3.0} and increase.count == 3.0
+    merged = h(2.0, 3.0, {1: 1.0, 2: 1.0, -1: 2.0}, schema=1).add(h(1.0, 1.0, {1: 1.0}, threshold=0.6))
+    # schema 1 bucket -1 ((0.5, 0.71]) and 0 would be schema 0 bucket 0 ((0.5, 1]): inside threshold 1 after widening
+    assert merged.schema == 0 and merged.positive == {1: 3.0} and merged.zero_threshold == 1.0 and merged.zero_count == 2.0
+
+
+def test_sum_avg_count_and_scalar_arithmetic():
+    both = 'latency{job=~"api|web"}'
+    assert instant(f"sum({both})", 60) == {(): growing(5)}  # samples 4 + 1
+    assert instant(f"avg({both})", 60)[()] == growing(5).scale(0.5)
+    assert instant(f"count({both})", 60) == {(): 2.0}
+    assert instant("count(latency)", 60) == {(): 3.0}  # floats and histograms alike
+    assert instant(f"sum by (job) ({both})", 60) == {(("job", "api"),): growing(4), (("job", "web"),): growing(1)}
+    assert instant(f"{both} * 2", 60)[(("job", "api"),)] == growing(8)
+    assert instant(f"2 * {both}", 60)[(("job", "api"),)] == growing(8)
+    assert instant(f"{both} / 2", 60)[(("job", "api"),)] == growing(2)
+    assert instant(f"2 / {both}", 60) == {}
+
+
+def test_floats_and_histograms_in_one_sum_drop_the_element_with_a_warning():
+    value, warnings = evaluate("sum(latency)", 60)
+    assert not value.labels and warnings == ["sum: encountered a mix of histograms and floats: the element is left out"]
+    value, warnings = evaluate('sum by (job) (latency{job=~"api|batch"})', 60)
+    assert len(value.labels) == 2 and not warnings
+    _, warnings = evaluate("sum({__name__=~\"nhcb.*\"})", 30)
+    assert warnings == ["sum: histograms with different custom bucket bounds: the element is left out"]
+
+
+def test_range_queries_and_subqueries_over_histograms():
+    value, _ = evaluate('histogram_count(increase(latency{job="api"}[30s]))', start=30, end=120, step=30)
+    assert value.values.tolist() == [[12.0, 12.0, 12.0, 12.0]]
+    value, _ = evaluate('histogram_count(increase(latency{job="api"}[30s:15s]))', start=60, end=60)
+    assert value.values.tolist() == [[12.0]]
+
+
+def test_the_json_is_prometheus_2_42s():
+    histogram = h(8.0, 3.0, {1: 2.0, 2: 0.0, 3: 3.0}, negative={2: 2.0}, zero=1.0, schema=0)
+    vector = Vector([{"job": "x"}], np.zeros((1, 1)), np.zeros((1, 1), dtype=bool), None, np.array([[histogram]], dtype=object))
+    (item,) = orjson.loads(_encode_instant(vector, 5000, []))["data"]["result"]
+    assert item == {"metric": {"job": "x"}, "histogram": [5.0, {"count": "8", "sum": "3", "buckets": [
+        [1, "-4", "-2", "2"],  # negative (2, 4] as [-4, -2)
+        [3, "-0.001", "0.001", "1"],  # the zero bucket, closed
+        [0, "1", "2", "2"],
+        [0, "4", "8", "3"],  # the empty (2, 4] is left out
+    ]}]}
+    empty = h(0.0, 0.0)
+    assert orjson.loads(_encode_instant(vector._replace(histograms=np.array([[empty]], dtype=object)), 5000, []))["data"]["result"][0]["histogram"] == [5.0, {"count": "0", "sum": "0"}]
+    mixed = Vector(
+        [{"job": "x"}], np.array([[1.0, 0.0]]), np.array([[True, False]]), None, np.array([[None, histogram]], dtype=object)
+    )
+    (series,) = orjson.loads(_encode_matrix(mixed, np.array([1000, 2000], dtype=np.int64), []))["data"]["result"]
+    assert series["values"] == [[1.0, "1"]] and series["histograms"][0][0] == 2.0 and series["histograms"][0][1]["count"] == "8"
+    value, _ = evaluate('latency{job="web"}[30s]', 60)
+    (ranged,) = orjson.loads(_encode_instant(value, 60000, []))["data"]["result"]
+    assert [point[0] for point in ranged["histograms"]] == [30.0, 45.0, 60.0] and "values" not in ranged
+
+
+def test_set_operators_and_relabelling_keep_histograms():
+    api, web, batch = (("__name__", "latency"), ("job", "api")), (("__name__", "latency"), ("job", "web")), (("__name__", "latency"), ("job", "batch"))
+    assert instant('latency and on(job) latency{job=~"api|batch"}', 60) == {api: growing(4), batch: 1.0}
+    assert instant('latency unless on(job) latency{job=~"api|batch"}', 60) == {web: growing(1)}
+    assert instant('latency{job="api"} or latency', 60) == {api: growing(4), web: growing(1), batch: 1.0}
+    relabelled = instant('label_replace(latency{job="api"}, "team", "$1", "job", "(.*)")', 60)
+    assert relabelled == {(("__name__", "latency"), ("job", "api"), ("team", "api")): growing(4)}
+
+
+def test_absent_sees_histograms():
+    assert instant('absent(latency{job="api"})', 60) == {}
+    assert instant('absent_over_time(latency{job="api"}[1m])', 60) == {}
+    assert instant('absent(latency{job="none"})', 60) == {(("job", "none"),): 1.0}
