@@ -1,9 +1,12 @@
 """The services behind the HTTP handlers, on both stores: the Graphite tree walks and tag counts
 run with bounded concurrency; tagSeries and Prometheus metadata go through the ingest pipeline
 (validation, tenant limits, metadata written once); the pipeline marks pending work through its
-marker interface."""
+marker interface; the services import nothing of the HTTP layer, the config or the downsampler;
+carbon listeners open only with the ingest role."""
 
 import socket
+import subprocess
+import sys
 import urllib.parse
 
 import pytest
@@ -19,6 +22,7 @@ from gateway.metadata_cache import KnownSeries
 from gateway.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.query import QueryPlanner
 from gateway.store.contract import MetricMetadata
+from tests.gatewayproc import REPO
 
 READS = {
     "list_path_children", "list_tenant_tag_keys", "list_tenant_tag_values", "list_metric_names", "find_metrics_by_tag",
@@ -224,3 +228,18 @@ def test_without_the_ingest_role_no_carbon_listener_opens(start_gateway, tmp_pat
     assert bound(writer.graphite_port, socket.SOCK_STREAM)
     assert bound(writer.graphite_port, socket.SOCK_DGRAM)
     assert bound(writer.pickle_port, socket.SOCK_STREAM)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["gateway.ingest", "gateway.store.cassandra", "gateway.store.sqlite", "gateway.graphite.finder", "gateway.graphite.tagdb", "gateway.remote_read", "gateway.promql.service"],
+)
+def test_services_depend_on_no_http_config_or_downsampler(module):
+    """Dependencies point inwards: the pipeline marks pending work through PendingMarker, the
+    store drivers take plain values, the services know nothing of HTTP."""
+    check = (
+        f"import sys, {module}; print(sorted(n for n in sys.modules if n in ('gateway.config', 'gateway.service', 'gateway.cli')"
+        " or n.startswith(('gateway.downsample', 'gateway.http'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
