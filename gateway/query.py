@@ -13,7 +13,7 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 from gateway import metrics
 from gateway.metadata_cache import LRUMap
 from gateway.model import NAME_TAG, SeriesKey
-from gateway.read_path import READ_BATCH, ReadPath
+from gateway.read_path import ReadPath
 from gateway.samples import Samples
 from gateway.store import Store
 
@@ -100,25 +100,6 @@ class QueryPlanner:
         series = await self.select_series(tenant, metric_name, tag_filters)
         data = await self.reader.read(series, start_ms, end_ms)
         return [SeriesResult(tenant, s.metric_name, s.tags, d.samples) for s, d in zip(series, data)]
-
-    async def read_samples(
-        self, series: list[SeriesKey], start_ms: int, end_ms: int, budget: PointsBudget, what: str, granularity=None, aggregate: str | None = None, raw: bool = False
-    ) -> list[Samples]:
-        """The samples of each series, READ_BATCH series at a time, each batch's points spent from
-        ``budget`` before the next is read: one roll-up aggregate (avg by default) with a
-        granularity, the raw samples alone with ``raw``, else the read path's stitched samples."""
-        found: list[Samples] = []
-        for first in range(0, len(series), READ_BATCH):
-            part = series[first : first + READ_BATCH]
-            if granularity is not None:
-                data = [read for read, _ in await self.reader.read_rollup(part, granularity, aggregate or "avg", start_ms, end_ms)]
-            elif raw:
-                data = await self.reader.read_raw(part, start_ms, end_ms)
-            else:
-                data = [read.samples for read in await self.reader.read(part, start_ms, end_ms)]
-            budget.spend(sum(len(samples) for samples in data), what)
-            found.extend(data)
-        return found
 
     async def select_by_matchers(self, tenant: str, matchers, label_view) -> list[SeriesKey]:
         """Series whose labels, as ``label_view(metric, tags)`` shows them, satisfy every matcher.

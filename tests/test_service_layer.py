@@ -232,7 +232,7 @@ def test_without_the_ingest_role_no_carbon_listener_opens(start_gateway, tmp_pat
 
 @pytest.mark.parametrize(
     "module",
-    ["gateway.ingest", "gateway.store.cassandra", "gateway.store.sqlite", "gateway.graphite.finder", "gateway.graphite.tagdb", "gateway.remote_read", "gateway.promql.service"],
+    ["gateway.ingest", "gateway.store.cassandra", "gateway.store.sqlite", "gateway.graphite.finder", "gateway.graphite.tagdb"],
 )
 def test_services_depend_on_no_http_config_or_downsampler(module):
     """Dependencies point inwards: the pipeline marks pending work through PendingMarker, the

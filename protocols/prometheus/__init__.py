@@ -17,7 +17,7 @@ installed in a throwaway venv so it cannot change the project's protobuf:
 
 from .crc32c import crc32c
 from .errors import ProtocolError, RemoteReadError, RemoteWriteError
-from .names import prometheus_labels, prometheus_metric_name, sanitize_label_name
+from .names import prometheus_metric_name, sanitize_label_name
 from .read import (
     SAMPLES,
     SAMPLES_CONTENT_TYPE,
@@ -92,7 +92,6 @@ __all__ = [
     "iter_frames",
     "message_version",
     "negotiate_response_type",
-    "prometheus_labels",
     "prometheus_metric_name",
     "sanitize_label_name",
     "series_matches",
