@@ -25,8 +25,14 @@ from gateway.store.contract import MetricMetadata
 from tests.gatewayproc import REPO
 
 READS = {
-    "list_path_children", "list_tenant_tag_keys", "list_tenant_tag_values", "list_metric_names", "find_metrics_by_tag",
-    "find_series", "get_series", "list_tag_values",
+    "list_path_children",
+    "list_tenant_tag_keys",
+    "list_tenant_tag_values",
+    "list_metric_names",
+    "find_metrics_by_tag",
+    "find_series",
+    "get_series",
+    "list_tag_values",
 }
 
 
@@ -90,7 +96,9 @@ async def test_the_whole_tree_walk_reads_at_most_n_directories_at_once(store, te
 
 @pytest_twisted.ensureDeferred
 async def test_tag_values_are_counted_at_most_n_at_once(store, tenant):
-    series = [key(tenant, "cpu", {"host": f"h{i:02d}"}) for i in range(30)] + [key(tenant, "mem", {"host": f"h{i:02d}"}) for i in range(10)]
+    series = [key(tenant, "cpu", {"host": f"h{i:02d}"}) for i in range(30)] + [
+        key(tenant, "mem", {"host": f"h{i:02d}"}) for i in range(10)
+    ]
     await store.write_series(series)
     counted = CountedReads(store)
     tags = TagDB(counted, QueryPlanner(counted, 10_000), concurrency=4)
@@ -104,7 +112,11 @@ async def test_tag_values_are_counted_at_most_n_at_once(store, tenant):
 @pytest_twisted.ensureDeferred
 async def test_tag_series_registers_valid_series_and_names_the_rejects(store, tenant):
     pipeline = pipeline_on(store)
-    series = [(tenant, "reg.ok", {"dc": "eu"}), (tenant, "reg.wide", {"a": "1", "b": "2", "c": "3"}), (tenant, "reg.plain", {})]
+    series = [
+        (tenant, "reg.ok", {"dc": "eu"}),
+        (tenant, "reg.wide", {"a": "1", "b": "2", "c": "3"}),
+        (tenant, "reg.plain", {}),
+    ]
     accepted, rejected = await pipeline.register_series("graphite_tags", series)
     assert [graphite_path(k) for k in accepted] == ["reg.ok;dc=eu", "reg.plain"]
     assert [(r.index, r.field, r.reason) for r in rejected] == [(1, "tags", "too_many_tags")]
@@ -183,13 +195,21 @@ def form(**fields) -> bytes:
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
-def test_tag_multi_series_over_http_registers_the_good_paths_and_answers_400_for_the_others(start_gateway, backend_args, tenant):
+def test_tag_multi_series_over_http_registers_the_good_paths_and_answers_400_for_the_others(
+    start_gateway, backend_args, tenant
+):
     gateway = start_gateway(*backend_args, "--max-tags", "2")
     headers = {**FORM, "X-Scope-OrgID": tenant}
-    answer = gateway.post("/tags/tagMultiSeries", form(path=["http.ok;dc=eu", "http.wide;a=1;b=2;c=3", "http.bad;=x"]), headers=headers)
+    answer = gateway.post(
+        "/tags/tagMultiSeries", form(path=["http.ok;dc=eu", "http.wide;a=1;b=2;c=3", "http.bad;=x"]), headers=headers
+    )
     assert answer.status == 400, answer.body
     message = answer.json()["error"]
-    assert "2 of 3 paths rejected" in message and "'http.wide;a=1;b=2;c=3': tags:" in message and "'http.bad;=x'" in message
+    assert (
+        "2 of 3 paths rejected" in message
+        and "'http.wide;a=1;b=2;c=3': tags:" in message
+        and "'http.bad;=x'" in message
+    )
     assert gateway.get("/tags/findSeries?expr=dc%3Deu", headers=headers).json() == ["http.ok;dc=eu"]
     answer = gateway.post("/tags/tagSeries", form(path="http.one;b=2;a=1"), headers=headers)
     assert answer.status == 200 and answer.json() == "http.one;a=1;b=2"
@@ -201,7 +221,11 @@ def test_tag_series_over_http_is_refused_with_429_over_the_active_series_limit(s
     headers = {**FORM, "X-Scope-OrgID": tenant}
     paths = [f"limited;i={i}" for i in range(21)]
     refused = gateway.post("/tags/tagMultiSeries", form(path=paths), headers=headers)
-    assert refused.status == 429 and "active series" in refused.json()["error"] and int(refused.headers["Retry-After"]) >= 1
+    assert (
+        refused.status == 429
+        and "active series" in refused.json()["error"]
+        and int(refused.headers["Retry-After"]) >= 1
+    )
     assert gateway.post("/tags/tagMultiSeries", form(path=paths[:20]), headers=headers).status == 200
     assert len(gateway.get("/tags/findSeries?expr=i%21%3D&expr=name%3Dlimited", headers=headers).json()) == 20
 
@@ -232,7 +256,13 @@ def test_without_the_ingest_role_no_carbon_listener_opens(start_gateway, tmp_pat
 
 @pytest.mark.parametrize(
     "module",
-    ["gateway.ingest", "gateway.store.cassandra", "gateway.store.sqlite", "gateway.graphite.finder", "gateway.graphite.tagdb"],
+    [
+        "gateway.ingest",
+        "gateway.store.cassandra",
+        "gateway.store.sqlite",
+        "gateway.graphite.finder",
+        "gateway.graphite.tagdb",
+    ],
 )
 def test_services_depend_on_no_http_config_or_downsampler(module):
     """Dependencies point inwards: the pipeline marks pending work through PendingMarker, the

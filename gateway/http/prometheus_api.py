@@ -36,6 +36,13 @@ def _header(request: server.Request, name: bytes) -> str | None:
     return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
+def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
+    """The type/help/unit a remote write carries: v1 metadata requests, v2 per-series fields."""
+    rows = [MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata]
+    rows += [MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type]
+    return rows
+
+
 class PrometheusAPI:
     def __init__(
         self,
@@ -203,13 +210,6 @@ class PrometheusAPI:
                     frames = await threads.deferToThread(_series_frames, index, labels, found)
                 for frame in frames:
                     yield frame
-
-
-def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
-    """The type/help/unit a remote write carries: v1 metadata requests, v2 per-series fields."""
-    rows = [MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata]
-    rows += [MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type]
-    return rows
 
 
 def _series_frames(index: int, labels: dict[str, str], found) -> list[bytes]:
