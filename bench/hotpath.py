@@ -19,7 +19,7 @@ import time
 
 from twisted.internet import defer
 
-from gateway.downsample.pending import StorePending
+from gateway.downsample.pending import PendingMarks, StorePending
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries
 from gateway.model import NAME_TAG, Limits, Sample, now_ms
@@ -103,7 +103,7 @@ def run(pipeline: IngestPipeline, decode, bodies) -> None:
 def measure(decode, bodies, samples: int, profile: bool) -> tuple[float, float]:
     """µs of CPU per sample: first pass (new series), second pass (known series)."""
     store = DiscardingStore()
-    pending = StorePending(store, store.slot_width_ms, 60_000)
+    pending = PendingMarks(StorePending(store, store.slot_width_ms, 60_000), 64)
     pipeline = IngestPipeline(store, Limits(), KnownSeries(10_000_000), 1 << 40, pending=pending)
     started = time.process_time()
     run(pipeline, decode, bodies)

@@ -74,16 +74,17 @@ def _downsample(namespace: argparse.Namespace) -> int:
     _setup_logging(config.log_level)
     from twisted.internet import defer, task
 
-    from gateway.service import Gateway
+    from gateway.service import DownsampleRole, start_store
+    from gateway.store import open_store
 
     async def once(reactor):
-        gateway = Gateway(config)
-        await gateway.open_store()
+        store = open_store(config.store_url, config.layout)
+        role = DownsampleRole(config, store)
+        await start_store(config, store, role.pending)
         try:
-            done = await gateway.downsampler.run_once(config.owned_partitions, gateway.partition_lock)
-            print(f"rolled up {done} series-slots", flush=True)
+            print(f"rolled up {await role.run_once()} series-slots", flush=True)
         finally:
-            await gateway.store.close()
+            await store.close()
 
     task.react(lambda reactor: defer.ensureDeferred(once(reactor)))  # exits: 0, or 1 with the error logged
     return 0

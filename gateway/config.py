@@ -8,7 +8,6 @@ file wins over the defaults. docs/configuration.rst lists the same settings.
 import argparse
 import dataclasses
 import os
-import re
 import resource
 import tomllib
 from collections.abc import Callable
@@ -18,25 +17,9 @@ from pathlib import Path
 from gateway.model import InvalidSample, Limits, validate_tenant
 from gateway.downsample.partitions import parse_partitions
 from gateway.store.layout import Layout, parse_granularities
-from protocols.timespec import UNIT_MS
+from protocols.timespec import parse_duration
 
 RESERVED_DESCRIPTORS = 128  # open files kept free of client connections (--max-connections auto)
-
-_DURATION_RE = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-
-
-def parse_duration(text: str) -> int:
-    """``10m``, ``7d``, ``1h30m`` -> milliseconds."""
-    text = str(text).strip()
-    position, total = 0, 0
-    for match in _DURATION_RE.finditer(text):
-        if match.start() != position:
-            break
-        total += int(match.group(1)) * UNIT_MS[match.group(2)]
-        position = match.end()
-    if position != len(text) or not text:
-        raise ValueError(f"{text!r} is not a duration (e.g. 30s, 10m, 7d, 1h30m)")
-    return total
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
@@ -96,7 +79,7 @@ SETTINGS = [
     Setting("granularities", str, "5m:14d,1h:365d", "roll-up granularities with their retention, finest first"),
     Setting("exemplar-retention", parse_duration, "7d", "how long Prometheus exemplars are kept (by their timestamp)"),
     Setting("max-exemplars-per-series", _positive, "100", "exemplars kept per series and slot (--slot-width): the newest"),
-    Setting("roles", str, "ingest,query,downsample", "what this process does: any of ingest, query, downsample"),
+    Setting("roles", str, "ingest,query,downsample", "what this process does: any of ingest, query, downsample; the carbon listeners (--graphite, --graphite-udp, --pickle) open only with ingest"),
     Setting("downsample-partitions-count", _positive, "64", "partitions the series are hashed into for downsampling"),
     Setting("downsample-partitions", str, "", "partitions this replica rolls up, e.g. 0-15,40; empty: all (shared through Redis locks when --redis is given)"),
     Setting("downsample-delay", parse_duration, "5m", "a slot is rolled up once it ended and saw no sample for this long"),
@@ -235,14 +218,15 @@ class Config:
     def listeners(self) -> dict[str, tuple[str, int]]:
         """The sockets this configuration listens on, by setting name (``graphite-udp`` is UDP).
 
-        The carbon plaintext TCP listener needs the ingest role; UDP and pickle listen
-        whatever the roles (as ``Gateway.start`` always did).
+        The carbon listeners (plaintext TCP and UDP, pickle) only write, so they open only
+        with the ingest role; HTTP always opens (its routes check the roles one by one).
         """
+        ingest = "ingest" in self.role_set
         wanted = {
             "http": self.http,
-            "graphite": self.graphite if "ingest" in self.role_set else None,
-            "graphite-udp": self.graphite_udp,
-            "pickle": self.pickle,
+            "graphite": self.graphite if ingest else None,
+            "graphite-udp": self.graphite_udp if ingest else None,
+            "pickle": self.pickle if ingest else None,
         }
         return {name: address for name, address in wanted.items() if address is not None}
 

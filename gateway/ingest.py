@@ -6,22 +6,23 @@ metadata of new series and every data point. Invalid samples are rejected one by
 good samples beside them are still written.
 """
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from sys import intern
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from twisted.internet.defer import Deferred
 
 from gateway import metrics
 from gateway.limits import TenantLimits
-from gateway.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.metadata_cache import KnownSeries, RedisSeenSeries, SeenSeries
 from gateway.model import (
     ExemplarSample, HistogramSample, InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_point,
     validate_series, validate_timestamp,
 )
 from gateway.store import Store
-from gateway.downsample.partitions import partition_of
-from gateway.store.contract import ExemplarRow, HistogramRow, PendingSet, RawPoint
+from gateway.store.contract import ExemplarRow, HistogramRow, MetricMetadata, RawPoint
+
+METRIC_METADATA_REMEMBERED = 100_000
 
 
 class Rejected(NamedTuple):
@@ -38,6 +39,17 @@ class IngestResult(NamedTuple):
 
 class Overloaded(Exception):
     """More samples are in flight than the configured bound: the client should retry later."""
+
+
+class PendingMarker(Protocol):
+    """Where the pipeline marks the series-slots it wrote so that the downsampler rolls them up
+    (gateway.downsample.pending.PendingMarks); the pipeline knows nothing of partitions.
+    ``delay_ms``: how long after its last touch a slot counts as settled."""
+
+    delay_ms: int
+
+    def mark(self, series_slots: list[tuple[str, str, int]], now_ms: int) -> Awaitable[None]:
+        """Mark each (tenant, series-set hash, slot start ms) pending as of ``now_ms``."""
 
 
 def _compact(key: tuple) -> tuple:
@@ -67,9 +79,9 @@ class IngestPipeline:
         max_inflight_samples: int,
         shared_seen: RedisSeenSeries | None = None,
         clock=now_ms,
-        pending=None,
-        partitions: int = 64,
+        pending: PendingMarker | None = None,
         tenant_limits: TenantLimits | None = None,
+        max_metadata_length: int = 1024,
     ):
         self.store = store
         self.limits = limits
@@ -77,7 +89,8 @@ class IngestPipeline:
         self.known = known
         self.shared_seen = shared_seen
         self.pending = pending
-        self.partitions = partitions
+        self.max_metadata_length = max_metadata_length
+        self._metadata_seen = SeenSeries(METRIC_METADATA_REMEMBERED, level="prometheus_metadata")
         self._marked: dict[tuple[str, str, int], int] = {}  # (tenant, hash, slot) -> held open until (ms)
         self._swept_slot = 0
         self.max_inflight_samples = max_inflight_samples
@@ -189,6 +202,50 @@ class IngestPipeline:
             accepted.labels(protocol).inc(len(rows))
         return IngestResult(len(rows), rejected)
 
+    async def register_series(self, protocol: str, series: Sequence[tuple[str, str, dict[str, str]]]) -> tuple[list[SeriesKey], list[Rejected]]:
+        """Index (tenant, metric name, tags) series without data (Graphite's tagSeries) as their
+        first sample would: validated, counted against the tenant's active series, metadata
+        written once. Returns the keys of the accepted series in order, and the rejects with
+        their index in ``series``."""
+        rejected: list[Rejected] = []
+        accepted: list[SeriesKey] = []
+        fresh: dict[tuple, str] = {}
+        new_series: dict[tuple[str, str], SeriesKey] = {}
+        for index, (tenant, name, tags) in enumerate(series):
+            try:
+                validate_series(name, tags, self.limits)
+            except InvalidSample as error:
+                rejected.append(Rejected(index, error.field, error.problem, error.reason))
+                self.count_rejected(protocol, error.reason)
+                continue
+            key = _compact((tenant, name, (*tags.keys(), *tags.values())))
+            hash_ = self.known.get(key) or fresh.get(key)
+            if hash_ is None:
+                hash_ = fresh[key] = series_set_hash(series_set_text(name, tags))
+                new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
+            accepted.append(SeriesKey(tenant, hash_, name, tags))
+        if accepted:
+            if self.tenant_limits.enabled:
+                per_tenant: dict[str, set[str]] = {}
+                for key in accepted:
+                    per_tenant.setdefault(key.tenant, set()).add(key.series_set_hash)
+                self.tenant_limits.admit({tenant: (0, hashes) for tenant, hashes in per_tenant.items()})
+            if new_series:
+                await self._write_metadata(new_series)
+            self.known.add_all(fresh)
+        return accepted, rejected
+
+    async def ingest_metric_metadata(self, rows: Sequence[MetricMetadata]) -> None:
+        """Keep the type, help and unit of metrics, each change written once. A row longer than
+        ``max_metadata_length`` is skipped and counted (as Mimir does); the others are kept."""
+        kept = [row for row in rows if max(len(row.metric_name), len(row.help), len(row.unit)) <= self.max_metadata_length]
+        if len(kept) < len(rows):
+            metrics.PROMETHEUS_SKIPPED.labels("metadata_too_long").inc(len(rows) - len(kept))
+        fresh = {row: None for row in kept if row not in self._metadata_seen}
+        if fresh:
+            await metrics.observe_store("write_metric_metadata", self.store.write_metric_metadata(list(fresh)))
+            self._metadata_seen.add_all(fresh)
+
     async def _write(self, new_series: dict[tuple[str, str], SeriesKey], points: list[RawPoint]) -> None:
         if self.inflight_samples and self.inflight_samples + len(points) > self.max_inflight_samples:
             raise Overloaded(f"{self.inflight_samples} samples are already waiting for the store")
@@ -236,9 +293,8 @@ class IngestPipeline:
         keys = [key for key in keys if marked.get(key, 0) <= now]
         if not keys:
             return
-        items = [PendingSet(partition_of(tenant, hash_, self.partitions), slot, tenant, hash_) for tenant, hash_, slot in keys]
-        await self.pending.track(items, now)
-        metrics.DOWNSAMPLE_PENDING_MARKS.inc(len(items))
+        await self.pending.mark(keys, now)
+        metrics.DOWNSAMPLE_PENDING_MARKS.inc(len(keys))
         if len(marked) + len(keys) > self.known.max_entries or now // width != self._swept_slot:
             self._marked = marked = {key: until for key, until in marked.items() if until > now}
             self._swept_slot = now // width

@@ -26,10 +26,11 @@ from gateway.connections import Connections
 from gateway.http.auth import Credentials
 from gateway.http.native_api import NativeAPI
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
-from gateway.downsample.pending import RedisPartitionLock, RedisPending, StorePending, redis_namespace
+from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
 from gateway.graphite.storage_schemas import StorageSchemas
+from gateway.graphite.tagdb import TagDB
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
@@ -54,61 +55,47 @@ class Gateway:
         self.inherited = inherited or {}
         self.store = open_store(config.store_url, config.layout)
         self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
-        self.pending = pending_tracker(config, self.store)
+        self.downsample = DownsampleRole(config, self.store)
+        self.pending = self.downsample.pending
         self.pipeline = IngestPipeline(
             self.store,
             config.limits,
             KnownSeries(config.metadata_cache_size),
             config.max_inflight_samples,
             self.shared_seen,
-            pending=self.pending,
-            partitions=config.downsample_partitions_count,
+            pending=PendingMarks(self.pending, config.downsample_partitions_count),
             tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
+            max_metadata_length=config.max_metadata_length,
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         roles = config.role_set
         router = Router(roles, Credentials.from_file(config.auth_file) if config.auth_file else None)
         NativeAPI(self.store, self.pipeline, self.planner, config.max_points_per_query).register(router)
-        PrometheusAPI(
-            self.store,
-            self.pipeline,
-            self.planner,
-            config.max_decompressed_bytes,
-            config.max_samples_per_query,
-            config.max_metadata_length,
-        ).register(router)
+        PrometheusAPI(self.store, self.pipeline, self.planner, config.max_decompressed_bytes, config.max_samples_per_query).register(router)
         PromQLAPI(
             self.store, self.planner, config.query_max_samples, config.query_lookback_delta, config.query_timeout, config.max_future
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
-        GraphiteAPI(self.store, self.planner, Finder(self.store), config.limits, schemas, config.max_points_per_query).register(router)
+        GraphiteAPI(
+            self.pipeline, self.planner, Finder(self.store), TagDB(self.store, self.planner), schemas, config.max_points_per_query
+        ).register(router)
         OpsAPI(self.store).register(router)
         self.connections = Connections(config.connection_limit)
         self.site = Site(router, config.max_body_bytes, self.connections, _seconds(config.http_idle_timeout))
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
-        self.downsampler = Downsampler(self.store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(","))))
         self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
         self.downsample_stopped = defer.succeed(None)  # fires once the loop stopped and its last round ended
-        self.partition_lock = partition_lock(config, self.pending)
-
-    async def open_store(self) -> None:
-        """Connect the store, then prefix the Redis keys with its identity (redis_namespace)."""
-        await self.store.start()
-        if self.config.redis:
-            namespace = redis_namespace(await self.store.identity())
-            self.pending.use_namespace(namespace)
-            if self.shared_seen is not None:
-                self.shared_seen.namespace = namespace
 
     async def start(self) -> None:
-        await self.open_store()
+        await start_store(self.config, self.store, self.pending, self.shared_seen)
         if self.shared_seen is not None:
             self.shared_seen.start()
         config = self.config
         host, port = config.http
         if self.downsample_loop is not None:
             self.downsample_stopped = self.downsample_loop.start(config.downsample_interval / 1000, now=False)
+        listeners = config.listeners
         if "ingest" not in config.role_set:
             log.info("roles %s: no carbon listeners", config.roles)
         carbon_idle_s = _seconds(config.carbon_idle_timeout)
@@ -118,11 +105,11 @@ class Gateway:
             "graphite-udp": PlaintextDatagramProtocol(self.graphite, config.graphite_tenant, config.graphite_max_line_length),
             "pickle": PickleFactory(self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes, self.connections, carbon_idle_s),
         }
-        for name, address in config.listeners.items():
+        for name, address in listeners.items():
             self.ports.append(self._listen(name, address, handlers[name]))
         log.info(
             "tsgate %s: HTTP on %s:%d, graphite %s, graphite-udp %s, pickle %s, store %s, redis %s",
-            __version__, host, port, _address(config.graphite), _address(config.graphite_udp), _address(config.pickle),
+            __version__, host, port, _address(listeners.get("graphite")), _address(listeners.get("graphite-udp")), _address(listeners.get("pickle")),
             redact(config.store_url), redact(config.redis) or "none (in-memory cache only)",
         )
 
@@ -168,9 +155,34 @@ class Gateway:
     async def _downsample(self) -> None:
         """One round of the downsample role; a failed round is logged and retried next time."""
         try:
-            await self.downsampler.run_once(self.config.owned_partitions, self.partition_lock)
+            await self.downsample.run_once()
         except Exception as error:
             log.warning("downsample round failed (%s); retrying next round", error)
+
+
+class DownsampleRole:
+    """What the downsample role needs beside the store: the pending tracker, the downsampler and
+    the partition lock. ``tsgate downsample --once`` builds only this and the store."""
+
+    def __init__(self, config: Config, store):
+        self.partitions = config.owned_partitions
+        self.pending = pending_tracker(config, store)
+        self.downsampler = Downsampler(store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(","))))
+        self.partition_lock = partition_lock(config, self.pending)
+
+    async def run_once(self) -> int:
+        """One round over this replica's partitions; the number of series-slots rolled up."""
+        return await self.downsampler.run_once(self.partitions, self.partition_lock)
+
+
+async def start_store(config: Config, store, pending, shared_seen: RedisSeenSeries | None = None) -> None:
+    """Connect the store, then prefix the Redis keys with its identity (redis_namespace)."""
+    await store.start()
+    if config.redis:
+        namespace = redis_namespace(await store.identity())
+        pending.use_namespace(namespace)
+        if shared_seen is not None:
+            shared_seen.namespace = namespace
 
 
 def pending_tracker(config: Config, store):

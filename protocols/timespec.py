@@ -13,6 +13,7 @@ EPOCH_MS_THRESHOLD = 100_000_000_000
 
 UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000, "y": 31_536_000_000}
 _RELATIVE_RE = re.compile(r"(\d{1,18})(ms|s|m|h|d|w|y)-ago")  # 18 digits: int64, never Python's digit limit
+_DURATION_RE = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 
 
 class BadTime(ValueError):
@@ -52,6 +53,20 @@ def parse_time(text: str, now_ms: int) -> int:
         parsed = parsed.replace(tzinfo=datetime.timezone.utc)
     delta = parsed - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
     return delta // datetime.timedelta(milliseconds=1)
+
+
+def parse_duration(text: str) -> int:
+    """``10m``, ``7d``, ``1h30m`` -> milliseconds (settings and store URL options)."""
+    text = str(text).strip()
+    position, total = 0, 0
+    for match in _DURATION_RE.finditer(text):
+        if match.start() != position:
+            break
+        total += int(match.group(1)) * UNIT_MS[match.group(2)]
+        position = match.end()
+    if position != len(text) or not text:
+        raise ValueError(f"{text!r} is not a duration (e.g. 30s, 10m, 7d, 1h30m)")
+    return total
 
 
 def format_iso(timestamp_ms: int) -> str:

@@ -21,6 +21,7 @@ from typing import NamedTuple
 from twisted.internet import threads
 
 from gateway import metrics
+from gateway.downsample.partitions import partition_of
 from gateway.store import Store
 from gateway.store.contract import PendingSet
 
@@ -121,6 +122,20 @@ class RedisPending:
             await threads.deferToThread(self.client.delete, work.token)
         else:
             await self.fallback.done(work)
+
+
+class PendingMarks:
+    """The ingest pipeline's pending marker (gateway.ingest.PendingMarker): each written
+    series-slot goes to its partition's pending set in ``tracker`` (StorePending or RedisPending)."""
+
+    def __init__(self, tracker: "StorePending | RedisPending", partitions: int):
+        self.tracker = tracker
+        self.partitions = partitions
+        self.delay_ms = tracker.delay_ms
+
+    async def mark(self, series_slots: list[tuple[str, str, int]], now_ms: int) -> None:
+        items = [PendingSet(partition_of(tenant, hash_, self.partitions), slot, tenant, hash_) for tenant, hash_, slot in series_slots]
+        await self.tracker.track(items, now_ms)
 
 
 def redis_namespace(store_identity: str) -> str:

@@ -150,3 +150,19 @@ class Finder:
 
     async def leaves(self, tenant: str, query: str) -> list[str]:
         return [node.path for node in await self.find(tenant, query) if node.is_leaf]
+
+    async def all_leaves(self, tenant: str) -> list[str]:
+        """Every leaf path of the tenant, sorted: the whole tree, level by level, each level's
+        directories listed as concurrently as ``find`` lists them (at most ``concurrency``)."""
+        leaves, frontier = [], [""]
+        while frontier:
+            next_frontier = []
+            for parent, children in await self._children(tenant, frontier):
+                for child in children:
+                    path = _join(parent, child.name)
+                    if child.is_leaf:
+                        leaves.append(path)
+                    if child.is_branch:
+                        next_frontier.append(path)
+            frontier = next_frontier
+        return sorted(leaves)

@@ -5,6 +5,7 @@ Parameters come from the query string or a form body (Grafana POSTs /metrics/fin
 with ``application/x-www-form-urlencoded``). Shapes follow graphite-web 1.1.
 """
 
+import contextlib
 import datetime
 import json
 import time
@@ -19,15 +20,15 @@ from gateway.graphite.finder import Finder, TooManyNodes
 from gateway.graphite.functions import function_catalog
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant, require_arg
-from gateway.model import NAME_TAG, InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_sample
+from gateway.ingest import IngestPipeline
 from gateway.query import PointsBudget, QueryPlanner
-from gateway.store import Store
 from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
 from protocols.graphite.tags import parse_path
 from protocols.linear_regex import BadPattern
 
 DEFAULT_AUTOCOMPLETE_LIMIT = 100
+TAGS_PROTOCOL = "graphite_tags"  # the protocol label of tagSeries in the ingest metrics
 GRAPHITE_API_VERSION = "1.1.8"
 
 
@@ -92,14 +93,31 @@ def _expressions(request) -> list[str]:
     return args(request, "expr") or args(request, "expr[]")
 
 
+@contextlib.contextmanager
+def _bad_expressions():
+    """A tag expression that does not parse is the client's: a 400 naming it."""
+    try:
+        yield
+    except tagdb.BadTagExpression as error:
+        raise HTTPError(400, str(error), field="expr") from None
+
+
+MAX_REPORTED_REJECTS = 10
+
+
 class GraphiteAPI:
-    def __init__(self, store: Store, planner: QueryPlanner, finder: Finder, limits: Limits, schemas: StorageSchemas, max_points: int):
-        self.store = store
+    """The handlers decode parameters, call the Graphite services (Finder for the path tree,
+    TagDB for tags, the evaluator for render, the ingest pipeline for tagSeries) and encode."""
+
+    def __init__(
+        self, pipeline: IngestPipeline, planner: QueryPlanner, finder: Finder, tags: tagdb.TagDB, schemas: StorageSchemas, max_points: int
+    ):
+        self.pipeline = pipeline
         self.max_points = max_points
         self.schemas = schemas
-        self.limits = limits
         self.planner = planner
         self.finder = finder
+        self.tags = tags
 
     def register(self, router: Router) -> None:
         both = ("GET", "POST")
@@ -225,112 +243,58 @@ class GraphiteAPI:
 
     async def index(self, request):
         """Every leaf path of the tenant (walks the whole tree: an operator's tool, as in Graphite)."""
-        tenant = request_tenant(request)
-        leaves, frontier = [], [""]
-        while frontier:
-            next_frontier = []
-            for parent in frontier:
-                for child in await self.store.list_path_children(tenant, parent):
-                    path = f"{parent}.{child.name}" if parent else child.name
-                    if child.is_leaf:
-                        leaves.append(path)
-                    if child.is_branch:
-                        next_frontier.append(path)
-            frontier = next_frontier
-        return _jsonp(request, sorted(leaves))
-
-    async def _tag_series_paths(self, tenant: str, expressions: list[str]) -> list[SeriesKey]:
-        try:
-            return await tagdb.find_series(self.planner, tenant, expressions)
-        except tagdb.BadTagExpression as error:
-            raise HTTPError(400, str(error), field="expr") from None
+        return _jsonp(request, await self.finder.all_leaves(request_tenant(request)))
 
     async def find_series(self, request):
         tenant = request_tenant(request)
         expressions = _expressions(request)
         if not expressions:
             raise HTTPError(400, "no tag expressions specified", field="expr")
-        return _jsonp(request, [tagdb.graphite_path(s) for s in await self._tag_series_paths(tenant, expressions)])
+        with _bad_expressions():
+            found = await self.tags.find_series(tenant, expressions)
+        return _jsonp(request, [tagdb.graphite_path(s) for s in found])
 
     async def tag_list(self, request):
-        tenant = request_tenant(request)
-        keys = await self._tag_keys(tenant)
-        pattern = _filter(request)
-        if pattern:
-            keys = [k for k in keys if pattern.matches(k)]
+        keys = await self.tags.tag_keys(request_tenant(request), _filter(request))
         return _jsonp(request, [{"tag": key} for key in keys[: _limit(request) if arg(request, "limit") else None]])
 
-    async def _tag_keys(self, tenant: str) -> list[str]:
-        return sorted({"name", *await self.store.list_tenant_tag_keys(tenant)})
-
-    async def _tag_values(self, tenant: str, tag: str) -> list[str]:
-        if tag == "name":
-            return await self.store.list_metric_names(tenant)
-        return await self.store.list_tenant_tag_values(tenant, tag)
-
     async def tag_details(self, request, tag: str):
-        tenant = request_tenant(request)
-        values = await self._tag_values(tenant, tag)
-        pattern = _filter(request)
-        if pattern:
-            values = [v for v in values if pattern.matches(v)]
-        counted = []
-        for value in values:
-            if tag == "name":
-                count = len(await self.store.find_series(tenant, value, NAME_TAG, value))
-            else:
-                count = len(await self._tag_series_paths(tenant, [f"{tag}={value}"]))
-            counted.append({"value": value, "count": count})
-        return _jsonp(request, {"tag": tag, "values": counted})
+        counted = await self.tags.value_counts(request_tenant(request), tag, _filter(request))
+        return _jsonp(request, {"tag": tag, "values": [{"value": value, "count": count} for value, count in counted]})
 
     async def autocomplete_tags(self, request):
         tenant = request_tenant(request)
-        prefix = arg(request, "tagPrefix") or ""
-        limit = _limit(request)
-        expressions = _expressions(request)
-        if not expressions:
-            keys = await self._tag_keys(tenant)
-        else:
-            try:
-                searched = {tagdb.parse_expression(e).name for e in expressions}
-            except tagdb.BadTagExpression as error:
-                raise HTTPError(400, str(error), field="expr") from None
-            keys = set()
-            for series in await self._tag_series_paths(tenant, expressions):
-                keys.update(tagdb.graphite_labels(series.metric_name, series.tags))
-            keys = sorted("name" if k == NAME_TAG else k for k in keys if k not in searched)
-        return _jsonp(request, [k for k in keys if k.startswith(prefix)][:limit])
+        with _bad_expressions():
+            keys = await self.tags.autocomplete_tags(tenant, _expressions(request), arg(request, "tagPrefix") or "", _limit(request))
+        return _jsonp(request, keys)
 
     async def autocomplete_values(self, request):
         tenant = request_tenant(request)
         tag = require_arg(request, "tag")
-        prefix = arg(request, "valuePrefix") or ""
-        limit = _limit(request)
-        expressions = _expressions(request)
-        if not expressions:
-            values = await self._tag_values(tenant, tag)
-        else:
-            key = NAME_TAG if tag == "name" else tag
-            series = await self._tag_series_paths(tenant, [*expressions, f"{tag}!="])
-            values = sorted({tagdb.graphite_labels(s.metric_name, s.tags)[key] for s in series})
-        return _jsonp(request, [v for v in values if v.startswith(prefix)][:limit])
+        with _bad_expressions():
+            values = await self.tags.autocomplete_values(tenant, tag, _expressions(request), arg(request, "valuePrefix") or "", _limit(request))
+        return _jsonp(request, values)
 
     async def _register(self, tenant: str, paths: list[str]) -> list[str]:
-        """Index series without data (Graphite's tagSeries), answering their canonical paths."""
-        keys, canonical = [], []
-        now = now_ms()
-        for path in paths:
+        """Index series without data (Graphite's tagSeries) through the ingest pipeline, as a
+        first sample would be; their canonical paths. A 400 names the rejected paths (the good
+        ones beside them are registered)."""
+        series, positions, rejects = [], [], []
+        for index, path in enumerate(paths):
             try:
                 name, tags = parse_path(path)
-                validate_sample(Sample(tenant, name, tags, now, 0.0), self.limits, now)
             except InvalidInput as error:
-                raise HTTPError(400, f"{path!r}: {error.detail}", field="path") from None
-            except InvalidSample as error:
-                raise HTTPError(400, f"{path!r}: {error}", field="path") from None
-            keys.append(SeriesKey(tenant, series_set_hash(series_set_text(name, tags)), name, tags))
-            canonical.append(tagdb.graphite_path(keys[-1]))
-        await self.store.write_series(keys)
-        return canonical
+                rejects.append((index, f"{path!r}: {error.detail}"))
+                continue
+            series.append((tenant, name, tags))
+            positions.append(index)
+        self.pipeline.count_rejected(TAGS_PROTOCOL, "bad_path", len(rejects))
+        accepted, rejected = await self.pipeline.register_series(TAGS_PROTOCOL, series)
+        rejects += [(positions[r.index], f"{paths[positions[r.index]]!r}: {r.field}: {r.problem}") for r in rejected]
+        if rejects:
+            listed = "; ".join(problem for _, problem in sorted(rejects)[:MAX_REPORTED_REJECTS])
+            raise HTTPError(400, f"{len(rejects)} of {len(paths)} paths rejected: {listed}; the others were registered", field="path")
+        return [tagdb.graphite_path(key) for key in accepted]
 
     async def tag_series(self, request):
         return _jsonp(request, (await self._register(request_tenant(request), [require_arg(request, "path")]))[0])

@@ -13,10 +13,8 @@ import logging
 from twisted.internet import threads
 from twisted.web import server
 
-from gateway import metrics
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import SeenSeries
 from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
 from gateway.read_path import clamp_range
 from gateway.query import QueryPlanner, QueryTooLarge
@@ -41,6 +39,13 @@ def _header(request: server.Request, name: bytes) -> str | None:
     return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
+def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
+    """The type/help/unit a remote write carries: v1 metadata requests, v2 per-series fields."""
+    rows = [MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata]
+    rows += [MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type]
+    return rows
+
+
 class PrometheusAPI:
     def __init__(
         self,
@@ -49,15 +54,12 @@ class PrometheusAPI:
         planner: QueryPlanner,
         max_decompressed_bytes: int,
         max_samples_per_query: int,
-        max_metadata_length: int = 1024,
     ):
         self.store = store
         self.pipeline = pipeline
         self.planner = planner
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_samples_per_query = max_samples_per_query
-        self.max_metadata_length = max_metadata_length
-        self._metadata_seen = SeenSeries(100_000, level="prometheus_metadata")
 
     def register(self, router: Router) -> None:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
@@ -101,7 +103,7 @@ class PrometheusAPI:
                 histograms.extend(HistogramSample(tenant, name, tags, h.timestamp, h.data) for h in series.histograms)
             if series.exemplars:
                 exemplars.extend(ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars)
-        await self._write_metadata(tenant, batch)
+        await self.pipeline.ingest_metric_metadata(_metadata_rows(tenant, batch))
         result = await self.pipeline.ingest("prometheus", samples)
         native = await self.pipeline.ingest_histograms("prometheus", histograms)
         stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
@@ -117,25 +119,6 @@ class PrometheusAPI:
             message = f"{'; '.join(problems)}; the others were written"
             return Response(400, message.encode(), "text/plain; charset=utf-8", headers)
         return Response(204, b"", "text/plain; charset=utf-8", headers)
-
-    async def _write_metadata(self, tenant: str, batch) -> None:
-        """Keep type/help/unit (v1 metadata requests, v2 per-series fields), each change once;
-        metadata longer than ``--max-metadata-length`` is skipped and counted (as Mimir does),
-        the samples beside it are written."""
-        rows = [MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata]
-        rows += [
-            MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit)
-            for s in batch.series
-            if s.metric_type
-        ]
-        limit = self.max_metadata_length
-        kept = [row for row in rows if max(len(row.metric_name), len(row.help), len(row.unit)) <= limit]
-        if len(kept) < len(rows):
-            metrics.PROMETHEUS_SKIPPED.labels("metadata_too_long").inc(len(rows) - len(kept))
-        fresh = {row: None for row in kept if row not in self._metadata_seen}
-        if fresh:
-            await metrics.observe_store("write_metric_metadata", self.store.write_metric_metadata(list(fresh)))
-            self._metadata_seen.add_all(fresh)
 
     async def read(self, request):
         tenant = request_tenant(request)

@@ -28,7 +28,6 @@ from prometheus_client import Counter
 from twisted.internet import defer, threads
 
 from gateway import samples
-from gateway.config import parse_duration
 from gateway.metadata_cache import LRUMap
 from gateway.model import SeriesKey
 from gateway.samples import Samples
@@ -40,6 +39,7 @@ from gateway.store.contract import (
 )
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
+from protocols.timespec import parse_duration
 
 log = logging.getLogger(__name__)
 
