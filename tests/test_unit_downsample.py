@@ -9,7 +9,7 @@ import pytest_twisted
 from twisted.internet.defer import ensureDeferred, gatherResults
 
 from gateway.downsample.partitions import partition_of
-from gateway.downsample.pending import RedisPartitionLock, RedisPending, StorePending
+from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending
 from gateway.downsample.processor import Downsampler
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries
@@ -25,7 +25,7 @@ POINTS = 6
 async def write_a_past_slot(store, pending, tenant: str) -> int:
     """SERIES series of POINTS points each in the slot two hours ago; the slot's start."""
     slot = (now_ms() // HOUR_MS - 2) * HOUR_MS
-    pipeline = IngestPipeline(store, Limits(), KnownSeries(1000), 1_000_000, pending=pending, partitions=PARTITIONS)
+    pipeline = IngestPipeline(store, Limits(), KnownSeries(1000), 1_000_000, pending=PendingMarks(pending, PARTITIONS))
     batch = [
         Sample(tenant, "shared_load", {"i": str(i)}, slot + p * 600_000, float(p))
         for i in range(SERIES)

@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from gateway.downsample.pending import StorePending
+from gateway.downsample.pending import PendingMarks, StorePending
 from gateway.graphite.listeners import GraphiteIngest, PlaintextDatagramProtocol
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
@@ -27,7 +27,7 @@ def samples(tenant: str, name: str, count: int, start: int = 0) -> list[Sample]:
 
 
 def pipeline_on(store, max_inflight: int = 1_000_000, tenant_limits=None) -> IngestPipeline:
-    pending = StorePending(store, store.slot_width_ms, 0)
+    pending = PendingMarks(StorePending(store, store.slot_width_ms, 0), 64)
     return IngestPipeline(
         store, Limits(), KnownSeries(1000), max_inflight, pending=pending, tenant_limits=tenant_limits
     )

@@ -8,7 +8,7 @@ import pytest_twisted
 from prometheus_client import REGISTRY
 from twisted.internet.defer import ensureDeferred
 
-from gateway.downsample.pending import StorePending
+from gateway.downsample.pending import PendingMarks, StorePending
 from gateway.ingest import IngestPipeline, Overloaded
 from gateway.limits import RateLimited, TenantLimits
 from gateway.metadata_cache import KnownSeries
@@ -32,7 +32,7 @@ def pipeline_on(store, clock, max_inflight: int = 1_000_000, tenant_limits=None)
         KnownSeries(1000),
         max_inflight,
         clock=clock,
-        pending=StorePending(store, store.slot_width_ms, DELAY),
+        pending=PendingMarks(StorePending(store, store.slot_width_ms, DELAY), 64),
         tenant_limits=tenant_limits,
     )
 
