@@ -144,7 +144,7 @@ class PrometheusAPI:
             raise HTTPError(error.status, error.message) from None
         selections = [await self._select(tenant, query) for query in read_request.queries]
         histograms = [
-            await self._attached(self.store.read_histograms, tenant, selection, query, lambda row: prometheus.Histogram(row.timestamp_ms, row.data))
+            await self._attached(self.planner.reader.read_histograms, tenant, selection, query, lambda row: prometheus.Histogram(row.timestamp_ms, row.data))
             for query, selection in zip(read_request.queries, selections)
         ]
         if sum(len(rows) for found in histograms for rows in found) > self.max_samples_per_query:

@@ -195,7 +195,7 @@ class PromQLAPI:
             start_ms, end_ms = clamp_range(low, high)
             for begin in range(0, len(keys), READ_BATCH):
                 part = keys[begin : begin + READ_BATCH]
-                rows = await self.store.read_histograms(tenant, [k.series_set_hash for k in part], start_ms, end_ms)
+                rows = await self.planner.reader.read_histograms(tenant, [k.series_set_hash for k in part], start_ms, end_ms)
                 for series, decoded in zip(part, await threads.deferToThread(_counts_and_sums, rows)):
                     if decoded is not None:
                         labels = prometheus_labels(series.metric_name, series.tags)

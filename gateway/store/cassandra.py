@@ -376,6 +376,14 @@ class CassandraStore(Store):
         }
         for granularity in self.layout.granularities:
             table, ttl_g = granularity.table, granularity.retention_ms // 1000
+            histogram_table = granularity.histogram_table
+            texts[f"write_{histogram_table}"] = (
+                f"INSERT INTO {ks}.{histogram_table} (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?) USING TTL {ttl_g}"
+            )
+            texts[f"read_{histogram_table}"] = (
+                f"SELECT series_set_hash, ts, data FROM {ks}.{histogram_table}"
+                " WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ? AND ts >= ? AND ts <= ?"
+            )
             texts[f"read_{table}"] = (
                 f"SELECT ts, {', '.join(ROLLUP_COLUMNS)} FROM {ks}.{table}"
                 " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
@@ -620,10 +628,11 @@ class CassandraStore(Store):
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
 
-    def _partition_requests(self, statement, tenant, hashes, start_ms, end_ms, *more):
+    def _partition_requests(self, statement, tenant, hashes, start_ms, end_ms, *more, width_ms: int | None = None):
         """Requests of up to PARTITIONS_PER_REQUEST series-slots of an inclusive range:
-        (tenant, hashes, slots, *more) for a statement whose partitions are series-slots."""
-        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
+        (tenant, hashes, slots, *more) for a statement whose partitions are series-slots
+        (slots ``width_ms`` wide, the slot width unless given)."""
+        slots = list(time_slots(start_ms, end_ms, width_ms or self.slot_width_ms))
         slot_chunk = max(1, min(len(slots), PARTITIONS_PER_REQUEST))
         series_chunk = max(1, PARTITIONS_PER_REQUEST // slot_chunk)
         return [
@@ -634,13 +643,26 @@ class CassandraStore(Store):
 
     def write_histograms(self, histograms):
         """Rows with the table's TTL (--raw-retention)."""
-        statement, width = self._statements["write_histogram"], self.slot_width_ms
+        return self._write_histogram_table(self._statements["write_histogram"], self.slot_width_ms, histograms)
+
+    def read_histograms(self, tenant, hashes, start_ms, end_ms):
+        return self._read_histogram_table(self._statements["read_histograms"], self.slot_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def write_histogram_rollups(self, granularity, rows):
+        """Rows with the granularity's TTL."""
+        return self._write_histogram_table(self._statements[f"write_{granularity.histogram_table}"], granularity.partition_width_ms, rows)
+
+    def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
+        statement = self._statements[f"read_{granularity.histogram_table}"]
+        return self._read_histogram_table(statement, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def _write_histogram_table(self, statement, width: int, histograms):
         requests = [(statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data)) for h in histograms]
         return self._execute_all(self._batched(requests))
 
-    def read_histograms(self, tenant, hashes, start_ms, end_ms):
+    def _read_histogram_table(self, statement, width: int, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
-        requests = self._partition_requests(self._statements["read_histograms"], tenant, hashes, start_ms, end_ms, start_ms, end_ms)
+        requests = self._partition_requests(statement, tenant, hashes, start_ms, end_ms, start_ms, end_ms, width_ms=width)
 
         def collect(pages):
             rows: dict[str, list[HistogramRow]] = {hash_: [] for hash_ in hashes}

@@ -196,6 +196,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         f"    AND default_time_to_live = {options.layout.exemplar_retention_ms // 1000}\n"
         "    AND gc_grace_seconds = 10800",
         *(_rollup_table(options, g) for g in options.layout.granularities),
+        *(_histogram_rollup_table(options, g) for g in options.layout.granularities),
     ]
 
 
@@ -225,6 +226,23 @@ def _rollup_table(options: SchemaOptions, granularity) -> str:
     )
 
 
+def _histogram_rollup_table(options: SchemaOptions, granularity) -> str:
+    window = compaction_window_ms(granularity.retention_ms, granularity.partition_width_ms)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {options.keyspace}.{granularity.histogram_table} (\n"
+        "    tenant text,\n"
+        "    series_set_hash text,\n"
+        "    time_slot bigint,\n"
+        "    ts bigint,\n"
+        "    data blob,\n"
+        "    PRIMARY KEY ((tenant, series_set_hash, time_slot), ts)\n"
+        ") WITH CLUSTERING ORDER BY (ts ASC)\n"
+        f"    AND compaction = {_twcs(window)}\n"
+        f"    AND default_time_to_live = {granularity.retention_ms // 1000}\n"
+        "    AND gc_grace_seconds = 10800"
+    )
+
+
 def upgrade_statements(options: SchemaOptions) -> list[str]:
     """Statements that bring existing tables to the current settings (safe to repeat)."""
     window = compaction_window_ms(options.raw_retention_ms, options.slot_width_ms)
@@ -245,11 +263,12 @@ def upgrade_statements(options: SchemaOptions) -> list[str]:
     ]
     for granularity in options.layout.granularities:
         window = compaction_window_ms(granularity.retention_ms, granularity.partition_width_ms)
-        statements.append(
-            f"ALTER TABLE {options.keyspace}.{granularity.table}\n"
-            f"    WITH compaction = {_twcs(window)}\n"
-            f"    AND default_time_to_live = {granularity.retention_ms // 1000}"
-        )
+        for table in (granularity.table, granularity.histogram_table):
+            statements.append(
+                f"ALTER TABLE {options.keyspace}.{table}\n"
+                f"    WITH compaction = {_twcs(window)}\n"
+                f"    AND default_time_to_live = {granularity.retention_ms // 1000}"
+            )
     return statements
 
 

@@ -29,7 +29,10 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          as it writes, Cassandra leaves them to their TTL).
 - ``histograms``         (tenant, hash, time_slot) -> (ts, data): Prometheus native histogram samples
                          of a series, each the bytes of its prometheus.Histogram message, kept the
-                         raw retention and never rolled up (docs/downsampling.rst).
+                         raw retention.
+- ``histograms_{granularity}`` (tenant, hash, time_slot) -> (ts, data): histogram roll-ups, one row
+                         an interval (ts its start) holding the histograms the interval keeps
+                         (gateway/downsample/histograms.py), with the granularity's TTL.
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
                          waiting for the downsampler when there is no Redis (seed 000).
 
@@ -278,9 +281,19 @@ class Store(abc.ABC):
         inclusive range, oldest first."""
 
     @abc.abstractmethod
+    def write_histogram_rollups(self, granularity: Granularity, rows: Sequence[HistogramRow]) -> Deferred:
+        """Upsert histogram roll-up rows (one per series and interval start; the last wins), kept
+        the granularity's retention; fire once the store has accepted all of them."""
+
+    @abc.abstractmethod
+    def read_histogram_rollups(self, granularity: Granularity, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Fire with one list of HistogramRow per series (in the order of ``hashes``) whose interval
+        starts are in an inclusive range, oldest first."""
+
+    @abc.abstractmethod
     def sweep(self, now_ms: int) -> Deferred:
-        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars, histograms); a no-op
-        where the store expires data by itself (Cassandra TTLs)."""
+        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars, histograms and their
+        roll-ups); a no-op where the store expires data by itself (Cassandra TTLs)."""
 
     @abc.abstractmethod
     def list_tenants(self) -> Deferred:

@@ -3,7 +3,7 @@
 The tables mirror the Cassandra ones column for column (see contract.py), with two differences
 that stand in for Cassandra's TTLs: sealing a slot deletes the head rows it sealed, in the same
 transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups, exemplars and
-histograms past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
+histograms (and their roll-ups) past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
 blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows). SQLite
 calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
 small pool of readers, each thread with its own connection.
@@ -34,7 +34,7 @@ from gateway.store.contract import (
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 ROLLUP_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -43,6 +43,17 @@ CREATE TABLE IF NOT EXISTS {table} (
     time_slot INTEGER NOT NULL,
     ts INTEGER NOT NULL,
     min REAL, max REAL, sum REAL, count INTEGER, last REAL, increase REAL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
+) WITHOUT ROWID;
+"""
+
+HISTOGRAM_ROLLUP_TABLE = """
+CREATE TABLE IF NOT EXISTS {table} (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    data BLOB NOT NULL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
 ) WITHOUT ROWID;
 """
@@ -445,17 +456,28 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def write_histograms(self, histograms):
-        width = self.slot_width_ms
-        rows = [(h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms]
-        return self._write(_transaction_of, "INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?)", rows)
+        return self._write_histogram_table("histograms", self.slot_width_ms, histograms)
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
+        return self._read_histogram_table("histograms", self.slot_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def write_histogram_rollups(self, granularity, rows):
+        return self._write_histogram_table(granularity.histogram_table, granularity.partition_width_ms, rows)
+
+    def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
+        return self._read_histogram_table(granularity.histogram_table, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def _write_histogram_table(self, table: str, width: int, histograms):
+        rows = [(h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms]
+        return self._write(_transaction_of, f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?)", rows)
+
+    def _read_histogram_table(self, table: str, width: int, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
         query = (
-            "SELECT ts, data FROM histograms WHERE tenant=? AND series_set_hash=?"
+            f"SELECT ts, data FROM {table} WHERE tenant=? AND series_set_hash=?"
             " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
         )
-        slots = (time_slot(start_ms, self.slot_width_ms), time_slot(end_ms, self.slot_width_ms))
+        slots = (time_slot(start_ms, width), time_slot(end_ms, width))
 
         def read(connection):
             return [
@@ -473,7 +495,10 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
     # Takes effect only on a new, empty file; an older file keeps its pages until VACUUM.
     connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.executescript(SCHEMA + "".join(ROLLUP_TABLE.format(table=g.table) for g in granularities))
+    connection.executescript(
+        SCHEMA
+        + "".join(ROLLUP_TABLE.format(table=g.table) + HISTOGRAM_ROLLUP_TABLE.format(table=g.histogram_table) for g in granularities)
+    )
     columns = {row[1] for row in connection.execute("PRAGMA table_info(metric_names)")}
     if "aggregators" not in columns:
         connection.execute("ALTER TABLE metric_names ADD COLUMN aggregators TEXT NOT NULL DEFAULT '[]'")
@@ -586,8 +611,8 @@ def _write_exemplars(connection, rows: list[tuple], keep: int) -> None:
 
 
 def _sweep(connection, layout: Layout, now_ms: int) -> None:
-    """Delete blocks, head rows and histograms older than the raw retention, and roll-ups and exemplars older
-    than theirs (by the samples' time), then return the freed pages to the file system."""
+    """Delete blocks, head rows and histograms older than the raw retention, and roll-ups (of samples and of
+    histograms) and exemplars older than theirs (by the samples' time), then return the freed pages to the file system."""
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
     statements = [
         ("DELETE FROM data_raw WHERE time_slot < ?", [(raw_before,)]),
@@ -596,7 +621,8 @@ def _sweep(connection, layout: Layout, now_ms: int) -> None:
         ("DELETE FROM exemplars WHERE ts < ?", [(now_ms - layout.exemplar_retention_ms,)]),
     ]
     for granularity in layout.granularities:
-        statements.append((f"DELETE FROM {granularity.table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
+        for table in (granularity.table, granularity.histogram_table):
+            statements.append((f"DELETE FROM {table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
     _transaction(connection, statements)
     # incremental_vacuum frees one page per step, and Python's sqlite3 steps a statement without
     # result columns once: so one statement per free page, all in one transaction.
