@@ -76,6 +76,7 @@ class Gateway:
             config.max_decompressed_bytes,
             config.max_samples_per_query,
             config.max_metadata_length,
+            config.created_timestamp_zero_ingestion,
         ).register(router)
         PromQLAPI(
             self.store, self.planner, config.query_max_samples, config.query_lookback_delta, config.query_timeout, config.max_future

@@ -11,7 +11,7 @@ from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
-from gateway.store.contract import ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
+from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
 from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_blocks, read_head
@@ -387,3 +387,18 @@ async def test_sqlite_sweep_deletes_histograms_past_the_raw_retention(tmp_path, 
         assert [r.timestamp_ms for r in rollups] == [20 * 86_400_000]
     finally:
         await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_created_timestamps_per_series_survive_a_metadata_rewrite(store, tenant):
+    """The latest created timestamp of each series; writing the series' metadata again (a cache
+    miss after a restart) leaves it, and series without one are left out."""
+    a, b = SeriesKey(tenant, "ha", "jobs_total", {"job": "a"}), SeriesKey(tenant, "hb", "jobs_total", {"job": "b"})
+    await store.write_series([a, b])
+    assert await store.get_created_timestamps(tenant, ["ha", "hb", "missing"]) == {}
+    await store.write_created_timestamps([CreatedTimestamp(tenant, "ha", 1000)])
+    await store.write_created_timestamps([CreatedTimestamp(tenant, "ha", 5000), CreatedTimestamp(tenant, "hb", 7)])
+    await store.write_series([a, b])
+    assert await store.get_created_timestamps(tenant, ["ha", "hb", "missing"]) == {"ha": 5000, "hb": 7}
+    assert await store.get_series(tenant, ["ha"]) == {"ha": a}
+    assert await store.get_created_timestamps(tenant + "-other", ["ha"]) == {}

@@ -14,6 +14,7 @@ from twisted.internet import threads
 from twisted.web import server
 
 from gateway import metrics
+from gateway.created import CreatedTimestamps
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import SeenSeries
@@ -47,6 +48,7 @@ class PrometheusAPI:
         max_decompressed_bytes: int,
         max_samples_per_query: int,
         max_metadata_length: int = 1024,
+        created_timestamp_zero_ingestion: bool = False,
     ):
         self.store = store
         self.pipeline = pipeline
@@ -55,6 +57,7 @@ class PrometheusAPI:
         self.max_samples_per_query = max_samples_per_query
         self.max_metadata_length = max_metadata_length
         self._metadata_seen = SeenSeries(100_000, level="prometheus_metadata")
+        self.created = CreatedTimestamps(store, planner.reader, created_timestamp_zero_ingestion)
 
     def register(self, router: Router) -> None:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
@@ -99,9 +102,11 @@ class PrometheusAPI:
             if series.exemplars:
                 exemplars.extend(ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars)
         await self._write_metadata(tenant, batch)
+        created = await self.created.new(tenant, batch.series)
         result = await self.pipeline.ingest("prometheus", samples)
         native = await self.pipeline.ingest_histograms("prometheus", histograms)
         stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
+        await self._write_created(tenant, created)
         headers = prometheus.v2_written_headers(batch, result.accepted, stored.accepted, native.accepted) if batch.version == 2 else {}
         parts = (("samples", result, samples), ("native histograms", native, histograms), ("exemplars", stored, exemplars))
         problems = [
@@ -114,6 +119,20 @@ class PrometheusAPI:
             message = f"{'; '.join(problems)}; the others were written"
             return Response(400, message.encode(), "text/plain; charset=utf-8", headers)
         return Response(204, b"", "text/plain; charset=utf-8", headers)
+
+    async def _write_created(self, tenant: str, created) -> None:
+        """New created timestamps, after the samples (so after their series' metadata), with the
+        zero samples of --created-timestamp-zero-ingestion; those add nothing to the counts the
+        answer gives, and a zero refused (its series was invalid, the 400 says so) is dropped."""
+        if not created:
+            return
+        now = self.pipeline.clock()
+        zero_samples, zero_histograms = await self.created.zeros(tenant, created, now - self.pipeline.limits.max_sample_age_ms)
+        if zero_samples:
+            await self.pipeline.ingest("prometheus", zero_samples)
+        if zero_histograms:
+            await self.pipeline.ingest_histograms("prometheus", zero_histograms)
+        await self.created.store_new(tenant, created)
 
     async def _write_metadata(self, tenant: str, batch) -> None:
         """Keep type/help/unit (v1 metadata requests, v2 per-series fields), each change once;

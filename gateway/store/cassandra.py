@@ -297,6 +297,15 @@ class CassandraStore(Store):
             }
             if existing and "aggregators" not in existing:
                 statements.append(f"ALTER TABLE {schema.keyspace}.metric_names ADD aggregators set<text>")
+            hash_columns = {
+                row.column_name
+                for row in session.execute(
+                    "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = 'series_set_hashes'",
+                    [schema.keyspace],
+                )
+            }
+            if hash_columns and "created_ms" not in hash_columns:
+                statements.append(f"ALTER TABLE {schema.keyspace}.series_set_hashes ADD created_ms bigint")
             statements += upgrade_statements(schema)
             tables = {
                 row.table_name
@@ -373,6 +382,8 @@ class CassandraStore(Store):
             "list_tag_values": f"SELECT tag_value FROM {ks}.tag_values WHERE tenant = ? AND metric_name = ? AND tag_key = ?",
             "find_series": f"SELECT series_set_hash FROM {ks}.series_sets WHERE tenant = ? AND metric_name = ? AND tag_key = ? AND tag_value = ?",
             "get_series": f"SELECT metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
+            "write_created": f"UPDATE {ks}.series_set_hashes SET created_ms = ? WHERE tenant = ? AND series_set_hash = ?",
+            "get_created": f"SELECT created_ms FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
         }
         for granularity in self.layout.granularities:
             table, ttl_g = granularity.table, granularity.retention_ms // 1000
@@ -738,6 +749,19 @@ class CassandraStore(Store):
         return self._execute(self._statements["find_series"], (tenant, metric_name, tag_key, tag_value)).addCallback(
             lambda rows: {r.series_set_hash for r in rows}
         )
+
+    def write_created_timestamps(self, rows):
+        statement = self._statements["write_created"]
+        return self._execute_all(self._batched([(statement, (r.created_ms, r.tenant, r.series_set_hash)) for r in rows]))
+
+    def get_created_timestamps(self, tenant, hashes: Iterable[str]):
+        hashes = list(hashes)
+        statement = self._statements["get_created"]
+
+        def collect(results):
+            return {h: rows[0][0] for h, rows in zip(hashes, results) if rows and rows[0][0] is not None}
+
+        return self._execute_all([(statement, (tenant, h)) for h in hashes], PLAIN_ROWS).addCallback(collect)
 
     def get_series(self, tenant, hashes: Iterable[str]):
         hashes = list(hashes)

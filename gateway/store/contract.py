@@ -4,7 +4,8 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
 
 - ``tenants``            every tenant that ever wrote
 - ``metric_names``       tenant -> metric names
-- ``series_set_hashes``  (tenant, hash) -> metric name + tags
+- ``series_set_hashes``  (tenant, hash) -> metric name + tags, and the series' latest created timestamp
+                         (remote write 2.0), a column of its own written apart
 - ``series_sets``        (tenant, metric, tag key, tag value) -> hashes; the intersection index.
                          Every series is also indexed under the pseudo tag ``__name__=<metric>``.
 - ``tag_keys``           (tenant, metric) -> tag keys
@@ -88,6 +89,14 @@ def exemplars_in_range(rows: Iterable[ExemplarRow], start_ms: int, end_ms: int) 
     """The rows in an inclusive range, oldest first (ties by labels), as read_exemplars returns them."""
     found = [row for row in rows if start_ms <= row.timestamp_ms <= end_ms]
     return sorted(found, key=lambda row: (row.timestamp_ms, exemplar_labels_text(row.labels)))
+
+
+class CreatedTimestamp(NamedTuple):
+    """When a series (a counter, a histogram) was created, as remote write 2.0 says."""
+
+    tenant: str
+    series_set_hash: str
+    created_ms: int
 
 
 class PathNode(NamedTuple):
@@ -314,6 +323,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def find_series(self, tenant: str, metric_name: str, tag_key: str, tag_value: str) -> Deferred:
         """Fire with the set of series-set hashes indexed under one tag pair (series_sets)."""
+
+    @abc.abstractmethod
+    def write_created_timestamps(self, rows: Sequence[CreatedTimestamp]) -> Deferred:
+        """Set the created timestamp of series whose metadata is written (the last write wins)."""
+
+    @abc.abstractmethod
+    def get_created_timestamps(self, tenant: str, hashes: Iterable[str]) -> Deferred:
+        """Fire with {hash: created_ms} for the hashes that have one."""
 
     @abc.abstractmethod
     def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:

@@ -81,6 +81,7 @@ CREATE TABLE IF NOT EXISTS series_set_hashes (
     series_set_hash TEXT NOT NULL,
     metric_name TEXT NOT NULL,
     tags TEXT NOT NULL,
+    created_ms INTEGER,
     PRIMARY KEY (tenant, series_set_hash)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS series_sets (
@@ -407,6 +408,13 @@ class SQLiteStore(Store):
     def get_series(self, tenant, hashes: Iterable[str]):
         return self._read(_get_series, tenant, list(hashes))
 
+    def write_created_timestamps(self, rows):
+        query = "UPDATE series_set_hashes SET created_ms=? WHERE tenant=? AND series_set_hash=?"
+        return self._write(_transaction_of, query, [(r.created_ms, r.tenant, r.series_set_hash) for r in rows])
+
+    def get_created_timestamps(self, tenant, hashes: Iterable[str]):
+        return self._read(_get_created, tenant, list(hashes))
+
     def read_raw(self, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
         if end_ms < start_ms:
@@ -502,6 +510,8 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
     columns = {row[1] for row in connection.execute("PRAGMA table_info(metric_names)")}
     if "aggregators" not in columns:
         connection.execute("ALTER TABLE metric_names ADD COLUMN aggregators TEXT NOT NULL DEFAULT '[]'")
+    if "created_ms" not in {row[1] for row in connection.execute("PRAGMA table_info(series_set_hashes)")}:
+        connection.execute("ALTER TABLE series_set_hashes ADD COLUMN created_ms INTEGER")
     connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
@@ -528,7 +538,8 @@ def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> No
             ("INSERT OR IGNORE INTO tenants VALUES (?)", rows.tenants),
             ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", rows.metric_names),
             (
-                "INSERT OR REPLACE INTO series_set_hashes VALUES (?, ?, ?, ?)",
+                "INSERT INTO series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT DO UPDATE SET metric_name = excluded.metric_name, tags = excluded.tags",
                 [(tenant, hash_, name, json.dumps(tags, sort_keys=True)) for tenant, hash_, name, tags in rows.series_set_hashes],
             ),
             ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", rows.series_sets),
@@ -550,18 +561,24 @@ def _transaction_of(connection: sqlite3.Connection, query: str, rows: list[tuple
     _transaction(connection, [(query, rows)])
 
 
-def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, SeriesKey]:
-    found = {}
+def _series_rows(connection: sqlite3.Connection, columns: str, tenant: str, hashes: list[str]):
+    """(series_set_hash, *columns) of the series_set_hashes rows of the hashes, 500 a query."""
     for start in range(0, len(hashes), 500):
         chunk = hashes[start : start + 500]
         marks = ",".join("?" * len(chunk))
-        query = (
-            "SELECT series_set_hash, metric_name, tags FROM series_set_hashes"
-            f" WHERE tenant=? AND series_set_hash IN ({marks})"
-        )
-        for series_set_hash, metric_name, tags in connection.execute(query, (tenant, *chunk)):
-            found[series_set_hash] = SeriesKey(tenant, series_set_hash, metric_name, json.loads(tags))
-    return found
+        query = f"SELECT series_set_hash, {columns} FROM series_set_hashes WHERE tenant=? AND series_set_hash IN ({marks})"
+        yield from connection.execute(query, (tenant, *chunk))
+
+
+def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, SeriesKey]:
+    return {
+        series_set_hash: SeriesKey(tenant, series_set_hash, metric_name, json.loads(tags))
+        for series_set_hash, metric_name, tags in _series_rows(connection, "metric_name, tags", tenant, hashes)
+    }
+
+
+def _get_created(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, int]:
+    return {series_set_hash: created for series_set_hash, created in _series_rows(connection, "created_ms", tenant, hashes) if created is not None}
 
 
 def _read_raw(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> RawData:
