@@ -288,24 +288,17 @@ class CassandraStore(Store):
         try:
             schema = self.options.schema
             statements = [keyspace_statement(schema), *table_statements(schema)]
-            existing = {
-                row.column_name
-                for row in session.execute(
-                    "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = 'metric_names'",
-                    [schema.keyspace],
-                )
-            }
-            if existing and "aggregators" not in existing:
-                statements.append(f"ALTER TABLE {schema.keyspace}.metric_names ADD aggregators set<text>")
-            hash_columns = {
-                row.column_name
-                for row in session.execute(
-                    "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = 'series_set_hashes'",
-                    [schema.keyspace],
-                )
-            }
-            if hash_columns and "created_ms" not in hash_columns:
-                statements.append(f"ALTER TABLE {schema.keyspace}.series_set_hashes ADD created_ms bigint")
+            # Columns added since the first release (ALTER TABLE ... ADD fails where the column exists).
+            for table, column, cql_type in (("metric_names", "aggregators", "set<text>"), ("series_set_hashes", "created_ms", "bigint")):
+                existing = {
+                    row.column_name
+                    for row in session.execute(
+                        "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s",
+                        [schema.keyspace, table],
+                    )
+                }
+                if existing and column not in existing:
+                    statements.append(f"ALTER TABLE {schema.keyspace}.{table} ADD {column} {cql_type}")
             statements += upgrade_statements(schema)
             tables = {
                 row.table_name

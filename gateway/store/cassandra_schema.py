@@ -173,17 +173,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         f"    AND compaction = {_twcs(window)}\n"
         f"    AND default_time_to_live = {ttl_s}\n"
         "    AND gc_grace_seconds = 10800",
-        f"CREATE TABLE IF NOT EXISTS {ks}.histograms (\n"
-        "    tenant text,\n"
-        "    series_set_hash text,\n"
-        "    time_slot bigint,\n"
-        "    ts bigint,\n"
-        "    data blob,\n"
-        "    PRIMARY KEY ((tenant, series_set_hash, time_slot), ts)\n"
-        ") WITH CLUSTERING ORDER BY (ts ASC)\n"
-        f"    AND compaction = {_twcs(window)}\n"
-        f"    AND default_time_to_live = {ttl_s}\n"
-        "    AND gc_grace_seconds = 10800",
+        _histogram_table(ks, "histograms", window, ttl_s),
         f"CREATE TABLE IF NOT EXISTS {ks}.exemplars (\n"
         "    tenant text,\n"
         "    series_set_hash text,\n"
@@ -227,10 +217,11 @@ def _rollup_table(options: SchemaOptions, granularity) -> str:
     )
 
 
-def _histogram_rollup_table(options: SchemaOptions, granularity) -> str:
-    window = compaction_window_ms(granularity.retention_ms, granularity.partition_width_ms)
+def _histogram_table(keyspace: str, table: str, window_ms: int, ttl_s: int) -> str:
+    """Native histograms (``histograms``) and their roll-ups (``histograms_5m``...): one row a
+    timestamp, or an interval's start, holding protobuf bytes."""
     return (
-        f"CREATE TABLE IF NOT EXISTS {options.keyspace}.{granularity.histogram_table} (\n"
+        f"CREATE TABLE IF NOT EXISTS {keyspace}.{table} (\n"
         "    tenant text,\n"
         "    series_set_hash text,\n"
         "    time_slot bigint,\n"
@@ -238,10 +229,15 @@ def _histogram_rollup_table(options: SchemaOptions, granularity) -> str:
         "    data blob,\n"
         "    PRIMARY KEY ((tenant, series_set_hash, time_slot), ts)\n"
         ") WITH CLUSTERING ORDER BY (ts ASC)\n"
-        f"    AND compaction = {_twcs(window)}\n"
-        f"    AND default_time_to_live = {granularity.retention_ms // 1000}\n"
+        f"    AND compaction = {_twcs(window_ms)}\n"
+        f"    AND default_time_to_live = {ttl_s}\n"
         "    AND gc_grace_seconds = 10800"
     )
+
+
+def _histogram_rollup_table(options: SchemaOptions, granularity) -> str:
+    window = compaction_window_ms(granularity.retention_ms, granularity.partition_width_ms)
+    return _histogram_table(options.keyspace, granularity.histogram_table, window, granularity.retention_ms // 1000)
 
 
 def upgrade_statements(options: SchemaOptions) -> list[str]:

@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS {table} (
 ) WITHOUT ROWID;
 """
 
-HISTOGRAM_ROLLUP_TABLE = """
+# Native histograms (``histograms``) and their roll-ups (``histograms_5m``...).
+HISTOGRAM_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
     tenant TEXT NOT NULL,
     series_set_hash TEXT NOT NULL,
@@ -155,14 +156,6 @@ CREATE TABLE IF NOT EXISTS exemplars (
     labels TEXT NOT NULL,
     value REAL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts, labels)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS histograms (
-    tenant TEXT NOT NULL,
-    series_set_hash TEXT NOT NULL,
-    time_slot INTEGER NOT NULL,
-    ts INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS store_identity (
     id TEXT NOT NULL
@@ -505,7 +498,8 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
     connection.execute("PRAGMA journal_mode=WAL")
     connection.executescript(
         SCHEMA
-        + "".join(ROLLUP_TABLE.format(table=g.table) + HISTOGRAM_ROLLUP_TABLE.format(table=g.histogram_table) for g in granularities)
+        + HISTOGRAM_TABLE.format(table="histograms")
+        + "".join(ROLLUP_TABLE.format(table=g.table) + HISTOGRAM_TABLE.format(table=g.histogram_table) for g in granularities)
     )
     columns = {row[1] for row in connection.execute("PRAGMA table_info(metric_names)")}
     if "aggregators" not in columns:
