@@ -123,7 +123,9 @@ class PrometheusAPI:
     async def _write_created(self, tenant: str, created) -> None:
         """New created timestamps, after the samples (so after their series' metadata), with the
         zero samples of --created-timestamp-zero-ingestion; those add nothing to the counts the
-        answer gives, and a zero refused (its series was invalid, the 400 says so) is dropped."""
+        answer gives. Only of series the pipeline indexed: one whose every sample was refused has
+        no metadata row to hold its created timestamp."""
+        created = [(item, row) for item, row in created if self.pipeline.known.get(_series_cache_key(tenant, item))]
         if not created:
             return
         now = self.pipeline.clock()
@@ -250,6 +252,12 @@ class PrometheusAPI:
 
 def _series_frames(index: int, labels: dict[str, str], found) -> list[bytes]:
     return list(prometheus.encode_chunked_series_frames(index, labels, found.points()))
+
+
+def _series_cache_key(tenant: str, series) -> tuple:
+    """The key a remote-write series has in the pipeline's known-series cache (gateway/ingest.py)."""
+    tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
+    return tenant, series.labels[NAME_TAG], (*tags.keys(), *tags.values())
 
 
 def _label_key(labels: dict[str, str]) -> tuple:
