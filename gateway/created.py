@@ -13,13 +13,15 @@ from collections.abc import Sequence
 
 from gateway import metrics
 from gateway.metadata_cache import LRUMap
-from gateway.model import HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text
+from gateway.model import NAME_TAG, HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
 from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp
 from protocols.prometheus import Series, types_pb2
 
-NAME = "__name__"
+def name_and_tags(series: Series) -> tuple[str, dict[str, str]]:
+    """A remote-write series' metric name and tags (its labels but ``__name__``), as ingest has them."""
+    return series.labels[NAME_TAG], {key: value for key, value in series.labels.items() if key != NAME_TAG}
 
 
 def zero_histogram(data: bytes, created_ms: int) -> bytes:
@@ -49,8 +51,7 @@ class CreatedTimestamps:
         candidates = []
         for item in series:
             if item.created_timestamp and self._stored.get(self._key(tenant, item)) != item.created_timestamp:
-                tags = {k: v for k, v in item.labels.items() if k != NAME}
-                candidates.append((item, series_set_hash(series_set_text(item.labels[NAME], tags))))
+                candidates.append((item, series_set_hash(series_set_text(*name_and_tags(item)))))
         if not candidates:
             return []
         stored = await metrics.observe_store("get_created_timestamps", self.store.get_created_timestamps(tenant, [hash_ for _, hash_ in candidates]))
@@ -74,7 +75,7 @@ class CreatedTimestamps:
             times = [ts for ts, _ in item.samples] + [h.timestamp for h in item.histograms]
             if created < oldest_ms or not times or created >= min(times):
                 continue
-            name, tags = item.labels[NAME], {k: v for k, v in item.labels.items() if k != NAME}
+            name, tags = name_and_tags(item)
             if item.samples:
                 (found,) = await self.reader.read_raw([SeriesKey(tenant, row.series_set_hash, name, tags)], created, min(times) - 1)
                 if not len(found):

@@ -12,7 +12,8 @@ here and gets numpy arrays (gateway/samples.py); the edges convert to their own 
 
 So a range that starts past the raw retention still ends with the newest samples (Grafana's
 "Last 7 days" shows the current hour). Native histograms follow the same rule: before the
-boundary, the histograms the roll-up keeps (gateway/downsample/histograms.py). docs/storage.rst has the details.
+boundary, the histograms the roll-up keeps (gateway/downsample/histograms.py). docs/storage.rst
+has the details.
 """
 
 import math

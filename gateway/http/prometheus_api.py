@@ -14,7 +14,7 @@ from twisted.internet import threads
 from twisted.web import server
 
 from gateway import metrics
-from gateway.created import CreatedTimestamps
+from gateway.created import CreatedTimestamps, name_and_tags
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import SeenSeries
@@ -94,8 +94,7 @@ class PrometheusAPI:
             raise HTTPError(error.status, error.message) from None
         samples, histograms, exemplars = [], [], []
         for series in batch.series:
-            tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
-            name = series.labels[NAME_TAG]
+            name, tags = name_and_tags(series)
             samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
             if series.histograms:
                 histograms.extend(HistogramSample(tenant, name, tags, h.timestamp, h.data) for h in series.histograms)
@@ -256,8 +255,8 @@ def _series_frames(index: int, labels: dict[str, str], found) -> list[bytes]:
 
 def _series_cache_key(tenant: str, series) -> tuple:
     """The key a remote-write series has in the pipeline's known-series cache (gateway/ingest.py)."""
-    tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
-    return tenant, series.labels[NAME_TAG], (*tags.keys(), *tags.values())
+    name, tags = name_and_tags(series)
+    return tenant, name, (*tags.keys(), *tags.values())
 
 
 def _label_key(labels: dict[str, str]) -> tuple:
