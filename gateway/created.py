@@ -19,6 +19,7 @@ from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp
 from protocols.prometheus import Series, types_pb2
 
+
 def name_and_tags(series: Series) -> tuple[str, dict[str, str]]:
     """A remote-write series' metric name and tags (its labels but ``__name__``), as ingest has them."""
     return series.labels[NAME_TAG], {key: value for key, value in series.labels.items() if key != NAME_TAG}

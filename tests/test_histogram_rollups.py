@@ -2,6 +2,7 @@
 keeps of a counter and of a gauge histogram, and counter reset detection as Prometheus's. The end
 to end test through `tsgate downsample --once` is in test_read_path_e2e.py."""
 
+import itertools
 import struct
 
 from gateway.downsample.histograms import decode_interval, encode_interval, is_counter_reset, kept_in_range, roll_up_histograms
@@ -30,7 +31,7 @@ def _kept(rows: list[HistogramRow]) -> list[tuple[int, int, int]]:
 def _increase(rows: list[HistogramRow], previous: HistogramRow | None = None) -> int:
     """increase() of the count as PromQL takes it: a reset starts again from zero."""
     messages = [types_pb2.Histogram.FromString(row.data) for row in ([previous] if previous else []) + rows]
-    return sum(b.count_int if is_counter_reset(a, b) else b.count_int - a.count_int for a, b in zip(messages, messages[1:]))
+    return sum(b.count_int if is_counter_reset(a, b) else b.count_int - a.count_int for a, b in itertools.pairwise(messages))
 
 
 def test_histogram_roll_up_keeps_the_last_and_the_one_before_each_reset():
