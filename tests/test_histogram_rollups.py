@@ -5,7 +5,13 @@ to end test through `tsgate downsample --once` is in test_read_path_e2e.py."""
 import itertools
 import struct
 
-from gateway.downsample.histograms import decode_interval, encode_interval, is_counter_reset, kept_in_range, roll_up_histograms
+from gateway.downsample.histograms import (
+    decode_interval,
+    encode_interval,
+    is_counter_reset,
+    kept_in_range,
+    roll_up_histograms,
+)
 from gateway.store.contract import HistogramRow
 from gateway.store.layout import Layout
 from protocols.prometheus import types_pb2
