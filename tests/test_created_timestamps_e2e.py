@@ -37,6 +37,13 @@ def test_created_timestamps_are_stored_and_shown_without_zero_samples(gateway, t
     assert write(gateway, tenant, [Series({"__name__": "jobs_total", "job": "a"}, [(t + 4000, 1.0)], created_timestamp=t + 3000)], version=2).status == 204
     a, _ = raw_query(gateway, tenant, "jobs_total", t - 1000, t + 5000)
     assert (a["createdTimestamp"], values(a)) == (t + 3000, [3.0, 5.0, 1.0])
+    # a series whose every sample is refused keeps no created timestamp, even once it is written
+    refused = {"__name__": "jobs_total", "job": "c"}
+    answer = write(gateway, tenant, [Series(refused, [(1000, 1.0)], created_timestamp=500)], version=2)
+    assert answer.status == 400 and b"older than the accepted window" in answer.body
+    assert write(gateway, tenant, [Series(refused, [(t + 1000, 2.0)])], version=2).status == 204
+    *_, c = raw_query(gateway, tenant, "jobs_total", t - 1000, t + 5000)
+    assert c["tags"] == {"job": "c"} and "createdTimestamp" not in c
 
 
 def test_zero_ingestion_writes_a_zero_at_each_new_created_timestamp(start_gateway, backend_args, tenant):
