@@ -53,6 +53,14 @@ def _non_negative(text) -> int:
     return value
 
 
+def _boolean(text) -> bool:
+    """``true``/``false`` (also yes/no, on/off, 1/0); the flag alone means true."""
+    value = str(text).strip().lower()
+    if value not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        raise ValueError(f"{text!r} must be true or false")
+    return value in ("true", "yes", "on", "1")
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str
@@ -108,6 +116,7 @@ SETTINGS = [
     Setting("max-tag-key-length", _positive, "1024", "longest tag key"),
     Setting("max-tag-value-length", _positive, "2048", "longest tag value"),
     Setting("max-tags", _positive, "64", "most tags per series"),
+    Setting("created-timestamp-zero-ingestion", _boolean, "false", "write a zero sample (or an empty histogram) at a remote-write 2.0 created timestamp not written before, as Prometheus 3's feature of that name, so rate() of a new counter counts its first samples"),
     Setting("max-metadata-length", _positive, "1024", "longest Prometheus metadata text (metric family name, help, unit); longer metadata is skipped and counted, its samples are written"),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
@@ -166,6 +175,7 @@ class Config:
     max_tag_key_length: int
     max_tag_value_length: int
     max_tags: int
+    created_timestamp_zero_ingestion: bool
     max_metadata_length: int
     max_sample_age: int
     max_future: int
@@ -255,7 +265,8 @@ class ConfigError(ValueError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
     for setting in SETTINGS:
-        parser.add_argument(f"--{setting.name}", default=None, help=f"{setting.help} (default {setting.default})")
+        flag = {"nargs": "?", "const": "true"} if setting.parse is _boolean else {}
+        parser.add_argument(f"--{setting.name}", default=None, help=f"{setting.help} (default {setting.default})", **flag)
 
 
 def _read_file(path: Path) -> dict[str, object]:

@@ -157,7 +157,8 @@ class IngestPipeline:
         )
 
     async def ingest_histograms(self, protocol: str, histograms: Sequence[HistogramSample]) -> IngestResult:
-        """Validate and store native histogram samples (their bytes were checked by the decoder)."""
+        """Validate and store native histogram samples (their bytes were checked by the decoder);
+        their series-slots are marked pending, as samples', for the downsampler to roll them up."""
         return await self._ingest_attached(
             protocol,
             histograms,
@@ -166,13 +167,15 @@ class IngestPipeline:
             self.store.write_histograms,
             metrics.HISTOGRAMS_ACCEPTED,
             metrics.HISTOGRAMS_REJECTED,
+            rolled_up=True,
         )
 
-    async def _ingest_attached(self, protocol, items, make_row, operation, write, accepted, rejected_metric) -> IngestResult:
+    async def _ingest_attached(self, protocol, items, make_row, operation, write, accepted, rejected_metric, rolled_up=False) -> IngestResult:
         """Store what belongs to a series but is not a float sample (exemplars, histograms) as
         samples are: the series checked, the timestamp in the accepted window, the series'
-        metadata written first; rejects carry their index. Called after ``ingest`` of the same
-        request, the series of its samples are known by then."""
+        metadata written first, the series-slots marked pending when ``rolled_up``; rejects carry
+        their index. Called after ``ingest`` of the same request, the series of its samples are
+        known by then."""
         rejected: list[Rejected] = []
         now = self.clock()
         oldest, newest = now - self.limits.max_sample_age_ms, now + self.limits.max_future_ms
@@ -198,6 +201,8 @@ class IngestPipeline:
             if new_series:
                 await self._write_metadata(new_series)
             await metrics.observe_store(operation, write(rows))
+            if rolled_up and self.pending is not None:
+                await self._mark_pending(rows)
             self.known.add_all(fresh)
             accepted.labels(protocol).inc(len(rows))
         return IngestResult(len(rows), rejected)
@@ -276,7 +281,7 @@ class IngestPipeline:
             if self.shared_seen is not None:
                 await self.shared_seen.mark(unseen)
 
-    async def _mark_pending(self, points: list[RawPoint]) -> None:
+    async def _mark_pending(self, points: Sequence[RawPoint | HistogramRow]) -> None:
         """Once per distinct series and slot of the batch, before the write is acknowledged, unless
         an earlier mark of this process still holds that slot open.
 

@@ -26,6 +26,7 @@ class SeriesResult(NamedTuple):
     metric_name: str
     tags: dict[str, str]
     samples: Samples
+    created_ms: int | None = None  # the series' created timestamp (remote write 2.0), when known
 
 
 class QueryTooLarge(ValueError):

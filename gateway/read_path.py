@@ -11,7 +11,9 @@ here and gets numpy arrays (gateway/samples.py); the edges convert to their own 
   retention's start rounded up to a bucket, so no bucket is counted twice.
 
 So a range that starts past the raw retention still ends with the newest samples (Grafana's
-"Last 7 days" shows the current hour). docs/storage.rst has the details.
+"Last 7 days" shows the current hour). Native histograms follow the same rule: before the
+boundary, the histograms the roll-up keeps (gateway/downsample/histograms.py). docs/storage.rst
+has the details.
 """
 
 import math
@@ -23,11 +25,12 @@ from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway import metrics, samples
+from gateway.downsample.histograms import kept_in_range
 from gateway.model import SeriesKey, now_ms
 from gateway.samples import Samples
 from gateway.store import Store
 from gateway.store.blocks import decode_block
-from gateway.store.contract import RawData, Rollup
+from gateway.store.contract import HistogramRow, RawData, Rollup, time_slot
 from gateway.store.layout import Granularity, Layout
 
 ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
@@ -103,11 +106,37 @@ class ReadPath:
         granularity = self.rollup_for(start_ms)
         if granularity is None:
             return [SeriesData(s, None) for s in await self.read_raw(series, start_ms, end_ms)]
-        width = granularity.width_ms
-        boundary = math.ceil((self.clock() - self.layout.raw_retention_ms) / width) * width
+        boundary = self._boundary(granularity)
         old = await self.read_rollup(series, granularity, aggregate, start_ms, min(end_ms, boundary - 1), fallback)
         new = await self.read_raw(series, boundary, end_ms) if end_ms >= boundary else [samples.empty()] * len(series)
         return [SeriesData(samples.merge([before, after]), used) for (before, used), after in zip(old, new)]
+
+    def _boundary(self, granularity: Granularity) -> int:
+        """Where raw data takes over from a roll-up: the raw retention's start rounded up to a bucket."""
+        width = granularity.width_ms
+        return math.ceil((self.clock() - self.layout.raw_retention_ms) / width) * width
+
+    async def read_histograms(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> list[list[HistogramRow]]:
+        """Each series' native histograms in the inclusive range, oldest first: stored ones within
+        the raw retention and, before it, those the roll-up covering the start keeps (the same
+        roll-up and boundary as ``read``; docs/downsampling.rst)."""
+        start_ms, end_ms = clamp_range(start_ms, end_ms)
+        granularity = self.rollup_for(start_ms)
+        if granularity is None:
+            return await self._limited("read_histograms", self.store.read_histograms, tenant, hashes, start_ms, end_ms)
+        boundary = self._boundary(granularity)
+        old_end = min(end_ms, boundary - 1)
+        old = [[] for _ in hashes]
+        if old_end >= start_ms:
+            intervals = await self._limited(
+                "read_histogram_rollups", self.store.read_histogram_rollups,
+                granularity, tenant, hashes, time_slot(start_ms, granularity.width_ms), old_end,
+            )
+            old = await threads.deferToThread(lambda: [kept_in_range(rows, start_ms, old_end) for rows in intervals])
+        if end_ms < boundary:
+            return old
+        new = await self._limited("read_histograms", self.store.read_histograms, tenant, hashes, boundary, end_ms)
+        return [before + after for before, after in zip(old, new)]
 
     async def read_raw(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[Samples]:
         """Blocks merged with head rows, the series of a tenant in one store call (bounded)."""

@@ -71,7 +71,14 @@ class Gateway:
         roles = config.role_set
         router = Router(roles, Credentials.from_file(config.auth_file) if config.auth_file else None)
         NativeAPI(self.store, self.pipeline, self.planner, config.max_points_per_query).register(router)
-        PrometheusAPI(self.store, self.pipeline, self.planner, config.max_decompressed_bytes, config.max_samples_per_query).register(router)
+        PrometheusAPI(
+            self.store,
+            self.pipeline,
+            self.planner,
+            config.max_decompressed_bytes,
+            config.max_samples_per_query,
+            config.created_timestamp_zero_ingestion,
+        ).register(router)
         PromQLAPI(
             self.store, self.planner, config.query_max_samples, config.query_lookback_delta, config.query_timeout, config.max_future
         ).register(router)

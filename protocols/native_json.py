@@ -205,12 +205,16 @@ SAMPLES_PER_CALL = 65536
 
 
 def encode_query_results(results) -> bytes:
-    """Seed 000's query answer: [{tenant, metricName, tags, values: {ISO time: value}}]. Each
-    result has tenant, metric_name, tags and samples (numpy timestamps in ms and float values).
+    """Seed 000's query answer: [{tenant, metricName, tags, values: {ISO time: value}}], with
+    createdTimestamp (ms) for a series whose created timestamp is known. Each result has tenant,
+    metric_name, tags, samples (numpy timestamps in ms and float values) and maybe created_ms.
     Encoded SAMPLES_PER_CALL samples at a time, the pieces joined as one json.dumps writes them."""
     documents = []
     for result in results:
-        head = encode_json({"tenant": result.tenant, "metricName": result.metric_name, "tags": result.tags})
+        fields = {"tenant": result.tenant, "metricName": result.metric_name, "tags": result.tags}
+        if getattr(result, "created_ms", None) is not None:
+            fields["createdTimestamp"] = result.created_ms
+        head = encode_json(fields)
         timestamps, values = result.samples
         pieces = [
             encode_json(dict(zip(iso_times(timestamps[first : first + SAMPLES_PER_CALL]),

@@ -63,10 +63,11 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
             applied = tsgate("schema", "apply", "--store", url)
             assert applied.returncode == 0, applied.stderr
         assert describe(session, "tsdb") == describe(session, "tsdb_applied")
-        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw", "data_blocks", "histograms", "exemplars", "pending_downsample_sets", "data_5m", "data_1h"}
+        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw", "data_blocks", "histograms", "exemplars", "pending_downsample_sets", "data_5m", "data_1h", "histograms_5m", "histograms_1h"}
         blocks = describe(session, "tsdb")["data_blocks"]
         assert blocks["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and blocks["ttl"] == 7 * 86400
         assert describe(session, "tsdb")["data_raw"]["ttl"] == 7 * 3600
+        assert describe(session, "tsdb")["histograms_1h"]["ttl"] == 365 * 86400
     finally:
         cluster.shutdown()
 

@@ -1211,3 +1211,22 @@ def test_empty_names_cannot_be_mapped():
         prometheus_metric_name("")
     with pytest.raises(ValueError):
         sanitize_label_name("")
+
+
+def test_v2_created_timestamps_of_a_series_or_its_samples():
+    """Prometheus 3.x sends TimeSeries.created_timestamp (6); later drafts carry it per sample
+    and histogram (start_timestamp): the series keeps the first, else the newest of the others."""
+    from protocols.prometheus import write_v2_pb2
+
+    request = write_v2_pb2.Request(symbols=["", "__name__", "a", "b"])
+    request.timeseries.add(labels_refs=[1, 2], created_timestamp=500).samples.add(value=1.0, timestamp=1000, start_timestamp=400)
+    per_sample = request.timeseries.add(labels_refs=[1, 3])
+    per_sample.samples.add(value=1.0, timestamp=1000, start_timestamp=300)
+    per_sample.samples.add(value=1.0, timestamp=2000, start_timestamp=1500)
+    request.timeseries.add(labels_refs=[1, 1]).histograms.add().MergeFromString(histogram(timestamp=900) + b"\x88\x01\xf4\x03")
+    request.timeseries.add(labels_refs=[1, 2]).samples.add(value=1.0, timestamp=1000)
+    batch = decode_v2(request.SerializeToString())
+    assert [s.created_timestamp for s in batch.series] == [500, 1500, 500, 0]
+    assert batch.series[2].histograms[0].data == histogram(timestamp=900)  # start_timestamp (17) is not kept in the bytes
+    again = decode_write_request(encode_write_request_v2(batch.series), V2, "snappy", LIMIT)
+    assert [s.created_timestamp for s in again.series] == [500, 1500, 500, 0]

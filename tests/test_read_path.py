@@ -120,7 +120,8 @@ async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite_
 
 
 def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_path):
-    """A file written before blocks existed (schema version 2, no data_blocks) opens, its rows
+    """A file written before blocks existed (schema version 2: no data_blocks, histogram tables
+    nor created_ms column) opens, its rows
     read back, and sealing turns them into a block without changing the answer."""
     import json
     import re
@@ -136,7 +137,7 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     data.mkdir()
     old = sqlite3.connect(data / "tsgate.db", isolation_level=None)
     old.execute("PRAGMA journal_mode=WAL")
-    old.executescript(re.sub(r"CREATE TABLE IF NOT EXISTS data_blocks \(.*?\);", "", SCHEMA, flags=re.S))
+    old.executescript(re.sub(r"CREATE TABLE IF NOT EXISTS data_blocks \(.*?\);|    created_ms INTEGER,\n", "", SCHEMA, flags=re.S))
     old.executescript("".join(ROLLUP_TABLE.format(table=t) for t in ("data_5m", "data_1h")) + "PRAGMA user_version=2;")
     series = key("old", "legacy_temp")
     slot = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS

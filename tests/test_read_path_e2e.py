@@ -1,7 +1,7 @@
 """The read path end to end on both stores, through real HTTP and `tsgate downsample --once`:
 every read API answers the same before and after sealing (NaN payloads, -0.0 and a counter reset
 at a slot boundary included), late samples are merged after their head rows expired, and a range
-that starts past the raw retention still ends with the newest samples."""
+that starts past the raw retention still ends with the newest samples (native histograms too)."""
 
 import json
 import struct
@@ -15,8 +15,10 @@ from gateway.model import series_set_hash, series_set_text
 from gateway.store.cassandra import parse_url
 from gateway.store.layout import HOUR_MS, Layout
 from protocols import prometheus
-from protocols.prometheus import Matcher, Query, Series
+from protocols.prometheus import Matcher, Query, Series, remote_pb2, types_pb2
 from tests.gatewayproc import downsample_once
+from tests.test_histograms_e2e import at, post_read
+from tests.test_prometheus_protocol import HISTOGRAM, histogram
 
 STALE = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
 SCHEMAS = "[all]\npattern = .*\nretentions = 10s:7d\n"
@@ -164,3 +166,37 @@ def test_a_range_past_raw_retention_ends_with_the_newest_samples(start_gateway, 
     counter_read = read_samples(gateway, tenant, "reqs_total", start, now + 1000)
     assert [struct.unpack("<d", struct.pack("<Q", b))[0] for _, b in counter_read[:2]] == [1004.0, 1009.0]
     assert counter_read[-10:] == [(ts, bits(v)) for ts, v in counter_recent]
+
+
+def test_native_histograms_past_raw_retention_come_from_their_roll_up(start_gateway, store_args, tenant):
+    """A counter histogram each minute of a slot 3 h old, reset after minute 21, and a few recent
+    ones, through `tsgate downsample --once` with a 1 h raw retention: remote read of the whole
+    range gives the 5m roll-up's histograms (the last of each 5 minutes, and minute 21 before the
+    reset, minute 24 after it hinted YES), then the recent ones as written; PromQL's
+    histogram_count() and histogram_sum() of the old slot answer from the roll-up."""
+    args = (*store_args, "--raw-retention", "1h", "--downsample-delay", "0s")
+    gateway = start_gateway(*args, "--roles", "ingest,query")
+    now = int(time.time() * 1000)
+    old_slot = (now // HOUR_MS - 3) * HOUR_MS
+    counts = [100 + i for i in range(22)] + [1 + 2 * i for i in range(38)]
+    old = [at(histogram(count=c, sum_=0.5 * c, zero_count=1, positive=((1, 1),), deltas=(c - 1,)), old_slot + i * 60_000) for i, c in enumerate(counts)]
+    recent = [at(HISTOGRAM, now - 300_000 + i * 60_000) for i in range(3)]
+    remote_write(gateway, tenant, [Series({"__name__": "latency_seconds"}, histograms=old + recent)])
+    assert "rolled up" in downsample_once(*args)
+
+    answer = post_read(gateway, tenant, [Query(old_slot, now, [Matcher("EQ", "__name__", "latency_seconds")])], [prometheus.SAMPLES])
+    assert answer.status == 200, answer.body
+    (series,) = remote_pb2.ReadResponse.FromString(prometheus.decompress_block(answer.body, 1 << 24)).results[0].timeseries
+    minutes = [4, 9, 14, 19, 21, 24, 29, 34, 39, 44, 49, 54, 59]
+    expected = [old[m].data for m in minutes]
+    hinted = types_pb2.Histogram.FromString(old[24].data)
+    hinted.reset_hint = types_pb2.Histogram.ResetHint.YES
+    expected[minutes.index(24)] = hinted.SerializeToString()
+    assert [h.SerializeToString() for h in series.histograms] == expected + [h.data for h in recent]
+
+    at_minute_24 = (old_slot + 24 * 60_000) / 1000
+    for function, value in (("histogram_count", counts[24]), ("histogram_sum", 0.5 * counts[24])):
+        answer = gateway.get("/api/v1/query?" + urllib.parse.urlencode({"query": f"{function}(latency_seconds)", "time": at_minute_24}), headers={"X-Scope-OrgID": tenant})
+        assert answer.status == 200, answer.body
+        (result,) = answer.json()["data"]["result"]
+        assert float(result["value"][1]) == value

@@ -11,7 +11,7 @@ from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
-from gateway.store.contract import ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
+from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
 from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_blocks, read_head
@@ -351,8 +351,28 @@ async def test_histograms_round_trip_bit_exact_per_series(store, tenant):
 
 
 @pytest_twisted.ensureDeferred
+async def test_histogram_rollups_per_granularity_across_partitions(store, tenant):
+    """One row per series and interval start in each granularity's own table; a range reads the
+    rows whose starts are in it, across the granularity's partitions (84 h for 5m), oldest first;
+    a rewrite of an interval replaces it."""
+    fine, coarse = store.layout.granularities
+    far = 100 * HOUR
+    a = [HistogramRow(tenant, "a", t, bytes([i])) for i, t in enumerate((0, 5 * 60_000, far))]
+    b = [HistogramRow(tenant, "b", far, b"\x0a\x00")]
+    await store.write_histogram_rollups(fine, list(reversed(a)) + b)
+    await store.write_histogram_rollups(coarse, [HistogramRow(tenant, "a", 0, b"hour")])
+    assert await store.read_histogram_rollups(fine, tenant, ["b", "missing", "a"], 0, far) == [b, [], a]
+    assert await store.read_histogram_rollups(fine, tenant, ["a"], 1, far - 1) == [[a[1]]]
+    assert await store.read_histogram_rollups(coarse, tenant, ["a", "b"], 0, far) == [[HistogramRow(tenant, "a", 0, b"hour")], []]
+    await store.write_histogram_rollups(fine, [HistogramRow(tenant, "a", far, b"again")])
+    assert await store.read_histogram_rollups(fine, tenant, ["a"], far, far) == [[HistogramRow(tenant, "a", far, b"again")]]
+    assert await store.read_histograms(tenant, ["a"], 0, far) == [[]]
+
+
+@pytest_twisted.ensureDeferred
 async def test_sqlite_sweep_deletes_histograms_past_the_raw_retention(tmp_path, tenant):
-    """Cassandra expires them by TTL (test_cassandra.py); SQLite's sweep, by slot as blocks."""
+    """Cassandra expires them by TTL (test_cassandra.py); SQLite's sweep, by slot as blocks, and
+    their roll-ups past the granularity's retention (14 days for 5m)."""
     store = SQLiteStore(tmp_path / "sweep.db", Layout(raw_retention_ms=2 * HOUR))
     await store.start()
     try:
@@ -360,5 +380,25 @@ async def test_sqlite_sweep_deletes_histograms_past_the_raw_retention(tmp_path, 
         await store.sweep(4 * HOUR)
         (found,) = await store.read_histograms(tenant, ["a"], 0, 4 * HOUR)
         assert [r.timestamp_ms for r in found] == [2 * HOUR, 3 * HOUR]
+        (fine, coarse) = store.layout.granularities
+        await store.write_histogram_rollups(fine, [HistogramRow(tenant, "a", t, b"r") for t in (0, 20 * 86_400_000)])
+        await store.sweep(15 * 86_400_000)
+        (rollups,) = await store.read_histogram_rollups(fine, tenant, ["a"], 0, 30 * 86_400_000)
+        assert [r.timestamp_ms for r in rollups] == [20 * 86_400_000]
     finally:
         await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_created_timestamps_per_series_survive_a_metadata_rewrite(store, tenant):
+    """The latest created timestamp of each series; writing the series' metadata again (a cache
+    miss after a restart) leaves it, and series without one are left out."""
+    a, b = SeriesKey(tenant, "ha", "jobs_total", {"job": "a"}), SeriesKey(tenant, "hb", "jobs_total", {"job": "b"})
+    await store.write_series([a, b])
+    assert await store.get_created_timestamps(tenant, ["ha", "hb", "missing"]) == {}
+    await store.write_created_timestamps([CreatedTimestamp(tenant, "ha", 1000)])
+    await store.write_created_timestamps([CreatedTimestamp(tenant, "ha", 5000), CreatedTimestamp(tenant, "hb", 7)])
+    await store.write_series([a, b])
+    assert await store.get_created_timestamps(tenant, ["ha", "hb", "missing"]) == {"ha": 5000, "hb": 7}
+    assert await store.get_series(tenant, ["ha"]) == {"ha": a}
+    assert await store.get_created_timestamps(tenant + "-other", ["ha"]) == {}

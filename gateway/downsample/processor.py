@@ -1,5 +1,6 @@
 """Seal and roll up settled series-slots: merge the slot's head rows into its block, write the
-block, then the roll-ups of every granularity computed from the merged samples, then mark the
+block, then the roll-ups of every granularity computed from the merged samples and from the
+slot's native histograms (gateway/downsample/histograms.py), then mark the
 work done (only after the writes succeeded: a crash redoes work, never loses it; sealing the same
 samples twice writes the same block)."""
 
@@ -7,10 +8,12 @@ import logging
 import time
 
 import numpy as np
+from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
 from gateway import metrics
 from gateway.downsample.aggregate import AGGREGATORS, CUMULATIVE_COUNTER, PROMETHEUS_COUNTER_SUFFIXES, roll_up, series_kind
+from gateway.downsample.histograms import roll_up_histograms
 from gateway.downsample.pending import Work
 from gateway.metadata_cache import LRUMap, SeenSeries
 from gateway.model import now_ms
@@ -106,9 +109,27 @@ class Downsampler:
             [metrics.observe_store("write_rollups", self.store.write_rollups(g, rows[g.name])) for g in self.layout.granularities],
             consumeErrors=True,
         )
+        await self._roll_up_histograms(tenant, series_set_hash, slot)
         if (tenant, key.metric_name) not in self._recorded:
             await self.store.add_metric_aggregators(tenant, key.metric_name, AGGREGATORS[kind])
             self._recorded.add_all([(tenant, key.metric_name)])
+
+    async def _roll_up_histograms(self, tenant: str, series_set_hash: str, slot: int) -> None:
+        """The slot's native histograms into every granularity; the last one of the slot before
+        tells whether the slot starts with a counter reset."""
+        width = self.layout.slot_width_ms
+        (found,) = await self.store.read_histograms(tenant, [series_set_hash], slot, slot + width - 1)
+        if not found:
+            return
+        (before,) = await self.store.read_histograms(tenant, [series_set_hash], slot - width, slot - 1)
+        rows = await threads.deferToThread(roll_up_histograms, found, before[-1] if before else None, self.layout.granularities)
+        await gatherResults(
+            [
+                metrics.observe_store("write_histogram_rollups", self.store.write_histogram_rollups(g, rows[g.name]))
+                for g in self.layout.granularities
+            ],
+            consumeErrors=True,
+        )
 
     async def _previous_value(self, key, slot: int) -> float | None:
         """The last value before the slot (in the slot before it), which a counter's first increase starts from."""

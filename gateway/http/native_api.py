@@ -133,12 +133,14 @@ class NativeAPI:
         series = await self.planner.select_series(tenant, metric_name, filters)
         raw = aggregator == "raw" or arg(request, "granularity") == "raw"
         budget = PointsBudget(self.max_points)
-        data = []
+        data, created = [], {}
         for first in range(0, len(series), READ_BATCH):
-            part = await self._read(series[first : first + READ_BATCH], granularity, aggregator, raw, start_ms, end_ms)
+            chunk = series[first : first + READ_BATCH]
+            part = await self._read(chunk, granularity, aggregator, raw, start_ms, end_ms)
             budget.spend(sum(len(samples) for samples in part), f"/api/query of {metric_name!r}")
             data.extend(part)
-        results = [SeriesResult(tenant, s.metric_name, s.tags, d) for s, d in zip(series, data)]
+            created.update(await self.store.get_created_timestamps(tenant, [s.series_set_hash for s in chunk]))
+        results = [SeriesResult(tenant, s.metric_name, s.tags, d, created.get(s.series_set_hash)) for s, d in zip(series, data)]
         # A JSON document of a million samples takes seconds to build: in a thread, off the reactor.
         return Response(200, await threads.deferToThread(native_json.encode_query_results, results))
 

@@ -13,6 +13,7 @@ import logging
 from twisted.internet import threads
 from twisted.web import server
 
+from gateway.created import CreatedTimestamps, name_and_tags
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
@@ -54,12 +55,14 @@ class PrometheusAPI:
         planner: QueryPlanner,
         max_decompressed_bytes: int,
         max_samples_per_query: int,
+        created_timestamp_zero_ingestion: bool = False,
     ):
         self.store = store
         self.pipeline = pipeline
         self.planner = planner
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_samples_per_query = max_samples_per_query
+        self.created = CreatedTimestamps(store, pipeline, planner.reader, created_timestamp_zero_ingestion)
 
     def register(self, router: Router) -> None:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
@@ -96,17 +99,18 @@ class PrometheusAPI:
             raise HTTPError(error.status, error.message) from None
         samples, histograms, exemplars = [], [], []
         for series in batch.series:
-            tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
-            name = series.labels[NAME_TAG]
+            name, tags = name_and_tags(series)
             samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
             if series.histograms:
                 histograms.extend(HistogramSample(tenant, name, tags, h.timestamp, h.data) for h in series.histograms)
             if series.exemplars:
                 exemplars.extend(ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars)
         await self.pipeline.ingest_metric_metadata(_metadata_rows(tenant, batch))
+        created = await self.created.new(tenant, batch.series)
         result = await self.pipeline.ingest("prometheus", samples)
         native = await self.pipeline.ingest_histograms("prometheus", histograms)
         stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
+        await self.created.write(tenant, created)
         headers = prometheus.v2_written_headers(batch, result.accepted, stored.accepted, native.accepted) if batch.version == 2 else {}
         parts = (("samples", result, samples), ("native histograms", native, histograms), ("exemplars", stored, exemplars))
         problems = [
@@ -130,7 +134,7 @@ class PrometheusAPI:
             raise HTTPError(error.status, error.message) from None
         selections = [await self._select(tenant, query) for query in read_request.queries]
         histograms = [
-            await self._attached(self.store.read_histograms, tenant, selection, query, lambda row: prometheus.Histogram(row.timestamp_ms, row.data))
+            await self._attached(self.planner.reader.read_histograms, tenant, selection, query, lambda row: prometheus.Histogram(row.timestamp_ms, row.data))
             for query, selection in zip(read_request.queries, selections)
         ]
         if sum(len(rows) for found in histograms for rows in found) > self.max_samples_per_query:

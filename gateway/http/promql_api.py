@@ -202,7 +202,7 @@ class PromQLAPI:
                 if time.monotonic() > deadline:
                     raise PromQLError("query timed out in query execution", "timeout")
                 part = keys[begin : begin + READ_BATCH]
-                rows = await self.store.read_histograms(tenant, [k.series_set_hash for k in part], start_ms, end_ms)
+                rows = await self.planner.reader.read_histograms(tenant, [k.series_set_hash for k in part], start_ms, end_ms)
                 samples += sum(len(r) for r in rows)
                 if samples > self.max_samples:
                     raise PromQLError(

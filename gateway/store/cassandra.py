@@ -288,15 +288,17 @@ class CassandraStore(Store):
         try:
             schema = self.options.schema
             statements = [keyspace_statement(schema), *table_statements(schema)]
-            existing = {
-                row.column_name
-                for row in session.execute(
-                    "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = 'metric_names'",
-                    [schema.keyspace],
-                )
-            }
-            if existing and "aggregators" not in existing:
-                statements.append(f"ALTER TABLE {schema.keyspace}.metric_names ADD aggregators set<text>")
+            # Columns added since the first release (ALTER TABLE ... ADD fails where the column exists).
+            for table, column, cql_type in (("metric_names", "aggregators", "set<text>"), ("series_set_hashes", "created_ms", "bigint")):
+                existing = {
+                    row.column_name
+                    for row in session.execute(
+                        "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s",
+                        [schema.keyspace, table],
+                    )
+                }
+                if existing and column not in existing:
+                    statements.append(f"ALTER TABLE {schema.keyspace}.{table} ADD {column} {cql_type}")
             statements += upgrade_statements(schema)
             tables = {
                 row.table_name
@@ -373,9 +375,19 @@ class CassandraStore(Store):
             "list_tag_values": f"SELECT tag_value FROM {ks}.tag_values WHERE tenant = ? AND metric_name = ? AND tag_key = ?",
             "find_series": f"SELECT series_set_hash FROM {ks}.series_sets WHERE tenant = ? AND metric_name = ? AND tag_key = ? AND tag_value = ?",
             "get_series": f"SELECT metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
+            "write_created": f"UPDATE {ks}.series_set_hashes SET created_ms = ? WHERE tenant = ? AND series_set_hash = ?",
+            "get_created": f"SELECT created_ms FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
         }
         for granularity in self.layout.granularities:
             table, ttl_g = granularity.table, granularity.retention_ms // 1000
+            histogram_table = granularity.histogram_table
+            texts[f"write_{histogram_table}"] = (
+                f"INSERT INTO {ks}.{histogram_table} (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?) USING TTL {ttl_g}"
+            )
+            texts[f"read_{histogram_table}"] = (
+                f"SELECT series_set_hash, ts, data FROM {ks}.{histogram_table}"
+                " WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ? AND ts >= ? AND ts <= ?"
+            )
             texts[f"read_{table}"] = (
                 f"SELECT ts, {', '.join(ROLLUP_COLUMNS)} FROM {ks}.{table}"
                 " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
@@ -620,10 +632,11 @@ class CassandraStore(Store):
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
 
-    def _partition_requests(self, statement, tenant, hashes, start_ms, end_ms, *more):
+    def _partition_requests(self, statement, tenant, hashes, start_ms, end_ms, *more, width_ms: int | None = None):
         """Requests of up to PARTITIONS_PER_REQUEST series-slots of an inclusive range:
-        (tenant, hashes, slots, *more) for a statement whose partitions are series-slots."""
-        slots = list(time_slots(start_ms, end_ms, self.slot_width_ms))
+        (tenant, hashes, slots, *more) for a statement whose partitions are series-slots
+        (slots ``width_ms`` wide, the slot width unless given)."""
+        slots = list(time_slots(start_ms, end_ms, width_ms or self.slot_width_ms))
         slot_chunk = max(1, min(len(slots), PARTITIONS_PER_REQUEST))
         series_chunk = max(1, PARTITIONS_PER_REQUEST // slot_chunk)
         return [
@@ -634,13 +647,26 @@ class CassandraStore(Store):
 
     def write_histograms(self, histograms):
         """Rows with the table's TTL (--raw-retention)."""
-        statement, width = self._statements["write_histogram"], self.slot_width_ms
+        return self._write_histogram_table(self._statements["write_histogram"], self.slot_width_ms, histograms)
+
+    def read_histograms(self, tenant, hashes, start_ms, end_ms):
+        return self._read_histogram_table(self._statements["read_histograms"], self.slot_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def write_histogram_rollups(self, granularity, rows):
+        """Rows with the granularity's TTL."""
+        return self._write_histogram_table(self._statements[f"write_{granularity.histogram_table}"], granularity.partition_width_ms, rows)
+
+    def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
+        statement = self._statements[f"read_{granularity.histogram_table}"]
+        return self._read_histogram_table(statement, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def _write_histogram_table(self, statement, width: int, histograms):
         requests = [(statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data)) for h in histograms]
         return self._execute_all(self._batched(requests))
 
-    def read_histograms(self, tenant, hashes, start_ms, end_ms):
+    def _read_histogram_table(self, statement, width: int, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
-        requests = self._partition_requests(self._statements["read_histograms"], tenant, hashes, start_ms, end_ms, start_ms, end_ms)
+        requests = self._partition_requests(statement, tenant, hashes, start_ms, end_ms, start_ms, end_ms, width_ms=width)
 
         def collect(pages):
             rows: dict[str, list[HistogramRow]] = {hash_: [] for hash_ in hashes}
@@ -717,6 +743,19 @@ class CassandraStore(Store):
         return self._execute(self._statements["find_series"], (tenant, metric_name, tag_key, tag_value)).addCallback(
             lambda rows: {r.series_set_hash for r in rows}
         )
+
+    def write_created_timestamps(self, rows):
+        statement = self._statements["write_created"]
+        return self._execute_all(self._batched([(statement, (r.created_ms, r.tenant, r.series_set_hash)) for r in rows]))
+
+    def get_created_timestamps(self, tenant, hashes: Iterable[str]):
+        hashes = list(hashes)
+        statement = self._statements["get_created"]
+
+        def collect(results):
+            return {h: rows[0][0] for h, rows in zip(hashes, results) if rows and rows[0][0] is not None}
+
+        return self._execute_all([(statement, (tenant, h)) for h in hashes], PLAIN_ROWS).addCallback(collect)
 
     def get_series(self, tenant, hashes: Iterable[str]):
         hashes = list(hashes)

@@ -91,6 +91,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         "    series_set_hash text,\n"
         "    metric_name text,\n"
         "    tags map<text, text>,\n"
+        "    created_ms bigint,\n"
         "    PRIMARY KEY ((tenant, series_set_hash))\n"
         ")",
         f"CREATE TABLE IF NOT EXISTS {ks}.series_sets (\n"
@@ -172,17 +173,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         f"    AND compaction = {_twcs(window)}\n"
         f"    AND default_time_to_live = {ttl_s}\n"
         "    AND gc_grace_seconds = 10800",
-        f"CREATE TABLE IF NOT EXISTS {ks}.histograms (\n"
-        "    tenant text,\n"
-        "    series_set_hash text,\n"
-        "    time_slot bigint,\n"
-        "    ts bigint,\n"
-        "    data blob,\n"
-        "    PRIMARY KEY ((tenant, series_set_hash, time_slot), ts)\n"
-        ") WITH CLUSTERING ORDER BY (ts ASC)\n"
-        f"    AND compaction = {_twcs(window)}\n"
-        f"    AND default_time_to_live = {ttl_s}\n"
-        "    AND gc_grace_seconds = 10800",
+        _histogram_table(ks, "histograms", window, ttl_s),
         f"CREATE TABLE IF NOT EXISTS {ks}.exemplars (\n"
         "    tenant text,\n"
         "    series_set_hash text,\n"
@@ -196,6 +187,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         f"    AND default_time_to_live = {options.layout.exemplar_retention_ms // 1000}\n"
         "    AND gc_grace_seconds = 10800",
         *(_rollup_table(options, g) for g in options.layout.granularities),
+        *(_histogram_rollup_table(options, g) for g in options.layout.granularities),
     ]
 
 
@@ -225,6 +217,29 @@ def _rollup_table(options: SchemaOptions, granularity) -> str:
     )
 
 
+def _histogram_table(keyspace: str, table: str, window_ms: int, ttl_s: int) -> str:
+    """Native histograms (``histograms``) and their roll-ups (``histograms_5m``...): one row a
+    timestamp, or an interval's start, holding protobuf bytes."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {keyspace}.{table} (\n"
+        "    tenant text,\n"
+        "    series_set_hash text,\n"
+        "    time_slot bigint,\n"
+        "    ts bigint,\n"
+        "    data blob,\n"
+        "    PRIMARY KEY ((tenant, series_set_hash, time_slot), ts)\n"
+        ") WITH CLUSTERING ORDER BY (ts ASC)\n"
+        f"    AND compaction = {_twcs(window_ms)}\n"
+        f"    AND default_time_to_live = {ttl_s}\n"
+        "    AND gc_grace_seconds = 10800"
+    )
+
+
+def _histogram_rollup_table(options: SchemaOptions, granularity) -> str:
+    window = compaction_window_ms(granularity.retention_ms, granularity.partition_width_ms)
+    return _histogram_table(options.keyspace, granularity.histogram_table, window, granularity.retention_ms // 1000)
+
+
 def upgrade_statements(options: SchemaOptions) -> list[str]:
     """Statements that bring existing tables to the current settings (safe to repeat)."""
     window = compaction_window_ms(options.raw_retention_ms, options.slot_width_ms)
@@ -245,11 +260,12 @@ def upgrade_statements(options: SchemaOptions) -> list[str]:
     ]
     for granularity in options.layout.granularities:
         window = compaction_window_ms(granularity.retention_ms, granularity.partition_width_ms)
-        statements.append(
-            f"ALTER TABLE {options.keyspace}.{granularity.table}\n"
-            f"    WITH compaction = {_twcs(window)}\n"
-            f"    AND default_time_to_live = {granularity.retention_ms // 1000}"
-        )
+        for table in (granularity.table, granularity.histogram_table):
+            statements.append(
+                f"ALTER TABLE {options.keyspace}.{table}\n"
+                f"    WITH compaction = {_twcs(window)}\n"
+                f"    AND default_time_to_live = {granularity.retention_ms // 1000}"
+            )
     return statements
 
 

@@ -4,7 +4,8 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
 
 - ``tenants``            every tenant that ever wrote
 - ``metric_names``       tenant -> metric names
-- ``series_set_hashes``  (tenant, hash) -> metric name + tags
+- ``series_set_hashes``  (tenant, hash) -> metric name + tags, and the series' latest created timestamp
+                         (remote write 2.0), a column of its own written apart
 - ``series_sets``        (tenant, metric, tag key, tag value) -> hashes; the intersection index.
                          Every series is also indexed under the pseudo tag ``__name__=<metric>``.
 - ``tag_keys``           (tenant, metric) -> tag keys
@@ -29,7 +30,10 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          as it writes, Cassandra leaves them to their TTL).
 - ``histograms``         (tenant, hash, time_slot) -> (ts, data): Prometheus native histogram samples
                          of a series, each the bytes of its prometheus.Histogram message, kept the
-                         raw retention and never rolled up (docs/downsampling.rst).
+                         raw retention.
+- ``histograms_{granularity}`` (tenant, hash, time_slot) -> (ts, data): histogram roll-ups, one row
+                         an interval (ts its start) holding the histograms the interval keeps
+                         (gateway/downsample/histograms.py), with the granularity's TTL.
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
                          waiting for the downsampler when there is no Redis (seed 000).
 
@@ -85,6 +89,14 @@ def exemplars_in_range(rows: Iterable[ExemplarRow], start_ms: int, end_ms: int) 
     """The rows in an inclusive range, oldest first (ties by labels), as read_exemplars returns them."""
     found = [row for row in rows if start_ms <= row.timestamp_ms <= end_ms]
     return sorted(found, key=lambda row: (row.timestamp_ms, exemplar_labels_text(row.labels)))
+
+
+class CreatedTimestamp(NamedTuple):
+    """When a series (a counter, a histogram) was created, as remote write 2.0 says."""
+
+    tenant: str
+    series_set_hash: str
+    created_ms: int
 
 
 class PathNode(NamedTuple):
@@ -278,9 +290,19 @@ class Store(abc.ABC):
         inclusive range, oldest first."""
 
     @abc.abstractmethod
+    def write_histogram_rollups(self, granularity: Granularity, rows: Sequence[HistogramRow]) -> Deferred:
+        """Upsert histogram roll-up rows (one per series and interval start; the last wins), kept
+        the granularity's retention; fire once the store has accepted all of them."""
+
+    @abc.abstractmethod
+    def read_histogram_rollups(self, granularity: Granularity, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Fire with one list of HistogramRow per series (in the order of ``hashes``) whose interval
+        starts are in an inclusive range, oldest first."""
+
+    @abc.abstractmethod
     def sweep(self, now_ms: int) -> Deferred:
-        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars, histograms); a no-op
-        where the store expires data by itself (Cassandra TTLs)."""
+        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars, histograms and their
+        roll-ups); a no-op where the store expires data by itself (Cassandra TTLs)."""
 
     @abc.abstractmethod
     def list_tenants(self) -> Deferred:
@@ -301,6 +323,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def find_series(self, tenant: str, metric_name: str, tag_key: str, tag_value: str) -> Deferred:
         """Fire with the set of series-set hashes indexed under one tag pair (series_sets)."""
+
+    @abc.abstractmethod
+    def write_created_timestamps(self, rows: Sequence[CreatedTimestamp]) -> Deferred:
+        """Set the created timestamp of series whose metadata is written (the last write wins)."""
+
+    @abc.abstractmethod
+    def get_created_timestamps(self, tenant: str, hashes: Iterable[str]) -> Deferred:
+        """Fire with {hash: created_ms} for the hashes that have one."""
 
     @abc.abstractmethod
     def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:

@@ -8,7 +8,7 @@ past the end of their slot) and, once the downsampler sealed their slot, in a co
 (``data_blocks``, kept ``raw_retention_ms``), whose partitions cover ``BLOCK_PARTITION_SLOTS``
 slots. Each granularity is a table of its own (``data_5m``, ``data_1h``) with its own TTL; its
 partitions cover ``partition_width_ms``, a whole number of slots holding about 1000 roll-up rows
-per series. docs/storage.rst has the arithmetic.
+per series; native histograms have their own table of each (``histograms_5m``). docs/storage.rst has the arithmetic.
 """
 
 import dataclasses
@@ -35,6 +35,10 @@ class Granularity(NamedTuple):
     @property
     def table(self) -> str:
         return f"data_{self.name}"
+
+    @property
+    def histogram_table(self) -> str:
+        return f"histograms_{self.name}"
 
 
 def _span(text: str, what: str) -> int:

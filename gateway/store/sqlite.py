@@ -3,7 +3,7 @@
 The tables mirror the Cassandra ones column for column (see contract.py), with two differences
 that stand in for Cassandra's TTLs: sealing a slot deletes the head rows it sealed, in the same
 transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups, exemplars and
-histograms past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
+histograms (and their roll-ups) past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
 blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows). SQLite
 calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
 small pool of readers, each thread with its own connection.
@@ -34,7 +34,7 @@ from gateway.store.contract import (
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 ROLLUP_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -43,6 +43,18 @@ CREATE TABLE IF NOT EXISTS {table} (
     time_slot INTEGER NOT NULL,
     ts INTEGER NOT NULL,
     min REAL, max REAL, sum REAL, count INTEGER, last REAL, increase REAL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
+) WITHOUT ROWID;
+"""
+
+# Native histograms (``histograms``) and their roll-ups (``histograms_5m``...).
+HISTOGRAM_TABLE = """
+CREATE TABLE IF NOT EXISTS {table} (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    data BLOB NOT NULL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
 ) WITHOUT ROWID;
 """
@@ -70,6 +82,7 @@ CREATE TABLE IF NOT EXISTS series_set_hashes (
     series_set_hash TEXT NOT NULL,
     metric_name TEXT NOT NULL,
     tags TEXT NOT NULL,
+    created_ms INTEGER,
     PRIMARY KEY (tenant, series_set_hash)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS series_sets (
@@ -143,14 +156,6 @@ CREATE TABLE IF NOT EXISTS exemplars (
     labels TEXT NOT NULL,
     value REAL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts, labels)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS histograms (
-    tenant TEXT NOT NULL,
-    series_set_hash TEXT NOT NULL,
-    time_slot INTEGER NOT NULL,
-    ts INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS store_identity (
     id TEXT NOT NULL
@@ -396,6 +401,13 @@ class SQLiteStore(Store):
     def get_series(self, tenant, hashes: Iterable[str]):
         return self._read(_get_series, tenant, list(hashes))
 
+    def write_created_timestamps(self, rows):
+        query = "UPDATE series_set_hashes SET created_ms=? WHERE tenant=? AND series_set_hash=?"
+        return self._write(_transaction_of, query, [(r.created_ms, r.tenant, r.series_set_hash) for r in rows])
+
+    def get_created_timestamps(self, tenant, hashes: Iterable[str]):
+        return self._read(_get_created, tenant, list(hashes))
+
     def read_raw(self, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
         if end_ms < start_ms:
@@ -445,17 +457,28 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def write_histograms(self, histograms):
-        width = self.slot_width_ms
-        rows = [(h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms]
-        return self._write(_transaction_of, "INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?)", rows)
+        return self._write_histogram_table("histograms", self.slot_width_ms, histograms)
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
+        return self._read_histogram_table("histograms", self.slot_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def write_histogram_rollups(self, granularity, rows):
+        return self._write_histogram_table(granularity.histogram_table, granularity.partition_width_ms, rows)
+
+    def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
+        return self._read_histogram_table(granularity.histogram_table, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def _write_histogram_table(self, table: str, width: int, histograms):
+        rows = [(h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms]
+        return self._write(_transaction_of, f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?)", rows)
+
+    def _read_histogram_table(self, table: str, width: int, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
         query = (
-            "SELECT ts, data FROM histograms WHERE tenant=? AND series_set_hash=?"
+            f"SELECT ts, data FROM {table} WHERE tenant=? AND series_set_hash=?"
             " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
         )
-        slots = (time_slot(start_ms, self.slot_width_ms), time_slot(end_ms, self.slot_width_ms))
+        slots = (time_slot(start_ms, width), time_slot(end_ms, width))
 
         def read(connection):
             return [
@@ -473,10 +496,16 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
     # Takes effect only on a new, empty file; an older file keeps its pages until VACUUM.
     connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.executescript(SCHEMA + "".join(ROLLUP_TABLE.format(table=g.table) for g in granularities))
+    connection.executescript(
+        SCHEMA
+        + HISTOGRAM_TABLE.format(table="histograms")
+        + "".join(ROLLUP_TABLE.format(table=g.table) + HISTOGRAM_TABLE.format(table=g.histogram_table) for g in granularities)
+    )
     columns = {row[1] for row in connection.execute("PRAGMA table_info(metric_names)")}
     if "aggregators" not in columns:
         connection.execute("ALTER TABLE metric_names ADD COLUMN aggregators TEXT NOT NULL DEFAULT '[]'")
+    if "created_ms" not in {row[1] for row in connection.execute("PRAGMA table_info(series_set_hashes)")}:
+        connection.execute("ALTER TABLE series_set_hashes ADD COLUMN created_ms INTEGER")
     connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
@@ -503,7 +532,8 @@ def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> No
             ("INSERT OR IGNORE INTO tenants VALUES (?)", rows.tenants),
             ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", rows.metric_names),
             (
-                "INSERT OR REPLACE INTO series_set_hashes VALUES (?, ?, ?, ?)",
+                "INSERT INTO series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT DO UPDATE SET metric_name = excluded.metric_name, tags = excluded.tags",
                 [(tenant, hash_, name, json.dumps(tags, sort_keys=True)) for tenant, hash_, name, tags in rows.series_set_hashes],
             ),
             ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", rows.series_sets),
@@ -525,18 +555,24 @@ def _transaction_of(connection: sqlite3.Connection, query: str, rows: list[tuple
     _transaction(connection, [(query, rows)])
 
 
-def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, SeriesKey]:
-    found = {}
+def _series_rows(connection: sqlite3.Connection, columns: str, tenant: str, hashes: list[str]):
+    """(series_set_hash, *columns) of the series_set_hashes rows of the hashes, 500 a query."""
     for start in range(0, len(hashes), 500):
         chunk = hashes[start : start + 500]
         marks = ",".join("?" * len(chunk))
-        query = (
-            "SELECT series_set_hash, metric_name, tags FROM series_set_hashes"
-            f" WHERE tenant=? AND series_set_hash IN ({marks})"
-        )
-        for series_set_hash, metric_name, tags in connection.execute(query, (tenant, *chunk)):
-            found[series_set_hash] = SeriesKey(tenant, series_set_hash, metric_name, json.loads(tags))
-    return found
+        query = f"SELECT series_set_hash, {columns} FROM series_set_hashes WHERE tenant=? AND series_set_hash IN ({marks})"
+        yield from connection.execute(query, (tenant, *chunk))
+
+
+def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, SeriesKey]:
+    return {
+        series_set_hash: SeriesKey(tenant, series_set_hash, metric_name, json.loads(tags))
+        for series_set_hash, metric_name, tags in _series_rows(connection, "metric_name, tags", tenant, hashes)
+    }
+
+
+def _get_created(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, int]:
+    return {series_set_hash: created for series_set_hash, created in _series_rows(connection, "created_ms", tenant, hashes) if created is not None}
 
 
 def _read_raw(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> RawData:
@@ -586,8 +622,8 @@ def _write_exemplars(connection, rows: list[tuple], keep: int) -> None:
 
 
 def _sweep(connection, layout: Layout, now_ms: int) -> None:
-    """Delete blocks, head rows and histograms older than the raw retention, and roll-ups and exemplars older
-    than theirs (by the samples' time), then return the freed pages to the file system."""
+    """Delete blocks, head rows and histograms older than the raw retention, and roll-ups (of samples and of
+    histograms) and exemplars older than theirs (by the samples' time), then return the freed pages to the file system."""
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
     statements = [
         ("DELETE FROM data_raw WHERE time_slot < ?", [(raw_before,)]),
@@ -596,7 +632,8 @@ def _sweep(connection, layout: Layout, now_ms: int) -> None:
         ("DELETE FROM exemplars WHERE ts < ?", [(now_ms - layout.exemplar_retention_ms,)]),
     ]
     for granularity in layout.granularities:
-        statements.append((f"DELETE FROM {granularity.table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
+        for table in (granularity.table, granularity.histogram_table):
+            statements.append((f"DELETE FROM {table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
     _transaction(connection, statements)
     # incremental_vacuum frees one page per step, and Python's sqlite3 steps a statement without
     # result columns once: so one statement per free page, all in one transaction.

@@ -76,6 +76,7 @@ class Series:
     unit: str = ""  # v2 only
     exemplars: list[Exemplar] = field(default_factory=list)
     histograms: list[Histogram] = field(default_factory=list)
+    created_timestamp: int = 0  # v2 only: when the series (a counter, say) started, 0 when unknown
 
 
 @dataclass
@@ -283,6 +284,9 @@ def _decode_v2(raw: bytes) -> WriteBatch:
         if not ts.samples and not ts.histograms:
             raise RemoteWriteError(400, f"series {index}: no samples and no histograms")
         metadata = ts.metadata
+        created = ts.created_timestamp or max(
+            (*(sample.start_timestamp for sample in ts.samples), *(h.start_timestamp for h in ts.histograms)), default=0
+        )
         batch.series.append(
             Series(
                 labels=labels,
@@ -292,6 +296,7 @@ def _decode_v2(raw: bytes) -> WriteBatch:
                 metric_type=_V2_TYPE_NAMES.get(metadata.type, "unknown") if metadata.type else None,
                 help=_symbol(symbols, metadata.help_ref, index, "help_ref"),
                 unit=_symbol(symbols, metadata.unit_ref, index, "unit_ref"),
+                created_timestamp=created,
             )
         )
     return batch
@@ -313,7 +318,7 @@ def _v2_exemplar(symbols: list[str], index: int, exemplar) -> Exemplar:
 
 def _v1_histogram(histogram) -> types_pb2.Histogram:
     """The types.proto form of a v2 Histogram: fields 1 to 16 have the same numbers and types;
-    the created timestamp (17) has no place there and is dropped, as for samples."""
+    the created timestamp (17) has no place there (the series keeps it, Series.created_timestamp)."""
     message = types_pb2.Histogram.FromString(histogram.SerializeToString())
     message.DiscardUnknownFields()
     return message
@@ -467,6 +472,7 @@ def encode_write_request_v2(series: Iterable[Series]) -> bytes:
         for histogram in item.histograms:
             # Fields 1 to 16 of the v2 Histogram are those of types.proto's.
             ts.histograms.add().MergeFromString(histogram.data)
+        ts.created_timestamp = item.created_timestamp
         if item.metric_type not in (None, "unknown"):
             if item.metric_type not in _V2_TYPE_NUMBERS:
                 raise ValueError(f"unknown metric type {item.metric_type!r}")
