@@ -16,18 +16,20 @@ class Request(_message.Message):
     def __init__(self, symbols: _Optional[_Iterable[str]] = ..., timeseries: _Optional[_Iterable[_Union[TimeSeries, _Mapping]]] = ...) -> None: ...
 
 class TimeSeries(_message.Message):
-    __slots__ = ("labels_refs", "samples", "histograms", "exemplars", "metadata")
+    __slots__ = ("labels_refs", "samples", "histograms", "exemplars", "metadata", "created_timestamp")
     LABELS_REFS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     HISTOGRAMS_FIELD_NUMBER: _ClassVar[int]
     EXEMPLARS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    CREATED_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     labels_refs: _containers.RepeatedScalarFieldContainer[int]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     histograms: _containers.RepeatedCompositeFieldContainer[Histogram]
     exemplars: _containers.RepeatedCompositeFieldContainer[Exemplar]
     metadata: Metadata
-    def __init__(self, labels_refs: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., histograms: _Optional[_Iterable[_Union[Histogram, _Mapping]]] = ..., exemplars: _Optional[_Iterable[_Union[Exemplar, _Mapping]]] = ..., metadata: _Optional[_Union[Metadata, _Mapping]] = ...) -> None: ...
+    created_timestamp: int
+    def __init__(self, labels_refs: _Optional[_Iterable[int]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., histograms: _Optional[_Iterable[_Union[Histogram, _Mapping]]] = ..., exemplars: _Optional[_Iterable[_Union[Exemplar, _Mapping]]] = ..., metadata: _Optional[_Union[Metadata, _Mapping]] = ..., created_timestamp: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("value", "timestamp", "start_timestamp")
