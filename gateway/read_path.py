@@ -25,7 +25,7 @@ from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway import metrics, samples
-from gateway.downsample.histograms import kept_in_range
+from gateway.store.histogram_rollup_rows import kept_in_range
 from gateway.model import SeriesKey, now_ms
 from gateway.samples import Samples
 from gateway.store import Store

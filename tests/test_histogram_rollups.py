@@ -5,13 +5,8 @@ to end test through `tsgate downsample --once` is in test_read_path_e2e.py."""
 import itertools
 import struct
 
-from gateway.downsample.histograms import (
-    decode_interval,
-    encode_interval,
-    is_counter_reset,
-    kept_in_range,
-    roll_up_histograms,
-)
+from gateway.downsample.histograms import is_counter_reset, roll_up_histograms
+from gateway.store.histogram_rollup_rows import decode_interval, encode_interval, kept_in_range
 from gateway.store.contract import HistogramRow
 from gateway.store.layout import Layout
 from protocols.prometheus import types_pb2

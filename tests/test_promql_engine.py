@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gateway.promql.engine import Evaluator, Query, format_value, parse, plan
-from gateway.promql.histograms import Histogram
+from protocols.prometheus.native_histogram import Histogram
 from gateway.promql.values import STALE_NAN_BITS, PromQLError, Scalar, Series, Vector
 
 STALE = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.http.promql_api import _encode_instant, _encode_matrix
 from gateway.promql.engine import Evaluator, Query, parse, plan
-from gateway.promql.histograms import Histogram
+from protocols.prometheus.native_histogram import Histogram
 from gateway.promql.values import Series, Vector
 
 S = 1000

@@ -16,7 +16,7 @@ from gateway import __version__
 from gateway.http.prometheus_api import READ_BATCH, prometheus_labels
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
 from gateway.promql.engine import Evaluator, Query, format_value, parse, plan, selector_matchers
-from gateway.promql.histograms import decode_sample
+from protocols.prometheus.native_histogram import decode_sample
 from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.read_path import clamp_range

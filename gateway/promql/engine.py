@@ -16,7 +16,7 @@ import numpy as np
 import promql_parser
 
 from gateway.promql.functions import FUNCTIONS
-from gateway.promql.histograms import IncompatibleBuckets
+from protocols.prometheus.native_histogram import IncompatibleBuckets
 from gateway.promql.range_functions import quantiles
 from gateway.promql.values import (
     NAME,

@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from gateway.promql.histograms import IncompatibleBuckets
+from protocols.prometheus.native_histogram import IncompatibleBuckets
 from gateway.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather, labels_key
 from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 

@@ -2,7 +2,7 @@
 
 An instant vector is a matrix: one row per series, one column per evaluation step, with a
 ``present`` mask beside the values (NaN is a value in PromQL, so it cannot mean "absent").
-Native histogram samples (gateway/promql/histograms.py) sit beside, in an object matrix that is
+Native histogram samples (protocols/prometheus/native_histogram.py) sit beside, in an object matrix that is
 None where a row has no histogram: ``present`` is about floats only, so every function that
 knows floats only leaves histograms out, as Prometheus does.
 A range vector keeps each series' raw samples and, per step, the window they are cut to.
@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-STALE_NAN_BITS = 0x7FF0000000000002
+from protocols.prometheus.xor import STALE_NAN_BITS
+
 NAME = "__name__"
 
 

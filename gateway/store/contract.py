@@ -33,7 +33,7 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          raw retention.
 - ``histograms_{granularity}`` (tenant, hash, time_slot) -> (ts, data): histogram roll-ups, one row
                          an interval (ts its start) holding the histograms the interval keeps
-                         (gateway/downsample/histograms.py), with the granularity's TTL.
+                         (gateway/store/histogram_rollup_rows.py), with the granularity's TTL.
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
                          waiting for the downsampler when there is no Redis (seed 000).
 

@@ -26,6 +26,9 @@ _UINT64 = struct.Struct(">Q")
 _DOD_BUCKETS = ((0b10, 2, 14), (0b110, 3, 17), (0b1110, 4, 20))
 
 
+STALE_NAN_BITS = 0x7FF0000000000002  # the bits of Prometheus's stale marker NaN
+
+
 def float_bits(value: float) -> int:
     return _UINT64.unpack(_DOUBLE.pack(value))[0]
 

@@ -1,4 +1,4 @@
-"""Native histograms as PromQL values: Prometheus's FloatHistogram with its arithmetic (schema
+"""Native histogram samples as values: Prometheus's FloatHistogram with its arithmetic (schema
 and zero-threshold reconciliation, counter-reset detection) and the functions that read one
 (quantile, fraction, stddev). docs/promql.rst lists what the engine does with them.
 
@@ -14,8 +14,8 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from gateway.promql.values import STALE_NAN_BITS
-from protocols.prometheus import types_pb2
+from . import types_pb2
+from .xor import STALE_NAN_BITS
 
 CUSTOM_BUCKETS_SCHEMA = -53
 _RESET_YES, _RESET_NO = types_pb2.Histogram.YES, types_pb2.Histogram.NO
@@ -32,7 +32,7 @@ class Bucket(NamedTuple):
     upper: float
     lower_inclusive: bool
     upper_inclusive: bool
-    count: float
+    count: float  # type: ignore[assignment]  # a field, shadowing tuple.count on purpose
 
 
 @dataclasses.dataclass(slots=True)
@@ -102,7 +102,8 @@ class Histogram:
             return self
         while True:
             moved, grown = self.zero_count, threshold
-            kept_positive, kept_negative = {}, {}
+            kept_positive: dict[int, float] = {}
+            kept_negative: dict[int, float] = {}
             for buckets, kept in ((self.positive, kept_positive), (self.negative, kept_negative)):
                 for index in sorted(buckets):
                     lower, upper = self.bound(index - 1), self.bound(index)
