@@ -38,10 +38,16 @@ PLOT = REPO / "docs" / "performance-ingest.png"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small workloads: a smoke run of a few minutes")
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="tsgate's N workers, measured beside 1 (default: cores)")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)} (default: all)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count(), help="tsgate's N workers, measured beside 1 (default: cores)"
+    )
     parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
     parser.add_argument("--heap", default="2G", help="heap of the Cassandra started here (default 2G)")
     args = parser.parse_args(argv)
@@ -107,12 +113,18 @@ def measure(args: argparse.Namespace, suite: Suite, workdir: Path, context: dict
             suite.attempt("warm-up", lambda: ingest.warm_up(db, workloads[0]))
             for workload in workloads:
                 if "ingest" in args.parts:
-                    raw_runs.append(suite.attempt(f"ingest, raw loader, {ingest.label(workload)}", lambda: ingest.run_raw(db, workload)))
+                    raw_runs.append(
+                        suite.attempt(
+                            f"ingest, raw loader, {ingest.label(workload)}", lambda: ingest.run_raw(db, workload)
+                        )
+                    )
                 for workers in sorted({1, args.workers}):
-                    tsgate_runs.append(suite.attempt(
-                        f"ingest, {ingest.workers_name(workers)}, {ingest.label(workload)}",
-                        lambda: ingest.run_tsgate(db, workload, workers, workdir),
-                    ))
+                    tsgate_runs.append(
+                        suite.attempt(
+                            f"ingest, {ingest.workers_name(workers)}, {ingest.label(workload)}",
+                            lambda: ingest.run_tsgate(db, workload, workers, workdir),
+                        )
+                    )
             tsgate_runs = [run for run in tsgate_runs if run]
         if "ingest" in args.parts:
             figures += ingest.figures(tsgate_runs, [run for run in raw_runs if run])
@@ -154,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "load_average_before": os.getloadavg()[0],
         "python": platform.python_version(),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip(),
     }
     print(
         f"tsgate bench suite: parts {','.join(args.parts)}, {'quick' if args.quick else 'full'} workloads, "
@@ -168,17 +182,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     context.update(
-        load_average_after=os.getloadavg()[0], minutes=round((time.monotonic() - started) / 60, 1), failures=suite.failures
+        load_average_after=os.getloadavg()[0],
+        minutes=round((time.monotonic() - started) / 60, 1),
+        failures=suite.failures,
     )
     figures = earlier_figures(args.parts, context) + figures
     print()
     print(format_table(figures))
     RESULTS.parent.mkdir(exist_ok=True)
     write_json(figures, RESULTS, context)
-    title = f"tsgate ingest and receive, {today}, {os.cpu_count()} cores, shared box{' (quick run)' if args.quick else ''}"
+    title = (
+        f"tsgate ingest and receive, {today}, {os.cpu_count()} cores, shared box{' (quick run)' if args.quick else ''}"
+    )
     plotted = suite.attempt("plot", lambda: plot_rates(figures, PLOT, title))
-    print(f"\nwrote {RESULTS.relative_to(REPO)}" + (f" and {PLOT.relative_to(REPO)}" if plotted else "")
-          + f"; {context['minutes']} min")
+    print(
+        f"\nwrote {RESULTS.relative_to(REPO)}"
+        + (f" and {PLOT.relative_to(REPO)}" if plotted else "")
+        + f"; {context['minutes']} min"
+    )
     if suite.failures:
         print(f"FAILED: {', '.join(suite.failures)}")
     return 1 if suite.failures else 0

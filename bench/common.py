@@ -93,7 +93,9 @@ class Service:
     """A server on a loopback port, ready once ready_path answers 200 (or, with ready_path None, once
     the port accepts connections); its output goes to a log quoted when it fails."""
 
-    def __init__(self, name: str, command: list[str], port: int, ready_path: str | None, log_path: Path, env: dict | None = None):
+    def __init__(
+        self, name: str, command: list[str], port: int, ready_path: str | None, log_path: Path, env: dict | None = None
+    ):
         self.name = name
         self.command = command
         self.port = port
@@ -109,8 +111,12 @@ class Service:
     def start(self, timeout: float = 60) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command, cwd=self.log_path.parent, env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                self.command,
+                cwd=self.log_path.parent,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -149,12 +155,21 @@ def tsgate_service(name: str, store_args: list[str], log_path: Path, extra_args:
     (their default ports may be held by other gateways on the box)."""
     port = free_port()
     command = [
-        sys.executable, "-m", "gateway.cli", "serve",
-        "--http", f"127.0.0.1:{port}",
-        "--graphite", "", "--pickle", "",
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--http",
+        f"127.0.0.1:{port}",
+        "--graphite",
+        "",
+        "--pickle",
+        "",
         *store_args,
-        "--log-level", "warning",
-        "--max-series-per-query", "1000000",
+        "--log-level",
+        "warning",
+        "--max-series-per-query",
+        "1000000",
         *extra_args,
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
@@ -203,7 +218,9 @@ def fresh_keyspace(session, host: str, port: int, keyspace: str):
     try:
         result = subprocess.run(
             [sys.executable, "-m", "gateway.cli", "schema", "apply", "--store", store_url, "--log-level", "warning"],
-            cwd=REPO, capture_output=True, text=True,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
         if result.returncode:
             raise BenchError(f"tsgate schema apply {store_url} exited {result.returncode}: {result.stderr[-2000:]}")
@@ -223,7 +240,9 @@ def which(binary: str) -> str:
 RETRY_503_FOR_S = 120
 
 
-def post_until_accepted(connection: http.client.HTTPConnection, path: str, body: bytes, headers: dict, accepted: int) -> int:
+def post_until_accepted(
+    connection: http.client.HTTPConnection, path: str, body: bytes, headers: dict, accepted: int
+) -> int:
     """POST like a well-behaved sender: a 503 (the gateway's backpressure) is retried for at most
     RETRY_503_FOR_S; any other answer than ``accepted`` fails the run. Returns the retries."""
     deadline = time.monotonic() + RETRY_503_FOR_S

@@ -91,10 +91,17 @@ def populate(store_url: str, workload: Workload) -> None:
             points = list(workload.points())
             batches = [points[start : start + BATCH] for start in range(0, len(points), BATCH)]
             for start in range(0, len(batches), IN_FLIGHT):
-                await defer.gatherResults([store.write_raw(batch) for batch in batches[start : start + IN_FLIGHT]], consumeErrors=True)
+                await defer.gatherResults(
+                    [store.write_raw(batch) for batch in batches[start : start + IN_FLIGHT]], consumeErrors=True
+                )
             pending = StorePending(store, SLOT_MS, delay_ms=0)
             await pending.track(
-                [PendingSet(partition_of(TENANT, k.series_set_hash, PARTITIONS), workload.slot, TENANT, k.series_set_hash) for k in workload.keys],
+                [
+                    PendingSet(
+                        partition_of(TENANT, k.series_set_hash, PARTITIONS), workload.slot, TENANT, k.series_set_hash
+                    )
+                    for k in workload.keys
+                ],
                 now_ms(),
             )
         finally:
@@ -111,8 +118,17 @@ def populate(store_url: str, workload: Workload) -> None:
 def run_downsampler(store_url: str) -> tuple[str, float, float]:
     """The real CLI, once; returns (its output, wall seconds, its CPU seconds)."""
     command = [
-        sys.executable, "-m", "gateway.cli", "downsample", "--once",
-        "--store", store_url, "--downsample-delay", "0s", "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "downsample",
+        "--once",
+        "--store",
+        store_url,
+        "--downsample-delay",
+        "0s",
+        "--log-level",
+        "warning",
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -147,16 +163,23 @@ def verify(session, keyspace: str, workload: Workload, sampled: list[int]) -> No
             want = five if rows_per_series == 12 else [hour]
             if got != want:
                 raise BenchError(f"series {i} in {granularity.table}: got {got[:2]}..., expected {want[:2]}...")
-    print(f"verified: every series has 12 rows in data_5m and 1 in data_1h; series {sampled} have exact aggregates", file=sys.stderr)
+    print(
+        f"verified: every series has 12 rows in data_5m and 1 in data_1h; series {sampled} have exact aggregates",
+        file=sys.stderr,
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.downsample", description=__doc__.splitlines()[0])
     parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
     parser.add_argument("--heap", default="1G", help="heap of the Cassandra started here (default 1G)")
-    parser.add_argument("--series", type=int, default=2000, help=f"series, each with one full slot of {POINTS} points (default 2000)")
     parser.add_argument(
-        "--ingest-rate", type=float, default=INGEST_RATE,
+        "--series", type=int, default=2000, help=f"series, each with one full slot of {POINTS} points (default 2000)"
+    )
+    parser.add_argument(
+        "--ingest-rate",
+        type=float,
+        default=INGEST_RATE,
         help=f"ingest samples/s to compare with (default {INGEST_RATE}, bench/ingest_cassandra.py's best known-series rate)",
     )
     args = parser.parse_args(argv)
@@ -200,11 +223,17 @@ def main(argv: list[str] | None = None) -> int:
         verify(session, keyspace, workload, sorted({0, 1, args.series - 2, args.series - 1}))  # gauges and counters
 
         rate = samples / seconds
-        print(f"{'series-slots':>13}{'raw samples':>13}{'seconds':>9}{'series-slots/s':>16}{'raw samples/s':>15}{'downsampler CPU s':>19}{'cassandra CPU s':>17}")
-        print(f"{args.series:>13}{samples:>13}{seconds:>9.2f}{args.series / seconds:>16.0f}{rate:>15.0f}{cpu:>19.1f}{cassandra_cpu:>17}")
+        print(
+            f"{'series-slots':>13}{'raw samples':>13}{'seconds':>9}{'series-slots/s':>16}{'raw samples/s':>15}{'downsampler CPU s':>19}{'cassandra CPU s':>17}"
+        )
+        print(
+            f"{args.series:>13}{samples:>13}{seconds:>9.2f}{args.series / seconds:>16.0f}{rate:>15.0f}{cpu:>19.1f}{cassandra_cpu:>17}"
+        )
         ratio = rate / args.ingest_rate
         verdict = "keeps up" if ratio >= 1 else f"does NOT keep up: needs {math.ceil(1 / ratio)} downsamplers"
-        print(f"keeps up: downsample raw samples/s / ingest rate = {rate:.0f} / {args.ingest_rate:.0f} = {ratio:.2f}   one downsampler {verdict}")
+        print(
+            f"keeps up: downsample raw samples/s / ingest rate = {rate:.0f} / {args.ingest_rate:.0f} = {ratio:.2f}   one downsampler {verdict}"
+        )
     return 0
 
 

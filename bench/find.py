@@ -99,7 +99,9 @@ async def populate(store, tenant: str, size: int, batch: int, concurrency: int) 
         if time.perf_counter() - last_report > 30:
             last_report = time.perf_counter()
             rate = written / (last_report - started)
-            print(f"  ... {written} series in {last_report - started:.0f} s ({rate:.0f}/s)", file=sys.stderr, flush=True)
+            print(
+                f"  ... {written} series in {last_report - started:.0f} s ({rate:.0f}/s)", file=sys.stderr, flush=True
+            )
     if chunk:
         pending.append(defer.ensureDeferred(_write(store, tenant, chunk)))
     for deferred in pending:
@@ -118,8 +120,19 @@ class Gateway:
     def __init__(self, workdir: Path, store_args: list[str]):
         self.port = free_port()
         self.log = (workdir / f"gateway-{self.port}.log").open("ab")
-        command = [sys.executable, "-m", "gateway.cli", "serve", "--http", f"127.0.0.1:{self.port}",
-                   "--graphite", "", "--pickle", "", *store_args]
+        command = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--http",
+            f"127.0.0.1:{self.port}",
+            "--graphite",
+            "",
+            "--pickle",
+            "",
+            *store_args,
+        ]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.process = subprocess.Popen(command, cwd=workdir, env=env, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 60
@@ -159,7 +172,9 @@ def time_queries(gateway: Gateway, tenant: str, requests: int) -> list[tuple[str
     headers = {"X-Tenant": tenant}
     rows = []
     for label, query in QUERIES:
-        status, body = gateway.get("/metrics/find?" + urllib.parse.urlencode({"query": query, "format": "json"}), headers)
+        status, body = gateway.get(
+            "/metrics/find?" + urllib.parse.urlencode({"query": query, "format": "json"}), headers
+        )
         if status != 200:
             raise SystemExit(f"{query}: {status} {body[:300]!r}")
         matches = len(json.loads(body))
@@ -177,7 +192,9 @@ def time_queries(gateway: Gateway, tenant: str, requests: int) -> list[tuple[str
     return rows
 
 
-async def bench_store(name: str, make_store, store_args, sizes, args, workdir: Path, results: list, rates: list) -> None:
+async def bench_store(
+    name: str, make_store, store_args, sizes, args, workdir: Path, results: list, rates: list
+) -> None:
     for size in sizes:
         tenant = tenant_for(size)
         store = make_store(size)
@@ -189,7 +206,11 @@ async def bench_store(name: str, make_store, store_args, sizes, args, workdir: P
                 print(f"{name} {size}: populating ...", file=sys.stderr, flush=True)
                 written, seconds = await populate(store, tenant, size, args.batch, args.concurrency)
                 rates.append((name, size, written, seconds))
-                print(f"{name} {size}: {written} series in {seconds:.1f} s = {written / seconds:.0f} series/s", file=sys.stderr, flush=True)
+                print(
+                    f"{name} {size}: {written} series in {seconds:.1f} s = {written / seconds:.0f} series/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             await store.close()
         gateway = Gateway(workdir, store_args(size))
@@ -224,8 +245,14 @@ async def run(args, workdir: Path) -> None:
                 return directory
 
             await bench_store(
-                "sqlite", lambda size: SQLiteStore(db_dir(size) / "tsgate.db", LAYOUT),
-                lambda size: ["--data-dir", str(db_dir(size))], sizes, args, workdir, results, rates,
+                "sqlite",
+                lambda size: SQLiteStore(db_dir(size) / "tsgate.db", LAYOUT),
+                lambda size: ["--data-dir", str(db_dir(size))],
+                sizes,
+                args,
+                workdir,
+                results,
+                rates,
             )
         elif name == "cassandra":
             server, host, port = start_cassandra(args, workdir)
@@ -233,8 +260,14 @@ async def run(args, workdir: Path) -> None:
                 url = f"cassandra://{host}:{port}/{KEYSPACE}"
                 CassandraStore.from_url(url, LAYOUT).apply_schema()
                 await bench_store(
-                    "cassandra", lambda size: CassandraStore.from_url(url, LAYOUT), lambda size: ["--store", url],
-                    sizes, args, workdir, results, rates,
+                    "cassandra",
+                    lambda size: CassandraStore.from_url(url, LAYOUT),
+                    lambda size: ["--store", url],
+                    sizes,
+                    args,
+                    workdir,
+                    results,
+                    rates,
                 )
             finally:
                 if server is not None:
@@ -249,7 +282,7 @@ async def run(args, workdir: Path) -> None:
     header = f"{'store':<9} {'metrics':>8}  {'query':<32} {'matches':>7} {'p50 ms':>8} {'p99 ms':>8}"
     print(header)
     print("-" * len(header))
-    for name, size, label, query, matches, p50, p99 in results:
+    for name, size, _label, query, matches, p50, p99 in results:
         print(f"{name:<9} {size:>8}  {query:<32} {matches:>7} {p50:>8.1f} {p99:>8.1f}")
 
 
@@ -257,7 +290,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100000,1000000", help="metrics in the tree, comma-separated")
     parser.add_argument("--stores", default="sqlite,cassandra", help="sqlite, cassandra or both")
-    parser.add_argument("--cassandra", help="HOST:PORT of a running Cassandra (default: start one with gateway.devservices)")
+    parser.add_argument(
+        "--cassandra", help="HOST:PORT of a running Cassandra (default: start one with gateway.devservices)"
+    )
     parser.add_argument("--requests", type=int, default=50, help="timed requests per query")
     parser.add_argument("--batch", type=int, default=5000, help="series per write_series call")
     parser.add_argument("--concurrency", type=int, default=2, help="write_series calls in flight")

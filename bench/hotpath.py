@@ -74,23 +74,45 @@ def workloads(series: int, per_request: int) -> dict:
     start = now_ms() // 1000 - 60
     chunks = [range(first, min(series, first + per_request)) for first in range(0, series, per_request)]
     return {
-        "plaintext": (plaintext, [
-            b"".join(b"servers.host%d.cpu.metric%d %d.5 %d\n" % (i % 100, i, i, start) for i in chunk) for chunk in chunks
-        ]),
-        "rw": (prometheus, [
-            remote_write.encode_write_request_v1([
-                remote_write.Series({NAME_TAG: "bench_metric", "job": "bench", "instance": f"h{i % 100}", "series": str(i)}, [(start * 1000, float(i))])
-                for i in chunk
-            ])
-            for chunk in chunks
-        ]),
-        "json": (native, [
-            json.dumps([
-                {"metricName": "bench_metric", "tags": {"host": f"h{i % 100}", "series": str(i)}, "ts": start, "value": float(i)}
-                for i in chunk
-            ]).encode()
-            for chunk in chunks
-        ]),
+        "plaintext": (
+            plaintext,
+            [
+                b"".join(b"servers.host%d.cpu.metric%d %d.5 %d\n" % (i % 100, i, i, start) for i in chunk)
+                for chunk in chunks
+            ],
+        ),
+        "rw": (
+            prometheus,
+            [
+                remote_write.encode_write_request_v1(
+                    [
+                        remote_write.Series(
+                            {NAME_TAG: "bench_metric", "job": "bench", "instance": f"h{i % 100}", "series": str(i)},
+                            [(start * 1000, float(i))],
+                        )
+                        for i in chunk
+                    ]
+                )
+                for chunk in chunks
+            ],
+        ),
+        "json": (
+            native,
+            [
+                json.dumps(
+                    [
+                        {
+                            "metricName": "bench_metric",
+                            "tags": {"host": f"h{i % 100}", "series": str(i)},
+                            "ts": start,
+                            "value": float(i),
+                        }
+                        for i in chunk
+                    ]
+                ).encode()
+                for chunk in chunks
+            ],
+        ),
     }
 
 
@@ -120,10 +142,14 @@ def measure(decode, bodies, samples: int, profile: bool) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.hotpath", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--series", type=int, default=100_000)
     parser.add_argument("--per-request", type=int, default=2000)
-    parser.add_argument("--profile", choices=["plaintext", "rw", "json"], help="cProfile the known-series pass of one workload")
+    parser.add_argument(
+        "--profile", choices=["plaintext", "rw", "json"], help="cProfile the known-series pass of one workload"
+    )
     args = parser.parse_args(argv)
     print(f"{'workload':<10} {'new series µs/sample':>21} {'known series µs/sample':>23}")
     for name, (decode, bodies) in workloads(args.series, args.per_request).items():

@@ -28,13 +28,25 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.query import BatchStatement, BatchType
 
 from bench.common import (
-    CONSISTENCY, BenchError, box_busy_s, fresh_keyspace, process_cpu_s, settle, tree_cpu_s, tsgate_service,
+    CONSISTENCY,
+    BenchError,
+    box_busy_s,
+    fresh_keyspace,
+    process_cpu_s,
+    settle,
+    tree_cpu_s,
+    tsgate_service,
 )
 from bench.ingest_cassandra import load_rows, partition_batches, prepare_insert, verify_rows
-from bench.remote_write import Workload as RemoteWriteWorkload, send as send_remote_write
+from bench.remote_write import Workload as RemoteWriteWorkload
+from bench.remote_write import send as send_remote_write
 from bench.report import Figure
 from bench.workloads import (
-    PlaintextWorkload, partitions, remote_write_label, remote_write_rows, send_plaintext,
+    PlaintextWorkload,
+    partitions,
+    remote_write_label,
+    remote_write_rows,
+    send_plaintext,
 )
 from gateway.devservices.process import free_port
 from gateway.model import now_ms
@@ -124,20 +136,29 @@ def run_tsgate(db: Db, workload, workers: int, workdir: Path) -> TsgateRun:
     graphite_port = free_port()
     with fresh_keyspace(db.session, db.host, db.port, keyspace) as store_url:
         gateway = tsgate_service(
-            workers_name(workers), ["--store", store_url], workdir / f"{keyspace}.log",
+            workers_name(workers),
+            ["--store", store_url],
+            workdir / f"{keyspace}.log",
             [
                 # No roll-ups in this process: they would run in the background and blur the figures.
-                "--roles", "ingest,query",
-                "--graphite", f"127.0.0.1:{graphite_port}", "--graphite-tenant", TENANT,
+                "--roles",
+                "ingest,query",
+                "--graphite",
+                f"127.0.0.1:{graphite_port}",
+                "--graphite-tenant",
+                TENANT,
                 # Always explicit: the default is one worker per core on Cassandra.
-                "--workers", str(workers),
+                "--workers",
+                str(workers),
             ],
         )
         try:
             gateway.start()
             # New connections, prepared statements and Python's first calls, before the clock starts;
             # its answers do not matter (a cold Cassandra may time out a few of them).
-            send_remote_write(gateway.port, RemoteWriteWorkload("warmup", 500, 4, 5, now_ms() // 10_000 * 10_000), RUN_TIMEOUT_S)
+            send_remote_write(
+                gateway.port, RemoteWriteWorkload("warmup", 500, 4, 5, now_ms() // 10_000 * 10_000), RUN_TIMEOUT_S
+            )
             run = timed_run(db, gateway, workload, workers, graphite_port)
             expected = rows(workload, TENANT)
             verify_rows(db.session, keyspace, TENANT, partitions(expected))
@@ -168,8 +189,13 @@ def timed_run(db: Db, gateway, workload, workers: int, graphite_port: int) -> Ts
             raise BenchError(f"{name}: {acknowledged} of {workload.samples} samples acknowledged; errors: {errors}")
     gateway_after, cassandra_after, box_after = cpu()
     return TsgateRun(
-        label(workload), workers, workload.samples, received_s, stored_s,
-        gateway_received - gateway_before, gateway_after - gateway_before,
+        label(workload),
+        workers,
+        workload.samples,
+        received_s,
+        stored_s,
+        gateway_received - gateway_before,
+        gateway_after - gateway_before,
         None if cassandra_before is None else cassandra_after - cassandra_before,
         (box_after - box_before) / stored_s,
     )
@@ -198,15 +224,20 @@ def check_queries(gateway, workload) -> None:
     if isinstance(workload, PlaintextWorkload):
         step = max(1, len(workload.paths) // CHECKED_SERIES)
         checks = [
-            ([("metricName", workload.paths[i])], {format_iso(ts * 1000): workload.value(i, j) for j, ts in enumerate(workload.timestamps_s)})
+            (
+                [("metricName", workload.paths[i])],
+                {format_iso(ts * 1000): workload.value(i, j) for j, ts in enumerate(workload.timestamps_s)},
+            )
             for i in range(0, len(workload.paths), step)
         ]
         start, end = workload.timestamps_s[0] * 1000, workload.timestamps_s[-1] * 1000
     else:
         step = max(1, workload.series // CHECKED_SERIES)
         checks = [
-            ([("metricName", "bench_metric"), ("tag", f"job={workload.job}"), ("tag", f"i={i}")],
-             {format_iso(ts): workload.value(i, r) for r, ts in enumerate(workload.timestamps)})
+            (
+                [("metricName", "bench_metric"), ("tag", f"job={workload.job}"), ("tag", f"i={i}")],
+                {format_iso(ts): workload.value(i, r) for r, ts in enumerate(workload.timestamps)},
+            )
             for i in range(0, workload.series, step)
         ]
         start, end = workload.timestamps[0], workload.timestamps[-1]
@@ -215,7 +246,9 @@ def check_queries(gateway, workload) -> None:
         status, body = gateway.get(f"/api/query?{query}", headers={"X-Tenant": TENANT})
         found = json.loads(body) if status == 200 else None
         if not found or len(found) != 1 or found[0]["values"] != expected:
-            raise BenchError(f"GET /api/query?{query} answered {status}: {body[:300]!r}, not the {len(expected)} points written")
+            raise BenchError(
+                f"GET /api/query?{query} answered {status}: {body[:300]!r}, not the {len(expected)} points written"
+            )
     print(f"verified: {len(checks)} series of {label(workload)} read back through GET /api/query", flush=True)
 
 
@@ -249,7 +282,9 @@ def load(session, insert, keyspace: str, strategy: str, data: list[tuple], windo
         batches = (partition_batches(insert, part) for part in windows(data, window))
     else:
         batches = (replica_batches(session, insert, keyspace, part) for part in windows(data, window))
-    execute_concurrent(session, ((batch, ()) for batch in itertools.chain.from_iterable(batches)), concurrency=RAW_INFLIGHT)
+    execute_concurrent(
+        session, ((batch, ()) for batch in itertools.chain.from_iterable(batches)), concurrency=RAW_INFLIGHT
+    )
 
 
 def run_raw(db: Db, workload) -> RawRun:
@@ -292,7 +327,11 @@ def run_raw(db: Db, workload) -> RawRun:
 
 def cpu_note(gateway_s: float, cassandra_s: float | None, samples: int) -> str:
     cassandra = "-" if cassandra_s is None else f"{cassandra_s:.1f}"
-    per_sample = "" if cassandra_s is None else f" ({gateway_s / samples * 1e6:.0f} + {cassandra_s / samples * 1e6:.0f} us/sample)"
+    per_sample = (
+        ""
+        if cassandra_s is None
+        else f" ({gateway_s / samples * 1e6:.0f} + {cassandra_s / samples * 1e6:.0f} us/sample)"
+    )
     return f"CPU s gateway {gateway_s:.1f}, cassandra {cassandra}{per_sample}"
 
 
@@ -306,7 +345,10 @@ def figures(tsgate_runs: list[TsgateRun], raw_runs: list[RawRun]) -> list[Figure
             trials = ", ".join(f"{name} {rate:,.0f}" for name, rate in raw.trial_rates.items())
             cassandra = "-" if raw.cassandra_cpu_s is None else f"{raw.cassandra_cpu_s:.1f}"
             reference = Figure(
-                "ingest", f"raw loader, {workload}", raw.rate, "samples/s",
+                "ingest",
+                f"raw loader, {workload}",
+                raw.rate,
+                "samples/s",
                 note=f"{raw.best} won the trial ({trials}/s); CPU s loader {raw.loader_cpu_s:.1f}, cassandra {cassandra}",
             )
             found.append(reference)
@@ -314,16 +356,32 @@ def figures(tsgate_runs: list[TsgateRun], raw_runs: list[RawRun]) -> list[Figure
         for run in sorted((run for run in tsgate_runs if run.workload == workload), key=lambda run: run.workers):
             name = f"{workers_name(run.workers)}, {workload}"
             rate = run.samples / run.stored_s
-            note = f"{cpu_note(run.gateway_cpu_s, run.cassandra_cpu_s, run.samples)}; box {run.box_busy_s:.1f} cores busy"
+            note = (
+                f"{cpu_note(run.gateway_cpu_s, run.cassandra_cpu_s, run.samples)}; box {run.box_busy_s:.1f} cores busy"
+            )
             figure = Figure(
-                "ingest", name, rate, "samples/s", reference.name if reference else "",
-                rate / reference.value if reference else None, note,
+                "ingest",
+                name,
+                rate,
+                "samples/s",
+                reference.name if reference else "",
+                rate / reference.value if reference else None,
+                note,
             )
             found.append(figure)
             if run.workers == 1:
                 one = figure
             elif one:
-                found.append(Figure("ingest", f"{workers_name(run.workers)} vs 1, {workload}", rate, "samples/s", one.name, rate / one.value))
+                found.append(
+                    Figure(
+                        "ingest",
+                        f"{workers_name(run.workers)} vs 1, {workload}",
+                        rate,
+                        "samples/s",
+                        one.name,
+                        rate / one.value,
+                    )
+                )
     return found
 
 

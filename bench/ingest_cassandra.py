@@ -25,8 +25,19 @@ from cassandra.concurrent import execute_concurrent, execute_concurrent_with_arg
 from cassandra.query import BatchStatement, BatchType
 
 from bench.common import (
-    CONSISTENCY, REQUEST_TIMEOUT_S, BenchError, Service, box_busy_s, cassandra, connect, drop_keyspace, exit_with,
-    post_until_accepted, process_cpu_s, settle, tsgate_service,
+    CONSISTENCY,
+    REQUEST_TIMEOUT_S,
+    BenchError,
+    Service,
+    box_busy_s,
+    cassandra,
+    connect,
+    drop_keyspace,
+    exit_with,
+    post_until_accepted,
+    process_cpu_s,
+    settle,
+    tsgate_service,
 )
 from gateway.model import now_ms, series_set_hash, series_set_text
 from gateway.store.cassandra import ROWS_PER_BATCH, CassandraStore
@@ -108,7 +119,11 @@ def measure(path: str, round_: int, samples: int, pids: dict[str, int], run) -> 
     """
 
     def snapshot() -> dict[str, float]:
-        return {"client": time.process_time(), "box": box_busy_s(), **{name: process_cpu_s(pid) for name, pid in pids.items()}}
+        return {
+            "client": time.process_time(),
+            "box": box_busy_s(),
+            **{name: process_cpu_s(pid) for name, pid in pids.items()},
+        }
 
     print(f"running: {path}, round {round_} ...", file=sys.stderr, flush=True)
     gc.collect()
@@ -185,9 +200,13 @@ def partition_batches(insert, rows: list[tuple]):
 
 def verify_rows(session, keyspace: str, tenant: str, expected: dict[tuple[str, int], dict[int, float]]) -> None:
     """Read back every data_raw partition of the tenant; every row must be there with its value."""
-    select = session.prepare(f"SELECT ts, value FROM {keyspace}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot = ?")
+    select = session.prepare(
+        f"SELECT ts, value FROM {keyspace}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot = ?"
+    )
     keys = list(expected)
-    results = execute_concurrent_with_args(session, select, [(tenant, hash_, slot) for hash_, slot in keys], concurrency=64)
+    results = execute_concurrent_with_args(
+        session, select, [(tenant, hash_, slot) for hash_, slot in keys], concurrency=64
+    )
     found = wrong = 0
     for key, (_, rows) in zip(keys, results):
         stored = {row.ts: row.value for row in rows}
@@ -195,7 +214,9 @@ def verify_rows(session, keyspace: str, tenant: str, expected: dict[tuple[str, i
         wrong += sum(1 for ts, value in expected[key].items() if stored.get(ts) != value)
     wanted = sum(len(points) for points in expected.values())
     if found != wanted or wrong:
-        raise BenchError(f"tenant {tenant}: {found} of {wanted} rows in data_raw, {wrong} missing or with a wrong value")
+        raise BenchError(
+            f"tenant {tenant}: {found} of {wanted} rows in data_raw, {wrong} missing or with a wrong value"
+        )
     print(f"verified: tenant {tenant} has all {wanted} rows in data_raw", file=sys.stderr)
 
 
@@ -216,7 +237,10 @@ def verify_query(gateway: Service, tenant: str, workload: Workload) -> None:
             f"GET /api/query returned {len(got)} series and {points} points, not exactly the "
             f"{len(expected)} series and {len(workload.samples)} points written"
         )
-    print(f"verified: GET /api/query for tenant {tenant} returns all {len(got)} series and {len(workload.samples)} points", file=sys.stderr)
+    print(
+        f"verified: GET /api/query for tenant {tenant} returns all {len(got)} series and {len(workload.samples)} points",
+        file=sys.stderr,
+    )
 
 
 def print_report(results: list[Result]) -> None:
@@ -242,7 +266,9 @@ def print_report(results: list[Result]) -> None:
         if path.startswith("gateway") and raw_path:
             ratio = best[path] / best[raw_path]
             verdict = "met" if ratio >= TARGET_RATIO else "MISSED"
-            print(f"{path} / {raw_path} = {best[path]:.0f} / {best[raw_path]:.0f} = {ratio:.2f}   target >= {TARGET_RATIO}: {verdict}")
+            print(
+                f"{path} / {raw_path} = {best[path]:.0f} / {best[raw_path]:.0f} = {ratio:.2f}   target >= {TARGET_RATIO}: {verdict}"
+            )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -252,18 +278,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--series", type=int, default=1000, help="series (default 1000)")
     parser.add_argument("--points", type=int, default=100, help="points per series, 10 s apart (default 100)")
     parser.add_argument(
-        "--order", choices=["series", "time"], default="series",
+        "--order",
+        choices=["series", "time"],
+        default="series",
         help="series: a series' points are adjacent (default); time: one point of every series, then the next",
     )
     parser.add_argument("--batch", type=int, default=2000, help="samples per POST /api/write (default 2000)")
     parser.add_argument("--concurrency", type=int, default=4, help="parallel HTTP connections (default 4)")
-    parser.add_argument("--raw-inflight", type=int, default=256, help="raw loader requests in flight (default 256, the gateway's max_inflight)")
-    parser.add_argument("--warmup", type=int, default=20000, help="samples every path writes first, untimed (default 20000)")
-    parser.add_argument("--rounds", type=int, default=1, help="measure every path this many times; the ratio uses the best of each (default 1)")
+    parser.add_argument(
+        "--raw-inflight",
+        type=int,
+        default=256,
+        help="raw loader requests in flight (default 256, the gateway's max_inflight)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=20000, help="samples every path writes first, untimed (default 20000)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every path this many times; the ratio uses the best of each (default 1)",
+    )
     parser.add_argument("--skip-gateway", action="store_true", help="measure the raw loader only")
     parser.add_argument("--skip-raw", action="store_true", help="measure the gateway only")
     args = parser.parse_args(argv)
-    if min(args.series, args.points, args.batch, args.concurrency, args.raw_inflight, args.rounds) < 1 or args.warmup < 0:
+    if (
+        min(args.series, args.points, args.batch, args.concurrency, args.raw_inflight, args.rounds) < 1
+        or args.warmup < 0
+    ):
         parser.error("sizes must be positive")
     if args.skip_gateway and args.skip_raw:
         parser.error("--skip-gateway and --skip-raw leave nothing to measure")
@@ -301,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         gateway = None
         if not args.skip_gateway:
             gateway = tsgate_service(
-                "gateway", ["--store", store_url], workdir / "gateway.log",
+                "gateway",
+                ["--store", store_url],
+                workdir / "gateway.log",
                 # No roll-ups in this process: they run in the background and would blur the ingest figures.
                 ["--roles", "ingest,query", "--max-body-bytes", str(max(10 << 20, max(map(len, bodies))))],
             )
@@ -327,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
                 tenant = f"{GATEWAY_TENANT}{round_}"
                 for path in ("gateway HTTP JSON, new series", "gateway HTTP JSON, known series"):
                     result, retried = measure(
-                        path, round_, len(workload.samples), {**pids, "gateway": gateway.pid},
+                        path,
+                        round_,
+                        len(workload.samples),
+                        {**pids, "gateway": gateway.pid},
                         lambda: post_all(gateway.port, bodies, tenant, args.concurrency),
                     )
                     results.append(result)
@@ -341,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                     ("raw loader, partition batches", f"{BATCHES_TENANT}{round_}", load_batches),
                 ):
                     rows = workload.rows(tenant)
-                    result, _ = measure(path, round_, len(rows), pids, lambda: load(session, insert, rows, args.raw_inflight))
+                    result, _ = measure(
+                        path, round_, len(rows), pids, lambda: load(session, insert, rows, args.raw_inflight)
+                    )
                     results.append(result)
                     verify_rows(session, keyspace, tenant, expected)
 

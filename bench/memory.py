@@ -39,7 +39,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.common import BenchError, connect, fresh_keyspace, post_until_accepted, process_tree, run_part_alone, tsgate_service
+from bench.common import (
+    BenchError,
+    connect,
+    fresh_keyspace,
+    post_until_accepted,
+    process_tree,
+    run_part_alone,
+    tsgate_service,
+)
 from bench.remote_write import HEADERS
 from bench.report import Figure
 from gateway.config import SETTINGS, parse_hostport
@@ -76,7 +84,13 @@ def status_kib(pid: int, field: str) -> int:
 
 def labels(i: int) -> dict[str, str]:
     """Five labels as a node exporter's series look; ten series per instance."""
-    return {"__name__": "bench_memory", "job": "bench", "instance": f"host{i // 10}:9100", "i": str(i), "region": "eu-1"}
+    return {
+        "__name__": "bench_memory",
+        "job": "bench",
+        "instance": f"host{i // 10}:9100",
+        "i": str(i),
+        "region": "eu-1",
+    }
 
 
 def send(port: int, series: int) -> float:
@@ -113,7 +127,11 @@ def send(port: int, series: int) -> float:
                 finally:
                     for request in requests:  # after a failure, send no more
                         request.cancel()
-                print(f"memory: {series} series, round at {ts} done after {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+                print(
+                    f"memory: {series} series, round at {ts} done after {time.perf_counter() - started:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         for connection in connections:
             connection.close()
@@ -130,7 +148,9 @@ def check_counts(gateway, series: int) -> None:
     created = float(counters.get("tsgate_series_metadata_writes_total", "nan"))
     accepted = float(counters.get('tsgate_samples_accepted_total{protocol="prometheus"}', "nan"))
     if status != 200 or created != series or accepted != series * ROUNDS:
-        raise BenchError(f"/metrics: {created} series created, {accepted} samples accepted; {series} and {series * ROUNDS} expected")
+        raise BenchError(
+            f"/metrics: {created} series created, {accepted} samples accepted; {series} and {series * ROUNDS} expected"
+        )
 
 
 def measure(store: str, store_args: list[str], series: int, log_path: Path) -> Measured:
@@ -161,8 +181,23 @@ def figures(measured: Measured, why: str) -> list[Figure]:
         note += f"; {why}"
     return [
         Figure(SECTION, idle, measured.idle_kib / 1024, "MiB"),
-        Figure(SECTION, f"gateway peak RSS (VmHWM), {size}", measured.peak_kib / 1024, "MiB", idle, measured.peak_kib / measured.idle_kib, note),
-        Figure(SECTION, f"gateway RSS at end (VmRSS), {size}", measured.end_kib / 1024, "MiB", idle, measured.end_kib / measured.idle_kib),
+        Figure(
+            SECTION,
+            f"gateway peak RSS (VmHWM), {size}",
+            measured.peak_kib / 1024,
+            "MiB",
+            idle,
+            measured.peak_kib / measured.idle_kib,
+            note,
+        ),
+        Figure(
+            SECTION,
+            f"gateway RSS at end (VmRSS), {size}",
+            measured.end_kib / 1024,
+            "MiB",
+            idle,
+            measured.end_kib / measured.idle_kib,
+        ),
     ]
 
 

@@ -45,7 +45,9 @@ def plot_rates(figures: list[Figure], path: Path, title: str) -> bool:
         scale = ", log scale" if axis.get_yscale() == "log" else ""
         axis.set_ylabel(f"samples per second (plaintext: lines){scale}")
         axis.set_title(
-            "ingest: first byte until all stored in Cassandra" if section == "ingest" else "receive: first byte until all consumed",
+            "ingest: first byte until all stored in Cassandra"
+            if section == "ingest"
+            else "receive: first byte until all consumed",
             fontsize=10,
         )
     fig.suptitle(title)

@@ -48,7 +48,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.common import BenchError, Service, connect, exit_with, fresh_keyspace, post_until_accepted, settle, tsgate_service, which
+from bench.common import (
+    BenchError,
+    Service,
+    connect,
+    exit_with,
+    fresh_keyspace,
+    post_until_accepted,
+    settle,
+    tsgate_service,
+    which,
+)
 from bench.find import percentile
 from bench.queries import Timed
 from bench.remote_write import HEADERS, TENANT, prometheus_service
@@ -88,7 +98,9 @@ class Workload:
         for hour in range(hours):
             rounds = range(hour * per_hour, (hour + 1) * per_hour)
             for g, group in enumerate(groups):
-                body = encode_write_request_v1(Series(self.labels[i], [(self.stamp_ms(r), self.value(i, r)) for r in rounds]) for i in group)
+                body = encode_write_request_v1(
+                    Series(self.labels[i], [(self.stamp_ms(r), self.value(i, r)) for r in rounds]) for i in group
+                )
                 self.bodies[g % SHARDS].append(body)
 
     def stamp_ms(self, r: int) -> int:
@@ -103,7 +115,12 @@ class Workload:
             out.write("# TYPE x unknown\n")
             for i, labels in enumerate(self.labels):
                 name = f'x{{instance="{labels["instance"]}",job="{labels["job"]}"}}'
-                out.write("".join(f"{name} {self.value(i, r)!r} {self.start_s + r * self.interval_s}\n" for r in range(self.rounds)))
+                out.write(
+                    "".join(
+                        f"{name} {self.value(i, r)!r} {self.start_s + r * self.interval_s}\n"
+                        for r in range(self.rounds)
+                    )
+                )
             out.write("# EOF\n")
 
     def query_path(self, step_s: int) -> str:
@@ -136,12 +153,16 @@ def matrix(answer: bytes) -> dict[str, list]:
 def reference_check(workload: Workload, step_s: int, reference: dict):
     """Prometheus's answer: every job at every step whose 5 m window holds two samples (all but
     the first few); kept in ``reference`` for tsgate's check."""
-    steps = sum(1 for t in range(workload.start_s, workload.end_s + 1, step_s) if t >= workload.start_s + workload.interval_s)
+    steps = sum(
+        1 for t in range(workload.start_s, workload.end_s + 1, step_s) if t >= workload.start_s + workload.interval_s
+    )
 
     def check(answer: bytes) -> None:
         found = matrix(answer)
         if len(found) != workload.jobs or any(len(values) != steps for values in found.values()):
-            raise BenchError(f"prometheus: {len(found)} series of {[len(v) for v in found.values()][:3]} points; expected {workload.jobs} of {steps}")
+            raise BenchError(
+                f"prometheus: {len(found)} series of {[len(v) for v in found.values()][:3]} points; expected {workload.jobs} of {steps}"
+            )
         reference.update(found)
 
     return checked_once(check)
@@ -179,7 +200,9 @@ def started_prometheus(stack: contextlib.ExitStack, workdir: Path, workload: Wor
     started = time.perf_counter()
     result = subprocess.run(
         [which("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(text), str(workdir / "data")],
-        capture_output=True, text=True, timeout=1800,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     if result.returncode:
         raise BenchError(f"promtool exited with {result.returncode}: {result.stderr[-2000:]}")
@@ -191,7 +214,9 @@ def started_prometheus(stack: contextlib.ExitStack, workdir: Path, workload: Wor
     return service
 
 
-def started_tsgate(stack: contextlib.ExitStack, name: str, store_url: str, workdir: Path, workload: Workload) -> tuple[Service, str]:
+def started_tsgate(
+    stack: contextlib.ExitStack, name: str, store_url: str, workdir: Path, workload: Workload
+) -> tuple[Service, str]:
     """A gateway on store_url holding the workload, sealed (stopped with the stack), and a note
     saying whether the downsampler sealed every series-slot."""
     gateway = tsgate_service(name, ["--store", store_url], workdir / f"{name}.log", ["--workers", "1"])
@@ -218,7 +243,9 @@ def cassandra_store(stack: contextlib.ExitStack, at: str) -> str:
 def time_interleaved(targets: dict[str, Target], path: str, runs: int) -> dict[str, Timed]:
     """One warm-up request to each target, then ``runs`` rounds of one timed request to each, in
     turn (the order reversed every other round), so that the box's other load falls on all alike."""
-    connections = {name: http.client.HTTPConnection("127.0.0.1", target.port, timeout=600) for name, target in targets.items()}
+    connections = {
+        name: http.client.HTTPConnection("127.0.0.1", target.port, timeout=600) for name, target in targets.items()
+    }
     samples: dict[str, list[float]] = {name: [] for name in targets}
     sizes = {}
     try:
@@ -239,7 +266,9 @@ def time_interleaved(targets: dict[str, Target], path: str, runs: int) -> dict[s
     finally:
         for connection in connections.values():
             connection.close()
-    return {name: Timed(percentile(found, 0.5), percentile(found, 0.99), sizes[name]) for name, found in samples.items()}
+    return {
+        name: Timed(percentile(found, 0.5), percentile(found, 0.99), sizes[name]) for name, found in samples.items()
+    }
 
 
 def figures(timings: dict[str, Timed], notes: dict[str, str], label: str) -> list[Figure]:
@@ -248,21 +277,33 @@ def figures(timings: dict[str, Timed], notes: dict[str, str], label: str) -> lis
     for name, timed in timings.items():
         measured = reference if name == "prometheus" else f"{name}, {label}"
         ratio = None if name == "prometheus" else timed.p50 / timings["prometheus"].p50
-        note = notes[name] if ratio is None else f"{notes[name]}; target <= {TARGET_RATIO:g} x Prometheus: {'met' if ratio <= TARGET_RATIO else 'missed'}"
+        note = (
+            notes[name]
+            if ratio is None
+            else f"{notes[name]}; target <= {TARGET_RATIO:g} x Prometheus: {'met' if ratio <= TARGET_RATIO else 'missed'}"
+        )
         found.append(Figure(SECTION, measured, timed.p50, "ms p50", "" if ratio is None else reference, ratio, note))
         found.append(Figure(SECTION, measured, timed.p99, "ms p99", note=f"{timed.answer_bytes} bytes an answer"))
     return found
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.promql", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.promql", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--series", type=int, default=1000)
     parser.add_argument("--jobs", type=int, default=10, help="distinct job label values (default 10)")
     parser.add_argument("--hours", type=int, default=24)
-    parser.add_argument("--interval", type=int, default=60, help="seconds between samples (default 60; must divide 3600)")
+    parser.add_argument(
+        "--interval", type=int, default=60, help="seconds between samples (default 60; must divide 3600)"
+    )
     parser.add_argument("--step", type=int, default=60, help="query_range step in seconds (default 60)")
-    parser.add_argument("--runs", type=int, default=10, help="timed requests per server, after one warm-up (default 10)")
-    parser.add_argument("--cassandra", metavar="HOST:PORT", help="also measure tsgate on a fresh keyspace of this Cassandra")
+    parser.add_argument(
+        "--runs", type=int, default=10, help="timed requests per server, after one warm-up (default 10)"
+    )
+    parser.add_argument(
+        "--cassandra", metavar="HOST:PORT", help="also measure tsgate on a fresh keyspace of this Cassandra"
+    )
     args = parser.parse_args(argv)
     if min(args.series, args.jobs, args.hours, args.interval, args.step, args.runs) < 1 or 3600 % args.interval:
         parser.error("sizes must be positive and --interval divide 3600")
@@ -271,8 +312,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(f"tsgate promql bench: {args.series} series x {args.hours} h @{args.interval}s, {QUERY} at step {args.step}s; "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"tsgate promql bench: {args.series} series x {args.hours} h @{args.interval}s, {QUERY} at step {args.step}s; "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     workload = Workload(args.series, args.jobs, args.hours, args.interval, slot_end_before(now_ms()))
     workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-promql-"))
     reference: dict = {}
@@ -297,7 +341,11 @@ def main(argv: list[str] | None = None) -> int:
             timings = time_interleaved(targets, workload.query_path(args.step), args.runs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(format_table(figures(timings, notes, f"{args.series} series x {args.hours}h @{args.interval}s, step {args.step}s")))
+    print(
+        format_table(
+            figures(timings, notes, f"{args.series} series x {args.hours}h @{args.interval}s, step {args.step}s")
+        )
+    )
     return 1 if failed else 0
 
 

@@ -103,7 +103,11 @@ def write_json(port: int, what: str, items: list[dict], tenant: str | None = Non
     started = time.perf_counter()
     post_all(port, bodies, tenant or TENANTS[what], CONNECTIONS)
     seconds = time.perf_counter() - started
-    print(f"query: wrote {what}: {len(items)} samples in {seconds:.1f} s ({len(items) / seconds:.0f}/s)", file=sys.stderr, flush=True)
+    print(
+        f"query: wrote {what}: {len(items)} samples in {seconds:.1f} s ({len(items) / seconds:.0f}/s)",
+        file=sys.stderr,
+        flush=True,
+    )
     return seconds
 
 
@@ -129,7 +133,10 @@ def time_requests(port: int, method: str, path: str, body: bytes | None, headers
 
 
 def figures(name: str, timed: Timed, note: str) -> list[Figure]:
-    return [Figure(SECTION, name, timed.p50, "ms p50", note=note), Figure(SECTION, name, timed.p99, "ms p99", note=note)]
+    return [
+        Figure(SECTION, name, timed.p50, "ms p50", note=note),
+        Figure(SECTION, name, timed.p99, "ms p99", note=note),
+    ]
 
 
 def render_check(names: list[str], stamps: list[int], value, buckets: int | None):
@@ -151,7 +158,9 @@ def render_check(names: list[str], stamps: list[int], value, buckets: int | None
             expected = {t: value(i, j) for t, j in point_of.items() if first <= t <= last}
             got = {t: v for v, t in points if v is not None}
             if got != expected:
-                raise BenchError(f"render: {s['target']} has {len(got)} values where {len(expected)} were written, or wrong ones")
+                raise BenchError(
+                    f"render: {s['target']} has {len(got)} values where {len(expected)} were written, or wrong ones"
+                )
 
     return check
 
@@ -160,9 +169,15 @@ def bench_render(port: int, series: int, requests: int) -> list[Figure]:
     """``series`` paths x 24 h at 10 s, rendered all at once at their 10 s step."""
     stamps = timestamps(RENDER_POINTS)
     names = [f"bench.render.s{i}" for i in range(series)]
-    write_json(port, "render", [
-        {"metricName": names[i], "ts": ts, "value": value(i, j)} for i in range(series) for j, ts in enumerate(stamps)
-    ])
+    write_json(
+        port,
+        "render",
+        [
+            {"metricName": names[i], "ts": ts, "value": value(i, j)}
+            for i in range(series)
+            for j, ts in enumerate(stamps)
+        ],
+    )
     check = render_check(names, stamps, value, RENDER_POINTS)
     query = urllib.parse.urlencode({"target": "bench.render.*", "from": "-24h", "format": "json"})
     timed = time_requests(port, "GET", f"/render?{query}", None, {"X-Tenant": TENANTS["render"]}, requests, check)
@@ -174,7 +189,8 @@ def write_tree(store_url: str, metrics: int) -> None:
     """bench/find.py's tree through the store's write_series, in a child process (see the docstring)."""
     subprocess.run(
         [sys.executable, "-m", "bench.queries", "--write-tree", store_url, str(metrics)],
-        cwd=REPO, check=True,
+        cwd=REPO,
+        check=True,
     )
 
 
@@ -185,7 +201,11 @@ async def write_tree_here(store_url: str, metrics: int) -> None:
         written, seconds = await populate(store, TENANTS["find"], metrics, TREE_BATCH, TREE_CONCURRENCY)
     finally:
         await store.close()
-    print(f"query: wrote the find tree: {written} paths in {seconds:.1f} s ({written / seconds:.0f}/s)", file=sys.stderr, flush=True)
+    print(
+        f"query: wrote the find tree: {written} paths in {seconds:.1f} s ({written / seconds:.0f}/s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def bench_find(port: int, store_url: str, metrics: int, requests: int) -> list[Figure]:
@@ -199,7 +219,9 @@ def bench_find(port: int, store_url: str, metrics: int, requests: int) -> list[F
         if label not in matches:
             continue
         with contextlib.closing(http.client.HTTPConnection("127.0.0.1", port, timeout=300)) as connection:
-            connection.request("GET", "/metrics/find?" + urllib.parse.urlencode({"query": query, "format": "json"}), headers=headers)
+            connection.request(
+                "GET", "/metrics/find?" + urllib.parse.urlencode({"query": query, "format": "json"}), headers=headers
+            )
             response = connection.getresponse()
             nodes = response.read()
         if response.status != 200 or len(json.loads(nodes)) != matches[label]:
@@ -213,7 +235,9 @@ def bench_find(port: int, store_url: str, metrics: int, requests: int) -> list[F
             if answer != first[0] or not json.loads(answer):
                 raise BenchError(f"find {query}: an empty answer, or answers differ between requests")
 
-        timed = time_requests(port, "GET", "/metrics/find?" + urllib.parse.urlencode({"query": query}), None, headers, requests, check)
+        timed = time_requests(
+            port, "GET", "/metrics/find?" + urllib.parse.urlencode({"query": query}), None, headers, requests, check
+        )
         note = f"{requests} requests, {matches[label]} nodes reached, treejson {timed.answer_bytes} B"
         results += figures(f"find {query} ({label}), {metrics // 1000}k paths", timed, note)
     return results
@@ -246,11 +270,15 @@ def remote_read_series(answer: bytes, response_type: str) -> list[tuple[dict, li
 def bench_remote_read(port: int, series: int, requests: int) -> list[Figure]:
     """``series`` series x 1 h at 10 s, read back by one query matching them all, in both answer types."""
     stamps = timestamps(READ_POINTS)
-    write_json(port, "read", [
-        {"metricName": READ_METRIC, "tags": {"job": "bench", "i": str(i)}, "ts": ts, "value": value(i, j)}
-        for i in range(series)
-        for j, ts in enumerate(stamps)
-    ])
+    write_json(
+        port,
+        "read",
+        [
+            {"metricName": READ_METRIC, "tags": {"job": "bench", "i": str(i)}, "ts": ts, "value": value(i, j)}
+            for i in range(series)
+            for j, ts in enumerate(stamps)
+        ],
+    )
     expected = {str(i): [(ts, value(i, j)) for j, ts in enumerate(stamps)] for i in range(series)}
     query = prometheus.Query(stamps[0], stamps[-1], [prometheus.Matcher("EQ", "__name__", READ_METRIC)])
 
@@ -263,7 +291,9 @@ def bench_remote_read(port: int, series: int, requests: int) -> list[Figure]:
                 found[labels["i"]] = samples
             if found != expected:
                 counts = sorted({len(samples) for samples in found.values()})
-                raise BenchError(f"remote read: {len(found)} series of {counts} samples, not {series} x {READ_POINTS} as written")
+                raise BenchError(
+                    f"remote read: {len(found)} series of {counts} samples, not {series} x {READ_POINTS} as written"
+                )
 
         return check
 
@@ -287,7 +317,9 @@ def run(cassandra: str, workdir: Path, quick: bool) -> list[Figure]:
     try:
         with fresh_keyspace(cluster.connect(), host, port, f"tsgate_bench_query_{os.getpid()}") as store_url:
             gateway = tsgate_service(
-                "tsgate", ["--store", store_url], workdir / "tsgate-query.log",
+                "tsgate",
+                ["--store", store_url],
+                workdir / "tsgate-query.log",
                 ["--workers", "1", "--roles", "ingest,query", "--graphite-storage-schemas", str(schemas)],
             )
             try:

@@ -20,7 +20,9 @@ from typing import NamedTuple
 
 from bench.common import Service, box_busy_s, tree_cpu_s, which
 from bench.ingest import TsgateRun, label, workers_name
-from bench.remote_write import Workload as RemoteWriteWorkload, prometheus_service, send as send_remote_write
+from bench.remote_write import Workload as RemoteWriteWorkload
+from bench.remote_write import prometheus_service
+from bench.remote_write import send as send_remote_write
 from bench.report import Figure
 from bench.workloads import PlaintextWorkload, send_plaintext
 from gateway.devservices.process import free_port
@@ -75,9 +77,17 @@ def carbon_cache_service(workdir: Path) -> tuple[Service, int]:
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     line_port = free_port()
     conf = workdir / "conf" / "carbon.conf"
-    conf.write_text(CARBON_CONF.format(dir=workdir, line_port=line_port, pickle_port=free_port(), query_port=free_port()))
+    conf.write_text(
+        CARBON_CONF.format(dir=workdir, line_port=line_port, pickle_port=free_port(), query_port=free_port())
+    )
     (workdir / "conf" / "storage-schemas.conf").write_text(STORAGE_SCHEMAS)
-    command = [which("carbon-cache"), f"--config={conf}", f"--pidfile={workdir / 'carbon-cache.pid'}", "--debug", "start"]
+    command = [
+        which("carbon-cache"),
+        f"--config={conf}",
+        f"--pidfile={workdir / 'carbon-cache.pid'}",
+        "--debug",
+        "start",
+    ]
     return Service("carbon-cache", command, line_port, None, workdir / "carbon-cache.log"), line_port
 
 
@@ -99,8 +109,16 @@ def receivers(workdir: Path):
     """(name, start() -> (service, plaintext port or None), workload kinds it takes), in run order."""
     return [
         ("carbon-cache", lambda: carbon_cache_service(workdir / "carbon-cache"), {PlaintextWorkload}),
-        ("victoria-metrics", lambda: victoria_metrics_service(workdir / "victoria-metrics"), {PlaintextWorkload, RemoteWriteWorkload}),
-        ("prometheus", lambda: (prometheus_service(which("prometheus"), mkdir(workdir / "prometheus")), None), {RemoteWriteWorkload}),
+        (
+            "victoria-metrics",
+            lambda: victoria_metrics_service(workdir / "victoria-metrics"),
+            {PlaintextWorkload, RemoteWriteWorkload},
+        ),
+        (
+            "prometheus",
+            lambda: (prometheus_service(which("prometheus"), mkdir(workdir / "prometheus")), None),
+            {RemoteWriteWorkload},
+        ),
     ]
 
 
@@ -124,7 +142,9 @@ def run_references(workloads: list, workdir: Path, attempt) -> list[ReceiveRun]:
                 continue
             service, plaintext_port = started
             for workload in chosen:
-                run = attempt(f"receive, {name}, {label(workload)}", lambda: measure(name, service, plaintext_port, workload))
+                run = attempt(
+                    f"receive, {name}, {label(workload)}", lambda: measure(name, service, plaintext_port, workload)
+                )
                 if run:
                     runs.append(run)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -153,11 +173,20 @@ def measure(name: str, service: Service, plaintext_port: int | None, workload) -
         seconds = time.perf_counter() - started
         if errors or acknowledged != workload.samples:
             raise RuntimeError(f"{acknowledged} of {workload.samples} samples acknowledged; errors: {errors}")
-    return ReceiveRun(name, label(workload), workload.samples, seconds, tree_cpu_s(service.pid) - cpu_before, (box_busy_s() - box_before) / seconds)
+    return ReceiveRun(
+        name,
+        label(workload),
+        workload.samples,
+        seconds,
+        tree_cpu_s(service.pid) - cpu_before,
+        (box_busy_s() - box_before) / seconds,
+    )
 
 
 def from_tsgate(run: TsgateRun) -> ReceiveRun:
-    return ReceiveRun(workers_name(run.workers), run.workload, run.samples, run.received_s, run.gateway_cpu_received, run.box_busy_s)
+    return ReceiveRun(
+        workers_name(run.workers), run.workload, run.samples, run.received_s, run.gateway_cpu_received, run.box_busy_s
+    )
 
 
 def figures(references: list[ReceiveRun], tsgate_runs: list[TsgateRun]) -> list[Figure]:
@@ -170,15 +199,21 @@ def figures(references: list[ReceiveRun], tsgate_runs: list[TsgateRun]) -> list[
         ours = [run for run in these if run.receiver.startswith("tsgate")]
         theirs = [run for run in these if not run.receiver.startswith("tsgate")]
         for per_core in (False, True):
+
             def value(run: ReceiveRun) -> float:
                 return run.samples / (run.cpu_s if per_core else run.seconds)
 
             suffix = ", per core" if per_core else ""
             for run in theirs:
-                found.append(Figure(
-                    "receive", f"{run.receiver}, {workload}{suffix}", value(run), f"{unit}/{'cpu-s' if per_core else 's'}",
-                    note=f"CPU s {run.cpu_s:.1f} in {run.seconds:.1f} s; box {run.box_busy_s:.1f} cores busy",
-                ))
+                found.append(
+                    Figure(
+                        "receive",
+                        f"{run.receiver}, {workload}{suffix}",
+                        value(run),
+                        f"{unit}/{'cpu-s' if per_core else 's'}",
+                        note=f"CPU s {run.cpu_s:.1f} in {run.seconds:.1f} s; box {run.box_busy_s:.1f} cores busy",
+                    )
+                )
             for run in ours:
                 bound = "reading pauses while 200k lines wait for" if unit == "lines" else "answers once stored in"
                 note = (
@@ -186,9 +221,15 @@ def figures(references: list[ReceiveRun], tsgate_runs: list[TsgateRun]) -> list[
                     f"box {run.box_busy_s:.1f} cores busy; store-bound: {bound} Cassandra"
                 )
                 for reference in theirs or [None]:
-                    found.append(Figure(
-                        "receive", f"{run.receiver}, {workload}{suffix}", value(run), f"{unit}/{'cpu-s' if per_core else 's'}",
-                        f"{reference.receiver}, {workload}{suffix}" if reference else "",
-                        value(run) / value(reference) if reference else None, note,
-                    ))
+                    found.append(
+                        Figure(
+                            "receive",
+                            f"{run.receiver}, {workload}{suffix}",
+                            value(run),
+                            f"{unit}/{'cpu-s' if per_core else 's'}",
+                            f"{reference.receiver}, {workload}{suffix}" if reference else "",
+                            value(run) / value(reference) if reference else None,
+                            note,
+                        )
+                    )
     return found

@@ -57,7 +57,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.common import BenchError, Service, box_busy_s, cassandra, connect, drop_keyspace, process_cpu_s, tsgate_service
+from bench.common import (
+    BenchError,
+    Service,
+    box_busy_s,
+    cassandra,
+    connect,
+    drop_keyspace,
+    process_cpu_s,
+    tsgate_service,
+)
 from gateway.devservices.process import free_port
 from gateway.model import now_ms
 from gateway.store.cassandra import CassandraStore
@@ -173,7 +182,9 @@ def started(target: str, args: argparse.Namespace, workdir: Path):
                 # Leave a Cassandra we were given as we found it.
                 cluster = stack.enter_context(connect(host, port))
                 stack.callback(drop_keyspace, cluster.connect(), keyspace)
-            service = tsgate_service(TARGETS[target], ["--store", f"cassandra://{host}:{port}/{keyspace}"], workdir / "tsgate.log")
+            service = tsgate_service(
+                TARGETS[target], ["--store", f"cassandra://{host}:{port}/{keyspace}"], workdir / "tsgate.log"
+            )
         stack.callback(service.stop)
         service.start(START_TIMEOUT_S)
         yield service, pids
@@ -247,9 +258,15 @@ def measure(name: str, service: Service, pids: dict[str, int], workload: Workloa
     pids = {"target": service.pid, **pids}
 
     def snapshot() -> dict[str, float]:
-        return {"client": time.process_time(), "box": box_busy_s(), **{key: process_cpu_s(pid) for key, pid in pids.items()}}
+        return {
+            "client": time.process_time(),
+            "box": box_busy_s(),
+            **{key: process_cpu_s(pid) for key, pid in pids.items()},
+        }
 
-    print(f"running: {name}, {workload.requests} x {workload.series_per_request} series ...", file=sys.stderr, flush=True)
+    print(
+        f"running: {name}, {workload.requests} x {workload.series_per_request} series ...", file=sys.stderr, flush=True
+    )
     before = snapshot()
     started_at = time.perf_counter()
     acknowledged, errors = send(service.port, workload, timeout_s)
@@ -261,13 +278,15 @@ def measure(name: str, service: Service, pids: dict[str, int], workload: Workloa
 
 def check_tsgate(service: Service, workload: Workload, acknowledged: int) -> str:
     """Read the run's series back through GET /api/query; every stored sample must have its value."""
-    query = urllib.parse.urlencode({
-        "metricName": METRIC,
-        "tag": f"job={workload.job}",
-        "start": workload.timestamps[0],
-        "end": workload.timestamps[-1],
-        "tenant": TENANT,
-    })
+    query = urllib.parse.urlencode(
+        {
+            "metricName": METRIC,
+            "tag": f"job={workload.job}",
+            "start": workload.timestamps[0],
+            "end": workload.timestamps[-1],
+            "tenant": TENANT,
+        }
+    )
     started_at = time.perf_counter()
     status, body = service.get(f"/api/query?{query}", CHECK_TIMEOUT_S)
     if status != 200:
@@ -330,19 +349,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m bench.remote_write", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--series-per-request", type=sizes, action="append", metavar="S[,S...]",
+        "--series-per-request",
+        type=sizes,
+        action="append",
+        metavar="S[,S...]",
         help="series (1 sample each) per request; repeatable or comma-separated (default 500,2000)",
     )
     parser.add_argument("--requests", type=int, help=f"requests per size (default: {SAMPLES_PER_SIZE} samples / S)")
     parser.add_argument("--concurrency", type=int, default=4, help="connections, one per shard (default 4)")
     parser.add_argument(
-        "--warmup-rounds", type=int, default=10, help="untimed rounds of other series each target takes first (default 10)"
+        "--warmup-rounds",
+        type=int,
+        default=10,
+        help="untimed rounds of other series each target takes first (default 10)",
     )
     parser.add_argument("--skip", action="append", choices=TARGETS, default=[], help="leave a target out; repeatable")
     parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
     parser.add_argument("--heap", default="1G", help="heap of the Cassandra started here (default 1G)")
     parser.add_argument(
-        "--run-timeout", type=float, default=600, help="seconds one timed run may take; the rest is left unsent (default 600)"
+        "--run-timeout",
+        type=float,
+        default=600,
+        help="seconds one timed run may take; the rest is left unsent (default 600)",
     )
     args = parser.parse_args(argv)
     args.series_per_request = [s for group in args.series_per_request or [[500, 2000]] for s in group]

@@ -65,14 +65,30 @@ from typing import NamedTuple
 import numpy as np
 
 from bench.common import (
-    REPO, BenchError, PartialResults, Service, cassandra, connect, exit_with, fresh_keyspace, process_cpu_s,
-    tree_cpu_s, tsgate_service, which,
+    REPO,
+    BenchError,
+    PartialResults,
+    Service,
+    cassandra,
+    connect,
+    exit_with,
+    fresh_keyspace,
+    process_cpu_s,
+    tree_cpu_s,
+    tsgate_service,
+    which,
 )
 from bench.find import percentile
 from bench.queries import (
-    Timed, remote_read_headers, remote_read_series, render_check, time_requests, write_json,
+    Timed,
+    remote_read_headers,
+    remote_read_series,
+    render_check,
+    time_requests,
+    write_json,
 )
-from bench.remote_write import TENANT as RW_TENANT, prometheus_service, send, victoria_metrics_service
+from bench.remote_write import TENANT as RW_TENANT
+from bench.remote_write import prometheus_service, send, victoria_metrics_service
 from bench.report import Figure, format_table
 from gateway.config import parse_hostport
 from gateway.devservices.cassandra import JVM17_FLAGS
@@ -214,7 +230,9 @@ class RenderWorkload:
         # graphite-web: whisper drops a point at exactly `from` (its first interval starts a step
         # after it), so from is one second before the first point; until is the last one.
         self.params = {
-            "target": RENDER_TARGET, "from": str(self.stamps[0] // 1000 - 1), "until": str(self.stamps[-1] // 1000),
+            "target": RENDER_TARGET,
+            "from": str(self.stamps[0] // 1000 - 1),
+            "until": str(self.stamps[-1] // 1000),
             "format": "json",
         }
         self.check = render_check(self.names, self.stamps, self.value, None)
@@ -225,7 +243,8 @@ class RenderWorkload:
     def items(self) -> list[dict]:
         return [
             {"metricName": name, "ts": ts, "value": self.values[i][j]}
-            for i, name in enumerate(self.names) for j, ts in enumerate(self.stamps)
+            for i, name in enumerate(self.names)
+            for j, ts in enumerate(self.stamps)
         ]
 
 
@@ -275,8 +294,17 @@ def downsample_once(store_url: str, expected: int, workdir: Path) -> tuple[int, 
     """The real ``tsgate downsample --once`` (delay 0 s: every slot has ended); returns (series-slots
     sealed, wall seconds, its CPU seconds). Fewer series-slots than written fails the measurement."""
     command = [
-        sys.executable, "-m", "gateway.cli", "downsample", "--once", "--store", store_url,
-        "--downsample-delay", "0s", "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "downsample",
+        "--once",
+        "--store",
+        store_url,
+        "--downsample-delay",
+        "0s",
+        "--log-level",
+        "warning",
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -290,7 +318,9 @@ def downsample_once(store_url: str, expected: int, workdir: Path) -> tuple[int, 
     if not match or int(match.group(1)) != expected:
         raise BenchError(f"tsgate downsample printed {finished.stdout.strip()!r}; expected {expected} series-slots")
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    log(f"downsample --once {store_url.partition(':')[0]}: {expected} series-slots in {seconds:.1f} s (CPU {cpu:.1f} s)")
+    log(
+        f"downsample --once {store_url.partition(':')[0]}: {expected} series-slots in {seconds:.1f} s (CPU {cpu:.1f} s)"
+    )
     return expected, seconds, cpu
 
 
@@ -357,13 +387,26 @@ def nodetool(node: CassandraNode, workdir: Path, *args: str) -> str:
     logback = workdir / "nodetool-logback.xml"
     logback.write_text('<configuration><root level="WARN"/></configuration>\n')
     command = [
-        node.java, *JVM17_FLAGS, "--add-exports=java.base/sun.nio.ch=ALL-UNNAMED",
-        f"-Duser.home={workdir}", f"-Dlogback.configurationFile={logback}", "-Xmx256m",
-        "-cp", node.classpath, "org.apache.cassandra.tools.NodeTool", "-h", "127.0.0.1", "-p", str(node.jmx_port), *args,
+        node.java,
+        *JVM17_FLAGS,
+        "--add-exports=java.base/sun.nio.ch=ALL-UNNAMED",
+        f"-Duser.home={workdir}",
+        f"-Dlogback.configurationFile={logback}",
+        "-Xmx256m",
+        "-cp",
+        node.classpath,
+        "org.apache.cassandra.tools.NodeTool",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(node.jmx_port),
+        *args,
     ]
     finished = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=NODETOOL_TIMEOUT_S)
     if finished.returncode:
-        raise BenchError(f"nodetool {' '.join(args)} exited with {finished.returncode}: {(finished.stdout + finished.stderr)[-2000:]}")
+        raise BenchError(
+            f"nodetool {' '.join(args)} exited with {finished.returncode}: {(finished.stdout + finished.stderr)[-2000:]}"
+        )
     return finished.stdout
 
 
@@ -423,8 +466,11 @@ def measure_victoria_metrics(workdir: Path, workload: ExporterWorkload) -> dict:
     storage_bytes = sum(v for k, v in data.items() if k.startswith("storage/"))
     storage_rows = sum(v for k, v in rows.items() if k.startswith("storage/"))
     result = {
-        "bytes": sum(data.values()), "rows": sum(rows.values()), "storage_bytes": storage_bytes,
-        "storage_rows": storage_rows, "seconds": seconds,
+        "bytes": sum(data.values()),
+        "rows": sum(rows.values()),
+        "storage_bytes": storage_bytes,
+        "storage_rows": storage_rows,
+        "seconds": seconds,
     }
     log(f"victoria-metrics: {result}")
     return result
@@ -453,7 +499,9 @@ def measure_tsgate_cassandra(host: str, port: int, workdir: Path, workload: Expo
         keyspace = f"tsgate_bench_storage_{os.getpid()}"
         with fresh_keyspace(cluster.connect(), host, port, keyspace) as store_url:
             gateway = tsgate_service(
-                "tsgate (cassandra)", ["--store", store_url], workdir / "tsgate-cassandra.log",
+                "tsgate (cassandra)",
+                ["--store", store_url],
+                workdir / "tsgate-cassandra.log",
                 ["--workers", "1", "--roles", "ingest,query"],
             )
             try:
@@ -463,7 +511,9 @@ def measure_tsgate_cassandra(host: str, port: int, workdir: Path, workload: Expo
                 seconds = send_all(gateway, workload)
                 ingest_cpu = tree_cpu_s(gateway.pid) - cpu_before
                 cassandra_cpu = process_cpu_s(node.pid) - cassandra_before
-                log(f"tsgate cassandra: wrote {workload.samples} samples in {seconds:.1f} s ({workload.samples / seconds:.0f}/s)")
+                log(
+                    f"tsgate cassandra: wrote {workload.samples} samples in {seconds:.1f} s ({workload.samples / seconds:.0f}/s)"
+                )
                 cassandra_before = process_cpu_s(node.pid)
                 sealed = downsample_once(store_url, workload.series_slots, workdir)
                 seal_cassandra_cpu = process_cpu_s(node.pid) - cassandra_before
@@ -477,8 +527,13 @@ def measure_tsgate_cassandra(host: str, port: int, workdir: Path, workload: Expo
     finally:
         cluster.shutdown()
     return {
-        "seconds": seconds, "cpu": ingest_cpu, "cassandra_cpu": cassandra_cpu, "sealed": sealed,
-        "seal_cassandra_cpu": seal_cassandra_cpu, "sizes": sizes, "read": read,
+        "seconds": seconds,
+        "cpu": ingest_cpu,
+        "cassandra_cpu": cassandra_cpu,
+        "sealed": sealed,
+        "seal_cassandra_cpu": seal_cassandra_cpu,
+        "sizes": sizes,
+        "read": read,
     }
 
 
@@ -487,7 +542,9 @@ def sqlite_sizes(path: Path) -> dict:
     files = sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
     connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        pages, free, page_size = (connection.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_count", "freelist_count", "page_size"))
+        pages, free, page_size = (
+            connection.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_count", "freelist_count", "page_size")
+        )
         tables = {}
         with contextlib.suppress(sqlite3.Error):
             for name, table_bytes in connection.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"):
@@ -503,7 +560,10 @@ def measure_tsgate_sqlite(workdir: Path, workload: ExporterWorkload) -> dict:
     path = workdir / "t.db"
     store_url = f"sqlite:///{path}"
     gateway = tsgate_service(
-        "tsgate (sqlite)", ["--store", store_url], workdir / "tsgate-sqlite.log", ["--workers", "1", "--roles", "ingest,query"],
+        "tsgate (sqlite)",
+        ["--store", store_url],
+        workdir / "tsgate-sqlite.log",
+        ["--workers", "1", "--roles", "ingest,query"],
     )
     try:
         gateway.start(60)
@@ -520,11 +580,15 @@ def measure_tsgate_sqlite(workdir: Path, workload: ExporterWorkload) -> dict:
     return {"seconds": seconds, "cpu": cpu, "sealed": sealed, "sizes": sizes, "before": before}
 
 
-def measure_tsgate_render(store: str, workdir: Path, render: RenderWorkload, requests: int, store_args, store_url: str) -> Timed:
+def measure_tsgate_render(
+    store: str, workdir: Path, render: RenderWorkload, requests: int, store_args, store_url: str
+) -> Timed:
     schemas = workdir / "storage-schemas.conf"
     schemas.write_text(SCHEMAS)
     gateway = tsgate_service(
-        f"tsgate ({store})", store_args, workdir / f"tsgate-render-{store}.log",
+        f"tsgate ({store})",
+        store_args,
+        workdir / f"tsgate-render-{store}.log",
         ["--workers", "1", "--roles", "ingest,query", "--graphite-storage-schemas", str(schemas)],
     )
     try:
@@ -532,7 +596,9 @@ def measure_tsgate_render(store: str, workdir: Path, render: RenderWorkload, req
         write_json(gateway.port, f"render points ({store})", render.items(), RENDER_TENANT)
         downsample_once(store_url, render.series_slots, workdir)
         path = "/render?" + urllib.parse.urlencode(render.params)
-        timed = time_requests(gateway.port, "GET", path, None, {"X-Tenant": RENDER_TENANT}, requests, checked_once(render.check))
+        timed = time_requests(
+            gateway.port, "GET", path, None, {"X-Tenant": RENDER_TENANT}, requests, checked_once(render.check)
+        )
     finally:
         gateway.stop()
     log(f"tsgate {store}: render p50 {timed.p50:.0f} ms, p99 {timed.p99:.0f} ms, {timed.answer_bytes / 2**20:.1f} MiB")
@@ -626,23 +692,45 @@ def measure_graphite_web(workdir: Path, render: RenderWorkload, requests: int) -
     """graphite-web 1.1.8 over whisper files of the same points: p50/p99 of the in-process render."""
     if not Path(GRAPHITE_PYTHON).exists():
         raise BenchError(f"{GRAPHITE_PYTHON} is missing (graphite-web runs under Debian's Python)")
-    probe = subprocess.run([GRAPHITE_PYTHON, "-I", "-c", "import graphite, whisper, django"], capture_output=True, timeout=60)
+    probe = subprocess.run(
+        [GRAPHITE_PYTHON, "-I", "-c", "import graphite, whisper, django"], capture_output=True, timeout=60
+    )
     if probe.returncode:
-        raise BenchError("graphite-web or python3-whisper is not installed (apt-get install graphite-web python3-whisper)")
+        raise BenchError(
+            "graphite-web or python3-whisper is not installed (apt-get install graphite-web python3-whisper)"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     script, job, output = workdir / "graphiteweb_render.py", workdir / "job.json", workdir / "answers.json"
     script.write_text(GRAPHITE_WEB_SCRIPT)
     series = {
-        name: [[ts // 1000, render.values[i][j]] for j, ts in enumerate(render.stamps)] for i, name in enumerate(render.names)
+        name: [[ts // 1000, render.values[i][j]] for j, ts in enumerate(render.stamps)]
+        for i, name in enumerate(render.names)
     }
-    job.write_text(json.dumps({
-        "root": str(workdir / "graphite"), "step": INTERVAL_MS // 1000, "retention": RENDER_RETENTION_S,
-        "series": series, "params": render.params, "warmup": 1, "requests": requests,
-    }))
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "DJANGO", "GRAPHITE", "VIRTUAL_ENV"))}
+    job.write_text(
+        json.dumps(
+            {
+                "root": str(workdir / "graphite"),
+                "step": INTERVAL_MS // 1000,
+                "retention": RENDER_RETENTION_S,
+                "series": series,
+                "params": render.params,
+                "warmup": 1,
+                "requests": requests,
+            }
+        )
+    )
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PYTHON", "DJANGO", "GRAPHITE", "VIRTUAL_ENV"))
+    }
     finished = subprocess.run(
         [GRAPHITE_PYTHON, "-I", str(script), str(job), str(output)],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
     if finished.returncode or not output.exists():
         raise BenchError(f"graphite-web exited with {finished.returncode}: {finished.stderr[-3000:]}")
@@ -672,11 +760,16 @@ def figures_of(results: dict, sizes: Sizes, workload_label: str, render_label: s
     vm_value = None
     if vm:
         vm_value = vm["bytes"] / vm["rows"]
-        add(vm_name, vm_value, "B/sample", note=(
-            f"{workload_label}; sum(vm_data_size_bytes) {vm['bytes']:.0f} / sum(vm_rows) {vm['rows']:.0f} after force_flush; "
-            f"storage/* only {vm['storage_bytes'] / max(vm['storage_rows'], 1):.2f}, "
-            f"all bytes / samples sent {vm['bytes'] / samples:.2f}"
-        ))
+        add(
+            vm_name,
+            vm_value,
+            "B/sample",
+            note=(
+                f"{workload_label}; sum(vm_data_size_bytes) {vm['bytes']:.0f} / sum(vm_rows) {vm['rows']:.0f} after force_flush; "
+                f"storage/* only {vm['storage_bytes'] / max(vm['storage_rows'], 1):.2f}, "
+                f"all bytes / samples sent {vm['bytes'] / samples:.2f}"
+            ),
+        )
     cass = results.get("tsgate cassandra")
     if cass:
         tables = cass["sizes"]
@@ -691,48 +784,106 @@ def figures_of(results: dict, sizes: Sizes, workload_label: str, render_label: s
                 add(name, float("nan"), "B/sample", note="n/a: no such table on this code")
                 continue
             size, files = tables[table]
-            add(name, size / samples, "B/sample", vm_name, vm_value, "; ".join(filter(None, [
-                target, f"{size} bytes in {files} files / {samples} samples", workload_label,
-            ])))
+            add(
+                name,
+                size / samples,
+                "B/sample",
+                vm_name,
+                vm_value,
+                "; ".join(
+                    filter(
+                        None,
+                        [
+                            target,
+                            f"{size} bytes in {files} files / {samples} samples",
+                            workload_label,
+                        ],
+                    )
+                ),
+            )
         total = sum(size for size, _ in tables.values())
-        add("tsgate cassandra, whole keyspace bytes/sample", total / samples, "B/sample", vm_name, vm_value,
-            f"{total} bytes, every table (metadata and pending marks too)")
+        add(
+            "tsgate cassandra, whole keyspace bytes/sample",
+            total / samples,
+            "B/sample",
+            vm_name,
+            vm_value,
+            f"{total} bytes, every table (metadata and pending marks too)",
+        )
     lite = results.get("tsgate sqlite")
     if lite:
         now, before = lite["sizes"], lite["before"]
         tables = ", ".join(f"{t} {b / samples:.2f}" for t, b in sorted(now["tables"].items()) if t.startswith("data_"))
-        add("tsgate sqlite, file (db + wal) bytes/sample", now["files"] / samples, "B/sample", vm_name, vm_value,
-            f"target <= {TARGETS['sqlite']}; {now['files']} bytes after sealing ({before['files'] / samples:.1f}/sample before)")
-        add("tsgate sqlite, used pages bytes/sample", now["used"] / samples, "B/sample", vm_name, vm_value,
-            f"(page_count - freelist_count) x page_size = {now['used']}; per table (B/sample): {tables or 'no dbstat'}")
+        add(
+            "tsgate sqlite, file (db + wal) bytes/sample",
+            now["files"] / samples,
+            "B/sample",
+            vm_name,
+            vm_value,
+            f"target <= {TARGETS['sqlite']}; {now['files']} bytes after sealing ({before['files'] / samples:.1f}/sample before)",
+        )
+        add(
+            "tsgate sqlite, used pages bytes/sample",
+            now["used"] / samples,
+            "B/sample",
+            vm_name,
+            vm_value,
+            f"(page_count - freelist_count) x page_size = {now['used']}; per table (B/sample): {tables or 'no dbstat'}",
+        )
     # 2. render
     graphite = results.get("graphite-web")
     graphite_name = f"graphite-web 1.1.8, render {render_label}"
     if graphite:
         for kind, value in (("p50", graphite.p50), ("p99", graphite.p99)):
-            add(graphite_name, value, f"ms {kind}", note=(
-                f"in-process (django.test.Client), whisper 10s:2d; {sizes.render_requests} requests, "
-                f"{graphite.answer_bytes / 2**20:.1f} MiB JSON"
-            ))
+            add(
+                graphite_name,
+                value,
+                f"ms {kind}",
+                note=(
+                    f"in-process (django.test.Client), whisper 10s:2d; {sizes.render_requests} requests, "
+                    f"{graphite.answer_bytes / 2**20:.1f} MiB JSON"
+                ),
+            )
     for store in ("cassandra", "sqlite"):
         timed = results.get(f"render {store}")
         if timed:
-            add(f"tsgate {store}, render {render_label}", timed.p50, "ms p50", f"{graphite_name}",
+            add(
+                f"tsgate {store}, render {render_label}",
+                timed.p50,
+                "ms p50",
+                f"{graphite_name}",
                 graphite.p50 if graphite else None,
-                f"target ratio <= {TARGETS['render']}; sealed; {sizes.render_requests} requests over HTTP, {timed.answer_bytes / 2**20:.1f} MiB JSON")
-            add(f"tsgate {store}, render {render_label}", timed.p99, "ms p99", f"{graphite_name}",
-                graphite.p99 if graphite else None)
+                f"target ratio <= {TARGETS['render']}; sealed; {sizes.render_requests} requests over HTTP, {timed.answer_bytes / 2**20:.1f} MiB JSON",
+            )
+            add(
+                f"tsgate {store}, render {render_label}",
+                timed.p99,
+                "ms p99",
+                f"{graphite_name}",
+                graphite.p99 if graphite else None,
+            )
     # 3. remote read
     prom = results.get("prometheus")
     read_label = f"remote read {sizes.series} series x {sizes.hours}h, SAMPLES"
     prom_name = f"prometheus 2.42, {read_label}"
     if prom:
         for kind, value in (("p50", prom["read"].p50), ("p99", prom["read"].p99)):
-            add(prom_name, value, f"ms {kind}", note=f"{sizes.read_requests} requests, answer {prom['read'].answer_bytes / 2**20:.1f} MiB")
+            add(
+                prom_name,
+                value,
+                f"ms {kind}",
+                note=f"{sizes.read_requests} requests, answer {prom['read'].answer_bytes / 2**20:.1f} MiB",
+            )
     if cass:
         read = cass["read"]
-        add(f"tsgate cassandra, {read_label}", read.p50, "ms p50", prom_name, prom["read"].p50 if prom else None,
-            f"target <= {TARGETS['read_ms']} ms; sealed blocks; answer {read.answer_bytes / 2**20:.1f} MiB")
+        add(
+            f"tsgate cassandra, {read_label}",
+            read.p50,
+            "ms p50",
+            prom_name,
+            prom["read"].p50 if prom else None,
+            f"target <= {TARGETS['read_ms']} ms; sealed blocks; answer {read.answer_bytes / 2**20:.1f} MiB",
+        )
         add(f"tsgate cassandra, {read_label}", read.p99, "ms p99", prom_name, prom["read"].p99 if prom else None)
     # 4. ingest against sealing
     for store in ("cassandra", "sqlite"):
@@ -742,15 +893,31 @@ def figures_of(results: dict, sizes: Sizes, workload_label: str, render_label: s
         rate = samples / run["seconds"]
         ingest_name = f"tsgate {store}, ingest as series-slots/s"
         extra = f"; Cassandra CPU s {run['cassandra_cpu']:.1f}" if "cassandra_cpu" in run else ""
-        add(f"tsgate {store}, ingest {workload_label}", rate, "samples/s", note=(
-            f"remote write, {sizes.series_per_request} series/request; {samples} samples in {run['seconds']:.1f} s; "
-            f"gateway CPU s {run['cpu']:.1f} ({run['cpu'] / samples * 1e6:.0f} us/sample){extra}"
-        ))
-        add(ingest_name, rate / SAMPLES_PER_SLOT, "series-slots/s", note=f"samples/s / {SAMPLES_PER_SLOT} (a 1 h slot at 10 s)")
+        add(
+            f"tsgate {store}, ingest {workload_label}",
+            rate,
+            "samples/s",
+            note=(
+                f"remote write, {sizes.series_per_request} series/request; {samples} samples in {run['seconds']:.1f} s; "
+                f"gateway CPU s {run['cpu']:.1f} ({run['cpu'] / samples * 1e6:.0f} us/sample){extra}"
+            ),
+        )
+        add(
+            ingest_name,
+            rate / SAMPLES_PER_SLOT,
+            "series-slots/s",
+            note=f"samples/s / {SAMPLES_PER_SLOT} (a 1 h slot at 10 s)",
+        )
         done, seconds, cpu = run["sealed"]
         extra = f"; Cassandra CPU s {run['seal_cassandra_cpu']:.1f}" if "seal_cassandra_cpu" in run else ""
-        add(f"tsgate {store}, downsample --once sealing", done / seconds, "series-slots/s", ingest_name, rate / SAMPLES_PER_SLOT,
-            f">= 1: one downsampler keeps up; {done} series-slots in {seconds:.1f} s, downsampler CPU s {cpu:.1f}{extra}")
+        add(
+            f"tsgate {store}, downsample --once sealing",
+            done / seconds,
+            "series-slots/s",
+            ingest_name,
+            rate / SAMPLES_PER_SLOT,
+            f">= 1: one downsampler keeps up; {done} series-slots in {seconds:.1f} s, downsampler CPU s {cpu:.1f}{extra}",
+        )
     return found
 
 
@@ -802,18 +969,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.storage", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra (on this box) instead of starting one")
+    parser.add_argument(
+        "--cassandra", metavar="HOST:PORT", help="use this Cassandra (on this box) instead of starting one"
+    )
     parser.add_argument("--heap", default="2G", help="heap of the Cassandra started here (default 2G)")
     parser.add_argument("--quick", action="store_true", help="small workloads (the bracketed sizes above)")
     for field in Sizes._fields:
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, help=f"default {FULL._asdict()[field]} ({QUICK._asdict()[field]} with --quick)")
+        parser.add_argument(
+            f"--{field.replace('_', '-')}",
+            type=int,
+            help=f"default {FULL._asdict()[field]} ({QUICK._asdict()[field]} with --quick)",
+        )
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
     args.sizes = Sizes(*(getattr(args, field) or getattr(base, field) for field in Sizes._fields))
     if min(args.sizes) < 1 or args.sizes.series % args.sizes.series_per_request:
         parser.error("sizes must be positive, and --series a multiple of --series-per-request")
     if args.sizes.render_hours > RENDER_RETENTION_S // 3600 - 2:
-        parser.error(f"--render-hours: at most {RENDER_RETENTION_S // 3600 - 2} (the 10s:2d archive, data ending 1-2 h ago)")
+        parser.error(
+            f"--render-hours: at most {RENDER_RETENTION_S // 3600 - 2} (the 10s:2d archive, data ending 1-2 h ago)"
+        )
     return args
 
 

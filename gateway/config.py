@@ -11,11 +11,11 @@ import os
 import resource
 import tomllib
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
-from gateway.model import InvalidSample, Limits, validate_tenant
 from gateway.downsample.partitions import parse_partitions
+from gateway.model import InvalidSample, Limits, validate_tenant
 from gateway.store.layout import Layout, parse_granularities
 from protocols.timespec import parse_duration
 
@@ -76,51 +76,153 @@ SETTINGS = [
     Setting("pickle", _optional_hostport, "0.0.0.0:2004", "carbon pickle TCP listener; empty: off"),
     Setting("graphite-tenant", str, "default", "tenant of everything the Graphite listeners receive"),
     Setting("graphite-max-line-length", _positive, "16384", "longest plaintext line (longer ones are rejected)"),
-    Setting("pickle-max-frame-bytes", _positive, str(1 << 20), "largest pickle frame (larger ones are rejected and skipped)"),
-    Setting("graphite-storage-schemas", lambda text: Path(text) if str(text).strip() else None, "", "carbon storage-schemas.conf giving each path's render step; none: 60 s"),
-    Setting("graphite-max-pending", _positive, "200000", "Graphite samples waiting for the store before TCP reading pauses"),
+    Setting(
+        "pickle-max-frame-bytes", _positive, str(1 << 20), "largest pickle frame (larger ones are rejected and skipped)"
+    ),
+    Setting(
+        "graphite-storage-schemas",
+        lambda text: Path(text) if str(text).strip() else None,
+        "",
+        "carbon storage-schemas.conf giving each path's render step; none: 60 s",
+    ),
+    Setting(
+        "graphite-max-pending", _positive, "200000", "Graphite samples waiting for the store before TCP reading pauses"
+    ),
     Setting("data-dir", Path, "./tsgate-data", "directory of the embedded store"),
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
     Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (in sealed blocks)"),
-    Setting("head-retention", parse_duration, "6h", "how long head rows (raw samples not yet sealed into a block) are kept past the end of their slot; the downsampler must seal a slot within it"),
+    Setting(
+        "head-retention",
+        parse_duration,
+        "6h",
+        "how long head rows (raw samples not yet sealed into a block) are kept past the end of their slot; the downsampler must seal a slot within it",
+    ),
     Setting("granularities", str, "5m:14d,1h:365d", "roll-up granularities with their retention, finest first"),
     Setting("exemplar-retention", parse_duration, "7d", "how long Prometheus exemplars are kept (by their timestamp)"),
-    Setting("max-exemplars-per-series", _positive, "100", "exemplars kept per series and slot (--slot-width): the newest"),
-    Setting("roles", str, "ingest,query,downsample", "what this process does: any of ingest, query, downsample; the carbon listeners (--graphite, --graphite-udp, --pickle) open only with ingest"),
+    Setting(
+        "max-exemplars-per-series", _positive, "100", "exemplars kept per series and slot (--slot-width): the newest"
+    ),
+    Setting(
+        "roles",
+        str,
+        "ingest,query,downsample",
+        "what this process does: any of ingest, query, downsample; the carbon listeners (--graphite, --graphite-udp, --pickle) open only with ingest",
+    ),
     Setting("downsample-partitions-count", _positive, "64", "partitions the series are hashed into for downsampling"),
-    Setting("downsample-partitions", str, "", "partitions this replica rolls up, e.g. 0-15,40; empty: all (shared through Redis locks when --redis is given)"),
-    Setting("downsample-delay", parse_duration, "5m", "a slot is rolled up once it ended and saw no sample for this long"),
+    Setting(
+        "downsample-partitions",
+        str,
+        "",
+        "partitions this replica rolls up, e.g. 0-15,40; empty: all (shared through Redis locks when --redis is given)",
+    ),
+    Setting(
+        "downsample-delay", parse_duration, "5m", "a slot is rolled up once it ended and saw no sample for this long"
+    ),
     Setting("downsample-interval", parse_duration, "10s", "how often the downsample role looks for settled slots"),
-    Setting("counter-suffixes", str, "reads,writes,bytes", "metric name suffixes of delta counters (rolled up as sums)"),
-    Setting("redis", str, "", "redis://host:port/db shared by replicas: metadata cache, pending roll-ups, partition locks; none: in-memory cache, pending table in the store"),
+    Setting(
+        "counter-suffixes", str, "reads,writes,bytes", "metric name suffixes of delta counters (rolled up as sums)"
+    ),
+    Setting(
+        "redis",
+        str,
+        "",
+        "redis://host:port/db shared by replicas: metadata cache, pending roll-ups, partition locks; none: in-memory cache, pending table in the store",
+    ),
     Setting("redis-key-ttl", parse_duration, "1d", "expiry of the Redis metadata cache keys"),
-    Setting("auth-file", lambda text: Path(text) if str(text).strip() else None, "", "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header"),
+    Setting(
+        "auth-file",
+        lambda text: Path(text) if str(text).strip() else None,
+        "",
+        "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header",
+    ),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
-    Setting("max-decompressed-bytes", _positive, str(64 << 20), "largest snappy-decompressed remote write/read body (413 above)"),
-    Setting("max-connections", _auto_or_positive, "auto", "TCP connections one process keeps open over all its HTTP and carbon listeners; at it a new one replaces the oldest idle one (no request under way), or is closed at once (logged, counted); auto: the open-files limit (ulimit -n) minus 128"),
-    Setting("http-idle-timeout", parse_duration, "60s", "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never"),
-    Setting("carbon-idle-timeout", parse_duration, "5m", "a carbon plaintext or pickle TCP connection that sends nothing for this long is closed; 0s: never"),
-    Setting("shutdown-timeout", parse_duration, "10s", "on SIGTERM or SIGINT, how long open requests, carbon batches and a running downsample round get to finish; then what is left is logged and closed"),
+    Setting(
+        "max-decompressed-bytes",
+        _positive,
+        str(64 << 20),
+        "largest snappy-decompressed remote write/read body (413 above)",
+    ),
+    Setting(
+        "max-connections",
+        _auto_or_positive,
+        "auto",
+        "TCP connections one process keeps open over all its HTTP and carbon listeners; at it a new one replaces the oldest idle one (no request under way), or is closed at once (logged, counted); auto: the open-files limit (ulimit -n) minus 128",
+    ),
+    Setting(
+        "http-idle-timeout",
+        parse_duration,
+        "60s",
+        "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never",
+    ),
+    Setting(
+        "carbon-idle-timeout",
+        parse_duration,
+        "5m",
+        "a carbon plaintext or pickle TCP connection that sends nothing for this long is closed; 0s: never",
+    ),
+    Setting(
+        "shutdown-timeout",
+        parse_duration,
+        "10s",
+        "on SIGTERM or SIGINT, how long open requests, carbon batches and a running downsample round get to finish; then what is left is logged and closed",
+    ),
     Setting("max-inflight-samples", _positive, "1000000", "samples waiting for the store before writes get 503"),
     Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
     Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
     Setting("max-samples-per-query", _positive, "5000000", "samples one remote-read query may return (422 above)"),
-    Setting("query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"),
+    Setting(
+        "query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"
+    ),
     Setting("query-timeout", parse_duration, "2m", "PromQL: longest a query may run (503 timeout above)"),
-    Setting("query-max-samples", _positive, "50000000", "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)"),
-    Setting("max-points-per-query", _positive, "10000000", "points one /render or /api/query request may read, generate or bucket (time(), summarize(), hitcount(), ...), counted before the work is done (422 above)"),
-    Setting("tenant-max-samples-per-second", _non_negative, "0", "per-tenant ingest rate of one process, 429 above; 0: no limit"),
-    Setting("tenant-max-active-series", _non_negative, "0", "per-tenant series written in the last 20 min to one process, 429 above; 0: no limit"),
+    Setting(
+        "query-max-samples",
+        _positive,
+        "50000000",
+        "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)",
+    ),
+    Setting(
+        "max-points-per-query",
+        _positive,
+        "10000000",
+        "points one /render or /api/query request may read, generate or bucket (time(), summarize(), hitcount(), ...), counted before the work is done (422 above)",
+    ),
+    Setting(
+        "tenant-max-samples-per-second",
+        _non_negative,
+        "0",
+        "per-tenant ingest rate of one process, 429 above; 0: no limit",
+    ),
+    Setting(
+        "tenant-max-active-series",
+        _non_negative,
+        "0",
+        "per-tenant series written in the last 20 min to one process, 429 above; 0: no limit",
+    ),
     Setting("max-name-length", _positive, "1024", "longest metric name"),
     Setting("max-tag-key-length", _positive, "1024", "longest tag key"),
     Setting("max-tag-value-length", _positive, "2048", "longest tag value"),
     Setting("max-tags", _positive, "64", "most tags per series"),
-    Setting("created-timestamp-zero-ingestion", _boolean, "false", "write a zero sample (or an empty histogram) at a remote-write 2.0 created timestamp not written before, as Prometheus 3's feature of that name, so rate() of a new counter counts its first samples"),
-    Setting("max-metadata-length", _positive, "1024", "longest Prometheus metadata text (metric family name, help, unit); longer metadata is skipped and counted, its samples are written"),
+    Setting(
+        "created-timestamp-zero-ingestion",
+        _boolean,
+        "false",
+        "write a zero sample (or an empty histogram) at a remote-write 2.0 created timestamp not written before, as Prometheus 3's feature of that name, so rate() of a new counter counts its first samples",
+    ),
+    Setting(
+        "max-metadata-length",
+        _positive,
+        "1024",
+        "longest Prometheus metadata text (metric family name, help, unit); longer metadata is skipped and counted, its samples are written",
+    ),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
-    Setting("workers", _auto_or_positive, "auto", "worker processes sharing the listening sockets; auto: one per usable core, but 1 on the embedded SQLite store and with --roles downsample; tenant limits are per process, so N workers allow a tenant up to N times them"),
+    Setting(
+        "workers",
+        _auto_or_positive,
+        "auto",
+        "worker processes sharing the listening sockets; auto: one per usable core, but 1 on the embedded SQLite store and with --roles downsample; tenant limits are per process, so N workers allow a tenant up to N times them",
+    ),
     Setting("log-level", lambda text: str(text).upper(), "info", "debug, info, warning or error"),
 ]
 
@@ -266,7 +368,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
     for setting in SETTINGS:
         flag = {"nargs": "?", "const": "true"} if setting.parse is _boolean else {}
-        parser.add_argument(f"--{setting.name}", default=None, help=f"{setting.help} (default {setting.default})", **flag)
+        parser.add_argument(
+            f"--{setting.name}", default=None, help=f"{setting.help} (default {setting.default})", **flag
+        )
 
 
 def _read_file(path: Path) -> dict[str, object]:
@@ -332,7 +436,9 @@ def build_config(namespace: argparse.Namespace) -> Config:
     except ValueError as error:
         raise ConfigError(f"--downsample-partitions: {error}") from None
     if values["workers"] not in (None, 1) and roles == {"downsample"}:
-        raise ConfigError("--workers: a downsample-only process runs one worker (only one worker runs the downsample loop)")
+        raise ConfigError(
+            "--workers: a downsample-only process runs one worker (only one worker runs the downsample loop)"
+        )
     if values["auth_file"] is not None:
         from gateway.http.auth import AuthFileError, Credentials
 

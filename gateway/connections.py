@@ -53,7 +53,11 @@ class Connections:
             peer = f"{address.host}:{address.port}" if hasattr(address, "port") else str(address)
             log.warning(
                 "%s: %s from %s: %d connections open, the limit (--max-connections); logged at most once per %ds",
-                listener, what, peer, len(self.open), LOG_INTERVAL_S,
+                listener,
+                what,
+                peer,
+                len(self.open),
+                LOG_INTERVAL_S,
             )
 
     def opened(self, connection) -> None:

@@ -31,8 +31,11 @@ def zero_histogram(data: bytes, created_ms: int) -> bytes:
     bounds of the histogram after it (as Prometheus writes its created-timestamp zero)."""
     after = types_pb2.Histogram.FromString(data)
     zero = types_pb2.Histogram(
-        schema=after.schema, zero_threshold=after.zero_threshold, custom_values=after.custom_values,
-        reset_hint=types_pb2.Histogram.ResetHint.YES, timestamp=created_ms,
+        schema=after.schema,
+        zero_threshold=after.zero_threshold,
+        custom_values=after.custom_values,
+        reset_hint=types_pb2.Histogram.ResetHint.YES,
+        timestamp=created_ms,
     )
     if after.WhichOneof("count") == "count_float":
         zero.count_float, zero.zero_count_float = 0.0, 0.0
@@ -48,7 +51,9 @@ def series_cache_key(tenant: str, series: Series) -> tuple:
 
 
 class CreatedTimestamps:
-    def __init__(self, store: Store, pipeline: IngestPipeline, reader: ReadPath, zero_ingestion: bool, remembered: int = 100_000):
+    def __init__(
+        self, store: Store, pipeline: IngestPipeline, reader: ReadPath, zero_ingestion: bool, remembered: int = 100_000
+    ):
         self.store = store
         self.pipeline = pipeline
         self.reader = reader
@@ -63,7 +68,9 @@ class CreatedTimestamps:
                 candidates.append((item, series_set_hash(series_set_text(*name_and_tags(item)))))
         if not candidates:
             return []
-        stored = await metrics.observe_store("get_created_timestamps", self.store.get_created_timestamps(tenant, [hash_ for _, hash_ in candidates]))
+        stored = await metrics.observe_store(
+            "get_created_timestamps", self.store.get_created_timestamps(tenant, [hash_ for _, hash_ in candidates])
+        )
         self._stored.add_all({self._key(tenant, item): stored[hash_] for item, hash_ in candidates if hash_ in stored})
         return [
             (item, CreatedTimestamp(tenant, hash_, item.created_timestamp))
@@ -71,7 +78,9 @@ class CreatedTimestamps:
             if stored.get(hash_) != item.created_timestamp
         ]
 
-    async def zeros(self, tenant: str, new: Sequence[tuple[Series, CreatedTimestamp]], oldest_ms: int) -> tuple[list[Sample], list[HistogramSample]]:
+    async def zeros(
+        self, tenant: str, new: Sequence[tuple[Series, CreatedTimestamp]], oldest_ms: int
+    ) -> tuple[list[Sample], list[HistogramSample]]:
         """The zero samples and histograms to write for new created timestamps (none unless
         ``zero_ingestion``): each before every sample of its series in the request, and only
         where nothing is stored from it up to them (Prometheus drops a zero that would land at or
@@ -86,7 +95,9 @@ class CreatedTimestamps:
                 continue
             name, tags = name_and_tags(item)
             if item.samples:
-                (found,) = await self.reader.read_raw([SeriesKey(tenant, row.series_set_hash, name, tags)], created, min(times) - 1)
+                (found,) = await self.reader.read_raw(
+                    [SeriesKey(tenant, row.series_set_hash, name, tags)], created, min(times) - 1
+                )
                 if not len(found):
                     samples.append(Sample(tenant, name, tags, created, 0.0))
             else:
@@ -115,7 +126,9 @@ class CreatedTimestamps:
     async def store_new(self, tenant: str, new: Sequence[tuple[Series, CreatedTimestamp]]) -> None:
         """Store the new created timestamps (after their series' metadata) and remember them."""
         if new:
-            await metrics.observe_store("write_created_timestamps", self.store.write_created_timestamps([row for _, row in new]))
+            await metrics.observe_store(
+                "write_created_timestamps", self.store.write_created_timestamps([row for _, row in new])
+            )
             self._stored.add_all({self._key(tenant, item): row.created_ms for item, row in new})
 
     @staticmethod

@@ -16,8 +16,18 @@ from gateway import metrics
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries, SeenSeries
 from gateway.model import (
-    ExemplarSample, HistogramSample, InvalidSample, Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text, validate_point,
-    validate_series, validate_timestamp,
+    ExemplarSample,
+    HistogramSample,
+    InvalidSample,
+    Limits,
+    Sample,
+    SeriesKey,
+    now_ms,
+    series_set_hash,
+    series_set_text,
+    validate_point,
+    validate_series,
+    validate_timestamp,
 )
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow, HistogramRow, MetricMetadata, RawPoint
@@ -170,7 +180,9 @@ class IngestPipeline:
             rolled_up=True,
         )
 
-    async def _ingest_attached(self, protocol, items, make_row, operation, write, accepted, rejected_metric, rolled_up=False) -> IngestResult:
+    async def _ingest_attached(
+        self, protocol, items, make_row, operation, write, accepted, rejected_metric, rolled_up=False
+    ) -> IngestResult:
         """Store what belongs to a series but is not a float sample (exemplars, histograms) as
         samples are: the series checked, the timestamp in the accepted window, the series'
         metadata written first, the series-slots marked pending when ``rolled_up``; rejects carry
@@ -207,7 +219,9 @@ class IngestPipeline:
             accepted.labels(protocol).inc(len(rows))
         return IngestResult(len(rows), rejected)
 
-    async def register_series(self, protocol: str, series: Sequence[tuple[str, str, dict[str, str]]]) -> tuple[list[SeriesKey], list[Rejected]]:
+    async def register_series(
+        self, protocol: str, series: Sequence[tuple[str, str, dict[str, str]]]
+    ) -> tuple[list[SeriesKey], list[Rejected]]:
         """Index (tenant, metric name, tags) series without data (Graphite's tagSeries) as their
         first sample would: validated, counted against the tenant's active series, metadata
         written once. Returns the keys of the accepted series in order, and the rejects with
@@ -243,7 +257,9 @@ class IngestPipeline:
     async def ingest_metric_metadata(self, rows: Sequence[MetricMetadata]) -> None:
         """Keep the type, help and unit of metrics, each change written once. A row longer than
         ``max_metadata_length`` is skipped and counted (as Mimir does); the others are kept."""
-        kept = [row for row in rows if max(len(row.metric_name), len(row.help), len(row.unit)) <= self.max_metadata_length]
+        kept = [
+            row for row in rows if max(len(row.metric_name), len(row.help), len(row.unit)) <= self.max_metadata_length
+        ]
         if len(kept) < len(rows):
             metrics.PROMETHEUS_SKIPPED.labels("metadata_too_long").inc(len(rows) - len(kept))
         fresh = {row: None for row in kept if row not in self._metadata_seen}

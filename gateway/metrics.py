@@ -19,11 +19,13 @@ SAMPLES_ACCEPTED = Counter("tsgate_samples_accepted", "Samples written to the st
 SAMPLES_REJECTED = Counter("tsgate_samples_rejected", "Samples refused, by reason", ["protocol", "reason"])
 EXEMPLARS_ACCEPTED = Counter("tsgate_exemplars_accepted", "Exemplars written to the store", ["protocol"])
 EXEMPLARS_REJECTED = Counter("tsgate_exemplars_rejected", "Exemplars refused, by reason", ["protocol", "reason"])
-HISTOGRAMS_ACCEPTED = Counter("tsgate_native_histograms_accepted", "Native histogram samples written to the store", ["protocol"])
-HISTOGRAMS_REJECTED = Counter("tsgate_native_histograms_rejected", "Native histogram samples refused, by reason", ["protocol", "reason"])
-HTTP_REQUESTS = Histogram(
-    "tsgate_http_request_duration_seconds", "HTTP request latency", ["handler", "method", "code"]
+HISTOGRAMS_ACCEPTED = Counter(
+    "tsgate_native_histograms_accepted", "Native histogram samples written to the store", ["protocol"]
 )
+HISTOGRAMS_REJECTED = Counter(
+    "tsgate_native_histograms_rejected", "Native histogram samples refused, by reason", ["protocol", "reason"]
+)
+HTTP_REQUESTS = Histogram("tsgate_http_request_duration_seconds", "HTTP request latency", ["handler", "method", "code"])
 STORE_OPERATIONS = Histogram(
     "tsgate_store_operation_duration_seconds", "Store call latency, by operation", ["operation"]
 )
@@ -38,18 +40,26 @@ RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 42
 GRAPHITE_PENDING = Gauge(
     "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"
 )
-GRAPHITE_BACKPRESSURE = Counter("tsgate_graphite_backpressure", "Times Graphite TCP reading was paused for a full backlog")
-GRAPHITE_UDP_DROPPED = Counter("tsgate_graphite_udp_dropped_samples", "Graphite UDP samples dropped over a full backlog")
+GRAPHITE_BACKPRESSURE = Counter(
+    "tsgate_graphite_backpressure", "Times Graphite TCP reading was paused for a full backlog"
+)
+GRAPHITE_UDP_DROPPED = Counter(
+    "tsgate_graphite_udp_dropped_samples", "Graphite UDP samples dropped over a full backlog"
+)
 GRAPHITE_LOST = Counter("tsgate_graphite_lost_samples", "Graphite samples dropped after an unexpected store error")
 DOWNSAMPLED = Counter("tsgate_downsampled_series_slots", "Series-slots rolled up")
-SEALED_SAMPLES = Counter("tsgate_sealed_samples", "Samples written into data blocks by the downsampler (a re-sealed slot counts again)")
+SEALED_SAMPLES = Counter(
+    "tsgate_sealed_samples", "Samples written into data blocks by the downsampler (a re-sealed slot counts again)"
+)
 DOWNSAMPLE_LAG = Gauge(
     "tsgate_downsample_lag_seconds",
     "How long the oldest settled slot found in the last round had waited (0: none waiting)",
     multiprocess_mode="livemax",
 )
 DOWNSAMPLE_SETTLED = Gauge(
-    "tsgate_downsample_settled_slots", "Settled partition-slots found waiting at the last round", multiprocess_mode="livemax"
+    "tsgate_downsample_settled_slots",
+    "Settled partition-slots found waiting at the last round",
+    multiprocess_mode="livemax",
 )
 DOWNSAMPLE_ERRORS = Counter("tsgate_downsample_errors", "Settled slots whose roll-up failed (retried next round)")
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")

@@ -17,7 +17,6 @@ from gateway.read_path import ReadPath
 from gateway.samples import Samples
 from gateway.store import Store
 
-
 SERIES_REMEMBERED = 100_000
 
 
@@ -93,10 +92,14 @@ class QueryPlanner:
     async def metadata(self, tenant: str, metric_names: list[str]) -> list:
         """Prometheus metadata (type, help, unit) of each metric name, None where there is none;
         the lookups run concurrently, bounded like every planner lookup."""
-        lookups = [self._limited("get_metric_metadata", self.store.get_metric_metadata, tenant, name) for name in metric_names]
+        lookups = [
+            self._limited("get_metric_metadata", self.store.get_metric_metadata, tenant, name) for name in metric_names
+        ]
         return await gatherResults(lookups, consumeErrors=True)
 
-    async def query(self, tenant: str, metric_name: str, tag_filters: dict[str, str], start_ms: int, end_ms: int) -> list[SeriesResult]:
+    async def query(
+        self, tenant: str, metric_name: str, tag_filters: dict[str, str], start_ms: int, end_ms: int
+    ) -> list[SeriesResult]:
         """Series of a metric matching the filters, with their samples (stitched by the read path)."""
         series = await self.select_series(tenant, metric_name, tag_filters)
         data = await self.reader.read(series, start_ms, end_ms)
@@ -136,8 +139,13 @@ class QueryPlanner:
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
-            values = await self._matching_values(matcher, "list_tenant_tag_values", self.store.list_tenant_tag_values, tenant)
-            lookups = [self._limited("find_metrics_by_tag", self.store.find_metrics_by_tag, tenant, matcher.name, v) for v in values]
+            values = await self._matching_values(
+                matcher, "list_tenant_tag_values", self.store.list_tenant_tag_values, tenant
+            )
+            lookups = [
+                self._limited("find_metrics_by_tag", self.store.find_metrics_by_tag, tenant, matcher.name, v)
+                for v in values
+            ]
             found = set().union(*await gatherResults(lookups, consumeErrors=True))
             names = found if names is None else names & found
         if names is None:
@@ -149,7 +157,9 @@ class QueryPlanner:
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
-            values = await self._matching_values(matcher, "list_tag_values", self.store.list_tag_values, tenant, metric_name)
+            values = await self._matching_values(
+                matcher, "list_tag_values", self.store.list_tag_values, tenant, metric_name
+            )
             lookups.append(ensureDeferred(self._union(tenant, metric_name, matcher.name, values)))
         if not lookups:
             lookups.append(ensureDeferred(self._union(tenant, metric_name, NAME_TAG, [metric_name])))
@@ -164,5 +174,7 @@ class QueryPlanner:
         return [v for v in await self._limited(operation, list_values, *scope, matcher.name) if matcher.matches(v)]
 
     async def _union(self, tenant: str, metric_name: str, tag_key: str, values: list[str]) -> set[str]:
-        lookups = [self._limited("find_series", self.store.find_series, tenant, metric_name, tag_key, v) for v in values]
+        lookups = [
+            self._limited("find_series", self.store.find_series, tenant, metric_name, tag_key, v) for v in values
+        ]
         return set().union(*await gatherResults(lookups, consumeErrors=True))

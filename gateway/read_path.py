@@ -25,12 +25,12 @@ from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway import metrics, samples
-from gateway.store.histogram_rollup_rows import kept_in_range
 from gateway.model import SeriesKey, now_ms
 from gateway.samples import Samples
 from gateway.store import Store
 from gateway.store.blocks import decode_block
 from gateway.store.contract import HistogramRow, RawData, Rollup, time_slot
+from gateway.store.histogram_rollup_rows import kept_in_range
 from gateway.store.layout import Granularity, Layout
 
 ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
@@ -99,7 +99,12 @@ class ReadPath:
         return choose_granularity(self.layout, start_ms, self.clock())
 
     async def read(
-        self, series: Sequence[SeriesKey], start_ms: int, end_ms: int, aggregate: str = "avg", fallback: str | None = "last"
+        self,
+        series: Sequence[SeriesKey],
+        start_ms: int,
+        end_ms: int,
+        aggregate: str = "avg",
+        fallback: str | None = "last",
     ) -> list[SeriesData]:
         """Each series' samples in the inclusive range, stitched as the module says, in order."""
         start_ms, end_ms = clamp_range(start_ms, end_ms)
@@ -116,7 +121,9 @@ class ReadPath:
         width = granularity.width_ms
         return math.ceil((self.clock() - self.layout.raw_retention_ms) / width) * width
 
-    async def read_histograms(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> list[list[HistogramRow]]:
+    async def read_histograms(
+        self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int
+    ) -> list[list[HistogramRow]]:
         """Each series' native histograms in the inclusive range, oldest first: stored ones within
         the raw retention and, before it, those the roll-up covering the start keeps (the same
         roll-up and boundary as ``read``; docs/downsampling.rst)."""
@@ -129,8 +136,13 @@ class ReadPath:
         old = [[] for _ in hashes]
         if old_end >= start_ms:
             intervals = await self._limited(
-                "read_histogram_rollups", self.store.read_histogram_rollups,
-                granularity, tenant, hashes, time_slot(start_ms, granularity.width_ms), old_end,
+                "read_histogram_rollups",
+                self.store.read_histogram_rollups,
+                granularity,
+                tenant,
+                hashes,
+                time_slot(start_ms, granularity.width_ms),
+                old_end,
             )
             old = await threads.deferToThread(lambda: [kept_in_range(rows, start_ms, old_end) for rows in intervals])
         if end_ms < boundary:
@@ -147,7 +159,9 @@ class ReadPath:
         for index, key in enumerate(series):
             by_tenant.setdefault(key.tenant, []).append(index)
         reads = [
-            self._limited("read_raw", self.store.read_raw, tenant, [series[i].series_set_hash for i in indexes], start_ms, end_ms)
+            self._limited(
+                "read_raw", self.store.read_raw, tenant, [series[i].series_set_hash for i in indexes], start_ms, end_ms
+            )
             for tenant, indexes in by_tenant.items()
         ]
         found: list = [None] * len(series)
@@ -159,14 +173,22 @@ class ReadPath:
         return found
 
     async def read_rollup(
-        self, series: Sequence[SeriesKey], granularity: Granularity, aggregate: str, start_ms: int, end_ms: int, fallback: str | None = None
+        self,
+        series: Sequence[SeriesKey],
+        granularity: Granularity,
+        aggregate: str,
+        start_ms: int,
+        end_ms: int,
+        fallback: str | None = None,
     ) -> list[tuple[Samples, str | None]]:
         """One aggregate of a roll-up table for every series (with ``fallback`` for series lacking it)."""
         start_ms, end_ms = clamp_range(start_ms, end_ms)
         if end_ms < start_ms:
             return [(samples.empty(), None) for _ in series]
         reads = [
-            self._limited("read_rollups", self.store.read_rollups, granularity, s.tenant, s.series_set_hash, start_ms, end_ms)
+            self._limited(
+                "read_rollups", self.store.read_rollups, granularity, s.tenant, s.series_set_hash, start_ms, end_ms
+            )
             for s in series
         ]
         return [rollup_samples(rows, aggregate, fallback) for rows in await gatherResults(reads, consumeErrors=True)]

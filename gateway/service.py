@@ -23,21 +23,21 @@ from twisted.internet.task import LoopingCall
 from gateway import __version__
 from gateway.config import Config
 from gateway.connections import Connections
-from gateway.http.auth import Credentials
-from gateway.http.native_api import NativeAPI
-from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
+from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.graphite.tagdb import TagDB
+from gateway.http.auth import Credentials
 from gateway.http.graphite_api import GraphiteAPI
+from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
-from gateway.limits import TenantLimits
 from gateway.http.server import Router, Site
 from gateway.ingest import IngestPipeline
+from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.query import QueryPlanner
 from gateway.store import open_store
@@ -80,11 +80,21 @@ class Gateway:
             config.created_timestamp_zero_ingestion,
         ).register(router)
         PromQLAPI(
-            self.store, self.planner, config.query_max_samples, config.query_lookback_delta, config.query_timeout, config.max_future
+            self.store,
+            self.planner,
+            config.query_max_samples,
+            config.query_lookback_delta,
+            config.query_timeout,
+            config.max_future,
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
         GraphiteAPI(
-            self.pipeline, self.planner, Finder(self.store), TagDB(self.store, self.planner), schemas, config.max_points_per_query
+            self.pipeline,
+            self.planner,
+            Finder(self.store),
+            TagDB(self.store, self.planner),
+            schemas,
+            config.max_points_per_query,
         ).register(router)
         OpsAPI(self.store).register(router)
         self.connections = Connections(config.connection_limit)
@@ -108,16 +118,28 @@ class Gateway:
         carbon_idle_s = _seconds(config.carbon_idle_timeout)
         handlers = {
             "http": self.site,
-            "graphite": PlaintextFactory(self.graphite, config.graphite_tenant, config.graphite_max_line_length, self.connections, carbon_idle_s),
-            "graphite-udp": PlaintextDatagramProtocol(self.graphite, config.graphite_tenant, config.graphite_max_line_length),
-            "pickle": PickleFactory(self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes, self.connections, carbon_idle_s),
+            "graphite": PlaintextFactory(
+                self.graphite, config.graphite_tenant, config.graphite_max_line_length, self.connections, carbon_idle_s
+            ),
+            "graphite-udp": PlaintextDatagramProtocol(
+                self.graphite, config.graphite_tenant, config.graphite_max_line_length
+            ),
+            "pickle": PickleFactory(
+                self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes, self.connections, carbon_idle_s
+            ),
         }
         for name, address in listeners.items():
             self.ports.append(self._listen(name, address, handlers[name]))
         log.info(
             "tsgate %s: HTTP on %s:%d, graphite %s, graphite-udp %s, pickle %s, store %s, redis %s",
-            __version__, host, port, _address(listeners.get("graphite")), _address(listeners.get("graphite-udp")), _address(listeners.get("pickle")),
-            redact(config.store_url), redact(config.redis) or "none (in-memory cache only)",
+            __version__,
+            host,
+            port,
+            _address(listeners.get("graphite")),
+            _address(listeners.get("graphite-udp")),
+            _address(listeners.get("pickle")),
+            redact(config.store_url),
+            redact(config.redis) or "none (in-memory cache only)",
         )
 
     def _listen(self, name: str, address: tuple[str, int], handler):
@@ -139,7 +161,10 @@ class Gateway:
 
     async def stop(self) -> None:
         timeout_s = self.config.shutdown_timeout / 1000
-        log.info("stopping: no new connections; answering open requests and flushing accepted writes (at most %gs)", timeout_s)
+        log.info(
+            "stopping: no new connections; answering open requests and flushing accepted writes (at most %gs)",
+            timeout_s,
+        )
         await defer.gatherResults([defer.maybeDeferred(port.stopListening) for port in self.ports])
         if self.downsample_loop is not None and self.downsample_loop.running:
             self.downsample_loop.stop()
@@ -150,7 +175,10 @@ class Gateway:
             log.warning(
                 "shutdown timeout (%gs, --shutdown-timeout) reached: closing %d connections still open;"
                 " not yet stored: %d carbon samples, %d samples in store writes under way; downsample round %s",
-                timeout_s, len(self.connections.open), self.graphite.pending, self.pipeline.inflight_samples,
+                timeout_s,
+                len(self.connections.open),
+                self.graphite.pending,
+                self.pipeline.inflight_samples,
                 "still running (redone after restart)" if not self.downsample_stopped.called else "done",
             )
             self.connections.abort_all()
@@ -174,7 +202,9 @@ class DownsampleRole:
     def __init__(self, config: Config, store):
         self.partitions = config.owned_partitions
         self.pending = pending_tracker(config, store)
-        self.downsampler = Downsampler(store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(","))))
+        self.downsampler = Downsampler(
+            store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(",")))
+        )
         self.partition_lock = partition_lock(config, self.pending)
 
     async def run_once(self) -> int:

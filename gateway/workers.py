@@ -162,14 +162,19 @@ class Supervisor:
                 if slot.process is not None and slot.process.poll() is not None:
                     self._reap(slot)
             if self.startup_failures >= STARTUP_ATTEMPTS:
-                log.error("giving up: workers failed to start %d times in a row (their errors are above)", self.startup_failures)
+                log.error(
+                    "giving up: workers failed to start %d times in a row (their errors are above)",
+                    self.startup_failures,
+                )
                 return 1
 
     def _start(self, slot: _Slot) -> None:
         read_end, write_end = os.pipe()
         listeners = {name: sock.fileno() for name, sock in self.sockets.items()}
         identity = {"index": slot.index, "supervisor_pid": os.getpid(), "listeners": listeners, "ready_fd": write_end}
-        environment = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self.metrics_dir, **{ENVIRONMENT_KEY: json.dumps(identity)})
+        environment = dict(
+            os.environ, PROMETHEUS_MULTIPROC_DIR=self.metrics_dir, **{ENVIRONMENT_KEY: json.dumps(identity)}
+        )
         # A process group of its own: a terminal's Ctrl-C reaches the supervisor only, which
         # then stops the workers in order.
         slot.process = subprocess.Popen(
@@ -231,7 +236,12 @@ class Supervisor:
                 try:
                     code = slot.process.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    log.error("worker %d (pid %d) still running %gs after SIGTERM: killing it", slot.index, slot.process.pid, self.stop_wait_s)
+                    log.error(
+                        "worker %d (pid %d) still running %gs after SIGTERM: killing it",
+                        slot.index,
+                        slot.process.pid,
+                        self.stop_wait_s,
+                    )
                     slot.process.kill()
                     code = slot.process.wait()
                 self._close_ready_pipe(slot)

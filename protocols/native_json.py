@@ -84,7 +84,10 @@ def _parse_json(body: bytes) -> Any:
 
 
 def _out_of_range(raw: _OutOfRange, field: str) -> _FieldError:
-    return _FieldError(field, f"number {raw.text[:40]}{'...' if len(raw.text) > 40 else ''} is out of range (write NaN and infinities as the strings \"NaN\", \"+Inf\", \"-Inf\")")
+    return _FieldError(
+        field,
+        f'number {raw.text[:40]}{"..." if len(raw.text) > 40 else ""} is out of range (write NaN and infinities as the strings "NaN", "+Inf", "-Inf")',
+    )
 
 
 def _value(raw: Any) -> float:
@@ -217,11 +220,17 @@ def encode_query_results(results) -> bytes:
         head = encode_json(fields)
         timestamps, values = result.samples
         pieces = [
-            encode_json(dict(zip(iso_times(timestamps[first : first + SAMPLES_PER_CALL]),
-                                 map(json_value, values[first : first + SAMPLES_PER_CALL].tolist()))))[1:-1]
+            encode_json(
+                dict(
+                    zip(
+                        iso_times(timestamps[first : first + SAMPLES_PER_CALL]),
+                        map(json_value, values[first : first + SAMPLES_PER_CALL].tolist()),
+                    )
+                )
+            )[1:-1]
             for first in range(0, len(timestamps), SAMPLES_PER_CALL)
         ]
-        documents.append(b"%s, \"values\": {%s}}" % (head[:-1], b", ".join(pieces)))
+        documents.append(b'%s, "values": {%s}}' % (head[:-1], b", ".join(pieces)))
     return b"[%s]" % b", ".join(documents)
 
 

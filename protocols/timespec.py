@@ -50,8 +50,8 @@ def parse_time(text: str, now_ms: int) -> int:
             f"{text!r} is not a time: use ISO-8601, epoch seconds or milliseconds, 'now' or e.g. '5m-ago'"
         ) from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
-    delta = parsed - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    delta = parsed - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
     return delta // datetime.timedelta(milliseconds=1)
 
 

@@ -70,7 +70,7 @@ def _unzip(archive: Path, prefix: str, target: Path) -> None:
     with zipfile.ZipFile(archive) as zipped:
         for member in zipped.infolist():
             if member.filename.startswith(prefix) and not member.is_dir():
-                path = target / member.filename[len(prefix):]
+                path = target / member.filename[len(prefix) :]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with zipped.open(member) as source, path.open("wb") as out:
                     shutil.copyfileobj(source, out)
@@ -176,7 +176,9 @@ def run_suite(write_url: str, workdir: Path, timeout: float = 150) -> list[Case]
     )
     cases = parse_events(result.stdout)
     if not cases:
-        raise RuntimeError(f"the suite ran no case (exit {result.returncode}):\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
+        raise RuntimeError(
+            f"the suite ran no case (exit {result.returncode}):\n{result.stdout[-4000:]}{result.stderr[-4000:]}"
+        )
     return cases
 
 

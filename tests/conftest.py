@@ -22,8 +22,18 @@ LAYOUT = Layout()
 # Fixtures that start, or stand for, a process outside pytest: Java and Cassandra, Redis, tsgate
 # gateways, Prometheus and exporters, graphite-web. A test that needs any of them is ``slow``.
 PROCESS_FIXTURES = {
-    "cassandra_server", "cassandra_url", "redis_server", "start_gateway", "gateway", "hostile_gateway", "tsgate",
-    "graphite_web", "grafana", "exporter", "exporters", "native_exporter",
+    "cassandra_server",
+    "cassandra_url",
+    "redis_server",
+    "start_gateway",
+    "gateway",
+    "hostile_gateway",
+    "tsgate",
+    "graphite_web",
+    "grafana",
+    "exporter",
+    "exporters",
+    "native_exporter",
 }
 TEST_KEYSPACE = "tsgate_test"
 

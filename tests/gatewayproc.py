@@ -20,7 +20,10 @@ def downsample_once(*args: str) -> str:
     """`tsgate downsample --once` with no settle delay (and the given store flags); its output."""
     result = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -29,8 +32,27 @@ def downsample_once(*args: str) -> str:
 def tsgate_serve(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subprocess.CompletedProcess, float]:
     """Run `tsgate serve` until it exits by itself (no carbon listeners unless asked); its result and run time."""
     started = time.monotonic()
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--graphite", "", "--pickle", "", "--data-dir", str(tmp_path / "d"), *args]
-    result = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=timeout)
+    command = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--graphite",
+        "",
+        "--pickle",
+        "",
+        "--data-dir",
+        str(tmp_path / "d"),
+        *args,
+    ]
+    result = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return result, time.monotonic() - started
 
 
@@ -91,9 +113,19 @@ class GatewayProcess:
 
     def start(self, timeout: float = 30) -> "GatewayProcess":
         command = [
-            sys.executable, "-m", "gateway.cli", "serve", "--http", f"127.0.0.1:{self.port}",
-            "--graphite", f"127.0.0.1:{self.graphite_port}", "--graphite-udp", f"127.0.0.1:{self.graphite_port}",
-            "--pickle", f"127.0.0.1:{self.pickle_port}", *self.args,
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--http",
+            f"127.0.0.1:{self.port}",
+            "--graphite",
+            f"127.0.0.1:{self.graphite_port}",
+            "--graphite-udp",
+            f"127.0.0.1:{self.graphite_port}",
+            "--pickle",
+            f"127.0.0.1:{self.pickle_port}",
+            *self.args,
         ]
         if not {"--data-dir", "--store", "--config"} & set(self.args):
             command += ["--data-dir", str(self.workdir / "data")]

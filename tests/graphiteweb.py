@@ -107,8 +107,9 @@ class GraphiteWebError(RuntimeError):
     pass
 
 
-def render_batch(workdir: Path, series: dict[str, list], requests: list[dict], step: int = 60,
-                 timeout: float = 120) -> list[dict]:
+def render_batch(
+    workdir: Path, series: dict[str, list], requests: list[dict], step: int = 60, timeout: float = 120
+) -> list[dict]:
     """Write ``series`` into graphite-web's whisper files and answer every render request.
 
     ``series`` maps a metric path (``a.b.c`` or ``cpu;host=a``) to ``[[epoch_seconds, value or
@@ -121,12 +122,22 @@ def render_batch(workdir: Path, series: dict[str, list], requests: list[dict], s
     script = workdir / "graphiteweb_render.py"
     script.write_text(_SCRIPT)
     job = workdir / "job.json"
-    job.write_text(json.dumps({"root": str(workdir / "graphite"), "step": step, "series": series, "requests": requests}))
+    job.write_text(
+        json.dumps({"root": str(workdir / "graphite"), "step": step, "series": series, "requests": requests})
+    )
     output = workdir / "answers.json"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "DJANGO", "GRAPHITE", "VIRTUAL_ENV"))}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PYTHON", "DJANGO", "GRAPHITE", "VIRTUAL_ENV"))
+    }
     completed = subprocess.run(
         [GRAPHITE_PYTHON, "-I", str(script), str(job), str(output)],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if completed.returncode != 0 or not output.exists():
         raise GraphiteWebError(f"graphite-web harness exited with {completed.returncode}:\n{completed.stderr[-5000:]}")

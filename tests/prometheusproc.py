@@ -14,7 +14,9 @@ from gateway.devservices.process import free_port, terminate
 def prometheus_binary() -> str:
     binary = shutil.which("prometheus")
     if binary is None:
-        raise RuntimeError("Debian's prometheus is needed for these tests: apt-get install -y prometheus (.ci/run does it)")
+        raise RuntimeError(
+            "Debian's prometheus is needed for these tests: apt-get install -y prometheus (.ci/run does it)"
+        )
     return binary
 
 

@@ -16,11 +16,11 @@ from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.store.blocks import encode_block
 from gateway.store.cassandra import CassandraStore, parse_url
-from gateway.store.contract import ExemplarRow, HistogramRow, RawPoint, Rollup
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
+from gateway.store.contract import ExemplarRow, HistogramRow, RawPoint, Rollup
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
-from tests.gatewayproc import REPO, metric_value, wait_until_redis_is_used
 from tests.conftest import read_blocks, read_head
+from tests.gatewayproc import REPO, metric_value, wait_until_redis_is_used
 
 SCHEMA_FILE = REPO / "schema.cql"
 
@@ -31,15 +31,28 @@ def cql_session(server):
 
 
 def tsgate(*args):
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
 
 
 def describe(session, keyspace: str) -> dict:
     """What system_schema says about a keyspace's tables, keyspace names removed."""
     tables = {}
-    for row in session.execute("SELECT table_name, compaction, default_time_to_live, gc_grace_seconds FROM system_schema.tables WHERE keyspace_name = %s", [keyspace]):
-        tables[row.table_name] = {"compaction": dict(row.compaction), "ttl": row.default_time_to_live, "gc": row.gc_grace_seconds, "columns": {}}
-    for row in session.execute("SELECT table_name, column_name, kind, position, type, clustering_order FROM system_schema.columns WHERE keyspace_name = %s", [keyspace]):
+    for row in session.execute(
+        "SELECT table_name, compaction, default_time_to_live, gc_grace_seconds FROM system_schema.tables WHERE keyspace_name = %s",
+        [keyspace],
+    ):
+        tables[row.table_name] = {
+            "compaction": dict(row.compaction),
+            "ttl": row.default_time_to_live,
+            "gc": row.gc_grace_seconds,
+            "columns": {},
+        }
+    for row in session.execute(
+        "SELECT table_name, column_name, kind, position, type, clustering_order FROM system_schema.columns WHERE keyspace_name = %s",
+        [keyspace],
+    ):
         tables[row.table_name]["columns"][row.column_name] = (row.kind, row.position, row.type, row.clustering_order)
     return tables
 
@@ -63,7 +76,28 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
             applied = tsgate("schema", "apply", "--store", url)
             assert applied.returncode == 0, applied.stderr
         assert describe(session, "tsdb") == describe(session, "tsdb_applied")
-        assert set(describe(session, "tsdb")) == {"tenants", "metric_names", "series_set_hashes", "series_sets", "tag_keys", "tag_values", "graphite_paths", "tenant_tag_keys", "tenant_tag_values", "tag_metrics", "metric_metadata", "data_raw", "data_blocks", "histograms", "exemplars", "pending_downsample_sets", "data_5m", "data_1h", "histograms_5m", "histograms_1h"}
+        assert set(describe(session, "tsdb")) == {
+            "tenants",
+            "metric_names",
+            "series_set_hashes",
+            "series_sets",
+            "tag_keys",
+            "tag_values",
+            "graphite_paths",
+            "tenant_tag_keys",
+            "tenant_tag_values",
+            "tag_metrics",
+            "metric_metadata",
+            "data_raw",
+            "data_blocks",
+            "histograms",
+            "exemplars",
+            "pending_downsample_sets",
+            "data_5m",
+            "data_1h",
+            "histograms_5m",
+            "histograms_1h",
+        }
         blocks = describe(session, "tsdb")["data_blocks"]
         assert blocks["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and blocks["ttl"] == 7 * 86400
         assert describe(session, "tsdb")["data_raw"]["ttl"] == 7 * 3600
@@ -94,7 +128,11 @@ def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cas
     cluster, session = cql_session(cassandra_server)
     try:
         session.execute("DROP KEYSPACE IF EXISTS tsdb_old_layout")
-        old_schema = SCHEMA_FILE.read_text().replace("tsdb.", "tsdb_old_layout.").replace("KEYSPACE IF NOT EXISTS tsdb\n", "KEYSPACE IF NOT EXISTS tsdb_old_layout\n")
+        old_schema = (
+            SCHEMA_FILE.read_text()
+            .replace("tsdb.", "tsdb_old_layout.")
+            .replace("KEYSPACE IF NOT EXISTS tsdb\n", "KEYSPACE IF NOT EXISTS tsdb_old_layout\n")
+        )
         for statement in filter(str.strip, re.sub(r"--[^\n]*", "", old_schema).split(";")):
             if "data_blocks" not in statement:
                 session.execute(statement)
@@ -122,7 +160,9 @@ def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cas
         assert applied.returncode == 0, applied.stderr
         assert "indexed 1 data_raw partitions" in applied.stdout
         gateway = start_gateway("--store", url, "--roles", "ingest,query", "--downsample-delay", "0s")
-        query = "/api/query?" + urllib.parse.urlencode({"tenant": tenant, "metricName": "legacy_temp", "start": t0, "end": t0 + 3599})
+        query = "/api/query?" + urllib.parse.urlencode(
+            {"tenant": tenant, "metricName": "legacy_temp", "start": t0, "end": t0 + 3599}
+        )
 
         def values():
             answer = gateway.get(query)
@@ -134,7 +174,10 @@ def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cas
         assert gateway.post("/api/write/single", new).status == 200
         sealed = subprocess.run(
             [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", "--store", url],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert sealed.returncode == 0, sealed.stderr
         assert values() == [float(i) for i in range(30)] + [99.0]
@@ -155,12 +198,20 @@ def test_url_options():
     assert (options.username, options.password, options.local_dc, options.tls) == ("me", "s@cret", "dc1", True)
     assert options.request_timeout_s == 3 and options.max_inflight == 64
     assert options.read_consistency == 1 and options.write_consistency == 4
-    for bad in ("cassandra:///ks", "cassandra://h/ks?consistency=most", "cassandra://h/ks?replication=simple:0", "cassandra://h/ks?color=red", "cassandra://h/1ks"):
+    for bad in (
+        "cassandra:///ks",
+        "cassandra://h/ks?consistency=most",
+        "cassandra://h/ks?replication=simple:0",
+        "cassandra://h/ks?color=red",
+        "cassandra://h/1ks",
+    ):
         with pytest.raises(ValueError):
             parse_url(bad, Layout())
 
 
-def test_gateway_writes_land_in_the_documented_tables(start_gateway, cassandra_server, cassandra_url, redis_server, tenant):
+def test_gateway_writes_land_in_the_documented_tables(
+    start_gateway, cassandra_server, cassandra_url, redis_server, tenant
+):
     gateway = start_gateway("--store", cassandra_url, "--redis", redis_server.url)
     t0 = int(time.time()) - 60
     body = {"tenant": tenant, "metricName": "cpu_idle", "tags": {"host": "h-1", "os": "linux"}, "ts": t0, "value": 42.5}
@@ -170,13 +221,24 @@ def test_gateway_writes_land_in_the_documented_tables(start_gateway, cassandra_s
     try:
         session.set_keyspace("tsgate_test")
         assert [r.tenant for r in session.execute("SELECT tenant FROM tenants WHERE tenant = %s", [tenant])] == [tenant]
-        assert [r.metric_name for r in session.execute("SELECT metric_name FROM metric_names WHERE tenant = %s", [tenant])] == ["cpu_idle"]
-        row = session.execute("SELECT metric_name, tags FROM series_set_hashes WHERE tenant = %s AND series_set_hash = %s", [tenant, hash_]).one()
+        assert [
+            r.metric_name for r in session.execute("SELECT metric_name FROM metric_names WHERE tenant = %s", [tenant])
+        ] == ["cpu_idle"]
+        row = session.execute(
+            "SELECT metric_name, tags FROM series_set_hashes WHERE tenant = %s AND series_set_hash = %s",
+            [tenant, hash_],
+        ).one()
         assert (row.metric_name, dict(row.tags)) == ("cpu_idle", {"host": "h-1", "os": "linux"})
-        index = session.execute("SELECT series_set_hash FROM series_sets WHERE tenant = %s AND metric_name = 'cpu_idle' AND tag_key = 'os' AND tag_value = 'linux'", [tenant])
+        index = session.execute(
+            "SELECT series_set_hash FROM series_sets WHERE tenant = %s AND metric_name = 'cpu_idle' AND tag_key = 'os' AND tag_value = 'linux'",
+            [tenant],
+        )
         assert [r.series_set_hash for r in index] == [hash_]
         slot = t0 * 1000 - t0 * 1000 % 3_600_000
-        raw = session.execute("SELECT ts, value, TTL(value) AS ttl FROM data_raw WHERE tenant = %s AND series_set_hash = %s AND time_slot = %s", [tenant, hash_, slot]).one()
+        raw = session.execute(
+            "SELECT ts, value, TTL(value) AS ttl FROM data_raw WHERE tenant = %s AND series_set_hash = %s AND time_slot = %s",
+            [tenant, hash_, slot],
+        ).one()
         assert (raw.ts, raw.value) == (t0 * 1000, 42.5) and 0 < raw.ttl <= 7 * 86400
     finally:
         cluster.shutdown()
@@ -193,7 +255,9 @@ def test_redis_shares_the_metadata_cache_between_replicas(start_gateway, cassand
     assert metric_value(second, 'tsgate_metadata_cache_lookups_total{level="redis",result="hit"}') == 20
 
 
-def test_two_keyspaces_sharing_one_redis_keep_their_keys_apart(start_gateway, cassandra_server, cassandra_url, redis_server, tenant):
+def test_two_keyspaces_sharing_one_redis_keep_their_keys_apart(
+    start_gateway, cassandra_server, cassandra_url, redis_server, tenant
+):
     """Before Redis keys were namespaced, the second keyspace found the first one's "already
     indexed" marks, skipped its metadata writes, and answered [] for data it had accepted. Dropping
     and making a keyspace again gives it a new identity too."""
@@ -202,18 +266,32 @@ def test_two_keyspaces_sharing_one_redis_keep_their_keys_apart(start_gateway, ca
     try:
         session.execute("DROP KEYSPACE IF EXISTS tsgate_test_other")
         CassandraStore.from_url(other_url, Layout()).apply_schema()
-        first_identity = session.execute("SELECT id FROM system_schema.tables WHERE keyspace_name = 'tsgate_test_other' AND table_name = 'series_set_hashes'").one().id
+        first_identity = (
+            session.execute(
+                "SELECT id FROM system_schema.tables WHERE keyspace_name = 'tsgate_test_other' AND table_name = 'series_set_hashes'"
+            )
+            .one()
+            .id
+        )
         batch = [{"metricName": "shared_redis", "tags": {"i": str(i)}, "value": i} for i in range(5)]
         for url in (cassandra_url, other_url):
             gateway = start_gateway("--store", url, "--redis", redis_server.url)
             assert gateway.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
             assert metric_value(gateway, "tsgate_series_metadata_writes_total") == 5
-            answer = gateway.get("/api/metadata/tagValues?metricName=shared_redis&tagKey=i", headers={"X-Tenant": tenant})
+            answer = gateway.get(
+                "/api/metadata/tagValues?metricName=shared_redis&tagKey=i", headers={"X-Tenant": tenant}
+            )
             assert answer.json() == ["0", "1", "2", "3", "4"]
             gateway.stop()
         session.execute("DROP KEYSPACE tsgate_test_other")
         CassandraStore.from_url(other_url, Layout()).apply_schema()
-        again = session.execute("SELECT id FROM system_schema.tables WHERE keyspace_name = 'tsgate_test_other' AND table_name = 'series_set_hashes'").one().id
+        again = (
+            session.execute(
+                "SELECT id FROM system_schema.tables WHERE keyspace_name = 'tsgate_test_other' AND table_name = 'series_set_hashes'"
+            )
+            .one()
+            .id
+        )
         assert again != first_identity
         gateway = start_gateway("--store", other_url, "--redis", redis_server.url)
         assert gateway.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
@@ -231,19 +309,36 @@ def test_ingest_goes_on_when_redis_is_down(start_gateway, cassandra_url, tmp_pat
     redis.start()
     gateway = start_gateway("--store", cassandra_url, "--redis", redis.url)
     q = urllib.parse.urlencode({"tenant": tenant, "metricName": "resilient", "start": "5m-ago"})
-    assert gateway.post("/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "1"}, "value": 1}).status == 200
+    assert (
+        gateway.post(
+            "/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "1"}, "value": 1}
+        ).status
+        == 200
+    )
     redis.stop()
-    assert gateway.post("/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "2"}, "value": 2}).status == 200
+    assert (
+        gateway.post(
+            "/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "2"}, "value": 2}
+        ).status
+        == 200
+    )
     assert len(gateway.get("/api/query?" + q).json()) == 2
     assert metric_value(gateway, 'tsgate_redis_errors_total{operation="lookup"}') >= 1
     redis.start()
     wait_until_redis_is_used(gateway, tenant)
-    assert gateway.post("/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "3"}, "value": 3}).status == 200
+    assert (
+        gateway.post(
+            "/api/write/single", {"tenant": tenant, "metricName": "resilient", "tags": {"n": "3"}, "value": 3}
+        ).status
+        == 200
+    )
     assert len(gateway.get("/api/query?" + q).json()) == 3
     redis.stop()
 
 
-def test_cassandra_outage_answers_503_and_loses_nothing_acknowledged(start_gateway, cassandra_server, cassandra_url, tenant):
+def test_cassandra_outage_answers_503_and_loses_nothing_acknowledged(
+    start_gateway, cassandra_server, cassandra_url, tenant
+):
     """Stop Cassandra mid-run: writes get 503 (not acknowledged); after a restart, writing
     resumes without restarting the gateway and every acknowledged sample is readable."""
     gateway = start_gateway("--store", cassandra_url + "?request_timeout=2s")
@@ -287,7 +382,9 @@ def test_serve_on_a_missing_keyspace_says_how_to_create_it(cassandra_server):
 @pytest_twisted.ensureDeferred
 async def test_ttl_expires_raw_and_roll_up_rows(cassandra_server, tenant):
     """Writes carry each table's TTL (exemplars and histograms too): with 2 s retentions, rows are gone 3.5 s later."""
-    layout = Layout(HOUR_MS, 2000, parse_granularities("5m:2s", HOUR_MS), head_retention_ms=2000, exemplar_retention_ms=2000)
+    layout = Layout(
+        HOUR_MS, 2000, parse_granularities("5m:2s", HOUR_MS), head_retention_ms=2000, exemplar_retention_ms=2000
+    )
     store = CassandraStore.from_url(f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsgate_ttl", layout)
     await threads.deferToThread(store.apply_schema)
     await store.start()
@@ -321,7 +418,9 @@ async def test_sealed_head_rows_are_not_read_again(cassandra_url, tenant):
     try:
         await store.write_raw([RawPoint(tenant, "sealed", ts, 1.0) for ts in (10, 20, HOUR_MS + 10)])
         head = await read_head(store, tenant, "sealed", 0, HOUR_MS - 1)
-        await store.write_block(tenant, "sealed", 0, encode_block(head.timestamps, head.values), head, int(time.time() * 1000) + 1)
+        await store.write_block(
+            tenant, "sealed", 0, encode_block(head.timestamps, head.values), head, int(time.time() * 1000) + 1
+        )
         assert (await read_head(store, tenant, "sealed", 0, 2 * HOUR_MS)).points() == [(HOUR_MS + 10, 1.0)]
         await task.deferLater(reactor, 0.01, lambda: None)
         await store.write_raw([RawPoint(tenant, "sealed", 30, 3.0)])
@@ -342,9 +441,13 @@ async def test_writes_and_paged_reads_through_a_tight_request_bound(cassandra_ur
         points += [RawPoint(tenant, "long", t * 100, float(t)) for t in range(12_000)]
         await store.write_raw(points)
         wide = {f"k{k}": "v" * 2000 for k in range(20)}
-        series = [SeriesKey(tenant, series_set_hash(series_set_text(f"wide{i}", wide)), f"wide{i}", wide) for i in range(5)]
+        series = [
+            SeriesKey(tenant, series_set_hash(series_set_text(f"wide{i}", wide)), f"wide{i}", wide) for i in range(5)
+        ]
         await store.write_series(series)
-        reads = await defer.gatherResults([defer.ensureDeferred(read_head(store, tenant, f"h{i}", 0, HOUR_MS)) for i in range(300)])
+        reads = await defer.gatherResults(
+            [defer.ensureDeferred(read_head(store, tenant, f"h{i}", 0, HOUR_MS)) for i in range(300)]
+        )
         assert [len(found) for found in reads] == [20] * 300
         assert reads[7].points()[3] == (3000, 907.0)
         long = await read_head(store, tenant, "long", 0, HOUR_MS)

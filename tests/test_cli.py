@@ -12,7 +12,9 @@ from tests.gatewayproc import REPO, GatewayProcess
 
 
 def tsgate(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.slow
@@ -43,7 +45,12 @@ def test_file_then_flags(tmp_path):
 
 @pytest.mark.parametrize(
     "content, words",
-    [("nope = 1\n", "unknown setting 'nope'"), ("max_tags = -1\n", "--max-tags"), ("http = [\n", "--config"), ('slot-width = "fast"\n', "duration")],
+    [
+        ("nope = 1\n", "unknown setting 'nope'"),
+        ("max_tags = -1\n", "--max-tags"),
+        ("http = [\n", "--config"),
+        ('slot-width = "fast"\n', "duration"),
+    ],
 )
 def test_bad_config_file_is_refused(tmp_path, content, words):
     path = tmp_path / "bad.toml"
@@ -83,7 +90,9 @@ def test_serve_from_a_config_file(tmp_path):
 def test_unwritable_store_fails_start_with_exit_1(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = tsgate("serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--data-dir", str(blocker / "sub"))
+    result = tsgate(
+        "serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--data-dir", str(blocker / "sub")
+    )
     assert result.returncode == 1 and "could not start" in result.stderr
 
 

@@ -24,14 +24,26 @@ def gateway(tmp_path_factory):
     cpu{host=a} (JSON) and many{} with 30 samples (remote write)."""
     process = GatewayProcess(
         tmp_path_factory.mktemp("client-errors"),
-        "--max-series-per-query", str(MAX_SERIES), "--max-samples-per-query", str(MAX_SAMPLES),
+        "--max-series-per-query",
+        str(MAX_SERIES),
+        "--max-samples-per-query",
+        str(MAX_SAMPLES),
     ).start()
     now = int(time.time())
     lines = [f"a.b.c 1 {now - 60}", f"a.b.d 2 {now - 60}", *(f"wide.{i} {i} {now - 60}" for i in range(4))]
     send_tcp(process.graphite_port, ("\n".join(lines) + "\n").encode())
-    assert process.post("/api/write", [{"metricName": "cpu", "tags": {"host": "a"}, "ts": now - 60, "value": 1.5}]).status == 200
-    many = prometheus.encode_write_request_v1([Series({"__name__": "many"}, [((now - 100 + i) * 1000, float(i)) for i in range(30)])])
-    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", "X-Prometheus-Remote-Write-Version": "0.1.0"}
+    assert (
+        process.post("/api/write", [{"metricName": "cpu", "tags": {"host": "a"}, "ts": now - 60, "value": 1.5}]).status
+        == 200
+    )
+    many = prometheus.encode_write_request_v1(
+        [Series({"__name__": "many"}, [((now - 100 + i) * 1000, float(i)) for i in range(30)])]
+    )
+    headers = {
+        "Content-Type": "application/x-protobuf",
+        "Content-Encoding": "snappy",
+        "X-Prometheus-Remote-Write-Version": "0.1.0",
+    }
     assert process.post("/api/v1/write", many, headers=headers).status == 204
     assert wait_for(lambda: b"a.b.d" in process.get("/metrics/find?query=a.b.*").body)
     yield process
@@ -56,16 +68,20 @@ def assert_client_error(answer, status: int, *words: str):
 BIG = "9" * 5000
 
 
-@pytest.mark.parametrize("path, body, field", [
-    ("/api/write", f'[{{"metricName": "cpu", "ts": {BIG}, "value": 1}}]', "ts"),
-    ("/api/write", f'[{{"metricName": "cpu", "value": {BIG}}}]', "value"),
-    ("/api/put", f'[{{"metric": "cpu", "timestamp": {BIG}, "value": 1}}]', "timestamp"),
-    ("/api/write", '[{"metricName": "cpu", "value": 1e999}]', "value"),
-    ("/api/write", '[{"metricName": "cpu", "value": "1e999"}]', "value"),
-    ("/api/write", '[{"metricName": "cpu", "value": -Infinity}]', "value"),
-    ("/api/write", '[{"metricName": "cpu", "value": NaN}]', "value"),
-    ("/api/write", '[{"metricName": "cpu", "value": 1, "ts": 1e999}]', "ts"),
-], ids=["int-ts", "int-value", "put-int-timestamp", "1e999", "1e999-string", "bare-Infinity", "bare-NaN", "1e999-ts"])
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/api/write", f'[{{"metricName": "cpu", "ts": {BIG}, "value": 1}}]', "ts"),
+        ("/api/write", f'[{{"metricName": "cpu", "value": {BIG}}}]', "value"),
+        ("/api/put", f'[{{"metric": "cpu", "timestamp": {BIG}, "value": 1}}]', "timestamp"),
+        ("/api/write", '[{"metricName": "cpu", "value": 1e999}]', "value"),
+        ("/api/write", '[{"metricName": "cpu", "value": "1e999"}]', "value"),
+        ("/api/write", '[{"metricName": "cpu", "value": -Infinity}]', "value"),
+        ("/api/write", '[{"metricName": "cpu", "value": NaN}]', "value"),
+        ("/api/write", '[{"metricName": "cpu", "value": 1, "ts": 1e999}]', "ts"),
+    ],
+    ids=["int-ts", "int-value", "put-int-timestamp", "1e999", "1e999-string", "bare-Infinity", "bare-NaN", "1e999-ts"],
+)
 def test_json_numbers_out_of_range_refuse_the_item_naming_the_field(gateway, path, body, field):
     answer = gateway.post(path, body.encode())
     assert answer.status == 400, answer.body
@@ -75,27 +91,41 @@ def test_json_numbers_out_of_range_refuse_the_item_naming_the_field(gateway, pat
 
 def test_documented_non_finite_strings_are_still_accepted(gateway):
     now = int(time.time())
-    items = [{"metricName": "special", "tags": {"v": text}, "ts": now - 30, "value": text} for text in ("NaN", "+Inf", "-Inf")]
+    items = [
+        {"metricName": "special", "tags": {"v": text}, "ts": now - 30, "value": text}
+        for text in ("NaN", "+Inf", "-Inf")
+    ]
     assert gateway.post("/api/write", items).json() == {"accepted": 3, "rejected": []}
 
 
-@pytest.mark.parametrize("path, params, field", [
-    ("/api/query", {"metricName": "cpu", "start": BIG}, "start"),
-    ("/api/query", {"metricName": "cpu", "end": BIG}, "end"),
-    ("/render", {"target": "a.b.c", "from": BIG}, "from"),
-    ("/render", {"target": "a.b.c", "until": BIG}, "until"),
-    ("/render", {"target": "a.b.c", "from": "01/01/99999999999999999999"}, "from"),
-    ("/render", {"target": "a.b.c", "from": "-99999999999y"}, "from"),
-], ids=["query-start", "query-end", "render-from", "render-until", "render-date", "render-offset"])
+@pytest.mark.parametrize(
+    "path, params, field",
+    [
+        ("/api/query", {"metricName": "cpu", "start": BIG}, "start"),
+        ("/api/query", {"metricName": "cpu", "end": BIG}, "end"),
+        ("/render", {"target": "a.b.c", "from": BIG}, "from"),
+        ("/render", {"target": "a.b.c", "until": BIG}, "until"),
+        ("/render", {"target": "a.b.c", "from": "01/01/99999999999999999999"}, "from"),
+        ("/render", {"target": "a.b.c", "from": "-99999999999y"}, "from"),
+    ],
+    ids=["query-start", "query-end", "render-from", "render-until", "render-date", "render-offset"],
+)
 def test_huge_times_are_400(gateway, path, params, field):
     answer = get(gateway, path, **params)
     assert answer.status == 400, answer.body
     assert "sys.set_int_max_str_digits" not in answer.json()["error"]
 
 
-@pytest.mark.parametrize("params", [
-    {"end": str(INT64_MAX)}, {"end": "1e20"}, {"start": str(INT64_MIN)}, {"start": str(INT64_MIN), "end": str(INT64_MAX)},
-], ids=["end-int64-max", "end-1e20", "start-int64-min", "both"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"end": str(INT64_MAX)},
+        {"end": "1e20"},
+        {"start": str(INT64_MIN)},
+        {"start": str(INT64_MIN), "end": str(INT64_MAX)},
+    ],
+    ids=["end-int64-max", "end-1e20", "start-int64-min", "both"],
+)
 def test_query_range_beyond_int64_is_clamped(gateway, params):
     answer = get(gateway, "/api/query", metricName="cpu", tag="host=a", **params)
     assert answer.status == 200, answer.body
@@ -104,11 +134,15 @@ def test_query_range_beyond_int64_is_clamped(gateway, params):
 
 
 @pytest.mark.parametrize("start, end", [(INT64_MIN, INT64_MAX), (INT64_MIN, 0), (INT64_MAX - 1, INT64_MAX)])
-@pytest.mark.parametrize("accepted", [[prometheus.SAMPLES], [prometheus.STREAMED_XOR_CHUNKS]], ids=["samples", "streamed"])
+@pytest.mark.parametrize(
+    "accepted", [[prometheus.SAMPLES], [prometheus.STREAMED_XOR_CHUNKS]], ids=["samples", "streamed"]
+)
 def test_remote_read_with_int64_extremes(gateway, start, end, accepted):
     query = Query(start, end, [Matcher("EQ", "__name__", "cpu")])
     body = prometheus.encode_read_request([query], accepted)
-    answer = gateway.post("/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"})
+    answer = gateway.post(
+        "/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+    )
     assert answer.status == 200, answer.body
     if accepted == [prometheus.SAMPLES]:
         (result,) = prometheus.decode_read_response(answer.body, 1 << 20)
@@ -118,19 +152,27 @@ def test_remote_read_with_int64_extremes(gateway, start, end, accepted):
     assert points == ([1] if start < 0 < end else [])
 
 
-@pytest.mark.parametrize("target", [
-    "sumSeries(" * 5000 + "a.b.c" + ")" * 5000,
-    "a.b.c" + "|absolute()" * 5000,
-    "sumSeries(" * 101 + "a.b.c" + ")" * 101,
-], ids=["nested-5000", "piped-5000", "nested-101"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "sumSeries(" * 5000 + "a.b.c" + ")" * 5000,
+        "a.b.c" + "|absolute()" * 5000,
+        "sumSeries(" * 101 + "a.b.c" + ")" * 101,
+    ],
+    ids=["nested-5000", "piped-5000", "nested-101"],
+)
 def test_deeply_nested_targets_are_400(gateway, target):
-    answer = gateway.post("/render", urllib.parse.urlencode({"target": target, "format": "json"}).encode(), headers=FORM)
+    answer = gateway.post(
+        "/render", urllib.parse.urlencode({"target": target, "format": "json"}).encode(), headers=FORM
+    )
     assert_client_error(answer, 400, "nested deeper than 100")
 
 
 def test_nesting_up_to_the_limit_is_evaluated(gateway):
     target = "absolute(" * 100 + "a.b.c" + ")" * 100
-    answer = gateway.post("/render", urllib.parse.urlencode({"target": target, "format": "json", "from": "-10min"}).encode(), headers=FORM)
+    answer = gateway.post(
+        "/render", urllib.parse.urlencode({"target": target, "format": "json", "from": "-10min"}).encode(), headers=FORM
+    )
     assert answer.status == 200, answer.body
     assert [p[0] for p in answer.json()[0]["datapoints"] if p[0] is not None] == [1.0]
 
@@ -145,10 +187,18 @@ def test_huge_max_data_points_is_no_limit(gateway):
     assert answer.status == 200 and len(answer.json()[0]["datapoints"]) == 10
 
 
-@pytest.mark.parametrize("query, found", [
-    ("a.b.[z-a]", []), ("a.[]", []), ("[!]", []), ("a.b.[!z-a]", ["a.b.c", "a.b.d"]),
-    ("a.b.[!c]", ["a.b.d"]), ("a.b.[]c]", ["a.b.c"]), ("a.b.[c-", []),
-])
+@pytest.mark.parametrize(
+    "query, found",
+    [
+        ("a.b.[z-a]", []),
+        ("a.[]", []),
+        ("[!]", []),
+        ("a.b.[!z-a]", ["a.b.c", "a.b.d"]),
+        ("a.b.[!c]", ["a.b.d"]),
+        ("a.b.[]c]", ["a.b.c"]),
+        ("a.b.[c-", []),
+    ],
+)
 def test_glob_classes_follow_fnmatch_as_graphite_web(gateway, query, found):
     """graphite-web matches with fnmatch: a reversed range matches nothing, an unclosed ``[`` is a
     literal character."""
@@ -160,14 +210,19 @@ def test_glob_classes_follow_fnmatch_as_graphite_web(gateway, query, found):
     assert [series["target"] for series in rendered.json()] == found
 
 
-@pytest.mark.parametrize("target", ["aliasByNode(a.b.c, inf)", "aliasByNode(a.b.c, 1, inf)", "groupByNode(a.b.*, inf)", "aliasByTags(a.b.c, inf)"])
+@pytest.mark.parametrize(
+    "target",
+    ["aliasByNode(a.b.c, inf)", "aliasByNode(a.b.c, 1, inf)", "groupByNode(a.b.*, inf)", "aliasByTags(a.b.c, inf)"],
+)
 def test_non_finite_node_is_400(gateway, target):
     assert_client_error(render(gateway, target=target), 400, "nodeOrTag")
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", BIG])
 def test_non_finite_position_on_find_is_400(gateway, value):
-    assert_client_error(get(gateway, "/metrics/find", query="a.b.*", format="nodelist", position=value), 400, "position")
+    assert_client_error(
+        get(gateway, "/metrics/find", query="a.b.*", format="nodelist", position=value), 400, "position"
+    )
 
 
 def test_map_series_alone_is_400(gateway):
@@ -185,40 +240,43 @@ def test_vertical_line_without_a_label_answers_as_graphite_web(gateway):
     assert answer.json() == [{"target": None, "tags": {"name": "None"}, "datapoints": [[1.0, at]]}]
 
 
-@pytest.mark.parametrize("target, status", [
-    ("identity(1)", 400),  # a number where a string (the name) goes
-    ("sinFunction(1.5)", 400),
-    ("aliasByMetric(alias(a.b.c, 2))", 400),
-    ("integralByInterval(a.b.c, '[z-a]')", 400),  # not an interval
-    ("smartSummarize(a.b.c, '1min', 'sum', 'fortnight')", 400),
-    ("scaleToSeconds(a.b.c, inf)", 400),
-    ("add(a.b.c, inf)", 400),
-    ("nPercentile(a.b.c, 1e300)", 400),
-    ("averageOutsidePercentile(a.b.*, -1e300)", 400),
-    ("time('t', 0)", 400),
-    ("sinFunction('s', 1, -100)", 400),
-    ("stdev(a.b.c, -1)", 400),
-    ("log(a.b.c, 1)", 400),
-    ("exponentialMovingAverage(a.b.c, -1)", 400),
-    ("asPercent(a.b.*, 'name')", 400),
-    ("asPercent(a.b.*, mapSeries(a.b.*, 1), 0)", 400),
-    ("countSeries(None)", 400),
-    ("groupByNode(a.b.*, 1, 'sumSeriesLists')", 400),
-    ("aliasQuery(a.b.c, 'c', 'd', 'no placeholder')", 400),
-    ("useSeriesAbove(a.b.*, 0, '(', 'x')", 400),
-    ("timeShift(a.b.c, '99999999y', alignDst=true)", 400),
-    ("timeShift(a.b.c, '99999999y')", 400),
-    ("timeStack(a.b.c, '1min', 0, 9223372036854775807)", 422),
-    ("hitcount(a.b.c, '99999999y')", 400),
-    ("timeShift(a.b.c, '')", 200),
-    ("exp(scale(a.b.c, 1000))", 200),  # e**1000 is +inf
-    ("cactiStyle(scale(a.b.c, inf), 'si')", 200),
-    ("aliasSub(verticalLine('-5min'), 'None', 'x')", 200),
-    ("sumSeries(verticalLine('-5min'), a.b.c)", 200),
-    ("substr(a.b.c, None)", 200),
-    ("timeStack(a.b.c, None, None)", 200),
-    ("averageOutsidePercentile(nothing.here, 50)", 200),
-])
+@pytest.mark.parametrize(
+    "target, status",
+    [
+        ("identity(1)", 400),  # a number where a string (the name) goes
+        ("sinFunction(1.5)", 400),
+        ("aliasByMetric(alias(a.b.c, 2))", 400),
+        ("integralByInterval(a.b.c, '[z-a]')", 400),  # not an interval
+        ("smartSummarize(a.b.c, '1min', 'sum', 'fortnight')", 400),
+        ("scaleToSeconds(a.b.c, inf)", 400),
+        ("add(a.b.c, inf)", 400),
+        ("nPercentile(a.b.c, 1e300)", 400),
+        ("averageOutsidePercentile(a.b.*, -1e300)", 400),
+        ("time('t', 0)", 400),
+        ("sinFunction('s', 1, -100)", 400),
+        ("stdev(a.b.c, -1)", 400),
+        ("log(a.b.c, 1)", 400),
+        ("exponentialMovingAverage(a.b.c, -1)", 400),
+        ("asPercent(a.b.*, 'name')", 400),
+        ("asPercent(a.b.*, mapSeries(a.b.*, 1), 0)", 400),
+        ("countSeries(None)", 400),
+        ("groupByNode(a.b.*, 1, 'sumSeriesLists')", 400),
+        ("aliasQuery(a.b.c, 'c', 'd', 'no placeholder')", 400),
+        ("useSeriesAbove(a.b.*, 0, '(', 'x')", 400),
+        ("timeShift(a.b.c, '99999999y', alignDst=true)", 400),
+        ("timeShift(a.b.c, '99999999y')", 400),
+        ("timeStack(a.b.c, '1min', 0, 9223372036854775807)", 422),
+        ("hitcount(a.b.c, '99999999y')", 400),
+        ("timeShift(a.b.c, '')", 200),
+        ("exp(scale(a.b.c, 1000))", 200),  # e**1000 is +inf
+        ("cactiStyle(scale(a.b.c, inf), 'si')", 200),
+        ("aliasSub(verticalLine('-5min'), 'None', 'x')", 200),
+        ("sumSeries(verticalLine('-5min'), a.b.c)", 200),
+        ("substr(a.b.c, None)", 200),
+        ("timeStack(a.b.c, None, None)", 200),
+        ("averageOutsidePercentile(nothing.here, 50)", 200),
+    ],
+)
 def test_function_arguments_that_used_to_fail_inside_a_function(gateway, target, status):
     """Bad arguments are a 400 naming the function or argument; values graphite-web's code
     cannot handle get an answer; nothing is an internal error."""
@@ -236,7 +294,9 @@ def test_regexes_nested_too_deeply_are_400(gateway):
     assert_client_error(render(gateway, target=f"grep(a.b.*, '{deep}')"), 400, "regular expression")
     query = Query(0, 1, [Matcher("RE", "__name__", deep)])
     body = prometheus.encode_read_request([query], [prometheus.SAMPLES])
-    answer = gateway.post("/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"})
+    answer = gateway.post(
+        "/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+    )
     assert answer.status == 400 and b"regular expression" in answer.body
 
 
@@ -255,11 +315,19 @@ def test_render_over_the_series_limit_is_422(gateway):
     assert_client_error(render(gateway, target="sumSeries(wide.*)"), 422, f"limit of {MAX_SERIES}")
 
 
-@pytest.mark.parametrize("accepted", [[prometheus.SAMPLES], [prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES]], ids=["samples", "streamed"])
+@pytest.mark.parametrize(
+    "accepted",
+    [[prometheus.SAMPLES], [prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES]],
+    ids=["samples", "streamed"],
+)
 def test_remote_read_over_the_samples_limit_is_422(gateway, accepted):
     now_ms = int(time.time() * 1000)
-    body = prometheus.encode_read_request([Query(now_ms - 3_600_000, now_ms, [Matcher("EQ", "__name__", "many")])], accepted)
-    answer = gateway.post("/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"})
+    body = prometheus.encode_read_request(
+        [Query(now_ms - 3_600_000, now_ms, [Matcher("EQ", "__name__", "many")])], accepted
+    )
+    answer = gateway.post(
+        "/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+    )
     assert answer.status == 422, answer.body
     assert b"--max-samples-per-query" in answer.body
 
@@ -268,7 +336,9 @@ def test_refused_carbon_samples_are_logged(gateway):
     """Samples the pipeline refuses (outside the time window) are logged, as decoder refusals are."""
     now = int(time.time())
     send_tcp(gateway.graphite_port, f"refused.old 1 1000\nrefused.future 1 {now + 86_400}\n".encode())
-    assert wait_for(lambda: "refused.future" in gateway.log() and "refused.old" in gateway.log(), timeout=10), gateway.log()[-2000:]
+    assert wait_for(lambda: "refused.future" in gateway.log() and "refused.old" in gateway.log(), timeout=10), (
+        gateway.log()[-2000:]
+    )
     assert "too_old" in gateway.log() and "too_new" in gateway.log()
 
 

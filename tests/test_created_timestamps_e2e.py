@@ -24,7 +24,12 @@ def values(result: dict) -> list[float]:
 def test_created_timestamps_are_stored_and_shown_without_zero_samples(gateway, tenant):
     t = now_ms() - 600_000
     series = [
-        Series({"__name__": "jobs_total", "job": "a"}, [(t + 1000, 3.0), (t + 2000, 5.0)], created_timestamp=t, metric_type="counter"),
+        Series(
+            {"__name__": "jobs_total", "job": "a"},
+            [(t + 1000, 3.0), (t + 2000, 5.0)],
+            created_timestamp=t,
+            metric_type="counter",
+        ),
         Series({"__name__": "jobs_total", "job": "b"}, [(t + 1000, 1.0)]),
     ]
     answer = write(gateway, tenant, series, version=2)
@@ -34,7 +39,15 @@ def test_created_timestamps_are_stored_and_shown_without_zero_samples(gateway, t
     assert (a["tags"], a["createdTimestamp"], values(a)) == ({"job": "a"}, t, [3.0, 5.0])
     assert b["tags"] == {"job": "b"} and "createdTimestamp" not in b
     # a counter reset: a newer created timestamp replaces the stored one
-    assert write(gateway, tenant, [Series({"__name__": "jobs_total", "job": "a"}, [(t + 4000, 1.0)], created_timestamp=t + 3000)], version=2).status == 204
+    assert (
+        write(
+            gateway,
+            tenant,
+            [Series({"__name__": "jobs_total", "job": "a"}, [(t + 4000, 1.0)], created_timestamp=t + 3000)],
+            version=2,
+        ).status
+        == 204
+    )
     a, _ = raw_query(gateway, tenant, "jobs_total", t - 1000, t + 5000)
     assert (a["createdTimestamp"], values(a)) == (t + 3000, [3.0, 5.0, 1.0])
     # a series whose every sample is refused keeps no created timestamp, even once it is written
@@ -50,11 +63,17 @@ def test_zero_ingestion_writes_a_zero_at_each_new_created_timestamp(start_gatewa
     gateway = start_gateway(*backend_args, "--created-timestamp-zero-ingestion", "--max-sample-age", "1d")
     t = now_ms() - 600_000
     counter = {"__name__": "jobs_total", "job": "a"}
-    answer = write(gateway, tenant, [Series(counter, [(t + 1000, 3.0), (t + 2000, 5.0)], created_timestamp=t)], version=2)
+    answer = write(
+        gateway, tenant, [Series(counter, [(t + 1000, 3.0), (t + 2000, 5.0)], created_timestamp=t)], version=2
+    )
     assert answer.status == 204, answer.body
     assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "2"  # the zero is not the sender's
     (found,) = raw_query(gateway, tenant, "jobs_total", t - 1000, t + 9000)
-    assert list(found["values"].items())[0][1] == 0.0 and values(found) == [0.0, 3.0, 5.0] and found["createdTimestamp"] == t
+    assert (
+        list(found["values"].items())[0][1] == 0.0
+        and values(found) == [0.0, 3.0, 5.0]
+        and found["createdTimestamp"] == t
+    )
     # the same created timestamp again: nothing more; a reset: a zero at the new one
     write(gateway, tenant, [Series(counter, [(t + 3000, 6.0)], created_timestamp=t)], version=2)
     write(gateway, tenant, [Series(counter, [(t + 5000, 2.0)], created_timestamp=t + 4000)], version=2)
@@ -76,11 +95,25 @@ def test_zero_ingestion_writes_a_zero_at_each_new_created_timestamp(start_gatewa
     assert values(found["d"]) == [4.0] and found["d"]["createdTimestamp"] == t - 2 * 86_400_000
 
     # a histogram series: an empty histogram at the created timestamp, hinted as a reset
-    answer = write(gateway, tenant, [Series({"__name__": "latency_seconds"}, histograms=[at(HISTOGRAM, t + 1000)], created_timestamp=t)], version=2)
+    answer = write(
+        gateway,
+        tenant,
+        [Series({"__name__": "latency_seconds"}, histograms=[at(HISTOGRAM, t + 1000)], created_timestamp=t)],
+        version=2,
+    )
     assert answer.status == 204 and answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "1"
-    response = read_samples(gateway, tenant, [Query(t - 1000, t + 9000, [Matcher("EQ", "__name__", "latency_seconds")])])
+    response = read_samples(
+        gateway, tenant, [Query(t - 1000, t + 9000, [Matcher("EQ", "__name__", "latency_seconds")])]
+    )
     (series,) = response.results[0].timeseries
     zero, first = series.histograms
     assert first.SerializeToString() == at(HISTOGRAM, t + 1000).data
-    assert (zero.timestamp, zero.count_int, zero.zero_count_int, zero.sum, zero.schema, zero.reset_hint) == (t, 0, 0, 0.0, first.schema, types_pb2.Histogram.ResetHint.YES)
+    assert (zero.timestamp, zero.count_int, zero.zero_count_int, zero.sum, zero.schema, zero.reset_hint) == (
+        t,
+        0,
+        0,
+        0.0,
+        first.schema,
+        types_pb2.Histogram.ResetHint.YES,
+    )
     assert list(zero.positive_spans) == [] and zero.WhichOneof("count") == "count_int"

@@ -82,7 +82,14 @@ def test_resolution_choice():
 
 
 def rollups(gateway, tenant, metric, granularity, aggregator, start, end):
-    params = {"tenant": tenant, "metricName": metric, "granularity": granularity, "aggregator": aggregator, "start": start, "end": end}
+    params = {
+        "tenant": tenant,
+        "metricName": metric,
+        "granularity": granularity,
+        "aggregator": aggregator,
+        "start": start,
+        "end": end,
+    }
     answer = gateway.get("/api/query?" + urllib.parse.urlencode(params))
     assert answer.status == 200, answer.body
     return [list(series["values"].values()) for series in answer.json()]
@@ -93,8 +100,13 @@ def test_downsample_once_end_to_end_with_late_arrivals(start_gateway, backend_ar
     gateway = start_gateway(*store_args, "--roles", "ingest,query", "--downsample-delay", "0s")
     slot = (int(time.time() * 1000) // HOUR_MS - 3) * HOUR_MS
     t0 = slot // 1000
-    gauge = [{"metricName": "room_temp", "tags": {"room": "a"}, "ts": t0 + i * 60, "value": float(i % 10)} for i in range(60)]
-    counter = [{"metricName": "jobs_total", "tags": {"q": "x"}, "ts": t0 + i * 60, "value": float(i if i < 30 else i - 30)} for i in range(60)]
+    gauge = [
+        {"metricName": "room_temp", "tags": {"room": "a"}, "ts": t0 + i * 60, "value": float(i % 10)} for i in range(60)
+    ]
+    counter = [
+        {"metricName": "jobs_total", "tags": {"q": "x"}, "ts": t0 + i * 60, "value": float(i if i < 30 else i - 30)}
+        for i in range(60)
+    ]
     assert gateway.post("/api/write", gauge + counter, headers={"X-Tenant": tenant}).status == 200
     assert "rolled up" in downsample_once(*store_args)
     window = (t0, t0 + 3599)
@@ -112,7 +124,9 @@ def test_downsample_once_end_to_end_with_late_arrivals(start_gateway, backend_ar
     assert rollups(gateway, tenant, "room_temp", "1h", "count", t0, t0 + 7200) == [[61.0, 1.0]]
     assert rollups(gateway, tenant, "room_temp", "1h", "max", *window) == [[100.0]]
     assert rollups(gateway, tenant, "room_temp", "5m", "min", t0 + 3600, t0 + 7200) == [[5.0]]
-    bad = gateway.get("/api/query?" + urllib.parse.urlencode({"tenant": tenant, "metricName": "room_temp", "granularity": "7m"}))
+    bad = gateway.get(
+        "/api/query?" + urllib.parse.urlencode({"tenant": tenant, "metricName": "room_temp", "granularity": "7m"})
+    )
     assert bad.status == 400 and "granularity" in bad.json()["error"]
 
 
@@ -130,9 +144,15 @@ def test_two_downsampler_replicas_share_the_work(start_gateway, cassandra_url, t
         ingest = start_gateway(*shared, "--roles", "ingest,query")
         slot = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS
         t0 = slot // 1000
-        batch = [{"metricName": "shared_load", "tags": {"i": str(i)}, "ts": t0 + p * 600, "value": float(p)} for i in range(40) for p in range(6)]
+        batch = [
+            {"metricName": "shared_load", "tags": {"i": str(i)}, "ts": t0 + p * 600, "value": float(p)}
+            for i in range(40)
+            for p in range(6)
+        ]
         assert ingest.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
-        replicas = [start_gateway(*shared, "--roles", "downsample,query", "--downsample-interval", "1s") for _ in range(2)]
+        replicas = [
+            start_gateway(*shared, "--roles", "downsample,query", "--downsample-interval", "1s") for _ in range(2)
+        ]
         client = redis.Redis.from_url(own_redis.url)
 
         def total() -> float:
@@ -165,13 +185,17 @@ def test_reads_past_raw_retention_use_roll_ups(start_gateway, tmp_path, tenant):
     batch = [{"metricName": "old.gauge", "ts": t0 + i * 60, "value": float(i % 5)} for i in range(60)]
     assert gateway.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
     downsample_once(*store_args)
-    rendered = gateway.get(f"/render?target=old.gauge&from={t0 - 1}&until={t0 + 3599}&format=json&tenant={tenant}").json()
+    rendered = gateway.get(
+        f"/render?target=old.gauge&from={t0 - 1}&until={t0 + 3599}&format=json&tenant={tenant}"
+    ).json()
     points = [(ts, v) for v, ts in rendered[0]["datapoints"] if v is not None]
     assert points[:2] == [(t0, 2.0), (t0 + 300, 2.0)] and len(points) == 12
     target = "consolidateBy(old.gauge,'max')"
     maxima = gateway.get(f"/render?target={target}&from={t0 - 1}&until={t0 + 3599}&format=json&tenant={tenant}").json()
     assert {v for v, _ in maxima[0]["datapoints"] if v is not None} == {4.0}
-    body = prometheus.encode_read_request([Query(t0 * 1000, (t0 + 3599) * 1000, [Matcher("EQ", "__name__", "old_gauge")])])
+    body = prometheus.encode_read_request(
+        [Query(t0 * 1000, (t0 + 3599) * 1000, [Matcher("EQ", "__name__", "old_gauge")])]
+    )
     answer = gateway.post("/api/v1/read", body, headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy"})
     (result,) = prometheus.decode_read_response(answer.body, 1 << 20)
     assert [v for _, v in result[0][1]] == [2.0] * 12

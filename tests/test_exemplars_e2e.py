@@ -34,14 +34,20 @@ def write(gateway, tenant, series, version=1):
 
 
 def query_exemplars(gateway, tenant, query, start=None, end=None):
-    params = {"query": query, **({"start": start / 1000} if start is not None else {}), **({"end": end / 1000} if end is not None else {})}
+    params = {
+        "query": query,
+        **({"start": start / 1000} if start is not None else {}),
+        **({"end": end / 1000} if end is not None else {}),
+    }
     return gateway.get(f"/api/v1/query_exemplars?{urllib.parse.urlencode(params)}", headers={"X-Scope-OrgID": tenant})
 
 
 def read_samples(gateway, tenant, queries):
     """A remote read SAMPLES answer, parsed with protobuf's own classes (exemplars included)."""
     body = prometheus.encode_read_request(queries, [prometheus.SAMPLES])
-    answer = gateway.post("/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "X-Scope-OrgID": tenant})
+    answer = gateway.post(
+        "/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "X-Scope-OrgID": tenant}
+    )
     assert answer.status == 200, answer.body
     response = remote_pb2.ReadResponse()
     response.ParseFromString(prometheus.decompress_block(answer.body, 1 << 24))
@@ -51,39 +57,69 @@ def read_samples(gateway, tenant, queries):
 def test_rw1_and_rw2_exemplars_come_back_bit_exact(gateway, tenant):
     t = now_ms() - 60_000
     v1 = [
-        Series({"__name__": "http_latency_seconds_bucket", "le": "0.5"}, [(t, 3.0), (t + 1000, 4.0)], exemplars=[
-            Exemplar({"trace_id": "aaa", "span_id": "01"}, 0.25, t + 1),
-            Exemplar({"trace_id": "bbb"}, STALE_NAN, t + 999),
-        ]),
+        Series(
+            {"__name__": "http_latency_seconds_bucket", "le": "0.5"},
+            [(t, 3.0), (t + 1000, 4.0)],
+            exemplars=[
+                Exemplar({"trace_id": "aaa", "span_id": "01"}, 0.25, t + 1),
+                Exemplar({"trace_id": "bbb"}, STALE_NAN, t + 999),
+            ],
+        ),
         Series({"__name__": "http_latency_seconds_bucket", "le": "1"}, [(t, 5.0)]),
     ]
     answer = write(gateway, tenant, v1)
     assert answer.status == 204, answer.body
-    v2 = [Series({"__name__": "jobs_total", "queue": "q"}, [(t, 1.0)], metric_type="counter", exemplars=[Exemplar({"trace_id": "ccc"}, -0.0, t + 5)])]
+    v2 = [
+        Series(
+            {"__name__": "jobs_total", "queue": "q"},
+            [(t, 1.0)],
+            metric_type="counter",
+            exemplars=[Exemplar({"trace_id": "ccc"}, -0.0, t + 5)],
+        )
+    ]
     answer = write(gateway, tenant, v2, version=2)
     assert answer.status == 204, answer.body
     assert answer.headers["X-Prometheus-Remote-Write-Exemplars-Written"] == "1"
     assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "1"
 
-    found = query_exemplars(gateway, tenant, 'sum(rate(http_latency_seconds_bucket[5m])) + on() group(jobs_total{queue="q"})', t - 1, t + 2000)
+    found = query_exemplars(
+        gateway,
+        tenant,
+        'sum(rate(http_latency_seconds_bucket[5m])) + on() group(jobs_total{queue="q"})',
+        t - 1,
+        t + 2000,
+    )
     assert found.status == 200, found.body
-    assert found.json() == {"status": "success", "data": [
-        {"seriesLabels": {"__name__": "http_latency_seconds_bucket", "le": "0.5"}, "exemplars": [
-            {"labels": {"span_id": "01", "trace_id": "aaa"}, "value": "0.25", "timestamp": (t + 1) / 1000},
-            {"labels": {"trace_id": "bbb"}, "value": "NaN", "timestamp": (t + 999) / 1000},
-        ]},
-        {"seriesLabels": {"__name__": "jobs_total", "queue": "q"}, "exemplars": [
-            {"labels": {"trace_id": "ccc"}, "value": "-0", "timestamp": (t + 5) / 1000},
-        ]},
-    ]}
+    assert found.json() == {
+        "status": "success",
+        "data": [
+            {
+                "seriesLabels": {"__name__": "http_latency_seconds_bucket", "le": "0.5"},
+                "exemplars": [
+                    {"labels": {"span_id": "01", "trace_id": "aaa"}, "value": "0.25", "timestamp": (t + 1) / 1000},
+                    {"labels": {"trace_id": "bbb"}, "value": "NaN", "timestamp": (t + 999) / 1000},
+                ],
+            },
+            {
+                "seriesLabels": {"__name__": "jobs_total", "queue": "q"},
+                "exemplars": [
+                    {"labels": {"trace_id": "ccc"}, "value": "-0", "timestamp": (t + 5) / 1000},
+                ],
+            },
+        ],
+    }
     later = query_exemplars(gateway, tenant, "http_latency_seconds_bucket", t + 2, t + 2000).json()["data"]
     assert [[e["labels"]["trace_id"] for e in s["exemplars"]] for s in later] == [["bbb"]]
     assert query_exemplars(gateway, tenant, "http_latency_seconds_bucket").json()["data"] == found.json()["data"][:1]
 
-    response = read_samples(gateway, tenant, [
-        Query(t - 1, t + 2000, [Matcher("EQ", "__name__", "http_latency_seconds_bucket")]),
-        Query(t - 1, t + 2000, [Matcher("EQ", "__name__", "jobs_total")]),
-    ])
+    response = read_samples(
+        gateway,
+        tenant,
+        [
+            Query(t - 1, t + 2000, [Matcher("EQ", "__name__", "http_latency_seconds_bucket")]),
+            Query(t - 1, t + 2000, [Matcher("EQ", "__name__", "jobs_total")]),
+        ],
+    )
     buckets, jobs = response.results
     assert [len(s.exemplars) for s in buckets.timeseries] == [2, 0]
     first = buckets.timeseries[0]
@@ -102,8 +138,16 @@ def test_exemplars_past_the_per_series_cap_and_invalid_ones(start_gateway, backe
     t = now_ms() - 1000
     t = max(t, t - t % 3_600_000 + 10)  # the three exemplars before t share its slot
     exemplars = [Exemplar({"trace_id": str(i)}, float(i), t - 3 + i) for i in range(3)]
-    answer = write(gateway, tenant, [Series({"__name__": "m"}, [(t, 1.0)], exemplars=exemplars + [Exemplar({}, 1.0, 1000)])], version=2)
-    assert answer.status == 400 and b"1 of 4 exemplars rejected: timestamp: 1000 ms is older than the accepted window" in answer.body
+    answer = write(
+        gateway,
+        tenant,
+        [Series({"__name__": "m"}, [(t, 1.0)], exemplars=exemplars + [Exemplar({}, 1.0, 1000)])],
+        version=2,
+    )
+    assert (
+        answer.status == 400
+        and b"1 of 4 exemplars rejected: timestamp: 1000 ms is older than the accepted window" in answer.body
+    )
     assert answer.headers["X-Prometheus-Remote-Write-Exemplars-Written"] == "3"
     assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "1"
     data = query_exemplars(gateway, tenant, "m", t - 10, t).json()["data"]
@@ -117,9 +161,21 @@ def test_series_with_exemplars_and_no_samples_is_indexed_and_read(start_gateway,
     """A v1 series may carry exemplars only: its series is written first, so it is found."""
     gateway = start_gateway()
     t = now_ms() - 5000
-    assert write(gateway, tenant, [Series({"__name__": "only_exemplars", "job": "x"}, exemplars=[Exemplar({"id": "1"}, 2.0, t)])]).status == 204
+    assert (
+        write(
+            gateway,
+            tenant,
+            [Series({"__name__": "only_exemplars", "job": "x"}, exemplars=[Exemplar({"id": "1"}, 2.0, t)])],
+        ).status
+        == 204
+    )
     data = query_exemplars(gateway, tenant, '{job="x"}', t, t).json()["data"]
-    assert data == [{"seriesLabels": {"__name__": "only_exemplars", "job": "x"}, "exemplars": [{"labels": {"id": "1"}, "value": "2", "timestamp": t / 1000}]}]
+    assert data == [
+        {
+            "seriesLabels": {"__name__": "only_exemplars", "job": "x"},
+            "exemplars": [{"labels": {"id": "1"}, "value": "2", "timestamp": t / 1000}],
+        }
+    ]
     (result,) = read_samples(gateway, tenant, [Query(t, t, [Matcher("EQ", "job", "x")])]).results
     assert [(len(s.samples), len(s.exemplars)) for s in result.timeseries] == [(0, 1)]
 

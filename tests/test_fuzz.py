@@ -36,13 +36,76 @@ GET_BUDGET_S, TARGET_BUDGET_S, READ_BUDGET_S = 30, 12, 5
 NOW_MS = 1_795_000_000_000
 
 HOSTILE_TEXT = [
-    "", " ", "0", "-1", "1e20", "-1e20", "1e999", "inf", "-inf", "nan", "NaN", "Infinity",
-    "9223372036854775807", "-9223372036854775808", "18446744073709551616", "9" * 5000, "0x10",
-    "1.5", "-0", "\x00", "\u00e9\u00e8", "\U0001f600", "\u202e", "\ufeff", "a" * 3000,
-    "[z-a]", "a.[]", "[!]", "{", "}", "{a,", "*", "**", "?", "[", "]", "\\", "'", '"', "(", ")",
-    "a.b.c", "a.b.*", ";", "=", "a=b", "a=~", "a=~(", "a!=", "name=", "now", "-1h", "+1h",
-    "01/01/99999999999999999999", "12:00_20261122", "-99999999999y", "1d2h3min", "teatime",
-    "sumSeries(" * 300, ")" * 300, "(" * 1000, "%", "%00", "%ff", "true", "false", "None", ",", ".", "..",
+    "",
+    " ",
+    "0",
+    "-1",
+    "1e20",
+    "-1e20",
+    "1e999",
+    "inf",
+    "-inf",
+    "nan",
+    "NaN",
+    "Infinity",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "18446744073709551616",
+    "9" * 5000,
+    "0x10",
+    "1.5",
+    "-0",
+    "\x00",
+    "\u00e9\u00e8",
+    "\U0001f600",
+    "\u202e",
+    "\ufeff",
+    "a" * 3000,
+    "[z-a]",
+    "a.[]",
+    "[!]",
+    "{",
+    "}",
+    "{a,",
+    "*",
+    "**",
+    "?",
+    "[",
+    "]",
+    "\\",
+    "'",
+    '"',
+    "(",
+    ")",
+    "a.b.c",
+    "a.b.*",
+    ";",
+    "=",
+    "a=b",
+    "a=~",
+    "a=~(",
+    "a!=",
+    "name=",
+    "now",
+    "-1h",
+    "+1h",
+    "01/01/99999999999999999999",
+    "12:00_20261122",
+    "-99999999999y",
+    "1d2h3min",
+    "teatime",
+    "sumSeries(" * 300,
+    ")" * 300,
+    "(" * 1000,
+    "%",
+    "%00",
+    "%ff",
+    "true",
+    "false",
+    "None",
+    ",",
+    ".",
+    "..",
 ]
 
 
@@ -136,32 +199,88 @@ def _read_request_raw(queries, accepted=()) -> bytes:
 
 NOW_S = NOW_MS // 1000
 TARGET_SEEDS = [
-    "a.b.c", "sumSeries(a.*.c, b.{x,y}.[a-z]?)", "alias(scale(a.b, -1.5e3), 'x y')", "a.b|absolute()|alias(\"z\")",
-    "seriesByTag('name=cpu', 'host=~web.*')", "movingAverage(a.b, windowSize='5min', xFilesFactor=0.5)",
-    "aliasByNode(a.b.c, 1, -1)", "cpu;host=a", "f(true, false, None, inf, 1, 2.5, 'q')",
+    "a.b.c",
+    "sumSeries(a.*.c, b.{x,y}.[a-z]?)",
+    "alias(scale(a.b, -1.5e3), 'x y')",
+    'a.b|absolute()|alias("z")',
+    "seriesByTag('name=cpu', 'host=~web.*')",
+    "movingAverage(a.b, windowSize='5min', xFilesFactor=0.5)",
+    "aliasByNode(a.b.c, 1, -1)",
+    "cpu;host=a",
+    "f(true, false, None, inf, 1, 2.5, 'q')",
 ]
 PARSERS = {
     "plaintext": (_plaintext, (), [f"a.b.c 1.5 {NOW_S}\nx;t=v -2 -1\nbad\n".encode(), f"a 1 {NOW_S}\r\n\n\n".encode()]),
-    "pickle": (_pickle, (), [_frame([("a.b", (NOW_S, 1.5)), ("c;t=v", (NOW_S, "2"))]) * 2, _frame([("a", [NOW_S, None])])]),
+    "pickle": (
+        _pickle,
+        (),
+        [_frame([("a.b", (NOW_S, 1.5)), ("c;t=v", (NOW_S, "2"))]) * 2, _frame([("a", [NOW_S, None])])],
+    ),
     "target": (_text(parse_target), (TargetSyntaxError,), [t.encode() for t in TARGET_SEEDS]),
-    "attime": (_text(parse_at_time, NOW_S), (ValueError,), [b"now-1h", b"12:00_20261122", b"01/01/99", b"jan1+2d", b"1795000000", b"monday-3w"]),
+    "attime": (
+        _text(parse_at_time, NOW_S),
+        (ValueError,),
+        [b"now-1h", b"12:00_20261122", b"01/01/99", b"jan1+2d", b"1795000000", b"monday-3w"],
+    ),
     "time_offset": (_text(parse_time_offset), (ValueError,), [b"-1h", b"+2d12h", b"5min", b"-1mon"]),
-    "timespec": (_text(parse_time, NOW_MS), (BadTime,), [b"now", b"5m-ago", b"2026-11-22T12:00:00Z", b"1795000000", b"1795000000000.5"]),
+    "timespec": (
+        _text(parse_time, NOW_MS),
+        (BadTime,),
+        [b"now", b"5m-ago", b"2026-11-22T12:00:00Z", b"1795000000", b"1795000000000.5"],
+    ),
     "tags": (_text(parse_path), (InvalidInput,), [b"cpu;host=a;dc=x", b'cpu{host="a", dc="b\\"c"}', b"a.b..c"]),
-    "native_write": (_native(native_json.decode_write_batch), (native_json.BadRequest,), [
-        json.dumps([{"metricName": "cpu", "tags": {"h": "a"}, "ts": NOW_S, "value": 1.5}, {"metricName": "m", "ts": "2026-11-22T12:00:00Z", "value": "NaN"}]).encode(),
-    ]),
-    "native_single": (_native(native_json.decode_write_single), (native_json.BadRequest,), [b'{"metricName": "cpu", "ts": 1e3, "value": "+Inf"}']),
-    "native_put": (_native(native_json.decode_put), (native_json.BadRequest,), [b'[{"metric": "m", "tags": {}, "timestamp": 1795000000000, "value": 2}]']),
-    "remote_write": (_remote_write, (prometheus.RemoteWriteError,), [
-        bytes(prometheus.decompress_block(prometheus.encode_write_request_v1([Series({"__name__": "m", "a": "b"}, [(NOW_MS, 1.0)])]), 1 << 20)),
-        bytes(prometheus.decompress_block(prometheus.encode_write_request_v2([Series({"__name__": "m"}, [(NOW_MS, 2.0)])]), 1 << 20)),
-        prometheus.encode_write_request_v1([Series({"__name__": "m"}, [(NOW_MS, 1.0)])]),
-    ]),
-    "remote_read": (_remote_read, (prometheus.RemoteReadError,), [
-        _read_request_raw([Query(0, NOW_MS, [Matcher("EQ", "__name__", "m"), Matcher("RE", "a", "b.*")])], [prometheus.STREAMED_XOR_CHUNKS]),
-        prometheus.encode_read_request([Query(-(2**63), 2**63 - 1, [Matcher("NRE", "x", "")])], [prometheus.SAMPLES]),
-    ]),
+    "native_write": (
+        _native(native_json.decode_write_batch),
+        (native_json.BadRequest,),
+        [
+            json.dumps(
+                [
+                    {"metricName": "cpu", "tags": {"h": "a"}, "ts": NOW_S, "value": 1.5},
+                    {"metricName": "m", "ts": "2026-11-22T12:00:00Z", "value": "NaN"},
+                ]
+            ).encode(),
+        ],
+    ),
+    "native_single": (
+        _native(native_json.decode_write_single),
+        (native_json.BadRequest,),
+        [b'{"metricName": "cpu", "ts": 1e3, "value": "+Inf"}'],
+    ),
+    "native_put": (
+        _native(native_json.decode_put),
+        (native_json.BadRequest,),
+        [b'[{"metric": "m", "tags": {}, "timestamp": 1795000000000, "value": 2}]'],
+    ),
+    "remote_write": (
+        _remote_write,
+        (prometheus.RemoteWriteError,),
+        [
+            bytes(
+                prometheus.decompress_block(
+                    prometheus.encode_write_request_v1([Series({"__name__": "m", "a": "b"}, [(NOW_MS, 1.0)])]), 1 << 20
+                )
+            ),
+            bytes(
+                prometheus.decompress_block(
+                    prometheus.encode_write_request_v2([Series({"__name__": "m"}, [(NOW_MS, 2.0)])]), 1 << 20
+                )
+            ),
+            prometheus.encode_write_request_v1([Series({"__name__": "m"}, [(NOW_MS, 1.0)])]),
+        ],
+    ),
+    "remote_read": (
+        _remote_read,
+        (prometheus.RemoteReadError,),
+        [
+            _read_request_raw(
+                [Query(0, NOW_MS, [Matcher("EQ", "__name__", "m"), Matcher("RE", "a", "b.*")])],
+                [prometheus.STREAMED_XOR_CHUNKS],
+            ),
+            prometheus.encode_read_request(
+                [Query(-(2**63), 2**63 - 1, [Matcher("NRE", "x", "")])], [prometheus.SAMPLES]
+            ),
+        ],
+    ),
 }
 
 
@@ -184,7 +303,18 @@ def test_parsers_raise_only_their_documented_errors(name):
 # HTTP: every GET endpoint and its parameters, and remote read bodies.
 
 ENDPOINTS = {
-    "/render": ["target", "from", "until", "format", "maxDataPoints", "xFilesFactor", "tz", "noNullPoints", "jsonp", "tenant"],
+    "/render": [
+        "target",
+        "from",
+        "until",
+        "format",
+        "maxDataPoints",
+        "xFilesFactor",
+        "tz",
+        "noNullPoints",
+        "jsonp",
+        "tenant",
+    ],
     "/metrics/find": ["query", "format", "leavesOnly", "position", "wildcards", "jsonp", "tenant"],
     "/metrics/expand": ["query", "leavesOnly", "groupByExpr", "jsonp"],
     "/metrics/index.json": ["jsonp", "tenant"],
@@ -241,9 +371,13 @@ RANGES = [("-10min", "now"), ("-1h", "-50min")]
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    process = GatewayProcess(tmp_path_factory.mktemp("fuzz"), "--max-series-per-query", "50", "--max-samples-per-query", "5000").start()
+    process = GatewayProcess(
+        tmp_path_factory.mktemp("fuzz"), "--max-series-per-query", "50", "--max-samples-per-query", "5000"
+    ).start()
     now = int(time.time())
-    lines = [f"a.b.{name} {i} {now - 60 * i}" for i, name in enumerate("cdef")] + [f"cpu;host=web{i} {i} {now - 60}" for i in range(3)]
+    lines = [f"a.b.{name} {i} {now - 60 * i}" for i, name in enumerate("cdef")] + [
+        f"cpu;host=web{i} {i} {now - 60}" for i in range(3)
+    ]
     send_tcp(process.graphite_port, ("\n".join(lines) + "\n").encode())
     items = [{"metricName": "cpu", "tags": {"host": f"h{i}"}, "ts": now - 60 * i, "value": float(i)} for i in range(5)]
     assert process.post("/api/write", items).status == 200
@@ -314,10 +448,20 @@ def test_random_render_targets_get_no_5xx(gateway):
     failures, sent = [], 0
     while time.monotonic() < deadline:
         start, end = rng.choice(RANGES)
-        params = {"target": random_target(rng, catalog), "from": start, "until": end, "format": rng.choice(["json", "csv", "raw", "pickle"])}
+        params = {
+            "target": random_target(rng, catalog),
+            "from": start,
+            "until": end,
+            "format": rng.choice(["json", "csv", "raw", "pickle"]),
+        }
         if rng.random() < 0.2:
             params["maxDataPoints"] = rng.choice(["1", "2", "3", "7", "0"])
-        answer = gateway.post("/render", urllib.parse.urlencode(params).encode(), headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=20)
+        answer = gateway.post(
+            "/render",
+            urllib.parse.urlencode(params).encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            timeout=20,
+        )
         sent += 1
         if answer.status >= 500:
             failures.append(f"POST /render {params} -> {answer.status} {answer.body[:200]!r}")
@@ -332,13 +476,30 @@ def test_hostile_remote_reads_get_no_5xx(gateway):
     deadline = time.monotonic() + READ_BUDGET_S
     failures = []
     while time.monotonic() < deadline:
-        matchers = [Matcher(rng.choice(["EQ", "NEQ", "RE", "NRE"]), rng.choice(["__name__", "host", "", "x"]), rng.choice(values)) for _ in range(rng.randint(0, 3))]
+        matchers = [
+            Matcher(
+                rng.choice(["EQ", "NEQ", "RE", "NRE"]), rng.choice(["__name__", "host", "", "x"]), rng.choice(values)
+            )
+            for _ in range(rng.randint(0, 3))
+        ]
         query = Query(rng.choice(times), rng.choice(times), matchers)
-        accepted = rng.choice([[], [prometheus.SAMPLES], [prometheus.STREAMED_XOR_CHUNKS], [prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES]])
+        accepted = rng.choice(
+            [
+                [],
+                [prometheus.SAMPLES],
+                [prometheus.STREAMED_XOR_CHUNKS],
+                [prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES],
+            ]
+        )
         body = prometheus.encode_read_request([query], accepted)
         if rng.random() < 0.3:
             body = mutate(rng, body)
-        answer = gateway.post("/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}, timeout=20)
+        answer = gateway.post(
+            "/api/v1/read",
+            body,
+            headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"},
+            timeout=20,
+        )
         if answer.status >= 500:
             failures.append(f"remote read {query} {accepted} -> {answer.status} {answer.body[:200]!r}")
     assert not failures, "\n".join(failures[:30])

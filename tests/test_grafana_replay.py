@@ -53,7 +53,9 @@ STEP = 60
 POINTS = 60
 HOSTS = {"web1": 1, "web2": 2, "db1": 3}  # servers.<host>.cpu holds i * factor at base + i * 60
 MEM = {"web1": 10.0, "web2": 20.0, "db1": 30.0}
-STORAGE_SCHEMAS = "[fast]\npattern = ^fast\\.\nretentions = 10s:6h,1m:7d\n\n[default]\npattern = .*\nretentions = 60s:1d\n"
+STORAGE_SCHEMAS = (
+    "[fast]\npattern = ^fast\\.\nretentions = 10s:6h,1m:7d\n\n[default]\npattern = .*\nretentions = 60s:1d\n"
+)
 
 
 # -- request shapes ------------------------------------------------------------------------------
@@ -141,8 +143,13 @@ EXPECTED_COUNTS = {
 
 
 def wait_until_readable(grafana: Grafana, timeout: float = 60) -> None:
-    pairs = [("target", "servers.*.*"), ("target", "seriesByTag('name=~(disk|net)\\..*')"),
-             ("from", grafana.base - STEP), ("until", grafana.base + POINTS * STEP), ("format", "json")]
+    pairs = [
+        ("target", "servers.*.*"),
+        ("target", "seriesByTag('name=~(disk|net)\\..*')"),
+        ("from", grafana.base - STEP),
+        ("until", grafana.base + POINTS * STEP),
+        ("format", "json"),
+    ]
     deadline = time.monotonic() + timeout
     while True:
         answer = grafana.post_form("/render", js_form(pairs))
@@ -151,7 +158,9 @@ def wait_until_readable(grafana: Grafana, timeout: float = 60) -> None:
             counts = {s["target"]: sum(v is not None for v in values(s)) for s in answer.json()}
         if counts == EXPECTED_COUNTS:
             return
-        assert time.monotonic() < deadline, f"data not readable after {timeout}s: {answer.status} {counts}\n{grafana.gateway.log()[-3000:]}"
+        assert time.monotonic() < deadline, (
+            f"data not readable after {timeout}s: {answer.status} {counts}\n{grafana.gateway.log()[-3000:]}"
+        )
         time.sleep(0.3)
 
 
@@ -164,7 +173,12 @@ def grafana(request, tmp_path_factory):
     tenant = f"grafana-{uuid.uuid4().hex[:10]}"
     args = ["--graphite-tenant", tenant, "--graphite-storage-schemas", str(schemas)]
     if request.param == "cassandra":
-        args += ["--store", request.getfixturevalue("cassandra_url"), "--redis", request.getfixturevalue("redis_server").url]
+        args += [
+            "--store",
+            request.getfixturevalue("cassandra_url"),
+            "--redis",
+            request.getfixturevalue("redis_server").url,
+        ]
     gateway = GatewayProcess(workdir, *args).start()
     try:
         now = int(time.time())
@@ -182,10 +196,15 @@ def grafana(request, tmp_path_factory):
 
 def test_render_glob_with_refid_alias_and_epoch_range(grafana):
     base = grafana.base
-    series = grafana.render([
-        ("target", refid("servers.*.cpu", "A")), ("from", base - STEP), ("until", base + (POINTS - 1) * STEP),
-        ("format", "json"), ("maxDataPoints", 1000),
-    ])
+    series = grafana.render(
+        [
+            ("target", refid("servers.*.cpu", "A")),
+            ("from", base - STEP),
+            ("until", base + (POINTS - 1) * STEP),
+            ("format", "json"),
+            ("maxDataPoints", 1000),
+        ]
+    )
     assert [s["target"] for s in series] == ["servers.db1.cpu A", "servers.web1.cpu A", "servers.web2.cpu A"]
     for host, factor in HOSTS.items():
         found = by_target(series)[f"servers.{host}.cpu A"]
@@ -198,10 +217,16 @@ def test_consolidation_to_max_data_points(grafana, encode):
     """graphite-web's json view: 60 points at 60 s into maxDataPoints=10 -> 6 values per point,
     start nudged to a multiple of 360 s (dropping 5 values), averages per band."""
     base = grafana.base
-    series = grafana.render([
-        ("target", refid("servers.web1.cpu", "A")), ("from", base - STEP), ("until", base + (POINTS - 1) * STEP),
-        ("format", "json"), ("maxDataPoints", 10),
-    ], encode)
+    series = grafana.render(
+        [
+            ("target", refid("servers.web1.cpu", "A")),
+            ("from", base - STEP),
+            ("until", base + (POINTS - 1) * STEP),
+            ("format", "json"),
+            ("maxDataPoints", 10),
+        ],
+        encode,
+    )
     (web1,) = series
     assert web1["target"] == "servers.web1.cpu A"
     raw = list(range(5, POINTS))  # the nudge drops values 0..4
@@ -213,23 +238,37 @@ def test_consolidation_to_max_data_points(grafana, encode):
 
 def test_consolidate_by_max(grafana):
     base = grafana.base
-    (web1,) = grafana.render([
-        ("target", refid("consolidateBy(servers.web1.cpu, 'max')", "A")), ("from", base - STEP),
-        ("until", base + (POINTS - 1) * STEP), ("format", "json"), ("maxDataPoints", 10),
-    ])
+    (web1,) = grafana.render(
+        [
+            ("target", refid("consolidateBy(servers.web1.cpu, 'max')", "A")),
+            ("from", base - STEP),
+            ("until", base + (POINTS - 1) * STEP),
+            ("format", "json"),
+            ("maxDataPoints", 10),
+        ]
+    )
     assert values(web1) == [10.0, 16.0, 22.0, 28.0, 34.0, 40.0, 46.0, 52.0, 58.0, 59.0]
 
 
 def test_relative_range_as_translated_by_grafana(grafana):
     """A dashboard on "Last 3 hours": Grafana sends from=-3h&until=now."""
-    series = grafana.render([("target", refid("servers.web1.cpu", "A")), ("from", "-3h"), ("until", "now"),
-                             ("format", "json"), ("maxDataPoints", 2000)])
+    series = grafana.render(
+        [
+            ("target", refid("servers.web1.cpu", "A")),
+            ("from", "-3h"),
+            ("until", "now"),
+            ("format", "json"),
+            ("maxDataPoints", 2000),
+        ]
+    )
     (web1,) = series
     stamps = [t for _, t in web1["datapoints"]]
     assert all(b - a == STEP for a, b in zip(stamps, stamps[1:]))
     present = {t: v for v, t in web1["datapoints"] if v is not None}
     assert present == {grafana.base + i * STEP: float(i) for i in range(POINTS)}
-    last_hour = grafana.render([("target", refid("servers.web1.cpu", "A")), ("from", "-1h"), ("until", "now"), ("format", "json")])
+    last_hour = grafana.render(
+        [("target", refid("servers.web1.cpu", "A")), ("from", "-1h"), ("until", "now"), ("format", "json")]
+    )
     assert by_target(last_hour)["servers.web1.cpu A"]["datapoints"][-1][1] >= time.time() - 2 * STEP
 
 
@@ -238,7 +277,10 @@ def test_two_refids_with_functions_in_one_request(grafana):
     pairs = [
         ("target", refid("aliasByNode(servers.*.cpu, 1)", "A")),
         ("target", refid("sumSeries(servers.*.mem)", "B")),
-        ("from", base), ("until", base + (POINTS - 1) * STEP), ("format", "json"), ("maxDataPoints", 1000),
+        ("from", base),
+        ("until", base + (POINTS - 1) * STEP),
+        ("format", "json"),
+        ("maxDataPoints", 1000),
     ]
     for encode in (js_form, go_form):
         series = by_target(grafana.render(pairs, encode))
@@ -249,23 +291,35 @@ def test_two_refids_with_functions_in_one_request(grafana):
 
 def test_nested_functions(grafana):
     base = grafana.base
-    series = by_target(grafana.render([
-        ("target", refid("alias(scale(averageSeries(servers.{web1,web2}.cpu), 2), 'avg x2')", "A")),
-        ("target", refid("highestMax(servers.*.cpu, 1)", "B")),
-        ("from", base - STEP), ("until", base + (POINTS - 1) * STEP), ("format", "json"), ("maxDataPoints", 1000),
-    ]))
+    series = by_target(
+        grafana.render(
+            [
+                ("target", refid("alias(scale(averageSeries(servers.{web1,web2}.cpu), 2), 'avg x2')", "A")),
+                ("target", refid("highestMax(servers.*.cpu, 1)", "B")),
+                ("from", base - STEP),
+                ("until", base + (POINTS - 1) * STEP),
+                ("format", "json"),
+                ("maxDataPoints", 1000),
+            ]
+        )
+    )
     assert values(series["avg x2 A"]) == [3.0 * i for i in range(POINTS)]
     assert list(series) == ["avg x2 A", "servers.db1.cpu B"]
 
 
 def test_series_by_tag(grafana):
     base = grafana.base
-    series = grafana.render([
-        ("target", refid("seriesByTag('name=disk.used', 'dc=~e.*')", "A")),
-        ("target", refid("aliasByTags(seriesByTag('name=disk.used'), 'host')", "B")),
-        ("target", refid("scale(seriesByTag('host=web1', 'name!=disk.used'), 2)", "C")),
-        ("from", base - STEP), ("until", base + (POINTS - 1) * STEP), ("format", "json"), ("maxDataPoints", 1000),
-    ])
+    series = grafana.render(
+        [
+            ("target", refid("seriesByTag('name=disk.used', 'dc=~e.*')", "A")),
+            ("target", refid("aliasByTags(seriesByTag('name=disk.used'), 'host')", "B")),
+            ("target", refid("scale(seriesByTag('host=web1', 'name!=disk.used'), 2)", "C")),
+            ("from", base - STEP),
+            ("until", base + (POINTS - 1) * STEP),
+            ("format", "json"),
+            ("maxDataPoints", 1000),
+        ]
+    )
     found = by_target(series)
     # Fetched series are sorted by name: disk.used;dc=eu;host=web1 comes before disk.used;dc=us;host=db1.
     assert list(found) == ["disk.used;dc=eu;host=web1 A", "web1 B", "db1 B", "scale(net.rx;dc=eu;host=web1,2) C"]
@@ -277,10 +331,17 @@ def test_series_by_tag(grafana):
 
 def test_bucketing_last_sample_wins_and_storage_schemas_step(grafana):
     base = grafana.base
-    series = by_target(grafana.render([
-        ("target", "servers.web1.load"), ("target", "fast.x"),
-        ("from", base - 10), ("until", base + 60), ("format", "json"),
-    ]))
+    series = by_target(
+        grafana.render(
+            [
+                ("target", "servers.web1.load"),
+                ("target", "fast.x"),
+                ("from", base - 10),
+                ("until", base + 60),
+                ("format", "json"),
+            ]
+        )
+    )
     # 60 s default step: [base, base+60) holds 1 and 2 (2 is later, it wins); base+60 holds 3.
     assert series["servers.web1.load"]["datapoints"] == [[2.0, base], [3.0, base + 60]]
     # fast.* has a 10 s step: [base, base+10) -> 2, [base+10, base+20) -> 3, then nothing.
@@ -290,8 +351,15 @@ def test_bucketing_last_sample_wins_and_storage_schemas_step(grafana):
 
 def test_other_render_formats_ignore_max_data_points(grafana):
     base = grafana.base
-    body = js_form([("target", "servers.web1.cpu"), ("from", base - STEP), ("until", base + (POINTS - 1) * STEP),
-                    ("format", "raw"), ("maxDataPoints", 10)])
+    body = js_form(
+        [
+            ("target", "servers.web1.cpu"),
+            ("from", base - STEP),
+            ("until", base + (POINTS - 1) * STEP),
+            ("format", "raw"),
+            ("maxDataPoints", 10),
+        ]
+    )
     answer = grafana.post_form("/render", body)
     assert answer.status == 200
     header, data = answer.body.decode().strip().split("|")
@@ -304,7 +372,15 @@ def test_health_check(gateway):
     now = int(time.time())
     for body in (
         js_form([("target", "constantLine(100)"), ("format", "json"), ("from", "-5min"), ("until", "now")]),
-        go_form([("target", "constantLine(100)"), ("format", "json"), ("from", now - 3600), ("until", now), ("maxDataPoints", 100)]),
+        go_form(
+            [
+                ("target", "constantLine(100)"),
+                ("format", "json"),
+                ("from", now - 3600),
+                ("until", now),
+                ("maxDataPoints", 100),
+            ]
+        ),
     ):
         answer = gateway.post("/render", body, headers=FORM)
         assert answer.status == 200, answer.body
@@ -327,11 +403,15 @@ def test_metrics_find_post_raw_form_body(grafana):
     nodes = answer.json()
     assert all(set(node) == TREEJSON_KEYS for node in nodes)
     assert [(n["text"], n["id"], n["leaf"], n["expandable"], n["allowChildren"]) for n in nodes] == [
-        ("db1", "servers.db1", 0, 1, 1), ("web1", "servers.web1", 0, 1, 1), ("web2", "servers.web2", 0, 1, 1),
+        ("db1", "servers.db1", 0, 1, 1),
+        ("web1", "servers.web1", 0, 1, 1),
+        ("web2", "servers.web2", 0, 1, 1),
     ]
     backend = grafana.post_form("/metrics/find", go_form([("query", "servers.web1.*")]))
     assert [(n["text"], n["id"], n["leaf"], n["expandable"], n["allowChildren"]) for n in backend.json()] == [
-        ("cpu", "servers.web1.cpu", 1, 0, 0), ("load", "servers.web1.load", 1, 0, 0), ("mem", "servers.web1.mem", 1, 0, 0),
+        ("cpu", "servers.web1.cpu", 1, 0, 0),
+        ("load", "servers.web1.load", 1, 0, 0),
+        ("mem", "servers.web1.mem", 1, 0, 0),
     ]
 
 
@@ -362,13 +442,17 @@ def test_metrics_find_other_formats(grafana):
 
 def test_metrics_expand_and_index(grafana):
     expand = grafana.get("/metrics/expand", {"query": ["servers.*.cpu", "servers.web1.*"]}).json()
-    assert expand == {"results": ["servers.db1.cpu", "servers.web1.cpu", "servers.web1.load", "servers.web1.mem", "servers.web2.cpu"]}
+    assert expand == {
+        "results": ["servers.db1.cpu", "servers.web1.cpu", "servers.web1.load", "servers.web1.mem", "servers.web2.cpu"]
+    }
     grouped = grafana.get("/metrics/expand", {"query": "servers.*", "groupByExpr": 1}).json()
     assert grouped == {"results": {"servers.*": ["servers.db1", "servers.web1", "servers.web2"]}}
     leaves_only = grafana.get("/metrics/expand", {"query": "servers.*", "leavesOnly": 1}).json()
     assert leaves_only == {"results": []}
     index = grafana.get("/metrics/index.json").json()
-    assert index == sorted(["fast.x", "servers.web1.load", *(f"servers.{h}.{m}" for h in HOSTS for m in ("cpu", "mem"))])
+    assert index == sorted(
+        ["fast.x", "servers.web1.load", *(f"servers.{h}.{m}" for h in HOSTS for m in ("cpu", "mem"))]
+    )
 
 
 # -- tags ----------------------------------------------------------------------------------------
@@ -377,13 +461,19 @@ def test_metrics_expand_and_index(grafana):
 def test_tags_autocomplete_as_grafana_sends_it(grafana):
     tags = grafana.get("/tags/autoComplete/tags", {"expr": ["name=disk.used"], "limit": 10000}).json()
     assert tags == ["dc", "host"]
-    assert grafana.get("/tags/autoComplete/tags", {"expr": ["name=disk.used"], "tagPrefix": "h", "limit": 10000}).json() == ["host"]
+    assert grafana.get(
+        "/tags/autoComplete/tags", {"expr": ["name=disk.used"], "tagPrefix": "h", "limit": 10000}
+    ).json() == ["host"]
     assert grafana.get("/tags/autoComplete/tags", {"expr": ["name=~.*", "dc=eu"], "limit": 10000}).json() == ["host"]
     assert grafana.get("/tags/autoComplete/tags", {"limit": 10000}).json() == ["dc", "host", "name"]
     # The tag editor's value list for `host` once `name=disk.used` and `dc=eu` are chosen.
-    values_ = grafana.get("/tags/autoComplete/values", {"expr": ["name=disk.used", "dc=eu"], "tag": "host", "limit": 10000}).json()
+    values_ = grafana.get(
+        "/tags/autoComplete/values", {"expr": ["name=disk.used", "dc=eu"], "tag": "host", "limit": 10000}
+    ).json()
     assert values_ == ["web1"]
-    assert grafana.get("/tags/autoComplete/values", {"expr": ["name=disk.used"], "tag": "host", "valuePrefix": "d"}).json() == ["db1"]
+    assert grafana.get(
+        "/tags/autoComplete/values", {"expr": ["name=disk.used"], "tag": "host", "valuePrefix": "d"}
+    ).json() == ["db1"]
     names = grafana.get("/tags/autoComplete/values", {"expr": ["host=web1"], "tag": "name", "limit": 10000}).json()
     assert names == ["disk.used", "net.rx"]
     assert grafana.get("/tags/autoComplete/values", {"tag": "dc", "limit": 10000}).json() == ["eu", "us"]
@@ -418,8 +508,24 @@ def grafana_parse_functions(text: str) -> dict:
     return json.loads(text.replace("Infinity", "1e9999"), parse_constant=_no_bare_constants)
 
 
-PARAM_TYPES = {"aggFunc", "aggOrSeriesFunc", "any", "boolean", "date", "float", "integer", "interval",
-               "intOrInterval", "intOrInf", "node", "nodeOrTag", "seriesList", "seriesLists", "string", "tag"}
+PARAM_TYPES = {
+    "aggFunc",
+    "aggOrSeriesFunc",
+    "any",
+    "boolean",
+    "date",
+    "float",
+    "integer",
+    "interval",
+    "intOrInterval",
+    "intOrInf",
+    "node",
+    "nodeOrTag",
+    "seriesList",
+    "seriesLists",
+    "string",
+    "tag",
+}
 
 
 def test_functions_as_grafana_parses_them(grafana):
@@ -439,12 +545,19 @@ def test_functions_as_grafana_parses_them(grafana):
             assert isinstance(param.get("options", []), list)
 
     def shape(name):
-        return [(p["name"], p["type"], p.get("required", False), p.get("multiple", False)) for p in functions[name]["params"]]
+        return [
+            (p["name"], p["type"], p.get("required", False), p.get("multiple", False))
+            for p in functions[name]["params"]
+        ]
 
     assert shape("sumSeries") == [("seriesLists", "seriesList", True, True)]
     assert shape("aliasByNode") == [("seriesList", "seriesList", True, False), ("nodes", "nodeOrTag", True, True)]
     assert shape("seriesByTag") == [("tagExpressions", "string", True, True)]
-    assert shape("aliasSub") == [("seriesList", "seriesList", True, False), ("search", "string", True, False), ("replace", "string", True, False)]
+    assert shape("aliasSub") == [
+        ("seriesList", "seriesList", True, False),
+        ("search", "string", True, False),
+        ("replace", "string", True, False),
+    ]
     assert functions["keepLastValue"]["params"][1]["default"] == math.inf  # written Infinity, read 1e9999
     assert functions["sumSeries"]["group"] == "Combine" and functions["aliasByNode"]["group"] == "Alias"
     grouped = grafana_parse_functions(grafana.get("/functions", {"grouped": "true"}).body.decode())
@@ -507,7 +620,9 @@ NEVER_500 = [
     pytest.param("/render", {"target": "hitcount(servers.*.cpu, 0)"}, id="hitcount-zero"),
     pytest.param("/tags/autoComplete/tags", {"expr": "nonsense"}, id="autocomplete-tags-bad-expr"),
     pytest.param("/tags", {"filter": "("}, id="tags-bad-filter"),
-    pytest.param("/metrics/find", {"query": "servers.*", "format": "nodelist", "position": "x"}, id="nodelist-bad-position"),
+    pytest.param(
+        "/metrics/find", {"query": "servers.*", "format": "nodelist", "position": "x"}, id="nodelist-bad-position"
+    ),
     pytest.param("/render", {"target": "summarize(servers.*.cpu, 'xyz')"}, id="summarize-bad-interval"),
     pytest.param("/tags/autoComplete/values", {"tag": "host", "expr": "nonsense"}, id="autocomplete-values-bad-expr"),
     pytest.param("/tags/findSeries", {"expr": "host=~("}, id="find-series-bad-regex"),
@@ -519,11 +634,15 @@ NEVER_500 = [
 def test_linear_regression_from_epoch_answers_from_roll_ups(grafana):
     """A source range reaching back to 1970 once meant 28M raw buckets a series on the reactor;
     past raw retention it now reads the coarsest roll-up and answers at once."""
-    answer = grafana.post_form("/render", js_form([("target", "linearRegression(servers.*.cpu, 0)"), ("from", "-3h"), ("format", "json")]))
+    answer = grafana.post_form(
+        "/render", js_form([("target", "linearRegression(servers.*.cpu, 0)"), ("from", "-3h"), ("format", "json")])
+    )
     assert answer.status == 200, answer.body
 
 
 @pytest.mark.parametrize("path, params", NEVER_500)
 def test_bad_arguments_are_400_never_500(grafana, path, params):
-    answer = grafana.post_form(path, js_form([*params.items(), ("from", "-3h"), ("format", "json")] if path == "/render" else params.items()))
+    answer = grafana.post_form(
+        path, js_form([*params.items(), ("from", "-3h"), ("format", "json")] if path == "/render" else params.items())
+    )
     assert answer.status == 400, answer.body

@@ -62,12 +62,16 @@ def _data() -> dict[str, list]:
         disk.append(None if i in (40, 41, 42) else value)
     series["servers.db1.disk.bytes"] = disk
     packets, value = [], 60000.0
-    for i in range(count):  # wraps at 65535, no gaps
+    for _ in range(count):  # wraps at 65535, no gaps
         value = (value + 300 + rng.randrange(0, 200)) % 65536
         packets.append(value)
     series["servers.db1.net.packets"] = packets
     series["servers.web1.requests.count"] = [None if i % 7 == 3 else float(rng.randrange(0, 50)) for i in range(count)]
-    for name, base in (("cpu.load;dc=x;host=web1", 1.5), ("cpu.load;dc=x;host=web2", 2.5), ("cpu.load;dc=y;host=db1", 0.75)):
+    for name, base in (
+        ("cpu.load;dc=x;host=web1", 1.5),
+        ("cpu.load;dc=x;host=web2", 2.5),
+        ("cpu.load;dc=y;host=db1", 0.75),
+    ):
         series[name] = [round(base + math.cos(i / 13.0) + rng.uniform(-0.3, 0.3), 4) for i in range(count)]
     series["cpu.load;dc=y;host=db1"][55] = None
     return {name: [[t, v] for t, v in zip(times, values)] for name, values in series.items()}
@@ -179,7 +183,9 @@ CASES = {
     "sumSeriesWithWildcards": case(f"sumSeriesWithWildcards({CPU},1)"),
     "averageSeriesWithWildcards": case(f"averageSeriesWithWildcards({CPU},1,3)"),
     "applyByNode": case("applyByNode(servers.*.cpu.user,1,'sumSeries(%.cpu.*)')"),
-    "applyByNode-newName": case("applyByNode(servers.web*.cpu.user,1,'divideSeries(%.cpu.user,%.cpu.system)','%.ratio')"),
+    "applyByNode-newName": case(
+        "applyByNode(servers.web*.cpu.user,1,'divideSeries(%.cpu.user,%.cpu.system)','%.ratio')"
+    ),
     # Percentiles
     "nPercentile": case("nPercentile(servers.web1.cpu.user,95)"),
     "nPercentile-gaps": case("nPercentile(servers.web2.cpu.user,50)"),
@@ -202,8 +208,13 @@ CASES = {
     "maxDataPoints-consolidateBy-sum": case("consolidateBy(servers.web2.cpu.user,'sum')", maxDataPoints="50"),
     "maxDataPoints-consolidateBy-min": case("consolidateBy(servers.web3.cpu.system,'min')", maxDataPoints="30"),
     "maxDataPoints-consolidateBy-first-last": case(
-        ["consolidateBy(servers.web2.cpu.user,'first')", "consolidateBy(servers.web2.cpu.user,'last')",
-         "summarize(servers.web1.cpu.user,'5min')"], maxDataPoints="11"),
+        [
+            "consolidateBy(servers.web2.cpu.user,'first')",
+            "consolidateBy(servers.web2.cpu.user,'last')",
+            "summarize(servers.web1.cpu.user,'5min')",
+        ],
+        maxDataPoints="11",
+    ),
     "maxDataPoints-one": case("servers.web1.cpu.system", maxDataPoints="1"),
     "maxDataPoints-tags": case(f"consolidateBy({LOAD},'max')", maxDataPoints="25"),
     # edges: more arguments, gaps at the ends of windows, tags through functions
@@ -285,7 +296,9 @@ CASES = {
     "maxDataPoints-constant": case(["constantLine(3)", "threshold(5)"], maxDataPoints="2"),
     "maxDataPoints-more-than-points": case("servers.web1.cpu.user", maxDataPoints="500"),
     "maxDataPoints-summarize": case("summarize(servers.web2.cpu.user,'5min','sum')", maxDataPoints="9"),
-    "maxDataPoints-mixed": case(["servers.web2.cpu.user", f"timeShift({WEB_USER},'15min')", "constantLine(1)"], maxDataPoints="31"),
+    "maxDataPoints-mixed": case(
+        ["servers.web2.cpu.user", f"timeShift({WEB_USER},'15min')", "constantLine(1)"], maxDataPoints="31"
+    ),
     "xFilesFactor-request": case("averageSeries(servers.web2.cpu.user,servers.web3.cpu.system)", xFilesFactor="0.6"),
     "noNullPoints": case("servers.web2.cpu.user", noNullPoints="true"),
     # the rest of the library, one typical call each
@@ -331,7 +344,9 @@ CASES = {
     "aggregateLine": case("aggregateLine(servers.web2.cpu.user,'max')"),
     "identity": case("identity('the.time')"),
     "averageOutsidePercentile": case(f"averageOutsidePercentile({CPU},80)"),
-    "removeBetweenPercentile": case("removeBetweenPercentile(group(servers.{web1,db1}.cpu.*,servers.web3.cpu.user),90)"),
+    "removeBetweenPercentile": case(
+        "removeBetweenPercentile(group(servers.{web1,db1}.cpu.*,servers.web3.cpu.user),90)"
+    ),
     "removeBetweenPercentile-gaps": case(f"removeBetweenPercentile({CPU},90)"),
     "removeAbovePercentile": case("removeAbovePercentile(servers.web2.cpu.user,80)"),
     "removeBelowPercentile": case("removeBelowPercentile(servers.web2.cpu.user,20)"),
@@ -346,7 +361,9 @@ CASES = {
     "sortBy": case(f"sortBy({CPU},'stddev',true)"),
     "sortByMinima": case(f"sortByMinima({CPU})"),
     "sortByTotal": case(f"sortByTotal({CPU})"),
-    "aliasQuery": case(r"aliasQuery(servers.web1.cpu.user,'servers\\.web1\\.cpu\\.(\\w+)','servers.web1.cpu.\\1','%d load')"),
+    "aliasQuery": case(
+        r"aliasQuery(servers.web1.cpu.user,'servers\\.web1\\.cpu\\.(\\w+)','servers.web1.cpu.\\1','%d load')"
+    ),
     "alpha-secondYAxis": case("secondYAxis(alpha(servers.web1.cpu.user,0.5))"),
     "areaBetween": case("areaBetween(servers.web1.cpu.*)"),
     "drawAsInfinite": case("drawAsInfinite(servers.web1.requests.count)"),
@@ -365,19 +382,25 @@ CASES = {
     "keyword-args": case("summarize(servers.web1.cpu.user,intervalString='10min',func='max',alignToFrom=true)"),
     "keyword-window": case("movingAverage(seriesList=servers.web1.cpu.user,windowSize='5min')"),
     "keyword-window-positional": case("movingAverage(servers.web1.cpu.user,'5min')"),
-    "alias-punctuation": case('alias(servers.web1.cpu.user,"with, comma (and) \'quotes\'")'),
+    "alias-punctuation": case("alias(servers.web1.cpu.user,\"with, comma (and) 'quotes'\")"),
     "double-quoted-tags": case('seriesByTag("name=cpu.load","host=~web[12]")'),
     "numbers": case("offset(scale(servers.web1.cpu.user,1e-3),-0.5)"),
     "spaces": case(" sumSeries( servers.web1.cpu.user , servers.web2.cpu.user ) "),
-    "nested-deep": case(f"aliasByNode(highestMax(movingAverage(scale(sumSeriesWithWildcards({CPU},3),0.5),'5min'),2),1)"),
+    "nested-deep": case(
+        f"aliasByNode(highestMax(movingAverage(scale(sumSeriesWithWildcards({CPU},3),0.5),'5min'),2),1)"
+    ),
     "from-hhmm-yyyymmdd": case("servers.web1.cpu.user", **{"from": time.strftime("%H:%M_%Y%m%d", time.gmtime(FROM))}),
-    "from-yyyymmdd-tz": case("servers.web1.cpu.user", tz="Europe/Berlin",
-                             **{"from": time.strftime("%H:%M_%Y%m%d", time.gmtime(FROM + 3600)),
-                                "until": time.strftime("%H:%M_%Y%m%d", time.gmtime(UNTIL + 3600))}),
+    "from-yyyymmdd-tz": case(
+        "servers.web1.cpu.user",
+        tz="Europe/Berlin",
+        **{
+            "from": time.strftime("%H:%M_%Y%m%d", time.gmtime(FROM + 3600)),
+            "until": time.strftime("%H:%M_%Y%m%d", time.gmtime(UNTIL + 3600)),
+        },
+    ),
     # several targets in one request
     "multiple-targets": case(["servers.web1.cpu.user", f"sumSeries({LOAD})", "constantLine(1)"]),
 }
-
 
 
 def _window(name: str) -> list:
@@ -396,7 +419,9 @@ def _nist_percentile(values: list, n: float):
 
 def _fails_with(reference: dict, text: str) -> None:
     """graphite-web's answer is still the failure the entry explains."""
-    assert reference["status"] == 500 and text in reference["body"], f"graphite-web now answers: {reference['body'][:500]}"
+    assert reference["status"] == 500 and text in reference["body"], (
+        f"graphite-web now answers: {reference['body'][:500]}"
+    )
 
 
 def _check_group_by_missing_tag(ours: list, reference: dict, graphite_web: dict) -> None:
@@ -414,8 +439,9 @@ def _check_remove_between_percentile_gaps(ours: list, reference: dict, graphite_
     columns = list(zip(*(_window(name) for name in names)))
     lows = [_nist_percentile(column, 10) for column in columns]
     highs = [_nist_percentile(column, 90) for column in columns]
-    expected = [name for name in names
-                if any(not lows[i] < v < highs[i] for i, v in enumerate(_window(name)) if v is not None)]
+    expected = [
+        name for name in names if any(not lows[i] < v < highs[i] for i, v in enumerate(_window(name)) if v is not None)
+    ]
     assert [s["target"] for s in ours] == expected
     assert 0 < len(expected) < len(names)
     for series in ours:
@@ -443,22 +469,25 @@ KNOWN_DIFFERENCES: dict[str, tuple[str, object]] = {
         "graphite-web 1.1.8 fails (500, 'Value for tag \"rack\" may not be empty') when a grouping tag is "
         "missing from the series: its tag database refuses the group name cpu.load;rack=. tsgate answers "
         "the group under that name with only the name tag, as its TimeSeries does for names it cannot parse.",
-        _check_group_by_missing_tag),
+        _check_group_by_missing_tag,
+    ),
     "removeBetweenPercentile-gaps": (
         "graphite-web 1.1.8 (and its master) compares None with floats and fails with a TypeError (500) as "
         "soon as a series has a null point; tsgate ignores null points (neither inside nor outside the band).",
-        _check_remove_between_percentile_gaps),
+        _check_remove_between_percentile_gaps,
+    ),
     "useSeriesAbove-gaps": (
         "graphite-web 1.1.8 takes max() over values with None and fails with a TypeError (500); later "
         "graphite-web skips such series; tsgate compares the maximum of the non-null values.",
-        _check_use_series_above_gaps),
+        _check_use_series_above_gaps,
+    ),
     "keyword-window": (
         "graphite-web 1.1.8's grammar takes only scalars as keyword arguments: it parses the leading "
         "'movingAverage' as a path, ignores the rest and answers []; tsgate rejects no valid call and "
         "evaluates seriesList=... like the positional form (docs: 'The parser rejects trailing text').",
-        _check_series_keyword),
+        _check_series_keyword,
+    ),
 }
-
 
 
 def _params(request: dict) -> dict:
@@ -481,7 +510,9 @@ def tsgate(tmp_path_factory):
     """
     process = GatewayProcess(tmp_path_factory.mktemp("tsgate")).start()
     try:
-        lines = "".join(f"{name} {value!r} {t}\n" for name, points in DATA.items() for t, value in points if value is not None)
+        lines = "".join(
+            f"{name} {value!r} {t}\n" for name, points in DATA.items() for t, value in points if value is not None
+        )
         with socket.create_connection(("127.0.0.1", process.graphite_port), timeout=10) as carbon:
             carbon.sendall(lines.encode())
         expected = {name: sum(1 for _, v in points if v is not None) for name, points in DATA.items()}
@@ -496,7 +527,9 @@ def tsgate(tmp_path_factory):
             if counts == expected:
                 break
             if time.monotonic() > deadline:
-                raise AssertionError(f"the gateway did not store all points in 30 s: {answer.status} {counts}\n{process.log()}")
+                raise AssertionError(
+                    f"the gateway did not store all points in 30 s: {answer.status} {counts}\n{process.log()}"
+                )
             time.sleep(0.2)
         yield process
     finally:

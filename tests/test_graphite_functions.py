@@ -18,8 +18,22 @@ from gateway.graphite.series import TimeSeries
 N = None
 DATA = {
     # name: (step, {timestamp: value}); a.b.c also has points before 100 for windows and shifts
-    "a.b.c": (10, {40: 100.0, 50: 101.0, 60: 102.0, 70: 103.0, 80: 7.0, 90: 8.0,
-                   100: 1.0, 110: 2.0, 130: 4.0, 140: 5.0, 150: 6.0}),
+    "a.b.c": (
+        10,
+        {
+            40: 100.0,
+            50: 101.0,
+            60: 102.0,
+            70: 103.0,
+            80: 7.0,
+            90: 8.0,
+            100: 1.0,
+            110: 2.0,
+            130: 4.0,
+            140: 5.0,
+            150: 6.0,
+        },
+    ),
     "a.x.c": (10, {100: 10.0, 110: 20.0, 120: 30.0, 140: 50.0, 150: 60.0}),
     "slow.s": (20, {100: 6.0, 140: 9.0}),
     "counter.c": (10, {100: 0.0, 110: 10.0, 120: 25.0, 130: 5.0, 140: 15.0}),
@@ -33,8 +47,11 @@ def expand_braces(pattern):
     match = re.search(r"\{([^{}]*)\}", pattern)
     if not match:
         return [pattern]
-    return [expanded for choice in match.group(1).split(",")
-            for expanded in expand_braces(pattern[:match.start()] + choice + pattern[match.end():])]
+    return [
+        expanded
+        for choice in match.group(1).split(",")
+        for expanded in expand_braces(pattern[: match.start()] + choice + pattern[match.end() :])
+    ]
 
 
 def glob_match(name, pattern):
@@ -426,8 +443,10 @@ def test_remove_between_percentile_ignores_null_points():
     assert [s.name for s in evaluate("removeBetweenPercentile(a.*.c, 50)")] == ["a.b.c", "a.x.c"]
     # x, x+1, ..., x+4 (all null at 130): the 30th..70th band is x+1..x+4 at every other point,
     # so x+2 and x+3 never leave it and are removed
-    kept = evaluate("removeBetweenPercentile(group(a.x.c, offset(a.x.c, 1), offset(a.x.c, 2), "
-                    "offset(a.x.c, 3), offset(a.x.c, 4)), 70)")
+    kept = evaluate(
+        "removeBetweenPercentile(group(a.x.c, offset(a.x.c, 1), offset(a.x.c, 2), "
+        "offset(a.x.c, 3), offset(a.x.c, 4)), 70)"
+    )
     assert [s.name for s in kept] == ["a.x.c", "offset(a.x.c,1)", "offset(a.x.c,4)"]
 
 
@@ -530,20 +549,23 @@ def test_styling_functions_record_options():
 # Errors and catalog
 
 
-@pytest.mark.parametrize("target,message", [
-    ("noSuchFunction(a.b.c)", "unknown function"),
-    ("scale(a.b.c)", "Missing required parameter"),
-    ("scale(a.b.c, 'x')", 'Invalid "float" value'),
-    ("sumSeries(a.b.c", "expected"),
-    ("limit(a.b.c, 1.5)", 'Invalid "integer" value'),
-    ("scale(a.b.c, 2, 3)", "Too many parameters"),
-    ("movingAverage(a.b.c, 2, foo=1)", "Unexpected key word"),
-    ("summarize(a.b.c, 'x1')", 'Invalid "interval" value'),
-    ("aggregate(a.b.c, 'nope')", 'Invalid "aggFunc" value'),
-    ("groupByNode(a.b.c, 1, 'nope')", "Invalid option"),
-    ("exclude(a.b.c, '(')", "invalid regular expression"),
-    ("scale(1, 2)", 'Invalid "seriesList" value'),
-])
+@pytest.mark.parametrize(
+    "target,message",
+    [
+        ("noSuchFunction(a.b.c)", "unknown function"),
+        ("scale(a.b.c)", "Missing required parameter"),
+        ("scale(a.b.c, 'x')", 'Invalid "float" value'),
+        ("sumSeries(a.b.c", "expected"),
+        ("limit(a.b.c, 1.5)", 'Invalid "integer" value'),
+        ("scale(a.b.c, 2, 3)", "Too many parameters"),
+        ("movingAverage(a.b.c, 2, foo=1)", "Unexpected key word"),
+        ("summarize(a.b.c, 'x1')", 'Invalid "interval" value'),
+        ("aggregate(a.b.c, 'nope')", 'Invalid "aggFunc" value'),
+        ("groupByNode(a.b.c, 1, 'nope')", "Invalid option"),
+        ("exclude(a.b.c, '(')", "invalid regular expression"),
+        ("scale(1, 2)", 'Invalid "seriesList" value'),
+    ],
+)
 def test_user_errors_are_render_errors(target, message):
     with pytest.raises(RenderError, match=re.escape(message)):
         evaluate(target)
@@ -565,8 +587,9 @@ def test_function_catalog_shape():
     assert entry["params"][0] == {"name": "seriesList", "type": "seriesList", "required": True}
     assert entry["params"][2]["default"] == "average"
     assert "median" in entry["params"][2]["options"]
-    assert catalog["sumSeries"]["params"] == [{"name": "seriesLists", "type": "seriesList", "required": True,
-                                               "multiple": True}]
+    assert catalog["sumSeries"]["params"] == [
+        {"name": "seriesLists", "type": "seriesList", "required": True, "multiple": True}
+    ]
     assert "sumSeries" in catalog["groupByNode"]["params"][2]["options"]
     assert math.isinf(catalog["keepLastValue"]["params"][1]["default"])
     grouped = function_catalog(grouped=True)
@@ -577,7 +600,16 @@ def test_function_catalog_shape():
 
 def test_every_registered_function_has_valid_params():
     for name, function in REGISTRY.items():
-        assert function.group in {"Combine", "Transform", "Calculate", "Filter Series", "Filter Data",
-                                  "Sorting", "Alias", "Graph", "Special"}, name
+        assert function.group in {
+            "Combine",
+            "Transform",
+            "Calculate",
+            "Filter Series",
+            "Filter Data",
+            "Sorting",
+            "Alias",
+            "Graph",
+            "Special",
+        }, name
         multiple = [param for param in function.params if param.multiple]
         assert not multiple or function.params[-1].multiple, name

@@ -9,7 +9,6 @@ import threading
 import time
 import urllib.parse
 
-
 from gateway.devservices.process import free_port, terminate
 from tests.gatewayproc import metric_value
 
@@ -52,7 +51,10 @@ def test_plaintext_tcp(gateway):
     arrival = wait_for(lambda: query(gateway, f"{prefix}.web2.cpu"))
     (stamp,) = arrival[0]["values"]
     assert abs(time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone - now) <= 5
-    assert metric_value(gateway, 'tsgate_samples_rejected_total{protocol="graphite_plaintext",reason="bad_field_count"}') == 1
+    assert (
+        metric_value(gateway, 'tsgate_samples_rejected_total{protocol="graphite_plaintext",reason="bad_field_count"}')
+        == 1
+    )
     assert metric_value(gateway, 'tsgate_samples_rejected_total{protocol="graphite_plaintext",reason="nan_value"}') == 1
     assert "bad_field_count" in gateway.log()
 
@@ -126,7 +128,9 @@ def test_carbon_c_relay_into_tsgate(gateway, tmp_path):
 
 def test_backpressure_while_cassandra_is_down_loses_nothing(start_gateway, cassandra_server, cassandra_url, tenant):
     """A full backlog pauses TCP reading; when Cassandra is back every line sent is stored."""
-    gateway = start_gateway("--store", cassandra_url + "?request_timeout=2s", "--graphite-tenant", tenant, "--graphite-max-pending", "2000")
+    gateway = start_gateway(
+        "--store", cassandra_url + "?request_timeout=2s", "--graphite-tenant", tenant, "--graphite-max-pending", "2000"
+    )
     now = int(time.time())
     series_count, points = 50, 400
     send_tcp(gateway.graphite_port, f"bp.warmup 1 {now}\n".encode())
@@ -141,6 +145,7 @@ def test_backpressure_while_cassandra_is_down_loses_nothing(start_gateway, cassa
         cassandra_server.start()
     sender.join(120)
     assert not sender.is_alive()
+
     def stored(s: int) -> int:
         series = query(gateway, f"bp.s{s}", tenant=tenant)
         return len(series[0]["values"]) if series else 0

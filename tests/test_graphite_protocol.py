@@ -52,6 +52,7 @@ def assert_well_formed(samples, rejects):
 
 # --- plaintext: fields, values, timestamps -------------------------------------------------
 
+
 def test_plain_line():
     assert lines(b"servers.a.cpu 1.5 1700000000\n") == ([("servers.a.cpu", {}, TS_MS, 1.5)], [])
 
@@ -66,35 +67,70 @@ def test_field_count(line):
     assert reasons(lines(line + b"\n")[1]) == ["bad_field_count"]
 
 
-@pytest.mark.parametrize("raw, expected", [
-    (b"1e3", 1000.0), (b"-1.5", -1.5), (b"+2", 2.0), (b"1_000", 1000.0), (b"0", 0.0),
-    (b"-0", -0.0), (b"1E-3", 0.001),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (b"1e3", 1000.0),
+        (b"-1.5", -1.5),
+        (b"+2", 2.0),
+        (b"1_000", 1000.0),
+        (b"0", 0.0),
+        (b"-0", -0.0),
+        (b"1E-3", 0.001),
+    ],
+)
 def test_value_like_carbon_float(raw, expected):
     assert lines(b"a " + raw + b" 1700000000\n")[0][0][3] == expected
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (b"abc", "bad_value"), (b"1,5", "bad_value"), (b"0x10", "bad_value"), (b"1e999", "inf_value"),
-    (b"nan", "nan_value"), (b"NaN", "nan_value"), (b"-nan", "nan_value"),
-    (b"inf", "inf_value"), (b"-Infinity", "inf_value"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"abc", "bad_value"),
+        (b"1,5", "bad_value"),
+        (b"0x10", "bad_value"),
+        (b"1e999", "inf_value"),
+        (b"nan", "nan_value"),
+        (b"NaN", "nan_value"),
+        (b"-nan", "nan_value"),
+        (b"inf", "inf_value"),
+        (b"-Infinity", "inf_value"),
+    ],
+)
 def test_bad_values(raw, reason):
     assert reasons(lines(b"a " + raw + b" 1700000000\n")[1]) == [reason]
 
 
-@pytest.mark.parametrize("raw, expected_ms", [
-    (b"1700000000", TS_MS), (b"1700000000.999", TS_MS), (b"1.7e9", 1_700_000_000_000),
-    (b"0", 0), (b"-1", NOW_MS - NOW_MS % 1000), (b"-1.5", NOW_MS - NOW_MS % 1000),
-    (b"-0.5", 0),
-])
+@pytest.mark.parametrize(
+    "raw, expected_ms",
+    [
+        (b"1700000000", TS_MS),
+        (b"1700000000.999", TS_MS),
+        (b"1.7e9", 1_700_000_000_000),
+        (b"0", 0),
+        (b"-1", NOW_MS - NOW_MS % 1000),
+        (b"-1.5", NOW_MS - NOW_MS % 1000),
+        (b"-0.5", 0),
+    ],
+)
 def test_timestamps(raw, expected_ms):
     assert lines(b"a 1 " + raw + b"\n")[0][0][2] == expected_ms
 
 
-@pytest.mark.parametrize("raw", [
-    b"-2", b"-100", b"abc", b"nan", b"inf", b"-inf", b"1e30", b"1e999", b"1:2",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"-2",
+        b"-100",
+        b"abc",
+        b"nan",
+        b"inf",
+        b"-inf",
+        b"1e30",
+        b"1e999",
+        b"1:2",
+    ],
+)
 def test_bad_timestamps(raw):
     assert reasons(lines(b"a 1 " + raw + b"\n")[1]) == ["bad_timestamp"]
 
@@ -108,8 +144,20 @@ def test_bad_lines_do_not_lose_neighbours():
 
 # --- plaintext: paths ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", [b"a\x00b", b"a\x1bb", b"a\x7fb", b"a\x1cb", "a\u0085b".encode(),
-                                  "a\u00a0b".encode(), "a\u200bb".encode(), "a\u2028b".encode()])
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        b"a\x00b",
+        b"a\x1bb",
+        b"a\x7fb",
+        b"a\x1cb",
+        "a\u0085b".encode(),
+        "a\u00a0b".encode(),
+        "a\u200bb".encode(),
+        "a\u2028b".encode(),
+    ],
+)
 def test_control_and_invisible_characters_rejected(path):
     assert reasons(lines(path + b" 1 1\n")[1]) == ["bad_path"]
 
@@ -131,10 +179,18 @@ def test_utf8_path_accepted():
     assert lines(path.encode() + b" 1 1\n")[0][0][0] == path
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("a..b", "a.b"), (".a.b.", "a.b"), ("a...b..", "a.b"), ("~a.b", "a.b"), ("~.~a", "a"),
-    ("a.~b", "a.~b"), ("a-b_c:d", "a-b_c:d"),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("a..b", "a.b"),
+        (".a.b.", "a.b"),
+        ("a...b..", "a.b"),
+        ("~a.b", "a.b"),
+        ("~.~a", "a"),
+        ("a.~b", "a.~b"),
+        ("a-b_c:d", "a-b_c:d"),
+    ],
+)
 def test_name_cleanup(path, expected):
     assert parse_path(path) == (expected, {})
 
@@ -153,9 +209,11 @@ def test_plaintext_paths_without_name(path):
 
 # --- tags ------------------------------------------------------------------------------------
 
+
 def test_tagged_path():
     assert lines(b"disk.used;host=a;dc=x=y 1 1700000000\n")[0] == [
-        ("disk.used", {"host": "a", "dc": "x=y"}, TS_MS, 1.0)]
+        ("disk.used", {"host": "a", "dc": "x=y"}, TS_MS, 1.0)
+    ]
 
 
 def test_repeated_tag_keeps_last_and_name_tag_is_dropped():
@@ -166,12 +224,22 @@ def test_tagged_name_is_cleaned():
     assert parse_path("~a..b;t=v") == ("a.b", {"t": "v"})
 
 
-@pytest.mark.parametrize("path, reason", [
-    ("m;", "bad_tag"), ("m;a", "bad_tag"), ("m;=1", "bad_tag"), ("m;a=", "bad_tag"),
-    ("m;a!b=1", "bad_tag"), ("m;a^b=1", "bad_tag"), ("m;a=~v", "bad_tag"),
-    ("m;a=1;;b=2", "bad_tag"),
-    (";a=1", "bad_path"), ("~;a=1", "bad_path"), ("m;a=1 2", "bad_path"),
-])
+@pytest.mark.parametrize(
+    "path, reason",
+    [
+        ("m;", "bad_tag"),
+        ("m;a", "bad_tag"),
+        ("m;=1", "bad_tag"),
+        ("m;a=", "bad_tag"),
+        ("m;a!b=1", "bad_tag"),
+        ("m;a^b=1", "bad_tag"),
+        ("m;a=~v", "bad_tag"),
+        ("m;a=1;;b=2", "bad_tag"),
+        (";a=1", "bad_path"),
+        ("~;a=1", "bad_path"),
+        ("m;a=1 2", "bad_path"),
+    ],
+)
 def test_bad_tags(path, reason):
     samples, rejects = lines(path.encode() + b" 1 1\n")
     if " " in path:
@@ -196,8 +264,20 @@ def test_braces_form():
     assert parse_path('m{a="{b}"}') == ("m", {"a": "{b}"})
 
 
-@pytest.mark.parametrize("path", ['m{a=""}', 'm{a="x\\n"}', 'm{a="x"b="y"}', 'm{="x"}', 'm{a!="x"}',
-                                  'm{a="~x"}', '{a="x"}', 'm{a="x\\"}', 'm{a="x""}'])
+@pytest.mark.parametrize(
+    "path",
+    [
+        'm{a=""}',
+        'm{a="x\\n"}',
+        'm{a="x"b="y"}',
+        'm{="x"}',
+        'm{a!="x"}',
+        'm{a="~x"}',
+        '{a="x"}',
+        'm{a="x\\"}',
+        'm{a="x""}',
+    ],
+)
 def test_bad_braces_form(path):
     with pytest.raises(ValueError):
         parse_path(path)
@@ -212,8 +292,10 @@ def test_format_tagged_path_is_graphite_canonical():
 
 # --- plaintext: streaming, limits, close ----------------------------------------------------
 
-STREAM = (b"a.b 1 1700000000\r\nc;t=v 2 -1\n\nbad line\nd\xff 1 1\n"
-          b"e 3.5 1700000000.5\n" + b"f" * 40 + b" 1 1\n" + b"g 4 1700000000\n")
+STREAM = (
+    b"a.b 1 1700000000\r\nc;t=v 2 -1\n\nbad line\nd\xff 1 1\n"
+    b"e 3.5 1700000000.5\n" + b"f" * 40 + b" 1 1\n" + b"g 4 1700000000\n"
+)
 
 
 def decoded(decoder, chunks):
@@ -234,7 +316,7 @@ def test_split_at_every_byte_position_gives_same_result():
 
 def test_byte_by_byte():
     decoder = PlaintextDecoder(max_line_length=30)
-    chunks = [STREAM[i:i + 1] for i in range(len(STREAM))]
+    chunks = [STREAM[i : i + 1] for i in range(len(STREAM))]
     assert decoded(decoder, chunks) == decoded(PlaintextDecoder(max_line_length=30), [STREAM])
 
 
@@ -297,7 +379,7 @@ def test_datagram_line_limit():
 
 def test_plaintext_fuzz():
     rng = random.Random(20240601)
-    alphabet = b"ab.;=~{}\"\\ \t\r\n0123456789-+eE.naif\x00\xff\xc3"
+    alphabet = b'ab.;=~{}"\\ \t\r\n0123456789-+eE.naif\x00\xff\xc3'
     for _ in range(2000):
         size = rng.randrange(0, 200)
         if rng.random() < 0.5:
@@ -314,13 +396,13 @@ def test_plaintext_fuzz():
 
 # --- pickle: happy path ----------------------------------------------------------------------
 
+
 def frame(payload):
     return struct.pack(">I", len(payload)) + payload
 
 
 ITEMS = [("a.b", (1700000000, 1.5)), ("c;t=v", (1700000000.7, 2)), ("d", (-1, True))]
-EXPECTED = [("a.b", {}, TS_MS, 1.5), ("c", {"t": "v"}, TS_MS, 2.0),
-            ("d", {}, NOW_MS - NOW_MS % 1000, 1.0)]
+EXPECTED = [("a.b", {}, TS_MS, 1.5), ("c", {"t": "v"}, TS_MS, 2.0), ("d", {}, NOW_MS - NOW_MS % 1000, 1.0)]
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
@@ -330,22 +412,29 @@ def test_pickle_protocols(protocol):
 
 
 def test_pickle_lists_bytes_paths_and_text_numbers():
-    payload = pickle.dumps([["a.b", [1700000000, 1.5]], (b"b", ("1700000000", "2.5")),
-                            (b"c", (b"1700000000", b"3"))], protocol=3)
-    assert decode_frame(payload, NOW_MS) == ([("a.b", {}, TS_MS, 1.5), ("b", {}, TS_MS, 2.5),
-                                              ("c", {}, TS_MS, 3.0)], [])
+    payload = pickle.dumps(
+        [["a.b", [1700000000, 1.5]], (b"b", ("1700000000", "2.5")), (b"c", (b"1700000000", b"3"))], protocol=3
+    )
+    assert decode_frame(payload, NOW_MS) == (
+        [("a.b", {}, TS_MS, 1.5), ("b", {}, TS_MS, 2.5), ("c", {}, TS_MS, 3.0)],
+        [],
+    )
 
 
 def test_python2_style_pickle():
     # protocol 2 as Python 2 writes it: SHORT_BINSTRING path (decoded as UTF-8), BININT, BINFLOAT
-    payload = (b"\x80\x02]q\x00U\x05a.\xc3\xa9bq\x01J" + struct.pack("<i", TS) +
-               b"G" + struct.pack(">d", 3.25) + b"\x86q\x02\x86q\x03a.")
+    payload = (
+        b"\x80\x02]q\x00U\x05a.\xc3\xa9bq\x01J"
+        + struct.pack("<i", TS)
+        + b"G"
+        + struct.pack(">d", 3.25)
+        + b"\x86q\x02\x86q\x03a."
+    )
     assert decode_frame(payload, NOW_MS) == ([("a.éb", {}, TS_MS, 3.25)], [])
 
 
 def test_many_frames_split_at_every_byte_position():
-    data = (frame(pickle.dumps(ITEMS[:1], protocol=2)) + frame(b"garbage") +
-            frame(pickle.dumps(ITEMS[1:], protocol=4)))
+    data = frame(pickle.dumps(ITEMS[:1], protocol=2)) + frame(b"garbage") + frame(pickle.dumps(ITEMS[1:], protocol=4))
     expected = feed_all(PickleDecoder(), [data])
     assert expected[0] == EXPECTED and reasons(expected[1]) == ["bad_pickle"]
     for cut in range(len(data) + 1):
@@ -355,23 +444,63 @@ def test_many_frames_split_at_every_byte_position():
 
 
 def test_bad_items_do_not_lose_neighbours():
-    payload = pickle.dumps([
-        ("ok.1", (1, 1)), ("a", (1, 2), 3), "a.b", ("a", (1,)), ("a", 5), (7, (1, 1)),
-        (b"\xff", (1, 1)), ("a", (1, float("nan"))), ("a", (1, float("inf"))), ("a", (1, None)),
-        ("a", (1, "x")), ("a", (None, 1)), ("a", (-7, 1)), ("a", (1, 10**400)), ("a;b", (1, 1)),
-        ("a b", (1, 1)), ("a\n", (1, 1)), ("\udc80", (1, 1)), ("", (1, 1)), ("ok.2", [2, 2]),
-    ], protocol=3)
+    payload = pickle.dumps(
+        [
+            ("ok.1", (1, 1)),
+            ("a", (1, 2), 3),
+            "a.b",
+            ("a", (1,)),
+            ("a", 5),
+            (7, (1, 1)),
+            (b"\xff", (1, 1)),
+            ("a", (1, float("nan"))),
+            ("a", (1, float("inf"))),
+            ("a", (1, None)),
+            ("a", (1, "x")),
+            ("a", (None, 1)),
+            ("a", (-7, 1)),
+            ("a", (1, 10**400)),
+            ("a;b", (1, 1)),
+            ("a b", (1, 1)),
+            ("a\n", (1, 1)),
+            ("\udc80", (1, 1)),
+            ("", (1, 1)),
+            ("ok.2", [2, 2]),
+        ],
+        protocol=3,
+    )
     samples, rejects = decode_frame(payload, NOW_MS)
     assert [s[0] for s in samples] == ["ok.1", "ok.2"]
     assert reasons(rejects) == [
-        "bad_pickle_item", "bad_pickle_item", "bad_pickle_item", "bad_pickle_item", "bad_path",
-        "bad_utf8", "nan_value", "inf_value", "bad_value", "bad_value", "bad_timestamp",
-        "bad_timestamp", "bad_value", "bad_tag", "bad_path", "bad_path", "bad_path", "bad_path"]
+        "bad_pickle_item",
+        "bad_pickle_item",
+        "bad_pickle_item",
+        "bad_pickle_item",
+        "bad_path",
+        "bad_utf8",
+        "nan_value",
+        "inf_value",
+        "bad_value",
+        "bad_value",
+        "bad_timestamp",
+        "bad_timestamp",
+        "bad_value",
+        "bad_tag",
+        "bad_path",
+        "bad_path",
+        "bad_path",
+        "bad_path",
+    ]
 
 
-@pytest.mark.parametrize("payload", [
-    pickle.dumps("a.b", protocol=2), pickle.dumps(5, protocol=2), pickle.dumps(None, protocol=2),
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pickle.dumps("a.b", protocol=2),
+        pickle.dumps(5, protocol=2),
+        pickle.dumps(None, protocol=2),
+    ],
+)
 def test_payload_must_be_a_list(payload):
     assert reasons(decode_frame(payload, NOW_MS)[1]) == ["bad_pickle"]
 
@@ -389,6 +518,7 @@ def test_empty_list_and_tuple_payload():
 
 # --- pickle: framing limits ------------------------------------------------------------------
 
+
 def test_oversized_frame_is_skipped_exactly():
     good = frame(pickle.dumps(ITEMS, protocol=2))
     junk = bytes(range(256)) * 20
@@ -396,7 +526,7 @@ def test_oversized_frame_is_skipped_exactly():
     whole = feed_all(PickleDecoder(max_frame_bytes=1000), [data])
     assert whole[0] == EXPECTED * 2 and reasons(whole[1]) == ["frame_too_large"]
     decoder = PickleDecoder(max_frame_bytes=1000)
-    assert feed_all(decoder, [data[i:i + 1] for i in range(len(data))]) == whole
+    assert feed_all(decoder, [data[i : i + 1] for i in range(len(data))]) == whole
     assert decoder.finish() == []
 
 
@@ -440,12 +570,26 @@ def test_truncated_frame_on_close():
     assert decoder.finish() == []
 
 
-@pytest.mark.parametrize("payload", [
-    b"", b".", b"\x80\x02", b"\x80\x02]", b"\x80\x02].junk", b"\x80\x02]q",
-    b"\x80\x02]X\xff\xff\xff\x7fab.",
-    b"\x80\x09].", b"\x80\x02]T\xff\xff\xff\xffabc.", b"\x80\x02]h\x05.", b"(lp-1\n.", b"(lpxyz\n.",
-    b"\x80\x02]]a" + b"e" * 5 + b".", b"L" + b"9" * 5000 + b"\n.", b"\x80\x02)a.",
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b".",
+        b"\x80\x02",
+        b"\x80\x02]",
+        b"\x80\x02].junk",
+        b"\x80\x02]q",
+        b"\x80\x02]X\xff\xff\xff\x7fab.",
+        b"\x80\x09].",
+        b"\x80\x02]T\xff\xff\xff\xffabc.",
+        b"\x80\x02]h\x05.",
+        b"(lp-1\n.",
+        b"(lpxyz\n.",
+        b"\x80\x02]]a" + b"e" * 5 + b".",
+        b"L" + b"9" * 5000 + b"\n.",
+        b"\x80\x02)a.",
+    ],
+)
 def test_malformed_pickles(payload):
     samples, rejects = decode_frame(payload, NOW_MS)
     assert samples == [] and reasons(rejects) == ["bad_pickle"]
@@ -474,10 +618,8 @@ HOSTILE = {
     "p2 GLOBAL builtins.eval": b"\x80\x02cbuiltins\neval\nX\x03\x00\x00\x001+1\x85R.",
     "p2 GLOBAL test module": b"\x80\x02ctest_graphite_protocol\nrecord_call\n)R.",
     "p2 NEWOBJ": b"\x80\x02cbuiltins\nobject\n)\x81.",
-    "p4 STACK_GLOBAL subprocess": (b"\x80\x04\x8c\nsubprocess\x8c\x0ccheck_output\x93]"
-                                   b"\x8c\x04true\x85R."),
-    "p5 STACK_GLOBAL builtins.exec": (b"\x80\x05\x95" + struct.pack("<Q", len(EXEC_BODY))
-                                      + EXEC_BODY),
+    "p4 STACK_GLOBAL subprocess": (b"\x80\x04\x8c\nsubprocess\x8c\x0ccheck_output\x93]\x8c\x04true\x85R."),
+    "p5 STACK_GLOBAL builtins.exec": (b"\x80\x05\x95" + struct.pack("<Q", len(EXEC_BODY)) + EXEC_BODY),
     "p2 REDUCE without global": b"\x80\x02])R.",
     "p2 BUILD on a list": b"\x80\x02]]b.",
     "p2 EXT1": b"\x80\x02\x82\xf0)R.",
@@ -507,12 +649,19 @@ def test_reduce_objects_rejected(protocol):
     assert CALLS == []
 
 
-@pytest.mark.parametrize("payload", [
-    HOSTILE["p0 GLOBAL os.system"], HOSTILE["p2 GLOBAL test module"],
-    HOSTILE["p4 STACK_GLOBAL subprocess"], HOSTILE["p5 STACK_GLOBAL builtins.exec"],
-    HOSTILE["p0 INST os.system"], HOSTILE["p1 OBJ os.system"], pickle.dumps(Evil(), protocol=2),
-    pickle.dumps(Evil(), protocol=5),
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        HOSTILE["p0 GLOBAL os.system"],
+        HOSTILE["p2 GLOBAL test module"],
+        HOSTILE["p4 STACK_GLOBAL subprocess"],
+        HOSTILE["p5 STACK_GLOBAL builtins.exec"],
+        HOSTILE["p0 INST os.system"],
+        HOSTILE["p1 OBJ os.system"],
+        pickle.dumps(Evil(), protocol=2),
+        pickle.dumps(Evil(), protocol=5),
+    ],
+)
 def test_second_gate_refuses_every_global(payload):
     with pytest.raises(pickle.UnpicklingError, match="refused"):
         NoGlobalsUnpickler(io.BytesIO(payload)).load()
@@ -530,13 +679,16 @@ def test_second_gate_refuses_registered_extension():
     assert CALLS == []
 
 
-@pytest.mark.parametrize("payload", [
-    b"\x80\x02]r" + (1 << 27).to_bytes(4, "little") + b".",   # LONG_BINPUT: 2 GiB memo in CPython
-    b"\x80\x02]r\xff\xff\xff\xff.",
-    b"(lp134217728\n.",                                      # PUT, protocol 0
-    b"\x80\x05\x8e" + (1 << 62).to_bytes(8, "little") + b".",  # BINBYTES8 with a huge count
-    b"\x80\x04\x8d" + (1 << 40).to_bytes(8, "little") + b".",  # BINUNICODE8 likewise
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x80\x02]r" + (1 << 27).to_bytes(4, "little") + b".",  # LONG_BINPUT: 2 GiB memo in CPython
+        b"\x80\x02]r\xff\xff\xff\xff.",
+        b"(lp134217728\n.",  # PUT, protocol 0
+        b"\x80\x05\x8e" + (1 << 62).to_bytes(8, "little") + b".",  # BINBYTES8 with a huge count
+        b"\x80\x04\x8d" + (1 << 40).to_bytes(8, "little") + b".",  # BINUNICODE8 likewise
+    ],
+)
 def test_memory_bombs_rejected_fast(payload):
     started = time.perf_counter()
     assert reasons(decode_frame(payload, NOW_MS)[1]) == ["bad_pickle"]
@@ -563,8 +715,9 @@ def test_self_referencing_lists():
 
 
 def test_huge_ints_and_strings_within_a_frame():
-    payload = pickle.dumps([("a" * 500_000, (1, 1)), ("b", (10**1000, 1)), ("c", (1, 2**5000)),
-                            ("d", ("9" * 100_000, 1))], protocol=4)
+    payload = pickle.dumps(
+        [("a" * 500_000, (1, 1)), ("b", (10**1000, 1)), ("c", (1, 2**5000)), ("d", ("9" * 100_000, 1))], protocol=4
+    )
     samples, rejects = decode_frame(payload, NOW_MS)
     assert [s[0] for s in samples] == ["a" * 500_000]
     assert reasons(rejects) == ["bad_timestamp", "bad_value", "bad_timestamp"]
@@ -592,6 +745,7 @@ def test_pickle_fuzz():
 
 
 # --- pickle: frames bounded in samples, not only bytes -----------------------------------------
+
 
 def dup_frame(copies: int) -> bytes:
     """One item, then DUP ``copies`` times, in one list: a byte a sample."""

@@ -7,7 +7,13 @@ import pytest
 from gateway.graphite.series import TimeSeries
 from protocols.graphite import render_formats
 from protocols.graphite.render_formats import (
-    apply_max_data_points, encode_csv, encode_functions_json, encode_json, encode_msgpack, encode_pickle, encode_raw,
+    apply_max_data_points,
+    encode_csv,
+    encode_functions_json,
+    encode_json,
+    encode_msgpack,
+    encode_pickle,
+    encode_raw,
 )
 
 NAN = float("nan")
@@ -15,15 +21,18 @@ INF = float("inf")
 
 
 def example():
-    return [TimeSeries("a.b", 100, 140, 10, [1.0, None, NAN, INF]),
-            TimeSeries("c;host=x", 100, 140, 10, [2, 3.5, None, -INF])]
+    return [
+        TimeSeries("a.b", 100, 140, 10, [1.0, None, NAN, INF]),
+        TimeSeries("c;host=x", 100, 140, 10, [2, 3.5, None, -INF]),
+    ]
 
 
 def test_json():
     assert encode_json(example()) == (
         b'[{"target": "a.b", "tags": {"name": "a.b"}, "datapoints": [[1.0, 100], [null, 110], [null, 120], '
         b'[1e9999, 130]]}, {"target": "c;host=x", "tags": {"host": "x", "name": "c"}, "datapoints": '
-        b'[[2, 100], [3.5, 110], [null, 120], [-1e9999, 130]]}]')
+        b"[[2, 100], [3.5, 110], [null, 120], [-1e9999, 130]]}]"
+    )
 
 
 def test_json_of_finite_series_is_what_pythons_json_writes():
@@ -32,9 +41,17 @@ def test_json_of_finite_series_is_what_pythons_json_writes():
     import random
 
     rng = random.Random(7)
-    values = [rng.choice([None, NAN, round(rng.uniform(-1e6, 1e6), rng.randint(0, 6)), rng.randint(-9, 9), 0.1 + 0.2, -0.0]) for _ in range(500)]
-    series = [TimeSeries("x.é\"y", 1000, 1000 + 10 * 500, 10, values, tags={"k": "v,w"}), TimeSeries("z", 0, 30, 10, [1.5, None, 2])]
-    expected = json.dumps([{"target": s.name, "tags": dict(s.tags), "datapoints": s.datapoints()} for s in series]).replace("NaN,", "null,")
+    values = [
+        rng.choice([None, NAN, round(rng.uniform(-1e6, 1e6), rng.randint(0, 6)), rng.randint(-9, 9), 0.1 + 0.2, -0.0])
+        for _ in range(500)
+    ]
+    series = [
+        TimeSeries('x.é"y', 1000, 1000 + 10 * 500, 10, values, tags={"k": "v,w"}),
+        TimeSeries("z", 0, 30, 10, [1.5, None, 2]),
+    ]
+    expected = json.dumps(
+        [{"target": s.name, "tags": dict(s.tags), "datapoints": s.datapoints()} for s in series]
+    ).replace("NaN,", "null,")
     assert encode_json(series) == expected.encode()
     assert json.loads(encode_json(series, jsonp="cb")[3:-1]) == json.loads(expected)
 
@@ -44,14 +61,17 @@ def test_json_without_null_points_drops_empty_series():
     assert encode_json(series, no_null_points=True) == (
         b'[{"target": "a.b", "tags": {"name": "a.b"}, "datapoints": [[1.0, 100], [1e9999, 130]]}, '
         b'{"target": "c;host=x", "tags": {"host": "x", "name": "c"}, "datapoints": '
-        b'[[2, 100], [3.5, 110], [-1e9999, 130]]}]')
+        b"[[2, 100], [3.5, 110], [-1e9999, 130]]}]"
+    )
 
 
 def test_json_empty_pretty_and_jsonp():
     assert encode_json([]) == b"[]"
     assert encode_json([TimeSeries("a", 100, 120, 10, [])]) == b"[]"
-    assert encode_json([TimeSeries("a", 100, 110, 10, [1.0])], jsonp="cb") == \
-        b'cb([{"target": "a", "tags": {"name": "a"}, "datapoints": [[1.0, 100]]}])'
+    assert (
+        encode_json([TimeSeries("a", 100, 110, 10, [1.0])], jsonp="cb")
+        == b'cb([{"target": "a", "tags": {"name": "a"}, "datapoints": [[1.0, 100]]}])'
+    )
     assert encode_json([TimeSeries("a", 100, 110, 10, [1.0])], pretty=True).startswith(b'[\n  {\n    "target": "a"')
 
 
@@ -60,7 +80,8 @@ def test_csv():
         b"a.b,1970-01-01 00:01:40,1.0\r\n"
         b"a.b,1970-01-01 00:01:50,\r\n"
         b"a.b,1970-01-01 00:02:00,nan\r\n"
-        b"a.b,1970-01-01 00:02:10,inf\r\n")
+        b"a.b,1970-01-01 00:02:10,inf\r\n"
+    )
 
 
 def test_raw():
@@ -73,8 +94,18 @@ def test_pickle():
     loaded = pickle.loads(encode_pickle(series))
     assert loaded[0]["values"][:2] == [1.0, None]
     del loaded[0]["values"]
-    assert loaded == [{"name": "a.b", "start": 100, "end": 140, "step": 10, "pathExpression": "a.*",
-                       "valuesPerPoint": 1, "consolidationFunc": "average", "xFilesFactor": 0.0}]
+    assert loaded == [
+        {
+            "name": "a.b",
+            "start": 100,
+            "end": 140,
+            "step": 10,
+            "pathExpression": "a.*",
+            "valuesPerPoint": 1,
+            "consolidationFunc": "average",
+            "xFilesFactor": 0.0,
+        }
+    ]
 
 
 def test_msgpack_only_with_the_package():

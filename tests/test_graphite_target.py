@@ -6,13 +6,19 @@ import pytest
 
 from protocols.graphite.attime import parse_at_time, parse_time_offset
 from protocols.graphite.target import (
-    Call, Literal, PathExpression, TargetSyntaxError, first_path_expression, parse_target,
+    Call,
+    Literal,
+    PathExpression,
+    TargetSyntaxError,
+    first_path_expression,
+    parse_target,
 )
 
 
 def test_plain_path_with_globs():
-    assert parse_target("servers.web*.cpu-[0-7].{user,system}.value?") == \
-        PathExpression("servers.web*.cpu-[0-7].{user,system}.value?")
+    assert parse_target("servers.web*.cpu-[0-7].{user,system}.value?") == PathExpression(
+        "servers.web*.cpu-[0-7].{user,system}.value?"
+    )
 
 
 def test_tagged_name_is_a_path():
@@ -21,9 +27,15 @@ def test_tagged_name_is_a_path():
 
 def test_nested_call_with_positional_and_keyword_arguments():
     node = parse_target("aliasByNode(sumSeries(a.{b,c}.d, e.f), 1, -2)")
-    assert node == Call("aliasByNode", [
-        Call("sumSeries", [PathExpression("a.{b,c}.d"), PathExpression("e.f")], raw="sumSeries(a.{b,c}.d, e.f)"),
-        Literal(1), Literal(-2)], raw="aliasByNode(sumSeries(a.{b,c}.d, e.f), 1, -2)")
+    assert node == Call(
+        "aliasByNode",
+        [
+            Call("sumSeries", [PathExpression("a.{b,c}.d"), PathExpression("e.f")], raw="sumSeries(a.{b,c}.d, e.f)"),
+            Literal(1),
+            Literal(-2),
+        ],
+        raw="aliasByNode(sumSeries(a.{b,c}.d, e.f), 1, -2)",
+    )
     node = parse_target("movingWindow(a.b, '5min', func='median', xFilesFactor=0.5)")
     assert node.args == [PathExpression("a.b"), Literal("5min")]
     assert node.kwargs == {"func": Literal("median"), "xFilesFactor": Literal(0.5)}
@@ -36,8 +48,19 @@ def test_commas_inside_braces_are_part_of_the_path():
 
 def test_numbers_booleans_none_and_inf():
     node = parse_target("f(a, 1, -2, 3.5, 1e3, -2.5E-2, true, False, TRUE, None, none, inf)")
-    assert [arg.value for arg in node.args[1:]] == \
-        [1, -2, 3.5, 1000.0, -0.025, True, False, True, None, None, float("inf")]
+    assert [arg.value for arg in node.args[1:]] == [
+        1,
+        -2,
+        3.5,
+        1000.0,
+        -0.025,
+        True,
+        False,
+        True,
+        None,
+        None,
+        float("inf"),
+    ]
     assert isinstance(node.args[1].value, int) and isinstance(node.args[4].value, float)
 
 
@@ -79,10 +102,21 @@ def test_empty_call():
     assert parse_target("countSeries()") == Call("countSeries", [], {}, "countSeries()")
 
 
-@pytest.mark.parametrize("target", [
-    "sumSeries(a.b", "sumSeries(a.b))", "f(a,)", "f(x=1, a.b)", "alias(a, 'x)", "a.{b,}.c", "a..b", "a b",
-    "f(a=1, a=2)", "a.b|c.d",
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "sumSeries(a.b",
+        "sumSeries(a.b))",
+        "f(a,)",
+        "f(x=1, a.b)",
+        "alias(a, 'x)",
+        "a.{b,}.c",
+        "a..b",
+        "a b",
+        "f(a=1, a=2)",
+        "a.b|c.d",
+    ],
+)
 def test_syntax_errors(target):
     with pytest.raises(TargetSyntaxError):
         parse_target(target)
@@ -100,39 +134,42 @@ DAY = 86400
 MIDNIGHT = 1699920000  # 2023-11-14 00:00 UTC
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("now", NOW),
-    ("-1h", NOW - 3600),
-    ("-5min", NOW - 300),
-    ("-30s", NOW - 30),
-    ("-2d", NOW - 2 * DAY),
-    ("-1w", NOW - 7 * DAY),
-    ("-1mon", NOW - 30 * DAY),
-    ("-1y", NOW - 365 * DAY),
-    ("+1h", NOW + 3600),
-    ("-1d12h", NOW - DAY - 12 * 3600),
-    ("1600000000", 1600000000),
-    ("12:30_20230101", 1672576200),
-    ("20230101", 1672531200),
-    ("01/02/23", 1672617600),
-    ("01/02/1999", 915235200),
-    ("today", MIDNIGHT),
-    ("yesterday", MIDNIGHT - DAY),
-    ("tomorrow", MIDNIGHT + DAY),
-    ("midnight", MIDNIGHT),
-    ("noon", MIDNIGHT + 12 * 3600),
-    ("teatime", MIDNIGHT + 16 * 3600),
-    ("noon yesterday", MIDNIGHT - DAY + 12 * 3600),
-    ("noon+1d", MIDNIGHT + DAY + 12 * 3600),
-    ("midnight-1h", MIDNIGHT - 3600),
-    ("3pm", MIDNIGHT + 15 * 3600),
-    ("10am", MIDNIGHT + 10 * 3600),
-    ("8:15pm", MIDNIGHT + 20 * 3600 + 900),
-    ("monday", MIDNIGHT - DAY),
-    ("tuesday", MIDNIGHT),
-    ("jan5", 1672876800),
-    ("Now", NOW),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("now", NOW),
+        ("-1h", NOW - 3600),
+        ("-5min", NOW - 300),
+        ("-30s", NOW - 30),
+        ("-2d", NOW - 2 * DAY),
+        ("-1w", NOW - 7 * DAY),
+        ("-1mon", NOW - 30 * DAY),
+        ("-1y", NOW - 365 * DAY),
+        ("+1h", NOW + 3600),
+        ("-1d12h", NOW - DAY - 12 * 3600),
+        ("1600000000", 1600000000),
+        ("12:30_20230101", 1672576200),
+        ("20230101", 1672531200),
+        ("01/02/23", 1672617600),
+        ("01/02/1999", 915235200),
+        ("today", MIDNIGHT),
+        ("yesterday", MIDNIGHT - DAY),
+        ("tomorrow", MIDNIGHT + DAY),
+        ("midnight", MIDNIGHT),
+        ("noon", MIDNIGHT + 12 * 3600),
+        ("teatime", MIDNIGHT + 16 * 3600),
+        ("noon yesterday", MIDNIGHT - DAY + 12 * 3600),
+        ("noon+1d", MIDNIGHT + DAY + 12 * 3600),
+        ("midnight-1h", MIDNIGHT - 3600),
+        ("3pm", MIDNIGHT + 15 * 3600),
+        ("10am", MIDNIGHT + 10 * 3600),
+        ("8:15pm", MIDNIGHT + 20 * 3600 + 900),
+        ("monday", MIDNIGHT - DAY),
+        ("tuesday", MIDNIGHT),
+        ("jan5", 1672876800),
+        ("Now", NOW),
+    ],
+)
 def test_at_time_forms(text, expected):
     assert parse_at_time(text, NOW) == expected
 

@@ -6,8 +6,8 @@ import itertools
 import struct
 
 from gateway.downsample.histograms import is_counter_reset, roll_up_histograms
-from gateway.store.histogram_rollup_rows import decode_interval, encode_interval, kept_in_range
 from gateway.store.contract import HistogramRow
+from gateway.store.histogram_rollup_rows import decode_interval, encode_interval, kept_in_range
 from gateway.store.layout import Layout
 from protocols.prometheus import types_pb2
 from tests.test_prometheus_protocol import histogram
@@ -19,7 +19,16 @@ STALE_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
 def _histogram_row(minute: int, count: int, reset_hint: int = 0, schema: int = 0, stale: bool = False) -> HistogramRow:
     """An integer histogram at ``minute``: 1 zero-bucket observation, the rest in bucket 1."""
     sum_ = STALE_NAN if stale else 1.5 * count
-    data = histogram(count=count, sum_=sum_, zero_count=1, positive=((1, 1),), deltas=(count - 1,), timestamp=minute * MINUTE, reset_hint=reset_hint, schema=schema)
+    data = histogram(
+        count=count,
+        sum_=sum_,
+        zero_count=1,
+        positive=((1, 1),),
+        deltas=(count - 1,),
+        timestamp=minute * MINUTE,
+        reset_hint=reset_hint,
+        schema=schema,
+    )
     return HistogramRow("t", "h", minute * MINUTE, data)
 
 
@@ -32,7 +41,9 @@ def _kept(rows: list[HistogramRow]) -> list[tuple[int, int, int]]:
 def _increase(rows: list[HistogramRow], previous: HistogramRow | None = None) -> int:
     """increase() of the count as PromQL takes it: a reset starts again from zero."""
     messages = [types_pb2.Histogram.FromString(row.data) for row in ([previous] if previous else []) + rows]
-    return sum(b.count_int if is_counter_reset(a, b) else b.count_int - a.count_int for a, b in itertools.pairwise(messages))
+    return sum(
+        b.count_int if is_counter_reset(a, b) else b.count_int - a.count_int for a, b in itertools.pairwise(messages)
+    )
 
 
 def test_histogram_roll_up_keeps_the_last_and_the_one_before_each_reset():
@@ -96,5 +107,9 @@ def test_counter_reset_detection_follows_prometheus():
     assert not is_counter_reset(floats, message(count=4.5, zero_count=0.5, deltas=(2.0, 2.0), is_float=True))
     assert is_counter_reset(floats, message(count=4.5, zero_count=0.5, deltas=(3.0, 1.0), is_float=True))
     custom = message(count=2, zero_count=0, schema=-53, positive=((0, 2),), deltas=(1, 0), custom=(1.0,))
-    assert is_counter_reset(custom, message(count=5, zero_count=0, schema=-53, positive=((0, 2),), deltas=(2, 1), custom=(2.0,)))
-    assert not is_counter_reset(custom, message(count=5, zero_count=0, schema=-53, positive=((0, 2),), deltas=(2, 1), custom=(1.0,)))
+    assert is_counter_reset(
+        custom, message(count=5, zero_count=0, schema=-53, positive=((0, 2),), deltas=(2, 1), custom=(2.0,))
+    )
+    assert not is_counter_reset(
+        custom, message(count=5, zero_count=0, schema=-53, positive=((0, 2),), deltas=(2, 1), custom=(1.0,))
+    )

@@ -32,7 +32,9 @@ def stored(answer) -> list[list[tuple[dict, list, list[bytes]]]]:
 
 def post_read(gateway, tenant, queries, accepted):
     body = prometheus.encode_read_request(queries, accepted)
-    return gateway.post("/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "X-Scope-OrgID": tenant})
+    return gateway.post(
+        "/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "X-Scope-OrgID": tenant}
+    )
 
 
 def test_rw1_and_rw2_histograms_come_back_bit_exact(gateway, tenant):
@@ -44,12 +46,19 @@ def test_rw1_and_rw2_histograms_come_back_bit_exact(gateway, tenant):
     answer = write(gateway, tenant, [Series({"__name__": "latency_seconds", "job": "v1"}, [(t, 1.0)], histograms=v1)])
     assert answer.status == 204, answer.body
     v2 = [at(data, t + i) for i, data in enumerate(reversed(kinds))]
-    answer = write(gateway, tenant, [Series({"__name__": "latency_seconds", "job": "v2"}, histograms=v2, metric_type="histogram")], version=2)
+    answer = write(
+        gateway,
+        tenant,
+        [Series({"__name__": "latency_seconds", "job": "v2"}, histograms=v2, metric_type="histogram")],
+        version=2,
+    )
     assert answer.status == 204, answer.body
     assert answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == str(len(v2))
     assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "0"
 
-    (found,) = stored(read_samples(gateway, tenant, [Query(t - 1, t + 1000, [Matcher("EQ", "__name__", "latency_seconds")])]))
+    (found,) = stored(
+        read_samples(gateway, tenant, [Query(t - 1, t + 1000, [Matcher("EQ", "__name__", "latency_seconds")])])
+    )
     assert found == [
         ({"__name__": "latency_seconds", "job": "v1"}, [(t, 1.0)], [h.data for h in v1]),
         ({"__name__": "latency_seconds", "job": "v2"}, [], [h.data for h in v2]),
@@ -94,18 +103,29 @@ def test_invalid_or_too_old_histograms_are_400_naming_them(start_gateway, backen
     assert b"3 observations found in buckets, but the count is 5" in answer.body
     assert stored(read_samples(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "bad")])])) == [[]]
 
-    answer = write(gateway, tenant, [Series({"__name__": "late"}, histograms=[at(HISTOGRAM, t), at(HISTOGRAM, 1000)])], version=2)
-    assert answer.status == 400 and b"1 of 2 native histograms rejected: timestamp: 1000 ms is older than the accepted window" in answer.body
+    answer = write(
+        gateway, tenant, [Series({"__name__": "late"}, histograms=[at(HISTOGRAM, t), at(HISTOGRAM, 1000)])], version=2
+    )
+    assert (
+        answer.status == 400
+        and b"1 of 2 native histograms rejected: timestamp: 1000 ms is older than the accepted window" in answer.body
+    )
     assert answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "1"
     (found,) = stored(read_samples(gateway, tenant, [Query(0, t, [Matcher("EQ", "__name__", "late")])]))
     assert found == [({"__name__": "late"}, [], [at(HISTOGRAM, t).data])]
-    assert 'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="too_old"} 1.0' in gateway.get("/metrics").body.decode()
+    assert (
+        'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="too_old"} 1.0'
+        in gateway.get("/metrics").body.decode()
+    )
 
 
 def test_remote_read_of_more_histograms_than_the_query_limit_is_422(start_gateway, tenant):
     gateway = start_gateway("--max-samples-per-query", "2")
     t = now_ms() - 60_000
-    assert write(gateway, tenant, [Series({"__name__": "h"}, histograms=[at(HISTOGRAM, t + i) for i in range(3)])]).status == 204
+    assert (
+        write(gateway, tenant, [Series({"__name__": "h"}, histograms=[at(HISTOGRAM, t + i) for i in range(3)])]).status
+        == 204
+    )
     answer = post_read(gateway, tenant, [Query(t, t + 1, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
     assert answer.status == 200
     answer = post_read(gateway, tenant, [Query(t, t + 2, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])

@@ -40,7 +40,9 @@ def taken_port():
 def serve_until_exit(tmp_path, workers: str, *args: str) -> str:
     """Run `tsgate serve --workers N` expecting it to fail before serving: exit 1, promptly; its stderr."""
     promptly = PROMPTLY_S if workers == "1" else PROMPTLY_WORKERS_S
-    result, elapsed = tsgate_serve(tmp_path, "--http", f"127.0.0.1:{free_port()}", "--workers", workers, *args, timeout=promptly)
+    result, elapsed = tsgate_serve(
+        tmp_path, "--http", f"127.0.0.1:{free_port()}", "--workers", workers, *args, timeout=promptly
+    )
     assert result.returncode == 1, result.stderr
     assert elapsed < promptly
     return result.stderr
@@ -96,7 +98,9 @@ class KeepAliveWriter(threading.Thread):
     def body(self, i: int) -> bytes:
         tags = {"writer": str(self.number)}
         if self.path == "/api/put":
-            return json.dumps({"metric": "stop_load", "tags": tags, "timestamp": self.now - 3000 + i, "value": i}).encode()
+            return json.dumps(
+                {"metric": "stop_load", "tags": tags, "timestamp": self.now - 3000 + i, "value": i}
+            ).encode()
         return json.dumps([{"metricName": "stop_load", "tags": tags, "ts": self.now - 3000 + i, "value": i}]).encode()
 
     def run(self):
@@ -105,7 +109,9 @@ class KeepAliveWriter(threading.Thread):
             if self.stop.is_set():
                 break
             try:
-                connection.request("POST", self.path, self.body(i), {"Content-Type": "application/json", "X-Scope-OrgID": self.tenant})
+                connection.request(
+                    "POST", self.path, self.body(i), {"Content-Type": "application/json", "X-Scope-OrgID": self.tenant}
+                )
                 answer = connection.getresponse()
                 answer.read()
                 if answer.status == 200:
@@ -138,16 +144,33 @@ class CarbonSender(threading.Thread):
 
 @pytest.mark.parametrize(
     "backend, workers, signum",
-    [("sqlite", "1", signal.SIGTERM), ("sqlite", "2", signal.SIGTERM), ("sqlite", "1", signal.SIGINT), ("cassandra", "2", signal.SIGTERM)],
+    [
+        ("sqlite", "1", signal.SIGTERM),
+        ("sqlite", "2", signal.SIGTERM),
+        ("sqlite", "1", signal.SIGINT),
+        ("cassandra", "2", signal.SIGTERM),
+    ],
 )
-def test_a_stop_signal_under_continuous_load_exits_0_in_time_and_keeps_every_acknowledged_sample(request, tmp_path, tenant, backend, workers, signum):
+def test_a_stop_signal_under_continuous_load_exits_0_in_time_and_keeps_every_acknowledged_sample(
+    request, tmp_path, tenant, backend, workers, signum
+):
     shutdown_timeout_s = 5
     store = ("--data-dir", str(tmp_path / "data"))
     if backend == "cassandra":
-        store = ("--store", request.getfixturevalue("cassandra_url"), "--redis", request.getfixturevalue("redis_server").url)
-    gateway = GatewayProcess(tmp_path, "--workers", workers, "--shutdown-timeout", f"{shutdown_timeout_s}s", *store).start()
+        store = (
+            "--store",
+            request.getfixturevalue("cassandra_url"),
+            "--redis",
+            request.getfixturevalue("redis_server").url,
+        )
+    gateway = GatewayProcess(
+        tmp_path, "--workers", workers, "--shutdown-timeout", f"{shutdown_timeout_s}s", *store
+    ).start()
     now = int(time.time())
-    writers = [KeepAliveWriter(gateway, path, number, now, tenant) for number, path in enumerate(["/api/put", "/api/write"] * 2)]
+    writers = [
+        KeepAliveWriter(gateway, path, number, now, tenant)
+        for number, path in enumerate(["/api/put", "/api/write"] * 2)
+    ]
     carbon = CarbonSender(gateway.graphite_port)
     idle = socket.create_connection(("127.0.0.1", gateway.port))  # a keep-alive connection between requests
     try:
@@ -183,7 +206,11 @@ def start_a_long_downsample_round(tmp_path, shutdown_timeout: str) -> GatewayPro
     written by a gateway without the downsample role first, so that the round finds all of it."""
     writer = GatewayProcess(tmp_path, "--roles", "ingest,query").start()
     settled_slot = (int(time.time()) // 3600 - 2) * 3600
-    body = [{"metricName": "ds_stop", "tags": {"i": str(i)}, "ts": settled_slot + 60 * j, "value": j} for i in range(2000) for j in range(3)]
+    body = [
+        {"metricName": "ds_stop", "tags": {"i": str(i)}, "ts": settled_slot + 60 * j, "value": j}
+        for i in range(2000)
+        for j in range(3)
+    ]
     assert writer.post("/api/write", body, timeout=60).status == 200
     assert writer.stop() == 0
     gateway = GatewayProcess(
@@ -296,7 +323,9 @@ def test_idle_sockets_do_not_lock_out_a_gateway_at_1024_open_files(tmp_path):
             port = (gateway.port, gateway.graphite_port, gateway.pickle_port)[i % 3]
             idle.append(socket.create_connection(("127.0.0.1", port)))
         for i in range(20):
-            assert gateway.post("/api/put", {"metric": "lockout", "timestamp": int(time.time()), "value": i}).status == 200
+            assert (
+                gateway.post("/api/put", {"metric": "lockout", "timestamp": int(time.time()), "value": i}).status == 200
+            )
             assert gateway.get("/healthz").status == 200
         assert gateway.get("/api/query?metricName=lockout").status == 200
     finally:

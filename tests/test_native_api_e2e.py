@@ -32,18 +32,25 @@ def test_write_single_then_metadata_and_query(gateway, tenant):
     assert gateway.get("/api/metadata/tagKeys?" + q(tenant=tenant, metricName="cpu_idle")).json() == ["host", "os"]
     values = gateway.get("/api/metadata/tagValues?" + q(tenant=tenant, metricName="cpu_idle", tagKey="os")).json()
     assert values == ["linux", "windows"]
-    answer = gateway.get("/api/query?" + q(tenant=tenant, metricName="cpu_idle", tag=["os=linux"], start=t0 - 10, end="now"))
+    answer = gateway.get(
+        "/api/query?" + q(tenant=tenant, metricName="cpu_idle", tag=["os=linux"], start=t0 - 10, end="now")
+    )
     assert answer.status == 200
     iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
     assert answer.json() == [
         {"tenant": tenant, "metricName": "cpu_idle", "tags": {"host": "h-1", "os": "linux"}, "values": {iso: 1.5}},
         {"tenant": tenant, "metricName": "cpu_idle", "tags": {"host": "h-2", "os": "linux"}, "values": {iso: 2.5}},
     ]
-    two_tags = gateway.get("/api/query?" + q(tenant=tenant, metricName="cpu_idle", tag=["os=linux", "host=h-2"], start="5m-ago"))
+    two_tags = gateway.get(
+        "/api/query?" + q(tenant=tenant, metricName="cpu_idle", tag=["os=linux", "host=h-2"], start="5m-ago")
+    )
     assert [r["tags"]["host"] for r in two_tags.json()] == ["h-2"]
     everything = gateway.get("/api/query?" + q(tenant=tenant, metricName="cpu_idle", start="5m-ago"))
     assert len(everything.json()) == 3
-    assert gateway.get("/api/query?" + q(tenant=tenant, metricName="cpu_idle", tag=["os=linux", "os=windows"])).json() == []
+    assert (
+        gateway.get("/api/query?" + q(tenant=tenant, metricName="cpu_idle", tag=["os=linux", "os=windows"])).json()
+        == []
+    )
 
 
 def test_write_batch_and_put(gateway, tenant):
@@ -51,7 +58,9 @@ def test_write_batch_and_put(gateway, tenant):
     batch = [{"metricName": "m", "tags": {"i": str(i)}, "ts": t0 + i, "value": i} for i in range(50)]
     answer = gateway.post("/api/write", batch, headers={"X-Tenant": tenant})
     assert answer.json() == {"accepted": 50, "rejected": []}
-    put = [{"metric": "sys.cpu", "tags": {"host": "a"}, "timestamp": (t0 + i) * 1000, "value": str(i)} for i in range(3)]
+    put = [
+        {"metric": "sys.cpu", "tags": {"host": "a"}, "timestamp": (t0 + i) * 1000, "value": str(i)} for i in range(3)
+    ]
     assert gateway.post("/api/put", put, headers={"X-Tenant": tenant}).status == 200
     assert gateway.post("/api/put", put[0], headers={"X-Tenant": tenant}).status == 200
     result = gateway.get("/api/query?" + q(metricName="sys.cpu", start=t0 - 1), headers={"X-Tenant": tenant}).json()
@@ -91,7 +100,12 @@ def test_partial_batch_writes_the_good_samples(gateway, tenant):
     assert answer.status == 400
     document = answer.json()
     assert document["accepted"] == 2 and document["rejectedCount"] == 4
-    assert [(r["index"], r["field"]) for r in document["rejected"]] == [(1, "metricName"), (2, "tags.k"), (3, "timestamp"), (4, "value")]
+    assert [(r["index"], r["field"]) for r in document["rejected"]] == [
+        (1, "metricName"),
+        (2, "tags.k"),
+        (3, "timestamp"),
+        (4, "value"),
+    ]
     assert len(gateway.get("/api/query?" + q(tenant=tenant, metricName="good")).json()) == 2
 
 
@@ -102,7 +116,11 @@ def test_client_mistakes_get_4xx_with_a_message(start_gateway):
         (gateway.post("/api/write/single", b"[1]"), 400, "one JSON object"),
         (gateway.post("/api/write", b'{"a": 1}'), 400, "array"),
         (gateway.post("/api/write/single", b"\xff\xfe\x00"), 400, "UTF-8"),
-        (gateway.post("/api/write/single", {"metricName": "m", "value": 1}, headers={"X-Tenant": "bad tenant"}), 400, "tenant"),
+        (
+            gateway.post("/api/write/single", {"metricName": "m", "value": 1}, headers={"X-Tenant": "bad tenant"}),
+            400,
+            "tenant",
+        ),
         (gateway.post("/api/write", b"[" + b'{"metricName": "m", "value": 1},' * 100 + b"{}]"), 413, "limit"),
         (gateway.get("/api/nope"), 404, "no such endpoint"),
         (gateway.get("/api/write"), 405, "POST"),
@@ -135,7 +153,9 @@ def test_chunked_body_over_the_limit(start_gateway):
 
 
 def test_metrics_and_health(gateway, tenant):
-    gateway.post("/api/write", [{"metricName": "m", "value": 1}, {"metricName": "", "value": 1}], headers={"X-Tenant": tenant})
+    gateway.post(
+        "/api/write", [{"metricName": "m", "value": 1}, {"metricName": "", "value": 1}], headers={"X-Tenant": tenant}
+    )
     assert gateway.get("/healthz").json() == {"status": "ok"}
     exposition = gateway.get("/metrics").body.decode()
     assert 'tsgate_samples_accepted_total{protocol="json"} 1.0' in exposition

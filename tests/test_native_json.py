@@ -41,7 +41,9 @@ def test_missing_timestamp_is_arrival_time():
     assert decoded[0][1].timestamp_ms == NOW
 
 
-@pytest.mark.parametrize("raw, expected", [('"NaN"', math.nan), ('"+Inf"', math.inf), ('"-Inf"', -math.inf), ('"2.5"', 2.5), ("1e3", 1000.0)])
+@pytest.mark.parametrize(
+    "raw, expected", [('"NaN"', math.nan), ('"+Inf"', math.inf), ('"-Inf"', -math.inf), ('"2.5"', 2.5), ("1e3", 1000.0)]
+)
 def test_value_forms(raw, expected):
     decoded, _ = native_json.decode_write_single(f'{{"metricName": "m", "value": {raw}}}'.encode(), NOW)
     value = decoded[0][1].value
@@ -63,13 +65,22 @@ def test_batch_reports_each_bad_item_and_keeps_the_good_ones():
     ).encode()
     decoded, errors = native_json.decode_write_batch(body, NOW)
     assert [index for index, _ in decoded] == [0, 7]
-    assert [(e.index, e.field) for e in errors] == [(1, "value"), (2, ""), (3, "metricName"), (4, "value"), (5, "tags"), (6, "ts")]
+    assert [(e.index, e.field) for e in errors] == [
+        (1, "value"),
+        (2, ""),
+        (3, "metricName"),
+        (4, "value"),
+        (5, "tags"),
+        (6, "ts"),
+    ]
 
 
 def test_put_accepts_object_or_array():
     one = b'{"metric": "sys.cpu", "tags": {"host": "a"}, "timestamp": 1356998400, "value": 18}'
     decoded, errors = native_json.decode_put(one, NOW)
-    assert errors == [] and decoded[0][1] == native_json.DecodedItem(None, "sys.cpu", {"host": "a"}, 1356998400000, 18.0)
+    assert errors == [] and decoded[0][1] == native_json.DecodedItem(
+        None, "sys.cpu", {"host": "a"}, 1356998400000, 18.0
+    )
     decoded, _ = native_json.decode_put(b"[" + one + b"," + one + b"]", NOW)
     assert len(decoded) == 2
 

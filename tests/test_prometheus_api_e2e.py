@@ -52,7 +52,15 @@ def test_remote_write_v1_then_read_back(gateway, tenant):
         Query(t - 1, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("EQ", "job", "api")]),
         Query(t - 1, t + 5000, [Matcher("RE", "__name__", "http_.*"), Matcher("NEQ", "code", "200")]),
         Query(t - 1, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("RE", "job", "a.i|w.b")]),
-        Query(t - 1, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("NRE", "job", "api"), Matcher("EQ", "missing", "")]),
+        Query(
+            t - 1,
+            t + 5000,
+            [
+                Matcher("EQ", "__name__", "http_requests_total"),
+                Matcher("NRE", "job", "api"),
+                Matcher("EQ", "missing", ""),
+            ],
+        ),
         Query(t + 500, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("EQ", "code", "200")]),
         Query(t - 1, t + 5000, [Matcher("EQ", "__name__", "nothing_here")]),
     ]
@@ -73,9 +81,17 @@ def test_remote_write_v1_then_read_back(gateway, tenant):
 
 def test_remote_write_v2_and_push_path(gateway, tenant):
     t = now_ms() - 10_000
-    body = prometheus.encode_write_request_v2([
-        Series({"__name__": "queue_depth", "queue": "a"}, [(t, 3.0), (t + 1, 4.0)], metric_type="gauge", help="Depth.", unit="items"),
-    ])
+    body = prometheus.encode_write_request_v2(
+        [
+            Series(
+                {"__name__": "queue_depth", "queue": "a"},
+                [(t, 3.0), (t + 1, 4.0)],
+                metric_type="gauge",
+                help="Depth.",
+                unit="items",
+            ),
+        ]
+    )
     answer = gateway.post("/api/v1/push", body, headers=rw_headers(tenant, V2))
     assert answer.status == 204, answer.body
     assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "2"
@@ -96,9 +112,13 @@ def test_labels_out_of_order_are_written_as_one_series(gateway, tenant):
         for name in names:
             ts.labels.add(name=name, value="m" if name == "__name__" else name[0])
         ts.samples.add(timestamp=t + offset, value=float(offset))
-    answer = gateway.post("/api/v1/write", bytes(cramjam.snappy.compress_raw(request.SerializeToString())), headers=rw_headers(tenant))
+    answer = gateway.post(
+        "/api/v1/write", bytes(cramjam.snappy.compress_raw(request.SerializeToString())), headers=rw_headers(tenant)
+    )
     assert answer.status == 204, answer.body
-    (result,) = prometheus.decode_read_response(read(gateway, tenant, [Query(t - 1, t + 5, [Matcher("EQ", "__name__", "m")])]).body, 1 << 20)
+    (result,) = prometheus.decode_read_response(
+        read(gateway, tenant, [Query(t - 1, t + 5, [Matcher("EQ", "__name__", "m")])]).body, 1 << 20
+    )
     assert result == [({"__name__": "m", "alpha": "a", "zeta": "z"}, [(t, 0.0), (t + 1, 1.0)])]
 
 
@@ -106,10 +126,12 @@ def test_metadata_over_the_length_limit_is_skipped_and_its_samples_written(start
     """8 MB of help text used to be stored and served."""
     gateway = start_gateway("--max-metadata-length", "100")
     t = now_ms() - 10_000
-    body = prometheus.encode_write_request_v2([
-        Series({"__name__": "chatty", "queue": "a"}, [(t, 3.0)], metric_type="gauge", help="x" * 101, unit="items"),
-        Series({"__name__": "quiet", "queue": "a"}, [(t, 4.0)], metric_type="gauge", help="Short.", unit="items"),
-    ])
+    body = prometheus.encode_write_request_v2(
+        [
+            Series({"__name__": "chatty", "queue": "a"}, [(t, 3.0)], metric_type="gauge", help="x" * 101, unit="items"),
+            Series({"__name__": "quiet", "queue": "a"}, [(t, 4.0)], metric_type="gauge", help="Short.", unit="items"),
+        ]
+    )
     assert gateway.post("/api/v1/push", body, headers=rw_headers(tenant, V2)).status == 204
     headers = {"X-Scope-OrgID": tenant}
     assert gateway.get("/api/v1/metadata?metric=chatty", headers=headers).json()["data"] == {}
@@ -122,21 +144,39 @@ def test_streamed_xor_chunks(gateway, tenant):
     t = now_ms() - 600_000
     samples = [(t + i * 1000, float(i % 17) / 3) for i in range(300)]
     stale = (t + 300_000, struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0])
-    body = prometheus.encode_write_request_v1([series("up", samples + [stale], job="a"), series("up", samples[:5], job="b")])
+    body = prometheus.encode_write_request_v1(
+        [series("up", samples + [stale], job="a"), series("up", samples[:5], job="b")]
+    )
     assert gateway.post("/api/v1/write", body, headers=rw_headers(tenant)).status == 204
-    queries = [Query(t, t + 400_000, [Matcher("EQ", "__name__", "up")]), Query(t, t + 400_000, [Matcher("EQ", "job", "b"), Matcher("EQ", "__name__", "up")])]
+    queries = [
+        Query(t, t + 400_000, [Matcher("EQ", "__name__", "up")]),
+        Query(t, t + 400_000, [Matcher("EQ", "job", "b"), Matcher("EQ", "__name__", "up")]),
+    ]
     answer = read(gateway, tenant, queries, accepted=[prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES])
     assert answer.status == 200
     assert answer.headers["Content-Type"] == prometheus.STREAMED_CONTENT_TYPE
     frames = list(prometheus.decode_chunked_read_response(answer.body))
-    assert [(index, labels["job"], len(points)) for index, labels, points in frames] == [(0, "a", 301), (0, "b", 5), (1, "b", 5)]
+    assert [(index, labels["job"], len(points)) for index, labels, points in frames] == [
+        (0, "a", 301),
+        (0, "b", 5),
+        (1, "b", 5),
+    ]
     assert frames[0][2][:300] == samples
     assert struct.pack("<d", frames[0][2][300][1]) == struct.pack("<Q", STALE_NAN_BITS)
 
 
 @pytest.fixture
 def strict_gateway(start_gateway):
-    return start_gateway("--max-decompressed-bytes", "4096", "--max-body-bytes", "100000", "--max-series-per-query", "2", "--tenant-max-samples-per-second", "20")
+    return start_gateway(
+        "--max-decompressed-bytes",
+        "4096",
+        "--max-body-bytes",
+        "100000",
+        "--max-series-per-query",
+        "2",
+        "--tenant-max-samples-per-second",
+        "20",
+    )
 
 
 def test_rejections(strict_gateway, tenant):

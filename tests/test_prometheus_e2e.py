@@ -65,7 +65,9 @@ def configured(template: str, **values) -> str:
 def canonical(answer: dict):
     assert answer["status"] == "success", answer
     data = answer["data"]
-    return data["resultType"], sorted((sorted(item["metric"].items()), item.get("value") or item.get("values")) for item in data["result"])
+    return data["resultType"], sorted(
+        (sorted(item["metric"].items()), item.get("value") or item.get("values")) for item in data["result"]
+    )
 
 
 def wait_for_first_scrape(prometheus, timeout: float = 30) -> None:
@@ -120,8 +122,12 @@ def test_real_prometheus_round_trip(start_gateway, backend_args, exporter, tmp_p
                 assert expected[1], f"{query} has no result in the writer"
                 if got != expected:
                     mismatches.append((query, expected, got))
-            expected = canonical(writer.api("/api/v1/query_range", query="tsgate_e2e_temperature_celsius", start=at - 6, end=at, step=1))
-            got = canonical(reader.api("/api/v1/query_range", query="tsgate_e2e_temperature_celsius", start=at - 6, end=at, step=1))
+            expected = canonical(
+                writer.api("/api/v1/query_range", query="tsgate_e2e_temperature_celsius", start=at - 6, end=at, step=1)
+            )
+            got = canonical(
+                reader.api("/api/v1/query_range", query="tsgate_e2e_temperature_celsius", start=at - 6, end=at, step=1)
+            )
             if got != expected:
                 mismatches.append(("range", expected, got))
             if not mismatches or time.monotonic() > deadline:
@@ -130,11 +136,18 @@ def test_real_prometheus_round_trip(start_gateway, backend_args, exporter, tmp_p
         assert mismatches == []
         metadata = gateway.get("/api/v1/metadata?metric=tsgate_e2e_requests", headers={"X-Scope-OrgID": tenant}).json()
         assert metadata["data"]["tsgate_e2e_requests"] == [{"type": "counter", "help": "Requests served.", "unit": ""}]
-        native = gateway.get("/api/query?metricName=tsgate_e2e_temperature_celsius&start=1m-ago", headers={"X-Scope-OrgID": tenant}).json()
+        native = gateway.get(
+            "/api/query?metricName=tsgate_e2e_temperature_celsius&start=1m-ago", headers={"X-Scope-OrgID": tenant}
+        ).json()
         assert native and native[0]["tags"]["room"] == "lab"
         target = "seriesByTag('name=tsgate_e2e_temperature_celsius','room=lab')"
         rendered = gateway.get(f"/render?target={target}&from=-2min&format=json&tenant={tenant}").json()
-        assert rendered[0]["tags"] == {"name": "tsgate_e2e_temperature_celsius", "room": "lab", "job": "exporter", "instance": f"127.0.0.1:{exporter}"}
+        assert rendered[0]["tags"] == {
+            "name": "tsgate_e2e_temperature_celsius",
+            "room": "lab",
+            "job": "exporter",
+            "instance": f"127.0.0.1:{exporter}",
+        }
         assert any(value is not None for value, _ in rendered[0]["datapoints"])
     finally:
         writer.stop()
@@ -145,13 +158,20 @@ def test_real_prometheus_round_trip(start_gateway, backend_args, exporter, tmp_p
 def test_graphite_style_names_read_back_through_real_prometheus(start_gateway, backend_args, tmp_path, tenant):
     gateway = start_gateway(*backend_args)
     now = int(time.time())
-    batch = [{"metricName": "servers.web-1.cpu.idle", "tags": {"dc": "x"}, "ts": now - 10 + i, "value": float(i)} for i in range(5)]
+    batch = [
+        {"metricName": "servers.web-1.cpu.idle", "tags": {"dc": "x"}, "ts": now - 10 + i, "value": float(i)}
+        for i in range(5)
+    ]
     assert gateway.post("/api/write", batch, headers={"X-Scope-OrgID": tenant}).status == 200
-    reader = PrometheusProcess(tmp_path / "reader", configured(READER, GATEWAY_PORT=gateway.port, TENANT=tenant)).start()
+    reader = PrometheusProcess(
+        tmp_path / "reader", configured(READER, GATEWAY_PORT=gateway.port, TENANT=tenant)
+    ).start()
     try:
         answer = reader.api("/api/v1/query", query="servers_web_1_cpu_idle", time=now - 6)
         assert answer["status"] == "success", answer
-        assert [(r["metric"], r["value"][1]) for r in answer["data"]["result"]] == [({"__name__": "servers_web_1_cpu_idle", "dc": "x"}, "4")]
+        assert [(r["metric"], r["value"][1]) for r in answer["data"]["result"]] == [
+            ({"__name__": "servers_web_1_cpu_idle", "dc": "x"}, "4")
+        ]
         regex = reader.api("/api/v1/query", query='{__name__=~"servers_.*", dc="x"}', time=now - 6)
         assert len(regex["data"]["result"]) == 1
     finally:
@@ -168,7 +188,9 @@ def test_real_prometheus_sends_exemplars_and_both_answer_alike(start_gateway, ba
     (send_exemplars); tsgate's /api/v1/query_exemplars then answers what Prometheus's own does."""
     gateway = start_gateway(*backend_args)
     values = dict(GATEWAY_PORT=gateway.port, EXPORTER_PORT=exporter, TENANT=tenant)
-    writer = PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=exemplar-storage").start()
+    writer = PrometheusProcess(
+        tmp_path / "writer", configured(WRITER, **values), "--enable-feature=exemplar-storage"
+    ).start()
     try:
         query = 'rate(tsgate_e2e_requests_total{path="/a"}[1m])'
         deadline = time.monotonic() + 60
@@ -176,7 +198,11 @@ def test_real_prometheus_sends_exemplars_and_both_answer_alike(start_gateway, ba
             end = time.time() - 3
             params = {"query": query, "start": end - 30, "end": end}
             expected = canonical_exemplars(writer.api("/api/v1/query_exemplars", **params))
-            got = canonical_exemplars(gateway.get("/api/v1/query_exemplars?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json())
+            got = canonical_exemplars(
+                gateway.get(
+                    "/api/v1/query_exemplars?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
+                ).json()
+            )
             if expected and len(expected[0][1]) >= 5 and got == expected:
                 break
             assert time.monotonic() < deadline, (expected, got)
@@ -224,7 +250,12 @@ def native_histogram_family(name: str, observations: int) -> bytes:
 
 def histogram_family(name: str, help_text: str, histogram: bytes) -> bytes:
     """A delimited MetricFamily of type HISTOGRAM holding one metric with ``histogram``."""
-    family = _field(1, 2, name.encode()) + _field(2, 2, help_text.encode()) + _field(3, 0, _varint(4)) + _field(4, 2, _field(7, 2, histogram))
+    family = (
+        _field(1, 2, name.encode())
+        + _field(2, 2, help_text.encode())
+        + _field(3, 0, _varint(4))
+        + _field(4, 2, _field(7, 2, histogram))
+    )
     return _varint(len(family)) + family
 
 
@@ -253,7 +284,9 @@ def serve_histograms(family) -> tuple[http.server.ThreadingHTTPServer, int]:
 def histogram_writer(gateway, exporter_port: int, tmp_path, tenant: str) -> PrometheusProcess:
     """A Prometheus with native histograms on, scraping the exporter and remote-writing to tsgate."""
     values = {"GATEWAY_PORT": gateway.port, "EXPORTER_PORT": exporter_port, "TENANT": tenant}
-    return PrometheusProcess(tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms").start()
+    return PrometheusProcess(
+        tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms"
+    ).start()
 
 
 def received_histograms(gateway, tenant: str, name: str, at_least: int, timeout: float):
@@ -276,7 +309,9 @@ def native_exporter():
     server.shutdown()
 
 
-def test_real_prometheus_sends_native_histograms_and_reads_agree(start_gateway, backend_args, native_exporter, tmp_path, tenant):
+def test_real_prometheus_sends_native_histograms_and_reads_agree(
+    start_gateway, backend_args, native_exporter, tmp_path, tenant
+):
     """Prometheus 2.42 with native histograms scrapes one and remote-writes it
     (send_native_histograms); tsgate's remote read gives it back with the count and sum
     Prometheus's own query API shows at the same timestamp, and the exporter's buckets."""
@@ -290,14 +325,21 @@ def test_real_prometheus_sends_native_histograms_and_reads_agree(start_gateway, 
         for histogram in histograms:
             answer = writer.api("/api/v1/query", query="tsgate_e2e_latency_seconds", time=histogram.timestamp / 1000)
             (own,) = answer["data"]["result"]
-            assert own["histogram"][1]["count"] == str(histogram.count_int) and float(own["histogram"][1]["sum"]) == histogram.sum
+            assert (
+                own["histogram"][1]["count"] == str(histogram.count_int)
+                and float(own["histogram"][1]["sum"]) == histogram.sum
+            )
             observations = histogram.count_int - 1
             assert (histogram.schema, histogram.zero_threshold, histogram.zero_count_int) == (0, 0.001, 1)
-            assert [(s.offset, s.length) for s in histogram.positive_spans] == [(1, 1)] and list(histogram.positive_deltas) == [observations]
+            assert [(s.offset, s.length) for s in histogram.positive_spans] == [(1, 1)] and list(
+                histogram.positive_deltas
+            ) == [observations]
             for function in ("histogram_count", "histogram_sum"):
                 params = {"query": f"{function}(tsgate_e2e_latency_seconds)", "time": histogram.timestamp / 1000}
                 expected = writer.api("/api/v1/query", **params)["data"]["result"]
-                got = gateway.get("/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json()["data"]["result"]
+                got = gateway.get(
+                    "/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
+                ).json()["data"]["result"]
                 assert expected and got == expected, (function, got, expected)
     finally:
         writer.stop()
@@ -310,7 +352,14 @@ def _packed(values: list[int]) -> bytes:
 
 
 def _spans(spans: list[tuple[int, int]], number: int) -> bytes:
-    return b"".join(_field(number, 2, _field(1, 0, _varint(offset << 1 if offset >= 0 else (-offset << 1) - 1)) + _field(2, 0, _varint(length))) for offset, length in spans)
+    return b"".join(
+        _field(
+            number,
+            2,
+            _field(1, 0, _varint(offset << 1 if offset >= 0 else (-offset << 1) - 1)) + _field(2, 0, _varint(length)),
+        )
+        for offset, length in spans
+    )
 
 
 def restarting_histogram_family(name: str, scrape: int) -> bytes:
@@ -385,7 +434,9 @@ def _numbers(value, exact: bool):
     return value
 
 
-def test_real_prometheus_and_tsgate_agree_on_promql_over_native_histograms(start_gateway, backend_args, restarting_exporter, tmp_path, tenant):
+def test_real_prometheus_and_tsgate_agree_on_promql_over_native_histograms(
+    start_gateway, backend_args, restarting_exporter, tmp_path, tenant
+):
     """Prometheus 2.42 scrapes a native histogram that restarts every 8 scrapes and remote-writes
     it; at the timestamps of the last samples tsgate received, tsgate's PromQL answers (histogram
     JSON, quantiles, fractions, rates across resets, sums) equal Prometheus's own."""
@@ -399,17 +450,29 @@ def test_real_prometheus_and_tsgate_agree_on_promql_over_native_histograms(start
             for text in HISTOGRAM_QUERIES:
                 params = {"query": text, "time": histogram.timestamp / 1000}
                 expected = writer.api("/api/v1/query", **params)
-                got = gateway.get("/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json()
+                got = gateway.get(
+                    "/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
+                ).json()
                 assert expected["status"] == "success" and expected["data"]["result"], (text, expected)
                 assert _numbers(got["data"], True) == _numbers(expected["data"], False), f"{text}\n{got}\n{expected}"
                 compared += 1
         assert compared == 3 * len(HISTOGRAM_QUERIES)
         end = histograms[-1].timestamp / 1000
-        for text in ("rate(tsgate_e2e_size_bytes[10s])", "tsgate_e2e_size_bytes", "histogram_quantile(0.9, tsgate_e2e_size_bytes)"):
+        for text in (
+            "rate(tsgate_e2e_size_bytes[10s])",
+            "tsgate_e2e_size_bytes",
+            "histogram_quantile(0.9, tsgate_e2e_size_bytes)",
+        ):
             params = {"query": text, "start": end - 8, "end": end, "step": 0.5}
             expected = writer.api("/api/v1/query_range", **params)
-            got = gateway.get("/api/v1/query_range?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}).json()
-            assert expected["status"] == "success" and len(expected["data"]["result"][0].get("histograms") or expected["data"]["result"][0]["values"]) == 17
+            got = gateway.get(
+                "/api/v1/query_range?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
+            ).json()
+            assert (
+                expected["status"] == "success"
+                and len(expected["data"]["result"][0].get("histograms") or expected["data"]["result"][0]["values"])
+                == 17
+            )
             assert _numbers(got["data"], True) == _numbers(expected["data"], False), f"{text}\n{got}\n{expected}"
     finally:
         writer.stop()

@@ -16,6 +16,8 @@ import pytest
 from protocols.prometheus import (
     SAMPLES,
     STREAMED_XOR_CHUNKS,
+    Exemplar,
+    Histogram,
     Matcher,
     MetricMetadata,
     ProtocolError,
@@ -23,8 +25,6 @@ from protocols.prometheus import (
     ReadHints,
     RemoteReadError,
     RemoteWriteError,
-    Exemplar,
-    Histogram,
     Series,
     WriteBatch,
     crc32c,
@@ -127,8 +127,18 @@ def span(offset: int, length: int) -> bytes:
 
 
 def histogram(
-    count=3, sum_=1.5, schema=0, zero_count=1, positive=((0, 2),), deltas=(1, 0), negative=(), negative_deltas=(),
-    timestamp=1000, is_float=False, custom=(), reset_hint=0,
+    count=3,
+    sum_=1.5,
+    schema=0,
+    zero_count=1,
+    positive=((0, 2),),
+    deltas=(1, 0),
+    negative=(),
+    negative_deltas=(),
+    timestamp=1000,
+    is_float=False,
+    custom=(),
+    reset_hint=0,
 ) -> bytes:
     """A prometheus.Histogram as protobuf writes it (fields in number order, packed repeated):
     by default 1 zero-bucket observation and 1 in each of 2 positive buckets, count 3."""
@@ -137,10 +147,16 @@ def histogram(
     out += f_double(7, zero_count) if is_float else (f_varint(6, zero_count) if zero_count else b"")
     out += b"".join(f_bytes(8, span(o, n)) for o, n in negative)
     if negative_deltas:
-        out += f_bytes(10, b"".join(struct.pack("<d", c) for c in negative_deltas)) if is_float else packed(9, map(zigzag, negative_deltas))
+        out += (
+            f_bytes(10, b"".join(struct.pack("<d", c) for c in negative_deltas))
+            if is_float
+            else packed(9, map(zigzag, negative_deltas))
+        )
     out += b"".join(f_bytes(11, span(o, n)) for o, n in positive)
     if deltas:
-        out += f_bytes(13, b"".join(struct.pack("<d", c) for c in deltas)) if is_float else packed(12, map(zigzag, deltas))
+        out += (
+            f_bytes(13, b"".join(struct.pack("<d", c) for c in deltas)) if is_float else packed(12, map(zigzag, deltas))
+        )
     out += (f_varint(14, reset_hint) if reset_hint else b"") + f_varint(15, timestamp)
     if custom:
         out += f_bytes(16, b"".join(struct.pack("<d", c) for c in custom))
@@ -163,9 +179,7 @@ def v1_request(*series: bytes, metadata: bytes = b"") -> bytes:
 
 
 def v1_metadata(type_number: int, family: str, help_text: str, unit: str) -> bytes:
-    return f_bytes(
-        3, f_varint(1, type_number) + f_bytes(2, family) + f_bytes(4, help_text) + f_bytes(5, unit)
-    )
+    return f_bytes(3, f_varint(1, type_number) + f_bytes(2, family) + f_bytes(4, help_text) + f_bytes(5, unit))
 
 
 # io.prometheus.write.v2.* messages
@@ -336,9 +350,7 @@ def test_v1_request_decodes_series_and_samples():
 def test_v1_sample_values_keep_their_exact_bits():
     nan_bits = [STALE_NAN_BITS, 0x7FF8000000000000, 0x7FF8000000000001, 0xFFF8000000000000]
     series = b"".join(f_bytes(1, label(n, v)) for n, v in [("__name__", "m")])
-    series += b"".join(
-        f_bytes(2, f_double_bits(1, bits) + f_varint(2, i)) for i, bits in enumerate(nan_bits)
-    )
+    series += b"".join(f_bytes(2, f_double_bits(1, bits) + f_varint(2, i)) for i, bits in enumerate(nan_bits))
     series += f_bytes(2, f_double(1, math.inf) + f_varint(2, 10))
     samples = decode_v1(v1_request(series)).series[0].samples
     assert [bits_of(value) for _, value in samples[:4]] == nan_bits
@@ -346,7 +358,9 @@ def test_v1_sample_values_keep_their_exact_bits():
 
 
 def v1_exemplar(labels, value: float, timestamp: int) -> bytes:
-    return f_bytes(3, b"".join(f_bytes(1, label(n, v)) for n, v in labels) + f_double(2, value) + f_varint(3, timestamp))
+    return f_bytes(
+        3, b"".join(f_bytes(1, label(n, v)) for n, v in labels) + f_double(2, value) + f_varint(3, timestamp)
+    )
 
 
 def test_v1_exemplars_and_histograms_are_decoded():
@@ -523,8 +537,17 @@ def test_v2_request_resolves_symbols_and_metadata(packed_refs):
 
 @pytest.mark.parametrize(
     "number, name",
-    [(0, None), (1, "counter"), (2, "gauge"), (3, "histogram"), (4, "gaugehistogram"),
-     (5, "summary"), (6, "info"), (7, "stateset"), (99, "unknown")],
+    [
+        (0, None),
+        (1, "counter"),
+        (2, "gauge"),
+        (3, "histogram"),
+        (4, "gaugehistogram"),
+        (5, "summary"),
+        (6, "info"),
+        (7, "stateset"),
+        (99, "unknown"),
+    ],
 )
 def test_v2_metric_type_names(number, name):
     raw = v2_request(SYMBOLS, v2_series([1, 2], [(1, 1.0)], metadata=f_varint(1, number)))
@@ -543,7 +566,10 @@ def test_v2_exemplars_resolve_symbols_and_headers_say_what_was_written():
     )
     batch = decode_v2(raw)
     assert batch.histogram_count == 2
-    assert batch.series[0].exemplars == [Exemplar({"trace_id": "abc"}, 0.5, 2), Exemplar({"job": "api", "trace_id": "abc"}, 1.5, 1)]
+    assert batch.series[0].exemplars == [
+        Exemplar({"trace_id": "abc"}, 0.5, 2),
+        Exemplar({"job": "api", "trace_id": "abc"}, 1.5, 1),
+    ]
     assert batch.series[1].samples == [] and batch.series[1].exemplars == [Exemplar({}, 1.0, 1000)]
     assert v2_written_headers(batch, exemplars_written=3, histograms_written=2) == {
         "X-Prometheus-Remote-Write-Samples-Written": "2",
@@ -573,9 +599,14 @@ def test_v2_invalid_exemplars_are_400(exemplar, words):
 def test_encoders_write_exemplars_both_versions_decode():
     series = [Series({"__name__": "up"}, [(1000, 1.0)], exemplars=[Exemplar({"trace_id": "t1", "a": "b"}, 0.5, 999)])]
     v1 = unsnappy(encode_write_request_v1(series))
-    assert v1 == v1_request(v1_series([("__name__", "up")], [(1000, 1.0)]) + v1_exemplar([("a", "b"), ("trace_id", "t1")], 0.5, 999))
+    assert v1 == v1_request(
+        v1_series([("__name__", "up")], [(1000, 1.0)]) + v1_exemplar([("a", "b"), ("trace_id", "t1")], 0.5, 999)
+    )
     v2 = unsnappy(encode_write_request_v2(series))
-    assert v2 == v2_request(["", "__name__", "up", "a", "b", "trace_id", "t1"], v2_series([1, 2], [(1000, 1.0)]) + v2_exemplar([3, 4, 5, 6], 0.5, 999))
+    assert v2 == v2_request(
+        ["", "__name__", "up", "a", "b", "trace_id", "t1"],
+        v2_series([1, 2], [(1000, 1.0)]) + v2_exemplar([3, 4, 5, 6], 0.5, 999),
+    )
     assert decode_v1(v1).series == series and decode_v2(v2).series == series
 
 
@@ -584,9 +615,13 @@ VALID_HISTOGRAMS = {
     "float": histogram(count=3.5, zero_count=0.5, deltas=(1.0, 2.0), is_float=True),
     "float count not checked": histogram(count=1.0, zero_count=0.5, deltas=(1.0, 2.0), is_float=True),
     "empty": histogram(count=0, sum_=0.0, zero_count=0, positive=(), deltas=()),
-    "negative only": histogram(count=2, zero_count=0, positive=(), deltas=(), negative=((-3, 1), (2, 1)), negative_deltas=(1, 0)),
+    "negative only": histogram(
+        count=2, zero_count=0, positive=(), deltas=(), negative=((-3, 1), (2, 1)), negative_deltas=(1, 0)
+    ),
     "NaN sum, count above buckets": histogram(count=9, sum_=math.nan),
-    "custom buckets": histogram(schema=-53, zero_count=0, count=3, positive=((0, 2), (1, 1)), deltas=(1, 0, 0), custom=(0.1, 0.5, 1.0)),
+    "custom buckets": histogram(
+        schema=-53, zero_count=0, count=3, positive=((0, 2), (1, 1)), deltas=(1, 0, 0), custom=(0.1, 0.5, 1.0)
+    ),
     "schema -4": histogram(schema=-4),
     "schema 8": histogram(schema=8),
     "reset hint gauge": histogram(reset_hint=3),
@@ -609,18 +644,36 @@ def test_v2_created_timestamp_is_dropped_and_unknown_fields_too():
 INVALID_HISTOGRAMS = {
     "count above buckets": (histogram(count=4), "3 observations found in buckets, but the count is 4"),
     "count below buckets": (histogram(count=2), "3 observations found in buckets, but the count is 2"),
-    "NaN sum, count below buckets": (histogram(count=2, sum_=math.nan), "3 observations found in buckets, but the count is 2"),
+    "NaN sum, count below buckets": (
+        histogram(count=2, sum_=math.nan),
+        "3 observations found in buckets, but the count is 2",
+    ),
     "negative bucket": (histogram(count=0, zero_count=1, deltas=(1, -2)), "positive bucket 2 has a count of -1"),
-    "negative float bucket": (histogram(count=1.0, deltas=(1.0, -1.0), is_float=True), "positive bucket 2 has a count of -1.0"),
+    "negative float bucket": (
+        histogram(count=1.0, deltas=(1.0, -1.0), is_float=True),
+        "positive bucket 2 has a count of -1.0",
+    ),
     "spans need more buckets": (histogram(positive=((0, 3),)), "positive spans need 3 buckets, have 2"),
-    "negative offset after the first span": (histogram(positive=((0, 1), (-1, 1))), "positive span 2 has a negative offset -1"),
+    "negative offset after the first span": (
+        histogram(positive=((0, 1), (-1, 1))),
+        "positive span 2 has a negative offset -1",
+    ),
     "schema 9": (histogram(schema=9), "schema 9 is not an exponential schema"),
     "schema -5": (histogram(schema=-5), "schema -5 is not an exponential schema"),
     "exponential with custom bounds": (histogram(custom=(1.0,)), "must not have custom bounds"),
-    "custom bounds not increasing": (histogram(schema=-53, zero_count=0, count=2, custom=(1.0, 1.0)), "custom bounds must increase, 1.0 follows 1.0"),
+    "custom bounds not increasing": (
+        histogram(schema=-53, zero_count=0, count=2, custom=(1.0, 1.0)),
+        "custom bounds must increase, 1.0 follows 1.0",
+    ),
     "custom bound +Inf": (histogram(schema=-53, zero_count=0, count=2, custom=(1.0, math.inf)), "must not be +Inf"),
-    "custom bounds too few": (histogram(schema=-53, zero_count=0, count=2, positive=((1, 2),), custom=(1.0,)), "1 custom bounds cannot cover spans 3 buckets long"),
-    "custom buckets with a zero bucket": (histogram(schema=-53, custom=(1.0, 2.0)), "custom buckets: must have no zero bucket"),
+    "custom bounds too few": (
+        histogram(schema=-53, zero_count=0, count=2, positive=((1, 2),), custom=(1.0,)),
+        "1 custom bounds cannot cover spans 3 buckets long",
+    ),
+    "custom buckets with a zero bucket": (
+        histogram(schema=-53, custom=(1.0, 2.0)),
+        "custom buckets: must have no zero bucket",
+    ),
 }
 
 
@@ -636,11 +689,17 @@ def test_invalid_histograms_are_400_in_v1_and_v2(data, words):
 
 
 def test_encoders_write_histograms_both_versions_decode():
-    series = [Series({"__name__": "h"}, histograms=[Histogram(1000, HISTOGRAM), Histogram(2000, histogram(timestamp=2000))])]
+    series = [
+        Series({"__name__": "h"}, histograms=[Histogram(1000, HISTOGRAM), Histogram(2000, histogram(timestamp=2000))])
+    ]
     v1 = unsnappy(encode_write_request_v1(series))
-    assert v1 == v1_request(v1_series([("__name__", "h")]) + f_bytes(4, HISTOGRAM) + f_bytes(4, histogram(timestamp=2000)))
+    assert v1 == v1_request(
+        v1_series([("__name__", "h")]) + f_bytes(4, HISTOGRAM) + f_bytes(4, histogram(timestamp=2000))
+    )
     v2 = unsnappy(encode_write_request_v2(series))
-    assert v2 == v2_request(["", "__name__", "h"], v2_series([1, 2]) + f_bytes(3, HISTOGRAM) + f_bytes(3, histogram(timestamp=2000)))
+    assert v2 == v2_request(
+        ["", "__name__", "h"], v2_series([1, 2]) + f_bytes(3, HISTOGRAM) + f_bytes(3, histogram(timestamp=2000))
+    )
     assert decode_v1(v1).series == series and decode_v2(v2).series == series
 
 
@@ -873,8 +932,12 @@ def test_samples_answer_is_what_protobuf_serializes():
 
     rng = np.random.default_rng(3)
     specials = np.array([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 5e-324], dtype=np.float64)
-    values = np.concatenate([rng.normal(0, 1e6, 500), specials, np.frombuffer(struct.pack("<Q", STALE_NAN_BITS), dtype=np.float64)])
-    stamps = np.concatenate([rng.integers(-(2**62), 2**62, 300), rng.integers(0, 2**14, 200), [0, -1, 1, 127, 128, -(2**63), 2**63 - 1]])
+    values = np.concatenate(
+        [rng.normal(0, 1e6, 500), specials, np.frombuffer(struct.pack("<Q", STALE_NAN_BITS), dtype=np.float64)]
+    )
+    stamps = np.concatenate(
+        [rng.integers(-(2**62), 2**62, 300), rng.integers(0, 2**14, 200), [0, -1, 1, 127, 128, -(2**63), 2**63 - 1]]
+    )
     stamps = stamps[: len(values)].astype(np.int64)
 
     from types import SimpleNamespace
@@ -896,7 +959,10 @@ def test_samples_answer_with_exemplars_is_what_protobuf_serializes():
 
     nan = float_of(STALE_NAN_BITS)
     exemplars = [Exemplar({"trace_id": "t1", "a": "b"}, nan, 999), Exemplar({}, 0.0, -5), Exemplar({"x": "y"}, -0.0, 0)]
-    results = [[({"__name__": "x"}, [(1000, 1.0)], exemplars), ({"__name__": "y"}, [], exemplars[:1])], [({"__name__": "z"}, [(1, 2.0)])]]
+    results = [
+        [({"__name__": "x"}, [(1000, 1.0)], exemplars), ({"__name__": "y"}, [], exemplars[:1])],
+        [({"__name__": "z"}, [(1, 2.0)])],
+    ]
     expected = remote_pb2.ReadResponse()
     for series_list in results:
         result = expected.results.add()
@@ -912,7 +978,13 @@ def test_samples_answer_with_exemplars_is_what_protobuf_serializes():
                     message.labels.add(name=name, value=exemplar.labels[name])
     encoded = unsnappy(encode_read_response(results))
     assert encoded == expected.SerializeToString()
-    exemplar_bytes = f_bytes(3, f_bytes(1, label("a", "b")) + f_bytes(1, label("trace_id", "t1")) + f_double_bits(2, STALE_NAN_BITS) + f_varint(3, 999))
+    exemplar_bytes = f_bytes(
+        3,
+        f_bytes(1, label("a", "b"))
+        + f_bytes(1, label("trace_id", "t1"))
+        + f_double_bits(2, STALE_NAN_BITS)
+        + f_varint(3, 999),
+    )
     assert f_bytes(2, sample(1.0, 1000)) + exemplar_bytes in encoded
 
 
@@ -922,10 +994,12 @@ def test_samples_answer_with_histograms_is_what_protobuf_serializes():
     from protocols.prometheus import remote_pb2
 
     stored = [Histogram(1000, data) for data in VALID_HISTOGRAMS.values()]
-    results = [[
-        ({"__name__": "h"}, [(1000, 1.0)], [Exemplar({"trace_id": "t"}, 0.5, 999)], stored),
-        ({"__name__": "only_histograms"}, [], [], stored[:1]),
-    ]]
+    results = [
+        [
+            ({"__name__": "h"}, [(1000, 1.0)], [Exemplar({"trace_id": "t"}, 0.5, 999)], stored),
+            ({"__name__": "only_histograms"}, [], [], stored[:1]),
+        ]
+    ]
     expected = remote_pb2.ReadResponse()
     result = expected.results.add()
     for labels, samples, exemplars, histograms in results[0]:
@@ -934,7 +1008,9 @@ def test_samples_answer_with_histograms_is_what_protobuf_serializes():
         for timestamp, value in samples:
             series.samples.add(timestamp=timestamp, value=value)
         for exemplar in exemplars:
-            series.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp).labels.add(name="trace_id", value="t")
+            series.exemplars.add(value=exemplar.value, timestamp=exemplar.timestamp).labels.add(
+                name="trace_id", value="t"
+            )
         for histogram in histograms:
             series.histograms.add().ParseFromString(histogram.data)
     encoded = unsnappy(encode_read_response(results))
@@ -1071,8 +1147,25 @@ PROMETHEUS_VECTORS = {
 }
 
 # Delta-of-deltas on both sides of every bucket boundary (14, 17, 20, 64 bits).
-DOD_BOUNDS = [0, 1, -1, 8192, -8191, 8193, -8192, 65536, -65535, 65537, -65536,
-              524288, -524287, 524289, -524288, 1 << 40, -(1 << 40)]
+DOD_BOUNDS = [
+    0,
+    1,
+    -1,
+    8192,
+    -8191,
+    8193,
+    -8192,
+    65536,
+    -65535,
+    65537,
+    -65536,
+    524288,
+    -524287,
+    524289,
+    -524288,
+    1 << 40,
+    -(1 << 40),
+]
 
 
 def dod_bound_samples() -> list[tuple[int, float]]:
@@ -1219,14 +1312,20 @@ def test_v2_created_timestamps_of_a_series_or_its_samples():
     from protocols.prometheus import write_v2_pb2
 
     request = write_v2_pb2.Request(symbols=["", "__name__", "a", "b"])
-    request.timeseries.add(labels_refs=[1, 2], created_timestamp=500).samples.add(value=1.0, timestamp=1000, start_timestamp=400)
+    request.timeseries.add(labels_refs=[1, 2], created_timestamp=500).samples.add(
+        value=1.0, timestamp=1000, start_timestamp=400
+    )
     per_sample = request.timeseries.add(labels_refs=[1, 3])
     per_sample.samples.add(value=1.0, timestamp=1000, start_timestamp=300)
     per_sample.samples.add(value=1.0, timestamp=2000, start_timestamp=1500)
-    request.timeseries.add(labels_refs=[1, 1]).histograms.add().MergeFromString(histogram(timestamp=900) + b"\x88\x01\xf4\x03")
+    request.timeseries.add(labels_refs=[1, 1]).histograms.add().MergeFromString(
+        histogram(timestamp=900) + b"\x88\x01\xf4\x03"
+    )
     request.timeseries.add(labels_refs=[1, 2]).samples.add(value=1.0, timestamp=1000)
     batch = decode_v2(request.SerializeToString())
     assert [s.created_timestamp for s in batch.series] == [500, 1500, 500, 0]
-    assert batch.series[2].histograms[0].data == histogram(timestamp=900)  # start_timestamp (17) is not kept in the bytes
+    assert batch.series[2].histograms[0].data == histogram(
+        timestamp=900
+    )  # start_timestamp (17) is not kept in the bytes
     again = decode_write_request(encode_write_request_v2(batch.series), V2, "snappy", LIMIT)
     assert [s.created_timestamp for s in again.series] == [500, 1500, 500, 0]

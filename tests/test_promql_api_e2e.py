@@ -6,8 +6,8 @@ import urllib.parse
 
 import pytest
 
-from protocols.prometheus import Series
 from gateway.store.layout import HOUR_MS
+from protocols.prometheus import Series
 from tests.gatewayproc import downsample_once
 from tests.test_read_path_e2e import remote_write
 
@@ -27,7 +27,9 @@ def loaded(start_gateway, backend_args, tenant):
     gateway = start_gateway(*backend_args, "--query-max-samples", "500")
     now = int(time.time()) * 1000
     series = [
-        Series({"__name__": "jobs_total", "job": job}, [(now - 300_000 + i * 15_000, float(i * factor)) for i in range(20)])
+        Series(
+            {"__name__": "jobs_total", "job": job}, [(now - 300_000 + i * 15_000, float(i * factor)) for i in range(20)]
+        )
         for job, factor in (("api", 1), ("web", 2))
     ]
     remote_write(gateway, tenant, series)
@@ -39,13 +41,20 @@ def test_queries_answer_prometheus_envelopes(loaded, tenant):
     at = (now - 15_000) / 1000
     answer = promql(gateway, tenant, "/api/v1/query", "POST", query="sum by (job) (rate(jobs_total[1m]))", time=at)
     assert answer.status == 200
-    result = {item["metric"]["job"]: (item["value"][0], float(item["value"][1])) for item in answer.json()["data"]["result"]}
+    result = {
+        item["metric"]["job"]: (item["value"][0], float(item["value"][1])) for item in answer.json()["data"]["result"]
+    }
     assert result == {"api": (at, pytest.approx(4 / 60)), "web": (at, pytest.approx(8 / 60))}
-    ranged = promql(gateway, tenant, "/api/v1/query_range", query="jobs_total{job='web'}", start=at - 30, end=at, step="15s").json()
+    ranged = promql(
+        gateway, tenant, "/api/v1/query_range", query="jobs_total{job='web'}", start=at - 30, end=at, step="15s"
+    ).json()
     assert ranged["data"]["result"][0]["values"] == [[at - 30, "34"], [at - 15, "36"], [at, "38"]]
-    assert promql(gateway, tenant + "-other", "/api/v1/query", query="jobs_total", time=at).json()["data"]["result"] == []
+    assert (
+        promql(gateway, tenant + "-other", "/api/v1/query", query="jobs_total", time=at).json()["data"]["result"] == []
+    )
     assert promql(gateway, tenant, "/api/v1/series", **{"match[]": "jobs_total"}).json()["data"] == [
-        {"__name__": "jobs_total", "job": "api"}, {"__name__": "jobs_total", "job": "web"},
+        {"__name__": "jobs_total", "job": "api"},
+        {"__name__": "jobs_total", "job": "web"},
     ]
     assert promql(gateway, tenant, "/api/v1/label/job/values").json()["data"] == ["api", "web"]
     assert promql(gateway, tenant, "/api/v1/labels", **{"match[]": "jobs_total"}).json()["data"] == ["__name__", "job"]
@@ -90,7 +99,13 @@ def test_the_samples_limit_is_an_execution_error(start_gateway, tenant):
 def test_past_raw_retention_counters_read_their_rollups(start_gateway, backend_args, tmp_path, tenant):
     """A counter that resets, 3 hours old with one hour of raw retention: rate() over the 5 m
     roll-ups (their last values) stays right across the reset, and the answer warns."""
-    args = (*(backend_args or ("--data-dir", str(tmp_path / "data"))), "--raw-retention", "1h", "--downsample-delay", "0s")
+    args = (
+        *(backend_args or ("--data-dir", str(tmp_path / "data"))),
+        "--raw-retention",
+        "1h",
+        "--downsample-delay",
+        "0s",
+    )
     gateway = start_gateway(*args, "--roles", "ingest,query")
     slot = (int(time.time() * 1000) // HOUR_MS - 3) * HOUR_MS
     points = [(slot + i * 10_000, float(i if i < 180 else i - 180)) for i in range(360)]  # 1/10 s, reset at 30 min
@@ -101,5 +116,7 @@ def test_past_raw_retention_counters_read_their_rollups(start_gateway, backend_a
     assert "roll-ups" in answer["warnings"][0]
     (result,) = answer["data"]["result"]
     assert float(result["value"][1]) == pytest.approx(120.0, rel=0.01)  # 0.1/s over 20 minutes, reset included
-    across = promql(gateway, tenant, "/api/v1/query", query="increase(old_total[20m])", time=(slot + 40 * 60_000) / 1000).json()
+    across = promql(
+        gateway, tenant, "/api/v1/query", query="increase(old_total[20m])", time=(slot + 40 * 60_000) / 1000
+    ).json()
     assert float(across["data"]["result"][0]["value"][1]) == pytest.approx(120.0, rel=0.01)

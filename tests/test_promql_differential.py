@@ -374,7 +374,9 @@ class DiffCollector:
             slow = medium + n * f
             total = slow + n
             buckets = [("0.1", fast), ("0.5", medium), ("1.0", slow), ("+Inf", total)]
-            duration.add_metric([handler], buckets, sum_value=0.05 * fast + 0.3 * (medium - fast) + 0.8 * (slow - medium) + 2.5 * n)
+            duration.add_metric(
+                [handler], buckets, sum_value=0.05 * fast + 0.3 * (medium - fast) + 0.8 * (slow - medium) + 2.5 * n
+            )
         yield duration
         version = GaugeMetricFamily("d_version", "The exporter's version.", labels=["version"])
         version.add_metric([f"1.{f}"], 1)
@@ -433,7 +435,14 @@ def ask_tsgate(gateway, tenant: str, path: str, params: dict) -> tuple[int, dict
 def raw_timestamps(url: str, headers: dict, start_ms: int, end_ms: int) -> dict:
     """Every series' sample timestamps (stale markers included) through remote read."""
     query = Query(start_ms, end_ms, [Matcher("RE", "__name__", ".+")])
-    read_headers = dict(headers, **{"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", "X-Prometheus-Remote-Read-Version": "0.1.0"})
+    read_headers = dict(
+        headers,
+        **{
+            "Content-Type": "application/x-protobuf",
+            "Content-Encoding": "snappy",
+            "X-Prometheus-Remote-Read-Version": "0.1.0",
+        },
+    )
     status, body = http(url, encode_read_request([query], ["SAMPLES"]), read_headers)
     assert status == 200, body[:300]
     (series,) = decode_read_response(body, 1 << 30)
@@ -451,7 +460,9 @@ def same_value(a: str, b: str) -> bool:
 
 
 def same_points(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(round(ta * 1000) == round(tb * 1000) and same_value(va, vb) for (ta, va), (tb, vb) in zip(a, b))
+    return len(a) == len(b) and all(
+        round(ta * 1000) == round(tb * 1000) and same_value(va, vb) for (ta, va), (tb, vb) in zip(a, b)
+    )
 
 
 def difference(expected: dict, got: dict, ordered: bool) -> str | None:
@@ -468,7 +479,10 @@ def difference(expected: dict, got: dict, ordered: bool) -> str | None:
         return None if same_points([result], [theirs]) else f"{theirs} instead of {result}"
 
     def keyed(items):
-        pairs = [(tuple(sorted(item["metric"].items())), item["values"] if kind == "matrix" else [item["value"]]) for item in items]
+        pairs = [
+            (tuple(sorted(item["metric"].items())), item["values"] if kind == "matrix" else [item["value"]])
+            for item in items
+        ]
         return pairs if ordered else sorted(pairs, key=lambda pair: pair[0])
 
     mine, yours = keyed(result), keyed(theirs)
@@ -478,11 +492,14 @@ def difference(expected: dict, got: dict, ordered: bool) -> str | None:
     if [labels for labels, _ in mine] != [labels for labels, _ in yours]:
         missing = [dict(labels) for labels, _ in mine if labels not in dict(yours)]
         extra = [dict(labels) for labels, _ in yours if labels not in dict(mine)]
-        return f"series differ: missing {missing[:3]}, extra {extra[:3]}, order {[dict(l) for l, _ in yours][:4]}"
+        return f"series differ: missing {missing[:3]}, extra {extra[:3]}, order {[dict(labels) for labels, _ in yours][:4]}"
     for (labels, points), (_, their_points) in zip(mine, yours):
         if not same_points(points, their_points):
-            first = next((i for i, pair in enumerate(zip(points, their_points)) if not same_points([pair[0]], [pair[1]])), min(len(points), len(their_points)))
-            return f"{dict(labels)}: {len(their_points)} points instead of {len(points)}; at #{first} expected {points[first:first + 2]} got {their_points[first:first + 2]}"
+            first = next(
+                (i for i, pair in enumerate(zip(points, their_points)) if not same_points([pair[0]], [pair[1]])),
+                min(len(points), len(their_points)),
+            )
+            return f"{dict(labels)}: {len(their_points)} points instead of {len(points)}; at #{first} expected {points[first : first + 2]} got {their_points[first : first + 2]}"
     return None
 
 
@@ -499,7 +516,9 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
             assert time.monotonic() < deadline, "Prometheus never scraped the exporters"
             time.sleep(0.5)
         time.sleep(RUN_SECONDS)
-        prometheus.config_path.write_text(config[: config.index("scrape_configs:")] + config[config.index("remote_write:") :])
+        prometheus.config_path.write_text(
+            config[: config.index("scrape_configs:")] + config[config.index("remote_write:") :]
+        )
         prometheus.process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
         while prometheus.api("/api/v1/targets")["data"]["activeTargets"]:
@@ -517,7 +536,9 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
 
         def placed(text: str) -> str:
             for name, at in (("START", start), ("END", end), ("MID", mid)):
-                text = text.replace(f"{name}_RFC3339", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))).replace(name, str(at))
+                text = text.replace(f"{name}_RFC3339", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))).replace(
+                    name, str(at)
+                )
             return text
 
         mismatches, asked, empty = [], 0, []
@@ -527,11 +548,15 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
             requests = [("/api/v1/query", {"query": query, "time": end}, ordered)]
             if modes.startswith("IR"):
                 step = RANGE_STEPS[number % len(RANGE_STEPS)]
-                requests.append(("/api/v1/query_range", {"query": query, "start": start, "end": end, "step": step}, False))
+                requests.append(
+                    ("/api/v1/query_range", {"query": query, "start": start, "end": end, "step": step}, False)
+                )
             for path, params, in_order in requests:
                 asked += 1
                 status, expected = ask_prometheus(prometheus, path, params)
-                assert status == 200 and expected["status"] == "success", f"the test's query is wrong: {query}: {expected}"
+                assert status == 200 and expected["status"] == "success", (
+                    f"the test's query is wrong: {query}: {expected}"
+                )
                 if expected["data"]["result"] in ([], None):
                     empty.append(query)
                 _, got = ask_tsgate(gateway, tenant, path, params)
@@ -542,7 +567,9 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
             params = {key: placed(value) for key, value in params.items()}
             asked += 1
             status, expected = ask_prometheus(prometheus, path, params)
-            assert status == 200 and expected["data"]["result"], f"the test's parameters are wrong: {params}: {expected}"
+            assert status == 200 and expected["data"]["result"], (
+                f"the test's parameters are wrong: {params}: {expected}"
+            )
             problem = difference(expected, ask_tsgate(gateway, tenant, path, params)[1], False)
             if problem:
                 mismatches.append(f"[parameters] {path} {params}: {problem}")
@@ -553,7 +580,9 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
             assert expected["status"] == "error", f"Prometheus accepted the bad request {params}"
             their_status, got = ask_tsgate(gateway, tenant, path, params)
             if (their_status, got.get("status"), got.get("errorType")) != (status, "error", expected["errorType"]):
-                mismatches.append(f"[error] {path} {params}: expected {status} {expected['errorType']} ({expected['error']}), got {their_status} {json.dumps(got)[:300]}")
+                mismatches.append(
+                    f"[error] {path} {params}: expected {status} {expected['errorType']} ({expected['error']}), got {their_status} {json.dumps(got)[:300]}"
+                )
     finally:
         prometheus.stop()
     assert asked >= 300 and len(empty) < 20, f"too many empty reference answers: {empty}"

@@ -9,20 +9,27 @@ import numpy as np
 import pytest
 
 from gateway.promql.engine import Evaluator, Query, format_value, parse, plan
-from protocols.prometheus.native_histogram import Histogram
 from gateway.promql.values import STALE_NAN_BITS, PromQLError, Scalar, Series, Vector
+from protocols.prometheus.native_histogram import Histogram
 
 STALE = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
 S = 1000
 
 
 def series(labels: dict, points: list[tuple[float, float]]) -> Series:
-    return Series(labels, np.array([int(t * S) for t, _ in points], dtype=np.int64), np.array([v for _, v in points], dtype=np.float64))
+    return Series(
+        labels,
+        np.array([int(t * S) for t, _ in points], dtype=np.int64),
+        np.array([v for _, v in points], dtype=np.float64),
+    )
 
 
 DATA = [
     series({"__name__": "requests_total", "job": "api", "code": "200"}, [(t, t) for t in range(0, 601, 10)]),
-    series({"__name__": "requests_total", "job": "api", "code": "500"}, [(0, 0), (10, 10), (20, 20), (30, 5), (40, 15), (50, 25), (60, 35)]),
+    series(
+        {"__name__": "requests_total", "job": "api", "code": "500"},
+        [(0, 0), (10, 10), (20, 20), (30, 5), (40, 15), (50, 25), (60, 35)],
+    ),
     series({"__name__": "requests_total", "job": "web", "code": "200"}, [(t, 2 * t) for t in range(0, 601, 10)]),
     series({"__name__": "up", "job": "api"}, [(t, 1) for t in range(0, 301, 15)] + [(301, STALE)]),
     series({"__name__": "up", "job": "web"}, [(t, 1) for t in range(0, 601, 15)]),
@@ -32,7 +39,9 @@ DATA = [
 ]
 
 
-def evaluate(text: str, at: float | None = None, start: float | None = None, end: float | None = None, step: float = 10):
+def evaluate(
+    text: str, at: float | None = None, start: float | None = None, end: float | None = None, step: float = 10
+):
     expr = parse(text)
     if at is not None:
         query, times = Query(int(at * S), int(at * S), 0, 300 * S), np.array([int(at * S)], dtype=np.int64)
@@ -40,7 +49,7 @@ def evaluate(text: str, at: float | None = None, start: float | None = None, end
         query = Query(int(start * S), int(end * S), int(step * S), 300 * S)
         times = np.arange(query.start_ms, query.end_ms + 1, query.step_ms, dtype=np.int64)
     data = {}
-    for key, (matchers, low, high) in plan(expr, query).items():
+    for key, (matchers, _low, _high) in plan(expr, query).items():
         data[key] = [s for s in DATA if all(m.matches(s.labels.get(m.name, "")) for m in matchers)]
     return Evaluator(query, data, time.monotonic() + 10).evaluate(expr, times)
 
@@ -48,7 +57,11 @@ def evaluate(text: str, at: float | None = None, start: float | None = None, end
 def instant(text: str, at: float) -> dict:
     value = evaluate(text, at)
     assert isinstance(value, Vector)
-    return {tuple(sorted(labels.items())): values[0] for labels, values, present in zip(value.labels, value.values, value.present) if present[0]}
+    return {
+        tuple(sorted(labels.items())): values[0]
+        for labels, values, present in zip(value.labels, value.values, value.present)
+        if present[0]
+    }
 
 
 def test_rate_extrapolates_and_handles_resets():
@@ -67,12 +80,17 @@ def test_lookback_and_staleness():
     assert set(instant("up", 302)) == {(("__name__", "up"), ("job", "web"))}
     assert instant("up", 600 + 300) == {(("__name__", "up"), ("job", "web")): 1.0}
     assert instant("up", 600 + 301) == {}
-    assert instant("count_over_time(up[30s])", 330) == {(("job", "api"),): 1.0, (("job", "web"),): 3.0}  # both ends inclusive, the stale marker left out
+    assert instant("count_over_time(up[30s])", 330) == {
+        (("job", "api"),): 1.0,
+        (("job", "web"),): 3.0,
+    }  # both ends inclusive, the stale marker left out
 
 
 def test_aggregations_and_matching():
     assert instant("sum by (job) (rate(requests_total[1m]))", 600) == {(("job", "api"),): 1.0, (("job", "web"),): 2.0}
-    assert instant("topk(1, requests_total)", 600) == {(("__name__", "requests_total"), ("code", "200"), ("job", "web")): 1200.0}
+    assert instant("topk(1, requests_total)", 600) == {
+        (("__name__", "requests_total"), ("code", "200"), ("job", "web")): 1200.0
+    }
     assert instant("bottomk by (job) (1, requests_total)", 60) == {
         (("__name__", "requests_total"), ("code", "500"), ("job", "api")): 35.0,
         (("__name__", "requests_total"), ("code", "200"), ("job", "web")): 120.0,
@@ -82,7 +100,10 @@ def test_aggregations_and_matching():
     assert ratio[(("code", "500"), ("job", "api"))] == 35.0
     with pytest.raises(PromQLError, match="many-to-many|multiple matches"):
         evaluate("requests_total + on(job) up", 60)
-    assert instant("up and on(job) requests_total", 60) == {(("__name__", "up"), ("job", "api")): 1.0, (("__name__", "up"), ("job", "web")): 1.0}
+    assert instant("up and on(job) requests_total", 60) == {
+        (("__name__", "up"), ("job", "api")): 1.0,
+        (("__name__", "up"), ("job", "web")): 1.0,
+    }
     assert instant('up unless on(job) requests_total{job="web"}', 60) == {(("__name__", "up"), ("job", "api")): 1.0}
 
 
@@ -123,5 +144,11 @@ def test_range_queries_and_subqueries():
 
 def test_values_are_written_as_prometheus_writes_them():
     assert [format_value(v) for v in (1.0, 0.5, 1e20, -2.5e-7, math.nan, math.inf, -math.inf)] == [
-        "1", "0.5", "100000000000000000000", "-0.00000025", "NaN", "+Inf", "-Inf",
+        "1",
+        "0.5",
+        "100000000000000000000",
+        "-0.00000025",
+        "NaN",
+        "+Inf",
+        "-Inf",
     ]

@@ -84,7 +84,9 @@ def written_series(first: int) -> list[Series]:
         stamps = [(first + i * SCRAPE) * 1000 for i in range(POINTS)]
         series.append(Series({"__name__": "up", "job": job, "instance": instance}, [(ts, up) for ts in stamps]))
         counter = [(ts, RATES[job] * i * SCRAPE) for i, ts in enumerate(stamps)]
-        series.append(Series({"__name__": "http_requests_total", "job": job, "instance": instance, "code": "200"}, counter))
+        series.append(
+            Series({"__name__": "http_requests_total", "job": job, "instance": instance, "code": "200"}, counter)
+        )
     return series
 
 
@@ -94,17 +96,35 @@ def grafana(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp(f"promql-grafana-{request.param}")
     args = []
     if request.param == "cassandra":
-        args += ["--store", request.getfixturevalue("cassandra_url"), "--redis", request.getfixturevalue("redis_server").url]
+        args += [
+            "--store",
+            request.getfixturevalue("cassandra_url"),
+            "--redis",
+            request.getfixturevalue("redis_server").url,
+        ]
     gateway = GatewayProcess(workdir, *args).start()
     try:
         tenant = f"grafana-{uuid.uuid4().hex[:10]}"
         now = int(time.time())
         first = now - now % 60 - POINTS * SCRAPE - 120
-        metadata = [MetricMetadata("http_requests_total", "counter", "Requests served."), MetricMetadata("up", "gauge", "Whether the target is up.")]
-        headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", "X-Prometheus-Remote-Write-Version": "0.1.0", "X-Scope-OrgID": tenant}
-        answer = gateway.post("/api/v1/write", encode_write_request_v1(written_series(first), metadata), headers=headers)
+        metadata = [
+            MetricMetadata("http_requests_total", "counter", "Requests served."),
+            MetricMetadata("up", "gauge", "Whether the target is up."),
+        ]
+        headers = {
+            "Content-Type": "application/x-protobuf",
+            "Content-Encoding": "snappy",
+            "X-Prometheus-Remote-Write-Version": "0.1.0",
+            "X-Scope-OrgID": tenant,
+        }
+        answer = gateway.post(
+            "/api/v1/write", encode_write_request_v1(written_series(first), metadata), headers=headers
+        )
         assert answer.status == 204, answer.body
-        graphite = [{"metricName": "servers.web-1.cpu.idle", "tags": {"dc": "x"}, "ts": first + 60 * i, "value": 90.0 + i} for i in range(10)]
+        graphite = [
+            {"metricName": "servers.web-1.cpu.idle", "tags": {"dc": "x"}, "ts": first + 60 * i, "value": 90.0 + i}
+            for i in range(10)
+        ]
         assert gateway.post("/api/write", graphite, headers={"X-Scope-OrgID": tenant}).status == 200
         yield Grafana(gateway, tenant, first)
     finally:
@@ -137,7 +157,9 @@ def test_label_values_of_a_selector(grafana):
     """``label_values(up, job)`` as a variable query, and the metric browser's label filter."""
     data = grafana.get("/api/v1/label/job/values", [("match[]", "up"), ("start", grafana.first), ("end", grafana.last)])
     assert data == ["api", "web"]
-    data = grafana.get("/api/v1/label/instance/values", [("match[]", 'up{job="web"}'), ("start", grafana.first), ("end", grafana.last)])
+    data = grafana.get(
+        "/api/v1/label/instance/values", [("match[]", 'up{job="web"}'), ("start", grafana.first), ("end", grafana.last)]
+    )
     assert data == ["w1:9100", "w2:9100"]
     assert grafana.get("/api/v1/label/job/values", [("start", grafana.first), ("end", grafana.last)]) == ["api", "web"]
 
@@ -149,7 +171,10 @@ def test_series_of_a_selector(grafana):
         {"__name__": "up", "job": "api", "instance": "a1:9100"},
         {"__name__": "up", "job": "api", "instance": "a2:9100"},
     ]
-    both = grafana.get("/api/v1/series", [("match[]", "up"), ("match[]", "http_requests_total"), ("start", grafana.first), ("end", grafana.last)])
+    both = grafana.get(
+        "/api/v1/series",
+        [("match[]", "up"), ("match[]", "http_requests_total"), ("start", grafana.first), ("end", grafana.last)],
+    )
     assert len(both) == 8
 
 
@@ -171,12 +196,19 @@ def test_dashboard_range_query_with_rate_interval(grafana):
     step = 30
     start = (grafana.first + 300) // step * step
     end = grafana.last // step * step
-    params = [("query", "sum by (job) (rate(http_requests_total[1m0s]))"), ("start", start), ("end", end), ("step", step)]
+    params = [
+        ("query", "sum by (job) (rate(http_requests_total[1m0s]))"),
+        ("start", start),
+        ("end", end),
+        ("step", step),
+    ]
     data = grafana.post("/api/v1/query_range", params)
     assert data["resultType"] == "matrix"
     stamps = list(range(start, end + 1, step))
     got = {item["metric"]["job"]: item["values"] for item in data["result"]}
-    assert sorted(got) == ["api", "web"] and all(item["metric"] == {"job": item["metric"]["job"]} for item in data["result"])
+    assert sorted(got) == ["api", "web"] and all(
+        item["metric"] == {"job": item["metric"]["job"]} for item in data["result"]
+    )
     for job, rate in RATES.items():
         assert [at for at, _ in got[job]] == stamps
         assert all(abs(float(value) - 2 * rate) < 1e-9 for _, value in got[job]), got[job][:5]

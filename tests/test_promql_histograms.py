@@ -11,8 +11,8 @@ import pytest
 
 from gateway.http.promql_api import _encode_instant, _encode_matrix
 from gateway.promql.engine import Evaluator, Query, parse, plan
-from protocols.prometheus.native_histogram import Histogram
 from gateway.promql.values import Series, Vector
+from protocols.prometheus.native_histogram import Histogram
 
 S = 1000
 
@@ -35,12 +35,18 @@ HISTOGRAMS = [
     # schema 1 then schema 0: (1, 1.41] and (1.41, 2] become (1, 2]
     ({"__name__": "sized"}, [(0, h(2.0, 3.0, {1: 1.0, 2: 1.0}, schema=1)), (60, h(5.0, 8.0, {1: 5.0}))]),
     # custom buckets (-Inf, 0.5] (0.5, 1] (1, 5] (5, +Inf)
-    ({"__name__": "nhcb"}, [(0, h(10.0, 20.0, {0: 2.0, 1: 2.0, 2: 4.0, 3: 2.0}, schema=-53, threshold=0.0, custom=(0.5, 1.0, 5.0)))]),
-    ({"__name__": "nhcb_rebucketed"}, [
-        (0, h(10.0, 20.0, {0: 10.0}, schema=-53, threshold=0.0, custom=(0.5, 1.0))),
-        (30, h(4.0, 4.0, {1: 4.0}, schema=-53, threshold=0.0, custom=(0.5, 2.0))),
-        (60, h(6.0, 6.0, {1: 6.0}, schema=-53, threshold=0.0, custom=(0.5, 2.0))),
-    ]),
+    (
+        {"__name__": "nhcb"},
+        [(0, h(10.0, 20.0, {0: 2.0, 1: 2.0, 2: 4.0, 3: 2.0}, schema=-53, threshold=0.0, custom=(0.5, 1.0, 5.0)))],
+    ),
+    (
+        {"__name__": "nhcb_rebucketed"},
+        [
+            (0, h(10.0, 20.0, {0: 10.0}, schema=-53, threshold=0.0, custom=(0.5, 1.0))),
+            (30, h(4.0, 4.0, {1: 4.0}, schema=-53, threshold=0.0, custom=(0.5, 2.0))),
+            (60, h(6.0, 6.0, {1: 6.0}, schema=-53, threshold=0.0, custom=(0.5, 2.0))),
+        ],
+    ),
 ]
 FLOATS = [({"__name__": "latency", "job": "batch"}, [(t, 1.0) for t in range(0, 121, 15)])]
 
@@ -54,7 +60,9 @@ def _chosen(pairs, matchers):
     return [(labels, points) for labels, points in pairs if all(m.matches(labels.get(m.name, "")) for m in matchers)]
 
 
-def evaluate(text: str, at: float | None = None, start: float | None = None, end: float | None = None, step: float = 15):
+def evaluate(
+    text: str, at: float | None = None, start: float | None = None, end: float | None = None, step: float = 15
+):
     expr = parse(text)
     if at is not None:
         start = end = at
@@ -88,7 +96,9 @@ def test_a_selector_gives_histogram_samples_with_lookback():
     assert instant('latency{job="api"}', 120 + 300) == {tuple(sorted(API.items())): growing(8)}
     assert instant('latency{job="api"}', 120 + 301) == {}
     both = instant("latency", 60)
-    assert both[(("__name__", "latency"), ("job", "batch"))] == 1.0 and both[(("__name__", "latency"), ("job", "web"))] == growing(1)
+    assert both[(("__name__", "latency"), ("job", "batch"))] == 1.0 and both[
+        (("__name__", "latency"), ("job", "web"))
+    ] == growing(1)
 
 
 def test_histogram_count_sum_avg_of_any_expression():
@@ -137,7 +147,9 @@ def test_histogram_quantile_and_fraction_on_custom_buckets():
 def test_histogram_fraction_interpolates_inside_buckets():
     # all of the zero bucket (4) and (1, 2] (8), half of (2, 4] (6) out of 24
     assert instant('histogram_fraction(0, 3, latency{job="api"})', 60) == {(("job", "api"),): 0.75}
-    assert instant('histogram_fraction(-1, 0.0005, latency{job="api"})', 60) == {(("job", "api"),): pytest.approx(2 / 24)}
+    assert instant('histogram_fraction(-1, 0.0005, latency{job="api"})', 60) == {
+        (("job", "api"),): pytest.approx(2 / 24)
+    }
     assert instant('histogram_fraction(3, 3, latency{job="api"})', 60) == {(("job", "api"),): 0.0}
 
 
@@ -148,7 +160,9 @@ def test_rate_and_increase_extrapolate_like_floats():
     assert rate.positive == pytest.approx({1: 8 / 60, 2: 12 / 60}) and rate.zero_count == pytest.approx(4 / 60)
     # window [10 s, 70 s]: samples 1..4 over 45 s, extrapolated 5 s back and 10 s on -> * 60 / 45
     (increase,) = instant('increase(latency{job="api"}[1m])', 70).values()
-    assert increase.count == pytest.approx(18 * 60 / 45) and increase.positive == pytest.approx({1: 6 * 60 / 45, 2: 9 * 60 / 45})
+    assert increase.count == pytest.approx(18 * 60 / 45) and increase.positive == pytest.approx(
+        {1: 6 * 60 / 45, 2: 9 * 60 / 45}
+    )
     (delta,) = instant('delta(latency{job="api"}[1m])', 60).values()
     assert delta.count == 24.0
     (irate,) = instant('irate(latency{job="api"}[1m])', 60).values()
@@ -164,7 +178,9 @@ def test_counter_resets_add_the_sample_before_back():
     assert irate.count == pytest.approx(6 / 15)  # after a reset, the last sample alone
     # the custom bounds changed at 30 s: last minus first has no meaning, the element is left out
     value, warnings = evaluate("increase(nhcb_rebucketed[1m])", 60)
-    assert not value.labels and warnings == ["rate/increase/delta: histograms with different custom bucket bounds: the element is left out"]
+    assert not value.labels and warnings == [
+        "rate/increase/delta: histograms with different custom bucket bounds: the element is left out"
+    ]
     # over [30 s, 60 s] the bounds are the same: 4 -> 6
     (increase,) = instant("increase(nhcb_rebucketed[30s])", 60).values()
     assert increase.count == 2.0 and increase.positive == {1: 2.0}
@@ -190,7 +206,9 @@ def test_schemas_are_reconciled_to_the_lowest():
     assert increase.schema == 0 and increase.positive == {1: 3.0} and increase.count == 3.0
     merged = h(2.0, 3.0, {1: 1.0, 2: 1.0, -1: 2.0}, schema=1).add(h(1.0, 1.0, {1: 1.0}, threshold=0.6))
     # schema 1 bucket -1 ((0.5, 0.71]) and 0 would be schema 0 bucket 0 ((0.5, 1]): inside threshold 1 after widening
-    assert merged.schema == 0 and merged.positive == {1: 3.0} and merged.zero_threshold == 1.0 and merged.zero_count == 2.0
+    assert (
+        merged.schema == 0 and merged.positive == {1: 3.0} and merged.zero_threshold == 1.0 and merged.zero_count == 2.0
+    )
 
 
 def test_sum_avg_count_and_scalar_arithmetic():
@@ -211,7 +229,7 @@ def test_floats_and_histograms_in_one_sum_drop_the_element_with_a_warning():
     assert not value.labels and warnings == ["sum: encountered a mix of histograms and floats: the element is left out"]
     value, warnings = evaluate('sum by (job) (latency{job=~"api|batch"})', 60)
     assert len(value.labels) == 2 and not warnings
-    _, warnings = evaluate("sum({__name__=~\"nhcb.*\"})", 30)
+    _, warnings = evaluate('sum({__name__=~"nhcb.*"})', 30)
     assert warnings == ["sum: histograms with different custom bucket bounds: the element is left out"]
 
 
@@ -224,28 +242,54 @@ def test_range_queries_and_subqueries_over_histograms():
 
 def test_the_json_is_prometheus_2_42s():
     histogram = h(8.0, 3.0, {1: 2.0, 2: 0.0, 3: 3.0}, negative={2: 2.0}, zero=1.0, schema=0)
-    vector = Vector([{"job": "x"}], np.zeros((1, 1)), np.zeros((1, 1), dtype=bool), None, np.array([[histogram]], dtype=object))
+    vector = Vector(
+        [{"job": "x"}], np.zeros((1, 1)), np.zeros((1, 1), dtype=bool), None, np.array([[histogram]], dtype=object)
+    )
     (item,) = orjson.loads(_encode_instant(vector, 5000, []))["data"]["result"]
-    assert item == {"metric": {"job": "x"}, "histogram": [5.0, {"count": "8", "sum": "3", "buckets": [
-        [1, "-4", "-2", "2"],  # negative (2, 4] as [-4, -2)
-        [3, "-0.001", "0.001", "1"],  # the zero bucket, closed
-        [0, "1", "2", "2"],
-        [0, "4", "8", "3"],  # the empty (2, 4] is left out
-    ]}]}
+    assert item == {
+        "metric": {"job": "x"},
+        "histogram": [
+            5.0,
+            {
+                "count": "8",
+                "sum": "3",
+                "buckets": [
+                    [1, "-4", "-2", "2"],  # negative (2, 4] as [-4, -2)
+                    [3, "-0.001", "0.001", "1"],  # the zero bucket, closed
+                    [0, "1", "2", "2"],
+                    [0, "4", "8", "3"],  # the empty (2, 4] is left out
+                ],
+            },
+        ],
+    }
     empty = h(0.0, 0.0)
-    assert orjson.loads(_encode_instant(vector._replace(histograms=np.array([[empty]], dtype=object)), 5000, []))["data"]["result"][0]["histogram"] == [5.0, {"count": "0", "sum": "0"}]
+    assert orjson.loads(_encode_instant(vector._replace(histograms=np.array([[empty]], dtype=object)), 5000, []))[
+        "data"
+    ]["result"][0]["histogram"] == [5.0, {"count": "0", "sum": "0"}]
     mixed = Vector(
-        [{"job": "x"}], np.array([[1.0, 0.0]]), np.array([[True, False]]), None, np.array([[None, histogram]], dtype=object)
+        [{"job": "x"}],
+        np.array([[1.0, 0.0]]),
+        np.array([[True, False]]),
+        None,
+        np.array([[None, histogram]], dtype=object),
     )
     (series,) = orjson.loads(_encode_matrix(mixed, np.array([1000, 2000], dtype=np.int64), []))["data"]["result"]
-    assert series["values"] == [[1.0, "1"]] and series["histograms"][0][0] == 2.0 and series["histograms"][0][1]["count"] == "8"
+    assert (
+        series["values"] == [[1.0, "1"]]
+        and series["histograms"][0][0] == 2.0
+        and series["histograms"][0][1]["count"] == "8"
+    )
     value, _ = evaluate('latency{job="web"}[30s]', 60)
     (ranged,) = orjson.loads(_encode_instant(value, 60000, []))["data"]["result"]
     assert [point[0] for point in ranged["histograms"]] == [30.0, 45.0, 60.0] and "values" not in ranged
 
 
 def test_set_operators_and_relabelling_keep_histograms():
-    api, web, batch = (("__name__", "latency"), ("job", "api")), (("__name__", "latency"), ("job", "web")), (("__name__", "latency"), ("job", "batch"))
+    api, web, batch = (
+        (("__name__", "latency"), ("job", "api")),
+        (("__name__", "latency"), ("job", "web")),
+        (("__name__", "latency"), ("job", "batch")),
+    )
     assert instant('latency and on(job) latency{job=~"api|batch"}', 60) == {api: growing(4), batch: 1.0}
     assert instant('latency unless on(job) latency{job=~"api|batch"}', 60) == {web: growing(1)}
     assert instant('latency{job="api"} or latency', 60) == {api: growing(4), web: growing(1), batch: 1.0}

@@ -4,8 +4,8 @@ are sent concurrently; /healthz must keep answering fast (p99 under 100 ms)."""
 
 import pickle
 import socket
-import struct
 import statistics
+import struct
 import threading
 import time
 import urllib.parse
@@ -41,9 +41,10 @@ def hostile_gateway(tmp_path_factory):
     with socket.create_connection(("127.0.0.1", gateway.graphite_port), timeout=10) as connection:
         connection.sendall(lines.encode())
     deadline = time.monotonic() + 30
-    while gateway.get("/metrics/find?query=hostile.*").json() == [] or len(
-        gateway.get("/tags/findSeries?expr=name=probe").json()
-    ) < 2:
+    while (
+        gateway.get("/metrics/find?query=hostile.*").json() == []
+        or len(gateway.get("/tags/findSeries?expr=name=probe").json()) < 2
+    ):
         assert time.monotonic() < deadline, gateway.log()
         time.sleep(0.1)
     yield gateway
@@ -122,9 +123,13 @@ def test_remote_read_regex_that_re2_cannot_compile_is_400(hostile_gateway):
 @pytest.mark.parametrize("pattern", [PROBE_27, PROBE_40], ids=["27-chars", "40-chars"])
 def test_series_by_tag_regex_is_linear(hostile_gateway, pattern):
     target = f"seriesByTag('name=probe','host=~{pattern}')"
-    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/render", target=target, format="json", **{"from": "-1h"}))
+    answer = assert_fast(
+        hostile_gateway, get(hostile_gateway, "/render", target=target, format="json", **{"from": "-1h"})
+    )
     assert answer.status == 200 and answer.json() == [], answer.body
-    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/tags/findSeries", expr=["name=probe", f"host=~{pattern}"]))
+    answer = assert_fast(
+        hostile_gateway, get(hostile_gateway, "/tags/findSeries", expr=["name=probe", f"host=~{pattern}"])
+    )
     assert answer.status == 200 and answer.json() == [], answer.body
 
 
@@ -139,7 +144,9 @@ def test_tag_filter_is_linear(hostile_gateway, pattern):
 @pytest.mark.parametrize("pattern", [PROBE_27, PROBE_40], ids=["27-chars", "40-chars"])
 def test_autocomplete_regex_is_linear(hostile_gateway, pattern):
     expressions = ["name=probe", f"host=~{pattern}"]
-    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/tags/autoComplete/values", tag="host", expr=expressions))
+    answer = assert_fast(
+        hostile_gateway, get(hostile_gateway, "/tags/autoComplete/values", tag="host", expr=expressions)
+    )
     assert answer.status == 200 and answer.json() == [], answer.body
     answer = assert_fast(hostile_gateway, get(hostile_gateway, "/tags/autoComplete/tags", expr=expressions))
     assert answer.status == 200 and answer.json() == [], answer.body
@@ -149,7 +156,9 @@ def test_autocomplete_regex_is_linear(hostile_gateway, pattern):
 @pytest.mark.parametrize("function", ["grep", "exclude"])
 def test_grep_and_exclude_are_linear(hostile_gateway, pattern, function):
     target = f"{function}(hostile.*,'{pattern}')"
-    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/render", target=target, format="json", **{"from": "-1h"}))
+    answer = assert_fast(
+        hostile_gateway, get(hostile_gateway, "/render", target=target, format="json", **{"from": "-1h"})
+    )
     assert answer.status == 200, answer.body
     assert [series["target"] for series in answer.json()] == ([] if function == "grep" else [f"hostile.{A_NAME}"])
 
@@ -163,7 +172,9 @@ def test_regex_functions_refuse_backreferences_with_400(hostile_gateway):
 def test_find_glob_is_linear(hostile_gateway):
     answer = assert_fast(hostile_gateway, get(hostile_gateway, "/metrics/find", query=f"hostile.{GLOB_PROBE}"))
     assert answer.status == 200 and [node["id"] for node in answer.json()] == [f"hostile.{A_NAME}"], answer.body
-    answer = assert_fast(hostile_gateway, get(hostile_gateway, "/render", target=f"hostile.{GLOB_PROBE}.x", **{"from": "-1h"}))
+    answer = assert_fast(
+        hostile_gateway, get(hostile_gateway, "/render", target=f"hostile.{GLOB_PROBE}.x", **{"from": "-1h"})
+    )
     assert answer.status == 200 and answer.json() == [], answer.body
 
 
@@ -171,9 +182,16 @@ def render(gateway, target, since, **params):
     return get(gateway, "/render", target=target, format="json", **{"from": since}, **params)
 
 
-@pytest.mark.parametrize("target", [
-    "time('t',1)", "summarize(hostile.*,'1s')", "sinFunction('s',1,1)", "randomWalk('r',1)", "hitcount(time('t',60),'1s')",
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "time('t',1)",
+        "summarize(hostile.*,'1s')",
+        "sinFunction('s',1,1)",
+        "randomWalk('r',1)",
+        "hitcount(time('t',60),'1s')",
+    ],
+)
 def test_render_over_the_points_budget_is_422_before_the_work(hostile_gateway, target):
     answer = assert_fast(hostile_gateway, render(hostile_gateway, target, "-1y"))
     assert answer.status == 422 and "--max-points-per-query" in answer.json()["error"], answer.body
@@ -196,10 +214,15 @@ def test_render_reading_over_the_points_budget_is_422(start_gateway):
         assert answer.status == 422 and "--max-points-per-query" in answer.json()["error"], (target, answer.body)
 
 
-@pytest.mark.parametrize("target", [
-    "hitcount(time('t',60),'1s')", "sinFunction('s',1,1)", "smartSummarize(sinFunction('s',1,1),'2s')",
-    "movingAverage(time('t',1),100)",
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "hitcount(time('t',60),'1s')",
+        "sinFunction('s',1,1)",
+        "smartSummarize(sinFunction('s',1,1),'2s')",
+        "movingAverage(time('t',1),100)",
+    ],
+)
 @pytest.mark.parametrize("max_data_points", ["", "1000"])
 def test_heavy_render_under_the_budget_keeps_healthz_fast(hostile_gateway, target, max_data_points):
     """Thirty days of 1 s points (2.6 million) are computed and encoded off the reactor."""
@@ -242,7 +265,9 @@ def many_samples(hostile_gateway):
 
 def test_api_query_of_720k_samples_keeps_healthz_fast(many_samples):
     hostile_gateway = many_samples
-    answer, elapsed, latencies = healthz_while(hostile_gateway, get(hostile_gateway, "/api/query", metricName="many", start="2d-ago"))
+    answer, elapsed, latencies = healthz_while(
+        hostile_gateway, get(hostile_gateway, "/api/query", metricName="many", start="2d-ago")
+    )
     assert answer.status == 200 and sum(len(series["values"]) for series in answer.json()) == 720_000
     assert_healthz_fast(hostile_gateway, latencies, f"during a {elapsed:.1f} s query")
 
@@ -255,8 +280,13 @@ def test_pickle_frame_of_dup_opcodes_is_refused_and_legal_large_frames_keep_heal
     now = int(time.time())
     item = pickle.dumps((f"dup{now}.a", (now - 30, 1.5)), protocol=2)[2:-1]
     dup = b"\x80\x02(" + item + b"2" * 1_000_000 + b"l."
-    legal = [pickle.dumps([(f"big{now}.s{i % 50}", (now - 86_400 + i // 50, float(i))) for i in range(first, first + 18_000)], protocol=2)
-             for first in range(0, 18_000, 18_000)]
+    legal = [
+        pickle.dumps(
+            [(f"big{now}.s{i % 50}", (now - 86_400 + i // 50, float(i))) for i in range(first, first + 18_000)],
+            protocol=2,
+        )
+        for first in range(0, 18_000, 18_000)
+    ]
     good = pickle.dumps([(f"dup{now}.b", (now - 30, 2.5))], protocol=2)
 
     def send():
@@ -272,7 +302,10 @@ def test_pickle_frame_of_dup_opcodes_is_refused_and_legal_large_frames_keep_heal
     assert_healthz_fast(hostile_gateway, latencies, f"while decoding for {elapsed:.1f} s")
     rejected = 'tsgate_samples_rejected_total{protocol="graphite_pickle",reason="too_many_items"}'
     assert metric_value(hostile_gateway, rejected) == 1
-    assert [len(series["values"]) for series in get(hostile_gateway, "/api/query", metricName=f"dup{now}.a", start="1h-ago")().json()] == []
+    assert [
+        len(series["values"])
+        for series in get(hostile_gateway, "/api/query", metricName=f"dup{now}.a", start="1h-ago")().json()
+    ] == []
     assert get(hostile_gateway, "/api/query", metricName=f"dup{now}.b", start="1h-ago")().json()[0]["values"]
     deadline = time.monotonic() + 60
     while len(get(hostile_gateway, "/metrics/find", query=f"big{now}.*")().json()) < 50:
@@ -286,7 +319,9 @@ def test_remote_read_of_720k_samples_keeps_healthz_fast(many_samples, response_t
     query = Query(now_ms - 2 * 86_400_000, now_ms, [Matcher("EQ", "__name__", "many")])
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
     body = prometheus.encode_read_request([query], [response_type])
-    answer, elapsed, latencies = healthz_while(many_samples, lambda: many_samples.post("/api/v1/read", body, headers=headers, timeout=120))
+    answer, elapsed, latencies = healthz_while(
+        many_samples, lambda: many_samples.post("/api/v1/read", body, headers=headers, timeout=120)
+    )
     assert answer.status == 200, answer.body
     assert_healthz_fast(many_samples, latencies, f"during a {elapsed:.1f} s remote read")
 
@@ -301,17 +336,33 @@ def test_streamed_read_of_40k_native_histograms_keeps_healthz_fast(hostile_gatew
     for series in range(4):
         histograms = []
         for i in range(10_000):
-            message = types_pb2.Histogram(count_int=20 * (i + 1), sum=1.5 * i, schema=3, positive_deltas=[i + 1] + [0] * 19, timestamp=start + i * 1000)
+            message = types_pb2.Histogram(
+                count_int=20 * (i + 1),
+                sum=1.5 * i,
+                schema=3,
+                positive_deltas=[i + 1] + [0] * 19,
+                timestamp=start + i * 1000,
+            )
             message.positive_spans.add(offset=0, length=20)
             histograms.append(Histogram(message.timestamp, message.SerializeToString()))
         for first in range(0, 10_000, 2_500):
-            body = prometheus.encode_write_request_v1([Series({"__name__": "many_histograms", "s": str(series)}, histograms=histograms[first : first + 2_500])])
-            answer = hostile_gateway.post("/api/v1/write", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"})
+            body = prometheus.encode_write_request_v1(
+                [
+                    Series(
+                        {"__name__": "many_histograms", "s": str(series)}, histograms=histograms[first : first + 2_500]
+                    )
+                ]
+            )
+            answer = hostile_gateway.post(
+                "/api/v1/write", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+            )
             assert answer.status == 204, answer.body
     query = Query(start, now_ms, [Matcher("EQ", "__name__", "many_histograms")])
     body = prometheus.encode_read_request([query], [prometheus.STREAMED_XOR_CHUNKS])
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
-    answer, elapsed, latencies = healthz_while(hostile_gateway, lambda: hostile_gateway.post("/api/v1/read", body, headers=headers, timeout=120))
+    answer, elapsed, latencies = healthz_while(
+        hostile_gateway, lambda: hostile_gateway.post("/api/v1/read", body, headers=headers, timeout=120)
+    )
     assert answer.status == 200, answer.body
     assert sum(len(found) for *_, found in prometheus.decode_chunked_series(answer.body)) == 40_000
     assert_healthz_fast(hostile_gateway, latencies, f"during a {elapsed:.1f} s streamed read of histograms")

@@ -69,7 +69,9 @@ def test_counters_fall_back_to_their_last_value():
 async def test_a_range_past_raw_retention_ends_with_the_newest_samples(sqlite_store):
     """Roll-up averages up to the raw retention's start (rounded up to a 5 m bucket), raw samples after."""
     series = key("t", "temp")
-    old = [Rollup("t", series.series_set_hash, NOW - 3 * HOUR_MS + i * 5 * MINUTE, 0.0, 2.0, 2.0 * i, 2) for i in range(36)]
+    old = [
+        Rollup("t", series.series_set_hash, NOW - 3 * HOUR_MS + i * 5 * MINUTE, 0.0, 2.0, 2.0 * i, 2) for i in range(36)
+    ]
     await sqlite_store.write_rollups(LAYOUT.granularity("5m"), old)
     recent = [RawPoint("t", series.series_set_hash, NOW - i * MINUTE, float(i)) for i in range(130)]
     await sqlite_store.write_raw(recent)
@@ -78,8 +80,12 @@ async def test_a_range_past_raw_retention_ends_with_the_newest_samples(sqlite_st
     boundary = NOW - 2 * HOUR_MS + 3 * MINUTE
     assert found.aggregate == "avg"
     points = found.samples.points()
-    assert [p for p in points if p[0] < boundary] == [(r.timestamp_ms, r.sum / r.count) for r in old if r.timestamp_ms < boundary]
-    assert [p for p in points if p[0] >= boundary] == sorted((p.timestamp_ms, p.value) for p in recent if p.timestamp_ms >= boundary)
+    assert [p for p in points if p[0] < boundary] == [
+        (r.timestamp_ms, r.sum / r.count) for r in old if r.timestamp_ms < boundary
+    ]
+    assert [p for p in points if p[0] >= boundary] == sorted(
+        (p.timestamp_ms, p.value) for p in recent if p.timestamp_ms >= boundary
+    )
     assert points[-1] == (NOW, 0.0)
     (inside,) = await reader.read([series], NOW - HOUR_MS, NOW)
     assert inside.aggregate is None and len(inside.samples) == 61
@@ -99,13 +105,23 @@ async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite_
         await downsampler.roll_up_series_slot("t", series.series_set_hash, slot)
 
     await sqlite_store.write_raw([RawPoint("t", series.series_set_hash, slot - MINUTE, 100.0)])
-    await sqlite_store.write_raw([RawPoint("t", series.series_set_hash, slot + i * MINUTE, float(i)) for i in range(10)])
+    await sqlite_store.write_raw(
+        [RawPoint("t", series.series_set_hash, slot + i * MINUTE, float(i)) for i in range(10)]
+    )
     await seal()
     assert (await read_head(sqlite_store, "t", series.series_set_hash, slot, slot + HOUR_MS - 1)).points() == []
-    await sqlite_store.write_raw([RawPoint("t", series.series_set_hash, slot + 3 * MINUTE, 30.0), RawPoint("t", series.series_set_hash, slot + 30 * MINUTE, 31.0)])
+    await sqlite_store.write_raw(
+        [
+            RawPoint("t", series.series_set_hash, slot + 3 * MINUTE, 30.0),
+            RawPoint("t", series.series_set_hash, slot + 30 * MINUTE, 31.0),
+        ]
+    )
     await seal()
     (block,) = await read_blocks(sqlite_store, "t", series.series_set_hash, slot, slot)
-    assert Samples(*decode_block(block)).points() == [(slot + i * MINUTE, float(v)) for i, v in [(0, 0), (1, 1), (2, 2), (3, 30), *((i, i) for i in range(4, 10)), (30, 31)]]
+    assert Samples(*decode_block(block)).points() == [
+        (slot + i * MINUTE, float(v))
+        for i, v in [(0, 0), (1, 1), (2, 2), (3, 30), *((i, i) for i in range(4, 10)), (30, 31)]
+    ]
     (hourly,) = await sqlite_store.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, slot, slot)
     assert (hourly.last, hourly.increase) == (31.0, 0.0 + 1 + 1 + 28 + 4 + 1 + 1 + 1 + 1 + 1 + 22)
     await sqlite_store.sweep(NOW + 3 * HOUR_MS)
@@ -137,16 +153,23 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     data.mkdir()
     old = sqlite3.connect(data / "tsgate.db", isolation_level=None)
     old.execute("PRAGMA journal_mode=WAL")
-    old.executescript(re.sub(r"CREATE TABLE IF NOT EXISTS data_blocks \(.*?\);|    created_ms INTEGER,\n", "", SCHEMA, flags=re.S))
+    old.executescript(
+        re.sub(r"CREATE TABLE IF NOT EXISTS data_blocks \(.*?\);|    created_ms INTEGER,\n", "", SCHEMA, flags=re.S)
+    )
     old.executescript("".join(ROLLUP_TABLE.format(table=t) for t in ("data_5m", "data_1h")) + "PRAGMA user_version=2;")
     series = key("old", "legacy_temp")
     slot = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS
     old.execute("INSERT INTO tenants VALUES ('old')")
     old.execute("INSERT INTO metric_names (tenant, metric_name) VALUES ('old', 'legacy_temp')")
-    old.execute("INSERT INTO series_set_hashes VALUES ('old', ?, 'legacy_temp', ?)", (series.series_set_hash, json.dumps({})))
-    old.execute("INSERT INTO series_sets VALUES ('old', 'legacy_temp', '__name__', 'legacy_temp', ?)", (series.series_set_hash,))
+    old.execute(
+        "INSERT INTO series_set_hashes VALUES ('old', ?, 'legacy_temp', ?)", (series.series_set_hash, json.dumps({}))
+    )
+    old.execute(
+        "INSERT INTO series_sets VALUES ('old', 'legacy_temp', '__name__', 'legacy_temp', ?)", (series.series_set_hash,)
+    )
     old.executemany(
-        "INSERT INTO data_raw VALUES ('old', ?, ?, ?, ?)", [(series.series_set_hash, slot, slot + i * MINUTE, float(i)) for i in range(20)]
+        "INSERT INTO data_raw VALUES ('old', ?, ?, ?, ?)",
+        [(series.series_set_hash, slot, slot + i * MINUTE, float(i)) for i in range(20)],
     )
     old.execute("INSERT INTO pending_downsample_sets VALUES (0, ?, 'old', ?, 0)", (slot, series.series_set_hash))
     old.close()
@@ -157,7 +180,10 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     assert before.status == 200 and list(before.json()[0]["values"].values()) == [float(i) for i in range(20)]
     sealed = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *store_args],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert sealed.returncode == 0 and "rolled up 1 " in sealed.stdout, sealed.stderr
     after = gateway.get("/api/query?" + urllib.parse.urlencode(params))

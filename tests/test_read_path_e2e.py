@@ -54,13 +54,16 @@ def wait_until_head_rows_expired(store_args, tenant: str, name: str, slot: int, 
 
 def remote_write(gateway, tenant: str, series: list[Series]) -> None:
     answer = gateway.post(
-        "/api/v1/write", prometheus.encode_write_request_v1(series),
+        "/api/v1/write",
+        prometheus.encode_write_request_v1(series),
         headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"},
     )
     assert answer.status == 204, answer.body
 
 
-def remote_read(gateway, tenant: str, name: str, start_ms: int, end_ms: int, response_type: str = prometheus.SAMPLES) -> bytes:
+def remote_read(
+    gateway, tenant: str, name: str, start_ms: int, end_ms: int, response_type: str = prometheus.SAMPLES
+) -> bytes:
     body = prometheus.encode_read_request([Query(start_ms, end_ms, [Matcher("EQ", "__name__", name)])], [response_type])
     answer = gateway.post("/api/v1/read", body, headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy"})
     assert answer.status == 200, answer.body
@@ -89,13 +92,21 @@ def render(gateway, tenant: str, target: str, start: int, until: int) -> bytes:
 def test_every_read_api_answers_the_same_before_and_after_sealing(start_gateway, store_args, tmp_path, tenant):
     schemas = tmp_path / "schemas.conf"
     schemas.write_text(SCHEMAS)
-    gateway = start_gateway(*store_args, "--roles", "ingest,query", "--downsample-delay", "0s", "--graphite-storage-schemas", str(schemas))
+    gateway = start_gateway(
+        *store_args, "--roles", "ingest,query", "--downsample-delay", "0s", "--graphite-storage-schemas", str(schemas)
+    )
     slot = (int(time.time() * 1000) // HOUR_MS - 3) * HOUR_MS
     gauge = [(slot + i * 10_000 + i % 7, float(i) / 4) for i in range(300)]
     gauge[10], gauge[11], gauge[12] = (gauge[10][0], float("nan")), (gauge[11][0], STALE), (gauge[12][0], -0.0)
     # a counter across the slot boundary, reset at the first sample of the second slot
-    counter = [(slot + i * 60_000, 100.0 + i) for i in range(60)] + [(slot + HOUR_MS + i * 60_000, float(i)) for i in range(60)]
-    remote_write(gateway, tenant, [Series({"__name__": "room_temp", "room": "a"}, gauge), Series({"__name__": "jobs_total"}, counter)])
+    counter = [(slot + i * 60_000, 100.0 + i) for i in range(60)] + [
+        (slot + HOUR_MS + i * 60_000, float(i)) for i in range(60)
+    ]
+    remote_write(
+        gateway,
+        tenant,
+        [Series({"__name__": "room_temp", "room": "a"}, gauge), Series({"__name__": "jobs_total"}, counter)],
+    )
     start_ms, end_ms = slot, slot + 2 * HOUR_MS - 1
 
     def answers(reader_tenant: str) -> dict:
@@ -105,19 +116,26 @@ def test_every_read_api_answers_the_same_before_and_after_sealing(start_gateway,
             "render": render(gateway, reader_tenant, "seriesByTag('name=room_temp')", slot // 1000 - 1, end_ms // 1000),
             "samples": read_samples(gateway, reader_tenant, "room_temp", start_ms, end_ms),
             "counter_samples": read_samples(gateway, reader_tenant, "jobs_total", start_ms, end_ms),
-            "chunks": remote_read(gateway, reader_tenant, "room_temp", start_ms, end_ms, prometheus.STREAMED_XOR_CHUNKS),
+            "chunks": remote_read(
+                gateway, reader_tenant, "room_temp", start_ms, end_ms, prometheus.STREAMED_XOR_CHUNKS
+            ),
         }
 
     before, other_before = answers(tenant), answers(tenant + "-other")
     assert before["samples"] == [(ts, bits(value)) for ts, value in gauge]
     assert before["counter_samples"] == [(ts, bits(value)) for ts, value in counter]
-    assert len(before["query"][0]["values"]) == 300 and before["query"][0]["values"][next(iter(before["query"][0]["values"]))] == 0.0
+    assert (
+        len(before["query"][0]["values"]) == 300
+        and before["query"][0]["values"][next(iter(before["query"][0]["values"]))] == 0.0
+    )
     assert b"null" in before["render"] and b"[74.75, " in before["render"]
     assert other_before["query"] == [] and other_before["samples"] == [] and other_before["render"] == b"[]"
     assert "rolled up" in downsample_once(*store_args)  # other tests' series may be pending too
     assert answers(tenant) == before
     assert answers(tenant + "-other") == other_before
-    hourly = api_query(gateway, tenant, metricName="jobs_total", granularity="1h", aggregator="increase", start=start_ms, end=end_ms)
+    hourly = api_query(
+        gateway, tenant, metricName="jobs_total", granularity="1h", aggregator="increase", start=start_ms, end=end_ms
+    )
     assert list(hourly[0]["values"].values()) == [59.0, 59.0]
 
 
@@ -133,11 +151,19 @@ def test_late_samples_are_merged_after_their_head_rows_expired(start_gateway, st
     remote_write(gateway, tenant, [Series({"__name__": "late_gauge"}, late)])
     assert "rolled up" in downsample_once(*args)
     expected = sorted(dict(first + late).items())
-    assert read_samples(gateway, tenant, "late_gauge", slot, slot + HOUR_MS - 1) == [(ts, bits(v)) for ts, v in expected]
-    (series,) = api_query(gateway, tenant, metricName="late_gauge", granularity="raw", start=slot, end=slot + HOUR_MS - 1)
+    assert read_samples(gateway, tenant, "late_gauge", slot, slot + HOUR_MS - 1) == [
+        (ts, bits(v)) for ts, v in expected
+    ]
+    (series,) = api_query(
+        gateway, tenant, metricName="late_gauge", granularity="raw", start=slot, end=slot + HOUR_MS - 1
+    )
     assert list(series["values"].values()) == [v for _, v in expected]
-    (count,) = api_query(gateway, tenant, metricName="late_gauge", granularity="1h", aggregator="count", start=slot, end=slot)
-    (minimum,) = api_query(gateway, tenant, metricName="late_gauge", granularity="1h", aggregator="min", start=slot, end=slot)
+    (count,) = api_query(
+        gateway, tenant, metricName="late_gauge", granularity="1h", aggregator="count", start=slot, end=slot
+    )
+    (minimum,) = api_query(
+        gateway, tenant, metricName="late_gauge", granularity="1h", aggregator="min", start=slot, end=slot
+    )
     assert list(count["values"].values()) == [11.0] and list(minimum["values"].values()) == [-2.0]
 
 
@@ -152,7 +178,14 @@ def test_a_range_past_raw_retention_ends_with_the_newest_samples(start_gateway, 
     recent = [(now - 600_000 + i * 60_000, 42.0) for i in range(10)]
     counter_old = [(ts, 1000.0 + i) for i, (ts, _) in enumerate(old)]
     counter_recent = [(ts, 2000.0 + i) for i, (ts, _) in enumerate(recent)]
-    remote_write(gateway, tenant, [Series({"__name__": "stitched_gauge"}, old + recent), Series({"__name__": "reqs_total"}, counter_old + counter_recent)])
+    remote_write(
+        gateway,
+        tenant,
+        [
+            Series({"__name__": "stitched_gauge"}, old + recent),
+            Series({"__name__": "reqs_total"}, counter_old + counter_recent),
+        ],
+    )
     downsample_once(*args)
     start = old_slot
     (series,) = api_query(gateway, tenant, metricName="stitched_gauge", start=start, end="now")
@@ -179,14 +212,21 @@ def test_native_histograms_past_raw_retention_come_from_their_roll_up(start_gate
     now = int(time.time() * 1000)
     old_slot = (now // HOUR_MS - 3) * HOUR_MS
     counts = [100 + i for i in range(22)] + [1 + 2 * i for i in range(38)]
-    old = [at(histogram(count=c, sum_=0.5 * c, zero_count=1, positive=((1, 1),), deltas=(c - 1,)), old_slot + i * 60_000) for i, c in enumerate(counts)]
+    old = [
+        at(histogram(count=c, sum_=0.5 * c, zero_count=1, positive=((1, 1),), deltas=(c - 1,)), old_slot + i * 60_000)
+        for i, c in enumerate(counts)
+    ]
     recent = [at(HISTOGRAM, now - 300_000 + i * 60_000) for i in range(3)]
     remote_write(gateway, tenant, [Series({"__name__": "latency_seconds"}, histograms=old + recent)])
     assert "rolled up" in downsample_once(*args)
 
-    answer = post_read(gateway, tenant, [Query(old_slot, now, [Matcher("EQ", "__name__", "latency_seconds")])], [prometheus.SAMPLES])
+    answer = post_read(
+        gateway, tenant, [Query(old_slot, now, [Matcher("EQ", "__name__", "latency_seconds")])], [prometheus.SAMPLES]
+    )
     assert answer.status == 200, answer.body
-    (series,) = remote_pb2.ReadResponse.FromString(prometheus.decompress_block(answer.body, 1 << 24)).results[0].timeseries
+    (series,) = (
+        remote_pb2.ReadResponse.FromString(prometheus.decompress_block(answer.body, 1 << 24)).results[0].timeseries
+    )
     minutes = [4, 9, 14, 19, 21, 24, 29, 34, 39, 44, 49, 54, 59]
     expected = [old[m].data for m in minutes]
     hinted = types_pb2.Histogram.FromString(old[24].data)
@@ -196,7 +236,10 @@ def test_native_histograms_past_raw_retention_come_from_their_roll_up(start_gate
 
     at_minute_24 = (old_slot + 24 * 60_000) / 1000
     for function, value in (("histogram_count", counts[24]), ("histogram_sum", 0.5 * counts[24])):
-        answer = gateway.get("/api/v1/query?" + urllib.parse.urlencode({"query": f"{function}(latency_seconds)", "time": at_minute_24}), headers={"X-Scope-OrgID": tenant})
+        answer = gateway.get(
+            "/api/v1/query?" + urllib.parse.urlencode({"query": f"{function}(latency_seconds)", "time": at_minute_24}),
+            headers={"X-Scope-OrgID": tenant},
+        )
         assert answer.status == 200, answer.body
         (result,) = answer.json()["data"]["result"]
         assert float(result["value"][1]) == value

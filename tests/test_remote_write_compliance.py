@@ -15,7 +15,9 @@ LEVEL_ORDER = {"MUST": 0, "SHOULD": 1, "MAY": 2}
 def summary(cases) -> str:
     counts = Counter((case.level, case.passed) for case in cases)
     levels = sorted({case.level for case in cases}, key=lambda level: LEVEL_ORDER.get(level, len(LEVEL_ORDER)))
-    lines = [f"receiver compliance suite {SUITE_VERSION}: {sum(case.passed for case in cases)} of {len(cases)} cases passed"]
+    lines = [
+        f"receiver compliance suite {SUITE_VERSION}: {sum(case.passed for case in cases)} of {len(cases)} cases passed"
+    ]
     for level in levels:
         failed = sorted(case.name for case in cases if case.level == level and not case.passed)
         lines.append(f"  {level}: {counts[level, True]} passed, {counts[level, False]} failed")
@@ -30,4 +32,6 @@ def test_remote_write_receiver_compliance(start_gateway, backend_args, tenant, t
     print(f"\n{report}")
 
     failed_must = [case for case in cases if case.level == "MUST" and not case.passed]
-    assert cases and not failed_must, "MUST cases failing:\n" + "\n".join(case.output for case in failed_must) + f"\n{report}"
+    assert cases and not failed_must, (
+        "MUST cases failing:\n" + "\n".join(case.output for case in failed_must) + f"\n{report}"
+    )

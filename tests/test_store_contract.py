@@ -11,7 +11,18 @@ from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
-from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawPoint, Rollup, time_slot, time_slots
+from gateway.store.contract import (
+    CreatedTimestamp,
+    ExemplarRow,
+    HistogramRow,
+    MetricMetadata,
+    PathNode,
+    PendingSet,
+    RawPoint,
+    Rollup,
+    time_slot,
+    time_slots,
+)
 from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_blocks, read_head
@@ -107,7 +118,9 @@ async def test_tenants_are_isolated(store, tenant):
     assert await store.find_series(other, "cpu", "host", "a") == set()
     assert await store.get_series(other, [a.series_set_hash]) == {}
     assert points(await read_head(store, other, a.series_set_hash, 0, 2000)) == []
-    await store.write_block(tenant, a.series_set_hash, 0, encode_block(np.array([1000]), np.array([1.0])), samples.empty(), 0)
+    await store.write_block(
+        tenant, a.series_set_hash, 0, encode_block(np.array([1000]), np.array([1.0])), samples.empty(), 0
+    )
     assert await read_blocks(store, other, a.series_set_hash, 0, 2000) == []
 
 
@@ -119,7 +132,11 @@ async def test_raw_data_in_time_order_across_slots(store, tenant):
     everything = await read_head(store, tenant, h, -HOUR, 6 * HOUR)
     assert everything.timestamps.dtype == np.int64 and everything.values.dtype == np.float64
     assert points(everything) == [(ts, float(ts)) for ts in sorted(timestamps)]
-    assert points(await read_head(store, tenant, h, HOUR - 1, 3 * HOUR)) == [(HOUR - 1, HOUR - 1.0), (HOUR, float(HOUR)), (3 * HOUR, 3.0 * HOUR)]
+    assert points(await read_head(store, tenant, h, HOUR - 1, 3 * HOUR)) == [
+        (HOUR - 1, HOUR - 1.0),
+        (HOUR, float(HOUR)),
+        (3 * HOUR, 3.0 * HOUR),
+    ]
     assert points(await read_head(store, tenant, h, 3 * HOUR + 1, 5 * HOUR)) == []
     assert points(await read_head(store, tenant, h, 10, 5)) == []
 
@@ -152,7 +169,7 @@ async def test_read_raw_of_many_series_keeps_their_order(store, tenant):
     """Over 64 series (more than one Cassandra request's worth), sealed or not, some unknown."""
     hashes = [f"many{i:03d}" for i in range(150)]
     await store.write_raw([RawPoint(tenant, h, 1000 + i, float(i)) for i, h in enumerate(hashes)])
-    for i, h in enumerate(hashes[::3]):
+    for h in hashes[::3]:
         await store.write_block(tenant, h, 0, encode_block(np.array([5]), np.array([-1.0])), samples.empty(), 0)
     asked = ["unknown", *reversed(hashes)]
     found = await store.read_raw(tenant, asked, 0, HOUR - 1)
@@ -166,9 +183,13 @@ async def test_blocks_by_slot(store, tenant):
     week = store.layout.block_partition_width_ms
     slots = [-HOUR, 0, 2 * HOUR, week - HOUR, week, 3 * week]
     for slot in slots:
-        await store.write_block(tenant, h, slot, encode_block(np.array([slot + 5]), np.array([float(slot)])), samples.empty(), 0)
+        await store.write_block(
+            tenant, h, slot, encode_block(np.array([slot + 5]), np.array([float(slot)])), samples.empty(), 0
+        )
+
     def firsts(blocks):
         return [int(decode_block(b)[0][0]) - 5 for b in blocks]
+
     assert firsts(await read_blocks(store, tenant, h, -HOUR, 4 * week)) == slots
     assert firsts(await read_blocks(store, tenant, h, 1, week)) == [0, 2 * HOUR, week - HOUR, week]
     assert firsts(await read_blocks(store, tenant, h, week + HOUR, 3 * week - 1)) == []
@@ -187,7 +208,9 @@ async def test_read_path_stitches_blocks_and_head(store, tenant):
     head = await read_head(store, tenant, h.series_set_hash, 0, HOUR - 1)
     head_read = int(time.time() * 1000)
     for _ in range(2):
-        await store.write_block(tenant, h.series_set_hash, 0, encode_block(head.timestamps, head.values), head, head_read)
+        await store.write_block(
+            tenant, h.series_set_hash, 0, encode_block(head.timestamps, head.values), head, head_read
+        )
     await store.write_raw([RawPoint(tenant, h.series_set_hash, 20, -1.0), RawPoint(tenant, h.series_set_hash, 25, 2.5)])
     assert {(20, -1.0), (25, 2.5)} <= set(points(await read_head(store, tenant, h.series_set_hash, 0, HOUR - 1)))
     reader = ReadPath(store)
@@ -212,7 +235,14 @@ async def test_metric_metadata(store, tenant):
 
 @pytest_twisted.ensureDeferred
 async def test_graphite_path_tree(store, tenant):
-    await store.write_series([series(tenant, "a.b.c", {}), series(tenant, "a.b", {}), series(tenant, "a.x.c", {}), series(tenant, "tagged.m", {"k": "v"})])
+    await store.write_series(
+        [
+            series(tenant, "a.b.c", {}),
+            series(tenant, "a.b", {}),
+            series(tenant, "a.x.c", {}),
+            series(tenant, "tagged.m", {"k": "v"}),
+        ]
+    )
     assert await store.list_path_children(tenant, "") == [PathNode("a", False, True)]
     assert await store.list_path_children(tenant, "a") == [PathNode("b", True, True), PathNode("x", False, True)]
     assert await store.list_path_children(tenant, "a.b") == [PathNode("c", True, False)]
@@ -222,7 +252,13 @@ async def test_graphite_path_tree(store, tenant):
 
 @pytest_twisted.ensureDeferred
 async def test_tenant_wide_tag_index(store, tenant):
-    await store.write_series([series(tenant, "cpu", {"host": "a", "dc": "x"}), series(tenant, "mem", {"host": "a"}), series(tenant, "mem", {"host": "b"})])
+    await store.write_series(
+        [
+            series(tenant, "cpu", {"host": "a", "dc": "x"}),
+            series(tenant, "mem", {"host": "a"}),
+            series(tenant, "mem", {"host": "b"}),
+        ]
+    )
     assert await store.list_tenant_tag_keys(tenant) == ["dc", "host"]
     assert await store.list_tenant_tag_values(tenant, "host") == ["a", "b"]
     assert await store.find_metrics_by_tag(tenant, "host", "a") == ["cpu", "mem"]
@@ -283,7 +319,9 @@ async def test_exemplars_round_trip_bit_exact_per_series(store, tenant):
     await store.write_exemplars(a + b)
     found = await store.read_exemplars(tenant, ["b", "missing", "a"], HOUR - 1, 3 * HOUR)
     assert found[0] == b and found[1] == []
-    assert [(r.timestamp_ms, bits(r.value), r.labels) for r in found[2]] == [(r.timestamp_ms, bits(r.value), r.labels) for r in a]
+    assert [(r.timestamp_ms, bits(r.value), r.labels) for r in found[2]] == [
+        (r.timestamp_ms, bits(r.value), r.labels) for r in a
+    ]
     assert await store.read_exemplars(tenant, ["a"], HOUR, 3 * HOUR - 1) == [[a[1]]]
     assert await store.read_exemplars(tenant, ["a"], HOUR, HOUR - 1) == [[]]
 
@@ -329,7 +367,13 @@ async def test_sqlite_sweep_deletes_exemplars_past_their_retention(tmp_path, ten
 async def test_exemplars_of_many_series_over_many_slots(store, tenant):
     """Cassandra reads many series-slots a request: each row still lands with its own series."""
     hashes = [f"s{i:03d}" for i in range(300)]
-    await store.write_exemplars([ExemplarRow(tenant, h, slot * HOUR + i, float(i), {"slot": str(slot)}) for i, h in enumerate(hashes) for slot in (1, 5)])
+    await store.write_exemplars(
+        [
+            ExemplarRow(tenant, h, slot * HOUR + i, float(i), {"slot": str(slot)})
+            for i, h in enumerate(hashes)
+            for slot in (1, 5)
+        ]
+    )
     found = await store.read_exemplars(tenant, hashes[::-1], HOUR, 5 * HOUR + 299)
     assert [[(r.series_set_hash, r.timestamp_ms, r.value) for r in rows] for rows in found] == [
         [(h, HOUR + i, float(i)), (h, 5 * HOUR + i, float(i))] for i, h in reversed(list(enumerate(hashes)))
@@ -340,7 +384,11 @@ async def test_exemplars_of_many_series_over_many_slots(store, tenant):
 async def test_histograms_round_trip_bit_exact_per_series(store, tenant):
     """Bytes come back as written; each series gets its own list, oldest first, in the order of
     the hashes asked, over an inclusive range across slots; a rewrite of a timestamp replaces it."""
-    a = [HistogramRow(tenant, "a", HOUR - 1, bytes(range(256))), HistogramRow(tenant, "a", HOUR, b"\x00"), HistogramRow(tenant, "a", 3 * HOUR, b"")]
+    a = [
+        HistogramRow(tenant, "a", HOUR - 1, bytes(range(256))),
+        HistogramRow(tenant, "a", HOUR, b"\x00"),
+        HistogramRow(tenant, "a", 3 * HOUR, b""),
+    ]
     b = [HistogramRow(tenant, "b", HOUR, b"\x08\x03")]
     await store.write_histograms(list(reversed(a)) + b)
     assert await store.read_histograms(tenant, ["b", "missing", "a"], HOUR - 1, 3 * HOUR) == [b, [], a]
@@ -363,9 +411,14 @@ async def test_histogram_rollups_per_granularity_across_partitions(store, tenant
     await store.write_histogram_rollups(coarse, [HistogramRow(tenant, "a", 0, b"hour")])
     assert await store.read_histogram_rollups(fine, tenant, ["b", "missing", "a"], 0, far) == [b, [], a]
     assert await store.read_histogram_rollups(fine, tenant, ["a"], 1, far - 1) == [[a[1]]]
-    assert await store.read_histogram_rollups(coarse, tenant, ["a", "b"], 0, far) == [[HistogramRow(tenant, "a", 0, b"hour")], []]
+    assert await store.read_histogram_rollups(coarse, tenant, ["a", "b"], 0, far) == [
+        [HistogramRow(tenant, "a", 0, b"hour")],
+        [],
+    ]
     await store.write_histogram_rollups(fine, [HistogramRow(tenant, "a", far, b"again")])
-    assert await store.read_histogram_rollups(fine, tenant, ["a"], far, far) == [[HistogramRow(tenant, "a", far, b"again")]]
+    assert await store.read_histogram_rollups(fine, tenant, ["a"], far, far) == [
+        [HistogramRow(tenant, "a", far, b"again")]
+    ]
     assert await store.read_histograms(tenant, ["a"], 0, far) == [[]]
 
 

@@ -80,7 +80,9 @@ def test_an_idle_tenant_saves_up_no_more_than_the_burst():
 
 @pytest.fixture
 def limited(start_gateway, tenant):
-    return start_gateway("--tenant-max-samples-per-second", "50", "--tenant-max-active-series", "20", "--graphite-tenant", tenant)
+    return start_gateway(
+        "--tenant-max-samples-per-second", "50", "--tenant-max-active-series", "20", "--graphite-tenant", tenant
+    )
 
 
 def test_json_and_put_answer_429_over_the_rate(limited, tenant):

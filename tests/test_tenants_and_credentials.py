@@ -23,7 +23,9 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 def put(gateway, metric: str, value: float, headers=None, path="/api/put", tags=None):
-    body = [{"metric": metric, "timestamp": NOW_S - 60, "value": value, "tags": {"host": "h1"} if tags is None else tags}]
+    body = [
+        {"metric": metric, "timestamp": NOW_S - 60, "value": value, "tags": {"host": "h1"} if tags is None else tags}
+    ]
     return gateway.post(path, body, headers=headers or {})
 
 
@@ -90,7 +92,11 @@ def test_the_parameter_still_names_the_tenant_without_a_header(open_gateway, ten
 
 # -- with credentials -------------------------------------------------------------------------
 
-TOKENS = {"writer-token-abc": ("writer", ["write"]), "reader-token-def": ("reader", ["read"]), "admin-token-ghi": ("admin", ["admin"])}
+TOKENS = {
+    "writer-token-abc": ("writer", ["write"]),
+    "reader-token-def": ("reader", ["read"]),
+    "admin-token-ghi": ("admin", ["admin"]),
+}
 USERS = {"grafana": ("grafana-password", ["read"]), "prometheus": ("prom-password", ["write", "read"])}
 
 
@@ -106,9 +112,23 @@ def bearer(token: str) -> dict[str, str]:
 def auth_file(tmp_path, tenant):
     lines = []
     for token, (name, roles) in TOKENS.items():
-        lines += ["[[tokens]]", f'name = "{name}"', f'sha256 = "{hash_token(token)}"', f'tenant = "{tenant}"', f"roles = {roles}", ""]
+        lines += [
+            "[[tokens]]",
+            f'name = "{name}"',
+            f'sha256 = "{hash_token(token)}"',
+            f'tenant = "{tenant}"',
+            f"roles = {roles}",
+            "",
+        ]
     for user, (password, roles) in USERS.items():
-        lines += ["[[users]]", f'name = "{user}"', f'password = "{hash_password(password)}"', f'tenant = "{tenant}"', f"roles = {roles}", ""]
+        lines += [
+            "[[users]]",
+            f'name = "{user}"',
+            f'password = "{hash_password(password)}"',
+            f'tenant = "{tenant}"',
+            f"roles = {roles}",
+            "",
+        ]
     path = tmp_path / "auth.toml"
     path.write_text("\n".join(lines).replace("'", '"'))
     return path
@@ -121,13 +141,27 @@ def secured(start_gateway, backend_args, auth_file):
 
 def test_every_endpoint_but_healthz_needs_a_credential(secured):
     assert secured.get("/healthz").status == 200
-    for path in ("/", "/metrics", "/api/query?metricName=x", "/render?target=a.b", "/metrics/find?query=*",
-                 "/tags", "/api/metadata/tenants", "/api/v1/metadata?metric=up", "/nowhere"):
+    for path in (
+        "/",
+        "/metrics",
+        "/api/query?metricName=x",
+        "/render?target=a.b",
+        "/metrics/find?query=*",
+        "/tags",
+        "/api/metadata/tenants",
+        "/api/v1/metadata?metric=up",
+        "/nowhere",
+    ):
         answer = secured.get(path)
         assert answer.status == 401, (path, answer.status)
         assert answer.headers["WWW-Authenticate"] == 'Basic realm="tsgate"'
-    for headers in (bearer("not-a-token"), basic("grafana", "wrong"), basic("nobody", "x"), {"Authorization": "Digest x"},
-                    {"Authorization": "Basic %%%"}):
+    for headers in (
+        bearer("not-a-token"),
+        basic("grafana", "wrong"),
+        basic("nobody", "x"),
+        {"Authorization": "Digest x"},
+        {"Authorization": "Basic %%%"},
+    ):
         assert secured.get("/render?target=a.b", headers=headers).status == 401, headers
     assert secured.post("/api/put", [], headers={}).status == 401
 
@@ -153,14 +187,18 @@ def test_grafana_requests_with_basic_auth(secured, tenant):
     """The shapes Grafana's Graphite data source sends (see test_grafana_replay), with its basic auth."""
     assert put(secured, "grafana.cpu", 4.0, bearer("writer-token-abc"), tags={}).status == 200
     credential = basic("grafana", "grafana-password")
-    body = urllib.parse.urlencode({"target": "grafana.cpu", "format": "json", "from": "-1h", "until": "now", "maxDataPoints": 100})
+    body = urllib.parse.urlencode(
+        {"target": "grafana.cpu", "format": "json", "from": "-1h", "until": "now", "maxDataPoints": 100}
+    )
     answer = secured.post("/render", body.encode(), headers={**credential, **FORM})
     assert answer.status == 200
     assert [v for v, _ in answer.json()[0]["datapoints"] if v is not None] == [4.0]
     assert secured.get("/metrics/find?query=*", headers=credential).json()[0]["text"] == "grafana"
     assert secured.get("/tags/autoComplete/tags?expr=name%3Dgrafana.cpu", headers=credential).status == 200
     assert secured.get("/version", headers=credential).status == 200
-    health = urllib.parse.urlencode({"target": "constantLine(100)", "format": "json", "from": "-1h", "maxDataPoints": 100})
+    health = urllib.parse.urlencode(
+        {"target": "constantLine(100)", "format": "json", "from": "-1h", "maxDataPoints": 100}
+    )
     assert secured.post("/render", health.encode(), headers={**credential, **FORM}).status == 200
 
 
@@ -208,7 +246,9 @@ def test_real_prometheus_writes_with_basic_auth_and_reads_with_a_bearer_token(se
 
 
 def tsgate(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], input=stdin, capture_output=True, text=True, cwd=REPO, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], input=stdin, capture_output=True, text=True, cwd=REPO, timeout=60
+    )
 
 
 @pytest.mark.slow

@@ -52,7 +52,9 @@ def start_workers(start_gateway, *args: str) -> tuple[GatewayProcess, dict[int, 
 
 
 def query(gateway: GatewayProcess, metric: str, start: str = "2h-ago", tenant: str = "default"):
-    answer = gateway.get("/api/query?" + urllib.parse.urlencode({"tenant": tenant, "metricName": metric, "start": start}))
+    answer = gateway.get(
+        "/api/query?" + urllib.parse.urlencode({"tenant": tenant, "metricName": metric, "start": start})
+    )
     assert answer.status == 200, answer.body
     return answer.json()
 
@@ -109,7 +111,9 @@ def test_two_workers_share_every_listener_and_metrics(start_gateway):
         tcp.sendall(struct.pack("!L", len(frame)) + frame)
 
     series = query(gateway, "w_http", start=str(old - 60))
-    assert sorted(s["values"][time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(old))] for s in series) == list(range(200))
+    assert sorted(s["values"][time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(old))] for s in series) == list(
+        range(200)
+    )
     for prefix in ("w_tcp", "w_udp", "w_pickle"):
         landed = wait_for(lambda: all(query(gateway, f"{prefix}.h{i}") for i in range(10)), what=f"{prefix} samples")
         assert landed
@@ -133,7 +137,9 @@ def test_two_workers_share_every_listener_and_metrics(start_gateway):
 def test_a_killed_worker_is_replaced(start_gateway):
     gateway, workers = start_workers(start_gateway)
     os.kill(workers[1], signal.SIGKILL)
-    replaced = wait_for(lambda: ready_workers(gateway)[1] != workers[1] and ready_workers(gateway), what="a new worker 1")
+    replaced = wait_for(
+        lambda: ready_workers(gateway)[1] != workers[1] and ready_workers(gateway), what="a new worker 1"
+    )
     assert f"worker 1 (pid {workers[1]}) died (killed by SIGKILL); restarting it" in gateway.log()
     assert children(gateway.process.pid) == {workers[0], replaced[1]}
     for _ in range(10):

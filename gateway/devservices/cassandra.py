@@ -19,9 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.devservices.process import free_port, terminate
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import RoundRobinPolicy
+
+from gateway.devservices.process import free_port, terminate
 
 DEFAULT_CASSANDRA_VERSION = "5.0.9"
 POM = Path(__file__).with_name("pom.xml")
@@ -118,7 +119,10 @@ def ensure_cassandra_jars(version: str | None = None) -> Path:
         started = time.monotonic()
         result = subprocess.run(
             [
-                mvn, "-q", "-B", "dependency:copy-dependencies",
+                mvn,
+                "-q",
+                "-B",
+                "dependency:copy-dependencies",
                 f"-Dcassandra.version={version}",
                 f"-DoutputDirectory={lib}",
             ],

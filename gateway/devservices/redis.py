@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.devservices.process import free_port, terminate
-
 import redis
+
+from gateway.devservices.process import free_port, terminate
 
 APT_LISTS = Path("/var/lib/apt/lists")
 
@@ -94,12 +94,18 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         command = [
             binary,
-            "--bind", self.host,
-            "--port", str(self.port),
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.workdir),
-            "--daemonize", "no",
+            "--bind",
+            self.host,
+            "--port",
+            str(self.port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--daemonize",
+            "no",
         ]
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(

@@ -49,7 +49,9 @@ def series_kind(metric_name: str, metric_type: str | None, counter_suffixes: Ite
     return GAUGE
 
 
-def _bucket_rows(tenant: str, series_set_hash: str, kind: str, buckets: dict[int, list[float]], previous: float | None) -> list[Rollup]:
+def _bucket_rows(
+    tenant: str, series_set_hash: str, kind: str, buckets: dict[int, list[float]], previous: float | None
+) -> list[Rollup]:
     rows = []
     for start in sorted(buckets):
         values = buckets[start]
@@ -67,7 +69,17 @@ def _bucket_rows(tenant: str, series_set_hash: str, kind: str, buckets: dict[int
         elif kind == MAX_ONLY:
             rows.append(Rollup(tenant, series_set_hash, start, max=max(values), count=len(values)))
         else:
-            rows.append(Rollup(tenant, series_set_hash, start, min=min(values), max=max(values), sum=_sum(values), count=len(values)))
+            rows.append(
+                Rollup(
+                    tenant,
+                    series_set_hash,
+                    start,
+                    min=min(values),
+                    max=max(values),
+                    sum=_sum(values),
+                    count=len(values),
+                )
+            )
     return rows
 
 
@@ -109,7 +121,13 @@ def _combine(start: int, rows: list[Rollup]) -> Rollup:
     def present(field: str):
         return [getattr(r, field) for r in rows if getattr(r, field) is not None]
 
-    mins, maxes, sums, counts, increases = present("min"), present("max"), present("sum"), present("count"), present("increase")
+    mins, maxes, sums, counts, increases = (
+        present("min"),
+        present("max"),
+        present("sum"),
+        present("count"),
+        present("increase"),
+    )
     lasts = present("last")
     return rows[0]._replace(
         timestamp_ms=start,

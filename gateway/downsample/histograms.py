@@ -13,7 +13,7 @@ The rows' format is gateway/store/histogram_rollup_rows.py.
 from collections.abc import Sequence
 
 from gateway.store.contract import HistogramRow
-from gateway.store.histogram_rollup_rows import decode_interval, encode_interval
+from gateway.store.histogram_rollup_rows import encode_interval
 from gateway.store.layout import Granularity
 from protocols.prometheus import types_pb2
 from protocols.prometheus.native_histogram import Histogram
@@ -60,7 +60,10 @@ def _rows(items: list[tuple[HistogramRow, bool]], width_ms: int) -> list[Histogr
     intervals: dict[int, list[HistogramRow]] = {}
     for row, _ in items:
         intervals.setdefault(row.timestamp_ms - row.timestamp_ms % width_ms, []).append(row)
-    return [HistogramRow(rows[0].tenant, rows[0].series_set_hash, start, encode_interval(rows)) for start, rows in sorted(intervals.items())]
+    return [
+        HistogramRow(rows[0].tenant, rows[0].series_set_hash, start, encode_interval(rows))
+        for start, rows in sorted(intervals.items())
+    ]
 
 
 def roll_up_histograms(

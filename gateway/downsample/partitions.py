@@ -20,7 +20,7 @@ def jump_hash(key: int, buckets: int) -> int:
 
 def partition_of(tenant: str, series_set_hash: str, partitions: int) -> int:
     """The 64-bit murmur3 of ``tenant|hash`` through the jump hash."""
-    key = mmh3.hash64(f"{tenant}|{series_set_hash}".encode("utf-8"), 0, True, False)[0]
+    key = mmh3.hash64(f"{tenant}|{series_set_hash}".encode(), 0, True, False)[0]
     return jump_hash(key, partitions)
 
 

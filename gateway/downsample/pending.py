@@ -53,7 +53,10 @@ class StorePending:
         for row in rows:
             if row.last_touch_ms + self.delay_ms <= now_ms:
                 by_slot[row.time_slot].append(row)
-        return [Work(partition, slot, [(r.tenant, r.series_set_hash) for r in group], group) for slot, group in sorted(by_slot.items())]
+        return [
+            Work(partition, slot, [(r.tenant, r.series_set_hash) for r in group], group)
+            for slot, group in sorted(by_slot.items())
+        ]
 
     async def done(self, work: Work) -> None:
         await self.store.delete_pending(work.token)
@@ -83,7 +86,10 @@ class RedisPending:
                 expiry = max(slot + self.slot_width_ms + self.delay_ms - now_ms, self.delay_ms, 1)
                 pipeline.set(f"{self.namespace}ingesting|{partition}|{slot}", b"1", px=expiry)
             for item in items:
-                pipeline.sadd(f"{self.namespace}pending|{item.partition}|{item.time_slot}", f"{item.tenant}|{item.series_set_hash}")
+                pipeline.sadd(
+                    f"{self.namespace}pending|{item.partition}|{item.time_slot}",
+                    f"{item.tenant}|{item.series_set_hash}",
+                )
             pipeline.execute()
 
         try:
@@ -103,7 +109,9 @@ class RedisPending:
                     slot = int(key.rsplit(b"|", 1)[1])
                     processing = f"{namespace}processing|{partition}|{slot}"
                     if prefix == "pending":
-                        if self.client.exists(f"{namespace}ingesting|{partition}|{slot}") or not self.client.renamenx(key, processing):
+                        if self.client.exists(f"{namespace}ingesting|{partition}|{slot}") or not self.client.renamenx(
+                            key, processing
+                        ):
                             continue
                     members = [m.decode().rsplit("|", 1) for m in self.client.smembers(processing)]
                     work.append(Work(partition, slot, [(tenant, hash_) for tenant, hash_ in members], processing))
@@ -134,7 +142,10 @@ class PendingMarks:
         self.delay_ms = tracker.delay_ms
 
     async def mark(self, series_slots: list[tuple[str, str, int]], now_ms: int) -> None:
-        items = [PendingSet(partition_of(tenant, hash_, self.partitions), slot, tenant, hash_) for tenant, hash_, slot in series_slots]
+        items = [
+            PendingSet(partition_of(tenant, hash_, self.partitions), slot, tenant, hash_)
+            for tenant, hash_, slot in series_slots
+        ]
         await self.tracker.track(items, now_ms)
 
 
@@ -165,7 +176,9 @@ class RedisPartitionLock:
             async def __aenter__(self):
                 self.key = key = f"{lock.pending.namespace}lock|{partition}"
                 try:
-                    self.acquired = bool(await threads.deferToThread(lock.client.set, key, lock.owner, nx=True, px=lock.lease_ms))
+                    self.acquired = bool(
+                        await threads.deferToThread(lock.client.set, key, lock.owner, nx=True, px=lock.lease_ms)
+                    )
                 except Exception as error:
                     metrics.REDIS_ERRORS.labels("lock").inc()
                     log.warning("redis lock for partition %d failed (%s); skipping it this round", partition, error)

@@ -12,7 +12,13 @@ from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
 from gateway import metrics
-from gateway.downsample.aggregate import AGGREGATORS, CUMULATIVE_COUNTER, PROMETHEUS_COUNTER_SUFFIXES, roll_up, series_kind
+from gateway.downsample.aggregate import (
+    AGGREGATORS,
+    CUMULATIVE_COUNTER,
+    PROMETHEUS_COUNTER_SUFFIXES,
+    roll_up,
+    series_kind,
+)
 from gateway.downsample.histograms import roll_up_histograms
 from gateway.downsample.pending import Work
 from gateway.metadata_cache import LRUMap, SeenSeries
@@ -78,7 +84,9 @@ class Downsampler:
 
     async def _work(self, work: Work) -> None:
         started = time.perf_counter()
-        jobs = [self._semaphore.run(self._series_slot_job, tenant, hash_, work.time_slot) for tenant, hash_ in work.members]
+        jobs = [
+            self._semaphore.run(self._series_slot_job, tenant, hash_, work.time_slot) for tenant, hash_ in work.members
+        ]
         try:
             await gatherResults(jobs, consumeErrors=True)
         except Exception:
@@ -86,7 +94,13 @@ class Downsampler:
             raise
         await self.pending.done(work)
         metrics.DOWNSAMPLED.inc(len(work.members))
-        log.debug("rolled up %d series of slot %d (partition %d) in %.3fs", len(work.members), work.time_slot, work.partition, time.perf_counter() - started)
+        log.debug(
+            "rolled up %d series of slot %d (partition %d) in %.3fs",
+            len(work.members),
+            work.time_slot,
+            work.partition,
+            time.perf_counter() - started,
+        )
 
     def _series_slot_job(self, tenant: str, series_set_hash: str, slot: int):
         return ensureDeferred(self.roll_up_series_slot(tenant, series_set_hash, slot))
@@ -106,7 +120,10 @@ class Downsampler:
         previous = await self._previous_value(key, slot) if kind == CUMULATIVE_COUNTER else None
         rows = roll_up(tenant, series_set_hash, kind, merged.points(), previous, self.layout.granularities)
         await gatherResults(
-            [metrics.observe_store("write_rollups", self.store.write_rollups(g, rows[g.name])) for g in self.layout.granularities],
+            [
+                metrics.observe_store("write_rollups", self.store.write_rollups(g, rows[g.name]))
+                for g in self.layout.granularities
+            ],
             consumeErrors=True,
         )
         await self._roll_up_histograms(tenant, series_set_hash, slot)
@@ -122,7 +139,9 @@ class Downsampler:
         if not found:
             return
         (before,) = await self.store.read_histograms(tenant, [series_set_hash], slot - width, slot - 1)
-        rows = await threads.deferToThread(roll_up_histograms, found, before[-1] if before else None, self.layout.granularities)
+        rows = await threads.deferToThread(
+            roll_up_histograms, found, before[-1] if before else None, self.layout.granularities
+        )
         await gatherResults(
             [
                 metrics.observe_store("write_histogram_rollups", self.store.write_histogram_rollups(g, rows[g.name]))
@@ -145,7 +164,9 @@ class Downsampler:
         merged = stitch_raw(found, slot, slot + self.layout.slot_width_ms - 1)
         if len(found.head):
             block = encode_block(merged.timestamps, merged.values)
-            await metrics.observe_store("write_block", self.store.write_block(tenant, series_set_hash, slot, block, found.head, head_read))
+            await metrics.observe_store(
+                "write_block", self.store.write_block(tenant, series_set_hash, slot, block, found.head, head_read)
+            )
             metrics.SEALED_SAMPLES.inc(len(merged))
         return merged
 
@@ -155,7 +176,9 @@ class Downsampler:
         kind = self._kinds.get(key)
         if kind is None:
             metric_type = None
-            family = next((metric_name[: -len(s)] for s in PROMETHEUS_COUNTER_SUFFIXES if metric_name.endswith(s)), None)
+            family = next(
+                (metric_name[: -len(s)] for s in PROMETHEUS_COUNTER_SUFFIXES if metric_name.endswith(s)), None
+            )
             for name in filter(None, (metric_name, family)):
                 metadata = await self.store.get_metric_metadata(tenant, name)
                 if metadata is not None:

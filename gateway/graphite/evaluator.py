@@ -7,9 +7,10 @@ time range (timeShift, moving windows, ...) evaluate their first argument again 
 ``RenderContext``.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timezone, tzinfo
-from typing import Callable, Protocol
+from datetime import UTC, tzinfo
+from typing import Protocol
 
 from gateway.graphite.errors import EmptyResult, RenderError
 from gateway.graphite.functions import REGISTRY
@@ -26,7 +27,7 @@ class RenderContext:
     start: int  # epoch seconds, inclusive
     end: int  # epoch seconds
     now: int
-    tz: tzinfo = timezone.utc  # for day references (timeSlice, hitcount alignment, ...)
+    tz: tzinfo = UTC  # for day references (timeSlice, hitcount alignment, ...)
     x_files_factor: float = 0.0  # the request's xFilesFactor; setXFilesFactor changes it
     max_data_points: int | None = None
     stacks: dict = field(default_factory=dict)  # stacked() running totals, shared by copies

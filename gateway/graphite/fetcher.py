@@ -25,9 +25,6 @@ from gateway.query import PointsBudget, QueryPlanner, QueryTooLarge
 from gateway.samples import Samples
 from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target
 
-
-
-
 # consolidateBy's functions -> the roll-up aggregate that answers for them past raw retention.
 ROLLUP_FOR_CONSOLIDATION = {"average": "avg", "avg": "avg", "sum": "sum", "min": "min", "max": "max", "last": "last"}
 
@@ -56,8 +53,14 @@ class StoreFetcher:
     """One per render request: knows the tenant, reads through the planner's bounded reads."""
 
     def __init__(
-        self, tenant: str, finder: Finder, planner: QueryPlanner, schemas: StorageSchemas, max_series: int,
-        consolidation: dict[str, str] | None = None, budget: PointsBudget | None = None,
+        self,
+        tenant: str,
+        finder: Finder,
+        planner: QueryPlanner,
+        schemas: StorageSchemas,
+        max_series: int,
+        consolidation: dict[str, str] | None = None,
+        budget: PointsBudget | None = None,
     ):
         self.tenant = tenant
         self.budget = budget
@@ -99,7 +102,9 @@ class StoreFetcher:
                 )
             windows.append((step, first, stop))
         if self.budget is not None:
-            self.budget.spend(sum((stop - first) // step for step, first, stop in windows), f"reading {path_expression}")
+            self.budget.spend(
+                sum((stop - first) // step for step, first, stop in windows), f"reading {path_expression}"
+            )
         by_window: dict[tuple[int, int, int], list[int]] = {}
         for index, window in enumerate(windows):
             by_window.setdefault(window, []).append(index)
@@ -140,7 +145,9 @@ def bucket(found: Samples, first: int, step: int, count: int, how: str) -> list[
         runs = np.flatnonzero(np.diff(index)) + 1
         starts = np.concatenate(([0], runs))
         if how == "last":
-            out[index[np.concatenate((runs - 1, [len(index) - 1]))]] = values[np.concatenate((runs - 1, [len(index) - 1]))]
+            out[index[np.concatenate((runs - 1, [len(index) - 1]))]] = values[
+                np.concatenate((runs - 1, [len(index) - 1]))
+            ]
         elif how == "avg":
             out[index[starts]] = np.add.reduceat(values, starts) / np.diff(np.concatenate((starts, [len(index)])))
         else:

@@ -50,7 +50,9 @@ class RejectLog:
         key = (protocol, reason)
         if now - self._last.get(key, -self.interval) >= self.interval:
             self._last[key] = now
-            log.warning("%s from %s: %s: %s (logged once per %ds per reason)", protocol, peer, reason, detail, self.interval)
+            log.warning(
+                "%s from %s: %s: %s (logged once per %ds per reason)", protocol, peer, reason, detail, self.interval
+            )
 
 
 class GraphiteIngest:
@@ -148,7 +150,9 @@ class GraphiteIngest:
         no peer), then account for the write."""
         for reject in result.rejected:
             sample = batch[reject.index]
-            self.reject_log.log(protocol, reject.reason, f"{sample.metric_name[:200]!r}: {reject.field} {reject.problem}", "a sender")
+            self.reject_log.log(
+                protocol, reject.reason, f"{sample.metric_name[:200]!r}: {reject.field} {reject.problem}", "a sender"
+            )
         self._written(None, batch)
 
     def _written(self, result, batch: list[Sample]) -> None:
@@ -178,7 +182,12 @@ class GraphiteIngest:
             self._written(None, batch)  # counts the write as finished
             return
         self._writing -= 1
-        log.warning("graphite batch of %d samples not stored (%s); retrying in %.1fs", len(batch), failure.getErrorMessage(), self._retry_delay)
+        log.warning(
+            "graphite batch of %d samples not stored (%s); retrying in %.1fs",
+            len(batch),
+            failure.getErrorMessage(),
+            self._retry_delay,
+        )
         self._retry_later(protocol, batch, self._retry_delay)
         self._retry_delay = min(self._retry_delay * 2, 10.0)
 
@@ -187,7 +196,12 @@ class GraphiteIngest:
         self._writing -= 1
         metrics.RATE_LIMITED.labels(error.limit).inc()
         self._limited_until = self.clock.seconds() + error.retry_after_s
-        log.warning("graphite batch of %d samples held for %ds, carbon connections paused: %s", len(batch), error.retry_after_s, error)
+        log.warning(
+            "graphite batch of %d samples held for %ds, carbon connections paused: %s",
+            len(batch),
+            error.retry_after_s,
+            error,
+        )
         self._pause()
         self._retry_later(protocol, batch, error.retry_after_s)
 
@@ -217,7 +231,9 @@ class _StreamProtocol(Protocol, TimeoutMixin):
     protocol_name = ""
     evictable = True  # until the first bytes arrive: a socket that sent nothing (see gateway.connections)
 
-    def __init__(self, ingest: GraphiteIngest, tenant: str, decoder, connections: Connections, idle_timeout_s: float | None):
+    def __init__(
+        self, ingest: GraphiteIngest, tenant: str, decoder, connections: Connections, idle_timeout_s: float | None
+    ):
         self.ingest = ingest
         self.tenant = tenant
         self.decoder = decoder
@@ -249,13 +265,20 @@ class _StreamProtocol(Protocol, TimeoutMixin):
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
         tenant = self.tenant
-        self.ingest.submit(self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples])
+        self.ingest.submit(
+            self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples]
+        )
 
     def timeoutConnection(self):
         if self.ingest.paused:
             self.resetTimeout()
             return
-        log.info("%s: closing the connection from %s, idle for %ds (--carbon-idle-timeout)", self.protocol_name, self.peer, self.idle_timeout_s)
+        log.info(
+            "%s: closing the connection from %s, idle for %ds (--carbon-idle-timeout)",
+            self.protocol_name,
+            self.peer,
+            self.idle_timeout_s,
+        )
         metrics.IDLE_CLOSED.labels(self.protocol_name).inc()
         self.transport.loseConnection()
 
@@ -339,14 +362,18 @@ class _StreamFactory(Factory):
     protocol_class: type[_StreamProtocol]
     decoder_class: type
 
-    def __init__(self, ingest: GraphiteIngest, tenant: str, limit: int, connections: Connections, idle_timeout_s: float | None):
+    def __init__(
+        self, ingest: GraphiteIngest, tenant: str, limit: int, connections: Connections, idle_timeout_s: float | None
+    ):
         self.ingest, self.tenant, self.limit = ingest, tenant, limit
         self.connections, self.idle_timeout_s = connections, idle_timeout_s
 
     def buildProtocol(self, addr):
         if not self.connections.admit(self.protocol_class.protocol_name, addr):
             return None
-        return self.protocol_class(self.ingest, self.tenant, self.decoder_class(self.limit), self.connections, self.idle_timeout_s)
+        return self.protocol_class(
+            self.ingest, self.tenant, self.decoder_class(self.limit), self.connections, self.idle_timeout_s
+        )
 
 
 class PlaintextFactory(_StreamFactory):
@@ -376,4 +403,6 @@ class PlaintextDatagramProtocol(DatagramProtocol):
             metrics.GRAPHITE_UDP_DROPPED.inc(len(samples))
             return
         tenant = self.tenant
-        self.ingest.submit(self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples])
+        self.ingest.submit(
+            self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples]
+        )

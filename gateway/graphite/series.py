@@ -58,9 +58,18 @@ def parse_tags(name: str) -> Tags:
 class TimeSeries(list):
     """Values from ``start`` (inclusive) to ``end`` (exclusive) every ``step`` seconds."""
 
-    def __init__(self, name: str, start: int, end: int, step: int, values: list,
-                 tags: dict[str, str] | None = None, path_expression: str | None = None,
-                 x_files_factor: float = 0.0, consolidation_func: str = "average"):
+    def __init__(
+        self,
+        name: str,
+        start: int,
+        end: int,
+        step: int,
+        values: list,
+        tags: dict[str, str] | None = None,
+        path_expression: str | None = None,
+        x_files_factor: float = 0.0,
+        consolidation_func: str = "average",
+    ):
         super().__init__(values)
         self.name = name
         self.start = start
@@ -74,8 +83,10 @@ class TimeSeries(list):
         self.options = {}
 
     def __repr__(self):
-        return (f"TimeSeries(name={self.name!r}, start={self.start}, end={self.end}, step={self.step}, "
-                f"valuesPerPoint={self.valuesPerPoint}, values={list.__repr__(self)})")
+        return (
+            f"TimeSeries(name={self.name!r}, start={self.start}, end={self.end}, step={self.step}, "
+            f"valuesPerPoint={self.valuesPerPoint}, values={list.__repr__(self)})"
+        )
 
     def __iter__(self):
         if self.valuesPerPoint > 1:
@@ -122,8 +133,15 @@ class TimeSeries(list):
                 return
             yield chunk
 
-    def copy(self, name: str | None = None, start: int | None = None, end: int | None = None,
-             step: int | None = None, values: list | None = None, tags: dict | None = None) -> "TimeSeries":
+    def copy(
+        self,
+        name: str | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        step: int | None = None,
+        values: list | None = None,
+        tags: dict | None = None,
+    ) -> "TimeSeries":
         """A new series sharing this one's metadata, as graphite-web's ``TimeSeries.copy``.
 
         Like graphite-web, the copy's pathExpression is its name and options are not carried.

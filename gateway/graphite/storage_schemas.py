@@ -14,9 +14,28 @@ from pathlib import Path
 
 DEFAULT_STEP = 60
 # carbon's retention units: a bare number is seconds, "m" is minutes (not months).
-_UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
-          "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400,
-          "w": 604800, "week": 604800, "weeks": 604800, "y": 31536000, "year": 31536000, "years": 31536000}
+_UNITS = {
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "seconds": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "minutes": 60,
+    "h": 3600,
+    "hour": 3600,
+    "hours": 3600,
+    "d": 86400,
+    "day": 86400,
+    "days": 86400,
+    "w": 604800,
+    "week": 604800,
+    "weeks": 604800,
+    "y": 31536000,
+    "year": 31536000,
+    "years": 31536000,
+}
 _PRECISION_RE = re.compile(r"(\d+)([a-z]*)")
 
 

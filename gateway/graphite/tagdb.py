@@ -15,8 +15,8 @@ from twisted.internet.defer import DeferredSemaphore, gatherResults
 from gateway.model import NAME_TAG, SeriesKey
 from gateway.query import QueryPlanner
 from gateway.store import Store
-from protocols.linear_regex import BadPattern, compile_regex
 from protocols.graphite.tags import format_tagged_path
+from protocols.linear_regex import BadPattern, compile_regex
 
 _TAGSPEC_RE = re.compile(r"^([^;!=]+)(!?=~?)([^;]*)$")
 _TYPES = {"=": "EQ", "!=": "NEQ", "=~": "RE", "!=~": "NRE"}
@@ -44,7 +44,9 @@ class TagMatcher(NamedTuple):
 def parse_expression(expression: str) -> TagMatcher:
     match = _TAGSPEC_RE.match(expression)
     if not match:
-        raise BadTagExpression(f"{expression!r} is not a tag expression (tag=value, tag!=value, tag=~regex, tag!=~regex)")
+        raise BadTagExpression(
+            f"{expression!r} is not a tag expression (tag=value, tag!=value, tag=~regex, tag!=~regex)"
+        )
     tag, operator, value = match.groups()
     regex = None
     if operator in ("=~", "!=~"):
@@ -101,7 +103,9 @@ class TagDB:
     async def value_counts(self, tenant: str, tag: str, pattern: TagMatcher | None = None) -> list[tuple[str, int]]:
         """Each value of a tag with the number of series carrying it."""
         values = await self.tag_values(tenant, tag, pattern)
-        counts = await gatherResults([self._semaphore.run(self._count, tenant, tag, value) for value in values], consumeErrors=True)
+        counts = await gatherResults(
+            [self._semaphore.run(self._count, tenant, tag, value) for value in values], consumeErrors=True
+        )
         return list(zip(values, counts))
 
     async def _count(self, tenant: str, tag: str, value: str) -> int:
@@ -121,7 +125,9 @@ class TagDB:
             keys = sorted("name" if key == NAME_TAG else key for key in found if key not in searched)
         return [key for key in keys if key.startswith(prefix)][:limit]
 
-    async def autocomplete_values(self, tenant: str, tag: str, expressions: list[str], prefix: str, limit: int) -> list[str]:
+    async def autocomplete_values(
+        self, tenant: str, tag: str, expressions: list[str], prefix: str, limit: int
+    ) -> list[str]:
         """Values of ``tag`` starting with ``prefix``; with expressions, those of the series they select."""
         if not expressions:
             values = await self.tag_values(tenant, tag)

@@ -120,7 +120,9 @@ class Credentials:
                 if section == "tokens":
                     digest = str(entry.get("sha256", "")).lower()
                     if len(digest) != 64 or set(digest) - set("0123456789abcdef"):
-                        raise AuthFileError(f"{where}: sha256 must be the hex SHA-256 of the token (`tsgate auth hash-token`)")
+                        raise AuthFileError(
+                            f"{where}: sha256 must be the hex SHA-256 of the token (`tsgate auth hash-token`)"
+                        )
                     tokens[digest] = principal
                 else:
                     stored = str(entry.get("password", ""))

@@ -52,7 +52,7 @@ def _max_data_points(request) -> int | None:
 
 def _timezone(name: str | None):
     if not name:
-        return datetime.timezone.utc
+        return datetime.UTC
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
@@ -110,7 +110,13 @@ class GraphiteAPI:
     TagDB for tags, the evaluator for render, the ingest pipeline for tagSeries) and encode."""
 
     def __init__(
-        self, pipeline: IngestPipeline, planner: QueryPlanner, finder: Finder, tags: tagdb.TagDB, schemas: StorageSchemas, max_points: int
+        self,
+        pipeline: IngestPipeline,
+        planner: QueryPlanner,
+        finder: Finder,
+        tags: tagdb.TagDB,
+        schemas: StorageSchemas,
+        max_points: int,
     ):
         self.pipeline = pipeline
         self.max_points = max_points
@@ -149,8 +155,12 @@ class GraphiteAPI:
         if start >= end:
             raise HTTPError(400, "from must be before until")
         form = arg(request, "format", "json")
-        if form not in ("json", "csv", "raw", "pickle", "msgpack") or (form == "msgpack" and not render_formats.MSGPACK_AVAILABLE):
-            raise HTTPError(400, f"format {form!r} is not supported: use json, csv, raw or pickle (no images)", field="format")
+        if form not in ("json", "csv", "raw", "pickle", "msgpack") or (
+            form == "msgpack" and not render_formats.MSGPACK_AVAILABLE
+        ):
+            raise HTTPError(
+                400, f"format {form!r} is not supported: use json, csv, raw or pickle (no images)", field="format"
+            )
         max_points = _max_data_points(request)
         try:
             x_files_factor = float(arg(request, "xFilesFactor") or 0)
@@ -158,12 +168,20 @@ class GraphiteAPI:
             raise HTTPError(400, "xFilesFactor must be a number", field="xFilesFactor") from None
         budget = PointsBudget(self.max_points)
         context = RenderContext(
-            start, end, now, tz=tz, x_files_factor=x_files_factor, max_data_points=max_points, budget=budget,
+            start,
+            end,
+            now,
+            tz=tz,
+            x_files_factor=x_files_factor,
+            max_data_points=max_points,
+            budget=budget,
             offload=threads.deferToThread,
         )
         targets = args(request, "target")
         consolidation = {path: func for target in targets for path, func in consolidations(target).items()}
-        fetcher = StoreFetcher(tenant, self.finder, self.planner, self.schemas, self.planner.max_series, consolidation, budget)
+        fetcher = StoreFetcher(
+            tenant, self.finder, self.planner, self.schemas, self.planner.max_series, consolidation, budget
+        )
         series_list = []
         for target in targets:
             try:
@@ -176,8 +194,17 @@ class GraphiteAPI:
             callback = arg(request, "jsonp")
             body = await threads.deferToThread(_consolidated_json, series_list, max_points, no_nulls, callback)
             return Response(200, body, render_formats.CONTENT_TYPES["jsonp" if callback else "json"])
-        encode = {"csv": render_formats.encode_csv, "raw": render_formats.encode_raw, "pickle": render_formats.encode_pickle, "msgpack": render_formats.encode_msgpack}[form]
-        body = await (threads.deferToThread(encode, series_list, tz) if form == "csv" else threads.deferToThread(encode, series_list))
+        encode = {
+            "csv": render_formats.encode_csv,
+            "raw": render_formats.encode_raw,
+            "pickle": render_formats.encode_pickle,
+            "msgpack": render_formats.encode_msgpack,
+        }[form]
+        body = await (
+            threads.deferToThread(encode, series_list, tz)
+            if form == "csv"
+            else threads.deferToThread(encode, series_list)
+        )
         return Response(200, body, render_formats.CONTENT_TYPES[form])
 
     async def functions(self, request):
@@ -216,7 +243,11 @@ class GraphiteAPI:
             return _jsonp(request, _tree_json(nodes, base, arg(request, "wildcards", "0") == "1"))
         if form == "completer":
             metrics = [
-                {"path": n.path + ("" if n.is_leaf else "."), "name": n.path.rsplit(".", 1)[-1], "is_leaf": str(int(n.is_leaf))}
+                {
+                    "path": n.path + ("" if n.is_leaf else "."),
+                    "name": n.path.rsplit(".", 1)[-1],
+                    "is_leaf": str(int(n.is_leaf)),
+                }
                 for n in nodes
             ]
             return _jsonp(request, {"metrics": metrics})
@@ -265,14 +296,18 @@ class GraphiteAPI:
     async def autocomplete_tags(self, request):
         tenant = request_tenant(request)
         with _bad_expressions():
-            keys = await self.tags.autocomplete_tags(tenant, _expressions(request), arg(request, "tagPrefix") or "", _limit(request))
+            keys = await self.tags.autocomplete_tags(
+                tenant, _expressions(request), arg(request, "tagPrefix") or "", _limit(request)
+            )
         return _jsonp(request, keys)
 
     async def autocomplete_values(self, request):
         tenant = request_tenant(request)
         tag = require_arg(request, "tag")
         with _bad_expressions():
-            values = await self.tags.autocomplete_values(tenant, tag, _expressions(request), arg(request, "valuePrefix") or "", _limit(request))
+            values = await self.tags.autocomplete_values(
+                tenant, tag, _expressions(request), arg(request, "valuePrefix") or "", _limit(request)
+            )
         return _jsonp(request, values)
 
     async def _register(self, tenant: str, paths: list[str]) -> list[str]:
@@ -293,7 +328,11 @@ class GraphiteAPI:
         rejects += [(positions[r.index], f"{paths[positions[r.index]]!r}: {r.field}: {r.problem}") for r in rejected]
         if rejects:
             listed = "; ".join(problem for _, problem in sorted(rejects)[:MAX_REPORTED_REJECTS])
-            raise HTTPError(400, f"{len(rejects)} of {len(paths)} paths rejected: {listed}; the others were registered", field="path")
+            raise HTTPError(
+                400,
+                f"{len(rejects)} of {len(paths)} paths rejected: {listed}; the others were registered",
+                field="path",
+            )
         return [tagdb.graphite_path(key) for key in accepted]
 
     async def tag_series(self, request):

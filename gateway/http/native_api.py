@@ -2,7 +2,18 @@
 
 from twisted.internet import threads
 
-from gateway.http.server import HTTPError, Router, arg, args, explicit_tenant, json_response, read_body, request_tenant, require_arg, Response
+from gateway.http.server import (
+    HTTPError,
+    Response,
+    Router,
+    arg,
+    args,
+    explicit_tenant,
+    json_response,
+    read_body,
+    request_tenant,
+    require_arg,
+)
 from gateway.ingest import IngestPipeline
 from gateway.model import InvalidSample, Sample, validate_tenant
 from gateway.query import PointsBudget, QueryPlanner, SeriesResult
@@ -140,14 +151,18 @@ class NativeAPI:
             budget.spend(sum(len(samples) for samples in part), f"/api/query of {metric_name!r}")
             data.extend(part)
             created.update(await self.store.get_created_timestamps(tenant, [s.series_set_hash for s in chunk]))
-        results = [SeriesResult(tenant, s.metric_name, s.tags, d, created.get(s.series_set_hash)) for s, d in zip(series, data)]
+        results = [
+            SeriesResult(tenant, s.metric_name, s.tags, d, created.get(s.series_set_hash)) for s, d in zip(series, data)
+        ]
         # A JSON document of a million samples takes seconds to build: in a thread, off the reactor.
         return Response(200, await threads.deferToThread(native_json.encode_query_results, results))
 
     async def _read(self, series, granularity, aggregator, raw: bool, start_ms: int, end_ms: int):
         reader = self.planner.reader
         if granularity is not None:
-            return [read for read, _ in await reader.read_rollup(series, granularity, aggregator or "avg", start_ms, end_ms)]
+            return [
+                read for read, _ in await reader.read_rollup(series, granularity, aggregator or "avg", start_ms, end_ms)
+            ]
         if raw:
             return await reader.read_raw(series, start_ms, end_ms)
         return [read.samples for read in await reader.read(series, start_ms, end_ms)]

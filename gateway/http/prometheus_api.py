@@ -17,9 +17,8 @@ from gateway.created import CreatedTimestamps, name_and_tags
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
-from gateway.read_path import clamp_range
 from gateway.query import QueryPlanner, QueryTooLarge
-from gateway.read_path import READ_BATCH
+from gateway.read_path import READ_BATCH, clamp_range
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
 from protocols import prometheus
@@ -43,7 +42,9 @@ def _header(request: server.Request, name: bytes) -> str | None:
 def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
     """The type/help/unit a remote write carries: v1 metadata requests, v2 per-series fields."""
     rows = [MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata]
-    rows += [MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type]
+    rows += [
+        MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type
+    ]
     return rows
 
 
@@ -104,15 +105,25 @@ class PrometheusAPI:
             if series.histograms:
                 histograms.extend(HistogramSample(tenant, name, tags, h.timestamp, h.data) for h in series.histograms)
             if series.exemplars:
-                exemplars.extend(ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars)
+                exemplars.extend(
+                    ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars
+                )
         await self.pipeline.ingest_metric_metadata(_metadata_rows(tenant, batch))
         created = await self.created.new(tenant, batch.series)
         result = await self.pipeline.ingest("prometheus", samples)
         native = await self.pipeline.ingest_histograms("prometheus", histograms)
         stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
         await self.created.write(tenant, created)
-        headers = prometheus.v2_written_headers(batch, result.accepted, stored.accepted, native.accepted) if batch.version == 2 else {}
-        parts = (("samples", result, samples), ("native histograms", native, histograms), ("exemplars", stored, exemplars))
+        headers = (
+            prometheus.v2_written_headers(batch, result.accepted, stored.accepted, native.accepted)
+            if batch.version == 2
+            else {}
+        )
+        parts = (
+            ("samples", result, samples),
+            ("native histograms", native, histograms),
+            ("exemplars", stored, exemplars),
+        )
         problems = [
             f"{len(outcome.rejected)} of {len(sent)} {kind} rejected: "
             + "; ".join(f"{r.field}: {r.problem}" for r in outcome.rejected[:MAX_REPORTED_REJECTS])
@@ -134,7 +145,13 @@ class PrometheusAPI:
             raise HTTPError(error.status, error.message) from None
         selections = [await self._select(tenant, query) for query in read_request.queries]
         histograms = [
-            await self._attached(self.planner.reader.read_histograms, tenant, selection, query, lambda row: prometheus.Histogram(row.timestamp_ms, row.data))
+            await self._attached(
+                self.planner.reader.read_histograms,
+                tenant,
+                selection,
+                query,
+                lambda row: prometheus.Histogram(row.timestamp_ms, row.data),
+            )
             for query, selection in zip(read_request.queries, selections)
         ]
         if sum(len(rows) for found in histograms for rows in found) > self.max_samples_per_query:
@@ -161,7 +178,11 @@ class PrometheusAPI:
         complete = []
         for query, selection, samples, native in zip(read_request.queries, selections, found, histograms):
             exemplars = await self._attached(
-                self.store.read_exemplars, tenant, selection, query, lambda row: prometheus.Exemplar(row.labels, row.value, row.timestamp_ms)
+                self.store.read_exemplars,
+                tenant,
+                selection,
+                query,
+                lambda row: prometheus.Exemplar(row.labels, row.value, row.timestamp_ms),
             )
             complete.append(
                 [
@@ -219,7 +240,10 @@ class PrometheusAPI:
         """STREAMED_XOR_CHUNKS frames, encoded series by series as they are sent (long series in a thread)."""
         for index, answer in enumerate(answers):
             for labels, found, native in answer:
-                if len(found) + sum(len(row.data) for row in native) // HISTOGRAM_BYTES_PER_SAMPLE <= INLINE_ENCODE_SAMPLES:
+                if (
+                    len(found) + sum(len(row.data) for row in native) // HISTOGRAM_BYTES_PER_SAMPLE
+                    <= INLINE_ENCODE_SAMPLES
+                ):
                     frames = _series_frames(index, labels, found, native)
                 else:
                     frames = await threads.deferToThread(_series_frames, index, labels, found, native)
@@ -241,5 +265,3 @@ def prometheus_labels(metric_name: str, tags: dict[str, str]) -> dict[str, str]:
     labels = {prometheus.sanitize_label_name(key): value for key, value in tags.items()}
     labels[NAME_TAG] = prometheus.prometheus_metric_name(metric_name)
     return labels
-
-

@@ -5,7 +5,7 @@ details and the deliberate differences."""
 
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import orjson
@@ -16,13 +16,13 @@ from gateway import __version__
 from gateway.http.prometheus_api import READ_BATCH, prometheus_labels
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
 from gateway.promql.engine import Evaluator, Query, format_value, parse, plan, selector_matchers
-from protocols.prometheus.native_histogram import decode_sample
 from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.read_path import clamp_range
 from gateway.store import Store, StoreUnavailable
 from protocols import prometheus
 from protocols.linear_regex import BadPattern
+from protocols.prometheus.native_histogram import decode_sample
 
 MAX_POINTS_PER_SERIES = 11_000
 _ERROR_STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503}
@@ -52,9 +52,11 @@ def parse_time(text: str, name: str) -> int:
     if found is None:
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-            found = round(moment.replace(tzinfo=moment.tzinfo or timezone.utc).timestamp() * 1000)
+            found = round(moment.replace(tzinfo=moment.tzinfo or UTC).timestamp() * 1000)
         except (ValueError, OverflowError):
-            raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid timestamp', "bad_data") from None
+            raise PromQLError(
+                f'invalid parameter "{name}": cannot parse "{text}" to a valid timestamp', "bad_data"
+            ) from None
     return found
 
 
@@ -65,12 +67,22 @@ def parse_step(text: str, name: str) -> int:
         try:
             found = round(promql_parser.parse_duration(text).total_seconds() * 1000)
         except (ValueError, TypeError, OverflowError):
-            raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid duration', "bad_data") from None
+            raise PromQLError(
+                f'invalid parameter "{name}": cannot parse "{text}" to a valid duration', "bad_data"
+            ) from None
     return found
 
 
 class PromQLAPI:
-    def __init__(self, store: Store, planner: QueryPlanner, max_samples: int, lookback_ms: int, timeout_ms: int, max_future_ms: int):
+    def __init__(
+        self,
+        store: Store,
+        planner: QueryPlanner,
+        max_samples: int,
+        lookback_ms: int,
+        timeout_ms: int,
+        max_future_ms: int,
+    ):
         self.store = store
         self.max_future_ms = max_future_ms
         self.planner = planner
@@ -84,7 +96,9 @@ class PromQLAPI:
         router.add("/api/v1/query_range", both, "promql_query_range", self._guarded(self.query_range), role="query")
         router.add("/api/v1/series", both, "promql_series", self._guarded(self.series), role="query")
         router.add("/api/v1/labels", both, "promql_labels", self._guarded(self.labels), role="query")
-        router.add_prefix("/api/v1/label/", ("GET",), "promql_label_values", self._guarded(self.label_values), role="query")
+        router.add_prefix(
+            "/api/v1/label/", ("GET",), "promql_label_values", self._guarded(self.label_values), role="query"
+        )
         router.add("/api/v1/status/buildinfo", ("GET",), "promql_buildinfo", self.buildinfo, role="query")
         router.add("/api/v1/query_exemplars", both, "promql_exemplars", self._guarded(self.exemplars), role="query")
 
@@ -127,15 +141,25 @@ class PromQLAPI:
         if end < start:
             raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
         if step <= 0:
-            raise PromQLError('invalid parameter "step": zero or negative query resolution step widths are not accepted. Try a positive integer', "bad_data")
+            raise PromQLError(
+                'invalid parameter "step": zero or negative query resolution step widths are not accepted. Try a positive integer',
+                "bad_data",
+            )
         if (end - start) / step > MAX_POINTS_PER_SERIES:
-            raise PromQLError("exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)", "bad_data")
+            raise PromQLError(
+                "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)",
+                "bad_data",
+            )
         times = np.arange(start, end + 1, step, dtype=np.int64)
         value, warnings = await self._evaluate(request, text, Query(start, end, step, self.lookback_ms), times)
         if isinstance(value, RangeVector):
-            raise PromQLError('invalid expression type "range vector" for range query, must be Scalar or instant Vector', "bad_data")
+            raise PromQLError(
+                'invalid expression type "range vector" for range query, must be Scalar or instant Vector', "bad_data"
+            )
         if isinstance(value, String):
-            raise PromQLError('invalid expression type "string" for range query, must be Scalar or instant Vector', "bad_data")
+            raise PromQLError(
+                'invalid expression type "string" for range query, must be Scalar or instant Vector', "bad_data"
+            )
         return Response(200, await threads.deferToThread(_encode_matrix, value, times, warnings))
 
     async def _evaluate(self, request, text: str, query: Query, times: np.ndarray):
@@ -145,9 +169,15 @@ class PromQLAPI:
         deadline = time.monotonic() + min(timeout_ms, self.timeout_ms) / 1000
         expr = await threads.deferToThread(parse, text)
         needs = plan(expr, query)
-        selected = {key: await self.planner.select_by_matchers(tenant, matchers, prometheus_labels) for key, (matchers, _, _) in needs.items()}
+        selected = {
+            key: await self.planner.select_by_matchers(tenant, matchers, prometheus_labels)
+            for key, (matchers, _, _) in needs.items()
+        }
         data, histograms = await defer.gatherResults(
-            [defer.ensureDeferred(self._fetch(selected, needs, deadline)), defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs, deadline))],
+            [
+                defer.ensureDeferred(self._fetch(selected, needs, deadline)),
+                defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs, deadline)),
+            ],
             consumeErrors=True,
         ).addErrback(lambda failure: failure.value.subFailure.raiseException())
         evaluator = Evaluator(query, data, deadline, histograms)
@@ -160,7 +190,9 @@ class PromQLAPI:
         granularity = self.planner.reader.rollup_for(earliest) if earliest is not None else None
         if granularity is None:
             return []
-        boundary = datetime.fromtimestamp(self.planner.reader.clock() / 1000 - self.store.layout.raw_retention_ms / 1000, timezone.utc)
+        boundary = datetime.fromtimestamp(
+            self.planner.reader.clock() / 1000 - self.store.layout.raw_retention_ms / 1000, UTC
+        )
         return [
             f"samples before {boundary:%Y-%m-%dT%H:%M:%SZ} (past --raw-retention) are {granularity.name} roll-ups:"
             " one point per bucket, the average for gauges, the last value for counters"
@@ -189,7 +221,9 @@ class PromQLAPI:
             data[key] = found
         return data
 
-    async def _fetch_histograms(self, tenant: str, selected: dict, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
+    async def _fetch_histograms(
+        self, tenant: str, selected: dict, needs: dict, deadline: float
+    ) -> dict[tuple, list[Series]]:
         """The native histograms of every selector's ``selected`` series (raw samples only: the
         read path's roll-ups hold floats), as series of Histogram objects (None: stale); each
         histogram counts as one sample against --query-max-samples."""
@@ -202,7 +236,9 @@ class PromQLAPI:
                 if time.monotonic() > deadline:
                     raise PromQLError("query timed out in query execution", "timeout")
                 part = keys[begin : begin + READ_BATCH]
-                rows = await self.planner.reader.read_histograms(tenant, [k.series_set_hash for k in part], start_ms, end_ms)
+                rows = await self.planner.reader.read_histograms(
+                    tenant, [k.series_set_hash for k in part], start_ms, end_ms
+                )
                 samples += sum(len(r) for r in rows)
                 if samples > self.max_samples:
                     raise PromQLError(
@@ -213,7 +249,9 @@ class PromQLAPI:
                     continue
                 for series, decoded in zip(part, await threads.deferToThread(_decoded_histograms, rows)):
                     if decoded is not None:
-                        found.setdefault(key, []).append(Series(prometheus_labels(series.metric_name, series.tags), *decoded))
+                        found.setdefault(key, []).append(
+                            Series(prometheus_labels(series.metric_name, series.tags), *decoded)
+                        )
         return found
 
     # -- metadata -----------------------------------------------------------------------------
@@ -257,14 +295,27 @@ class PromQLAPI:
         if matched is not None:
             values = {labels[name] for labels in matched if name in labels}
         elif name == "__name__":
-            values = {prometheus.prometheus_metric_name(n) for n in await self.store.list_metric_names(request_tenant(request))}
+            values = {
+                prometheus.prometheus_metric_name(n)
+                for n in await self.store.list_metric_names(request_tenant(request))
+            }
         else:
             values = set(await self.store.list_tenant_tag_values(request_tenant(request), name))
         return _answer(sorted(values)[: _limit(request)])
 
     async def buildinfo(self, request) -> Response:
         """A Prometheus version Grafana accepts; ``revision`` says it is tsgate."""
-        return _answer({"version": "2.42.0", "revision": f"tsgate-{__version__}", "branch": "", "buildUser": "", "buildDate": "", "goVersion": "", "features": {}})
+        return _answer(
+            {
+                "version": "2.42.0",
+                "revision": f"tsgate-{__version__}",
+                "branch": "",
+                "buildUser": "",
+                "buildDate": "",
+                "goVersion": "",
+                "features": {},
+            }
+        )
 
     async def exemplars(self, request) -> Response:
         """Prometheus's exemplar query: the exemplars of every series the query's selectors select,
@@ -292,7 +343,10 @@ class PromQLAPI:
             result += [
                 {
                     "seriesLabels": prometheus_labels(key.metric_name, key.tags),
-                    "exemplars": [{"labels": row.labels, "value": format_value(row.value), "timestamp": row.timestamp_ms / 1000} for row in rows],
+                    "exemplars": [
+                        {"labels": row.labels, "value": format_value(row.value), "timestamp": row.timestamp_ms / 1000}
+                        for row in rows
+                    ],
                 }
                 for key, rows in zip(part, found)
                 if rows
@@ -347,7 +401,9 @@ def _envelope(data, warnings: list[str]) -> bytes:
     return orjson.dumps(document)
 
 
-def _series(labels: dict, times: np.ndarray, values: np.ndarray, present: np.ndarray, histograms: np.ndarray | None) -> dict | None:
+def _series(
+    labels: dict, times: np.ndarray, values: np.ndarray, present: np.ndarray, histograms: np.ndarray | None
+) -> dict | None:
     """A matrix series as Prometheus 2.42 writes one: ``values`` (floats) and ``histograms``,
     each only when there are some; None for a series with neither."""
     series = {"metric": labels}
@@ -366,7 +422,13 @@ def _encode_matrix(value, times: np.ndarray, warnings: list[str]) -> bytes:
     else:
         rows = sorted(range(len(value.labels)), key=lambda i: sorted(value.labels[i].items()))
         found = (
-            _series(value.labels[i], times, value.values[i], value.present[i], None if value.histograms is None else value.histograms[i])
+            _series(
+                value.labels[i],
+                times,
+                value.values[i],
+                value.present[i],
+                None if value.histograms is None else value.histograms[i],
+            )
             for i in rows
         )
         result = [series for series in found if series is not None]
@@ -392,7 +454,9 @@ def _encode_instant(value, at_ms: int, warnings: list[str]) -> bytes:
             if key in histograms:
                 lo, hi = value.windows(histograms[key])
                 if hi[0] > lo[0]:
-                    series["histograms"] = _histogram_points(histograms[key].timestamps[lo[0] : hi[0]], histograms[key].values[lo[0] : hi[0]])
+                    series["histograms"] = _histogram_points(
+                        histograms[key].timestamps[lo[0] : hi[0]], histograms[key].values[lo[0] : hi[0]]
+                    )
             if len(series) > 1:
                 result.append(series)
         data = {"resultType": "matrix", "result": result}

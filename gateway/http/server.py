@@ -155,7 +155,9 @@ class Site(server.Site):
     requestFactory = LimitedRequest
     noisy = False
 
-    def __init__(self, root: resource.Resource, max_body_bytes: int, connections: Connections, idle_timeout_s: float | None):
+    def __init__(
+        self, root: resource.Resource, max_body_bytes: int, connections: Connections, idle_timeout_s: float | None
+    ):
         super().__init__(root, timeout=idle_timeout_s)
         self.max_body_bytes = max_body_bytes
         self.connections = connections
@@ -228,10 +230,16 @@ def explicit_tenant(request: server.Request) -> str | None:
     if principal is not None:
         for named in (header, parameter):
             if named and named != principal.tenant:
-                raise HTTPError(403, f"credential {principal.name!r} is for tenant {principal.tenant!r}, not {named!r}", field="tenant")
+                raise HTTPError(
+                    403,
+                    f"credential {principal.name!r} is for tenant {principal.tenant!r}, not {named!r}",
+                    field="tenant",
+                )
         return principal.tenant
     if header and parameter and parameter != header:
-        raise HTTPError(400, f"tenant parameter {parameter!r} differs from the tenant header's {header!r}", field="tenant")
+        raise HTTPError(
+            400, f"tenant parameter {parameter!r} differs from the tenant header's {header!r}", field="tenant"
+        )
     tenant = header or parameter
     if not tenant:
         return None
@@ -285,7 +293,15 @@ class Router(resource.Resource):
         """Routes of a role this process does not have (``--roles``) are left out: 404."""
         return role is None or self.roles is None or role in self.roles
 
-    def add(self, path: str, methods: tuple[str, ...], name: str, handler: Handler, role: str | None = None, access: str | None = None) -> None:
+    def add(
+        self,
+        path: str,
+        methods: tuple[str, ...],
+        name: str,
+        handler: Handler,
+        role: str | None = None,
+        access: str | None = None,
+    ) -> None:
         if not self._wanted(role):
             return
         access = access or _ACCESS_OF_ROLE.get(role, "admin")
@@ -338,7 +354,9 @@ class Router(resource.Resource):
         if self.credentials is not None and access != "public":
             raw = request.getHeader(b"authorization")
             try:
-                principal = await self.credentials.authenticate(raw.decode("latin-1") if isinstance(raw, bytes) else raw)
+                principal = await self.credentials.authenticate(
+                    raw.decode("latin-1") if isinstance(raw, bytes) else raw
+                )
             except Unauthorized as error:
                 metrics.AUTH_FAILURES.labels("unauthenticated").inc()
                 raise HTTPError(401, str(error), headers={"WWW-Authenticate": 'Basic realm="tsgate"'}) from None
@@ -353,7 +371,9 @@ class Router(resource.Resource):
 
     def _method_not_allowed(self, allowed: list[str]):
         async def handler(request):
-            raise HTTPError(405, f"method {request.method.decode()} not allowed; use {', '.join(allowed)}", allow=allowed)
+            raise HTTPError(
+                405, f"method {request.method.decode()} not allowed; use {', '.join(allowed)}", allow=allowed
+            )
 
         return handler
 

@@ -16,7 +16,6 @@ import numpy as np
 import promql_parser
 
 from gateway.promql.functions import FUNCTIONS
-from protocols.prometheus.native_histogram import IncompatibleBuckets
 from gateway.promql.range_functions import quantiles
 from gateway.promql.values import (
     NAME,
@@ -32,6 +31,7 @@ from gateway.promql.values import (
     merge_same_labels,
     stacked,
 )
+from protocols.prometheus.native_histogram import IncompatibleBuckets
 from protocols.prometheus.read import Matcher
 
 DEFAULT_SUBQUERY_STEP_MS = 60_000
@@ -42,9 +42,15 @@ _SET_OPERATORS = {"and", "or", "unless"}
 
 
 # Prometheus 3 renamed it double_exponential_smoothing; the parser knows only the new name.
-promql_parser.register_extra_functions([
-    promql_parser.Function("holt_winters", [promql_parser.ValueType.Matrix, promql_parser.ValueType.Scalar, promql_parser.ValueType.Scalar], promql_parser.ValueType.Vector)
-])
+promql_parser.register_extra_functions(
+    [
+        promql_parser.Function(
+            "holt_winters",
+            [promql_parser.ValueType.Matrix, promql_parser.ValueType.Scalar, promql_parser.ValueType.Scalar],
+            promql_parser.ValueType.Vector,
+        )
+    ]
+)
 
 
 class Query(NamedTuple):
@@ -58,7 +64,7 @@ def parse(text: str):
     try:
         return promql_parser.parse(text)
     except (ValueError, TypeError) as error:
-        raise PromQLError(f"invalid parameter \"query\": {error}", "bad_data") from None
+        raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
 
 
 def _ms(delta) -> int:
@@ -149,7 +155,13 @@ class Evaluator:
     collects what Prometheus 3 reports as annotations (elements dropped for mixing floats and
     histograms, or incompatible buckets)."""
 
-    def __init__(self, query: Query, data: dict[tuple, list[Series]], deadline: float, histograms: dict[tuple, list[Series]] | None = None):
+    def __init__(
+        self,
+        query: Query,
+        data: dict[tuple, list[Series]],
+        deadline: float,
+        histograms: dict[tuple, list[Series]] | None = None,
+    ):
         self.query = query
         self.data = data
         self.deadline = deadline
@@ -225,13 +237,19 @@ class Evaluator:
             return Vector.empty(ctx.steps)
         return Vector(labels, np.vstack(rows), np.vstack(masks), np.vstack(stamps))
 
-    def _with_histograms(self, vector: Vector, histogram_series: list[Series], refs: np.ndarray, ctx: Context) -> Vector:
+    def _with_histograms(
+        self, vector: Vector, histogram_series: list[Series], refs: np.ndarray, ctx: Context
+    ) -> Vector:
         """``vector`` with each step's latest native histogram of ``histogram_series`` (same
         lookback and staleness as floats); where a series holds both, the newer sample wins."""
         row_of = {labels_key(labels): row for row, labels in enumerate(vector.labels)}
         labels = list(vector.labels)
         values, present = list(vector.values), list(vector.present)
-        stamps = list(vector.sample_ms) if vector.sample_ms is not None else [np.zeros(ctx.steps, dtype=np.int64)] * len(labels)
+        stamps = (
+            list(vector.sample_ms)
+            if vector.sample_ms is not None
+            else [np.zeros(ctx.steps, dtype=np.int64)] * len(labels)
+        )
         histograms = [np.full(ctx.steps, None, dtype=object) for _ in labels]
         for series in histogram_series:
             index = np.searchsorted(series.timestamps, refs, side="right") - 1
@@ -256,14 +274,18 @@ class Evaluator:
             histograms[row] = np.where(found, samples, histograms[row])
         if len(labels) == len(vector.labels) and not any(h.any() for h in histograms if h is not None):
             return vector
-        return Vector(labels, np.vstack(values), np.vstack(present), np.vstack(stamps), np.vstack(histograms)).without_absent()
+        return Vector(
+            labels, np.vstack(values), np.vstack(present), np.vstack(stamps), np.vstack(histograms)
+        ).without_absent()
 
     def _range(self, node, ctx: Context) -> RangeVector:
         selector = node.vector_selector
         series = []
         for found in self.data.get(selector_key(selector), []):
             stale = is_stale(found.values)
-            series.append(Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found)
+            series.append(
+                Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found
+            )
         histograms = []
         for found in self.histograms.get(selector_key(selector), []):
             kept = np.not_equal(found.values, None)  # None: a stale marker
@@ -289,7 +311,9 @@ class Evaluator:
         ]
         histograms = [
             Series(labels, inner_times[holds], row[holds])
-            for labels, row, holds in zip(inner.labels, inner.histograms if inner.histograms is not None else [], inner.histogram_present)
+            for labels, row, holds in zip(
+                inner.labels, inner.histograms if inner.histograms is not None else [], inner.histogram_present
+            )
             if holds.any()
         ]
         return RangeVector(series, refs, range_ms, tuple(histograms))
@@ -335,7 +359,9 @@ class Evaluator:
                 result = np.ones((count, ctx.steps))
             elif op in ("min", "max"):
                 result = np.full((count, ctx.steps), np.nan)
-                (np.fmin if op == "min" else np.fmax).at(result, group_of, np.where(vector.present, vector.values, np.nan))
+                (np.fmin if op == "min" else np.fmax).at(
+                    result, group_of, np.where(vector.present, vector.values, np.nan)
+                )
             elif op in ("stddev", "stdvar"):
                 sums = np.zeros((count, ctx.steps))
                 np.add.at(sums, group_of, values)
@@ -394,7 +420,14 @@ def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, 
             return np.power(left, right), True
         if op == "atan2":
             return np.arctan2(left, right), True
-        comparison = {"==": np.equal, "!=": np.not_equal, ">": np.greater, "<": np.less, ">=": np.greater_equal, "<=": np.less_equal}[op]
+        comparison = {
+            "==": np.equal,
+            "!=": np.not_equal,
+            ">": np.greater,
+            "<": np.less,
+            ">=": np.greater_equal,
+            "<=": np.less_equal,
+        }[op]
         keep = comparison(left, right)
         return left, keep
 
@@ -423,7 +456,9 @@ def _scaled(histograms: np.ndarray, factors: np.ndarray, op: str) -> np.ndarray:
     return out
 
 
-def _aggregate_histograms(vector: Vector, group_of: np.ndarray, count: int, op: str, ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+def _aggregate_histograms(
+    vector: Vector, group_of: np.ndarray, count: int, op: str, ctx: Context
+) -> tuple[np.ndarray, np.ndarray]:
     """sum/avg of each group's histograms per step, and the mask of (group, step) elements that
     mix floats and histograms: Prometheus drops those (3.x with a warning, as here)."""
     holds = vector.histogram_present
@@ -484,8 +519,18 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     labels = list(lhs.labels) + list(rhs.labels)
     if not labels:
         return Vector.empty(steps)
-    right_kept = np.vstack([~left_present.get(_signature(right_labels, modifier), none) for right_labels in rhs.labels]) if rhs.labels else np.zeros((0, steps), dtype=bool)
-    right = Vector(rhs.labels, rhs.values, rhs.present & right_kept, None, None if rhs.histograms is None else np.where(right_kept, rhs.histograms, None))
+    right_kept = (
+        np.vstack([~left_present.get(_signature(right_labels, modifier), none) for right_labels in rhs.labels])
+        if rhs.labels
+        else np.zeros((0, steps), dtype=bool)
+    )
+    right = Vector(
+        rhs.labels,
+        rhs.values,
+        rhs.present & right_kept,
+        None,
+        None if rhs.histograms is None else np.where(right_kept, rhs.histograms, None),
+    )
     left = Vector(lhs.labels, lhs.values, lhs.present, None, lhs.histograms)
     return merge_same_labels(stacked(left, right).without_absent())
 
@@ -507,7 +552,9 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
     for indexes in by_signature.values():
         if len(indexes) > 1 and (one.present[indexes].sum(axis=0) > 1).any():
             side = "left" if swapped else "right"
-            raise PromQLError(f"found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side")
+            raise PromQLError(
+                f"found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side"
+            )
     drop_name = op in _ARITHMETIC or return_bool
     results: dict[tuple, tuple[dict, np.ndarray, np.ndarray]] = {}
     many_seen: dict[tuple, np.ndarray] = {}
@@ -519,7 +566,9 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
         if one_to_one:
             seen = many_seen.get(signature)
             if seen is not None and (seen & many.present[index]).any():
-                raise PromQLError("multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)")
+                raise PromQLError(
+                    "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
+                )
             many_seen[signature] = many.present[index] | (seen if seen is not None else False)
         other_values = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
         other_present = one.present[partners].any(axis=0)
@@ -548,7 +597,9 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
     return Vector(list(labels), np.vstack(values), np.vstack(present)).without_absent()
 
 
-def _result_labels(labels: dict, partner: dict, modifier, one_to_one: bool, include: list[str], drop_name: bool) -> dict:
+def _result_labels(
+    labels: dict, partner: dict, modifier, one_to_one: bool, include: list[str], drop_name: bool
+) -> dict:
     result = drop_metric_name(labels) if drop_name else dict(labels)
     matching = modifier.matching if modifier is not None else None
     if one_to_one and matching is not None:

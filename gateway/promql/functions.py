@@ -21,10 +21,29 @@ from gateway.promql.values import (
 from protocols.linear_regex import BadPattern, compile_regex
 
 _ELEMENTWISE = {
-    "abs": np.abs, "ceil": np.ceil, "floor": np.floor, "exp": np.exp, "sqrt": np.sqrt, "ln": np.log, "log2": np.log2,
-    "log10": np.log10, "sgn": np.sign, "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin,
-    "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh,
-    "acosh": np.arccosh, "atanh": np.arctanh, "deg": np.degrees, "rad": np.radians,
+    "abs": np.abs,
+    "ceil": np.ceil,
+    "floor": np.floor,
+    "exp": np.exp,
+    "sqrt": np.sqrt,
+    "ln": np.log,
+    "log2": np.log2,
+    "log10": np.log10,
+    "sgn": np.sign,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "tanh": np.tanh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "deg": np.degrees,
+    "rad": np.radians,
 }
 _OVER_TIME = ("avg", "min", "max", "sum", "count", "stddev", "stdvar", "last", "present")
 
@@ -177,13 +196,20 @@ def _expand(template: str, match) -> str:
 
 
 def _label_replace(ctx, args, call):
-    vector, destination, replacement, source, pattern = args[0], args[1].value, args[2].value, args[3].value, args[4].value
+    vector, destination, replacement, source, pattern = (
+        args[0],
+        args[1].value,
+        args[2].value,
+        args[3].value,
+        args[4].value,
+    )
     try:
         regex = compile_regex(f"^(?:{pattern})$", dot_nl=True)
     except BadPattern as error:
         raise PromQLError(f"label_replace(): {error}", "bad_data") from None
     if not _LABEL_NAME.match(destination):
         raise PromQLError(f"invalid destination label name in label_replace(): {destination}", "bad_data")
+
     def relabel(series):
         match = regex.match(series.get(source, ""))
         return None if match is None else _expand(replacement, match)
@@ -321,29 +347,61 @@ def _ranged(compute):
 
 
 FUNCTIONS = {name: _elementwise(function) for name, function in _ELEMENTWISE.items()}
-FUNCTIONS.update({
-    "round": _round, "clamp": _clamp, "clamp_min": _clamp_min, "clamp_max": _clamp_max, "time": _time,
-    "timestamp": _timestamp, "vector": _vector, "scalar": _scalar, "pi": _pi, "sort": _sort(False),
-    "sort_desc": _sort(True), "absent": _absent, "absent_over_time": _absent_over_time, "label_replace": _label_replace,
-    "label_join": _label_join, "histogram_quantile": _histogram_quantile,
-    "rate": _ranged(lambda ctx, a: stacked(ranged.extrapolated_rate(a[0], True, True), ranged.histogram_rate(a[0], True, True, ctx.warn))),
-    "increase": _ranged(lambda ctx, a: stacked(ranged.extrapolated_rate(a[0], True, False), ranged.histogram_rate(a[0], True, False, ctx.warn))),
-    "delta": _ranged(lambda ctx, a: stacked(ranged.extrapolated_rate(a[0], False, False), ranged.histogram_rate(a[0], False, False, ctx.warn))),
-    "irate": _ranged(lambda ctx, a: stacked(ranged.instant_rate(a[0], True), ranged.histogram_instant_rate(a[0], True, ctx.warn))),
-    "idelta": _ranged(lambda ctx, a: stacked(ranged.instant_rate(a[0], False), ranged.histogram_instant_rate(a[0], False, ctx.warn))),
-    "histogram_count": _of_histograms(lambda h, a, step: h.count),
-    "histogram_sum": _of_histograms(lambda h, a, step: h.sum),
-    "histogram_avg": _of_histograms(lambda h, a, step: float(np.divide(h.sum, h.count))),
-    "histogram_stdvar": _of_histograms(lambda h, a, step: h.variance()),
-    "histogram_stddev": _of_histograms(lambda h, a, step: math.sqrt(h.variance())),
-    "histogram_fraction": _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step])),
-    "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
-    "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
-    "holt_winters": _ranged(lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))),
-    "changes": _ranged(lambda ctx, a: ranged.changes(a[0])),
-    "resets": _ranged(lambda ctx, a: ranged.resets(a[0])),
-    "quantile_over_time": _ranged(lambda ctx, a: ranged.over_time(a[1], "quantile", a[0].values)),
-})
+FUNCTIONS.update(
+    {
+        "round": _round,
+        "clamp": _clamp,
+        "clamp_min": _clamp_min,
+        "clamp_max": _clamp_max,
+        "time": _time,
+        "timestamp": _timestamp,
+        "vector": _vector,
+        "scalar": _scalar,
+        "pi": _pi,
+        "sort": _sort(False),
+        "sort_desc": _sort(True),
+        "absent": _absent,
+        "absent_over_time": _absent_over_time,
+        "label_replace": _label_replace,
+        "label_join": _label_join,
+        "histogram_quantile": _histogram_quantile,
+        "rate": _ranged(
+            lambda ctx, a: stacked(
+                ranged.extrapolated_rate(a[0], True, True), ranged.histogram_rate(a[0], True, True, ctx.warn)
+            )
+        ),
+        "increase": _ranged(
+            lambda ctx, a: stacked(
+                ranged.extrapolated_rate(a[0], True, False), ranged.histogram_rate(a[0], True, False, ctx.warn)
+            )
+        ),
+        "delta": _ranged(
+            lambda ctx, a: stacked(
+                ranged.extrapolated_rate(a[0], False, False), ranged.histogram_rate(a[0], False, False, ctx.warn)
+            )
+        ),
+        "irate": _ranged(
+            lambda ctx, a: stacked(ranged.instant_rate(a[0], True), ranged.histogram_instant_rate(a[0], True, ctx.warn))
+        ),
+        "idelta": _ranged(
+            lambda ctx, a: stacked(
+                ranged.instant_rate(a[0], False), ranged.histogram_instant_rate(a[0], False, ctx.warn)
+            )
+        ),
+        "histogram_count": _of_histograms(lambda h, a, step: h.count),
+        "histogram_sum": _of_histograms(lambda h, a, step: h.sum),
+        "histogram_avg": _of_histograms(lambda h, a, step: float(np.divide(h.sum, h.count))),
+        "histogram_stdvar": _of_histograms(lambda h, a, step: h.variance()),
+        "histogram_stddev": _of_histograms(lambda h, a, step: math.sqrt(h.variance())),
+        "histogram_fraction": _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step])),
+        "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
+        "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
+        "holt_winters": _ranged(lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))),
+        "changes": _ranged(lambda ctx, a: ranged.changes(a[0])),
+        "resets": _ranged(lambda ctx, a: ranged.resets(a[0])),
+        "quantile_over_time": _ranged(lambda ctx, a: ranged.over_time(a[1], "quantile", a[0].values)),
+    }
+)
 for _part in ("year", "month", "day_of_month", "day_of_year", "day_of_week", "days_in_month", "hour", "minute"):
     FUNCTIONS[_part] = _date_function(_part)
 for _name in _OVER_TIME:

@@ -5,8 +5,8 @@ import itertools
 
 import numpy as np
 
-from protocols.prometheus.native_histogram import IncompatibleBuckets
 from gateway.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather, labels_key
+from protocols.prometheus.native_histogram import IncompatibleBuckets
 from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 
 GAUGE_HINT = HistogramMessage.GAUGE
@@ -94,7 +94,11 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
                 to_zero = sampled * (first / result)
                 to_start = np.where((result > 0) & (first >= 0) & (to_zero < to_start), to_zero, to_start)
             threshold = average * 1.1
-            interval = sampled + np.where(to_start < threshold, to_start, average / 2) + np.where(to_end < threshold, to_end, average / 2)
+            interval = (
+                sampled
+                + np.where(to_start < threshold, to_start, average / 2)
+                + np.where(to_end < threshold, to_end, average / 2)
+            )
             factor = interval / sampled
             if is_rate:
                 factor = factor / range_s
@@ -193,7 +197,9 @@ def _counting(matrix: RangeVector, counted) -> Vector:
 
 
 def changes(matrix: RangeVector) -> Vector:
-    return _counting(matrix, lambda current, previous: (current != previous) & ~(np.isnan(current) & np.isnan(previous)))
+    return _counting(
+        matrix, lambda current, previous: (current != previous) & ~(np.isnan(current) & np.isnan(previous))
+    )
 
 
 def resets(matrix: RangeVector) -> Vector:
@@ -273,7 +279,9 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
             window = hs[lo[step] : hi[step]]
             first, last = window[0], window[-1]
             try:
-                result = last.reduced(min(h.schema for h in window) if is_counter else min(first.schema, last.schema)).sub(first)
+                result = last.reduced(
+                    min(h.schema for h in window) if is_counter else min(first.schema, last.schema)
+                ).sub(first)
                 if is_counter:
                     for previous, current in itertools.pairwise(window):
                         if current.detect_reset(previous):
@@ -286,7 +294,11 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
             average = sampled / (len(window) - 1)
             to_start, to_end = (first_ms - range_start[step]) / 1000, (range_end[step] - last_ms) / 1000
             threshold = average * 1.1
-            interval = sampled + (to_start if to_start < threshold else average / 2) + (to_end if to_end < threshold else average / 2)
+            interval = (
+                sampled
+                + (to_start if to_start < threshold else average / 2)
+                + (to_end if to_end < threshold else average / 2)
+            )
             factor = interval / sampled / (range_s if is_rate else 1)
             out[step] = result.scale(factor).copy(reset_hint=GAUGE_HINT)
         return out

@@ -62,7 +62,9 @@ class Vector(NamedTuple):
         histograms = None if self.histograms is None else self.histograms[index]
         return Vector([self.labels[i] for i in index], self.values[index], self.present[index], stamps, histograms)
 
-    def with_values(self, values: np.ndarray | None, present: np.ndarray | None = None, drop_name: bool = True) -> "Vector":
+    def with_values(
+        self, values: np.ndarray | None, present: np.ndarray | None = None, drop_name: bool = True
+    ) -> "Vector":
         """These rows with other values (None: the same), without ``__name__`` unless told."""
         labels = [drop_metric_name(labels) for labels in self.labels] if drop_name else self.labels
         values = self.values if values is None else values
@@ -160,6 +162,16 @@ def stacked(first: Vector, second: Vector) -> Vector:
     if first.histograms is None and second.histograms is None:
         histograms = None
     else:
-        histograms = np.vstack([v.histograms if v.histograms is not None else np.full(v.values.shape, None, dtype=object) for v in (first, second)])
-    return Vector(first.labels + second.labels, np.vstack([first.values, second.values]), np.vstack([first.present, second.present]),
-                  None, histograms)
+        histograms = np.vstack(
+            [
+                v.histograms if v.histograms is not None else np.full(v.values.shape, None, dtype=object)
+                for v in (first, second)
+            ]
+        )
+    return Vector(
+        first.labels + second.labels,
+        np.vstack([first.values, second.values]),
+        np.vstack([first.present, second.present]),
+        None,
+        histograms,
+    )

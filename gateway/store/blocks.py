@@ -49,7 +49,9 @@ def encode_block(timestamps: np.ndarray, values: np.ndarray) -> bytes:
     values = np.ascontiguousarray(values, dtype=np.float64)
     packed_timestamps = standalone.simple_compress(timestamps, _CONFIG)
     packed_values = standalone.simple_compress(values, _CONFIG)
-    header = _HEADER.pack(MAGIC, VERSION, CODEC_PCODEC, count, int(timestamps[0]), int(timestamps[-1]), len(packed_timestamps))
+    header = _HEADER.pack(
+        MAGIC, VERSION, CODEC_PCODEC, count, int(timestamps[0]), int(timestamps[-1]), len(packed_timestamps)
+    )
     return header + packed_timestamps + packed_values
 
 
@@ -72,5 +74,7 @@ def decode_block(block: bytes) -> tuple[np.ndarray, np.ndarray]:
     timestamps = standalone.simple_decompress(bytes(body[:timestamps_length]))
     values = standalone.simple_decompress(bytes(body[timestamps_length:]))
     if len(timestamps) != header.count or len(values) != header.count:
-        raise BadBlock(f"block says {header.count} samples, holds {len(timestamps)} timestamps and {len(values)} values")
+        raise BadBlock(
+            f"block says {header.count} samples, holds {len(timestamps)} timestamps and {len(values)} values"
+        )
     return timestamps, values

@@ -17,12 +17,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote
 
+import numpy as np
 from cassandra import ConsistencyLevel, OperationTimedOut, RequestExecutionException
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.connection import ConnectionException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, RetryPolicy, TokenAwarePolicy
-import numpy as np
 from cassandra.query import BatchStatement, BatchType, tuple_factory
 from prometheus_client import Counter
 from twisted.internet import defer, threads
@@ -34,8 +34,22 @@ from gateway.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
 from gateway.store.contract import (
-    ROLLUP_COLUMN_SETS, ROLLUP_COLUMNS, ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store,
-    StoreUnavailable, exemplar_labels_text, exemplars_in_range, time_slot, time_slots,
+    ROLLUP_COLUMN_SETS,
+    ROLLUP_COLUMNS,
+    ExemplarRow,
+    HistogramRow,
+    MetricMetadata,
+    PathNode,
+    PendingSet,
+    RawData,
+    RawPoint,
+    Rollup,
+    Store,
+    StoreUnavailable,
+    exemplar_labels_text,
+    exemplars_in_range,
+    time_slot,
+    time_slots,
 )
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
@@ -72,7 +86,10 @@ class BatchWarningFilter(logging.Filter):
         if now - self._last < self.interval:
             return False
         self._last = now
-        record.msg, record.args = "%s (expected: tsgate batches rows by replica; counted in tsgate_cassandra_batch_warnings_total, logged once per %ds)", (message, self.interval)
+        record.msg, record.args = (
+            "%s (expected: tsgate batches rows by replica; counted in tsgate_cassandra_batch_warnings_total, logged once per %ds)",
+            (message, self.interval),
+        )
         return True
 
 
@@ -154,7 +171,19 @@ def parse_url(url: str, layout: Layout) -> CassandraOptions:
     credentials, _, host_list = netloc.rpartition("@")
     username, _, password = credentials.partition(":") if credentials else ("", "", "")
     options = dict(parse_qsl(query, keep_blank_values=True))
-    known = {"replication", "consistency", "read_consistency", "write_consistency", "local_dc", "username", "password", "tls", "tls_ca", "request_timeout", "max_inflight"}
+    known = {
+        "replication",
+        "consistency",
+        "read_consistency",
+        "write_consistency",
+        "local_dc",
+        "username",
+        "password",
+        "tls",
+        "tls_ca",
+        "request_timeout",
+        "max_inflight",
+    }
     unknown = set(options) - known
     if unknown:
         raise ValueError(f"unknown cassandra URL option(s): {', '.join(sorted(unknown))}")
@@ -211,7 +240,9 @@ class CountingRetryPolicy(RetryPolicy):
 def _unavailable(error: Exception) -> Exception:
     """Faults of the cluster (not of our statements) become StoreUnavailable."""
     DRIVER_ERRORS.labels(type(error).__name__).inc()
-    if isinstance(error, (NoHostAvailable, OperationTimedOut, RequestExecutionException, ConnectionException, ConnectionError)):
+    if isinstance(
+        error, (NoHostAvailable, OperationTimedOut, RequestExecutionException, ConnectionException, ConnectionError)
+    ):
         return StoreUnavailable(f"cassandra: {type(error).__name__}: {error}")
     return error
 
@@ -275,7 +306,9 @@ class CassandraStore(Store):
         """Tell "no such keyspace" (a setup step was missed) from an unreachable cluster."""
         cluster = self._cluster()
         try:
-            rows = cluster.connect().execute("SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", [keyspace])
+            rows = cluster.connect().execute(
+                "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", [keyspace]
+            )
             return not list(rows)
         except Exception:
             return False
@@ -289,7 +322,10 @@ class CassandraStore(Store):
             schema = self.options.schema
             statements = [keyspace_statement(schema), *table_statements(schema)]
             # Columns added since the first release (ALTER TABLE ... ADD fails where the column exists).
-            for table, column, cql_type in (("metric_names", "aggregators", "set<text>"), ("series_set_hashes", "created_ms", "bigint")):
+            for table, column, cql_type in (
+                ("metric_names", "aggregators", "set<text>"),
+                ("series_set_hashes", "created_ms", "bigint"),
+            ):
                 existing = {
                     row.column_name
                     for row in session.execute(
@@ -302,7 +338,9 @@ class CassandraStore(Store):
             statements += upgrade_statements(schema)
             tables = {
                 row.table_name
-                for row in session.execute("SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", [schema.keyspace])
+                for row in session.execute(
+                    "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", [schema.keyspace]
+                )
             }
             for statement in statements:
                 session.execute(statement, timeout=120)
@@ -327,7 +365,9 @@ class CassandraStore(Store):
         rows = session.execute(f"SELECT DISTINCT tenant, series_set_hash, time_slot FROM {ks}.data_raw", timeout=120)
         count, now, width = 0, int(time.time() * 1000), self.layout.block_partition_width_ms
         for row in rows:
-            session.execute(update, (now, row.tenant, row.series_set_hash, time_slot(row.time_slot, width), row.time_slot))
+            session.execute(
+                update, (now, row.tenant, row.series_set_hash, time_slot(row.time_slot, width), row.time_slot)
+            )
             count += 1
         return f"-- indexed {count} data_raw partitions written before the upgrade in data_blocks"
 
@@ -444,7 +484,10 @@ class CassandraStore(Store):
             *((s["series_set"], row) for row in rows.series_sets),
             *((s["tag_key"], row) for row in rows.tag_keys),
             *((s["tag_value"], row) for row in rows.tag_values),
-            *((s["path_leaf" if leaf else "path_branch"], (tenant, parent, name)) for tenant, parent, name, leaf in rows.graphite_paths),
+            *(
+                (s["path_leaf" if leaf else "path_branch"], (tenant, parent, name))
+                for tenant, parent, name, leaf in rows.graphite_paths
+            ),
             *((s["tenant_tag_key"], row) for row in rows.tenant_tag_keys),
             *((s["tenant_tag_value"], row) for row in rows.tenant_tag_values),
             *((s["tag_metric"], row) for row in rows.tag_metrics),
@@ -458,7 +501,9 @@ class CassandraStore(Store):
         return self._execute(self._statements["list_path_children"], (tenant, parent)).addCallback(nodes)
 
     def list_tenant_tag_keys(self, tenant):
-        return self._execute(self._statements["list_tenant_tag_keys"], (tenant,)).addCallback(lambda rows: [r.tag_key for r in rows])
+        return self._execute(self._statements["list_tenant_tag_keys"], (tenant,)).addCallback(
+            lambda rows: [r.tag_key for r in rows]
+        )
 
     def list_tenant_tag_values(self, tenant, tag_key):
         return self._execute(self._statements["list_tenant_tag_values"], (tenant, tag_key)).addCallback(
@@ -497,7 +542,9 @@ class CassandraStore(Store):
 
     def list_pending(self, partition, before_slot):
         def rows(found):
-            return sorted(PendingSet(r.partition, r.time_slot, r.tenant, r.series_set_hash, r.last_touch) for r in found)
+            return sorted(
+                PendingSet(r.partition, r.time_slot, r.tenant, r.series_set_hash, r.last_touch) for r in found
+            )
 
         return self._execute(self._statements["list_pending"], (partition, before_slot)).addCallback(rows)
 
@@ -573,7 +620,9 @@ class CassandraStore(Store):
         statement = self._statements["read_slots"]
         partitions = time_slots(first, last, self.layout.block_partition_width_ms)
         chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
-        requests = [(statement, (tenant, chunk, partition, first, last)) for chunk in chunks for partition in partitions]
+        requests = [
+            (statement, (tenant, chunk, partition, first, last)) for chunk in chunks for partition in partitions
+        ]
 
         def read_heads(pages):
             rows: dict[str, list] = {hash_: [] for hash_ in hashes}
@@ -584,7 +633,11 @@ class CassandraStore(Store):
             for hash_, found in rows.items():
                 found.sort(key=lambda row: row[0])
                 blocks[hash_] = [block for _, block, _, _ in found if block is not None]
-                unsealed = [slot for slot, _, written, sealed in found if written is not None and (sealed is None or written > sealed)]
+                unsealed = [
+                    slot
+                    for slot, _, written, sealed in found
+                    if written is not None and (sealed is None or written > sealed)
+                ]
                 if unsealed:
                     head_requests.append((self._statements["read_head"], (tenant, hash_, unsealed, start_ms, end_ms)))
                     unsealed_of.append(hash_)
@@ -605,13 +658,25 @@ class CassandraStore(Store):
         written = self._execute(self._statements["write_block"], (block, *key))
         ttl_s = (self.layout.head_ttl_ms(slot_ms, head_read_ms) + WRITTEN_AT_MARGIN_MS) // 1000
         margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
-        return written.addCallback(lambda _: self._execute(self._statements["head_sealed"], (ttl_s, head_read_ms - margin, *key)))
+        return written.addCallback(
+            lambda _: self._execute(self._statements["head_sealed"], (ttl_s, head_read_ms - margin, *key))
+        )
 
     def write_exemplars(self, exemplars):
         """Rows with the table's TTL (--exemplar-retention); the per-series cap applies on reading."""
         statement, width = self._statements["write_exemplar"], self.slot_width_ms
         requests = [
-            (statement, (e.tenant, e.series_set_hash, time_slot(e.timestamp_ms, width), e.timestamp_ms, exemplar_labels_text(e.labels), e.value))
+            (
+                statement,
+                (
+                    e.tenant,
+                    e.series_set_hash,
+                    time_slot(e.timestamp_ms, width),
+                    e.timestamp_ms,
+                    exemplar_labels_text(e.labels),
+                    e.value,
+                ),
+            )
             for e in exemplars
         ]
         return self._execute_all(self._batched(requests))
@@ -650,23 +715,32 @@ class CassandraStore(Store):
         return self._write_histogram_table(self._statements["write_histogram"], self.slot_width_ms, histograms)
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
-        return self._read_histogram_table(self._statements["read_histograms"], self.slot_width_ms, tenant, hashes, start_ms, end_ms)
+        return self._read_histogram_table(
+            self._statements["read_histograms"], self.slot_width_ms, tenant, hashes, start_ms, end_ms
+        )
 
     def write_histogram_rollups(self, granularity, rows):
         """Rows with the granularity's TTL."""
-        return self._write_histogram_table(self._statements[f"write_{granularity.histogram_table}"], granularity.partition_width_ms, rows)
+        return self._write_histogram_table(
+            self._statements[f"write_{granularity.histogram_table}"], granularity.partition_width_ms, rows
+        )
 
     def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
         statement = self._statements[f"read_{granularity.histogram_table}"]
         return self._read_histogram_table(statement, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms)
 
     def _write_histogram_table(self, statement, width: int, histograms):
-        requests = [(statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data)) for h in histograms]
+        requests = [
+            (statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data))
+            for h in histograms
+        ]
         return self._execute_all(self._batched(requests))
 
     def _read_histogram_table(self, statement, width: int, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
-        requests = self._partition_requests(statement, tenant, hashes, start_ms, end_ms, start_ms, end_ms, width_ms=width)
+        requests = self._partition_requests(
+            statement, tenant, hashes, start_ms, end_ms, start_ms, end_ms, width_ms=width
+        )
 
         def collect(pages):
             rows: dict[str, list[HistogramRow]] = {hash_: [] for hash_ in hashes}
@@ -729,10 +803,14 @@ class CassandraStore(Store):
         return self._execute(self._statements["list_tenants"]).addCallback(lambda rows: sorted(r.tenant for r in rows))
 
     def list_metric_names(self, tenant):
-        return self._execute(self._statements["list_metric_names"], (tenant,)).addCallback(lambda rows: [r.metric_name for r in rows])
+        return self._execute(self._statements["list_metric_names"], (tenant,)).addCallback(
+            lambda rows: [r.metric_name for r in rows]
+        )
 
     def list_tag_keys(self, tenant, metric_name):
-        return self._execute(self._statements["list_tag_keys"], (tenant, metric_name)).addCallback(lambda rows: [r.tag_key for r in rows])
+        return self._execute(self._statements["list_tag_keys"], (tenant, metric_name)).addCallback(
+            lambda rows: [r.tag_key for r in rows]
+        )
 
     def list_tag_values(self, tenant, metric_name, tag_key):
         return self._execute(self._statements["list_tag_values"], (tenant, metric_name, tag_key)).addCallback(
@@ -746,7 +824,9 @@ class CassandraStore(Store):
 
     def write_created_timestamps(self, rows):
         statement = self._statements["write_created"]
-        return self._execute_all(self._batched([(statement, (r.created_ms, r.tenant, r.series_set_hash)) for r in rows]))
+        return self._execute_all(
+            self._batched([(statement, (r.created_ms, r.tenant, r.series_set_hash)) for r in rows])
+        )
 
     def get_created_timestamps(self, tenant, hashes: Iterable[str]):
         hashes = list(hashes)
@@ -771,11 +851,9 @@ class CassandraStore(Store):
         return self._execute_all([(statement, (tenant, h)) for h in hashes]).addCallback(collect)
 
 
-
 def _samples_of(rows: list[tuple[int, float]]) -> Samples:
     """(ts, value) rows of several head partitions, in any slot order -> Samples."""
     if not rows:
         return samples.empty()
     array = np.array(rows, dtype=[("ts", np.int64), ("value", np.float64)])
     return samples.merge([Samples(array["ts"], array["value"])])
-

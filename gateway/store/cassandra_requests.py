@@ -46,7 +46,9 @@ class RequestQueue:
             return defer.succeed([])
         group = _Group(len(requests))
         with self._lock:
-            self._waiting.extend((group, index, statement, parameters, profile) for index, (statement, parameters) in enumerate(requests))
+            self._waiting.extend(
+                (group, index, statement, parameters, profile) for index, (statement, parameters) in enumerate(requests)
+            )
         self._start_more()
         return group.deferred
 

@@ -69,9 +69,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
     ttl_s = options.raw_retention_ms // 1000
     head_ttl_s = (options.slot_width_ms + options.layout.head_retention_ms) // 1000
     return [
-        f"CREATE TABLE IF NOT EXISTS {ks}.tenants (\n"
-        "    tenant text PRIMARY KEY\n"
-        ")",
+        f"CREATE TABLE IF NOT EXISTS {ks}.tenants (\n    tenant text PRIMARY KEY\n)",
         f"CREATE TABLE IF NOT EXISTS {ks}.metric_names (\n"
         "    tenant text,\n"
         "    metric_name text,\n"

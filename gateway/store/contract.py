@@ -218,7 +218,9 @@ class Store(abc.ABC):
         """Upsert roll-up rows (with the granularity's TTL): a later write replaces the aggregates."""
 
     @abc.abstractmethod
-    def read_rollups(self, granularity: Granularity, tenant: str, series_set_hash: str, start_ms: int, end_ms: int) -> Deferred:
+    def read_rollups(
+        self, granularity: Granularity, tenant: str, series_set_hash: str, start_ms: int, end_ms: int
+    ) -> Deferred:
         """Fire with the [Rollup] of one series in an inclusive range, in time order."""
 
     @abc.abstractmethod
@@ -262,7 +264,9 @@ class Store(abc.ABC):
         wins, with the same values). Many series at once, so a driver can read them in few requests."""
 
     @abc.abstractmethod
-    def write_block(self, tenant: str, series_set_hash: str, slot_ms: int, block: bytes, sealed: Samples, head_read_ms: int) -> Deferred:
+    def write_block(
+        self, tenant: str, series_set_hash: str, slot_ms: int, block: bytes, sealed: Samples, head_read_ms: int
+    ) -> Deferred:
         """Upsert the block of one series-slot (kept the raw retention). ``sealed`` are the head
         samples merged into it, read at ``head_read_ms``: afterwards read_raw needs to return only
         head rows written since (a driver without TTLs deletes the sealed rows that still hold
@@ -295,7 +299,9 @@ class Store(abc.ABC):
         the granularity's retention; fire once the store has accepted all of them."""
 
     @abc.abstractmethod
-    def read_histogram_rollups(self, granularity: Granularity, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+    def read_histogram_rollups(
+        self, granularity: Granularity, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int
+    ) -> Deferred:
         """Fire with one list of HistogramRow per series (in the order of ``hashes``) whose interval
         starts are in an inclusive range, oldest first."""
 
@@ -335,4 +341,3 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:
         """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
-

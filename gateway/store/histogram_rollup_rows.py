@@ -22,10 +22,11 @@ def encode_interval(histograms: Sequence[HistogramRow]) -> bytes:
 def decode_interval(row: HistogramRow) -> list[HistogramRow]:
     """The histograms a roll-up row keeps, each a HistogramRow at its own timestamp."""
     series = types_pb2.TimeSeries.FromString(row.data)
-    return [HistogramRow(row.tenant, row.series_set_hash, h.timestamp, h.SerializeToString()) for h in series.histograms]
+    return [
+        HistogramRow(row.tenant, row.series_set_hash, h.timestamp, h.SerializeToString()) for h in series.histograms
+    ]
 
 
 def kept_in_range(rows: Sequence[HistogramRow], start_ms: int, end_ms: int) -> list[HistogramRow]:
     """The histograms roll-up rows keep whose own timestamps are in an inclusive range, oldest first."""
     return [h for row in rows for h in decode_interval(row) if start_ms <= h.timestamp_ms <= end_ms]
-

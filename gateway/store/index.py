@@ -5,7 +5,7 @@ UPDATE); the rows themselves, and so what a series can be found by, are decided 
 """
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gateway.model import NAME_TAG, SeriesKey
 
@@ -39,7 +39,12 @@ def index_rows(series: Sequence[SeriesKey]) -> IndexRows:
     for s in series:
         tables["tenants"][(s.tenant,)] = None
         tables["metric_names"][(s.tenant, s.metric_name)] = None
-        tables["series_set_hashes"][(s.tenant, s.series_set_hash)] = (s.tenant, s.series_set_hash, s.metric_name, s.tags)
+        tables["series_set_hashes"][(s.tenant, s.series_set_hash)] = (
+            s.tenant,
+            s.series_set_hash,
+            s.metric_name,
+            s.tags,
+        )
         tables["series_sets"][(s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash)] = None
         for key, value in s.tags.items():
             tables["series_sets"][(s.tenant, s.metric_name, key, value, s.series_set_hash)] = None
@@ -51,4 +56,6 @@ def index_rows(series: Sequence[SeriesKey]) -> IndexRows:
         if not s.tags:
             for parent, name, leaf in path_nodes(s.metric_name):
                 tables["graphite_paths"][(s.tenant, parent, name, leaf)] = None
-    return IndexRows(**{name: list(table.values()) if name == "series_set_hashes" else list(table) for name, table in tables.items()})  # type: ignore[arg-type]
+    rows: dict[str, Any] = {name: list(table) for name, table in tables.items()}
+    rows["series_set_hashes"] = list(tables["series_set_hashes"].values())
+    return IndexRows(**rows)

@@ -66,7 +66,9 @@ def parse_granularities(text: str, slot_width_ms: int) -> tuple[Granularity, ...
     granularities.sort(key=lambda g: g.width_ms)
     for finer, coarser in zip(granularities, granularities[1:]):
         if coarser.width_ms % finer.width_ms:
-            raise ValueError(f"granularity {coarser.name} is not a multiple of {finer.name}, so it cannot be rolled up from it")
+            raise ValueError(
+                f"granularity {coarser.name} is not a multiple of {finer.name}, so it cannot be rolled up from it"
+            )
     if len({g.name for g in granularities}) != len(granularities):
         raise ValueError(f"granularities {text!r} repeat a width")
     return tuple(granularities)

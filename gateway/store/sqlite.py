@@ -18,18 +18,29 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import numpy as np
 from twisted.internet import reactor, threads
 from twisted.internet.defer import succeed
 from twisted.python.threadpool import ThreadPool
-
-import numpy as np
 
 from gateway import samples
 from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.contract import (
-    ROLLUP_COLUMNS, ExemplarRow, HistogramRow, MetricMetadata, PathNode, PendingSet, RawData, RawPoint, Rollup, Store, StoreUnavailable,
-    exemplar_labels_text, exemplars_in_range, time_slot,
+    ROLLUP_COLUMNS,
+    ExemplarRow,
+    HistogramRow,
+    MetricMetadata,
+    PathNode,
+    PendingSet,
+    RawData,
+    RawPoint,
+    Rollup,
+    Store,
+    StoreUnavailable,
+    exemplar_labels_text,
+    exemplars_in_range,
+    time_slot,
 )
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
@@ -258,7 +269,9 @@ class SQLiteStore(Store):
 
     def identity(self):
         """A random id the file got when its schema was made (a copied file keeps it)."""
-        return self._read(lambda connection: "sqlite:" + connection.execute("SELECT id FROM store_identity").fetchone()[0])
+        return self._read(
+            lambda connection: "sqlite:" + connection.execute("SELECT id FROM store_identity").fetchone()[0]
+        )
 
     def write_series(self, series: Sequence[SeriesKey]):
         return self._write(_write_series, list(series))
@@ -266,7 +279,9 @@ class SQLiteStore(Store):
     def list_path_children(self, tenant, parent):
         query = "SELECT name, is_leaf, is_branch FROM graphite_paths WHERE tenant=? AND parent=? ORDER BY name"
         return self._read(
-            lambda connection: [PathNode(n, bool(leaf), bool(branch)) for n, leaf, branch in connection.execute(query, (tenant, parent))]
+            lambda connection: [
+                PathNode(n, bool(leaf), bool(branch)) for n, leaf, branch in connection.execute(query, (tenant, parent))
+            ]
         )
 
     def list_tenant_tag_keys(self, tenant):
@@ -283,7 +298,13 @@ class SQLiteStore(Store):
     def write_rollups(self, granularity, rows):
         width = granularity.partition_width_ms
         values = [
-            (r.tenant, r.series_set_hash, time_slot(r.timestamp_ms, width), r.timestamp_ms, *(_nullable(getattr(r, c)) for c in ROLLUP_COLUMNS))
+            (
+                r.tenant,
+                r.series_set_hash,
+                time_slot(r.timestamp_ms, width),
+                r.timestamp_ms,
+                *(_nullable(getattr(r, c)) for c in ROLLUP_COLUMNS),
+            )
             for r in rows
         ]
         query = f"INSERT OR REPLACE INTO {granularity.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -309,14 +330,18 @@ class SQLiteStore(Store):
 
     def mark_pending(self, rows, touched_ms):
         values = [(r.partition, r.time_slot, r.tenant, r.series_set_hash, touched_ms) for r in rows]
-        return self._write(_transaction_of, "INSERT OR REPLACE INTO pending_downsample_sets VALUES (?, ?, ?, ?, ?)", values)
+        return self._write(
+            _transaction_of, "INSERT OR REPLACE INTO pending_downsample_sets VALUES (?, ?, ?, ?, ?)", values
+        )
 
     def list_pending(self, partition, before_slot):
         query = (
             "SELECT * FROM pending_downsample_sets WHERE partition=? AND time_slot < ?"
             " ORDER BY time_slot, tenant, series_set_hash"
         )
-        return self._read(lambda connection: [PendingSet(*row) for row in connection.execute(query, (partition, before_slot))])
+        return self._read(
+            lambda connection: [PendingSet(*row) for row in connection.execute(query, (partition, before_slot))]
+        )
 
     def delete_pending(self, rows):
         query = (
@@ -377,11 +402,15 @@ class SQLiteStore(Store):
         return self._read(_column, "SELECT tenant FROM tenants ORDER BY tenant", ())
 
     def list_metric_names(self, tenant):
-        return self._read(_column, "SELECT metric_name FROM metric_names WHERE tenant=? ORDER BY metric_name", (tenant,))
+        return self._read(
+            _column, "SELECT metric_name FROM metric_names WHERE tenant=? ORDER BY metric_name", (tenant,)
+        )
 
     def list_tag_keys(self, tenant, metric_name):
         return self._read(
-            _column, "SELECT tag_key FROM tag_keys WHERE tenant=? AND metric_name=? ORDER BY tag_key", (tenant, metric_name)
+            _column,
+            "SELECT tag_key FROM tag_keys WHERE tenant=? AND metric_name=? ORDER BY tag_key",
+            (tenant, metric_name),
         )
 
     def list_tag_values(self, tenant, metric_name, tag_key):
@@ -392,10 +421,7 @@ class SQLiteStore(Store):
         )
 
     def find_series(self, tenant, metric_name, tag_key, tag_value):
-        query = (
-            "SELECT series_set_hash FROM series_sets"
-            " WHERE tenant=? AND metric_name=? AND tag_key=? AND tag_value=?"
-        )
+        query = "SELECT series_set_hash FROM series_sets WHERE tenant=? AND metric_name=? AND tag_key=? AND tag_value=?"
         return self._read(_column, query, (tenant, metric_name, tag_key, tag_value)).addCallback(set)
 
     def get_series(self, tenant, hashes: Iterable[str]):
@@ -426,7 +452,14 @@ class SQLiteStore(Store):
     def write_exemplars(self, exemplars):
         width = self.slot_width_ms
         rows = [
-            (e.tenant, e.series_set_hash, time_slot(e.timestamp_ms, width), e.timestamp_ms, exemplar_labels_text(e.labels), _encode_value(e.value))
+            (
+                e.tenant,
+                e.series_set_hash,
+                time_slot(e.timestamp_ms, width),
+                e.timestamp_ms,
+                exemplar_labels_text(e.labels),
+                _encode_value(e.value),
+            )
             for e in exemplars
         ]
         return self._write(_write_exemplars, rows, self.layout.max_exemplars_per_series)
@@ -466,10 +499,14 @@ class SQLiteStore(Store):
         return self._write_histogram_table(granularity.histogram_table, granularity.partition_width_ms, rows)
 
     def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
-        return self._read_histogram_table(granularity.histogram_table, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms)
+        return self._read_histogram_table(
+            granularity.histogram_table, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms
+        )
 
     def _write_histogram_table(self, table: str, width: int, histograms):
-        rows = [(h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms]
+        rows = [
+            (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms
+        ]
         return self._write(_transaction_of, f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?)", rows)
 
     def _read_histogram_table(self, table: str, width: int, tenant, hashes, start_ms, end_ms):
@@ -482,7 +519,10 @@ class SQLiteStore(Store):
 
         def read(connection):
             return [
-                [HistogramRow(tenant, hash_, ts, bytes(data)) for ts, data in connection.execute(query, (tenant, hash_, *slots, start_ms, end_ms))]
+                [
+                    HistogramRow(tenant, hash_, ts, bytes(data))
+                    for ts, data in connection.execute(query, (tenant, hash_, *slots, start_ms, end_ms))
+                ]
                 for hash_ in hashes
             ]
 
@@ -499,7 +539,9 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
     connection.executescript(
         SCHEMA
         + HISTOGRAM_TABLE.format(table="histograms")
-        + "".join(ROLLUP_TABLE.format(table=g.table) + HISTOGRAM_TABLE.format(table=g.histogram_table) for g in granularities)
+        + "".join(
+            ROLLUP_TABLE.format(table=g.table) + HISTOGRAM_TABLE.format(table=g.histogram_table) for g in granularities
+        )
     )
     columns = {row[1] for row in connection.execute("PRAGMA table_info(metric_names)")}
     if "aggregators" not in columns:
@@ -534,7 +576,10 @@ def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> No
             (
                 "INSERT INTO series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT DO UPDATE SET metric_name = excluded.metric_name, tags = excluded.tags",
-                [(tenant, hash_, name, json.dumps(tags, sort_keys=True)) for tenant, hash_, name, tags in rows.series_set_hashes],
+                [
+                    (tenant, hash_, name, json.dumps(tags, sort_keys=True))
+                    for tenant, hash_, name, tags in rows.series_set_hashes
+                ],
             ),
             ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", rows.series_sets),
             ("INSERT OR IGNORE INTO tag_keys VALUES (?, ?, ?)", rows.tag_keys),
@@ -542,7 +587,10 @@ def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> No
             (
                 "INSERT INTO graphite_paths VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE"
                 " SET is_leaf = max(is_leaf, excluded.is_leaf), is_branch = max(is_branch, excluded.is_branch)",
-                [(tenant, parent, name, int(leaf), int(not leaf)) for tenant, parent, name, leaf in rows.graphite_paths],
+                [
+                    (tenant, parent, name, int(leaf), int(not leaf))
+                    for tenant, parent, name, leaf in rows.graphite_paths
+                ],
             ),
             ("INSERT OR IGNORE INTO tenant_tag_keys VALUES (?, ?)", rows.tenant_tag_keys),
             ("INSERT OR IGNORE INTO tenant_tag_values VALUES (?, ?, ?)", rows.tenant_tag_values),
@@ -560,7 +608,9 @@ def _series_rows(connection: sqlite3.Connection, columns: str, tenant: str, hash
     for start in range(0, len(hashes), 500):
         chunk = hashes[start : start + 500]
         marks = ",".join("?" * len(chunk))
-        query = f"SELECT series_set_hash, {columns} FROM series_set_hashes WHERE tenant=? AND series_set_hash IN ({marks})"
+        query = (
+            f"SELECT series_set_hash, {columns} FROM series_set_hashes WHERE tenant=? AND series_set_hash IN ({marks})"
+        )
         yield from connection.execute(query, (tenant, *chunk))
 
 
@@ -572,7 +622,11 @@ def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) 
 
 
 def _get_created(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, int]:
-    return {series_set_hash: created for series_set_hash, created in _series_rows(connection, "created_ms", tenant, hashes) if created is not None}
+    return {
+        series_set_hash: created
+        for series_set_hash, created in _series_rows(connection, "created_ms", tenant, hashes)
+        if created is not None
+    }
 
 
 def _read_raw(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> RawData:
@@ -588,7 +642,10 @@ def _read_raw(connection, tenant, series_set_hash, first_slot, last_slot, start_
     timestamps, values = zip(*rows)
     head = Samples(
         np.array(timestamps, dtype=np.int64),
-        np.array([_decode_value(v) for v in values] if any(isinstance(v, bytes) for v in values) else values, dtype=np.float64),
+        np.array(
+            [_decode_value(v) for v in values] if any(isinstance(v, bytes) for v in values) else values,
+            dtype=np.float64,
+        ),
     )
     return RawData(blocks, head)
 
@@ -604,7 +661,10 @@ def _write_block(connection, tenant, series_set_hash, slot_ms, block, sealed: Sa
         connection,
         [
             ("INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", [(tenant, series_set_hash, slot_ms, block)]),
-            ("DELETE FROM data_raw WHERE tenant=? AND series_set_hash=? AND time_slot=? AND ts=? AND value IS ?", head_rows),
+            (
+                "DELETE FROM data_raw WHERE tenant=? AND series_set_hash=? AND time_slot=? AND ts=? AND value IS ?",
+                head_rows,
+            ),
         ],
     )
 

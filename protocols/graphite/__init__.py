@@ -26,11 +26,25 @@ BAD_PICKLE = "bad_pickle"
 BAD_PICKLE_ITEM = "bad_pickle_item"
 TOO_MANY_ITEMS = "too_many_items"
 
-REJECT_REASONS = frozenset({
-    BAD_FIELD_COUNT, BAD_VALUE, NAN_VALUE, INF_VALUE, BAD_TIMESTAMP, BAD_PATH, BAD_TAG,
-    BAD_UTF8, LINE_TOO_LONG, TRUNCATED_LINE, FRAME_TOO_LARGE, TRUNCATED_FRAME, BAD_PICKLE,
-    BAD_PICKLE_ITEM, TOO_MANY_ITEMS,
-})
+REJECT_REASONS = frozenset(
+    {
+        BAD_FIELD_COUNT,
+        BAD_VALUE,
+        NAN_VALUE,
+        INF_VALUE,
+        BAD_TIMESTAMP,
+        BAD_PATH,
+        BAD_TAG,
+        BAD_UTF8,
+        LINE_TOO_LONG,
+        TRUNCATED_LINE,
+        FRAME_TOO_LARGE,
+        TRUNCATED_FRAME,
+        BAD_PICKLE,
+        BAD_PICKLE_ITEM,
+        TOO_MANY_ITEMS,
+    }
+)
 
 EXCERPT_LENGTH = 80
 
@@ -62,7 +76,7 @@ def excerpt(raw: object) -> str:
     if isinstance(raw, (str, bytes)):
         rendered = repr(raw[:EXCERPT_LENGTH])
         if len(raw) > EXCERPT_LENGTH or len(rendered) > 2 * EXCERPT_LENGTH:
-            return rendered[:2 * EXCERPT_LENGTH] + "..."
+            return rendered[: 2 * EXCERPT_LENGTH] + "..."
         return rendered
     if isinstance(raw, float) or (isinstance(raw, int) and raw.bit_length() <= 64):
         return repr(raw)

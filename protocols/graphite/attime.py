@@ -6,7 +6,7 @@ A time is a reference (``now``, ``noon``, ``yesterday``, ``HH:MM_YYYYMMDD``, ``Y
 Day references are wall-clock dates in ``tz``; offsets are added in absolute seconds.
 """
 
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 
 MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
 WEEKDAYS = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]  # datetime.weekday() order
@@ -18,11 +18,18 @@ DAYS = "days"
 WEEKS = "weeks"
 MONTHS_UNIT = "months"
 YEARS = "years"
-_UNIT_SECONDS = {SECONDS: 1, MINUTES: 60, HOURS: 3600, DAYS: 86400, WEEKS: 604800,
-                 MONTHS_UNIT: 30 * 86400, YEARS: 365 * 86400}
+_UNIT_SECONDS = {
+    SECONDS: 1,
+    MINUTES: 60,
+    HOURS: 3600,
+    DAYS: 86400,
+    WEEKS: 604800,
+    MONTHS_UNIT: 30 * 86400,
+    YEARS: 365 * 86400,
+}
 
 
-def parse_at_time(text: str, now: int, tz: tzinfo = timezone.utc) -> int:
+def parse_at_time(text: str, now: int, tz: tzinfo = UTC) -> int:
     """Epoch seconds for a Graphite time expression, relative to ``now`` (epoch seconds)."""
     if not isinstance(text, str):
         raise ValueError(f"time must be a string, not {type(text).__name__}")
@@ -83,8 +90,15 @@ def parse_time_offset(text: str) -> int:
 
 def unit_name(unit: str, context: str = "") -> str:
     """graphite-web's prefix matching: s, min, h, d, w, mon, y (``m`` alone is an error)."""
-    for prefix, name in (("s", SECONDS), ("min", MINUTES), ("h", HOURS), ("d", DAYS),
-                         ("w", WEEKS), ("mon", MONTHS_UNIT), ("y", YEARS)):
+    for prefix, name in (
+        ("s", SECONDS),
+        ("min", MINUTES),
+        ("h", HOURS),
+        ("d", DAYS),
+        ("w", WEEKS),
+        ("mon", MONTHS_UNIT),
+        ("y", YEARS),
+    ):
         if unit.startswith(prefix):
             return name
     raise ValueError(f"invalid time unit {unit!r} in {context or unit!r}")
@@ -103,8 +117,8 @@ def _parse_reference(reference: str, now: int, tz: tzinfo, original: str) -> int
 
     colon = rest.find(":")
     if 0 < colon < 3:
-        hour, minute = _int(rest[:colon], original), _int(rest[colon + 1:colon + 3], original)
-        rest = rest[colon + 3:]
+        hour, minute = _int(rest[:colon], original), _int(rest[colon + 1 : colon + 3], original)
+        rest = rest[colon + 3 :]
         if rest[:2] == "am":
             rest = rest[2:]
         elif rest[:2] == "pm":
@@ -113,15 +127,15 @@ def _parse_reference(reference: str, now: int, tz: tzinfo, original: str) -> int
     index = rest.find("am")
     if 0 < index < 3:
         hour = _int(rest[:index], original)
-        rest = rest[index + 2:]
+        rest = rest[index + 2 :]
     index = rest.find("pm")
     if 0 < index < 3:
         hour = (_int(rest[:index], original) + 12) % 24
-        rest = rest[index + 2:]
+        rest = rest[index + 2 :]
     for word, word_hour in (("noon", 12), ("midnight", 0), ("teatime", 16)):
         if rest.startswith(word):
             hour, minute = word_hour, 0
-            rest = rest[len(word):]
+            rest = rest[len(word) :]
             break
 
     day = local_now.replace(hour=hour, minute=minute, second=0, microsecond=0, tzinfo=None)

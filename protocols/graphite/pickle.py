@@ -12,8 +12,19 @@ import pickletools
 from typing import NoReturn
 
 from protocols.graphite import (
-    BAD_PATH, BAD_PICKLE, BAD_PICKLE_ITEM, BAD_UTF8, FRAME_TOO_LARGE, TOO_MANY_ITEMS, TRUNCATED_FRAME,
-    InvalidInput, Reject, Sample, excerpt, parse_timestamp_ms, parse_value,
+    BAD_PATH,
+    BAD_PICKLE,
+    BAD_PICKLE_ITEM,
+    BAD_UTF8,
+    FRAME_TOO_LARGE,
+    TOO_MANY_ITEMS,
+    TRUNCATED_FRAME,
+    InvalidInput,
+    Reject,
+    Sample,
+    excerpt,
+    parse_timestamp_ms,
+    parse_value,
 )
 from protocols.graphite.tags import parse_path
 
@@ -32,16 +43,55 @@ MIN_ITEM_BYTES = 8
 # reach a callable or an attribute (GLOBAL, STACK_GLOBAL, REDUCE, BUILD,
 # INST, OBJ, NEWOBJ*, EXT*, PERSID*) and everything unneeded (dicts, sets,
 # bytearrays, out-of-band buffers) is refused.
-ALLOWED_OPCODES = frozenset({
-    "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP",
-    "NONE", "NEWTRUE", "NEWFALSE",
-    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
-    "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE",
-    "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
-    "EMPTY_LIST", "APPEND", "APPENDS", "LIST",
-    "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
-    "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE", "GET", "BINGET", "LONG_BINGET",
-})
+ALLOWED_OPCODES = frozenset(
+    {
+        "PROTO",
+        "FRAME",
+        "STOP",
+        "MARK",
+        "POP",
+        "POP_MARK",
+        "DUP",
+        "NONE",
+        "NEWTRUE",
+        "NEWFALSE",
+        "INT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG",
+        "LONG1",
+        "LONG4",
+        "FLOAT",
+        "BINFLOAT",
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "UNICODE",
+        "SHORT_BINUNICODE",
+        "BINUNICODE",
+        "BINUNICODE8",
+        "BINBYTES",
+        "SHORT_BINBYTES",
+        "BINBYTES8",
+        "EMPTY_LIST",
+        "APPEND",
+        "APPENDS",
+        "LIST",
+        "EMPTY_TUPLE",
+        "TUPLE",
+        "TUPLE1",
+        "TUPLE2",
+        "TUPLE3",
+        "PUT",
+        "BINPUT",
+        "LONG_BINPUT",
+        "MEMOIZE",
+        "GET",
+        "BINGET",
+        "LONG_BINGET",
+    }
+)
 
 # Argument layouts in the scan table: a value >= 0 is a fixed argument size;
 # _COUNTED - w is a w-byte little-endian length followed by that many bytes.
@@ -115,7 +165,7 @@ class PickleDecoder:
         start = 0
         with memoryview(buffer) as view:
             while len(buffer) - start >= HEADER_BYTES:
-                size = int.from_bytes(view[start:start + HEADER_BYTES], "big")
+                size = int.from_bytes(view[start : start + HEADER_BYTES], "big")
                 available = len(buffer) - start - HEADER_BYTES
                 if size > self.max_frame_bytes:
                     detail = f"{size} bytes, limit {self.max_frame_bytes}"
@@ -124,7 +174,7 @@ class PickleDecoder:
                     self._skip = size - skipped
                     start += HEADER_BYTES + skipped
                 elif size <= available:
-                    payload = bytes(view[start + HEADER_BYTES:start + HEADER_BYTES + size])
+                    payload = bytes(view[start + HEADER_BYTES : start + HEADER_BYTES + size])
                     start += HEADER_BYTES + size
                     frame_samples, frame_rejects = decode_frame(payload, now_ms)
                     samples += frame_samples
@@ -199,7 +249,7 @@ def check_opcodes(payload: bytes) -> None:
             position += layout
         elif layout <= _COUNTED:
             width = _COUNTED - layout
-            position += width + from_bytes(payload[position:position + width], "little")
+            position += width + from_bytes(payload[position : position + width], "little")
         elif layout == _TEXT_LINE or layout == _PUT:
             newline = payload.find(b"\n", position)
             if newline < 0:
@@ -208,7 +258,7 @@ def check_opcodes(payload: bytes) -> None:
                 _check_memo_index(payload[position:newline], end)
             position = newline + 1
         elif layout == _LONG_BINPUT:
-            _check_memo_index(from_bytes(payload[position:position + 4], "little"), end)
+            _check_memo_index(from_bytes(payload[position : position + 4], "little"), end)
             position += 4
         else:  # STOP
             if position != end:

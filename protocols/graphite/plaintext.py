@@ -6,8 +6,17 @@ carbon are listed in docs/graphite.rst (Wire formats).
 """
 
 from protocols.graphite import (
-    BAD_FIELD_COUNT, BAD_UTF8, EXCERPT_LENGTH, LINE_TOO_LONG, TRUNCATED_LINE, InvalidInput, Reject,
-    Sample, excerpt, parse_timestamp_ms, parse_value,
+    BAD_FIELD_COUNT,
+    BAD_UTF8,
+    EXCERPT_LENGTH,
+    LINE_TOO_LONG,
+    TRUNCATED_LINE,
+    InvalidInput,
+    Reject,
+    Sample,
+    excerpt,
+    parse_timestamp_ms,
+    parse_value,
 )
 from protocols.graphite.tags import parse_path
 
@@ -36,7 +45,7 @@ class PlaintextDecoder:
             if newline < 0:
                 return samples, rejects
             self._discarding = False
-            data = data[newline + 1:]
+            data = data[newline + 1 :]
         lines = data.split(b"\n")
         tail = lines.pop()
         if lines and self._partial:
@@ -66,7 +75,9 @@ class PlaintextDecoder:
 
 
 def decode_datagram(
-    data: bytes, now_ms: int, max_line_length: int = DEFAULT_MAX_LINE_LENGTH,
+    data: bytes,
+    now_ms: int,
+    max_line_length: int = DEFAULT_MAX_LINE_LENGTH,
 ) -> tuple[list[Sample], list[Reject]]:
     """One UDP datagram: it holds whole lines, so a last line without newline is decoded too."""
     samples: list[Sample] = []
@@ -76,8 +87,11 @@ def decode_datagram(
 
 
 def decode_lines(
-    lines: list[bytes], now_ms: int, max_line_length: int,
-    samples: list[Sample], rejects: list[Reject],
+    lines: list[bytes],
+    now_ms: int,
+    max_line_length: int,
+    samples: list[Sample],
+    rejects: list[Reject],
 ) -> None:
     """Decode complete lines (newline already removed) into the given lists.
 

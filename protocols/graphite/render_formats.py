@@ -13,7 +13,7 @@ import io
 import json
 import math
 import pickle
-from datetime import datetime, timezone, tzinfo
+from datetime import UTC, datetime, tzinfo
 
 import orjson
 
@@ -85,8 +85,10 @@ def encode_json(series_list, no_null_points: bool = False, pretty: bool = False,
             datapoints = _datapoints_json(series, no_null_points)
             if datapoints is not None:
                 pieces.append(b", " if pieces else b"[")
-                pieces.append(b'{"target": %s, "tags": %s, "datapoints": [' % (
-                    json.dumps(series.name).encode(), json.dumps(dict(series.tags)).encode()))
+                pieces.append(
+                    b'{"target": %s, "tags": %s, "datapoints": ['
+                    % (json.dumps(series.name).encode(), json.dumps(dict(series.tags)).encode())
+                )
                 pieces.extend(datapoints)
                 pieces.append(b"]}")
         pieces.append(b"]" if pieces else b"[]")
@@ -136,7 +138,7 @@ def _datapoints_json(series, no_null_points: bool) -> list[bytes] | None:
     return pieces
 
 
-def encode_csv(series_list, tz: tzinfo = timezone.utc) -> bytes:
+def encode_csv(series_list, tz: tzinfo = UTC) -> bytes:
     """``name,YYYY-MM-DD HH:MM:SS,value`` rows (empty value for null), CRLF line ends."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, dialect="excel")

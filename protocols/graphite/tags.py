@@ -91,7 +91,7 @@ def _parse_braces_form(path: str) -> tuple[str, dict[str, str]]:
     while position < len(body):
         key_end = body.find('="', position)
         if key_end < 0:
-            raise InvalidInput(BAD_TAG, "expected key=\"value\": " + excerpt(body[position:]))
+            raise InvalidInput(BAD_TAG, 'expected key="value": ' + excerpt(body[position:]))
         key = body[position:key_end]
         value, position = _read_quoted(body, key_end + 2)
         if position < len(body):
@@ -111,7 +111,7 @@ def _read_quoted(body: str, position: int) -> tuple[str, int]:
         if char == '"':
             return "".join(chars), position + 1
         if char == "\\":
-            escaped = body[position + 1:position + 2]
+            escaped = body[position + 1 : position + 2]
             if escaped not in ('"', "\\"):
                 raise InvalidInput(BAD_TAG, "bad escape in tag value: " + excerpt(body))
             char = escaped

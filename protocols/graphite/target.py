@@ -28,6 +28,7 @@ class PathExpression:
 @dataclass
 class Literal:
     """A string, number, boolean, None or inf argument."""
+
     value: object
 
 
@@ -145,7 +146,7 @@ class _Parser:
         self.skip_space()
         if self.peek() == ")":
             self.pos += 1
-            call.raw = self.text[start:self.pos]
+            call.raw = self.text[start : self.pos]
             return call
         while True:
             self.skip_space()
@@ -162,7 +163,7 @@ class _Parser:
             char = self.peek()
             self.pos += 1
             if char == ")":
-                call.raw = self.text[start:self.pos]
+                call.raw = self.text[start : self.pos]
                 return call
             if char != ",":
                 self.pos -= 1
@@ -217,11 +218,11 @@ class _Parser:
             char = self.text[self.pos]
             if char == "\\":
                 self.pos += 2
-            elif char == quote and self.text[self.pos + 1:self.pos + 2] == quote:
+            elif char == quote and self.text[self.pos + 1 : self.pos + 2] == quote:
                 self.pos += 2
             elif char == quote:
                 self.pos += 1
-                return self.text[start + 1:self.pos - 1]
+                return self.text[start + 1 : self.pos - 1]
             elif char in "\r\n":
                 break
             else:
@@ -261,7 +262,7 @@ class _Parser:
             char = self.peek()
             if char == "}" and self.text[self.pos - 1] not in "{,":
                 self.pos += 1
-                return self.text[start:self.pos]
+                return self.text[start : self.pos]
             if char == "," and self.text[self.pos - 1] not in "{,":
                 self.pos += 1
             elif char and char not in SYMBOLS and not char.isspace():

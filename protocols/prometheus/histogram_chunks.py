@@ -29,8 +29,18 @@ from typing import NamedTuple
 
 from . import types_pb2
 from .write import CUSTOM_BUCKETS_SCHEMA
-from .xor import MAX_SAMPLES, STALE_NAN_BITS, BitReader, BitWriter, XorWindow, bits_float, float_bits, read_xor, signed64, write_xor
-
+from .xor import (
+    MAX_SAMPLES,
+    STALE_NAN_BITS,
+    BitReader,
+    BitWriter,
+    XorWindow,
+    bits_float,
+    float_bits,
+    read_xor,
+    signed64,
+    write_xor,
+)
 
 # Counter-reset headers (top two bits of the third byte) and the protobuf hint each stands for.
 UNKNOWN_COUNTER_RESET, NOT_COUNTER_RESET, COUNTER_RESET, GAUGE_TYPE = 0x00, 0x40, 0x80, 0xC0

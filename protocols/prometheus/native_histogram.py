@@ -55,11 +55,28 @@ class Histogram:
         """A prometheus.Histogram message (integer or float counts) as a float histogram."""
         floats = message.WhichOneof("count") == "count_float"
         count = message.count_float if floats else float(message.count_int)
-        zero_count = message.zero_count_float if message.WhichOneof("zero_count") == "zero_count_float" else float(message.zero_count_int)
-        positive = _buckets(message.positive_spans, message.positive_counts if floats else message.positive_deltas, not floats)
-        negative = _buckets(message.negative_spans, message.negative_counts if floats else message.negative_deltas, not floats)
-        return cls(message.schema, message.zero_threshold, zero_count, count, message.sum, positive, negative,
-                   tuple(message.custom_values), message.reset_hint)
+        zero_count = (
+            message.zero_count_float
+            if message.WhichOneof("zero_count") == "zero_count_float"
+            else float(message.zero_count_int)
+        )
+        positive = _buckets(
+            message.positive_spans, message.positive_counts if floats else message.positive_deltas, not floats
+        )
+        negative = _buckets(
+            message.negative_spans, message.negative_counts if floats else message.negative_deltas, not floats
+        )
+        return cls(
+            message.schema,
+            message.zero_threshold,
+            zero_count,
+            count,
+            message.sum,
+            positive,
+            negative,
+            tuple(message.custom_values),
+            message.reset_hint,
+        )
 
     def copy(self, **changes) -> "Histogram":
         return dataclasses.replace(self, **changes)
@@ -73,16 +90,23 @@ class Histogram:
     def scale(self, factor: float) -> "Histogram":
         """Every count and the sum times ``factor`` (``h * s``, ``h / s``, rate's extrapolation)."""
         return self.copy(
-            zero_count=self.zero_count * factor, count=self.count * factor, sum=self.sum * factor,
-            positive={i: c * factor for i, c in self.positive.items()}, negative={i: c * factor for i, c in self.negative.items()},
+            zero_count=self.zero_count * factor,
+            count=self.count * factor,
+            sum=self.sum * factor,
+            positive={i: c * factor for i, c in self.positive.items()},
+            negative={i: c * factor for i, c in self.negative.items()},
         )
 
     def add(self, other: "Histogram", sign: float = 1.0) -> "Histogram":
         """``self + sign * other`` in the lower of both schemas and the larger zero threshold."""
         a, b = reconcile(self, other)
         return a.copy(
-            zero_count=a.zero_count + sign * b.zero_count, count=a.count + sign * b.count, sum=a.sum + sign * b.sum,
-            positive=_combined(a.positive, b.positive, sign), negative=_combined(a.negative, b.negative, sign), reset_hint=0,
+            zero_count=a.zero_count + sign * b.zero_count,
+            count=a.count + sign * b.count,
+            sum=a.sum + sign * b.sum,
+            positive=_combined(a.positive, b.positive, sign),
+            negative=_combined(a.negative, b.negative, sign),
+            reset_hint=0,
         )
 
     def sub(self, other: "Histogram") -> "Histogram":
@@ -93,7 +117,9 @@ class Histogram:
         if self.custom or schema >= self.schema:
             return self
         shift = self.schema - schema
-        return self.copy(schema=schema, positive=_merge_indexes(self.positive, shift), negative=_merge_indexes(self.negative, shift))
+        return self.copy(
+            schema=schema, positive=_merge_indexes(self.positive, shift), negative=_merge_indexes(self.negative, shift)
+        )
 
     def widened(self, threshold: float) -> "Histogram":
         """The zero bucket grown to at least ``threshold``: the buckets inside it join it (a
@@ -114,7 +140,9 @@ class Histogram:
                     if upper > threshold and buckets[index]:
                         grown = max(grown, upper)
             if grown == threshold:
-                return self.copy(zero_threshold=threshold, zero_count=moved, positive=kept_positive, negative=kept_negative)
+                return self.copy(
+                    zero_threshold=threshold, zero_count=moved, positive=kept_positive, negative=kept_negative
+                )
             threshold = grown
 
     def detect_reset(self, previous: "Histogram") -> bool:
@@ -174,7 +202,12 @@ class Histogram:
         [boundary rule, lower, upper, count] (rule 0 (lo, hi], 1 [lo, hi), 2 (lo, hi), 3 [lo, hi])."""
         out = {"count": format_value(self.count), "sum": format_value(self.sum)}
         rows = [
-            [_RULES[b.lower_inclusive, b.upper_inclusive], format_value(b.lower), format_value(b.upper), format_value(b.count)]
+            [
+                _RULES[b.lower_inclusive, b.upper_inclusive],
+                format_value(b.lower),
+                format_value(b.upper),
+                format_value(b.count),
+            ]
             for b in self.buckets()
             if b.count != 0
         ]

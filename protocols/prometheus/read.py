@@ -15,8 +15,8 @@ from typing import NamedTuple
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from . import histogram_chunks, remote_pb2, types_pb2
 from ..linear_regex import BadPattern, compile_regex
+from . import histogram_chunks, remote_pb2, types_pb2
 from .crc32c import crc32c
 from .errors import ProtocolError, RemoteReadError
 from .snappy import compress_block, decompress_block
@@ -28,9 +28,7 @@ SAMPLES_CONTENT_TYPE = "application/x-protobuf"  # sent with Content-Encoding: s
 STREAMED_CONTENT_TYPE = "application/x-streamed-protobuf; proto=prometheus.ChunkedReadResponse"
 
 _MATCHER_TYPES = ("EQ", "NEQ", "RE", "NRE")
-_RESPONSE_TYPES = {
-    value.number: value.name for value in remote_pb2.ReadRequest.ResponseType.DESCRIPTOR.values
-}
+_RESPONSE_TYPES = {value.number: value.name for value in remote_pb2.ReadRequest.ResponseType.DESCRIPTOR.values}
 
 
 def _compile(pattern: str):
@@ -133,9 +131,7 @@ def decode_read_request(body: bytes, max_decompressed_bytes: int) -> ReadRequest
                 range_ms=query.hints.range_ms,
             )
         queries.append(Query(query.start_timestamp_ms, query.end_timestamp_ms, matchers, hints))
-    accepted = [
-        _RESPONSE_TYPES.get(number, str(number)) for number in request.accepted_response_types
-    ]
+    accepted = [_RESPONSE_TYPES.get(number, str(number)) for number in request.accepted_response_types]
     return ReadRequest(queries=queries, accepted_response_types=accepted)
 
 
@@ -148,24 +144,16 @@ def negotiate_response_type(accepted_response_types: Sequence[str]) -> str:
     for response_type in accepted_response_types:
         if response_type in (SAMPLES, STREAMED_XOR_CHUNKS):
             return response_type
-    raise RemoteReadError(
-        400, f"no supported response type among {list(accepted_response_types)}"
-    )
+    raise RemoteReadError(400, f"no supported response type among {list(accepted_response_types)}")
 
 
-def encode_read_request(
-    queries: Iterable[Query], accepted_response_types: Iterable[str] = ()
-) -> bytes:
+def encode_read_request(queries: Iterable[Query], accepted_response_types: Iterable[str] = ()) -> bytes:
     """Build a snappy-compressed ReadRequest, as a remote read client sends it."""
     request = remote_pb2.ReadRequest()
     for query in queries:
-        message = request.queries.add(
-            start_timestamp_ms=query.start_ms, end_timestamp_ms=query.end_ms
-        )
+        message = request.queries.add(start_timestamp_ms=query.start_ms, end_timestamp_ms=query.end_ms)
         for matcher in query.matchers:
-            message.matchers.add(
-                type=_MATCHER_TYPES.index(matcher.type), name=matcher.name, value=matcher.value
-            )
+            message.matchers.add(type=_MATCHER_TYPES.index(matcher.type), name=matcher.name, value=matcher.value)
         if query.hints is not None:
             message.hints.step_ms = query.hints.step_ms
             message.hints.func = query.hints.func
@@ -359,7 +347,9 @@ def encode_chunked_series_frames(
 _FLOAT, _HISTOGRAM, _FLOAT_HISTOGRAM = types_pb2.Chunk.XOR, types_pb2.Chunk.HISTOGRAM, types_pb2.Chunk.FLOAT_HISTOGRAM
 
 
-def _series_chunks(samples: Sequence[tuple[int, float]], histograms: Sequence, max_samples: int) -> Iterator[types_pb2.Chunk]:
+def _series_chunks(
+    samples: Sequence[tuple[int, float]], histograms: Sequence, max_samples: int
+) -> Iterator[types_pb2.Chunk]:
     """The chunks of one series: float samples as they come when there are no histograms;
     otherwise every sample in time order, a new chunk whenever the kind (float, integer
     histogram, float histogram) changes, as Prometheus's head cuts them."""
@@ -390,9 +380,7 @@ def _chunk(encoding: "types_pb2.Chunk.Encoding", part: Sequence, encode) -> type
     return types_pb2.Chunk(min_time_ms=min(timestamps), max_time_ms=max(timestamps), type=encoding, data=encode(part))
 
 
-def _series_frame(
-    query_index: int, labels: Mapping[str, str], chunks: list[types_pb2.Chunk]
-) -> bytes:
+def _series_frame(query_index: int, labels: Mapping[str, str], chunks: list[types_pb2.Chunk]) -> bytes:
     response = remote_pb2.ChunkedReadResponse(query_index=query_index)
     series = response.chunked_series.add()
     _add_labels(series.labels, labels)
@@ -413,7 +401,11 @@ def decode_chunked_series(
                 if chunk.type == types_pb2.Chunk.XOR:
                     samples.extend(decode_xor_chunk(chunk.data))
                 elif chunk.type in (types_pb2.Chunk.HISTOGRAM, types_pb2.Chunk.FLOAT_HISTOGRAM):
-                    histograms.extend(histogram_chunks.decode_histogram_chunk(chunk.data, chunk.type == types_pb2.Chunk.FLOAT_HISTOGRAM)[1])
+                    histograms.extend(
+                        histogram_chunks.decode_histogram_chunk(
+                            chunk.data, chunk.type == types_pb2.Chunk.FLOAT_HISTOGRAM
+                        )[1]
+                    )
                 else:
                     raise ValueError(f"unsupported chunk encoding {chunk.type}")
             labels = {label.name: label.value for label in series.labels}

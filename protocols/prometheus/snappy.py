@@ -31,8 +31,7 @@ def decompress_block(block: bytes, max_decompressed_bytes: int) -> bytes:
     if length > max_decompressed_bytes:
         raise ProtocolError(
             413,
-            f"snappy block would decompress to {length} bytes, "
-            f"limit is {max_decompressed_bytes}",
+            f"snappy block would decompress to {length} bytes, limit is {max_decompressed_bytes}",
         )
     try:
         return bytes(cramjam.snappy.decompress_raw(block))

@@ -35,10 +35,7 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MIN_EXPONENTIAL_SCHEMA, MAX_EXPONENTIAL_SCHEMA = -4, 8
 CUSTOM_BUCKETS_SCHEMA = -53
 
-_V1_TYPE_NAMES = {
-    value.number: value.name.lower()
-    for value in types_pb2.MetricMetadata.MetricType.DESCRIPTOR.values
-}
+_V1_TYPE_NAMES = {value.number: value.name.lower() for value in types_pb2.MetricMetadata.MetricType.DESCRIPTOR.values}
 _V2_TYPE_NAMES = {
     value.number: value.name.removeprefix("METRIC_TYPE_").lower()
     for value in write_v2_pb2.Metadata.MetricType.DESCRIPTOR.values
@@ -134,9 +131,7 @@ def _check_content_encoding(content_encoding: str | None) -> None:
     if content_encoding is None or not content_encoding.strip():
         return
     if content_encoding.strip().lower() != "snappy":
-        raise RemoteWriteError(
-            415, f"unsupported content encoding {content_encoding!r}, only snappy"
-        )
+        raise RemoteWriteError(415, f"unsupported content encoding {content_encoding!r}, only snappy")
 
 
 def decode_write_request(
@@ -233,10 +228,14 @@ def _decode_v1(raw: bytes) -> WriteBatch:
         labels = _validated_labels(index, [(label.name, label.value) for label in ts.labels])
         samples = [(sample.timestamp, sample.value) for sample in ts.samples]
         # Tested first: iterating an empty repeated field costs more than testing it (~0.5 µs a series).
-        exemplars = [
-            _exemplar(index, ((label.name, label.value) for label in e.labels), e.value, e.timestamp)
-            for e in ts.exemplars
-        ] if ts.exemplars else []
+        exemplars = (
+            [
+                _exemplar(index, ((label.name, label.value) for label in e.labels), e.value, e.timestamp)
+                for e in ts.exemplars
+            ]
+            if ts.exemplars
+            else []
+        )
         histograms = [_histogram(index, h) for h in ts.histograms] if ts.histograms else []
         batch.series.append(Series(labels=labels, samples=samples, exemplars=exemplars, histograms=histograms))
     for metadata in request.metadata:
@@ -255,8 +254,7 @@ def _symbol(symbols: list[str], ref: int, index: int, what: str) -> str:
     if ref >= len(symbols):
         raise RemoteWriteError(
             400,
-            f"series {index}: {what} {ref} out of range "
-            f"(symbols table has {len(symbols)} entries)",
+            f"series {index}: {what} {ref} out of range (symbols table has {len(symbols)} entries)",
         )
     return symbols[ref]
 
@@ -270,9 +268,7 @@ def _decode_v2(raw: bytes) -> WriteBatch:
     for index, ts in enumerate(request.timeseries):
         refs = ts.labels_refs
         if len(refs) % 2:
-            raise RemoteWriteError(
-                400, f"series {index}: odd number of labels_refs ({len(refs)})"
-            )
+            raise RemoteWriteError(400, f"series {index}: odd number of labels_refs ({len(refs)})")
         pairs = [
             (
                 _symbol(symbols, refs[i], index, "label name ref"),
@@ -352,7 +348,9 @@ def _check_histogram(h: types_pb2.Histogram) -> None:
         if h.custom_values:
             raise ValueError("a histogram with an exponential schema must not have custom bounds")
     else:
-        raise ValueError(f"schema {h.schema} is not an exponential schema ({MIN_EXPONENTIAL_SCHEMA}..{MAX_EXPONENTIAL_SCHEMA}) or {CUSTOM_BUCKETS_SCHEMA}")
+        raise ValueError(
+            f"schema {h.schema} is not an exponential schema ({MIN_EXPONENTIAL_SCHEMA}..{MAX_EXPONENTIAL_SCHEMA}) or {CUSTOM_BUCKETS_SCHEMA}"
+        )
     for side, counts in (("positive", positive), ("negative", negative)):
         for number, count in enumerate(counts, 1):
             if count < 0:
@@ -420,9 +418,7 @@ def v2_written_headers(
     }
 
 
-def encode_write_request_v1(
-    series: Iterable[Series], metadata: Iterable[MetricMetadata] | None = None
-) -> bytes:
+def encode_write_request_v1(series: Iterable[Series], metadata: Iterable[MetricMetadata] | None = None) -> bytes:
     """Build a snappy-compressed v1 WriteRequest (labels sorted, empty values left out)."""
     request = remote_pb2.WriteRequest()
     for item in series:

@@ -13,7 +13,15 @@ them and the known differences.
 """
 
 from gateway.graphite.functions import (  # noqa: F401  (imported to register their functions)
-    alias, calculate, combine, filter_data, filter_series, graph, sorting, special, transform,
+    alias,
+    calculate,
+    combine,
+    filter_data,
+    filter_series,
+    graph,
+    sorting,
+    special,
+    transform,
 )
 from gateway.graphite.functions.registry import REGISTRY, function_catalog
 

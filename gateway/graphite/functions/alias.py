@@ -2,15 +2,19 @@
 
 from gateway.graphite.errors import RenderError
 from gateway.graphite.functions.helpers import _compile, _substitute, aggregation_key, format_units
-from gateway.graphite.functions.registry import NODE_OR_TAG, Param, SERIES_LIST, STRING, series_function
+from gateway.graphite.functions.registry import NODE_OR_TAG, SERIES_LIST, STRING, Param, series_function
 from gateway.graphite.functions.safe import VALID_AGG_FUNCS, get_agg_func, safe_last
 from gateway.graphite.functions.special import substr
 
 
-@series_function("alias", group="Alias", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("newName", STRING, required=True),
-])
+@series_function(
+    "alias",
+    group="Alias",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("newName", STRING, required=True),
+    ],
+)
 def alias(request, seriesList, newName):
     """Rename every series."""
     for series in seriesList:
@@ -18,11 +22,15 @@ def alias(request, seriesList, newName):
     return seriesList
 
 
-@series_function("aliasSub", group="Alias", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("search", STRING, required=True),
-    Param("replace", STRING, required=True),
-])
+@series_function(
+    "aliasSub",
+    group="Alias",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("search", STRING, required=True),
+        Param("replace", STRING, required=True),
+    ],
+)
 def aliasSub(request, seriesList, search, replace):
     """Rename with a regular-expression substitution (\\1 back-references)."""
     regex = _compile(search)
@@ -31,10 +39,14 @@ def aliasSub(request, seriesList, search, replace):
     return seriesList
 
 
-@series_function("aliasByNode", group="Alias", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("nodes", NODE_OR_TAG, required=True, multiple=True),
-])
+@series_function(
+    "aliasByNode",
+    group="Alias",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("nodes", NODE_OR_TAG, required=True, multiple=True),
+    ],
+)
 def aliasByNode(request, seriesList, *nodes):
     """Rename to the given nodes of the name (negative from the end) or tag values, joined by dots."""
     for series in seriesList:
@@ -42,10 +54,14 @@ def aliasByNode(request, seriesList, *nodes):
     return seriesList
 
 
-@series_function("aliasByTags", group="Alias", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("tags", NODE_OR_TAG, required=True, multiple=True),
-])
+@series_function(
+    "aliasByTags",
+    group="Alias",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("tags", NODE_OR_TAG, required=True, multiple=True),
+    ],
+)
 def aliasByTags(request, seriesList, *tags):
     """aliasByNode with tag names (nodes also accepted)."""
     return aliasByNode(request, seriesList, *tags)
@@ -57,12 +73,16 @@ def aliasByMetric(request, seriesList):
     return substr(request, seriesList, -1, 0)
 
 
-@series_function("aliasQuery", group="Alias", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("search", STRING, required=True),
-    Param("replace", STRING, required=True),
-    Param("newName", STRING, required=True),
-])
+@series_function(
+    "aliasQuery",
+    group="Alias",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("search", STRING, required=True),
+        Param("replace", STRING, required=True),
+        Param("newName", STRING, required=True),
+    ],
+)
 async def aliasQuery(request, seriesList, search, replace, newName):
     """Rename with the last value of another series found by a regex substitution of the name."""
     regex = _compile(search)
@@ -77,16 +97,26 @@ async def aliasQuery(request, seriesList, search, replace, newName):
         try:
             series.name = newName % current
         except (TypeError, ValueError) as error:
-            raise RenderError(f"aliasQuery(): newName {newName!r} needs one %-placeholder for the value: {error}") from None
+            raise RenderError(
+                f"aliasQuery(): newName {newName!r} needs one %-placeholder for the value: {error}"
+            ) from None
     return seriesList
 
 
-@series_function("legendValue", group="Alias", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("valuesTypes", STRING, multiple=True,
-          options=VALID_AGG_FUNCS + [name + "Series" for name in VALID_AGG_FUNCS] + ["si", "binary"],
-          strict_options=False),
-])
+@series_function(
+    "legendValue",
+    group="Alias",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param(
+            "valuesTypes",
+            STRING,
+            multiple=True,
+            options=VALID_AGG_FUNCS + [name + "Series" for name in VALID_AGG_FUNCS] + ["si", "binary"],
+            strict_options=False,
+        ),
+    ],
+)
 def legendValue(request, seriesList, *valueTypes):
     """Append aggregate values (last, avg, max, ...) to the names, optionally in si/binary units."""
     system = None
@@ -103,7 +133,10 @@ def legendValue(request, seriesList, *valueTypes):
             if system is None:
                 series.name += " (%s: %s)" % (value_type, value)
             else:
-                formatted = value if isinstance(value, str) else (
-                    None if value is None else "%.2f%s" % format_units(value, system=system))
+                formatted = (
+                    value
+                    if isinstance(value, str)
+                    else (None if value is None else "%.2f%s" % format_units(value, system=system))
+                )
                 series.name = "%-20s%-5s%-10s" % (series.name, value_type, formatted)
     return seriesList

@@ -5,7 +5,16 @@ import math
 from gateway.graphite.errors import RenderError
 from gateway.graphite.functions.helpers import _generated_times, _parse_date, _rename, percentile, xff
 from gateway.graphite.functions.registry import (
-    AGG_FUNC, BOOLEAN, DATE, FLOAT, INTEGER, INT_OR_INTERVAL, Param, SERIES_LIST, STRING, interval_seconds,
+    AGG_FUNC,
+    BOOLEAN,
+    DATE,
+    FLOAT,
+    INT_OR_INTERVAL,
+    INTEGER,
+    SERIES_LIST,
+    STRING,
+    Param,
+    interval_seconds,
     series_function,
 )
 from gateway.graphite.functions.safe import get_agg_func, safe_avg
@@ -22,7 +31,9 @@ async def _moving_window(request, seriesList, windowSize, func, xFilesFactor, ta
     else:
         preview_seconds = max(series.step for series in seriesList) * int(windowSize)
     fetched = await request.evaluate_first_argument(start=request.context.start - preview_seconds)
-    return await request.compute(_moving_window_values, fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name)
+    return await request.compute(
+        _moving_window_values, fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name
+    )
 
 
 def _moving_window_values(fetched, windowSize, preview_seconds, func, xFilesFactor, tag_name):
@@ -39,7 +50,7 @@ def _moving_window_values(fetched, windowSize, preview_seconds, func, xFilesFact
         x_files_factor = xFilesFactor if xFilesFactor is not None else series.xFilesFactor
         values = []
         for i in range(window_points, len(series)):
-            usable = [v for v in series[i - window_points:i] if v is not None]
+            usable = [v for v in series[i - window_points : i] if v is not None]
             if usable and xff(len(usable), window_points, x_files_factor):
                 values.append(function(usable))
             else:
@@ -56,12 +67,16 @@ MOVING_PARAMS = [
 ]
 
 
-@series_function("movingWindow", group="Calculate", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("windowSize", INT_OR_INTERVAL, required=True, suggestions=INT_OR_INTERVAL_SUGGESTIONS),
-    Param("func", AGG_FUNC, default="average"),
-    Param("xFilesFactor", FLOAT),
-])
+@series_function(
+    "movingWindow",
+    group="Calculate",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("windowSize", INT_OR_INTERVAL, required=True, suggestions=INT_OR_INTERVAL_SUGGESTIONS),
+        Param("func", AGG_FUNC, default="average"),
+        Param("xFilesFactor", FLOAT),
+    ],
+)
 async def movingWindow(request, seriesList, windowSize, func="average", xFilesFactor=None):
     """Aggregate, for each point, the previous windowSize points (a number, or an interval like '5min')."""
     return await _moving_window(request, seriesList, windowSize, func, xFilesFactor, "moving" + func.capitalize())
@@ -70,26 +85,36 @@ async def movingWindow(request, seriesList, windowSize, func="average", xFilesFa
 def _moving(func: str, doc: str):
     async def moving(request, seriesList, windowSize, xFilesFactor=None):
         return await _moving_window(request, seriesList, windowSize, func, xFilesFactor, "moving" + func.capitalize())
+
     moving.__doc__ = doc
     return moving
 
 
 movingAverage = series_function("movingAverage", group="Calculate", params=MOVING_PARAMS)(
-    _moving("average", "Average of the previous windowSize points (or interval)."))
+    _moving("average", "Average of the previous windowSize points (or interval).")
+)
 movingMedian = series_function("movingMedian", group="Calculate", params=MOVING_PARAMS)(
-    _moving("median", "Median of the previous windowSize points (or interval)."))
+    _moving("median", "Median of the previous windowSize points (or interval).")
+)
 movingSum = series_function("movingSum", group="Calculate", params=MOVING_PARAMS)(
-    _moving("sum", "Sum of the previous windowSize points (or interval)."))
+    _moving("sum", "Sum of the previous windowSize points (or interval).")
+)
 movingMin = series_function("movingMin", group="Calculate", params=MOVING_PARAMS)(
-    _moving("min", "Minimum of the previous windowSize points (or interval)."))
+    _moving("min", "Minimum of the previous windowSize points (or interval).")
+)
 movingMax = series_function("movingMax", group="Calculate", params=MOVING_PARAMS)(
-    _moving("max", "Maximum of the previous windowSize points (or interval)."))
+    _moving("max", "Maximum of the previous windowSize points (or interval).")
+)
 
 
-@series_function("exponentialMovingAverage", group="Calculate", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("windowSize", INT_OR_INTERVAL, required=True, suggestions=INT_OR_INTERVAL_SUGGESTIONS),
-])
+@series_function(
+    "exponentialMovingAverage",
+    group="Calculate",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("windowSize", INT_OR_INTERVAL, required=True, suggestions=INT_OR_INTERVAL_SUGGESTIONS),
+    ],
+)
 async def exponentialMovingAverage(request, seriesList, windowSize):
     """EMA with constant 2/(windowSize+1), seeded by the average of the first window."""
     if not seriesList:
@@ -128,10 +153,14 @@ def _exponential_moving_average(fetched, windowSize, preview_seconds, constant):
     return results
 
 
-@series_function("nPercentile", group="Calculate", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("n", FLOAT, required=True),
-])
+@series_function(
+    "nPercentile",
+    group="Calculate",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("n", FLOAT, required=True),
+    ],
+)
 def nPercentile(request, seriesList, n):
     """A constant line at the n-th percentile of each series."""
     if not n:
@@ -149,11 +178,15 @@ def nPercentile(request, seriesList, n):
     return results
 
 
-@series_function("stdev", group="Calculate", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("points", INTEGER, required=True),
-    Param("windowTolerance", FLOAT, default=0.1),
-])
+@series_function(
+    "stdev",
+    group="Calculate",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("points", INTEGER, required=True),
+        Param("windowTolerance", FLOAT, default=0.1),
+    ],
+)
 def stdev(request, seriesList, points, windowTolerance=0.1):
     """Moving standard deviation over ``points`` points, None if too many are missing."""
     if points <= 0:
@@ -169,14 +202,14 @@ def stdev(request, seriesList, points, windowTolerance=0.1):
             if dropped is not None:
                 valid -= 1
                 total -= dropped
-                total_squares -= dropped ** 2
+                total_squares -= dropped**2
             if value is not None:
                 valid += 1
                 total += value
-                total_squares += value ** 2
+                total_squares += value**2
             if valid > 0 and float(valid) / points >= windowTolerance:
                 try:
-                    result.append(math.sqrt(valid * total_squares - total ** 2) / valid)
+                    result.append(math.sqrt(valid * total_squares - total**2) / valid)
                 except ValueError:
                     result.append(None)
             else:
@@ -185,11 +218,15 @@ def stdev(request, seriesList, points, windowTolerance=0.1):
     return seriesList
 
 
-@series_function("linearRegression", group="Calculate", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("startSourceAt", DATE),
-    Param("endSourceAt", DATE),
-])
+@series_function(
+    "linearRegression",
+    group="Calculate",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("startSourceAt", DATE),
+        Param("endSourceAt", DATE),
+    ],
+)
 async def linearRegression(request, seriesList, startSourceAt=None, endSourceAt=None):
     """Least-squares line fitted on the source range (default: the request range)."""
     context = request.context
@@ -205,8 +242,9 @@ async def linearRegression(request, seriesList, startSourceAt=None, endSourceAt=
             continue
         factor, intercept = fit
         values = [intercept + (series.start + i * series.step) * factor for i in range(len(series))]
-        result = TimeSeries(name, series.start, series.end, series.step, values, tags=series.tags,
-                            x_files_factor=series.xFilesFactor)
+        result = TimeSeries(
+            name, series.start, series.end, series.step, values, tags=series.tags, x_files_factor=series.xFilesFactor
+        )
         results.append(result)
     return results
 
@@ -226,19 +264,26 @@ def _linear_fit(series):
     return factor, intercept
 
 
-@series_function("aggregateLine", group="Calculate", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("func", AGG_FUNC, default="average"),
-    Param("keepStep", BOOLEAN, default=False),
-])
+@series_function(
+    "aggregateLine",
+    group="Calculate",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("func", AGG_FUNC, default="average"),
+        Param("keepStep", BOOLEAN, default=False),
+    ],
+)
 def aggregateLine(request, seriesList, func="average", keepStep=False):
     """A constant line at the aggregate (average by default) of each series."""
     function = get_agg_func(func)
     results = []
     for series in seriesList:
         value = function(series)
-        name = "aggregateLine(%s, %g)" % (series.name, value) if value is not None else \
-            "aggregateLine(%s, None)" % series.name
+        name = (
+            "aggregateLine(%s, %g)" % (series.name, value)
+            if value is not None
+            else "aggregateLine(%s, None)" % series.name
+        )
         if keepStep:
             line = series.copy(name=name, values=[value] * len(series))
         else:
@@ -254,7 +299,6 @@ def identity(request, name):
     context = request.context
     # a comprehension, not list(): one C call making millions of ints would hold the GIL throughout
     times = [t for t in _generated_times(context, 60, f"identity({name!r})")]
-    series = TimeSeries(name, context.start, context.end, 60, times,
-                        x_files_factor=context.x_files_factor)
+    series = TimeSeries(name, context.start, context.end, 60, times, x_files_factor=context.x_files_factor)
     series.pathExpression = 'identity("%s")' % name
     return [series]

@@ -6,22 +6,44 @@ from itertools import zip_longest
 
 from gateway.graphite.errors import EmptyResult, RenderError
 from gateway.graphite.functions.helpers import (
-    aggregation_key, format_path_expressions, group_series, normalize, percentile, xff_values,
+    aggregation_key,
+    format_path_expressions,
+    group_series,
+    normalize,
+    percentile,
+    xff_values,
 )
 from gateway.graphite.functions.registry import (
-    AGG_FUNC, AGG_OR_SERIES_FUNC, ANY, BOOLEAN, FLOAT, NODE, NODE_OR_TAG, Param, REGISTRY, SERIES_LIST,
-    SERIES_LISTS, SERIES_LISTS_PARAMS, STRING, TAG, series_function,
+    AGG_FUNC,
+    AGG_OR_SERIES_FUNC,
+    ANY,
+    BOOLEAN,
+    FLOAT,
+    NODE,
+    NODE_OR_TAG,
+    REGISTRY,
+    SERIES_LIST,
+    SERIES_LISTS,
+    SERIES_LISTS_PARAMS,
+    STRING,
+    TAG,
+    Param,
+    series_function,
 )
 from gateway.graphite.functions.safe import get_agg_func, safe_div, safe_mul, safe_pow, safe_sum
 from gateway.graphite.functions.special import constantLine
 from gateway.graphite.series import TimeSeries, parse_tags
 
 
-@series_function("aggregate", group="Combine", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("func", AGG_FUNC, required=True),
-    Param("xFilesFactor", FLOAT),
-])
+@series_function(
+    "aggregate",
+    group="Combine",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("func", AGG_FUNC, required=True),
+        Param("xFilesFactor", FLOAT),
+    ],
+)
 def aggregate(request, seriesList, func, xFilesFactor=None):
     """Aggregate series point by point with an aggregation function (sum, average, max, ...)."""
     raw_func = func
@@ -37,8 +59,7 @@ def aggregate(request, seriesList, func, xFilesFactor=None):
         return []
     x_files_factor = xFilesFactor if xFilesFactor is not None else request.context.x_files_factor
     name = f"{func}Series({format_path_expressions(series_list)})"
-    values = [function(row) if xff_values(row, x_files_factor) else None
-              for row in zip_longest(*series_list)]
+    values = [function(row) if xff_values(row, x_files_factor) else None for row in zip_longest(*series_list)]
     tags = dict(series_list[0].tags)
     for series in series_list:
         tags = {k: v for k, v in tags.items() if series.tags.get(k) == v}
@@ -47,12 +68,16 @@ def aggregate(request, seriesList, func, xFilesFactor=None):
     return [TimeSeries(name, start, end, step, values, tags=tags, x_files_factor=x_files_factor)]
 
 
-@series_function("aggregateSeriesLists", group="Combine", params=[
-    Param("seriesListFirstPos", SERIES_LIST, required=True),
-    Param("seriesListSecondPos", SERIES_LIST, required=True),
-    Param("func", AGG_FUNC, required=True),
-    Param("xFilesFactor", FLOAT),
-])
+@series_function(
+    "aggregateSeriesLists",
+    group="Combine",
+    params=[
+        Param("seriesListFirstPos", SERIES_LIST, required=True),
+        Param("seriesListSecondPos", SERIES_LIST, required=True),
+        Param("func", AGG_FUNC, required=True),
+        Param("xFilesFactor", FLOAT),
+    ],
+)
 def aggregateSeriesLists(request, seriesListFirstPos, seriesListSecondPos, func, xFilesFactor=None):
     """Aggregate the i-th series of the first list with the i-th series of the second."""
     if len(seriesListFirstPos) != len(seriesListSecondPos):
@@ -63,7 +88,7 @@ def aggregateSeriesLists(request, seriesListFirstPos, seriesListSecondPos, func,
         if not aggregated:
             continue
         result = aggregated[0]
-        result.name = result.name[:result.name.find("Series(")] + f"Series({first.name},{second.name})"
+        result.name = result.name[: result.name.find("Series(")] + f"Series({first.name},{second.name})"
         results.append(result)
     return results
 
@@ -71,29 +96,38 @@ def aggregateSeriesLists(request, seriesListFirstPos, seriesListSecondPos, func,
 def _aggregator(func: str, doc: str):
     def combine(request, *seriesLists):
         return aggregate(request, list(seriesLists), func)
+
     combine.__doc__ = doc
     return combine
 
 
-TWO_LISTS_PARAMS = [Param("seriesListFirstPos", SERIES_LIST, required=True),
-                    Param("seriesListSecondPos", SERIES_LIST, required=True)]
+TWO_LISTS_PARAMS = [
+    Param("seriesListFirstPos", SERIES_LIST, required=True),
+    Param("seriesListSecondPos", SERIES_LIST, required=True),
+]
 WILDCARD_PARAMS = [Param("seriesList", SERIES_LIST, required=True), Param("position", NODE, multiple=True)]
 
 sumSeries = series_function("sumSeries", "sum", group="Combine", params=SERIES_LISTS_PARAMS, aggregator=True)(
-    _aggregator("sum", "Sum of the series at each point (aggregate with 'sum')."))
-averageSeries = series_function("averageSeries", "avg", group="Combine", params=SERIES_LISTS_PARAMS,
-                                aggregator=True)(
-    _aggregator("average", "Average of the series at each point (aggregate with 'average')."))
+    _aggregator("sum", "Sum of the series at each point (aggregate with 'sum').")
+)
+averageSeries = series_function("averageSeries", "avg", group="Combine", params=SERIES_LISTS_PARAMS, aggregator=True)(
+    _aggregator("average", "Average of the series at each point (aggregate with 'average').")
+)
 diffSeries = series_function("diffSeries", group="Combine", params=SERIES_LISTS_PARAMS, aggregator=True)(
-    _aggregator("diff", "First series minus the others at each point (aggregate with 'diff')."))
+    _aggregator("diff", "First series minus the others at each point (aggregate with 'diff').")
+)
 stddevSeries = series_function("stddevSeries", group="Combine", params=SERIES_LISTS_PARAMS, aggregator=True)(
-    _aggregator("stddev", "Population standard deviation of the series at each point."))
+    _aggregator("stddev", "Population standard deviation of the series at each point.")
+)
 minSeries = series_function("minSeries", group="Combine", params=SERIES_LISTS_PARAMS, aggregator=True)(
-    _aggregator("min", "Minimum of the series at each point."))
+    _aggregator("min", "Minimum of the series at each point.")
+)
 maxSeries = series_function("maxSeries", group="Combine", params=SERIES_LISTS_PARAMS, aggregator=True)(
-    _aggregator("max", "Maximum of the series at each point."))
+    _aggregator("max", "Maximum of the series at each point.")
+)
 rangeOfSeries = series_function("rangeOfSeries", group="Combine", params=SERIES_LISTS_PARAMS, aggregator=True)(
-    _aggregator("rangeOf", "Maximum minus minimum of the series at each point."))
+    _aggregator("rangeOf", "Maximum minus minimum of the series at each point.")
+)
 
 
 @series_function("multiplySeries", group="Combine", params=SERIES_LISTS_PARAMS, aggregator=True)
@@ -107,28 +141,37 @@ def multiplySeries(request, *seriesLists):
 def _lists_aggregator(func: str, doc: str):
     def combine(request, seriesListFirstPos, seriesListSecondPos):
         return aggregateSeriesLists(request, seriesListFirstPos, seriesListSecondPos, func)
+
     combine.__doc__ = doc
     return combine
 
 
 sumSeriesLists = series_function("sumSeriesLists", group="Combine", params=TWO_LISTS_PARAMS, aggregator=True)(
-    _lists_aggregator("sum", "Sum the i-th series of two lists pairwise."))
+    _lists_aggregator("sum", "Sum the i-th series of two lists pairwise.")
+)
 diffSeriesLists = series_function("diffSeriesLists", group="Combine", params=TWO_LISTS_PARAMS, aggregator=True)(
-    _lists_aggregator("diff", "Subtract the i-th series of the second list from the i-th of the first."))
-multiplySeriesLists = series_function("multiplySeriesLists", group="Combine", params=TWO_LISTS_PARAMS,
-                                      aggregator=True)(
-    _lists_aggregator("multiply", "Multiply the i-th series of two lists pairwise."))
+    _lists_aggregator("diff", "Subtract the i-th series of the second list from the i-th of the first.")
+)
+multiplySeriesLists = series_function("multiplySeriesLists", group="Combine", params=TWO_LISTS_PARAMS, aggregator=True)(
+    _lists_aggregator("multiply", "Multiply the i-th series of two lists pairwise.")
+)
 
 
-@series_function("aggregateWithWildcards", group="Combine", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("func", AGG_FUNC, required=True),
-    Param("position", NODE, multiple=True),
-])
+@series_function(
+    "aggregateWithWildcards",
+    group="Combine",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("func", AGG_FUNC, required=True),
+        Param("position", NODE, multiple=True),
+    ],
+)
 def aggregateWithWildcards(request, seriesList, func, *position):
     """Aggregate series whose names are equal once the given node positions are removed."""
+
     def key(series):
         return ".".join(node for i, node in enumerate(series.name.split(".")) if i not in position)
+
     results = []
     for group_key, members in group_series(seriesList, key).items():
         result = aggregate(request, members, func)[0]
@@ -140,26 +183,31 @@ def aggregateWithWildcards(request, seriesList, func, *position):
 def _wildcards_aggregator(func: str, doc: str):
     def combine(request, seriesList, *position):
         return aggregateWithWildcards(request, seriesList, func, *position)
+
     combine.__doc__ = doc
     return combine
 
 
-sumSeriesWithWildcards = series_function("sumSeriesWithWildcards", group="Combine", params=WILDCARD_PARAMS,
-                                         aggregator=True)(
-    _wildcards_aggregator("sum", "sumSeries over groups of names ignoring the given node positions."))
-averageSeriesWithWildcards = series_function("averageSeriesWithWildcards", group="Combine",
-                                             params=WILDCARD_PARAMS, aggregator=True)(
-    _wildcards_aggregator("average", "averageSeries over groups of names ignoring the given node positions."))
-multiplySeriesWithWildcards = series_function("multiplySeriesWithWildcards", group="Combine",
-                                              params=WILDCARD_PARAMS, aggregator=True)(
-    _wildcards_aggregator("multiply", "multiplySeries over groups of names ignoring the given node positions."))
+sumSeriesWithWildcards = series_function(
+    "sumSeriesWithWildcards", group="Combine", params=WILDCARD_PARAMS, aggregator=True
+)(_wildcards_aggregator("sum", "sumSeries over groups of names ignoring the given node positions."))
+averageSeriesWithWildcards = series_function(
+    "averageSeriesWithWildcards", group="Combine", params=WILDCARD_PARAMS, aggregator=True
+)(_wildcards_aggregator("average", "averageSeries over groups of names ignoring the given node positions."))
+multiplySeriesWithWildcards = series_function(
+    "multiplySeriesWithWildcards", group="Combine", params=WILDCARD_PARAMS, aggregator=True
+)(_wildcards_aggregator("multiply", "multiplySeries over groups of names ignoring the given node positions."))
 
 
-@series_function("percentileOfSeries", group="Combine", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("n", FLOAT, required=True),
-    Param("interpolate", BOOLEAN, default=False),
-])
+@series_function(
+    "percentileOfSeries",
+    group="Combine",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("n", FLOAT, required=True),
+        Param("interpolate", BOOLEAN, default=False),
+    ],
+)
 def percentileOfSeries(request, seriesList, n, interpolate=False):
     """The n-th percentile across the series at each point."""
     if n <= 0:
@@ -182,11 +230,17 @@ def _sum_group(members, x_files_factor):
     return TimeSeries(name, start, end, step, values, x_files_factor=x_files_factor)
 
 
-@series_function("asPercent", "pct", group="Combine", aggregator=True, params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("total", ANY),
-    Param("nodes", NODE_OR_TAG, multiple=True),
-])
+@series_function(
+    "asPercent",
+    "pct",
+    group="Combine",
+    aggregator=True,
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("total", ANY),
+        Param("nodes", NODE_OR_TAG, multiple=True),
+    ],
+)
 def asPercent(request, seriesList, total=None, *nodes):
     """Each series as a percentage of a total (a number, a series, matching series or their sum)."""
     x_files_factor = request.context.x_files_factor
@@ -208,9 +262,16 @@ def asPercent(request, seriesList, total=None, *nodes):
         for key in keys:
             if key not in groups:
                 total_series = totals[key]
-                results.append(TimeSeries("asPercent(MISSING,%s)" % total_series.name, total_series.start,
-                                          total_series.end, total_series.step, [None for _ in total_series],
-                                          x_files_factor=x_files_factor))
+                results.append(
+                    TimeSeries(
+                        "asPercent(MISSING,%s)" % total_series.name,
+                        total_series.start,
+                        total_series.end,
+                        total_series.step,
+                        [None for _ in total_series],
+                        x_files_factor=x_files_factor,
+                    )
+                )
                 continue
             for series in groups[key]:
                 if key not in totals:
@@ -230,8 +291,10 @@ def asPercent(request, seriesList, total=None, *nodes):
         total_text = "sumSeries(%s)" % format_path_expressions(seriesList)
     elif isinstance(total, list):
         if len(total) not in (1, len(seriesList)):
-            raise RenderError("asPercent second argument must be missing, a single digit, reference exactly 1 "
-                              "series or reference the same number of series as the first argument")
+            raise RenderError(
+                "asPercent second argument must be missing, a single digit, reference exactly 1 "
+                "series or reference the same number of series as the first argument"
+            )
         if len(total) == 1:
             normalize([seriesList, total])
             total_values = total[0]
@@ -271,10 +334,14 @@ def _divide(request, dividend, divisor):
     return TimeSeries(name, start, end, step, values, x_files_factor=request.context.x_files_factor)
 
 
-@series_function("divideSeries", group="Combine", params=[
-    Param("dividendSeriesList", SERIES_LIST, required=True),
-    Param("divisorSeries", SERIES_LIST, required=True),
-])
+@series_function(
+    "divideSeries",
+    group="Combine",
+    params=[
+        Param("dividendSeriesList", SERIES_LIST, required=True),
+        Param("divisorSeries", SERIES_LIST, required=True),
+    ],
+)
 def divideSeries(request, dividendSeriesList, divisorSeries):
     """Divide each series by a single divisor series (None where the divisor is 0 or None)."""
     if not divisorSeries:
@@ -289,10 +356,14 @@ def divideSeries(request, dividendSeriesList, divisorSeries):
     return [_divide(request, dividend, divisorSeries[0]) for dividend in dividendSeriesList]
 
 
-@series_function("divideSeriesLists", group="Combine", params=[
-    Param("dividendSeriesList", SERIES_LIST, required=True),
-    Param("divisorSeriesList", SERIES_LIST, required=True),
-])
+@series_function(
+    "divideSeriesLists",
+    group="Combine",
+    params=[
+        Param("dividendSeriesList", SERIES_LIST, required=True),
+        Param("divisorSeriesList", SERIES_LIST, required=True),
+    ],
+)
 def divideSeriesLists(request, dividendSeriesList, divisorSeriesList):
     """Divide the i-th series of the first list by the i-th series of the second."""
     if len(dividendSeriesList) != len(divisorSeriesList):
@@ -300,17 +371,23 @@ def divideSeriesLists(request, dividendSeriesList, divisorSeriesList):
     return [_divide(request, a, b) for a, b in zip(dividendSeriesList, divisorSeriesList)]
 
 
-@series_function("weightedAverage", group="Combine", params=[
-    Param("seriesListAvg", SERIES_LIST, required=True),
-    Param("seriesListWeight", SERIES_LIST, required=True),
-    Param("nodes", NODE_OR_TAG, multiple=True),
-])
+@series_function(
+    "weightedAverage",
+    group="Combine",
+    params=[
+        Param("seriesListAvg", SERIES_LIST, required=True),
+        Param("seriesListWeight", SERIES_LIST, required=True),
+        Param("nodes", NODE_OR_TAG, multiple=True),
+    ],
+)
 def weightedAverage(request, seriesListAvg, seriesListWeight, *nodes):
     """Average of the first list weighted by the matching (by nodes) series of the second."""
     if len(seriesListAvg) != len(seriesListWeight):
-        raise RenderError("weightedAverage must receive the same number of series for seriesListAvg and "
-                          f"seriesListWeight but received respectively {len(seriesListAvg)} and "
-                          f"{len(seriesListWeight)}")
+        raise RenderError(
+            "weightedAverage must receive the same number of series for seriesListAvg and "
+            f"seriesListWeight but received respectively {len(seriesListAvg)} and "
+            f"{len(seriesListWeight)}"
+        )
     pairs = {}
     for average_series, weight_series in zip(seriesListAvg, seriesListWeight):
         pairs.setdefault(aggregation_key(average_series, nodes), {})["avg"] = average_series
@@ -322,24 +399,39 @@ def weightedAverage(request, seriesListAvg, seriesListWeight, *nodes):
             continue
         average_series, weight_series = pair["avg"], pair["weight"]
         values = [safe_mul(a, b) for a, b in zip_longest(average_series, weight_series)]
-        products.append(TimeSeries("product(%s,%s)" % (weight_series.name, average_series.name),
-                                   average_series.start, average_series.end, average_series.step, values,
-                                   x_files_factor=x_files_factor))
+        products.append(
+            TimeSeries(
+                "product(%s,%s)" % (weight_series.name, average_series.name),
+                average_series.start,
+                average_series.end,
+                average_series.step,
+                values,
+                x_files_factor=x_files_factor,
+            )
+        )
     if not products:
         return []
     sum_products = sumSeries(request, products)[0]
     sum_weights = sumSeries(request, seriesListWeight)[0]
     values = [safe_div(a, b) for a, b in zip_longest(sum_products, sum_weights)]
-    name = "weightedAverage(%s, %s, %s)" % (",".join(sorted({s.pathExpression for s in seriesListAvg})),
-                                            ",".join(sorted({s.pathExpression for s in seriesListWeight})),
-                                            ",".join(map(str, nodes)))
-    return [TimeSeries(name, sum_products.start, sum_products.end, sum_products.step, values,
-                       x_files_factor=x_files_factor)]
+    name = "weightedAverage(%s, %s, %s)" % (
+        ",".join(sorted({s.pathExpression for s in seriesListAvg})),
+        ",".join(sorted({s.pathExpression for s in seriesListWeight})),
+        ",".join(map(str, nodes)),
+    )
+    return [
+        TimeSeries(name, sum_products.start, sum_products.end, sum_products.step, values, x_files_factor=x_files_factor)
+    ]
 
 
-@series_function("powSeries", group="Combine", aggregator=True, params=[
-    Param("seriesList", SERIES_LIST, required=True, multiple=True),
-])
+@series_function(
+    "powSeries",
+    group="Combine",
+    aggregator=True,
+    params=[
+        Param("seriesList", SERIES_LIST, required=True, multiple=True),
+    ],
+)
 def powSeries(request, *seriesList):
     """The first series raised to the power of the next ones, point by point."""
     try:
@@ -356,9 +448,14 @@ def powSeries(request, *seriesList):
     return [TimeSeries(name, start, end, step, values, x_files_factor=request.context.x_files_factor)]
 
 
-@series_function("countSeries", group="Combine", aggregator=True, params=[
-    Param("seriesLists", SERIES_LIST, multiple=True),
-])
+@series_function(
+    "countSeries",
+    group="Combine",
+    aggregator=True,
+    params=[
+        Param("seriesLists", SERIES_LIST, multiple=True),
+    ],
+)
 def countSeries(request, *seriesLists):
     """The number of series at each point (a constant line of 0 without arguments)."""
     if seriesLists:
@@ -378,21 +475,31 @@ def group(request, *seriesLists):
     return [series for series_list in seriesLists for series in series_list]
 
 
-@series_function("mapSeries", "map", group="Combine", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("mapNodes", NODE_OR_TAG, required=True, multiple=True),
-])
+@series_function(
+    "mapSeries",
+    "map",
+    group="Combine",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("mapNodes", NODE_OR_TAG, required=True, multiple=True),
+    ],
+)
 def mapSeries(request, seriesList, *mapNodes):
     """Split a series list into lists sharing the given nodes (input for reduceSeries)."""
     return list(group_series(seriesList, lambda s: aggregation_key(s, mapNodes)).values())
 
 
-@series_function("reduceSeries", "reduce", group="Combine", params=[
-    Param("seriesLists", SERIES_LISTS, required=True),
-    Param("reduceFunction", STRING, required=True),
-    Param("reduceNode", NODE, required=True),
-    Param("reduceMatchers", STRING, required=True, multiple=True),
-])
+@series_function(
+    "reduceSeries",
+    "reduce",
+    group="Combine",
+    params=[
+        Param("seriesLists", SERIES_LISTS, required=True),
+        Param("reduceFunction", STRING, required=True),
+        Param("reduceNode", NODE, required=True),
+        Param("reduceMatchers", STRING, required=True, multiple=True),
+    ],
+)
 def reduceSeries(request, seriesLists, reduceFunction, reduceNode, *reduceMatchers):
     """Apply a function to the series of each mapped list picked by reduceMatchers at reduceNode."""
     if reduceFunction not in REGISTRY or REGISTRY[reduceFunction].is_async:
@@ -413,15 +520,19 @@ def reduceSeries(request, seriesLists, reduceFunction, reduceNode, *reduceMatche
     return results
 
 
-@series_function("applyByNode", group="Combine", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("nodeNum", NODE, required=True),
-    Param("templateFunction", STRING, required=True),
-    Param("newName", STRING),
-])
+@series_function(
+    "applyByNode",
+    group="Combine",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("nodeNum", NODE, required=True),
+        Param("templateFunction", STRING, required=True),
+        Param("newName", STRING),
+    ],
+)
 async def applyByNode(request, seriesList, nodeNum, templateFunction, newName=None):
     """Evaluate a template target once per name prefix (nodes 0..nodeNum), '%' standing for the prefix."""
-    prefixes = sorted({".".join(series.name.split(".")[:nodeNum + 1]) for series in seriesList})
+    prefixes = sorted({".".join(series.name.split(".")[: nodeNum + 1]) for series in seriesList})
     results = []
     for prefix in prefixes:
         for result in await request.evaluate(templateFunction.replace("%", prefix), request.context):
@@ -444,21 +555,29 @@ def apply_callback(request, callback: str, series_list):
     return aggregate(request, series_list, callback)[0]
 
 
-@series_function("groupByNode", group="Combine", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("nodeNum", NODE_OR_TAG, required=True),
-    Param("callback", AGG_OR_SERIES_FUNC, default="average"),
-])
+@series_function(
+    "groupByNode",
+    group="Combine",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("nodeNum", NODE_OR_TAG, required=True),
+        Param("callback", AGG_OR_SERIES_FUNC, default="average"),
+    ],
+)
 def groupByNode(request, seriesList, nodeNum, callback="average"):
     """Aggregate the series sharing one node (or tag) value; the result is named by that value."""
     return groupByNodes(request, seriesList, callback, nodeNum)
 
 
-@series_function("groupByNodes", group="Combine", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("callback", AGG_OR_SERIES_FUNC, required=True),
-    Param("nodes", NODE_OR_TAG, multiple=True),
-])
+@series_function(
+    "groupByNodes",
+    group="Combine",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("callback", AGG_OR_SERIES_FUNC, required=True),
+        Param("nodes", NODE_OR_TAG, multiple=True),
+    ],
+)
 def groupByNodes(request, seriesList, callback, *nodes):
     """Aggregate the series sharing several node (or tag) values, named by the joined values."""
     results = []
@@ -469,11 +588,15 @@ def groupByNodes(request, seriesList, callback, *nodes):
     return results
 
 
-@series_function("groupByTags", group="Combine", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("callback", AGG_OR_SERIES_FUNC, required=True),
-    Param("tags", TAG, required=True, multiple=True),
-])
+@series_function(
+    "groupByTags",
+    group="Combine",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("callback", AGG_OR_SERIES_FUNC, required=True),
+        Param("tags", TAG, required=True, multiple=True),
+    ],
+)
 def groupByTags(request, seriesList, callback, *tags):
     """Aggregate the series sharing the given tag values; results are named as tagged series."""
     if not tags:
@@ -484,8 +607,9 @@ def groupByTags(request, seriesList, callback, *tags):
 
     def key(series):
         if "name" in tags:
-            return ";".join([series.tags["name"]] + sorted(
-                f"{tag}={series.tags.get(tag, '')}" for tag in tags if tag != "name"))
+            return ";".join(
+                [series.tags["name"]] + sorted(f"{tag}={series.tags.get(tag, '')}" for tag in tags if tag != "name")
+            )
         return ";".join([common_name] + sorted(f"{tag}={series.tags.get(tag, '')}" for tag in tags))
 
     results = []

@@ -3,11 +3,18 @@
 from gateway.graphite.errors import RenderError
 from gateway.graphite.functions.helpers import _compile, _substitute, percentile, xff_values
 from gateway.graphite.functions.registry import (
-    AGG_FUNC, FLOAT, INTEGER, N_FLOAT_PARAMS, N_INTEGER_PARAMS, Param, SERIES_LIST, SERIES_LISTS_PARAMS, STRING,
+    AGG_FUNC,
+    FLOAT,
+    INTEGER,
+    N_FLOAT_PARAMS,
+    N_INTEGER_PARAMS,
+    SERIES_LIST,
+    SERIES_LISTS_PARAMS,
+    STRING,
+    Param,
     series_function,
 )
 from gateway.graphite.functions.safe import INF, get_agg_func, none_last_key, safe_avg, safe_div, safe_len, safe_max
-
 
 OPERATORS = {
     "=": lambda value, threshold: value is not None and value == threshold,
@@ -19,12 +26,16 @@ OPERATORS = {
 }
 
 
-@series_function("filterSeries", group="Filter Series", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("func", AGG_FUNC, required=True),
-    Param("operator", STRING, required=True, options=sorted(OPERATORS)),
-    Param("threshold", FLOAT, required=True),
-])
+@series_function(
+    "filterSeries",
+    group="Filter Series",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("func", AGG_FUNC, required=True),
+        Param("operator", STRING, required=True, options=sorted(OPERATORS)),
+        Param("threshold", FLOAT, required=True),
+    ],
+)
 def filterSeries(request, seriesList, func, operator, threshold):
     """Keep the series whose aggregate compares to the threshold as the operator says."""
     function = get_agg_func(func)
@@ -36,67 +47,90 @@ def filterSeries(request, seriesList, func, operator, threshold):
 def _filter(func: str, operator: str, doc: str):
     def keep(request, seriesList, n):
         return filterSeries(request, seriesList, func, operator, n)
+
     keep.__doc__ = doc
     return keep
 
 
 maximumAbove = series_function("maximumAbove", group="Filter Series", params=N_FLOAT_PARAMS)(
-    _filter("max", ">", "Series whose maximum is above n."))
+    _filter("max", ">", "Series whose maximum is above n.")
+)
 minimumAbove = series_function("minimumAbove", group="Filter Series", params=N_FLOAT_PARAMS)(
-    _filter("min", ">", "Series whose minimum is above n."))
+    _filter("min", ">", "Series whose minimum is above n.")
+)
 maximumBelow = series_function("maximumBelow", group="Filter Series", params=N_FLOAT_PARAMS)(
-    _filter("max", "<=", "Series whose maximum is at most n."))
+    _filter("max", "<=", "Series whose maximum is at most n.")
+)
 minimumBelow = series_function("minimumBelow", group="Filter Series", params=N_FLOAT_PARAMS)(
-    _filter("min", "<=", "Series whose minimum is at most n."))
+    _filter("min", "<=", "Series whose minimum is at most n.")
+)
 currentAbove = series_function("currentAbove", group="Filter Series", params=N_FLOAT_PARAMS)(
-    _filter("last", ">", "Series whose last non-null value is above n."))
+    _filter("last", ">", "Series whose last non-null value is above n.")
+)
 currentBelow = series_function("currentBelow", group="Filter Series", params=N_FLOAT_PARAMS)(
-    _filter("last", "<=", "Series whose last non-null value is at most n."))
+    _filter("last", "<=", "Series whose last non-null value is at most n.")
+)
 averageAbove = series_function("averageAbove", group="Filter Series", params=N_FLOAT_PARAMS)(
-    _filter("average", ">", "Series whose average is above n."))
+    _filter("average", ">", "Series whose average is above n.")
+)
 averageBelow = series_function("averageBelow", group="Filter Series", params=N_FLOAT_PARAMS)(
-    _filter("average", "<=", "Series whose average is at most n."))
+    _filter("average", "<=", "Series whose average is at most n.")
+)
 
 
-@series_function("highest", group="Filter Series", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("n", INTEGER, required=True),
-    Param("func", AGG_FUNC, default="average"),
-])
+@series_function(
+    "highest",
+    group="Filter Series",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("n", INTEGER, required=True),
+        Param("func", AGG_FUNC, default="average"),
+    ],
+)
 def highest(request, seriesList, n=1, func="average"):
     """The n series with the highest aggregate."""
     seriesList.sort(key=none_last_key(get_agg_func(func)), reverse=True)
-    return seriesList[:int(n)]
+    return seriesList[: int(n)]
 
 
-@series_function("lowest", group="Filter Series", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("n", INTEGER, required=True),
-    Param("func", AGG_FUNC, default="average"),
-])
+@series_function(
+    "lowest",
+    group="Filter Series",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("n", INTEGER, required=True),
+        Param("func", AGG_FUNC, default="average"),
+    ],
+)
 def lowest(request, seriesList, n=1, func="average"):
     """The n series with the lowest aggregate."""
     seriesList.sort(key=none_last_key(get_agg_func(func)))
-    return seriesList[:int(n)]
+    return seriesList[: int(n)]
 
 
 def _ranked(rank, func: str, doc: str):
     def pick(request, seriesList, n):
         return rank(request, seriesList, n, func)
+
     pick.__doc__ = doc
     return pick
 
 
 highestCurrent = series_function("highestCurrent", group="Filter Series", params=N_INTEGER_PARAMS)(
-    _ranked(highest, "current", "The n series with the highest last value."))
+    _ranked(highest, "current", "The n series with the highest last value.")
+)
 highestMax = series_function("highestMax", group="Filter Series", params=N_INTEGER_PARAMS)(
-    _ranked(highest, "max", "The n series with the highest maximum."))
+    _ranked(highest, "max", "The n series with the highest maximum.")
+)
 highestAverage = series_function("highestAverage", group="Filter Series", params=N_INTEGER_PARAMS)(
-    _ranked(highest, "average", "The n series with the highest average."))
+    _ranked(highest, "average", "The n series with the highest average.")
+)
 lowestCurrent = series_function("lowestCurrent", group="Filter Series", params=N_INTEGER_PARAMS)(
-    _ranked(lowest, "current", "The n series with the lowest last value."))
+    _ranked(lowest, "current", "The n series with the lowest last value.")
+)
 lowestAverage = series_function("lowestAverage", group="Filter Series", params=N_INTEGER_PARAMS)(
-    _ranked(lowest, "average", "The n series with the lowest average."))
+    _ranked(lowest, "average", "The n series with the lowest average.")
+)
 
 
 @series_function("averageOutsidePercentile", group="Filter Series", params=N_FLOAT_PARAMS)
@@ -122,8 +156,11 @@ def removeBetweenPercentile(request, seriesList, n):
     highs = [percentile(column, n) for column in columns]
     # graphite-web 1.1.8 compares None with floats here and fails (a TypeError) on any gap; a
     # null point is neither inside nor outside the band
-    return [series for series in seriesList
-            if sum(not lows[i] < value < highs[i] for i, value in enumerate(series) if value is not None) > 0]
+    return [
+        series
+        for series in seriesList
+        if sum(not lows[i] < value < highs[i] for i, value in enumerate(series) if value is not None) > 0
+    ]
 
 
 @series_function("limit", group="Filter Series", params=N_INTEGER_PARAMS)
@@ -149,30 +186,42 @@ def mostDeviant(request, seriesList, n):
     return [series for _, series in deviants][:n]
 
 
-@series_function("exclude", group="Filter Series", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("pattern", STRING, required=True),
-])
+@series_function(
+    "exclude",
+    group="Filter Series",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("pattern", STRING, required=True),
+    ],
+)
 def exclude(request, seriesList, pattern):
     """Drop the series whose name matches a regular expression."""
     regex = _compile(pattern)
     return [series for series in seriesList if not regex.search(series.name)]
 
 
-@series_function("grep", group="Filter Series", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("pattern", STRING, required=True),
-])
+@series_function(
+    "grep",
+    group="Filter Series",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("pattern", STRING, required=True),
+    ],
+)
 def grep(request, seriesList, pattern):
     """Keep the series whose name matches a regular expression."""
     regex = _compile(pattern)
     return [series for series in seriesList if regex.search(series.name)]
 
 
-@series_function("removeEmptySeries", group="Filter Series", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("xFilesFactor", FLOAT),
-])
+@series_function(
+    "removeEmptySeries",
+    group="Filter Series",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("xFilesFactor", FLOAT),
+    ],
+)
 def removeEmptySeries(request, seriesList, xFilesFactor=None):
     """Drop series without (enough) non-null values."""
     x_files_factor = xFilesFactor if xFilesFactor is not None else 0
@@ -192,12 +241,16 @@ def unique(request, *seriesLists):
     return result
 
 
-@series_function("useSeriesAbove", group="Filter Series", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("value", FLOAT, required=True),
-    Param("search", STRING, required=True),
-    Param("replace", STRING, required=True),
-])
+@series_function(
+    "useSeriesAbove",
+    group="Filter Series",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("value", FLOAT, required=True),
+        Param("search", STRING, required=True),
+        Param("replace", STRING, required=True),
+    ],
+)
 async def useSeriesAbove(request, seriesList, value, search, replace):
     """For series whose maximum is above value, fetch the series named by a regex substitution."""
     regex = _compile(search)

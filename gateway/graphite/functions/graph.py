@@ -2,15 +2,19 @@
 
 from gateway.graphite.errors import RenderError
 from gateway.graphite.functions.helpers import _parse_date
-from gateway.graphite.functions.registry import DATE, FLOAT, INTEGER, Param, SERIES_LIST, STRING, series_function
+from gateway.graphite.functions.registry import DATE, FLOAT, INTEGER, SERIES_LIST, STRING, Param, series_function
 from gateway.graphite.functions.special import constantLine
 from gateway.graphite.series import TimeSeries
 
 
-@series_function("color", group="Graph", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("theColor", STRING, required=True),
-])
+@series_function(
+    "color",
+    group="Graph",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("theColor", STRING, required=True),
+    ],
+)
 def color(request, seriesList, theColor):
     """Set the line colour."""
     for series in seriesList:
@@ -19,10 +23,14 @@ def color(request, seriesList, theColor):
     return seriesList
 
 
-@series_function("alpha", group="Graph", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("alpha", FLOAT, required=True),
-])
+@series_function(
+    "alpha",
+    group="Graph",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("alpha", FLOAT, required=True),
+    ],
+)
 def alpha(request, seriesList, alpha):
     """Set the transparency (0..1)."""
     for series in seriesList:
@@ -30,10 +38,14 @@ def alpha(request, seriesList, alpha):
     return seriesList
 
 
-@series_function("lineWidth", group="Graph", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("width", FLOAT, required=True),
-])
+@series_function(
+    "lineWidth",
+    group="Graph",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("width", FLOAT, required=True),
+    ],
+)
 def lineWidth(request, seriesList, width):
     """Set the line width."""
     for series in seriesList:
@@ -41,10 +53,14 @@ def lineWidth(request, seriesList, width):
     return seriesList
 
 
-@series_function("dashed", group="Graph", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("dashLength", INTEGER, default=5),
-])
+@series_function(
+    "dashed",
+    group="Graph",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("dashLength", INTEGER, default=5),
+    ],
+)
 def dashed(request, seriesList, dashLength=5):
     """Draw with a dashed line."""
     for series in seriesList:
@@ -74,10 +90,14 @@ def drawAsInfinite(request, seriesList):
     return seriesList
 
 
-@series_function("stacked", group="Graph", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("stack", STRING),
-])
+@series_function(
+    "stacked",
+    group="Graph",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("stack", STRING),
+    ],
+)
 def stacked(request, seriesList, stack="__DEFAULT__"):
     """Stack the series on each other (running sum across series), per named stack."""
     stack = stack or "__DEFAULT__"
@@ -119,11 +139,15 @@ def areaBetween(request, seriesList):
     return seriesList
 
 
-@series_function("threshold", group="Graph", params=[
-    Param("value", FLOAT, required=True),
-    Param("label", STRING),
-    Param("color", STRING),
-])
+@series_function(
+    "threshold",
+    group="Graph",
+    params=[
+        Param("value", FLOAT, required=True),
+        Param("label", STRING),
+        Param("color", STRING),
+    ],
+)
 def threshold(request, value, label=None, color=None):
     """A constant line, optionally labelled and coloured."""
     series = constantLine(request, value)[0]
@@ -135,11 +159,15 @@ def threshold(request, value, label=None, color=None):
     return [series]
 
 
-@series_function("verticalLine", group="Graph", params=[
-    Param("ts", DATE, required=True),
-    Param("label", STRING),
-    Param("color", STRING),
-])
+@series_function(
+    "verticalLine",
+    group="Graph",
+    params=[
+        Param("ts", DATE, required=True),
+        Param("label", STRING),
+        Param("color", STRING),
+    ],
+)
 def verticalLine(request, ts, label=None, color=None):
     """A vertical line at a time inside the requested range."""
     context = request.context
@@ -149,8 +177,15 @@ def verticalLine(request, ts, label=None, color=None):
     if timestamp > context.end:
         raise RenderError("verticalLine(): timestamp %s exists after end of range" % timestamp)
     # without a label graphite-web answers a series named None (tags {"name": "None"})
-    series = TimeSeries(label, timestamp, timestamp, 1, [1.0, 1.0], tags=None if label else {"name": label},
-                        x_files_factor=context.x_files_factor)
+    series = TimeSeries(
+        label,
+        timestamp,
+        timestamp,
+        1,
+        [1.0, 1.0],
+        tags=None if label else {"name": label},
+        x_files_factor=context.x_files_factor,
+    )
     series.options["drawAsInfinite"] = True
     if color:
         series.color = color

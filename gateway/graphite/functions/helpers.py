@@ -112,8 +112,8 @@ def percentile(points, n, interpolate=False):
 def format_units(value, system="si", units=None):
     """Scale a value to SI or binary prefixes, as graphite-web's glyph.format_units."""
     prefixes = {
-        "binary": (("Pi", 1024.0 ** 5), ("Ti", 1024.0 ** 4), ("Gi", 1024.0 ** 3), ("Mi", 1024.0 ** 2), ("Ki", 1024.0)),
-        "si": (("P", 1000.0 ** 5), ("T", 1000.0 ** 4), ("G", 1000.0 ** 3), ("M", 1000.0 ** 2), ("k", 1000.0)),
+        "binary": (("Pi", 1024.0**5), ("Ti", 1024.0**4), ("Gi", 1024.0**3), ("Mi", 1024.0**2), ("Ki", 1024.0)),
+        "si": (("P", 1000.0**5), ("T", 1000.0**4), ("G", 1000.0**3), ("M", 1000.0**2), ("k", 1000.0)),
     }[system]
     if not math.isfinite(value):
         return value, units or ""

@@ -6,9 +6,10 @@ graphite-web name (aliases included) to its ``SeriesFunction``.
 
 import inspect
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from gateway.graphite.errors import RenderError
 from gateway.graphite.functions.safe import INF, VALID_AGG_FUNCS
@@ -19,6 +20,7 @@ from protocols.graphite.attime import parse_time_offset
 @dataclass
 class Request:
     """What a function sees of the render request besides its arguments."""
+
     context: Any  # evaluator.RenderContext
     raw_args: list  # the call's positional argument nodes, to re-evaluate under another range
     evaluate: Callable[[Any, Any], Awaitable[list]]  # (node or target text, context) -> series
@@ -170,19 +172,26 @@ class Param:
         return result
 
     def validate(self, value, function_name: str):
-        if value is None and (self.default is not None or not self.required) and self.type not in (SERIES_LIST, SERIES_LISTS):
+        if (
+            value is None
+            and (self.default is not None or not self.required)
+            and self.type not in (SERIES_LIST, SERIES_LISTS)
+        ):
             return self.default
         options = self.all_options()
         if options and self.strict_options and self.type is not AGG_FUNC and value not in options:
-            raise RenderError(f'Invalid option specified for function "{function_name}" parameter '
-                              f'"{self.name}": {value!r}')
+            raise RenderError(
+                f'Invalid option specified for function "{function_name}" parameter "{self.name}": {value!r}'
+            )
         if self.type.validator is None:
             return value
         try:
             return self.type.validator(value)
         except Exception:
-            raise RenderError(f'Invalid "{self.type.name}" value specified for function "{function_name}" '
-                              f'parameter "{self.name}": {value!r}') from None
+            raise RenderError(
+                f'Invalid "{self.type.name}" value specified for function "{function_name}" '
+                f'parameter "{self.name}": {value!r}'
+            ) from None
 
 
 @dataclass
@@ -205,9 +214,8 @@ class SeriesFunction:
         if len(args) > len(params):
             positional, by_keyword = params, []
         else:
-            positional, by_keyword = params[:len(args)], params[len(args):]
-        valid_args = [positional[min(i, len(positional) - 1)].validate(arg, self.name)
-                      for i, arg in enumerate(args)]
+            positional, by_keyword = params[: len(args)], params[len(args) :]
+        valid_args = [positional[min(i, len(positional) - 1)].validate(arg, self.name) for i, arg in enumerate(args)]
         valid_kwargs = {}
         for param in by_keyword:
             value = kwargs.get(param.name)
@@ -239,10 +247,12 @@ REGISTRY: dict[str, SeriesFunction] = {}
 
 def series_function(*names: str, group: str, params: list, aggregator: bool = False):
     """Register a function under its graphite-web name(s)."""
+
     def register(function):
         for name in names:
             REGISTRY[name] = SeriesFunction(name, function, group, params, aggregator)
         return function
+
     return register
 
 

@@ -5,7 +5,6 @@ from functools import reduce
 
 from gateway.graphite.errors import RenderError
 
-
 INF = float("inf")
 NAN = float("nan")
 
@@ -129,7 +128,9 @@ def get_agg_func(name, raw_name=None):
 
 def none_last_key(function):
     """Sort key treating None as -inf, as graphite-web does on Python 3."""
+
     def key(values):
         value = function(values)
         return -INF if value is None else value
+
     return key

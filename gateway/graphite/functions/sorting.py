@@ -2,30 +2,40 @@
 
 import re
 
-from gateway.graphite.functions.registry import AGG_FUNC, BOOLEAN, Param, SERIES_LIST, series_function
+from gateway.graphite.functions.registry import AGG_FUNC, BOOLEAN, SERIES_LIST, Param, series_function
 from gateway.graphite.functions.safe import get_agg_func, none_last_key, safe_max, safe_min
 
 
-@series_function("sortBy", group="Sorting", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("func", AGG_FUNC, default="average"),
-    Param("reverse", BOOLEAN, default=False),
-])
+@series_function(
+    "sortBy",
+    group="Sorting",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("func", AGG_FUNC, default="average"),
+        Param("reverse", BOOLEAN, default=False),
+    ],
+)
 def sortBy(request, seriesList, func="average", reverse=False):
     """Sort by an aggregate of each series (None first)."""
     seriesList.sort(key=none_last_key(get_agg_func(func)), reverse=reverse)
     return seriesList
 
 
-@series_function("sortByName", group="Sorting", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("natural", BOOLEAN, default=False),
-    Param("reverse", BOOLEAN, default=False),
-])
+@series_function(
+    "sortByName",
+    group="Sorting",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("natural", BOOLEAN, default=False),
+        Param("reverse", BOOLEAN, default=False),
+    ],
+)
 def sortByName(request, seriesList, natural=False, reverse=False):
     """Sort by name, optionally naturally (server2 before server10)."""
+
     def natural_key(series):
-        return re.sub(r"(\d+)", lambda m: "{0:010}".format(int(m.group(0))), series.name)
+        return re.sub(r"(\d+)", lambda m: f"{int(m.group(0)):010}", series.name)
+
     seriesList.sort(key=natural_key if natural else (lambda s: s.name), reverse=reverse)
     return seriesList
 

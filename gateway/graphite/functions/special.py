@@ -6,7 +6,7 @@ import re
 
 from gateway.graphite.errors import RenderError
 from gateway.graphite.functions.helpers import _generated_times, _rename, format_units
-from gateway.graphite.functions.registry import FLOAT, INTEGER, NODE, Param, SERIES_LIST, STRING, series_function
+from gateway.graphite.functions.registry import FLOAT, INTEGER, NODE, SERIES_LIST, STRING, Param, series_function
 from gateway.graphite.functions.safe import NAN, safe_last, safe_max, safe_min
 from gateway.graphite.series import CONSOLIDATION_FUNCTIONS, TimeSeries
 
@@ -16,16 +16,21 @@ def constantLine(request, value):
     """A horizontal line: three points spanning the requested range."""
     context = request.context
     step = int((context.end - context.start) / 2.0)
-    series = TimeSeries(str(value), context.start, context.end, step, [value, value, value],
-                        x_files_factor=context.x_files_factor)
+    series = TimeSeries(
+        str(value), context.start, context.end, step, [value, value, value], x_files_factor=context.x_files_factor
+    )
     series.pathExpression = "constantLine(%s)" % value
     return [series]
 
 
-@series_function("consolidateBy", group="Special", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("consolidationFunc", STRING, required=True, options=list(CONSOLIDATION_FUNCTIONS)),
-])
+@series_function(
+    "consolidateBy",
+    group="Special",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("consolidationFunc", STRING, required=True, options=list(CONSOLIDATION_FUNCTIONS)),
+    ],
+)
 def consolidateBy(request, seriesList, consolidationFunc):
     """Choose how points are merged when consolidating (maxDataPoints, normalize)."""
     for series in seriesList:
@@ -41,10 +46,15 @@ def cumulative(request, seriesList):
     return consolidateBy(request, seriesList, "sum")
 
 
-@series_function("setXFilesFactor", "xFilesFactor", group="Special", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("xFilesFactor", FLOAT, required=True),
-])
+@series_function(
+    "setXFilesFactor",
+    "xFilesFactor",
+    group="Special",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("xFilesFactor", FLOAT, required=True),
+    ],
+)
 def setXFilesFactor(request, seriesList, xFilesFactor):
     """Set the fraction of non-null values consolidation needs, for these series and the rest of the request."""
     request.context.x_files_factor = xFilesFactor
@@ -72,11 +82,15 @@ def changed(request, seriesList):
     return seriesList
 
 
-@series_function("substr", group="Special", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("start", NODE, default=0),
-    Param("stop", NODE, default=0),
-])
+@series_function(
+    "substr",
+    group="Special",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("start", NODE, default=0),
+        Param("stop", NODE, default=0),
+    ],
+)
 def substr(request, seriesList, start=0, stop=0):
     """Rename to a slice of the dotted nodes of the innermost path in the name."""
     for series in seriesList:
@@ -85,25 +99,33 @@ def substr(request, seriesList, start=0, stop=0):
         if right < 0:
             right = len(series.name) + 1
         nodes = series.name[left:right].split(".")
-        name = ".".join(nodes[int(start):] if int(stop) == 0 else nodes[int(start):int(stop)])
+        name = ".".join(nodes[int(start) :] if int(stop) == 0 else nodes[int(start) : int(stop)])
         series.name = re.sub(",.*$", "", name)
     return seriesList
 
 
-@series_function("fallbackSeries", group="Special", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("fallback", SERIES_LIST, required=True),
-])
+@series_function(
+    "fallbackSeries",
+    group="Special",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("fallback", SERIES_LIST, required=True),
+    ],
+)
 def fallbackSeries(request, seriesList, fallback):
     """The series list, or the fallback when it is empty."""
     return seriesList if seriesList else fallback
 
 
-@series_function("cactiStyle", group="Special", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("system", STRING, options=["si", "binary"]),
-    Param("units", STRING),
-])
+@series_function(
+    "cactiStyle",
+    group="Special",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("system", STRING, options=["si", "binary"]),
+        Param("units", STRING),
+    ],
+)
 def cactiStyle(request, seriesList, system=None, units=None):
     """Append aligned Current/Max/Min columns to the names."""
     if not seriesList:
@@ -130,14 +152,27 @@ def cactiStyle(request, seriesList, system=None, units=None):
         maximum = NAN if maximum is None else fmt(float(maximum))
         minimum = NAN if minimum is None else fmt(float(minimum))
         series.name = "%*s Current:%*s Max:%*s Min:%*s " % (
-            -name_width, series.name, -last_width, last, -max_width, maximum, -min_width, minimum)
+            -name_width,
+            series.name,
+            -last_width,
+            last,
+            -max_width,
+            maximum,
+            -min_width,
+            minimum,
+        )
     return seriesList
 
 
-@series_function("randomWalk", "randomWalkFunction", group="Special", params=[
-    Param("name", STRING, required=True),
-    Param("step", INTEGER, default=60),
-])
+@series_function(
+    "randomWalk",
+    "randomWalkFunction",
+    group="Special",
+    params=[
+        Param("name", STRING, required=True),
+        Param("step", INTEGER, default=60),
+    ],
+)
 def randomWalkFunction(request, name, step=60):
     """A random walk from 0, for testing."""
     context = request.context
@@ -149,9 +184,13 @@ def randomWalkFunction(request, name, step=60):
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
 
 
-@series_function("seriesByTag", group="Special", params=[
-    Param("tagExpressions", STRING, required=True, multiple=True),
-])
+@series_function(
+    "seriesByTag",
+    group="Special",
+    params=[
+        Param("tagExpressions", STRING, required=True, multiple=True),
+    ],
+)
 def seriesByTag(request, *tagExpressions):
     """Series matching all tag expressions (tag=v, tag!=v, tag=~regex, tag!=~regex); the evaluator fetches them."""
     raise RenderError("seriesByTag is evaluated by the fetcher")

@@ -6,26 +6,48 @@ from itertools import zip_longest
 
 from gateway.graphite.errors import RenderError
 from gateway.graphite.functions.helpers import (
-    _floor_to_unit, _generated_times, _parse_date, _rename, _require_finite, _spend_points, bucket_seconds, xff,
+    _floor_to_unit,
+    _generated_times,
+    _parse_date,
+    _rename,
+    _require_finite,
+    _spend_points,
+    bucket_seconds,
+    xff,
 )
 from gateway.graphite.functions.registry import (
-    AGG_FUNC, BOOLEAN, DATE, FLOAT, INTEGER, INTERVAL, INT_OR_INF, Param, ParamType, SERIES_LIST, STRING,
-    _validate_string, interval_seconds, series_function,
+    AGG_FUNC,
+    BOOLEAN,
+    DATE,
+    FLOAT,
+    INT_OR_INF,
+    INTEGER,
+    INTERVAL,
+    SERIES_LIST,
+    STRING,
+    Param,
+    ParamType,
+    _validate_string,
+    interval_seconds,
+    series_function,
 )
 from gateway.graphite.functions.safe import INF, get_agg_func, safe_max, safe_min, safe_mul, safe_pow
 from gateway.graphite.series import TimeSeries
 from gateway.query import QueryTooLarge
 from protocols.graphite.attime import DAYS, HOURS, MINUTES, MONTHS_UNIT, SECONDS, WEEKS, YEARS, unit_name
 
-
 # timeStack() evaluates its series once per shift: more copies than this is no graph, only memory.
 MAX_TIME_STACK = 1000
 
 
-@series_function("scale", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("factor", FLOAT, required=True),
-])
+@series_function(
+    "scale",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("factor", FLOAT, required=True),
+    ],
+)
 def scale(request, seriesList, factor):
     """Multiply every value by a constant."""
     for series in seriesList:
@@ -36,10 +58,14 @@ def scale(request, seriesList, factor):
     return seriesList
 
 
-@series_function("scaleToSeconds", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("seconds", FLOAT, required=True),
-])
+@series_function(
+    "scaleToSeconds",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("seconds", FLOAT, required=True),
+    ],
+)
 def scaleToSeconds(request, seriesList, seconds):
     """Turn per-step values into per-``seconds`` values (value * seconds / step)."""
     _require_finite(seconds, "scaleToSeconds", "seconds")
@@ -74,10 +100,14 @@ def exp(request, seriesList):
     return seriesList
 
 
-@series_function("add", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("constant", FLOAT, required=True),
-])
+@series_function(
+    "add",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("constant", FLOAT, required=True),
+    ],
+)
 def add(request, seriesList, constant):
     """Add a constant to every value."""
     _require_finite(constant, "add", "constant")
@@ -117,10 +147,14 @@ def logit(request, seriesList):
     return seriesList
 
 
-@series_function("pow", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("factor", FLOAT, required=True),
-])
+@series_function(
+    "pow",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("factor", FLOAT, required=True),
+    ],
+)
 def power(request, seriesList, factor):
     """Raise every value to a constant power."""
     for series in seriesList:
@@ -164,10 +198,14 @@ def absolute(request, seriesList):
     return seriesList
 
 
-@series_function("offset", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("factor", FLOAT, required=True),
-])
+@series_function(
+    "offset",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("factor", FLOAT, required=True),
+    ],
+)
 def offset(request, seriesList, factor):
     """Add a constant to every non-null value."""
     for series in seriesList:
@@ -192,10 +230,14 @@ def offsetToZero(request, seriesList):
     return seriesList
 
 
-@series_function("round", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("precision", INTEGER, default=0),
-])
+@series_function(
+    "round",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("precision", INTEGER, default=0),
+    ],
+)
 def round_function(request, seriesList, precision=None):
     """Round every value to ``precision`` decimal digits."""
     for series in seriesList:
@@ -242,11 +284,15 @@ def _non_negative_delta(value, previous, max_value, min_value):
     return None, value
 
 
-@series_function("nonNegativeDerivative", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("maxValue", FLOAT),
-    Param("minValue", FLOAT),
-])
+@series_function(
+    "nonNegativeDerivative",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("maxValue", FLOAT),
+        Param("minValue", FLOAT),
+    ],
+)
 def nonNegativeDerivative(request, seriesList, maxValue=None, minValue=None):
     """derivative that ignores decreases, or computes them as counter wraps with maxValue/minValue."""
     results = []
@@ -261,11 +307,15 @@ def nonNegativeDerivative(request, seriesList, maxValue=None, minValue=None):
     return results
 
 
-@series_function("perSecond", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("maxValue", FLOAT),
-    Param("minValue", FLOAT),
-])
+@series_function(
+    "perSecond",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("maxValue", FLOAT),
+        Param("minValue", FLOAT),
+    ],
+)
 def perSecond(request, seriesList, maxValue=None, minValue=None):
     """nonNegativeDerivative divided by the step: a per-second rate of a counter."""
     results = []
@@ -286,10 +336,14 @@ def perSecond(request, seriesList, maxValue=None, minValue=None):
     return results
 
 
-@series_function("delay", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("steps", INTEGER, required=True),
-])
+@series_function(
+    "delay",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("steps", INTEGER, required=True),
+    ],
+)
 def delay(request, seriesList, steps):
     """Shift values later by ``steps`` points (earlier if negative), padding with None."""
     results = []
@@ -322,10 +376,14 @@ def integral(request, seriesList):
     return results
 
 
-@series_function("integralByInterval", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("intervalUnit", STRING, required=True),
-])
+@series_function(
+    "integralByInterval",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("intervalUnit", STRING, required=True),
+    ],
+)
 def integralByInterval(request, seriesList, intervalUnit):
     """Running total that restarts every interval, counted from ``from``."""
     duration = abs(interval_seconds(intervalUnit))
@@ -349,10 +407,14 @@ def integralByInterval(request, seriesList, intervalUnit):
     return results
 
 
-@series_function("keepLastValue", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("limit", INT_OR_INF, default=INF),
-])
+@series_function(
+    "keepLastValue",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("limit", INT_OR_INF, default=INF),
+    ],
+)
 def keepLastValue(request, seriesList, limit=INF):
     """Fill runs of up to ``limit`` None values with the last value seen."""
     for series in seriesList:
@@ -374,10 +436,14 @@ def keepLastValue(request, seriesList, limit=INF):
     return seriesList
 
 
-@series_function("interpolate", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("limit", INT_OR_INF, default=INF),
-])
+@series_function(
+    "interpolate",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("limit", INT_OR_INF, default=INF),
+    ],
+)
 def interpolate(request, seriesList, limit=INF):
     """Fill gaps of up to ``limit`` None values linearly between their neighbours."""
     for series in seriesList:
@@ -403,11 +469,15 @@ def interpolate(request, seriesList, limit=INF):
     return seriesList
 
 
-@series_function("transformNull", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("default", FLOAT, default=0),
-    Param("referenceSeries", SERIES_LIST),
-])
+@series_function(
+    "transformNull",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("default", FLOAT, default=0),
+        Param("referenceSeries", SERIES_LIST),
+    ],
+)
 def transformNull(request, seriesList, default=0, referenceSeries=None):
     """Replace None with ``default`` (only where a referenceSeries has a value, if given)."""
     defaults = None
@@ -425,7 +495,7 @@ def transformNull(request, seriesList, default=0, referenceSeries=None):
         else:
             values = [default if v is None else v for v in series]
         series.extend(values)
-        del series[:len(values)]
+        del series[: len(values)]
     return seriesList
 
 
@@ -437,14 +507,18 @@ def isNonNull(request, seriesList):
         _rename(series, "isNonNull(%s)" % series.name)
         values = [0 if v is None else 1 for v in series]
         series.extend(values)
-        del series[:len(values)]
+        del series[: len(values)]
     return seriesList
 
 
-@series_function("log", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("base", INTEGER, default=10),
-])
+@series_function(
+    "log",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("base", INTEGER, default=10),
+    ],
+)
 def logarithm(request, seriesList, base=10):
     """Logarithm of every value (None for values <= 0)."""
     if base <= 0 or base == 1:
@@ -505,12 +579,16 @@ def _summarize_values(series, func, interval, new_start, new_end):
     return values, bucket_start
 
 
-@series_function("summarize", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("intervalString", INTERVAL, required=True, suggestions=["10min", "1h", "1d"]),
-    Param("func", AGG_FUNC, default="sum"),
-    Param("alignToFrom", BOOLEAN, default=False),
-])
+@series_function(
+    "summarize",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("intervalString", INTERVAL, required=True, suggestions=["10min", "1h", "1d"]),
+        Param("func", AGG_FUNC, default="sum"),
+        Param("alignToFrom", BOOLEAN, default=False),
+    ],
+)
 def summarize(request, seriesList, intervalString, func="sum", alignToFrom=False):
     """Aggregate values into fixed buckets, aligned to the interval (or to the series start)."""
     interval = bucket_seconds(intervalString)
@@ -533,13 +611,21 @@ def summarize(request, seriesList, intervalString, func="sum", alignToFrom=False
     return results
 
 
-@series_function("smartSummarize", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("intervalString", INTERVAL, required=True, suggestions=["10min", "1h", "1d"]),
-    Param("func", AGG_FUNC, default="sum"),
-    Param("alignTo", ParamType("string"), options=[None, YEARS, MONTHS_UNIT, WEEKS, DAYS, HOURS, MINUTES, SECONDS, True, False],
-          strict_options=False),
-])
+@series_function(
+    "smartSummarize",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("intervalString", INTERVAL, required=True, suggestions=["10min", "1h", "1d"]),
+        Param("func", AGG_FUNC, default="sum"),
+        Param(
+            "alignTo",
+            ParamType("string"),
+            options=[None, YEARS, MONTHS_UNIT, WEEKS, DAYS, HOURS, MINUTES, SECONDS, True, False],
+            strict_options=False,
+        ),
+    ],
+)
 async def smartSummarize(request, seriesList, intervalString, func="sum", alignTo=None):
     """summarize whose buckets start at ``from``, optionally first moved back to a unit boundary."""
     if alignTo is not None and not isinstance(alignTo, bool):
@@ -551,7 +637,12 @@ async def smartSummarize(request, seriesList, intervalString, func="sum", alignT
         start = _floor_to_unit(request.context.start, request.context.tz, unit, iso_weekday)
         seriesList = await request.evaluate_first_argument(start=start)
     interval = bucket_seconds(intervalString)
-    _spend_buckets(request, [series.end - series.start for series in seriesList], interval, f"smartSummarize(..., {intervalString!r})")
+    _spend_buckets(
+        request,
+        [series.end - series.start for series in seriesList],
+        interval,
+        f"smartSummarize(..., {intervalString!r})",
+    )
     return await request.compute(_smart_summarize, seriesList, intervalString, interval, func)
 
 
@@ -566,11 +657,15 @@ def _smart_summarize(seriesList, intervalString, interval, func):
     return results
 
 
-@series_function("hitcount", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("intervalString", INTERVAL, required=True, suggestions=["10min", "1h", "1d"]),
-    Param("alignToInterval", BOOLEAN, default=False),
-])
+@series_function(
+    "hitcount",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("intervalString", INTERVAL, required=True, suggestions=["10min", "1h", "1d"]),
+        Param("alignToInterval", BOOLEAN, default=False),
+    ],
+)
 async def hitcount(request, seriesList, intervalString, alignToInterval=False):
     """Hits per interval from per-second rates, splitting points that straddle bucket boundaries."""
     interval = bucket_seconds(intervalString)
@@ -583,7 +678,9 @@ async def hitcount(request, seriesList, intervalString, alignToInterval=False):
         for series in seriesList:
             count = int((series.end - series.start) // interval)
             series.end = series.start + count * interval + interval
-    _spend_buckets(request, [series.end - series.start for series in seriesList], interval, f"hitcount(..., {intervalString!r})")
+    _spend_buckets(
+        request, [series.end - series.start for series in seriesList], interval, f"hitcount(..., {intervalString!r})"
+    )
     return await request.compute(_hitcount, seriesList, intervalString, interval, alignToInterval)
 
 
@@ -629,12 +726,16 @@ def _negative_by_default(interval: str) -> str:
     return "-" + interval if interval[:1].isdigit() else interval
 
 
-@series_function("timeShift", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("timeShift", INTERVAL, required=True, suggestions=["1h", "6h", "12h", "1d", "2d", "7d", "14d", "30d"]),
-    Param("resetEnd", BOOLEAN, default=True),
-    Param("alignDst", BOOLEAN, default=False),
-])
+@series_function(
+    "timeShift",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("timeShift", INTERVAL, required=True, suggestions=["1h", "6h", "12h", "1d", "2d", "7d", "14d", "30d"]),
+        Param("resetEnd", BOOLEAN, default=True),
+        Param("alignDst", BOOLEAN, default=False),
+    ],
+)
 async def timeShift(request, seriesList, timeShift, resetEnd=True, alignDst=False):
     """The series as they were ``timeShift`` ago (``-1d``; no sign means back), drawn over now."""
     timeShift = _negative_by_default(timeShift)
@@ -660,11 +761,13 @@ async def timeShift(request, seriesList, timeShift, resetEnd=True, alignDst=Fals
 
 def _align_dst(context, start: int, end: int) -> tuple[int, int]:
     """Move a shifted range by an hour when it and the request are on different sides of DST."""
+
     def in_dst(timestamp):
         try:
             return bool(datetime.fromtimestamp(timestamp, context.tz).dst())
         except (ValueError, OverflowError, OSError):
             raise RenderError("timeShift() moves the time range out of the years 1 to 9999") from None
+
     request_dst = (in_dst(context.start), in_dst(context.end))
     shifted_dst = (in_dst(start), in_dst(end))
     if all(request_dst) and not any(shifted_dst):
@@ -674,12 +777,16 @@ def _align_dst(context, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-@series_function("timeStack", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("timeShiftUnit", INTERVAL, default="1d", suggestions=["1h", "6h", "12h", "1d", "2d", "7d", "14d", "30d"]),
-    Param("timeShiftStart", INTEGER, default=0),
-    Param("timeShiftEnd", INTEGER, default=7),
-])
+@series_function(
+    "timeStack",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("timeShiftUnit", INTERVAL, default="1d", suggestions=["1h", "6h", "12h", "1d", "2d", "7d", "14d", "30d"]),
+        Param("timeShiftStart", INTEGER, default=0),
+        Param("timeShiftEnd", INTEGER, default=7),
+    ],
+)
 async def timeStack(request, seriesList, timeShiftUnit="1d", timeShiftStart=0, timeShiftEnd=7):
     """The series shifted by timeShiftStart..timeShiftEnd-1 units, all drawn over the current range."""
     timeShiftUnit = _negative_by_default(timeShiftUnit)
@@ -687,13 +794,16 @@ async def timeStack(request, seriesList, timeShiftUnit="1d", timeShiftStart=0, t
     if not seriesList:
         return []
     if timeShiftEnd - timeShiftStart > MAX_TIME_STACK:
-        raise QueryTooLarge(f"timeStack() asks for {timeShiftEnd - timeShiftStart} shifted copies, over {MAX_TIME_STACK}")
+        raise QueryTooLarge(
+            f"timeStack() asks for {timeShiftEnd - timeShiftStart} shifted copies, over {MAX_TIME_STACK}"
+        )
     reference = seriesList[0]
     results = []
     for shift in range(int(timeShiftStart), int(timeShiftEnd)):
         context = request.context
-        for shifted in await request.evaluate_first_argument(start=context.start + delta * shift,
-                                                             end=context.end + delta * shift):
+        for shifted in await request.evaluate_first_argument(
+            start=context.start + delta * shift, end=context.end + delta * shift
+        ):
             shifted.tags["timeShiftUnit"] = timeShiftUnit
             shifted.tags["timeShift"] = shift
             _rename(shifted, "timeShift(%s, %s, %s)" % (shifted.name, timeShiftUnit, shift))
@@ -703,11 +813,15 @@ async def timeStack(request, seriesList, timeShiftUnit="1d", timeShiftStart=0, t
     return results
 
 
-@series_function("timeSlice", group="Transform", params=[
-    Param("seriesList", SERIES_LIST, required=True),
-    Param("startSliceAt", DATE, required=True),
-    Param("endSliceAt", DATE, default="now"),
-])
+@series_function(
+    "timeSlice",
+    group="Transform",
+    params=[
+        Param("seriesList", SERIES_LIST, required=True),
+        Param("startSliceAt", DATE, required=True),
+        Param("endSliceAt", DATE, default="now"),
+    ],
+)
 def timeSlice(request, seriesList, startSliceAt, endSliceAt="now"):
     """Keep only the values between two times (inclusive); others become None."""
     context = request.context
@@ -725,10 +839,15 @@ def timeSlice(request, seriesList, startSliceAt, endSliceAt="now"):
     return seriesList
 
 
-@series_function("time", "timeFunction", group="Transform", params=[
-    Param("name", STRING, required=True),
-    Param("step", INTEGER, default=60),
-])
+@series_function(
+    "time",
+    "timeFunction",
+    group="Transform",
+    params=[
+        Param("name", STRING, required=True),
+        Param("step", INTEGER, default=60),
+    ],
+)
 def timeFunction(request, name, step=60):
     """A series whose value is its own timestamp."""
     context = request.context
@@ -736,13 +855,20 @@ def timeFunction(request, name, step=60):
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
 
 
-@series_function("sin", "sinFunction", group="Transform", params=[
-    Param("name", STRING, required=True),
-    Param("amplitude", INTEGER, default=1),
-    Param("step", INTEGER, default=60),
-])
+@series_function(
+    "sin",
+    "sinFunction",
+    group="Transform",
+    params=[
+        Param("name", STRING, required=True),
+        Param("amplitude", INTEGER, default=1),
+        Param("step", INTEGER, default=60),
+    ],
+)
 def sinFunction(request, name, amplitude=1, step=60):
     """A sine wave of the timestamp, times amplitude."""
     context = request.context
-    values = [math.sin(t) * amplitude for t in _generated_times(context, step, f"sinFunction({name!r}, {amplitude}, {step})")]
+    values = [
+        math.sin(t) * amplitude for t in _generated_times(context, step, f"sinFunction({name!r}, {amplitude}, {step})")
+    ]
     return [TimeSeries(name, context.start, context.end, step, values, x_files_factor=context.x_files_factor)]
