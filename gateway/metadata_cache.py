@@ -1,6 +1,6 @@
 """Which series already have their metadata in the store, so ingest writes it once per series.
 
-Level one is a bounded in-memory LRU keyed by tenant + series-set hash (seed 002); level two,
+Level one is a bounded in-memory LRU keyed by tenant + series-set hash; level two,
 when ``--redis`` is given, is Redis, shared by all replicas. A false miss at either level only
 costs a harmless re-insert of the metadata, never correctness.
 """
@@ -76,10 +76,10 @@ class KnownSeries(LRUMap):
 
 
 class RedisSeenSeries:
-    """Level two, shared by every replica (seed 002): one Redis key per tenant + series-set hash.
+    """Level two, shared by every replica: one Redis key per tenant + series-set hash.
 
-    Seed 002 claims a key with SET NX before inserting the metadata. If that insert then fails, the
-    key says "indexed" while Cassandra has nothing, and other replicas would skip the insert and
+    Claiming a key with SET NX before inserting the metadata would be wrong: if that insert then
+    failed, the key would say "indexed" while Cassandra has nothing, and other replicas would skip the insert and
     acknowledge data nobody can find. So a key is set only after the store accepted the metadata:
     a key in Redis always means the metadata is in the store. Two replicas that see a new series
     at once both insert it, which is harmless.

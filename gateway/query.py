@@ -1,6 +1,6 @@
 """The query planner: tag filters -> intersection of series_sets lookups -> series to read.
 
-Seed 000's plan: each ``tag=value`` filter is one series_sets lookup, the matching series are the
+The plan (docs/storage.rst): each ``tag=value`` filter is one series_sets lookup, the matching series are the
 intersection of the lookups (a metric with no filter is looked up under ``__name__``), their
 names and tags come from series_set_hashes. Lookups run concurrently, with a bound on how many
 at once; the samples of the series come from the read path (``self.reader``, read_path.py).

@@ -1,6 +1,6 @@
 """The native JSON API's wire format: write bodies in, query results out.
 
-Write items (``/api/write/single``, ``/api/write`` as an array, seed 000)::
+Write items (``/api/write/single``, ``/api/write`` as an array; docs/native-api.rst)::
 
     {"tenant": "t-1", "metricName": "cpu_idle", "tags": {"host": "h-1"}, "ts": 1700000000, "value": 1.5}
 
@@ -164,7 +164,7 @@ def _items(raw_items: list, name_field: str, time_fields: tuple[str, ...], now_m
 
 
 def decode_write_single(body: bytes, now_ms: int):
-    """One seed-000 object -> ([(0, DecodedItem)], [ItemError])."""
+    """One write object -> ([(0, DecodedItem)], [ItemError])."""
     raw = _parse_json(body)
     if not isinstance(raw, dict):
         raise BadRequest("body must be one JSON object (use /api/write for an array)")
@@ -172,7 +172,7 @@ def decode_write_single(body: bytes, now_ms: int):
 
 
 def decode_write_batch(body: bytes, now_ms: int):
-    """A JSON array of seed-000 objects -> ([(index, DecodedItem)], [ItemError])."""
+    """A JSON array of write objects -> ([(index, DecodedItem)], [ItemError])."""
     raw = _parse_json(body)
     if not isinstance(raw, list):
         raise BadRequest("body must be a JSON array of objects")
@@ -208,7 +208,7 @@ SAMPLES_PER_CALL = 65536
 
 
 def encode_query_results(results) -> bytes:
-    """Seed 000's query answer: [{tenant, metricName, tags, values: {ISO time: value}}], with
+    """The query answer (docs/native-api.rst): [{tenant, metricName, tags, values: {ISO time: value}}], with
     createdTimestamp (ms) for a series whose created timestamp is known. Each result has tenant,
     metric_name, tags, samples (numpy timestamps in ms and float values) and maybe created_ms.
     Encoded SAMPLES_PER_CALL samples at a time, the pieces joined as one json.dumps writes them."""

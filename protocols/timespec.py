@@ -70,7 +70,7 @@ def parse_duration(text: str) -> int:
 
 
 def format_iso(timestamp_ms: int) -> str:
-    """ISO-8601 UTC with a ``Z``; milliseconds only when they are not zero (seed 000's form)."""
+    """ISO-8601 UTC with a ``Z``; milliseconds only when they are not zero (the native API's form)."""
     moment = datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=timestamp_ms)
     if timestamp_ms % 1000:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{timestamp_ms % 1000:03d}Z"

@@ -3,7 +3,7 @@
 Kinds (docs/downsampling.rst):
 
 - gauge: min, max, sum, count (avg is sum/count, so coarser levels never average averages);
-- delta counter (name ends with a configured counter suffix, seed 000's reads/writes/bytes):
+- delta counter (name ends with a configured counter suffix, by default reads/writes/bytes):
   sum and count;
 - a name ending in an aggregate qualifier (``_min``, ``_max``; ``.min`` for Graphite paths) gets
   that aggregate only (and count);
@@ -11,7 +11,7 @@ Kinds (docs/downsampling.rst):
   ``_total``, ``_count``, ``_sum``, ``_bucket``): reset-aware increase and last value, so that
   rate() and increase() over roll-ups stay right across counter resets.
 
-Coarser granularities are computed from the finer ones (seed 002's cascade): min of mins, max of
+Coarser granularities are computed from the finer ones (a cascade, docs/downsampling.rst): min of mins, max of
 maxes, sums of sums, counts and increases, the last of the lasts.
 """
 

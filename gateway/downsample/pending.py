@@ -3,13 +3,13 @@
 A slot has settled once it has ended and no sample landed in it for ``delay`` (the last-touch
 delay): late data re-marks the slot and pushes it back. Two trackers keep that state:
 
-- StorePending: seed 000's ``pending_downsample_sets`` table, with a ``last_touch`` per row; rows
+- StorePending: the ``pending_downsample_sets`` table, with a ``last_touch`` per row; rows
   are deleted only if untouched since they were read.
-- RedisPending: seed 002's ``ingesting|<partition>|<slot>`` (a key that expires ``delay`` after
+- RedisPending: ``ingesting|<partition>|<slot>`` (a key that expires ``delay`` after
   the last touch, or after the slot ends plus ``delay`` while it is still current) and
   ``pending|<partition>|<slot>`` (a set of ``<tenant>|<hash>``). A settled set is renamed to
   ``processing|...`` before it is read, so members added meanwhile start a new pending set instead
-  of being removed unprocessed (seed 002's SREM after processing could lose them).
+  of being removed unprocessed (an SREM after processing could lose them; docs/downsampling.rst).
   When Redis cannot be reached, ingest marks the store table instead (counted), and the
   downsampler reads both.
 """

@@ -1,4 +1,4 @@
-"""The native JSON API (seed 000): writes, metadata and queries under /api/."""
+"""The native JSON API (docs/native-api.rst): writes, metadata and queries under /api/."""
 
 from twisted.internet import threads
 

@@ -35,7 +35,7 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          an interval (ts its start) holding the histograms the interval keeps
                          (gateway/store/histogram_rollup_rows.py), with the granularity's TTL.
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
-                         waiting for the downsampler when there is no Redis (seed 000).
+                         waiting for the downsampler when there is no Redis (docs/downsampling.rst).
 
 Every method returns a Deferred: drivers never block the reactor. Writes are upserts, so
 writing the same metadata or the same (series, ts) twice is harmless (the last value wins).
