@@ -82,7 +82,8 @@ def _downsample(namespace: argparse.Namespace) -> int:
         role = DownsampleRole(config, store)
         await start_store(config, store, role.pending)
         try:
-            print(f"rolled up {await role.run_once()} series-slots", flush=True)
+            done = await role.run_once()
+            print(f"rolled up {done} series-slots; {await role.waiting()} left pending for a later round", flush=True)
         finally:
             await store.close()
 

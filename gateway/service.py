@@ -211,6 +211,10 @@ class DownsampleRole:
         """One round over this replica's partitions; the number of series-slots rolled up."""
         return await self.downsampler.run_once(self.partitions, self.partition_lock)
 
+    async def waiting(self) -> int:
+        """Series-slots of this replica's partitions still pending: not settled yet, or failed."""
+        return sum([await self.pending.waiting(partition) for partition in self.partitions])
+
 
 async def start_store(config: Config, store, pending, shared_seen: RedisSeenSeries | None = None) -> None:
     """Connect the store, then prefix the Redis keys with its identity (redis_namespace)."""

@@ -5,6 +5,7 @@ both take every partition)."""
 
 import uuid
 
+import pytest
 import pytest_twisted
 from twisted.internet.defer import ensureDeferred, gatherResults
 
@@ -22,12 +23,12 @@ SERIES = 40
 POINTS = 6
 
 
-async def write_a_past_slot(store, pending, tenant: str) -> int:
-    """SERIES series of POINTS points each in the slot two hours ago; the slot's start."""
-    slot = (now_ms() // HOUR_MS - 2) * HOUR_MS
+async def write_a_past_slot(store, pending, tenant: str, hours_ago: int = 2) -> int:
+    """SERIES series of POINTS points each in the slot ``hours_ago`` hours ago; the slot's start."""
+    slot = (now_ms() // HOUR_MS - hours_ago) * HOUR_MS
     pipeline = IngestPipeline(store, Limits(), KnownSeries(1000), 1_000_000, pending=PendingMarks(pending, PARTITIONS))
     batch = [
-        Sample(tenant, "shared_load", {"i": str(i)}, slot + p * 600_000, float(p))
+        Sample(tenant, "shared_load", {"i": str(i)}, min(slot + p * 600_000, now_ms()), float(p))
         for i in range(SERIES)
         for p in range(POINTS)
     ]
@@ -95,3 +96,22 @@ async def test_replicas_competing_through_redis_locks_roll_up_every_series_exact
     ]
     assert await hourly_counts(sqlite_store, tenant, slot) == [POINTS] * SERIES
     assert not list(trackers[0].client.scan_iter(match=f"{namespace}*"))
+
+
+@pytest.mark.parametrize("with_redis", [False, True], ids=["store-table", "redis"])
+@pytest_twisted.ensureDeferred
+async def test_a_round_counts_what_it_left_pending_and_leaves_it_marked(sqlite_store, redis_server, tenant, with_redis):
+    """The current slot has not settled: ``downsample --once`` reports it as left, and its marks
+    stay for a later round."""
+    pending = StorePending(sqlite_store, sqlite_store.slot_width_ms, 0)
+    if with_redis:
+        pending = RedisPending(redis_server.url, pending, sqlite_store.slot_width_ms, 0)
+        pending.use_namespace(f"tsgate|unit-{uuid.uuid4().hex}|")
+    await write_a_past_slot(sqlite_store, pending, tenant)
+    await write_a_past_slot(sqlite_store, pending, tenant, hours_ago=0)
+    downsampler = replica(sqlite_store, pending)
+    everything = list(range(PARTITIONS))
+    assert await downsampler.run_once(everything) == SERIES
+    assert sum([await pending.waiting(p) for p in everything]) == SERIES
+    assert await downsampler.run_once(everything) == 0
+    assert sum([await pending.waiting(p) for p in everything]) == SERIES

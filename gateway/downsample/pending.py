@@ -27,6 +27,8 @@ from gateway.store.contract import PendingSet
 
 log = logging.getLogger(__name__)
 
+EVERY_SLOT = 2**62  # a time_slot bound past every slot: list_pending(partition, EVERY_SLOT) lists them all
+
 
 class Work(NamedTuple):
     """One settled slot of one partition: the series to roll up, and how to mark it done."""
@@ -60,6 +62,10 @@ class StorePending:
 
     async def done(self, work: Work) -> None:
         await self.store.delete_pending(work.token)
+
+    async def waiting(self, partition: int) -> int:
+        """Series-slots of the partition still marked pending, settled or not (what a round left)."""
+        return len(await self.store.list_pending(partition, EVERY_SLOT))
 
 
 class RedisPending:
@@ -130,6 +136,18 @@ class RedisPending:
             await threads.deferToThread(self.client.delete, work.token)
         else:
             await self.fallback.done(work)
+
+    async def waiting(self, partition: int) -> int:
+        """Members of the partition's pending and processing sets, plus the store table's rows."""
+
+        def count() -> int:
+            return sum(
+                self.client.scard(key)
+                for prefix in ("processing", "pending")
+                for key in self.client.scan_iter(match=f"{self.namespace}{prefix}|{partition}|*", count=1000)
+            )
+
+        return await threads.deferToThread(count) + await self.fallback.waiting(partition)
 
 
 class PendingMarks:
