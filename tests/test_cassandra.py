@@ -97,11 +97,13 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
             "data_1h",
             "histograms_5m",
             "histograms_1h",
+            "histogram_series",
         }
         blocks = describe(session, "tsdb")["data_blocks"]
         assert blocks["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and blocks["ttl"] == 7 * 86400
         assert describe(session, "tsdb")["data_raw"]["ttl"] == 7 * 3600
         assert describe(session, "tsdb")["histograms_1h"]["ttl"] == 365 * 86400
+        assert describe(session, "tsdb")["histogram_series"]["ttl"] == 365 * 86400
     finally:
         cluster.shutdown()
 
@@ -184,6 +186,41 @@ def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cas
         assert [row.block is not None for row in session.execute(f"SELECT block FROM {ks}.data_blocks")] == [True]
     finally:
         session.execute("DROP KEYSPACE IF EXISTS tsdb_old_layout")
+        cluster.shutdown()
+
+
+@pytest_twisted.ensureDeferred
+async def test_schema_apply_indexes_histograms_written_before_histogram_series(cassandra_server, tenant):
+    """Reads look only at the series histogram_series names: `schema apply` on a keyspace without it
+    indexes the histograms and roll-ups already there, so they stay readable."""
+    url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsdb_hindex"
+    store = CassandraStore.from_url(url, Layout())
+    fine = store.layout.granularities[0]
+    cluster, session = cql_session(cassandra_server)
+    try:
+        await threads.deferToThread(store.apply_schema)
+        await store.start()
+        await store.write_histograms(
+            [HistogramRow(tenant, "a", HOUR_MS, b"h"), HistogramRow(tenant, "a", 2 * HOUR_MS, b"i")]
+        )
+        await store.write_histogram_rollups(fine, [HistogramRow(tenant, "b", 0, b"r")])
+        await store.close()
+        await threads.deferToThread(session.execute, "DROP TABLE tsdb_hindex.histogram_series", timeout=120)
+        store = CassandraStore.from_url(url, Layout())
+        applied = await threads.deferToThread(store.apply_schema)
+        assert "-- indexed 3 histogram partitions written before the upgrade in histogram_series" in applied
+        await store.start()
+        assert await store.read_histograms(tenant, ["b", "a"], 0, 3 * HOUR_MS) == [
+            [],
+            [HistogramRow(tenant, "a", HOUR_MS, b"h"), HistogramRow(tenant, "a", 2 * HOUR_MS, b"i")],
+        ]
+        assert await store.read_histogram_rollups(fine, tenant, ["a", "b"], 0, HOUR_MS) == [
+            [],
+            [HistogramRow(tenant, "b", 0, b"r")],
+        ]
+    finally:
+        await store.close()
+        session.execute("DROP KEYSPACE IF EXISTS tsdb_hindex", timeout=120)
         cluster.shutdown()
 
 

@@ -1,6 +1,7 @@
 """The store contract: every driver must pass this same suite."""
 
 import math
+import sqlite3
 import struct
 import time
 
@@ -436,8 +437,44 @@ async def test_sqlite_sweep_deletes_histograms_past_the_raw_retention(tmp_path, 
         (fine, coarse) = store.layout.granularities
         await store.write_histogram_rollups(fine, [HistogramRow(tenant, "a", t, b"r") for t in (0, 20 * 86_400_000)])
         await store.sweep(15 * 86_400_000)
+        assert fine.partition_width_ms == 84 * HOUR
         (rollups,) = await store.read_histogram_rollups(fine, tenant, ["a"], 0, 30 * 86_400_000)
         assert [r.timestamp_ms for r in rollups] == [20 * 86_400_000]
+    finally:
+        await store.close()
+    # the index goes with the raw slots; a roll-up partition (84 h) only once all of it is past
+    # the retention, so partition 0 stays at 15 days (it could hold rows of day 1 to 3.5)
+    with sqlite3.connect(tmp_path / "sweep.db") as connection:
+        indexed = connection.execute("SELECT source, time_slot FROM histogram_series ORDER BY source, time_slot")
+        assert list(indexed) == [(fine.histogram_table, 0), (fine.histogram_table, 5 * fine.partition_width_ms)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_file_without_histogram_index_is_indexed_on_open(tmp_path, tenant):
+    """A file written before histogram_series existed: opening it indexes the histograms and
+    roll-ups already there, so reads, which look only at indexed series, still return them."""
+    path = tmp_path / "old.db"
+    store = SQLiteStore(path, Layout())
+    fine = store.layout.granularities[0]
+    await store.start()
+    try:
+        await store.write_histograms([HistogramRow(tenant, "a", HOUR, b"h")])
+        await store.write_histogram_rollups(fine, [HistogramRow(tenant, "b", 0, b"r")])
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as connection:
+        connection.execute("DROP TABLE histogram_series")
+    store = SQLiteStore(path, Layout())
+    await store.start()
+    try:
+        assert await store.read_histograms(tenant, ["a", "b"], 0, 2 * HOUR) == [
+            [HistogramRow(tenant, "a", HOUR, b"h")],
+            [],
+        ]
+        assert await store.read_histogram_rollups(fine, tenant, ["a", "b"], 0, HOUR) == [
+            [],
+            [HistogramRow(tenant, "b", 0, b"r")],
+        ]
     finally:
         await store.close()
 

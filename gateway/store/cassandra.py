@@ -347,6 +347,8 @@ class CassandraStore(Store):
             session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
             if "data_raw" in tables and "data_blocks" not in tables:
                 statements.append(self._index_head_rows(session))
+            if "histograms" in tables and "histogram_series" not in tables:
+                statements.append(self._index_histograms(session))
             return statements
         finally:
             self.cluster.shutdown()
@@ -370,6 +372,21 @@ class CassandraStore(Store):
             )
             count += 1
         return f"-- indexed {count} data_raw partitions written before the upgrade in data_blocks"
+
+    def _index_histograms(self, session) -> str:
+        """The upgrade to histogram_series: every partition of the histogram tables written before
+        it existed gets its index row, else reads would no longer see it."""
+        ks = self.keyspace
+        insert = session.prepare(
+            f"INSERT INTO {ks}.histogram_series (tenant, source, time_slot, series_set_hash) VALUES (?, ?, ?, ?)"
+        )
+        count = 0
+        for table in ("histograms", *(g.histogram_table for g in self.layout.granularities)):
+            rows = session.execute(f"SELECT DISTINCT tenant, series_set_hash, time_slot FROM {ks}.{table}", timeout=120)
+            for row in rows:
+                session.execute(insert, (row.tenant, table, row.time_slot, row.series_set_hash))
+                count += 1
+        return f"-- indexed {count} histogram partitions written before the upgrade in histogram_series"
 
     def _prepare_all(self) -> None:
         ks, ttl = self.keyspace, self.ttl_s
@@ -409,6 +426,8 @@ class CassandraStore(Store):
             ),
             "write_histogram": f"INSERT INTO {ks}.histograms (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?)",
             "read_histograms": f"SELECT series_set_hash, ts, data FROM {ks}.histograms WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
+            "write_histogram_series": f"INSERT INTO {ks}.histogram_series (tenant, source, time_slot, series_set_hash) VALUES (?, ?, ?, ?)",
+            "read_histogram_series": f"SELECT time_slot, series_set_hash FROM {ks}.histogram_series WHERE tenant = ? AND source IN ? AND time_slot IN ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
             "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
@@ -702,45 +721,63 @@ class CassandraStore(Store):
         (tenant, hashes, slots, *more) for a statement whose partitions are series-slots
         (slots ``width_ms`` wide, the slot width unless given)."""
         slots = list(time_slots(start_ms, end_ms, width_ms or self.slot_width_ms))
-        slot_chunk = max(1, min(len(slots), PARTITIONS_PER_REQUEST))
-        series_chunk = max(1, PARTITIONS_PER_REQUEST // slot_chunk)
-        return [
-            (statement, (tenant, hashes[i : i + series_chunk], slots[j : j + slot_chunk], *more))
-            for i in range(0, len(hashes), series_chunk)
-            for j in range(0, len(slots), slot_chunk)
-        ]
+        return _slot_requests(statement, tenant, hashes, slots, *more)
 
     def write_histograms(self, histograms):
         """Rows with the table's TTL (--raw-retention)."""
-        return self._write_histogram_table(self._statements["write_histogram"], self.slot_width_ms, histograms)
+        return self._write_histogram_table(
+            "histograms", self._statements["write_histogram"], self.slot_width_ms, histograms
+        )
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
         return self._read_histogram_table(
-            self._statements["read_histograms"], self.slot_width_ms, tenant, hashes, start_ms, end_ms
+            "histograms", self._statements["read_histograms"], self.slot_width_ms, tenant, hashes, start_ms, end_ms
         )
 
     def write_histogram_rollups(self, granularity, rows):
         """Rows with the granularity's TTL."""
+        table = granularity.histogram_table
         return self._write_histogram_table(
-            self._statements[f"write_{granularity.histogram_table}"], granularity.partition_width_ms, rows
+            table, self._statements[f"write_{table}"], granularity.partition_width_ms, rows
         )
 
     def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
-        statement = self._statements[f"read_{granularity.histogram_table}"]
-        return self._read_histogram_table(statement, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms)
+        table = granularity.histogram_table
+        return self._read_histogram_table(
+            table, self._statements[f"read_{table}"], granularity.partition_width_ms, tenant, hashes, start_ms, end_ms
+        )
 
-    def _write_histogram_table(self, statement, width: int, histograms):
-        requests = [
+    def _write_histogram_table(self, table: str, statement, width: int, histograms):
+        """The rows and, in the same requests, their series-slots in histogram_series (rewritten
+        each time, so the index lives as long as the newest row it points at)."""
+        requests: list[tuple[Any, tuple]] = [
             (statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data))
             for h in histograms
         ]
+        indexed = {(h.tenant, time_slot(h.timestamp_ms, width), h.series_set_hash) for h in histograms}
+        index = self._statements["write_histogram_series"]
+        requests += [(index, (tenant, table, slot, hash_)) for tenant, slot, hash_ in sorted(indexed)]
         return self._execute_all(self._batched(requests))
 
-    def _read_histogram_table(self, statement, width: int, tenant, hashes, start_ms, end_ms):
+    def _read_histogram_table(self, table: str, statement, width: int, tenant, hashes, start_ms, end_ms):
+        """histogram_series first (one partition a slot), then only the series-slots it names."""
         hashes = list(hashes)
-        requests = self._partition_requests(
-            statement, tenant, hashes, start_ms, end_ms, start_ms, end_ms, width_ms=width
-        )
+        wanted = set(hashes)
+        slots = list(time_slots(start_ms, end_ms, width))
+        lookups = _slot_requests(self._statements["read_histogram_series"], tenant, [table], slots)
+
+        def read(pages):
+            found: dict[int, list[str]] = defaultdict(list)
+            for page in pages:
+                for slot, hash_ in page:
+                    if hash_ in wanted:
+                        found[slot].append(hash_)
+            requests = [
+                request
+                for slot, slot_hashes in sorted(found.items())
+                for request in _slot_requests(statement, tenant, slot_hashes, [slot], start_ms, end_ms)
+            ]
+            return self._execute_all(requests, PLAIN_ROWS) if requests else []
 
         def collect(pages):
             rows: dict[str, list[HistogramRow]] = {hash_: [] for hash_ in hashes}
@@ -749,7 +786,9 @@ class CassandraStore(Store):
                     rows[hash_].append(HistogramRow(tenant, hash_, ts, bytes(data)))
             return [sorted(rows[hash_], key=lambda row: row.timestamp_ms) for hash_ in hashes]
 
-        return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
+        if not hashes or not slots:
+            return defer.succeed([[] for _ in hashes])
+        return self._execute_all(lookups, PLAIN_ROWS).addCallback(read).addCallback(collect)
 
     def sweep(self, now_ms):
         return defer.succeed(None)
@@ -849,6 +888,18 @@ class CassandraStore(Store):
             }
 
         return self._execute_all([(statement, (tenant, h)) for h in hashes]).addCallback(collect)
+
+
+def _slot_requests(statement, partition_key, keys: Sequence, slots: Sequence[int], *more) -> list[tuple[object, tuple]]:
+    """Requests of up to PARTITIONS_PER_REQUEST partitions (partition_key, key, slot), two INs:
+    (partition_key, keys, slots, *more)."""
+    slot_chunk = max(1, min(len(slots), PARTITIONS_PER_REQUEST))
+    key_chunk = max(1, PARTITIONS_PER_REQUEST // slot_chunk)
+    return [
+        (statement, (partition_key, keys[i : i + key_chunk], slots[j : j + slot_chunk], *more))
+        for i in range(0, len(keys), key_chunk)
+        for j in range(0, len(slots), slot_chunk)
+    ]
 
 
 def _samples_of(rows: list[tuple[int, float]]) -> Samples:

@@ -186,6 +186,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         "    AND gc_grace_seconds = 10800",
         *(_rollup_table(options, g) for g in options.layout.granularities),
         *(_histogram_rollup_table(options, g) for g in options.layout.granularities),
+        _histogram_series_table(options),
     ]
 
 
@@ -238,6 +239,29 @@ def _histogram_rollup_table(options: SchemaOptions, granularity) -> str:
     return _histogram_table(options.keyspace, granularity.histogram_table, window, granularity.retention_ms // 1000)
 
 
+def histogram_retention_ms(layout: Layout) -> int:
+    """The longest any histogram table keeps its rows: what the histogram_series index must cover."""
+    return max([layout.raw_retention_ms, *(g.retention_ms for g in layout.granularities)])
+
+
+def _histogram_series_table(options: SchemaOptions) -> str:
+    """Which series have rows in a partition time slot of a histogram table (``source``): reads look
+    here, one partition a slot, and read only those series' histograms (float-only series cost nothing)."""
+    retention = histogram_retention_ms(options.layout)
+    window = compaction_window_ms(retention, options.slot_width_ms)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {options.keyspace}.histogram_series (\n"
+        "    tenant text,\n"
+        "    source text,\n"
+        "    time_slot bigint,\n"
+        "    series_set_hash text,\n"
+        "    PRIMARY KEY ((tenant, source, time_slot), series_set_hash)\n"
+        ") WITH compaction = " + _twcs(window) + "\n"
+        f"    AND default_time_to_live = {retention // 1000}\n"
+        "    AND gc_grace_seconds = 10800"
+    )
+
+
 def upgrade_statements(options: SchemaOptions) -> list[str]:
     """Statements that bring existing tables to the current settings (safe to repeat)."""
     window = compaction_window_ms(options.raw_retention_ms, options.slot_width_ms)
@@ -264,6 +288,12 @@ def upgrade_statements(options: SchemaOptions) -> list[str]:
                 f"    WITH compaction = {_twcs(window)}\n"
                 f"    AND default_time_to_live = {granularity.retention_ms // 1000}"
             )
+    retention = histogram_retention_ms(options.layout)
+    statements.append(
+        f"ALTER TABLE {options.keyspace}.histogram_series\n"
+        f"    WITH compaction = {_twcs(compaction_window_ms(retention, options.slot_width_ms))}\n"
+        f"    AND default_time_to_live = {retention // 1000}"
+    )
     return statements
 
 

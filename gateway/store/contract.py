@@ -34,6 +34,9 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
 - ``histograms_{granularity}`` (tenant, hash, time_slot) -> (ts, data): histogram roll-ups, one row
                          an interval (ts its start) holding the histograms the interval keeps
                          (gateway/store/histogram_rollup_rows.py), with the granularity's TTL.
+- ``histogram_series``   (tenant, source, time_slot) -> hashes: which series have rows in a partition
+                         slot of a histogram table (source), written with them, so that reads skip
+                         the float-only series (docs/storage.rst).
 - ``pending_downsample_sets`` partition -> (time_slot, tenant, hash, last_touch): series-slots
                          waiting for the downsampler when there is no Redis (docs/downsampling.rst).
 

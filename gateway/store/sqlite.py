@@ -45,7 +45,7 @@ from gateway.store.contract import (
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 ROLLUP_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -67,6 +67,18 @@ CREATE TABLE IF NOT EXISTS {table} (
     ts INTEGER NOT NULL,
     data BLOB NOT NULL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
+) WITHOUT ROWID;
+"""
+
+# Which series have rows in a time slot (partition slot) of a histogram table (``source``): reads
+# query only those series, so float-only series cost one lookup a read, not one a series.
+HISTOGRAM_SERIES_TABLE = """
+CREATE TABLE IF NOT EXISTS histogram_series (
+    tenant TEXT NOT NULL,
+    source TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    PRIMARY KEY (tenant, source, time_slot, series_set_hash)
 ) WITHOUT ROWID;
 """
 
@@ -490,39 +502,38 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def write_histograms(self, histograms):
-        return self._write_histogram_table("histograms", self.slot_width_ms, histograms)
+        return self._write(_write_histograms, "histograms", self.slot_width_ms, histograms)
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
         return self._read_histogram_table("histograms", self.slot_width_ms, tenant, hashes, start_ms, end_ms)
 
     def write_histogram_rollups(self, granularity, rows):
-        return self._write_histogram_table(granularity.histogram_table, granularity.partition_width_ms, rows)
+        return self._write(_write_histograms, granularity.histogram_table, granularity.partition_width_ms, rows)
 
     def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
         return self._read_histogram_table(
             granularity.histogram_table, granularity.partition_width_ms, tenant, hashes, start_ms, end_ms
         )
 
-    def _write_histogram_table(self, table: str, width: int, histograms):
-        rows = [
-            (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms
-        ]
-        return self._write(_transaction_of, f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?)", rows)
-
     def _read_histogram_table(self, table: str, width: int, tenant, hashes, start_ms, end_ms):
+        """Only the series histogram_series names in the range's slots are looked up."""
         hashes = list(hashes)
         query = (
             f"SELECT ts, data FROM {table} WHERE tenant=? AND series_set_hash=?"
             " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
         )
+        indexed = "SELECT DISTINCT series_set_hash FROM histogram_series WHERE tenant=? AND source=? AND time_slot BETWEEN ? AND ?"
         slots = (time_slot(start_ms, width), time_slot(end_ms, width))
 
         def read(connection):
+            present = set(_column(connection, indexed, (tenant, table, *slots)))
             return [
                 [
                     HistogramRow(tenant, hash_, ts, bytes(data))
                     for ts, data in connection.execute(query, (tenant, hash_, *slots, start_ms, end_ms))
                 ]
+                if hash_ in present
+                else []
                 for hash_ in hashes
             ]
 
@@ -533,11 +544,13 @@ class SQLiteStore(Store):
 
 
 def _create_schema(connection: sqlite3.Connection, granularities) -> None:
+    tables = set(_column(connection, "SELECT name FROM sqlite_master WHERE type='table'", ()))
     # Takes effect only on a new, empty file; an older file keeps its pages until VACUUM.
     connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
     connection.execute("PRAGMA journal_mode=WAL")
     connection.executescript(
         SCHEMA
+        + HISTOGRAM_SERIES_TABLE
         + HISTOGRAM_TABLE.format(table="histograms")
         + "".join(
             ROLLUP_TABLE.format(table=g.table) + HISTOGRAM_TABLE.format(table=g.histogram_table) for g in granularities
@@ -548,6 +561,19 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
         connection.execute("ALTER TABLE metric_names ADD COLUMN aggregators TEXT NOT NULL DEFAULT '[]'")
     if "created_ms" not in {row[1] for row in connection.execute("PRAGMA table_info(series_set_hashes)")}:
         connection.execute("ALTER TABLE series_set_hashes ADD COLUMN created_ms INTEGER")
+    if "histograms" in tables and "histogram_series" not in tables:
+        # the upgrade: histograms written before the index existed stay visible
+        _transaction(
+            connection,
+            [
+                (
+                    f"INSERT OR IGNORE INTO histogram_series"
+                    f" SELECT DISTINCT tenant, '{table}', time_slot, series_set_hash FROM {table}",
+                    [()],
+                )
+                for table in ("histograms", *(g.histogram_table for g in granularities))
+            ],
+        )
     connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
@@ -681,19 +707,40 @@ def _write_exemplars(connection, rows: list[tuple], keep: int) -> None:
     _transaction(connection, [("INSERT OR REPLACE INTO exemplars VALUES (?, ?, ?, ?, ?, ?)", rows), (trim, slots)])
 
 
+def _write_histograms(connection, table: str, width: int, histograms) -> None:
+    """The rows of a histogram table and their series-slots in histogram_series, in one transaction."""
+    rows = [(h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms]
+    indexed = sorted({(tenant, table, slot, hash_) for tenant, hash_, slot, _, _ in rows})
+    _transaction(
+        connection,
+        [
+            (f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?)", rows),
+            ("INSERT OR IGNORE INTO histogram_series VALUES (?, ?, ?, ?)", indexed),
+        ],
+    )
+
+
 def _sweep(connection, layout: Layout, now_ms: int) -> None:
     """Delete blocks, head rows and histograms older than the raw retention, and roll-ups (of samples and of
     histograms) and exemplars older than theirs (by the samples' time), then return the freed pages to the file system."""
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
-    statements = [
+    statements: list[tuple[str, list]] = [
         ("DELETE FROM data_raw WHERE time_slot < ?", [(raw_before,)]),
         ("DELETE FROM data_blocks WHERE time_slot < ?", [(raw_before,)]),
         ("DELETE FROM histograms WHERE time_slot < ?", [(raw_before,)]),
+        ("DELETE FROM histogram_series WHERE source = 'histograms' AND time_slot < ?", [(raw_before,)]),
         ("DELETE FROM exemplars WHERE ts < ?", [(now_ms - layout.exemplar_retention_ms,)]),
     ]
     for granularity in layout.granularities:
         for table in (granularity.table, granularity.histogram_table):
             statements.append((f"DELETE FROM {table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
+        # a partition slot whose whole width is past the retention has no rows left
+        statements.append(
+            (
+                "DELETE FROM histogram_series WHERE source = ? AND time_slot < ?",
+                [(granularity.histogram_table, now_ms - granularity.retention_ms - granularity.partition_width_ms + 1)],
+            )
+        )
     _transaction(connection, statements)
     # incremental_vacuum frees one page per step, and Python's sqlite3 steps a statement without
     # result columns once: so one statement per free page, all in one transaction.
