@@ -17,8 +17,8 @@ from gateway.http.server import HTTPError, Response, Router, arg, args, request_
 from gateway.promql.engine import Query, format_value
 from gateway.promql.service import PromQLService
 from gateway.promql.values import PromQLError, RangeVector, Scalar, String
-from gateway.query import QueryPlanner, QueryTooLarge
-from gateway.store import Store, StoreUnavailable
+from gateway.query import QueryTooLarge
+from gateway.store import StoreUnavailable
 from protocols.linear_regex import BadPattern
 
 MAX_POINTS_PER_SERIES = 11_000
@@ -71,16 +71,8 @@ def parse_step(text: str, name: str) -> int:
 
 
 class PromQLAPI:
-    def __init__(
-        self,
-        store: Store,
-        planner: QueryPlanner,
-        max_samples: int,
-        lookback_ms: int,
-        timeout_ms: int,
-        max_future_ms: int,
-    ):
-        self.service = PromQLService(store, planner, max_samples, lookback_ms, timeout_ms, max_future_ms)
+    def __init__(self, service: PromQLService):
+        self.service = service
 
     def register(self, router: Router) -> None:
         both = ("GET", "POST")
