@@ -28,7 +28,7 @@ class RemoteRead:
 
     async def read(self, tenant: str, queries, streamed: bool) -> list[list[tuple]]:
         """For each query, its series with samples, native histograms or (unless ``streamed``:
-        chunks have no place for them) exemplars: (labels, samples, histogram rows) when
+        chunks have no place for them) exemplars: (labels, samples, histograms) when
         ``streamed``, else (labels, samples, exemplars, histograms) as encode_read_response takes them."""
         selections = [await self._select(tenant, query) for query in queries]
         histograms = [
@@ -42,7 +42,7 @@ class RemoteRead:
         if streamed:
             return [
                 [
-                    (labels, found.get(_label_key(labels), ()), native_rows)
+                    (labels, found.get(_label_key(labels), ()), _histograms(native_rows))
                     for (labels, _), native_rows in zip(selection, native)
                     if native_rows or _label_key(labels) in found
                 ]
@@ -57,7 +57,7 @@ class RemoteRead:
                         labels,
                         found.get(_label_key(labels), ()),
                         [prometheus.Exemplar(row.labels, row.value, row.timestamp_ms) for row in rows],
-                        [prometheus.Histogram(row.timestamp_ms, row.data) for row in native_rows],
+                        _histograms(native_rows),
                     )
                     for (labels, _), rows, native_rows in zip(selection, exemplars, native)
                     if rows or native_rows or _label_key(labels) in found
@@ -104,6 +104,10 @@ class RemoteRead:
         without a limit); None for a metric without."""
         names = [metric] if metric else await self.store.list_metric_names(tenant)
         return await self.planner.metadata(tenant, names[:limit] if limit else names)
+
+
+def _histograms(rows) -> list:
+    return [prometheus.Histogram(row.timestamp_ms, row.data) for row in rows]
 
 
 def _label_key(labels: dict[str, str]) -> tuple:
