@@ -13,7 +13,7 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 from gateway import metrics
 from gateway.metadata_cache import LRUMap
 from gateway.model import NAME_TAG, SeriesKey
-from gateway.read_path import ReadPath
+from gateway.read_path import READ_BATCH, ReadPath
 from gateway.samples import Samples
 from gateway.store import Store
 
@@ -104,6 +104,42 @@ class QueryPlanner:
         series = await self.select_series(tenant, metric_name, tag_filters)
         data = await self.reader.read(series, start_ms, end_ms)
         return [SeriesResult(tenant, s.metric_name, s.tags, d.samples) for s, d in zip(series, data)]
+
+    async def read_series(
+        self,
+        tenant: str,
+        metric_name: str,
+        tag_filters: dict[str, str],
+        start_ms: int,
+        end_ms: int,
+        max_points: int,
+        granularity=None,
+        aggregate: str | None = None,
+        raw: bool = False,
+    ) -> list[SeriesResult]:
+        """Series of a metric matching the filters with their samples and created timestamps,
+        READ_BATCH series at a time, each batch's points spent from a budget of ``max_points``
+        (--max-points-per-query) before the next is read: one roll-up aggregate (avg by default)
+        with a granularity, the raw samples alone with ``raw``, else the read path's stitched samples."""
+        series = await self.select_series(tenant, metric_name, tag_filters)
+        budget = PointsBudget(max_points)
+        data: list[Samples] = []
+        created: dict[str, int] = {}
+        for first in range(0, len(series), READ_BATCH):
+            part = series[first : first + READ_BATCH]
+            if granularity is not None:
+                rollups = await self.reader.read_rollup(part, granularity, aggregate or "avg", start_ms, end_ms)
+                found = [read for read, _ in rollups]
+            elif raw:
+                found = await self.reader.read_raw(part, start_ms, end_ms)
+            else:
+                found = [read.samples for read in await self.reader.read(part, start_ms, end_ms)]
+            budget.spend(sum(len(samples) for samples in found), f"/api/query of {metric_name!r}")
+            data.extend(found)
+            created.update(await self.store.get_created_timestamps(tenant, [s.series_set_hash for s in part]))
+        return [
+            SeriesResult(tenant, s.metric_name, s.tags, d, created.get(s.series_set_hash)) for s, d in zip(series, data)
+        ]
 
     async def select_by_matchers(self, tenant: str, matchers, label_view) -> list[SeriesKey]:
         """Series whose labels, as ``label_view(metric, tags)`` shows them, satisfy every matcher.

@@ -39,6 +39,7 @@ from gateway.http.server import Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
 from gateway.store import open_store
 from gateway.workers import CannotListen, Worker
@@ -80,12 +81,14 @@ class Gateway:
             config.created_timestamp_zero_ingestion,
         ).register(router)
         PromQLAPI(
-            self.store,
-            self.planner,
-            config.query_max_samples,
-            config.query_lookback_delta,
-            config.query_timeout,
-            config.max_future,
+            PromQLService(
+                self.store,
+                self.planner,
+                config.query_max_samples,
+                config.query_lookback_delta,
+                config.query_timeout,
+                config.max_future,
+            )
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
         GraphiteAPI(

@@ -262,6 +262,10 @@ def test_without_the_ingest_role_no_carbon_listener_opens(start_gateway, tmp_pat
         "gateway.store.sqlite",
         "gateway.graphite.finder",
         "gateway.graphite.tagdb",
+        "gateway.query",
+        "gateway.created",
+        "gateway.remote_read",
+        "gateway.promql.service",
     ],
 )
 def test_services_depend_on_no_http_config_or_downsampler(module):

@@ -16,8 +16,8 @@ from gateway.http.server import (
 )
 from gateway.ingest import IngestPipeline
 from gateway.model import InvalidSample, Sample, validate_tenant
-from gateway.query import PointsBudget, QueryPlanner, SeriesResult
-from gateway.read_path import READ_BATCH, ROLLUP_AGGREGATES
+from gateway.query import QueryPlanner
+from gateway.read_path import ROLLUP_AGGREGATES
 from gateway.store import Store
 from protocols import native_json
 from protocols.timespec import BadTime, parse_time
@@ -141,31 +141,12 @@ class NativeAPI:
             raise HTTPError(400, "aggregator raw reads raw samples, so it takes no granularity", field="aggregator")
         if granularity is None and aggregator not in (None, "raw"):
             raise HTTPError(400, "an aggregator other than raw needs a granularity", field="aggregator")
-        series = await self.planner.select_series(tenant, metric_name, filters)
         raw = aggregator == "raw" or arg(request, "granularity") == "raw"
-        budget = PointsBudget(self.max_points)
-        data, created = [], {}
-        for first in range(0, len(series), READ_BATCH):
-            chunk = series[first : first + READ_BATCH]
-            part = await self._read(chunk, granularity, aggregator, raw, start_ms, end_ms)
-            budget.spend(sum(len(samples) for samples in part), f"/api/query of {metric_name!r}")
-            data.extend(part)
-            created.update(await self.store.get_created_timestamps(tenant, [s.series_set_hash for s in chunk]))
-        results = [
-            SeriesResult(tenant, s.metric_name, s.tags, d, created.get(s.series_set_hash)) for s, d in zip(series, data)
-        ]
+        results = await self.planner.read_series(
+            tenant, metric_name, filters, start_ms, end_ms, self.max_points, granularity, aggregator, raw
+        )
         # A JSON document of a million samples takes seconds to build: in a thread, off the reactor.
         return Response(200, await threads.deferToThread(native_json.encode_query_results, results))
-
-    async def _read(self, series, granularity, aggregator, raw: bool, start_ms: int, end_ms: int):
-        reader = self.planner.reader
-        if granularity is not None:
-            return [
-                read for read, _ in await reader.read_rollup(series, granularity, aggregator or "avg", start_ms, end_ms)
-            ]
-        if raw:
-            return await reader.read_raw(series, start_ms, end_ms)
-        return [read.samples for read in await reader.read(series, start_ms, end_ms)]
 
     def _granularity(self, request):
         """An explicit ``granularity=5m`` (or ISO ``PT5M``); None for ``raw`` or none given."""

@@ -1,4 +1,5 @@
-"""Prometheus remote write (1.0 and 2.0) in and remote read (samples and streamed chunks) out.
+"""Prometheus remote write (1.0 and 2.0) in and remote read (samples and streamed chunks) out:
+requests decoded here, written by the ingest pipeline, read by gateway/remote_read.py.
 
 Status codes follow the specs: 204 once the store has accepted everything; 400 for a
 malformed request or rejected samples (the good ones are written; Prometheus does not retry
@@ -17,8 +18,8 @@ from gateway.created import CreatedTimestamps, name_and_tags
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
-from gateway.query import QueryPlanner, QueryTooLarge
-from gateway.read_path import READ_BATCH, clamp_range
+from gateway.query import QueryPlanner
+from gateway.remote_read import RemoteRead
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
 from protocols import prometheus
@@ -58,11 +59,9 @@ class PrometheusAPI:
         max_samples_per_query: int,
         created_timestamp_zero_ingestion: bool = False,
     ):
-        self.store = store
         self.pipeline = pipeline
-        self.planner = planner
+        self.remote_read = RemoteRead(store, planner, max_samples_per_query)
         self.max_decompressed_bytes = max_decompressed_bytes
-        self.max_samples_per_query = max_samples_per_query
         self.created = CreatedTimestamps(store, pipeline, planner.reader, created_timestamp_zero_ingestion)
 
     def register(self, router: Router) -> None:
@@ -78,10 +77,8 @@ class PrometheusAPI:
         limit = arg(request, "limit")
         if limit is not None and not limit.lstrip("-").isdigit():
             raise HTTPError(400, f"parameter 'limit' is not an integer: {limit!r}")
-        names = [metric] if metric else await self.store.list_metric_names(tenant)
-        if limit is not None and int(limit) > 0:
-            names = names[: int(limit)]
-        rows = await self.planner.metadata(tenant, names)
+        wanted = int(limit) if limit is not None and int(limit) > 0 else None
+        rows = await self.remote_read.metadata(tenant, metric, wanted)
         data = {row.metric_name: [{"type": row.type, "help": row.help, "unit": row.unit}] for row in rows if row}
         return json_response(200, {"status": "success", "data": data})
 
@@ -140,100 +137,21 @@ class PrometheusAPI:
         body = read_body(request)
         try:
             read_request = prometheus.decode_read_request(body, self.max_decompressed_bytes)
-            prometheus.negotiate_response_type(read_request.accepted_response_types)  # a 400 before reading
+            # A 400 before reading.
+            streamed = prometheus.negotiate_response_type(read_request.accepted_response_types) == (
+                prometheus.STREAMED_XOR_CHUNKS
+            )
         except prometheus.RemoteReadError as error:
             raise HTTPError(error.status, error.message) from None
-        selections = [await self._select(tenant, query) for query in read_request.queries]
-        histograms = [
-            await self._attached(
-                self.planner.reader.read_histograms,
-                tenant,
-                selection,
-                query,
-                lambda row: prometheus.Histogram(row.timestamp_ms, row.data),
-            )
-            for query, selection in zip(read_request.queries, selections)
-        ]
-        if sum(len(rows) for found in histograms for rows in found) > self.max_samples_per_query:
-            raise QueryTooLarge(
-                f"the query reads more than {self.max_samples_per_query} native histograms (--max-samples-per-query); narrow it"
-            )
-        # Everything is read (at most --max-samples-per-query a query) before the status is sent,
-        # so a query over the limit is a 422 for streamed answers too, never a cut stream.
-        found = [
-            {_label_key(labels): samples async for labels, samples in self._read(selection, query)}
-            for query, selection in zip(read_request.queries, selections)
-        ]
-        response_type = prometheus.negotiate_response_type(read_request.accepted_response_types)
-        if response_type == prometheus.STREAMED_XOR_CHUNKS:
-            answers = [
-                [
-                    (labels, samples.get(_label_key(labels), ()), native_rows)
-                    for (labels, _), native_rows in zip(selection, native)
-                    if native_rows or _label_key(labels) in samples
-                ]
-                for selection, samples, native in zip(selections, found, histograms)
-            ]
+        answers = await self.remote_read.read(tenant, read_request.queries, streamed)
+        if streamed:
             return Response(200, self._stream(answers), prometheus.STREAMED_CONTENT_TYPE)
-        complete = []
-        for query, selection, samples, native in zip(read_request.queries, selections, found, histograms):
-            exemplars = await self._attached(
-                self.store.read_exemplars,
-                tenant,
-                selection,
-                query,
-                lambda row: prometheus.Exemplar(row.labels, row.value, row.timestamp_ms),
-            )
-            complete.append(
-                [
-                    (labels, samples.get(_label_key(labels), ()), rows, native_rows)
-                    for (labels, _), rows, native_rows in zip(selection, exemplars, native)
-                    if rows or native_rows or _label_key(labels) in samples
-                ]
-            )
         return Response(
             200,
-            await threads.deferToThread(prometheus.encode_read_response, complete),
+            await threads.deferToThread(prometheus.encode_read_response, answers),
             prometheus.SAMPLES_CONTENT_TYPE,
             {"Content-Encoding": "snappy"},
         )
-
-    async def _select(self, tenant: str, query) -> list[tuple[dict[str, str], object]]:
-        """Matching series with their Prometheus labels, sorted by labels as Prometheus merges them."""
-        series = await self.planner.select_by_matchers(tenant, query.matchers, prometheus_labels)
-        labelled = [(prometheus_labels(key.metric_name, key.tags), key) for key in series]
-        labelled.sort(key=lambda item: sorted(item[0].items()))
-        return labelled
-
-    async def _read(self, selection, query):
-        """Yield (labels, Samples) of each series with samples, a few series at a time, counting
-        samples. Past raw retention the read path gives the avg roll-up (the last value for
-        counters, which have no avg, so rate() over them stays right) up to the raw retention."""
-        samples = 0
-        for start in range(0, len(selection), READ_BATCH):
-            part = selection[start : start + READ_BATCH]
-            data = await self.planner.reader.read([key for _, key in part], query.start_ms, query.end_ms)
-            for (labels, _), read in zip(part, data):
-                samples += len(read.samples)
-                if samples > self.max_samples_per_query:
-                    raise QueryTooLarge(
-                        f"the query reads more than {self.max_samples_per_query} samples (--max-samples-per-query); narrow it"
-                    )
-                if len(read.samples):
-                    yield labels, read.samples
-
-    async def _attached(self, read, tenant: str, selection, query, convert) -> list[list]:
-        """What the store keeps beside the samples of each selected series (``read`` is
-        read_exemplars or read_histograms) in the query's range, one list a series. SAMPLES
-        answers carry both; streamed chunks have no place for exemplars, and carry histograms
-        as histogram chunks."""
-        found = []
-        start_ms, end_ms = clamp_range(query.start_ms, query.end_ms)
-        for start in range(0, len(selection), READ_BATCH):
-            part = [key.series_set_hash for _, key in selection[start : start + READ_BATCH]]
-            for rows in await read(tenant, part, start_ms, end_ms):
-                found.append([convert(row) for row in rows])
-        return found
 
     @staticmethod
     async def _stream(answers):
@@ -254,14 +172,3 @@ class PrometheusAPI:
 def _series_frames(index: int, labels: dict[str, str], found, native) -> list[bytes]:
     points = found.points() if len(found) else []
     return list(prometheus.encode_chunked_series_frames(index, labels, points, histograms=native))
-
-
-def _label_key(labels: dict[str, str]) -> tuple:
-    return tuple(sorted(labels.items()))
-
-
-def prometheus_labels(metric_name: str, tags: dict[str, str]) -> dict[str, str]:
-    """Labels Prometheus 2.x accepts: names outside its character set are mapped (docs/prometheus.rst)."""
-    labels = {prometheus.sanitize_label_name(key): value for key, value in tags.items()}
-    labels[NAME_TAG] = prometheus.prometheus_metric_name(metric_name)
-    return labels

@@ -1,5 +1,5 @@
-"""Prometheus's HTTP query API (what Grafana's Prometheus data source calls), answered by the
-PromQL engine in gateway/promql over the read path. Envelopes, status codes and error types are
+"""Prometheus's HTTP query API (what Grafana's Prometheus data source calls): parameters decoded
+here, answered by gateway/promql/service.py, encoded here. Envelopes, status codes and error types are
 Prometheus's: 400 bad_data, 422 execution, 503 timeout/unavailable. docs/promql.rst has the
 details and the deliberate differences."""
 
@@ -10,19 +10,16 @@ from datetime import UTC, datetime
 import numpy as np
 import orjson
 import promql_parser
-from twisted.internet import defer, threads
+from twisted.internet import threads
 
 from gateway import __version__
-from gateway.http.prometheus_api import READ_BATCH, prometheus_labels
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
-from gateway.promql.engine import Evaluator, Query, format_value, parse, plan, selector_matchers
-from gateway.promql.values import PromQLError, RangeVector, Scalar, Series, String
-from gateway.query import QueryPlanner, QueryTooLarge
-from gateway.read_path import clamp_range
-from gateway.store import Store, StoreUnavailable
-from protocols import prometheus
+from gateway.promql.engine import Query, format_value
+from gateway.promql.service import PromQLService
+from gateway.promql.values import PromQLError, RangeVector, Scalar, String
+from gateway.query import QueryTooLarge
+from gateway.store import StoreUnavailable
 from protocols.linear_regex import BadPattern
-from protocols.prometheus.native_histogram import decode_sample
 
 MAX_POINTS_PER_SERIES = 11_000
 _ERROR_STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503}
@@ -74,21 +71,8 @@ def parse_step(text: str, name: str) -> int:
 
 
 class PromQLAPI:
-    def __init__(
-        self,
-        store: Store,
-        planner: QueryPlanner,
-        max_samples: int,
-        lookback_ms: int,
-        timeout_ms: int,
-        max_future_ms: int,
-    ):
-        self.store = store
-        self.max_future_ms = max_future_ms
-        self.planner = planner
-        self.max_samples = max_samples
-        self.lookback_ms = lookback_ms
-        self.timeout_ms = timeout_ms
+    def __init__(self, service: PromQLService):
+        self.service = service
 
     def register(self, router: Router) -> None:
         both = ("GET", "POST")
@@ -130,7 +114,7 @@ class PromQLAPI:
         text = _required(request, "query")
         at_ms = parse_time(arg(request, "time"), "time") if arg(request, "time") else int(time.time() * 1000)
         times = np.array([at_ms], dtype=np.int64)
-        value, warnings = await self._evaluate(request, text, Query(at_ms, at_ms, 0, self.lookback_ms), times)
+        value, warnings = await self._evaluate(request, text, self.service.query(at_ms, at_ms, 0), times)
         return Response(200, await threads.deferToThread(_encode_instant, value, at_ms, warnings))
 
     async def query_range(self, request) -> Response:
@@ -151,7 +135,7 @@ class PromQLAPI:
                 "bad_data",
             )
         times = np.arange(start, end + 1, step, dtype=np.int64)
-        value, warnings = await self._evaluate(request, text, Query(start, end, step, self.lookback_ms), times)
+        value, warnings = await self._evaluate(request, text, self.service.query(start, end, step), times)
         if isinstance(value, RangeVector):
             raise PromQLError(
                 'invalid expression type "range vector" for range query, must be Scalar or instant Vector', "bad_data"
@@ -164,144 +148,27 @@ class PromQLAPI:
 
     async def _evaluate(self, request, text: str, query: Query, times: np.ndarray):
         """The value of the query, and the warnings its answer must carry."""
-        tenant = request_tenant(request)
-        timeout_ms = parse_step(arg(request, "timeout"), "timeout") if arg(request, "timeout") else self.timeout_ms
-        deadline = time.monotonic() + min(timeout_ms, self.timeout_ms) / 1000
-        expr = await threads.deferToThread(parse, text)
-        needs = plan(expr, query)
-        selected = {
-            key: await self.planner.select_by_matchers(tenant, matchers, prometheus_labels)
-            for key, (matchers, _, _) in needs.items()
-        }
-        data, histograms = await defer.gatherResults(
-            [
-                defer.ensureDeferred(self._fetch(selected, needs, deadline)),
-                defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs, deadline)),
-            ],
-            consumeErrors=True,
-        ).addErrback(lambda failure: failure.value.subFailure.raiseException())
-        evaluator = Evaluator(query, data, deadline, histograms)
-        value = await threads.deferToThread(evaluator.result, expr, times)
-        return value, self._rollup_warnings(needs) + evaluator.warnings
-
-    def _rollup_warnings(self, needs: dict) -> list[str]:
-        """Say so when samples before the raw retention came from roll-ups (docs/promql.rst)."""
-        earliest = min((low for _, low, _ in needs.values()), default=None)
-        granularity = self.planner.reader.rollup_for(earliest) if earliest is not None else None
-        if granularity is None:
-            return []
-        boundary = datetime.fromtimestamp(
-            self.planner.reader.clock() / 1000 - self.store.layout.raw_retention_ms / 1000, UTC
-        )
-        return [
-            f"samples before {boundary:%Y-%m-%dT%H:%M:%SZ} (past --raw-retention) are {granularity.name} roll-ups:"
-            " one point per bucket, the average for gauges, the last value for counters"
-        ]
-
-    async def _fetch(self, selected: dict, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
-        """The samples of every selector's ``selected`` series, through the read path."""
-        data, samples = {}, 0
-        for key, (_, low, high) in needs.items():
-            keys = selected[key]
-            found = []
-            for start in range(0, len(keys), READ_BATCH):
-                if time.monotonic() > deadline:
-                    raise PromQLError("query timed out in query execution", "timeout")
-                part = keys[start : start + READ_BATCH]
-                for series, read in zip(part, await self.planner.reader.read(part, low, high)):
-                    samples += len(read.samples)
-                    if samples > self.max_samples:
-                        raise PromQLError(
-                            "query processing would load too many samples into memory in query execution"
-                            f" (--query-max-samples {self.max_samples})"
-                        )
-                    if len(read.samples):
-                        labels = prometheus_labels(series.metric_name, series.tags)
-                        found.append(Series(labels, read.samples.timestamps, read.samples.values))
-            data[key] = found
-        return data
-
-    async def _fetch_histograms(
-        self, tenant: str, selected: dict, needs: dict, deadline: float
-    ) -> dict[tuple, list[Series]]:
-        """The native histograms of every selector's ``selected`` series (raw samples only: the
-        read path's roll-ups hold floats), as series of Histogram objects (None: stale); each
-        histogram counts as one sample against --query-max-samples."""
-        found: dict[tuple, list[Series]] = {}
-        samples = 0
-        for key, (_, low, high) in needs.items():
-            keys = selected[key]
-            start_ms, end_ms = clamp_range(low, high)
-            for begin in range(0, len(keys), READ_BATCH):
-                if time.monotonic() > deadline:
-                    raise PromQLError("query timed out in query execution", "timeout")
-                part = keys[begin : begin + READ_BATCH]
-                rows = await self.planner.reader.read_histograms(
-                    tenant, [k.series_set_hash for k in part], start_ms, end_ms
-                )
-                samples += sum(len(r) for r in rows)
-                if samples > self.max_samples:
-                    raise PromQLError(
-                        "query processing would load too many samples into memory in query execution"
-                        f" (--query-max-samples {self.max_samples})"
-                    )
-                if not any(rows):
-                    continue
-                for series, decoded in zip(part, await threads.deferToThread(_decoded_histograms, rows)):
-                    if decoded is not None:
-                        found.setdefault(key, []).append(
-                            Series(prometheus_labels(series.metric_name, series.tags), *decoded)
-                        )
-        return found
+        timeout_ms = parse_step(arg(request, "timeout"), "timeout") if arg(request, "timeout") else None
+        return await self.service.evaluate(request_tenant(request), text, query, times, timeout_ms)
 
     # -- metadata -----------------------------------------------------------------------------
 
-    async def _matched(self, request) -> list[dict] | None:
-        """Label sets of the series the ``match[]`` selectors select (None without match[])."""
+    async def series(self, request) -> Response:
         selectors = args(request, "match[]")
         if not selectors:
-            return None
-        tenant = request_tenant(request)
-        found: dict[tuple, dict] = {}
-        for text in selectors:
-            expr = await threads.deferToThread(parse, text)
-            if type(expr).__name__ != "VectorSelector":
-                raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
-            for key in await self.planner.select_by_matchers(tenant, selector_matchers(expr), prometheus_labels):
-                labels = prometheus_labels(key.metric_name, key.tags)
-                found[tuple(sorted(labels.items()))] = labels
-        return [found[key] for key in sorted(found)]
-
-    async def series(self, request) -> Response:
-        matched = await self._matched(request)
-        if matched is None:
             raise PromQLError("no match[] parameter provided", "bad_data")
-        return _answer(matched[: _limit(request)])
+        return _answer((await self.service.matched(request_tenant(request), selectors))[: _limit(request)])
 
     async def labels(self, request) -> Response:
-        matched = await self._matched(request)
-        if matched is None:
-            keys = await self.store.list_tenant_tag_keys(request_tenant(request))
-            names = {"__name__", *(prometheus.sanitize_label_name(k) for k in keys)}
-        else:
-            names = {name for labels in matched for name in labels}
-        return _answer(sorted(names)[: _limit(request)])
+        names = await self.service.label_names(request_tenant(request), args(request, "match[]"))
+        return _answer(names[: _limit(request)])
 
     async def label_values(self, request, rest: str) -> Response:
         name, _, tail = rest.partition("/")
         if tail != "values":
             raise HTTPError(404, f"no such endpoint: /api/v1/label/{rest}")
-        matched = await self._matched(request)
-        if matched is not None:
-            values = {labels[name] for labels in matched if name in labels}
-        elif name == "__name__":
-            values = {
-                prometheus.prometheus_metric_name(n)
-                for n in await self.store.list_metric_names(request_tenant(request))
-            }
-        else:
-            values = set(await self.store.list_tenant_tag_values(request_tenant(request), name))
-        return _answer(sorted(values)[: _limit(request)])
+        values = await self.service.label_values(request_tenant(request), name, args(request, "match[]"))
+        return _answer(values[: _limit(request)])
 
     async def buildinfo(self, request) -> Response:
         """A Prometheus version Grafana accepts; ``revision`` says it is tsgate."""
@@ -319,53 +186,23 @@ class PromQLAPI:
 
     async def exemplars(self, request) -> Response:
         """Prometheus's exemplar query: the exemplars of every series the query's selectors select,
-        in [start, end] (default: the exemplar retention up to now; a range is cut to what can be
-        stored, from the retention's start to ``--max-future`` ahead)."""
+        in [start, end] (the service's defaults and bounds when left out)."""
         text = _required(request, "query")
-        tenant = request_tenant(request)
-        now = int(time.time() * 1000)
-        oldest, newest = now - self.store.layout.exemplar_retention_ms, now + self.max_future_ms
-        start = parse_time(arg(request, "start"), "start") if arg(request, "start") else oldest
-        end = parse_time(arg(request, "end"), "end") if arg(request, "end") else now
-        if end < start:
-            raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
-        start, end = max(start, oldest), min(end, newest)
-        expr = await threads.deferToThread(parse, text)
-        selected = {}
-        for matchers, _, _ in plan(expr, Query(start, end, 0, self.lookback_ms)).values():
-            for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
-                selected[key.series_set_hash] = key
-        keys = list(selected.values())
-        result = []
-        for begin in range(0, len(keys), READ_BATCH):
-            part = keys[begin : begin + READ_BATCH]
-            found = await self.store.read_exemplars(tenant, [key.series_set_hash for key in part], start, end)
-            result += [
+        start = parse_time(arg(request, "start"), "start") if arg(request, "start") else None
+        end = parse_time(arg(request, "end"), "end") if arg(request, "end") else None
+        found = await self.service.exemplars(request_tenant(request), text, start, end)
+        return _answer(
+            [
                 {
-                    "seriesLabels": prometheus_labels(key.metric_name, key.tags),
+                    "seriesLabels": labels,
                     "exemplars": [
                         {"labels": row.labels, "value": format_value(row.value), "timestamp": row.timestamp_ms / 1000}
                         for row in rows
                     ],
                 }
-                for key, rows in zip(part, found)
-                if rows
+                for labels, rows in found
             ]
-        return _answer(sorted(result, key=lambda item: sorted(item["seriesLabels"].items())))
-
-
-def _decoded_histograms(rows_by_series) -> list:
-    """(timestamps, object array of Histogram or None for a stale marker) of each series' stored
-    histograms; None for a series without."""
-    decoded = []
-    for rows in rows_by_series:
-        if not rows:
-            decoded.append(None)
-            continue
-        samples = np.full(len(rows), None, dtype=object)
-        samples[:] = [decode_sample(row.data) for row in rows]
-        decoded.append((np.array([row.timestamp_ms for row in rows], dtype=np.int64), samples))
-    return decoded
+        )
 
 
 def _required(request, name: str) -> str:

@@ -18,7 +18,7 @@ installed in a throwaway venv so it cannot change the project's protobuf:
 from .crc32c import crc32c
 from .errors import ProtocolError, RemoteReadError, RemoteWriteError
 from .histogram_chunks import NativeHistogram, decode_histogram_chunk, encode_histogram_chunk
-from .names import prometheus_metric_name, sanitize_label_name
+from .names import prometheus_labels, prometheus_metric_name, sanitize_label_name
 from .read import (
     SAMPLES,
     SAMPLES_CONTENT_TYPE,
@@ -98,6 +98,7 @@ __all__ = [
     "iter_frames",
     "message_version",
     "negotiate_response_type",
+    "prometheus_labels",
     "prometheus_metric_name",
     "sanitize_label_name",
     "series_matches",

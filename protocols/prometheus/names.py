@@ -29,3 +29,11 @@ def prometheus_metric_name(name: str) -> str:
 def sanitize_label_name(name: str) -> str:
     """Replace each character outside [a-zA-Z0-9_] by "_"; prefix "_" to a leading digit."""
     return _sanitize(name, _LABEL_NAME_INVALID, "label name")
+
+
+def prometheus_labels(metric_name: str, tags: dict[str, str]) -> dict[str, str]:
+    """The labels of a series as Prometheus 2.x accepts them: ``__name__`` and the tags, names
+    outside its character set mapped (docs/prometheus.rst)."""
+    labels = {sanitize_label_name(key): value for key, value in tags.items()}
+    labels["__name__"] = prometheus_metric_name(metric_name)
+    return labels
