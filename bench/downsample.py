@@ -115,8 +115,9 @@ def populate(store_url: str, workload: Workload) -> None:
             raise BenchError(f"populating the store failed (exit {exit_.code})") from None
 
 
-def run_downsampler(store_url: str) -> tuple[str, float, float]:
-    """The real CLI, once; returns (its output, wall seconds, its CPU seconds)."""
+def run_downsampler(store_url: str, timeout_s: float | None = None) -> tuple[str, float, float]:
+    """The real CLI, once, delay 0 s (every slot that has ended is settled); returns (its output,
+    wall seconds, its CPU seconds)."""
     command = [
         sys.executable,
         "-m",
@@ -133,7 +134,7 @@ def run_downsampler(store_url: str) -> tuple[str, float, float]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    finished = subprocess.run(command, env=env, capture_output=True, text=True)
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if finished.returncode != 0:

@@ -50,7 +50,6 @@ import json
 import math
 import os
 import re
-import resource
 import shutil
 import sqlite3
 import subprocess
@@ -78,6 +77,7 @@ from bench.common import (
     tsgate_service,
     which,
 )
+from bench.downsample import run_downsampler
 from bench.find import percentile
 from bench.queries import (
     Timed,
@@ -290,34 +290,13 @@ def send_all(service: Service, workload: ExporterWorkload) -> float:
     return seconds
 
 
-def downsample_once(store_url: str, expected: int, workdir: Path) -> tuple[int, float, float]:
+def downsample_once(store_url: str, expected: int) -> tuple[int, float, float]:
     """The real ``tsgate downsample --once`` (delay 0 s: every slot has ended); returns (series-slots
     sealed, wall seconds, its CPU seconds). Fewer series-slots than written fails the measurement."""
-    command = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "downsample",
-        "--once",
-        "--store",
-        store_url,
-        "--downsample-delay",
-        "0s",
-        "--log-level",
-        "warning",
-    ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    finished = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    seconds = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if finished.returncode:
-        raise BenchError(f"tsgate downsample exited with {finished.returncode}:\n{finished.stderr[-3000:]}")
-    match = re.search(r"rolled up (\d+) series-slots", finished.stdout)
+    output, seconds, cpu = run_downsampler(store_url, TIMEOUT_S)
+    match = re.search(r"rolled up (\d+) series-slots", output)
     if not match or int(match.group(1)) != expected:
-        raise BenchError(f"tsgate downsample printed {finished.stdout.strip()!r}; expected {expected} series-slots")
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        raise BenchError(f"tsgate downsample printed {output!r}; expected {expected} series-slots")
     log(
         f"downsample --once {store_url.partition(':')[0]}: {expected} series-slots in {seconds:.1f} s (CPU {cpu:.1f} s)"
     )
@@ -515,7 +494,7 @@ def measure_tsgate_cassandra(host: str, port: int, workdir: Path, workload: Expo
                     f"tsgate cassandra: wrote {workload.samples} samples in {seconds:.1f} s ({workload.samples / seconds:.0f}/s)"
                 )
                 cassandra_before = process_cpu_s(node.pid)
-                sealed = downsample_once(store_url, workload.series_slots, workdir)
+                sealed = downsample_once(store_url, workload.series_slots)
                 seal_cassandra_cpu = process_cpu_s(node.pid) - cassandra_before
                 waited = flush_and_settle(node, workdir, keyspace)
                 sizes = table_sizes(node, keyspace)
@@ -574,7 +553,7 @@ def measure_tsgate_sqlite(workdir: Path, workload: ExporterWorkload) -> dict:
         gateway.stop()
     log(f"tsgate sqlite: wrote {workload.samples} samples in {seconds:.1f} s ({workload.samples / seconds:.0f}/s)")
     before = sqlite_sizes(path)
-    sealed = downsample_once(store_url, workload.series_slots, workdir)
+    sealed = downsample_once(store_url, workload.series_slots)
     sizes = sqlite_sizes(path)
     log(f"tsgate sqlite: before sealing {before}; after {sizes}")
     return {"seconds": seconds, "cpu": cpu, "sealed": sealed, "sizes": sizes, "before": before}
@@ -594,7 +573,7 @@ def measure_tsgate_render(
     try:
         gateway.start(60)
         write_json(gateway.port, f"render points ({store})", render.items(), RENDER_TENANT)
-        downsample_once(store_url, render.series_slots, workdir)
+        downsample_once(store_url, render.series_slots)
         path = "/render?" + urllib.parse.urlencode(render.params)
         timed = time_requests(
             gateway.port, "GET", path, None, {"X-Tenant": RENDER_TENANT}, requests, checked_once(render.check)
