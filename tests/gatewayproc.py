@@ -1,5 +1,6 @@
 """Start a real ``tsgate serve`` process on a free loopback port and talk HTTP to it."""
 
+import contextlib
 import itertools
 import json
 import os
@@ -79,10 +80,18 @@ def wait_until_redis_is_used(gateway, tenant: str, timeout_s: float = 30) -> Non
         time.sleep(0.2)
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: every probe stays bound until all are chosen, so the kernel
+    cannot hand the same port out twice (a gateway's HTTP and carbon ports once collided)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class HTTPAnswer:
@@ -101,9 +110,7 @@ class GatewayProcess:
     def __init__(self, workdir: Path, *args: str):
         self.workdir = workdir
         self.args = list(args)
-        self.port = free_port()
-        self.graphite_port = free_port()
-        self.pickle_port = free_port()
+        self.port, self.graphite_port, self.pickle_port = free_ports(3)
         self.process = None
         self.log_path = workdir / f"gateway-{self.port}.log"
 
