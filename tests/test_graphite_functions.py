@@ -681,4 +681,4 @@ def test_every_registered_function_has_valid_params():
         }, name
         multiple = [param for param in function.params if param.multiple]
         assert not multiple or function.params[-1].multiple, name
-        assert len(function.python_parameters()) == len(function.params), name  # validate() pairs them
+        assert len(function.python_parameters) == len(function.params), name  # validate() pairs them

@@ -3,9 +3,9 @@ requests decoded here, written by the ingest pipeline, read by gateway/remote_re
 
 Status codes follow the specs: 204 once the store has accepted everything; 400 for a
 malformed request or rejected samples or native histograms (the good ones are written;
-Prometheus does not retry 4xx); 413 for a body, or a decompressed body, over its limit; 415 for a content type or
-encoding we do not speak; 429 with Retry-After over a tenant limit; 503 when the store cannot
-take the write (Prometheus retries 5xx). docs/prometheus.rst has the details and the name
+Prometheus does not retry 4xx); 413 for a body, or a decompressed body, over its limit; 415
+for a content type or encoding we do not speak; 429 with Retry-After over a tenant limit; 503
+when the store cannot take the write (Prometheus retries 5xx). docs/prometheus.rst has the details and the name
 mapping for Graphite series.
 """
 

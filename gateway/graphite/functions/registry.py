@@ -8,7 +8,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from gateway.graphite.errors import RenderError
@@ -228,10 +228,9 @@ class SeriesFunction:
             positional, by_keyword = params[: len(args)], params[len(args) :]
         valid_args = [positional[min(i, len(positional) - 1)].validate(arg, self.name) for i, arg in enumerate(args)]
         valid_kwargs = {}
-        python_parameters = self.python_parameters()
         for param in by_keyword:
             value = kwargs.get(param.name)
-            python_parameter = python_parameters[param.name]
+            python_parameter = self.python_parameters[param.name]
             if value is None:
                 if param.required and not _can_be_left_out(python_parameter):
                     raise RenderError(f'Missing required parameter "{param.name}" for function "{self.name}"')
@@ -244,6 +243,7 @@ class SeriesFunction:
             raise RenderError(f"Unexpected key word arguments: {', '.join(unexpected)}")
         return valid_args, valid_kwargs
 
+    @cached_property
     def python_parameters(self) -> dict[str, inspect.Parameter]:
         """Each parameter's Python counterpart, by position (legendValue's differ in name, as graphite-web's)."""
         python = list(inspect.signature(self.function).parameters.values())[1:]
