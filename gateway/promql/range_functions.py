@@ -219,17 +219,16 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
         if name == "last":
             return series.values[np.maximum(hi - 1, 0)], present
         _, vs, mask = gather(series, lo, hi)
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             if name == "sum":
-                return np.cumsum(np.where(mask, vs, 0.0), axis=1)[:, -1], present
+                return compensated_sum(np.where(mask, vs, 0.0)), present
             if name == "avg":
-                return np.cumsum(np.where(mask, vs, 0.0), axis=1)[:, -1] / count, present
+                return compensated_mean(vs, mask), present
             if name in ("min", "max"):
                 reduce = np.fmin if name == "min" else np.fmax
                 return reduce.reduce(np.where(mask, vs, np.nan), axis=1), present
             if name in ("stddev", "stdvar"):
-                mean = np.where(mask, vs, 0.0).sum(axis=1) / count
-                variance = np.where(mask, (vs - mean[:, None]) ** 2, 0.0).sum(axis=1) / count
+                variance = compensated_variance(vs, mask)
                 return (np.sqrt(variance) if name == "stddev" else variance), present
             if name == "quantile":
                 return quantiles(np.where(mask, vs, np.inf), count, parameter), present
@@ -237,6 +236,57 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
 
     stacked = name in ("count", "present", "last")
     return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name == "last")
+
+
+def _kahan_add(increment: np.ndarray, total: np.ndarray, compensation: np.ndarray):
+    """Prometheus's kahanSumInc element-wise: Neumaier's compensated addition."""
+    new_total = total + increment
+    lost = np.where(
+        np.abs(total) >= np.abs(increment), (total - new_total) + increment, (increment - new_total) + total
+    )
+    return new_total, compensation + lost
+
+
+def compensated_sum(rows: np.ndarray) -> np.ndarray:
+    """sum_over_time as Prometheus 2.42 adds each row (zeros padding its end): Neumaier's
+    running sum, whose running totals are a cumulative sum and whose corrections add up
+    likewise, so no loop is needed; an infinite total is answered as it is."""
+    totals = np.cumsum(rows, axis=1)
+    before = np.concatenate([np.zeros((len(rows), 1)), totals[:, :-1]], axis=1)
+    lost = np.where(np.abs(before) >= np.abs(rows), (before - totals) + rows, (rows - totals) + before)
+    total, compensation = totals[:, -1], np.cumsum(lost, axis=1)[:, -1]
+    return np.where(np.isinf(total), total, total + compensation)
+
+
+def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """avg_over_time as Prometheus 2.42 computes it: an incremental mean with Kahan summation
+    (no sum that could overflow near ±MaxFloat64); once the mean is infinite, finite values and
+    infinities of its sign leave it. Window position by position, all steps at once."""
+    mean, compensation, count = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+    for column in range(rows.shape[1]):
+        value, taken = rows[:, column], mask[:, column]
+        count = count + taken
+        stays = np.isinf(mean) & (np.isfinite(value) | (np.isinf(value) & ((mean > 0) == (value > 0))))
+        moved, corrected = _kahan_add(value / count - mean / count, mean, compensation)
+        moves = taken & ~stays
+        mean, compensation = np.where(moves, moved, mean), np.where(moves, corrected, compensation)
+    return np.where(np.isinf(mean), mean, mean + compensation)
+
+
+def compensated_variance(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """stdvar_over_time as Prometheus 2.42 computes it: Welford's running update with Kahan
+    summation of the mean and of the squares (identical values give exactly 0)."""
+    zeros = np.zeros(len(rows))
+    mean, mean_lost, squares, squares_lost, count = zeros, zeros, zeros, zeros, zeros
+    for column in range(rows.shape[1]):
+        value, taken = rows[:, column], mask[:, column]
+        count = count + taken
+        delta = value - (mean + mean_lost)
+        new_mean, new_mean_lost = _kahan_add(delta / count, mean, mean_lost)
+        new_squares, new_squares_lost = _kahan_add(delta * (value - (new_mean + new_mean_lost)), squares, squares_lost)
+        mean, mean_lost = np.where(taken, new_mean, mean), np.where(taken, new_mean_lost, mean_lost)
+        squares, squares_lost = np.where(taken, new_squares, squares), np.where(taken, new_squares_lost, squares_lost)
+    return (squares + squares_lost) / count
 
 
 def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
