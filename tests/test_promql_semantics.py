@@ -10,6 +10,7 @@ import pytest
 
 from gateway.promql.engine import Evaluator, Query, parse, plan
 from gateway.promql.values import PromQLError, Series, Vector
+from protocols.prometheus.native_histogram import Histogram
 
 S = 1000
 BIG = 1.7e308
@@ -206,3 +207,15 @@ def test_out_of_range_modifiers_and_bad_regexes_are_bad_data(text):
     with pytest.raises(PromQLError) as refused:
         evaluate(text)
     assert refused.value.kind == "bad_data"
+
+
+def test_histogram_stddev_of_a_negative_zero_threshold_is_nan_not_an_error():
+    """A histogram stored with zero_threshold -1 (written before write validation existed): its
+    zero bucket [1, -1] has no geometric mean; Prometheus's math.Sqrt gives NaN there."""
+    expr = parse("histogram_stddev(h)")
+    query = Query(60 * S, 60 * S, 0, 300 * S)
+    (key,) = plan(expr, query)
+    odd = Histogram(0, -1.0, 2.0, 3.0, 1.5, {1: 1.0}, {})
+    histograms = {key: [Series({"__name__": "h"}, np.array([30 * S], dtype=np.int64), np.array([odd], dtype=object))]}
+    value = Evaluator(query, {key: []}, time.monotonic() + 10, histograms).result(expr, np.array([60 * S]))
+    assert value.labels == [{}] and math.isnan(value.values[0, 0])
