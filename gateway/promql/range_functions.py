@@ -70,6 +70,21 @@ def _between_samples(values: np.ndarray, amount: np.ndarray, lo: np.ndarray, hi:
     return np.where(hi - lo >= 2, prefix[np.maximum(hi, 1)] - prefix[np.minimum(lo + 1, len(values))], 0.0)
 
 
+def _with_resets(values: np.ndarray, result: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``result`` plus the value before each counter reset inside each window, added one after
+    the other in time order as Prometheus adds them. (A difference of prefix sums would carry the
+    rounding of every earlier reset of the series into the window: the rate would differ from
+    Prometheus's in its last bits, and ceil() of a rate that is a whole number by 1.)"""
+    after_reset = np.flatnonzero(values[1:] < values[:-1]) + 1
+    first, end = np.searchsorted(after_reset, lo + 1), np.searchsorted(after_reset, hi)
+    for k in range(int((end - first).max(initial=0))):
+        index = first + k
+        inside = index < end
+        before = values[after_reset[np.minimum(index, len(after_reset) - 1)] - 1]
+        result = np.where(inside, result + before, result)
+    return result
+
+
 def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> Vector:
     range_s = matrix.range_ms / 1000
 
@@ -82,8 +97,7 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
         first, last = vs[first_i], vs[last_i]
         result = last - first
         if is_counter:
-            drops = np.where(vs[1:] < vs[:-1], vs[:-1], 0.0)
-            result = result + _between_samples(vs, drops, lo, hi)
+            result = _with_resets(vs, result, lo, hi)
         range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
         to_start = (ts[first_i] - range_start) / 1000
         to_end = (range_end - ts[last_i]) / 1000
