@@ -236,20 +236,61 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             if name == "sum":
                 return compensated_sum(np.where(mask, vs, 0.0)), present
-            if name == "avg":
-                return compensated_mean(vs, mask), present
             if name in ("min", "max"):
                 reduce = np.fmin if name == "min" else np.fmax
                 return reduce.reduce(np.where(mask, vs, np.nan), axis=1), present
-            if name in ("stddev", "stdvar"):
-                variance = compensated_variance(vs, mask)
-                return (np.sqrt(variance) if name == "stddev" else variance), present
             if name == "quantile":
                 return quantiles(np.where(mask, vs, np.inf), count, parameter), present
         raise AssertionError(name)
 
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if name == "avg":
+            return _windowed(matrix, compensated_mean)
+        if name == "stdvar":
+            return _windowed(matrix, compensated_variance)
+        if name == "stddev":
+            return _windowed(matrix, lambda vs, mask: np.sqrt(compensated_variance(vs, mask)))
     stacked = name in ("count", "present", "last")
     return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name == "last")
+
+
+WINDOW_ELEMENTS = 1 << 21  # window samples _windowed reduces at once (a few tens of MB)
+
+
+def _windowed(matrix: RangeVector, reduce) -> Vector:
+    """``reduce(values, mask) -> row values`` over every series' windows, a row per series and
+    step, the windows of as many series as fit in WINDOW_ELEMENTS at once: for the reductions
+    that walk the windows position by position (a numpy call per position, whatever the rows)."""
+    steps = len(matrix.refs)
+    labels, rows, masks = [], [], []
+    batch: list[tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def flush():
+        width = max(vs.shape[1] for _, vs, _, _ in batch)
+        values, mask = np.zeros((len(batch) * steps, width)), np.zeros((len(batch) * steps, width), dtype=bool)
+        for n, (_, vs, window_mask, _) in enumerate(batch):
+            values[n * steps : (n + 1) * steps, : vs.shape[1]] = vs
+            mask[n * steps : (n + 1) * steps, : vs.shape[1]] = window_mask
+        reduced = np.asarray(reduce(values, mask)).reshape(len(batch), steps)
+        for (series_labels, _, _, present), row in zip(batch, reduced):
+            labels.append(drop_metric_name(series_labels))
+            rows.append(row)
+            masks.append(present)
+        batch.clear()
+
+    for series in matrix.series:
+        lo, hi = matrix.windows(series)
+        if not (hi > lo).any():
+            continue
+        _, vs, mask = gather(series, lo, hi)
+        if batch and (len(batch) + 1) * steps * max(vs.shape[1], *(b[1].shape[1] for b in batch)) > WINDOW_ELEMENTS:
+            flush()
+        batch.append((series.labels, vs, mask, hi > lo))
+    if batch:
+        flush()
+    if not rows:
+        return Vector.empty(steps)
+    return Vector(labels, np.vstack(rows), np.vstack(masks))
 
 
 def _kahan_add(increment: np.ndarray, total: np.ndarray, compensation: np.ndarray):
@@ -259,6 +300,11 @@ def _kahan_add(increment: np.ndarray, total: np.ndarray, compensation: np.ndarra
         np.abs(total) >= np.abs(increment), (total - new_total) + increment, (increment - new_total) + total
     )
     return new_total, compensation + lost
+
+
+def _where(condition: np.ndarray, chosen: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """np.where, without the copy when every row is chosen (most window positions)."""
+    return chosen if condition.all() else np.where(condition, chosen, other)
 
 
 def compensated_sum(rows: np.ndarray) -> np.ndarray:
@@ -278,12 +324,13 @@ def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
     infinities of its sign leave it. Window position by position, all steps at once."""
     mean, compensation, count = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
     for column in range(rows.shape[1]):
-        value, taken = rows[:, column], mask[:, column]
-        count = count + taken
-        stays = np.isinf(mean) & (np.isfinite(value) | (np.isinf(value) & ((mean > 0) == (value > 0))))
+        value, moves = rows[:, column], mask[:, column]
+        count = count + moves
         moved, corrected = _kahan_add(value / count - mean / count, mean, compensation)
-        moves = taken & ~stays
-        mean, compensation = np.where(moves, moved, mean), np.where(moves, corrected, compensation)
+        infinite = np.isinf(mean)
+        if infinite.any():
+            moves = moves & ~(infinite & (np.isfinite(value) | (np.isinf(value) & ((mean > 0) == (value > 0)))))
+        mean, compensation = _where(moves, moved, mean), _where(moves, corrected, compensation)
     return np.where(np.isinf(mean), mean, mean + compensation)
 
 
@@ -298,8 +345,8 @@ def compensated_variance(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
         delta = value - (mean + mean_lost)
         new_mean, new_mean_lost = _kahan_add(delta / count, mean, mean_lost)
         new_squares, new_squares_lost = _kahan_add(delta * (value - (new_mean + new_mean_lost)), squares, squares_lost)
-        mean, mean_lost = np.where(taken, new_mean, mean), np.where(taken, new_mean_lost, mean_lost)
-        squares, squares_lost = np.where(taken, new_squares, squares), np.where(taken, new_squares_lost, squares_lost)
+        mean, mean_lost = _where(taken, new_mean, mean), _where(taken, new_mean_lost, mean_lost)
+        squares, squares_lost = _where(taken, new_squares, squares), _where(taken, new_squares_lost, squares_lost)
     return (squares + squares_lost) / count
 
 
