@@ -15,6 +15,8 @@ from twisted.internet import defer, threads
 
 from gateway import __version__
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
+from gateway.ingest import Overloaded
+from gateway.limits import RateLimited
 from gateway.promql.engine import Query, format_value, parser_call
 from gateway.promql.service import PromQLService
 from gateway.promql.values import PromQLError, RangeVector, Scalar, String
@@ -86,8 +88,10 @@ def prometheus_errors(handler):
             error = raised
             while isinstance(error, defer.FirstError):  # gatherResults wraps the first failure
                 error = error.subFailure.value
-            if isinstance(error, HTTPError) and error.status in (401, 403):
-                raise
+            if isinstance(error, (RateLimited, Overloaded)) or (
+                isinstance(error, HTTPError) and error.status in (401, 403)
+            ):
+                raise  # the server's 401/403/429/503 answers, with their headers
             return _error_answer(error, request)
 
     return call
