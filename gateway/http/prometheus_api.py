@@ -15,6 +15,7 @@ from twisted.internet import threads
 from twisted.web import server
 
 from gateway.created import CreatedTimestamps, name_and_tags
+from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
@@ -70,10 +71,11 @@ class PrometheusAPI:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
         router.add("/api/v1/push", ("POST",), "remote_write", self.write, role="ingest")
         router.add("/api/v1/read", ("POST",), "remote_read", self.read, role="query")
-        router.add("/api/v1/metadata", ("GET",), "metadata", self.metadata, role="query")
+        router.add("/api/v1/metadata", ("GET",), "metadata", prometheus_errors(self.metadata), role="query")
 
     async def metadata(self, request) -> Response:
-        """Prometheus's metadata API: one ``metric``, or every metric of the tenant (up to ``limit``)."""
+        """Prometheus's metadata API: one ``metric``, or every metric family of the tenant (up to
+        ``limit`` of them), in Prometheus's envelope."""
         tenant = request_tenant(request)
         metric = arg(request, "metric")
         limit = arg(request, "limit")
