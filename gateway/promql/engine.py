@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import promql_parser
 
-from gateway.promql.functions import FUNCTIONS
+from gateway.promql.functions import _LABEL_NAME, FUNCTIONS
 from gateway.promql.range_functions import quantiles
 from gateway.promql.values import (
     NAME,
@@ -336,9 +336,12 @@ class Evaluator:
         grouping = list(modifier.labels) if modifier is not None else []
         without = modifier is not None and str(modifier.type).endswith("Without")
         if op == "count_values":
+            if not _LABEL_NAME.match(param.value):
+                raise PromQLError(f"invalid label name {param.value!r}")
             return _count_values(vector, param.value, grouping, without, ctx)
         group_of, group_labels = _groups(vector.labels, grouping, without)
         if op in ("topk", "bottomk"):
+            _check_k(param.values)
             return _top(vector, param.values, group_of, op)
         count = len(group_labels)
         counted = vector.sampled if op in ("count", "group") else vector.present
@@ -638,6 +641,13 @@ def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple
             group_labels.append(group)
         group_of[row] = index_of[key]
     return group_of, group_labels
+
+
+def _check_k(k_values: np.ndarray) -> None:
+    """topk/bottomk's k must fit an int64 at every step (NaN does not), as Prometheus checks."""
+    for k in k_values:
+        if not -(2.0**63) <= k <= 2.0**63:
+            raise PromQLError(f"Scalar value {k:g} overflows int64".replace("nan", "NaN"))
 
 
 def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) -> Vector:
