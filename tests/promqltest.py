@@ -210,9 +210,7 @@ def _command(line: int, text: str) -> Load | Clear | Eval:
         start, end, step = duration_ms(found["start"]), duration_ms(found["end"]), duration_ms(found["step"])
         if step <= 0 or end < start:
             raise FormatError("a range needs start <= end and a positive step")
-    return Eval(
-        line, found["expr"], start, end, step, ordered=command == "eval_ordered", fails=command == "eval_fail"
-    )
+    return Eval(line, found["expr"], start, end, step, ordered=command == "eval_ordered", fails=command == "eval_fail")
 
 
 def _add_line(command: Load | Eval, text: str) -> None:
@@ -290,8 +288,10 @@ def compare(case: Eval, got: list[tuple[dict[str, str], list[float | None]]]) ->
         expected = [tuple(sorted(s.items())) for s, _ in want]
         if order != expected:
             problems.append(
-                "order: expected " + ", ".join(show_labels(dict(k)) for k in expected)
-                + "; got " + ", ".join(show_labels(dict(k)) for k in order)
+                "order: expected "
+                + ", ".join(show_labels(dict(k)) for k in expected)
+                + "; got "
+                + ", ".join(show_labels(dict(k)) for k in order)
             )
     return problems
 
