@@ -40,7 +40,7 @@ STALE = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
 EPSILON = 1e-6
 MIN_NORMAL = 2.2250738585072014e-308
 
-_NUMBER = r"[+-]?(?:Inf|NaN|0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+_NUMBER = r"[+-]?(?:Inf|NaN|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
 _SEQUENCE = re.compile(rf"^({_NUMBER})(?:([+-])({_NUMBER}))?x(\d+)$", re.IGNORECASE)
 _EVAL = re.compile(
     r"^(eval|eval_ordered|eval_fail) +(?:instant +at +(?P<at>\S+)"
@@ -53,8 +53,8 @@ class FormatError(Exception):
 
 
 def number(text: str) -> float:
-    if re.fullmatch(r"[+-]?0[xX][0-9a-fA-F]+", text):
-        return float(int(text, 16))
+    if not re.fullmatch(_NUMBER, text, re.IGNORECASE):
+        raise ValueError(text)
     return float(text)
 
 
@@ -97,10 +97,10 @@ def duration_ms(text: str) -> int:
     return sign * sum(int(n) * _UNITS_MS[u] for n, u in parts)
 
 
-def split_series(line: str) -> tuple[dict[str, str], list[str]]:
-    """``metric{label="value"} rest...`` as its labels and the words after it."""
-    depth, quoted, escaped, end = 0, False, False, len(line)
-    for index, char in enumerate(line):
+def series_end(text: str) -> int:
+    """Where ``metric{label="value"}`` (or ``metric``, ``{...}``) at the start of ``text`` ends."""
+    depth, quoted, escaped = 0, False, False
+    for index, char in enumerate(text):
         if quoted:
             escaped = not escaped and char == "\\"
             quoted = escaped or char != '"'
@@ -111,11 +111,15 @@ def split_series(line: str) -> tuple[dict[str, str], list[str]]:
         elif char == "}":
             depth -= 1
             if depth == 0:
-                end = index + 1
-                break
+                return index + 1
         elif char.isspace() and depth == 0:
-            end = index
-            break
+            return index
+    return len(text)
+
+
+def split_series(line: str) -> tuple[dict[str, str], list[str]]:
+    """``metric{label="value"} rest...`` as its labels and the words after it."""
+    end = series_end(line)
     return labels(line[:end]), line[end:].split()
 
 

@@ -14,10 +14,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from functools import reduce
 from pathlib import Path
 
-from tests.promqltest import Clear, Eval, Load, compare, duration_ms, is_stale, labels, parse_file
+from tests.promqltest import Clear, Eval, Load, compare, duration_ms, is_stale, labels, parse_file, series_end
 
 _GOT = re.compile(r"^\s+got: (.*)$")
 _EXPR = re.compile(r'^\s+expr: (".*"), time: (\S+),(?: err: (.*))?$')
@@ -76,7 +77,6 @@ def check(path: Path) -> list[str]:
                 states[-1][0].append(command)
         elif not (command.step_ms and re.search(r"\b(start|end)\(\)", command.expr)):
             states[-1][1].append(command)
-    answers: dict[tuple[int, str, int], object] = {}
     with tempfile.TemporaryDirectory() as directory:
         files = []
         for number, (loads, evals) in enumerate(states):
@@ -116,16 +116,14 @@ def _answers(output: str, state_of: dict[str, int]) -> dict:
     for line in output.splitlines():
         if line.startswith("Unit Testing:"):
             state = state_of[Path(line.split(":", 1)[1].strip()).name]
-            continue
-        expr = _EXPR.match(line)
-        if expr:
+        elif expr := _EXPR.match(line):
             key = (state, json.loads(expr.group(1)), duration_ms(expr.group(2)))
             if expr.group(3) is not None:
                 answers[key] = expr.group(3)
-            continue
-        got = _GOT.match(line)
-        if got and key is not None:
+        elif got := _GOT.match(line):
             answers[key] = [] if got.group(1) == "nil" else _parse_samples(got.group(1))
+        elif line.strip() not in ("", "SUCCESS", "FAILED:") and not line.strip().startswith("exp:"):
+            raise RuntimeError(f"promtool said what this check cannot read: {line!r}")
     return answers
 
 
@@ -133,19 +131,9 @@ def _parse_samples(text: str) -> list[tuple[dict[str, str], float]]:
     """promtool's ``{__name__="m", a="b"} 1E+00, {} NaN`` as (labels, value) pairs."""
     found = []
     while text:
-        quoted, escaped, end = False, False, 0
-        for index, char in enumerate(text):
-            if quoted:
-                escaped = not escaped and char == "\\"
-                quoted = escaped or char != '"'
-            elif char == '"':
-                quoted = True
-            elif char == "}":
-                end = index + 1
-                break
-        value, _, rest = text[end:].strip().partition(", ")
-        found.append((labels(text[:end]), float(value)))
-        text = rest
+        end = series_end(text)
+        head, (value, _, text) = text[:end], text[end:].strip().partition(", ")
+        found.append((labels(head), float(value)))
     return found
 
 
@@ -160,8 +148,7 @@ def _disagreement(case: Eval, answers: list) -> list[str]:
         for series_labels, value in samples:
             by_series.setdefault(tuple(sorted(series_labels.items())), [None] * len(answers))[step] = value
     got = [(dict(key), points) for key, points in by_series.items()]
-    unordered = Eval(**{**case.__dict__, "ordered": False})
-    return compare(unordered, got)
+    return compare(replace(case, ordered=False), got)
 
 
 def main(paths: list[str]) -> int:

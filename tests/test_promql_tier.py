@@ -4,6 +4,7 @@ the ingest pipeline in a SQLite store, each ``eval`` answered by the query API's
 (parameters, PromQLService, the engine, the JSON encoders, the error envelope). Expected answers
 are Prometheus 2.42's (tests/promql/promtool_check.py confirms them with promtool)."""
 
+import math
 from pathlib import Path
 
 import orjson
@@ -17,7 +18,8 @@ from gateway.metadata_cache import KnownSeries
 from gateway.model import Limits, Sample
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
-from tests.promqltest import Clear, Eval, Load, compare, parse_file, show_labels
+from tests import promtool_check
+from tests.promqltest import Clear, Eval, Load, compare, is_stale, parse_file, values
 
 FILES = sorted((Path(__file__).parent / "promql").glob("*.test"))
 DAY_MS = 86_400_000
@@ -75,8 +77,10 @@ class Runner:
             return _check_error(case, status, document)
         if status != 200:
             return [f"error {document.get('errorType')} (HTTP {status}): {document.get('error')}"]
-        got = _series(case, document["data"])
-        return got if isinstance(got, list) and got and isinstance(got[0], str) else compare(case, got)
+        try:
+            return compare(case, _series(case, document["data"]))
+        except Undescribed as error:
+            return [str(error)]
 
 
 def _check_error(case: Eval, status: int, document: dict) -> list[str]:
@@ -90,44 +94,36 @@ def _check_error(case: Eval, status: int, document: dict) -> list[str]:
     return problems
 
 
-def _value(text: str) -> float:
-    return float(text)
+class Undescribed(Exception):
+    """An answer the file format has no words for (a range vector, a string, a native histogram)."""
 
 
-def _series(case: Eval, data: dict) -> list:
-    """The answer as (labels, one value per step or None) pairs, or a list of problems."""
+def _series(case: Eval, data: dict) -> list[tuple[dict[str, str], list[float | None]]]:
+    """The answer as (labels, one value per step or None) pairs; values arrive as Prometheus
+    writes them ("NaN", "+Inf", shortest decimal), which float() reads back exactly."""
     kind, result = data["resultType"], data["result"]
     if kind == "scalar":
-        return [({}, [_value(result[1])])]
+        return [({}, [float(result[1])])]
     if kind == "vector" and not case.step_ms:
         if any("histogram" in sample for sample in result):
-            return ["a native histogram in the answer"]
-        return [(sample["metric"], [_value(sample["value"][1])]) for sample in result]
+            raise Undescribed("a native histogram in the answer")
+        return [(sample["metric"], [float(sample["value"][1])]) for sample in result]
     if kind == "matrix" and case.step_ms:
         index = {ms: i for i, ms in enumerate(case.times_ms)}
         got = []
         for series in result:
             points: list[float | None] = [None] * len(index)
             for t, v in series.get("values", []):
-                points[index[round(t * 1000)]] = _value(v)
+                points[index[round(t * 1000)]] = float(v)
             got.append((series["metric"], points))
         return got
-    return [f"a {kind} answer, not what the case can describe"]
+    raise Undescribed(f"a {kind} answer, which the case cannot describe")
 
 
-def cases() -> list[Eval]:
-    return [c for path in FILES for c in parse_file(path) if isinstance(c, Eval)]
-
-
-def test_the_tier_has_enough_cases():
-    assert len(cases()) >= MIN_CASES
-
-
-@pytest.mark.parametrize("path", FILES, ids=lambda path: path.stem)
-@pytest_twisted.ensureDeferred
-async def test_promql_file(sqlite_store, path):
-    runner = Runner(sqlite_store)
-    failures = []
+async def failures(store, path: Path) -> list[str]:
+    """Each failing case of the file: file:line, the expression, what differs."""
+    runner = Runner(store)
+    found = []
     for command in parse_file(path):
         if isinstance(command, Clear):
             runner.clear()
@@ -136,20 +132,49 @@ async def test_promql_file(sqlite_store, path):
         else:
             problems = await runner.check(command)
             if problems:
-                where = f"{path.relative_to(Path(__file__).parent)}:{command.line}"
-                failures.append(f"{where}: {command.expr}\n      " + "\n      ".join(problems))
-    assert not failures, f"{len(failures)} case(s) failed:\n" + "\n".join(failures)
+                where = f"{path.relative_to(path.parent.parent)}:{command.line}"
+                found.append(f"{where}: {command.expr}\n      " + "\n      ".join(problems))
+    return found
 
 
-def test_failures_name_the_case(tmp_path):
-    """A wrong expectation is reported with file:line, the expression, expected and got."""
-    case = parse_file(_written(tmp_path, "eval instant at 1m vector(1)\n  {} 2\n"))[0]
-    (problem,) = compare(case, [({}, [1.0])])
-    assert problem == "{}: expected 2.0, got 1.0"
-    assert show_labels({"__name__": "m", "b": "2", "a": "1"}) == 'm{a="1", b="2"}'
+def test_the_tier_has_enough_cases():
+    cases = [c for path in FILES for c in parse_file(path) if isinstance(c, Eval)]
+    assert len(cases) >= MIN_CASES
 
 
-def _written(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "case.test"
-    path.write_text(text)
-    return path
+@pytest.mark.parametrize("path", FILES, ids=lambda path: path.stem)
+@pytest_twisted.ensureDeferred
+async def test_promql_file(sqlite_store, path):
+    found = await failures(sqlite_store, path)
+    assert not found, f"{len(found)} case(s) failed:\n" + "\n".join(found)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", FILES, ids=lambda path: path.stem)
+def test_expectations_are_prometheus_answers(path):
+    """Prometheus 2.42 itself (promtool) gives every expectation of the file."""
+    disagreements = promtool_check.check(path)
+    assert not disagreements, "\n".join(disagreements)
+
+
+def test_series_notation():
+    found = values("0+10x3 1 _ 3 stale _x2 5x2 -1-0.5x2 NaN Inf -Inf 1e308".split())
+    assert is_stale(found[7]) and math.isnan(found[16])
+    assert found[:7] + found[8:16] == [0, 10, 20, 30, 1, None, 3, None, None, 5, 5, 5, -1, -1.5, -2]
+    assert found[17:] == [math.inf, -math.inf, 1e308]
+
+
+@pytest_twisted.ensureDeferred
+async def test_failures_name_the_file_line_expression_expected_and_got(sqlite_store, tmp_path):
+    (tmp_path / "cases").mkdir()
+    path = tmp_path / "cases" / "wrong.test"
+    path.write_text(
+        'load 1m\n  m{a="1"} 0+1x5\n\neval instant at 2m m * 2\n  {a="1"} 5\n\n'
+        'eval_fail instant at 2m m\n\neval_ordered instant at 0 sort_desc(m or vector(9))\n  m{a="1"} 0\n  {} 9\n'
+    )
+    assert await failures(sqlite_store, path) == [
+        'cases/wrong.test:4: m * 2\n      {a="1"}: expected 5.0, got 4.0',
+        'cases/wrong.test:7: m\n      expected an error, got {"resultType":"vector","result":[{"metric":{"a":"1",'
+        '"__name__":"m"},"value":[120.0,"2"]}]}',
+        'cases/wrong.test:9: sort_desc(m or vector(9))\n      order: expected m{a="1"}, {}; got {}, m{a="1"}',
+    ]
