@@ -6,6 +6,7 @@ included); the service fetches those series through the read path; then ``Evalua
 the expression over numpy arrays, off the reactor, checking the query's deadline between nodes.
 """
 
+import json
 import math
 import time
 from collections import defaultdict
@@ -62,9 +63,36 @@ class Query(NamedTuple):
 
 def parse(text: str):
     try:
-        return promql_parser.parse(text)
+        return promql_parser.parse(_raw_strings_quoted(text))
     except (ValueError, TypeError) as error:
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
+
+
+def _raw_strings_quoted(text: str) -> str:
+    """``text`` with each backtick string as the double-quoted string of the same value: PromQL
+    keeps a backtick string's backslashes as they are (a regex such as \\d+), where promql-parser
+    reads them as escapes and refuses \\d."""
+    if "`" not in text:
+        return text
+    out, index = [], 0
+    while index < len(text):
+        char = text[index]
+        if char in "\"'":
+            end = index + 1
+            while end < len(text) and text[end] != char:
+                end += 2 if text[end] == "\\" else 1
+        elif char == "#":  # a comment, to the end of the line
+            end = text.find("\n", index)
+            end = (len(text) if end < 0 else end) - 1
+        elif char == "`" and (end := text.find("`", index + 1)) > 0:
+            out.append(json.dumps(text[index + 1 : end], ensure_ascii=False))
+            index = end + 1
+            continue
+        else:
+            end = index
+        out.append(text[index : end + 1])
+        index = end + 1
+    return "".join(out)
 
 
 def _ms(delta) -> int:
