@@ -101,9 +101,11 @@ def series_end(text: str) -> int:
     """Where ``metric{label="value"}`` (or ``metric``, ``{...}``) at the start of ``text`` ends."""
     depth, quoted, escaped = 0, False, False
     for index, char in enumerate(text):
-        if quoted:
-            escaped = not escaped and char == "\\"
-            quoted = escaped or char != '"'
+        if escaped:
+            escaped = False
+        elif quoted:
+            escaped = char == "\\"
+            quoted = char != '"'
         elif char == '"':
             quoted = True
         elif char == "{":
