@@ -1,6 +1,6 @@
 """The PromQL test files (tests/promql/*.test): a small ``load``/``eval`` language of our own,
 after the idea of Prometheus's promql/testdata format, parsed here and run by
-tests/test_promql_tier.py (and checked against Prometheus 2.42 by tests/promql/promtool_check.py).
+tests/test_promql_tier.py (and checked against Prometheus 2.42 by tests/promtool_check.py).
 
 A file is a list of commands; indented lines belong to the command above them; ``#`` starts a
 comment line::
@@ -221,17 +221,20 @@ def _command(line: int, text: str) -> Load | Clear | Eval:
 
 def _add_line(command: Load | Eval, text: str) -> None:
     if isinstance(command, Load):
-        command.series.append(_series_line(text))
+        series_labels, points = _series_line(text)
+        if "__name__" not in series_labels:
+            raise FormatError("a loaded series needs a metric name")
+        command.series.append((series_labels, points))
         return
     if command.fails:
         kind, _, message = text.partition(" ")
-        if kind != "error":
+        if kind != "error" or command.error_type is not None:
             raise FormatError("eval_fail takes one line: error [<errorType> [<part of the message>]]")
         command.error_type, _, rest = message.strip().partition(" ")
         command.error_type = command.error_type or None
         command.error_text = rest.strip() or None
         return
-    if re.fullmatch(_NUMBER, text):
+    if re.fullmatch(_NUMBER, text, re.IGNORECASE):
         if command.series or command.scalar is not None or command.step_ms:
             raise FormatError("a scalar answer is one value alone")
         command.scalar = number(text)
