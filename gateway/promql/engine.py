@@ -6,6 +6,7 @@ included); the service fetches those series through the read path; then ``Evalua
 the expression over numpy arrays, off the reactor, checking the query's deadline between nodes.
 """
 
+import json
 import math
 import time
 from collections import defaultdict
@@ -15,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import promql_parser
 
-from gateway.promql.functions import FUNCTIONS
+from gateway.promql.functions import _LABEL_NAME, FUNCTIONS
 from gateway.promql.range_functions import quantiles
 from gateway.promql.values import (
     NAME,
@@ -76,7 +77,7 @@ def parse(text: str):
     """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
     and offsets out of range, regular expressions RE2 does not take."""
     try:
-        expr = parser_call(promql_parser.parse, text)
+        expr = parser_call(promql_parser.parse, _raw_strings_quoted(text))
         for node in _nodes(expr):
             _check_node(node)
     except (ValueError, TypeError, OverflowError) as error:
@@ -115,6 +116,33 @@ def _check_node(node) -> None:
                     compile_regex(matcher.value, dot_nl=True)
                 except BadPattern as error:
                     raise ValueError(f"error parsing regexp: {error}") from None
+
+
+def _raw_strings_quoted(text: str) -> str:
+    """``text`` with each backtick string as the double-quoted string of the same value: PromQL
+    keeps a backtick string's backslashes as they are (a regex such as \\d+), where promql-parser
+    reads them as escapes and refuses \\d."""
+    if "`" not in text:
+        return text
+    out, index = [], 0
+    while index < len(text):
+        char = text[index]
+        if char in "\"'":
+            end = index + 1
+            while end < len(text) and text[end] != char:
+                end += 2 if text[end] == "\\" else 1
+        elif char == "#":  # a comment, to the end of the line
+            end = text.find("\n", index)
+            end = (len(text) if end < 0 else end) - 1
+        elif char == "`" and (end := text.find("`", index + 1)) > 0:
+            out.append(json.dumps(text[index + 1 : end], ensure_ascii=False))
+            index = end + 1
+            continue
+        else:
+            end = index
+        out.append(text[index : end + 1])
+        index = end + 1
+    return "".join(out)
 
 
 def _ms(delta) -> int:
@@ -391,9 +419,12 @@ class Evaluator:
         grouping = list(modifier.labels) if modifier is not None else []
         without = modifier is not None and str(modifier.type).endswith("Without")
         if op == "count_values":
+            if not _LABEL_NAME.match(param.value):
+                raise PromQLError(f"invalid label name {param.value!r}")
             return _count_values(vector, param.value, grouping, without, ctx)
         group_of, group_labels = _groups(vector.labels, grouping, without)
         if op in ("topk", "bottomk"):
+            _check_k(param.values)
             return _top(vector, param.values, group_of, op)
         count = len(group_labels)
         counted = vector.sampled if op in ("count", "group") else vector.present
@@ -742,6 +773,13 @@ def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.nd
         squares[groups] = np.where(present, squares[groups] + added, squares[groups])
         seen[groups] = n
     return squares / seen
+
+
+def _check_k(k_values: np.ndarray) -> None:
+    """topk/bottomk's k must fit an int64 at every step (NaN does not), as Prometheus checks."""
+    for k in k_values:
+        if not -(2.0**63) <= k <= 2.0**63:
+            raise PromQLError(f"Scalar value {k:g} overflows int64".replace("nan", "NaN"))
 
 
 def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) -> Vector:

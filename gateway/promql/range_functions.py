@@ -352,8 +352,10 @@ def compensated_variance(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Prometheus's quantile (linear interpolation between closest ranks) of each row's first
-    ``count`` values once sorted (padding sorts last as +Inf); q < 0 is -Inf, q > 1 is +Inf."""
-    ordered = np.sort(rows, axis=1)
+    ``count`` values once sorted, NaN first as Prometheus sorts them (padding sorts last as
+    +Inf); q < 0 is -Inf, q > 1 is +Inf. Both ranks always count, so an infinite value at the
+    rank gives NaN (Inf * 0), as in Prometheus."""
+    ordered = np.take_along_axis(rows, np.lexsort((rows, ~np.isnan(rows)), axis=1), axis=1)
     with np.errstate(invalid="ignore"):
         rank = np.clip(q, 0, 1) * (count - 1)
     lower = np.clip(np.floor(np.nan_to_num(rank)), 0, np.maximum(count - 1, 0)).astype(np.int64)
@@ -361,7 +363,6 @@ def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
     weight = rank - lower
     pick = np.arange(len(ordered))
     result = ordered[pick, lower] * (1 - weight) + ordered[pick, upper] * weight
-    result = np.where(count == 1, ordered[:, 0], result)
     result = np.where(q < 0, -np.inf, np.where(q > 1, np.inf, result))
     return np.where(np.isnan(q), np.nan, result)
 
