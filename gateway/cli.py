@@ -6,8 +6,28 @@ import os
 import sys
 
 from gateway import __version__
-from gateway.config import ConfigError, add_arguments, build_config, setting_flags
+from gateway.config import (
+    DOWNSAMPLE_SETTINGS,
+    SCHEMA_SETTINGS,
+    ConfigError,
+    add_arguments,
+    build_config,
+    did_you_mean,
+    setting_flags,
+)
 from gateway.workers import Worker, supervise
+
+OWN_LOGGERS = ("gateway", "protocols", "__main__")
+
+
+class _NoDriverTracebacks(logging.Filter):
+    """Libraries' log lines (the Cassandra driver's above all) without their tracebacks: a
+    refused connection is one line, not forty. ``--log-level debug`` keeps everything."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(OWN_LOGGERS):
+            record.exc_info = record.exc_text = record.stack_info = None
+        return True
 
 
 def _setup_logging(level: str, process: str = "") -> None:
@@ -19,6 +39,9 @@ def _setup_logging(level: str, process: str = "") -> None:
 
     tag = f"[{process}] " if process else ""
     logging.basicConfig(stream=sys.stderr, level=level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
+    if level != "DEBUG":
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_NoDriverTracebacks())
     globalLogBeginner.beginLoggingTo([STDLibLogObserver()], redirectStandardIO=False)
 
 
@@ -104,8 +127,42 @@ def _auth(namespace: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--stor`` is not ``--store``), with one-line errors
+    (the usage of ``serve`` is 50 flags long) and a "did you mean" for a mistyped flag."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command_parser(namespace)
+            unknown = extras[0].partition("=")[0]
+            flags = [flag for action in command._actions for flag in action.option_strings]
+            hint = did_you_mean(unknown, flags) if unknown.startswith("-") else ""
+            command.error(f"unrecognized argument {unknown}{hint}")
+        return namespace
+
+    def _command_parser(self, namespace: argparse.Namespace) -> "argparse.ArgumentParser":
+        """The (sub)command's own parser, whose flags a mistyped one is compared with."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            chosen = [
+                action.choices[getattr(namespace, action.dest)]
+                for action in parser._actions
+                if isinstance(action, argparse._SubParsersAction) and getattr(namespace, action.dest, None)
+            ]
+            if not chosen:
+                return parser
+            parser = chosen[0]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tsgate", description=__doc__)
+    parser = Parser(prog="tsgate", description=__doc__)
     parser.add_argument("--version", action="version", version=f"tsgate {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway")
@@ -113,11 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     schema = commands.add_parser("schema", help="print or apply the Cassandra schema")
     schema.add_argument("action", choices=["print", "apply"])
-    add_arguments(schema)
+    add_arguments(schema, SCHEMA_SETTINGS)
     schema.set_defaults(func=_schema)
     downsample = commands.add_parser("downsample", help="roll up settled slots (see --once)")
     downsample.add_argument("--once", action="store_true", help="process everything settled now, then exit")
-    add_arguments(downsample)
+    add_arguments(downsample, DOWNSAMPLE_SETTINGS)
     downsample.set_defaults(func=_downsample)
     auth = commands.add_parser("auth", help="hash a bearer token or a password (read from stdin) for --auth-file")
     auth.add_argument("action", choices=["hash-token", "hash-password"])
