@@ -166,8 +166,8 @@ SETTINGS = [
     Setting(
         "http-idle-timeout",
         parse_duration,
-        "60s",
-        "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never",
+        "6m",
+        "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never; longer than clients keep idle connections (Prometheus 5m, Go and Grafana 90s), so that they close first",
     ),
     Setting(
         "carbon-idle-timeout",

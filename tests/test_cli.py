@@ -34,6 +34,13 @@ def test_defaults():
     assert config.slot_width == 3_600_000
 
 
+def test_http_connections_outlive_the_idle_time_of_prometheus_clients():
+    """The server closing an idle keep-alive connection as Prometheus reuses it fails a remote
+    write (``Failed to send batch ... EOF``): its client keeps idle connections 5 min, so the
+    gateway keeps them longer and the client always closes first."""
+    assert config_from().http_idle_timeout > 5 * 60_000
+
+
 def test_file_then_flags(tmp_path):
     path = tmp_path / "tsgate.toml"
     path.write_text('http = "127.0.0.1:9999"\nmax_tags = 5\nmax-sample-age = "7d"\n')

@@ -362,6 +362,7 @@ def test_idle_and_slow_header_connections_are_closed(tmp_path):
             keep_alive.request("GET", "/healthz")
             answer = keep_alive.getresponse()
             assert answer.status == 200 and answer.read()
+            assert answer.getheader("Keep-Alive") == "timeout=1"  # how long it may idle: clients can know
             time.sleep(0.6)
         keep_alive.close()
         assert "graphite_plaintext: closing the connection from 127.0.0.1:" in gateway.log()
