@@ -115,15 +115,19 @@ def _downsample(namespace: argparse.Namespace) -> int:
 
 
 def _auth(namespace: argparse.Namespace) -> int:
-    """``auth hash-token`` / ``auth hash-password``: the hash of a secret read from stdin, for
-    ``--auth-file`` (the secret itself is never stored)."""
+    """``auth hash-token`` / ``auth hash-password``: the hash of a secret read from stdin, as the
+    ``--auth-file`` line to paste (``sha256 = "..."``, ``password = "..."``); the secret itself is
+    never stored."""
     from gateway.http.auth import hash_password, hash_token
 
     secret = sys.stdin.readline().rstrip("\r\n")
     if not secret:
         print(f"tsgate auth {namespace.action}: give the secret on stdin", file=sys.stderr)
         return 2
-    print(hash_token(secret) if namespace.action == "hash-token" else hash_password(secret))
+    if namespace.action == "hash-token":
+        print(f'sha256 = "{hash_token(secret)}"')
+    else:
+        print(f'password = "{hash_password(secret)}"')
     return 0
 
 
@@ -176,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     downsample.add_argument("--once", action="store_true", help="process everything settled now, then exit")
     add_arguments(downsample, DOWNSAMPLE_SETTINGS)
     downsample.set_defaults(func=_downsample)
-    auth = commands.add_parser("auth", help="hash a bearer token or a password (read from stdin) for --auth-file")
+    auth = commands.add_parser(
+        "auth", help="hash a bearer token or a password (read from stdin) into a line of an --auth-file"
+    )
     auth.add_argument("action", choices=["hash-token", "hash-password"])
     auth.set_defaults(func=_auth)
     from gateway.devservices.cli import register
