@@ -103,14 +103,18 @@ def _downsample(namespace: argparse.Namespace) -> int:
     async def once(reactor):
         store = open_store(config.store_url, config.layout)
         role = DownsampleRole(config, store)
-        await start_store(config, store, role.pending)
+        try:
+            await start_store(config, store, role.pending)
+        except Exception as error:  # an unreachable store: one line, as `serve` says it
+            print(f"tsgate downsample: could not start: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None  # task.react's way to an exit code without a traceback
         try:
             done = await role.run_once()
             print(f"rolled up {done} series-slots; {await role.waiting()} left pending for a later round", flush=True)
         finally:
             await store.close()
 
-    task.react(lambda reactor: defer.ensureDeferred(once(reactor)))  # exits: 0, or 1 with the error logged
+    task.react(lambda reactor: defer.ensureDeferred(once(reactor)))  # exits: 0, or 1 with the error said
     return 0
 
 

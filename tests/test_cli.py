@@ -181,11 +181,12 @@ def test_schema_apply_where_nothing_listens_is_one_line_and_exit_1():
 
 
 @pytest.mark.slow
-def test_serve_with_cassandra_down_logs_no_driver_traceback(tmp_path):
-    result = tsgate(
-        "serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--workers", "1",
-        "--store", f"cassandra://127.0.0.1:{free_port()}/tsdb",
-    )  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [["serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--workers", "1"], ["downsample", "--once"]],
+)
+def test_an_unreachable_store_is_one_line_without_driver_tracebacks(command):
+    result = tsgate(*command, "--store", f"cassandra://127.0.0.1:{free_port()}/tsdb")
     assert result.returncode == 1 and "Traceback" not in result.stderr and "cassandra.cluster" not in result.stderr
     assert "could not start: cannot reach Cassandra" in result.stderr
 
