@@ -3,6 +3,7 @@
 import argparse
 import logging
 import os
+import re
 import sys
 
 from gateway import __version__
@@ -18,6 +19,7 @@ from gateway.config import (
 from gateway.workers import Worker, supervise
 
 OWN_LOGGERS = ("gateway", "protocols", "__main__")
+INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
 class _NoDriverTracebacks(logging.Filter):
@@ -143,6 +145,9 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
+        choice = INVALID_CHOICE.search(message)  # a mistyped command (``tsgate serv``)
+        if choice:
+            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]

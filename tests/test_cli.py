@@ -145,6 +145,12 @@ def test_cli_mistakes_get_one_line_naming_the_flag(capsys, argv, message):
     assert code == 2 and err.startswith(message) and err.count("\n") == 1
 
 
+def test_a_mistyped_command_gets_a_suggestion(capsys):
+    code, err = run_cli(capsys, "schema", "aply")
+    assert code == 2 and err.startswith("tsgate schema: argument action: invalid choice: 'aply'")
+    assert "(did you mean apply?)" in err and err.count("\n") == 1
+
+
 def test_a_mistyped_config_key_gets_a_suggestion(tmp_path):
     path = tmp_path / "tsgate.toml"
     path.write_text("max-tag = 5\n")
