@@ -229,6 +229,12 @@ SETTINGS = [
         "1024",
         "longest Prometheus metadata text (metric family name, help, unit); longer metadata is skipped and counted, its samples are written",
     ),
+    Setting(
+        "max-native-histogram-buckets",
+        _non_negative,
+        "160",
+        "most buckets (positive and negative) of one remote-written native histogram; one with more is refused and counted, the rest of the request is written (Prometheus's native_histogram_bucket_limit, which lowers a scrape's resolution instead); 0: no limit",
+    ),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
     Setting(
@@ -293,6 +299,7 @@ class Config:
     max_tags: int
     created_timestamp_zero_ingestion: bool
     max_metadata_length: int
+    max_native_histogram_buckets: int
     max_sample_age: int
     max_future: int
     workers: int | None

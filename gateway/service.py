@@ -79,6 +79,7 @@ class Gateway:
             config.max_decompressed_bytes,
             config.max_samples_per_query,
             config.created_timestamp_zero_ingestion,
+            config.max_native_histogram_buckets,
         ).register(router)
         PromQLAPI(
             PromQLService(

@@ -33,6 +33,7 @@ PARSER_BUDGET_S = 12
 # seconds of each HTTP part: the sweep of every GET parameter with every hostile value (about
 # 4,500 requests, under 20 s here) then random mixes until its time is up; random targets; reads
 GET_BUDGET_S, TARGET_BUDGET_S, READ_BUDGET_S = 30, 12, 5
+MAP_REDUCE_BUDGET_S = 8  # reduceSeries(mapSeries(...)) compositions
 NOW_MS = 1_795_000_000_000
 
 HOSTILE_TEXT = [
@@ -413,6 +414,39 @@ def random_target(rng: random.Random, catalog: dict, depth: int = 0) -> str:
     return f"{name}({', '.join(arguments)})"
 
 
+MAP_SOURCES = [
+    "a.b.*",
+    "a.*.*",
+    "a.b.{c,d}",
+    "seriesByTag('name=cpu')",
+    "nothing.here",
+    "time('t', 60)",
+    "aliasSub(a.b.*, 'b', '%s')" % ("9" * 5000),
+    "aliasByNode(a.b.*, 2)",
+    "group(a.b.c, a.b.c)",
+    "sumSeries(a.b.*)",
+]
+MAP_NODES = ["0", "1", "2", "-1", "-99", "99", "99999999999999999999", "'host'", "'name'", "''", "1.5", "inf"]
+MATCHERS = ["'c'", "'d'", "'e'", "'b'", "'a'", "'t'", "'web1'", "''", "'9'", "1"]
+REDUCE_FUNCTIONS = ["sumSeries", "diffSeries", "asPercent", "divideSeries", "group", "sortByName", "mapSeries"]
+REDUCE_OUTER = ["{}", "sortByName({}, true)", "aliasByNode({}, 0, 2)", "sumSeries({})", "highest({})", "mapSeries({})"]
+
+
+def random_map_reduce_target(rng: random.Random, catalog: dict, depth: int = 0) -> str:
+    """reduceSeries over mapSeries with odd nodes, matchers and reduce functions, nested and wrapped."""
+    source = rng.choice(MAP_SOURCES)
+    if depth < 1 and rng.random() < 0.3:
+        source = random_map_reduce_target(rng, catalog, depth + 1)
+    mapped = f"mapSeries({source}, {', '.join(rng.sample(MAP_NODES, rng.randint(0, 2)))})"
+    if rng.random() < 0.1:
+        mapped = mapped.replace(", )", ")")
+    function = rng.choice(REDUCE_FUNCTIONS if rng.random() < 0.7 else sorted(catalog))
+    matchers = rng.sample(MATCHERS, rng.randint(0, 3))
+    arguments = [mapped, repr(function), rng.choice(MAP_NODES), *matchers]
+    reduced = f"reduceSeries({', '.join(arguments)})"
+    return rng.choice(REDUCE_OUTER).format(reduced)
+
+
 def test_no_get_parameter_gets_a_5xx(gateway):
     rng = random.Random(SEED)
     deadline = time.monotonic() + GET_BUDGET_S
@@ -467,6 +501,28 @@ def test_random_render_targets_get_no_5xx(gateway):
             failures.append(f"POST /render {params} -> {answer.status} {answer.body[:200]!r}")
     assert sent > 50
     assert not failures, f"{len(failures)} of {sent} targets answered 5xx:\n" + "\n".join(failures[:30])
+
+
+def test_map_reduce_compositions_get_no_5xx(gateway):
+    """Groups missing a matcher, nodes out of range, reduce functions that take no series lists,
+    lists of lists where a series is due: an answer or a 400, as graphite-web would fail with a 500."""
+    rng = random.Random(SEED + 3)
+    catalog = gateway.get("/functions").json()
+    deadline = time.monotonic() + MAP_REDUCE_BUDGET_S
+    failures, statuses = [], []
+    while time.monotonic() < deadline:
+        params = {"target": random_map_reduce_target(rng, catalog), "from": "-10min", "format": "json"}
+        answer = gateway.post(
+            "/render",
+            urllib.parse.urlencode(params).encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            timeout=20,
+        )
+        statuses.append(answer.status)
+        if answer.status >= 500:
+            failures.append(f"POST /render {params} -> {answer.status} {answer.body[:200]!r}")
+    assert len(statuses) > 30 and statuses.count(200) > 5 and statuses.count(400) > 5, statuses
+    assert not failures, f"{len(failures)} of {len(statuses)} targets answered 5xx:\n" + "\n".join(failures[:30])
 
 
 def test_hostile_remote_reads_get_no_5xx(gateway):
