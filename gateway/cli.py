@@ -18,16 +18,15 @@ from gateway.config import (
 )
 from gateway.workers import Worker, supervise
 
-OWN_LOGGERS = ("gateway", "protocols", "__main__")
 INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
 class _NoDriverTracebacks(logging.Filter):
-    """Libraries' log lines (the Cassandra driver's above all) without their tracebacks: a
-    refused connection is one line, not forty. ``--log-level debug`` keeps everything."""
+    """The Cassandra driver's log lines without their tracebacks: a node that refuses a
+    connection is one line, not forty. ``--log-level debug`` keeps everything."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(OWN_LOGGERS):
+        if record.name.startswith("cassandra"):
             record.exc_info = record.exc_text = record.stack_info = None
         return True
 
