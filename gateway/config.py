@@ -150,6 +150,12 @@ SETTINGS = [
         "",
         "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header",
     ),
+    Setting(
+        "enable-admin-api",
+        _boolean,
+        "false",
+        "serve the endpoints that change stored data (deletes, docs/operations.rst); with --auth-file they need the admin role",
+    ),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting(
         "max-decompressed-bytes",
@@ -277,6 +283,7 @@ class Config:
     redis: str
     redis_key_ttl: int
     auth_file: Path | None
+    enable_admin_api: bool
     max_body_bytes: int
     max_decompressed_bytes: int
     max_connections: int | None
@@ -408,6 +415,7 @@ DOWNSAMPLE_SETTINGS = (
     "downsample-interval",
     "counter-suffixes",
 )
+DELETE_SETTINGS = (*DOWNSAMPLE_SETTINGS, "max-future", "max-series-per-query")
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:

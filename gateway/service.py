@@ -23,12 +23,14 @@ from twisted.internet.task import LoopingCall
 from gateway import __version__
 from gateway.config import Config
 from gateway.connections import Connections
+from gateway.deletes import Deleter
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.graphite.tagdb import TagDB
+from gateway.http.admin_api import AdminAPI
 from gateway.http.auth import Credentials
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.native_api import NativeAPI
@@ -101,6 +103,15 @@ class Gateway:
             config.max_points_per_query,
         ).register(router)
         OpsAPI(self.store).register(router)
+        deleter = Deleter(
+            self.store,
+            self.planner,
+            counter_suffixes(config),
+            config.max_future,
+            self.pipeline.known,
+            self.shared_seen,
+        )
+        AdminAPI(deleter, config.enable_admin_api).register(router)
         self.connections = Connections(config.connection_limit)
         self.site = Site(router, config.max_body_bytes, self.connections, _seconds(config.http_idle_timeout))
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
@@ -206,9 +217,7 @@ class DownsampleRole:
     def __init__(self, config: Config, store):
         self.partitions = config.owned_partitions
         self.pending = pending_tracker(config, store)
-        self.downsampler = Downsampler(
-            store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(",")))
-        )
+        self.downsampler = Downsampler(store, self.pending, config.layout, counter_suffixes(config))
         self.partition_lock = partition_lock(config, self.pending)
 
     async def run_once(self) -> int:
@@ -228,6 +237,10 @@ async def start_store(config: Config, store, pending, shared_seen: RedisSeenSeri
         pending.use_namespace(namespace)
         if shared_seen is not None:
             shared_seen.namespace = namespace
+
+
+def counter_suffixes(config: Config) -> tuple[str, ...]:
+    return tuple(filter(None, config.counter_suffixes.split(",")))
 
 
 def pending_tracker(config: Config, store):
