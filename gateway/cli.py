@@ -124,7 +124,7 @@ def _delete(namespace: argparse.Namespace) -> int:
     """``delete``: the series of Prometheus selectors or Graphite globs, in a range; ``--dry-run``
     prints what would go (series, samples) and deletes nothing."""
     config = build_config(namespace)
-    if bool(namespace.match) == bool(namespace.graphite):
+    if bool(namespace.match) == bool(namespace.patterns):
         raise ConfigError("give --match SELECTOR or --graphite PATTERN (each repeatable), not both")
     from gateway.http.promql_api import parse_time
     from gateway.promql.values import PromQLError
@@ -164,13 +164,13 @@ def _delete(namespace: argparse.Namespace) -> int:
             if namespace.match:
                 series = await deleter.select_prometheus(namespace.tenant, namespace.match)
             else:
-                series = await deleter.select_graphite(namespace.tenant, namespace.graphite)
+                series = await deleter.select_graphite(namespace.tenant, namespace.patterns)
             first, last = deleter.bounds(start, end)
             counts = await deleter.count(series, first, last)
             for count in counts:
                 key = count.series
                 name = (
-                    key.metric_name if namespace.graphite else _selector(prometheus_labels(key.metric_name, key.tags))
+                    key.metric_name if namespace.patterns else _selector(prometheus_labels(key.metric_name, key.tags))
                 )
                 gone = ", leaves the index" if count.removed else ""
                 print(f"{name}: {count.samples} samples, {count.histograms} histograms{gone}")
@@ -284,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     delete = commands.add_parser("delete", help="delete series and samples (Prometheus selectors or Graphite globs)")
     delete.add_argument("--tenant", default="default", help="the tenant whose series are deleted")
     delete.add_argument("--match", action="append", default=[], help="a Prometheus series selector (repeatable)")
-    delete.add_argument("--graphite", action="append", default=[], help="a Graphite path or glob (repeatable)")
+    delete.add_argument(
+        "--graphite", dest="patterns", action="append", default=[], help="a Graphite path or glob (repeatable)"
+    )
     delete.add_argument("--start", help="first time deleted: epoch seconds or RFC 3339; default: the oldest")
     delete.add_argument("--end", help="last time deleted: epoch seconds or RFC 3339; default: the newest")
     delete.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")

@@ -78,11 +78,6 @@ class Deleter:
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
             matchers = selector_matchers(expr)
-            if all(m.matches("") for m in matchers):
-                raise PromQLError(
-                    f'invalid parameter "match[]": {text!r} matches every series; add a matcher that needs a value',
-                    "bad_data",
-                )
             for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
                 found[key.series_set_hash] = key
         return sorted(found.values(), key=_order)

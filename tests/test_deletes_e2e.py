@@ -97,7 +97,7 @@ def test_delete_series_range_then_whole(start_gateway, backend_args, tenant):
         ([], "no match[] parameter provided"),
         ([("match[]", "up{")], "invalid parameter"),
         ([("match[]", "rate(up[5m])")], "is not a series selector"),
-        ([("match[]", '{job=~".*"}')], "matches every series"),
+        ([("match[]", '{job=~".*"}')], "at least one non-empty matcher"),
         ([("match[]", "up"), ("start", "yesterday")], 'invalid parameter "start"'),
         ([("match[]", "up"), ("start", "200"), ("end", "100")], "end timestamp must not be before start time"),
     ],
