@@ -138,8 +138,9 @@ def _delete(namespace: argparse.Namespace) -> int:
     from twisted.internet import defer, task
 
     from gateway.deletes import Deleter
+    from gateway.downsample.pending import PendingMarks
     from gateway.query import QueryPlanner
-    from gateway.service import counter_suffixes, start_store
+    from gateway.service import pending_tracker, start_store
     from gateway.store import open_store
     from protocols.prometheus import prometheus_labels
 
@@ -151,16 +152,16 @@ def _delete(namespace: argparse.Namespace) -> int:
 
             shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl)
             shared_seen.start()
+        tracker = pending_tracker(config, store)
         try:
-            await start_store(config, store, _NoPending(), shared_seen)
+            await start_store(config, store, tracker, shared_seen)
         except Exception as error:
             print(f"tsgate delete: could not start: {error}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         try:
-            deleter = Deleter(
-                store, QueryPlanner(store, config.max_series_per_query), counter_suffixes(config), config.max_future
-            )
-            deleter.shared_seen = shared_seen
+            marks = PendingMarks(tracker, config.downsample_partitions_count)
+            planner = QueryPlanner(store, config.max_series_per_query)
+            deleter = Deleter(store, planner, marks, config.max_future, shared_seen=shared_seen)
             if namespace.match:
                 series = await deleter.select_prometheus(namespace.tenant, namespace.match)
             else:
@@ -197,13 +198,6 @@ def _delete(namespace: argparse.Namespace) -> int:
 
     task.react(lambda reactor: defer.ensureDeferred(run(reactor)))
     return 0
-
-
-class _NoPending:
-    """start_store's pending tracker for a command that marks nothing pending."""
-
-    def use_namespace(self, namespace: str) -> None:
-        pass
 
 
 def _selector(labels: dict[str, str]) -> str:

@@ -2,10 +2,12 @@
 
 A delete selects series (Prometheus selectors, or Graphite paths and globs), then for each batch:
 
-1. cuts the range out of every table (Store.delete_samples), twice, each time followed by a
-   re-roll of the slots in or just after the range that still hold raw samples, so that their
-   roll-ups are computed again from what is left (a seal that ran during the first cut could
-   have written back a block read before it; the second cut catches that);
+1. cuts the range out of every table (Store.delete_samples), twice (a seal that ran during the
+   first cut could have written back a block read before it; the second cut catches that), then
+   marks pending the slots in or just after the range that still hold raw samples: the
+   downsampler rolls them up again from what is left once they settle, as it does after any
+   write (sealing here would break its rule that a slot is sealed only once it saw no write for
+   ``--downsample-delay``);
 2. finds the series with nothing left anywhere (no raw samples, histograms or roll-ups in any
    table's retention) and removes them from every index (Store.delete_series), after dropping
    them from this process's known-series cache and from Redis, so that their next sample writes
@@ -23,8 +25,8 @@ import numpy as np
 from twisted.internet import threads
 from twisted.internet.defer import gatherResults
 
-from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
+from gateway.ingest import PendingMarker
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.model import SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.promql.engine import parse, selector_matchers
@@ -55,7 +57,7 @@ class Deleter:
         self,
         store: Store,
         planner: QueryPlanner,
-        counter_suffixes: tuple[str, ...],
+        pending: PendingMarker,
         max_future_ms: int,
         known: KnownSeries | None = None,
         shared_seen: RedisSeenSeries | None = None,
@@ -65,7 +67,7 @@ class Deleter:
         self.planner = planner
         self.finder = Finder(store)
         self.reader = ReadPath(store)
-        self.downsampler = Downsampler(store, None, store.layout, counter_suffixes)
+        self.pending = pending
         self.max_future_ms = max_future_ms
         self.known = known
         self.shared_seen = shared_seen
@@ -131,7 +133,7 @@ class Deleter:
             for _ in range(2):
                 for tenant, hashes in _by_tenant(batch).items():
                     await self.store.delete_samples(tenant, hashes, start_ms, end_ms)
-                await self._roll_up_again(batch, start_ms, end_ms)
+            await self._roll_up_again(batch, start_ms, end_ms)
             left = await self._with_data(batch, self._outside(start_ms, end_ms))
             removed += await self._unindex([key for key in batch if _pair(key) not in left])
         return removed
@@ -166,18 +168,19 @@ class Deleter:
         return found
 
     async def _roll_up_again(self, series: list[SeriesKey], start_ms: int, end_ms: int) -> None:
-        """Seal and roll up again the slots of the range (and the one after it, whose counter
-        increase starts from the range's last value) that still hold raw samples."""
+        """Mark pending the slots of the range (and the one after it, whose counter increase
+        starts from the range's last value) that still hold raw samples."""
         width = self.layout.slot_width_ms
         start = max(start_ms, now_ms() - self.layout.raw_retention_ms)
-        end = end_ms + width
+        end = time_slot(end_ms, width) + 2 * width - 1
         if start > end:
             return
+        slots = []
         for key, samples in zip(series, await self.reader.read_raw(series, start, end)):
-            slots = np.unique(samples.timestamps - samples.timestamps % width).tolist()
-            for slot in slots:
-                if slot <= time_slot(end_ms, width) + width:
-                    await self.downsampler.roll_up_series_slot(key.tenant, key.series_set_hash, slot)
+            for slot in np.unique(samples.timestamps - samples.timestamps % width).tolist():
+                slots.append((key.tenant, key.series_set_hash, slot))
+        if slots:
+            await self.pending.mark(slots, now_ms())
 
     async def _unindex(self, series: list[SeriesKey]) -> int:
         """Remove series from every index; index again those that got data meanwhile."""

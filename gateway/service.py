@@ -60,13 +60,14 @@ class Gateway:
         self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
         self.downsample = DownsampleRole(config, self.store)
         self.pending = self.downsample.pending
+        self.marks = PendingMarks(self.pending, config.downsample_partitions_count)
         self.pipeline = IngestPipeline(
             self.store,
             config.limits,
             KnownSeries(config.metadata_cache_size),
             config.max_inflight_samples,
             self.shared_seen,
-            pending=PendingMarks(self.pending, config.downsample_partitions_count),
+            pending=self.marks,
             tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             max_metadata_length=config.max_metadata_length,
         )
@@ -106,7 +107,7 @@ class Gateway:
         deleter = Deleter(
             self.store,
             self.planner,
-            counter_suffixes(config),
+            self.marks,
             config.max_future,
             self.pipeline.known,
             self.shared_seen,
@@ -217,7 +218,9 @@ class DownsampleRole:
     def __init__(self, config: Config, store):
         self.partitions = config.owned_partitions
         self.pending = pending_tracker(config, store)
-        self.downsampler = Downsampler(store, self.pending, config.layout, counter_suffixes(config))
+        self.downsampler = Downsampler(
+            store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(",")))
+        )
         self.partition_lock = partition_lock(config, self.pending)
 
     async def run_once(self) -> int:
@@ -237,10 +240,6 @@ async def start_store(config: Config, store, pending, shared_seen: RedisSeenSeri
         pending.use_namespace(namespace)
         if shared_seen is not None:
             shared_seen.namespace = namespace
-
-
-def counter_suffixes(config: Config) -> tuple[str, ...]:
-    return tuple(filter(None, config.counter_suffixes.split(",")))
 
 
 def pending_tracker(config: Config, store):
