@@ -147,7 +147,8 @@ class Deleter:
     async def _with_data(self, series: list[SeriesKey], parts: list[tuple[int, int]]) -> set[tuple[str, str]]:
         """(tenant, hash) of the series with raw samples, histograms or roll-up rows in any of the parts."""
         found: set[tuple[str, str]] = set()
-        raw_oldest = now_ms() - self.layout.raw_retention_ms - self.layout.slot_width_ms
+        now = now_ms()
+        raw_oldest = now - self.layout.raw_retention_ms - self.layout.slot_width_ms
         for start, end in parts:
             raw_start = max(start, raw_oldest)
             if raw_start <= end:
@@ -158,9 +159,11 @@ class Deleter:
                     rows = await self.store.read_histograms(tenant, hashes, raw_start, end)
                     found.update((tenant, h) for h, r in zip(hashes, rows) if r)
             for granularity in self.layout.granularities:
-                unknown = [key for key in series if _pair(key) not in found]
+                oldest = max(start, now - granularity.retention_ms - granularity.partition_width_ms)
+                unknown = [key for key in series if _pair(key) not in found] if oldest <= end else []
                 reads = [
-                    self.store.read_rollups(granularity, key.tenant, key.series_set_hash, start, end) for key in unknown
+                    self.store.read_rollups(granularity, key.tenant, key.series_set_hash, oldest, end)
+                    for key in unknown
                 ]
                 for key, rows in zip(unknown, await gatherResults(reads, consumeErrors=True)):
                     if rows:

@@ -90,6 +90,11 @@ def test_delete_series_range_then_whole(start_gateway, backend_args, tenant):
     assert gateway.get("/api/v1/label/__name__/values", headers=headers).json()["data"] == []
     assert gateway.get("/api/v1/labels", headers=headers).json()["data"] == ["__name__"]
 
+    # a deleted series written again (its metadata known to this gateway before) is found again
+    write(gateway, tenant, "jobs_up", {"job": "x", "i": "1"}, timestamps[-1:])
+    series = gateway.get("/api/v1/series?match[]=jobs_up", headers=headers).json()["data"]
+    assert series == [{"__name__": "jobs_up", "job": "x", "i": "1"}]
+
 
 @pytest.mark.parametrize(
     "params, error",
@@ -138,6 +143,16 @@ def test_graphite_delete_of_a_glob(start_gateway, backend_args, tenant):
     assert [node["id"] for node in found] == ["srv.b"]
     assert read(gateway, tenant, "srv.a.cpu", {}, now - 3 * 60 * MINUTE, now) == []
     assert read(gateway, tenant, "srv.b.cpu", {}, now - 3 * 60 * MINUTE, now) == timestamps
+
+    # from/until as /render takes them; the branch stays while srv.b.cpu has samples left
+    cut = timestamps[-30]
+    params = [("path", "srv.b.cpu"), ("from", str(cut // 1000)), ("until", "now")]
+    assert admin(gateway, tenant, "/admin/graphite/delete", params).json() == {"paths": ["srv.b.cpu"], "removed": 0}
+    assert read(gateway, tenant, "srv.b.cpu", {}, now - 3 * 60 * MINUTE, now) == [t for t in timestamps if t < cut]
+    assert [n["id"] for n in gateway.get("/metrics/find?query=srv.*", headers=headers).json()] == ["srv.b"]
+    for params, error in [([], "parameter 'path' is required"), ([("path", "x"), ("from", "soon")], "from/until")]:
+        answer = admin(gateway, tenant, "/admin/graphite/delete", params)
+        assert answer.status == 400 and error in answer.json()["error"], answer.body
 
 
 def tsgate_delete(store_args: tuple[str, ...], *args: str) -> str:

@@ -6,11 +6,14 @@ they answer as Prometheus does, 503 "admin APIs disabled". With ``--auth-file`` 
 admin role; the tenant is the request's, as everywhere.
 """
 
+import time
+
 from gateway.deletes import Deleter
 from gateway.graphite.finder import TooManyNodes
 from gateway.http.promql_api import parse_time, prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant
 from gateway.promql.values import PromQLError
+from protocols.graphite.attime import parse_at_time
 
 DISABLED = "admin APIs disabled; start the gateway with --enable-admin-api"
 
@@ -30,15 +33,27 @@ class AdminAPI:
         )
         router.add("/admin/graphite/delete", ("POST",), "admin_graphite_delete", self.graphite_delete, access="admin")
 
-    def _range(self, request, start_name: str, end_name: str) -> tuple[int, int]:
-        start = arg(request, start_name)
-        end = arg(request, end_name)
-        start_ms = parse_time(start, start_name) if start else None
-        end_ms = parse_time(end, end_name) if end else None
+    def _range(self, request) -> tuple[int, int]:
+        start, end = arg(request, "start"), arg(request, "end")
+        start_ms = parse_time(start, "start") if start else None
+        end_ms = parse_time(end, "end") if end else None
         if start_ms is not None and end_ms is not None and end_ms < start_ms:
-            raise PromQLError(
-                f'invalid parameter "{end_name}": end timestamp must not be before start time', "bad_data"
-            )
+            raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
+        return self.deleter.bounds(start_ms, end_ms)
+
+    def _graphite_range(self, request) -> tuple[int, int]:
+        """``from``/``until`` as /render takes them (``-7d``, ``now``, epoch seconds, ``HH:MM_YYYYMMDD``),
+        to the second, inclusive."""
+        now = int(time.time())
+        try:
+            start = arg(request, "from")
+            end = arg(request, "until")
+            start_ms = parse_at_time(start, now) * 1000 if start else None
+            end_ms = parse_at_time(end, now) * 1000 + 999 if end else None
+        except ValueError as error:
+            raise HTTPError(400, f"from/until: {error}") from None
+        if start_ms is not None and end_ms is not None and end_ms < start_ms:
+            raise HTTPError(400, "from must not be after until")
         return self.deleter.bounds(start_ms, end_ms)
 
     async def delete_series(self, request) -> Response:
@@ -48,23 +63,20 @@ class AdminAPI:
         selectors = args(request, "match[]")
         if not selectors:
             raise PromQLError("no match[] parameter provided", "bad_data")
-        start, end = self._range(request, "start", "end")
+        start, end = self._range(request)
         deleter = self.deleter
         await deleter.delete(await deleter.select_prometheus(request_tenant(request), selectors), start, end)
         return Response(204, b"")
 
     async def graphite_delete(self, request) -> Response:
-        """``path`` (repeatable: paths or globs), ``from``/``until`` (epoch seconds or RFC 3339);
+        """``path`` (repeatable: paths or globs), ``from``/``until`` (Graphite times);
         200 with the paths deleted and how many of them left the index."""
         if not self.enabled:
             raise HTTPError(403, DISABLED)
         patterns = args(request, "path")
         if not patterns:
             raise HTTPError(400, "parameter 'path' is required (a Graphite path or glob)", field="path")
-        try:
-            start, end = self._range(request, "from", "until")
-        except PromQLError as error:
-            raise HTTPError(400, str(error)) from None
+        start, end = self._graphite_range(request)
         try:
             series = await self.deleter.select_graphite(request_tenant(request), patterns)
         except TooManyNodes as error:
