@@ -4,10 +4,10 @@ A delete selects series (Prometheus selectors, or Graphite paths and globs), the
 
 1. cuts the range out of every table (Store.delete_samples), twice (a seal that ran during the
    first cut could have written back a block read before it; the second cut catches that), then
-   marks pending the slots in or just after the range that still hold raw samples: the
-   downsampler rolls them up again from what is left once they settle, as it does after any
-   write (sealing here would break its rule that a slot is sealed only once it saw no write for
-   ``--downsample-delay``);
+   marks pending the slots in or just after the range that still hold raw samples or native
+   histograms: the downsampler rolls them up again from what is left once they settle, as it
+   does after any write (sealing here would break its rule that a slot is sealed only once it
+   saw no write for ``--downsample-delay``);
 2. finds the series with nothing left anywhere (no raw samples, histograms or roll-ups in any
    table's retention) and removes them from every index (Store.delete_series), after dropping
    them from this process's known-series cache and from Redis, so that their next sample writes
@@ -172,18 +172,21 @@ class Deleter:
 
     async def _roll_up_again(self, series: list[SeriesKey], start_ms: int, end_ms: int) -> None:
         """Mark pending the slots of the range (and the one after it, whose counter increase
-        starts from the range's last value) that still hold raw samples."""
+        starts from the range's last value) that still hold raw samples or histograms."""
         width = self.layout.slot_width_ms
-        start = max(start_ms, now_ms() - self.layout.raw_retention_ms)
+        start = max(time_slot(start_ms, width), now_ms() - self.layout.raw_retention_ms)
         end = time_slot(end_ms, width) + 2 * width - 1
         if start > end:
             return
-        slots = []
+        slots = set()
         for key, samples in zip(series, await self.reader.read_raw(series, start, end)):
             for slot in np.unique(samples.timestamps - samples.timestamps % width).tolist():
-                slots.append((key.tenant, key.series_set_hash, slot))
+                slots.add((key.tenant, key.series_set_hash, slot))
+        for tenant, hashes in _by_tenant(series).items():
+            for hash_, rows in zip(hashes, await self.store.read_histograms(tenant, hashes, start, end)):
+                slots.update((tenant, hash_, time_slot(row.timestamp_ms, width)) for row in rows)
         if slots:
-            await self.pending.mark(slots, now_ms())
+            await self.pending.mark(sorted(slots), now_ms())
 
     async def _unindex(self, series: list[SeriesKey]) -> int:
         """Remove series from every index; index again those that got data meanwhile."""
