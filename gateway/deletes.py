@@ -108,15 +108,17 @@ class Deleter:
         return oldest, now + self.max_future_ms + self.layout.slot_width_ms
 
     async def count(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[SeriesCount]:
-        """What deleting [start_ms, end_ms] of the series would remove (a dry run deletes nothing)."""
+        """What deleting [start_ms, end_ms] of the series would remove (a dry run deletes nothing):
+        raw samples and histograms within the raw retention, where the read path reads them."""
         counts = []
+        raw_start = max(start_ms, now_ms() - self.layout.raw_retention_ms - self.layout.slot_width_ms)
         for first in range(0, len(series), BATCH):
             batch = list(series[first : first + BATCH])
-            raw = await self.reader.read_raw(batch, start_ms, end_ms)
+            raw = await self.reader.read_raw(batch, raw_start, end_ms)
             tenant_hashes = _by_tenant(batch)
             histograms: dict[tuple[str, str], int] = {}
             for tenant, hashes in tenant_hashes.items():
-                rows = await self.store.read_histograms(tenant, hashes, start_ms, end_ms)
+                rows = await self.store.read_histograms(tenant, hashes, raw_start, end_ms)
                 histograms.update({(tenant, h): len(found) for h, found in zip(hashes, rows)})
             left = await self._with_data(batch, self._outside(start_ms, end_ms))
             counts += [
