@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gateway.http.auth import hash_token
 from tests.gatewayproc import REPO, metric_value
 
 MINUTE = 60_000
@@ -271,3 +272,23 @@ def test_delete_racing_with_ingest_and_sealing(start_gateway, backend_args, tena
     window = (now - 4 * 60 * MINUTE, int(time.time() * 1000) + MINUTE)
     assert read(gateway, tenant, "race", {"k": "same"}, *window) == sorted(set(written["same"]))
     assert read(gateway, tenant, "race", {"k": "other"}, *window) == sorted(set(written["other"]))
+
+
+def test_with_an_auth_file_deletes_need_the_admin_role_and_stay_in_its_tenant(start_gateway, tenant, tmp_path):
+    lines = []
+    for name, roles in (("writer", ["write", "read"]), ("operator", ["admin"])):
+        lines += ["[[tokens]]", f'name = "{name}"', f'sha256 = "{hash_token(name + "-token")}"']
+        lines += [f'tenant = "{tenant}"', f"roles = {roles}".replace("'", '"'), ""]
+    (tmp_path / "auth.toml").write_text("\n".join(lines))
+    gateway = start_gateway(*ADMIN, "--auth-file", str(tmp_path / "auth.toml"))
+    writer, operator = ({"Authorization": f"Bearer {name}-token"} for name in ("writer", "operator"))
+    body = [{"metricName": "secured", "tags": {"a": "b"}, "ts": ts, "value": 1.0} for ts in past_minutes(1)[0]]
+    assert gateway.post("/api/write", body, headers=writer).status == 200
+    path = "/api/v1/admin/tsdb/delete_series?match[]=secured"
+    assert gateway.post(path, b"").status == 401
+    assert gateway.post(path, b"", headers=writer).status == 403
+    other = gateway.post(path, b"", headers={**operator, "X-Scope-OrgID": tenant + "-other"})
+    assert other.status == 403, other.body
+    assert gateway.get("/api/v1/series?match[]=secured", headers=writer).json()["data"]
+    assert gateway.post(path, b"", headers=operator).status == 204
+    assert gateway.get("/api/v1/series?match[]=secured", headers=writer).json()["data"] == []
