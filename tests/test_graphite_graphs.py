@@ -14,10 +14,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import pytest_twisted
 from PIL import Image
 
 from gateway.graphite import drawing
-from gateway.graphite.graph import PARAMETERS, BadGraphOption, parse_graph_options
+from gateway.graphite.graph import PARAMETERS, BadGraphOption, GraphPool, GraphUnavailable, parse_graph_options
 from gateway.graphite.series import TimeSeries
 from tests.graphiteweb import render_batch
 from tests.test_fuzz import HOSTILE_TEXT
@@ -213,6 +214,18 @@ def test_hostile_values_are_refused_by_name_or_drawn():
 
 def test_empty_and_default_values_mean_the_default():
     assert options(width="", height="default", areaMode="", colorList="default") == options()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_drawing_over_its_deadline_is_stopped_and_the_next_graph_is_drawn():
+    pool = GraphPool(processes=1, timeout_s=0.3)  # shorter than starting a drawing process
+    try:
+        with pytest.raises(GraphUnavailable, match="more than 0.3 s"):
+            await pool.draw(options(), [series()])
+        pool.timeout_s = 120
+        assert png_size(await pool.draw(options(width="200", height="100"), [series()])) == (200, 100)
+    finally:
+        pool.close()
 
 
 # -- through a real gateway ------------------------------------------------------------------------

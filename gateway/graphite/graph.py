@@ -14,6 +14,8 @@ import logging
 import math
 import multiprocessing
 import re
+import signal
+import weakref
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from datetime import tzinfo
@@ -24,12 +26,13 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPES = {"png": "image/png", "svg": "image/svg+xml"}
 DEFAULT_WIDTH, DEFAULT_HEIGHT = 330, 250  # graphite-web's
-MAX_GRAPH_PIXELS = 10_000_000  # width x height: a 4K screen (3840 x 2160) is 8.3 million
+MAX_GRAPH_PIXELS = 4_000_000  # width x height: 2560 x 1560; drawing time grows with it
 MAX_GRAPH_SIDE = 10_000
 MAX_LINE_WIDTH = 100.0
 AREA_MODES = ("none", "first", "all", "stacked")
 LINE_MODES = ("slope", "staircase", "connected")
 GRAPH_PROCESSES = 2  # drawings at once per gateway process (a drawing uses one core)
+DRAW_TIMEOUT_S = 30.0
 
 # graphite-web's colour names and their RGB (graphite.render.glyph.colorAliases), so that
 # colorList=red draws the red a Graphite user expects.
@@ -211,33 +214,65 @@ def _draw(options: GraphOptions, series_list) -> bytes:
     return drawing.draw(options, series_list)
 
 
+def _ignore_interrupts() -> None:
+    """A drawing process leaves Ctrl-C to the gateway, which stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class GraphPool:
     """The processes that draw graphs, started on the first graph (spawned: a fork of the
-    reactor's process would copy its threads' locks)."""
+    reactor's process would copy its threads' locks).
 
-    def __init__(self, processes: int = GRAPH_PROCESSES):
+    A drawing still running after ``timeout_s`` has its pool's processes killed (the graphs they
+    were drawing answer 503) and new ones start with the next graph: a picture never holds a core
+    longer than that.
+    """
+
+    def __init__(self, processes: int = GRAPH_PROCESSES, timeout_s: float = DRAW_TIMEOUT_S):
         self.processes = processes
+        self.timeout_s = timeout_s
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._expired: weakref.WeakSet[concurrent.futures.ProcessPoolExecutor] = weakref.WeakSet()
 
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._executor is None:
             self._executor = concurrent.futures.ProcessPoolExecutor(
-                self.processes, mp_context=multiprocessing.get_context("spawn")
+                self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
             )
         return self._executor
 
     async def draw(self, options: GraphOptions, series_list) -> bytes:
+        executor = self._pool()
+        deadline = reactor.callLater(self.timeout_s, self._expire, executor)
         try:
-            return await _deferred(self._pool().submit(_draw, options, series_list))
+            return await _deferred(executor.submit(_draw, options, series_list))
         except BrokenProcessPool:
+            if executor in self._expired:
+                raise GraphUnavailable(f"drawing the graph took more than {self.timeout_s:g} s") from None
             log.warning("a graph drawing process died; starting new ones")
-            self.close()
+            self._stop(executor)
             raise GraphUnavailable("the graph drawing process died; retry") from None
+        finally:
+            if deadline.active():
+                deadline.cancel()
+
+    def _expire(self, executor: concurrent.futures.ProcessPoolExecutor) -> None:
+        log.warning("a graph took more than %g s to draw: its drawing processes are stopped", self.timeout_s)
+        self._expired.add(executor)
+        self._stop(executor)
+
+    def _stop(self, executor: concurrent.futures.ProcessPoolExecutor) -> None:
+        """Kill the pool's processes (a drawing cannot be interrupted otherwise): their futures fail."""
+        if self._executor is executor:
+            self._executor = None
+        processes = list((executor._processes or {}).values())  # no public way before Python 3.14
+        executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.kill()
 
     def close(self) -> None:
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+            self._stop(self._executor)
 
 
 def _deferred(future: concurrent.futures.Future) -> defer.Deferred:
