@@ -9,10 +9,12 @@ size (MAX_GRAPH_PIXELS) and by consolidating every series to one point per pixel
 """
 
 import concurrent.futures
+import ctypes
 import dataclasses
 import logging
 import math
 import multiprocessing
+import os
 import re
 import signal
 import weakref
@@ -33,6 +35,7 @@ AREA_MODES = ("none", "first", "all", "stacked")
 LINE_MODES = ("slope", "staircase", "connected")
 GRAPH_PROCESSES = 2  # drawings at once per gateway process (a drawing uses one core)
 DRAW_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1  # Linux prctl(2)
 
 # graphite-web's colour names and their RGB (graphite.render.glyph.colorAliases), so that
 # colorList=red draws the red a Graphite user expects.
@@ -214,9 +217,13 @@ def _draw(options: GraphOptions, series_list) -> bytes:
     return drawing.draw(options, series_list)
 
 
-def _ignore_interrupts() -> None:
-    """A drawing process leaves Ctrl-C to the gateway, which stops it."""
+def _start_drawing_process(gateway_pid: int) -> None:
+    """A drawing process leaves Ctrl-C to the gateway, which stops it, and ends when the gateway
+    ends, even killed (its queue's pipe stays open in the process itself, so it would wait forever)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != gateway_pid:  # the gateway ended before the line above
+        os._exit(0)
 
 
 class GraphPool:
@@ -237,7 +244,10 @@ class GraphPool:
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._executor is None:
             self._executor = concurrent.futures.ProcessPoolExecutor(
-                self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
+                self.processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_drawing_process,
+                initargs=(os.getpid(),),
             )
         return self._executor
 
