@@ -3,7 +3,7 @@
 graphite-web answers ``/render`` with a PNG when no format is given; its graph parameters
 (width, height, title, colorList, areaMode, ...) are parsed and checked here, on the serving
 process, so a bad one is a 400 before any data is read. Drawing (``gateway.graphite.drawing``,
-matplotlib) is CPU work that holds the GIL for up to a second: it runs in a small pool of
+matplotlib) is CPU work that holds the GIL for a second or more: it runs in a small pool of
 processes of its own, never on the reactor's process, and its cost is bounded by the picture's
 size (MAX_GRAPH_PIXELS) and by consolidating every series to one point per pixel column.
 """
