@@ -224,12 +224,14 @@ class GraphiteIngest:
 class _StreamProtocol(Protocol, TimeoutMixin):
     """A TCP connection feeding one incremental decoder into GraphiteIngest.
 
-    Counted in the gateway's connection cap; closed after ``idle_timeout_s`` without data (not
-    while reading is paused for backpressure: then the silence is the gateway's own doing).
+    Counted in the gateway's connection cap; closed after ``idle_timeout_s`` without a complete
+    line or frame (not while reading is paused for backpressure: then the silence is the
+    gateway's own doing). Only complete lines and frames count: bytes of one that never ends,
+    however they trickle, keep neither the timeout nor the connection cap away.
     """
 
     protocol_name = ""
-    evictable = True  # until the first bytes arrive: a socket that sent nothing (see gateway.connections)
+    evictable = True  # until a first line or frame is decoded (see gateway.connections)
 
     def __init__(
         self, ingest: GraphiteIngest, tenant: str, decoder, connections: Connections, idle_timeout_s: float | None
@@ -252,16 +254,13 @@ class _StreamProtocol(Protocol, TimeoutMixin):
         return self.protocol_name
 
     def dataReceived(self, data: bytes):
-        self._touched()
         self._submit(self.decoder.feed(data, now_ms()))
-
-    def _touched(self) -> None:
-        """Bytes arrived: the connection is not idle (its timeout, the connection cap)."""
-        self.resetTimeout()
-        self.evictable = False
 
     def _submit(self, decoded) -> None:
         samples, rejects = decoded
+        if samples or rejects:  # a line or frame was complete: the connection is in use
+            self.resetTimeout()
+            self.evictable = False
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
         tenant = self.tenant
@@ -274,7 +273,7 @@ class _StreamProtocol(Protocol, TimeoutMixin):
             self.resetTimeout()
             return
         log.info(
-            "%s: closing the connection from %s, idle for %ds (--carbon-idle-timeout)",
+            "%s: closing the connection from %s, no complete line or frame for %ds (--carbon-idle-timeout)",
             self.protocol_name,
             self.peer,
             self.idle_timeout_s,
@@ -316,7 +315,6 @@ class PickleProtocol(_StreamProtocol):
         self._lost = False
 
     def dataReceived(self, data: bytes):
-        self._touched()
         self._received.append(data)
         if not self._decoding:
             self._decode()
