@@ -326,8 +326,12 @@ def arg(request: server.Request, name: str, default: str | None = None) -> str |
 
 
 def args(request: server.Request, name: str) -> list[str]:
+    return _decoded(name, request.args.get(name.encode(), []))
+
+
+def _decoded(name: str, values: list[bytes]) -> list[str]:
     try:
-        return [value.decode("utf-8") for value in request.args.get(name.encode(), [])]
+        return [value.decode("utf-8") for value in values]
     except UnicodeDecodeError:
         raise HTTPError(400, f"parameter {name!r} is not valid UTF-8") from None
 
@@ -356,9 +360,15 @@ def _tenant_header(request: server.Request) -> str | None:
 
 
 def _tenant_parameter(request: server.Request) -> str | None:
-    """The ``tenant`` parameter; given more than once (query string and form body count
-    together) it is ambiguous, whatever its values: 400."""
-    values = args(request, "tenant")
+    """The ``tenant`` parameter; given more than once it is ambiguous, whatever its values: 400.
+    In ``request.args`` a form body's parameter replaces the query string's of the same name
+    (Twisted), so when both may hold one, both are read."""
+    given = request.args.get(b"tenant", [])
+    in_query = http.parse_qs(request.uri.partition(b"?")[2], 1).get(b"tenant", [])
+    content_type = (request.getHeader(b"content-type") or b"").partition(b";")[0].strip().lower()
+    if in_query and request.method == b"POST" and content_type == b"application/x-www-form-urlencoded":
+        given = in_query + http.parse_qs(read_body(request), 1).get(b"tenant", [])
+    values = _decoded("tenant", given)
     if len(values) > 1:
         raise HTTPError(400, f"the tenant parameter is given {len(values)} times; give it once", field="tenant")
     return values[0] if values else None
