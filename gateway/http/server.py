@@ -127,6 +127,7 @@ class Channel(http.HTTPChannel):
     answering = False  # a request read in full and not answered yet
     lingering = False  # answered before its request was read: the rest is dropped until the close
     _held: list[bytes] | None = None  # body bytes that arrived while the credential was checked
+    _paused = False  # reading paused while the credential is checked
     _body_clock = None  # the next check of the pace of the body under way
     _body_started = 0.0
     _body_bytes = 0
@@ -174,18 +175,21 @@ class Channel(http.HTTPChannel):
         )
         checked.addCallbacks(self._credential_allowed, self._credential_refused, errbackArgs=(request,))
         if self._held is not None:  # not decided at once: scrypt runs in a thread
+            self._paused = True
             self.transport.pauseProducing()
 
     def _credential_allowed(self, _) -> None:
-        held, self._held = b"".join(self._held or []), None
+        held, self._held = self._held, None
         if self._lost:
             return
-        self.transport.resumeProducing()
+        if self._paused:
+            self._paused = False
+            self.transport.resumeProducing()
         if self.site.body_deadline.enabled:
             self._body_started, self._body_bytes = reactor.seconds(), 0
             self._body_clock = self.callLater(BODY_CHECK_INTERVAL_S, self._check_body_pace)
         if held:
-            self.rawDataReceived(held)
+            self.rawDataReceived(b"".join(held))
 
     def _credential_refused(self, failure, request) -> None:
         self._held = None
@@ -193,6 +197,8 @@ class Channel(http.HTTPChannel):
             self._answer_early(self.site.resource._error_response(failure, request))
 
     def rawDataReceived(self, data):
+        if self.lingering:  # the rest of a read that held the head of a request answered early
+            return
         if self._held is not None:
             self._held.append(data)
             return
@@ -270,13 +276,10 @@ class Channel(http.HTTPChannel):
 
     def lineLengthExceeded(self, line):
         if self._receivedHeaderSize == 0:  # nothing of this request parsed yet: its request line
-            status, message = (
-                414,
-                f"the request line is over {self.MAX_LENGTH} bytes; send long parameters in a POST form body",
-            )
+            message = f"the request line is over {self.MAX_LENGTH} bytes; send long parameters in a POST form body"
+            self._answer_early(json_response(414, {"error": message}))
         else:
-            status, message = 431, f"a request header is over {self.MAX_LENGTH} bytes"
-        self._answer_early(json_response(status, {"error": message}))
+            self._answer_early(json_response(431, {"error": f"a request header is over {self.MAX_LENGTH} bytes"}))
 
 
 class Site(server.Site):
