@@ -276,3 +276,12 @@ def test_a_refused_early_answer_is_read_whole_by_an_ordinary_client(start_gatewa
     for _ in range(5):
         answer = gateway.post(path, body, headers={"Content-Type": "application/x-www-form-urlencoded"})
         assert answer.status == 401 and answer.headers["WWW-Authenticate"] == 'Basic realm="tsgate"'
+
+
+def test_a_request_refused_from_its_head_is_answered_once(start_gateway, auth_file):  # noqa: F811
+    """Its body, even when it came in the same read as the head, is never handled."""
+    gateway = start_gateway("--auth-file", str(auth_file))
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(b"POST /api/put HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]")
+        answer = answer_within(sock, 5)
+    assert answer.startswith(b"HTTP/1.1 401 ") and answer.count(b"HTTP/1.1") == 1, answer
