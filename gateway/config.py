@@ -150,6 +150,12 @@ SETTINGS = [
         "",
         "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header",
     ),
+    Setting(
+        "auth-max-failures",
+        _non_negative,
+        "20",
+        "with --auth-file: failed credentials a minute per user name and per client address before further attempts get 429 (no password is checked then); 0: no limit",
+    ),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting(
         "max-decompressed-bytes",
@@ -168,6 +174,18 @@ SETTINGS = [
         parse_duration,
         "6m",
         "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never; longer than clients keep idle connections (Prometheus 5m, Go and Grafana 90s), so that they close first",
+    ),
+    Setting(
+        "http-body-timeout",
+        parse_duration,
+        "60s",
+        "a request body not received in full this long after its headers gets 408 and its connection is closed; 0s: never",
+    ),
+    Setting(
+        "http-body-min-rate",
+        _non_negative,
+        "1024",
+        "bytes per second a request body must arrive at, on average from its headers on, once it took over 5 s (408 and closed below); 0: no minimum",
     ),
     Setting(
         "carbon-idle-timeout",
@@ -277,10 +295,13 @@ class Config:
     redis: str
     redis_key_ttl: int
     auth_file: Path | None
+    auth_max_failures: int
     max_body_bytes: int
     max_decompressed_bytes: int
     max_connections: int | None
     http_idle_timeout: int
+    http_body_timeout: int
+    http_body_min_rate: int
     carbon_idle_timeout: int
     shutdown_timeout: int
     max_inflight_samples: int

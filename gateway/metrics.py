@@ -36,7 +36,11 @@ PROMETHEUS_SKIPPED = Counter(
     "tsgate_prometheus_skipped", "Remote-write parts not stored (metadata over --max-metadata-length)", ["kind"]
 )
 AUTH_FAILURES = Counter("tsgate_auth_failures", "HTTP requests refused for their credential (--auth-file)", ["reason"])
-RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 429 over a tenant limit", ["limit"])
+RATE_LIMITED = Counter(
+    "tsgate_rate_limited_requests",
+    "Requests refused with 429 over a limit (a tenant's, or of failed credentials and waiting password checks)",
+    ["limit"],
+)
 GRAPHITE_PENDING = Gauge(
     "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"
 )
@@ -72,6 +76,11 @@ CONNECTIONS_OPEN = Gauge(
 )
 CONNECTIONS_REFUSED = Counter(
     "tsgate_refused_connections", "New TCP connections closed at once over --max-connections", ["listener"]
+)
+SLOW_REQUEST_BODIES = Counter(
+    "tsgate_slow_request_bodies",
+    "HTTP requests answered 408 and closed: the body came too slowly (--http-body-timeout, --http-body-min-rate)",
+    ["reason"],
 )
 IDLE_CLOSED = Counter(
     "tsgate_idle_closed_connections",

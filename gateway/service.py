@@ -35,7 +35,7 @@ from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
-from gateway.http.server import Router, Site
+from gateway.http.server import BodyDeadline, Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
@@ -70,7 +70,8 @@ class Gateway:
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         roles = config.role_set
-        router = Router(roles, Credentials.from_file(config.auth_file) if config.auth_file else None)
+        credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
+        router = Router(roles, credentials)
         NativeAPI(self.store, self.pipeline, self.planner, config.max_points_per_query).register(router)
         PrometheusAPI(
             self.store,
@@ -102,7 +103,13 @@ class Gateway:
         ).register(router)
         OpsAPI(self.store).register(router)
         self.connections = Connections(config.connection_limit)
-        self.site = Site(router, config.max_body_bytes, self.connections, _seconds(config.http_idle_timeout))
+        self.site = Site(
+            router,
+            config.max_body_bytes,
+            self.connections,
+            _seconds(config.http_idle_timeout),
+            BodyDeadline(_seconds(config.http_body_timeout), config.http_body_min_rate),
+        )
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
         self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
