@@ -13,11 +13,18 @@ Kinds (docs/downsampling.rst):
 
 Coarser granularities are computed from the finer ones (a cascade, docs/downsampling.rst): min of mins, max of
 maxes, sums of sums, counts and increases, the last of the lasts.
+
+Every float64 has a defined roll-up (exact_sum says how sums behave at the edges), so no value
+can stop the downsampler.
 """
 
 import math
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 
+import numpy as np
+
+from gateway.samples import Samples
 from gateway.store.contract import Rollup
 from gateway.store.layout import Granularity
 
@@ -50,65 +57,92 @@ def series_kind(metric_name: str, metric_type: str | None, counter_suffixes: Ite
 
 
 def _bucket_rows(
-    tenant: str, series_set_hash: str, kind: str, buckets: dict[int, list[float]], previous: float | None
+    tenant: str, series_set_hash: str, kind: str, starts: np.ndarray, values: np.ndarray, previous: float | None
 ) -> list[Rollup]:
+    """One row per bucket; ``starts`` holds each value's bucket start (ascending, values NaN-free)."""
+    bucket_starts, firsts = np.unique(starts, return_index=True)
+    ends = np.append(firsts[1:], len(values))
+    if kind == CUMULATIVE_COUNTER:
+        increases = _increases(values, previous)
+        return [
+            Rollup(
+                tenant, series_set_hash, start, last=float(values[end - 1]), increase=exact_sum(increases[first:end])
+            )
+            for start, first, end in zip(bucket_starts.tolist(), firsts.tolist(), ends.tolist())
+        ]
     rows = []
-    for start in sorted(buckets):
-        values = buckets[start]
-        if kind == CUMULATIVE_COUNTER:
-            increase = 0.0
-            for value in values:
-                if previous is not None:
-                    increase += value - previous if value >= previous else value
-                previous = value
-            rows.append(Rollup(tenant, series_set_hash, start, last=values[-1], increase=increase))
-        elif kind == DELTA_COUNTER:
-            rows.append(Rollup(tenant, series_set_hash, start, sum=_sum(values), count=len(values)))
+    for start, first, end in zip(bucket_starts.tolist(), firsts.tolist(), ends.tolist()):
+        chunk = values[first:end]
+        count = end - first
+        if kind == DELTA_COUNTER:
+            rows.append(Rollup(tenant, series_set_hash, start, sum=exact_sum(chunk), count=count))
         elif kind == MIN_ONLY:
-            rows.append(Rollup(tenant, series_set_hash, start, min=min(values), count=len(values)))
+            rows.append(Rollup(tenant, series_set_hash, start, min=float(chunk.min()), count=count))
         elif kind == MAX_ONLY:
-            rows.append(Rollup(tenant, series_set_hash, start, max=max(values), count=len(values)))
+            rows.append(Rollup(tenant, series_set_hash, start, max=float(chunk.max()), count=count))
         else:
             rows.append(
                 Rollup(
                     tenant,
                     series_set_hash,
                     start,
-                    min=min(values),
-                    max=max(values),
-                    sum=_sum(values),
-                    count=len(values),
+                    min=float(chunk.min()),
+                    max=float(chunk.max()),
+                    sum=exact_sum(chunk),
+                    count=count,
                 )
             )
     return rows
 
 
-def _sum(values: Sequence[float]) -> float:
-    """An exact sum, NaN where +Inf meets -Inf (as in PromQL): math.fsum raises there, which
-    stopped the roll-up of a series holding both (the compliance suite sends both)."""
+def _increases(values: np.ndarray, previous: float | None) -> np.ndarray:
+    """Each value's increase over the one before (``previous`` before the first): the difference,
+    or the value itself after a reset (a drop). The first is 0 without a previous value."""
+    before = np.concatenate(([math.nan if previous is None else previous], values[:-1]))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, 1e308 - -1e308 is inf: both defined
+        increases = np.where(values >= before, values - before, values)
+    if previous is None and len(increases):
+        increases[0] = 0.0
+    return increases
+
+
+def exact_sum(values: np.ndarray) -> float:
+    """The sum as if added exactly and rounded once (math.fsum), so the order of the values does not
+    matter: ±Inf where that exact sum is beyond float64's range (as IEEE rounding gives it);
+    an infinity where the values hold one, NaN where they hold a NaN or both infinities (as in
+    PromQL). math.fsum raises for both of the last cases and for sums of finite values whose
+    partial sums overflow (1e308 + 1e308 - 1e308): those once stopped the whole downsampler."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        with np.errstate(invalid="ignore"):
+            return float(np.sum(values[~finite]))
+    numbers = values.tolist()
     try:
-        return math.fsum(values)
-    except ValueError:
-        return math.nan
+        return math.fsum(numbers)
+    except OverflowError:
+        total = sum(map(Fraction, numbers), Fraction(0))  # exact; only where fsum's partials overflow
+        try:
+            return float(total)
+        except OverflowError:
+            return math.inf if total > 0 else -math.inf
 
 
 def roll_up(
     tenant: str,
     series_set_hash: str,
     kind: str,
-    points: Sequence[tuple[int, float]],
+    samples: Samples,
     previous: float | None,
     granularities: Sequence[Granularity],
 ) -> dict[str, list[Rollup]]:
-    """Rows of every granularity for one series-slot. ``points`` are in time order; ``previous`` is
+    """Rows of every granularity for one series-slot. ``samples`` are in time order; ``previous`` is
     the last raw value before them (for the first increase of a counter). NaNs (stale markers)
     are left out."""
+    numbers = ~np.isnan(samples.values)
+    timestamps, values = samples.timestamps[numbers], samples.values[numbers]
     finest = granularities[0]
-    buckets: dict[int, list[float]] = {}
-    for timestamp, value in points:
-        if not math.isnan(value):
-            buckets.setdefault(timestamp - timestamp % finest.width_ms, []).append(value)
-    rows = {finest.name: _bucket_rows(tenant, series_set_hash, kind, buckets, previous)}
+    starts = timestamps - timestamps % finest.width_ms
+    rows = {finest.name: _bucket_rows(tenant, series_set_hash, kind, starts, values, previous)}
     for finer, coarser in zip(granularities, granularities[1:]):
         grouped: dict[int, list[Rollup]] = {}
         for row in rows[finer.name]:
@@ -133,8 +167,8 @@ def _combine(start: int, rows: list[Rollup]) -> Rollup:
         timestamp_ms=start,
         min=min(mins) if mins else None,
         max=max(maxes) if maxes else None,
-        sum=_sum(sums) if sums else None,
+        sum=exact_sum(np.array(sums)) if sums else None,
         count=sum(counts) if counts else None,
-        increase=_sum(increases) if increases else None,
+        increase=exact_sum(np.array(increases)) if increases else None,
         last=lasts[-1] if lasts else None,
     )

@@ -118,7 +118,7 @@ class Downsampler:
         kind = await self._kind(tenant, key.metric_name)
         merged = await self._seal(tenant, series_set_hash, slot)
         previous = await self._previous_value(key, slot) if kind == CUMULATIVE_COUNTER else None
-        rows = roll_up(tenant, series_set_hash, kind, merged.points(), previous, self.layout.granularities)
+        rows = roll_up(tenant, series_set_hash, kind, merged, previous, self.layout.granularities)
         await gatherResults(
             [
                 metrics.observe_store("write_rollups", self.store.write_rollups(g, rows[g.name]))
