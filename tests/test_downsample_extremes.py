@@ -5,6 +5,7 @@ another reason is isolated, retried with backoff and watched against --head-rete
 The stores are real (SQLite in a file of the test's own; the shared Cassandra, with the pending
 marks in a Redis namespace of the test's own so that no other test's downsampler sees them)."""
 
+import logging
 import math
 import random
 import struct
@@ -16,6 +17,7 @@ import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
 
+from gateway.downsample.aggregate import exact_sum
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import PendingMarks, RedisPending, StorePending
 from gateway.downsample.processor import Downsampler
@@ -23,13 +25,15 @@ from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries
 from gateway.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
-from gateway.store.blocks import decode_block
+from gateway.samples import empty
+from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import HistogramRow
 from gateway.store.histogram_rollup_rows import decode_interval
 from gateway.store.layout import HOUR_MS
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import types_pb2
 from protocols.prometheus.xor import STALE_NAN_BITS
+from tests.unit import MsClock
 
 PARTITIONS = 64
 MAX = np.finfo(np.float64).max
@@ -297,3 +301,116 @@ def without_hint(data: bytes) -> bytes:
     message.reset_hint = 0
     message.timestamp = 0
     return message.SerializeToString()
+
+
+# -- regression and isolation ------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_series_near_max_float_no_longer_stops_every_tenants_round(store_and_pending, tenant):
+    """Issue 20: math.fsum raised OverflowError on 1e308 + 1e308, the round failed every time and
+    every tenant's unsealed slots waited for their head rows to expire."""
+    store, pending = store_and_pending
+    other = f"{tenant}-good"
+    slot = past_slot()
+    bad = {slot + i * 60_000: value for i, value in enumerate([1e308, 1e308, -1e308, MAX, MAX, 1.0])}
+    good = {slot + i * 60_000: float(i) for i in range(10)}
+    batch = [Sample(tenant, "broken_exporter", {}, ts, v) for ts, v in bad.items()]
+    batch += [Sample(other, "room_temp", {"room": str(r)}, ts, v) for r in range(3) for ts, v in good.items()]
+    assert (await pipeline_of(store, pending).ingest("test", batch)).accepted == len(batch)
+    keys = [key_of(tenant, "broken_exporter", {})] + [key_of(other, "room_temp", {"room": str(r)}) for r in range(3)]
+    partitions = partitions_of([(key.tenant, key.series_set_hash) for key in keys])
+
+    downsampler = Downsampler(store, pending, store.layout, ())
+    assert await downsampler.run_once(partitions) == 4 and downsampler.round_failed == 0
+    assert sum([await pending.waiting(p) for p in partitions]) == 0
+    await assert_sealed(store, tenant, {keys[0].series_set_hash: bad}, slot)
+    await assert_sealed(store, other, {key.series_set_hash: good for key in keys[1:]}, slot)
+    (hourly,) = await store.read_rollups(store.layout.granularity("1h"), tenant, keys[0].series_set_hash, slot, slot)
+    assert (hourly.min, hourly.max, hourly.sum, hourly.count) == (-1e308, MAX, math.inf, 6)
+
+
+def test_sums_past_float64_are_infinite_and_exact_where_they_fit():
+    assert exact_sum(np.array([1e308, 1e308, -1e308])) == 1e308  # fsum's partials overflow here
+    assert exact_sum(np.array([MAX, MAX])) == math.inf
+    assert exact_sum(np.array([-MAX, -1e300])) == -math.inf
+    assert exact_sum(np.array([MAX, 1e291])) == MAX  # rounds back down to MaxFloat64
+    assert exact_sum(np.array([1e308, 1e308, -1e308, -1e308, 1.5])) == 1.5
+    assert exact_sum(np.array([TINY, TINY, -TINY])) == TINY
+    assert exact_sum(np.array([math.inf, 1e308, 1e308])) == math.inf
+    assert math.isnan(exact_sum(np.array([math.inf, -math.inf, 1.0])))
+    assert math.isnan(exact_sum(np.array([as_float(0x7FF8DEADBEEF0001), 1.0])))
+
+
+async def corrupt_block(store, key: SeriesKey, slot: int) -> None:
+    """Bytes in the slot's block that are no block (as a block of a future format would be):
+    sealing the slot fails until it is replaced."""
+    await store.write_block(key.tenant, key.series_set_hash, slot, b"not a block", empty(), now_ms())
+
+
+@pytest.mark.parametrize("with_redis", [False, True], ids=["store-table", "redis"])
+@pytest_twisted.ensureDeferred
+async def test_a_failing_series_slot_is_isolated_retried_with_backoff_and_watched_for_expiry(
+    sqlite_store, request, tenant, with_redis, caplog
+):
+    """One series-slot whose seal fails (a corrupt block) and one whose roll-up fails (a corrupt
+    histogram) beside good series of another tenant in the same slot: the good ones are done in
+    the first round, the bad ones counted, logged, left pending and retried only after their
+    backoff; the unsealed one raises the near-expiry gauge and an error line once less than
+    half of --head-retention is left, and is sealed once it can be."""
+    pending = StorePending(sqlite_store, sqlite_store.slot_width_ms, 0)
+    if with_redis:
+        pending = RedisPending(request.getfixturevalue("redis_server").url, pending, sqlite_store.slot_width_ms, 0)
+        pending.use_namespace(f"tsgate|unit-{uuid.uuid4().hex}|")
+    other = f"{tenant}-good"
+    slot = past_slot()
+    pipeline = pipeline_of(sqlite_store, pending)
+    batch = [Sample(tenant, "unsealable", {}, slot + 60_000, 1.0)]
+    batch += [Sample(other, "room_temp", {"room": str(r)}, slot + 60_000, float(r)) for r in range(4)]
+    assert (await pipeline.ingest("test", batch)).accepted == len(batch)
+    unsealable, good = (
+        key_of(tenant, "unsealable", {}),
+        [key_of(other, "room_temp", {"room": str(r)}) for r in range(4)],
+    )
+    await corrupt_block(sqlite_store, unsealable, slot)
+    (histogram_key,), _ = await pipeline.register_series("test", [(tenant, "latency", {})])
+    await sqlite_store.write_histograms([HistogramRow(tenant, histogram_key.series_set_hash, slot + 1, b"\xff\xff")])
+    await PendingMarks(pending, PARTITIONS).mark([(tenant, histogram_key.series_set_hash, slot)], now_ms())
+    partitions = list(range(PARTITIONS))
+
+    clock = MsClock(now_ms())
+    downsampler = Downsampler(sqlite_store, pending, sqlite_store.layout, (), clock=clock)
+    seal_failures, rollup_failures = failures("seal", "BadBlock"), failures("rollup", "DecodeError")
+    caplog.set_level(logging.WARNING, logger="gateway.downsample")
+    assert await downsampler.run_once(partitions) == 4 and downsampler.round_failed == 2
+    assert (failures("seal", "BadBlock"), failures("rollup", "DecodeError")) == (seal_failures + 1, rollup_failures + 1)
+    logged = caplog.text
+    assert f"seal of tenant {tenant} series {unsealable.series_set_hash} slot" in logged and "BadBlock" in logged
+    assert f"roll-up (raw block written) of tenant {tenant} series {histogram_key.series_set_hash}" in logged
+    await assert_sealed(
+        sqlite_store, other, {key.series_set_hash: {slot + 60_000: float(r)} for r, key in enumerate(good)}, slot
+    )
+    assert sum([await pending.waiting(p) for p in partitions]) == 2
+    assert gauge("tsgate_downsample_slots_near_expiry") == 0
+
+    assert await downsampler.run_once(partitions) == 0 and downsampler.round_failed == 0  # backoff: not tried
+    assert failures("seal", "BadBlock") == seal_failures + 1
+    assert sum([await pending.waiting(p) for p in partitions]) == 2
+    clock.now += 31_000
+    assert await downsampler.run_once(partitions) == 0 and downsampler.round_failed == 2  # retried
+    assert (failures("seal", "BadBlock"), failures("rollup", "DecodeError")) == (seal_failures + 2, rollup_failures + 2)
+
+    # the slot ended an hour ago and head rows live 6 h past its end: at 2.5 h from now only 2.5 h remain
+    caplog.clear()
+    clock.now += int(2.5 * HOUR_MS)
+    assert await downsampler.run_once(partitions) == 0
+    assert gauge("tsgate_downsample_slots_near_expiry") == 1  # only the unsealed one: the other's block is written
+    assert f"tenant {tenant} series {unsealable.series_set_hash} slot" in caplog.text
+    assert "still unsealed" in caplog.text and "--head-retention" in caplog.text
+
+    await sqlite_store.write_block(tenant, unsealable.series_set_hash, slot, encode_block(*empty()), empty(), now_ms())
+    clock.now += 15 * 60_000
+    assert await downsampler.run_once(partitions) == 1
+    await assert_sealed(sqlite_store, tenant, {unsealable.series_set_hash: {slot + 60_000: 1.0}}, slot)
+    assert gauge("tsgate_downsample_slots_near_expiry") == 0
+    assert sum([await pending.waiting(p) for p in partitions]) == 1  # the corrupt histogram's, still retried
