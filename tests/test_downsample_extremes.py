@@ -9,6 +9,7 @@ import logging
 import math
 import random
 import struct
+import time
 import uuid
 from fractions import Fraction
 
@@ -33,6 +34,8 @@ from gateway.store.layout import HOUR_MS
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import types_pb2
 from protocols.prometheus.xor import STALE_NAN_BITS
+from tests.gatewayproc import downsample_once, metric_value
+from tests.test_downsample import rollups
 from tests.unit import MsClock
 
 PARTITIONS = 64
@@ -414,3 +417,51 @@ async def test_a_failing_series_slot_is_isolated_retried_with_backoff_and_watche
     await assert_sealed(sqlite_store, tenant, {unsealable.series_set_hash: {slot + 60_000: 1.0}}, slot)
     assert gauge("tsgate_downsample_slots_near_expiry") == 0
     assert sum([await pending.waiting(p) for p in partitions]) == 1  # the corrupt histogram's, still retried
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+EDGE_VALUES = [1e308, 1e308, -1e308, "+Inf", MAX, 5e-324, -0.0]
+
+
+def write_bad_and_good(gateway, tenant: str) -> int:
+    """A series of edge values in one tenant and ordinary ones in another, in the slot 3 h ago; its start (s)."""
+    t0 = (int(time.time() * 1000) // HOUR_MS - 3) * HOUR_MS // 1000
+    bad = [{"metricName": "broken_exporter", "ts": t0 + i * 60, "value": v} for i, v in enumerate(EDGE_VALUES)]
+    good = [{"metricName": "room_temp", "ts": t0 + i * 60, "value": float(i)} for i in range(10)]
+    assert gateway.post("/api/write", bad, headers={"X-Tenant": tenant}).status == 200
+    assert gateway.post("/api/write", good, headers={"X-Tenant": f"{tenant}-good"}).status == 200
+    return t0
+
+
+def assert_edge_values_read_back(gateway, tenant: str, t0: int) -> None:
+    window = (t0, t0 + 3599)
+    raw = rollups(gateway, tenant, "broken_exporter", "raw", "raw", *window)
+    assert raw == [EDGE_VALUES]
+    assert rollups(gateway, tenant, "broken_exporter", "1h", "sum", *window) == [["+Inf"]]
+    assert rollups(gateway, tenant, "broken_exporter", "1h", "min", *window) == [[-1e308]]
+    assert rollups(gateway, tenant, "broken_exporter", "5m", "max", *window) == [["+Inf", 5e-324]]
+    assert rollups(gateway, f"{tenant}-good", "room_temp", "1h", "count", *window) == [[10.0]]
+
+
+def test_edge_values_through_downsample_once(start_gateway, backend_args, tmp_path, tenant):
+    store_args = backend_args or ("--data-dir", str(tmp_path / "data"))
+    gateway = start_gateway(*store_args, "--roles", "ingest,query", "--downsample-delay", "0s")
+    t0 = write_bad_and_good(gateway, tenant)
+    output = downsample_once(*store_args)  # exits 0: nothing failed
+    assert "rolled up" in output and "failed" not in output
+    assert_edge_values_read_back(gateway, tenant, t0)
+
+
+def test_edge_values_through_the_downsample_role_and_its_metrics(start_gateway, tenant):
+    gateway = start_gateway("--downsample-delay", "0s", "--downsample-interval", "1s")
+    t0 = write_bad_and_good(gateway, tenant)
+    deadline = time.monotonic() + 60
+    while metric_value(gateway, "tsgate_downsampled_series_slots_total") < 2:
+        assert time.monotonic() < deadline, gateway.get("/metrics").body.decode()
+        time.sleep(0.5)
+    exposition = gateway.get("/metrics").body.decode()
+    assert metric_value(gateway, "tsgate_downsample_errors_total") == 0
+    assert "tsgate_downsample_slot_failures_total{" not in exposition
+    assert metric_value(gateway, "tsgate_downsample_slots_near_expiry") == 0
+    assert_edge_values_read_back(gateway, tenant, t0)
