@@ -19,6 +19,7 @@ import pytest_twisted
 from prometheus_client import REGISTRY
 
 from gateway.downsample.aggregate import exact_sum
+from gateway.downsample.histograms import is_counter_reset
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import PendingMarks, RedisPending, StorePending
 from gateway.downsample.processor import Downsampler
@@ -343,6 +344,20 @@ def test_sums_past_float64_are_infinite_and_exact_where_they_fit():
     assert exact_sum(np.array([math.inf, 1e308, 1e308])) == math.inf
     assert math.isnan(exact_sum(np.array([math.inf, -math.inf, 1.0])))
     assert math.isnan(exact_sum(np.array([as_float(0x7FF8DEADBEEF0001), 1.0])))
+
+
+def test_histograms_prometheus_refuses_count_as_resets_instead_of_hanging_the_downsampler():
+    """Comparing a histogram with a NaN zero threshold looped for ever (in a thread of the
+    downsampler); a huge schema builds a 2^(2^31)-bit bound; spans past the counts raise."""
+    fine = types_pb2.Histogram(count_int=3, sum=1.0, schema=0)
+    flawed = [
+        types_pb2.Histogram(count_int=3, sum=1.0, schema=0, zero_threshold=math.nan),
+        types_pb2.Histogram(count_int=3, sum=1.0, schema=2**31 - 1),
+        types_pb2.Histogram(count_int=3, sum=1.0, schema=0, positive_spans=[types_pb2.BucketSpan(offset=0, length=4)]),
+    ]
+    for histogram in flawed:
+        assert is_counter_reset(fine, histogram) and is_counter_reset(histogram, fine)
+    assert not is_counter_reset(fine, fine)
 
 
 async def corrupt_block(store, key: SeriesKey, slot: int) -> None:
