@@ -64,7 +64,9 @@ class StorePending:
     async def done(self, work: Work, left: Collection[tuple[str, str]] = ()) -> None:
         """The work's marks go, but those of the members ``left`` (failed, or waiting out a
         backoff: gateway/downsample/failures.py), which stay for a later round."""
-        await self.store.delete_pending([row for row in work.token if (row.tenant, row.series_set_hash) not in left])
+        finished = [row for row in work.token if (row.tenant, row.series_set_hash) not in left]
+        if finished:
+            await self.store.delete_pending(finished)
 
     async def waiting(self, partition: int) -> int:
         """Series-slots of the partition still marked pending, settled or not (what a round left)."""
