@@ -62,7 +62,8 @@ DOWNSAMPLE_SETTLED = Gauge(
     multiprocess_mode="livemax",
 )
 DOWNSAMPLE_ERRORS = Counter(
-    "tsgate_downsample_errors", "Settled partition-slots a round left with failed series-slots (retried later)"
+    "tsgate_downsample_errors",
+    "Settled partition-slots in which a round failed to seal or roll up a series-slot (retried later)",
 )
 DOWNSAMPLE_SLOT_FAILURES = Counter(
     "tsgate_downsample_slot_failures",

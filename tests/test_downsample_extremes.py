@@ -21,6 +21,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from gateway.downsample.aggregate import exact_sum
+from gateway.downsample.failures import RollUpFailed, SlotFailures
 from gateway.downsample.histograms import is_counter_reset
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import PendingMarks, RedisPending, StorePending
@@ -33,7 +34,7 @@ from gateway.samples import empty
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import HistogramRow
 from gateway.store.histogram_rollup_rows import decode_interval
-from gateway.store.layout import HOUR_MS
+from gateway.store.layout import HOUR_MS, Layout
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import types_pb2
 from protocols.prometheus.xor import STALE_NAN_BITS
@@ -493,3 +494,21 @@ def test_edge_values_through_the_downsample_role_and_its_metrics(start_gateway, 
     assert "tsgate_downsample_slot_failures_total{" not in exposition
     assert metric_value(gateway, "tsgate_downsample_slots_near_expiry") == 0
     assert_edge_values_read_back(gateway, tenant, t0)
+
+
+def test_near_expiry_counts_unsealed_failures_from_half_the_head_retention_until_expiry():
+    layout = Layout()
+    slot, end = 0, layout.slot_width_ms
+    failures = SlotFailures(layout)
+    failures.failed("t", "unsealed", slot, ValueError("seal failed"), end)
+    try:
+        raise KeyError("roll-up failed")
+    except KeyError as error:
+        failures.failed("t", "sealed", slot, RollUpFailed(str(error)), end)
+    half = layout.head_retention_ms // 2
+    assert [failures.near_expiry(end + at) for at in (half - 1, half, 2 * half - 1, 2 * half)] == [0, 1, 1, 0]
+    assert not failures.due("t", "unsealed", slot, end + 29_999) and failures.due("t", "unsealed", slot, end + 30_000)
+    failures.failed("t", "unsealed", slot, ValueError("again"), end + 30_000)
+    assert not failures.due("t", "unsealed", slot, end + 89_999) and failures.due("t", "unsealed", slot, end + 90_000)
+    failures.succeeded("t", "unsealed", slot)
+    assert failures.near_expiry(end + half) == 0 and failures.due("t", "unsealed", slot, end)

@@ -73,13 +73,13 @@ class SlotFailures:
 
     def near_expiry(self, now_ms: int) -> int:
         """Failed slots not sealed yet whose head rows have less than half of ``--head-retention``
-        left before they expire; each is logged once as it gets there."""
+        left before they expire (and have not expired yet); each is logged once as it gets there."""
         retention, width = self.layout.head_retention_ms, self.layout.slot_width_ms
         count = 0
         for key, failure in self._failures.items():
             tenant, series_set_hash, slot = key
             expires = slot + width + retention
-            if failure.sealed or now_ms < expires - retention // 2:
+            if failure.sealed or not expires - retention // 2 <= now_ms < expires:
                 continue
             count += 1
             if not failure.warned:
