@@ -103,7 +103,7 @@ class Downsampler:
         due = [(t, h) for t, h in work.members if self.failures.due(t, h, work.time_slot, now)]
         jobs = [self._semaphore.run(self._series_slot_job, tenant, hash_, work.time_slot) for tenant, hash_ in due]
         finished = {member for member, ok in zip(due, await gatherResults(jobs)) if ok}
-        left = [member for member in work.members if member not in finished]
+        left = {member for member in work.members if member not in finished}
         if len(finished) < len(due):
             metrics.DOWNSAMPLE_ERRORS.inc()
         await self.pending.done(work, left)
