@@ -60,39 +60,33 @@ def _bucket_rows(
     tenant: str, series_set_hash: str, kind: str, starts: np.ndarray, values: np.ndarray, previous: float | None
 ) -> list[Rollup]:
     """One row per bucket; ``starts`` holds each value's bucket start (ascending, values NaN-free)."""
+    if not len(values):
+        return []
     bucket_starts, firsts = np.unique(starts, return_index=True)
-    ends = np.append(firsts[1:], len(values))
+    spans = list(zip(bucket_starts.tolist(), firsts.tolist(), np.append(firsts[1:], len(values)).tolist()))
     if kind == CUMULATIVE_COUNTER:
         increases = _increases(values, previous)
         return [
             Rollup(
                 tenant, series_set_hash, start, last=float(values[end - 1]), increase=exact_sum(increases[first:end])
             )
-            for start, first, end in zip(bucket_starts.tolist(), firsts.tolist(), ends.tolist())
+            for start, first, end in spans
         ]
-    rows = []
-    for start, first, end in zip(bucket_starts.tolist(), firsts.tolist(), ends.tolist()):
-        chunk = values[first:end]
-        count = end - first
-        if kind == DELTA_COUNTER:
-            rows.append(Rollup(tenant, series_set_hash, start, sum=exact_sum(chunk), count=count))
-        elif kind == MIN_ONLY:
-            rows.append(Rollup(tenant, series_set_hash, start, min=float(chunk.min()), count=count))
-        elif kind == MAX_ONLY:
-            rows.append(Rollup(tenant, series_set_hash, start, max=float(chunk.max()), count=count))
-        else:
-            rows.append(
-                Rollup(
-                    tenant,
-                    series_set_hash,
-                    start,
-                    min=float(chunk.min()),
-                    max=float(chunk.max()),
-                    sum=exact_sum(chunk),
-                    count=count,
-                )
-            )
-    return rows
+    wanted = AGGREGATORS[kind]
+    mins = np.minimum.reduceat(values, firsts).tolist() if "min" in wanted else [None] * len(spans)
+    maxes = np.maximum.reduceat(values, firsts).tolist() if "max" in wanted else [None] * len(spans)
+    return [
+        Rollup(
+            tenant,
+            series_set_hash,
+            start,
+            min=low,
+            max=high,
+            sum=exact_sum(values[first:end]) if "sum" in wanted else None,
+            count=end - first,
+        )
+        for (start, first, end), low, high in zip(spans, mins, maxes)
+    ]
 
 
 def _increases(values: np.ndarray, previous: float | None) -> np.ndarray:
