@@ -385,7 +385,8 @@ async def test_a_failing_series_slot_is_isolated_retried_with_backoff_and_watche
     sqlite_store, request, tenant, with_redis, caplog
 ):
     """One series-slot whose seal fails (a corrupt block) and one whose roll-up fails (a corrupt
-    histogram) beside good series of another tenant in the same slot: the good ones are done in
+    histogram beside its samples, whose block is written all the same) beside good series of
+    another tenant in the same slot: the good ones are done in
     the first round, the bad ones counted, logged, left pending and retried only after their
     backoff; the unsealed one raises the near-expiry gauge and an error line once less than
     half of --head-retention is left, and is sealed once it can be."""
@@ -396,7 +397,7 @@ async def test_a_failing_series_slot_is_isolated_retried_with_backoff_and_watche
     other = f"{tenant}-good"
     slot = past_slot()
     pipeline = pipeline_of(sqlite_store, pending)
-    batch = [Sample(tenant, "unsealable", {}, slot + 60_000, 1.0)]
+    batch = [Sample(tenant, "unsealable", {}, slot + 60_000, 1.0), Sample(tenant, "latency", {}, slot + 60_000, 2.0)]
     batch += [Sample(other, "room_temp", {"room": str(r)}, slot + 60_000, float(r)) for r in range(4)]
     assert (await pipeline.ingest("test", batch)).accepted == len(batch)
     unsealable, good = (
@@ -404,9 +405,8 @@ async def test_a_failing_series_slot_is_isolated_retried_with_backoff_and_watche
         [key_of(other, "room_temp", {"room": str(r)}) for r in range(4)],
     )
     await corrupt_block(sqlite_store, unsealable, slot)
-    (histogram_key,), _ = await pipeline.register_series("test", [(tenant, "latency", {})])
+    histogram_key = key_of(tenant, "latency", {})  # its samples' roll-up works, its histograms' fails
     await sqlite_store.write_histograms([HistogramRow(tenant, histogram_key.series_set_hash, slot + 1, b"\xff\xff")])
-    await PendingMarks(pending, PARTITIONS).mark([(tenant, histogram_key.series_set_hash, slot)], now_ms())
     partitions = list(range(PARTITIONS))
 
     clock = MsClock(now_ms())
@@ -422,6 +422,7 @@ async def test_a_failing_series_slot_is_isolated_retried_with_backoff_and_watche
     await assert_sealed(
         sqlite_store, other, {key.series_set_hash: {slot + 60_000: float(r)} for r, key in enumerate(good)}, slot
     )
+    await assert_sealed(sqlite_store, tenant, {histogram_key.series_set_hash: {slot + 60_000: 2.0}}, slot)
     assert sum([await pending.waiting(p) for p in partitions]) == 2
     assert gauge("tsgate_downsample_slots_near_expiry") == 0
 
