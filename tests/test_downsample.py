@@ -45,7 +45,7 @@ def test_series_kinds():
     assert series_kind("cpu_idle", "gauge", ("reads",)) == GAUGE
 
 
-def test_gauge_roll_up_and_cascade():
+def test_gauge_roll_up_at_every_granularity():
     layout = Layout()
     points = [(i * MINUTE, float(v)) for i, v in enumerate([5, 7, 9, 1, 3, 8, 2, 2, 2, 10])]
     rows = roll_up("t", "h", GAUGE, from_points(points + [(10 * MINUTE, float("nan"))]), None, layout.granularities)

@@ -11,8 +11,8 @@ Kinds (docs/downsampling.rst):
   ``_total``, ``_count``, ``_sum``, ``_bucket``): reset-aware increase and last value, so that
   rate() and increase() over roll-ups stay right across counter resets.
 
-Coarser granularities are computed from the finer ones (a cascade, docs/downsampling.rst): min of mins, max of
-maxes, sums of sums, counts and increases, the last of the lasts.
+Every granularity is computed from the slot's samples (a slot holds whole buckets of each), not
+from the finer roll-up: a sum of rounded (or overflowed) finer sums would differ from the exact sum.
 
 Every float64 has a defined roll-up (exact_sum says how sums behave at the edges), so no value
 can stop the downsampler.
@@ -57,15 +57,15 @@ def series_kind(metric_name: str, metric_type: str | None, counter_suffixes: Ite
 
 
 def _bucket_rows(
-    tenant: str, series_set_hash: str, kind: str, starts: np.ndarray, values: np.ndarray, previous: float | None
+    tenant: str, series_set_hash: str, kind: str, starts: np.ndarray, values: np.ndarray, increases: np.ndarray
 ) -> list[Rollup]:
-    """One row per bucket; ``starts`` holds each value's bucket start (ascending, values NaN-free)."""
+    """One row per bucket; ``starts`` holds each value's bucket start (ascending, values NaN-free),
+    ``increases`` each value's increase (cumulative counters only)."""
     if not len(values):
         return []
     bucket_starts, firsts = np.unique(starts, return_index=True)
     spans = list(zip(bucket_starts.tolist(), firsts.tolist(), np.append(firsts[1:], len(values)).tolist()))
     if kind == CUMULATIVE_COUNTER:
-        increases = _increases(values, previous)
         return [
             Rollup(
                 tenant, series_set_hash, start, last=float(values[end - 1]), increase=exact_sum(increases[first:end])
@@ -134,35 +134,8 @@ def roll_up(
     are left out."""
     numbers = ~np.isnan(samples.values)
     timestamps, values = samples.timestamps[numbers], samples.values[numbers]
-    finest = granularities[0]
-    starts = timestamps - timestamps % finest.width_ms
-    rows = {finest.name: _bucket_rows(tenant, series_set_hash, kind, starts, values, previous)}
-    for finer, coarser in zip(granularities, granularities[1:]):
-        grouped: dict[int, list[Rollup]] = {}
-        for row in rows[finer.name]:
-            grouped.setdefault(row.timestamp_ms - row.timestamp_ms % coarser.width_ms, []).append(row)
-        rows[coarser.name] = [_combine(start, group) for start, group in sorted(grouped.items())]
-    return rows
-
-
-def _combine(start: int, rows: list[Rollup]) -> Rollup:
-    def present(field: str):
-        return [getattr(r, field) for r in rows if getattr(r, field) is not None]
-
-    mins, maxes, sums, counts, increases = (
-        present("min"),
-        present("max"),
-        present("sum"),
-        present("count"),
-        present("increase"),
-    )
-    lasts = present("last")
-    return rows[0]._replace(
-        timestamp_ms=start,
-        min=min(mins) if mins else None,
-        max=max(maxes) if maxes else None,
-        sum=exact_sum(np.array(sums)) if sums else None,
-        count=sum(counts) if counts else None,
-        increase=exact_sum(np.array(increases)) if increases else None,
-        last=lasts[-1] if lasts else None,
-    )
+    increases = _increases(values, previous) if kind == CUMULATIVE_COUNTER else values
+    return {
+        g.name: _bucket_rows(tenant, series_set_hash, kind, timestamps - timestamps % g.width_ms, values, increases)
+        for g in granularities
+    }
