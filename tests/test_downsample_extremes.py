@@ -8,6 +8,7 @@ marks in a Redis namespace of the test's own so that no other test's downsampler
 import logging
 import math
 import random
+import sqlite3
 import struct
 import time
 import uuid
@@ -521,3 +522,22 @@ def test_near_expiry_counts_unsealed_failures_from_half_the_head_retention_until
     assert not failures.due("t", "unsealed", slot, end + 89_999) and failures.due("t", "unsealed", slot, end + 90_000)
     failures.succeeded("t", "unsealed", slot)
     assert failures.near_expiry(end + half) == 0 and failures.due("t", "unsealed", slot, end)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failed_roll_up_write_is_counted_by_the_stores_error_and_the_block_is_written(
+    sqlite_store, tmp_path, tenant
+):
+    """A damaged database (a roll-up table gone): the store's own error (StoreUnavailable, as the
+    SQLite store reports it) names the failure, not the FirstError of the writes gathered, and the
+    slot's block is written before it."""
+    pending = StorePending(sqlite_store, sqlite_store.slot_width_ms, 0)
+    slot = past_slot()
+    assert (await pipeline_of(sqlite_store, pending).ingest("test", [Sample(tenant, "cpu", {}, slot, 0.5)])).accepted
+    with sqlite3.connect(tmp_path / "unit.db") as database:
+        database.execute(f"DROP TABLE {sqlite_store.layout.granularities[0].table}")
+    before = failures("rollup", "StoreUnavailable")
+    downsampler = Downsampler(sqlite_store, pending, sqlite_store.layout, ())
+    assert await downsampler.run_once(list(range(PARTITIONS))) == 0 and downsampler.round_failed == 1
+    assert failures("rollup", "StoreUnavailable") == before + 1
+    await assert_sealed(sqlite_store, tenant, {key_of(tenant, "cpu", {}).series_set_hash: {slot: 0.5}}, slot)

@@ -9,6 +9,8 @@ import logging
 from datetime import UTC, datetime
 from typing import NamedTuple
 
+from twisted.internet.defer import FirstError
+
 from gateway import metrics
 from gateway.store.layout import Layout
 
@@ -27,6 +29,13 @@ class SlotFailure(NamedTuple):
     retry_at_ms: int
     sealed: bool  # the raw block was written: nothing expires with the head rows
     warned: bool  # its near expiry was logged
+
+
+def _root(error: BaseException) -> BaseException:
+    """The exception behind gatherResults' FirstError wrappers (the store's own error)."""
+    while isinstance(error, FirstError):
+        error = error.subFailure.value
+    return error
 
 
 def _when(timestamp_ms: int) -> str:
@@ -52,7 +61,7 @@ class SlotFailures:
         before = self._failures.get(key)
         attempts = before.attempts + 1 if before else 1
         sealed = isinstance(error, RollUpFailed)
-        cause = error.__cause__ if sealed and error.__cause__ is not None else error
+        cause = _root(error.__cause__ if sealed and error.__cause__ is not None else error)
         stage = "rollup" if sealed else "seal"
         metrics.DOWNSAMPLE_SLOT_FAILURES.labels(stage, type(cause).__name__).inc()
         delay = min(FIRST_RETRY_MS << min(attempts - 1, 10), LONGEST_RETRY_MS)
