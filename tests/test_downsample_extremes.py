@@ -528,16 +528,17 @@ def test_near_expiry_counts_unsealed_failures_from_half_the_head_retention_until
 async def test_a_failed_roll_up_write_is_counted_by_the_stores_error_and_the_block_is_written(
     sqlite_store, tmp_path, tenant
 ):
-    """A damaged database (a roll-up table gone): the store's own error (StoreUnavailable, as the
-    SQLite store reports it) names the failure, not the FirstError of the writes gathered, and the
-    slot's block is written before it."""
+    """A database that refuses the 5-minute roll-up rows (a trigger stands for a damaged table):
+    the failure is labelled with the store's own error, not the FirstError of the writes
+    gathered, and the slot's block is written before it."""
     pending = StorePending(sqlite_store, sqlite_store.slot_width_ms, 0)
     slot = past_slot()
     assert (await pipeline_of(sqlite_store, pending).ingest("test", [Sample(tenant, "cpu", {}, slot, 0.5)])).accepted
+    table = sqlite_store.layout.granularities[0].table
     with sqlite3.connect(tmp_path / "unit.db") as database:
-        database.execute(f"DROP TABLE {sqlite_store.layout.granularities[0].table}")
-    before = failures("rollup", "StoreUnavailable")
+        database.execute(f"CREATE TRIGGER refused BEFORE INSERT ON {table} BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    before = failures("rollup", "IntegrityError")
     downsampler = Downsampler(sqlite_store, pending, sqlite_store.layout, ())
     assert await downsampler.run_once(list(range(PARTITIONS))) == 0 and downsampler.round_failed == 1
-    assert failures("rollup", "StoreUnavailable") == before + 1
+    assert failures("rollup", "IntegrityError") == before + 1
     await assert_sealed(sqlite_store, tenant, {key_of(tenant, "cpu", {}).series_set_hash: {slot: 0.5}}, slot)
