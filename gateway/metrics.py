@@ -65,7 +65,20 @@ DOWNSAMPLE_SETTLED = Gauge(
     "Settled partition-slots found waiting at the last round",
     multiprocess_mode="livemax",
 )
-DOWNSAMPLE_ERRORS = Counter("tsgate_downsample_errors", "Settled slots whose roll-up failed (retried next round)")
+DOWNSAMPLE_ERRORS = Counter(
+    "tsgate_downsample_errors",
+    "Settled partition-slots in which a round failed to seal or roll up a series-slot (retried later)",
+)
+DOWNSAMPLE_SLOT_FAILURES = Counter(
+    "tsgate_downsample_slot_failures",
+    "Failed attempts to seal (stage=seal) or roll up (stage=rollup, raw block written) a series-slot, by exception",
+    ["stage", "reason"],
+)
+DOWNSAMPLE_NEAR_EXPIRY = Gauge(
+    "tsgate_downsample_slots_near_expiry",
+    "Failed series-slots still unsealed whose head rows have less than half of --head-retention left",
+    multiprocess_mode="livemax",
+)
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
 INGEST_INFLIGHT = Gauge(
