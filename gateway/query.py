@@ -12,7 +12,7 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 
 from gateway import metrics
 from gateway.metadata_cache import LRUMap
-from gateway.model import NAME_TAG, SeriesKey
+from gateway.model import NAME_TAG, Limits, SeriesKey
 from gateway.read_path import READ_BATCH, ReadPath
 from gateway.samples import Samples
 from gateway.store import Store
@@ -50,10 +50,10 @@ class PointsBudget:
 
 
 class QueryPlanner:
-    def __init__(self, store: Store, max_series: int, concurrency: int = 32):
+    def __init__(self, store: Store, max_series: int, concurrency: int = 32, max_future_ms: int = Limits.max_future_ms):
         self.store = store
         self.max_series = max_series
-        self.reader = ReadPath(store, concurrency)
+        self.reader = ReadPath(store, concurrency, max_future_ms=max_future_ms)
         self._series = LRUMap(SERIES_REMEMBERED)
         self._semaphore = DeferredSemaphore(concurrency)
 
@@ -122,6 +122,7 @@ class QueryPlanner:
         (--max-points-per-query) before the next is read: one roll-up aggregate (avg by default)
         with a granularity, the raw samples alone with ``raw``, else the read path's stitched samples."""
         series = await self.select_series(tenant, metric_name, tag_filters)
+        start_ms, end_ms = self.reader.readable(start_ms, end_ms)
         budget = PointsBudget(max_points)
         data: list[Samples] = []
         created: dict[str, int] = {}

@@ -68,7 +68,7 @@ class Gateway:
             tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             max_metadata_length=config.max_metadata_length,
         )
-        self.planner = QueryPlanner(self.store, config.max_series_per_query)
+        self.planner = QueryPlanner(self.store, config.max_series_per_query, max_future_ms=config.max_future)
         roles = config.role_set
         router = Router(roles, Credentials.from_file(config.auth_file) if config.auth_file else None)
         NativeAPI(self.store, self.pipeline, self.planner, config.max_points_per_query).register(router)
@@ -87,7 +87,6 @@ class Gateway:
                 config.query_max_samples,
                 config.query_lookback_delta,
                 config.query_timeout,
-                config.max_future,
             )
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)

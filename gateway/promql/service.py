@@ -13,7 +13,7 @@ from twisted.internet import defer, threads
 from gateway.promql.engine import Evaluator, Query, parse, plan, selector_matchers
 from gateway.promql.values import PromQLError, Series
 from gateway.query import QueryPlanner
-from gateway.read_path import READ_BATCH, clamp_range
+from gateway.read_path import READ_BATCH
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow
 from protocols.prometheus import prometheus_labels, prometheus_metric_name, sanitize_label_name
@@ -28,14 +28,12 @@ class PromQLService:
         max_samples: int,
         lookback_ms: int,
         timeout_ms: int,
-        max_future_ms: int,
     ):
         self.store = store
         self.planner = planner
         self.max_samples = max_samples
         self.lookback_ms = lookback_ms
         self.timeout_ms = timeout_ms
-        self.max_future_ms = max_future_ms
 
     def query(self, start_ms: int, end_ms: int, step_ms: int) -> Query:
         """A query over [start_ms, end_ms] every ``step_ms`` (0: instant), with the configured lookback."""
@@ -112,13 +110,10 @@ class PromQLService:
         samples = 0
         for key, (_, low, high) in needs.items():
             keys = selected[key]
-            start_ms, end_ms = clamp_range(low, high)
             for begin in range(0, len(keys), READ_BATCH):
                 _check(deadline)
                 part = keys[begin : begin + READ_BATCH]
-                rows = await self.planner.reader.read_histograms(
-                    tenant, [k.series_set_hash for k in part], start_ms, end_ms
-                )
+                rows = await self.planner.reader.read_histograms(tenant, [k.series_set_hash for k in part], low, high)
                 samples += sum(len(r) for r in rows)
                 self._count(samples)
                 if not any(rows):
@@ -166,13 +161,12 @@ class PromQLService:
         is cut to what can be stored, from the retention's start to --max-future ahead) of every
         series the query's selectors select, by series labels (sorted), series without exemplars
         left out."""
-        now = int(time.time() * 1000)
-        oldest, newest = now - self.store.layout.exemplar_retention_ms, now + self.max_future_ms
-        start_ms = oldest if start_ms is None else start_ms
+        now = self.planner.reader.clock()
+        start_ms = now - self.store.layout.exemplar_retention_ms if start_ms is None else start_ms
         end_ms = now if end_ms is None else end_ms
         if end_ms < start_ms:
             raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
-        start_ms, end_ms = max(start_ms, oldest), min(end_ms, newest)
+        start_ms, end_ms = self.planner.reader.exemplar_range(start_ms, end_ms)
         expr = await threads.deferToThread(parse, text)
         selected = {}
         for matchers, _, _ in plan(expr, self.query(start_ms, end_ms, 0)).values():
