@@ -4,6 +4,7 @@ the store enumerates slots)."""
 
 import time
 
+import numpy as np
 import pytest
 import pytest_twisted
 
@@ -11,6 +12,7 @@ from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries
 from gateway.model import ExemplarSample, HistogramSample, Limits, Sample, now_ms
 from gateway.promql.service import PromQLService
+from gateway.promql.values import PromQLError
 from gateway.query import QueryPlanner
 from gateway.remote_read import RemoteRead
 from protocols.linear_regex import BadPattern, compile_regex
@@ -69,3 +71,52 @@ async def test_an_open_range_read_costs_what_the_data_does(store, tenant):
     ((labels, rows),) = await promql.exemplars(tenant, "up", 0, 253_402_300_799_999)
     assert labels == {"__name__": "up", "job": "a"} and [row.timestamp_ms for row in rows] == [stamp]
     assert time.monotonic() - began < 10
+
+
+async def _write_minutes(store, tenant: str, series: int, hours: int = 6) -> int:
+    """``m{i=...}`` every 15 s for ``hours`` up to a minute ago; returns the last timestamp."""
+    pipeline = IngestPipeline(store, Limits(), KnownSeries(10_000), 10_000_000)
+    end = (now_ms() // MINUTE - 1) * MINUTE
+    samples = [
+        Sample(tenant, "m", {"i": str(i)}, end - k * 15_000, float(k))
+        for i in range(series)
+        for k in range(hours * 240)
+    ]
+    assert not (await pipeline.ingest("prometheus", samples)).rejected
+    return end
+
+
+async def _instant(store, tenant: str, text: str, at: int, max_samples: int = 50_000_000, timeout_ms: int = 60_000):
+    service = PromQLService(store, QueryPlanner(store, max_series=10_000), max_samples, 5 * MINUTE, timeout_ms)
+    return await service.evaluate(tenant, text, service.query(at, at, 0), np.array([at]), None)
+
+
+@pytest.mark.parametrize(
+    "text, max_samples",
+    [
+        ("max_over_time(vector(1)[1d:1s])", 1000),  # 86401 inner steps passed a limit of 1000
+        ('rate(({__name__=~"up|http.*"})[292y:])', 50_000_000),  # 153 million steps froze the server
+        ("max_over_time(max_over_time(m[6h:1s])[6h:1s])", 50_000_000),  # windows of 466 million samples
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_subquery_steps_and_windows_count_against_the_sample_limit(sqlite_store, tenant, text, max_samples):
+    end = await _write_minutes(sqlite_store, tenant, series=3)
+    began = time.monotonic()
+    with pytest.raises(PromQLError, match="would load too many samples into memory in query execution") as error:
+        await _instant(sqlite_store, tenant, text, end, max_samples)
+    assert error.value.kind == "execution"
+    assert time.monotonic() - began < 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_deadline_stops_a_subquery_of_millions_of_steps(sqlite_store, tenant):
+    """Checked between nodes only, ``max_over_time(rate(m[1m])[20d:1s])`` ran 93 s past a 5 s
+    --query-timeout: the 1.7 million inner steps are one node. 25 series (43 million values,
+    under --query-max-samples) take about 5 s here."""
+    end = await _write_minutes(sqlite_store, tenant, series=25)
+    began = time.monotonic()
+    with pytest.raises(PromQLError, match="timed out") as error:
+        await _instant(sqlite_store, tenant, "max_over_time(rate(m[1m])[20d:1s])", end, timeout_ms=1000)
+    assert error.value.kind == "timeout"
+    assert time.monotonic() - began < 3
