@@ -7,16 +7,18 @@ import time
 import numpy as np
 import pytest
 import pytest_twisted
+from prometheus_client import REGISTRY
 
+from gateway.graphite.tagdb import TagDB
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries
 from gateway.model import ExemplarSample, HistogramSample, Limits, Sample, now_ms
 from gateway.promql.service import PromQLService
 from gateway.promql.values import PromQLError
-from gateway.query import QueryPlanner
+from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.remote_read import RemoteRead
 from protocols.linear_regex import BadPattern, compile_regex
-from protocols.prometheus import Matcher
+from protocols.prometheus import Matcher, prometheus_labels
 from protocols.prometheus.read import Query
 from tests.test_prometheus_protocol import histogram
 
@@ -120,3 +122,48 @@ async def test_the_deadline_stops_a_subquery_of_millions_of_steps(sqlite_store, 
         await _instant(sqlite_store, tenant, "max_over_time(rate(m[1m])[20d:1s])", end, timeout_ms=1000)
     assert error.value.kind == "timeout"
     assert time.monotonic() - began < 3
+
+
+def _store_calls(operation: str) -> float:
+    return REGISTRY.get_sample_value("tsgate_store_operation_duration_seconds_count", {"operation": operation}) or 0
+
+
+@pytest.fixture
+def many_values(sqlite_store, tenant):
+    """``vol{i=0..1999}`` and ``other{i=7}``, indexed as ingest indexes them."""
+
+    async def write():
+        pipeline = IngestPipeline(sqlite_store, Limits(), KnownSeries(10_000), 10_000_000)
+        stamp = now_ms() - MINUTE
+        samples = [Sample(tenant, "vol", {"i": str(i)}, stamp, 1.0) for i in range(2000)]
+        samples.append(Sample(tenant, "other", {"i": "7"}, stamp, 1.0))
+        assert not (await pipeline.ingest("prometheus", samples)).rejected
+
+    return write
+
+
+@pytest_twisted.ensureDeferred
+async def test_index_matching_refuses_before_a_lookup_per_value(sqlite_store, tenant, many_values):
+    """With 100k series ``{i=~".+"}`` answered 422 after 103 s: one series_sets lookup per
+    matching value, then the count. Values are counted first."""
+    await many_values()
+    planner = QueryPlanner(sqlite_store, max_series=100)
+    lookups = _store_calls("find_series") + _store_calls("find_metrics_by_tag")
+    with pytest.raises(QueryTooLarge, match="--max-series-per-query"):
+        await planner.select_by_matchers(tenant, [Matcher("RE", "i", ".+")], prometheus_labels)
+    assert _store_calls("find_series") + _store_calls("find_metrics_by_tag") - lookups < 10
+    narrowed = [Matcher("RE", "i", ".+"), Matcher("EQ", "i", "7")]
+    found = await planner.select_by_matchers(tenant, narrowed, prometheus_labels)
+    assert sorted(key.metric_name for key in found) == ["other", "vol"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_tag_value_counts_are_refused_past_the_series_limit_or_limited(sqlite_store, tenant, many_values):
+    """``GET /tags/i`` over 100k values took 60 s: a count of each value's series."""
+    await many_values()
+    tags = TagDB(sqlite_store, QueryPlanner(sqlite_store, max_series=100))
+    lookups = _store_calls("find_series")
+    with pytest.raises(QueryTooLarge, match="--max-series-per-query"):
+        await tags.value_counts(tenant, "i")
+    assert _store_calls("find_series") == lookups
+    assert await tags.value_counts(tenant, "i", limit=3) == [("0", 1), ("1", 1), ("10", 1)]

@@ -290,7 +290,8 @@ class GraphiteAPI:
         return _jsonp(request, [{"tag": key} for key in keys[: _limit(request) if arg(request, "limit") else None]])
 
     async def tag_details(self, request, tag: str):
-        counted = await self.tags.value_counts(request_tenant(request), tag, _filter(request))
+        limit = _limit(request) if arg(request, "limit") else None
+        counted = await self.tags.value_counts(request_tenant(request), tag, _filter(request), limit)
         return _jsonp(request, {"tag": tag, "values": [{"value": value, "count": count} for value, count in counted]})
 
     async def autocomplete_tags(self, request):
