@@ -39,6 +39,7 @@ from gateway.http.server import Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.promql.engine import QueryText
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
 from gateway.store import open_store
@@ -87,6 +88,7 @@ class Gateway:
                 config.query_max_samples,
                 config.query_lookback_delta,
                 config.query_timeout,
+                QueryText(config.query_max_length, config.query_max_terms),
             )
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
@@ -97,6 +99,8 @@ class Gateway:
             TagDB(self.store, self.planner),
             schemas,
             config.max_points_per_query,
+            max_targets=config.render_max_targets,
+            max_query_length=config.query_max_length,
         ).register(router)
         OpsAPI(self.store).register(router)
         self.connections = Connections(config.connection_limit)

@@ -3,6 +3,7 @@ bounded before the work is done, on the real services over a SQLite store (and C
 the store enumerates slots)."""
 
 import time
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from gateway.graphite.tagdb import TagDB
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries
 from gateway.model import ExemplarSample, HistogramSample, Limits, Sample, now_ms
+from gateway.promql.engine import QueryText
 from gateway.promql.service import PromQLService
 from gateway.promql.values import PromQLError
 from gateway.query import QueryPlanner, QueryTooLarge
@@ -167,3 +169,47 @@ async def test_tag_value_counts_are_refused_past_the_series_limit_or_limited(sql
         await tags.value_counts(tenant, "i")
     assert _store_calls("find_series") == lookups
     assert await tags.value_counts(tenant, "i", limit=3) == [("0", 1), ("1", 1), ("10", 1)]
+
+
+@pytest.mark.parametrize(
+    "text, setting",
+    [
+        ("+".join(["1"] * 2000), "--query-max-terms"),  # parsing alone held the GIL 3.7 s
+        ("vector(1)" + " " * 70_000, "--query-max-length"),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_query_text_over_its_bounds_is_refused_before_parsing(sqlite_store, tenant, text, setting):
+    began = time.monotonic()
+    with pytest.raises(PromQLError, match=setting) as error:
+        await _instant(sqlite_store, tenant, text, now_ms())
+    assert error.value.kind == "bad_data"
+    assert time.monotonic() - began < 0.5
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_deep_expression_is_bad_data_not_a_recursion_error(sqlite_store, tenant):
+    """With the terms bound raised, 1500 nested parentheses parse, then planning recursed too deep (a 500)."""
+    service = PromQLService(
+        sqlite_store, QueryPlanner(sqlite_store, 100), 1000, 5 * MINUTE, 60_000, QueryText(10**6, 10**6)
+    )
+    text = "(" * 1500 + "1" + ")" * 1500
+    with pytest.raises(PromQLError, match="nested too deeply") as error:
+        await service.evaluate(tenant, text, service.query(0, 0, 0), np.array([0]), None)
+    assert error.value.kind == "bad_data"
+
+
+def test_render_targets_and_their_length_are_bounded(start_gateway):
+    """POST /render with 5000 targets stalled the gateway 8.4 s."""
+    gateway = start_gateway("--render-max-targets", "5", "--query-max-length", "1000")
+    form = {"format": "json", "from": "-10min", "target": [f"a.b{i}" for i in range(6)]}
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    answer = gateway.post("/render", urllib.parse.urlencode(form, doseq=True).encode(), headers=headers)
+    assert answer.status == 400 and "--render-max-targets 5" in answer.json()["error"]
+    form["target"] = form["target"][:5]
+    assert gateway.post("/render", urllib.parse.urlencode(form, doseq=True).encode(), headers=headers).status == 200
+    answer = gateway.get("/render?" + urllib.parse.urlencode({"format": "json", "target": "a." * 600}))
+    assert answer.status == 400 and "--query-max-length 1000" in answer.json()["error"]
+    answer = gateway.get("/api/v1/query?" + urllib.parse.urlencode({"query": "+".join(["1"] * 400)}))
+    assert answer.status == 400 and answer.json()["errorType"] == "bad_data"
+    assert "--query-max-terms 300" in answer.json()["error"]

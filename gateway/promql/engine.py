@@ -10,6 +10,7 @@ steps with every subquery's inner steps, so the service refuses over --query-max
 """
 
 import math
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -69,6 +70,37 @@ def parse(text: str):
         return promql_parser.parse(text)
     except (ValueError, TypeError) as error:
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
+
+
+# String literals (their text is no term), then what makes a node of the parsed expression: an
+# operator, a label matcher, an opening parenthesis, a brace, an argument's comma.
+_STRING_LITERAL = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`""")
+_TERM = re.compile(r"[-+*/%^(,{<>=!]+|\b(?:and|or|unless|atan2)\b")
+
+
+class QueryText(NamedTuple):
+    """The bounds of a query's text (--query-max-length, --query-max-terms), checked before it
+    is parsed: the parser's time grows faster than the text (``1+1+...``: 0.03 s for 250 terms,
+    0.32 s for 1000, 3.7 s for 2000, holding the GIL), and a deep expression's tree is walked
+    recursively."""
+
+    max_length: int = 65536
+    max_terms: int = 300
+
+    def parse(self, text: str):
+        if len(text) > self.max_length:
+            raise PromQLError(
+                f'invalid parameter "query": {len(text)} characters, over --query-max-length {self.max_length}',
+                "bad_data",
+            )
+        terms = len(_TERM.findall(_STRING_LITERAL.sub('""', text)))
+        if terms > self.max_terms:
+            raise PromQLError(
+                f'invalid parameter "query": {terms} operators, matchers, parentheses and arguments,'
+                f" over --query-max-terms {self.max_terms}",
+                "bad_data",
+            )
+        return parse(text)
 
 
 def _ms(delta) -> int:

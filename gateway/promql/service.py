@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 from twisted.internet import defer, threads
 
-from gateway.promql.engine import Evaluator, Query, estimated_samples, parse, plan, selector_matchers
+from gateway.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
 from gateway.promql.values import Guard, PromQLError, Series
 from gateway.query import QueryPlanner
 from gateway.read_path import READ_BATCH
@@ -29,12 +29,14 @@ class PromQLService:
         max_samples: int,
         lookback_ms: int,
         timeout_ms: int,
+        text: QueryText | None = None,
     ):
         self.store = store
         self.planner = planner
         self.max_samples = max_samples
         self.lookback_ms = lookback_ms
         self.timeout_ms = timeout_ms
+        self.text = text or QueryText()
 
     def query(self, start_ms: int, end_ms: int, step_ms: int) -> Query:
         """A query over [start_ms, end_ms] every ``step_ms`` (0: instant), with the configured lookback."""
@@ -45,7 +47,16 @@ class PromQLService:
         deadline is the asked timeout, at most the configured one."""
         allowed = self.timeout_ms if timeout_ms is None else min(timeout_ms, self.timeout_ms)
         guard = Guard(time.monotonic() + allowed / 1000, self.max_samples)
-        expr = await threads.deferToThread(parse, text)
+        try:
+            return await self._evaluate(tenant, text, query, times, guard)
+        except RecursionError:
+            raise PromQLError(
+                'invalid parameter "query": the expression is nested too deeply to evaluate (--query-max-terms)',
+                "bad_data",
+            ) from None
+
+    async def _evaluate(self, tenant: str, text: str, query: Query, times: np.ndarray, guard: Guard):
+        expr = await threads.deferToThread(self.text.parse, text)
         guard.count(estimated_samples(expr, query, lambda key: 1))
         needs = plan(expr, query)
         selected = {
@@ -125,7 +136,7 @@ class PromQLService:
         """Label sets of the series the selectors select, sorted."""
         found: dict[tuple, dict] = {}
         for text in selectors:
-            expr = await threads.deferToThread(parse, text)
+            expr = await threads.deferToThread(self.text.parse, text)
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
             for key in await self.planner.select_by_matchers(tenant, selector_matchers(expr), prometheus_labels):
@@ -163,7 +174,7 @@ class PromQLService:
         if end_ms < start_ms:
             raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
         start_ms, end_ms = self.planner.reader.exemplar_range(start_ms, end_ms)
-        expr = await threads.deferToThread(parse, text)
+        expr = await threads.deferToThread(self.text.parse, text)
         selected = {}
         for matchers, _, _ in plan(expr, self.query(start_ms, end_ms, 0)).values():
             for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
