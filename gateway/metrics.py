@@ -37,6 +37,9 @@ PROMETHEUS_SKIPPED = Counter(
 )
 AUTH_FAILURES = Counter("tsgate_auth_failures", "HTTP requests refused for their credential (--auth-file)", ["reason"])
 RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 429 over a tenant limit", ["limit"])
+CANCELLED_REQUESTS = Counter(
+    "tsgate_cancelled_requests", "HTTP requests whose work was cancelled because the client closed the connection"
+)
 GRAPHITE_PENDING = Gauge(
     "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"
 )

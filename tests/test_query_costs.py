@@ -2,6 +2,8 @@
 bounded before the work is done, on the real services over a SQLite store (and Cassandra where
 the store enumerates slots)."""
 
+import os
+import socket
 import time
 import urllib.parse
 
@@ -20,9 +22,10 @@ from gateway.promql.values import PromQLError
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.remote_read import RemoteRead
 from protocols.linear_regex import BadPattern, compile_regex
-from protocols.prometheus import Matcher, prometheus_labels
+from protocols.prometheus import Matcher, Series, prometheus_labels
 from protocols.prometheus.read import Query
 from tests.test_prometheus_protocol import histogram
+from tests.test_read_path_e2e import remote_write
 
 LONG_VALUE = "x" * 2048
 MINUTE = 60_000
@@ -213,3 +216,29 @@ def test_render_targets_and_their_length_are_bounded(start_gateway):
     answer = gateway.get("/api/v1/query?" + urllib.parse.urlencode({"query": "+".join(["1"] * 400)}))
     assert answer.status == 400 and answer.json()["errorType"] == "bad_data"
     assert "--query-max-terms 300" in answer.json()["error"]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_client_that_goes_away_cancels_its_query(start_gateway, tenant):
+    """The gateway noted a closed connection and kept working: a PromQL query of many seconds ran
+    to its end for nobody. Now its work is cancelled, so the process stops spending CPU on it."""
+    gateway = start_gateway("--query-max-samples", "200000000", "--query-timeout", "5m")
+    end = (now_ms() // MINUTE - 1) * MINUTE
+    series = [
+        Series({"__name__": "m", "i": str(i)}, [(end - k * 15_000, float(k)) for k in range(1440)]) for i in range(45)
+    ]
+    remote_write(gateway, tenant, series)
+    query = urllib.parse.urlencode({"query": "max_over_time(rate(m[1m])[20d:1s])", "time": end / 1000})
+    with socket.create_connection(("127.0.0.1", gateway.port)) as client:
+        client.sendall(f"GET /api/v1/query?{query} HTTP/1.1\r\nHost: x\r\nX-Scope-OrgID: {tenant}\r\n\r\n".encode())
+        time.sleep(1.5)  # selected and read; evaluating (about 10 s of CPU)
+    time.sleep(1.5)  # it stops at its next series
+    spent = _cpu_seconds(gateway.process.pid)
+    time.sleep(3)
+    assert _cpu_seconds(gateway.process.pid) - spent < 0.5
+    assert gateway.get("/healthz").status == 200

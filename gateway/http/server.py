@@ -342,12 +342,21 @@ class Router(resource.Resource):
             name, handler, access = "unknown", self._method_not_allowed(sorted(m.decode() for m in by_method)), "any"
         else:
             name, handler, access = by_method[request.method]
-        request.notifyFinish().addErrback(lambda _: setattr(request, "client_gone", True))
         deferred = defer.ensureDeferred(self._authorized(handler, access, request))
+        request.notifyFinish().addErrback(lambda _: self._client_gone(request, deferred))
         deferred.addErrback(self._error_response, request)
         deferred.addCallback(lambda response: defer.ensureDeferred(self._send(response, request, name, started)))
         deferred.addErrback(lambda failure: log.error("could not answer %s: %s", request.uri, failure.getTraceback()))
         return server.NOT_DONE_YET
+
+    @staticmethod
+    def _client_gone(request: server.Request, handling: defer.Deferred) -> None:
+        """The client closed the connection: cancel the handler's work, which stops at the store
+        call or thread it awaits (a read loop at its next batch, PromQL evaluation at its next check)."""
+        request.client_gone = True
+        if not handling.called:
+            metrics.CANCELLED_REQUESTS.inc()
+            handling.cancel()
 
     async def _authorized(self, handler: Handler, access: str, request: server.Request) -> Response:
         """Run ``handler`` once the request's credential allows ``access`` (401/403 otherwise)."""
@@ -379,6 +388,8 @@ class Router(resource.Resource):
 
     def _error_response(self, failure, request) -> Response:
         error = _root_cause(failure)
+        if isinstance(error, defer.CancelledError) and getattr(request, "client_gone", False):
+            return json_response(499, {"error": "the client closed the connection"})  # nginx's code; never sent
         if isinstance(error, HTTPError):
             response = json_response(error.status, {"error": error.message, **error.details})
             if error.status == 405:

@@ -12,6 +12,7 @@ steps with every subquery's inner steps, so the service refuses over --query-max
 import math
 import re
 import sys
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -233,10 +234,11 @@ class Evaluator:
         deadline: float,
         histograms: dict[tuple, list[Series]] | None = None,
         max_samples: int = sys.maxsize,
+        cancelled: threading.Event | None = None,
     ):
         self.query = query
         self.data = data
-        self.guard = Guard(deadline, max_samples)
+        self.guard = Guard(deadline, max_samples, cancelled)
         self.histograms = histograms or {}
         self.warnings: list[str] = []
 

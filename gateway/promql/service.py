@@ -5,6 +5,7 @@ against the query's deadline (what the evaluation will hold, series x steps, is 
 before anything is read); parsing, histogram decoding and evaluation run in threads, off
 the reactor. docs/promql.rst."""
 
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -46,9 +47,12 @@ class PromQLService:
         """The value of the query at ``times``, and the warnings its answer must carry; the
         deadline is the asked timeout, at most the configured one."""
         allowed = self.timeout_ms if timeout_ms is None else min(timeout_ms, self.timeout_ms)
-        guard = Guard(time.monotonic() + allowed / 1000, self.max_samples)
+        guard = Guard(time.monotonic() + allowed / 1000, self.max_samples, threading.Event())
         try:
             return await self._evaluate(tenant, text, query, times, guard)
+        except defer.CancelledError:
+            guard.cancelled.set()  # the evaluation thread stops at its next check
+            raise
         except RecursionError:
             raise PromQLError(
                 'invalid parameter "query": the expression is nested too deeply to evaluate (--query-max-terms)',
@@ -71,7 +75,7 @@ class PromQLService:
             ],
             consumeErrors=True,
         ).addErrback(lambda failure: failure.value.subFailure.raiseException())
-        evaluator = Evaluator(query, data, guard.deadline, histograms, guard.max_samples)
+        evaluator = Evaluator(query, data, guard.deadline, histograms, guard.max_samples, guard.cancelled)
         value = await threads.deferToThread(evaluator.result, expr, times)
         return value, self._rollup_warnings(needs) + evaluator.warnings
 

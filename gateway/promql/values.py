@@ -10,6 +10,7 @@ A range vector keeps each series' raw samples and, per step, the window they are
 
 import math
 import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -30,14 +31,17 @@ class PromQLError(Exception):
 
 class Guard(NamedTuple):
     """What one query may spend: its deadline (time.monotonic()) and the values it may hold
-    (--query-max-samples). Checked before each read batch, each node, each series of a range
+    (--query-max-samples), and whether it is still wanted. Checked before each read batch, each node, each series of a range
     function and each window array, so neither a subquery of millions of steps nor windows of
     thousands of samples run past them."""
 
     deadline: float = math.inf
     max_samples: int = sys.maxsize
+    cancelled: threading.Event | None = None  # set when the client went away
 
     def check(self, during: str = "expression evaluation") -> None:
+        if self.cancelled is not None and self.cancelled.is_set():
+            raise PromQLError("query cancelled: the client went away", "canceled")
         if time.monotonic() > self.deadline:
             raise PromQLError(f"query timed out in {during}", "timeout")
 
