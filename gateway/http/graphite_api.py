@@ -55,7 +55,7 @@ def _timezone(name: str | None):
         return datetime.UTC
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a file
         raise HTTPError(400, f"unknown time zone {name!r}", field="tz") from None
 
 
