@@ -43,7 +43,7 @@ from gateway.promql.engine import QueryText
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
 from gateway.store import open_store
-from gateway.workers import CannotListen, Worker
+from gateway.workers import CONFIG_ERROR_EXIT, CannotListen, Worker
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class Gateway:
             config.max_decompressed_bytes,
             config.max_samples_per_query,
             config.created_timestamp_zero_ingestion,
+            config.max_native_histogram_buckets,
         ).register(router)
         PromQLAPI(
             PromQLService(
@@ -292,7 +293,7 @@ def run(config: Config, worker: Worker | None = None) -> int:
         gateway = Gateway(config, worker.listeners if worker is not None else None)
     except ValueError as error:
         log.error("bad setting: %s", error)
-        return 2
+        return CONFIG_ERROR_EXIT
     outcome = {"code": 0}
 
     def started_or_failed():

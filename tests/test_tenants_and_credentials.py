@@ -253,11 +253,13 @@ def tsgate(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_cli_hashes_secrets_for_the_auth_file():
+    """Each prints the auth-file line to paste."""
     token = tsgate("auth", "hash-token", stdin="s3cret\n")
-    assert token.returncode == 0 and token.stdout.strip() == hash_token("s3cret")
+    assert token.returncode == 0 and token.stdout == f'sha256 = "{hash_token("s3cret")}"\n'
     password = tsgate("auth", "hash-password", stdin="hunter2\n")
-    assert password.returncode == 0 and verify_password("hunter2", password.stdout.strip())
-    assert not verify_password("hunter3", password.stdout.strip())
+    key, equals, value = password.stdout.strip().partition(" = ")
+    assert password.returncode == 0 and key == "password" and equals
+    assert verify_password("hunter2", value.strip('"')) and not verify_password("hunter3", value.strip('"'))
     assert tsgate("auth", "hash-token", stdin="").returncode == 2
 
 

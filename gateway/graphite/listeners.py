@@ -26,6 +26,7 @@ from gateway.ingest import IngestPipeline, Overloaded
 from gateway.limits import RateLimited
 from gateway.model import Sample, now_ms
 from gateway.store import StoreUnavailable
+from protocols.graphite import HTTP_REQUEST, http_request_line
 from protocols.graphite.pickle import PickleDecoder
 from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 
@@ -230,6 +231,7 @@ class _StreamProtocol(Protocol, TimeoutMixin):
 
     protocol_name = ""
     evictable = True  # until the first bytes arrive: a socket that sent nothing (see gateway.connections)
+    refused_http = False
 
     def __init__(
         self, ingest: GraphiteIngest, tenant: str, decoder, connections: Connections, idle_timeout_s: float | None
@@ -252,8 +254,34 @@ class _StreamProtocol(Protocol, TimeoutMixin):
         return self.protocol_name
 
     def dataReceived(self, data: bytes):
+        if self._refused_http(data):
+            return
         self._touched()
         self._submit(self.decoder.feed(data, now_ms()))
+
+    def _refused_http(self, data: bytes) -> bool:
+        """An HTTP client on a carbon port (a wrong port in prometheus.yml) is told so once, in
+        the log and in a 400 it can show, and disconnected: not decoded into a stream of line
+        rejects. True from then on: the rest of its request is ignored until the close."""
+        if self.refused_http:
+            return True
+        request_line = http_request_line(data) if self.evictable else None  # evictable: no bytes yet
+        if request_line is None:
+            return False
+        self.refused_http = True
+        metrics.SAMPLES_REJECTED.labels(self.protocol_name, HTTP_REQUEST).inc()
+        self.ingest.reject_log.log(
+            self.protocol_name,
+            HTTP_REQUEST,
+            f"this looks like HTTP on the carbon port ({request_line}); send HTTP (Prometheus remote_write,"
+            " the APIs) to the HTTP port (--http), and carbon lines or pickle frames here; closing the connection",
+            self.peer,
+        )
+        body = f"this is tsgate's {self.protocol_name} port, not HTTP; use the HTTP port (--http)\n".encode()
+        head = f"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+        self.transport.write(head.encode() + b"Connection: close\r\n\r\n" + body)
+        self.transport.loseConnection()
+        return True
 
     def _touched(self) -> None:
         """Bytes arrived: the connection is not idle (its timeout, the connection cap)."""
@@ -316,6 +344,8 @@ class PickleProtocol(_StreamProtocol):
         self._lost = False
 
     def dataReceived(self, data: bytes):
+        if self._refused_http(data):
+            return
         self._touched()
         self._received.append(data)
         if not self._decoding:

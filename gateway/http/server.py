@@ -120,11 +120,16 @@ class Channel(http.HTTPChannel):
         super().timeoutConnection()
 
     def checkPersistence(self, request, version):
-        """Requests that arrive while the gateway stops are answered with ``Connection: close``."""
+        """Requests that arrive while the gateway stops are answered with ``Connection: close``;
+        a connection kept open says for how long it may stay idle (``Keep-Alive: timeout=N``),
+        for the clients that read it (Go's, Prometheus's, do not: see --http-idle-timeout)."""
         if self.site.connections.closing:
             request.responseHeaders.setRawHeaders(b"connection", [b"close"])
             return False
-        return super().checkPersistence(request, version)
+        persistent = super().checkPersistence(request, version)
+        if persistent and self.timeOut:
+            request.responseHeaders.setRawHeaders(b"keep-alive", [b"timeout=%d" % self.timeOut])
+        return persistent
 
     def close_when_idle(self) -> None:
         """Close now if no request is under way, else once its answer is sent."""

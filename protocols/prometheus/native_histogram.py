@@ -292,8 +292,9 @@ class Histogram:
                 value = (b.upper + b.lower) / 2
             elif b.lower <= 0 <= b.upper:
                 value = 0.0
-            else:
-                value = math.copysign(math.sqrt(b.upper * b.lower), b.upper)
+            else:  # NaN where the bounds have no geometric mean (Go's math.Sqrt of a negative)
+                product = b.upper * b.lower
+                value = math.copysign(math.sqrt(product), b.upper) if product >= 0 else math.nan
             total += b.count * (value - mean) ** 2
         return total / self.count
 
