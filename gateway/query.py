@@ -122,7 +122,6 @@ class QueryPlanner:
         (--max-points-per-query) before the next is read: one roll-up aggregate (avg by default)
         with a granularity, the raw samples alone with ``raw``, else the read path's stitched samples."""
         series = await self.select_series(tenant, metric_name, tag_filters)
-        start_ms, end_ms = self.reader.readable(start_ms, end_ms)
         budget = PointsBudget(max_points)
         data: list[Samples] = []
         created: dict[str, int] = {}
