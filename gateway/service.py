@@ -39,6 +39,7 @@ from gateway.http.server import BodyDeadline, Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.promql.engine import QueryText
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
 from gateway.store import open_store
@@ -68,7 +69,7 @@ class Gateway:
             tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             max_metadata_length=config.max_metadata_length,
         )
-        self.planner = QueryPlanner(self.store, config.max_series_per_query)
+        self.planner = QueryPlanner(self.store, config.max_series_per_query, max_future_ms=config.max_future)
         roles = config.role_set
         credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
         router = Router(roles, credentials)
@@ -89,7 +90,7 @@ class Gateway:
                 config.query_max_samples,
                 config.query_lookback_delta,
                 config.query_timeout,
-                config.max_future,
+                QueryText(config.query_max_length, config.query_max_terms),
             )
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
@@ -100,6 +101,8 @@ class Gateway:
             TagDB(self.store, self.planner),
             schemas,
             config.max_points_per_query,
+            max_targets=config.render_max_targets,
+            max_query_length=config.query_max_length,
         ).register(router)
         OpsAPI(self.store).register(router)
         self.connections = Connections(config.connection_limit)
