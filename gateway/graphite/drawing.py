@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 from matplotlib import dates, rc_context
 from matplotlib.figure import Figure
-from matplotlib.ticker import EngFormatter
+from matplotlib.ticker import AutoMinorLocator, EngFormatter
 
 from gateway.graphite.graph import GraphOptions, parse_color
 
@@ -203,7 +203,8 @@ def _style(options: GraphOptions, axes) -> None:
         spine.set_edgecolor(options.foreground)
     axes.xaxis.get_offset_text().set_color(options.foreground)
     if not options.hide_grid:
-        axes.minorticks_on()
+        axes.xaxis.set_minor_locator(AutoMinorLocator(2))  # one minor line between two times
+        axes.yaxis.set_minor_locator(AutoMinorLocator())
         axes.grid(True, which="minor", color=options.minor_grid, linewidth=0.5)
         axes.grid(True, which="major", color=options.major_grid, linewidth=0.8)
 
