@@ -169,6 +169,22 @@ def test_series_options_from_render_functions_are_drawn():
     assert "stroke-dasharray" in path_of(root, "series_4").get("style")
 
 
+def test_area_alpha_sets_the_fills_opacity():
+    root = svg(series("a"), areaMode="all", areaAlpha="0.25")
+    (fill,) = groups(root, "area_0")["area_0"].iter(f"{SVG}use")
+    assert fill.get("style") == "fill: #6464ff; fill-opacity: 0.25"
+
+
+def test_series_options_out_of_range_are_drawn_within_it():
+    root = svg(
+        series("a", alpha=5.0, lineWidth=-3.0),
+        series("b", alpha=float("nan"), dashed=-1),
+        series("c", lineWidth=1e9, dashed=float("inf")),
+    )
+    assert sorted(groups(root, "series_")) == ["series_0", "series_1", "series_2"]
+    assert "stroke-width: 100" in path_of(root, "series_2").get("style")
+
+
 def test_a_title_with_dollars_is_text():
     assert "costs $5 and $6" in texts(svg(series(), title="costs $5 and $6"))
 

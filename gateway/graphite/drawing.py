@@ -20,7 +20,7 @@ from matplotlib import dates, rc_context
 from matplotlib.figure import Figure
 from matplotlib.ticker import AutoMinorLocator, EngFormatter
 
-from gateway.graphite.graph import GraphOptions, parse_color
+from gateway.graphite.graph import MAX_LINE_WIDTH, GraphOptions, parse_color
 
 DPI = 72  # one point is one pixel: lineWidth and fontSize read as pixels, as in graphite-web
 LEGEND_MAX_ITEMS = 10  # graphite-web's LEGEND_MAX_ITEMS: more series and the legend is left out
@@ -110,8 +110,9 @@ def _plot(options: GraphOptions, series_list, axes, right) -> dict:
     for index, series in enumerate(series_list):
         opts = series.options
         color = parse_color(str(opts["color"]), "target") if "color" in opts else next(colors)
-        width = float(opts.get("lineWidth", options.line_width))
-        alpha = opts.get("alpha")
+        width = _clamped(opts.get("lineWidth"), 0.0, MAX_LINE_WIDTH, options.line_width)
+        alpha = _clamped(opts.get("alpha"), 0.0, 1.0, None)
+        fill_alpha = alpha if options.area_alpha is None else options.area_alpha
         target = right if right is not None and opts.get("secondYAxis") else axes
         state = plotted[target]
         times, values = _points(options, series, options.width)
@@ -133,20 +134,20 @@ def _plot(options: GraphOptions, series_list, axes, right) -> dict:
             total = np.zeros(len(values)) if total is None else total
             own, values = values, total + values
             state["total"] = total + np.nan_to_num(own)
-            state["areas"].append((index, times, total, values, color, alpha))
+            state["areas"].append((index, times, total, values, color, fill_alpha))
         elif opts.get("stacked") or (options.area_mode == "first" and index == 0):
             lower = _same_length(state["floor"], values)
             state["floor"] = values
             if not opts.get("invisible"):
-                state["areas"].append((index, times, lower, values, color, alpha))
+                state["areas"].append((index, times, lower, values, color, fill_alpha))
         elif options.area_mode == "all":
-            state["areas"].append((index, times, None, values, color, alpha))
+            state["areas"].append((index, times, None, values, color, fill_alpha))
         if opts.get("invisible"):
             continue
         if options.line_mode == "connected":
             drawn = ~np.isnan(values)
             times, values = times[drawn], values[drawn]
-        dashes = opts.get("dashed")
+        dashes = _clamped(opts.get("dashed"), 0.0, MAX_LINE_WIDTH * 10, None)
         (line,) = target.plot(
             times,
             values,
@@ -159,6 +160,16 @@ def _plot(options: GraphOptions, series_list, axes, right) -> dict:
         )
         state["legend"].append((line, series.name))
     return plotted
+
+
+def _clamped(value, low: float, high: float, default):
+    """A number a render function set (``alpha(x, 5)``, ``lineWidth(x, -1)``) within what can be
+    drawn; the default when unset or not a finite number."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return default
+    return min(max(number, low), high) if math.isfinite(number) else default
 
 
 def _same_length(below: np.ndarray | None, values: np.ndarray) -> np.ndarray | None:
