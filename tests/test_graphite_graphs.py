@@ -8,6 +8,7 @@ is the group ``series_<n>`` and its fill ``area_<n>``.
 import base64
 import datetime
 import io
+import threading
 import time
 import urllib.parse
 import xml.etree.ElementTree as ET
@@ -282,6 +283,33 @@ def test_render_draws_png_by_default_and_svg_through_a_gateway(start_gateway):
         assert answer.status == 400, (params, answer.body)
         assert answer.json()["field"] == field
     assert render(gateway, target="web.cpu", format="json", **{"from": "-1h"}).json()[0]["target"] == "web.cpu"
+
+
+def test_the_gateway_answers_while_a_large_graph_is_drawn(start_gateway):
+    """The drawing runs in processes of its own: /healthz does not wait for it."""
+    gateway = start_gateway()
+    now = int(time.time()) // STEP * STEP
+    items = [
+        {"metric": f"big.s{j}.cpu", "timestamp": now - STEP * i, "value": float(i * j % 17), "tags": {}}
+        for i in range(1440)
+        for j in range(20)
+    ]
+    assert gateway.post("/api/put", items).status == 200
+    params = {"target": "big.*.cpu", "from": "-24h", "width": 2000, "height": 1500, "areaMode": "stacked"}
+    answers = []
+    drawing_thread = threading.Thread(target=lambda: answers.append(render(gateway, **params)))
+    started = time.monotonic()
+    drawing_thread.start()
+    latencies = []
+    while drawing_thread.is_alive():
+        asked = time.monotonic()
+        assert gateway.get("/healthz").status == 200
+        latencies.append(time.monotonic() - asked)
+        time.sleep(0.05)
+    elapsed = time.monotonic() - started
+    (answer,) = answers
+    assert answer.status == 200 and png_size(answer.body) == (2000, 1500)
+    assert elapsed > 2 and max(latencies) < 1.0, (elapsed, sorted(latencies)[-5:])
 
 
 def test_graphite_web_and_tsgate_answer_the_same_image_size(start_gateway, tmp_path: Path):
