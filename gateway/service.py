@@ -26,6 +26,7 @@ from gateway.connections import Connections
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
+from gateway.graphite.graph import GraphPool
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.graphite.tagdb import TagDB
@@ -94,6 +95,7 @@ class Gateway:
             )
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
+        self.graphs = GraphPool()
         GraphiteAPI(
             self.pipeline,
             self.planner,
@@ -101,6 +103,7 @@ class Gateway:
             TagDB(self.store, self.planner),
             schemas,
             config.max_points_per_query,
+            self.graphs,
             max_targets=config.render_max_targets,
             max_query_length=config.query_max_length,
         ).register(router)
@@ -196,6 +199,7 @@ class Gateway:
                 "still running (redone after restart)" if not self.downsample_stopped.called else "done",
             )
             self.connections.abort_all()
+        self.graphs.close()
         await self.store.close()
         if self.shared_seen is not None:
             await self.shared_seen.stop()
