@@ -520,10 +520,20 @@ def test_v1_invalid_labels_are_refused_every_time():
         assert "invalid label name 'a.b'" in reject(raw).message
 
 
-def test_v1_request_cut_inside_a_known_series_is_400():
-    known = v1_series([("__name__", "known"), ("job", "a")], [(1, 1.0)])
-    decode_v1(v1_request(known))
-    error = reject(v1_request(known)[:-3])
+KNOWN_LABELS = b"".join(f_bytes(1, label(n, v)) for n, v in [("__name__", "known"), ("job", "a")])
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        v1_request(KNOWN_LABELS + f_bytes(2, sample(1.0, 1)))[:-3],  # the request ends inside the sample
+        v1_request(KNOWN_LABELS + f_bytes(2, b"\x09\x00\x00")),  # a sample too short for its double
+        v1_request(KNOWN_LABELS + f_bytes(2, b"\x10\xff\xff")),  # a timestamp varint that never ends
+    ],
+)
+def test_v1_malformed_sample_of_a_known_series_is_400(raw):
+    decode_v1(v1_request(KNOWN_LABELS + f_bytes(2, sample(1.0, 1))))
+    error = reject(raw)
     assert error.status == 400 and "prometheus.WriteRequest" in error.message
 
 

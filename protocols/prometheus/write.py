@@ -338,19 +338,21 @@ def _plain_sample(raw: bytes, pos: int, stop: int, timestamps: dict[bytes, int])
     """(timestamp, value) of the Sample message in raw[pos:stop]: a double (field 1) then an
     int64 varint (field 2), either left out when zero as encoders do; None for any other shape."""
     value, timestamp = 0.0, 0
-    if pos < stop and raw[pos] == 0x09:
+    if pos + 9 <= stop and raw[pos] == 0x09:
         value = _unpack_double(raw, pos + 1)[0]
         pos += 9
     if pos < stop and raw[pos] == 0x10:
         encoded = raw[pos + 1 : stop]
-        timestamp = timestamps.get(encoded)
-        if timestamp is None:
+        known = timestamps.get(encoded)
+        if known is None:
             timestamp, after = _varint(raw, pos + 1)
             if after != stop or timestamp >= 1 << 64:
                 return None
             if timestamp >= 1 << 63:  # int64 in two's complement
                 timestamp -= 1 << 64
             timestamps[encoded] = timestamp
+        else:
+            timestamp = known
         pos = stop
     return (timestamp, value) if pos == stop else None
 
