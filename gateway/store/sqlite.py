@@ -636,11 +636,15 @@ def _transaction(connection: sqlite3.Connection, statements: list[tuple[str, lis
 
 
 def _commit_group(connection: sqlite3.Connection, writes: list[tuple]) -> list[Exception | None]:
-    """Every (statements function, arguments) of ``writes`` in one transaction; if that fails, each in
-    its own, so that only the failing ones fail. Returns each write's error or None."""
+    """Every (statements function, arguments) of ``writes`` in one transaction; if one write's data
+    fails it, each in its own, so that only the failing ones fail. Returns each write's error or
+    None. An OperationalError (locked past the busy timeout, disk full) would fail each alike:
+    it fails them all at once."""
     try:
         _transaction(connection, [statement for statements, args in writes for statement in statements(*args)])
         return [None] * len(writes)
+    except sqlite3.OperationalError as error:
+        return [error] * len(writes)
     except Exception as error:
         if len(writes) == 1:
             return [error]
