@@ -8,6 +8,7 @@ import sys
 
 from gateway import __version__
 from gateway.config import (
+    DELETE_SETTINGS,
     DOWNSAMPLE_SETTINGS,
     SCHEMA_SETTINGS,
     ConfigError,
@@ -126,6 +127,92 @@ def _downsample(namespace: argparse.Namespace) -> int:
     return 0
 
 
+def _delete(namespace: argparse.Namespace) -> int:
+    """``delete``: the series of Prometheus selectors or Graphite globs, in a range; ``--dry-run``
+    prints what would go (series, samples) and deletes nothing."""
+    config = build_config(namespace)
+    if bool(namespace.match) == bool(namespace.patterns):
+        raise ConfigError("give --match SELECTOR or --graphite PATTERN (each repeatable), not both")
+    from gateway.http.promql_api import parse_time
+    from gateway.promql.values import PromQLError
+
+    try:
+        start = parse_time(namespace.start, "--start") if namespace.start else None
+        end = parse_time(namespace.end, "--end") if namespace.end else None
+    except PromQLError as error:
+        raise ConfigError(str(error)) from None
+    _setup_logging(config.log_level)
+    from twisted.internet import defer, task
+
+    from gateway.deletes import Deleter
+    from gateway.downsample.pending import PendingMarks
+    from gateway.query import QueryPlanner
+    from gateway.service import pending_tracker, start_store
+    from gateway.store import open_store
+    from protocols.prometheus import prometheus_labels
+
+    async def run(reactor):
+        store = open_store(config.store_url, config.layout)
+        shared_seen = None
+        if config.redis:
+            from gateway.metadata_cache import RedisSeenSeries
+
+            shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl)
+            shared_seen.start()
+        tracker = pending_tracker(config, store)
+        try:
+            await start_store(config, store, tracker, shared_seen)
+        except Exception as error:
+            print(f"tsgate delete: could not start: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+        try:
+            marks = PendingMarks(tracker, config.downsample_partitions_count)
+            planner = QueryPlanner(store, config.max_series_per_query)
+            deleter = Deleter(store, planner, marks, config.max_future, shared_seen=shared_seen)
+            if namespace.match:
+                series = await deleter.select_prometheus(namespace.tenant, namespace.match)
+            else:
+                series = await deleter.select_graphite(namespace.tenant, namespace.patterns)
+            first, last = deleter.bounds(start, end)
+            counts = await deleter.count(series, first, last)
+            for count in counts:
+                key = count.series
+                name = (
+                    key.metric_name if namespace.patterns else _selector(prometheus_labels(key.metric_name, key.tags))
+                )
+                gone = ", leaves the index" if count.removed else ""
+                print(f"{name}: {count.samples} samples, {count.histograms} histograms{gone}")
+            samples = sum(c.samples for c in counts)
+            histograms = sum(c.histograms for c in counts)
+            removed = sum(c.removed for c in counts)
+            if namespace.dry_run:
+                print(
+                    f"dry run: would delete {samples} samples and {histograms} histograms of {len(counts)} series;"
+                    f" {removed} series would leave every index",
+                    flush=True,
+                )
+                return
+            removed = await deleter.delete(series, first, last)
+            print(
+                f"deleted {samples} samples and {histograms} histograms of {len(counts)} series;"
+                f" {removed} series left every index",
+                flush=True,
+            )
+        finally:
+            await store.close()
+            if shared_seen is not None:
+                await shared_seen.stop()
+
+    task.react(lambda reactor: defer.ensureDeferred(run(reactor)))
+    return 0
+
+
+def _selector(labels: dict[str, str]) -> str:
+    name = labels.pop("__name__", "")
+    inside = ", ".join(f"{key}={value!r}".replace("'", '"') for key, value in sorted(labels.items()))
+    return f"{name}{{{inside}}}"
+
+
 def _auth(namespace: argparse.Namespace) -> int:
     """``auth hash-token`` / ``auth hash-password``: the hash of a secret read from stdin, as the
     ``--auth-file`` line to paste (``sha256 = "..."``, ``password = "..."``); the secret itself is
@@ -195,6 +282,17 @@ def build_parser() -> argparse.ArgumentParser:
     downsample.add_argument("--once", action="store_true", help="process everything settled now, then exit")
     add_arguments(downsample, DOWNSAMPLE_SETTINGS)
     downsample.set_defaults(func=_downsample)
+    delete = commands.add_parser("delete", help="delete series and samples (Prometheus selectors or Graphite globs)")
+    delete.add_argument("--tenant", default="default", help="the tenant whose series are deleted")
+    delete.add_argument("--match", action="append", default=[], help="a Prometheus series selector (repeatable)")
+    delete.add_argument(
+        "--graphite", dest="patterns", action="append", default=[], help="a Graphite path or glob (repeatable)"
+    )
+    delete.add_argument("--start", help="first time deleted: epoch seconds or RFC 3339; default: the oldest")
+    delete.add_argument("--end", help="last time deleted: epoch seconds or RFC 3339; default: the newest")
+    delete.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+    add_arguments(delete, DELETE_SETTINGS)
+    delete.set_defaults(func=_delete)
     auth = commands.add_parser(
         "auth", help="hash a bearer token or a password (read from stdin) into a line of an --auth-file"
     )

@@ -156,6 +156,12 @@ SETTINGS = [
         "20",
         "with --auth-file: failed credentials a minute per user name and per client address before further attempts get 429 (no password is checked then); 0: no limit",
     ),
+    Setting(
+        "enable-admin-api",
+        _boolean,
+        "false",
+        "serve the endpoints that change stored data (deletes, docs/operations.rst); with --auth-file they need the admin role",
+    ),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting(
         "max-decompressed-bytes",
@@ -309,6 +315,7 @@ class Config:
     redis_key_ttl: int
     auth_file: Path | None
     auth_max_failures: int
+    enable_admin_api: bool
     max_body_bytes: int
     max_decompressed_bytes: int
     max_connections: int | None
@@ -445,6 +452,7 @@ DOWNSAMPLE_SETTINGS = (
     "downsample-interval",
     "counter-suffixes",
 )
+DELETE_SETTINGS = (*DOWNSAMPLE_SETTINGS, "max-future", "max-series-per-query")
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:

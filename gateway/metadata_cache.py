@@ -74,6 +74,13 @@ class KnownSeries(LRUMap):
     names interned (ingest._compact): about 490 bytes for four tags, with the LRU's own links.
     """
 
+    def forget(self, series: set[tuple[str, str]]) -> None:
+        """Drop the entries of these (tenant, hash), whose metadata was deleted (gateway/deletes.py):
+        their next sample writes it again. One pass over the cache: an admin's delete, not ingest."""
+        doomed = [key for key, hash_ in self._entries.items() if (key[0], hash_) in series]
+        for key in doomed:
+            del self._entries[key]
+
 
 class RedisSeenSeries:
     """Level two, shared by every replica: one Redis key per tenant + series-set hash.
@@ -141,6 +148,12 @@ class RedisSeenSeries:
             return [key for key, exists in zip(keys, found) if not exists]
 
         return self._call("lookup", lookup, list(keys))
+
+    def forget(self, keys: list[tuple[str, str]]) -> Deferred:
+        """Drop keys whose metadata was deleted (gateway/deletes.py)."""
+        if not keys:
+            return succeed(None)
+        return self._call("forget", lambda: self.client.delete(*(self.key(t, h) for t, h in keys)), None)
 
     def mark(self, keys: list[tuple[str, str]]) -> Deferred:
         """Record keys whose metadata the store has accepted."""

@@ -23,6 +23,7 @@ from twisted.internet.task import LoopingCall
 from gateway import __version__
 from gateway.config import Config
 from gateway.connections import Connections
+from gateway.deletes import Deleter
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
@@ -30,6 +31,7 @@ from gateway.graphite.graph import GraphPool
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.graphite.tagdb import TagDB
+from gateway.http.admin_api import AdminAPI
 from gateway.http.auth import Credentials
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.native_api import NativeAPI
@@ -60,13 +62,14 @@ class Gateway:
         self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
         self.downsample = DownsampleRole(config, self.store)
         self.pending = self.downsample.pending
+        self.marks = PendingMarks(self.pending, config.downsample_partitions_count)
         self.pipeline = IngestPipeline(
             self.store,
             config.limits,
             KnownSeries(config.metadata_cache_size),
             config.max_inflight_samples,
             self.shared_seen,
-            pending=PendingMarks(self.pending, config.downsample_partitions_count),
+            pending=self.marks,
             tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             max_metadata_length=config.max_metadata_length,
         )
@@ -108,6 +111,15 @@ class Gateway:
             max_query_length=config.query_max_length,
         ).register(router)
         OpsAPI(self.store).register(router)
+        deleter = Deleter(
+            self.store,
+            self.planner,
+            self.marks,
+            config.max_future,
+            self.pipeline.known,
+            self.shared_seen,
+        )
+        AdminAPI(deleter, config.enable_admin_api).register(router)
         self.connections = Connections(config.connection_limit)
         self.site = Site(
             router,

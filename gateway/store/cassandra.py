@@ -52,6 +52,7 @@ from gateway.store.contract import (
     time_slot,
     time_slots,
 )
+from gateway.store.deletion import INDEX_KEYS, bucket_range, cut_block
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 from protocols.timespec import parse_duration
@@ -116,6 +117,9 @@ READ_SERIES_PER_REQUEST = 64
 # Series-slots (partitions: two INs on the partition key) whose exemplars or histograms one request
 # reads: a remote read of many series over a few slots costs a few requests, not one a series.
 PARTITIONS_PER_REQUEST = 256
+
+# Compare-and-set tries of a block cut while seals keep rewriting the block (delete_samples).
+CUT_BLOCK_ATTEMPTS = 5
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
 # namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.rst).
@@ -466,6 +470,7 @@ class CassandraStore(Store):
             "write_created": f"UPDATE {ks}.series_set_hashes SET created_ms = ? WHERE tenant = ? AND series_set_hash = ?",
             "get_created": f"SELECT created_ms FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
         }
+        texts.update(self._delete_statements())
         for granularity in self.layout.granularities:
             table, ttl_g = granularity.table, granularity.retention_ms // 1000
             histogram_table = granularity.histogram_table
@@ -827,6 +832,124 @@ class CassandraStore(Store):
 
     def sweep(self, now_ms):
         return defer.succeed(None)
+
+    def _delete_statements(self) -> dict[str, str]:
+        """The statements of deletes (delete_samples, delete_index_rows, write_path_flags)."""
+        ks, ttl = self.keyspace, self.ttl_s
+        block_key = "tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?"
+        by_ts = "tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
+        tables = ["data_raw", "exemplars", "histograms"]
+        for granularity in self.layout.granularities:
+            tables += [granularity.table, granularity.histogram_table]
+        return {
+            "read_block": f"SELECT block FROM {ks}.data_blocks WHERE {block_key}",
+            "cut_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE {block_key} IF block = ?",
+            "path_flags": f"UPDATE {ks}.graphite_paths SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
+            **{f"delete_range_{table}": f"DELETE FROM {ks}.{table} WHERE {by_ts}" for table in tables},
+            **{
+                f"delete_index_{table}": f"DELETE FROM {ks}.{table} WHERE {' AND '.join(f'{c} = ?' for c in columns)}"
+                for table, columns in INDEX_KEYS.items()
+            },
+        }
+
+    def delete_samples(self, tenant, hashes, start_ms, end_ms):
+        return defer.ensureDeferred(self._delete_samples(tenant, list(hashes), start_ms, end_ms))
+
+    async def _delete_samples(self, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> None:
+        """Each table from the later of ``start_ms`` and its retention's start (less a partition):
+        blocks cut one compare-and-set at a time (cut_blocks), then range deletes of the
+        partitions that have rows: head rows of slots written, exemplars read in the range,
+        histograms and their roll-ups by histogram_series, every roll-up partition of the range."""
+        layout, now = self.layout, int(time.time() * 1000)
+        width = self.slot_width_ms
+        raw_start = max(start_ms, now - layout.raw_retention_ms - layout.block_partition_width_ms)
+        deletes: list[tuple[Any, tuple]] = []
+        if raw_start <= end_ms:
+            deletes += await self._cut_blocks(tenant, hashes, raw_start, end_ms)
+            deletes += await self._histogram_deletes("histograms", width, tenant, hashes, raw_start, end_ms)
+        exemplar_start = max(start_ms, now - layout.exemplar_retention_ms - width)
+        if exemplar_start <= end_ms:
+            requests = self._partition_requests(
+                self._statements["read_exemplars"], tenant, hashes, exemplar_start, end_ms
+            )
+            found = {(row[0], time_slot(row[1], width)) for page in await self._execute_all(requests) for row in page}
+            statement = self._statements["delete_range_exemplars"]
+            deletes += [(statement, (tenant, h, slot, start_ms, end_ms)) for h, slot in sorted(found)]
+        for granularity in layout.granularities:
+            partition = granularity.partition_width_ms
+            oldest = max(start_ms, now - granularity.retention_ms - partition)
+            if oldest > end_ms:
+                continue
+            first, last = bucket_range(oldest, end_ms, granularity.width_ms)
+            statement = self._statements[f"delete_range_{granularity.table}"]
+            deletes += [
+                (statement, (tenant, h, slot, first, last))
+                for h in hashes
+                for slot in time_slots(first, last, partition)
+            ]
+            deletes += await self._histogram_deletes(
+                granularity.histogram_table, partition, tenant, hashes, first, last
+            )
+        await self._execute_all(deletes)
+
+    async def _histogram_deletes(self, table: str, width: int, tenant, hashes, start_ms: int, end_ms: int) -> list:
+        """Range deletes of the partitions of a histogram table that histogram_series names."""
+        wanted = set(hashes)
+        slots = list(time_slots(start_ms, end_ms, width))
+        lookups = _slot_requests(self._statements["read_histogram_series"], tenant, [table], slots)
+        statement = self._statements[f"delete_range_{table}"]
+        return [
+            (statement, (tenant, hash_, slot, start_ms, end_ms))
+            for page in await self._execute_all(lookups, PLAIN_ROWS)
+            for slot, hash_ in page
+            if hash_ in wanted
+        ]
+
+    async def _cut_blocks(self, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> list:
+        """Cut the blocks of the range, each with ``IF block = <the bytes it was cut from>``: a seal
+        that wrote the block meanwhile fails the condition, and the block is read and cut again,
+        so the seal's samples outside the range stay. Returns the range deletes of the head rows
+        of every slot ever written (written_at)."""
+        width = self.slot_width_ms
+        first, last = time_slot(start_ms, width), time_slot(end_ms, width)
+        statement = self._statements["read_slots"]
+        chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
+        partitions = time_slots(first, last, self.layout.block_partition_width_ms)
+        requests = [(statement, (tenant, chunk, p, first, last)) for chunk in chunks for p in partitions]
+        head = self._statements["delete_range_data_raw"]
+        deletes, cuts = [], []
+        for page in await self._execute_all(requests, PLAIN_ROWS):
+            for hash_, slot, block, written, _ in page:
+                if written is not None:
+                    deletes.append((head, (tenant, hash_, slot, start_ms, end_ms)))
+                if block is not None:
+                    key = (tenant, hash_, time_slot(slot, self.layout.block_partition_width_ms), slot)
+                    cuts.append(defer.ensureDeferred(self._cut_block(key, block, start_ms, end_ms)))
+        await defer.gatherResults(cuts, consumeErrors=True)
+        return deletes
+
+    async def _cut_block(self, key: tuple, block: bytes, start_ms: int, end_ms: int) -> None:
+        for _ in range(CUT_BLOCK_ATTEMPTS):
+            cut = await threads.deferToThread(cut_block, block, start_ms, end_ms)
+            if cut is block:
+                return
+            (row,) = await self._execute(self._statements["cut_block"], (cut, *key, block))
+            if row[0]:
+                return
+            found = await self._execute(self._statements["read_block"], key)
+            if not found or found[0].block is None:
+                return
+            block = found[0].block
+        raise StoreUnavailable(f"cassandra: block {key} kept changing while it was cut; delete again")
+
+    def delete_index_rows(self, rows):
+        requests = [(self._statements[f"delete_index_{table}"], key) for table, keys in rows.items() for key in keys]
+        return self._execute_all(self._batched(requests))
+
+    def write_path_flags(self, tenant, parent, name, is_leaf, is_branch):
+        if is_leaf or is_branch:
+            return self._execute(self._statements["path_flags"], (is_leaf, is_branch, tenant, parent, name))
+        return self._execute(self._statements["delete_index_graphite_paths"], (tenant, parent, name))
 
     def _batched(self, requests: list[tuple[Any, tuple]]) -> list[tuple[Any, tuple]]:
         """Single-row writes as UNLOGGED batches of up to ROWS_PER_BATCH rows sharing a replica.

@@ -50,10 +50,11 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, ensureDeferred
 
 from gateway.model import SeriesKey
 from gateway.samples import Samples
+from gateway.store.deletion import remove_from_index
 from gateway.store.layout import Granularity, Layout
 
 
@@ -349,3 +350,23 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:
         """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
+
+    @abc.abstractmethod
+    def delete_samples(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Delete what these series hold in an inclusive range (gateway/store/deletion.py): head
+        rows, the samples of blocks (each block rewritten without them, in a way that a seal
+        writing the block meanwhile never loses its samples outside the range), roll-up rows of
+        samples and histograms whose bucket overlaps the range, exemplars and histograms. Cassandra
+        looks only as far back as each table's retention (older rows are past the read path)."""
+
+    @abc.abstractmethod
+    def delete_index_rows(self, rows: dict[str, list[tuple]]) -> Deferred:
+        """Delete metadata rows by key: table -> keys in deletion.INDEX_KEYS column order."""
+
+    @abc.abstractmethod
+    def write_path_flags(self, tenant: str, parent: str, name: str, is_leaf: bool, is_branch: bool) -> Deferred:
+        """Set both flags of a graphite_paths node; a node neither leaf nor branch is deleted."""
+
+    def delete_series(self, series: Sequence[SeriesKey]) -> Deferred:
+        """Remove series from every index (deletion.remove_from_index); their data is left alone."""
+        return ensureDeferred(remove_from_index(self, series))

@@ -48,6 +48,7 @@ from gateway.store.contract import (
     exemplars_in_range,
     time_slot,
 )
+from gateway.store.deletion import INDEX_KEYS, bucket_range, cut_block
 from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
@@ -580,6 +581,25 @@ class SQLiteStore(Store):
     def sweep(self, now_ms):
         return self._write(_sweep, self.layout, now_ms)
 
+    def delete_samples(self, tenant, hashes, start_ms, end_ms):
+        return self._write(_delete_samples, self.layout, tenant, list(hashes), start_ms, end_ms)
+
+    def delete_index_rows(self, rows):
+        statements = [
+            (f"DELETE FROM {table} WHERE {' AND '.join(f'{c}=?' for c in INDEX_KEYS[table])}", keys)
+            for table, keys in rows.items()
+            if keys
+        ]
+        return self._write(_transaction, statements)
+
+    def write_path_flags(self, tenant, parent, name, is_leaf, is_branch):
+        if is_leaf or is_branch:
+            query = "UPDATE graphite_paths SET is_leaf=?, is_branch=? WHERE tenant=? AND parent=? AND name=?"
+            rows = [(int(is_leaf), int(is_branch), tenant, parent, name)]
+        else:
+            query, rows = "DELETE FROM graphite_paths WHERE tenant=? AND parent=? AND name=?", [(tenant, parent, name)]
+        return self._commit(_statement, query, rows)
+
 
 def _start_writer(connection: sqlite3.Connection, granularities) -> None:
     connection.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
@@ -784,6 +804,46 @@ def _histogram_statements(table: str, width: int, histograms) -> list[tuple[str,
         (f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?)", rows),
         ("INSERT OR IGNORE INTO histogram_series VALUES (?, ?, ?, ?)", indexed),
     ]
+
+
+def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> None:
+    """One transaction: a seal's write_block (on this same writer thread) lands wholly before or
+    after it, so a block is never rewritten from a copy older than the one it replaces."""
+    slots = (time_slot(start_ms, layout.slot_width_ms), time_slot(end_ms, layout.slot_width_ms))
+    by_ts = "tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ?"
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        for hash_ in hashes:
+            blocks = connection.execute(
+                "SELECT time_slot, block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ?",
+                (tenant, hash_, *slots),
+            ).fetchall()
+            for slot, block in blocks:
+                cut = cut_block(block, start_ms, end_ms)
+                if cut is None:
+                    connection.execute(
+                        "DELETE FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot=?",
+                        (tenant, hash_, slot),
+                    )
+                elif cut is not block:
+                    connection.execute(
+                        "UPDATE data_blocks SET block=? WHERE tenant=? AND series_set_hash=? AND time_slot=?",
+                        (cut, tenant, hash_, slot),
+                    )
+            for table in ("data_raw", "exemplars", "histograms"):
+                connection.execute(f"DELETE FROM {table} WHERE {by_ts}", (tenant, hash_, *slots, start_ms, end_ms))
+            for granularity in layout.granularities:
+                first, last = bucket_range(start_ms, end_ms, granularity.width_ms)
+                width = granularity.partition_width_ms
+                for table in (granularity.table, granularity.histogram_table):
+                    connection.execute(
+                        f"DELETE FROM {table} WHERE {by_ts}",
+                        (tenant, hash_, time_slot(first, width), time_slot(last, width), first, last),
+                    )
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
 
 
 def _sweep(connection, layout: Layout, now_ms: int) -> None:

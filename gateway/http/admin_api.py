@@ -1,0 +1,85 @@
+"""Admin endpoints that change stored data (docs/operations.rst): Prometheus's
+``/api/v1/admin/tsdb/delete_series`` and ``/admin/graphite/delete`` for Graphite paths and globs.
+
+Served only with ``--enable-admin-api`` (as Prometheus's ``--web.enable-admin-api``): without it
+they answer as Prometheus does, 503 "admin APIs disabled". With ``--auth-file`` they need the
+admin role; the tenant is the request's, as everywhere.
+"""
+
+import time
+
+from gateway.deletes import Deleter
+from gateway.graphite.finder import TooManyNodes
+from gateway.http.promql_api import parse_time, prometheus_errors
+from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant
+from gateway.promql.values import PromQLError
+from protocols.graphite.attime import parse_at_time
+
+DISABLED = "admin APIs disabled; start the gateway with --enable-admin-api"
+
+
+class AdminAPI:
+    def __init__(self, deleter: Deleter, enabled: bool):
+        self.deleter = deleter
+        self.enabled = enabled
+
+    def register(self, router: Router) -> None:
+        router.add(
+            "/api/v1/admin/tsdb/delete_series",
+            ("POST", "PUT"),
+            "admin_delete_series",
+            prometheus_errors(self.delete_series),
+            access="admin",
+        )
+        router.add("/admin/graphite/delete", ("POST",), "admin_graphite_delete", self.graphite_delete, access="admin")
+
+    def _range(self, request) -> tuple[int, int]:
+        start, end = arg(request, "start"), arg(request, "end")
+        start_ms = parse_time(start, "start") if start else None
+        end_ms = parse_time(end, "end") if end else None
+        if start_ms is not None and end_ms is not None and end_ms < start_ms:
+            raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
+        return self.deleter.bounds(start_ms, end_ms)
+
+    def _graphite_range(self, request) -> tuple[int, int]:
+        """``from``/``until`` as /render takes them (``-7d``, ``now``, epoch seconds, ``HH:MM_YYYYMMDD``),
+        to the second, inclusive."""
+        now = int(time.time())
+        try:
+            start = arg(request, "from")
+            end = arg(request, "until")
+            start_ms = parse_at_time(start, now) * 1000 if start else None
+            end_ms = parse_at_time(end, now) * 1000 + 999 if end else None
+        except ValueError as error:
+            raise HTTPError(400, f"from/until: {error}") from None
+        if start_ms is not None and end_ms is not None and end_ms < start_ms:
+            raise HTTPError(400, "from must not be after until")
+        return self.deleter.bounds(start_ms, end_ms)
+
+    async def delete_series(self, request) -> Response:
+        """Prometheus's parameters (match[], start, end: epoch seconds or RFC 3339) and answers: 204."""
+        if not self.enabled:
+            raise PromQLError(DISABLED, "unavailable")
+        selectors = args(request, "match[]")
+        if not selectors:
+            raise PromQLError("no match[] parameter provided", "bad_data")
+        start, end = self._range(request)
+        deleter = self.deleter
+        await deleter.delete(await deleter.select_prometheus(request_tenant(request), selectors), start, end)
+        return Response(204, b"")
+
+    async def graphite_delete(self, request) -> Response:
+        """``path`` (repeatable: paths or globs), ``from``/``until`` (Graphite times);
+        200 with the paths deleted and how many of them left the index."""
+        if not self.enabled:
+            raise HTTPError(403, DISABLED)
+        patterns = args(request, "path")
+        if not patterns:
+            raise HTTPError(400, "parameter 'path' is required (a Graphite path or glob)", field="path")
+        start, end = self._graphite_range(request)
+        try:
+            series = await self.deleter.select_graphite(request_tenant(request), patterns)
+        except TooManyNodes as error:
+            raise HTTPError(422, str(error)) from None
+        removed = await self.deleter.delete(series, start, end)
+        return json_response(200, {"paths": [key.metric_name for key in series], "removed": removed})
