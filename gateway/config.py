@@ -46,6 +46,11 @@ def _auto_or_positive(text) -> int | None:
     return None if str(text).strip() == "auto" else _positive(text)
 
 
+def _auto_or_non_negative(text) -> int | None:
+    """``auto`` (None: decided by a Config property) or a number, 0 included."""
+    return None if str(text).strip() == "auto" else _non_negative(text)
+
+
 def _non_negative(text) -> int:
     value = int(text)
     if value < 0:
@@ -182,6 +187,24 @@ SETTINGS = [
         "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)",
     ),
     Setting(
+        "query-executors",
+        _auto_or_non_negative,
+        "auto",
+        "processes that run the query routes (PromQL, remote read, Graphite render/find/tags, native query), one query at a time each, so no query stops the gateway; 0: in the gateway process (the embedded store's :memory:); auto: one per usable core, at least 2; one tenant holds at most half of them",
+    ),
+    Setting(
+        "query-queue",
+        _positive,
+        "100",
+        "queries waiting for a query executor; more get 429 with Retry-After",
+    ),
+    Setting(
+        "query-max-memory-bytes",
+        _positive,
+        str(2 << 30),
+        "resident memory a query executor may use; a query going past it gets 422 and its executor is replaced",
+    ),
+    Setting(
         "max-points-per-query",
         _positive,
         "10000000",
@@ -270,6 +293,9 @@ class Config:
     query_lookback_delta: int
     query_timeout: int
     query_max_samples: int
+    query_executors: int | None
+    query_queue: int
+    query_max_memory_bytes: int
     max_points_per_query: int
     tenant_max_samples_per_second: int
     tenant_max_active_series: int
@@ -314,6 +340,16 @@ class Config:
         if self.store_url.startswith("sqlite:") or self.role_set == {"downsample"}:
             return 1
         return len(os.sched_getaffinity(0))
+
+    @property
+    def query_executor_count(self) -> int:
+        """``--query-executors``, else one per usable core (at least 2); 0 for an in-memory
+        SQLite store, which no other process can open."""
+        if ":memory:" in self.store_url:
+            return 0
+        if self.query_executors is not None:
+            return self.query_executors
+        return max(2, len(os.sched_getaffinity(0)))
 
     @property
     def connection_limit(self) -> int:

@@ -25,6 +25,7 @@ from gateway.config import Config
 from gateway.connections import Connections
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
+from gateway.executors import QueryExecutors
 from gateway.graphite.finder import Finder
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.graphite.storage_schemas import StorageSchemas
@@ -70,36 +71,12 @@ class Gateway:
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         roles = config.role_set
-        router = Router(roles, Credentials.from_file(config.auth_file) if config.auth_file else None)
-        NativeAPI(self.store, self.pipeline, self.planner, config.max_points_per_query).register(router)
-        PrometheusAPI(
-            self.store,
-            self.pipeline,
-            self.planner,
-            config.max_decompressed_bytes,
-            config.max_samples_per_query,
-            config.created_timestamp_zero_ingestion,
-        ).register(router)
-        PromQLAPI(
-            PromQLService(
-                self.store,
-                self.planner,
-                config.query_max_samples,
-                config.query_lookback_delta,
-                config.query_timeout,
-                config.max_future,
-            )
-        ).register(router)
-        schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
-        GraphiteAPI(
-            self.pipeline,
-            self.planner,
-            Finder(self.store),
-            TagDB(self.store, self.planner),
-            schemas,
-            config.max_points_per_query,
-        ).register(router)
-        OpsAPI(self.store).register(router)
+        count = config.query_executor_count if "query" in roles else 0
+        self.executors = QueryExecutors(config, count) if count else None
+        credentials = Credentials.from_file(config.auth_file) if config.auth_file else None
+        router = build_router(
+            config, self.store, self.planner, self.pipeline, Router(roles, credentials, self.executors)
+        )
         self.connections = Connections(config.connection_limit)
         self.site = Site(router, config.max_body_bytes, self.connections, _seconds(config.http_idle_timeout))
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
@@ -109,6 +86,8 @@ class Gateway:
 
     async def start(self) -> None:
         await start_store(self.config, self.store, self.pending, self.shared_seen)
+        if self.executors is not None:
+            self.executors.start()  # after the store: its schema exists when they open it
         if self.shared_seen is not None:
             self.shared_seen.start()
         config = self.config
@@ -174,7 +153,10 @@ class Gateway:
         finished = defer.gatherResults(
             [self.connections.close_all(), self.graphite.drain(), self.pipeline.drain(), self.downsample_stopped]
         )
-        if not await _within(finished, timeout_s):
+        drained = await _within(finished, timeout_s)
+        if self.executors is not None:
+            self.executors.stop()  # queries still running now are answered 503, then their connections closed
+        if not drained:
             log.warning(
                 "shutdown timeout (%gs, --shutdown-timeout) reached: closing %d connections still open;"
                 " not yet stored: %d carbon samples, %d samples in store writes under way; downsample round %s",
@@ -196,6 +178,42 @@ class Gateway:
             await self.downsample.run_once()
         except Exception as error:
             log.warning("downsample round failed (%s); retrying next round", error)
+
+
+def build_router(
+    config: Config, store, planner: QueryPlanner, pipeline: IngestPipeline | None, router: Router
+) -> Router:
+    """Every API on ``router``: in the gateway, and in a query executor (no pipeline, query routes only)."""
+    NativeAPI(store, pipeline, planner, config.max_points_per_query).register(router)
+    PrometheusAPI(
+        store,
+        pipeline,
+        planner,
+        config.max_decompressed_bytes,
+        config.max_samples_per_query,
+        config.created_timestamp_zero_ingestion,
+    ).register(router)
+    PromQLAPI(
+        PromQLService(
+            store,
+            planner,
+            config.query_max_samples,
+            config.query_lookback_delta,
+            config.query_timeout,
+            config.max_future,
+        )
+    ).register(router)
+    schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
+    GraphiteAPI(
+        pipeline,
+        planner,
+        Finder(store),
+        TagDB(store, planner),
+        schemas,
+        config.max_points_per_query,
+    ).register(router)
+    OpsAPI(store).register(router)
+    return router
 
 
 class DownsampleRole:

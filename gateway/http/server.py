@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from twisted.internet import defer
 from twisted.protocols.basic import FileSender
+from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 
 from gateway import metrics
@@ -278,14 +279,19 @@ class Router(resource.Resource):
     With ``credentials`` (``--auth-file``) every route needs a credential holding the route's
     access: ``write`` for ingest routes, ``read`` for query routes, ``admin`` for operator
     routes, ``any`` for any valid credential; ``public`` routes need none.
+
+    With ``executors`` (gateway.executors), the routes of role ``query`` are answered by an
+    executor process running the same router: this process only checks the credential and
+    moves the request and its answer.
     """
 
     isLeaf = True
 
-    def __init__(self, roles: set[str] | None = None, credentials: Credentials | None = None):
+    def __init__(self, roles: set[str] | None = None, credentials: Credentials | None = None, executors=None):
         super().__init__()
         self.roles = roles
         self.credentials = credentials
+        self.executors = executors
         self.routes: dict[bytes, dict[bytes, tuple[str, Handler, str]]] = {}
         self.prefixes: list[tuple[bytes, dict[bytes, tuple[str, object, str]]]] = []
 
@@ -304,6 +310,8 @@ class Router(resource.Resource):
     ) -> None:
         if not self._wanted(role):
             return
+        if role == "query" and self.executors is not None:
+            handler = self.executors.run
         access = access or _ACCESS_OF_ROLE.get(role, "admin")
         by_method = self.routes.setdefault(path.encode(), {})
         for method in methods:
@@ -314,9 +322,12 @@ class Router(resource.Resource):
         if not self._wanted(role):
             return
         access = _ACCESS_OF_ROLE.get(role, "admin")
+        executors = self.executors if role == "query" else None
 
         def bound(rest: str):
             async def call(request):
+                if executors is not None:
+                    return await executors.run(request)
                 return await handler(request, rest)
 
             return call
@@ -333,15 +344,32 @@ class Router(resource.Resource):
                 return {method: (name, make(rest), access) for method, (name, make, access) in handlers.items()}
         return None
 
-    def render(self, request: server.Request):
-        started = time.perf_counter()
+    def _route(self, request) -> tuple[str, Handler, str]:
+        """The route's name, handler and access; a handler answering 404 or 405 when none fits."""
         by_method = self._lookup(request.path)
         if by_method is None:
-            name, handler, access = "unknown", self._not_found, "any"
-        elif request.method not in by_method:
-            name, handler, access = "unknown", self._method_not_allowed(sorted(m.decode() for m in by_method)), "any"
-        else:
-            name, handler, access = by_method[request.method]
+            return "unknown", self._not_found, "any"
+        if request.method not in by_method:
+            return "unknown", self._method_not_allowed(sorted(m.decode() for m in by_method)), "any"
+        return by_method[request.method]
+
+    async def answer(self, request) -> Response:
+        """The response to an already authorized request, its body whole, not sent: how a query
+        executor runs a route. MemoryError is left to the caller, which answers for the memory cap."""
+        _, handler, _ = self._route(request)
+        try:
+            response = await handler(request)
+            if not isinstance(response.body, bytes):
+                response = response._replace(body=b"".join([chunk async for chunk in response.body]))
+            return response
+        except MemoryError:
+            raise
+        except Exception:
+            return self._error_response(Failure(), request)
+
+    def render(self, request: server.Request):
+        started = time.perf_counter()
+        name, handler, access = self._route(request)
         request.notifyFinish().addErrback(lambda _: setattr(request, "client_gone", True))
         deferred = defer.ensureDeferred(self._authorized(handler, access, request))
         deferred.addErrback(self._error_response, request)
