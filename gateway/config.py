@@ -179,7 +179,12 @@ SETTINGS = [
     Setting(
         "query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"
     ),
-    Setting("query-timeout", parse_duration, "2m", "PromQL: longest a query may run (503 timeout above)"),
+    Setting(
+        "query-timeout",
+        parse_duration,
+        "2m",
+        "longest a query may run, queue wait included (PromQL, remote read, Graphite render/find/tags, native query): its query executor is killed then and the client gets 503",
+    ),
     Setting(
         "query-max-samples",
         _positive,

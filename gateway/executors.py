@@ -14,8 +14,8 @@ The serving process enforces, per query:
 - the memory cap (``--query-max-memory-bytes``: the executor's resident memory, checked every
   100 ms, or a MemoryError in it): 422 naming the setting, and the executor is replaced;
 - the queue bound (``--query-queue``): 429 with Retry-After;
-- fairness: a tenant holds at most half of the executors (rounded up) and the tenants waiting
-  are served in turn, so one tenant's slow queries leave room for the others.
+- fairness: a tenant holds at most half of the executors and half of the queue (rounded up),
+  and the tenants waiting are served in turn, so one tenant's slow queries leave room for others.
 
 A client that goes away takes its query out of the queue; a query already running ends (at the
 latest at its deadline) and its answer is dropped. docs/performance.rst ("Query isolation").
@@ -187,6 +187,8 @@ class Executor(protocol.ProcessProtocol):
             return
         self.kill_reason = reason
         metrics.QUERY_EXECUTOR_KILLS.labels(reason).inc()
+        if self.ready:
+            metrics.QUERY_EXECUTORS_READY.dec()
         try:
             self.transport.signalProcess("KILL")
         except error.ProcessExitedAlready:
@@ -208,6 +210,7 @@ class QueryExecutors:
         self.size = size
         self.timeout_s = config.query_timeout / 1000
         self.tenant_share = math.ceil(size / 2)
+        self.tenant_queue_share = math.ceil(config.query_queue / 2)
         self.executors: set[Executor] = set()
         self.idle: list[Executor] = []
         self.waiting: collections.OrderedDict[str, collections.deque[Job]] = collections.OrderedDict()
@@ -240,14 +243,14 @@ class QueryExecutors:
         """The route handler of every query route: the answer an executor gives for ``request``."""
         if self.stopping:
             return _refusal(request, 503, "unavailable", "the gateway is stopping", {"Retry-After": "1"})
-        if self.queued >= self.config.query_queue:
-            metrics.QUERY_QUEUE_REJECTED.inc()
-            message = f"{self.queued} queries are waiting for a query executor (--query-queue); retry later"
-            return _refusal(request, 429, "unavailable", message, {"Retry-After": "1"})
         try:
             tenant = request_tenant(request)
         except HTTPError:
             tenant = ""  # the executor answers the mistake in the route's own words
+        if self.queued >= self.config.query_queue or len(self.waiting.get(tenant, ())) >= self.tenant_queue_share:
+            metrics.QUERY_QUEUE_REJECTED.inc()
+            message = "too many queries are waiting for a query executor (--query-queue); retry later"
+            return _refusal(request, 429, "unavailable", message, {"Retry-After": "1"})
         job = Job(request, tenant)
         job.timer = reactor.callLater(self.timeout_s, self._expire, job)
         self.waiting.setdefault(tenant, collections.deque()).append(job)
@@ -314,6 +317,7 @@ class QueryExecutors:
         kind = message[0]
         if kind == "ready":
             executor.ready = True
+            metrics.QUERY_EXECUTORS_READY.inc()
             self.idle.append(executor)
         elif kind == "answer":
             job = executor.job
@@ -331,6 +335,8 @@ class QueryExecutors:
         self.executors.discard(executor)
         if executor in self.idle:
             self.idle.remove(executor)
+        if executor.ready and executor.kill_reason is None:
+            metrics.QUERY_EXECUTORS_READY.dec()
         job = executor.job
         if job is not None:
             self.running[job.tenant] -= 1

@@ -85,6 +85,9 @@ QUERY_EXECUTOR_KILLS = Counter(
     ["reason"],
 )
 QUERY_QUEUE_REJECTED = Counter("tsgate_query_queue_rejected", "Queries refused with 429 over a full --query-queue")
+QUERY_EXECUTORS_READY = Gauge(
+    "tsgate_query_executors_ready", "Query executors started and able to take queries", multiprocess_mode="livesum"
+)
 QUERY_QUEUED = Gauge("tsgate_query_queued", "Queries waiting for a query executor", multiprocess_mode="livesum")
 
 
