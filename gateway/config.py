@@ -195,7 +195,7 @@ SETTINGS = [
         "query-executors",
         _auto_or_non_negative,
         "auto",
-        "processes that run the query routes (PromQL, remote read, Graphite render/find/tags, native query), one query at a time each, so no query stops the gateway; 0: in the gateway process (the embedded store's :memory:); auto: one per usable core, at least 2; one tenant holds at most half of them",
+        "processes that run the query routes (PromQL, remote read, Graphite render/find/tags, native query), one query at a time each, so no query stops the gateway; 0: in the gateway process (the embedded store's :memory:); auto: the usable cores shared among the --workers, at least 2 per worker; one tenant holds at most half of them",
     ),
     Setting(
         "query-queue",
@@ -348,13 +348,14 @@ class Config:
 
     @property
     def query_executor_count(self) -> int:
-        """``--query-executors``, else one per usable core (at least 2); 0 for an in-memory
-        SQLite store, which no other process can open."""
+        """``--query-executors`` of each gateway process, else the usable cores shared among the
+        ``--workers`` (at least 2 each); 0 for an in-memory SQLite store, which no other process
+        can open."""
         if ":memory:" in self.store_url:
             return 0
         if self.query_executors is not None:
             return self.query_executors
-        return max(2, len(os.sched_getaffinity(0)))
+        return max(2, -(-len(os.sched_getaffinity(0)) // self.worker_count))
 
     @property
     def connection_limit(self) -> int:

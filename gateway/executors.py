@@ -18,7 +18,7 @@ The serving process enforces, per query:
   and the tenants waiting are served in turn, so one tenant's slow queries leave room for others.
 
 A client that goes away takes its query out of the queue; a query already running ends (at the
-latest at its deadline) and its answer is dropped. docs/performance.rst ("Query isolation").
+latest at its deadline) and its answer is dropped. docs/security.rst ("Query isolation").
 """
 
 import collections
@@ -284,6 +284,12 @@ class QueryExecutors:
                 return job
         return None
 
+    def _release(self, tenant: str) -> None:
+        """One query of ``tenant`` left its executor (tenants without any are forgotten)."""
+        self.running[tenant] -= 1
+        if not self.running[tenant]:
+            del self.running[tenant]
+
     def _unqueue(self, job: Job) -> bool:
         """Take a job that has not started out of its queue; False when it is not there."""
         jobs = self.waiting.get(job.tenant)
@@ -322,7 +328,7 @@ class QueryExecutors:
         elif kind == "answer":
             job = executor.job
             executor.job = None
-            self.running[job.tenant] -= 1
+            self._release(job.tenant)
             status, content_type, headers, body = message[1:]
             job.finish(Response(status, body, content_type, headers))
             self.idle.append(executor)
@@ -339,7 +345,7 @@ class QueryExecutors:
             metrics.QUERY_EXECUTORS_READY.dec()
         job = executor.job
         if job is not None:
-            self.running[job.tenant] -= 1
+            self._release(job.tenant)
             if executor.kill_reason == "memory":
                 job.finish(self._memory_refusal(job))
             else:
@@ -394,6 +400,7 @@ class ExecutorSide(protocol.Protocol):
     async def _start(self, config: Config, index: int) -> None:
         from gateway.cli import setup_logging
         from gateway.http.server import Router
+        from gateway.model import now_ms
         from gateway.query import QueryPlanner
         from gateway.service import build_router
         from gateway.store import open_store
@@ -402,7 +409,8 @@ class ExecutorSide(protocol.Protocol):
         store = open_store(config.store_url, config.layout)
         await store.start()
         planner = QueryPlanner(store, config.max_series_per_query)
-        self.router = build_router(config, store, planner, None, Router({"query"}))
+        no_ingest = SimpleNamespace(clock=now_ms)  # of the pipeline, the query routes only read its clock
+        self.router = build_router(config, store, planner, no_ingest, Router({"query"}))
         self.transport.write(frame(("ready",)))
 
     def _failed_start(self, failure) -> None:

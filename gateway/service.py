@@ -180,10 +180,9 @@ class Gateway:
             log.warning("downsample round failed (%s); retrying next round", error)
 
 
-def build_router(
-    config: Config, store, planner: QueryPlanner, pipeline: IngestPipeline | None, router: Router
-) -> Router:
-    """Every API on ``router``: in the gateway, and in a query executor (no pipeline, query routes only)."""
+def build_router(config: Config, store, planner: QueryPlanner, pipeline, router: Router) -> Router:
+    """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
+    of the ingest pipeline only its clock)."""
     NativeAPI(store, pipeline, planner, config.max_points_per_query).register(router)
     PrometheusAPI(
         store,
