@@ -35,8 +35,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import orjson
+from prometheus_client import multiprocess
 from twisted.internet import defer, error, protocol, reactor, stdio
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.task import LoopingCall
+from zope.interface import implementer
 
 from gateway import metrics
 from gateway.config import Config
@@ -165,6 +168,7 @@ class Executor(protocol.ProcessProtocol):
         self.ready = False
         self.job: Job | None = None
         self.kill_reason: str | None = None
+        self.pid = 0
 
     def connectionMade(self):  # noqa: N802 (Twisted's name)
         self.transport.writeToChild(REQUEST_FD, frame(("start", self.pool.config, self.index)))
@@ -196,9 +200,9 @@ class Executor(protocol.ProcessProtocol):
 
     def resident_bytes(self) -> int:
         try:
-            with open(f"/proc/{self.transport.pid}/statm", "rb") as statm:
+            with open(f"/proc/{self.pid}/statm", "rb") as statm:
                 return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, TypeError, IndexError, ValueError):  # gone already, or not Linux
+        except (OSError, IndexError, ValueError):  # gone already, or not Linux
             return 0
 
 
@@ -230,10 +234,10 @@ class QueryExecutors:
             return
         executor = Executor(self, index)
         path = os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))
-        reactor.spawnProcess(
+        executor.pid = reactor.spawnProcess(
             executor,
             sys.executable,
-            [sys.executable, "-m", "gateway.executors"],
+            [sys.executable, "-m", "gateway.executors", str(os.getpid())],
             env=dict(os.environ, PYTHONPATH=path),
             childFDs={REQUEST_FD: "w", 1: 1, 2: 2, ANSWER_FD: "r"},
         )
@@ -339,6 +343,8 @@ class QueryExecutors:
     def ended(self, executor: Executor, reason) -> None:
         """An executor process ended (killed, or died): its query is answered, and it is replaced."""
         self.executors.discard(executor)
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # --workers: its live gauges leave the sums
+            multiprocess.mark_process_dead(executor.pid)
         if executor in self.idle:
             self.idle.remove(executor)
         if executor.ready and executor.kill_reason is None:
@@ -378,6 +384,7 @@ class QueryExecutors:
             executor.kill("shutdown")
 
 
+@implementer(IHalfCloseableProtocol)
 class ExecutorSide(protocol.Protocol):
     """The executor process's end of the pipe: the first message starts it, then one query at a time."""
 
@@ -392,10 +399,13 @@ class ExecutorSide(protocol.Protocol):
             else:
                 defer.ensureDeferred(self._answer(message[1]))
 
-    def connectionLost(self, reason):  # noqa: N802 (Twisted's name)
+    def readConnectionLost(self):  # noqa: N802 (Twisted's name)
         """The serving process closed the pipe (it stopped or died): nothing more to do."""
         if reactor.running:
             reactor.stop()
+
+    def writeConnectionLost(self):  # noqa: N802 (Twisted's name)
+        self.readConnectionLost()
 
     async def _start(self, config: Config, index: int) -> None:
         from gateway.cli import setup_logging
@@ -426,12 +436,15 @@ class ExecutorSide(protocol.Protocol):
         self.transport.write(frame(("answer", response.status, response.content_type, response.headers, response.body)))
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this executor when the serving process dies, even mid-query."""
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel kills this executor when the serving process dies, even mid-query; one
+    that died while this process was starting is no longer its parent."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent_pid:
+        sys.exit(0)
 
 
 def main() -> None:
@@ -439,7 +452,7 @@ def main() -> None:
     # process group reaches the executors too, and must not cut the queries the drain waits for.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent()
+    _die_with_parent(int(sys.argv[1]))
     stdio.StandardIO(ExecutorSide(), stdin=REQUEST_FD, stdout=ANSWER_FD)
     reactor.run(installSignalHandlers=False)
 

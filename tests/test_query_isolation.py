@@ -15,6 +15,8 @@ import pytest
 
 from tests.gatewayproc import GatewayProcess, metric_value
 
+pytestmark = pytest.mark.slow  # every test here runs gateway processes
+
 TIMEOUT_S = 5
 FAST_S = 0.5  # p99 bound of /healthz and of the other tenant's query (about 10 ms on a quiet box)
 PARSE_FREEZE = "+".join(["1"] * 4000)  # 8 KB: fits in a URL; 47 s of parsing in the gateway before
