@@ -11,8 +11,9 @@ The serving process enforces, per query:
 - the deadline (``--query-timeout``, counted from arrival): a query still running then has its
   executor killed (SIGKILL) and replaced; the client gets 503 (Prometheus's ``timeout``
   envelope on /api/v1/ routes);
-- the memory cap (``--query-max-memory-bytes``: the executor's resident memory, checked every
-  100 ms, or a MemoryError in it): 422 naming the setting, and the executor is replaced;
+- the memory cap (``--query-max-memory-bytes``: the executor's peak resident memory, checked
+  every 100 ms and before an answer is relayed, or a MemoryError in it): 422 naming the setting,
+  and the executor is replaced;
 - the queue bound (``--query-queue``): 429 with Retry-After;
 - fairness: a tenant holds at most half of the executors and half of the queue (rounded up),
   and the tenants waiting are served in turn, so one tenant's slow queries leave room for others.
@@ -198,12 +199,16 @@ class Executor(protocol.ProcessProtocol):
         except error.ProcessExitedAlready:
             pass
 
-    def resident_bytes(self) -> int:
+    def peak_resident_bytes(self) -> int:
+        """The most resident memory the process ever had (VmHWM): a spike between two checks counts."""
         try:
-            with open(f"/proc/{self.pid}/statm", "rb") as statm:
-                return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{self.pid}/status", "rb") as status:
+                for line in status:
+                    if line.startswith(b"VmHWM:"):
+                        return int(line.split()[1]) * 1024
         except (OSError, IndexError, ValueError):  # gone already, or not Linux
-            return 0
+            pass
+        return 0
 
 
 class QueryExecutors:
@@ -234,13 +239,14 @@ class QueryExecutors:
             return
         executor = Executor(self, index)
         path = os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))
-        executor.pid = reactor.spawnProcess(
+        process = reactor.spawnProcess(
             executor,
             sys.executable,
             [sys.executable, "-m", "gateway.executors", str(os.getpid())],
             env=dict(os.environ, PYTHONPATH=path),
             childFDs={REQUEST_FD: "w", 1: 1, 2: 2, ANSWER_FD: "r"},
         )
+        executor.pid = process.pid
         self.executors.add(executor)
 
     async def run(self, request) -> Response:
@@ -329,6 +335,8 @@ class QueryExecutors:
             executor.ready = True
             metrics.QUERY_EXECUTORS_READY.inc()
             self.idle.append(executor)
+        elif kind == "answer" and executor.peak_resident_bytes() > self.config.query_max_memory_bytes:
+            executor.kill("memory")  # went past the cap between two checks: ``ended`` answers 422
         elif kind == "answer":
             job = executor.job
             executor.job = None
@@ -365,7 +373,7 @@ class QueryExecutors:
     def _check_memory(self) -> None:
         limit = self.config.query_max_memory_bytes
         for executor in list(self.executors):
-            if executor.ready and executor.kill_reason is None and executor.resident_bytes() > limit:
+            if executor.ready and executor.kill_reason is None and executor.peak_resident_bytes() > limit:
                 executor.kill("memory")
 
     def stop(self) -> None:
