@@ -3,11 +3,32 @@
 import argparse
 import logging
 import os
+import re
 import sys
 
 from gateway import __version__
-from gateway.config import ConfigError, add_arguments, build_config, setting_flags
+from gateway.config import (
+    DOWNSAMPLE_SETTINGS,
+    SCHEMA_SETTINGS,
+    ConfigError,
+    add_arguments,
+    build_config,
+    did_you_mean,
+    setting_flags,
+)
 from gateway.workers import Worker, supervise
+
+INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+class _NoDriverTracebacks(logging.Filter):
+    """The Cassandra driver's log lines without their tracebacks: a node that refuses a
+    connection is one line, not forty. ``--log-level debug`` keeps everything."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("cassandra"):
+            record.exc_info = record.exc_text = record.stack_info = None
+        return True
 
 
 def setup_logging(level: str, process: str = "") -> None:
@@ -19,6 +40,9 @@ def setup_logging(level: str, process: str = "") -> None:
 
     tag = f"[{process}] " if process else ""
     logging.basicConfig(stream=sys.stderr, level=level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
+    if level != "DEBUG":
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_NoDriverTracebacks())
     globalLogBeginner.beginLoggingTo([STDLibLogObserver()], redirectStandardIO=False)
 
 
@@ -80,32 +104,84 @@ def _downsample(namespace: argparse.Namespace) -> int:
     async def once(reactor):
         store = open_store(config.store_url, config.layout)
         role = DownsampleRole(config, store)
-        await start_store(config, store, role.pending)
+        try:
+            await start_store(config, store, role.pending)
+        except Exception as error:  # an unreachable store: one line, as `serve` says it
+            print(f"tsgate downsample: could not start: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None  # task.react's way to an exit code without a traceback
         try:
             done = await role.run_once()
-            print(f"rolled up {done} series-slots; {await role.waiting()} left pending for a later round", flush=True)
+            failed = role.downsampler.round_failed
+            print(
+                f"rolled up {done} series-slots; {await role.waiting()} left pending for a later round"
+                + (f" ({failed} of them failed, see the log)" if failed else ""),
+                flush=True,
+            )
         finally:
             await store.close()
+        if failed:
+            raise SystemExit(1)
 
-    task.react(lambda reactor: defer.ensureDeferred(once(reactor)))  # exits: 0, or 1 with the error logged
+    task.react(lambda reactor: defer.ensureDeferred(once(reactor)))  # exits: 0, or 1 with the error said or logged
     return 0
 
 
 def _auth(namespace: argparse.Namespace) -> int:
-    """``auth hash-token`` / ``auth hash-password``: the hash of a secret read from stdin, for
-    ``--auth-file`` (the secret itself is never stored)."""
+    """``auth hash-token`` / ``auth hash-password``: the hash of a secret read from stdin, as the
+    ``--auth-file`` line to paste (``sha256 = "..."``, ``password = "..."``); the secret itself is
+    never stored."""
     from gateway.http.auth import hash_password, hash_token
 
     secret = sys.stdin.readline().rstrip("\r\n")
     if not secret:
         print(f"tsgate auth {namespace.action}: give the secret on stdin", file=sys.stderr)
         return 2
-    print(hash_token(secret) if namespace.action == "hash-token" else hash_password(secret))
+    if namespace.action == "hash-token":
+        print(f'sha256 = "{hash_token(secret)}"')
+    else:
+        print(f'password = "{hash_password(secret)}"')
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--stor`` is not ``--store``), with one-line errors
+    (the usage of ``serve`` is 50 flags long) and a "did you mean" for a mistyped flag."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        choice = INVALID_CHOICE.search(message)  # a mistyped command (``tsgate serv``)
+        if choice:
+            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command_parser(namespace)
+            unknown = extras[0].partition("=")[0]
+            flags = [flag for action in command._actions for flag in action.option_strings]
+            hint = did_you_mean(unknown, flags) if unknown.startswith("-") else ""
+            command.error(f"unrecognized argument {unknown}{hint}")
+        return namespace
+
+    def _command_parser(self, namespace: argparse.Namespace) -> "argparse.ArgumentParser":
+        """The (sub)command's own parser, whose flags a mistyped one is compared with."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            chosen = [
+                action.choices[getattr(namespace, action.dest)]
+                for action in parser._actions
+                if isinstance(action, argparse._SubParsersAction) and getattr(namespace, action.dest, None)
+            ]
+            if not chosen:
+                return parser
+            parser = chosen[0]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tsgate", description=__doc__)
+    parser = Parser(prog="tsgate", description=__doc__)
     parser.add_argument("--version", action="version", version=f"tsgate {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway")
@@ -113,13 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     schema = commands.add_parser("schema", help="print or apply the Cassandra schema")
     schema.add_argument("action", choices=["print", "apply"])
-    add_arguments(schema)
+    add_arguments(schema, SCHEMA_SETTINGS)
     schema.set_defaults(func=_schema)
     downsample = commands.add_parser("downsample", help="roll up settled slots (see --once)")
     downsample.add_argument("--once", action="store_true", help="process everything settled now, then exit")
-    add_arguments(downsample)
+    add_arguments(downsample, DOWNSAMPLE_SETTINGS)
     downsample.set_defaults(func=_downsample)
-    auth = commands.add_parser("auth", help="hash a bearer token or a password (read from stdin) for --auth-file")
+    auth = commands.add_parser(
+        "auth", help="hash a bearer token or a password (read from stdin) into a line of an --auth-file"
+    )
     auth.add_argument("action", choices=["hash-token", "hash-password"])
     auth.set_defaults(func=_auth)
     from gateway.devservices.cli import register

@@ -7,6 +7,7 @@ file wins over the defaults. docs/configuration.rst lists the same settings.
 
 import argparse
 import dataclasses
+import difflib
 import os
 import resource
 import tomllib
@@ -34,8 +35,16 @@ def _optional_hostport(text) -> tuple[str, int] | None:
     return parse_hostport(text) if str(text).strip() else None
 
 
+def _integer(text) -> int:
+    """A whole number, with a message that says so (not Python's ``invalid literal for int()``)."""
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
 def _positive(text) -> int:
-    value = int(text)
+    value = _integer(text)
     if value <= 0:
         raise ValueError(f"{text!r} must be a positive integer")
     return value
@@ -43,7 +52,12 @@ def _positive(text) -> int:
 
 def _auto_or_positive(text) -> int | None:
     """``auto`` (None: decided by a Config property) or a positive number."""
-    return None if str(text).strip() == "auto" else _positive(text)
+    if str(text).strip() == "auto":
+        return None
+    try:
+        return _positive(text)
+    except ValueError:
+        raise ValueError(f"{text!r} must be a positive whole number or auto") from None
 
 
 def _auto_or_non_negative(text) -> int | None:
@@ -52,7 +66,7 @@ def _auto_or_non_negative(text) -> int | None:
 
 
 def _non_negative(text) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 0:
         raise ValueError(f"{text!r} must be 0 or more")
     return value
@@ -141,6 +155,12 @@ SETTINGS = [
         "",
         "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header",
     ),
+    Setting(
+        "auth-max-failures",
+        _non_negative,
+        "20",
+        "with --auth-file: failed credentials a minute per user name and per client address before further attempts get 429 (no password is checked then); 0: no limit",
+    ),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting(
         "max-decompressed-bytes",
@@ -157,8 +177,20 @@ SETTINGS = [
     Setting(
         "http-idle-timeout",
         parse_duration,
+        "6m",
+        "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never; longer than clients keep idle connections (Prometheus 5m, Go and Grafana 90s), so that they close first",
+    ),
+    Setting(
+        "http-body-timeout",
+        parse_duration,
         "60s",
-        "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never",
+        "a request body not received in full this long after its headers gets 408 and its connection is closed; 0s: never",
+    ),
+    Setting(
+        "http-body-min-rate",
+        _non_negative,
+        "1024",
+        "bytes per second a request body must arrive at, on average from its headers on, once it took over 5 s (408 and closed below); 0: no minimum",
     ),
     Setting(
         "carbon-idle-timeout",
@@ -243,6 +275,12 @@ SETTINGS = [
         "1024",
         "longest Prometheus metadata text (metric family name, help, unit); longer metadata is skipped and counted, its samples are written",
     ),
+    Setting(
+        "max-native-histogram-buckets",
+        _non_negative,
+        "160",
+        "most buckets (positive and negative) of one remote-written native histogram; one with more is refused and counted, the rest of the request is written (Prometheus's native_histogram_bucket_limit, which lowers a scrape's resolution instead); 0: no limit",
+    ),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),
     Setting(
@@ -285,10 +323,13 @@ class Config:
     redis: str
     redis_key_ttl: int
     auth_file: Path | None
+    auth_max_failures: int
     max_body_bytes: int
     max_decompressed_bytes: int
     max_connections: int | None
     http_idle_timeout: int
+    http_body_timeout: int
+    http_body_min_rate: int
     carbon_idle_timeout: int
     shutdown_timeout: int
     max_inflight_samples: int
@@ -310,6 +351,7 @@ class Config:
     max_tags: int
     created_timestamp_zero_ingestion: bool
     max_metadata_length: int
+    max_native_histogram_buckets: int
     max_sample_age: int
     max_future: int
     workers: int | None
@@ -406,13 +448,46 @@ class ConfigError(ValueError):
     pass
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+# The settings each command takes besides ``serve`` (which takes them all), so that its
+# ``--help`` lists only what it uses. A config file may still hold any setting.
+SCHEMA_SETTINGS = (
+    "store",
+    "slot-width",
+    "raw-retention",
+    "head-retention",
+    "granularities",
+    "exemplar-retention",
+    "max-exemplars-per-series",
+    "downsample-delay",
+    "log-level",
+)
+DOWNSAMPLE_SETTINGS = (
+    "data-dir",
+    *SCHEMA_SETTINGS,
+    "redis",
+    "redis-key-ttl",
+    "downsample-partitions-count",
+    "downsample-partitions",
+    "downsample-interval",
+    "counter-suffixes",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """``--config`` and a flag per setting (those named in ``only``, else all of them)."""
     parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
     for setting in SETTINGS:
+        if only is not None and setting.name not in only:
+            continue
         flag = {"nargs": "?", "const": "true"} if setting.parse is _boolean else {}
-        parser.add_argument(
-            f"--{setting.name}", default=None, help=f"{setting.help} (default {setting.default})", **flag
-        )
+        default = f" (default {setting.default})" if setting.default else ""
+        parser.add_argument(f"--{setting.name}", default=None, help=f"{setting.help}{default}", **flag)
+
+
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean X?)`` for the closest of ``choices``, or nothing when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _read_file(path: Path) -> dict[str, object]:
@@ -424,9 +499,14 @@ def _read_file(path: Path) -> dict[str, object]:
     for key, value in document.items():
         name = key.replace("_", "-")
         if name not in _BY_NAME:
-            raise ConfigError(f"--config {path}: unknown setting {key!r}")
+            raise ConfigError(f"--config {path}: unknown setting {key!r}{did_you_mean(name, _BY_NAME)}")
         values[name] = value
     return values
+
+
+def _flag_value(namespace: argparse.Namespace, setting: Setting):
+    """The flag's value, or None when it was not given (or the command has no such flag)."""
+    return getattr(namespace, setting.name.replace("-", "_"), None)
 
 
 def setting_flags(namespace: argparse.Namespace) -> list[str]:
@@ -436,7 +516,7 @@ def setting_flags(namespace: argparse.Namespace) -> list[str]:
     """
     flags = ["--config", str(namespace.config)] if namespace.config is not None else []
     for setting in SETTINGS:
-        value = getattr(namespace, setting.name.replace("-", "_"))
+        value = _flag_value(namespace, setting)
         if value is not None:
             flags.append(f"--{setting.name}={value}")
     return flags
@@ -448,7 +528,7 @@ def build_config(namespace: argparse.Namespace) -> Config:
     if namespace.config is not None:
         raw.update(_read_file(namespace.config))
     for setting in SETTINGS:
-        value = getattr(namespace, setting.name.replace("-", "_"))
+        value = _flag_value(namespace, setting)
         if value is not None:
             raw[setting.name] = value
     values = {}
@@ -490,4 +570,11 @@ def build_config(namespace: argparse.Namespace) -> Config:
             raise ConfigError(str(error)) from None
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
-    return Config(**values)
+    config = Config(**values)
+    from gateway.store import open_store
+
+    try:
+        open_store(config.store_url, config.layout)  # only built, to check the URL: nothing opened
+    except ValueError as error:
+        raise ConfigError(f"--store: {error}") from None
+    return config

@@ -112,6 +112,10 @@ class IngestPipeline:
         """Count samples a protocol decoder refused before they reached the pipeline."""
         metrics.SAMPLES_REJECTED.labels(protocol, reason).inc(count)
 
+    def count_rejected_histograms(self, protocol: str, reason: str) -> None:
+        """Count a native histogram a protocol decoder refused (invalid, too many buckets)."""
+        metrics.HISTOGRAMS_REJECTED.labels(protocol, reason).inc()
+
     async def ingest(self, protocol: str, samples: Sequence[Sample]) -> IngestResult:
         """Validate and store samples; rejects carry their index in ``samples``.
 

@@ -100,10 +100,30 @@ class RemoteRead:
         return found
 
     async def metadata(self, tenant: str, metric: str | None, limit: int | None) -> list:
-        """The stored type/help/unit of one metric, or of the tenant's first ``limit`` metrics (all
-        without a limit); None for a metric without."""
-        names = [metric] if metric else await self.store.list_metric_names(tenant)
-        return await self.planner.metadata(tenant, names[:limit] if limit else names)
+        """The stored type/help/unit of one metric (None when it has none), or of the tenant's
+        first ``limit`` metric families that have some (all without a limit), by name. Remote
+        write carries a histogram's or a summary's metadata under its family name, which no
+        series bears (``x_bucket``, ``x_sum``, ``x_count``): families are looked up under every
+        series name and under that name without such a suffix."""
+        if metric:
+            return await self.planner.metadata(tenant, [metric])
+        names = await self.store.list_metric_names(tenant)
+        families = sorted({family for name in names for family in _family_names(name)})
+        found: list = []
+        for start in range(0, len(families), READ_BATCH):
+            found += [row for row in await self.planner.metadata(tenant, families[start : start + READ_BATCH]) if row]
+            if limit and len(found) >= limit:
+                return found[:limit]
+        return found
+
+
+# the suffixes of the series of a histogram, a summary, a counter or an info metric (OpenMetrics)
+_FAMILY_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gcount", "_gsum")
+
+
+def _family_names(name: str) -> list[str]:
+    """The metric families a series name may belong to: its own, and without a family suffix."""
+    return [name] + [name.removesuffix(suffix) for suffix in _FAMILY_SUFFIXES if name.endswith(suffix)]
 
 
 def _histograms(rows) -> list:

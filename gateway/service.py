@@ -36,14 +36,14 @@ from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
-from gateway.http.server import Router, Site
+from gateway.http.server import BodyDeadline, Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
 from gateway.store import open_store
-from gateway.workers import CannotListen, Worker
+from gateway.workers import CONFIG_ERROR_EXIT, CannotListen, Worker
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,18 @@ class Gateway:
         roles = config.role_set
         count = config.query_executor_count if "query" in roles else 0
         self.executors = QueryExecutors(config, count) if count else None
-        credentials = Credentials.from_file(config.auth_file) if config.auth_file else None
+        credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
         router = build_router(
             config, self.store, self.planner, self.pipeline, Router(roles, credentials, self.executors)
         )
         self.connections = Connections(config.connection_limit)
-        self.site = Site(router, config.max_body_bytes, self.connections, _seconds(config.http_idle_timeout))
+        self.site = Site(
+            router,
+            config.max_body_bytes,
+            self.connections,
+            _seconds(config.http_idle_timeout),
+            BodyDeadline(_seconds(config.http_body_timeout), config.http_body_min_rate),
+        )
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
         self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
@@ -191,6 +197,7 @@ def build_router(config: Config, store, planner: QueryPlanner, pipeline, router:
         config.max_decompressed_bytes,
         config.max_samples_per_query,
         config.created_timestamp_zero_ingestion,
+        config.max_native_histogram_buckets,
     ).register(router)
     PromQLAPI(
         PromQLService(
@@ -306,7 +313,7 @@ def run(config: Config, worker: Worker | None = None) -> int:
         gateway = Gateway(config, worker.listeners if worker is not None else None)
     except ValueError as error:
         log.error("bad setting: %s", error)
-        return 2
+        return CONFIG_ERROR_EXIT
     outcome = {"code": 0}
 
     def started_or_failed():

@@ -17,7 +17,9 @@ up the same slots twice, and one loop keeps the rule the same with or without Re
 A worker that dies is logged (pid, exit code or signal) and restarted, at most once a second per
 worker. A worker that exits before it is ready counts as a start-up failure; after
 ``STARTUP_ATTEMPTS`` of those in a row (a worker becoming ready resets the count) the supervisor
-stops the others and exits 1: the worker's own log lines above say why. SIGTERM or SIGINT to
+stops the others and exits 1: the worker's own log lines above say why. A worker that exits
+with ``CONFIG_ERROR_EXIT`` (a bad setting) is not retried: the same settings would fail again.
+SIGTERM or SIGINT to
 the supervisor sends SIGTERM to every worker, waits for each to drain and exit (killing one
 still running ``STOP_MARGIN_S`` past ``--shutdown-timeout``), then exits 0.
 
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 
 ENVIRONMENT_KEY = "TSGATE_WORKER"
 STARTUP_ATTEMPTS = 3
+CONFIG_ERROR_EXIT = 2  # what a worker exits with on a bad setting (gateway.service.run)
 RESTART_INTERVAL_S = 1.0
 LISTEN_BACKLOG = 50  # Twisted's listenTCP default, as with --workers 1
 STOP_MARGIN_S = 10.0  # past --shutdown-timeout, for a worker to close its store and exit
@@ -132,6 +135,7 @@ class Supervisor:
         self.slots = [_Slot(index) for index in range(config.worker_count)]
         self.selector = selectors.DefaultSelector()
         self.startup_failures = 0
+        self.config_error = False
         self.first_ready = False  # workers 1..N-1 wait for worker 0's first start
         self.stop_signal = None
         self.stop_wait_s = config.shutdown_timeout / 1000 + STOP_MARGIN_S
@@ -161,6 +165,9 @@ class Supervisor:
             for slot in self.slots:
                 if slot.process is not None and slot.process.poll() is not None:
                     self._reap(slot)
+            if self.config_error:
+                log.error("giving up: a worker refused its settings (its error is above); not retried")
+                return 1
             if self.startup_failures >= STARTUP_ATTEMPTS:
                 log.error(
                     "giving up: workers failed to start %d times in a row (their errors are above)",
@@ -212,6 +219,7 @@ class Supervisor:
             log.error("worker %d (pid %d) died (%s); restarting it", slot.index, pid, how)
         else:
             self.startup_failures += 1
+            self.config_error = slot.process.returncode == CONFIG_ERROR_EXIT
             log.error("worker %d (pid %d) failed to start (%s)", slot.index, pid, how)
         slot.process, slot.ready = None, False
 

@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from gateway import __version__
-from gateway.cli import build_parser
+from gateway.cli import build_parser, main
 from gateway.config import ConfigError, build_config, parse_duration, parse_hostport
-from tests.gatewayproc import REPO, GatewayProcess
+from tests.gatewayproc import REPO, GatewayProcess, free_port
 
 
 def tsgate(*args, cwd=None):
@@ -32,6 +32,13 @@ def test_defaults():
     assert config.http == ("0.0.0.0", 8080)
     assert config.store_url == "sqlite:///tsgate-data/tsgate.db"
     assert config.slot_width == 3_600_000
+
+
+def test_http_connections_outlive_the_idle_time_of_prometheus_clients():
+    """The server closing an idle keep-alive connection as Prometheus reuses it fails a remote
+    write (``Failed to send batch ... EOF``): its client keeps idle connections 5 min, so the
+    gateway keeps them longer and the client always closes first."""
+    assert config_from().http_idle_timeout > 5 * 60_000
 
 
 def test_file_then_flags(tmp_path):
@@ -102,3 +109,102 @@ def test_passwords_never_reach_the_log():
     assert redact("cassandra://me:secret@h1,h2/ks?password=x&tls=1") == "cassandra://me:***@h1,h2/ks?password=***&tls=1"
     assert redact("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
     assert redact("cassandra://h:9042/ks") == "cassandra://h:9042/ks"
+
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    """``tsgate *argv`` in this process: its exit code and its stderr."""
+    try:
+        code = main(list(argv))
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["serve", "--htpp", "127.0.0.1:8080"], "tsgate serve: unrecognized argument --htpp (did you mean --http?)"),
+        (["serve", "--stor=sqlite:///x.db"], "tsgate serve: unrecognized argument --stor (did you mean --store?)"),
+        (
+            ["dev", "redis", "--lisen", "6379"],
+            "tsgate dev redis: unrecognized argument --lisen (did you mean --listen?)",
+        ),
+        (["serve", "--workers", "two"], "tsgate serve: --workers: 'two' must be a positive whole number or auto"),
+        (["serve", "--max-tags", "many"], "tsgate serve: --max-tags: 'many' is not a whole number"),
+        (
+            ["serve", "--store", "postgres://db/x"],
+            "tsgate serve: --store: 'postgres://db/x': unknown scheme 'postgres'",
+        ),
+        (["schema", "apply", "--workers", "2"], "tsgate schema: unrecognized argument --workers"),
+    ],
+)
+def test_cli_mistakes_get_one_line_naming_the_flag(capsys, argv, message):
+    """Typos get a suggestion, abbreviations are refused (not silently taken for the flag),
+    values are checked by the flag's own words; one line, exit 2."""
+    code, err = run_cli(capsys, *argv)
+    assert code == 2 and err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_mistyped_command_gets_a_suggestion(capsys):
+    code, err = run_cli(capsys, "schema", "aply")
+    assert code == 2 and err.startswith("tsgate schema: argument action: invalid choice: 'aply'")
+    assert "(did you mean apply?)" in err and err.count("\n") == 1
+
+
+def test_a_mistyped_config_key_gets_a_suggestion(tmp_path):
+    path = tmp_path / "tsgate.toml"
+    path.write_text("max-tag = 5\n")
+    with pytest.raises(ConfigError, match=r"unknown setting 'max-tag' \(did you mean max-tags\?\)"):
+        config_from("--config", str(path))
+
+
+def test_each_command_lists_only_its_own_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["schema", "apply", "--help"])
+    schema_help = capsys.readouterr().out
+    assert "--store" in schema_help and "--slot-width" in schema_help
+    assert "--http" not in schema_help and "--workers" not in schema_help and "--max-tags" not in schema_help
+    with pytest.raises(SystemExit):
+        main(["downsample", "--help"])
+    assert "--redis" in capsys.readouterr().out
+
+
+def test_dev_servers_take_host_port_like_serve():
+    parse = build_parser().parse_args
+    assert parse(["dev", "cassandra", "--listen", "127.0.0.1:9042"]).listen == 9042
+    assert parse(["dev", "redis", "--listen", ":6379"]).listen == 6379
+    assert parse(["dev", "redis", "--port", "6379"]).port == 6379  # the old form still works
+    with pytest.raises(SystemExit):
+        parse(["dev", "redis", "--listen", "10.1.2.3:6379"])
+
+
+@pytest.mark.slow
+def test_schema_apply_where_nothing_listens_is_one_line_and_exit_1():
+    result = tsgate("schema", "apply", "--store", f"cassandra://127.0.0.1:{free_port()}/tsdb")
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("tsgate schema apply: cannot reach Cassandra (127.0.0.1:") and "is it running?" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "command",
+    [["serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--workers", "1"], ["downsample", "--once"]],
+)
+def test_an_unreachable_store_is_one_line_without_driver_tracebacks(command):
+    result = tsgate(*command, "--store", f"cassandra://127.0.0.1:{free_port()}/tsdb")
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "cassandra.cluster" not in result.stderr
+    assert "could not start: cannot reach Cassandra" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_worker_refusing_its_settings_is_not_retried(tmp_path):
+    schemas = tmp_path / "storage-schemas.conf"
+    schemas.write_text("[everything]\npattern = .*\n")  # no retentions: refused when the gateway is built
+    result = tsgate(
+        "serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--workers", "2",
+        "--data-dir", str(tmp_path), "--graphite-storage-schemas", str(schemas),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.count("failed to start (exit code 2)") == 1
+    assert "giving up: a worker refused its settings" in result.stderr

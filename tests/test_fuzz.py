@@ -1,12 +1,14 @@
 """Seeded fuzzing, bounded in time: every parser in protocols/ raises only its documented error
 types on random and mutated input, and no query parameter of any GET endpoint (nor a remote read
-body) of a real ``tsgate serve`` makes it answer 5xx.
+body, nor a PromQL query, mutated or built from templates over series of extreme values and native
+histograms, with hostile times, steps and timeouts) of a real ``tsgate serve`` makes it answer 5xx.
 
 The same seed gives the same inputs on every run; each part stops early at its time budget, so
-the whole file stays well under a minute.
+the whole file stays under a minute and a half.
 """
 
 import json
+import math
 import pickle
 import random
 import struct
@@ -26,6 +28,8 @@ from protocols.prometheus import Matcher, Query, Series
 from protocols.timespec import BadTime, parse_time
 from tests.gatewayproc import GatewayProcess
 from tests.test_graphite_ingest_e2e import send_tcp, wait_for
+from tests.test_histograms_e2e import at
+from tests.test_prometheus_protocol import VALID_HISTOGRAMS
 
 SEED = 20261123
 PARSER_ROUNDS = 3000  # mutations of each parser's seeds
@@ -33,6 +37,7 @@ PARSER_BUDGET_S = 12
 # seconds of each HTTP part: the sweep of every GET parameter with every hostile value (about
 # 4,500 requests, under 20 s here) then random mixes until its time is up; random targets; reads
 GET_BUDGET_S, TARGET_BUDGET_S, READ_BUDGET_S = 30, 12, 5
+MAP_REDUCE_BUDGET_S = 8  # reduceSeries(mapSeries(...)) compositions
 NOW_MS = 1_795_000_000_000
 
 HOSTILE_TEXT = [
@@ -413,6 +418,39 @@ def random_target(rng: random.Random, catalog: dict, depth: int = 0) -> str:
     return f"{name}({', '.join(arguments)})"
 
 
+MAP_SOURCES = [
+    "a.b.*",
+    "a.*.*",
+    "a.b.{c,d}",
+    "seriesByTag('name=cpu')",
+    "nothing.here",
+    "time('t', 60)",
+    "aliasSub(a.b.*, 'b', '%s')" % ("9" * 5000),
+    "aliasByNode(a.b.*, 2)",
+    "group(a.b.c, a.b.c)",
+    "sumSeries(a.b.*)",
+]
+MAP_NODES = ["0", "1", "2", "-1", "-99", "99", "99999999999999999999", "'host'", "'name'", "''", "1.5", "inf"]
+MATCHERS = ["'c'", "'d'", "'e'", "'b'", "'a'", "'t'", "'web1'", "''", "'9'", "1"]
+REDUCE_FUNCTIONS = ["sumSeries", "diffSeries", "asPercent", "divideSeries", "group", "sortByName", "mapSeries"]
+REDUCE_OUTER = ["{}", "sortByName({}, true)", "aliasByNode({}, 0, 2)", "sumSeries({})", "highest({})", "mapSeries({})"]
+
+
+def random_map_reduce_target(rng: random.Random, catalog: dict, depth: int = 0) -> str:
+    """reduceSeries over mapSeries with odd nodes, matchers and reduce functions, nested and wrapped."""
+    source = rng.choice(MAP_SOURCES)
+    if depth < 1 and rng.random() < 0.3:
+        source = random_map_reduce_target(rng, catalog, depth + 1)
+    mapped = f"mapSeries({source}, {', '.join(rng.sample(MAP_NODES, rng.randint(0, 2)))})"
+    if rng.random() < 0.1:
+        mapped = mapped.replace(", )", ")")
+    function = rng.choice(REDUCE_FUNCTIONS if rng.random() < 0.7 else sorted(catalog))
+    matchers = rng.sample(MATCHERS, rng.randint(0, 3))
+    arguments = [mapped, repr(function), rng.choice(MAP_NODES), *matchers]
+    reduced = f"reduceSeries({', '.join(arguments)})"
+    return rng.choice(REDUCE_OUTER).format(reduced)
+
+
 def test_no_get_parameter_gets_a_5xx(gateway):
     rng = random.Random(SEED)
     deadline = time.monotonic() + GET_BUDGET_S
@@ -469,6 +507,28 @@ def test_random_render_targets_get_no_5xx(gateway):
     assert not failures, f"{len(failures)} of {sent} targets answered 5xx:\n" + "\n".join(failures[:30])
 
 
+def test_map_reduce_compositions_get_no_5xx(gateway):
+    """Groups missing a matcher, nodes out of range, reduce functions that take no series lists,
+    lists of lists where a series is due: an answer or a 400, as graphite-web would fail with a 500."""
+    rng = random.Random(SEED + 3)
+    catalog = gateway.get("/functions").json()
+    deadline = time.monotonic() + MAP_REDUCE_BUDGET_S
+    failures, statuses = [], []
+    while time.monotonic() < deadline:
+        params = {"target": random_map_reduce_target(rng, catalog), "from": "-10min", "format": "json"}
+        answer = gateway.post(
+            "/render",
+            urllib.parse.urlencode(params).encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            timeout=20,
+        )
+        statuses.append(answer.status)
+        if answer.status >= 500:
+            failures.append(f"POST /render {params} -> {answer.status} {answer.body[:200]!r}")
+    assert len(statuses) > 30 and statuses.count(200) > 5 and statuses.count(400) > 5, statuses
+    assert not failures, f"{len(failures)} of {len(statuses)} targets answered 5xx:\n" + "\n".join(failures[:30])
+
+
 def test_hostile_remote_reads_get_no_5xx(gateway):
     rng = random.Random(SEED + 2)
     times = [-(2**63), 2**63 - 1, 0, -1, NOW_MS, int(time.time() * 1000), 10**18]
@@ -503,3 +563,176 @@ def test_hostile_remote_reads_get_no_5xx(gateway):
         if answer.status >= 500:
             failures.append(f"remote read {query} {accepted} -> {answer.status} {answer.body[:200]!r}")
     assert not failures, "\n".join(failures[:30])
+
+
+# PromQL: mutated valid queries and hostile parameters over series with extreme values.
+
+PROMQL_TENANT = "promql-fuzz"
+EXTREME_VALUES = [1e308, -1e308, math.nan, math.inf, -math.inf, 0.0, -0.0, 5e-324, 1.5, -2.0]
+PROMQL_NUMBERS = ["0", "1", "-1", "0.5", "2", "1e308", "-1e308", "NaN", "Inf", "-Inf", "1e-320", "100000", "0x10"]
+PROMQL_DURATIONS = ["1s", "15s", "1m", "5m", "1h", "1d", "0s", "1ms"]
+PROMQL_SELECTORS = [
+    "x",
+    'x{k="a"}',
+    'x{k=~"a|b"}',
+    'x{k!~"c.*"}',
+    "c_total",
+    "h_bucket",
+    "nh",
+    '{__name__=~"x|nh"}',
+    '{__name__=~".+"}',
+    "nope",
+]
+PROMQL_TEMPLATES = [
+    "{v}",
+    "{f}({v})",
+    "{r}({s}[{d}])",
+    "{r}({v}[1m:{sd}])",
+    "{a}({v})",
+    "{a} by (k) ({v})",
+    "{a} without (k) ({v})",
+    "topk({n}, {v})",
+    "bottomk({n}, {v})",
+    "quantile({n}, {v})",
+    'count_values("v", {v})',
+    "{v} {op} {v}",
+    "{v} {op} {n}",
+    "{n} {op} {v}",
+    "{v} {op} on(k) group_left {v}",
+    "{v} {op} ignoring(k) group_right {v}",
+    "{v} {cmp} {n}",
+    "{v} {cmp} bool {v}",
+    "{v} and {v}",
+    "{v} or {v}",
+    "{v} unless on() {v}",
+    "histogram_quantile({n}, {v})",
+    "histogram_fraction({n}, {n}, {v})",
+    "{s} @ {t}",
+    "{s} offset {d}",
+    "{s} offset -{d}",
+    "clamp({v}, {n}, {n})",
+    "clamp_min({v}, {n})",
+    "round({v}, {n})",
+    'label_replace({v}, "a", "$1", "k", "(.*)")',
+    'label_join({v}, "a", "-", "k", "__name__")',
+    "predict_linear({s}[{d}], {n})",
+    "holt_winters({s}[{d}], {n}, {n})",
+    "quantile_over_time({n}, {s}[{d}])",
+    "absent({v})",
+    "absent_over_time({s}[{d}])",
+    "scalar({v})",
+    "vector({n})",
+    "sort_desc({v})",
+    "timestamp({v})",
+    "-{v}",
+    "({v})",
+]
+PROMQL_FUNCTIONS = [
+    "abs", "ceil", "floor", "exp", "sqrt", "ln", "log2", "log10", "sgn", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "deg", "rad", "histogram_count", "histogram_sum",
+    "histogram_avg", "histogram_stddev", "histogram_stdvar", "year", "month", "day_of_week", "hour", "minute",
+]  # fmt: skip
+PROMQL_RANGE_FUNCTIONS = [
+    "rate", "irate", "increase", "delta", "idelta", "deriv", "changes", "resets", "avg_over_time",
+    "min_over_time", "max_over_time", "sum_over_time", "count_over_time", "stddev_over_time",
+    "stdvar_over_time", "last_over_time", "present_over_time",
+]  # fmt: skip
+PROMQL_AGGREGATIONS = ["sum", "avg", "min", "max", "count", "group", "stddev", "stdvar"]
+PROMQL_TIMES = ["0", "-1", "1e10", "9999999999", "nan", "inf", "-1e300", "1.5", "2026-01-01T00:00:00Z", "x"]
+PROMQL_BUDGET_S = 25
+
+
+def random_promql(rng: random.Random, depth: int = 0) -> str:
+    """A query from a template, its holes filled with selectors, extreme numbers, durations,
+    functions and (two levels deep at most) other random queries."""
+    template = rng.choice(PROMQL_TEMPLATES)
+    nested = depth < 2 and rng.random() < 0.3
+    fields = {
+        "s": lambda: rng.choice(PROMQL_SELECTORS),
+        "v": lambda: random_promql(rng, depth + 1) if nested else rng.choice(PROMQL_SELECTORS),
+        "n": lambda: rng.choice(PROMQL_NUMBERS) if not nested or rng.random() < 0.8 else random_promql(rng, depth + 1),
+        "d": lambda: rng.choice(PROMQL_DURATIONS),
+        "sd": lambda: rng.choice(["1s", "15s", "1m", ""]),
+        "t": lambda: rng.choice(["start()", "end()", "0", "1e9", "9.99e10", str(int(time.time())), "-1e308"]),
+        "f": lambda: rng.choice(PROMQL_FUNCTIONS),
+        "r": lambda: rng.choice(PROMQL_RANGE_FUNCTIONS),
+        "a": lambda: rng.choice(PROMQL_AGGREGATIONS),
+        "op": lambda: rng.choice(["+", "-", "*", "/", "%", "^", "atan2"]),
+        "cmp": lambda: rng.choice(["==", "!=", ">", "<", ">=", "<="]),
+    }
+    out, rest = [], template
+    while "{" in rest:
+        before, _, after = rest.partition("{")
+        name, _, rest = after.partition("}")
+        out.append(before + fields[name]())
+    return "".join(out) + rest
+
+
+@pytest.fixture(scope="module")
+def promql_series(gateway):
+    """Floats of every extreme kind, a counter that resets, classic buckets and native histograms
+    of every valid shape, over the last 10 minutes (a tenant of their own)."""
+    now = int(time.time()) * 1000
+    times = [now - 600_000 + i * 15_000 for i in range(41)]
+    series = [
+        Series(
+            {"__name__": "x", "k": key},
+            [(t, EXTREME_VALUES[(i + shift) % len(EXTREME_VALUES)]) for i, t in enumerate(times)],
+        )
+        for shift, key in enumerate("abcdef")
+    ]
+    series.append(Series({"__name__": "c_total"}, [(t, float(i % 13)) for i, t in enumerate(times)]))
+    series += [
+        Series({"__name__": "h_bucket", "le": le}, [(t, count * i) for i, t in enumerate(times)])
+        for le, count in (("0.1", 1.0), ("1", 1e308), ("+Inf", math.inf))
+    ]
+    kinds = [
+        VALID_HISTOGRAMS[kind]
+        for kind in ("integer", "float", "empty", "negative only", "custom buckets", "schema -4", "schema 8")
+    ]
+    series += [
+        Series({"__name__": "nh", "k": str(n)}, histograms=[at(data, t) for t in times]) for n, data in enumerate(kinds)
+    ]
+    answer = gateway.post(
+        "/api/v1/write",
+        prometheus.encode_write_request_v1(series),
+        headers={
+            "X-Scope-OrgID": PROMQL_TENANT,
+            "Content-Encoding": "snappy",
+            "Content-Type": "application/x-protobuf",
+        },
+    )
+    assert answer.status == 204, answer.body
+    return now
+
+
+def test_random_promql_queries_and_parameters_get_no_5xx(gateway, promql_series):
+    rng = random.Random(SEED + 3)
+    deadline = time.monotonic() + PROMQL_BUDGET_S
+    headers = {"X-Scope-OrgID": PROMQL_TENANT}
+    failures, sent, answered = [], 0, 0
+    now = promql_series / 1000
+    while time.monotonic() < deadline:
+        query = random_promql(rng)
+        if rng.random() < 0.15:
+            query = mutate(rng, query.encode()).decode("utf-8", "replace")
+        if rng.random() < 0.5:
+            params = {"query": query, "time": str(now) if rng.random() < 0.8 else rng.choice(PROMQL_TIMES)}
+            path = "/api/v1/query"
+        else:
+            start = now - rng.choice([60, 600, 3600])
+            params = {"query": query, "start": str(start), "end": str(now), "step": rng.choice(["15", "60", "1m", "7"])}
+            if rng.random() < 0.2:
+                params[rng.choice(["start", "end", "step"])] = rng.choice(PROMQL_TIMES)
+            path = "/api/v1/query_range"
+        if rng.random() < 0.1:
+            params["timeout"] = rng.choice(["nan", "inf", "1e300", "-1", "0", "1ms", "x", "30s"])
+        answer = gateway.get(f"{path}?{urllib.parse.urlencode(params)}", headers=headers, timeout=30)
+        sent += 1
+        answered += answer.status == 200
+        # a timeout of 1 ms or less answers 503 timeout, as Prometheus does
+        timed_out = answer.status == 503 and params.get("timeout") in ("-1", "0", "1ms")
+        if answer.status >= 500 and not timed_out:
+            failures.append(f"GET {path} {params} -> {answer.status} {answer.body[:200]!r}")
+    assert sent > 100 and answered > sent // 5, (sent, answered)
+    assert not failures, f"{len(failures)} of {sent} PromQL requests answered 5xx:\n" + "\n".join(failures[:30])

@@ -315,6 +315,14 @@ CASES = {
     "weightedAverage": case("weightedAverage(servers.*.cpu.user,servers.*.cpu.system,1)"),
     "group": case("group(servers.web2.cpu.user,servers.web1.cpu.user)"),
     "mapSeries-reduceSeries": case(f"reduceSeries(mapSeries({CPU},1),'asPercent',3,'user','system')"),
+    "mapSeries-reduceSeries-diffSeries": case(f"reduceSeries(mapSeries({CPU},1),'diffSeries',3,'user','system')"),
+    "mapSeries-reduceSeries-divideSeries": case(f"reduce(map({CPU},1),'divideSeries',3,'system','user')"),
+    "mapSeries-no-nodes": case(f"reduceSeries(mapSeries({WEB_USER}),'sumSeries',1,'web1','web3')"),
+    "reduceSeries-no-matchers": case(f"reduceSeries(mapSeries({CPU},1),'sumSeries',3)"),
+    "reduceSeries-missing-matcher": case("reduceSeries(mapSeries(servers.*.*.*,1),'diffSeries',3,'user','bytes')"),
+    "reduceSeries-node-out-of-range": case(
+        "reduceSeries(mapSeries(time('t',60),99999999999999999999),'sumSeries',1,'t')"
+    ),
     "add": case("add(servers.web1.cpu.user,-2.5)"),
     "exp": case("exp(scale(servers.web1.cpu.system,0.1))"),
     "log": case("log(servers.web3.cpu.user,10)"),
@@ -352,6 +360,13 @@ CASES = {
     "removeBelowPercentile": case("removeBelowPercentile(servers.web2.cpu.user,20)"),
     "mostDeviant": case(f"mostDeviant({CPU},2)"),
     "highest": case(f"highest({CPU},2,'sum')"),
+    "highest-defaults": case(f"highest({CPU})"),
+    "lowest-defaults": case(f"lowest({CPU})"),
+    "highest-func-keyword": case(f"highest({CPU},func='max')"),
+    "sumSeries-no-arguments": case("sumSeries()"),
+    "averageSeries-no-arguments": case("averageSeries()"),
+    "aliasByNode-no-nodes": case(f"aliasByNode({WEB_USER})"),
+    "sortByName-natural-long-number": case(f"sortByName(aliasSub({WEB_USER},'web','{'9' * 5000}'),true)"),
     "lowest": case(f"lowest({CPU},2,'last')"),
     "filterSeries": case(f"filterSeries({CPU},'max','>',60)"),
     "useSeriesAbove": case("useSeriesAbove(servers.{web1,web3,db1}.cpu.user,60,'user','system')"),
@@ -463,6 +478,25 @@ def _check_series_keyword(ours: list, reference: dict, graphite_web: dict) -> No
     assert_same_render(ours, json.loads(graphite_web["keyword-window-positional"]["body"]))
 
 
+def _check_reduce_leaves_out_incomplete_groups(ours: list, reference: dict, graphite_web: dict) -> None:
+    _fails_with(reference, "AttributeError")  # diffSeries of [user] and [None]
+    assert ours == []  # no host has cpu.user and cpu.bytes under one prefix
+
+
+def _check_reduce_node_out_of_range(ours: list, reference: dict, graphite_web: dict) -> None:
+    _fails_with(reference, "IndexError")
+    assert ours == []  # the series 't' has no node 1 to match
+
+
+def _check_natural_sort_of_long_numbers(ours: list, reference: dict, graphite_web: dict) -> None:
+    _fails_with(reference, "Exceeds the limit (4300 digits)")
+    prefix = "servers." + "9" * 5000
+    assert [s["target"] for s in ours] == [prefix + f"{i}.cpu.user" for i in (1, 2, 3)]
+    for series in ours:
+        original = series["target"].replace("9" * 5000, "web")
+        assert [v for v, _ in series["datapoints"]] == _window(original)
+
+
 # case id -> (why tsgate answers differently from graphite-web 1.1.8, a check of tsgate's answer)
 KNOWN_DIFFERENCES: dict[str, tuple[str, object]] = {
     "groupByTags-missing-tag": (
@@ -480,6 +514,21 @@ KNOWN_DIFFERENCES: dict[str, tuple[str, object]] = {
         "graphite-web 1.1.8 takes max() over values with None and fails with a TypeError (500); later "
         "graphite-web skips such series; tsgate compares the maximum of the non-null values.",
         _check_use_series_above_gaps,
+    ),
+    "reduceSeries-missing-matcher": (
+        "graphite-web 1.1.8 passes None for the missing series to the reduce function and fails (500); "
+        "tsgate leaves out a group that lacks a series for one of the matchers, as carbonapi does.",
+        _check_reduce_leaves_out_incomplete_groups,
+    ),
+    "reduceSeries-node-out-of-range": (
+        "graphite-web 1.1.8 indexes the name's nodes with reduceNode unchecked (IndexError, a 500); tsgate "
+        "leaves out series that have no such node.",
+        _check_reduce_node_out_of_range,
+    ),
+    "sortByName-natural-long-number": (
+        "graphite-web 1.1.8 converts each run of digits with int(), which Python refuses beyond 4300 digits "
+        "(ValueError, a 500); tsgate pads the digits as text and sorts as graphite-web would without the limit.",
+        _check_natural_sort_of_long_numbers,
     ),
     "keyword-window": (
         "graphite-web 1.1.8's grammar takes only scalars as keyword arguments: it parses the leading "

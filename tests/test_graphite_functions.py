@@ -488,6 +488,25 @@ def test_highest_and_lowest():
         evaluate("highestCurrent(a.*.c, 1.5)")
 
 
+def test_highest_and_lowest_default_to_one_series_by_average_as_graphite_web():
+    # graphite-web 1.1.8 does not enforce "n" as required: the function's own default n=1 applies
+    assert names("highest(a.*.c)") == ["a.x.c"]
+    assert names("lowest(a.*.c)") == ["a.b.c"]
+    assert names("highest(group(a.b.c, counter.c), func='min')") == ["a.b.c"]
+
+
+def test_required_varargs_left_out_answer_as_graphite_web():
+    for aggregator in ("sumSeries", "sum", "averageSeries", "diffSeries", "multiplySeries", "stddevSeries"):
+        assert evaluate(f"{aggregator}()") == []
+    assert evaluate("powSeries()") == [] and evaluate("unique()") == []
+    assert names("aliasByNode(a.*.c)") == ["", ""]
+    assert names("aliasByTags(seriesByTag('name=cpu', 'dc=b'))") == [""]
+    with pytest.raises(RenderError, match="no tags specified"):  # graphite-web answers 400 too
+        evaluate("groupByTags(a.b.c, 'sum')")
+    with pytest.raises(RenderError, match='Missing required parameter "factor"'):  # no default: still refused
+        evaluate("scale(a.b.c)")
+
+
 def test_value_filters():
     assert names("currentAbove(a.*.c, 10)") == ["a.x.c"]
     assert names("currentBelow(a.*.c, 6)") == ["a.b.c"]
@@ -508,6 +527,42 @@ def test_limit_exclude_grep_sorting():
     assert names("sortByTotal(group(a.b.c, a.x.c))") == ["a.x.c", "a.b.c"]
     assert names("unique(a.b.c, a.*.c)") == ["a.b.c", "a.x.c"]
     assert names("fallbackSeries(no.such, a.b.c)") == ["a.b.c"]
+
+
+def test_sort_by_name_naturally_with_thousands_of_digits():
+    long = "9" * 5000  # graphite-web's int() of it exceeds Python's digit limit (a 500)
+    target = f"sortByName(group(alias(a.b.c, 's{long}'), alias(a.x.c, 's10'), alias(slow.s, 's009x')), true)"
+    assert names(target) == ["s009x", "s10", f"s{long}"]
+    assert names(target.replace("true)", "true, true)")) == [f"s{long}", "s10", "s009x"]
+
+
+# Map and reduce
+
+
+def test_map_series_groups_by_nodes_for_reduce_series():
+    (ratio,) = evaluate("reduceSeries(mapSeries(a.*.c, 0), 'divideSeries', 1, 'b', 'x')")
+    assert ratio.name == "a.reduce.divideSeries"
+    assert values(ratio) == approx([0.1, 0.1, N, N, 0.1, 0.1])
+    (total,) = evaluate("reduceSeries(mapSeries(a.*.c), 'sumSeries', -2, 'x', 'b')")  # no nodes: one group
+    assert total.name == "a.reduce.sumSeries"
+    assert values(total) == [11.0, 22.0, 30.0, 4.0, 55.0, 66.0]
+
+
+def test_reduce_series_leaves_out_groups_missing_a_matcher():
+    # s.b.c has no 'x' sibling: graphite-web 1.1.8 passes None to diffSeries and answers 500
+    target = "reduceSeries(mapSeries(group(a.*.c, alias(slow.s, 's.b.c')), 0), 'diffSeries', 1, 'b', 'x')"
+    (difference,) = evaluate(target)
+    assert difference.name == "a.reduce.diffSeries"
+    assert values(difference) == values(single("diffSeries(a.b.c, a.x.c)"))
+    assert evaluate("reduceSeries(mapSeries(a.*.c, 0), 'diffSeries', 1, 'b', 'nosuch')") == []
+    assert evaluate("reduceSeries(mapSeries(a.*.c, 0), 'sumSeries', 1)") == []  # no matchers at all
+
+
+def test_reduce_series_skips_series_without_the_reduce_node():
+    huge = "99999999999999999999"  # IndexError "cannot fit 'int'" in graphite-web, once a 500 here
+    assert evaluate(f"reduceSeries(mapSeries(time('t', 60), {huge}), 'sumSeries', 1, 'x')") == []
+    assert evaluate(f"reduceSeries(mapSeries(a.*.c, 0), 'sumSeries', {huge}, 'b')") == []
+    assert evaluate("reduceSeries(mapSeries(a.*.c, 0), 'sumSeries', -9, 'b')") == []
 
 
 # Alias
@@ -564,6 +619,19 @@ def test_styling_functions_record_options():
         ("groupByNode(a.b.c, 1, 'nope')", "Invalid option"),
         ("exclude(a.b.c, '(')", "invalid regular expression"),
         ("scale(1, 2)", 'Invalid "seriesList" value'),
+        ("aliasByNode(a.b.c, nodes=1)", '"nodes" of function "aliasByNode" is given by position only'),
+        ("mapSeries(a.*.c, mapNodes=0)", "given by position only"),
+        # reduce functions that cannot take one series per matcher: graphite-web calls them anyway
+        # and fails with a TypeError (a 500); messages name the series, never all their values
+        ("reduceSeries(mapSeries(a.*.c, 0), 'scale', 1, 'b', 'x')", 'Invalid "float" value'),
+        ("reduceSeries(mapSeries(a.*.c, 0), 'alias', 1, 'b')", 'Missing required parameter "newName"'),
+        ("reduceSeries(mapSeries(a.*.c, 0), 'absolute', 1, 'b', 'x')", "Too many parameters"),
+        ("reduceSeries(mapSeries(a.*.c, 0), 'mapSeries', 1, 'b')", "does not reduce series to a series"),
+        ("reduceSeries(mapSeries(a.*.c, 0), 'reduceSeries', 1, 'b', 'x')", 'Invalid "seriesLists" value'),
+        ("reduceSeries(mapSeries(a.*.c, 0), 'movingAverage', 1, 'b')", "Unsupported reduce function"),
+        ("reduceSeries(a.*.c, 'sumSeries', 1, 'b')", "[the series 'a.b.c', the series 'a.x.c']"),
+        ("mapSeries(mapSeries(a.*.c, 0), 1)", "[[the series 'a.b.c', the series 'a.x.c']]"),
+        ("sumSeries(mapSeries(a.*.c, 0))", 'Invalid "seriesList" value'),
     ],
 )
 def test_user_errors_are_render_errors(target, message):
@@ -613,3 +681,4 @@ def test_every_registered_function_has_valid_params():
         }, name
         multiple = [param for param in function.params if param.multiple]
         assert not multiple or function.params[-1].multiple, name
+        assert len(function.python_parameters) == len(function.params), name  # validate() pairs them

@@ -92,17 +92,44 @@ def test_the_client_order_of_response_types_decides_with_histograms_too(gateway,
         assert stored(response) == [[({"__name__": "h"}, [(t - 1, 2.0)], [at(HISTOGRAM, t).data])]]
 
 
-def test_invalid_or_too_old_histograms_are_400_naming_them(start_gateway, backend_args, tenant):
-    """An invalid histogram refuses the whole request (Prometheus's bad_count_histogram case);
-    one outside the accepted window is refused alone, the header counting what was stored."""
+def test_invalid_histograms_are_refused_and_counted_the_data_beside_them_written(start_gateway, backend_args, tenant):
+    """An invalid histogram (Prometheus's bad_count_histogram case), one with a negative zero
+    threshold and one of a million buckets are refused one by one, before their buckets are read;
+    the 400 names each; the sample of their series and the good series beside them are written."""
+    gateway = start_gateway(*backend_args, "--max-native-histogram-buckets", "160")
+    t = now_ms() - 1000
+    bad_count = Histogram(t, histogram(count=5, timestamp=t))
+    negative_threshold = Histogram(t + 1, histogram(zero_threshold=-1.0, timestamp=t + 1))
+    million = histogram(
+        count=10**6, zero_count=0, positive=((0, 10**6),), deltas=(1,) + (0,) * (10**6 - 1), timestamp=t
+    )
+    answer = write(
+        gateway,
+        tenant,
+        [
+            Series({"__name__": "bad"}, [(t, 1.0)], histograms=[bad_count, negative_threshold]),
+            Series({"__name__": "huge"}, histograms=[Histogram(t, million)]),
+            Series({"__name__": "good"}, histograms=[at(HISTOGRAM, t)]),
+        ],
+        version=2,
+    )
+    assert answer.status == 400, answer.body
+    assert answer.body.startswith(b"3 of 4 native histograms rejected: series 0: invalid native histogram at ")
+    assert b"3 observations found in buckets, but the count is 5" in answer.body
+    assert b"the zero threshold must be a number >= 0, not -1.0" in answer.body
+    assert f"series 1: invalid native histogram at {t}: 1000000 buckets, over the limit of 160".encode() in answer.body
+    assert answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "1"
+    assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "1"
+    (found,) = stored(read_samples(gateway, tenant, [Query(t - 1, t + 1, [Matcher("RE", "__name__", ".+")])]))
+    assert found == [({"__name__": "bad"}, [(t, 1.0)], []), ({"__name__": "good"}, [], [at(HISTOGRAM, t).data])]
+    metrics = gateway.get("/metrics").body.decode()
+    assert 'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="invalid_histogram"} 2.0' in metrics
+    assert 'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="too_many_buckets"} 1.0' in metrics
+
+
+def test_a_too_old_histogram_is_refused_alone(start_gateway, backend_args, tenant):
     gateway = start_gateway(*backend_args, "--max-sample-age", "1d")
     t = now_ms() - 1000
-    bad = Histogram(t, histogram(count=5, timestamp=t))
-    answer = write(gateway, tenant, [Series({"__name__": "bad"}, [(t, 1.0)], histograms=[bad])], version=2)
-    assert answer.status == 400 and b"series 0: invalid native histogram at" in answer.body
-    assert b"3 observations found in buckets, but the count is 5" in answer.body
-    assert stored(read_samples(gateway, tenant, [Query(t, t, [Matcher("EQ", "__name__", "bad")])])) == [[]]
-
     answer = write(
         gateway, tenant, [Series({"__name__": "late"}, histograms=[at(HISTOGRAM, t), at(HISTOGRAM, 1000)])], version=2
     )

@@ -4,8 +4,12 @@ query past the raw retention reading counter roll-ups (with a warning saying so)
 import time
 import urllib.parse
 
+import orjson
 import pytest
+import pytest_twisted
+from twisted.web.test.requesthelper import DummyRequest
 
+from gateway.http.promql_api import prometheus_errors
 from gateway.store.layout import HOUR_MS
 from protocols.prometheus import Series
 from tests.gatewayproc import downsample_once
@@ -86,6 +90,80 @@ def test_errors_have_prometheus_status_and_type(loaded, tenant, path, params, st
     assert answer.status == status, answer.body
     if kind:
         assert answer.json()["status"] == "error" and answer.json()["errorType"] == kind
+
+
+# Issue 20: 500s before, Prometheus 2.42's answers now (one gateway for all of them).
+EDGE_CASES = [
+    ("/api/v1/query", {"query": "nope + nope2"}, 200, None),
+    ("/api/v1/query", {"query": "sum(nope) / sum(nope2)"}, 200, None),
+    ("/api/v1/query", {"query": "u * on(x) group_left p"}, 200, None),
+    ("/api/v1/query", {"query": "cos(u > p)"}, 200, None),
+    ("/api/v1/query_range", {"query": "sum(nope + nope2)", "start": "0", "end": "60", "step": "15"}, 200, None),
+    ("/api/v1/query", {"query": "jobs_total", "timeout": "nan"}, 400, "bad_data"),
+    ("/api/v1/query", {"query": "jobs_total", "timeout": "inf"}, 400, "bad_data"),
+    ("/api/v1/query", {"query": "jobs_total", "timeout": "1e300"}, 400, "bad_data"),
+    ("/api/v1/query", {"query": "jobs_total @ 9223372036854775807"}, 400, "bad_data"),
+    ("/api/v1/query", {"query": "jobs_total @ -1e308"}, 400, "bad_data"),
+    ("/api/v1/query", {"query": "jobs_total @ 1e15"}, 400, "bad_data"),
+    ("/api/v1/query", {"query": "jobs_total @ -1e15"}, 400, "bad_data"),
+    ("/api/v1/query", {"query": 'up{job=~"x{1001}"}'}, 400, "bad_data"),
+    ("/api/v1/query", {"query": 'label_replace(jobs_total, "a", "b", "job", "(")'}, 422, "execution"),
+    ("/api/v1/query", {"query": 'label_replace(jobs_total, "1a", "b", "job", "x")'}, 422, "execution"),
+    ("/api/v1/query", {"query": "sum(count_over_time({job=~'.+'}[10m])) + sum(abs(-{job='api'}))"}, 200, None),
+    ("/api/v1/metadata", {"limit": "x"}, 400, "bad_data"),
+]
+
+
+def test_edge_queries_answer_prometheus_status_and_type(loaded, tenant):
+    gateway, _ = loaded
+    for path, params, status, kind in EDGE_CASES:
+        answer = promql(gateway, tenant, path, **params)
+        assert answer.status == status, (path, params, answer.body)
+        assert answer.json()["status"] == ("error" if kind else "success")
+        assert kind is None or answer.json()["errorType"] == kind
+
+
+def test_an_empty_operation_answers_an_empty_vector_and_absent_of_it_one(loaded, tenant):
+    gateway, now = loaded
+    for query, result in (
+        ("nope / nope2", []),
+        ("absent(nope * on() nope2)", [{"metric": {}, "value": [now / 1000, "1"]}]),
+    ):
+        answer = promql(gateway, tenant, "/api/v1/query", query=query, time=now / 1000)
+        assert answer.status == 200 and answer.json()["data"] == {"resultType": "vector", "result": result}
+
+
+def test_a_name_dropped_by_a_range_function_leaves_the_same_label_set_twice(start_gateway, tenant):
+    """Two series that differ only by their name, summed over a range function: Prometheus 2.42
+    refuses it (422), as sum(count_over_time({job="prometheus"}[10m])) over its own metrics."""
+    gateway = start_gateway()
+    now = int(time.time()) * 1000
+    remote_write(
+        gateway,
+        tenant,
+        [Series({"__name__": name, "job": "x"}, [(now - 60_000, 1.0), (now, 2.0)]) for name in ("first", "second")],
+    )
+    answer = promql(gateway, tenant, "/api/v1/query", query='sum(count_over_time({job="x"}[10m]))', time=now / 1000)
+    assert answer.status == 422 and answer.json() == {
+        "status": "error",
+        "errorType": "execution",
+        "error": "vector cannot contain metrics with the same labelset",
+    }
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unexpected_error_answers_500_in_prometheus_envelope():
+    """A bug still answers Prometheus's envelope, so Grafana shows the message (not raw JSON)."""
+
+    async def broken(request):
+        raise RuntimeError("a bug")
+
+    answer = await prometheus_errors(broken)(DummyRequest([b"api", b"v1", b"query"]))
+    assert answer.status == 500 and orjson.loads(answer.body) == {
+        "status": "error",
+        "errorType": "internal",
+        "error": "internal error; see the gateway log",
+    }
 
 
 def test_the_samples_limit_is_an_execution_error(start_gateway, tenant):

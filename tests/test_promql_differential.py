@@ -495,12 +495,29 @@ def difference(expected: dict, got: dict, ordered: bool) -> str | None:
         return f"series differ: missing {missing[:3]}, extra {extra[:3]}, order {[dict(labels) for labels, _ in yours][:4]}"
     for (labels, points), (_, their_points) in zip(mine, yours):
         if not same_points(points, their_points):
-            first = next(
-                (i for i, pair in enumerate(zip(points, their_points)) if not same_points([pair[0]], [pair[1]])),
-                min(len(points), len(their_points)),
-            )
-            return f"{dict(labels)}: {len(their_points)} points instead of {len(points)}; at #{first} expected {points[first : first + 2]} got {their_points[first : first + 2]}"
+            return f"{dict(labels)}: {points_difference(points, their_points)}"
     return None
+
+
+def points_difference(expected: list, got: list) -> str:
+    """Which points differ: timestamps only one side has, and values that differ (at most 5 of each)."""
+    theirs = {round(t * 1000): v for t, v in got}
+    mine = {round(t * 1000): v for t, v in expected}
+    missing = sorted(mine.keys() - theirs.keys())
+    extra = sorted(theirs.keys() - mine.keys())
+    values = [
+        (t / 1000, mine[t], theirs[t])
+        for t in sorted(mine.keys() & theirs.keys())
+        if not same_value(mine[t], theirs[t])
+    ]
+    parts = [f"{len(got)} points where Prometheus has {len(expected)}"]
+    if missing:
+        parts.append(f"missing at {[t / 1000 for t in missing[:5]]}")
+    if extra:
+        parts.append(f"extra at {[t / 1000 for t in extra[:5]]}")
+    if values:
+        parts.append(f"{len(values)} values differ, (time, expected, got): {values[:5]}")
+    return "; ".join(parts)
 
 
 def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters, tmp_path, tenant):

@@ -3,18 +3,24 @@ task.Clock, so pausing, resuming, backing off and dropping are counted exactly w
 
 import threading
 
+import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
+from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
+from gateway.connections import Connections
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.graphite.listeners import GraphiteIngest, PlaintextDatagramProtocol
+from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries
 from gateway.model import Limits, Sample, now_ms, series_set_hash, series_set_text
+from protocols.graphite import REJECT_REASONS, http_request_line
 from tests.unit import until
+
+REASONS = sorted(REJECT_REASONS)
 
 
 def counter(name: str, **labels) -> float:
@@ -191,3 +197,34 @@ async def test_a_backlog_over_the_tenant_rate_waits_instead_of_spinning(sqlite_s
         await until(lambda: ingest._writing == 0)
         clock.advance(1)
     assert await stored(sqlite_store, tenant, "spin") == 15
+
+
+@pytest.mark.parametrize("factory_class", [PlaintextFactory, PickleFactory])
+def test_http_on_a_carbon_port_is_one_reject_one_log_line_and_a_close(sqlite_store, tenant, factory_class, caplog):
+    """Prometheus pointed at port 2003 (or 2004): one http_request reject and a log line that
+    says what happened, a 400 the client can show, the connection closed; no line rejects."""
+    ingest = GraphiteIngest(pipeline_on(sqlite_store), clock=Clock())
+    factory = factory_class(ingest, tenant, 16384, Connections(10), None)
+    protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 50000))
+    protocol.makeConnection(transport)
+    name = protocol.protocol_name
+    before = {reason: counter("tsgate_samples_rejected_total", protocol=name, reason=reason) for reason in REASONS}
+    protocol.dataReceived(b"POST /api/v1/write HTTP/1.1\r\nHost: 127.0.0.1:2003\r\nContent-Length: 9000\r\n\r\n")
+    protocol.dataReceived(b"\xff" * 9000)
+    added = {r: counter("tsgate_samples_rejected_total", protocol=name, reason=r) - before[r] for r in REASONS}
+    assert added == {reason: (1 if reason == "http_request" else 0) for reason in REASONS}
+    assert transport.value().startswith(b"HTTP/1.1 400 Bad Request\r\n") and transport.disconnecting
+    (line,) = [record.getMessage() for record in caplog.records if "http_request" in record.getMessage()]
+    assert "this looks like HTTP on the carbon port (b'POST /api/v1/write HTTP/1.1')" in line
+    assert ingest.pending == 0
+
+
+def test_a_carbon_line_is_not_taken_for_http(sqlite_store, tenant):
+    assert http_request_line(b"GET.requests.count 3 1700000000\n") is None
+    assert http_request_line(b"POST /x HTTP/1.0\r\n") == "b'POST /x HTTP/1.0'"
+    ingest = GraphiteIngest(pipeline_on(sqlite_store), clock=Clock())
+    protocol = PlaintextFactory(ingest, tenant, 16384, Connections(10), None).buildProtocol(None)
+    protocol.makeConnection(StringTransport())
+    protocol.dataReceived(b"GET requests 3 1700000000\n")  # three fields: a sample named GET
+    assert ingest.pending == 0 and not protocol.refused_http

@@ -13,6 +13,7 @@ from gateway.promql.service import PromQLService
 from gateway.promql.values import PromQLError
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.remote_read import RemoteRead
+from gateway.store.contract import MetricMetadata
 from protocols.prometheus import Matcher
 from protocols.prometheus.read import Query
 from tests.test_prometheus_protocol import histogram
@@ -106,3 +107,24 @@ async def test_promql_label_lookups_use_prometheus_names(sqlite_store, tenant, w
     service = promql(sqlite_store)
     assert await service.label_values(tenant, "host", ["requests_total"]) == ["a", "b", "c"]
     assert "host" in await service.label_names(tenant, [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_metadata_lists_histogram_and_summary_families_and_limits_on_families(sqlite_store, tenant):
+    """Remote write carries a histogram's metadata under its family name (``lat``), which none of
+    its series bears (``lat_bucket``, ``lat_sum``, ``lat_count``); ``limit`` counts families found."""
+    pipeline = IngestPipeline(sqlite_store, Limits(), KnownSeries(1000), 1_000_000)
+    t = now_ms() - MINUTE
+    names = ["lat_bucket", "lat_sum", "lat_count", "rpc", "rpc_sum", "rpc_count", "jobs_total", "no_metadata"]
+    names += [f"g{i}" for i in range(5)]
+    assert not (await pipeline.ingest("prometheus", [Sample(tenant, name, {}, t, 1.0) for name in names])).rejected
+    families = {"lat": "histogram", "rpc": "summary", "jobs_total": "counter", **{f"g{i}": "gauge" for i in range(5)}}
+    await pipeline.ingest_metric_metadata(
+        [MetricMetadata(tenant, name, kind, f"{name} help", "") for name, kind in families.items()]
+    )
+    service = remote_read(sqlite_store)
+    rows = await service.metadata(tenant, None, None)
+    assert {row.metric_name: row.type for row in rows} == families
+    for limit in (1, 3, 5, 8):
+        assert len(await service.metadata(tenant, None, limit)) == limit
+    assert [row.type for row in await service.metadata(tenant, "lat", None)] == ["histogram"]

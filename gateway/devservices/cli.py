@@ -13,6 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from gateway.config import parse_hostport
 from gateway.devservices.cassandra import CassandraServer, ensure_cassandra_jars
 from gateway.devservices.redis import RedisServer
 
@@ -24,28 +25,53 @@ def register(subparsers) -> None:
 
     cassandra = commands.add_parser("cassandra", help="run a single-node Cassandra until interrupted")
     cassandra.add_argument("--dir", type=Path, help="data directory, kept afterwards (default: a temporary one)")
-    cassandra.add_argument("--port", type=int, help="CQL native port (default: a free port)")
+    _add_listen(cassandra, "CQL native protocol address", 9042)
     cassandra.add_argument("--heap", default="1G", help="JVM heap, -Xms and -Xmx (default: 1G)")
     cassandra.set_defaults(func=run_cassandra)
 
     redis = commands.add_parser("redis", help="run redis-server until interrupted")
     redis.add_argument("--dir", type=Path, help="working directory, kept afterwards (default: a temporary one)")
-    redis.add_argument("--port", type=int, help="port (default: a free port)")
+    _add_listen(redis, "address", 6379)
     redis.set_defaults(func=run_redis)
 
     fetch = commands.add_parser("fetch-cassandra", help="only download the Cassandra jars into the cache")
     fetch.set_defaults(func=fetch_cassandra)
 
 
+def _add_listen(parser: argparse.ArgumentParser, what: str, usual_port: int) -> None:
+    """``--listen HOST:PORT`` as ``tsgate serve --http`` takes it; ``--port N`` still works."""
+    parser.add_argument(
+        "--listen",
+        type=_loopback_port,
+        help=f"{what}, e.g. 127.0.0.1:{usual_port}; the host is always 127.0.0.1 (default: a free port)",
+    )
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+
+
+def _loopback_port(text: str) -> int:
+    """The port of a ``HOST:PORT`` whose host is 127.0.0.1 (or left out): dev servers are local."""
+    try:
+        host, port = parse_hostport(text if ":" in text else f":{text}")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT or PORT") from None
+    if host not in ("0.0.0.0", "127.0.0.1", "localhost"):
+        raise argparse.ArgumentTypeError(f"{text!r}: development servers listen on 127.0.0.1 only")
+    return port
+
+
+def _port(args: argparse.Namespace) -> int | None:
+    return args.listen if args.listen is not None else args.port
+
+
 def run_cassandra(args: argparse.Namespace) -> int:
     with _workdir(args.dir, "cassandra") as workdir:
-        server = CassandraServer(workdir, native_port=args.port, heap=args.heap)
+        server = CassandraServer(workdir, native_port=_port(args), heap=args.heap)
         return _serve(server, "cassandra", f"{server.host}:{server.port}")
 
 
 def run_redis(args: argparse.Namespace) -> int:
     with _workdir(args.dir, "redis") as workdir:
-        server = RedisServer(workdir, port=args.port)
+        server = RedisServer(workdir, port=_port(args))
         return _serve(server, "redis", server.url)
 
 

@@ -26,6 +26,7 @@ from gateway.ingest import IngestPipeline, Overloaded
 from gateway.limits import RateLimited
 from gateway.model import Sample, now_ms
 from gateway.store import StoreUnavailable
+from protocols.graphite import HTTP_REQUEST, http_request_line
 from protocols.graphite.pickle import PickleDecoder
 from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 
@@ -224,12 +225,16 @@ class GraphiteIngest:
 class _StreamProtocol(Protocol, TimeoutMixin):
     """A TCP connection feeding one incremental decoder into GraphiteIngest.
 
-    Counted in the gateway's connection cap; closed after ``idle_timeout_s`` without data (not
-    while reading is paused for backpressure: then the silence is the gateway's own doing).
+    Counted in the gateway's connection cap; closed after ``idle_timeout_s`` without a complete
+    line or frame (not while reading is paused for backpressure: then the silence is the
+    gateway's own doing). Only complete lines and frames count: bytes of one that never ends,
+    however they trickle, keep neither the timeout nor the connection cap away.
     """
 
     protocol_name = ""
-    evictable = True  # until the first bytes arrive: a socket that sent nothing (see gateway.connections)
+    evictable = True  # until a first line or frame is decoded (see gateway.connections)
+    silent = True  # until the first bytes arrive
+    refused_http = False
 
     def __init__(
         self, ingest: GraphiteIngest, tenant: str, decoder, connections: Connections, idle_timeout_s: float | None
@@ -252,16 +257,40 @@ class _StreamProtocol(Protocol, TimeoutMixin):
         return self.protocol_name
 
     def dataReceived(self, data: bytes):
-        self._touched()
+        if self._refused_http(data):
+            return
         self._submit(self.decoder.feed(data, now_ms()))
 
-    def _touched(self) -> None:
-        """Bytes arrived: the connection is not idle (its timeout, the connection cap)."""
-        self.resetTimeout()
-        self.evictable = False
+    def _refused_http(self, data: bytes) -> bool:
+        """An HTTP client on a carbon port (a wrong port in prometheus.yml) is told so once, in
+        the log and in a 400 it can show, and disconnected: not decoded into a stream of line
+        rejects. True from then on: the rest of its request is ignored until the close."""
+        if self.refused_http:
+            return True
+        first_bytes, self.silent = self.silent, False
+        request_line = http_request_line(data) if first_bytes else None
+        if request_line is None:
+            return False
+        self.refused_http = True
+        metrics.SAMPLES_REJECTED.labels(self.protocol_name, HTTP_REQUEST).inc()
+        self.ingest.reject_log.log(
+            self.protocol_name,
+            HTTP_REQUEST,
+            f"this looks like HTTP on the carbon port ({request_line}); send HTTP (Prometheus remote_write,"
+            " the APIs) to the HTTP port (--http), and carbon lines or pickle frames here; closing the connection",
+            self.peer,
+        )
+        body = f"this is tsgate's {self.protocol_name} port, not HTTP; use the HTTP port (--http)\n".encode()
+        head = f"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+        self.transport.write(head.encode() + b"Connection: close\r\n\r\n" + body)
+        self.transport.loseConnection()
+        return True
 
     def _submit(self, decoded) -> None:
         samples, rejects = decoded
+        if samples or rejects:  # a line or frame was complete: the connection is in use
+            self.resetTimeout()
+            self.evictable = False
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
         tenant = self.tenant
@@ -274,7 +303,7 @@ class _StreamProtocol(Protocol, TimeoutMixin):
             self.resetTimeout()
             return
         log.info(
-            "%s: closing the connection from %s, idle for %ds (--carbon-idle-timeout)",
+            "%s: closing the connection from %s, no complete line or frame for %ds (--carbon-idle-timeout)",
             self.protocol_name,
             self.peer,
             self.idle_timeout_s,
@@ -316,7 +345,8 @@ class PickleProtocol(_StreamProtocol):
         self._lost = False
 
     def dataReceived(self, data: bytes):
-        self._touched()
+        if self._refused_http(data):
+            return
         self._received.append(data)
         if not self._decoding:
             self._decode()

@@ -59,9 +59,18 @@ def _timezone(name: str | None):
         raise HTTPError(400, f"unknown time zone {name!r}", field="tz") from None
 
 
+def _jsonp_callback(request) -> str | None:
+    """The ``jsonp`` parameter, which must be a JavaScript identifier path (400 otherwise):
+    graphite-web echoes any text, which lets a link inject script or headers."""
+    callback = arg(request, "jsonp")
+    if callback and not render_formats.is_jsonp_callback(callback):
+        raise HTTPError(400, f"jsonp {callback[:80]!r} is not a JavaScript name such as cb or ns.cb", field="jsonp")
+    return callback or None
+
+
 def _jsonp(request, document) -> Response:
     """graphite-web wraps any JSON answer in ``callback(...)`` when ``jsonp`` is given."""
-    callback = arg(request, "jsonp")
+    callback = _jsonp_callback(request)
     if not callback:
         return json_response(200, document)
     body = f"{callback}({json.dumps(document)})".encode()
@@ -191,7 +200,7 @@ class GraphiteAPI:
         # Encoding a large answer takes a while (a day of 100 series at 10 s is 17 MB of JSON): in a thread.
         if form == "json":
             no_nulls = arg(request, "noNullPoints", "false").lower() in ("1", "true")
-            callback = arg(request, "jsonp")
+            callback = _jsonp_callback(request)
             body = await threads.deferToThread(_consolidated_json, series_list, max_points, no_nulls, callback)
             return Response(200, body, render_formats.CONTENT_TYPES["jsonp" if callback else "json"])
         encode = {

@@ -2,10 +2,10 @@
 requests decoded here, written by the ingest pipeline, read by gateway/remote_read.py.
 
 Status codes follow the specs: 204 once the store has accepted everything; 400 for a
-malformed request or rejected samples (the good ones are written; Prometheus does not retry
-4xx); 413 for a body, or a decompressed body, over its limit; 415 for a content type or
-encoding we do not speak; 429 with Retry-After over a tenant limit; 503 when the store cannot
-take the write (Prometheus retries 5xx). docs/prometheus.rst has the details and the name
+malformed request or rejected samples or native histograms (the good ones are written;
+Prometheus does not retry 4xx); 413 for a body, or a decompressed body, over its limit; 415
+for a content type or encoding we do not speak; 429 with Retry-After over a tenant limit; 503
+when the store cannot take the write (Prometheus retries 5xx). docs/prometheus.rst has the details and the name
 mapping for Graphite series.
 """
 
@@ -15,6 +15,7 @@ from twisted.internet import threads
 from twisted.web import server
 
 from gateway.created import CreatedTimestamps, name_and_tags
+from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
@@ -58,8 +59,10 @@ class PrometheusAPI:
         max_decompressed_bytes: int,
         max_samples_per_query: int,
         created_timestamp_zero_ingestion: bool = False,
+        max_histogram_buckets: int = 0,
     ):
         self.pipeline = pipeline
+        self.max_histogram_buckets = max_histogram_buckets
         self.remote_read = RemoteRead(store, planner, max_samples_per_query)
         self.max_decompressed_bytes = max_decompressed_bytes
         self.created = CreatedTimestamps(store, pipeline, planner.reader, created_timestamp_zero_ingestion)
@@ -68,10 +71,11 @@ class PrometheusAPI:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
         router.add("/api/v1/push", ("POST",), "remote_write", self.write, role="ingest")
         router.add("/api/v1/read", ("POST",), "remote_read", self.read, role="query")
-        router.add("/api/v1/metadata", ("GET",), "metadata", self.metadata, role="query")
+        router.add("/api/v1/metadata", ("GET",), "metadata", prometheus_errors(self.metadata), role="query")
 
     async def metadata(self, request) -> Response:
-        """Prometheus's metadata API: one ``metric``, or every metric of the tenant (up to ``limit``)."""
+        """Prometheus's metadata API: one ``metric``, or every metric family of the tenant (up to
+        ``limit`` of them), in Prometheus's envelope."""
         tenant = request_tenant(request)
         metric = arg(request, "metric")
         limit = arg(request, "limit")
@@ -91,10 +95,13 @@ class PrometheusAPI:
                 _header(request, b"content-type"),
                 _header(request, b"content-encoding"),
                 self.max_decompressed_bytes,
+                self.max_histogram_buckets,
             )
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
             raise HTTPError(error.status, error.message) from None
+        for refused in batch.rejected_histograms:
+            self.pipeline.count_rejected_histograms("prometheus", refused.reason)
         samples, histograms, exemplars = [], [], []
         for series in batch.series:
             name, tags = name_and_tags(series)
@@ -116,16 +123,16 @@ class PrometheusAPI:
             if batch.version == 2
             else {}
         )
+        refused = [r.problem for r in batch.rejected_histograms]
         parts = (
-            ("samples", result, samples),
-            ("native histograms", native, histograms),
-            ("exemplars", stored, exemplars),
+            ("samples", len(samples), _described(result)),
+            ("native histograms", len(histograms) + len(refused), refused + _described(native)),
+            ("exemplars", len(exemplars), _described(stored)),
         )
         problems = [
-            f"{len(outcome.rejected)} of {len(sent)} {kind} rejected: "
-            + "; ".join(f"{r.field}: {r.problem}" for r in outcome.rejected[:MAX_REPORTED_REJECTS])
-            for kind, outcome, sent in parts
-            if outcome.rejected
+            f"{len(found)} of {sent} {kind} rejected: " + "; ".join(found[:MAX_REPORTED_REJECTS])
+            for kind, sent, found in parts
+            if found
         ]
         if problems:
             message = f"{'; '.join(problems)}; the others were written"
@@ -167,6 +174,10 @@ class PrometheusAPI:
                     frames = await threads.deferToThread(_series_frames, index, labels, found, native)
                 for frame in frames:
                     yield frame
+
+
+def _described(outcome) -> list[str]:
+    return [f"{r.field}: {r.problem}" for r in outcome.rejected]
 
 
 def _series_frames(index: int, labels: dict[str, str], found, native) -> list[bytes]:

@@ -3,6 +3,7 @@ here, answered by gateway/promql/service.py, encoded here. Envelopes, status cod
 Prometheus's: 400 bad_data, 422 execution, 503 timeout/unavailable. docs/promql.rst has the
 details and the deliberate differences."""
 
+import logging
 import math
 import time
 from datetime import UTC, datetime
@@ -10,19 +11,23 @@ from datetime import UTC, datetime
 import numpy as np
 import orjson
 import promql_parser
-from twisted.internet import threads
+from twisted.internet import defer, threads
 
 from gateway import __version__
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
-from gateway.promql.engine import Query, format_value
+from gateway.ingest import Overloaded
+from gateway.limits import RateLimited
+from gateway.promql.engine import Query, format_value, parser_call
 from gateway.promql.service import PromQLService
 from gateway.promql.values import PromQLError, RangeVector, Scalar, String
 from gateway.query import QueryTooLarge
 from gateway.store import StoreUnavailable
 from protocols.linear_regex import BadPattern
 
+log = logging.getLogger(__name__)
+
 MAX_POINTS_PER_SERIES = 11_000
-_ERROR_STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503}
+_ERROR_STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503, "internal": 500}
 
 
 def _answer(data) -> Response:
@@ -33,19 +38,21 @@ def _error(kind: str, message: str) -> Response:
     return Response(_ERROR_STATUS[kind], orjson.dumps({"status": "error", "errorType": kind, "error": message}))
 
 
-def _seconds_ms(text: str) -> int | None:
+def _seconds_ms(text: str, name: str, what: str) -> int | None:
     """Epoch or duration seconds (fractions allowed) as milliseconds; None when ``text`` is not
-    a finite number of a sane size."""
+    a number; bad_data for a number that is not finite or not of a sane size (NaN, 1e300)."""
     try:
         seconds = float(text)
     except ValueError:
         return None
-    return round(seconds * 1000) if math.isfinite(seconds) and abs(seconds) < 1e13 else None
+    if not (math.isfinite(seconds) and abs(seconds) < 1e13):
+        raise PromQLError(f'invalid parameter "{name}": cannot parse "{text}" to a valid {what}', "bad_data")
+    return round(seconds * 1000)
 
 
 def parse_time(text: str, name: str) -> int:
     """Epoch seconds (fractions allowed) or RFC 3339, as Prometheus takes them; milliseconds."""
-    found = _seconds_ms(text)
+    found = _seconds_ms(text, name, "timestamp")
     if found is None:
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
@@ -59,15 +66,50 @@ def parse_time(text: str, name: str) -> int:
 
 def parse_step(text: str, name: str) -> int:
     """Seconds (fractions allowed) or a Prometheus duration (``15s``, ``1m30s``); milliseconds."""
-    found = _seconds_ms(text)
+    found = _seconds_ms(text, name, "duration")
     if found is None:
         try:
-            found = round(promql_parser.parse_duration(text).total_seconds() * 1000)
+            found = round(parser_call(promql_parser.parse_duration, text).total_seconds() * 1000)
         except (ValueError, TypeError, OverflowError):
             raise PromQLError(
                 f'invalid parameter "{name}": cannot parse "{text}" to a valid duration', "bad_data"
             ) from None
     return found
+
+
+def prometheus_errors(handler):
+    """Prometheus's error envelope for what the engine, the planner and the store raise, a bug
+    (500, logged) included: Grafana reads ``error`` from it whatever the status."""
+
+    async def call(request, *rest):
+        try:
+            return await handler(request, *rest)
+        except Exception as raised:
+            error = raised
+            while isinstance(error, defer.FirstError):  # gatherResults wraps the first failure
+                error = error.subFailure.value
+            if isinstance(error, (RateLimited, Overloaded)) or (
+                isinstance(error, HTTPError) and error.status in (401, 403)
+            ):
+                raise  # the server's 401/403/429/503 answers, with their headers
+            return _error_answer(error, request)
+
+    return call
+
+
+def _error_answer(error: Exception, request) -> Response:
+    if isinstance(error, PromQLError):
+        return _error(error.kind, str(error))
+    if isinstance(error, QueryTooLarge):
+        return _error("execution", str(error))
+    if isinstance(error, BadPattern):
+        return _error("bad_data", str(error))
+    if isinstance(error, HTTPError):
+        return _error("bad_data", error.message)
+    if isinstance(error, StoreUnavailable):
+        return _error("unavailable", f"the store cannot answer now: {error}")
+    log.error("error answering %s", request.uri, exc_info=error)
+    return _error("internal", "internal error; see the gateway log")
 
 
 class PromQLAPI:
@@ -76,37 +118,15 @@ class PromQLAPI:
 
     def register(self, router: Router) -> None:
         both = ("GET", "POST")
-        router.add("/api/v1/query", both, "promql_query", self._guarded(self.query), role="query")
-        router.add("/api/v1/query_range", both, "promql_query_range", self._guarded(self.query_range), role="query")
-        router.add("/api/v1/series", both, "promql_series", self._guarded(self.series), role="query")
-        router.add("/api/v1/labels", both, "promql_labels", self._guarded(self.labels), role="query")
+        router.add("/api/v1/query", both, "promql_query", prometheus_errors(self.query), role="query")
+        router.add("/api/v1/query_range", both, "promql_query_range", prometheus_errors(self.query_range), role="query")
+        router.add("/api/v1/series", both, "promql_series", prometheus_errors(self.series), role="query")
+        router.add("/api/v1/labels", both, "promql_labels", prometheus_errors(self.labels), role="query")
         router.add_prefix(
-            "/api/v1/label/", ("GET",), "promql_label_values", self._guarded(self.label_values), role="query"
+            "/api/v1/label/", ("GET",), "promql_label_values", prometheus_errors(self.label_values), role="query"
         )
         router.add("/api/v1/status/buildinfo", ("GET",), "promql_buildinfo", self.buildinfo, role="query")
-        router.add("/api/v1/query_exemplars", both, "promql_exemplars", self._guarded(self.exemplars), role="query")
-
-    @staticmethod
-    def _guarded(handler):
-        """Prometheus's error envelope for what the engine, the planner and the store raise."""
-
-        async def call(request, *rest):
-            try:
-                return await handler(request, *rest)
-            except PromQLError as error:
-                return _error(error.kind, str(error))
-            except QueryTooLarge as error:
-                return _error("execution", str(error))
-            except BadPattern as error:
-                return _error("bad_data", str(error))
-            except HTTPError as error:
-                if error.status in (401, 403):
-                    raise
-                return _error("bad_data", error.message)
-            except StoreUnavailable as error:
-                return _error("unavailable", f"the store cannot answer now: {error}")
-
-        return call
+        router.add("/api/v1/query_exemplars", both, "promql_exemplars", prometheus_errors(self.exemplars), role="query")
 
     # -- queries ------------------------------------------------------------------------------
 

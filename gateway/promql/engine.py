@@ -6,6 +6,7 @@ included); the service fetches those series through the read path; then ``Evalua
 the expression over numpy arrays, off the reactor, checking the query's deadline between nodes.
 """
 
+import json
 import math
 import time
 from collections import defaultdict
@@ -15,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import promql_parser
 
-from gateway.promql.functions import FUNCTIONS
+from gateway.promql.functions import _LABEL_NAME, FUNCTIONS
 from gateway.promql.range_functions import quantiles
 from gateway.promql.values import (
     NAME,
@@ -31,6 +32,7 @@ from gateway.promql.values import (
     merge_same_labels,
     stacked,
 )
+from protocols.linear_regex import BadPattern, compile_regex
 from protocols.prometheus.native_histogram import IncompatibleBuckets
 from protocols.prometheus.read import Matcher
 
@@ -60,11 +62,87 @@ class Query(NamedTuple):
     lookback_ms: int
 
 
-def parse(text: str):
+def parser_call(function, *args):
+    """``function(*args)`` of promql-parser, its Rust panics on values out of range (pyo3's
+    PanicException, a BaseException) raised as ValueError."""
     try:
-        return promql_parser.parse(text)
-    except (ValueError, TypeError) as error:
+        return function(*args)
+    except (Exception, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as error:
+        raise ValueError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
+
+
+def parse(text: str):
+    """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
+    and offsets out of range, regular expressions RE2 does not take."""
+    try:
+        expr = parser_call(promql_parser.parse, _raw_strings_quoted(text))
+        for node in _nodes(expr):
+            _check_node(node)
+    except (ValueError, TypeError, OverflowError) as error:
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
+    return expr
+
+
+def _nodes(expr):
+    yield expr
+    kind = type(expr).__name__
+    if kind == "MatrixSelector":
+        yield expr.vector_selector
+    elif kind == "SubqueryExpr":
+        yield from _nodes(expr.expr)
+    for child in _children(expr):
+        yield from _nodes(child)
+
+
+def _check_node(node) -> None:
+    """Reads what evaluation reads of a selector or subquery, so that what promql-parser cannot
+    hand over (an ``@`` before 1970 or past year 9999, a huge offset) is a parse error here."""
+    if type(node).__name__ not in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
+        return
+    for name in ("offset", "range", "step"):
+        parser_call(getattr, node, name, None)
+    at = parser_call(getattr, node, "at", None)
+    if at is not None and not str(at.type).endswith(("Start", "End")):
+        try:
+            parser_call(lambda: at.at.timestamp())
+        except (ValueError, OverflowError):
+            raise ValueError("timestamp out of bounds for @ modifier (tsgate takes 1970 to 9999)") from None
+    if type(node).__name__ == "VectorSelector":
+        for matcher in node.matchers.matchers:
+            if str(matcher.op) in ("MatchOp.Re", "MatchOp.NotRe"):
+                try:
+                    compile_regex(matcher.value, dot_nl=True)
+                except BadPattern as error:
+                    raise ValueError(f"error parsing regexp: {error}") from None
+
+
+def _raw_strings_quoted(text: str) -> str:
+    """``text`` with each backtick string as the double-quoted string of the same value: PromQL
+    keeps a backtick string's backslashes as they are (a regex such as \\d+), where promql-parser
+    reads them as escapes and refuses \\d."""
+    if "`" not in text:
+        return text
+    out, index = [], 0
+    while index < len(text):
+        char = text[index]
+        if char in "\"'":
+            end = index + 1
+            while end < len(text) and text[end] != char:
+                end += 2 if text[end] == "\\" else 1
+        elif char == "#":  # a comment, to the end of the line
+            end = text.find("\n", index)
+            end = (len(text) if end < 0 else end) - 1
+        elif char == "`" and (end := text.find("`", index + 1)) > 0:
+            out.append(json.dumps(text[index + 1 : end], ensure_ascii=False))
+            index = end + 1
+            continue
+        else:
+            end = index
+        out.append(text[index : end + 1])
+        index = end + 1
+    return "".join(out)
 
 
 def _ms(delta) -> int:
@@ -188,24 +266,26 @@ class Evaluator:
             return String(expr.val)
         if kind == "ParenExpr":
             return self.evaluate(expr.expr, times_ms)
-        if kind == "UnaryExpr":
-            value = self.evaluate(expr.expr, times_ms)
-            if isinstance(value, Scalar):
-                return Scalar(-value.values)
-            return value.with_values(-value.values)
         if kind == "VectorSelector":
             return self._instant(expr, ctx)
         if kind == "MatrixSelector":
             return self._range(expr, ctx)
         if kind == "SubqueryExpr":
             return self._subquery(expr, ctx)
-        if kind == "Call":
-            return self._call(expr, ctx)
         if kind == "AggregateExpr":
             return self._aggregate(expr, ctx)
-        if kind == "BinaryExpr":
-            return self._binary(expr, ctx)
-        raise PromQLError(f"unsupported expression {expr}", "bad_data")
+        if kind == "UnaryExpr":
+            value = self.evaluate(expr.expr, times_ms)
+            value = Scalar(-value.values) if isinstance(value, Scalar) else value.with_values(-value.values)
+        elif kind == "Call":
+            value = self._call(expr, ctx)
+        elif kind == "BinaryExpr":
+            value = self._binary(expr, ctx)
+        else:
+            raise PromQLError(f"unsupported expression {expr}", "bad_data")
+        # Prometheus checks every step of these nodes' results for rows that became the same
+        # label set (a dropped name, label_replace): an error where two hold a sample at one step.
+        return merge_same_labels(value) if isinstance(value, Vector) else value
 
     def _refs(self, selector, ctx: Context) -> np.ndarray:
         at = _at_ms(selector, self.query)
@@ -324,7 +404,10 @@ class Evaluator:
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
         args = [self.evaluate(arg, ctx.times_ms) for arg in call.args]
-        return function(ctx, args, call)
+        value = function(ctx, args, call)
+        if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
+            _refuse_same_labels(value)
+        return value
 
     # -- aggregations -----------------------------------------------------------------------
 
@@ -336,23 +419,25 @@ class Evaluator:
         grouping = list(modifier.labels) if modifier is not None else []
         without = modifier is not None and str(modifier.type).endswith("Without")
         if op == "count_values":
+            if not _LABEL_NAME.match(param.value):
+                raise PromQLError(f"invalid label name {param.value!r}")
             return _count_values(vector, param.value, grouping, without, ctx)
         group_of, group_labels = _groups(vector.labels, grouping, without)
         if op in ("topk", "bottomk"):
+            _check_k(param.values)
             return _top(vector, param.values, group_of, op)
         count = len(group_labels)
         counted = vector.sampled if op in ("count", "group") else vector.present
         present = np.zeros((count, ctx.steps), dtype=bool)
         np.logical_or.at(present, group_of, counted)
-        values = np.where(vector.present, vector.values, 0.0)
         counts = np.zeros((count, ctx.steps))
         np.add.at(counts, group_of, counted.astype(np.float64))
         with np.errstate(all="ignore"):
-            if op in ("sum", "avg"):
+            if op == "sum":
                 result = np.zeros((count, ctx.steps))
-                np.add.at(result, group_of, values)
-                if op == "avg":
-                    result = result / counts
+                np.add.at(result, group_of, np.where(vector.present, vector.values, 0.0))
+            elif op == "avg":
+                result = _running_mean(vector, group_of, count)
             elif op == "count":
                 result = counts
             elif op == "group":
@@ -363,12 +448,7 @@ class Evaluator:
                     result, group_of, np.where(vector.present, vector.values, np.nan)
                 )
             elif op in ("stddev", "stdvar"):
-                sums = np.zeros((count, ctx.steps))
-                np.add.at(sums, group_of, values)
-                mean = sums / counts
-                squares = np.zeros((count, ctx.steps))
-                np.add.at(squares, group_of, np.where(vector.present, (vector.values - mean[group_of]) ** 2, 0.0))
-                result = squares / counts
+                result = _running_variance(vector, group_of, count)
                 if op == "stddev":
                     result = np.sqrt(result)
             elif op == "quantile":
@@ -401,6 +481,16 @@ class Evaluator:
         if op in _SET_OPERATORS:
             return _set_operation(op, lhs, rhs, modifier)
         return _vector_vector(op, lhs, rhs, modifier, return_bool)
+
+
+def _refuse_same_labels(vector: Vector) -> None:
+    """A range function's result, as Prometheus 2.42 checks it: two of its series with the same
+    label set (series that differed only by their dropped name) are an error, at whatever steps
+    they hold samples."""
+    for rows in (vector.present.any(axis=1), vector.histogram_present.any(axis=1)):
+        keys = [labels_key(labels) for labels, kept in zip(vector.labels, rows) if kept]
+        if len(set(keys)) < len(keys):
+            raise PromQLError("vector cannot contain metrics with the same labelset")
 
 
 def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -541,7 +631,7 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
         many, one, swapped = rhs, lhs, True
     else:
         many, one, swapped = lhs, rhs, False
-    steps = many.values.shape[1] if many.labels else (one.values.shape[1] if one.labels else 0)
+    steps = many.values.shape[1]
     if not many.labels or not one.labels:
         return Vector.empty(steps)
     one_to_one = not (card.endswith("ManyToOne") or card.endswith("OneToMany"))
@@ -640,10 +730,63 @@ def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple
     return group_of, group_labels
 
 
+def _ranks(group_of: np.ndarray) -> list[np.ndarray]:
+    """The rows of every group in input order, rank by rank: the r-th array holds each group's
+    r-th row (at most one per group), so a running update is vectorised across groups and steps
+    while each group still sees its rows in Prometheus's order."""
+    order = np.argsort(group_of, kind="stable")
+    ordered = group_of[order]
+    rank = np.empty(len(group_of), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - np.searchsorted(ordered, ordered, side="left")
+    return [np.flatnonzero(rank == r) for r in range(int(rank.max()) + 1)] if len(rank) else []
+
+
+def _running_mean(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
+    """avg as Prometheus 2.42 computes it: an incremental mean (no sum that could overflow near
+    ±MaxFloat64); once the mean is infinite, finite values and infinities of its sign leave it."""
+    steps = vector.values.shape[1]
+    mean, seen = np.zeros((count, steps)), np.zeros((count, steps))
+    for rows in _ranks(group_of):
+        groups, values, present = group_of[rows], vector.values[rows], vector.present[rows]
+        n = seen[groups] + present
+        old = mean[groups]
+        stays = np.isinf(old) & (np.isfinite(values) | (np.isinf(values) & ((old > 0) == (values > 0))))
+        moved = np.where(n == 1, values, old + (values / n - old / n))
+        mean[groups] = np.where(present & ((n == 1) | ~stays), moved, old)
+        seen[groups] = n
+    return mean
+
+
+def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
+    """stdvar as Prometheus 2.42 computes it: Welford's running update (identical values give
+    exactly 0)."""
+    steps = vector.values.shape[1]
+    mean, squares, seen = np.zeros((count, steps)), np.zeros((count, steps)), np.zeros((count, steps))
+    for rows in _ranks(group_of):
+        groups, values, present = group_of[rows], vector.values[rows], vector.present[rows]
+        n = seen[groups] + present
+        old_mean = mean[groups]
+        delta = values - old_mean
+        new_mean = np.where(n == 1, values, old_mean + delta / n)
+        added = np.where(n == 1, 0.0, delta * (values - new_mean))
+        mean[groups] = np.where(present, new_mean, old_mean)
+        squares[groups] = np.where(present, squares[groups] + added, squares[groups])
+        seen[groups] = n
+    return squares / seen
+
+
+def _check_k(k_values: np.ndarray) -> None:
+    """topk/bottomk's k must fit an int64 at every step (NaN does not), as Prometheus checks."""
+    for k in k_values:
+        if not -(2.0**63) <= k <= 2.0**63:
+            raise PromQLError(f"Scalar value {k:g} overflows int64".replace("nan", "NaN"))
+
+
 def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) -> Vector:
     if not vector.labels:
         return vector
     present = np.zeros_like(vector.present)
+    ranking = np.zeros(len(vector.labels), dtype=np.int64)
     largest = op == "topk"
     for group in np.unique(group_of):
         rows = np.flatnonzero(group_of == group)
@@ -659,7 +802,22 @@ def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) ->
             order = np.lexsort((key[:, step], rank_key[:, step]))
             chosen = [row for row in order[: int(min(k, len(rows)))] if vector.present[rows[row], step]]
             present[rows[chosen], step] = True
-    return Vector(vector.labels, vector.values, present, vector.sample_ms).without_absent()
+            if len(k_values) == 1:
+                ranking[rows[chosen]] = np.arange(len(chosen))
+    chosen_vector = Vector(vector.labels, vector.values, present, vector.sample_ms)
+    if len(k_values) != 1:
+        return chosen_vector.without_absent()
+    # An instant query answers each group's rows in rank order (topk descending, bottomk
+    # ascending, NaN last), the groups in the order they first appear (their numbers), as
+    # Prometheus does.
+    order = np.flatnonzero(present[:, 0])
+    order = order[np.lexsort((ranking[order], group_of[order]))]
+    return Vector(
+        [vector.labels[row] for row in order.tolist()],
+        vector.values[order],
+        present[order],
+        None if vector.sample_ms is None else vector.sample_ms[order],
+    )
 
 
 def _count_values(vector: Vector, label: str, grouping: list[str], without: bool, ctx: Context) -> Vector:

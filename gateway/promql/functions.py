@@ -65,18 +65,21 @@ def _round(ctx, args, call):
         return vector.with_values(np.floor(vector.values * inverse + 0.5) / inverse)
 
 
+# Go's math.Max and math.Min, as Prometheus clamps: a NaN bound (or value) gives NaN.
+
+
 def _clamp(ctx, args, call):
     vector, low, high = args[0], args[1].values, args[2].values
     present = vector.present & ~np.broadcast_to(low > high, vector.present.shape)
-    return vector.with_values(np.fmax(np.fmin(vector.values, high), low), present)
+    return vector.with_values(np.maximum(low, np.minimum(high, vector.values)), present)
 
 
 def _clamp_min(ctx, args, call):
-    return args[0].with_values(np.fmax(args[0].values, args[1].values))
+    return args[0].with_values(np.maximum(args[1].values, args[0].values))
 
 
 def _clamp_max(ctx, args, call):
-    return args[0].with_values(np.fmin(args[0].values, args[1].values))
+    return args[0].with_values(np.minimum(args[1].values, args[0].values))
 
 
 def _time(ctx, args, call):
@@ -206,9 +209,9 @@ def _label_replace(ctx, args, call):
     try:
         regex = compile_regex(f"^(?:{pattern})$", dot_nl=True)
     except BadPattern as error:
-        raise PromQLError(f"label_replace(): {error}", "bad_data") from None
+        raise PromQLError(f"invalid regular expression in label_replace(): {error}") from None
     if not _LABEL_NAME.match(destination):
-        raise PromQLError(f"invalid destination label name in label_replace(): {destination}", "bad_data")
+        raise PromQLError(f"invalid destination label name in label_replace(): {destination}")
 
     def relabel(series):
         match = regex.match(series.get(source, ""))
@@ -221,7 +224,7 @@ def _label_join(ctx, args, call):
     vector, destination, separator = args[0], args[1].value, args[2].value
     sources = [a.value for a in args[3:]]
     if not _LABEL_NAME.match(destination):
-        raise PromQLError(f"invalid destination label name in label_join(): {destination}", "bad_data")
+        raise PromQLError(f"invalid destination label name in label_join(): {destination}")
     return _set_label(vector, destination, lambda series: separator.join(series.get(s, "") for s in sources))
 
 
@@ -274,10 +277,11 @@ def _classic_quantile(ctx, args):
             upper = float(labels["le"])
         except ValueError:
             continue
-        rest = {k: v for k, v in labels.items() if k not in ("le", NAME)}
-        key = labels_key(rest)
+        # grouped by every label but le (the name too), answered without the name: two bucket
+        # families with the same other labels are "the same labelset", as in Prometheus
+        key = labels_key({k: v for k, v in labels.items() if k != "le"})
         groups[key].append((upper, index))
-        group_labels[key] = rest
+        group_labels[key] = {k: v for k, v in labels.items() if k not in ("le", NAME)}
     out_labels, out_values, out_present = [], [], []
     for key, buckets in groups.items():
         buckets.sort()
@@ -392,7 +396,7 @@ FUNCTIONS.update(
         "histogram_sum": _of_histograms(lambda h, a, step: h.sum),
         "histogram_avg": _of_histograms(lambda h, a, step: float(np.divide(h.sum, h.count))),
         "histogram_stdvar": _of_histograms(lambda h, a, step: h.variance()),
-        "histogram_stddev": _of_histograms(lambda h, a, step: math.sqrt(h.variance())),
+        "histogram_stddev": _of_histograms(lambda h, a, step: float(np.sqrt(h.variance()))),
         "histogram_fraction": _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step])),
         "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
         "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),

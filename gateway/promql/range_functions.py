@@ -70,6 +70,21 @@ def _between_samples(values: np.ndarray, amount: np.ndarray, lo: np.ndarray, hi:
     return np.where(hi - lo >= 2, prefix[np.maximum(hi, 1)] - prefix[np.minimum(lo + 1, len(values))], 0.0)
 
 
+def _with_resets(values: np.ndarray, result: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``result`` plus the value before each counter reset inside each window, added one after
+    the other in time order as Prometheus adds them. (A difference of prefix sums would carry the
+    rounding of every earlier reset of the series into the window: the rate would differ from
+    Prometheus's in its last bits, and ceil() of a rate that is a whole number by 1.)"""
+    after_reset = np.flatnonzero(values[1:] < values[:-1]) + 1
+    first, end = np.searchsorted(after_reset, lo + 1), np.searchsorted(after_reset, hi)
+    for k in range(int((end - first).max(initial=0))):
+        index = first + k
+        inside = index < end
+        before = values[after_reset[np.minimum(index, len(after_reset) - 1)] - 1]
+        result = np.where(inside, result + before, result)
+    return result
+
+
 def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> Vector:
     range_s = matrix.range_ms / 1000
 
@@ -82,8 +97,7 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
         first, last = vs[first_i], vs[last_i]
         result = last - first
         if is_counter:
-            drops = np.where(vs[1:] < vs[:-1], vs[:-1], 0.0)
-            result = result + _between_samples(vs, drops, lo, hi)
+            result = _with_resets(vs, result, lo, hi)
         range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
         to_start = (ts[first_i] - range_start) / 1000
         to_end = (range_end - ts[last_i]) / 1000
@@ -219,30 +233,129 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
         if name == "last":
             return series.values[np.maximum(hi - 1, 0)], present
         _, vs, mask = gather(series, lo, hi)
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             if name == "sum":
-                return np.cumsum(np.where(mask, vs, 0.0), axis=1)[:, -1], present
-            if name == "avg":
-                return np.cumsum(np.where(mask, vs, 0.0), axis=1)[:, -1] / count, present
+                return compensated_sum(np.where(mask, vs, 0.0)), present
             if name in ("min", "max"):
                 reduce = np.fmin if name == "min" else np.fmax
                 return reduce.reduce(np.where(mask, vs, np.nan), axis=1), present
-            if name in ("stddev", "stdvar"):
-                mean = np.where(mask, vs, 0.0).sum(axis=1) / count
-                variance = np.where(mask, (vs - mean[:, None]) ** 2, 0.0).sum(axis=1) / count
-                return (np.sqrt(variance) if name == "stddev" else variance), present
             if name == "quantile":
                 return quantiles(np.where(mask, vs, np.inf), count, parameter), present
         raise AssertionError(name)
 
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if name == "avg":
+            return _windowed(matrix, compensated_mean)
+        if name == "stdvar":
+            return _windowed(matrix, compensated_variance)
+        if name == "stddev":
+            return _windowed(matrix, lambda vs, mask: np.sqrt(compensated_variance(vs, mask)))
     stacked = name in ("count", "present", "last")
     return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name == "last")
 
 
+WINDOW_ELEMENTS = 1 << 21  # window samples _windowed reduces at once (a few tens of MB)
+
+
+def _windowed(matrix: RangeVector, reduce) -> Vector:
+    """``reduce(values, mask) -> row values`` over every series' windows, a row per series and
+    step, the windows of as many series as fit in WINDOW_ELEMENTS at once: for the reductions
+    that walk the windows position by position (a numpy call per position, whatever the rows)."""
+    steps = len(matrix.refs)
+    labels, rows, masks = [], [], []
+    batch: list[tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def flush():
+        width = max(vs.shape[1] for _, vs, _, _ in batch)
+        values, mask = np.zeros((len(batch) * steps, width)), np.zeros((len(batch) * steps, width), dtype=bool)
+        for n, (_, vs, window_mask, _) in enumerate(batch):
+            values[n * steps : (n + 1) * steps, : vs.shape[1]] = vs
+            mask[n * steps : (n + 1) * steps, : vs.shape[1]] = window_mask
+        reduced = np.asarray(reduce(values, mask)).reshape(len(batch), steps)
+        for (series_labels, _, _, present), row in zip(batch, reduced):
+            labels.append(drop_metric_name(series_labels))
+            rows.append(row)
+            masks.append(present)
+        batch.clear()
+
+    for series in matrix.series:
+        lo, hi = matrix.windows(series)
+        if not (hi > lo).any():
+            continue
+        _, vs, mask = gather(series, lo, hi)
+        if batch and (len(batch) + 1) * steps * max(vs.shape[1], *(b[1].shape[1] for b in batch)) > WINDOW_ELEMENTS:
+            flush()
+        batch.append((series.labels, vs, mask, hi > lo))
+    if batch:
+        flush()
+    if not rows:
+        return Vector.empty(steps)
+    return Vector(labels, np.vstack(rows), np.vstack(masks))
+
+
+def _kahan_add(increment: np.ndarray, total: np.ndarray, compensation: np.ndarray):
+    """Prometheus's kahanSumInc element-wise: Neumaier's compensated addition."""
+    new_total = total + increment
+    lost = np.where(
+        np.abs(total) >= np.abs(increment), (total - new_total) + increment, (increment - new_total) + total
+    )
+    return new_total, compensation + lost
+
+
+def _where(condition: np.ndarray, chosen: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """np.where, without the copy when every row is chosen (most window positions)."""
+    return chosen if condition.all() else np.where(condition, chosen, other)
+
+
+def compensated_sum(rows: np.ndarray) -> np.ndarray:
+    """sum_over_time as Prometheus 2.42 adds each row (zeros padding its end): Neumaier's
+    running sum, whose running totals are a cumulative sum and whose corrections add up
+    likewise, so no loop is needed; an infinite total is answered as it is."""
+    totals = np.cumsum(rows, axis=1)
+    before = np.concatenate([np.zeros((len(rows), 1)), totals[:, :-1]], axis=1)
+    lost = np.where(np.abs(before) >= np.abs(rows), (before - totals) + rows, (rows - totals) + before)
+    total, compensation = totals[:, -1], np.cumsum(lost, axis=1)[:, -1]
+    return np.where(np.isinf(total), total, total + compensation)
+
+
+def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """avg_over_time as Prometheus 2.42 computes it: an incremental mean with Kahan summation
+    (no sum that could overflow near ±MaxFloat64); once the mean is infinite, finite values and
+    infinities of its sign leave it. Window position by position, all steps at once."""
+    mean, compensation, count = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+    for column in range(rows.shape[1]):
+        value, moves = rows[:, column], mask[:, column]
+        count = count + moves
+        moved, corrected = _kahan_add(value / count - mean / count, mean, compensation)
+        infinite = np.isinf(mean)
+        if infinite.any():
+            moves = moves & ~(infinite & (np.isfinite(value) | (np.isinf(value) & ((mean > 0) == (value > 0)))))
+        mean, compensation = _where(moves, moved, mean), _where(moves, corrected, compensation)
+    return np.where(np.isinf(mean), mean, mean + compensation)
+
+
+def compensated_variance(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """stdvar_over_time as Prometheus 2.42 computes it: Welford's running update with Kahan
+    summation of the mean and of the squares (identical values give exactly 0)."""
+    zeros = np.zeros(len(rows))
+    mean, mean_lost, squares, squares_lost, count = zeros, zeros, zeros, zeros, zeros
+    for column in range(rows.shape[1]):
+        value, taken = rows[:, column], mask[:, column]
+        count = count + taken
+        delta = value - (mean + mean_lost)
+        new_mean, new_mean_lost = _kahan_add(delta / count, mean, mean_lost)
+        new_squares, new_squares_lost = _kahan_add(delta * (value - (new_mean + new_mean_lost)), squares, squares_lost)
+        mean, mean_lost = _where(taken, new_mean, mean), _where(taken, new_mean_lost, mean_lost)
+        squares, squares_lost = _where(taken, new_squares, squares), _where(taken, new_squares_lost, squares_lost)
+    return (squares + squares_lost) / count
+
+
 def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Prometheus's quantile (linear interpolation between closest ranks) of each row's first
-    ``count`` values once sorted (padding sorts last as +Inf); q < 0 is -Inf, q > 1 is +Inf."""
-    ordered = np.sort(rows, axis=1)
+    ``count`` values once sorted, NaN first as Prometheus sorts them (padding sorts last as
+    +Inf); q < 0 is -Inf, q > 1 is +Inf. Both ranks always count, so an infinite value at the
+    rank gives NaN (Inf * 0), as in Prometheus."""
+    ordered = np.take_along_axis(rows, np.lexsort((rows, ~np.isnan(rows)), axis=1), axis=1)
     with np.errstate(invalid="ignore"):
         rank = np.clip(q, 0, 1) * (count - 1)
     lower = np.clip(np.floor(np.nan_to_num(rank)), 0, np.maximum(count - 1, 0)).astype(np.int64)
@@ -250,7 +363,6 @@ def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
     weight = rank - lower
     pick = np.arange(len(ordered))
     result = ordered[pick, lower] * (1 - weight) + ordered[pick, upper] * weight
-    result = np.where(count == 1, ordered[:, 0], result)
     result = np.where(q < 0, -np.inf, np.where(q > 1, np.inf, result))
     return np.where(np.isnan(q), np.nan, result)
 

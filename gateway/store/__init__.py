@@ -17,7 +17,7 @@ def open_store(url: str, layout: Layout) -> Store:
         from gateway.store.cassandra import CassandraStore
 
         return CassandraStore.from_url(url, layout)
-    raise ValueError(f"--store {url!r}: unknown scheme {scheme!r} (expected sqlite:// or cassandra://)")
+    raise ValueError(f"{url!r}: unknown scheme {scheme!r} (expected sqlite:// or cassandra://)")
 
 
 __all__ = ["Store", "StoreUnavailable", "open_store"]

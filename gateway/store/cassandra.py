@@ -8,6 +8,7 @@ replicas become StoreUnavailable (HTTP 503, so senders retry); the driver reconn
 when Cassandra comes back.
 """
 
+import contextlib
 import json
 import logging
 import ssl
@@ -247,6 +248,28 @@ def _unavailable(error: Exception) -> Exception:
     return error
 
 
+@contextlib.contextmanager
+def _driver_quiet():
+    """While connecting, the driver logs each refused attempt with a traceback; the error
+    raised from the connect says the same in one line. ``--log-level debug`` keeps them."""
+    driver = logging.getLogger("cassandra")
+    if driver.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    level = driver.level
+    driver.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        driver.setLevel(level)
+
+
+def _unreachable(error: NoHostAvailable) -> str:
+    """One line for a cluster that refuses every connection: which hosts, why, what to try."""
+    reasons = "; ".join(f"{host} {str(reason).rpartition('Last error: ')[2]}" for host, reason in error.errors.items())
+    return f"cannot reach Cassandra ({reasons}): is it running? (`tsgate dev cassandra` runs one for development)"
+
+
 class CassandraStore(Store):
     def __init__(self, options: CassandraOptions):
         super().__init__(options.schema.layout)
@@ -293,14 +316,20 @@ class CassandraStore(Store):
     def _connect(self, keyspace: str | None):
         self.cluster = self._cluster()
         try:
-            return self.cluster.connect(keyspace)
+            with _driver_quiet():
+                return self.cluster.connect(keyspace)
         except Exception as error:
             self.cluster.shutdown()
-            if keyspace and self._keyspace_missing(keyspace):
+            with _driver_quiet():
+                missing = keyspace is not None and self._keyspace_missing(keyspace)
+            if missing:
                 raise RuntimeError(
                     f"keyspace {keyspace!r} does not exist; create it with: tsgate schema apply --store cassandra://HOST/{keyspace}"
                 ) from error
-            raise _unavailable(error) from error
+            unavailable = _unavailable(error)
+            if isinstance(error, NoHostAvailable) and error.errors:
+                unavailable = StoreUnavailable(_unreachable(error))
+            raise unavailable from error
 
     def _keyspace_missing(self, keyspace: str) -> bool:
         """Tell "no such keyspace" (a setup step was missed) from an unreachable cluster."""

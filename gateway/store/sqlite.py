@@ -231,7 +231,7 @@ class SQLiteStore(Store):
         parts = urlsplit(url)
         path = unquote(parts.path)[1:] if parts.path.startswith("/") else unquote(parts.path)
         if parts.netloc or not path:
-            raise ValueError(f"--store {url!r}: expected sqlite:///path/to/file.db")
+            raise ValueError(f"{url!r}: expected sqlite:///path/to/file.db")
         return cls(Path(path), layout)
 
     def _connection(self) -> sqlite3.Connection:

@@ -25,6 +25,7 @@ TRUNCATED_FRAME = "truncated_frame"
 BAD_PICKLE = "bad_pickle"
 BAD_PICKLE_ITEM = "bad_pickle_item"
 TOO_MANY_ITEMS = "too_many_items"
+HTTP_REQUEST = "http_request"
 
 REJECT_REASONS = frozenset(
     {
@@ -43,6 +44,7 @@ REJECT_REASONS = frozenset(
         BAD_PICKLE,
         BAD_PICKLE_ITEM,
         TOO_MANY_ITEMS,
+        HTTP_REQUEST,
     }
 )
 
@@ -50,6 +52,20 @@ EXCERPT_LENGTH = 80
 
 # Timestamps are stored as signed 64-bit milliseconds.
 MAX_TIMESTAMP_S = (2**63 - 1) // 1000
+
+
+_HTTP_METHODS = (b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH", b"CONNECT", b"TRACE")
+
+
+def http_request_line(first_bytes: bytes) -> str | None:
+    """The request line when a connection's first bytes are an HTTP request (an HTTP client
+    pointed at a carbon port: ``POST /api/v1/write HTTP/1.1``), else None."""
+    line = first_bytes[: EXCERPT_LENGTH * 4].split(b"\n", 1)[0].rstrip(b"\r")
+    method, _, rest = line.partition(b" ")
+    target, _, version = rest.rpartition(b" ")
+    if method in _HTTP_METHODS and target and version.startswith(b"HTTP/"):
+        return excerpt(line)
+    return None
 
 
 class Reject(NamedTuple):

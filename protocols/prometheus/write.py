@@ -2,7 +2,9 @@
 
 The whole request is rejected on the first invalid series (the specs allow a
 receiver to refuse a request that holds any invalid sample), so a caller
-either stores everything in the returned batch or nothing.
+either stores everything in the returned batch or nothing. Native histograms are
+checked one by one instead: an invalid one, or one over the bucket limit, is left out
+of its series and listed in ``WriteBatch.rejected_histograms``; the rest is kept.
 """
 
 import math
@@ -34,6 +36,9 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Native histogram schemas Prometheus accepts: exponential -4..8, and -53 (custom bucket bounds, NHCB).
 MIN_EXPONENTIAL_SCHEMA, MAX_EXPONENTIAL_SCHEMA = -4, 8
 CUSTOM_BUCKETS_SCHEMA = -53
+# Bucket indexes are int32 in Prometheus (spans' offsets add up to them), bucket counts int64.
+MIN_BUCKET_INDEX, MAX_BUCKET_INDEX = -(2**31), 2**31 - 1
+MAX_BUCKET_COUNT = 2**63 - 1
 
 _V1_TYPE_NAMES = {value.number: value.name.lower() for value in types_pb2.MetricMetadata.MetricType.DESCRIPTOR.values}
 _V2_TYPE_NAMES = {
@@ -60,6 +65,23 @@ class Histogram:
 
     timestamp: int
     data: bytes
+
+
+class RejectedHistogram(NamedTuple):
+    """A native histogram left out of the batch: which series (its index in the request),
+    its timestamp, a reason for counting (``invalid_histogram``, ``too_many_buckets``) and
+    what is wrong with it."""
+
+    series: int
+    timestamp: int
+    reason: str
+    problem: str
+
+
+class InvalidHistogram(ValueError):
+    def __init__(self, problem: str, reason: str = "invalid_histogram"):
+        super().__init__(problem)
+        self.reason = reason
 
 
 @dataclass
@@ -93,6 +115,7 @@ class WriteBatch:
     version: int
     series: list[Series] = field(default_factory=list)
     metadata: list[MetricMetadata] = field(default_factory=list)
+    rejected_histograms: list[RejectedHistogram] = field(default_factory=list)
 
     @property
     def sample_count(self) -> int:
@@ -139,8 +162,12 @@ def decode_write_request(
     content_type: str | None,
     content_encoding: str | None,
     max_decompressed_bytes: int,
+    max_histogram_buckets: int = 0,
 ) -> WriteBatch:
-    """Decode a remote write body (v1 or v2 by Content-Type) or raise RemoteWriteError."""
+    """Decode a remote write body (v1 or v2 by Content-Type) or raise RemoteWriteError.
+
+    A native histogram with more than ``max_histogram_buckets`` buckets (0: no limit) is
+    refused, as an invalid one is, before its buckets are read."""
     version = message_version(content_type)
     _check_content_encoding(content_encoding)
     try:
@@ -148,8 +175,8 @@ def decode_write_request(
     except ProtocolError as exc:
         raise RemoteWriteError(exc.status, exc.message) from exc
     if version == 1:
-        return _decode_v1(raw)
-    return _decode_v2(raw)
+        return _decode_v1(raw, max_histogram_buckets)
+    return _decode_v2(raw, max_histogram_buckets)
 
 
 def _parse(message, raw: bytes):
@@ -221,7 +248,7 @@ def _exemplar(index: int, pairs: Iterable[tuple[str, str]], value: float, timest
     return Exemplar(labels, value, timestamp)
 
 
-def _decode_v1(raw: bytes) -> WriteBatch:
+def _decode_v1(raw: bytes, max_histogram_buckets: int) -> WriteBatch:
     request = _parse(remote_pb2.WriteRequest(), raw)
     batch = WriteBatch(version=1)
     for index, ts in enumerate(request.timeseries):
@@ -236,7 +263,7 @@ def _decode_v1(raw: bytes) -> WriteBatch:
             if ts.exemplars
             else []
         )
-        histograms = [_histogram(index, h) for h in ts.histograms] if ts.histograms else []
+        histograms = _histograms(batch, index, ts.histograms, max_histogram_buckets) if ts.histograms else []
         batch.series.append(Series(labels=labels, samples=samples, exemplars=exemplars, histograms=histograms))
     for metadata in request.metadata:
         batch.metadata.append(
@@ -259,7 +286,7 @@ def _symbol(symbols: list[str], ref: int, index: int, what: str) -> str:
     return symbols[ref]
 
 
-def _decode_v2(raw: bytes) -> WriteBatch:
+def _decode_v2(raw: bytes, max_histogram_buckets: int) -> WriteBatch:
     request = _parse(write_v2_pb2.Request(), raw)
     symbols = list(request.symbols)
     if symbols and symbols[0] != "":
@@ -288,7 +315,7 @@ def _decode_v2(raw: bytes) -> WriteBatch:
                 labels=labels,
                 samples=[(sample.timestamp, sample.value) for sample in ts.samples],
                 exemplars=[_v2_exemplar(symbols, index, e) for e in ts.exemplars] if ts.exemplars else [],
-                histograms=[_histogram(index, _v1_histogram(h)) for h in ts.histograms] if ts.histograms else [],
+                histograms=_histograms(batch, index, ts.histograms, max_histogram_buckets) if ts.histograms else [],
                 metric_type=_V2_TYPE_NAMES.get(metadata.type, "unknown") if metadata.type else None,
                 help=_symbol(symbols, metadata.help_ref, index, "help_ref"),
                 unit=_symbol(symbols, metadata.unit_ref, index, "unit_ref"),
@@ -313,53 +340,88 @@ def _v2_exemplar(symbols: list[str], index: int, exemplar) -> Exemplar:
 
 
 def _v1_histogram(histogram) -> types_pb2.Histogram:
-    """The types.proto form of a v2 Histogram: fields 1 to 16 have the same numbers and types;
-    the created timestamp (17) has no place there (the series keeps it, Series.created_timestamp)."""
+    """The types.proto form of a v2 Histogram (a 1.0 one as it is): fields 1 to 16 have the same
+    numbers and types; the created timestamp (17) has no place there (the series keeps it,
+    Series.created_timestamp)."""
+    if isinstance(histogram, types_pb2.Histogram):
+        return histogram
     message = types_pb2.Histogram.FromString(histogram.SerializeToString())
     message.DiscardUnknownFields()
     return message
 
 
-def _histogram(index: int, message: types_pb2.Histogram) -> Histogram:
-    """Check a histogram as Prometheus does before appending it and keep its bytes."""
-    try:
-        _check_histogram(message)
-    except ValueError as exc:
-        raise RemoteWriteError(400, f"series {index}: invalid native histogram at {message.timestamp}: {exc}") from None
-    message.DiscardUnknownFields()
-    return Histogram(message.timestamp, message.SerializeToString())
+def _histograms(batch: WriteBatch, index: int, messages, max_buckets: int) -> list[Histogram]:
+    """The valid histograms of series ``index`` (1.0 or 2.0 messages) as their bytes; the
+    others go to ``batch.rejected_histograms``."""
+    kept = []
+    for message in messages:
+        try:
+            _check_bucket_limit(message, max_buckets)  # before anything reads the buckets
+            message = _v1_histogram(message)
+            _check_histogram(message)
+        except InvalidHistogram as exc:
+            problem = f"series {index}: invalid native histogram at {message.timestamp}: {exc}"
+            batch.rejected_histograms.append(RejectedHistogram(index, message.timestamp, exc.reason, problem))
+            continue
+        message.DiscardUnknownFields()
+        kept.append(Histogram(message.timestamp, message.SerializeToString()))
+    return kept
+
+
+def _check_bucket_limit(h, max_buckets: int) -> None:
+    """Prometheus's native_histogram_bucket_limit counts positive and negative buckets; a scrape
+    over it gets a lower resolution, a remote write (whose sender chose the layout) is refused.
+    Spans are bounded by it too: each holds buckets, but for the one empty marker span."""
+    if not max_buckets:
+        return
+    # every bucket field, the one the histogram's kind ignores too: its bytes are stored
+    buckets = len(h.positive_deltas) + len(h.positive_counts) + len(h.negative_deltas) + len(h.negative_counts)
+    if buckets > max_buckets:
+        raise InvalidHistogram(f"{buckets} buckets, over the limit of {max_buckets}", "too_many_buckets")
+    spans = len(h.positive_spans) + len(h.negative_spans)
+    if spans > max(max_buckets, 1):
+        raise InvalidHistogram(f"{spans} spans, over the limit of {max_buckets}", "too_many_buckets")
 
 
 def _check_histogram(h: types_pb2.Histogram) -> None:
     """Prometheus's Histogram.Validate / FloatHistogram.Validate, on the wire form: a known
-    schema; spans that match the buckets; no negative bucket count; for integer histograms,
-    the buckets and the zero bucket add up to the count (at most the count when the sum is
-    NaN). Float histograms skip that last check, as Prometheus does (rounding)."""
+    schema; spans that match the buckets; no negative count; for integer histograms, the
+    buckets and the zero bucket add up to the count (at most the count when the sum is NaN).
+    Float histograms skip that last check, as Prometheus does (rounding). Beyond Prometheus's
+    checks, which let these through to fail later: a zero threshold that is a number >= 0, bucket
+    indexes that fit int32 (Prometheus's type for them), integer counts that fit int64."""
     is_float = h.WhichOneof("count") == "count_float"
     positive = list(h.positive_counts) if is_float else _absolute_counts(h.positive_deltas)
     negative = list(h.negative_counts) if is_float else _absolute_counts(h.negative_deltas)
     if h.schema == CUSTOM_BUCKETS_SCHEMA:
         _check_custom_bounds(list(h.custom_values), h.positive_spans, len(positive))
         if _zero_count(h) or h.zero_threshold or h.negative_spans or negative:
-            raise ValueError("custom buckets: must have no zero bucket and no negative buckets")
+            raise InvalidHistogram("custom buckets: must have no zero bucket and no negative buckets")
     elif MIN_EXPONENTIAL_SCHEMA <= h.schema <= MAX_EXPONENTIAL_SCHEMA:
         _check_spans("positive", h.positive_spans, len(positive))
         _check_spans("negative", h.negative_spans, len(negative))
         if h.custom_values:
-            raise ValueError("a histogram with an exponential schema must not have custom bounds")
+            raise InvalidHistogram("a histogram with an exponential schema must not have custom bounds")
+        if not h.zero_threshold >= 0:
+            raise InvalidHistogram(f"the zero threshold must be a number >= 0, not {h.zero_threshold}")
     else:
-        raise ValueError(
+        raise InvalidHistogram(
             f"schema {h.schema} is not an exponential schema ({MIN_EXPONENTIAL_SCHEMA}..{MAX_EXPONENTIAL_SCHEMA}) or {CUSTOM_BUCKETS_SCHEMA}"
         )
     for side, counts in (("positive", positive), ("negative", negative)):
         for number, count in enumerate(counts, 1):
             if count < 0:
-                raise ValueError(f"{side} bucket {number} has a count of {count}")
+                raise InvalidHistogram(f"{side} bucket {number} has a count of {count}")
+            if not is_float and count > MAX_BUCKET_COUNT:
+                raise InvalidHistogram(f"{side} bucket {number} has a count of {count}, over 2^63-1")
     if is_float:
+        for what, value in (("observation count", h.count_float), ("zero bucket count", _zero_count(h))):
+            if value < 0:
+                raise InvalidHistogram(f"the {what} is {value}")
         return
     in_buckets = sum(positive) + sum(negative) + h.zero_count_int
     if in_buckets > h.count_int or (in_buckets != h.count_int and not math.isnan(h.sum)):
-        raise ValueError(f"{in_buckets} observations found in buckets, but the count is {h.count_int}")
+        raise InvalidHistogram(f"{in_buckets} observations found in buckets, but the count is {h.count_int}")
 
 
 def _zero_count(h: types_pb2.Histogram) -> float:
@@ -376,12 +438,19 @@ def _absolute_counts(deltas) -> list[int]:
 
 
 def _check_spans(side: str, spans, buckets: int) -> None:
+    index = 0
     for number, span in enumerate(spans, 1):
         if number > 1 and span.offset < 0:
-            raise ValueError(f"{side} span {number} has a negative offset {span.offset}")
+            raise InvalidHistogram(f"{side} span {number} has a negative offset {span.offset}")
+        index += span.offset
+        if span.length and not MIN_BUCKET_INDEX <= index <= index + span.length - 1 <= MAX_BUCKET_INDEX:
+            raise InvalidHistogram(
+                f"{side} span {number} reaches bucket indexes {index}..{index + span.length - 1}, beyond int32"
+            )
+        index += span.length
     needed = sum(span.length for span in spans)
     if needed != buckets:
-        raise ValueError(f"{side} spans need {needed} buckets, have {buckets}")
+        raise InvalidHistogram(f"{side} spans need {needed} buckets, have {buckets}")
 
 
 def _check_custom_bounds(bounds: list[float], spans, buckets: int) -> None:
@@ -389,16 +458,16 @@ def _check_custom_bounds(bounds: list[float], spans, buckets: int) -> None:
     negative offset, cover at most one bucket more than there are bounds."""
     for previous, current in zip([-math.inf, *bounds], bounds):
         if not current > previous:
-            raise ValueError(f"custom bounds must increase, {current} follows {previous}")
+            raise InvalidHistogram(f"custom bounds must increase, {current} follows {previous}")
     if bounds and bounds[-1] == math.inf:
-        raise ValueError("the last custom bound must not be +Inf, it is implicit")
+        raise InvalidHistogram("the last custom bound must not be +Inf, it is implicit")
     for number, span in enumerate(spans, 1):
         if span.offset < 0:
-            raise ValueError(f"span {number} has a negative offset {span.offset}")
+            raise InvalidHistogram(f"span {number} has a negative offset {span.offset}")
     _check_spans("positive", spans, buckets)
     covered = sum(span.offset + span.length for span in spans)
     if covered > len(bounds) + 1:
-        raise ValueError(f"{len(bounds)} custom bounds cannot cover spans {covered} buckets long")
+        raise InvalidHistogram(f"{len(bounds)} custom bounds cannot cover spans {covered} buckets long")
 
 
 def v2_written_headers(

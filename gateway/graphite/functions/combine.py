@@ -501,22 +501,34 @@ def mapSeries(request, seriesList, *mapNodes):
     ],
 )
 def reduceSeries(request, seriesLists, reduceFunction, reduceNode, *reduceMatchers):
-    """Apply a function to the series of each mapped list picked by reduceMatchers at reduceNode."""
-    if reduceFunction not in REGISTRY or REGISTRY[reduceFunction].is_async:
+    """Apply a function to the series of each mapped list picked by reduceMatchers at reduceNode.
+
+    A group that lacks a series for one of the matchers, or whose reduction is empty, is left out
+    (graphite-web 1.1.8 fails with a 500 there, as it does for series without node reduceNode).
+    """
+    function = REGISTRY.get(reduceFunction)
+    if function is None or function.is_async:
         raise RenderError(f"Unsupported reduce function: {reduceFunction}")
     groups = {}
     for series_list in seriesLists:
         for series in series_list:
             nodes = series.name.split(".")
-            node = nodes[reduceNode]
+            if not -len(nodes) <= reduceNode < len(nodes) or nodes[reduceNode] not in reduceMatchers:
+                continue
             key = ".".join(nodes[0:reduceNode]) + ".reduce." + reduceFunction
-            if node in reduceMatchers:
-                groups.setdefault(key, [None] * len(reduceMatchers))[reduceMatchers.index(node)] = series
+            groups.setdefault(key, [None] * len(reduceMatchers))[reduceMatchers.index(nodes[reduceNode])] = series
     results = []
     for key, members in groups.items():
-        result = REGISTRY[reduceFunction].function(request, *[[series] for series in members])[0]
-        result.name = key
-        results.append(result)
+        if any(series is None for series in members):
+            continue
+        args, kwargs = function.validate([[series] for series in members], {})
+        reduced = function.function(request, *args, **kwargs)
+        if not reduced:
+            continue
+        if not isinstance(reduced[0], TimeSeries):
+            raise RenderError(f"reduceSeries(): {reduceFunction} does not reduce series to a series")
+        reduced[0].name = key
+        results.append(reduced[0])
     return results
 
 

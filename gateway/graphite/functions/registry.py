@@ -8,7 +8,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from gateway.graphite.errors import RenderError
@@ -137,6 +137,17 @@ AGG_FUNC = ParamType("aggFunc", _validate_agg_func)
 AGG_OR_SERIES_FUNC = ParamType("aggOrSeriesFunc")
 
 
+def _describe(value) -> str:
+    """An argument as an error message shows it: series by name, never all their values."""
+    if isinstance(value, TimeSeries):
+        return f"the series {value.name!r}"
+    if isinstance(value, list) and value:
+        shown = ", ".join(_describe(entry) for entry in value[:3])
+        return f"[{shown}{', ...' if len(value) > 3 else ''}]"
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 @dataclass
 class Param:
     name: str
@@ -181,7 +192,7 @@ class Param:
         options = self.all_options()
         if options and self.strict_options and self.type is not AGG_FUNC and value not in options:
             raise RenderError(
-                f'Invalid option specified for function "{function_name}" parameter "{self.name}": {value!r}'
+                f'Invalid option specified for function "{function_name}" parameter "{self.name}": {_describe(value)}'
             )
         if self.type.validator is None:
             return value
@@ -190,7 +201,7 @@ class Param:
         except Exception:
             raise RenderError(
                 f'Invalid "{self.type.name}" value specified for function "{function_name}" '
-                f'parameter "{self.name}": {value!r}'
+                f'parameter "{self.name}": {_describe(value)}'
             ) from None
 
 
@@ -219,15 +230,24 @@ class SeriesFunction:
         valid_kwargs = {}
         for param in by_keyword:
             value = kwargs.get(param.name)
+            python_parameter = self.python_parameters[param.name]
             if value is None:
-                if param.required:
+                if param.required and not _can_be_left_out(python_parameter):
                     raise RenderError(f'Missing required parameter "{param.name}" for function "{self.name}"')
                 continue
+            if python_parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+                raise RenderError(f'Parameter "{param.name}" of function "{self.name}" is given by position only')
             valid_kwargs[param.name] = param.validate(value, self.name)
         unexpected = [key for key in kwargs if key not in valid_kwargs and kwargs[key] is not None]
         if unexpected:
             raise RenderError(f"Unexpected key word arguments: {', '.join(unexpected)}")
         return valid_args, valid_kwargs
+
+    @cached_property
+    def python_parameters(self) -> dict[str, inspect.Parameter]:
+        """Each parameter's Python counterpart, by position (legendValue's differ in name, as graphite-web's)."""
+        python = list(inspect.signature(self.function).parameters.values())[1:]
+        return {param.name: parameter for param, parameter in zip(self.params, python)}
 
     def info(self) -> dict:
         signature = inspect.signature(self.function)
@@ -240,6 +260,13 @@ class SeriesFunction:
             "group": self.group,
             "params": [param.to_json() for param in self.params],
         }
+
+
+def _can_be_left_out(parameter: inspect.Parameter) -> bool:
+    """graphite-web 1.1.8 does not enforce its parameter checks (ENFORCE_INPUT_VALIDATION is off):
+    a required parameter left out still answers where the function has a default for it or takes
+    it as varargs (highest(x) is highest(x, 1), sumSeries() is [], aliasByNode(x) names series '')."""
+    return parameter.default is not inspect.Parameter.empty or parameter.kind is inspect.Parameter.VAR_POSITIONAL
 
 
 REGISTRY: dict[str, SeriesFunction] = {}

@@ -34,7 +34,8 @@ def sortByName(request, seriesList, natural=False, reverse=False):
     """Sort by name, optionally naturally (server2 before server10)."""
 
     def natural_key(series):
-        return re.sub(r"(\d+)", lambda m: f"{int(m.group(0)):010}", series.name)
+        # graphite-web's "{0:010}".format(int(digits)), on the text: no int() of thousands of digits
+        return re.sub(r"\d+", lambda m: (m.group(0).lstrip("0") or "0").rjust(10, "0"), series.name)
 
     seriesList.sort(key=natural_key if natural else (lambda s: s.name), reverse=reverse)
     return seriesList
