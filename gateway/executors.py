@@ -40,11 +40,13 @@ from prometheus_client import multiprocess
 from twisted.internet import defer, error, protocol, reactor, stdio
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.task import LoopingCall
+from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
 from gateway import metrics
 from gateway.config import Config
-from gateway.http.server import JSON, HTTPError, Response, request_tenant
+from gateway.http.server import JSON, Response
+from gateway.model import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,7 @@ class ExecutedRequest:
         self.path = description["path"]
         self.uri = description["uri"]
         self.args = description["args"]
-        self.headers = dict(description["headers"])
+        self.requestHeaders = Headers(dict(description["headers"]))  # noqa: N815 (twisted.web's name)
         self.content = io.BytesIO(description["body"])
         self.body_too_large = description["body_too_large"]
         self.channel = SimpleNamespace(site=SimpleNamespace(max_body_bytes=description["max_body_bytes"]))
@@ -124,11 +126,8 @@ class ExecutedRequest:
 
     def getHeader(self, name):  # noqa: N802 (twisted.web's name)
         """The last value of a header, as twisted.web gives it: bytes for a bytes name, else text."""
-        key = name if isinstance(name, bytes) else name.encode("latin-1")
-        values = self.headers.get(key.lower())
-        if not values:
-            return None
-        return values[-1] if isinstance(name, bytes) else values[-1].decode("latin-1")
+        values = self.requestHeaders.getRawHeaders(name)
+        return values[-1] if values else None
 
 
 def _refusal(request, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -139,6 +138,19 @@ def _refusal(request, status: int, kind: str, message: str, headers: dict[str, s
     else:
         document = {"error": message}
     return Response(status, orjson.dumps(document), JSON, headers or {})
+
+
+def _fairness_key(request) -> str:
+    """Whom a query counts against in the queue: the credential's tenant, else the tenant its
+    headers or query string name, unchecked and without decoding a form body here (the
+    executor resolves the tenant by the rules, and answers a mistake in the route's words)."""
+    principal = getattr(request, "principal", None)
+    if principal is not None:
+        return principal.tenant
+    named = (
+        request.getHeader(b"x-scope-orgid") or request.getHeader(b"x-tenant") or request.args.get(b"tenant", [b""])[-1]
+    )
+    return named.decode("utf-8", "replace").strip() or DEFAULT_TENANT
 
 
 class Job:
@@ -253,10 +265,7 @@ class QueryExecutors:
         """The route handler of every query route: the answer an executor gives for ``request``."""
         if self.stopping:
             return _refusal(request, 503, "unavailable", "the gateway is stopping", {"Retry-After": "1"})
-        try:
-            tenant = request_tenant(request)
-        except HTTPError:
-            tenant = ""  # the executor answers the mistake in the route's own words
+        tenant = _fairness_key(request)
         if self.queued >= self.config.query_queue or len(self.waiting.get(tenant, ())) >= self.tenant_queue_share:
             metrics.QUERY_QUEUE_REJECTED.inc()
             message = "too many queries are waiting for a query executor (--query-queue); retry later"
