@@ -242,6 +242,19 @@ SETTINGS = [
         "resident memory a query executor may use; a query going past it gets 422 and its executor is replaced",
     ),
     Setting(
+        "query-max-length",
+        _positive,
+        "65536",
+        "characters of one PromQL query or selector, or of one Graphite render target (400 above)",
+    ),
+    Setting(
+        "query-max-terms",
+        _positive,
+        "300",
+        "PromQL: operators, matchers, parentheses and arguments one query may have, counted before it is parsed (400 above)",
+    ),
+    Setting("render-max-targets", _positive, "500", "Graphite: targets one /render request may have (400 above)"),
+    Setting(
         "max-points-per-query",
         _positive,
         "10000000",
@@ -342,6 +355,9 @@ class Config:
     query_executors: int | None
     query_queue: int
     query_max_memory_bytes: int
+    query_max_length: int
+    query_max_terms: int
+    render_max_targets: int
     max_points_per_query: int
     tenant_max_samples_per_second: int
     tenant_max_active_series: int

@@ -426,6 +426,7 @@ class ExecutorSide(protocol.Protocol):
 
     async def _start(self, config: Config, index: int) -> None:
         from gateway.cli import setup_logging
+        from gateway.graphite.graph import GraphPool
         from gateway.http.server import Router
         from gateway.model import now_ms
         from gateway.query import QueryPlanner
@@ -435,9 +436,9 @@ class ExecutorSide(protocol.Protocol):
         setup_logging(config.log_level, f"query executor {index} pid {os.getpid()}")
         store = open_store(config.store_url, config.layout)
         await store.start()
-        planner = QueryPlanner(store, config.max_series_per_query)
+        planner = QueryPlanner(store, config.max_series_per_query, max_future_ms=config.max_future)
         no_ingest = SimpleNamespace(clock=now_ms)  # of the pipeline, the query routes only read its clock
-        self.router = build_router(config, store, planner, no_ingest, Router({"query"}))
+        self.router = build_router(config, store, planner, no_ingest, Router({"query"}), GraphPool())
         self.transport.write(frame(("ready",)))
 
     def _failed_start(self, failure) -> None:

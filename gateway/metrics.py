@@ -41,6 +41,9 @@ RATE_LIMITED = Counter(
     "Requests refused with 429 over a limit (a tenant's, or of failed credentials and waiting password checks)",
     ["limit"],
 )
+CANCELLED_REQUESTS = Counter(
+    "tsgate_cancelled_requests", "HTTP requests whose work was cancelled because the client closed the connection"
+)
 GRAPHITE_PENDING = Gauge(
     "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"
 )

@@ -27,6 +27,7 @@ from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPe
 from gateway.downsample.processor import Downsampler
 from gateway.executors import QueryExecutors
 from gateway.graphite.finder import Finder
+from gateway.graphite.graph import GraphPool
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.graphite.tagdb import TagDB
@@ -40,6 +41,7 @@ from gateway.http.server import BodyDeadline, Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.promql.engine import QueryText
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
 from gateway.store import open_store
@@ -69,13 +71,14 @@ class Gateway:
             tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             max_metadata_length=config.max_metadata_length,
         )
-        self.planner = QueryPlanner(self.store, config.max_series_per_query)
+        self.planner = QueryPlanner(self.store, config.max_series_per_query, max_future_ms=config.max_future)
         roles = config.role_set
         count = config.query_executor_count if "query" in roles else 0
         self.executors = QueryExecutors(config, count) if count else None
         credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
+        self.graphs = GraphPool()
         router = build_router(
-            config, self.store, self.planner, self.pipeline, Router(roles, credentials, self.executors)
+            config, self.store, self.planner, self.pipeline, Router(roles, credentials, self.executors), self.graphs
         )
         self.connections = Connections(config.connection_limit)
         self.site = Site(
@@ -173,6 +176,7 @@ class Gateway:
                 "still running (redone after restart)" if not self.downsample_stopped.called else "done",
             )
             self.connections.abort_all()
+        self.graphs.close()
         await self.store.close()
         if self.shared_seen is not None:
             await self.shared_seen.stop()
@@ -186,7 +190,7 @@ class Gateway:
             log.warning("downsample round failed (%s); retrying next round", error)
 
 
-def build_router(config: Config, store, planner: QueryPlanner, pipeline, router: Router) -> Router:
+def build_router(config: Config, store, planner: QueryPlanner, pipeline, router: Router, graphs: GraphPool) -> Router:
     """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
     of the ingest pipeline only its clock)."""
     NativeAPI(store, pipeline, planner, config.max_points_per_query).register(router)
@@ -206,7 +210,7 @@ def build_router(config: Config, store, planner: QueryPlanner, pipeline, router:
             config.query_max_samples,
             config.query_lookback_delta,
             config.query_timeout,
-            config.max_future,
+            QueryText(config.query_max_length, config.query_max_terms),
         )
     ).register(router)
     schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
@@ -217,6 +221,9 @@ def build_router(config: Config, store, planner: QueryPlanner, pipeline, router:
         TagDB(store, planner),
         schemas,
         config.max_points_per_query,
+        graphs,
+        max_targets=config.render_max_targets,
+        max_query_length=config.query_max_length,
     ).register(router)
     OpsAPI(store).register(router)
     return router

@@ -559,8 +559,8 @@ class Router(resource.Resource):
     def render(self, request: server.Request):
         started = time.perf_counter()
         name, handler, access = self._route(request.method, request.path)
-        request.notifyFinish().addErrback(lambda _: setattr(request, "client_gone", True))
         deferred = defer.ensureDeferred(self._authorized(handler, access, request))
+        request.notifyFinish().addErrback(lambda _: self._client_gone(request, deferred))
         deferred.addErrback(self._error_response, request)
         deferred.addCallback(lambda response: defer.ensureDeferred(self._send(response, request, name, started)))
         deferred.addErrback(lambda failure: log.error("could not answer %s: %s", request.uri, failure.getTraceback()))
@@ -570,6 +570,15 @@ class Router(resource.Resource):
         """Check the credential of a request from its headers alone (Channel calls this before
         reading the body of one); the handler then does not check it again."""
         await self._check_access(request, self._route(method, path)[2])
+
+    @staticmethod
+    def _client_gone(request: server.Request, handling: defer.Deferred) -> None:
+        """The client closed the connection: cancel the handler's work, which stops at the store
+        call or thread it awaits (a read loop at its next batch, PromQL evaluation at its next check)."""
+        request.client_gone = True
+        if not handling.called:
+            metrics.CANCELLED_REQUESTS.inc()
+            handling.cancel()
 
     async def _authorized(self, handler: Handler, access: str, request: server.Request) -> Response:
         """Run ``handler`` once the request's credential allows ``access``."""
@@ -609,6 +618,8 @@ class Router(resource.Resource):
 
     def _error_response(self, failure, request) -> Response:
         error = _root_cause(failure)
+        if isinstance(error, defer.CancelledError) and getattr(request, "client_gone", False):
+            return json_response(499, {"error": "the client closed the connection"})  # nginx's code; never sent
         if isinstance(error, HTTPError):
             response = json_response(error.status, {"error": error.message, **error.details})
             if error.status == 405:
