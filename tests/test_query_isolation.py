@@ -188,24 +188,49 @@ def test_a_query_past_the_memory_cap_gets_422_and_the_next_query_works(tmp_path)
         gateway.stop()
 
 
+SLOW = "count_over_time(vector(1)[1000d:1s])"  # 86 M subquery steps: many seconds, memory growing slowly
+
+
 def _slow_query_connection(gateway) -> http.client.HTTPConnection:
-    """A tenant-A query that parses for longer than the deadline, sent and not yet answered."""
+    """A tenant-A query that runs for longer than the deadline, sent and not yet answered."""
     connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=60)
-    connection.request("GET", query_path(PARSE_FREEZE), headers={"X-Scope-OrgID": "tenant-a"})
+    connection.request("GET", query_path(SLOW), headers={"X-Scope-OrgID": "tenant-a"})
     return connection
 
 
-def test_a_tenant_filling_the_pool_leaves_room_for_another(isolated):
+@pytest.fixture
+def slow_gateway(tmp_path):
+    """Two executors and a queue of 4 as above, no memory or sample limit in the way of SLOW."""
+    gateway = GatewayProcess(
+        tmp_path,
+        "--query-executors=2",
+        "--query-queue=4",
+        "--query-timeout=10s",
+        "--shutdown-timeout=3s",
+        "--query-max-memory-bytes=8000000000",
+        "--query-max-samples=1000000000000",
+    ).start()
+    calm = [{"metricName": "up", "tags": {"job": "calm"}, "timestamp": int(time.time() * 1000) - 10_000, "value": 1}]
+    assert gateway.post("/api/write", calm, headers={"X-Scope-OrgID": CALM}).status == 200
+    deadline = time.monotonic() + 60
+    while metric_value(gateway, "tsgate_query_executors_ready") < 2:
+        assert time.monotonic() < deadline, gateway.log()
+        time.sleep(0.1)
+    yield gateway
+    gateway.stop()
+
+
+def test_a_tenant_filling_the_pool_leaves_room_for_another(slow_gateway):
     """Tenant A holds one of the two executors and two queue places; its next query gets 429,
     tenant B's query runs at once; a waiting query whose client goes away leaves the queue."""
-    first = [_slow_query_connection(isolated) for _ in range(3)]  # one running, two waiting
+    first = [_slow_query_connection(slow_gateway) for _ in range(3)]  # one running, two waiting
     time.sleep(0.5)
-    assert metric_value(isolated, "tsgate_query_queued") == 2
+    assert metric_value(slow_gateway, "tsgate_query_queued") == 2
     started = time.perf_counter()
-    refused = isolated.get(query_path("up"), headers={"X-Scope-OrgID": "tenant-a"})
+    refused = slow_gateway.get(query_path("up"), headers={"X-Scope-OrgID": "tenant-a"})
     refused_s = time.perf_counter() - started
     started = time.perf_counter()
-    other = isolated.get(query_path("up"), headers={"X-Scope-OrgID": CALM})
+    other = slow_gateway.get(query_path("up"), headers={"X-Scope-OrgID": CALM})
     other_s = time.perf_counter() - started
     print(
         f"fairness: tenant A's 4th query {refused.status} in {refused_s * 1000:.0f} ms, tenant B's {other_s * 1000:.0f} ms"
@@ -216,7 +241,7 @@ def test_a_tenant_filling_the_pool_leaves_room_for_another(isolated):
     assert refused_s < FAST_S and other_s < 2
     first[2].close()  # the client of a waiting query goes away
     deadline = time.monotonic() + 3
-    while metric_value(isolated, "tsgate_query_queued") != 1:
+    while metric_value(slow_gateway, "tsgate_query_queued") != 1:
         assert time.monotonic() < deadline, "an abandoned query kept its queue place"
         time.sleep(0.1)
     for connection in first[:2]:
@@ -224,17 +249,14 @@ def test_a_tenant_filling_the_pool_leaves_room_for_another(isolated):
         connection.close()
 
 
-def test_sigterm_during_a_long_query_exits_within_the_shutdown_timeout(tmp_path):
-    gateway = GatewayProcess(tmp_path, "--query-timeout=60s", "--shutdown-timeout=3s").start()
-    try:
-        connection = _slow_query_connection(gateway)
-        time.sleep(1)
-        started = time.monotonic()
-        code = gateway.stop(timeout=30, signum=signal.SIGTERM)
-        elapsed = time.monotonic() - started
-        print(f"SIGTERM during a query: exit {code} after {elapsed:.2f}s")
-        assert code == 0, gateway.log()
-        assert elapsed < 3 + 1, gateway.log()
-        connection.close()
-    finally:
-        gateway.stop()
+def test_sigterm_during_a_long_query_exits_within_the_shutdown_timeout(slow_gateway):
+    connection = _slow_query_connection(slow_gateway)
+    time.sleep(1)
+    assert metric_value(slow_gateway, 'tsgate_query_executor_kills_total{reason="timeout"}') == 0
+    started = time.monotonic()
+    code = slow_gateway.stop(timeout=30, signum=signal.SIGTERM)
+    elapsed = time.monotonic() - started
+    print(f"SIGTERM during a query: exit {code} after {elapsed:.2f}s")
+    assert code == 0, slow_gateway.log()
+    assert elapsed < 3 + 1, slow_gateway.log()
+    connection.close()
