@@ -32,7 +32,7 @@ class _NoDriverTracebacks(logging.Filter):
         return True
 
 
-def _setup_logging(level: str, process: str = "") -> None:
+def setup_logging(level: str, process: str = "") -> None:
     """Everything, Twisted included, goes through the logging module to stderr.
 
     ``process`` (e.g. ``worker 1 pid 4242``) tags each line when several processes share stderr.
@@ -52,12 +52,12 @@ def _serve(namespace: argparse.Namespace) -> int:
     config = build_config(namespace)
     worker = Worker.from_environment()
     if worker is not None:
-        _setup_logging(config.log_level, f"worker {worker.index} pid {os.getpid()}")
+        setup_logging(config.log_level, f"worker {worker.index} pid {os.getpid()}")
     elif config.worker_count > 1:
-        _setup_logging(config.log_level, f"supervisor pid {os.getpid()}")
+        setup_logging(config.log_level, f"supervisor pid {os.getpid()}")
         return supervise(config, setting_flags(namespace))
     else:
-        _setup_logging(config.log_level)
+        setup_logging(config.log_level)
     from gateway.service import run
 
     return run(config, worker)
@@ -78,7 +78,7 @@ def _schema(namespace: argparse.Namespace) -> int:
     if namespace.action == "print":
         print(schema_text(options.schema), end="")
         return 0
-    _setup_logging(config.log_level)
+    setup_logging(config.log_level)
     try:
         statements = CassandraStore(options).apply_schema()
     except Exception as error:
@@ -96,7 +96,7 @@ def _downsample(namespace: argparse.Namespace) -> int:
     config = build_config(namespace)
     if not namespace.once:
         raise ConfigError("only --once is supported here; `tsgate serve --roles downsample` runs it continuously")
-    _setup_logging(config.log_level)
+    setup_logging(config.log_level)
     from twisted.internet import defer, task
 
     from gateway.service import DownsampleRole, start_store
@@ -141,7 +141,7 @@ def _delete(namespace: argparse.Namespace) -> int:
         end = parse_time(namespace.end, "--end") if namespace.end else None
     except PromQLError as error:
         raise ConfigError(str(error)) from None
-    _setup_logging(config.log_level)
+    setup_logging(config.log_level)
     from twisted.internet import defer, task
 
     from gateway.deletes import Deleter

@@ -60,6 +60,11 @@ def _auto_or_positive(text) -> int | None:
         raise ValueError(f"{text!r} must be a positive whole number or auto") from None
 
 
+def _auto_or_non_negative(text) -> int | None:
+    """``auto`` (None: decided by a Config property) or a number, 0 included."""
+    return None if str(text).strip() == "auto" else _non_negative(text)
+
+
 def _non_negative(text) -> int:
     value = _integer(text)
     if value < 0:
@@ -212,12 +217,35 @@ SETTINGS = [
     Setting(
         "query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"
     ),
-    Setting("query-timeout", parse_duration, "2m", "PromQL: longest a query may run (503 timeout above)"),
+    Setting(
+        "query-timeout",
+        parse_duration,
+        "2m",
+        "longest a query may run, queue wait included (PromQL, remote read, Graphite render/find/tags, native query): its query executor is killed then and the client gets 503",
+    ),
     Setting(
         "query-max-samples",
         _positive,
         "50000000",
         "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)",
+    ),
+    Setting(
+        "query-executors",
+        _auto_or_non_negative,
+        "auto",
+        "processes that run the query routes (PromQL, remote read, Graphite render/find/tags, native query), one query at a time each, so no query stops the gateway; 0: in the gateway process (the embedded store's :memory:); auto: the usable cores shared among the --workers, at least 2 per worker; one tenant holds at most half of them",
+    ),
+    Setting(
+        "query-queue",
+        _positive,
+        "100",
+        "queries waiting for a query executor; more get 429 with Retry-After",
+    ),
+    Setting(
+        "query-max-memory-bytes",
+        _positive,
+        str(2 << 30),
+        "resident memory a query executor may use; a query going past it gets 422 and its executor is replaced",
     ),
     Setting(
         "query-max-length",
@@ -331,6 +359,9 @@ class Config:
     query_lookback_delta: int
     query_timeout: int
     query_max_samples: int
+    query_executors: int | None
+    query_queue: int
+    query_max_memory_bytes: int
     query_max_length: int
     query_max_terms: int
     render_max_targets: int
@@ -379,6 +410,17 @@ class Config:
         if self.store_url.startswith("sqlite:") or self.role_set == {"downsample"}:
             return 1
         return len(os.sched_getaffinity(0))
+
+    @property
+    def query_executor_count(self) -> int:
+        """``--query-executors`` of each gateway process, else the usable cores shared among the
+        ``--workers`` (at least 2 each); 0 for an in-memory SQLite store, which no other process
+        can open."""
+        if ":memory:" in self.store_url:
+            return 0
+        if self.query_executors is not None:
+            return self.query_executors
+        return max(2, -(-len(os.sched_getaffinity(0)) // self.worker_count))
 
     @property
     def connection_limit(self) -> int:

@@ -104,6 +104,17 @@ IDLE_CLOSED = Counter(
     ["listener"],
 )
 
+QUERY_EXECUTOR_KILLS = Counter(
+    "tsgate_query_executor_kills",
+    "Query executors killed and replaced: at --query-timeout, over --query-max-memory-bytes, at shutdown, or died",
+    ["reason"],
+)
+QUERY_QUEUE_REJECTED = Counter("tsgate_query_queue_rejected", "Queries refused with 429 over a full --query-queue")
+QUERY_EXECUTORS_READY = Gauge(
+    "tsgate_query_executors_ready", "Query executors started and able to take queries", multiprocess_mode="livesum"
+)
+QUERY_QUEUED = Gauge("tsgate_query_queued", "Queries waiting for a query executor", multiprocess_mode="livesum")
+
 
 def observe_store(operation: str, deferred):
     """Time a store call and count its failures; returns the same Deferred."""

@@ -26,8 +26,9 @@ from gateway.connections import Connections
 from gateway.deletes import Deleter
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
+from gateway.executors import QueryExecutors
 from gateway.graphite.finder import Finder
-from gateway.graphite.graph import GraphPool
+from gateway.graphite.graph import DrawHere, GraphPool
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.graphite.tagdb import TagDB
@@ -75,49 +76,15 @@ class Gateway:
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query, max_future_ms=config.max_future)
         roles = config.role_set
+        count = config.query_executor_count if "query" in roles else 0
+        self.executors = QueryExecutors(config, count) if count else None
         credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
-        router = Router(roles, credentials)
-        NativeAPI(self.store, self.pipeline, self.planner, config.max_points_per_query).register(router)
-        PrometheusAPI(
-            self.store,
-            self.pipeline,
-            self.planner,
-            config.max_decompressed_bytes,
-            config.max_samples_per_query,
-            config.created_timestamp_zero_ingestion,
-            config.max_native_histogram_buckets,
-        ).register(router)
-        PromQLAPI(
-            PromQLService(
-                self.store,
-                self.planner,
-                config.query_max_samples,
-                config.query_lookback_delta,
-                config.query_timeout,
-                QueryText(config.query_max_length, config.query_max_terms),
-            )
-        ).register(router)
-        schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
         self.graphs = GraphPool()
-        GraphiteAPI(
-            self.pipeline,
-            self.planner,
-            Finder(self.store),
-            TagDB(self.store, self.planner),
-            schemas,
-            config.max_points_per_query,
-            self.graphs,
-            max_targets=config.render_max_targets,
-            max_query_length=config.query_max_length,
-        ).register(router)
-        OpsAPI(self.store).register(router)
+        router = build_router(
+            config, self.store, self.planner, self.pipeline, Router(roles, credentials, self.executors), self.graphs
+        )
         deleter = Deleter(
-            self.store,
-            self.planner,
-            self.marks,
-            config.max_future,
-            self.pipeline.known,
-            self.shared_seen,
+            self.store, self.planner, self.marks, config.max_future, self.pipeline.known, self.shared_seen
         )
         AdminAPI(deleter, config.enable_admin_api).register(router)
         self.connections = Connections(config.connection_limit)
@@ -135,6 +102,8 @@ class Gateway:
 
     async def start(self) -> None:
         await start_store(self.config, self.store, self.pending, self.shared_seen)
+        if self.executors is not None:
+            self.executors.start()  # after the store: its schema exists when they open it
         if self.shared_seen is not None:
             self.shared_seen.start()
         config = self.config
@@ -200,7 +169,10 @@ class Gateway:
         finished = defer.gatherResults(
             [self.connections.close_all(), self.graphite.drain(), self.pipeline.drain(), self.downsample_stopped]
         )
-        if not await _within(finished, timeout_s):
+        drained = await _within(finished, timeout_s)
+        if self.executors is not None:
+            self.executors.stop()  # queries still running now are answered 503, then their connections closed
+        if not drained:
             log.warning(
                 "shutdown timeout (%gs, --shutdown-timeout) reached: closing %d connections still open;"
                 " not yet stored: %d carbon samples, %d samples in store writes under way; downsample round %s",
@@ -223,6 +195,47 @@ class Gateway:
             await self.downsample.run_once()
         except Exception as error:
             log.warning("downsample round failed (%s); retrying next round", error)
+
+
+def build_router(
+    config: Config, store, planner: QueryPlanner, pipeline, router: Router, graphs: GraphPool | DrawHere
+) -> Router:
+    """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
+    of the ingest pipeline only its clock)."""
+    NativeAPI(store, pipeline, planner, config.max_points_per_query).register(router)
+    PrometheusAPI(
+        store,
+        pipeline,
+        planner,
+        config.max_decompressed_bytes,
+        config.max_samples_per_query,
+        config.created_timestamp_zero_ingestion,
+        config.max_native_histogram_buckets,
+    ).register(router)
+    PromQLAPI(
+        PromQLService(
+            store,
+            planner,
+            config.query_max_samples,
+            config.query_lookback_delta,
+            config.query_timeout,
+            QueryText(config.query_max_length, config.query_max_terms),
+        )
+    ).register(router)
+    schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
+    GraphiteAPI(
+        pipeline,
+        planner,
+        Finder(store),
+        TagDB(store, planner),
+        schemas,
+        config.max_points_per_query,
+        graphs,
+        max_targets=config.render_max_targets,
+        max_query_length=config.query_max_length,
+    ).register(router)
+    OpsAPI(store).register(router)
+    return router
 
 
 class DownsampleRole:

@@ -123,9 +123,9 @@ def test_two_workers_share_every_listener_and_metrics(start_gateway):
         total = sum(float(v) for v in re.findall(r"^tsgate_samples_accepted_total\{.*\} (\S+)$", text, re.MULTILINE))
         assert total == 230
     metrics_dir = metrics_dir_of(workers[0])
-    accepted = counted_by_worker(metrics_dir, "tsgate_samples_accepted_total")
-    assert set(accepted) == set(workers.values()) and sum(accepted.values()) == 230
-    assert all(accepted.values()), f"one worker took no writes: {accepted}"
+    accepted = counted_by_worker(metrics_dir, "tsgate_samples_accepted_total")  # query executors' files too
+    assert set(workers.values()) <= set(accepted) and sum(accepted.values()) == 230
+    assert all(accepted[pid] for pid in workers.values()), f"one worker took no writes: {accepted}"
     # Both workers marked their series pending; worker 0 alone rolls all of them up.
     rolled = wait_for(
         lambda: (c := counted_by_worker(metrics_dir, "tsgate_downsampled_series_slots_total"))[workers[0]] >= 200 and c,

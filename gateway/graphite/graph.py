@@ -211,7 +211,8 @@ def check_series_colors(series_list) -> None:
 
 
 def _draw(options: GraphOptions, series_list) -> bytes:
-    """Runs in a drawing process: matplotlib is imported there only, never by the gateway's."""
+    """Runs in a drawing process or a query executor: matplotlib is imported there only, never
+    by the serving process."""
     from gateway.graphite import drawing
 
     return drawing.draw(options, series_list)
@@ -283,6 +284,18 @@ class GraphPool:
     def close(self) -> None:
         if self._executor is not None:
             self._stop(self._executor)
+
+
+class DrawHere:
+    """Draws in this process: a query executor (gateway/executors.py) is already a process of its
+    own, killed at the query deadline, so drawing processes of its own would only add two processes
+    per executor."""
+
+    async def draw(self, options: GraphOptions, series_list) -> bytes:
+        return _draw(options, series_list)
+
+    def close(self) -> None:
+        """Nothing runs beside the process."""
 
 
 def _deferred(future: concurrent.futures.Future) -> defer.Deferred:

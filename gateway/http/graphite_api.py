@@ -126,7 +126,7 @@ class GraphiteAPI:
         tags: tagdb.TagDB,
         schemas: StorageSchemas,
         max_points: int,
-        graphs: graph.GraphPool,
+        graphs: graph.GraphPool | graph.DrawHere,
         *,
         max_targets: int,
         max_query_length: int,
