@@ -211,7 +211,7 @@ SETTINGS = [
         "tenant-max-active-series",
         _non_negative,
         "0",
-        "per-tenant series written in the last 20 min to one process, 429 above; 0: no limit",
+        "per-tenant series written in the last 20 min to one process; the new series beyond it are rejected, the others written; 0: no limit",
     ),
     Setting("max-name-length", _positive, "1024", "longest metric name"),
     Setting("max-tag-key-length", _positive, "1024", "longest tag key"),

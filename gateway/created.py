@@ -12,7 +12,7 @@ series is remembered (an LRU), so only a new one costs a store read and write.
 from collections.abc import Sequence
 
 from gateway import metrics
-from gateway.ingest import IngestPipeline
+from gateway.ingest import CreatedSample, IngestPipeline
 from gateway.metadata_cache import LRUMap
 from gateway.model import NAME_TAG, HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
@@ -121,15 +121,10 @@ class CreatedTimestamps:
             await self.pipeline.ingest("prometheus", zero_samples)
         if zero_histograms:
             await self.pipeline.ingest_histograms("prometheus", zero_histograms)
-        await self.store_new(tenant, created)
-
-    async def store_new(self, tenant: str, new: Sequence[tuple[Series, CreatedTimestamp]]) -> None:
-        """Store the new created timestamps (after their series' metadata) and remember them."""
-        if new:
-            await metrics.observe_store(
-                "write_created_timestamps", self.store.write_created_timestamps([row for _, row in new])
-            )
-            self._stored.add_all({self._key(tenant, item): row.created_ms for item, row in new})
+        await self.pipeline.ingest_created(
+            "prometheus", [CreatedSample(tenant, *name_and_tags(item), row.created_ms) for item, row in created]
+        )
+        self._stored.add_all({self._key(tenant, item): row.created_ms for item, row in created})
 
     @staticmethod
     def _key(tenant: str, item: Series) -> tuple:

@@ -12,7 +12,7 @@ from gateway.downsample.pending import PendingMarks, StorePending
 from gateway.ingest import IngestPipeline, Overloaded
 from gateway.limits import RateLimited, TenantLimits
 from gateway.metadata_cache import KnownSeries
-from gateway.model import Limits, Sample, series_set_hash, series_set_text
+from gateway.model import ExemplarSample, HistogramSample, Limits, Sample, series_set_hash, series_set_text
 from gateway.store.layout import HOUR_MS
 from tests.unit import MsClock
 
@@ -146,3 +146,69 @@ async def test_invalid_samples_are_rejected_one_by_one_beside_good_ones(sqlite_s
     assert result.accepted == 2 and [r.index for r in result.rejected] == [1, 2]
     (found,) = await sqlite_store.read_raw(tenant, [series_set_hash(series_set_text("good", {}))], SLOT, SLOT + HOUR_MS)
     assert len(found.head) == 2
+
+
+def rejected(reason: str) -> float:
+    return REGISTRY.get_sample_value("tsgate_samples_rejected_total", {"protocol": "test", "reason": reason}) or 0.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_new_series_over_the_active_limit_are_refused_and_every_kind_of_data_counts(sqlite_store, tenant):
+    """Samples, histograms, exemplars and series without data take the same admission: a series
+    over --tenant-max-active-series is refused wherever it comes from, and the items of the
+    series already active are written beside it."""
+    seconds = MsClock(0)
+    clock = MsClock(SLOT + 10 * MINUTE)
+    pipeline = pipeline_on(sqlite_store, clock, tenant_limits=TenantLimits(0, max_active_series=3, clock=seconds))
+    before = rejected("max_active_series")
+    assert (await pipeline.ingest("test", [Sample(tenant, "m", {"s": "1"}, clock.now, 1.0)])).accepted == 1
+    histogram = HistogramSample(tenant, "h", {}, clock.now, b"\x08\x01")
+    assert (await pipeline.ingest_histograms("test", [histogram])).accepted == 1
+    keys, refused = await pipeline.register_series("test", [(tenant, "tagged", {"s": "2"}), (tenant, "over", {})])
+    assert [key.metric_name for key in keys] == ["tagged"] and [r.index for r in refused] == [1]
+    batch = [Sample(tenant, "m", {"s": str(i)}, clock.now - 1, float(i)) for i in (5, 1, 6)]
+    result = await pipeline.ingest("test", batch + [Sample(tenant, "tagged", {"s": "2"}, clock.now, 2.0)])
+    assert result.accepted == 2
+    assert [(r.index, r.field, r.reason) for r in result.rejected] == [
+        (0, "series", "max_active_series"),
+        (2, "series", "max_active_series"),
+    ]
+    assert "3 active series (--tenant-max-active-series)" in result.rejected[0].problem
+    exemplars = [
+        ExemplarSample(tenant, "m", {"s": "1"}, clock.now, 1.0, {"trace_id": "a"}),
+        ExemplarSample(tenant, "m", {"s": "7"}, clock.now, 1.0, {"trace_id": "b"}),
+    ]
+    result = await pipeline.ingest_exemplars("test", exemplars)
+    assert result.accepted == 1 and [r.index for r in result.rejected] == [1]
+    assert rejected("max_active_series") - before == 3  # the refused samples and series; exemplars count apart
+    (found,) = await sqlite_store.read_raw(
+        tenant, [series_set_hash(series_set_text("m", {"s": "1"}))], SLOT, SLOT + HOUR_MS
+    )
+    assert len(found.head) == 2
+    assert await sqlite_store.list_metric_names(tenant) == ["h", "m", "tagged"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_histograms_and_exemplars_take_the_rate_limit_and_the_in_flight_bound(sqlite_store, tenant):
+    seconds = MsClock(0)
+    clock = MsClock(SLOT + 10 * MINUTE)
+    pipeline = pipeline_on(
+        sqlite_store, clock, max_inflight=8, tenant_limits=TenantLimits(10, burst_seconds=1, clock=seconds)
+    )
+    histograms = [HistogramSample(tenant, "h", {}, clock.now - i, b"\x08\x01") for i in range(10)]
+    assert (await pipeline.ingest_histograms("test", histograms)).accepted == 10
+    with pytest.raises(RateLimited):
+        await pipeline.ingest_exemplars("test", [ExemplarSample(tenant, "h", {}, clock.now, 1.0, {})])
+    seconds.now = 5  # the bucket full again: 10 tokens
+    release = threading.Event()
+    sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
+    try:
+        first = ensureDeferred(pipeline.ingest_histograms("test", histograms[:6]))
+        assert pipeline.inflight_samples == 6
+        with pytest.raises(Overloaded):
+            await pipeline.ingest_exemplars(
+                "test", [ExemplarSample(tenant, "h", {}, clock.now - i, 1.0, {}) for i in range(4)]
+            )
+    finally:
+        release.set()
+    assert (await first).accepted == 6 and pipeline.inflight_samples == 0

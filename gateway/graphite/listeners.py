@@ -6,10 +6,13 @@ writes (up to ``concurrency`` of them at once, so the store's latency does not b
 and pushes back on senders: while more samples wait than ``max_pending``, every TCP
 connection stops reading (the kernel's buffers then stop the sender), and reading resumes when
 the backlog drains. A batch the store refuses (Cassandra down) is retried, never dropped, so
-nothing accepted from a TCP socket is lost. A batch over the tenant's limits
-(``--tenant-max-samples-per-second``, ``--tenant-max-active-series``) is retried after the wait
-the limit names, with every TCP connection paused meanwhile. UDP cannot push back: what arrives
-over the backlog limit, or while the tenant is over its limits, is dropped and counted.
+nothing accepted from a TCP socket is lost. A batch over the tenant's rate
+(``--tenant-max-samples-per-second``) is retried after the wait the limit names, with every TCP
+connection paused meanwhile. Samples of new series over ``--tenant-max-active-series`` are
+refused (counted and logged) and the rest of their batch is written: holding the batch would
+stall every series of every carbon connection until the active window frees a place. UDP cannot
+push back: what arrives over the backlog limit, or while the tenant is over its rate, is dropped
+and counted.
 """
 
 import logging
@@ -100,7 +103,7 @@ class GraphiteIngest:
 
     @property
     def refusing(self) -> bool:
-        """What UDP asks before taking a datagram: the backlog is full or the tenant is limited."""
+        """What UDP asks before taking a datagram: the backlog is full or the tenant is over its rate."""
         return self.full or self.clock.seconds() < self._limited_until
 
     def _pause(self) -> None:
@@ -193,7 +196,7 @@ class GraphiteIngest:
         self._retry_delay = min(self._retry_delay * 2, 10.0)
 
     def _wait_for_the_limit(self, error: RateLimited, protocol: str, batch: list[Sample]) -> None:
-        """Hold the batch and pause the TCP senders until the limit's wait is over."""
+        """Hold the batch and pause the TCP senders until the rate limit's wait is over."""
         self._writing -= 1
         metrics.RATE_LIMITED.labels(error.limit).inc()
         self._limited_until = self.clock.seconds() + error.retry_after_s
