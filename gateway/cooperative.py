@@ -5,12 +5,18 @@ Decoding, validating and hashing a large request is per-item Python: 150,000 ser
 labels took 12 s, and a thread would not help (it holds the GIL as long). So such loops run on
 the reactor, and every few hundred items they ask ``Slices.due()``; once a slice has run for
 ``SLICE_S`` they ``await Slices.pause()``, which lets the reactor run once before they go on.
+A sans-I/O decoder that yields between steps (protocols.prometheus.decode_write_request_steps)
+is run the same way by ``run_steps``.
 """
 
 import time
+from collections.abc import Generator
+from typing import TypeVar
 
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
+
+T = TypeVar("T")
 
 # How long a loop may hold the reactor at a time: short beside a 100 ms p99 target, long beside
 # the cost of a pause (one reactor turn, ~20 us).
@@ -36,3 +42,16 @@ class Slices:
     async def maybe_pause(self) -> None:
         if self.due():
             await self.pause()
+
+
+async def run_steps(steps: Generator[None, None, T]) -> T:
+    """Run a generator that yields between bounded steps of work (a sans-I/O decoder's, say)
+    to its return value, pausing for the reactor whenever a slice has run its time."""
+    slices = Slices()
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        if slices.due():
+            await slices.pause()

@@ -12,6 +12,7 @@ series is remembered (an LRU), so only a new one costs a store read and write.
 from collections.abc import Sequence
 
 from gateway import metrics
+from gateway.cooperative import CHECK_EVERY, Slices
 from gateway.ingest import CreatedSample, IngestPipeline
 from gateway.metadata_cache import LRUMap
 from gateway.model import NAME_TAG, HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text
@@ -63,7 +64,10 @@ class CreatedTimestamps:
     async def new(self, tenant: str, series: Sequence[Series]) -> list[tuple[Series, CreatedTimestamp]]:
         """The series of a request whose created timestamp is not the one stored for them."""
         candidates = []
-        for item in series:
+        slices = Slices()
+        for index, item in enumerate(series):
+            if not index % CHECK_EVERY:
+                await slices.maybe_pause()
             if item.created_timestamp and self._stored.get(self._key(tenant, item)) != item.created_timestamp:
                 candidates.append((item, series_set_hash(series_set_text(*name_and_tags(item)))))
         if not candidates:

@@ -14,7 +14,7 @@ from sys import intern
 from typing import NamedTuple, Protocol
 
 from prometheus_client import Counter
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 
 from gateway import metrics
 from gateway.cooperative import CHECK_EVERY, Slices
@@ -38,6 +38,8 @@ from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, RawPoint
 
 METRIC_METADATA_REMEMBERED = 100_000
+# Rows of one store call: a store prepares them on the reactor thread, so a large batch is cut.
+ROWS_PER_STORE_CALL = 5000
 # The reason counted (tsgate_samples_rejected) for items of new series over --tenant-max-active-series.
 ACTIVE_SERIES_LIMITED = "max_active_series"
 
@@ -350,9 +352,10 @@ class IngestPipeline:
             if admitted.new_series:
                 await self._write_metadata(admitted.new_series)
             if rows:
-                await metrics.observe_store(kind.operation, getattr(self.store, kind.operation)(rows))
+                await self._store_calls(kind.operation, getattr(self.store, kind.operation), rows)
             if kind.rolled_up and self.pending is not None:
-                await self._mark_pending(rows)
+                for start in range(0, len(rows), ROWS_PER_STORE_CALL):
+                    await self._mark_pending(rows[start : start + ROWS_PER_STORE_CALL])
         finally:
             self.inflight_samples -= len(rows)
             metrics.INGEST_INFLIGHT.set(self.inflight_samples)
@@ -367,10 +370,24 @@ class IngestPipeline:
         if self.shared_seen is not None:
             unseen = await self.shared_seen.unseen(unseen)
         if unseen:
-            await metrics.observe_store("write_series", self.store.write_series([candidates[key] for key in unseen]))
+            await self._store_calls("write_series", self.store.write_series, [candidates[key] for key in unseen])
             metrics.SERIES_CREATED.inc(len(unseen))
             if self.shared_seen is not None:
                 await self.shared_seen.mark(unseen)
+
+    @staticmethod
+    async def _store_calls(operation: str, write: Callable[[list], Deferred], rows: list) -> None:
+        """``write(rows)`` in calls of at most ROWS_PER_STORE_CALL rows, all under way at once: a
+        store prepares a call's rows on the reactor thread (~1-3 us a row), so one call of
+        150,000 rows would hold it for a good part of a second."""
+        if len(rows) <= ROWS_PER_STORE_CALL:
+            await metrics.observe_store(operation, write(rows))
+            return
+        calls, slices = [], Slices()
+        for start in range(0, len(rows), ROWS_PER_STORE_CALL):
+            calls.append(metrics.observe_store(operation, write(rows[start : start + ROWS_PER_STORE_CALL])))
+            await slices.maybe_pause()
+        await gatherResults(calls, consumeErrors=True)
 
     async def _mark_pending(self, points: Sequence[RawPoint | HistogramRow]) -> None:
         """Once per distinct series and slot of the batch, before the write is acknowledged, unless
