@@ -9,6 +9,7 @@ series over the tenant's active-series limit, are rejected one by one; the good 
 them are still written.
 """
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from sys import intern
 from typing import NamedTuple, Protocol
@@ -40,6 +41,8 @@ from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, 
 METRIC_METADATA_REMEMBERED = 100_000
 # Rows of one store call: a store prepares them on the reactor thread, so a large batch is cut.
 ROWS_PER_STORE_CALL = 5000
+# The bound on rows in flight never goes below this, however slow the store has been.
+MIN_INFLIGHT_BOUND = 20_000
 # The reason counted (tsgate_samples_rejected) for items of new series over --tenant-max-active-series.
 ACTIVE_SERIES_LIMITED = "max_active_series"
 
@@ -171,6 +174,40 @@ class _Admitted(NamedTuple):
     rejected: list[Rejected]
 
 
+class StoreRate:
+    """Rows the store took per second while it was busy: measured over windows of ``window_s``
+    during which writes were under way all the time (an idle moment voids the window). The
+    highest recent figure is kept, forgotten by ``decay`` a window: a bound derived from it then
+    limits what it measures only slowly (a bound that followed the last figure would shrink
+    itself to its floor). None until a first busy window ends."""
+
+    def __init__(self, window_s: float = 1.0, decay: float = 0.9, clock=time.monotonic):
+        self.window_s = window_s
+        self.decay = decay
+        self.clock = clock
+        self.rate: float | None = None
+        self._window_start: float | None = None
+        self._stored = 0
+
+    def busy(self) -> None:
+        """A write starts."""
+        if self._window_start is None:
+            self._window_start, self._stored = self.clock(), 0
+
+    def stored(self, rows: int, still_busy: bool) -> None:
+        """A write of ``rows`` ended; ``still_busy``: others are still under way."""
+        if self._window_start is None:
+            return
+        self._stored += rows
+        now = self.clock()
+        if now - self._window_start >= self.window_s:
+            measured = self._stored / (now - self._window_start)
+            self.rate = measured if self.rate is None else max(measured, self.rate * self.decay)
+            self._window_start, self._stored = now, 0
+        if not still_busy:
+            self._window_start = None
+
+
 class IngestPipeline:
     def __init__(
         self,
@@ -183,6 +220,7 @@ class IngestPipeline:
         pending: PendingMarker | None = None,
         tenant_limits: TenantLimits | None = None,
         max_metadata_length: int = 1024,
+        flush_within_s: float | None = None,
     ):
         self.store = store
         self.limits = limits
@@ -197,6 +235,11 @@ class IngestPipeline:
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
         self.inflight_samples = 0
+        # What is in flight must be storable within this (a share of --shutdown-timeout): the
+        # bound on rows in flight follows the store's measured rate (flushable_samples).
+        self.flush_within_s = flush_within_s
+        self.store_rate = StoreRate()
+        self.draining = False
         self._drained: list[Deferred] = []
 
     def count_rejected(self, protocol: str, reason: str, count: int = 1) -> None:
@@ -344,10 +387,12 @@ class IngestPipeline:
         """Metadata of the new series, then the rows, then the pending marks, within the bound on
         rows in flight (Overloaded beyond it; a first batch may exceed it alone)."""
         rows = admitted.rows if kind.operation else []
-        if rows and self.inflight_samples and self.inflight_samples + len(rows) > self.max_inflight_samples:
+        if rows and self.inflight_samples and self.inflight_samples + len(rows) > self.flushable_samples():
             raise Overloaded(f"{self.inflight_samples} samples are already waiting for the store")
         self.inflight_samples += len(rows)
         metrics.INGEST_INFLIGHT.set(self.inflight_samples)
+        if rows:
+            self.store_rate.busy()
         try:
             if admitted.new_series:
                 await self._write_metadata(admitted.new_series)
@@ -359,10 +404,21 @@ class IngestPipeline:
         finally:
             self.inflight_samples -= len(rows)
             metrics.INGEST_INFLIGHT.set(self.inflight_samples)
+            if rows:
+                self.store_rate.stored(len(rows), bool(self.inflight_samples))
             if not self.inflight_samples:
                 waiting, self._drained = self._drained, []
                 for deferred in waiting:
                     deferred.callback(None)
+
+    def flushable_samples(self) -> int:
+        """The bound on rows in flight: --max-inflight-samples, and once the store's rate is
+        known, no more than it stores in ``flush_within_s`` (at least MIN_INFLIGHT_BOUND), so
+        that what was accepted when SIGTERM comes is stored within --shutdown-timeout."""
+        rate = self.store_rate.rate
+        if self.flush_within_s is None or rate is None or self.draining:
+            return self.max_inflight_samples
+        return min(self.max_inflight_samples, max(MIN_INFLIGHT_BOUND, int(rate * self.flush_within_s)))
 
     async def _write_metadata(self, candidates: dict[tuple[str, str], SeriesKey]) -> None:
         """Metadata before data, so whatever data is acknowledged is always findable."""
@@ -417,7 +473,10 @@ class IngestPipeline:
                 marked[key] = max(key[2] + width, now) + margin
 
     def drain(self) -> Deferred:
-        """Fire once nothing is in flight (used at shutdown, after listeners stopped)."""
+        """Fire once nothing is in flight (used at shutdown, after listeners stopped). What was
+        accepted is written from now on as fast as the store takes it: the bound on rows in
+        flight is back to --max-inflight-samples."""
+        self.draining = True
         deferred = Deferred()
         if self.inflight_samples:
             self._drained.append(deferred)

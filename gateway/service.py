@@ -47,6 +47,11 @@ from gateway.workers import CONFIG_ERROR_EXIT, CannotListen, Worker
 log = logging.getLogger(__name__)
 
 
+# The share of --shutdown-timeout that the writes in flight may take to reach the store, and as
+# much again for the carbon backlog: the bound on each follows the store's measured rate.
+FLUSH_SHARE = 0.3
+
+
 class Gateway:
     """One gateway process. ``inherited`` maps listener names (``Config.listeners``) to sockets
     already bound by a ``--workers`` supervisor; without it the gateway binds its own."""
@@ -67,6 +72,7 @@ class Gateway:
             pending=PendingMarks(self.pending, config.downsample_partitions_count),
             tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             max_metadata_length=config.max_metadata_length,
+            flush_within_s=config.shutdown_timeout / 1000 * FLUSH_SHARE,
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query)
         roles = config.role_set
@@ -175,6 +181,7 @@ class Gateway:
         finished = defer.gatherResults(
             [self.connections.close_all(), self.graphite.drain(), self.pipeline.drain(), self.downsample_stopped]
         )
+        stopping = reactor.seconds()
         if not await _within(finished, timeout_s):
             log.warning(
                 "shutdown timeout (%gs, --shutdown-timeout) reached: closing %d connections still open;"
@@ -186,7 +193,9 @@ class Gateway:
                 "still running (redone after restart)" if not self.downsample_stopped.called else "done",
             )
             self.connections.abort_all()
+        drained = reactor.seconds()
         await self.store.close()
+        log.info("drained in %.2fs, store closed in %.2fs", drained - stopping, reactor.seconds() - drained)
         if self.shared_seen is not None:
             await self.shared_seen.stop()
         log.info("stopped")

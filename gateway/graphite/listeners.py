@@ -35,6 +35,9 @@ from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 
 log = logging.getLogger(__name__)
 
+# The longest wait before a refused batch is tried again once the gateway is stopping.
+DRAINING_RETRY_S = 0.1
+
 
 class RejectLog:
     """Log refused input at most once per reason every ``interval`` seconds (counting is exact)."""
@@ -87,6 +90,7 @@ class GraphiteIngest:
         self._flush_call = None
         self._retry_delay = 0.5
         self._limited_until = 0.0
+        self.draining = False
         self._idle: list[defer.Deferred] = []
 
     def register(self, transport) -> None:
@@ -99,7 +103,9 @@ class GraphiteIngest:
 
     @property
     def full(self) -> bool:
-        return self.pending >= self.max_pending
+        """``max_pending`` samples wait, or more than the store takes in the pipeline's flush
+        time (IngestPipeline.flushable_samples), which SIGTERM would find still to store."""
+        return self.pending >= min(self.max_pending, self.pipeline.flushable_samples())
 
     @property
     def refusing(self) -> bool:
@@ -164,7 +170,7 @@ class GraphiteIngest:
         self._retry_delay = 0.5
         self.pending -= len(batch)
         metrics.GRAPHITE_PENDING.set(self.pending)
-        if self.paused and self.pending < self.max_pending // 2:
+        if self.paused and self.pending < min(self.max_pending, self.pipeline.flushable_samples()) // 2:
             self.paused = False
             for transport in self._transports:
                 transport.resumeProducing()
@@ -214,10 +220,17 @@ class GraphiteIngest:
         self._queued += len(batch)
         if self._flush_call is not None:
             self._flush_call.cancel()
+        if self.draining:
+            delay = min(delay, DRAINING_RETRY_S)
         self._flush_call = self.clock.callLater(delay, self._flush)
 
     def drain(self) -> defer.Deferred:
-        """Fire when everything submitted has been stored (used at shutdown)."""
+        """Fire when everything submitted has been stored (used at shutdown). From now on a
+        refused batch is retried within DRAINING_RETRY_S, and one waiting is retried at once: a
+        backoff of up to 10 s would outlast --shutdown-timeout."""
+        self.draining = True
+        if self._flush_call is not None and self._flush_call.getTime() > self.clock.seconds():
+            self._flush_call.reset(0)
         if not self.pending:
             return defer.succeed(None)
         deferred = defer.Deferred()
