@@ -5,6 +5,8 @@ connection once the request under way is answered, carbon ones at once: what the
 queued); wait for accepted writes to reach the store and for a running downsample round, at most
 ``--shutdown-timeout``, then log what is left and close it; close the store; exit 0. Nothing is
 acknowledged before the store has it, so what is left at the timeout was never acknowledged.
+What is accepted is bounded by what the store takes in FLUSH_SHARE of the timeout (writes in
+flight and the carbon backlog, IngestPipeline.flushable_samples), so the drain fits in it.
 """
 
 import dataclasses

@@ -12,7 +12,13 @@ from twisted.internet.testing import StringTransport
 
 from gateway.connections import Connections
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
+from gateway.graphite.listeners import (
+    DRAINING_RETRY_S,
+    GraphiteIngest,
+    PickleFactory,
+    PlaintextDatagramProtocol,
+    PlaintextFactory,
+)
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries
@@ -114,6 +120,35 @@ async def test_a_busy_store_is_retried_with_doubling_delays_and_nothing_is_lost(
     await drained
     assert await stored(sqlite_store, tenant, "busy") == 10
     assert ingest._writing == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_at_shutdown_a_batch_waiting_to_be_retried_is_retried_at_once(sqlite_store, tenant):
+    """A backoff of seconds would outlast --shutdown-timeout: drain retries the waiting batch now,
+    and any refusal after it within DRAINING_RETRY_S."""
+    clock = Clock()
+    ingest = GraphiteIngest(
+        pipeline_on(sqlite_store, max_inflight=5), batch_size=5, max_pending=1000, concurrency=2, clock=clock
+    )
+    release = threading.Event()
+    sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
+    try:
+        ingest.submit("graphite_plaintext", samples(tenant, "stopping", 5))
+        ingest.submit("graphite_plaintext", samples(tenant, "stopping", 5, 5))
+        clock.advance(0)
+        for delay in (0.5, 1.0):
+            clock.advance(delay)
+        assert next_timer(clock) == 2.0
+        drained = ingest.drain()
+        assert next_timer(clock) == 0
+        clock.advance(0)
+        assert next_timer(clock) == pytest.approx(DRAINING_RETRY_S)  # refused again: the first write still waits
+    finally:
+        release.set()
+    await until(lambda: ingest.pipeline.inflight_samples == 0)
+    clock.advance(DRAINING_RETRY_S)
+    await drained
+    assert await stored(sqlite_store, tenant, "stopping") == 10
 
 
 def limited_ingest(store, clock: Clock, limits: TenantLimits) -> tuple[GraphiteIngest, StringTransport]:

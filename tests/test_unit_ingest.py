@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY
 from twisted.internet.defer import ensureDeferred
 
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.ingest import IngestPipeline, Overloaded
+from gateway.ingest import MIN_INFLIGHT_BOUND, IngestPipeline, Overloaded, StoreRate
 from gateway.limits import RateLimited, TenantLimits
 from gateway.metadata_cache import KnownSeries
 from gateway.model import ExemplarSample, HistogramSample, Limits, Sample, series_set_hash, series_set_text
@@ -212,3 +212,30 @@ async def test_histograms_and_exemplars_take_the_rate_limit_and_the_in_flight_bo
     finally:
         release.set()
     assert (await first).accepted == 6 and pipeline.inflight_samples == 0
+
+
+def test_the_in_flight_bound_follows_the_store_rate_so_that_a_stop_can_flush_it_in_time(sqlite_store):
+    """A busy second storing 30,000 rows makes the bound what the store takes in flush_within_s;
+    the figure kept decays slowly (a bound that limits the rate must not shrink itself), has a
+    floor, and the drain at shutdown lifts it."""
+    seconds = MsClock(0)
+    pipeline = IngestPipeline(sqlite_store, Limits(), KnownSeries(10), 1_000_000, flush_within_s=2.0)
+    pipeline.store_rate = StoreRate(window_s=1.0, decay=0.5, clock=seconds)
+    assert pipeline.flushable_samples() == 1_000_000  # nothing measured yet
+    pipeline.store_rate.busy()
+    seconds.now = 0.5
+    pipeline.store_rate.stored(10_000, still_busy=True)
+    seconds.now = 1.0
+    pipeline.store_rate.stored(20_000, still_busy=True)
+    assert pipeline.flushable_samples() == 60_000
+    seconds.now = 2.0
+    pipeline.store_rate.stored(5_000, still_busy=False)  # a slower second: the figure halves
+    assert pipeline.flushable_samples() == 30_000
+    pipeline.store_rate.busy()
+    seconds.now = 2.5
+    pipeline.store_rate.stored(100_000, still_busy=False)  # idle before the window ended: not a figure
+    assert pipeline.flushable_samples() == 30_000
+    pipeline.store_rate.rate = 10.0
+    assert pipeline.flushable_samples() == MIN_INFLIGHT_BOUND
+    pipeline.drain()
+    assert pipeline.flushable_samples() == 1_000_000
