@@ -111,11 +111,18 @@ def _downsample(namespace: argparse.Namespace) -> int:
             raise SystemExit(1) from None  # task.react's way to an exit code without a traceback
         try:
             done = await role.run_once()
-            print(f"rolled up {done} series-slots; {await role.waiting()} left pending for a later round", flush=True)
+            failed = role.downsampler.round_failed
+            print(
+                f"rolled up {done} series-slots; {await role.waiting()} left pending for a later round"
+                + (f" ({failed} of them failed, see the log)" if failed else ""),
+                flush=True,
+            )
         finally:
             await store.close()
+        if failed:
+            raise SystemExit(1)
 
-    task.react(lambda reactor: defer.ensureDeferred(once(reactor)))  # exits: 0, or 1 with the error said
+    task.react(lambda reactor: defer.ensureDeferred(once(reactor)))  # exits: 0, or 1 with the error said or logged
     return 0
 
 

@@ -150,6 +150,12 @@ SETTINGS = [
         "",
         "TOML file of bearer tokens and basic-auth users, each with its tenant and roles (docs/security.rst); none: no credentials asked, the tenant comes from the X-Scope-OrgID header",
     ),
+    Setting(
+        "auth-max-failures",
+        _non_negative,
+        "20",
+        "with --auth-file: failed credentials a minute per user name and per client address before further attempts get 429 (no password is checked then); 0: no limit",
+    ),
     Setting("max-body-bytes", _positive, str(10 << 20), "largest HTTP request body accepted (413 above)"),
     Setting(
         "max-decompressed-bytes",
@@ -168,6 +174,18 @@ SETTINGS = [
         parse_duration,
         "6m",
         "an HTTP connection idle this long, or taking this long to send a request's headers, is closed; 0s: never; longer than clients keep idle connections (Prometheus 5m, Go and Grafana 90s), so that they close first",
+    ),
+    Setting(
+        "http-body-timeout",
+        parse_duration,
+        "60s",
+        "a request body not received in full this long after its headers gets 408 and its connection is closed; 0s: never",
+    ),
+    Setting(
+        "http-body-min-rate",
+        _non_negative,
+        "1024",
+        "bytes per second a request body must arrive at, on average from its headers on, once it took over 5 s (408 and closed below); 0: no minimum",
     ),
     Setting(
         "carbon-idle-timeout",
@@ -195,6 +213,19 @@ SETTINGS = [
         "50000000",
         "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)",
     ),
+    Setting(
+        "query-max-length",
+        _positive,
+        "65536",
+        "characters of one PromQL query or selector, or of one Graphite render target (400 above)",
+    ),
+    Setting(
+        "query-max-terms",
+        _positive,
+        "300",
+        "PromQL: operators, matchers, parentheses and arguments one query may have, counted before it is parsed (400 above)",
+    ),
+    Setting("render-max-targets", _positive, "500", "Graphite: targets one /render request may have (400 above)"),
     Setting(
         "max-points-per-query",
         _positive,
@@ -277,10 +308,13 @@ class Config:
     redis: str
     redis_key_ttl: int
     auth_file: Path | None
+    auth_max_failures: int
     max_body_bytes: int
     max_decompressed_bytes: int
     max_connections: int | None
     http_idle_timeout: int
+    http_body_timeout: int
+    http_body_min_rate: int
     carbon_idle_timeout: int
     shutdown_timeout: int
     max_inflight_samples: int
@@ -290,6 +324,9 @@ class Config:
     query_lookback_delta: int
     query_timeout: int
     query_max_samples: int
+    query_max_length: int
+    query_max_terms: int
+    render_max_targets: int
     max_points_per_query: int
     tenant_max_samples_per_second: int
     tenant_max_active_series: int

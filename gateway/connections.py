@@ -2,10 +2,12 @@
 
 One cap over all of them (``--max-connections``), so connections cannot use up the process's file
 descriptors (which the store needs too). At the cap a new connection takes the place of the
-oldest idle one (``evictable``: an HTTP connection with no request under way, idle keep-alive or
-still sending its request head, or a carbon connection that has sent nothing yet), so a flood of
-sockets that never send a request cannot lock everyone else out; when there is none (every
-connection is busy), the new connection is closed at once, counted and logged (at most once per ``LOG_INTERVAL_S``). At shutdown the same registry closes them: each
+oldest idle one (``evictable``: an HTTP connection with no request being answered, idle
+keep-alive or still sending its request, head or body, or a carbon connection that has not sent
+a complete line or frame yet), so a flood of sockets that never finish a request cannot lock
+everyone else out, however slowly they trickle bytes; when there is none (every connection is
+busy), the new connection is closed at once, counted and logged (at most once per
+``LOG_INTERVAL_S``). At shutdown the same registry closes them: each
 connection's ``close_when_idle`` answers what it already received first, and ``abort_all`` ends
 whatever is left when the shutdown timeout runs out.
 """

@@ -36,7 +36,14 @@ PROMETHEUS_SKIPPED = Counter(
     "tsgate_prometheus_skipped", "Remote-write parts not stored (metadata over --max-metadata-length)", ["kind"]
 )
 AUTH_FAILURES = Counter("tsgate_auth_failures", "HTTP requests refused for their credential (--auth-file)", ["reason"])
-RATE_LIMITED = Counter("tsgate_rate_limited_requests", "Requests refused with 429 over a tenant limit", ["limit"])
+RATE_LIMITED = Counter(
+    "tsgate_rate_limited_requests",
+    "Requests refused with 429 over a limit (a tenant's, or of failed credentials and waiting password checks)",
+    ["limit"],
+)
+CANCELLED_REQUESTS = Counter(
+    "tsgate_cancelled_requests", "HTTP requests whose work was cancelled because the client closed the connection"
+)
 GRAPHITE_PENDING = Gauge(
     "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"
 )
@@ -61,7 +68,20 @@ DOWNSAMPLE_SETTLED = Gauge(
     "Settled partition-slots found waiting at the last round",
     multiprocess_mode="livemax",
 )
-DOWNSAMPLE_ERRORS = Counter("tsgate_downsample_errors", "Settled slots whose roll-up failed (retried next round)")
+DOWNSAMPLE_ERRORS = Counter(
+    "tsgate_downsample_errors",
+    "Settled partition-slots in which a round failed to seal or roll up a series-slot (retried later)",
+)
+DOWNSAMPLE_SLOT_FAILURES = Counter(
+    "tsgate_downsample_slot_failures",
+    "Failed attempts to seal (stage=seal) or roll up (stage=rollup, raw block written) a series-slot, by exception",
+    ["stage", "reason"],
+)
+DOWNSAMPLE_NEAR_EXPIRY = Gauge(
+    "tsgate_downsample_slots_near_expiry",
+    "Failed series-slots still unsealed whose head rows have less than half of --head-retention left",
+    multiprocess_mode="livemax",
+)
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
 INGEST_INFLIGHT = Gauge(
@@ -72,6 +92,11 @@ CONNECTIONS_OPEN = Gauge(
 )
 CONNECTIONS_REFUSED = Counter(
     "tsgate_refused_connections", "New TCP connections closed at once over --max-connections", ["listener"]
+)
+SLOW_REQUEST_BODIES = Counter(
+    "tsgate_slow_request_bodies",
+    "HTTP requests answered 408 and closed: the body came too slowly (--http-body-timeout, --http-body-min-rate)",
+    ["reason"],
 )
 IDLE_CLOSED = Counter(
     "tsgate_idle_closed_connections",

@@ -12,7 +12,7 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 
 from gateway import metrics
 from gateway.metadata_cache import LRUMap
-from gateway.model import NAME_TAG, SeriesKey
+from gateway.model import NAME_TAG, Limits, SeriesKey
 from gateway.read_path import READ_BATCH, ReadPath
 from gateway.samples import Samples
 from gateway.store import Store
@@ -50,10 +50,10 @@ class PointsBudget:
 
 
 class QueryPlanner:
-    def __init__(self, store: Store, max_series: int, concurrency: int = 32):
+    def __init__(self, store: Store, max_series: int, concurrency: int = 32, max_future_ms: int = Limits.max_future_ms):
         self.store = store
         self.max_series = max_series
-        self.reader = ReadPath(store, concurrency)
+        self.reader = ReadPath(store, concurrency, max_future_ms=max_future_ms)
         self._series = LRUMap(SERIES_REMEMBERED)
         self._semaphore = DeferredSemaphore(concurrency)
 
@@ -147,7 +147,12 @@ class QueryPlanner:
         Matchers have ``name``, ``type`` (EQ, NEQ, RE, NRE), ``value`` and ``matches(text)``, with
         Prometheus semantics (an absent label is ""). The index narrows the candidates: an
         equality or a regex that cannot match "" becomes series_sets lookups (regexes through
-        tag_values); everything is then checked on the full labels.
+        tag_values); everything is then checked on the full labels. Values are counted before
+        they are looked up: a matcher whose values outnumber --max-series-per-query (each is at
+        least one series) only filters the candidates of the others, and is refused when it is
+        the only one that narrows (``{i=~".+"}`` over 100k values took 103 s to refuse). Series
+        come by metric name, then by tags, as Prometheus's storage gives them: the same answer (topk
+        ties, sums near overflow) on every run.
         """
         name_matchers = [m for m in matchers if m.name == NAME_TAG]
         tag_matchers = [m for m in matchers if m.name != NAME_TAG]
@@ -159,7 +164,7 @@ class QueryPlanner:
                     f"the query matches more than {self.max_series} series (--max-series-per-query); narrow it"
                 )
             series = await self._get_series(tenant, hashes)
-            for key in series.values():
+            for key in sorted(series.values(), key=lambda s: sorted(s.tags.items())):
                 labels = label_view(key.metric_name, key.tags)
                 if all(m.matches(labels.get(m.name, "")) for m in matchers):
                     found.append(key)
@@ -178,6 +183,8 @@ class QueryPlanner:
             values = await self._matching_values(
                 matcher, "list_tenant_tag_values", self.store.list_tenant_tag_values, tenant
             )
+            if len(values) > self.max_series:
+                continue
             lookups = [
                 self._limited("find_metrics_by_tag", self.store.find_metrics_by_tag, tenant, matcher.name, v)
                 for v in values
@@ -189,14 +196,23 @@ class QueryPlanner:
         return sorted(n for n in names if all(m.matches(label_view(n, {})[NAME_TAG]) for m in name_matchers))
 
     async def _candidates(self, tenant: str, metric_name: str, tag_matchers) -> set[str]:
-        lookups = []
+        """The series of a metric the narrowing matchers' values give (see select_by_matchers)."""
+        lookups, too_many = [], []
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
             values = await self._matching_values(
                 matcher, "list_tag_values", self.store.list_tag_values, tenant, metric_name
             )
+            if len(values) > self.max_series:
+                too_many.append(f"{matcher.name} matches {len(values)} values of {metric_name!r}")
+                continue
             lookups.append(ensureDeferred(self._union(tenant, metric_name, matcher.name, values)))
+        if too_many and not lookups:
+            raise QueryTooLarge(
+                f"the query matches more than {self.max_series} series (--max-series-per-query): {too_many[0]};"
+                " narrow it"
+            )
         if not lookups:
             lookups.append(ensureDeferred(self._union(tenant, metric_name, NAME_TAG, [metric_name])))
         found = await gatherResults(lookups, consumeErrors=True)

@@ -25,7 +25,7 @@ from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway import metrics, samples
-from gateway.model import SeriesKey, now_ms
+from gateway.model import Limits, SeriesKey, now_ms
 from gateway.samples import Samples
 from gateway.store import Store
 from gateway.store.blocks import decode_block
@@ -46,6 +46,14 @@ LATEST_MS = 253_402_300_799_999
 def clamp_range(start_ms: int, end_ms: int) -> tuple[int, int]:
     """Both ends within [EARLIEST_MS, LATEST_MS] (a range that ends before 1970 reads nothing after it)."""
     return min(max(start_ms, EARLIEST_MS), LATEST_MS), max(min(end_ms, LATEST_MS), EARLIEST_MS)
+
+
+def readable_range(layout: Layout, now: int, max_future_ms: int, start_ms: int, end_ms: int) -> tuple[int, int]:
+    """The part of a range the retentions can hold: from the longest retention before ``now`` to
+    ``max_future_ms`` (--max-future) after it. An open range ("all time": a remote read without
+    start or end) then costs what the stored data does, not one store partition per slot since 1970."""
+    start_ms, end_ms = clamp_range(start_ms, end_ms)
+    return max(start_ms, now - layout.longest_retention_ms), min(end_ms, now + max_future_ms)
 
 
 class SeriesData(NamedTuple):
@@ -85,11 +93,22 @@ def _aggregate(row: Rollup, aggregate: str) -> float | None:
 
 
 class ReadPath:
-    def __init__(self, store: Store, concurrency: int = 32, clock=now_ms):
+    def __init__(self, store: Store, concurrency: int = 32, clock=now_ms, max_future_ms: int = Limits.max_future_ms):
         self.store = store
         self.layout = store.layout
         self.clock = clock
+        self.max_future_ms = max_future_ms
         self._semaphore = DeferredSemaphore(concurrency)
+
+    def readable(self, start_ms: int, end_ms: int) -> tuple[int, int]:
+        """What the query readers (``read``, ``read_rollup``, ``read_histograms``, and exemplars)
+        read of a range: the part the retentions can hold (``readable_range``)."""
+        return readable_range(self.layout, self.clock(), self.max_future_ms, start_ms, end_ms)
+
+    def exemplar_range(self, start_ms: int, end_ms: int) -> tuple[int, int]:
+        """What an exemplar read reads of a range: the readable part within --exemplar-retention."""
+        start_ms, end_ms = self.readable(start_ms, end_ms)
+        return max(start_ms, self.clock() - self.layout.exemplar_retention_ms), end_ms
 
     def _limited(self, operation: str, call, *args):
         return self._semaphore.run(lambda: metrics.observe_store(operation, call(*args)))
@@ -107,7 +126,7 @@ class ReadPath:
         fallback: str | None = "last",
     ) -> list[SeriesData]:
         """Each series' samples in the inclusive range, stitched as the module says, in order."""
-        start_ms, end_ms = clamp_range(start_ms, end_ms)
+        start_ms, end_ms = self.readable(start_ms, end_ms)
         granularity = self.rollup_for(start_ms)
         if granularity is None:
             return [SeriesData(s, None) for s in await self.read_raw(series, start_ms, end_ms)]
@@ -127,7 +146,9 @@ class ReadPath:
         """Each series' native histograms in the inclusive range, oldest first: stored ones within
         the raw retention and, before it, those the roll-up covering the start keeps (the same
         roll-up and boundary as ``read``; docs/downsampling.rst)."""
-        start_ms, end_ms = clamp_range(start_ms, end_ms)
+        start_ms, end_ms = self.readable(start_ms, end_ms)
+        if end_ms < start_ms:
+            return [[] for _ in hashes]
         granularity = self.rollup_for(start_ms)
         if granularity is None:
             return await self._limited("read_histograms", self.store.read_histograms, tenant, hashes, start_ms, end_ms)
@@ -182,7 +203,7 @@ class ReadPath:
         fallback: str | None = None,
     ) -> list[tuple[Samples, str | None]]:
         """One aggregate of a roll-up table for every series (with ``fallback`` for series lacking it)."""
-        start_ms, end_ms = clamp_range(start_ms, end_ms)
+        start_ms, end_ms = self.readable(start_ms, end_ms)
         if end_ms < start_ms:
             return [(samples.empty(), None) for _ in series]
         reads = [

@@ -11,7 +11,7 @@ stays right). docs/prometheus.rst.
 
 from gateway.model import SeriesKey
 from gateway.query import QueryPlanner, QueryTooLarge
-from gateway.read_path import READ_BATCH, clamp_range
+from gateway.read_path import READ_BATCH
 from gateway.samples import Samples
 from gateway.store import Store
 from protocols import prometheus
@@ -31,8 +31,10 @@ class RemoteRead:
         chunks have no place for them) exemplars: (labels, samples, histograms) when
         ``streamed``, else (labels, samples, exemplars, histograms) as encode_read_response takes them."""
         selections = [await self._select(tenant, query) for query in queries]
+        reader = self.planner.reader
         histograms = [
-            await self._attached(self.planner.reader.read_histograms, tenant, s, q) for q, s in zip(queries, selections)
+            await self._attached(reader.read_histograms, tenant, s, reader.readable(q.start_ms, q.end_ms))
+            for q, s in zip(queries, selections)
         ]
         if sum(len(rows) for found in histograms for rows in found) > self.max_samples_per_query:
             raise QueryTooLarge(
@@ -50,7 +52,9 @@ class RemoteRead:
             ]
         complete = []
         for query, selection, found, native in zip(queries, selections, samples, histograms):
-            exemplars = await self._attached(self.store.read_exemplars, tenant, selection, query)
+            exemplars = await self._attached(
+                self.store.read_exemplars, tenant, selection, reader.exemplar_range(query.start_ms, query.end_ms)
+            )
             complete.append(
                 [
                     (
@@ -89,11 +93,14 @@ class RemoteRead:
                     found[_label_key(labels)] = read.samples
         return found
 
-    async def _attached(self, read, tenant: str, selection: Selection, query) -> list[list]:
+    async def _attached(self, read, tenant: str, selection: Selection, time_range: tuple[int, int]) -> list[list]:
         """What is kept beside the samples of each selected series (``read`` is the store's
-        read_exemplars or the read path's read_histograms) in the query's range, one list a series."""
+        read_exemplars or the read path's read_histograms) in a range the read path cut to what
+        the retentions hold, one list a series."""
         found = []
-        start_ms, end_ms = clamp_range(query.start_ms, query.end_ms)
+        start_ms, end_ms = time_range
+        if end_ms < start_ms:
+            return [[] for _ in selection]
         for start in range(0, len(selection), READ_BATCH):
             part = [key.series_set_hash for _, key in selection[start : start + READ_BATCH]]
             found.extend(await read(tenant, part, start_ms, end_ms))

@@ -37,10 +37,11 @@ from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
-from gateway.http.server import Router, Site
+from gateway.http.server import BodyDeadline, Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.promql.engine import QueryText
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
 from gateway.store import open_store
@@ -76,9 +77,10 @@ class Gateway:
             max_metadata_length=config.max_metadata_length,
             flush_within_s=config.shutdown_timeout / 1000 * FLUSH_SHARE,
         )
-        self.planner = QueryPlanner(self.store, config.max_series_per_query)
+        self.planner = QueryPlanner(self.store, config.max_series_per_query, max_future_ms=config.max_future)
         roles = config.role_set
-        router = Router(roles, Credentials.from_file(config.auth_file) if config.auth_file else None)
+        credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
+        router = Router(roles, credentials)
         NativeAPI(self.store, self.pipeline, self.planner, config.max_points_per_query).register(router)
         PrometheusAPI(
             self.store,
@@ -96,7 +98,7 @@ class Gateway:
                 config.query_max_samples,
                 config.query_lookback_delta,
                 config.query_timeout,
-                config.max_future,
+                QueryText(config.query_max_length, config.query_max_terms),
             )
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
@@ -107,10 +109,18 @@ class Gateway:
             TagDB(self.store, self.planner),
             schemas,
             config.max_points_per_query,
+            max_targets=config.render_max_targets,
+            max_query_length=config.query_max_length,
         ).register(router)
         OpsAPI(self.store).register(router)
         self.connections = Connections(config.connection_limit)
-        self.site = Site(router, config.max_body_bytes, self.connections, _seconds(config.http_idle_timeout))
+        self.site = Site(
+            router,
+            config.max_body_bytes,
+            self.connections,
+            _seconds(config.http_idle_timeout),
+            BodyDeadline(_seconds(config.http_body_timeout), config.http_body_min_rate),
+        )
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
         self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None

@@ -57,9 +57,11 @@ def tsgate_serve(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subpr
     return result, time.monotonic() - started
 
 
-def metric_value(gateway, name: str) -> float:
-    """One sample of the gateway's /metrics, by its full name and labels; 0 when absent."""
-    match = re.search(rf"^{re.escape(name)} (\S+)$", gateway.get("/metrics").body.decode(), re.MULTILINE)
+def metric_value(gateway, name: str, headers=None) -> float:
+    """One sample of the gateway's /metrics, by its full name and labels; 0 when absent.
+    ``headers``: an admin credential, with ``--auth-file``."""
+    exposition = gateway.get("/metrics", headers=headers).body.decode()
+    match = re.search(rf"^{re.escape(name)} (\S+)$", exposition, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 
 

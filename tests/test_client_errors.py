@@ -361,3 +361,19 @@ def test_an_error_that_is_not_the_targets_fault_is_a_logged_500(start_gateway, t
 def test_nothing_above_was_a_500(gateway):
     """Run last in this module: the gateway logged no internal error for any probe."""
     assert "internal error" not in gateway.log() and "error answering" not in gateway.log()
+
+
+@pytest.mark.parametrize("callback", ["a\r\nX-Injected: 1(", "alert(1)//", "cb[0]", "1cb", "cb;x", "<script>", "a..b"])
+@pytest.mark.parametrize("path", ["/render?target=a.b.c&format=json&from=-10min", "/metrics/find?query=a.*"])
+def test_a_jsonp_callback_that_is_not_a_javascript_name_is_400(gateway, path, callback):
+    answer = gateway.get(f"{path}&jsonp={urllib.parse.quote(callback)}")
+    assert_client_error(answer, 400, "jsonp", "JavaScript name")
+    assert "X-Injected" not in answer.headers
+
+
+@pytest.mark.parametrize("callback", ["cb", "jQuery_123", "$.ns.cb_2"])
+def test_a_jsonp_callback_that_is_a_javascript_name_path_wraps_the_answer(gateway, callback):
+    for path in ("/render?target=a.b.c&format=json&from=-10min", "/metrics/find?query=a.*"):
+        answer = gateway.get(f"{path}&jsonp={urllib.parse.quote(callback)}")
+        assert answer.status == 200 and answer.headers["Content-Type"] == "text/javascript", answer.body
+        assert answer.body.startswith(callback.encode() + b"(") and answer.body.endswith(b")"), answer.body

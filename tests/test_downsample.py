@@ -11,6 +11,7 @@ import redis
 from gateway.downsample.aggregate import CUMULATIVE_COUNTER, DELTA_COUNTER, GAUGE, MAX_ONLY, roll_up, series_kind
 from gateway.downsample.partitions import jump_hash, parse_partitions, partition_of
 from gateway.read_path import choose_granularity
+from gateway.samples import from_points
 from gateway.store.contract import Rollup
 from gateway.store.layout import HOUR_MS, Layout, parse_granularities
 from tests.gatewayproc import downsample_once, metric_value, wait_until_redis_is_used
@@ -44,10 +45,10 @@ def test_series_kinds():
     assert series_kind("cpu_idle", "gauge", ("reads",)) == GAUGE
 
 
-def test_gauge_roll_up_and_cascade():
+def test_gauge_roll_up_at_every_granularity():
     layout = Layout()
     points = [(i * MINUTE, float(v)) for i, v in enumerate([5, 7, 9, 1, 3, 8, 2, 2, 2, 10])]
-    rows = roll_up("t", "h", GAUGE, points + [(10 * MINUTE, float("nan"))], None, layout.granularities)
+    rows = roll_up("t", "h", GAUGE, from_points(points + [(10 * MINUTE, float("nan"))]), None, layout.granularities)
     assert rows["5m"] == [Rollup("t", "h", 0, 1.0, 9.0, 25.0, 5), Rollup("t", "h", 5 * MINUTE, 2.0, 10.0, 24.0, 5)]
     assert rows["1h"] == [Rollup("t", "h", 0, 1.0, 10.0, 49.0, 10)]
 
@@ -55,19 +56,19 @@ def test_gauge_roll_up_and_cascade():
 def test_infinities_of_both_signs_sum_to_nan_instead_of_stopping_the_roll_up():
     layout = Layout()
     points = [(0, math.inf), (MINUTE, -math.inf), (2 * MINUTE, 1.0), (6 * MINUTE, math.inf)]
-    rows = roll_up("t", "h", GAUGE, points, None, layout.granularities)
+    rows = roll_up("t", "h", GAUGE, from_points(points), None, layout.granularities)
     first, second = rows["5m"]
     assert (first.min, first.max, math.isnan(first.sum), first.count) == (-math.inf, math.inf, True, 3)
     assert second.sum == math.inf
     assert math.isnan(rows["1h"][0].sum)
-    delta = roll_up("t", "h", DELTA_COUNTER, points, None, layout.granularities)
+    delta = roll_up("t", "h", DELTA_COUNTER, from_points(points), None, layout.granularities)
     assert math.isnan(delta["5m"][0].sum)
 
 
 def test_counter_increase_is_reset_aware():
     layout = Layout()
     points = [(i * MINUTE, float(v)) for i, v in enumerate([5, 7, 9, 1, 3, 8, 2, 2, 2, 10])]
-    rows = roll_up("t", "h", CUMULATIVE_COUNTER, points, 4.0, layout.granularities)
+    rows = roll_up("t", "h", CUMULATIVE_COUNTER, from_points(points), 4.0, layout.granularities)
     assert [(r.last, r.increase) for r in rows["5m"]] == [(3.0, 8.0), (10.0, 15.0)]
     assert [(r.last, r.increase) for r in rows["1h"]] == [(10.0, 23.0)]
 

@@ -6,6 +6,7 @@ idle and slow-header timeouts."""
 import http.client
 import json
 import os
+import pickle
 import re
 import resource
 import signal
@@ -272,36 +273,43 @@ def closed_by_peer(sock: socket.socket, within: float) -> bool:
 def test_at_max_connections_a_new_connection_replaces_the_oldest_idle_one_or_is_closed_at_once(tmp_path):
     gateway = GatewayProcess(tmp_path, "--max-connections", "4").start()
     connect = socket.create_connection
+    line = lambda value: b"cap.line %d %d\n" % (value, time.time())  # noqa: E731
     try:
         silent_carbon = connect(("127.0.0.1", gateway.graphite_port))
         carbon = [connect(("127.0.0.1", port)) for port in (gateway.graphite_port, gateway.pickle_port)]
-        carbon[0].sendall(b"cap.line 1 %d\n" % time.time())
-        carbon[1].sendall(struct.pack("!L", 10**6))  # the length of a pickle frame still to come
+        carbon[0].sendall(line(1))
+        frame = pickle.dumps([("cap.pickle", (int(time.time()), 1.0))], protocol=2)
+        carbon[1].sendall(struct.pack("!L", len(frame)) + frame)
         idle_http = connect(("127.0.0.1", gateway.port))
         time.sleep(0.3)
         assert gateway.get("/healthz").status == 200  # in place of the oldest idle connection
         assert closed_by_peer(silent_carbon, within=5)
         carbon.append(connect(("127.0.0.1", gateway.graphite_port)))
-        carbon[2].sendall(b"cap.line 2 %d\n" % time.time())
+        carbon[2].sendall(line(2))
         time.sleep(0.3)
         assert gateway.get("/healthz").status == 200  # in place of the idle HTTP connection
         assert closed_by_peer(idle_http, within=5)
 
-        busy_http = connect(("127.0.0.1", gateway.port))  # a request under way is not idle
-        busy_http.sendall(b"POST /api/put HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        slow_body = connect(("127.0.0.1", gateway.port))  # a request still arriving is not busy yet
+        slow_body.sendall(b"POST /api/put HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         time.sleep(0.3)
-        for port in (gateway.pickle_port, gateway.port):
+        assert gateway.get("/healthz").status == 200
+        assert closed_by_peer(slow_body, within=5)
+        carbon.append(connect(("127.0.0.1", gateway.graphite_port)))
+        carbon[3].sendall(line(3))
+        time.sleep(0.3)
+        for port in (gateway.pickle_port, gateway.port):  # every connection busy
             with connect(("127.0.0.1", port)) as extra:
                 assert closed_by_peer(extra, within=5)
-        assert not any(closed_by_peer(sock, within=0.1) for sock in [*carbon, busy_http])
+        assert not any(closed_by_peer(sock, within=0.1) for sock in carbon)
 
-        for sock in [*carbon, busy_http]:
+        for sock in carbon:
             sock.close()
         assert wait_for(lambda: gateway.get("/healthz").status == 200, what="/healthz once the connections are closed")
         metrics = gateway.get("/metrics").body.decode()
         assert 'tsgate_refused_connections_total{listener="graphite_pickle"} 1.0' in metrics
         assert 'tsgate_refused_connections_total{listener="http"} 1.0' in metrics
-        assert 'tsgate_idle_closed_connections_total{listener="http"} 1.0' in metrics
+        assert 'tsgate_idle_closed_connections_total{listener="http"} 2.0' in metrics
         assert 'tsgate_idle_closed_connections_total{listener="graphite_plaintext"} 1.0' in metrics
         log = gateway.log()
         assert "http: closed the oldest idle connection (graphite_plaintext) for a new one from 127.0.0.1:" in log

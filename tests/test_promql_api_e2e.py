@@ -78,8 +78,11 @@ def test_queries_answer_prometheus_envelopes(loaded, tenant):
         ("/api/v1/query", {"query": "limitk(1, up)"}, 400, "bad_data"),
         ("/api/v1/query", {"query": "jobs_total + on() jobs_total"}, 422, "execution"),
         ("/api/v1/query", {"query": "count_over_time(jobs_total[1h])"}, 200, None),
-        ("/api/v1/query", {"query": "count_over_time(jobs_total[1h])[30m:1s]"}, 200, None),
-        ("/api/v1/query", {"query": "sum_over_time(jobs_total[1h:1s])"}, 200, None),
+        ("/api/v1/query", {"query": "count_over_time(jobs_total[1h])[30m:1m]"}, 200, None),
+        ("/api/v1/query", {"query": "sum_over_time(jobs_total[1h:1m])"}, 200, None),
+        # 1801 and 3601 inner steps of 2 series are over --query-max-samples 500, as in Prometheus
+        ("/api/v1/query", {"query": "count_over_time(jobs_total[1h])[30m:1s]"}, 422, "execution"),
+        ("/api/v1/query", {"query": "sum_over_time(jobs_total[1h:1s])"}, 422, "execution"),
         ("/api/v1/series", {}, 400, "bad_data"),
         ("/api/v1/series", {"match[]": "sum(up)"}, 400, "bad_data"),
     ],

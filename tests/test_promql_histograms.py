@@ -301,3 +301,21 @@ def test_absent_sees_histograms():
     assert instant('absent(latency{job="api"})', 60) == {}
     assert instant('absent_over_time(latency{job="api"}[1m])', 60) == {}
     assert instant('absent(latency{job="none"})', 60) == {(("job", "none"),): 1.0}
+
+
+def test_a_stored_nan_or_negative_zero_threshold_is_read_as_zero():
+    """Histograms stored before write validation refused them: a NaN zero threshold made
+    reconcile widen forever (NaN != NaN), so rate() of such a series never answered."""
+    from protocols.prometheus import types_pb2
+    from protocols.prometheus.native_histogram import reconcile
+
+    for threshold in (math.nan, -1.0):
+        message = types_pb2.Histogram(
+            count_int=2, zero_count_int=0, zero_threshold=threshold, schema=0, sum=3.0, timestamp=1
+        )
+        message.positive_spans.add(offset=1, length=1)
+        message.positive_deltas.append(2)
+        stored = Histogram.from_proto(message)
+        assert stored.zero_threshold == 0.0
+        a, b = reconcile(stored, h(1.0, 1.0, {1: 1.0}, threshold=0.5))
+        assert a.zero_threshold == b.zero_threshold == 0.5

@@ -7,6 +7,8 @@ Prometheus 2.42 writes with basic auth and reads with a bearer token.
 """
 
 import base64
+import http.client
+import json
 import subprocess
 import sys
 import time
@@ -64,6 +66,50 @@ def test_two_tenant_headers_that_disagree_are_refused(open_gateway, tenant):
     answer = query(open_gateway, "spoof_cpu", {"X-Scope-OrgID": tenant, "X-Tenant": "other"})
     assert answer.status == 400
     assert "different tenants" in answer.json()["error"]
+
+
+def raw_get(gateway, path: str, headers: list[tuple[str, str]]):
+    """GET with headers as given, repeats included (urllib keeps one of each); status and error."""
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    try:
+        connection.putrequest("GET", path)
+        for name, value in headers:
+            connection.putheader(name, value)
+        connection.endheaders()
+        answer = connection.getresponse()
+        document = json.loads(answer.read())
+        return answer.status, document.get("error", "") if isinstance(document, dict) else ""
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("header", ["X-Scope-OrgID", "X-Tenant"])
+def test_a_repeated_tenant_header_is_refused_even_with_the_same_value(open_gateway, tenant, header):
+    path = f"/api/query?metricName=spoof_cpu&start={NOW_S - 3600}&end={NOW_S + 60}"
+    for values in ((tenant, "other"), (tenant, tenant)):
+        status, error = raw_get(open_gateway, path, [(header, value) for value in values])
+        assert status == 400 and f"the {header} header is given 2 times" in error, (values, status, error)
+    status, error = raw_get(open_gateway, path, [(header, tenant)])
+    assert status == 200, error
+
+
+def test_a_repeated_tenant_parameter_is_refused_even_with_the_same_value(open_gateway, tenant):
+    assert put(open_gateway, "twice_cpu", 1.0, path=f"/api/put?tenant={tenant}").status == 200
+    for params in (
+        f"&tenant={tenant}&tenant=other",
+        f"&tenant={tenant}&tenant={tenant}",
+        f"&tenant=other;tenant={tenant}",
+    ):
+        answer = query(open_gateway, "twice_cpu", params=params)
+        assert answer.status == 400 and "tenant parameter is given 2 times" in answer.json()["error"], params
+    assert values_of(query(open_gateway, "twice_cpu", params=f"&tenant={tenant}")) == [1.0]
+    form = {"target": "twice.cpu", "format": "json", "from": "-1h", "tenant": tenant}
+    for url in (f"/render?tenant={tenant}", "/render?tenant=other"):
+        answer = open_gateway.post(url, urllib.parse.urlencode(form).encode(), headers=FORM)
+        assert answer.status == 400 and "tenant parameter is given 2 times" in answer.json()["error"], url
+    body = urllib.parse.urlencode([*form.items(), ("tenant", "other")]).encode()
+    assert open_gateway.post("/render", body, headers=FORM).status == 400
+    assert open_gateway.post("/render", urllib.parse.urlencode(form).encode(), headers=FORM).status == 200
 
 
 def test_a_render_form_field_cannot_switch_tenant(open_gateway, tenant):

@@ -137,3 +137,48 @@ async def test_a_request_the_driver_refuses_fails_the_group_and_frees_its_place(
         await refused
     assert session.started == [] and queue._inflight == 0
     assert await queue.run([], "profile") == []
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_failure_limit_refuses_past_its_allowance_and_refills_over_a_minute():
+    from gateway.http.auth import FailureLimit
+    from gateway.limits import RateLimited
+
+    clock = FakeClock()
+    limit = FailureLimit(6, clock=clock)
+    for _ in range(6):
+        limit.check("user a", "address x")
+        limit.failed("user a", "address x")
+    with pytest.raises(RateLimited) as refused:
+        limit.check("user b", "address x")
+    assert refused.value.retry_after_s == 10 and refused.value.limit == "auth_failures"
+    limit.check("user b", "address y")  # other keys keep their allowance
+    clock.now += 10  # one attempt back (6 a minute)
+    limit.check("user a", "address x")
+    limit.failed("user a")
+    with pytest.raises(RateLimited):
+        limit.check("user a")
+
+
+def test_failure_limit_keeps_a_bounded_number_of_keys_and_zero_turns_it_off():
+    from gateway.http.auth import FailureLimit
+    from gateway.limits import RateLimited
+
+    limit = FailureLimit(1, max_keys=3, clock=FakeClock())
+    for user in "abcd":
+        limit.failed(f"user {user}")
+    limit.check("user a")  # the oldest key was forgotten: its allowance is whole again
+    for user in "bcd":
+        with pytest.raises(RateLimited):
+            limit.check(f"user {user}")
+    unlimited = FailureLimit(0, clock=FakeClock())
+    for _ in range(100):
+        unlimited.failed("user a")
+        unlimited.check("user a")

@@ -107,3 +107,16 @@ async def test_more_candidates_than_the_limit_are_refused_before_their_series_ar
             tenant, series_set_hash(series_set_text("cpu", {"host": "a", "dc": "x"})), "cpu", {"host": "a", "dc": "x"}
         )
     ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_series_come_by_name_then_tags_on_every_run(sqlite_store, tenant):
+    """Prometheus's storage gives series sorted by labels; a set's order (the hash seed's) made
+    topk ties and sums near overflow differ from run to run."""
+    names = [("disk", {"host": f"h{i:02d}", "dev": d}) for i in range(20) for d in ("sdb", "sda")]
+    keys = [SeriesKey(tenant, series_set_hash(series_set_text(n, t)), n, t) for n, t in names]
+    await sqlite_store.write_series(keys)
+    found = await QueryPlanner(sqlite_store, max_series=100).select_by_matchers(
+        tenant, [Matcher("EQ", "__name__", "disk")], graphite_labels
+    )
+    assert [k.tags for k in found] == sorted((t for _, t in names), key=lambda t: sorted(t.items()))

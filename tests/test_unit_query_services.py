@@ -77,7 +77,7 @@ async def test_remote_read_refuses_a_query_over_the_sample_budget(sqlite_store, 
 
 
 def promql(store, max_samples: int = 1_000_000, timeout_ms: int = 60_000) -> PromQLService:
-    return PromQLService(store, QueryPlanner(store, max_series=100), max_samples, 5 * MINUTE, timeout_ms, 10 * MINUTE)
+    return PromQLService(store, QueryPlanner(store, max_series=100), max_samples, 5 * MINUTE, timeout_ms)
 
 
 @pytest_twisted.ensureDeferred

@@ -11,13 +11,20 @@ Kinds (docs/downsampling.rst):
   ``_total``, ``_count``, ``_sum``, ``_bucket``): reset-aware increase and last value, so that
   rate() and increase() over roll-ups stay right across counter resets.
 
-Coarser granularities are computed from the finer ones (a cascade, docs/downsampling.rst): min of mins, max of
-maxes, sums of sums, counts and increases, the last of the lasts.
+Every granularity is computed from the slot's samples (a slot holds whole buckets of each), not
+from the finer roll-up: a sum of rounded (or overflowed) finer sums would differ from the exact sum.
+
+Every float64 has a defined roll-up (exact_sum says how sums behave at the edges), so no value
+can stop the downsampler.
 """
 
 import math
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 
+import numpy as np
+
+from gateway.samples import Samples
 from gateway.store.contract import Rollup
 from gateway.store.layout import Granularity
 
@@ -50,91 +57,85 @@ def series_kind(metric_name: str, metric_type: str | None, counter_suffixes: Ite
 
 
 def _bucket_rows(
-    tenant: str, series_set_hash: str, kind: str, buckets: dict[int, list[float]], previous: float | None
+    tenant: str, series_set_hash: str, kind: str, starts: np.ndarray, values: np.ndarray, increases: np.ndarray
 ) -> list[Rollup]:
-    rows = []
-    for start in sorted(buckets):
-        values = buckets[start]
-        if kind == CUMULATIVE_COUNTER:
-            increase = 0.0
-            for value in values:
-                if previous is not None:
-                    increase += value - previous if value >= previous else value
-                previous = value
-            rows.append(Rollup(tenant, series_set_hash, start, last=values[-1], increase=increase))
-        elif kind == DELTA_COUNTER:
-            rows.append(Rollup(tenant, series_set_hash, start, sum=_sum(values), count=len(values)))
-        elif kind == MIN_ONLY:
-            rows.append(Rollup(tenant, series_set_hash, start, min=min(values), count=len(values)))
-        elif kind == MAX_ONLY:
-            rows.append(Rollup(tenant, series_set_hash, start, max=max(values), count=len(values)))
-        else:
-            rows.append(
-                Rollup(
-                    tenant,
-                    series_set_hash,
-                    start,
-                    min=min(values),
-                    max=max(values),
-                    sum=_sum(values),
-                    count=len(values),
-                )
+    """One row per bucket; ``starts`` holds each value's bucket start (ascending, values NaN-free),
+    ``increases`` each value's increase (cumulative counters only)."""
+    if not len(values):
+        return []
+    bucket_starts, firsts = np.unique(starts, return_index=True)
+    spans = list(zip(bucket_starts.tolist(), firsts.tolist(), np.append(firsts[1:], len(values)).tolist()))
+    if kind == CUMULATIVE_COUNTER:
+        return [
+            Rollup(
+                tenant, series_set_hash, start, last=float(values[end - 1]), increase=exact_sum(increases[first:end])
             )
-    return rows
+            for start, first, end in spans
+        ]
+    wanted = AGGREGATORS[kind]
+    mins = np.minimum.reduceat(values, firsts).tolist() if "min" in wanted else [None] * len(spans)
+    maxes = np.maximum.reduceat(values, firsts).tolist() if "max" in wanted else [None] * len(spans)
+    return [
+        Rollup(
+            tenant,
+            series_set_hash,
+            start,
+            min=low,
+            max=high,
+            sum=exact_sum(values[first:end]) if "sum" in wanted else None,
+            count=end - first,
+        )
+        for (start, first, end), low, high in zip(spans, mins, maxes)
+    ]
 
 
-def _sum(values: Sequence[float]) -> float:
-    """An exact sum, NaN where +Inf meets -Inf (as in PromQL): math.fsum raises there, which
-    stopped the roll-up of a series holding both (the compliance suite sends both)."""
+def _increases(values: np.ndarray, previous: float | None) -> np.ndarray:
+    """Each value's increase over the one before (``previous`` before the first): the difference,
+    or the value itself after a reset (a drop). The first is 0 without a previous value."""
+    before = np.concatenate(([math.nan if previous is None else previous], values[:-1]))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, 1e308 - -1e308 is inf: both defined
+        increases = np.where(values >= before, values - before, values)
+    if previous is None and len(increases):
+        increases[0] = 0.0
+    return increases
+
+
+def exact_sum(values: np.ndarray) -> float:
+    """The sum as if added exactly and rounded once (math.fsum), so the order of the values does not
+    matter: ±Inf where that exact sum is beyond float64's range (as IEEE rounding gives it);
+    an infinity where the values hold one, NaN where they hold a NaN or both infinities (as in
+    PromQL). math.fsum raises for both of the last cases and for sums of finite values whose
+    partial sums overflow (1e308 + 1e308 - 1e308): those once stopped the whole downsampler."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        with np.errstate(invalid="ignore"):
+            return float(np.sum(values[~finite]))
+    numbers = values.tolist()
     try:
-        return math.fsum(values)
-    except ValueError:
-        return math.nan
+        return math.fsum(numbers)
+    except OverflowError:
+        total = sum(map(Fraction, numbers), Fraction(0))  # exact; only where fsum's partials overflow
+        try:
+            return float(total)
+        except OverflowError:
+            return math.inf if total > 0 else -math.inf
 
 
 def roll_up(
     tenant: str,
     series_set_hash: str,
     kind: str,
-    points: Sequence[tuple[int, float]],
+    samples: Samples,
     previous: float | None,
     granularities: Sequence[Granularity],
 ) -> dict[str, list[Rollup]]:
-    """Rows of every granularity for one series-slot. ``points`` are in time order; ``previous`` is
+    """Rows of every granularity for one series-slot. ``samples`` are in time order; ``previous`` is
     the last raw value before them (for the first increase of a counter). NaNs (stale markers)
     are left out."""
-    finest = granularities[0]
-    buckets: dict[int, list[float]] = {}
-    for timestamp, value in points:
-        if not math.isnan(value):
-            buckets.setdefault(timestamp - timestamp % finest.width_ms, []).append(value)
-    rows = {finest.name: _bucket_rows(tenant, series_set_hash, kind, buckets, previous)}
-    for finer, coarser in zip(granularities, granularities[1:]):
-        grouped: dict[int, list[Rollup]] = {}
-        for row in rows[finer.name]:
-            grouped.setdefault(row.timestamp_ms - row.timestamp_ms % coarser.width_ms, []).append(row)
-        rows[coarser.name] = [_combine(start, group) for start, group in sorted(grouped.items())]
-    return rows
-
-
-def _combine(start: int, rows: list[Rollup]) -> Rollup:
-    def present(field: str):
-        return [getattr(r, field) for r in rows if getattr(r, field) is not None]
-
-    mins, maxes, sums, counts, increases = (
-        present("min"),
-        present("max"),
-        present("sum"),
-        present("count"),
-        present("increase"),
-    )
-    lasts = present("last")
-    return rows[0]._replace(
-        timestamp_ms=start,
-        min=min(mins) if mins else None,
-        max=max(maxes) if maxes else None,
-        sum=_sum(sums) if sums else None,
-        count=sum(counts) if counts else None,
-        increase=_sum(increases) if increases else None,
-        last=lasts[-1] if lasts else None,
-    )
+    numbers = ~np.isnan(samples.values)
+    timestamps, values = samples.timestamps[numbers], samples.values[numbers]
+    increases = _increases(values, previous) if kind == CUMULATIVE_COUNTER else values
+    return {
+        g.name: _bucket_rows(tenant, series_set_hash, kind, timestamps - timestamps % g.width_ms, values, increases)
+        for g in granularities
+    }

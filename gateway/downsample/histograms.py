@@ -10,16 +10,18 @@ from the finer one by the same rule, the hints standing for the resets in betwee
 The rows' format is gateway/store/histogram_rollup_rows.py.
 """
 
+import math
 from collections.abc import Sequence
 
 from gateway.store.contract import HistogramRow
 from gateway.store.histogram_rollup_rows import encode_interval
 from gateway.store.layout import Granularity
 from protocols.prometheus import types_pb2
-from protocols.prometheus.native_histogram import Histogram
+from protocols.prometheus.native_histogram import CUSTOM_BUCKETS_SCHEMA, Histogram
 from protocols.prometheus.xor import STALE_NAN_BITS, float_bits
 
 _RESET = types_pb2.Histogram.ResetHint
+_SCHEMAS = (-4, 8)  # the exponential schemas Prometheus accepts
 
 
 def _is_stale(message: types_pb2.Histogram) -> bool:
@@ -28,10 +30,32 @@ def _is_stale(message: types_pb2.Histogram) -> bool:
 
 def is_counter_reset(before: types_pb2.Histogram, after: types_pb2.Histogram) -> bool:
     """Whether a counter reset happened between two consecutive histograms, as Prometheus's
-    DetectReset tells (a gauge histogram never resets)."""
+    DetectReset tells (a gauge histogram never resets). A histogram Prometheus would refuse
+    cannot be compared: it counts as a reset, so the roll-up keeps it and its neighbours."""
     if after.reset_hint == _RESET.GAUGE:
         return False
+    if not (_comparable(before) and _comparable(after)):
+        return True
     return Histogram.from_proto(after).detect_reset(Histogram.from_proto(before))
+
+
+def _comparable(message: types_pb2.Histogram) -> bool:
+    """A schema of -4..8 or custom buckets, a zero threshold that is a number, and spans that
+    hold exactly its bucket counts: comparing others breaks (a NaN zero threshold never stops
+    widening, a schema of 2^31 makes a bound of 2^(2^31) bits, spans longer than the counts
+    index past them)."""
+    if not (_SCHEMAS[0] <= message.schema <= _SCHEMAS[1] or message.schema == CUSTOM_BUCKETS_SCHEMA):
+        return False
+    if math.isnan(message.zero_threshold):
+        return False
+    floats = message.WhichOneof("count") == "count_float"
+    return all(
+        sum(span.length for span in spans) == len(counts)
+        for spans, counts in (
+            (message.positive_spans, message.positive_counts if floats else message.positive_deltas),
+            (message.negative_spans, message.negative_counts if floats else message.negative_deltas),
+        )
+    )
 
 
 def _with_reset_hint(row: HistogramRow) -> HistogramRow:

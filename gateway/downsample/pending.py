@@ -16,6 +16,7 @@ delay): late data re-marks the slot and pushes it back. Two trackers keep that s
 
 import logging
 from collections import defaultdict
+from collections.abc import Collection
 from typing import NamedTuple
 
 from twisted.internet import threads
@@ -60,8 +61,12 @@ class StorePending:
             for slot, group in sorted(by_slot.items())
         ]
 
-    async def done(self, work: Work) -> None:
-        await self.store.delete_pending(work.token)
+    async def done(self, work: Work, left: Collection[tuple[str, str]] = ()) -> None:
+        """The work's marks go, but those of the members ``left`` (failed, or waiting out a
+        backoff: gateway/downsample/failures.py), which stay for a later round."""
+        finished = [row for row in work.token if (row.tenant, row.series_set_hash) not in left]
+        if finished:
+            await self.store.delete_pending(finished)
 
     async def waiting(self, partition: int) -> int:
         """Series-slots of the partition still marked pending, settled or not (what a round left)."""
@@ -131,11 +136,24 @@ class RedisPending:
             found = []
         return found + await self.fallback.settled(partition, now_ms)
 
-    async def done(self, work: Work) -> None:
-        if isinstance(work.token, str):
-            await threads.deferToThread(self.client.delete, work.token)
-        else:
-            await self.fallback.done(work)
+    async def done(self, work: Work, left: Collection[tuple[str, str]] = ()) -> None:
+        """The processing set goes; the members ``left`` go back to the slot's pending set first
+        (one transaction), so a later round takes them with any late data of the slot."""
+        if not isinstance(work.token, str):
+            await self.fallback.done(work, left)
+            return
+
+        def finish():
+            pipeline = self.client.pipeline(transaction=True)
+            if left:
+                pipeline.sadd(
+                    f"{self.namespace}pending|{work.partition}|{work.time_slot}",
+                    *(f"{tenant}|{hash_}" for tenant, hash_ in left),
+                )
+            pipeline.delete(work.token)
+            pipeline.execute()
+
+        await threads.deferToThread(finish)
 
     async def waiting(self, partition: int) -> int:
         """Members of the partition's pending and processing sets, plus the store table's rows."""

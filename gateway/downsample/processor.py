@@ -2,7 +2,9 @@
 block, then the roll-ups of every granularity computed from the merged samples and from the
 slot's native histograms (gateway/downsample/histograms.py), then mark the
 work done (only after the writes succeeded: a crash redoes work, never loses it; sealing the same
-samples twice writes the same block)."""
+samples twice writes the same block). The raw block is written first, so it never depends on a
+roll-up; a series-slot that fails either way is isolated (gateway/downsample/failures.py): the
+rest of its slot and of the round go on, and it stays pending for a retry."""
 
 import logging
 import time
@@ -19,10 +21,11 @@ from gateway.downsample.aggregate import (
     roll_up,
     series_kind,
 )
+from gateway.downsample.failures import RollUpFailed, SlotFailures
 from gateway.downsample.histograms import roll_up_histograms
 from gateway.downsample.pending import Work
 from gateway.metadata_cache import LRUMap, SeenSeries
-from gateway.model import now_ms
+from gateway.model import SeriesKey, now_ms
 from gateway.read_path import ReadPath, stitch_raw
 from gateway.samples import Samples
 from gateway.store import Store
@@ -33,8 +36,17 @@ log = logging.getLogger(__name__)
 
 
 class Downsampler:
-    def __init__(self, store: Store, pending, layout: Layout, counter_suffixes: tuple[str, ...], concurrency: int = 16):
+    def __init__(
+        self,
+        store: Store,
+        pending,
+        layout: Layout,
+        counter_suffixes: tuple[str, ...],
+        concurrency: int = 16,
+        clock=now_ms,
+    ):
         self.store = store
+        self.clock = clock  # the time rounds, retries and near expiry are judged by
         self.pending = pending
         self.layout = layout
         self.counter_suffixes = counter_suffixes
@@ -46,11 +58,13 @@ class Downsampler:
         self._round_lag = 0.0
         self._swept_at: int | None = None
         self._round_settled = 0
+        self.failures = SlotFailures(layout)
+        self.round_failed = 0  # series-slots whose attempt failed in the last round
 
     async def run_once(self, partitions: list[int], lock=None) -> int:
         """Process every settled slot of the given partitions, oldest first; returns series-slots done.
         ``lock(partition)`` (competing consumers) is an async context manager or None."""
-        done, self._round_lag, self._round_settled = 0, 0.0, 0
+        done, self._round_lag, self._round_settled, self.round_failed = 0, 0.0, 0, 0
         for partition in partitions:
             if lock is None:
                 done += await self._partition(partition)
@@ -60,6 +74,7 @@ class Downsampler:
                     done += await self._partition(partition)
         metrics.DOWNSAMPLE_LAG.set(self._round_lag)
         metrics.DOWNSAMPLE_SETTLED.set(self._round_settled)
+        metrics.DOWNSAMPLE_NEAR_EXPIRY.set(self.failures.near_expiry(self.clock()))
         await self._sweep()
         return done
 
@@ -71,39 +86,52 @@ class Downsampler:
             await metrics.observe_store("sweep", self.store.sweep(now))
 
     async def _partition(self, partition: int) -> int:
-        done, now = 0, now_ms()
+        done, now = 0, self.clock()
         settled = await self.pending.settled(partition, now)
         self._round_settled += len(settled)
         if settled:
             settled_at = settled[0].time_slot + self.layout.slot_width_ms + self.pending.delay_ms
             self._round_lag = max(self._round_lag, (now - settled_at) / 1000)
         for work in settled:
-            await self._work(work)
-            done += len(work.members)
+            done += await self._work(work)
         return done
 
-    async def _work(self, work: Work) -> None:
-        started = time.perf_counter()
-        jobs = [
-            self._semaphore.run(self._series_slot_job, tenant, hash_, work.time_slot) for tenant, hash_ in work.members
-        ]
-        try:
-            await gatherResults(jobs, consumeErrors=True)
-        except Exception:
+    async def _work(self, work: Work) -> int:
+        """Every member of the work that is due (not waiting out a failure's backoff); the
+        failed and the waiting stay pending. Returns the series-slots done."""
+        started, now = time.perf_counter(), self.clock()
+        due = [(t, h) for t, h in work.members if self.failures.due(t, h, work.time_slot, now)]
+        jobs = [self._semaphore.run(self._series_slot_job, tenant, hash_, work.time_slot) for tenant, hash_ in due]
+        finished = {member for member, ok in zip(due, await gatherResults(jobs)) if ok}
+        left = {member for member in work.members if member not in finished}
+        if len(finished) < len(due):
             metrics.DOWNSAMPLE_ERRORS.inc()
-            raise
-        await self.pending.done(work)
-        metrics.DOWNSAMPLED.inc(len(work.members))
+        await self.pending.done(work, left)
+        metrics.DOWNSAMPLED.inc(len(finished))
         log.debug(
-            "rolled up %d series of slot %d (partition %d) in %.3fs",
-            len(work.members),
+            "rolled up %d series of slot %d (partition %d) in %.3fs, %d left for a retry",
+            len(finished),
             work.time_slot,
             work.partition,
             time.perf_counter() - started,
+            len(left),
         )
+        return len(finished)
 
     def _series_slot_job(self, tenant: str, series_set_hash: str, slot: int):
-        return ensureDeferred(self.roll_up_series_slot(tenant, series_set_hash, slot))
+        return ensureDeferred(self._isolated(tenant, series_set_hash, slot))
+
+    async def _isolated(self, tenant: str, series_set_hash: str, slot: int) -> bool:
+        """roll_up_series_slot, a failure of which (any exception) is counted, logged and kept for
+        a retry with backoff instead of stopping the round; True when done."""
+        try:
+            await self.roll_up_series_slot(tenant, series_set_hash, slot)
+        except Exception as error:
+            self.failures.failed(tenant, series_set_hash, slot, error, self.clock())
+            self.round_failed += 1
+            return False
+        self.failures.succeeded(tenant, series_set_hash, slot)
+        return True
 
     async def roll_up_series_slot(self, tenant: str, series_set_hash: str, slot: int) -> None:
         """Seal one series-slot into its block and write its roll-ups (idempotent)."""
@@ -115,10 +143,18 @@ class Downsampler:
                 return
             key = found[series_set_hash]
             self._series.add_all({(tenant, series_set_hash): key})
-        kind = await self._kind(tenant, key.metric_name)
         merged = await self._seal(tenant, series_set_hash, slot)
+        try:
+            await self._roll_up(key, merged, slot)
+        except Exception as error:
+            raise RollUpFailed(f"{type(error).__name__}: {error}") from error
+
+    async def _roll_up(self, key: SeriesKey, merged: Samples, slot: int) -> None:
+        """The roll-ups of a sealed series-slot: its samples', then its native histograms'."""
+        tenant, series_set_hash = key.tenant, key.series_set_hash
+        kind = await self._kind(tenant, key.metric_name)
         previous = await self._previous_value(key, slot) if kind == CUMULATIVE_COUNTER else None
-        rows = roll_up(tenant, series_set_hash, kind, merged.points(), previous, self.layout.granularities)
+        rows = roll_up(tenant, series_set_hash, kind, merged, previous, self.layout.granularities)
         await gatherResults(
             [
                 metrics.observe_store("write_rollups", self.store.write_rollups(g, rows[g.name]))

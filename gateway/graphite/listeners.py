@@ -241,12 +241,15 @@ class GraphiteIngest:
 class _StreamProtocol(Protocol, TimeoutMixin):
     """A TCP connection feeding one incremental decoder into GraphiteIngest.
 
-    Counted in the gateway's connection cap; closed after ``idle_timeout_s`` without data (not
-    while reading is paused for backpressure: then the silence is the gateway's own doing).
+    Counted in the gateway's connection cap; closed after ``idle_timeout_s`` without a complete
+    line or frame (not while reading is paused for backpressure: then the silence is the
+    gateway's own doing). Only complete lines and frames count: bytes of one that never ends,
+    however they trickle, keep neither the timeout nor the connection cap away.
     """
 
     protocol_name = ""
-    evictable = True  # until the first bytes arrive: a socket that sent nothing (see gateway.connections)
+    evictable = True  # until a first line or frame is decoded (see gateway.connections)
+    silent = True  # until the first bytes arrive
     refused_http = False
 
     def __init__(
@@ -272,7 +275,6 @@ class _StreamProtocol(Protocol, TimeoutMixin):
     def dataReceived(self, data: bytes):
         if self._refused_http(data):
             return
-        self._touched()
         self._submit(self.decoder.feed(data, now_ms()))
 
     def _refused_http(self, data: bytes) -> bool:
@@ -281,7 +283,8 @@ class _StreamProtocol(Protocol, TimeoutMixin):
         rejects. True from then on: the rest of its request is ignored until the close."""
         if self.refused_http:
             return True
-        request_line = http_request_line(data) if self.evictable else None  # evictable: no bytes yet
+        first_bytes, self.silent = self.silent, False
+        request_line = http_request_line(data) if first_bytes else None
         if request_line is None:
             return False
         self.refused_http = True
@@ -299,13 +302,11 @@ class _StreamProtocol(Protocol, TimeoutMixin):
         self.transport.loseConnection()
         return True
 
-    def _touched(self) -> None:
-        """Bytes arrived: the connection is not idle (its timeout, the connection cap)."""
-        self.resetTimeout()
-        self.evictable = False
-
     def _submit(self, decoded) -> None:
         samples, rejects = decoded
+        if samples or rejects:  # a line or frame was complete: the connection is in use
+            self.resetTimeout()
+            self.evictable = False
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
         tenant = self.tenant
@@ -318,7 +319,7 @@ class _StreamProtocol(Protocol, TimeoutMixin):
             self.resetTimeout()
             return
         log.info(
-            "%s: closing the connection from %s, idle for %ds (--carbon-idle-timeout)",
+            "%s: closing the connection from %s, no complete line or frame for %ds (--carbon-idle-timeout)",
             self.protocol_name,
             self.peer,
             self.idle_timeout_s,
@@ -362,7 +363,6 @@ class PickleProtocol(_StreamProtocol):
     def dataReceived(self, data: bytes):
         if self._refused_http(data):
             return
-        self._touched()
         self._received.append(data)
         if not self._decoding:
             self._decode()

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
 from gateway.model import NAME_TAG, SeriesKey
-from gateway.query import QueryPlanner
+from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.store import Store
 from protocols.graphite.tags import format_tagged_path
 from protocols.linear_regex import BadPattern, compile_regex
@@ -100,9 +100,19 @@ class TagDB:
             values = await self.store.list_tenant_tag_values(tenant, tag)
         return [value for value in values if pattern is None or pattern.matches(value)]
 
-    async def value_counts(self, tenant: str, tag: str, pattern: TagMatcher | None = None) -> list[tuple[str, int]]:
-        """Each value of a tag with the number of series carrying it."""
-        values = await self.tag_values(tenant, tag, pattern)
+    async def value_counts(
+        self, tenant: str, tag: str, pattern: TagMatcher | None = None, limit: int | None = None
+    ) -> list[tuple[str, int]]:
+        """Each value of a tag (the first ``limit``) with the number of series carrying it. A
+        count is a few lookups, and each value at least one series: more values than
+        --max-series-per-query are refused before any is counted (``/tags/i`` over 100k
+        values took 60 s)."""
+        values = (await self.tag_values(tenant, tag, pattern))[:limit]
+        if len(values) > self.planner.max_series:
+            raise QueryTooLarge(
+                f"tag {tag!r} has {len(values)} values, over --max-series-per-query ({self.planner.max_series});"
+                " narrow it with filter= or limit="
+            )
         counts = await gatherResults(
             [self._semaphore.run(self._count, tenant, tag, value) for value in values], consumeErrors=True
         )

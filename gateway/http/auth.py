@@ -19,8 +19,11 @@ The file is TOML; secrets are stored hashed, never in clear (``tsgate auth hash-
 Tokens are long random strings, so one SHA-256 is enough to keep them from being usable if the
 file leaks; passwords are chosen by people, so they get scrypt, which is slow on purpose. A
 verified password is remembered (by its SHA-256) so Prometheus's basic auth on every remote
-write costs one scrypt per process, and scrypt runs in a thread, off the reactor.
-docs/security.rst says how the roles map to endpoints.
+write costs one scrypt per process. Because scrypt is slow, password guessing is also a way to
+load the gateway: scrypt runs in a small pool of its own (never the reactor's thread pool that
+queries use) with a bounded queue, failed attempts are limited per user name and per client
+address, and an unknown user costs one scrypt like a wrong password, so timing does not tell
+which user names exist. docs/security.rst says how the roles map to endpoints.
 """
 
 import base64
@@ -28,14 +31,21 @@ import binascii
 import dataclasses
 import hashlib
 import hmac
+import math
 import os
+import time
 import tomllib
 from pathlib import Path
 
-from twisted.internet import threads
+from twisted.internet import reactor, threads
+from twisted.python.threadpool import ThreadPool
+
+from gateway.limits import RateLimited
 
 ROLES = ("write", "read", "admin")
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 1 << 14, 8, 1
+VERIFY_THREADS = 2  # scrypt releases the GIL: two checks at a time use two cores at most
+MAX_WAITING_CHECKS = 32  # password checks queued for the pool; more are 429 at once
 
 
 class AuthFileError(ValueError):
@@ -76,6 +86,63 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(actual, expected)
 
 
+def _decoy_hash(stored_hashes) -> str:
+    """A hash no password matches, with the costliest parameters of the file's: an unknown user
+    is checked against it, so it costs what a wrong password costs."""
+    n, r, p, length = max(
+        (
+            (int(n), int(r), int(p), len(base64.b64decode(digest)))
+            for _, n, r, p, _, digest in (stored.split("$") for stored in stored_hashes)
+        ),
+        default=(_SCRYPT_N, _SCRYPT_R, _SCRYPT_P, 64),
+    )
+    encode = lambda raw: base64.b64encode(raw).decode("ascii")  # noqa: E731
+    return f"scrypt${n}${r}${p}${encode(os.urandom(16))}${encode(os.urandom(length))}"
+
+
+class FailureLimit:
+    """Failed credential attempts per key (a user name, a client address): a bucket of
+    ``per_minute`` attempts that refills over a minute. A key whose bucket is empty is refused
+    (RateLimited, 429) before any password is checked. At most ``max_keys`` keys are kept (the
+    oldest is forgotten first), so invented user names cannot fill the memory."""
+
+    def __init__(self, per_minute: int, max_keys: int = 100_000, clock=time.monotonic):
+        self.per_minute = per_minute
+        self.max_keys = max_keys
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (attempts left, at)
+
+    def _left(self, key: str, now: float) -> float:
+        left, at = self._buckets.get(key, (self.per_minute, now))
+        return min(self.per_minute, left + (now - at) * self.per_minute / 60)
+
+    def check(self, *keys: str) -> None:
+        if not self.per_minute:
+            return
+        now = self.clock()
+        for key in keys:
+            left = self._left(key, now)
+            if left < 1:
+                wait = math.ceil((1 - left) * 60 / self.per_minute)
+                raise RateLimited(
+                    f"too many failed credentials for {key} (--auth-max-failures {self.per_minute} a minute);"
+                    f" retry in {wait}s",
+                    wait,
+                    "auth_failures",
+                )
+
+    def failed(self, *keys: str) -> None:
+        if not self.per_minute:
+            return
+        now = self.clock()
+        for key in keys:
+            left = self._left(key, now) - 1
+            self._buckets.pop(key, None)  # re-inserted last: the dict stays oldest first
+            if len(self._buckets) >= self.max_keys:
+                del self._buckets[next(iter(self._buckets))]
+            self._buckets[key] = (left, now)
+
+
 def _check_password_hash(stored: str, where: str) -> None:
     parts = stored.split("$")
     try:
@@ -90,13 +157,19 @@ def _check_password_hash(stored: str, where: str) -> None:
 class Credentials:
     """The parsed ``--auth-file``."""
 
-    def __init__(self, tokens: dict[str, Principal], users: dict[str, tuple[str, Principal]]):
+    def __init__(
+        self, tokens: dict[str, Principal], users: dict[str, tuple[str, Principal]], max_failures_per_minute: int = 0
+    ):
         self.tokens = tokens
         self.users = users
-        self._verified: dict[tuple[str, str], bool] = {}
+        self.failures = FailureLimit(max_failures_per_minute)
+        self._decoy = _decoy_hash(stored for stored, _ in users.values())
+        self._verified: set[tuple[str, str]] = set()  # (user, SHA-256 of a password that matched)
+        self._pool = ThreadPool(0, VERIFY_THREADS, name="password-checks")
+        self._waiting = 0
 
     @classmethod
-    def from_file(cls, path: Path) -> "Credentials":
+    def from_file(cls, path: Path, max_failures_per_minute: int = 0) -> "Credentials":
         from gateway.model import InvalidSample, validate_tenant
 
         try:
@@ -130,17 +203,21 @@ class Credentials:
                     users[entry["name"]] = (stored, principal)
         if not tokens and not users:
             raise AuthFileError(f"--auth-file {path}: no [[tokens]] and no [[users]]")
-        return cls(tokens, users)
+        return cls(tokens, users, max_failures_per_minute)
 
-    async def authenticate(self, authorization: str | None) -> Principal:
-        """The principal of an ``Authorization`` header value; Unauthorized when it names none."""
+    async def authenticate(self, authorization: str | None, client: str) -> Principal:
+        """The principal of an ``Authorization`` header value sent from address ``client``;
+        Unauthorized when it names none, RateLimited when too many failed before."""
         if not authorization:
             raise Unauthorized("this endpoint needs a credential (basic auth or a bearer token)")
         scheme, _, value = authorization.strip().partition(" ")
         scheme, value = scheme.lower(), value.strip()
+        address = f"address {client}"
         if scheme == "bearer":
             principal = self.tokens.get(hash_token(value))
             if principal is None:
+                self.failures.check(address)
+                self.failures.failed(address)
                 raise Unauthorized("unknown bearer token")
             return principal
         if scheme == "basic":
@@ -148,18 +225,32 @@ class Credentials:
                 user, _, password = base64.b64decode(value, validate=True).decode("utf-8").partition(":")
             except (binascii.Error, UnicodeDecodeError):
                 raise Unauthorized("basic auth value is not base64 of user:password") from None
-            entry = self.users.get(user)
-            if entry is None or not await self._password_matches(user, password, entry[0]):
-                raise Unauthorized("wrong user or password")
-            return entry[1]
+            known = (user, hash_token(password))
+            if known in self._verified:
+                return self.users[user][1]
+            limited = (address, f"user {user[:100]!r}")
+            self.failures.check(*limited)
+            stored, principal = self.users.get(user, (self._decoy, None))
+            if await self._verify(password, stored) and principal is not None:
+                if len(self._verified) >= 10_000:
+                    self._verified.clear()
+                self._verified.add(known)
+                return principal
+            self.failures.failed(*limited)
+            raise Unauthorized("wrong user or password")
         raise Unauthorized(f"authorization scheme {scheme!r} is not supported; use Basic or Bearer")
 
-    async def _password_matches(self, user: str, password: str, stored: str) -> bool:
-        key = (user, hash_token(password))
-        known = self._verified.get(key)
-        if known is None:
-            known = await threads.deferToThread(verify_password, password, stored)
-            if len(self._verified) >= 10_000:
-                self._verified.clear()
-            self._verified[key] = known
-        return known
+    async def _verify(self, password: str, stored: str) -> bool:
+        """scrypt in the pool of password checks; RateLimited when too many already wait for it."""
+        if self._waiting >= MAX_WAITING_CHECKS:
+            raise RateLimited(
+                f"{MAX_WAITING_CHECKS} password checks are already waiting; retry in 1s", 1, "auth_checks"
+            )
+        if not self._pool.started:
+            self._pool.start()
+            reactor.addSystemEventTrigger("during", "shutdown", self._pool.stop)
+        self._waiting += 1
+        try:
+            return await threads.deferToThreadPool(reactor, self._pool, verify_password, password, stored)
+        finally:
+            self._waiting -= 1

@@ -55,13 +55,22 @@ def _timezone(name: str | None):
         return datetime.UTC
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a file
         raise HTTPError(400, f"unknown time zone {name!r}", field="tz") from None
+
+
+def _jsonp_callback(request) -> str | None:
+    """The ``jsonp`` parameter, which must be a JavaScript identifier path (400 otherwise):
+    graphite-web echoes any text, which lets a link inject script or headers."""
+    callback = arg(request, "jsonp")
+    if callback and not render_formats.is_jsonp_callback(callback):
+        raise HTTPError(400, f"jsonp {callback[:80]!r} is not a JavaScript name such as cb or ns.cb", field="jsonp")
+    return callback or None
 
 
 def _jsonp(request, document) -> Response:
     """graphite-web wraps any JSON answer in ``callback(...)`` when ``jsonp`` is given."""
-    callback = arg(request, "jsonp")
+    callback = _jsonp_callback(request)
     if not callback:
         return json_response(200, document)
     body = f"{callback}({json.dumps(document)})".encode()
@@ -117,9 +126,14 @@ class GraphiteAPI:
         tags: tagdb.TagDB,
         schemas: StorageSchemas,
         max_points: int,
+        *,
+        max_targets: int,
+        max_query_length: int,
     ):
         self.pipeline = pipeline
         self.max_points = max_points
+        self.max_targets = max_targets
+        self.max_query_length = max_query_length
         self.schemas = schemas
         self.planner = planner
         self.finder = finder
@@ -141,6 +155,23 @@ class GraphiteAPI:
         router.add("/functions", both, "graphite_functions", self.functions, role="query")
         router.add_prefix("/functions/", both, "graphite_functions", self.function, role="query")
         router.add("/version", both, "graphite_version", self.version, role="query")
+
+    def _targets(self, request) -> list[str]:
+        """The render targets, at most --render-max-targets of at most --query-max-length each
+        (5000 targets in one request stalled the gateway 8.4 s)."""
+        targets = args(request, "target")
+        if len(targets) > self.max_targets:
+            raise HTTPError(
+                400, f"{len(targets)} targets, over --render-max-targets {self.max_targets}", field="target"
+            )
+        for target in targets:
+            if len(target) > self.max_query_length:
+                raise HTTPError(
+                    400,
+                    f"target {target[:100]!r}... has {len(target)} characters, over --query-max-length {self.max_query_length}",
+                    field="target",
+                )
+        return targets
 
     async def render(self, request):
         """graphite-web's /render: every target evaluated in one context, then encoded."""
@@ -177,7 +208,7 @@ class GraphiteAPI:
             budget=budget,
             offload=threads.deferToThread,
         )
-        targets = args(request, "target")
+        targets = self._targets(request)
         consolidation = {path: func for target in targets for path, func in consolidations(target).items()}
         fetcher = StoreFetcher(
             tenant, self.finder, self.planner, self.schemas, self.planner.max_series, consolidation, budget
@@ -191,7 +222,7 @@ class GraphiteAPI:
         # Encoding a large answer takes a while (a day of 100 series at 10 s is 17 MB of JSON): in a thread.
         if form == "json":
             no_nulls = arg(request, "noNullPoints", "false").lower() in ("1", "true")
-            callback = arg(request, "jsonp")
+            callback = _jsonp_callback(request)
             body = await threads.deferToThread(_consolidated_json, series_list, max_points, no_nulls, callback)
             return Response(200, body, render_formats.CONTENT_TYPES["jsonp" if callback else "json"])
         encode = {
@@ -290,7 +321,8 @@ class GraphiteAPI:
         return _jsonp(request, [{"tag": key} for key in keys[: _limit(request) if arg(request, "limit") else None]])
 
     async def tag_details(self, request, tag: str):
-        counted = await self.tags.value_counts(request_tenant(request), tag, _filter(request))
+        limit = _limit(request) if arg(request, "limit") else None
+        counted = await self.tags.value_counts(request_tenant(request), tag, _filter(request), limit)
         return _jsonp(request, {"tag": tag, "values": [{"value": value, "count": count} for value, count in counted]})
 
     async def autocomplete_tags(self, request):

@@ -11,9 +11,10 @@ import logging
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from typing import NamedTuple
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 from twisted.protocols.basic import FileSender
 from twisted.web import http, resource, server
 
@@ -78,28 +79,76 @@ class LimitedRequest(server.Request):
             super().handleContentChunk(data)
 
 
+class BodyDeadline(NamedTuple):
+    """How fast a request body must arrive (``--http-body-timeout``, ``--http-body-min-rate``)."""
+
+    timeout_s: float | None  # None: no deadline
+    min_rate: int  # bytes per second on average from the headers on, past BODY_RATE_GRACE_S; 0: none
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.timeout_s or self.min_rate)
+
+    def refusal(self, elapsed_s: float, received: int) -> tuple[str, str] | None:
+        """Why a body with ``received`` bytes ``elapsed_s`` after its headers is too slow, as
+        (metric reason, message); None while it is on time."""
+        if self.timeout_s and elapsed_s >= self.timeout_s:
+            return "timeout", f"the request body did not arrive within {self.timeout_s:g}s (--http-body-timeout)"
+        if self.min_rate and elapsed_s >= BODY_RATE_GRACE_S and received < self.min_rate * elapsed_s:
+            return "rate", (
+                f"the request body arrived at {received / elapsed_s:.0f} bytes/s, under the minimum of"
+                f" {self.min_rate} (--http-body-min-rate)"
+            )
+        return None
+
+
+BODY_RATE_GRACE_S = 5.0  # a body's first seconds are not held to the minimum rate
+BODY_CHECK_INTERVAL_S = 1.0
+LINGER_S = 2.0  # after an early answer, how long what the client still sends is read and dropped
+
+
 class Channel(http.HTTPChannel):
     """An HTTP connection counted in the gateway's connection cap and closed gracefully at shutdown.
 
     The idle timeout (Site ``timeout``) is not restarted by the bytes of an incomplete request
     head: a client sending its headers slowly is closed like an idle one, however it trickles.
+    A request body must arrive within the site's BodyDeadline, else the request is answered 408
+    and the connection closed. With credentials (``--auth-file``) the credential of a request with
+    a body is checked from its headers before any of the body is read (the socket is paused
+    meanwhile), so a refused client never gets to send a body. Until a request is read in full,
+    its connection is evictable at the connection cap like an idle one: a request that never
+    finishes arriving cannot hold a place.
     twisted.web closes the connection without a word when a request line or a header line is
     over ``MAX_LENGTH`` (16 KiB): this one says why first, 414 for the request line, 431 for a header.
     """
 
     listener = "http"
     awaiting_headers = True
+    answering = False  # a request read in full and not answered yet
+    lingering = False  # answered before its request was read: the rest is dropped until the close
+    _held: list[bytes] | None = None  # body bytes that arrived while the credential was checked
+    _paused = False  # reading paused while the credential is checked
+    _body_clock = None  # the next check of the pace of the body under way
+    _body_started = 0.0
+    _body_bytes = 0
+    _linger_call = None
+    _lost = False
 
     @property
     def evictable(self) -> bool:
-        """No request under way: what the connection cap may close for a new connection."""
-        return self.awaiting_headers
+        """No request being answered (idle, or still sending a request): what the connection cap
+        may close for a new connection."""
+        return not self.answering
 
     def connectionMade(self):
         super().connectionMade()
         self.site.connections.opened(self)
 
     def connectionLost(self, reason):
+        self._lost = True
+        self._stop_body_clock()
+        if self._linger_call is not None and self._linger_call.active():
+            self._linger_call.cancel()
         super().connectionLost(reason)
         self.site.connections.closed(self)
 
@@ -107,13 +156,102 @@ class Channel(http.HTTPChannel):
         if not self.awaiting_headers:
             super().resetTimeout()
 
+    def dataReceived(self, data):
+        if not self.lingering:
+            super().dataReceived(data)
+
     def allHeadersReceived(self):
         self.awaiting_headers = False
         super().allHeadersReceived()
+        if self.length != 0:  # a body follows (a Content-Length, or chunked)
+            self._check_credential()
+
+    def _check_credential(self) -> None:
+        """Check the credential from the headers; the body waits (held, the socket paused)."""
+        request = self.requests[-1]
+        self._held = []
+        checked = defer.ensureDeferred(
+            self.site.resource.check_credential(request, self._command, self._path.split(b"?", 1)[0])
+        )
+        checked.addCallbacks(self._credential_allowed, self._credential_refused, errbackArgs=(request,))
+        if self._held is not None:  # not decided at once: scrypt runs in a thread
+            self._paused = True
+            self.transport.pauseProducing()
+
+    def _credential_allowed(self, _) -> None:
+        held, self._held = self._held, None
+        if self._lost:
+            return
+        if self._paused:
+            self._paused = False
+            self.transport.resumeProducing()
+        if self.site.body_deadline.enabled:
+            self._body_started, self._body_bytes = reactor.seconds(), 0
+            self._body_clock = self.callLater(BODY_CHECK_INTERVAL_S, self._check_body_pace)
+        if held:
+            self.rawDataReceived(b"".join(held))
+
+    def _credential_refused(self, failure, request) -> None:
+        self._held = None
+        if not self._lost:
+            self._answer_early(self.site.resource._error_response(failure, request))
+
+    def rawDataReceived(self, data):
+        if self.lingering:  # the rest of a read that held the head of a request answered early
+            return
+        if self._held is not None:
+            self._held.append(data)
+            return
+        if self._body_clock is not None:
+            self._body_bytes += len(data)
+        super().rawDataReceived(data)
+
+    def _check_body_pace(self) -> None:
+        refusal = self.site.body_deadline.refusal(reactor.seconds() - self._body_started, self._body_bytes)
+        if refusal is None:
+            self._body_clock = self.callLater(BODY_CHECK_INTERVAL_S, self._check_body_pace)
+            return
+        self._body_clock = None
+        reason, message = refusal
+        metrics.SLOW_REQUEST_BODIES.labels(reason).inc()
+        self._answer_early(json_response(408, {"error": message}))
+
+    def _stop_body_clock(self) -> None:
+        if self._body_clock is not None:
+            self._body_clock.cancel()
+            self._body_clock = None
+
+    def allContentReceived(self):
+        self._stop_body_clock()
+        self.answering = True
+        super().allContentReceived()
 
     def requestDone(self, request):
         self.awaiting_headers = True  # before the next pipelined request is parsed
+        self.answering = False
         super().requestDone(request)
+
+    def _answer_early(self, response: Response) -> None:
+        """Answer before the request was read in full, then close. The client may still be
+        sending, and closing a socket with unread data resets it (the answer could be lost):
+        what arrives is dropped for up to LINGER_S after the answer, then the socket is closed."""
+        self._stop_body_clock()
+        self.lingering, self.persistent = True, False
+        self.setTimeout(None)
+        status = response.status
+        headers = {
+            "Content-Type": response.content_type,
+            "Content-Length": str(len(response.body)),
+            "Connection": "close",
+            **response.headers,
+        }
+        head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n" + "".join(
+            f"{name}: {value}\r\n" for name, value in headers.items()
+        )
+        self.transport.write(head.encode("latin-1") + b"\r\n" + response.body)
+        self.transport.resumeProducing()
+        self.transport.loseWriteConnection()
+        self._linger_call = self.callLater(LINGER_S, self.transport.abortConnection)
 
     def timeoutConnection(self):
         metrics.IDLE_CLOSED.labels(self.listener).inc()
@@ -143,16 +281,10 @@ class Channel(http.HTTPChannel):
 
     def lineLengthExceeded(self, line):
         if self._receivedHeaderSize == 0:  # nothing of this request parsed yet: its request line
-            status, reason = 414, b"URI Too Long"
             message = f"the request line is over {self.MAX_LENGTH} bytes; send long parameters in a POST form body"
+            self._answer_early(json_response(414, {"error": message}))
         else:
-            status, reason = 431, b"Request Header Fields Too Large"
-            message = f"a request header is over {self.MAX_LENGTH} bytes"
-        body = json.dumps({"error": message}).encode()
-        head = f"HTTP/1.1 {status} ".encode() + reason
-        headers = f"\r\nContent-Type: {JSON}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-        self.transport.write(head + headers + body)
-        self.loseConnection()
+            self._answer_early(json_response(431, {"error": f"a request header is over {self.MAX_LENGTH} bytes"}))
 
 
 class Site(server.Site):
@@ -161,11 +293,17 @@ class Site(server.Site):
     noisy = False
 
     def __init__(
-        self, root: resource.Resource, max_body_bytes: int, connections: Connections, idle_timeout_s: float | None
+        self,
+        root: "Router",
+        max_body_bytes: int,
+        connections: Connections,
+        idle_timeout_s: float | None,
+        body_deadline: BodyDeadline,
     ):
         super().__init__(root, timeout=idle_timeout_s)
         self.max_body_bytes = max_body_bytes
         self.connections = connections
+        self.body_deadline = body_deadline
 
     def buildProtocol(self, addr):
         if not self.connections.admit("http", addr):
@@ -196,8 +334,12 @@ def arg(request: server.Request, name: str, default: str | None = None) -> str |
 
 
 def args(request: server.Request, name: str) -> list[str]:
+    return _decoded(name, request.args.get(name.encode(), []))
+
+
+def _decoded(name: str, values: list[bytes]) -> list[str]:
     try:
-        return [value.decode("utf-8") for value in request.args.get(name.encode(), [])]
+        return [value.decode("utf-8") for value in values]
     except UnicodeDecodeError:
         raise HTTPError(400, f"parameter {name!r} is not valid UTF-8") from None
 
@@ -210,16 +352,34 @@ def require_arg(request: server.Request, name: str) -> str:
 
 
 def _tenant_header(request: server.Request) -> str | None:
-    """``X-Scope-OrgID`` or ``X-Tenant`` (a request carrying both must agree)."""
+    """``X-Scope-OrgID`` or ``X-Tenant`` (a request carrying both must agree; either one
+    repeated is ambiguous, whatever its values: 400, as Cortex and Mimir refuse it)."""
     named = set()
-    for header in (b"x-scope-orgid", b"x-tenant"):
-        raw = request.getHeader(header)
-        value = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw or "").strip()
+    for header in ("X-Scope-OrgID", "X-Tenant"):
+        raws = request.requestHeaders.getRawHeaders(header.encode(), [])
+        if len(raws) > 1:
+            raise HTTPError(400, f"the {header} header is given {len(raws)} times; give it once", field="tenant")
+        value = raws[0].decode("utf-8", "replace").strip() if raws else ""
         if value:
             named.add(value)
     if len(named) > 1:
         raise HTTPError(400, "the X-Scope-OrgID and X-Tenant headers name different tenants", field="tenant")
     return named.pop() if named else None
+
+
+def _tenant_parameter(request: server.Request) -> str | None:
+    """The ``tenant`` parameter; given more than once it is ambiguous, whatever its values: 400.
+    In ``request.args`` a form body's parameter replaces the query string's of the same name
+    (Twisted), so when both may hold one, both are read."""
+    given = request.args.get(b"tenant", [])
+    in_query = http.parse_qs(request.uri.partition(b"?")[2], 1).get(b"tenant", [])
+    content_type = (request.getHeader(b"content-type") or b"").partition(b";")[0].strip().lower()
+    if in_query and request.method == b"POST" and content_type == b"application/x-www-form-urlencoded":
+        given = in_query + http.parse_qs(read_body(request), 1).get(b"tenant", [])
+    values = _decoded("tenant", given)
+    if len(values) > 1:
+        raise HTTPError(400, f"the tenant parameter is given {len(values)} times; give it once", field="tenant")
+    return values[0] if values else None
 
 
 def explicit_tenant(request: server.Request) -> str | None:
@@ -230,7 +390,7 @@ def explicit_tenant(request: server.Request) -> str | None:
     a ``tenant`` parameter (query or form) that disagrees with it is 400, never a silent switch;
     else the parameter; else None (the caller's default).
     """
-    header, parameter = _tenant_header(request), arg(request, "tenant")
+    header, parameter = _tenant_header(request), _tenant_parameter(request)
     principal = getattr(request, "principal", None)
     if principal is not None:
         for named in (header, parameter):
@@ -338,29 +498,54 @@ class Router(resource.Resource):
                 return {method: (name, make(rest), access) for method, (name, make, access) in handlers.items()}
         return None
 
+    def _route(self, method: bytes, path: bytes) -> tuple[str, Handler, str]:
+        """The name, handler and access of a request's route (404 and 405 included)."""
+        by_method = self._lookup(path)
+        if by_method is None:
+            return "unknown", self._not_found, "any"
+        if method not in by_method:
+            return "unknown", self._method_not_allowed(sorted(m.decode() for m in by_method)), "any"
+        return by_method[method]
+
     def render(self, request: server.Request):
         started = time.perf_counter()
-        by_method = self._lookup(request.path)
-        if by_method is None:
-            name, handler, access = "unknown", self._not_found, "any"
-        elif request.method not in by_method:
-            name, handler, access = "unknown", self._method_not_allowed(sorted(m.decode() for m in by_method)), "any"
-        else:
-            name, handler, access = by_method[request.method]
-        request.notifyFinish().addErrback(lambda _: setattr(request, "client_gone", True))
+        name, handler, access = self._route(request.method, request.path)
         deferred = defer.ensureDeferred(self._authorized(handler, access, request))
+        request.notifyFinish().addErrback(lambda _: self._client_gone(request, deferred))
         deferred.addErrback(self._error_response, request)
         deferred.addCallback(lambda response: defer.ensureDeferred(self._send(response, request, name, started)))
         deferred.addErrback(lambda failure: log.error("could not answer %s: %s", request.uri, failure.getTraceback()))
         return server.NOT_DONE_YET
 
+    async def check_credential(self, request: server.Request, method: bytes, path: bytes) -> None:
+        """Check the credential of a request from its headers alone (Channel calls this before
+        reading the body of one); the handler then does not check it again."""
+        await self._check_access(request, self._route(method, path)[2])
+
+    @staticmethod
+    def _client_gone(request: server.Request, handling: defer.Deferred) -> None:
+        """The client closed the connection: cancel the handler's work, which stops at the store
+        call or thread it awaits (a read loop at its next batch, PromQL evaluation at its next check)."""
+        request.client_gone = True
+        if not handling.called:
+            metrics.CANCELLED_REQUESTS.inc()
+            handling.cancel()
+
     async def _authorized(self, handler: Handler, access: str, request: server.Request) -> Response:
-        """Run ``handler`` once the request's credential allows ``access`` (401/403 otherwise)."""
+        """Run ``handler`` once the request's credential allows ``access``."""
+        if not getattr(request, "credential_checked", False):
+            await self._check_access(request, access)
+        return await handler(request)
+
+    async def _check_access(self, request: server.Request, access: str) -> None:
+        """Set ``request.principal`` when the route needs a credential; 401/403, or 429 for a
+        client or user name with too many failed credentials (auth.FailureLimit)."""
         if self.credentials is not None and access != "public":
             raw = request.getHeader(b"authorization")
+            address = request.getClientAddress()
             try:
                 principal = await self.credentials.authenticate(
-                    raw.decode("latin-1") if isinstance(raw, bytes) else raw
+                    raw.decode("latin-1") if isinstance(raw, bytes) else raw, getattr(address, "host", str(address))
                 )
             except Unauthorized as error:
                 metrics.AUTH_FAILURES.labels("unauthenticated").inc()
@@ -369,7 +554,7 @@ class Router(resource.Resource):
                 metrics.AUTH_FAILURES.labels("forbidden").inc()
                 raise HTTPError(403, f"credential {principal.name!r} lacks the {access!r} role this endpoint needs")
             request.principal = principal
-        return await handler(request)
+        request.credential_checked = True
 
     async def _not_found(self, request):
         raise HTTPError(404, f"no such endpoint: {request.path.decode('utf-8', 'replace')}")
@@ -384,6 +569,8 @@ class Router(resource.Resource):
 
     def _error_response(self, failure, request) -> Response:
         error = _root_cause(failure)
+        if isinstance(error, defer.CancelledError) and getattr(request, "client_gone", False):
+            return json_response(499, {"error": "the client closed the connection"})  # nginx's code; never sent
         if isinstance(error, HTTPError):
             response = json_response(error.status, {"error": error.message, **error.details})
             if error.status == 405:

@@ -207,7 +207,7 @@ def _label_replace(ctx, args, call):
         args[4].value,
     )
     try:
-        regex = compile_regex(f"^(?:{pattern})$", dot_nl=True)
+        regex = compile_regex(f"^(?:{pattern})$", dot_nl=True, capture=True)
     except BadPattern as error:
         raise PromQLError(f"invalid regular expression in label_replace(): {error}") from None
     if not _LABEL_NAME.match(destination):

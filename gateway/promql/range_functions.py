@@ -12,6 +12,7 @@ from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 GAUGE_HINT = HistogramMessage.GAUGE
 
 STACK = 32  # series evaluated together by _all_series
+STACK_CELLS = STACK * 11_000  # (series, step) cells of one stack: fewer series for a subquery's millions of steps
 
 
 def _per_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector:
@@ -35,11 +36,13 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
     window becomes a (series, step) pair of indexes into them. For the functions that only look
     at a window's ends and at pairs of neighbours inside it, which never straddle two series.
     (A few dozen series at a time: arrays of all of them at once cost more in page faults than
-    the loop they save.)"""
+    the loop they save; fewer when there are many steps, so that the deadline is checked often.)"""
     series = [s for s in matrix.series if len(s.timestamps)]
     labels, rows, masks = [], [], []
-    for first in range(0, len(series), STACK):
-        part = series[first : first + STACK]
+    stack = max(1, min(STACK, STACK_CELLS // max(len(matrix.refs), 1)))
+    for first in range(0, len(series), stack):
+        matrix.guard.check()
+        part = series[first : first + stack]
         timestamps = np.concatenate([s.timestamps for s in part])
         values = np.concatenate([s.values for s in part])
         base = min(int(timestamps.min()), int(matrix.refs.min()) - matrix.range_ms)
@@ -160,7 +163,7 @@ def _linear_regression(ts, vs, mask, intercept_ms):
 
 def deriv(matrix: RangeVector) -> Vector:
     def compute(series: Series, lo, hi):
-        ts, vs, mask = gather(series, lo, hi)
+        ts, vs, mask = gather(series, lo, hi, matrix.guard)
         slope, _ = _linear_regression(ts, vs, mask, ts[:, 0])
         return slope, hi - lo >= 2
 
@@ -169,7 +172,7 @@ def deriv(matrix: RangeVector) -> Vector:
 
 def predict_linear(matrix: RangeVector, seconds: np.ndarray, eval_ms: np.ndarray) -> Vector:
     def compute(series: Series, lo, hi):
-        ts, vs, mask = gather(series, lo, hi)
+        ts, vs, mask = gather(series, lo, hi, matrix.guard)
         slope, intercept = _linear_regression(ts, vs, mask, eval_ms)
         return slope * seconds + intercept, hi - lo >= 2
 
@@ -185,7 +188,7 @@ def holt_winters(matrix: RangeVector, smoothing: float, trend: float) -> Vector:
         raise PromQLError(f"invalid trend factor. Expected: 0 < tf < 1, got: {trend:f}")
 
     def compute(series: Series, lo, hi):
-        _, vs, mask = gather(series, lo, hi)
+        _, vs, mask = gather(series, lo, hi, matrix.guard)
         level_before = np.zeros(len(lo))
         level = vs[:, 0].copy()
         slope = vs[:, min(1, vs.shape[1] - 1)] - vs[:, 0]
@@ -232,7 +235,7 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
             return np.ones(lo.shape), present
         if name == "last":
             return series.values[np.maximum(hi - 1, 0)], present
-        _, vs, mask = gather(series, lo, hi)
+        _, vs, mask = gather(series, lo, hi, matrix.guard)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             if name == "sum":
                 return compensated_sum(np.where(mask, vs, 0.0)), present
@@ -282,7 +285,7 @@ def _windowed(matrix: RangeVector, reduce) -> Vector:
         lo, hi = matrix.windows(series)
         if not (hi > lo).any():
             continue
-        _, vs, mask = gather(series, lo, hi)
+        _, vs, mask = gather(series, lo, hi, matrix.guard)
         if batch and (len(batch) + 1) * steps * max(vs.shape[1], *(b[1].shape[1] for b in batch)) > WINDOW_ELEMENTS:
             flush()
         batch.append((series.labels, vs, mask, hi > lo))

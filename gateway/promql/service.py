@@ -1,19 +1,21 @@
 """PromQL over the planner and the read path: what gateway/http/promql_api.py asks for once it
 has decoded a request. Each selector's series are selected once; their samples and native
 histograms are read a few series at a time, counted against --query-max-samples and checked
-against the query's deadline; parsing, histogram decoding and evaluation run in threads, off
+against the query's deadline (what the evaluation will hold, series x steps, is counted first,
+before anything is read); parsing, histogram decoding and evaluation run in threads, off
 the reactor. docs/promql.rst."""
 
+import threading
 import time
 from datetime import UTC, datetime
 
 import numpy as np
 from twisted.internet import defer, threads
 
-from gateway.promql.engine import Evaluator, Query, parse, plan, selector_matchers
-from gateway.promql.values import PromQLError, Series
+from gateway.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
+from gateway.promql.values import Guard, PromQLError, Series
 from gateway.query import QueryPlanner
-from gateway.read_path import READ_BATCH, clamp_range
+from gateway.read_path import READ_BATCH
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow
 from protocols.prometheus import prometheus_labels, prometheus_metric_name, sanitize_label_name
@@ -28,14 +30,14 @@ class PromQLService:
         max_samples: int,
         lookback_ms: int,
         timeout_ms: int,
-        max_future_ms: int,
+        text: QueryText | None = None,
     ):
         self.store = store
         self.planner = planner
         self.max_samples = max_samples
         self.lookback_ms = lookback_ms
         self.timeout_ms = timeout_ms
-        self.max_future_ms = max_future_ms
+        self.text = text or QueryText()
 
     def query(self, start_ms: int, end_ms: int, step_ms: int) -> Query:
         """A query over [start_ms, end_ms] every ``step_ms`` (0: instant), with the configured lookback."""
@@ -45,21 +47,35 @@ class PromQLService:
         """The value of the query at ``times``, and the warnings its answer must carry; the
         deadline is the asked timeout, at most the configured one."""
         allowed = self.timeout_ms if timeout_ms is None else min(timeout_ms, self.timeout_ms)
-        deadline = time.monotonic() + allowed / 1000
-        expr = await threads.deferToThread(parse, text)
+        guard = Guard(time.monotonic() + allowed / 1000, self.max_samples, threading.Event())
+        try:
+            return await self._evaluate(tenant, text, query, times, guard)
+        except defer.CancelledError:
+            guard.cancelled.set()  # the evaluation thread stops at its next check
+            raise
+        except RecursionError:
+            raise PromQLError(
+                'invalid parameter "query": the expression is nested too deeply to evaluate (--query-max-terms)',
+                "bad_data",
+            ) from None
+
+    async def _evaluate(self, tenant: str, text: str, query: Query, times: np.ndarray, guard: Guard):
+        expr = await threads.deferToThread(self.text.parse, text)
+        guard.count(estimated_samples(expr, query, lambda key: 1))
         needs = plan(expr, query)
         selected = {
             key: await self.planner.select_by_matchers(tenant, matchers, prometheus_labels)
             for key, (matchers, _, _) in needs.items()
         }
+        guard.count(estimated_samples(expr, query, lambda key: len(selected[key])))
         data, histograms = await defer.gatherResults(
             [
-                defer.ensureDeferred(self._fetch(selected, needs, deadline)),
-                defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs, deadline)),
+                defer.ensureDeferred(self._fetch(selected, needs, guard)),
+                defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs, guard)),
             ],
             consumeErrors=True,
         ).addErrback(lambda failure: failure.value.subFailure.raiseException())
-        evaluator = Evaluator(query, data, deadline, histograms)
+        evaluator = Evaluator(query, data, guard.deadline, histograms, guard.max_samples, guard.cancelled)
         value = await threads.deferToThread(evaluator.result, expr, times)
         return value, self._rollup_warnings(needs) + evaluator.warnings
 
@@ -77,25 +93,18 @@ class PromQLService:
             " one point per bucket, the average for gauges, the last value for counters"
         ]
 
-    def _count(self, samples: int) -> None:
-        if samples > self.max_samples:
-            raise PromQLError(
-                "query processing would load too many samples into memory in query execution"
-                f" (--query-max-samples {self.max_samples})"
-            )
-
-    async def _fetch(self, selected: dict, needs: dict, deadline: float) -> dict[tuple, list[Series]]:
+    async def _fetch(self, selected: dict, needs: dict, guard: Guard) -> dict[tuple, list[Series]]:
         """The samples of every selector's ``selected`` series, through the read path."""
         data, samples = {}, 0
         for key, (_, low, high) in needs.items():
             keys = selected[key]
             found = []
             for start in range(0, len(keys), READ_BATCH):
-                _check(deadline)
+                guard.check("query execution")
                 part = keys[start : start + READ_BATCH]
                 for series, read in zip(part, await self.planner.reader.read(part, low, high)):
                     samples += len(read.samples)
-                    self._count(samples)
+                    guard.count(samples)
                     if len(read.samples):
                         labels = prometheus_labels(series.metric_name, series.tags)
                         found.append(Series(labels, read.samples.timestamps, read.samples.values))
@@ -103,7 +112,7 @@ class PromQLService:
         return data
 
     async def _fetch_histograms(
-        self, tenant: str, selected: dict, needs: dict, deadline: float
+        self, tenant: str, selected: dict, needs: dict, guard: Guard
     ) -> dict[tuple, list[Series]]:
         """The native histograms of every selector's ``selected`` series (raw samples only: the
         read path's roll-ups hold floats), as series of Histogram objects (None: stale); each
@@ -112,15 +121,12 @@ class PromQLService:
         samples = 0
         for key, (_, low, high) in needs.items():
             keys = selected[key]
-            start_ms, end_ms = clamp_range(low, high)
             for begin in range(0, len(keys), READ_BATCH):
-                _check(deadline)
+                guard.check("query execution")
                 part = keys[begin : begin + READ_BATCH]
-                rows = await self.planner.reader.read_histograms(
-                    tenant, [k.series_set_hash for k in part], start_ms, end_ms
-                )
+                rows = await self.planner.reader.read_histograms(tenant, [k.series_set_hash for k in part], low, high)
                 samples += sum(len(r) for r in rows)
-                self._count(samples)
+                guard.count(samples)
                 if not any(rows):
                     continue
                 for series, decoded in zip(part, await threads.deferToThread(_decoded_histograms, rows)):
@@ -134,7 +140,7 @@ class PromQLService:
         """Label sets of the series the selectors select, sorted."""
         found: dict[tuple, dict] = {}
         for text in selectors:
-            expr = await threads.deferToThread(parse, text)
+            expr = await threads.deferToThread(self.text.parse, text)
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
             for key in await self.planner.select_by_matchers(tenant, selector_matchers(expr), prometheus_labels):
@@ -166,14 +172,13 @@ class PromQLService:
         is cut to what can be stored, from the retention's start to --max-future ahead) of every
         series the query's selectors select, by series labels (sorted), series without exemplars
         left out."""
-        now = int(time.time() * 1000)
-        oldest, newest = now - self.store.layout.exemplar_retention_ms, now + self.max_future_ms
-        start_ms = oldest if start_ms is None else start_ms
+        now = self.planner.reader.clock()
+        start_ms = now - self.store.layout.exemplar_retention_ms if start_ms is None else start_ms
         end_ms = now if end_ms is None else end_ms
         if end_ms < start_ms:
             raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
-        start_ms, end_ms = max(start_ms, oldest), min(end_ms, newest)
-        expr = await threads.deferToThread(parse, text)
+        start_ms, end_ms = self.planner.reader.exemplar_range(start_ms, end_ms)
+        expr = await threads.deferToThread(self.text.parse, text)
         selected = {}
         for matchers, _, _ in plan(expr, self.query(start_ms, end_ms, 0)).values():
             for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
@@ -186,11 +191,6 @@ class PromQLService:
             found = await self.store.read_exemplars(tenant, hashes, start_ms, end_ms)
             result += [(prometheus_labels(key.metric_name, key.tags), rows) for key, rows in zip(part, found) if rows]
         return sorted(result, key=lambda item: sorted(item[0].items()))
-
-
-def _check(deadline: float) -> None:
-    if time.monotonic() > deadline:
-        raise PromQLError("query timed out in query execution", "timeout")
 
 
 def _decoded_histograms(rows_by_series) -> list:

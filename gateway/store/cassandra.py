@@ -576,7 +576,7 @@ class CassandraStore(Store):
 
     def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
         statement = self._statements[f"read_{granularity.table}"]
-        slots = time_slots(start_ms, end_ms, granularity.partition_width_ms)
+        slots = self._time_slots(start_ms, end_ms, granularity.partition_width_ms)
         requests = [(statement, (tenant, series_set_hash, slot, start_ms, end_ms)) for slot in slots]
 
         def rows(pages):
@@ -666,7 +666,7 @@ class CassandraStore(Store):
         width = self.slot_width_ms
         first, last = time_slot(start_ms, width), time_slot(end_ms, width)
         statement = self._statements["read_slots"]
-        partitions = time_slots(first, last, self.layout.block_partition_width_ms)
+        partitions = self._time_slots(first, last, self.layout.block_partition_width_ms)
         chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
         requests = [
             (statement, (tenant, chunk, partition, first, last)) for chunk in chunks for partition in partitions
@@ -745,11 +745,17 @@ class CassandraStore(Store):
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(collect)
 
+    def _time_slots(self, start_ms: int, end_ms: int, width_ms: int) -> range:
+        """The slots (or partitions) ``width_ms`` wide of an inclusive range, at most the layout's
+        longest retention before its end: a last guard, as the read path already cuts ranges to
+        what the retentions hold (an open range listed 70 million 1 h slots and took a worker)."""
+        return time_slots(max(start_ms, end_ms - self.layout.longest_retention_ms), end_ms, width_ms)
+
     def _partition_requests(self, statement, tenant, hashes, start_ms, end_ms, *more, width_ms: int | None = None):
         """Requests of up to PARTITIONS_PER_REQUEST series-slots of an inclusive range:
         (tenant, hashes, slots, *more) for a statement whose partitions are series-slots
         (slots ``width_ms`` wide, the slot width unless given)."""
-        slots = list(time_slots(start_ms, end_ms, width_ms or self.slot_width_ms))
+        slots = list(self._time_slots(start_ms, end_ms, width_ms or self.slot_width_ms))
         return _slot_requests(statement, tenant, hashes, slots, *more)
 
     def write_histograms(self, histograms):
@@ -792,7 +798,7 @@ class CassandraStore(Store):
         """histogram_series first (one partition a slot), then only the series-slots it names."""
         hashes = list(hashes)
         wanted = set(hashes)
-        slots = list(time_slots(start_ms, end_ms, width))
+        slots = list(self._time_slots(start_ms, end_ms, width))
         lookups = _slot_requests(self._statements["read_histogram_series"], tenant, [table], slots)
 
         def read(pages):

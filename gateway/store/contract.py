@@ -174,6 +174,11 @@ def time_slots(start_ms: int, end_ms: int, slot_width_ms: int) -> range:
 
 
 class Store(abc.ABC):
+    """A read of an inclusive range need not look further back from its end than the layout's
+    longest retention (``Layout.longest_retention_ms``): Cassandra cuts wider ranges to their
+    newest part rather than list a partition per slot (the read path cuts them before, to the
+    retentions before now; gateway/read_path.py)."""
+
     def __init__(self, layout: Layout):
         self.layout = layout
         self.slot_width_ms = layout.slot_width_ms

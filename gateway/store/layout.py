@@ -88,6 +88,12 @@ class Layout:
     def block_partition_width_ms(self) -> int:
         return BLOCK_PARTITION_SLOTS * self.slot_width_ms
 
+    @property
+    def longest_retention_ms(self) -> int:
+        """The longest any stored row lives: no read needs a range wider than this."""
+        retentions = [g.retention_ms for g in self.granularities]
+        return max(self.raw_retention_ms, self.exemplar_retention_ms, self.head_retention_ms, *retentions)
+
     def head_ttl_ms(self, slot_ms: int, now_ms: int) -> int:
         """How long a head row of a slot written now must live: until ``head_retention_ms`` after
         the slot ended, and at least that long from now (late data gets the same time to be sealed)."""

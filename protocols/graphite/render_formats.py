@@ -13,6 +13,7 @@ import io
 import json
 import math
 import pickle
+import re
 from datetime import UTC, datetime, tzinfo
 
 import orjson
@@ -36,6 +37,13 @@ CONTENT_TYPES = {
     "pickle": "application/pickle",
     "msgpack": "application/x-msgpack",
 }
+# A JSONP callback is echoed into JavaScript, so only a dotted path of identifiers is allowed
+# (``cb``, ``jQuery123_456``, ``$.ns.fn``): no call, index, quote, space or line break.
+JSONP_CALLBACK = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*(?:\.[A-Za-z_$][A-Za-z0-9_$]*)*")
+
+
+def is_jsonp_callback(name: str) -> bool:
+    return JSONP_CALLBACK.fullmatch(name) is not None
 
 
 def apply_max_data_points(series_list, max_data_points: int) -> None:
@@ -68,7 +76,8 @@ def encode_json(series_list, no_null_points: bool = False, pretty: bool = False,
     """``[{"target", "tags", "datapoints": [[value, ts], ...]}]``; NaN becomes null, ±Infinity ±1e9999.
 
     With ``no_null_points``, null/NaN points are dropped and series left empty are omitted.
-    With ``jsonp``, the document is wrapped as ``callback(...)`` (content type text/javascript).
+    With ``jsonp`` (checked with ``is_jsonp_callback`` first), the document is wrapped as
+    ``callback(...)`` (content type text/javascript).
     Datapoints, most of the bytes, are encoded by orjson and spaced as Python's json module spaces
     them (graphite-web's output); numbers keep their value, though orjson may spell a few
     differently (``0.00001`` for ``1e-05``).

@@ -52,7 +52,9 @@ class Histogram:
 
     @classmethod
     def from_proto(cls, message) -> "Histogram":
-        """A prometheus.Histogram message (integer or float counts) as a float histogram."""
+        """A prometheus.Histogram message (integer or float counts) as a float histogram; a zero
+        threshold that is NaN or negative (refused at write since, but maybe stored before) is 0, so
+        widening to a common threshold ends."""
         floats = message.WhichOneof("count") == "count_float"
         count = message.count_float if floats else float(message.count_int)
         zero_count = (
@@ -68,7 +70,7 @@ class Histogram:
         )
         return cls(
             message.schema,
-            message.zero_threshold,
+            message.zero_threshold if message.zero_threshold >= 0 else 0.0,
             zero_count,
             count,
             message.sum,

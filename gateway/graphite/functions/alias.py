@@ -33,7 +33,7 @@ def alias(request, seriesList, newName):
 )
 def aliasSub(request, seriesList, search, replace):
     """Rename with a regular-expression substitution (\\1 back-references)."""
-    regex = _compile(search)
+    regex = _compile(search, capture=True)
     for series in seriesList:
         series.name = _substitute(regex, replace, series.name)
     return seriesList
@@ -85,7 +85,7 @@ def aliasByMetric(request, seriesList):
 )
 async def aliasQuery(request, seriesList, search, replace, newName):
     """Rename with the last value of another series found by a regex substitution of the name."""
-    regex = _compile(search)
+    regex = _compile(search, capture=True)
     for series in seriesList:
         query = _substitute(regex, replace, series.name)
         found = await request.evaluate(query, request.context)

@@ -253,7 +253,7 @@ def unique(request, *seriesLists):
 )
 async def useSeriesAbove(request, seriesList, value, search, replace):
     """For series whose maximum is above value, fetch the series named by a regex substitution."""
-    regex = _compile(search)
+    regex = _compile(search, capture=True)
     names = [_substitute(regex, replace, series.name) for series in seriesList if safe_max(series, -INF) > value]
     if not names:
         return []

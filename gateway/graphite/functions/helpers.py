@@ -173,10 +173,11 @@ def _generated_times(context, step: int, what: str) -> range:
     return times
 
 
-def _compile(pattern):
-    """Client regexes are RE2's: linear time, so no pattern can stall the server."""
+def _compile(pattern, capture: bool = False):
+    """Client regexes are RE2's: linear time, so no pattern can stall the server; ``capture``
+    keeps the groups a substitution refers to (protocols/linear_regex.py)."""
     try:
-        return compile_regex(pattern)
+        return compile_regex(pattern, capture=capture)
     except BadPattern as error:
         raise RenderError(str(error)) from None
 
