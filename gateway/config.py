@@ -199,7 +199,12 @@ SETTINGS = [
         "10s",
         "on SIGTERM or SIGINT, how long open requests, carbon batches and a running downsample round get to finish; then what is left is logged and closed",
     ),
-    Setting("max-inflight-samples", _positive, "1000000", "samples waiting for the store before writes get 503 (fewer while the store is slow: what it stores in 0.3 x --shutdown-timeout)"),
+    Setting(
+        "max-inflight-samples",
+        _positive,
+        "1000000",
+        "samples waiting for the store before writes get 503 (fewer while the store is slow: what it stores in 0.3 x --shutdown-timeout)",
+    ),
     Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
     Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
     Setting("max-samples-per-query", _positive, "5000000", "samples one remote-read query may return (422 above)"),
