@@ -2,18 +2,23 @@
 series-slots pending, how in-flight samples are counted and bounded, and when drain fires."""
 
 import threading
+import time
 
 import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
 from twisted.internet.defer import ensureDeferred
+from twisted.internet.task import LoopingCall
 
+from gateway.cooperative import run_steps
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.ingest import MIN_INFLIGHT_BOUND, IngestPipeline, Overloaded, StoreRate
+from gateway.ingest import _SAMPLES, MIN_INFLIGHT_BOUND, IngestPipeline, Overloaded, StoreRate
 from gateway.limits import RateLimited, TenantLimits
 from gateway.metadata_cache import KnownSeries
 from gateway.model import ExemplarSample, HistogramSample, Limits, Sample, series_set_hash, series_set_text
 from gateway.store.layout import HOUR_MS
+from protocols import prometheus
+from protocols.prometheus.write import V2_CONTENT_TYPE
 from tests.unit import MsClock
 
 MINUTE = 60_000
@@ -239,3 +244,54 @@ def test_the_in_flight_bound_follows_the_store_rate_so_that_a_stop_can_flush_it_
     assert pipeline.flushable_samples() == MIN_INFLIGHT_BOUND
     pipeline.drain()
     assert pipeline.flushable_samples() == 1_000_000
+
+
+class ReactorTicks:
+    """Counts the turns a timer asked for every 5 ms got while some work ran on the reactor."""
+
+    def __init__(self):
+        self.count = 0
+        self.loop = LoopingCall(self.tick)
+
+    def tick(self):
+        self.count += 1
+
+    async def during(self, work) -> float:
+        """Await ``work`` with the timer running; the seconds it took. The turns are in ``count``."""
+        self.count = 0
+        self.loop.start(0.005, now=False)
+        started = time.perf_counter()
+        try:
+            await work
+        finally:
+            self.loop.stop()
+        return time.perf_counter() - started
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_large_remote_write_decodes_and_resolves_without_holding_the_reactor(sqlite_store, tenant):
+    """30,000 new series of 20 labels: seconds of per-series Python on this box, cut into slices
+    with the reactor running between them. Counted in reactor turns, not in the longest gap: on a
+    shared box the process itself is descheduled for hundreds of ms at times."""
+    clock = MsClock(SLOT + 10 * MINUTE)
+    pipeline = pipeline_on(sqlite_store, clock)
+    common = {f"label_{i:02d}": f"value_{i}" for i in range(18)}
+    body = prometheus.encode_write_request_v2(
+        [prometheus.Series({"__name__": "large", "n": str(n), **common}, [(clock.now, 1.0)]) for n in range(30_000)]
+    )
+    ticks = ReactorTicks()
+    decoding = ensureDeferred(
+        run_steps(prometheus.decode_write_request_steps(body, V2_CONTENT_TYPE, "snappy", 1 << 26))
+    )
+    took = await ticks.during(decoding)
+    assert took > 0.5, "too quick to tell: the test needs a larger request"
+    assert ticks.count >= took / 0.1, f"{ticks.count} reactor turns in {took:.1f}s of decoding"
+    samples = [
+        Sample(tenant, s.labels["__name__"], {k: v for k, v in s.labels.items() if k != "__name__"}, *s.samples[0])
+        for s in decoding.result.series
+    ]
+    resolving = ensureDeferred(pipeline._resolve("test", _SAMPLES, samples))
+    took = await ticks.during(resolving)
+    assert took > 0.5, "too quick to tell: the test needs a larger request"
+    assert ticks.count >= took / 0.1, f"{ticks.count} reactor turns in {took:.1f}s of resolving"
+    assert len(resolving.result.rows) == 30_000 and not resolving.result.rejected
