@@ -28,13 +28,17 @@ Run from the repository root:
 
 Reading the table: samples/s counts acknowledged (2xx) samples only; errors are non-2xx
 answers, failed connections and requests left unsent at the run timeout, detailed below the
-table. CPU columns are the CPU seconds a process used during the timed run: the target, the
-Cassandra under tsgate, and this client ("client", which must stay well below the target's);
-"cores" is target CPU / wall time (a Python process tops out near 1), "us/smp" target CPU
-microseconds per acknowledged sample (the least noisy figure on a shared box), "box" the busy
+table. CPU columns are the CPU seconds a process used during the timed run: the target (for
+tsgate its parent and worker processes), the Cassandra under tsgate, and this client ("client",
+which must stay well below the target's); "cores" is target CPU / wall time (a Python process
+tops out near 1), "us/smp" target CPU microseconds per acknowledged sample (the least noisy
+figure on a shared box), "cass us" Cassandra's; with --cassandra 127.0.0.1:PORT Cassandra is the
+process listening there, whose CPU includes whatever else uses it meanwhile. "box" is the busy
 cores of the whole machine (other people's load included). "vs prom" and "vs VM" divide tsgate's
-samples/s by theirs at the same size. Prometheus and VictoriaMetrics answer once samples are
-in memory (and in Prometheus's WAL), tsgate once its store has them.
+samples/s by theirs at the same size. The "headline" lines below the table repeat, per tsgate
+run, the rate, its ratio to Prometheus's receiver and the CPU per sample of the gateway and of
+Cassandra. Prometheus and VictoriaMetrics answer once samples are in memory (and in
+Prometheus's WAL), tsgate once its store has them (SQLite: committed).
 
 After its timed runs tsgate is checked, untimed, through GET /api/query: every sample of the
 run must read back with its value (at least as many as were acknowledged). Exit status 1 when
@@ -64,7 +68,9 @@ from bench.common import (
     cassandra,
     connect,
     drop_keyspace,
+    listening_pid,
     process_cpu_s,
+    tree_cpu_s,
     tsgate_service,
 )
 from gateway.devservices.process import free_port
@@ -172,6 +178,9 @@ def started(target: str, args: argparse.Namespace, workdir: Path):
             service = tsgate_service(TARGETS[target], ["--data-dir", str(workdir / "data")], workdir / "tsgate.log")
         else:
             host, port, cassandra_pid = stack.enter_context(cassandra(args.cassandra, workdir / "cassandra", args.heap))
+            if cassandra_pid is None and host in ("127.0.0.1", "localhost"):
+                # A Cassandra we were given on this box: its CPU counts too (other clients' included).
+                cassandra_pid = listening_pid(port)
             if cassandra_pid:
                 # The store's CPU time is part of tsgate's cost.
                 pids["cassandra"] = cassandra_pid
@@ -255,12 +264,13 @@ class Row(NamedTuple):
 
 def measure(name: str, service: Service, pids: dict[str, int], workload: Workload, timeout_s: float) -> Row:
     """Time one workload against one target, with the CPU every process involved used meanwhile."""
-    pids = {"target": service.pid, **pids}
 
     def snapshot() -> dict[str, float]:
         return {
             "client": time.process_time(),
             "box": box_busy_s(),
+            # the gateway's workers are children of the process started
+            "target": tree_cpu_s(service.pid),
             **{key: process_cpu_s(pid) for key, pid in pids.items()},
         }
 
@@ -307,6 +317,10 @@ def check_tsgate(service: Service, workload: Workload, acknowledged: int) -> str
     return f"checked: {stored}/{workload.samples} read back in {time.perf_counter() - started_at:.1f}s"
 
 
+def per_sample_us(cpu_s: float | None, samples: int) -> str:
+    return f"{cpu_s / samples * 1e6:.1f}" if cpu_s is not None and samples else "-"
+
+
 def print_table(rows: list[Row]) -> None:
     rates = {(row.target, row.size): row.rate for row in rows}
 
@@ -316,7 +330,8 @@ def print_table(rows: list[Row]) -> None:
 
     print(
         f"{'target':<19}{'S':>5}{'reqs':>6}{'acked':>8}{'errors':>7}{'wall s':>8}{'samples/s':>10}"
-        f"{'CPU s':>7}{'cores':>6}{'us/smp':>7}{'cass CPU':>9}{'client':>7}{'box':>5}{'vs prom':>9}{'vs VM':>8}  note"
+        f"{'CPU s':>7}{'cores':>6}{'us/smp':>7}{'cass CPU':>9}{'cass us':>8}{'client':>7}{'box':>5}"
+        f"{'vs prom':>9}{'vs VM':>8}  note"
     )
     for row in rows:
         if not row.seconds:
@@ -324,17 +339,38 @@ def print_table(rows: list[Row]) -> None:
             continue
         cpu = row.cpu
         cassandra = f"{cpu['cassandra']:.1f}" if "cassandra" in cpu else "-"
-        per_sample = f"{cpu['target'] / row.acknowledged * 1e6:.1f}" if row.acknowledged else "-"
         print(
             f"{row.target:<19}{row.size:>5}{row.requests:>6}{row.acknowledged:>8}"
             f"{sum(count for count, _ in row.errors.values()):>7}{row.seconds:>8.2f}{row.rate:>10.0f}"
-            f"{cpu['target']:>7.1f}{cpu['target'] / row.seconds:>6.2f}{per_sample:>7}{cassandra:>9}"
+            f"{cpu['target']:>7.1f}{cpu['target'] / row.seconds:>6.2f}"
+            f"{per_sample_us(cpu['target'], row.acknowledged):>7}{cassandra:>9}"
+            f"{per_sample_us(cpu.get('cassandra'), row.acknowledged):>8}"
             f"{cpu['client']:>7.1f}{cpu['box'] / row.seconds:>5.1f}"
             f"{ratio(row, 'prometheus'):>9}{ratio(row, 'victoria-metrics'):>8}  {row.note}"
         )
     for row in rows:
         for kind, (count, first) in row.errors.items():
             print(f"errors: {row.target} S={row.size}: {count} x {kind}, first: {first}")
+    print_headlines(rows, rates)
+
+
+def print_headlines(rows: list[Row], rates: dict[tuple[str, int], float]) -> None:
+    """One line per tsgate run with the issue's figures: acked rate, its ratio to Prometheus's
+    receiver on the same requests, and the CPU microseconds a sample of the gateway and of Cassandra."""
+    for row in rows:
+        if not (row.target.startswith("tsgate") and row.seconds):
+            continue
+        prometheus = rates.get(("prometheus", row.size))
+        versus = f"{row.rate / prometheus:.3f} of Prometheus's {prometheus:.0f}/s" if prometheus else "no Prometheus"
+        cassandra = (
+            f", Cassandra {per_sample_us(row.cpu['cassandra'], row.acknowledged)} us CPU/sample"
+            if "cassandra" in row.cpu
+            else ""
+        )
+        print(
+            f"headline: {row.target}, S={row.size}: {row.rate:.0f} samples/s acked ({versus}); "
+            f"gateway {per_sample_us(row.cpu['target'], row.acknowledged)} us CPU/sample{cassandra}"
+        )
 
 
 def sizes(text: str) -> list[int]:

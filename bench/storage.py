@@ -72,6 +72,7 @@ from bench.common import (
     connect,
     exit_with,
     fresh_keyspace,
+    listening_pid,
     process_cpu_s,
     tree_cpu_s,
     tsgate_service,
@@ -312,25 +313,6 @@ class CassandraNode(NamedTuple):
     classpath: str
     jmx_port: int
     data_dirs: list[Path]
-
-
-def listening_pid(port: int) -> int:
-    """The process listening on a local TCP port (/proc/net/tcp* then the owners' /proc/<pid>/fd)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            next(lines)
-            for line in lines:
-                fields = line.split()
-                if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
-                    inodes.add(f"socket:[{fields[9]}]")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                        return int(pid)
-    raise BenchError(f"no local process listens on port {port}: Cassandra's files cannot be measured")
 
 
 def cassandra_node(port: int) -> CassandraNode:

@@ -28,6 +28,7 @@ from gateway.connections import Connections
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
 from gateway.graphite.finder import Finder
+from gateway.graphite.graph import GraphPool
 from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.graphite.tagdb import TagDB
@@ -102,6 +103,7 @@ class Gateway:
             )
         ).register(router)
         schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
+        self.graphs = GraphPool()
         GraphiteAPI(
             self.pipeline,
             self.planner,
@@ -109,6 +111,7 @@ class Gateway:
             TagDB(self.store, self.planner),
             schemas,
             config.max_points_per_query,
+            self.graphs,
             max_targets=config.render_max_targets,
             max_query_length=config.query_max_length,
         ).register(router)
@@ -205,6 +208,7 @@ class Gateway:
                 "still running (redone after restart)" if not self.downsample_stopped.called else "done",
             )
             self.connections.abort_all()
+        self.graphs.close()
         drained = reactor.seconds()
         await self.store.close()
         log.info("drained in %.2fs, store closed in %.2fs", drained - stopping, reactor.seconds() - drained)

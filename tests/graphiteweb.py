@@ -12,7 +12,8 @@ graphite-web and python3-whisper are installed from Debian and run under Debian'
   tagged series under ``_tagged/`` as carbon writes them, and registers tagged series in the
   tag database (graphite-web's ``LocalDatabaseTagDB``),
 * answers each request with ``django.test.Client().get('/render', params)`` (``noCache`` added)
-  and writes a JSON list of ``{"status", "body", "seconds"}``; an exception the view raises is
+  and writes a JSON list of ``{"status", "content_type", "body", "seconds"}`` (a PNG also as
+  ``body_base64``); an exception the view raises is
   answered as status 500 with its type and message, as graphite-web's server would fail.
 
 Usage::
@@ -30,6 +31,7 @@ GRAPHITE_PYTHON = "/usr/bin/python3"
 
 _SCRIPT = textwrap.dedent(
     r'''
+    import base64
     import json
     import os
     import sys
@@ -94,7 +96,10 @@ _SCRIPT = textwrap.dedent(
         started = time.monotonic()
         try:
             response = client.get("/render", dict(params, noCache="1"))
-            answer = {"status": response.status_code, "body": response.content.decode("utf-8", "replace")}
+            answer = {"status": response.status_code, "content_type": response.get("Content-Type", "")}
+            if answer["content_type"] == "image/png":
+                answer["body_base64"] = base64.b64encode(response.content).decode("ascii")
+            answer["body"] = response.content.decode("utf-8", "replace")
         except Exception as error:  # the test client re-raises view exceptions
             answer = {"status": 500, "body": f"{type(error).__name__}: {error}"}
         answers.append(dict(answer, seconds=round(time.monotonic() - started, 4)))
@@ -114,8 +119,8 @@ def render_batch(
 
     ``series`` maps a metric path (``a.b.c`` or ``cpu;host=a``) to ``[[epoch_seconds, value or
     None], ...]``; ``requests`` are dicts of /render parameters (a list value repeats the
-    parameter, as ``target`` usually does). Returns one ``{"status": int, "body": str, "seconds":
-    float}`` per request.
+    parameter, as ``target`` usually does). Returns one ``{"status": int, "content_type": str,
+    "body": str, "seconds": float}`` per request, with ``body_base64`` for a PNG.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

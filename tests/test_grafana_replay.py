@@ -582,7 +582,7 @@ BAD_RENDERS = {
     "bad from": ([("target", "servers.*.cpu"), ("from", "yesterdayish")], "from/until"),
     "bad until": ([("target", "servers.*.cpu"), ("until", "-1fortnight")], "from/until"),
     "from after until": ([("target", "servers.*.cpu"), ("from", "now"), ("until", "-1h")], "before"),
-    "unknown format": ([("target", "servers.*.cpu"), ("format", "png")], "format"),
+    "unknown format": ([("target", "servers.*.cpu"), ("format", "gif")], "format"),
     "syntax error": ([("target", "sumSeries(servers.*.cpu")], "target"),
     "bad tag expression": ([("target", "seriesByTag('host')")], "tag expression"),
     "tag expression matching everything": ([("target", "seriesByTag('host!=x')")], "non-empty"),

@@ -173,7 +173,8 @@ def test_find_glob_is_linear(hostile_gateway):
     answer = assert_fast(hostile_gateway, get(hostile_gateway, "/metrics/find", query=f"hostile.{GLOB_PROBE}"))
     assert answer.status == 200 and [node["id"] for node in answer.json()] == [f"hostile.{A_NAME}"], answer.body
     answer = assert_fast(
-        hostile_gateway, get(hostile_gateway, "/render", target=f"hostile.{GLOB_PROBE}.x", **{"from": "-1h"})
+        hostile_gateway,
+        get(hostile_gateway, "/render", target=f"hostile.{GLOB_PROBE}.x", format="json", **{"from": "-1h"}),
     )
     assert answer.status == 200 and answer.json() == [], answer.body
 

@@ -492,3 +492,45 @@ async def test_created_timestamps_per_series_survive_a_metadata_rewrite(store, t
     assert await store.get_created_timestamps(tenant, ["ha", "hb", "missing"]) == {"ha": 5000, "hb": 7}
     assert await store.get_series(tenant, ["ha"]) == {"ha": a}
     assert await store.get_created_timestamps(tenant + "-other", ["ha"]) == {}
+
+
+def wal_frames(path) -> int:
+    """Frames in a SQLite WAL file: one per page a commit wrote (a 32-byte header, 24 bytes a frame)."""
+    size = path.with_name(path.name + "-wal").stat().st_size
+    return (size - 32) // (4096 + 24) if size else 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_writes_arriving_together_share_a_commit_and_fail_alone(tmp_path, tenant):
+    """Group commit: writes queued while one commits go into one transaction (a page each write
+    touches is written once, not once a write); each Deferred fires once its rows are committed
+    (another connection reads them), and a write that fails fails alone."""
+    path = tmp_path / "group.db"
+    store = SQLiteStore(path, Layout())
+    await store.start()
+    try:
+        h = series(tenant, "cpu", {}).series_set_hash
+        await store.write_raw([RawPoint(tenant, h, 0, 0.0)])
+        before = wal_frames(path)
+        for write in [store.write_raw([RawPoint(tenant, h, ts, float(ts))]) for ts in range(1, 21)]:
+            await write
+        # 20 separate commits would write the table's leaf page 20 times at least
+        assert wal_frames(path) - before <= 6
+        good, bad, also_good = (
+            store.write_raw([RawPoint(tenant, h, 21, 21.0)]),
+            store.write_raw([RawPoint(tenant, h, 99, object())]),
+            store.write_raw([RawPoint(tenant, h, 22, 22.0)]),
+        )
+        await good
+        await also_good
+        try:
+            await bad
+        except sqlite3.Error as error:
+            assert "binding" in str(error) or "type" in str(error)
+        else:
+            raise AssertionError("a value SQLite cannot store was acknowledged")
+        with sqlite3.connect(path) as reader:
+            stored = reader.execute("SELECT ts FROM data_raw WHERE tenant=? ORDER BY ts", (tenant,)).fetchall()
+        assert [ts for (ts,) in stored] == list(range(23))
+    finally:
+        await store.close()

@@ -84,32 +84,29 @@ def raw_get(gateway, path: str, headers: list[tuple[str, str]]):
 
 
 @pytest.mark.parametrize("header", ["X-Scope-OrgID", "X-Tenant"])
-def test_a_repeated_tenant_header_is_refused_even_with_the_same_value(open_gateway, tenant, header):
+def test_a_tenant_header_repeated_with_two_tenants_is_refused(open_gateway, tenant, header):
     path = f"/api/query?metricName=spoof_cpu&start={NOW_S - 3600}&end={NOW_S + 60}"
-    for values in ((tenant, "other"), (tenant, tenant)):
-        status, error = raw_get(open_gateway, path, [(header, value) for value in values])
-        assert status == 400 and f"the {header} header is given 2 times" in error, (values, status, error)
-    status, error = raw_get(open_gateway, path, [(header, tenant)])
-    assert status == 200, error
+    status, error = raw_get(open_gateway, path, [(header, tenant), (header, "other")])
+    assert status == 400 and f"the {header} header names 2 different tenants" in error, (status, error)
+    for headers in ([(header, tenant)], [(header, tenant), (header, tenant)]):
+        status, error = raw_get(open_gateway, path, headers)
+        assert status == 200, error
 
 
-def test_a_repeated_tenant_parameter_is_refused_even_with_the_same_value(open_gateway, tenant):
+def test_a_tenant_parameter_repeated_with_two_tenants_is_refused(open_gateway, tenant):
     assert put(open_gateway, "twice_cpu", 1.0, path=f"/api/put?tenant={tenant}").status == 200
-    for params in (
-        f"&tenant={tenant}&tenant=other",
-        f"&tenant={tenant}&tenant={tenant}",
-        f"&tenant=other;tenant={tenant}",
-    ):
+    for params in (f"&tenant={tenant}&tenant=other", f"&tenant=other;tenant={tenant}"):
         answer = query(open_gateway, "twice_cpu", params=params)
-        assert answer.status == 400 and "tenant parameter is given 2 times" in answer.json()["error"], params
-    assert values_of(query(open_gateway, "twice_cpu", params=f"&tenant={tenant}")) == [1.0]
+        assert answer.status == 400 and "tenant parameter names 2 different tenants" in answer.json()["error"], params
+    for params in (f"&tenant={tenant}", f"&tenant={tenant}&tenant={tenant}"):
+        assert values_of(query(open_gateway, "twice_cpu", params=params)) == [1.0], params
     form = {"target": "twice.cpu", "format": "json", "from": "-1h", "tenant": tenant}
-    for url in (f"/render?tenant={tenant}", "/render?tenant=other"):
-        answer = open_gateway.post(url, urllib.parse.urlencode(form).encode(), headers=FORM)
-        assert answer.status == 400 and "tenant parameter is given 2 times" in answer.json()["error"], url
+    answer = open_gateway.post("/render?tenant=other", urllib.parse.urlencode(form).encode(), headers=FORM)
+    assert answer.status == 400 and "tenant parameter names 2 different tenants" in answer.json()["error"]
     body = urllib.parse.urlencode([*form.items(), ("tenant", "other")]).encode()
     assert open_gateway.post("/render", body, headers=FORM).status == 400
-    assert open_gateway.post("/render", urllib.parse.urlencode(form).encode(), headers=FORM).status == 200
+    for url in ("/render", f"/render?tenant={tenant}"):  # promtool repeats its URL's tenant in the form
+        assert open_gateway.post(url, urllib.parse.urlencode(form).encode(), headers=FORM).status == 200, url
 
 
 def test_a_render_form_field_cannot_switch_tenant(open_gateway, tenant):

@@ -352,23 +352,24 @@ def require_arg(request: server.Request, name: str) -> str:
 
 
 def _tenant_header(request: server.Request) -> str | None:
-    """``X-Scope-OrgID`` or ``X-Tenant`` (a request carrying both must agree; either one
-    repeated is ambiguous, whatever its values: 400, as Cortex and Mimir refuse it)."""
+    """``X-Scope-OrgID`` or ``X-Tenant``: every one a request carries must name the same tenant
+    (either header repeated with two tenants is ambiguous: 400, never the last one silently)."""
     named = set()
     for header in ("X-Scope-OrgID", "X-Tenant"):
-        raws = request.requestHeaders.getRawHeaders(header.encode(), [])
-        if len(raws) > 1:
-            raise HTTPError(400, f"the {header} header is given {len(raws)} times; give it once", field="tenant")
-        value = raws[0].decode("utf-8", "replace").strip() if raws else ""
-        if value:
-            named.add(value)
+        values = {
+            raw.decode("utf-8", "replace").strip() for raw in request.requestHeaders.getRawHeaders(header.encode(), [])
+        }
+        if len(values) > 1:
+            raise HTTPError(400, f"the {header} header names {len(values)} different tenants; give one", field="tenant")
+        named |= values - {""}
     if len(named) > 1:
         raise HTTPError(400, "the X-Scope-OrgID and X-Tenant headers name different tenants", field="tenant")
     return named.pop() if named else None
 
 
 def _tenant_parameter(request: server.Request) -> str | None:
-    """The ``tenant`` parameter; given more than once it is ambiguous, whatever its values: 400.
+    """The ``tenant`` parameter; given more than once with different tenants it is ambiguous:
+    400 (promtool sends its URL's parameters in the query string and again in the form body).
     In ``request.args`` a form body's parameter replaces the query string's of the same name
     (Twisted), so when both may hold one, both are read."""
     given = request.args.get(b"tenant", [])
@@ -376,10 +377,10 @@ def _tenant_parameter(request: server.Request) -> str | None:
     content_type = (request.getHeader(b"content-type") or b"").partition(b";")[0].strip().lower()
     if in_query and request.method == b"POST" and content_type == b"application/x-www-form-urlencoded":
         given = in_query + http.parse_qs(read_body(request), 1).get(b"tenant", [])
-    values = _decoded("tenant", given)
+    values = set(_decoded("tenant", given))
     if len(values) > 1:
-        raise HTTPError(400, f"the tenant parameter is given {len(values)} times; give it once", field="tenant")
-    return values[0] if values else None
+        raise HTTPError(400, f"the tenant parameter names {len(values)} different tenants; give one", field="tenant")
+    return values.pop() if values else None
 
 
 def explicit_tenant(request: server.Request) -> str | None:

@@ -7,6 +7,12 @@ histograms (and their roll-ups) past their retention, then gives the freed pages
 blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows). SQLite
 calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
 small pool of readers, each thread with its own connection.
+
+Writes commit in groups: the writes that arrive while a transaction commits all go into the next
+one (``_commit``), so under load one commit (one fsync, one pass over the B-tree pages the rows
+land on) carries many requests. Each write's Deferred still fires only once its rows are
+committed; if a group fails, its writes are retried one transaction each, so one bad write fails
+alone.
 """
 
 import json
@@ -20,7 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 from twisted.internet import reactor, threads
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.python.threadpool import ThreadPool
 
 from gateway import samples
@@ -46,6 +52,9 @@ from gateway.store.index import index_rows
 from gateway.store.layout import Layout
 
 SCHEMA_VERSION = 7
+# The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
+# with SQLite's default 2 MiB those pages were read back for every commit (docs/performance.rst).
+WRITER_CACHE_KIB = 64 * 1024
 
 ROLLUP_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -224,6 +233,8 @@ class SQLiteStore(Store):
         self._connections: list[sqlite3.Connection] = []
         self._writer = ThreadPool(1, 1, name="sqlite-writer")
         self._readers = ThreadPool(1, readers, name="sqlite-reader")
+        self._queued: list[tuple] = []  # (statements function, its arguments, Deferred) for the next commit
+        self._committing = False
 
     @classmethod
     def from_url(cls, url: str, layout: Layout) -> "SQLiteStore":
@@ -260,11 +271,43 @@ class SQLiteStore(Store):
     def _read(self, function, *args):
         return self._run(self._readers, function, *args)
 
+    def _commit(self, statements, *args) -> Deferred:
+        """Write ``statements(*args)`` (a list of (query, rows)) in the next group commit; the
+        Deferred fires once they are committed."""
+        deferred: Deferred[None] = Deferred()
+        self._queued.append((statements, args, deferred))
+        if not self._committing:
+            self._commit_queued()
+        return deferred
+
+    def _commit_queued(self) -> None:
+        entries, self._queued = self._queued, []
+        self._committing = True
+        self._write(_commit_group, [(statements, args) for statements, args, _ in entries]).addBoth(
+            self._committed, entries
+        )
+
+    def _committed(self, outcome, entries: list[tuple]) -> None:
+        """Answer every write of a group, then commit what queued meanwhile (writes queued by
+        these answers included)."""
+        outcomes = outcome if isinstance(outcome, list) else [outcome] * len(entries)
+        for (_, _, deferred), result in zip(entries, outcomes):
+            if result is None:
+                deferred.callback(None)
+            elif isinstance(result, sqlite3.OperationalError):
+                deferred.errback(StoreUnavailable(f"sqlite: {result}"))
+            else:
+                deferred.errback(result)
+        if self._queued:
+            self._commit_queued()
+        else:
+            self._committing = False
+
     def start(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer.start()
         self._readers.start()
-        return self._write(_create_schema, self.layout.granularities)
+        return self._write(_start_writer, self.layout.granularities)
 
     def close(self):
         def stop_and_close():
@@ -286,7 +329,7 @@ class SQLiteStore(Store):
         )
 
     def write_series(self, series: Sequence[SeriesKey]):
-        return self._write(_write_series, list(series))
+        return self._commit(_series_statements, list(series))
 
     def list_path_children(self, tenant, parent):
         query = "SELECT name, is_leaf, is_branch FROM graphite_paths WHERE tenant=? AND parent=? ORDER BY name"
@@ -320,7 +363,7 @@ class SQLiteStore(Store):
             for r in rows
         ]
         query = f"INSERT OR REPLACE INTO {granularity.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        return self._write(_transaction_of, query, values)
+        return self._commit(_statement, query, values)
 
     def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
         if end_ms < start_ms:
@@ -342,9 +385,7 @@ class SQLiteStore(Store):
 
     def mark_pending(self, rows, touched_ms):
         values = [(r.partition, r.time_slot, r.tenant, r.series_set_hash, touched_ms) for r in rows]
-        return self._write(
-            _transaction_of, "INSERT OR REPLACE INTO pending_downsample_sets VALUES (?, ?, ?, ?, ?)", values
-        )
+        return self._commit(_statement, "INSERT OR REPLACE INTO pending_downsample_sets VALUES (?, ?, ?, ?, ?)", values)
 
     def list_pending(self, partition, before_slot):
         query = (
@@ -360,7 +401,7 @@ class SQLiteStore(Store):
             "DELETE FROM pending_downsample_sets WHERE partition=? AND time_slot=? AND tenant=?"
             " AND series_set_hash=? AND last_touch=?"
         )
-        return self._write(_transaction_of, query, [tuple(r) for r in rows])
+        return self._commit(_statement, query, [tuple(r) for r in rows])
 
     def add_metric_aggregators(self, tenant, metric_name, aggregators):
         def add(connection):
@@ -391,7 +432,7 @@ class SQLiteStore(Store):
         return self._read(get)
 
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
-        return self._write(_transaction_of, "INSERT OR REPLACE INTO metric_metadata VALUES (?, ?, ?, ?, ?)", list(rows))
+        return self._commit(_statement, "INSERT OR REPLACE INTO metric_metadata VALUES (?, ?, ?, ?, ?)", list(rows))
 
     def get_metric_metadata(self, tenant, metric_name):
         def read(connection):
@@ -403,12 +444,7 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def write_raw(self, points: Sequence[RawPoint]):
-        width = self.slot_width_ms
-        rows = [
-            (p.tenant, p.series_set_hash, time_slot(p.timestamp_ms, width), p.timestamp_ms, _encode_value(p.value))
-            for p in points
-        ]
-        return self._write(_transaction_of, "INSERT OR REPLACE INTO data_raw VALUES (?, ?, ?, ?, ?)", rows)
+        return self._commit(_raw_statements, list(points), self.slot_width_ms)
 
     def list_tenants(self):
         return self._read(_column, "SELECT tenant FROM tenants ORDER BY tenant", ())
@@ -441,7 +477,7 @@ class SQLiteStore(Store):
 
     def write_created_timestamps(self, rows):
         query = "UPDATE series_set_hashes SET created_ms=? WHERE tenant=? AND series_set_hash=?"
-        return self._write(_transaction_of, query, [(r.created_ms, r.tenant, r.series_set_hash) for r in rows])
+        return self._commit(_statement, query, [(r.created_ms, r.tenant, r.series_set_hash) for r in rows])
 
     def get_created_timestamps(self, tenant, hashes: Iterable[str]):
         return self._read(_get_created, tenant, list(hashes))
@@ -474,7 +510,7 @@ class SQLiteStore(Store):
             )
             for e in exemplars
         ]
-        return self._write(_write_exemplars, rows, self.layout.max_exemplars_per_series)
+        return self._commit(_exemplar_statements, rows, self.layout.max_exemplars_per_series)
 
     def read_exemplars(self, tenant, hashes, start_ms, end_ms):
         hashes = list(hashes)
@@ -502,13 +538,15 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def write_histograms(self, histograms):
-        return self._write(_write_histograms, "histograms", self.slot_width_ms, histograms)
+        return self._commit(_histogram_statements, "histograms", self.slot_width_ms, list(histograms))
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
         return self._read_histogram_table("histograms", self.slot_width_ms, tenant, hashes, start_ms, end_ms)
 
     def write_histogram_rollups(self, granularity, rows):
-        return self._write(_write_histograms, granularity.histogram_table, granularity.partition_width_ms, rows)
+        return self._commit(
+            _histogram_statements, granularity.histogram_table, granularity.partition_width_ms, list(rows)
+        )
 
     def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
         return self._read_histogram_table(
@@ -541,6 +579,11 @@ class SQLiteStore(Store):
 
     def sweep(self, now_ms):
         return self._write(_sweep, self.layout, now_ms)
+
+
+def _start_writer(connection: sqlite3.Connection, granularities) -> None:
+    connection.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
+    _create_schema(connection, granularities)
 
 
 def _create_schema(connection: sqlite3.Connection, granularities) -> None:
@@ -592,41 +635,67 @@ def _transaction(connection: sqlite3.Connection, statements: list[tuple[str, lis
     connection.execute("COMMIT")
 
 
-def _write_series(connection: sqlite3.Connection, series: list[SeriesKey]) -> None:
+def _commit_group(connection: sqlite3.Connection, writes: list[tuple]) -> list[Exception | None]:
+    """Every (statements function, arguments) of ``writes`` in one transaction; if one write's data
+    fails it, each in its own, so that only the failing ones fail. Returns each write's error or
+    None. An OperationalError (locked past the busy timeout, disk full) would fail each alike:
+    it fails them all at once."""
+    try:
+        _transaction(connection, [statement for statements, args in writes for statement in statements(*args)])
+        return [None] * len(writes)
+    except sqlite3.OperationalError as error:
+        return [error] * len(writes)
+    except Exception as error:
+        if len(writes) == 1:
+            return [error]
+    outcomes: list[Exception | None] = []
+    for statements, args in writes:
+        try:
+            _transaction(connection, statements(*args))
+            outcomes.append(None)
+        except Exception as error:
+            outcomes.append(error)
+    return outcomes
+
+
+def _statement(query: str, rows: list[tuple]) -> list[tuple[str, list]]:
+    return [(query, rows)]
+
+
+def _raw_statements(points: list[RawPoint], width: int) -> list[tuple[str, list]]:
+    """Head rows; a value that is neither NaN nor zero needs no _encode_value (most of them)."""
+    rows = [
+        (tenant, hash_, ts - ts % width, ts, value if value == value and value else _encode_value(value))
+        for tenant, hash_, ts, value in points
+    ]
+    return [("INSERT OR REPLACE INTO data_raw VALUES (?, ?, ?, ?, ?)", rows)]
+
+
+def _series_statements(series: list[SeriesKey]) -> list[tuple[str, list]]:
     rows = index_rows(series)
-    _transaction(
-        connection,
-        [
-            ("INSERT OR IGNORE INTO tenants VALUES (?)", rows.tenants),
-            ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", rows.metric_names),
-            (
-                "INSERT INTO series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT DO UPDATE SET metric_name = excluded.metric_name, tags = excluded.tags",
-                [
-                    (tenant, hash_, name, json.dumps(tags, sort_keys=True))
-                    for tenant, hash_, name, tags in rows.series_set_hashes
-                ],
-            ),
-            ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", rows.series_sets),
-            ("INSERT OR IGNORE INTO tag_keys VALUES (?, ?, ?)", rows.tag_keys),
-            ("INSERT OR IGNORE INTO tag_values VALUES (?, ?, ?, ?)", rows.tag_values),
-            (
-                "INSERT INTO graphite_paths VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE"
-                " SET is_leaf = max(is_leaf, excluded.is_leaf), is_branch = max(is_branch, excluded.is_branch)",
-                [
-                    (tenant, parent, name, int(leaf), int(not leaf))
-                    for tenant, parent, name, leaf in rows.graphite_paths
-                ],
-            ),
-            ("INSERT OR IGNORE INTO tenant_tag_keys VALUES (?, ?)", rows.tenant_tag_keys),
-            ("INSERT OR IGNORE INTO tenant_tag_values VALUES (?, ?, ?)", rows.tenant_tag_values),
-            ("INSERT OR IGNORE INTO tag_metrics VALUES (?, ?, ?, ?)", rows.tag_metrics),
-        ],
-    )
-
-
-def _transaction_of(connection: sqlite3.Connection, query: str, rows: list[tuple]) -> None:
-    _transaction(connection, [(query, rows)])
+    return [
+        ("INSERT OR IGNORE INTO tenants VALUES (?)", rows.tenants),
+        ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", rows.metric_names),
+        (
+            "INSERT INTO series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT DO UPDATE SET metric_name = excluded.metric_name, tags = excluded.tags",
+            [
+                (tenant, hash_, name, json.dumps(tags, sort_keys=True))
+                for tenant, hash_, name, tags in rows.series_set_hashes
+            ],
+        ),
+        ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", rows.series_sets),
+        ("INSERT OR IGNORE INTO tag_keys VALUES (?, ?, ?)", rows.tag_keys),
+        ("INSERT OR IGNORE INTO tag_values VALUES (?, ?, ?, ?)", rows.tag_values),
+        (
+            "INSERT INTO graphite_paths VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE"
+            " SET is_leaf = max(is_leaf, excluded.is_leaf), is_branch = max(is_branch, excluded.is_branch)",
+            [(tenant, parent, name, int(leaf), int(not leaf)) for tenant, parent, name, leaf in rows.graphite_paths],
+        ),
+        ("INSERT OR IGNORE INTO tenant_tag_keys VALUES (?, ?)", rows.tenant_tag_keys),
+        ("INSERT OR IGNORE INTO tenant_tag_values VALUES (?, ?, ?)", rows.tenant_tag_values),
+        ("INSERT OR IGNORE INTO tag_metrics VALUES (?, ?, ?, ?)", rows.tag_metrics),
+    ]
 
 
 def _series_rows(connection: sqlite3.Connection, columns: str, tenant: str, hashes: list[str]):
@@ -695,7 +764,7 @@ def _write_block(connection, tenant, series_set_hash, slot_ms, block, sealed: Sa
     )
 
 
-def _write_exemplars(connection, rows: list[tuple], keep: int) -> None:
+def _exemplar_statements(rows: list[tuple], keep: int) -> list[tuple[str, list]]:
     """The exemplars, then, in the same transaction, the deletion of those past the newest
     ``keep`` of each series-slot they landed in (--max-exemplars-per-series)."""
     trim = (
@@ -704,20 +773,17 @@ def _write_exemplars(connection, rows: list[tuple], keep: int) -> None:
         " ORDER BY ts DESC, labels LIMIT ?4)"
     )
     slots = sorted({(*row[:3], keep) for row in rows})
-    _transaction(connection, [("INSERT OR REPLACE INTO exemplars VALUES (?, ?, ?, ?, ?, ?)", rows), (trim, slots)])
+    return [("INSERT OR REPLACE INTO exemplars VALUES (?, ?, ?, ?, ?, ?)", rows), (trim, slots)]
 
 
-def _write_histograms(connection, table: str, width: int, histograms) -> None:
+def _histogram_statements(table: str, width: int, histograms) -> list[tuple[str, list]]:
     """The rows of a histogram table and their series-slots in histogram_series, in one transaction."""
     rows = [(h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data) for h in histograms]
     indexed = sorted({(tenant, table, slot, hash_) for tenant, hash_, slot, _, _ in rows})
-    _transaction(
-        connection,
-        [
-            (f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?)", rows),
-            ("INSERT OR IGNORE INTO histogram_series VALUES (?, ?, ?, ?)", indexed),
-        ],
-    )
+    return [
+        (f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?)", rows),
+        ("INSERT OR IGNORE INTO histogram_series VALUES (?, ?, ?, ?)", indexed),
+    ]
 
 
 def _sweep(connection, layout: Layout, now_ms: int) -> None:

@@ -13,6 +13,8 @@ of its series and listed in ``WriteBatch.rejected_histograms``; the rest is kept
 
 import math
 import re
+import struct
+import sys
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -90,7 +92,9 @@ class InvalidHistogram(ValueError):
 
 @dataclass
 class Series:
-    """One time series; `labels` includes `__name__`, samples are (timestamp_ms, value)."""
+    """One time series; `labels` includes `__name__`, samples are (timestamp_ms, value).
+    A decoded series' labels may be shared with other requests' series (_LABEL_SETS): read them,
+    never change them."""
 
     labels: dict[str, str]
     samples: list[tuple[int, float]] = field(default_factory=list)
@@ -208,19 +212,6 @@ def decode_write_request_steps(
     return (yield from _decode_v2(raw, max_histogram_buckets))
 
 
-def _varint(raw: bytes, offset: int) -> tuple[int, int]:
-    """The varint at ``offset`` and the offset after it; an offset past the end when cut short."""
-    value = shift = 0
-    while offset < len(raw) and shift < 64:
-        byte = raw[offset]
-        offset += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, offset
-        shift += 7
-    return 0, len(raw) + 1
-
-
 _SKIPPED_BYTES = {1: 8, 5: 4}  # fixed64, fixed32
 
 
@@ -230,23 +221,26 @@ def _parts(raw: bytes, part_bytes: int) -> Iterator[bytes]:
     so it parses alone. From a field that is not well formed on, the rest is one run, for the
     protobuf parser to refuse with its own words."""
     start = offset = 0
-    while offset < len(raw):
-        key, offset = _varint(raw, offset)
-        wire_type = key & 7
-        if wire_type == 0:
-            offset = _varint(raw, offset)[1]
-        elif wire_type == 2:
-            length, offset = _varint(raw, offset)
-            offset += length
-        elif wire_type in _SKIPPED_BYTES:
-            offset += _SKIPPED_BYTES[wire_type]
-        else:
-            offset = len(raw) + 1
-        if offset > len(raw):
-            break
-        if offset - start >= part_bytes:
-            yield raw[start:offset]
-            start = offset
+    try:
+        while offset < len(raw):
+            key, offset = _varint(raw, offset)
+            wire_type = key & 7
+            if wire_type == 0:
+                offset = _varint(raw, offset)[1]
+            elif wire_type == 2:
+                length, offset = _varint(raw, offset)
+                offset += length
+            elif wire_type in _SKIPPED_BYTES:
+                offset += _SKIPPED_BYTES[wire_type]
+            else:
+                break
+            if offset > len(raw):
+                break
+            if offset - start >= part_bytes:
+                yield raw[start:offset]
+                start = offset
+    except IndexError:  # a varint cut short
+        pass
     if len(raw) > start:
         yield raw[start:]
 
@@ -320,10 +314,122 @@ def _exemplar(index: int, pairs: Iterable[tuple[str, str]], value: float, timest
     return Exemplar(labels, value, timestamp)
 
 
+# Label sets decoded and validated before, by the bytes of their labels in a 1.0 request: a
+# sender sends the same bytes for a series every time, so a known series' labels are one dict
+# lookup instead of a protobuf object, two strings and a check a label (6 of its 8 us, see
+# docs/performance.rst). Emptied when full, so hostile input cannot grow it: about 370 bytes an
+# entry (24 MiB full) beyond the label strings, which the ingest's known-series cache shares
+# (names interned, values the same objects).
+_LABEL_SETS: dict[bytes, dict[str, str]] = {}
+MAX_CACHED_LABEL_SETS = 1 << 16
+_unpack_double = struct.Struct("<d").unpack_from
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned varint at ``pos`` and the position after it; IndexError past the end."""
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _decode_v1_plain(raw: bytes, first_index: int = 0) -> WriteBatch | None:
+    """The common 1.0 request, read straight from its bytes: series of labels then samples and
+    nothing else. None for anything else (metadata, exemplars, histograms, unknown or
+    out-of-order fields, a malformed message), which the protobuf decoder then takes (and
+    refuses with its own error); a series' labels are decoded by protobuf too, the first time
+    their bytes are seen (_LABEL_SETS). ``first_index``: the index of its first series in the
+    request (raw may be a part of it), for the errors."""
+    batch = WriteBatch(version=1)
+    append = batch.series.append
+    label_sets = _LABEL_SETS
+    timestamps: dict[bytes, int] = {}  # varint bytes -> value: a request's samples share few timestamps
+    pos, size = 0, len(raw)
+    try:
+        while pos < size:
+            if raw[pos] != 0x0A:  # field 1, timeseries
+                return None
+            end, pos = _varint(raw, pos + 1)
+            end += pos
+            start = pos
+            while pos < end and raw[pos] == 0x0A:  # field 1, labels
+                length, pos = _varint(raw, pos + 1)
+                pos += length
+            if pos > end or end > size:
+                return None
+            key = raw[start:pos]
+            labels = label_sets.get(key)
+            if labels is None:
+                labels = _first_seen_labels(first_index + len(batch.series), key)
+                if labels is None:
+                    return None
+            samples = []
+            while pos < end:
+                if raw[pos] != 0x12:  # field 2, samples; anything else: the general decoder
+                    return None
+                stop = raw[pos + 1] + pos + 2
+                if raw[pos + 1] >= 0x80 or stop > end:
+                    return None
+                sample = _plain_sample(raw, pos + 2, stop, timestamps)
+                if sample is None:
+                    return None
+                samples.append(sample)
+                pos = stop
+            append(Series(labels, samples))
+    except IndexError:
+        return None
+    return batch
+
+
+def _first_seen_labels(index: int, key: bytes) -> dict[str, str] | None:
+    """Labels of bytes not seen before, decoded by protobuf, validated and remembered; None if the
+    bytes are not labels protobuf reads (the general decoder then reports it)."""
+    try:
+        series = types_pb2.TimeSeries.FromString(key)
+    except DecodeError:
+        return None
+    labels = _validated_labels(index, [(sys.intern(label.name), label.value) for label in series.labels])
+    if len(_LABEL_SETS) >= MAX_CACHED_LABEL_SETS:
+        _LABEL_SETS.clear()
+    _LABEL_SETS[key] = labels
+    return labels
+
+
+def _plain_sample(raw: bytes, pos: int, stop: int, timestamps: dict[bytes, int]) -> tuple[int, float] | None:
+    """(timestamp, value) of the Sample message in raw[pos:stop]: a double (field 1) then an
+    int64 varint (field 2), either left out when zero as encoders do; None for any other shape."""
+    value, timestamp = 0.0, 0
+    if pos + 9 <= stop and raw[pos] == 0x09:
+        value = _unpack_double(raw, pos + 1)[0]
+        pos += 9
+    if pos < stop and raw[pos] == 0x10:
+        encoded = raw[pos + 1 : stop]
+        known = timestamps.get(encoded)
+        if known is None:
+            timestamp, after = _varint(raw, pos + 1)
+            if after != stop or timestamp >= 1 << 64:
+                return None
+            if timestamp >= 1 << 63:  # int64 in two's complement
+                timestamp -= 1 << 64
+            timestamps[encoded] = timestamp
+        else:
+            timestamp = known
+        pos = stop
+    return (timestamp, value) if pos == stop else None
+
+
 def _decode_v1(raw: bytes, max_histogram_buckets: int) -> Steps:
     batch = WriteBatch(version=1)
     for part in _parts(raw, PART_BYTES):
         yield
+        plain = _decode_v1_plain(part, len(batch.series))
+        if plain is not None:
+            batch.series.extend(plain.series)
+            continue
         request = _parse(remote_pb2.WriteRequest(), part)
         yield from _decode_v1_series(batch, request.timeseries, max_histogram_buckets)
         _add_v1_metadata(batch, request.metadata)
