@@ -12,7 +12,8 @@ series is remembered (an LRU), so only a new one costs a store read and write.
 from collections.abc import Sequence
 
 from gateway import metrics
-from gateway.ingest import IngestPipeline
+from gateway.cooperative import CHECK_EVERY, Slices
+from gateway.ingest import CreatedSample, IngestPipeline
 from gateway.metadata_cache import LRUMap
 from gateway.model import NAME_TAG, HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text
 from gateway.read_path import ReadPath
@@ -63,7 +64,10 @@ class CreatedTimestamps:
     async def new(self, tenant: str, series: Sequence[Series]) -> list[tuple[Series, CreatedTimestamp]]:
         """The series of a request whose created timestamp is not the one stored for them."""
         candidates = []
-        for item in series:
+        slices = Slices()
+        for index, item in enumerate(series):
+            if not index % CHECK_EVERY:
+                await slices.maybe_pause()
             if item.created_timestamp and self._stored.get(self._key(tenant, item)) != item.created_timestamp:
                 candidates.append((item, series_set_hash(series_set_text(*name_and_tags(item)))))
         if not candidates:
@@ -121,15 +125,10 @@ class CreatedTimestamps:
             await self.pipeline.ingest("prometheus", zero_samples)
         if zero_histograms:
             await self.pipeline.ingest_histograms("prometheus", zero_histograms)
-        await self.store_new(tenant, created)
-
-    async def store_new(self, tenant: str, new: Sequence[tuple[Series, CreatedTimestamp]]) -> None:
-        """Store the new created timestamps (after their series' metadata) and remember them."""
-        if new:
-            await metrics.observe_store(
-                "write_created_timestamps", self.store.write_created_timestamps([row for _, row in new])
-            )
-            self._stored.add_all({self._key(tenant, item): row.created_ms for item, row in new})
+        await self.pipeline.ingest_created(
+            "prometheus", [CreatedSample(tenant, *name_and_tags(item), row.created_ms) for item, row in created]
+        )
+        self._stored.add_all({self._key(tenant, item): row.created_ms for item, row in created})
 
     @staticmethod
     def _key(tenant: str, item: Series) -> tuple:

@@ -1,18 +1,24 @@
 """The ingest pipeline every protocol feeds: validate, hash, apply the tenant limits, write
 metadata once, write data.
 
-A write is acknowledged (the Deferred fires) only after the store has accepted both the
-metadata of new series and every data point. Invalid samples are rejected one by one; the
-good samples beside them are still written.
+Every kind of data (samples, native histograms, exemplars, created timestamps, series without
+data) takes the same loop, IngestPipeline._admit_and_write: the same validation, tenant limits
+and bound on writes in flight. A write is acknowledged (the Deferred fires) only after the store
+has accepted both the metadata of new series and every row. Invalid items, and those of new
+series over the tenant's active-series limit, are rejected one by one; the good ones beside
+them are still written.
 """
 
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from sys import intern
 from typing import NamedTuple, Protocol
 
-from twisted.internet.defer import Deferred
+from prometheus_client import Counter
+from twisted.internet.defer import Deferred, gatherResults
 
 from gateway import metrics
+from gateway.cooperative import CHECK_EVERY, Slices
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries, SeenSeries
 from gateway.model import (
@@ -30,9 +36,15 @@ from gateway.model import (
     validate_timestamp,
 )
 from gateway.store import Store
-from gateway.store.contract import ExemplarRow, HistogramRow, MetricMetadata, RawPoint
+from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, RawPoint
 
 METRIC_METADATA_REMEMBERED = 100_000
+# Rows of one store call: a store prepares them on the reactor thread, so a large batch is cut.
+ROWS_PER_STORE_CALL = 5000
+# The bound on rows in flight never goes below this, however slow the store has been.
+MIN_INFLIGHT_BOUND = 20_000
+# The reason counted (tsgate_samples_rejected) for items of new series over --tenant-max-active-series.
+ACTIVE_SERIES_LIMITED = "max_active_series"
 
 
 class Rejected(NamedTuple):
@@ -45,6 +57,15 @@ class Rejected(NamedTuple):
 class IngestResult(NamedTuple):
     accepted: int
     rejected: list[Rejected]
+
+
+class CreatedSample(NamedTuple):
+    """A created timestamp of the series (tenant, metric_name, tags), as the pipeline takes it."""
+
+    tenant: str
+    metric_name: str
+    tags: dict[str, str]
+    created_ms: int
 
 
 class Overloaded(Exception):
@@ -70,14 +91,121 @@ def _compact(key: tuple) -> tuple:
     return intern(tenant), intern(name), (*map(intern, labels[:half]), *labels[half:])
 
 
-def _per_tenant(points: list[RawPoint]) -> dict[str, tuple[int, set[str]]]:
-    """What TenantLimits.admit weighs: samples and distinct series of each tenant."""
-    counts: dict[str, int] = {}
-    series: dict[str, set[str]] = {}
-    for point in points:
-        counts[point.tenant] = counts.get(point.tenant, 0) + 1
-        series.setdefault(point.tenant, set()).add(point.series_set_hash)
-    return {tenant: (count, series[tenant]) for tenant, count in counts.items()}
+class _Kind(NamedTuple):
+    """What the one admission loop (IngestPipeline._admit_and_write) needs to know of a kind of
+    data: how an item's own fields are checked beside its series', the row it becomes, the
+    store call writing rows, its metrics, whether its series-slots are rolled up (marked
+    pending), and whether it counts as a sample against the tenant's rate."""
+
+    check: Callable[[object, int, int], None] | None
+    row: Callable[[object, str], object]
+    operation: str
+    accepted: Counter | None
+    rejected: Counter
+    rolled_up: bool
+    counted: bool
+
+
+def _check_sample(sample, oldest: int, newest: int) -> None:
+    validate_point(sample[3], sample[4], oldest, newest)
+
+
+def _check_timestamp(item, oldest: int, newest: int) -> None:
+    validate_timestamp(item[3], oldest, newest)
+
+
+_SAMPLES = _Kind(
+    _check_sample,
+    lambda s, hash_: RawPoint(s[0], hash_, s[3], s[4]),
+    "write_raw",
+    metrics.SAMPLES_ACCEPTED,
+    metrics.SAMPLES_REJECTED,
+    rolled_up=True,
+    counted=True,
+)
+_HISTOGRAMS = _Kind(
+    _check_timestamp,
+    lambda h, hash_: HistogramRow(h.tenant, hash_, h.timestamp_ms, h.data),
+    "write_histograms",
+    metrics.HISTOGRAMS_ACCEPTED,
+    metrics.HISTOGRAMS_REJECTED,
+    rolled_up=True,
+    counted=True,
+)
+_EXEMPLARS = _Kind(
+    _check_timestamp,
+    lambda e, hash_: ExemplarRow(e.tenant, hash_, e.timestamp_ms, e.value, e.labels),
+    "write_exemplars",
+    metrics.EXEMPLARS_ACCEPTED,
+    metrics.EXEMPLARS_REJECTED,
+    rolled_up=False,
+    counted=True,
+)
+# Series without data (Graphite's tagSeries): indexed, counted as active series, no rows.
+_SERIES = _Kind(
+    None,
+    lambda s, hash_: SeriesKey(s[0], hash_, s[1], s[2]),
+    "",
+    None,
+    metrics.SAMPLES_REJECTED,
+    rolled_up=False,
+    counted=False,
+)
+# The created timestamps of remote write 2.0 series (gateway/created.py), checked there.
+_CREATED = _Kind(
+    None,
+    lambda c, hash_: CreatedTimestamp(c[0], hash_, c[3]),
+    "write_created_timestamps",
+    None,
+    metrics.SAMPLES_REJECTED,
+    rolled_up=False,
+    counted=False,
+)
+
+
+class _Admitted(NamedTuple):
+    """A batch once resolved and admitted: its rows (with their series' tenant and hash), the
+    series to index first, the cache entries to keep once written, and the rejects."""
+
+    rows: list
+    series: list[tuple[str, str, int]]  # (tenant, hash, index in the batch) of each row
+    new_series: dict[tuple[str, str], SeriesKey]
+    fresh: dict[tuple, str]
+    rejected: list[Rejected]
+
+
+class StoreRate:
+    """Rows the store took per second while it was busy: measured over windows of ``window_s``
+    during which writes were under way all the time (an idle moment voids the window). The
+    highest recent figure is kept, forgotten by ``decay`` a window: a bound derived from it then
+    limits what it measures only slowly (a bound that followed the last figure would shrink
+    itself to its floor). None until a first busy window ends."""
+
+    def __init__(self, window_s: float = 1.0, decay: float = 0.9, clock=time.monotonic):
+        self.window_s = window_s
+        self.decay = decay
+        self.clock = clock
+        self.rate: float | None = None
+        self._window_start: float | None = None
+        self._stored = 0
+
+    def busy(self) -> None:
+        """A write starts."""
+        if self._window_start is None:
+            self._window_start, self._stored = self.clock(), 0
+
+    def stored(self, rows: int, still_busy: bool) -> None:
+        """A write of ``rows`` ended; ``still_busy``: others are still under way."""
+        if self._window_start is None:
+            return
+        self._stored += rows
+        now = self.clock()
+        if now - self._window_start >= self.window_s:
+            measured = self._stored / (now - self._window_start)
+            self.rate = measured if self.rate is None else max(measured, self.rate * self.decay)
+            self._window_start, self._stored = now, 0
+        if not still_busy:
+            self._window_start = None
 
 
 class IngestPipeline:
@@ -92,6 +220,7 @@ class IngestPipeline:
         pending: PendingMarker | None = None,
         tenant_limits: TenantLimits | None = None,
         max_metadata_length: int = 1024,
+        flush_within_s: float | None = None,
     ):
         self.store = store
         self.limits = limits
@@ -106,6 +235,11 @@ class IngestPipeline:
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
         self.inflight_samples = 0
+        # What is in flight must be storable within this (a share of --shutdown-timeout): the
+        # bound on rows in flight follows the store's measured rate (flushable_samples).
+        self.flush_within_s = flush_within_s
+        self.store_rate = StoreRate()
+        self.draining = False
         self._drained: list[Deferred] = []
 
     def count_rejected(self, protocol: str, reason: str, count: int = 1) -> None:
@@ -121,107 +255,24 @@ class IngestPipeline:
 
         A sample of a series in ``self.known`` only has its timestamp and value checked: its
         name and tags passed validation and its hash was computed when it was first seen."""
-        rejected: list[Rejected] = []
-        now = self.clock()
-        oldest, newest = now - self.limits.max_sample_age_ms, now + self.limits.max_future_ms
-        known = self.known
-        fresh: dict[tuple, str] = {}
-        new_series: dict[tuple[str, str], SeriesKey] = {}
-        points: list[RawPoint] = []
-        for index, (tenant, name, tags, timestamp, value) in enumerate(samples):
-            try:
-                try:
-                    key = (tenant, name, (*tags.keys(), *tags.values()))
-                    hash_ = known.get(key) or fresh.get(key)
-                except (AttributeError, TypeError):
-                    key = hash_ = None
-                if hash_ is None:
-                    validate_series(name, tags, self.limits)
-                    validate_point(timestamp, value, oldest, newest)
-                    hash_ = fresh[_compact(key)] = series_set_hash(series_set_text(name, tags))
-                    new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
-                else:
-                    validate_point(timestamp, value, oldest, newest)
-            except InvalidSample as error:
-                rejected.append(Rejected(index, error.field, error.problem, error.reason))
-                self.count_rejected(protocol, error.reason)
-                continue
-            points.append(RawPoint(tenant, hash_, timestamp, value))
-        if fresh:
-            metrics.METADATA_CACHE.labels("memory", "miss").inc(len(fresh))
-        if points:
-            if self.tenant_limits.enabled:
-                self.tenant_limits.admit(_per_tenant(points))
-            metrics.METADATA_CACHE.labels("memory", "hit").inc(len(points) - len(fresh))
-            await self._write(new_series, points)
-            known.add_all(fresh)
-            metrics.SAMPLES_ACCEPTED.labels(protocol).inc(len(points))
-        return IngestResult(len(points), rejected)
+        admitted = await self._admit_and_write(protocol, _SAMPLES, samples)
+        return IngestResult(len(admitted.rows), admitted.rejected)
 
     async def ingest_exemplars(self, protocol: str, exemplars: Sequence[ExemplarSample]) -> IngestResult:
         """Validate and store exemplars (values are floats by construction: the decoder's doubles)."""
-        return await self._ingest_attached(
-            protocol,
-            exemplars,
-            lambda e, hash_: ExemplarRow(e.tenant, hash_, e.timestamp_ms, e.value, e.labels),
-            "write_exemplars",
-            self.store.write_exemplars,
-            metrics.EXEMPLARS_ACCEPTED,
-            metrics.EXEMPLARS_REJECTED,
-        )
+        admitted = await self._admit_and_write(protocol, _EXEMPLARS, exemplars)
+        return IngestResult(len(admitted.rows), admitted.rejected)
 
     async def ingest_histograms(self, protocol: str, histograms: Sequence[HistogramSample]) -> IngestResult:
         """Validate and store native histogram samples (their bytes were checked by the decoder);
         their series-slots are marked pending, as samples', for the downsampler to roll them up."""
-        return await self._ingest_attached(
-            protocol,
-            histograms,
-            lambda h, hash_: HistogramRow(h.tenant, hash_, h.timestamp_ms, h.data),
-            "write_histograms",
-            self.store.write_histograms,
-            metrics.HISTOGRAMS_ACCEPTED,
-            metrics.HISTOGRAMS_REJECTED,
-            rolled_up=True,
-        )
+        admitted = await self._admit_and_write(protocol, _HISTOGRAMS, histograms)
+        return IngestResult(len(admitted.rows), admitted.rejected)
 
-    async def _ingest_attached(
-        self, protocol, items, make_row, operation, write, accepted, rejected_metric, rolled_up=False
-    ) -> IngestResult:
-        """Store what belongs to a series but is not a float sample (exemplars, histograms) as
-        samples are: the series checked, the timestamp in the accepted window, the series'
-        metadata written first, the series-slots marked pending when ``rolled_up``; rejects carry
-        their index. Called after ``ingest`` of the same request, the series of its samples are
-        known by then."""
-        rejected: list[Rejected] = []
-        now = self.clock()
-        oldest, newest = now - self.limits.max_sample_age_ms, now + self.limits.max_future_ms
-        fresh: dict[tuple, str] = {}
-        new_series: dict[tuple[str, str], SeriesKey] = {}
-        rows = []
-        for index, item in enumerate(items):
-            tenant, name, tags = item.tenant, item.metric_name, item.tags
-            key = _compact((tenant, name, (*tags.keys(), *tags.values())))
-            try:
-                hash_ = self.known.get(key) or fresh.get(key)
-                if hash_ is None:
-                    validate_series(name, tags, self.limits)
-                    hash_ = fresh[key] = series_set_hash(series_set_text(name, tags))
-                    new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
-                validate_timestamp(item.timestamp_ms, oldest, newest)
-            except InvalidSample as error:
-                rejected.append(Rejected(index, error.field, error.problem, error.reason))
-                rejected_metric.labels(protocol, error.reason).inc()
-                continue
-            rows.append(make_row(item, hash_))
-        if rows:
-            if new_series:
-                await self._write_metadata(new_series)
-            await metrics.observe_store(operation, write(rows))
-            if rolled_up and self.pending is not None:
-                await self._mark_pending(rows)
-            self.known.add_all(fresh)
-            accepted.labels(protocol).inc(len(rows))
-        return IngestResult(len(rows), rejected)
+    async def ingest_created(self, protocol: str, created: Sequence[CreatedSample]) -> IngestResult:
+        """Store created timestamps of series (gateway/created.py chose which)."""
+        admitted = await self._admit_and_write(protocol, _CREATED, created)
+        return IngestResult(len(admitted.rows), admitted.rejected)
 
     async def register_series(
         self, protocol: str, series: Sequence[tuple[str, str, dict[str, str]]]
@@ -230,33 +281,94 @@ class IngestPipeline:
         first sample would: validated, counted against the tenant's active series, metadata
         written once. Returns the keys of the accepted series in order, and the rejects with
         their index in ``series``."""
+        admitted = await self._admit_and_write(protocol, _SERIES, series)
+        return admitted.rows, admitted.rejected
+
+    async def _admit_and_write(self, protocol: str, kind: _Kind, items: Sequence) -> _Admitted:
+        """The one loop every kind of data takes: resolve each item's series (validated and
+        hashed once, then found in ``self.known``), admit the batch under the tenant limits
+        (RateLimited over the rate; the new series over the active-series limit rejected), write
+        within the in-flight bound, metadata of new series first, and remember the new series."""
+        admitted = await self._resolve(protocol, kind, items)
+        if admitted.rows and self.tenant_limits.enabled:
+            admitted = self._admit(protocol, kind, admitted)
+        if admitted.rows:
+            await self._write(kind, admitted)
+            self.known.add_all(admitted.fresh)
+            if kind.accepted is not None:
+                kind.accepted.labels(protocol).inc(len(admitted.rows))
+        return admitted
+
+    async def _resolve(self, protocol: str, kind: _Kind, items: Sequence) -> _Admitted:
+        """Each item's series hash, its own fields checked; a long batch pauses for the reactor
+        now and then (gateway.cooperative). Items are (tenant, metric name, tags, timestamp, ...)."""
         rejected: list[Rejected] = []
-        accepted: list[SeriesKey] = []
+        now = self.clock()
+        oldest, newest = now - self.limits.max_sample_age_ms, now + self.limits.max_future_ms
+        known, check, make_row = self.known, kind.check, kind.row
         fresh: dict[tuple, str] = {}
         new_series: dict[tuple[str, str], SeriesKey] = {}
-        for index, (tenant, name, tags) in enumerate(series):
+        rows, series = [], []
+        slices = Slices()
+        for index, item in enumerate(items):
+            if not index % CHECK_EVERY and slices.due():
+                await slices.pause()
+            tenant, name, tags = item[0], item[1], item[2]
             try:
-                validate_series(name, tags, self.limits)
+                try:
+                    key = (tenant, name, (*tags.keys(), *tags.values()))
+                    hash_ = known.get(key) or fresh.get(key)
+                except (AttributeError, TypeError):
+                    key = hash_ = None
+                if hash_ is None:
+                    validate_series(name, tags, self.limits)
+                    if check is not None:
+                        check(item, oldest, newest)
+                    hash_ = fresh[_compact(key)] = series_set_hash(series_set_text(name, tags))
+                    new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
+                elif check is not None:
+                    check(item, oldest, newest)
             except InvalidSample as error:
                 rejected.append(Rejected(index, error.field, error.problem, error.reason))
-                self.count_rejected(protocol, error.reason)
+                kind.rejected.labels(protocol, error.reason).inc()
                 continue
-            key = _compact((tenant, name, (*tags.keys(), *tags.values())))
-            hash_ = self.known.get(key) or fresh.get(key)
-            if hash_ is None:
-                hash_ = fresh[key] = series_set_hash(series_set_text(name, tags))
-                new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
-            accepted.append(SeriesKey(tenant, hash_, name, tags))
-        if accepted:
-            if self.tenant_limits.enabled:
-                per_tenant: dict[str, set[str]] = {}
-                for key in accepted:
-                    per_tenant.setdefault(key.tenant, set()).add(key.series_set_hash)
-                self.tenant_limits.admit({tenant: (0, hashes) for tenant, hashes in per_tenant.items()})
-            if new_series:
-                await self._write_metadata(new_series)
-            self.known.add_all(fresh)
-        return accepted, rejected
+            rows.append(make_row(item, hash_))
+            series.append((tenant, hash_, index))
+        if fresh:
+            metrics.METADATA_CACHE.labels("memory", "miss").inc(len(fresh))
+        metrics.METADATA_CACHE.labels("memory", "hit").inc(len(rows) - len(fresh))
+        return _Admitted(rows, series, new_series, fresh, rejected)
+
+    def _admit(self, protocol: str, kind: _Kind, admitted: _Admitted) -> _Admitted:
+        """The batch under the tenant limits: RateLimited refuses all of it; the items of new
+        series over the active-series limit become rejects, the others stay."""
+        weight = 1 if kind.counted else 0
+        per_tenant: dict[str, dict[str, int]] = {}
+        for tenant, hash_, _ in admitted.series:
+            counts = per_tenant.setdefault(tenant, {})
+            counts[hash_] = counts.get(hash_, 0) + weight
+        refused = self.tenant_limits.admit(per_tenant)
+        if not refused:
+            return admitted
+        limit = self.tenant_limits.max_active_series
+        problem = f"a new series over the tenant's limit of {limit} active series (--tenant-max-active-series)"
+        rows, series, rejected = [], [], list(admitted.rejected)
+        for row, owner in zip(admitted.rows, admitted.series):
+            tenant, hash_, index = owner
+            if hash_ in refused.get(tenant, ()):
+                rejected.append(Rejected(index, "series", problem, ACTIVE_SERIES_LIMITED))
+            else:
+                rows.append(row)
+                series.append(owner)
+        kind.rejected.labels(protocol, ACTIVE_SERIES_LIMITED).inc(len(admitted.rows) - len(rows))
+        rejected.sort(key=lambda reject: reject.index)
+        return _Admitted(
+            rows,
+            series,
+            {key: new for key, new in admitted.new_series.items() if key[1] not in refused.get(key[0], ())},
+            {key: hash_ for key, hash_ in admitted.fresh.items() if hash_ not in refused.get(key[0], ())},
+            rejected,
+        )
 
     async def ingest_metric_metadata(self, rows: Sequence[MetricMetadata]) -> None:
         """Keep the type, help and unit of metrics, each change written once. A row longer than
@@ -271,24 +383,42 @@ class IngestPipeline:
             await metrics.observe_store("write_metric_metadata", self.store.write_metric_metadata(list(fresh)))
             self._metadata_seen.add_all(fresh)
 
-    async def _write(self, new_series: dict[tuple[str, str], SeriesKey], points: list[RawPoint]) -> None:
-        if self.inflight_samples and self.inflight_samples + len(points) > self.max_inflight_samples:
+    async def _write(self, kind: _Kind, admitted: _Admitted) -> None:
+        """Metadata of the new series, then the rows, then the pending marks, within the bound on
+        rows in flight (Overloaded beyond it; a first batch may exceed it alone)."""
+        rows = admitted.rows if kind.operation else []
+        if rows and self.inflight_samples and self.inflight_samples + len(rows) > self.flushable_samples():
             raise Overloaded(f"{self.inflight_samples} samples are already waiting for the store")
-        self.inflight_samples += len(points)
+        self.inflight_samples += len(rows)
         metrics.INGEST_INFLIGHT.set(self.inflight_samples)
+        if rows:
+            self.store_rate.busy()
         try:
-            if new_series:
-                await self._write_metadata(new_series)
-            await metrics.observe_store("write_raw", self.store.write_raw(points))
-            if self.pending is not None:
-                await self._mark_pending(points)
+            if admitted.new_series:
+                await self._write_metadata(admitted.new_series)
+            if rows:
+                await self._store_calls(kind.operation, getattr(self.store, kind.operation), rows)
+            if kind.rolled_up and self.pending is not None:
+                for start in range(0, len(rows), ROWS_PER_STORE_CALL):
+                    await self._mark_pending(rows[start : start + ROWS_PER_STORE_CALL])
         finally:
-            self.inflight_samples -= len(points)
+            self.inflight_samples -= len(rows)
             metrics.INGEST_INFLIGHT.set(self.inflight_samples)
+            if rows:
+                self.store_rate.stored(len(rows), bool(self.inflight_samples))
             if not self.inflight_samples:
                 waiting, self._drained = self._drained, []
                 for deferred in waiting:
                     deferred.callback(None)
+
+    def flushable_samples(self) -> int:
+        """The bound on rows in flight: --max-inflight-samples, and once the store's rate is
+        known, no more than it stores in ``flush_within_s`` (at least MIN_INFLIGHT_BOUND), so
+        that what was accepted when SIGTERM comes is stored within --shutdown-timeout."""
+        rate = self.store_rate.rate
+        if self.flush_within_s is None or rate is None or self.draining:
+            return self.max_inflight_samples
+        return min(self.max_inflight_samples, max(MIN_INFLIGHT_BOUND, int(rate * self.flush_within_s)))
 
     async def _write_metadata(self, candidates: dict[tuple[str, str], SeriesKey]) -> None:
         """Metadata before data, so whatever data is acknowledged is always findable."""
@@ -296,10 +426,24 @@ class IngestPipeline:
         if self.shared_seen is not None:
             unseen = await self.shared_seen.unseen(unseen)
         if unseen:
-            await metrics.observe_store("write_series", self.store.write_series([candidates[key] for key in unseen]))
+            await self._store_calls("write_series", self.store.write_series, [candidates[key] for key in unseen])
             metrics.SERIES_CREATED.inc(len(unseen))
             if self.shared_seen is not None:
                 await self.shared_seen.mark(unseen)
+
+    @staticmethod
+    async def _store_calls(operation: str, write: Callable[[list], Deferred], rows: list) -> None:
+        """``write(rows)`` in calls of at most ROWS_PER_STORE_CALL rows, all under way at once: a
+        store prepares a call's rows on the reactor thread (~1-3 us a row), so one call of
+        150,000 rows would hold it for a good part of a second."""
+        if len(rows) <= ROWS_PER_STORE_CALL:
+            await metrics.observe_store(operation, write(rows))
+            return
+        calls, slices = [], Slices()
+        for start in range(0, len(rows), ROWS_PER_STORE_CALL):
+            calls.append(metrics.observe_store(operation, write(rows[start : start + ROWS_PER_STORE_CALL])))
+            await slices.maybe_pause()
+        await gatherResults(calls, consumeErrors=True)
 
     async def _mark_pending(self, points: Sequence[RawPoint | HistogramRow]) -> None:
         """Once per distinct series and slot of the batch, before the write is acknowledged, unless
@@ -329,7 +473,10 @@ class IngestPipeline:
                 marked[key] = max(key[2] + width, now) + margin
 
     def drain(self) -> Deferred:
-        """Fire once nothing is in flight (used at shutdown, after listeners stopped)."""
+        """Fire once nothing is in flight (used at shutdown, after listeners stopped). What was
+        accepted is written from now on as fast as the store takes it: the bound on rows in
+        flight is back to --max-inflight-samples."""
+        self.draining = True
         deferred = Deferred()
         if self.inflight_samples:
             self._drained.append(deferred)

@@ -1,7 +1,14 @@
 """Per-tenant ingest limits: a sample rate (token bucket) and a number of active series (series
 written in the last 20 minutes, as Mimir counts them). The ingest pipeline applies them to every
-protocol; each says no its own way (429 and Retry-After on HTTP, a paused connection on carbon
-TCP, dropped and counted datagrams on UDP).
+protocol and every kind of data.
+
+Over the rate, a whole batch is refused, and each protocol says so its own way (429 and
+Retry-After on HTTP, a paused connection on carbon TCP, dropped and counted datagrams on UDP).
+Over the active series, only the new series beyond the limit are refused: their samples are
+rejected one by one (as invalid ones are, a 400 naming them on HTTP, counted and logged on
+carbon) and the samples of every other series are written. Holding the whole batch instead
+would stall the tenant's existing series for as long as the 20-minute window takes to free a
+place.
 
 Limits are per gateway process, like Mimir's per-ingester limits: with N replicas behind a
 balancer a tenant gets about N times the configured figures. 0 turns a limit off.
@@ -40,40 +47,46 @@ class TenantLimits:
     def enabled(self) -> bool:
         return bool(self.samples_per_second or self.max_active_series)
 
-    def admit(self, batch: dict[str, tuple[int, set]]) -> None:
-        """Take a batch of ``{tenant: (samples, series identities)}`` or refuse all of it with
-        RateLimited; nothing is recorded for a refused batch, for any of its tenants."""
+    def admit(self, batch: dict[str, dict[str, int]]) -> dict[str, set[str]]:
+        """Take a batch of ``{tenant: {series identity: samples}}`` (in arrival order) and return
+        the new series refused, by tenant: those beyond the tenant's active-series limit, whose
+        samples are not taken from its rate. RateLimited refuses the whole batch over the rate;
+        nothing is recorded for a refused batch, for any of its tenants."""
         now = self.clock()
-        buckets, new_series = {}, {}
-        for tenant, (samples, series) in batch.items():
+        buckets, admitted, refused = {}, {}, {}
+        for tenant, series in batch.items():
+            admitted[tenant], refused[tenant] = (
+                self._split_new(tenant, series, now) if self.max_active_series else (series, set())
+            )
+            samples = sum(series[key] for key in admitted[tenant])
             if self.samples_per_second and samples:
                 buckets[tenant] = self._take_tokens(tenant, samples, now)
-            if self.max_active_series:
-                new_series[tenant] = self._new_series(tenant, series, now)
         self._buckets.update(buckets)
-        for tenant, series in new_series.items():
-            active = self._active[tenant]
-            for key in series:
-                active[key] = now
-                active.move_to_end(key)
+        if self.max_active_series:
+            for tenant, series in admitted.items():
+                active = self._active[tenant]
+                for key in series:
+                    active[key] = now
+                    active.move_to_end(key)
+        return {tenant: keys for tenant, keys in refused.items() if keys}
 
-    def _new_series(self, tenant: str, series: set, now: float) -> set:
-        """``series`` (to record as active) once past windows are forgotten; RateLimited when the
-        new ones would take the tenant past its limit."""
+    def _split_new(self, tenant: str, series: dict[str, int], now: float) -> tuple[list[str], set[str]]:
+        """``series`` split into those admitted (active ones, and new ones while there is room)
+        and the new ones refused, once past windows are forgotten."""
         active = self._active.setdefault(tenant, OrderedDict())
         while active and next(iter(active.values())) < now - self.active_window_s:
             active.popitem(last=False)
-        new = series.difference(active)
-        if new and len(active) + len(new) > self.max_active_series:
-            oldest = next(iter(active.values())) if active else now
-            wait = max(1, math.ceil(oldest + self.active_window_s - now))
-            raise RateLimited(
-                f"tenant {tenant!r} would have more than {self.max_active_series} active series"
-                " (--tenant-max-active-series)",
-                min(wait, 60),
-                "active_series",
-            )
-        return series
+        room = self.max_active_series - len(active)
+        admitted, refused = [], set()
+        for key in series:
+            if key in active:
+                admitted.append(key)
+            elif room > 0:
+                admitted.append(key)
+                room -= 1
+            else:
+                refused.add(key)
+        return admitted, refused
 
     def _take_tokens(self, tenant: str, samples: int, now: float) -> tuple[float, float]:
         """The tenant's bucket after taking ``samples`` tokens, or RateLimited. A batch larger than

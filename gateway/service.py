@@ -5,6 +5,8 @@ connection once the request under way is answered, carbon ones at once: what the
 queued); wait for accepted writes to reach the store and for a running downsample round, at most
 ``--shutdown-timeout``, then log what is left and close it; close the store; exit 0. Nothing is
 acknowledged before the store has it, so what is left at the timeout was never acknowledged.
+What is accepted is bounded by what the store takes in FLUSH_SHARE of the timeout (writes in
+flight and the carbon backlog, IngestPipeline.flushable_samples), so the drain fits in it.
 """
 
 import dataclasses
@@ -52,6 +54,11 @@ from gateway.workers import CONFIG_ERROR_EXIT, CannotListen, Worker
 log = logging.getLogger(__name__)
 
 
+# The share of --shutdown-timeout that the writes in flight may take to reach the store, and as
+# much again for the carbon backlog: the bound on each follows the store's measured rate.
+FLUSH_SHARE = 0.3
+
+
 class Gateway:
     """One gateway process. ``inherited`` maps listener names (``Config.listeners``) to sockets
     already bound by a ``--workers`` supervisor; without it the gateway binds its own."""
@@ -73,6 +80,7 @@ class Gateway:
             pending=self.marks,
             tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
             max_metadata_length=config.max_metadata_length,
+            flush_within_s=config.shutdown_timeout / 1000 * FLUSH_SHARE,
         )
         self.planner = QueryPlanner(self.store, config.max_series_per_query, max_future_ms=config.max_future)
         roles = config.role_set
@@ -169,6 +177,7 @@ class Gateway:
         finished = defer.gatherResults(
             [self.connections.close_all(), self.graphite.drain(), self.pipeline.drain(), self.downsample_stopped]
         )
+        stopping = reactor.seconds()
         drained = await _within(finished, timeout_s)
         if self.executors is not None:
             self.executors.stop()  # queries still running now are answered 503, then their connections closed
@@ -184,7 +193,9 @@ class Gateway:
             )
             self.connections.abort_all()
         self.graphs.close()
+        closing = reactor.seconds()
         await self.store.close()
+        log.info("drained in %.2fs, store closed in %.2fs", closing - stopping, reactor.seconds() - closing)
         if self.shared_seen is not None:
             await self.shared_seen.stop()
         log.info("stopped")

@@ -34,6 +34,7 @@ from protocols.prometheus import (
     decode_read_request,
     decode_read_response,
     decode_write_request,
+    decode_write_request_steps,
     decode_xor_chunk,
     decompress_block,
     encode_chunked_series_frames,
@@ -51,7 +52,9 @@ from protocols.prometheus import (
     series_matches,
     uncompressed_length,
     v2_written_headers,
+    write_v2_pb2,
 )
+from protocols.prometheus import write as write_module
 
 DATA = Path(__file__).parent / "data" / "prometheus"
 LIMIT = 1 << 20
@@ -1469,3 +1472,50 @@ def test_v2_created_timestamps_of_a_series_or_its_samples():
     )  # start_timestamp (17) is not kept in the bytes
     again = decode_write_request(encode_write_request_v2(batch.series), V2, "snappy", LIMIT)
     assert [s.created_timestamp for s in again.series] == [500, 1500, 500, 0]
+
+
+# --- decoding in bounded steps ---------------------------------------------------
+
+
+def decoded_in_steps(body: bytes, content_type: str) -> tuple[WriteBatch, int]:
+    """The batch decode_write_request_steps returns, and how many times it yielded."""
+    steps = decode_write_request_steps(body, content_type, "snappy", LIMIT)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, yields
+        yields += 1
+
+
+def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkeypatch):
+    """Parts of a few fields each parse alone; the batch, series indexes in errors included, is
+    the same as from one part, and the decoder yields at least once a part (of about 2 series here)."""
+    series = [
+        Series({"__name__": "parts", "i": str(i)}, [(1_700_000_000_000 + i, float(i))], metric_type="gauge")
+        for i in range(40)
+    ]
+    whole = {V1: decode_write_request(encode_write_request_v1(series), V1, "snappy", LIMIT)}
+    whole[V2] = decode_write_request(encode_write_request_v2(series), V2, "snappy", LIMIT)
+    monkeypatch.setattr(write_module, "PART_BYTES", 64)
+    for content_type, encode in ((V1, encode_write_request_v1), (V2, encode_write_request_v2)):
+        batch, yields = decoded_in_steps(encode(series), content_type)
+        assert batch == whole[content_type] and len(batch.series) == 40
+        assert yields >= 20
+    bad = [*series[:30], Series({"__name__": "parts", "bad-name": "x"}, [(1_700_000_000_000, 1.0)])]
+    with pytest.raises(RemoteWriteError) as refused:
+        decode_write_request(encode_write_request_v1(bad), V1, "snappy", LIMIT)
+    assert "series 30: invalid label name 'bad-name'" in refused.value.message
+
+
+def test_v2_symbols_sent_after_the_series_that_use_them_are_found(monkeypatch):
+    monkeypatch.setattr(write_module, "PART_BYTES", 16)
+    raw = cramjam.snappy.decompress_raw(
+        encode_write_request_v2([Series({"__name__": "late", "a": "b"}, [(1_700_000_000_000, 1.0)])])
+    )
+    request = write_v2_pb2.Request.FromString(bytes(raw))
+    symbols_only = write_v2_pb2.Request(symbols=request.symbols).SerializeToString()
+    series_only = write_v2_pb2.Request(timeseries=request.timeseries).SerializeToString()
+    (found,) = decode_v2(series_only + symbols_only).series
+    assert found.labels == {"__name__": "late", "a": "b"}

@@ -127,16 +127,17 @@ async def test_tag_series_registers_valid_series_and_names_the_rejects(store, te
 
 @pytest_twisted.ensureDeferred
 async def test_tag_series_counts_against_the_tenants_active_series(store, tenant):
+    """Only the new series beyond the limit are refused; the others are indexed."""
     pipeline = pipeline_on(store, tenant_limits=TenantLimits(0, max_active_series=3))
     too_many = [(tenant, "limited", {"i": str(i)}) for i in range(4)]
-    with pytest.raises(RateLimited) as refused:
-        await pipeline.register_series("graphite_tags", too_many)
-    assert refused.value.limit == "active_series"
-    assert await store.list_tenant_tag_values(tenant, "i") == []
-    accepted, _ = await pipeline.register_series("graphite_tags", too_many[:3])
-    assert len(accepted) == 3
-    with pytest.raises(RateLimited):  # a fourth series, now by a sample
-        await pipeline.ingest("json", [Sample(tenant, "limited", {"i": "3"}, now_ms(), 1.0)])
+    accepted, rejected = await pipeline.register_series("graphite_tags", too_many)
+    assert [key.tags for key in accepted] == [{"i": "0"}, {"i": "1"}, {"i": "2"}]
+    assert [(reject.index, reject.reason) for reject in rejected] == [(3, "max_active_series")]
+    assert sorted(await store.list_tenant_tag_values(tenant, "i")) == ["0", "1", "2"]
+    result = await pipeline.ingest(
+        "json", [Sample(tenant, "limited", {"i": i}, now_ms(), 1.0) for i in ("3", "0")]
+    )  # a fourth series, now by a sample: refused, the known one beside it written
+    assert [(reject.index, reject.reason) for reject in result.rejected] == [(0, "max_active_series")]
 
 
 @pytest_twisted.ensureDeferred

@@ -12,7 +12,13 @@ from twisted.internet.testing import StringTransport
 
 from gateway.connections import Connections
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.graphite.listeners import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
+from gateway.graphite.listeners import (
+    DRAINING_RETRY_S,
+    GraphiteIngest,
+    PickleFactory,
+    PlaintextDatagramProtocol,
+    PlaintextFactory,
+)
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries
@@ -117,16 +123,48 @@ async def test_a_busy_store_is_retried_with_doubling_delays_and_nothing_is_lost(
 
 
 @pytest_twisted.ensureDeferred
+async def test_at_shutdown_a_batch_waiting_to_be_retried_is_retried_at_once(sqlite_store, tenant):
+    """A backoff of seconds would outlast --shutdown-timeout: drain retries the waiting batch now,
+    and any refusal after it within DRAINING_RETRY_S."""
+    clock = Clock()
+    ingest = GraphiteIngest(
+        pipeline_on(sqlite_store, max_inflight=5), batch_size=5, max_pending=1000, concurrency=2, clock=clock
+    )
+    release = threading.Event()
+    sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
+    try:
+        ingest.submit("graphite_plaintext", samples(tenant, "stopping", 5))
+        ingest.submit("graphite_plaintext", samples(tenant, "stopping", 5, 5))
+        clock.advance(0)
+        for delay in (0.5, 1.0):
+            clock.advance(delay)
+        assert next_timer(clock) == 2.0
+        drained = ingest.drain()
+        assert next_timer(clock) == 0
+        clock.advance(0)
+        assert next_timer(clock) == pytest.approx(DRAINING_RETRY_S)  # refused again: the first write still waits
+    finally:
+        release.set()
+    await until(lambda: ingest.pipeline.inflight_samples == 0)
+    clock.advance(DRAINING_RETRY_S)
+    await drained
+    assert await stored(sqlite_store, tenant, "stopping") == 10
+
+
+def limited_ingest(store, clock: Clock, limits: TenantLimits) -> tuple[GraphiteIngest, StringTransport]:
+    """A GraphiteIngest under tenant limits, with one TCP sender registered."""
+    ingest = GraphiteIngest(pipeline_on(store, tenant_limits=limits), batch_size=100, flush_delay=0.05, clock=clock)
+    sender = StringTransport()
+    ingest.register(sender)
+    return ingest, sender
+
+
+@pytest_twisted.ensureDeferred
 async def test_over_the_tenant_rate_tcp_waits_and_udp_drops(sqlite_store, tenant):
     """A batch over the tenant's rate is held for the wait the limit names, TCP senders paused;
     datagrams arriving meanwhile are dropped and counted, not queued."""
     clock = Clock()
-    limits = TenantLimits(10, burst_seconds=1, clock=clock.seconds)
-    ingest = GraphiteIngest(
-        pipeline_on(sqlite_store, tenant_limits=limits), batch_size=100, flush_delay=0.05, clock=clock
-    )
-    sender = StringTransport()
-    ingest.register(sender)
+    ingest, sender = limited_ingest(sqlite_store, clock, TenantLimits(10, burst_seconds=1, clock=clock.seconds))
     udp = PlaintextDatagramProtocol(ingest, tenant, 1000)
     limited_before = counter("tsgate_rate_limited_requests_total", limit="samples_per_second")
     dropped_before = counter("tsgate_graphite_udp_dropped_samples_total")
@@ -152,6 +190,27 @@ async def test_over_the_tenant_rate_tcp_waits_and_udp_drops(sqlite_store, tenant
     await drained
     assert await stored(sqlite_store, tenant, "limited") == 15
     assert await stored(sqlite_store, tenant, "limited.udp") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_new_series_over_the_active_limit_are_refused_and_nothing_is_held_or_paused(sqlite_store, tenant):
+    """A batch that crosses --tenant-max-active-series is written but for the new series beyond
+    the limit: no batch held, no sender paused, no timer beyond the next flush."""
+    clock = Clock()
+    ingest, sender = limited_ingest(sqlite_store, clock, TenantLimits(0, max_active_series=2, clock=clock.seconds))
+    refused_before = counter("tsgate_samples_rejected_total", protocol="graphite_plaintext", reason="max_active_series")
+    ingest.submit("graphite_plaintext", samples(tenant, "active.a", 3) + samples(tenant, "active.b", 3))
+    clock.advance(0.05)
+    await until(lambda: ingest.pending == 0)
+    crossing = samples(tenant, "active.a", 3, 3) + samples(tenant, "active.c", 2) + samples(tenant, "active.b", 3, 3)
+    ingest.submit("graphite_plaintext", crossing)
+    clock.advance(0.05)
+    await until(lambda: ingest.pending == 0)
+    assert not ingest.paused and sender.producerState == "producing" and not ingest.refusing
+    assert not clock.getDelayedCalls()
+    refused = counter("tsgate_samples_rejected_total", protocol="graphite_plaintext", reason="max_active_series")
+    assert refused - refused_before == 2
+    assert [await stored(sqlite_store, tenant, name) for name in ("active.a", "active.b", "active.c")] == [6, 6, 0]
 
 
 class BrokenPipeline(IngestPipeline):

@@ -6,10 +6,13 @@ writes (up to ``concurrency`` of them at once, so the store's latency does not b
 and pushes back on senders: while more samples wait than ``max_pending``, every TCP
 connection stops reading (the kernel's buffers then stop the sender), and reading resumes when
 the backlog drains. A batch the store refuses (Cassandra down) is retried, never dropped, so
-nothing accepted from a TCP socket is lost. A batch over the tenant's limits
-(``--tenant-max-samples-per-second``, ``--tenant-max-active-series``) is retried after the wait
-the limit names, with every TCP connection paused meanwhile. UDP cannot push back: what arrives
-over the backlog limit, or while the tenant is over its limits, is dropped and counted.
+nothing accepted from a TCP socket is lost. A batch over the tenant's rate
+(``--tenant-max-samples-per-second``) is retried after the wait the limit names, with every TCP
+connection paused meanwhile. Samples of new series over ``--tenant-max-active-series`` are
+refused (counted and logged) and the rest of their batch is written: holding the batch would
+stall every series of every carbon connection until the active window frees a place. UDP cannot
+push back: what arrives over the backlog limit, or while the tenant is over its rate, is dropped
+and counted.
 """
 
 import logging
@@ -31,6 +34,9 @@ from protocols.graphite.pickle import PickleDecoder
 from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 
 log = logging.getLogger(__name__)
+
+# The longest wait before a refused batch is tried again once the gateway is stopping.
+DRAINING_RETRY_S = 0.1
 
 
 class RejectLog:
@@ -84,6 +90,7 @@ class GraphiteIngest:
         self._flush_call = None
         self._retry_delay = 0.5
         self._limited_until = 0.0
+        self.draining = False
         self._idle: list[defer.Deferred] = []
 
     def register(self, transport) -> None:
@@ -96,11 +103,13 @@ class GraphiteIngest:
 
     @property
     def full(self) -> bool:
-        return self.pending >= self.max_pending
+        """``max_pending`` samples wait, or more than the store takes in the pipeline's flush
+        time (IngestPipeline.flushable_samples), which SIGTERM would find still to store."""
+        return self.pending >= min(self.max_pending, self.pipeline.flushable_samples())
 
     @property
     def refusing(self) -> bool:
-        """What UDP asks before taking a datagram: the backlog is full or the tenant is limited."""
+        """What UDP asks before taking a datagram: the backlog is full or the tenant is over its rate."""
         return self.full or self.clock.seconds() < self._limited_until
 
     def _pause(self) -> None:
@@ -161,7 +170,7 @@ class GraphiteIngest:
         self._retry_delay = 0.5
         self.pending -= len(batch)
         metrics.GRAPHITE_PENDING.set(self.pending)
-        if self.paused and self.pending < self.max_pending // 2:
+        if self.paused and self.pending < min(self.max_pending, self.pipeline.flushable_samples()) // 2:
             self.paused = False
             for transport in self._transports:
                 transport.resumeProducing()
@@ -193,7 +202,7 @@ class GraphiteIngest:
         self._retry_delay = min(self._retry_delay * 2, 10.0)
 
     def _wait_for_the_limit(self, error: RateLimited, protocol: str, batch: list[Sample]) -> None:
-        """Hold the batch and pause the TCP senders until the limit's wait is over."""
+        """Hold the batch and pause the TCP senders until the rate limit's wait is over."""
         self._writing -= 1
         metrics.RATE_LIMITED.labels(error.limit).inc()
         self._limited_until = self.clock.seconds() + error.retry_after_s
@@ -211,10 +220,17 @@ class GraphiteIngest:
         self._queued += len(batch)
         if self._flush_call is not None:
             self._flush_call.cancel()
+        if self.draining:
+            delay = min(delay, DRAINING_RETRY_S)
         self._flush_call = self.clock.callLater(delay, self._flush)
 
     def drain(self) -> defer.Deferred:
-        """Fire when everything submitted has been stored (used at shutdown)."""
+        """Fire when everything submitted has been stored (used at shutdown). From now on a
+        refused batch is retried within DRAINING_RETRY_S, and one waiting is retried at once: a
+        backoff of up to 10 s would outlast --shutdown-timeout."""
+        self.draining = True
+        if self._flush_call is not None and self._flush_call.getTime() > self.clock.seconds():
+            self._flush_call.reset(0)
         if not self.pending:
             return defer.succeed(None)
         deferred = defer.Deferred()

@@ -14,6 +14,7 @@ import logging
 from twisted.internet import threads
 from twisted.web import server
 
+from gateway.cooperative import CHECK_EVERY, Slices, run_steps
 from gateway.created import CreatedTimestamps, name_and_tags
 from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
@@ -90,12 +91,14 @@ class PrometheusAPI:
         tenant = request_tenant(request)
         body = read_body(request)
         try:
-            batch = prometheus.decode_write_request(
-                body,
-                _header(request, b"content-type"),
-                _header(request, b"content-encoding"),
-                self.max_decompressed_bytes,
-                self.max_histogram_buckets,
+            batch = await run_steps(
+                prometheus.decode_write_request_steps(
+                    body,
+                    _header(request, b"content-type"),
+                    _header(request, b"content-encoding"),
+                    self.max_decompressed_bytes,
+                    self.max_histogram_buckets,
+                )
             )
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
@@ -103,7 +106,10 @@ class PrometheusAPI:
         for refused in batch.rejected_histograms:
             self.pipeline.count_rejected_histograms("prometheus", refused.reason)
         samples, histograms, exemplars = [], [], []
-        for series in batch.series:
+        slices = Slices()
+        for index, series in enumerate(batch.series):
+            if not index % CHECK_EVERY:
+                await slices.maybe_pause()
             name, tags = name_and_tags(series)
             samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
             if series.histograms:

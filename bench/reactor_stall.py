@@ -1,0 +1,118 @@
+"""Does a large remote-write request stall the gateway? /healthz latency while such requests arrive
+back to back, and their throughput.
+
+The request is the heavy case of issue 23: --series series of --labels labels each (150,000 x 64:
+1.7 MB snappy, 22.8 MB decoded, inside both body limits), one sample a series, remote write 2.0
+(or --v1). The series are the same in every request (new timestamps), so the first request
+also indexes them and the later ones show the steady cost. One connection sends --requests of
+them back to back while another asks GET /healthz every --probe-ms; the table gives the
+requests' times and the probe's latencies. The gateway runs on SQLite in a temporary directory.
+
+    python -m bench.reactor_stall                          # 150,000 x 64, v2, 4 requests
+    python -m bench.reactor_stall --series 30000 --v1      # a quicker look
+"""
+
+import argparse
+import http.client
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.common import exit_with, post_until_accepted, tsgate_service
+from protocols.prometheus import Series, encode_write_request_v1, encode_write_request_v2
+from protocols.prometheus.write import V2_CONTENT_TYPE
+
+
+def request_body(series: int, labels: int, timestamp_ms: int, v1: bool) -> bytes:
+    """One sample of each series; the series differ in one label, the others repeat (as
+    Kubernetes pods' labels do), so the body is as small as issue 23's."""
+    common = {f"label_{i:02d}": f"value_{i}" for i in range(labels - 2)}
+    batch = [
+        Series({"__name__": "stall_probe", "series": str(n), **common}, [(timestamp_ms, float(n))])
+        for n in range(series)
+    ]
+    return encode_write_request_v1(batch) if v1 else encode_write_request_v2(batch)
+
+
+class Prober(threading.Thread):
+    """GET /healthz every ``interval_s`` on its own keep-alive connection; latencies in seconds."""
+
+    def __init__(self, port: int, interval_s: float):
+        super().__init__(daemon=True)
+        self.port, self.interval_s = port, interval_s
+        self.latencies: list[tuple[float, float]] = []  # (when it was sent, how long the answer took)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            connection.request("GET", "/healthz")
+            connection.getresponse().read()
+            self.latencies.append((started, time.perf_counter() - started))
+            self.stop.wait(self.interval_s)
+        connection.close()
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--series", type=int, default=150_000)
+    parser.add_argument("--labels", type=int, default=64, help="labels a series, __name__ included")
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--probe-ms", type=float, default=10)
+    parser.add_argument("--v1", action="store_true", help="remote write 1.0 instead of 2.0")
+    args = parser.parse_args(argv)
+    now_ms = int(time.time() * 1000)
+    bodies = [request_body(args.series, args.labels, now_ms - 60_000 + i, args.v1) for i in range(args.requests)]
+    print(
+        f"{args.requests} requests of {args.series} series x {args.labels} labels, {len(bodies[0]) / 1e6:.2f} MB snappy"
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-stall-"))
+    service = tsgate_service(
+        "tsgate (sqlite)",
+        ["--data-dir", str(workdir / "data")],
+        workdir / "tsgate.log",
+        ["--max-inflight-samples", str(10 * args.series), "--metadata-cache-size", str(2 * args.series)],
+    )
+    headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf" if args.v1 else V2_CONTENT_TYPE}
+    try:
+        service.start()
+        prober = Prober(service.port, args.probe_ms / 1000)
+        prober.start()
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=600)
+        spans = []
+        for body in bodies:
+            started = time.perf_counter()
+            post_until_accepted(connection, "/api/v1/write", body, headers, 204)
+            spans.append((started, time.perf_counter()))
+        prober.stop.set()
+        prober.join()
+        times = [end - start for start, end in spans]
+        print(f"request times (s): {', '.join(f'{t:.2f}' for t in times)}")
+        steady = times[1:] or times
+        print(f"samples/s after the first request: {args.series * len(steady) / sum(steady):,.0f}")
+        phases = [("first request (new series)", spans[:1]), ("later requests (known series)", spans[1:])]
+        for name, phase in phases:
+            latencies = [took for sent, took in prober.latencies if any(start <= sent < end for start, end in phase)]
+            if not latencies:
+                continue
+            print(
+                f"/healthz during the {name}, {len(latencies)} probes: p50 {statistics.median(latencies) * 1000:.1f}"
+                f" ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+            )
+    finally:
+        service.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_with(main)
