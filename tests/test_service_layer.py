@@ -17,7 +17,7 @@ from gateway.downsample.pending import PendingMarks, StorePending
 from gateway.graphite.finder import Finder
 from gateway.graphite.tagdb import TagDB, graphite_path
 from gateway.ingest import IngestPipeline
-from gateway.limits import RateLimited, TenantLimits
+from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries
 from gateway.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.query import QueryPlanner
