@@ -4,14 +4,17 @@ body, nor a PromQL query, mutated or built from templates over series of extreme
 histograms, with hostile times, steps and timeouts) of a real ``tsgate serve`` makes it answer 5xx.
 
 The same seed gives the same inputs on every run; each part stops early at its time budget, so
-the whole file stays under a minute and a half.
+the whole file stays under a minute and a half. The PromQL part runs longer, with another seed,
+outside the suite: ``TSGATE_FUZZ_PROMQL_SECONDS=600 TSGATE_FUZZ_SEED=7 pytest tests/test_fuzz.py -k promql``.
 """
 
 import json
 import math
+import os
 import pickle
 import random
 import struct
+import threading
 import time
 import urllib.parse
 
@@ -31,7 +34,7 @@ from tests.test_graphite_ingest_e2e import send_tcp, wait_for
 from tests.test_histograms_e2e import at
 from tests.test_prometheus_protocol import VALID_HISTOGRAMS
 
-SEED = 20261123
+SEED = int(os.environ.get("TSGATE_FUZZ_SEED", "20261123"))
 PARSER_ROUNDS = 3000  # mutations of each parser's seeds
 PARSER_BUDGET_S = 12
 # seconds of each HTTP part: the sweep of every GET parameter with every hostile value (about
@@ -377,7 +380,13 @@ RANGES = [("-10min", "now"), ("-1h", "-50min")]
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     process = GatewayProcess(
-        tmp_path_factory.mktemp("fuzz"), "--max-series-per-query", "50", "--max-samples-per-query", "5000"
+        tmp_path_factory.mktemp("fuzz"),
+        "--max-series-per-query",
+        "50",
+        "--max-samples-per-query",
+        "5000",
+        "--query-timeout",
+        f"{QUERY_TIMEOUT_S}s",
     ).start()
     now = int(time.time())
     lines = [f"a.b.{name} {i} {now - 60 * i}" for i, name in enumerate("cdef")] + [
@@ -639,7 +648,8 @@ PROMQL_RANGE_FUNCTIONS = [
 ]  # fmt: skip
 PROMQL_AGGREGATIONS = ["sum", "avg", "min", "max", "count", "group", "stddev", "stdvar"]
 PROMQL_TIMES = ["0", "-1", "1e10", "9999999999", "nan", "inf", "-1e300", "1.5", "2026-01-01T00:00:00Z", "x"]
-PROMQL_BUDGET_S = 25
+PROMQL_BUDGET_S = float(os.environ.get("TSGATE_FUZZ_PROMQL_SECONDS", "25"))
+QUERY_TIMEOUT_S = 5  # the fuzzed gateway's --query-timeout: no answer may come later than it + 1 s
 
 
 def random_promql(rng: random.Random, depth: int = 0) -> str:
@@ -712,6 +722,7 @@ def test_random_promql_queries_and_parameters_get_no_5xx(gateway, promql_series)
     headers = {"X-Scope-OrgID": PROMQL_TENANT}
     failures, sent, answered = [], 0, 0
     now = promql_series / 1000
+    healthz = HealthzProbe(gateway)
     while time.monotonic() < deadline:
         query = random_promql(rng)
         if rng.random() < 0.15:
@@ -727,12 +738,39 @@ def test_random_promql_queries_and_parameters_get_no_5xx(gateway, promql_series)
             path = "/api/v1/query_range"
         if rng.random() < 0.1:
             params["timeout"] = rng.choice(["nan", "inf", "1e300", "-1", "0", "1ms", "x", "30s"])
+        asked = time.monotonic()
         answer = gateway.get(f"{path}?{urllib.parse.urlencode(params)}", headers=headers, timeout=30)
+        took = time.monotonic() - asked
         sent += 1
         answered += answer.status == 200
         # a timeout of 1 ms or less answers 503 timeout, as Prometheus does
         timed_out = answer.status == 503 and params.get("timeout") in ("-1", "0", "1ms")
         if answer.status >= 500 and not timed_out:
             failures.append(f"GET {path} {params} -> {answer.status} {answer.body[:200]!r}")
+        if took > QUERY_TIMEOUT_S + 1:
+            failures.append(f"GET {path} {params} -> {answer.status} after {took:.1f} s")
+    slowest = healthz.stop()
+    print(f"{sent} PromQL requests, {answered} answered 200; /healthz slowest {slowest * 1000:.0f} ms")
     assert sent > 100 and answered > sent // 5, (sent, answered)
-    assert not failures, f"{len(failures)} of {sent} PromQL requests answered 5xx:\n" + "\n".join(failures[:30])
+    assert not failures, f"{len(failures)} of {sent} PromQL requests failed:\n" + "\n".join(failures[:30])
+    assert slowest < 2, f"/healthz took {slowest:.1f} s while the fuzz ran: the gateway froze"
+
+
+class HealthzProbe:
+    """Asks /healthz every 50 ms in a thread until stopped; the slowest answer, in seconds."""
+
+    def __init__(self, gateway):
+        self.gateway, self.slowest, self.stopping = gateway, 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(0.05):
+            asked = time.monotonic()
+            assert self.gateway.get("/healthz", timeout=30).status == 200
+            self.slowest = max(self.slowest, time.monotonic() - asked)
+
+    def stop(self) -> float:
+        self.stopping.set()
+        self.thread.join()
+        return self.slowest
