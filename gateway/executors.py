@@ -47,13 +47,15 @@ from gateway import metrics
 from gateway.config import Config
 from gateway.http.server import JSON, Response
 from gateway.model import DEFAULT_TENANT
+from gateway.store.contract import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 REQUEST_FD = 0  # in an executor, requests arrive on stdin
 ANSWER_FD = 3  # and answers leave on this descriptor: stdout stays free for anything that prints
 MEMORY_CHECK_S = 0.1
-RESTART_DELAY_S = 1.0  # before replacing an executor that died before it was ready (a start-up error)
+RESTART_DELAY_S = 1.0  # before replacing an executor that died before it was ready (a start-up error),
+MAX_RESTART_DELAY_S = 30.0  # doubled at each such death in a row, up to this (the store is down for a while)
 PRIVATE_HEADERS = {b"authorization", b"proxy-authorization", b"cookie"}  # checked here, never sent on
 SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -237,6 +239,7 @@ class QueryExecutors:
         self.waiting: collections.OrderedDict[str, collections.deque[Job]] = collections.OrderedDict()
         self.queued = 0
         self.running = collections.Counter()  # by tenant
+        self.failed_starts = collections.Counter()  # by executor index, in a row
         self.stopping = False
         self.memory_watch = LoopingCall(self._check_memory)
 
@@ -342,6 +345,7 @@ class QueryExecutors:
         kind = message[0]
         if kind == "ready":
             executor.ready = True
+            self.failed_starts[executor.index] = 0
             metrics.QUERY_EXECUTORS_READY.inc()
             self.idle.append(executor)
         elif kind == "answer" and executor.peak_resident_bytes() > self.config.query_max_memory_bytes:
@@ -373,10 +377,19 @@ class QueryExecutors:
                 job.finish(self._memory_refusal(job))
             else:
                 job.finish(_refusal(job.request, 503, "unavailable", "the query executor running this query died"))
+        delay = 0.0
+        if not executor.ready:
+            self.failed_starts[executor.index] += 1
+            delay = min(RESTART_DELAY_S * 2 ** (self.failed_starts[executor.index] - 1), MAX_RESTART_DELAY_S)
         if executor.kill_reason is None and not self.stopping:
             metrics.QUERY_EXECUTOR_KILLS.labels("died").inc()
-            log.warning("query executor %d ended unexpectedly (%s); starting another", executor.index, reason)
-        reactor.callLater(0 if executor.ready else RESTART_DELAY_S, self._spawn, executor.index)
+            log.warning(
+                "query executor %d ended %s; starting another in %gs",
+                executor.index,
+                f"unexpectedly ({reason})" if executor.ready else "before it was ready",
+                delay,
+            )
+        reactor.callLater(delay, self._spawn, executor.index)
         self._dispatch()
 
     def _check_memory(self) -> None:
@@ -442,7 +455,11 @@ class ExecutorSide(protocol.Protocol):
         self.transport.write(frame(("ready",)))
 
     def _failed_start(self, failure) -> None:
-        log.error("query executor could not start: %s", failure.getTraceback())
+        """The store unreachable is one line (the pool retries with backoff); anything else is a bug."""
+        if failure.check(StoreUnavailable):
+            log.warning("query executor could not start: %s", failure.value)
+        else:
+            log.error("query executor could not start: %s", failure.getTraceback())
         reactor.stop()
 
     async def _answer(self, description: dict) -> None:
