@@ -235,13 +235,21 @@ def test_remote_read_refuses_too_many_series(strict_gateway, tenant):
     assert strict_gateway.post("/api/v1/read", b"\x00junk", headers={"X-Scope-OrgID": tenant}).status == 400
 
 
-def test_tenant_active_series_limit_answers_429(start_gateway, tenant):
+def test_tenant_active_series_limit_refuses_only_the_new_series(start_gateway, tenant):
     gateway = start_gateway("--tenant-max-active-series", "3")
     t = now_ms() - 1000
     first = prometheus.encode_write_request_v1([series("m", [(t, 1.0)], i=str(i)) for i in range(3)])
     assert gateway.post("/api/v1/write", first, headers=rw_headers(tenant)).status == 204
     assert gateway.post("/api/v1/write", first, headers=rw_headers(tenant)).status == 204
-    more = prometheus.encode_write_request_v1([series("m", [(t, 1.0)], i="new")])
+    more = prometheus.encode_write_request_v1(
+        [series("m", [(t + 1, 2.0)], i="new"), series("m", [(t + 1, 2.0)], i="0")]
+    )
     refused = gateway.post("/api/v1/write", more, headers=rw_headers(tenant))
-    assert refused.status == 429 and b"active series" in refused.body and int(refused.headers["Retry-After"]) >= 1
+    assert refused.status == 400 and b"active series" in refused.body, refused.body
+    stored = gateway.get(f"/api/query?tenant={tenant}&metricName=m&start={t // 1000 - 60}&end=now").json()
+    assert {s["tags"]["i"]: len(s["values"]) for s in stored} == {
+        "0": 2,
+        "1": 1,
+        "2": 1,
+    }  # the known series' sample written
     assert gateway.post("/api/v1/write", more, headers=rw_headers(tenant + "-other")).status == 204
