@@ -245,7 +245,8 @@ def test_a_tenant_filling_the_pool_leaves_room_for_another(slow_gateway):
         assert time.monotonic() < deadline, "an abandoned query kept its queue place"
         time.sleep(0.1)
     for connection in first[:2]:
-        assert connection.getresponse().status in (422, 503)  # past the memory cap or the deadline
+        # answered in the end: past the deadline (503), or done before it on a quiet machine (200)
+        assert connection.getresponse().status in (200, 503)
         connection.close()
 
 
