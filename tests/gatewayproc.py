@@ -17,17 +17,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def downsample_once(*args: str) -> str:
-    """`tsgate downsample --once` with no settle delay (and the given store flags); its output."""
+def run_tsgate(*args: str, timeout: float = 120) -> str:
+    """A `tsgate` command that must succeed; its output."""
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", "gateway.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def downsample_once(*args: str) -> str:
+    """`tsgate downsample --once` with no settle delay (and the given store flags); its output."""
+    return run_tsgate("downsample", "--once", "--downsample-delay", "0s", *args)
 
 
 def tsgate_serve(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subprocess.CompletedProcess, float]:

@@ -2,8 +2,6 @@
 Prometheus's delete_series, the Graphite admin delete, the CLI's dry run, and a delete racing with
 ingest and sealing."""
 
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -13,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gateway.http.auth import hash_token
-from tests.gatewayproc import REPO, metric_value
+from tests.gatewayproc import metric_value, run_tsgate
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE
@@ -192,15 +190,7 @@ def test_graphite_delete_of_a_glob(start_gateway, backend_args, tenant):
 
 
 def tsgate_delete(store_args: tuple[str, ...], *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "delete", *store_args, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_tsgate("delete", *store_args, *args, timeout=300)
 
 
 def test_cli_dry_run_then_delete(start_gateway, backend_args, tenant, tmp_path):
