@@ -84,6 +84,17 @@ DOWNSAMPLE_NEAR_EXPIRY = Gauge(
 )
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
+TENANT_SAMPLES = Counter(
+    "tsgate_tenant_samples_accepted",
+    "Samples (and native histogram samples) written to the store, by tenant",
+    ["tenant"],
+)
+TENANT_ACTIVE_SERIES = Gauge(
+    "tsgate_tenant_active_series",
+    "Series written within the last 20 minutes, by tenant (gateway/tenant_activity.py)",
+    ["tenant"],
+    multiprocess_mode="livesum",
+)
 INGEST_INFLIGHT = Gauge(
     "tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored", multiprocess_mode="livesum"
 )

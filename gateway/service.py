@@ -39,6 +39,7 @@ from gateway.http.auth import Credentials
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
+from gateway.http.webui import WebUI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site
@@ -246,6 +247,7 @@ def build_router(
         max_query_length=config.query_max_length,
     ).register(router)
     OpsAPI(store).register(router)
+    WebUI(config, store, pipeline).register(router)
     return router
 
 
