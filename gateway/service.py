@@ -39,10 +39,10 @@ from gateway.http.auth import Credentials
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
-from gateway.http.webui import WebUI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site
+from gateway.http.webui import WebUI
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
