@@ -12,6 +12,7 @@ import time
 import urllib.parse
 
 import pytest
+from prometheus_client import REGISTRY
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -19,6 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from gateway.http.auth import hash_password, hash_token
+from gateway.tenant_activity import TenantActivity
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -53,6 +55,33 @@ def write_series(gateway, tenant: str, headers=None) -> None:
     assert answer.status == 200, answer.body
 
 
+# -- the per-tenant figures ------------------------------------------------------------------
+
+
+def test_tenant_activity_counts_samples_and_forgets_series_past_the_window(tenant):
+    now = [1000.0]
+    activity = TenantActivity(window_s=1200, prune_every_s=300, clock=lambda: now[0])
+    other = f"{tenant}-other"
+    activity.record([(tenant, "h1", 0), (tenant, "h2", 1), (tenant, "h1", 2)])
+    activity.record([(tenant, "h3", 0), (other, "h1", 1)])  # the native API's items may mix tenants
+    assert figures(tenant) == (3, 4) and figures(other) == (1, 1)
+    now[0] += 1000
+    activity.record([(tenant, "h3", 0)])
+    now[0] += 400  # h1 and h2 are 1400 s old, h3 400 s: the prune that is due forgets h1 and h2
+    assert activity.prune_if_due()
+    assert figures(tenant) == (1, 5) and figures(other) == (0, 1)
+    assert not activity.prune_if_due()  # not again before prune_every_s
+
+
+def figures(tenant: str) -> tuple[float, float]:
+    """(active series, samples accepted) of a tenant in this process's metrics."""
+    labels = {"tenant": tenant}
+    return (
+        REGISTRY.get_sample_value("tsgate_tenant_active_series", labels),
+        REGISTRY.get_sample_value("tsgate_tenant_samples_accepted_total", labels),
+    )
+
+
 # -- over HTTP --------------------------------------------------------------------------------
 
 
@@ -72,13 +101,15 @@ def test_root_is_the_json_banner_for_clients_and_the_page_for_browsers(start_gat
         assert len(answer.body) > 1000
 
 
-def test_status_sums_up_tenants_ingest_rejects_and_the_store(start_gateway, tenant):
-    gateway = start_gateway()
+def test_status_sums_up_tenants_ingest_rejects_and_the_store(start_gateway, backend_args, tenant):
+    gateway = start_gateway(*backend_args)
     write_series(gateway, tenant)
     bad = gateway.post("/api/put", [{"metric": "", "timestamp": NOW_S, "value": 1}], headers={"X-Scope-OrgID": tenant})
     assert bad.status == 400
     status = gateway.get("/admin/status").json()
-    assert status["store"] == {"kind": "sqlite", "healthy": True, "error": None}
+    kind = "cassandra" if backend_args else "sqlite"
+    assert status["store"] == {"kind": kind, "healthy": True, "error": None}
+    assert status["redis"]["configured"] is bool(backend_args)
     assert status["uptime_seconds"] > 0 and status["version"]
     (mine,) = [row for row in status["tenants"] if row["tenant"] == tenant]
     assert mine == {"tenant": tenant, "active_series": 4, "samples_accepted": 62}
