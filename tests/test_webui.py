@@ -109,7 +109,8 @@ def test_status_sums_up_tenants_ingest_rejects_and_the_store(start_gateway, back
     status = gateway.get("/admin/status").json()
     kind = "cassandra" if backend_args else "sqlite"
     assert status["store"] == {"kind": kind, "healthy": True, "error": None}
-    assert status["redis"]["configured"] is bool(backend_args)
+    redis = {"configured": bool(backend_args), "healthy": bool(backend_args), "error": None, "errors": {}}
+    assert status["redis"] == redis
     assert status["uptime_seconds"] > 0 and status["version"]
     (mine,) = [row for row in status["tenants"] if row["tenant"] == tenant]
     assert mine == {"tenant": tenant, "active_series": 4, "samples_accepted": 62}
@@ -185,7 +186,19 @@ def wait_for(driver, condition, what: str):
 
 
 def texts(driver, selector: str) -> list[str]:
-    return [element.text for element in driver.find_elements(By.CSS_SELECTOR, selector)]
+    """The text of every element ``selector`` finds, read at once (the page may be rebuilding them)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((element) => element.textContent)", selector
+    )
+
+
+def table_rows(driver, selector: str) -> list[list[str]]:
+    """The cells' text of every body row of the table ``selector`` finds, read at once."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' tbody tr')]"
+        ".map((row) => [...row.cells].map((cell) => cell.textContent))",
+        selector,
+    )
 
 
 def series_text(labels: dict[str, str]) -> str:
@@ -230,19 +243,27 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     params = urllib.parse.urlencode({"query": "webui_cpu", "start": NOW_S - 3600, "end": NOW_S, "step": step})
     answer = gateway.get(f"/api/v1/query_range?{params}", headers={"X-Scope-OrgID": tenant}).json()["data"]["result"]
     expected = sorted([series_text(dict(s["metric"])), str(len(s["values"])), s["values"][-1][1]] for s in answer)
-    shown = sorted(
-        [cell.text for cell in tr.find_elements(By.TAG_NAME, "td")[:3]]
-        for tr in browser.find_elements(By.CSS_SELECTOR, "#query-table tbody tr")
-    )
+    shown = sorted(cells[:3] for cells in table_rows(browser, "#query-table"))
     assert shown == expected and len(expected) == 3
     assert series_text({"__name__": "webui_cpu", "host": HOSTILE}) in texts(browser, "#query-legend li")
     assert browser.find_elements(By.CSS_SELECTOR, "#query-legend img, #query-table img") == []
 
+    # A Graphite leaf from the tree, as a target.
+    browser.find_element(By.ID, "tab-explore").click()
+    wait_for(browser, lambda d: "webui/" in texts(d, "#graphite-tree > li"), "the Graphite tree")
+    browser.find_element(By.CSS_SELECTOR, '#graphite-tree li[data-path="webui"]').click()
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, 'li[data-path="webui.disk"]'), "a branch opened")
+    browser.find_element(By.CSS_SELECTOR, 'li[data-path="webui.disk"]').click()
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, 'li[data-path="webui.disk.used"]'), "a leaf")
+    browser.find_element(By.CSS_SELECTOR, 'li[data-path="webui.disk.used"]').click()
+    wait_for(browser, lambda d: texts(d, "#query-table tbody td")[:1] == ["webui.disk.used"], "the Graphite answer")
+    assert texts(browser, "#query-table tbody td")[1:3] == ["2", "42"]
+    assert browser.find_element(By.ID, "query-kind").get_attribute("value") == "graphite"
+
     # Status: the tenant with its active series and samples.
     browser.find_element(By.ID, "tab-status").click()
     wait_for(browser, lambda d: tenant in texts(d, "#status-tenants tbody td"), "the tenant in the status view")
-    row = browser.find_element(By.XPATH, f'//table[@id="status-tenants"]//tr[td[1]="{tenant}"]')
-    cells = [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+    (cells,) = [cells for cells in table_rows(browser, "#status-tenants") if cells[0] == tenant]
     assert cells[1] == "4" and int(cells[2]) == 62, cells
     assert "json" in texts(browser, "#status-ingest tbody td")
     assert "sqlite: healthy" in browser.find_element(By.ID, "status-summary").text

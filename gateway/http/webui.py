@@ -21,7 +21,7 @@ from gateway.http.ops import metrics_registry
 from gateway.http.server import Response, Router, json_response
 
 STARTED = time.time()
-STORE_PING_TIMEOUT_S = 2.0
+PING_TIMEOUT_S = 2.0
 HTML = "text/html; charset=utf-8"
 STATIC_TYPES = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
 # Defence in depth beside the script's own escaping: no inline script, nothing from elsewhere.
@@ -94,7 +94,9 @@ class WebUI:
         tenants = await self.store.list_tenants()
         accepted = _by_label(found, "tsgate_tenant_samples_accepted_total", "tenant")
         active = _by_label(found, "tsgate_tenant_active_series", "tenant")
-        store_error = await self._store_problem()
+        store_error = await _problem(self.store.ping)
+        shared_seen = getattr(self.pipeline, "shared_seen", None)
+        redis_error = await _problem(shared_seen.ping) if shared_seen is not None else None
         return json_response(
             200,
             {
@@ -106,6 +108,8 @@ class WebUI:
                 "store": {"kind": self.store_kind, "healthy": store_error is None, "error": store_error},
                 "redis": {
                     "configured": self.redis,
+                    "healthy": self.redis and redis_error is None,
+                    "error": redis_error,
                     "errors": _by_label(found, "tsgate_redis_errors_total", "operation"),
                 },
                 "tenants": [
@@ -136,17 +140,18 @@ class WebUI:
             },
         )
 
-    async def _store_problem(self) -> str | None:
-        """None when the store answers a trivial query within STORE_PING_TIMEOUT_S, else why not."""
-        ping = defer.maybeDeferred(self.store.ping)
-        ping.addTimeout(STORE_PING_TIMEOUT_S, reactor)
-        try:
-            await ping
-        except defer.TimeoutError:
-            return f"no answer within {STORE_PING_TIMEOUT_S:g}s"
-        except Exception as error:
-            return str(error) or type(error).__name__
-        return None
+
+async def _problem(ping) -> str | None:
+    """None when ``ping()`` (a store's, Redis's) fires within PING_TIMEOUT_S, else why not."""
+    answered = defer.maybeDeferred(ping)
+    answered.addTimeout(PING_TIMEOUT_S, reactor)
+    try:
+        await answered
+    except defer.TimeoutError:
+        return f"no answer within {PING_TIMEOUT_S:g}s"
+    except Exception as error:
+        return str(error) or type(error).__name__
+    return None
 
 
 def _samples() -> dict[str, list[tuple[dict, float]]]:

@@ -10,7 +10,7 @@ const POINTS_WANTED = 250; // a range query's step is the range over this
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const SVG = "http://www.w3.org/2000/svg";
 
-const state = { tenant: null, session: null, view: null, statusTimer: null, previousStatus: null };
+const state = { tenant: null, session: null, view: null, statusTimer: null, previousStatus: null, exploreLoad: 0 };
 
 const $ = (id) => document.getElementById(id);
 
@@ -128,11 +128,17 @@ function showView(view) {
 
 let metricNames = [];
 
+// The lists of the explore view, emptied at once and filled when the answers come; an answer
+// that a later load (another tenant, the tab clicked again) overtook is dropped.
 async function loadExplore() {
-  const [names, labels] = await Promise.all([
+  const load = ++state.exploreLoad;
+  for (const id of ["metric-list", "label-list", "graphite-tree", "label-values"]) clear($(id));
+  const [names, labels, nodes] = await Promise.all([
     api("/api/v1/label/__name__/values"),
     api("/api/v1/labels"),
+    api("/metrics/find", { query: "*" }),
   ]);
+  if (load !== state.exploreLoad) return;
   metricNames = names.data;
   renderMetricList();
   const list = $("label-list");
@@ -142,9 +148,7 @@ async function loadExplore() {
     item.addEventListener("click", () => showLabelValues(label).catch(showError));
     list.append(item);
   }
-  const tree = $("graphite-tree");
-  clear(tree);
-  await expandGraphite(tree, "");
+  showGraphiteNodes($("graphite-tree"), nodes);
 }
 
 function renderMetricList() {
@@ -197,9 +201,9 @@ async function showLabelValues(label) {
   for (const value of answer.data) list.append(el("li", { "data-value": value }, value));
 }
 
-// One level of the Graphite tree under ``prefix`` (a path ending in "." or ""), into ``list``.
-async function expandGraphite(list, prefix) {
-  const nodes = await api("/metrics/find", { query: `${prefix}*` });
+// One level of the Graphite tree (the answer of /metrics/find) into ``list``; a branch opens
+// its own level when clicked.
+function showGraphiteNodes(list, nodes) {
   for (const node of nodes.slice(0, SERIES_LIMIT)) {
     const item = el("li", { "data-path": node.id, class: node.leaf ? "leaf" : "branch" }, node.leaf ? node.text : `${node.text}/`);
     if (node.leaf) {
@@ -220,7 +224,9 @@ async function expandGraphite(list, prefix) {
         }
         const children = el("ul", { class: "tree" });
         item.append(children);
-        expandGraphite(children, `${node.id}.`).catch(showError);
+        api("/metrics/find", { query: `${node.id}.*` })
+          .then((found) => showGraphiteNodes(children, found))
+          .catch(showError);
       });
     }
     list.append(item);
@@ -438,7 +444,7 @@ function renderStatusSummary(status) {
     ["Version", status.version],
     ["Uptime", formatDuration(status.uptime_seconds)],
     ["Store", store],
-    ["Redis", status.redis.configured ? "configured" : "not configured"],
+    ["Redis", !status.redis.configured ? "not configured" : status.redis.healthy ? "healthy" : `FAILING (${status.redis.error})`],
     ["Roles", status.roles.join(", ")],
     ["Samples in flight", status.ingest_inflight_samples],
     ["Open connections", status.open_connections],
