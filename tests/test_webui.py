@@ -222,6 +222,12 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     assert browser.find_elements(By.CSS_SELECTOR, "#series-table img, #series-table script") == []
     browser.find_element(By.CSS_SELECTOR, '#label-list li[data-label="host"]').click()
     wait_for(browser, lambda d: sorted(texts(d, "#label-values li")) == sorted(SERIES), "the label values")
+    browser.execute_script(
+        "[...document.querySelectorAll('#label-values li')].find((li) => li.dataset.value === arguments[0]).click()",
+        HOSTILE,
+    )
+    wait_for(browser, lambda d: len(table_rows(d, "#series-table")) == 1, "the series of a label value")
+    assert table_rows(browser, "#series-table") == [[HOSTILE]]
     wait_for(browser, lambda d: "webui/" in texts(d, "#graphite-tree li"), "the Graphite tree")
 
     # Query: a fixed window, so the test can ask the API the same question.

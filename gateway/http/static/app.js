@@ -73,14 +73,18 @@ function numberCell(value) {
   return el("td", { class: "number" }, value);
 }
 
+// A label value as a PromQL string, with \ " and newlines escaped.
+function quoted(value) {
+  return `"${value.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n")}"`;
+}
+
 // Prometheus's text form of a series: name{label="value", ...} with \ " and newlines escaped.
 function seriesText(labels) {
-  const escape = (value) => value.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n");
   const name = labels.__name__ || "";
   const pairs = Object.keys(labels)
     .filter((key) => key !== "__name__")
     .sort()
-    .map((key) => `${key}="${escape(labels[key])}"`);
+    .map((key) => `${key}=${quoted(labels[key])}`);
   return pairs.length ? `${name}{${pairs.join(", ")}}` : name || "{}";
 }
 
@@ -157,29 +161,38 @@ function renderMetricList() {
   clear(list);
   for (const name of metricNames.filter((n) => n.toLowerCase().includes(filter)).slice(0, SERIES_LIMIT)) {
     const item = el("li", { "data-metric": name }, name);
-    item.addEventListener("click", () => showSeries(name).catch(showError));
+    item.addEventListener("click", () => showMetric(name).catch(showError));
     list.append(item);
   }
 }
 
-function selectorOf(metric) {
-  return `{__name__="${metric.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"}`;
+function matcher(label, value) {
+  return `{${label}=${quoted(value)}}`;
 }
 
-async function showSeries(metric) {
+function showMetric(metric) {
   for (const item of $("metric-list").children) item.classList.toggle("selected", item.dataset.metric === metric);
-  const answer = await api("/api/v1/series", { "match[]": selectorOf(metric), limit: SERIES_LIMIT });
-  $("explore-title").textContent = `${metric}: ${answer.data.length} series`;
+  for (const item of $("label-list").children) item.classList.remove("selected");
+  clear($("label-values"));
+  const expression = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/.test(metric) ? metric : matcher("__name__", metric);
+  return showSeries(matcher("__name__", metric), metric, expression);
+}
+
+// The series ``selector`` matches as a table of their labels (the metric name too when they differ).
+async function showSeries(selector, title, expression) {
+  const answer = await api("/api/v1/series", { "match[]": selector, limit: SERIES_LIMIT });
+  $("explore-title").textContent = `${title}: ${answer.data.length} series`;
   const button = $("explore-query");
   button.hidden = false;
   button.onclick = () => {
     $("query-kind").value = "promql";
-    $("query-expr").value = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/.test(metric) ? metric : selectorOf(metric);
+    $("query-expr").value = expression;
     showView("query");
     runQuery().catch(showError);
   };
-  clear($("label-values"));
-  const keys = [...new Set(answer.data.flatMap((labels) => Object.keys(labels)))].filter((k) => k !== "__name__").sort();
+  const names = new Set(answer.data.map((labels) => labels.__name__));
+  const labelNames = [...new Set(answer.data.flatMap((labels) => Object.keys(labels)))].filter((k) => k !== "__name__");
+  const keys = names.size > 1 ? ["__name__", ...labelNames.sort()] : labelNames.sort();
   const table = $("series-table");
   const head = table.tHead;
   clear(head);
@@ -198,7 +211,14 @@ async function showLabelValues(label) {
   clear($("series-table").tBodies[0]);
   const list = $("label-values");
   clear(list);
-  for (const value of answer.data) list.append(el("li", { "data-value": value }, value));
+  for (const value of answer.data) {
+    const item = el("li", { "data-value": value }, value);
+    item.addEventListener("click", () => {
+      for (const other of list.children) other.classList.toggle("selected", other === item);
+      showSeries(matcher(label, value), `${label}=${quoted(value)}`, matcher(label, value)).catch(showError);
+    });
+    list.append(item);
+  }
 }
 
 // One level of the Graphite tree (the answer of /metrics/find) into ``list``; a branch opens
