@@ -254,6 +254,12 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     assert series_text({"__name__": "webui_cpu", "host": HOSTILE}) in texts(browser, "#query-legend li")
     assert browser.find_elements(By.CSS_SELECTOR, "#query-legend img, #query-table img") == []
 
+    # A query that does not parse: the API's error is shown, the last answer stays.
+    browser.find_element(By.ID, "query-expr").send_keys(" +")
+    browser.find_element(By.ID, "query-run").click()
+    wait_for(browser, lambda d: "400" in d.find_element(By.ID, "message").text, "the parse error")
+    assert len(table_rows(browser, "#query-table")) == 3
+
     # A Graphite leaf from the tree, as a target.
     browser.find_element(By.ID, "tab-explore").click()
     wait_for(browser, lambda d: "webui/" in texts(d, "#graphite-tree > li"), "the Graphite tree")
