@@ -143,8 +143,9 @@ def secured(start_gateway, tmp_path, tenant):
 
 
 def test_with_credentials_the_page_asks_for_them_and_shows_only_their_tenant(secured, tenant):
-    page = secured.get("/", headers=BROWSER_HTML)
-    assert page.status == 401 and page.headers["WWW-Authenticate"] == 'Basic realm="tsgate"'
+    for path in ("/", "/ui/session", "/admin/status"):
+        page = secured.get(path, headers=BROWSER_HTML)
+        assert page.status == 401 and page.headers["WWW-Authenticate"] == 'Basic realm="tsgate"', path
     viewer = {"Authorization": basic("viewer", "viewer-password")}
     assert secured.get("/", headers={**BROWSER_HTML, **viewer}).status == 200
     assert secured.get("/ui/app.js").status == 200  # no data in it: public, as /healthz
