@@ -5,11 +5,13 @@ import logging
 import os
 import re
 import sys
+from pathlib import Path
 
 from gateway import __version__
 from gateway.config import (
     DELETE_SETTINGS,
     DOWNSAMPLE_SETTINGS,
+    IMPORT_SETTINGS,
     SCHEMA_SETTINGS,
     ConfigError,
     add_arguments,
@@ -207,6 +209,27 @@ def _delete(namespace: argparse.Namespace) -> int:
     return 0
 
 
+def _import_whisper(namespace: argparse.Namespace) -> int:
+    """``import whisper DIR``: carbon's whisper files into blocks and roll-ups (gateway/whisper_import.py)."""
+    from gateway.model import InvalidSample, validate_tenant
+    from gateway.whisper_import import run_import
+
+    config = build_config(namespace)
+    try:
+        validate_tenant(namespace.tenant)
+    except InvalidSample as error:
+        raise ConfigError(f"--tenant: {error.problem}") from None
+    if not namespace.directory.is_dir():
+        raise ConfigError(f"{namespace.directory} is not a directory")
+    if namespace.import_workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    setup_logging(config.log_level)
+    state_dir = namespace.state_dir or config.data_dir / "import-state"
+    return run_import(
+        config, namespace.directory, namespace.tenant, namespace.prefix, namespace.import_workers, state_dir
+    )
+
+
 def _selector(labels: dict[str, str]) -> str:
     name = labels.pop("__name__", "")
     inside = ", ".join(f"{key}={value!r}".replace("'", '"') for key, value in sorted(labels.items()))
@@ -293,6 +316,24 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     add_arguments(delete, DELETE_SETTINGS)
     delete.set_defaults(func=_delete)
+    importer = commands.add_parser("import", help="import data from another system (whisper)")
+    sources = importer.add_subparsers(dest="source", required=True)
+    whisper = sources.add_parser("whisper", help="import carbon's whisper files (*.wsp) under a directory")
+    whisper.add_argument("directory", type=Path, help="the whisper tree (carbon's storage/whisper)")
+    whisper.add_argument("--tenant", default="default", help="the tenant the series go to")
+    whisper.add_argument("--prefix", default="", help="put before every path (P.a.b.c for a/b/c.wsp)")
+    whisper.add_argument(
+        "--workers",
+        dest="import_workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="worker processes (default: the CPUs)",
+    )
+    whisper.add_argument(
+        "--state-dir", type=Path, help="where the list of imported files is kept (default: <data-dir>/import-state)"
+    )
+    add_arguments(whisper, IMPORT_SETTINGS)
+    whisper.set_defaults(func=_import_whisper)
     auth = commands.add_parser(
         "auth", help="hash a bearer token or a password (read from stdin) into a line of an --auth-file"
     )

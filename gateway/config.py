@@ -500,6 +500,7 @@ DOWNSAMPLE_SETTINGS = (
     "counter-suffixes",
 )
 DELETE_SETTINGS = (*DOWNSAMPLE_SETTINGS, "max-future", "max-series-per-query")
+IMPORT_SETTINGS = ("data-dir", *SCHEMA_SETTINGS, "counter-suffixes")
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
