@@ -61,7 +61,9 @@ def read_archives(path: str | os.PathLike, now_s: int) -> list[Archive]:
         info = whisper.info(str(path))
     except (whisper.WhisperException, OSError) as error:
         raise CorruptFile(f"{type(error).__name__}: {error}") from None
-    if info is None or not info["archives"]:
+    if info is None:
+        raise CorruptFile("cannot be opened")
+    if not info["archives"]:
         raise CorruptFile("no archives in the header")
     size = os.path.getsize(path)
     archives = []
