@@ -75,8 +75,8 @@ def _series(rng: random.Random, full: bool) -> list[tuple[int, float]]:
     if full:
         gap = NOW - rng.randrange(30, 300) * DAY
         add(NOW - 364 * DAY, gap, 600, 0.05)
-        add(gap + WEEK, NOW - WEEK + 600, 600, 0.05)
-        add(NOW - WEEK + 600, NOW - DAY + 600, 60, 0.02)
+        add(gap + WEEK, NOW - WEEK - 600, 600, 0.05)  # older than the 1 min archive: into the 10 min one
+        add(NOW - WEEK + 600, NOW - DAY - 600, 60, 0.02)  # older than the 10 s archive: into the 1 min one
         quiet = [NOW - rng.randrange(2, 20) * 3600, NOW - rng.randrange(21, 23) * 3600]
         for start, end in [(NOW - DAY + 600, quiet[1]), (quiet[1] + 600, quiet[0]), (quiet[0] + 600, NOW)]:
             add(start, end, 10, 0.0)
