@@ -14,6 +14,7 @@ import hashlib
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -124,14 +125,20 @@ def run_import(config: Config, directory: Path, tenant: str, prefix: str, worker
         ]
         for process in processes:
             process.start()
+        signal.signal(signal.SIGTERM, _interrupted)  # stopped as by Ctrl-C: workers ended, what is done recorded
         try:
             with state.open("a", encoding="utf-8") as record:
                 _collect(todo, results, processes, progress, record, failed)
+        except KeyboardInterrupt:
+            _stop(processes)
+            progress.finish()
+            print(f"interrupted: {progress.files} files imported are recorded; run again to go on", file=sys.stderr)
+            return 130
         finally:
             for process in processes:
                 process.join(timeout=5)
                 if process.is_alive():
-                    process.terminate()
+                    _stop([process])
     progress.finish()
     for relative, reason in failed:
         print(f"could not import {relative}: {reason}", file=sys.stderr)
@@ -142,6 +149,17 @@ def run_import(config: Config, directory: Path, tenant: str, prefix: str, worker
         flush=True,
     )
     return 1 if failed else 0
+
+
+def _stop(processes) -> None:
+    """SIGKILL: a worker waiting on the queue would not stop for SIGTERM (its reactor waits for the
+    thread blocked in get); what it was writing is redone by the next run, as upserts."""
+    for process in processes:
+        process.kill()
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _collect(todo, results, processes, progress, record, failed) -> None:
@@ -157,8 +175,7 @@ def _collect(todo, results, processes, progress, record, failed) -> None:
             continue
         if answer[0] == "fatal":
             failed.append(("(every file)", answer[1]))
-            for process in processes:
-                process.terminate()
+            _stop(processes)
             return
         _, index, points, error = answer
         answered += 1
@@ -200,12 +217,10 @@ class Progress:
     def line(self) -> str:
         finished = self.files + self.failed
         share = self.bytes / self.total_bytes if self.total_bytes else 1.0
-        left = self.elapsed() * (1 - share) / share if share else 0.0
         failed = f", {self.failed} unreadable" if self.failed else ""
-        return (
-            f"{finished}/{self.total_files} files{failed}, {self.points:,} points,"
-            f" {self.rate():,.0f} points/s, {left:.0f} s left"
-        )
+        # time left from the share of bytes done, once it says something (not after one small file)
+        left = f", {self.elapsed() * (1 - share) / share:.0f} s left" if share >= 0.02 and self.files else ""
+        return f"{finished}/{self.total_files} files{failed}, {self.points:,} points, {self.rate():,.0f} points/s{left}"
 
     def draw(self, force: bool = False) -> None:
         now = time.monotonic()
