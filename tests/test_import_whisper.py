@@ -19,6 +19,7 @@ A second run skips every file; the corrupt file is reported (exit code 1) in bot
 import json
 import math
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -279,3 +280,29 @@ def test_timestamps_of_raw_blocks_are_milliseconds(tmp_path):
     data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
     (samples,) = data.raw_slots.values()
     assert samples.timestamps.dtype == np.int64 and samples.timestamps.tolist() == [(NOW - 50) * 1000]
+
+
+@pytest.mark.slow  # runs tsgate processes over the 205 files
+def test_an_interrupted_import_goes_on_where_it_stopped(whisper_tree, tmp_path, tenant):
+    """SIGTERM once the first files are recorded: exit 130; the next run imports only the others."""
+    command = [sys.executable, "-m", "gateway.cli", "import", "whisper", str(whisper_tree), "--tenant", tenant]
+    command += ["--workers", "1", "--state-dir", str(tmp_path / "state"), "--data-dir", str(tmp_path / "data")]
+    process = subprocess.Popen(
+        [*command, *LAYOUT_FLAGS], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not any(len(p.read_text().splitlines()) >= 3 for p in (tmp_path / "state").glob("*.done")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "interrupted:" in stderr
+    (state,) = (tmp_path / "state").glob("*.done")
+    recorded = len(state.read_text().splitlines())
+    assert 3 <= recorded < 205
+    again = subprocess.run([*command, *LAYOUT_FLAGS], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 1, again.stderr  # the corrupt file, still
+    assert f"imported {205 - recorded} files" in again.stdout
+    assert f"{recorded} skipped as already imported" in again.stdout
+    assert len(state.read_text().splitlines()) == 205
