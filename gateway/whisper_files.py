@@ -114,7 +114,7 @@ class FileData(NamedTuple):
     raw_slots: dict[int, Samples]
     rollups: dict[str, list[Rollup]]
     points: int  # stored points read from the file (what the progress counts)
-    unused_archives: int  # archives that fed nothing
+    unused_archives: int  # archives neither raw nor any granularity takes
 
 
 def file_data(
@@ -123,13 +123,14 @@ def file_data(
     """The module's rules applied to one file's archives (finest first)."""
     now_ms = now_s * 1000
     raw, used = compose(archives, now_ms - layout.raw_retention_ms, now_s)
+    used.add(archives[0].step_s)
     rollups = {}
     for granularity in layout.granularities:
         width = granularity.width_ms
         sources = sorted((a for a in archives if width % (a.step_s * 1000) == 0), key=lambda a: -a.step_s)
+        used.update(a.step_s for a in sources)
         since = now_ms - granularity.retention_ms
-        points, fed = compose(sources, since - since % width + width, now_s)
-        used |= fed
+        points, _ = compose(sources, since - since % width + width, now_s)
         rollups[granularity.name] = roll_up(tenant, series_set_hash, kind, points, None, [granularity])[
             granularity.name
         ]

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from twisted.internet import defer, task, threads
+from twisted.internet import defer, reactor, task, threads
 
 from gateway import samples
 from gateway.config import Config
@@ -32,6 +32,7 @@ from gateway.store import open_store
 from gateway.store.blocks import encode_block
 from gateway.whisper_files import CorruptFile, by_slot, file_data, read_archives
 
+STORE_ATTEMPTS = 3  # tries of a file whose writes fail, 1 s then 2 s apart
 LANES_PER_WORKER = 4  # files a worker has in flight: one decodes while the others' writes wait on the store
 PLAIN_PROGRESS_EVERY_S = 5.0
 TAGGED_DIR = "_tagged"
@@ -145,7 +146,12 @@ def run_import(config: Config, directory: Path, tenant: str, prefix: str, worker
     print(
         f"imported {progress.files} files, {progress.points} points in {progress.elapsed():.1f} s"
         f" ({progress.rate():.0f} points/s); {len(files) - len(todo)} skipped as already imported;"
-        f" {len(failed)} could not be imported",
+        f" {len(failed)} could not be imported"
+        + (
+            f"; {progress.unused_archives} archives fed no table (no granularity fits their step)"
+            if progress.unused_archives
+            else ""
+        ),
         flush=True,
     )
     return 1 if failed else 0
@@ -177,12 +183,13 @@ def _collect(todo, results, processes, progress, record, failed) -> None:
             failed.append(("(every file)", answer[1]))
             _stop(processes)
             return
-        _, index, points, error = answer
+        _, index, points, unused, error = answer
         answered += 1
         if error is None:
             record.write(todo[index].state_line)
             record.flush()
             progress.add(todo[index].size, points)
+            progress.unused_archives += unused
         else:
             failed.append((todo[index].relative, error))
             progress.add(todo[index].size, 0, failed=True)
@@ -196,6 +203,7 @@ class Progress:
     def __init__(self, total_files: int, total_bytes: int, stream):
         self.total_files, self.total_bytes = total_files, total_bytes
         self.files = self.failed = self.points = self.bytes = 0
+        self.unused_archives = 0  # archives of imported files that fed no table
         self.stream = stream
         self.tty = stream.isatty()
         self.started = time.monotonic()
@@ -262,8 +270,7 @@ async def _work(job: Job, relatives: list[str], tasks, results) -> None:
 
     async def lane():
         while (index := await threads.deferToThread(tasks.get)) is not None:
-            points, error = await importer.import_file(relatives[index])
-            results.put(("file", index, points, error))
+            results.put(("file", index, *await importer.import_file(relatives[index])))
 
     try:
         await defer.gatherResults([defer.ensureDeferred(lane()) for _ in range(LANES_PER_WORKER)], consumeErrors=True)
@@ -281,18 +288,24 @@ class FileImporter:
         self.limits = Limits()
         self.counter_suffixes = tuple(filter(None, job.config.counter_suffixes.split(",")))
 
-    async def import_file(self, relative: str) -> tuple[int, str | None]:
-        """(points read, None) once written; (0, why) for a file that cannot be read or written."""
-        try:
-            return await self._import(relative), None
-        except CorruptFile as error:
-            return 0, f"not a readable whisper file: {error}"
-        except InvalidSample as error:
-            return 0, f"not a valid series name: {error}"
-        except Exception as error:  # the store refused: reported, not recorded, so a later run retries it
-            return 0, f"{type(error).__name__}: {error}"
+    async def import_file(self, relative: str) -> tuple[int, int, str | None]:
+        """(points read, archives unused, None) once written; (0, 0, why) for a file that cannot be
+        read, or written after STORE_ATTEMPTS tries (not recorded, so a later run tries again)."""
+        failure = ""
+        for attempt in range(1, STORE_ATTEMPTS + 1):
+            try:
+                return *await self._import(relative), None
+            except CorruptFile as error:
+                return 0, 0, f"not a readable whisper file: {error}"
+            except InvalidSample as error:
+                return 0, 0, f"not a valid series name: {error}"
+            except Exception as error:  # the store refused or timed out: again, after a while
+                failure = f"{type(error).__name__}: {error}"
+            if attempt < STORE_ATTEMPTS:
+                await task.deferLater(reactor, attempt, lambda: None)
+        return 0, 0, failure
 
-    async def _import(self, relative: str) -> int:
+    async def _import(self, relative: str) -> tuple[int, int]:
         job = self.job
         name, tags = graphite_name(relative, job.prefix)
         validate_series(name, tags, self.limits)
@@ -311,7 +324,7 @@ class FileImporter:
         )
         await self.store.write_series([key])  # last: a path the index shows has its data
         await self.store.add_metric_aggregators(key.tenant, name, AGGREGATORS[kind])
-        return data.points
+        return data.points, data.unused_archives
 
     async def _write_blocks(self, key, raw_slots) -> None:
         """A block per slot; where the store holds samples of the series in those slots already

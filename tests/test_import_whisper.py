@@ -306,3 +306,12 @@ def test_an_interrupted_import_goes_on_where_it_stopped(whisper_tree, tmp_path, 
     assert f"imported {205 - recorded} files" in again.stdout
     assert f"{recorded} skipped as already imported" in again.stdout
     assert len(state.read_text().splitlines()) == 205
+
+
+def test_an_archive_no_table_can_take_is_counted(tmp_path):
+    path = tmp_path / "a.wsp"
+    whisper.create(str(path), [(10, 8640), (60, 10080), (420, 10000)], xFilesFactor=0.0)  # 7 min: no granularity
+    whisper.update_many(str(path), [(NOW - 30 * DAY, 1.0), (NOW - 50, 2.0)])
+    data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
+    assert data.unused_archives == 1
+    assert data.points == 1 + 1 + 2  # the 7 min archive holds both points: it is read, not written
