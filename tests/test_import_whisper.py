@@ -199,6 +199,10 @@ def test_imported_whisper_renders_as_graphite_web(
     headers = {"X-Scope-OrgID": tenant}
     found = json.loads(gateway.get("/metrics/find?query=servers.*", headers=headers).body)
     assert sorted(node["text"] for node in found) == sorted(["full", *(f"host{n:03d}" for n in range(LIGHT_HOSTS))])
+    tagged = gateway.get(
+        "/tags/findSeries?" + urllib.parse.urlencode({"expr": r"name=~servers\.full\."}), headers=headers
+    )
+    assert sorted(json.loads(tagged.body)) == sorted(f"servers.full.{metric}" for metric, _, _ in METRICS)
     _compare(gateway, tenant, graphite_answers)
 
 
