@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ METRICS = [
     ("disk.free.min", "min", 0.1),
 ]
 LIGHT_HOSTS = 40
-NOW = int(time.time()) // 600 * 600  # the last point is 10 s before it
+NOW = int(time.time()) // 600 * 600  # of the unit tests; the whisper tree has its own
 DAY, WEEK = 86400, 7 * 86400
 KEYSPACE = "tsgate_test_whisper_import"
 
@@ -60,7 +61,7 @@ def _batches(path: Path, points: list[tuple[int, float]]) -> None:
         whisper.update_many(str(path), points[start : start + 500])
 
 
-def _series(rng: random.Random, full: bool) -> list[tuple[int, float]]:
+def _series(rng: random.Random, full: bool, now: int) -> list[tuple[int, float]]:
     """Points of one file: a full file has a year at 10 min (a missing week, random holes), the
     week before the last day at 1 min, the last day at 10 s (two 10-minute gaps); a light file a
     few days somewhere in the year, maybe a day of the week, maybe the last two hours."""
@@ -74,28 +75,35 @@ def _series(rng: random.Random, full: bool) -> list[tuple[int, float]]:
                 points.append((t, round(level, 3)))
 
     if full:
-        gap = NOW - rng.randrange(30, 300) * DAY
-        add(NOW - 364 * DAY, gap, 600, 0.05)
-        add(gap + WEEK, NOW - WEEK - 600, 600, 0.05)  # older than the 1 min archive: into the 10 min one
-        add(NOW - WEEK + 600, NOW - DAY - 600, 60, 0.02)  # older than the 10 s archive: into the 1 min one
-        quiet = [NOW - rng.randrange(2, 20) * 3600, NOW - rng.randrange(21, 23) * 3600]
-        for start, end in [(NOW - DAY + 600, quiet[1]), (quiet[1] + 600, quiet[0]), (quiet[0] + 600, NOW)]:
+        gap = now - rng.randrange(30, 300) * DAY
+        add(now - 364 * DAY, gap, 600, 0.05)
+        add(gap + WEEK, now - WEEK - 600, 600, 0.05)  # older than the 1 min archive: into the 10 min one
+        add(now - WEEK + 600, now - DAY - 600, 60, 0.02)  # older than the 10 s archive: into the 1 min one
+        quiet = [now - rng.randrange(2, 20) * 3600, now - rng.randrange(21, 23) * 3600]
+        for start, end in [(now - DAY + 600, quiet[1]), (quiet[1] + 600, quiet[0]), (quiet[0] + 600, now)]:
             add(start, end, 10, 0.0)
     else:
-        start = NOW - rng.randrange(10, 360) * DAY
+        start = now - rng.randrange(10, 360) * DAY
         add(start, start + 3 * DAY, 600, 0.1)
         if rng.random() < 0.5:
-            day = NOW - rng.randrange(2, 7) * DAY
+            day = now - rng.randrange(2, 7) * DAY
             add(day, day + DAY, 60, 0.05)
         if rng.random() < 0.7:
-            add(NOW - 2 * 3600, NOW, 10, 0.0)
+            add(now - 2 * 3600, now, 10, 0.0)
     return points
 
 
+class Tree(NamedTuple):
+    root: Path
+    now: int  # the last point is 10 s before it
+
+
 @pytest.fixture(scope="module")
-def whisper_tree(tmp_path_factory) -> Path:
-    """205 files (5 full, 200 light) under servers/, and servers/broken.wsp cut off in its header."""
+def whisper_tree(tmp_path_factory) -> Tree:
+    """205 files (5 full, 200 light) under servers/, and servers/broken.wsp cut off in its header,
+    written now (carbon writes as points come: what goes to which archive depends on the time)."""
     root = tmp_path_factory.mktemp("whisper")
+    now = int(time.time()) // 600 * 600
     rng = random.Random(25)
     hosts = ["full"] + [f"host{n:03d}" for n in range(LIGHT_HOSTS)]
     for host in hosts:
@@ -103,18 +111,18 @@ def whisper_tree(tmp_path_factory) -> Path:
             path = root / "servers" / host / (metric.replace(".", "/") + ".wsp")
             path.parent.mkdir(parents=True, exist_ok=True)
             whisper.create(str(path), SCHEMA, xFilesFactor=xff, aggregationMethod=method)
-            _batches(path, _series(rng, host == "full"))
+            _batches(path, _series(rng, host == "full", now))
     broken = root / "servers" / "broken.wsp"
     broken.write_bytes((root / "servers" / "full" / "cpu" / "idle.wsp").read_bytes()[:20])
-    return root
+    return Tree(root, now)
 
 
-def _ranges() -> dict[str, tuple[int, int]]:
+def _ranges(now: int) -> dict[str, tuple[int, int]]:
     """Render ranges well inside whisper's archive windows and tsgate's retentions."""
-    return {"day": (NOW - 20 * 3600, NOW), "week": (NOW - 6 * DAY, NOW), "year": (NOW - 300 * DAY, NOW)}
+    return {"day": (now - 20 * 3600, now), "week": (now - 6 * DAY, now), "year": (now - 300 * DAY, now)}
 
 
-def _requests() -> list[dict]:
+def _requests(now: int) -> list[dict]:
     return [
         {
             "target": f"consolidateBy(servers.{{full,host00[0-3]}}.{metric},'{method}')",
@@ -122,15 +130,19 @@ def _requests() -> list[dict]:
             "until": end,
             "format": "json",
         }
-        for start, end in _ranges().values()
+        for start, end in _ranges(now).values()
         for metric, method, _ in METRICS
     ]
 
 
 @pytest.fixture(scope="module")
-def graphite_answers(whisper_tree, tmp_path_factory) -> list[list[dict]]:
+def graphite_answers(whisper_tree: Tree, tmp_path_factory) -> list[list[dict]]:
     answers = render_batch(
-        tmp_path_factory.mktemp("graphiteweb"), {}, _requests(), whisper_dir=whisper_tree, timeout=600
+        tmp_path_factory.mktemp("graphiteweb"),
+        {},
+        _requests(whisper_tree.now),
+        whisper_dir=whisper_tree.root,
+        timeout=600,
     )
     assert all(answer["status"] == 200 for answer in answers), answers[0]["body"][:2000]
     return [json.loads(answer["body"]) for answer in answers]
@@ -148,8 +160,8 @@ def _import(tree: Path, tmp_path: Path, tenant: str, *store: str) -> subprocess.
     )
 
 
-def _compare(gateway, tenant: str, expected: list[list[dict]]) -> None:
-    for request, wanted in zip(_requests(), expected):
+def _compare(gateway, tenant: str, expected: list[list[dict]], now: int) -> None:
+    for request, wanted in zip(_requests(now), expected):
         answer = gateway.get("/render?" + urllib.parse.urlencode(request), headers={"X-Scope-OrgID": tenant})
         assert answer.status == 200, answer.body[:500]
         got = json.loads(answer.body)
@@ -180,13 +192,13 @@ def test_imported_whisper_renders_as_graphite_web(
         url = f"cassandra://{server.host}:{server.port}/{KEYSPACE}"
         run_tsgate("schema", "apply", "--store", url, *LAYOUT_FLAGS, timeout=300)
         store = ("--store", url)
-    first = _import(whisper_tree, tmp_path, tenant, *store)
+    first = _import(whisper_tree.root, tmp_path, tenant, *store)
     assert first.returncode == 1, first.stderr
     assert "could not import servers/broken.wsp: not a readable whisper file" in first.stderr
     assert "imported 205 files" in first.stdout, first.stdout + first.stderr
     print(f"\n{backend}: {first.stdout.strip()}")
 
-    again = _import(whisper_tree, tmp_path, tenant, *store)
+    again = _import(whisper_tree.root, tmp_path, tenant, *store)
     assert again.returncode == 1
     assert "imported 0 files, 0 points" in again.stdout and "205 skipped as already imported" in again.stdout
     assert "could not import servers/broken.wsp" in again.stderr
@@ -203,7 +215,7 @@ def test_imported_whisper_renders_as_graphite_web(
         "/tags/findSeries?" + urllib.parse.urlencode({"expr": r"name=~servers\.full\."}), headers=headers
     )
     assert sorted(json.loads(tagged.body)) == sorted(f"servers.full.{metric}" for metric, _, _ in METRICS)
-    _compare(gateway, tenant, graphite_answers)
+    _compare(gateway, tenant, graphite_answers, whisper_tree.now)
 
 
 LAYOUT = Layout(HOUR_MS, DAY_MS, parse_granularities("1m:7d,5m:14d,10m:365d", HOUR_MS))
@@ -212,8 +224,8 @@ LAYOUT = Layout(HOUR_MS, DAY_MS, parse_granularities("1m:7d,5m:14d,10m:365d", HO
 def test_archives_go_to_raw_blocks_and_to_the_matching_or_derived_roll_ups(tmp_path):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), SCHEMA, xFilesFactor=0.5, aggregationMethod="average")
-    whisper.update_many(str(path), [(NOW - 3 * DAY + 60 * i, float(i)) for i in range(10)])
-    whisper.update_many(str(path), [(NOW - 3600 + 10 * i, 100.0 + i) for i in range(6)])
+    whisper.update_many(str(path), [(NOW - 3 * DAY + 60 * i, float(i)) for i in range(10)], now=NOW)
+    whisper.update_many(str(path), [(NOW - 3600 + 10 * i, 100.0 + i) for i in range(6)], now=NOW)
     archives = read_archives(path, NOW)
     assert [a.step_s for a in archives] == [10, 60, 600]
     data = file_data("t", "h", GAUGE, archives, LAYOUT, NOW)
@@ -235,7 +247,7 @@ def test_archives_go_to_raw_blocks_and_to_the_matching_or_derived_roll_ups(tmp_p
 def test_points_past_a_retention_are_left_out(tmp_path):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), SCHEMA, xFilesFactor=0.0, aggregationMethod="average")
-    whisper.update_many(str(path), [(NOW - 100 * DAY, 1.0), (NOW - 10 * DAY, 2.0), (NOW - 2 * DAY, 3.0)])
+    whisper.update_many(str(path), [(NOW - 100 * DAY, 1.0), (NOW - 10 * DAY, 2.0), (NOW - 2 * DAY, 3.0)], now=NOW)
     data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
     assert data.raw_slots == {}
     assert [row.sum for row in data.rollups["1m"]] == [3.0]
@@ -247,8 +259,7 @@ def test_stale_points_of_an_earlier_lap_are_not_read(tmp_path):
     """A ring slot still holding a point from more than its retention ago is not data (whisper's fetch skips it)."""
     path = tmp_path / "a.wsp"
     whisper.create(str(path), [(60, 10)], xFilesFactor=0.0)
-    whisper.update_many(str(path), [(NOW - 300, 5.0)], now=NOW - 300)
-    whisper.update_many(str(path), [(NOW - 60, 6.0)])
+    whisper.update_many(str(path), [(NOW - 300, 5.0), (NOW - 60, 6.0)], now=NOW)
     (archive,) = read_archives(path, NOW + 3600)
     assert len(archive.samples) == 0
     (archive,) = read_archives(path, NOW)
@@ -280,7 +291,7 @@ def test_paths_from_file_names():
 def test_timestamps_of_raw_blocks_are_milliseconds(tmp_path):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), SCHEMA)
-    whisper.update_many(str(path), [(NOW - 50, 1.5)])
+    whisper.update_many(str(path), [(NOW - 50, 1.5)], now=NOW)
     data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
     (samples,) = data.raw_slots.values()
     assert samples.timestamps.dtype == np.int64 and samples.timestamps.tolist() == [(NOW - 50) * 1000]
@@ -289,7 +300,7 @@ def test_timestamps_of_raw_blocks_are_milliseconds(tmp_path):
 @pytest.mark.slow  # runs tsgate processes over the 205 files
 def test_an_interrupted_import_goes_on_where_it_stopped(whisper_tree, tmp_path, tenant):
     """SIGTERM once the first files are recorded: exit 130; the next run imports only the others."""
-    command = [sys.executable, "-m", "gateway.cli", "import", "whisper", str(whisper_tree), "--tenant", tenant]
+    command = [sys.executable, "-m", "gateway.cli", "import", "whisper", str(whisper_tree.root), "--tenant", tenant]
     command += ["--workers", "1", "--state-dir", str(tmp_path / "state"), "--data-dir", str(tmp_path / "data")]
     process = subprocess.Popen(
         [*command, *LAYOUT_FLAGS], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -315,7 +326,7 @@ def test_an_interrupted_import_goes_on_where_it_stopped(whisper_tree, tmp_path, 
 def test_an_archive_no_table_can_take_is_counted(tmp_path):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), [(10, 8640), (60, 10080), (420, 10000)], xFilesFactor=0.0)  # 7 min: no granularity
-    whisper.update_many(str(path), [(NOW - 30 * DAY, 1.0), (NOW - 50, 2.0)])
+    whisper.update_many(str(path), [(NOW - 30 * DAY, 1.0), (NOW - 50, 2.0)], now=NOW)
     data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
     assert data.unused_archives == 1
     assert data.points == 1 + 1 + 2  # the 7 min archive holds both points: it is read, not written
