@@ -29,12 +29,18 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+import pytest_twisted
 import whisper
 
+from gateway.cli import build_parser
+from gateway.config import build_config
 from gateway.downsample.aggregate import GAUGE, MAX_ONLY
+from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.store.blocks import decode_block
+from gateway.store.contract import RawPoint
 from gateway.store.layout import DAY_MS, HOUR_MS, Layout, parse_granularities
 from gateway.whisper_files import CorruptFile, file_data, read_archives
-from gateway.whisper_import import graphite_name
+from gateway.whisper_import import FileImporter, Job, graphite_name
 from tests.gatewayproc import REPO, run_tsgate
 from tests.graphiteweb import render_batch
 
@@ -330,3 +336,30 @@ def test_an_archive_no_table_can_take_is_counted(tmp_path):
     data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
     assert data.unused_archives == 1
     assert data.points == 1 + 1 + 2  # the 7 min archive holds both points: it is read, not written
+
+
+@pytest.fixture
+def store_layout() -> Layout:
+    return Layout(HOUR_MS, DAY_MS, parse_granularities("1m:7d,10m:365d", HOUR_MS))
+
+
+@pytest_twisted.ensureDeferred
+async def test_samples_the_store_holds_already_are_merged_in_and_win(tmp_path, sqlite_store, tenant):
+    """A gateway wrote the series meanwhile (a head row of the slot the import writes): the block
+    holds both, the gateway's value where both have a timestamp, and the head row counts as sealed."""
+    now = NOW - 600
+    path = tmp_path / "w" / "a" / "b.wsp"
+    path.parent.mkdir(parents=True)
+    whisper.create(str(path), SCHEMA)
+    whisper.update_many(str(path), [(now - 120, 1.0), (now - 60, 2.0)], now=now)
+    key = SeriesKey(tenant, series_set_hash(series_set_text("a.b", {})), "a.b", {})
+    await sqlite_store.write_series([key])
+    await sqlite_store.write_raw([RawPoint(tenant, key.series_set_hash, (now - 60) * 1000, 99.0)])
+    arguments = ["import", "whisper", str(tmp_path / "w"), "--raw-retention", "1d", "--granularities", "1m:7d,10m:365d"]
+    config = build_config(build_parser().parse_args(arguments))
+    importer = FileImporter(sqlite_store, Job(config, tmp_path / "w", tenant, "", now))
+    assert await importer.import_file("a/b.wsp") == (2, 0, None)  # xFilesFactor 0.5: nothing propagated
+    (found,) = await sqlite_store.read_raw(tenant, [key.series_set_hash], (now - DAY) * 1000, now * 1000)
+    assert len(found.head) == 0
+    (block,) = found.blocks
+    assert decode_block(block)[1].tolist() == [1.0, 99.0]
