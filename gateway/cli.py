@@ -325,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     whisper.add_argument(
         "--workers",
         dest="import_workers",
+        metavar="N",
         type=int,
         default=os.cpu_count() or 1,
         help="worker processes (default: the CPUs)",

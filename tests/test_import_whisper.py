@@ -11,7 +11,9 @@ method, which graphite-web ignores without ``maxDataPoints`` and tsgate uses for
 consolidates from raw samples and for the roll-up aggregate it reads (docs/operations.rst says
 why). Gaps inside the last day are whole 10 minutes: whisper's xFilesFactor decides a partly
 filled bucket of its coarser archives, tsgate's raw consolidation has none (documented, not
-compared here).
+compared here). The one case that differs, checked as documented: a ``sum`` file over a week
+without ``consolidateBy`` reads the last day's 1 min buckets as the average of their 10 s samples
+(graphite-web: the sum, six times as much).
 
 A second run skips every file; the corrupt file is reported (exit code 1) in both runs.
 """
@@ -141,12 +143,18 @@ def _requests(now: int) -> list[dict]:
     ]
 
 
+def _sum_file_without_consolidate_by(now: int) -> dict:
+    """The documented difference: a ``sum`` file over a week without ``consolidateBy``."""
+    start, end = _ranges(now)["week"]
+    return {"target": "servers.full.requests.count", "from": start, "until": end, "format": "json"}
+
+
 @pytest.fixture(scope="module")
 def graphite_answers(whisper_tree: Tree, tmp_path_factory) -> list[list[dict]]:
     answers = render_batch(
         tmp_path_factory.mktemp("graphiteweb"),
         {},
-        _requests(whisper_tree.now),
+        [*_requests(whisper_tree.now), _sum_file_without_consolidate_by(whisper_tree.now)],
         whisper_dir=whisper_tree.root,
         timeout=600,
     )
@@ -222,6 +230,26 @@ def test_imported_whisper_renders_as_graphite_web(
     )
     assert sorted(json.loads(tagged.body)) == sorted(f"servers.full.{metric}" for metric, _, _ in METRICS)
     _compare(gateway, tenant, graphite_answers, whisper_tree.now)
+    _check_the_documented_difference(gateway, tenant, graphite_answers[-1], whisper_tree.now)
+
+
+def _check_the_documented_difference(gateway, tenant: str, expected: list[dict], now: int) -> None:
+    """Without consolidateBy, tsgate averages the raw 10 s samples of the last day into the week's
+    1 min buckets where whisper's 1 min archive summed them (docs/operations.rst): there, and only
+    there (after the raw retention's start when the gateway reads), graphite-web's value is six
+    times tsgate's (every minute of the last day is whole)."""
+    request = _sum_file_without_consolidate_by(now)
+    answer = gateway.get("/render?" + urllib.parse.urlencode(request), headers={"X-Scope-OrgID": tenant})
+    ((mine,), (theirs,)) = json.loads(answer.body), expected
+    assert [t for _, t in mine["datapoints"]] == [t for _, t in theirs["datapoints"]]
+    averaged = 0
+    for (value, t), (reference, _) in zip(mine["datapoints"], theirs["datapoints"]):
+        if value is None or reference is None:
+            assert value is None and reference is None, t
+        elif not math.isclose(value, reference, rel_tol=1e-9):  # read from the imported 1 min roll-ups
+            assert math.isclose(value * 6, reference, rel_tol=1e-9) and t >= now - DAY, t
+            averaged += 1
+    assert averaged > 20 * 60
 
 
 LAYOUT = Layout(HOUR_MS, DAY_MS, parse_granularities("1m:7d,5m:14d,10m:365d", HOUR_MS))
