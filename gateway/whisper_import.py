@@ -300,7 +300,8 @@ class FileImporter:
             except InvalidSample as error:
                 return 0, 0, f"not a valid series name: {error}"
             except Exception as error:  # the store refused or timed out: again, after a while
-                failure = f"{type(error).__name__}: {error}"
+                cause = error.subFailure.value if isinstance(error, defer.FirstError) else error
+                failure = f"{type(cause).__name__}: {cause}"
             if attempt < STORE_ATTEMPTS:
                 await task.deferLater(reactor, attempt, lambda: None)
         return 0, 0, failure
