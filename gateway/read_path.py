@@ -77,8 +77,9 @@ def choose_granularity(layout: Layout, start_ms: int, now: int) -> Granularity |
 
 def rollup_samples(rows: Sequence[Rollup], aggregate: str, fallback: str | None = None) -> tuple[Samples, str | None]:
     """One aggregate of roll-up rows (avg is sum/count) as Samples; rows without it use
-    ``fallback`` (a counter has no avg, only last and increase). Returns the aggregate used."""
-    for wanted in filter(None, (aggregate, fallback)):
+    ``fallback`` (a counter has no avg, only last and increase), then the one a max-only or
+    min-only series keeps (a ``.max`` path holds max and count only). Returns the aggregate used."""
+    for wanted in dict.fromkeys(filter(None, (aggregate, fallback, "max", "min"))):
         points = [(row.timestamp_ms, value) for row in rows if (value := _aggregate(row, wanted)) is not None]
         if points:
             return samples.from_points(points), wanted

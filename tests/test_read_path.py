@@ -65,6 +65,17 @@ def test_counters_fall_back_to_their_last_value():
     assert rollup_samples(counter, "avg")[1] is None
 
 
+def test_max_and_min_only_series_read_their_own_aggregate():
+    """A ``.max`` path keeps only max and count in its roll-ups: asked for avg (Graphite's
+    default consolidation), it reads its maxima, as whisper's max-aggregated archive does."""
+    highest = [Rollup("t", "h", 0, max=7.0, count=3), Rollup("t", "h", 300_000, max=9.0, count=1)]
+    lowest = [Rollup("t", "h", 0, min=-2.0, count=2)]
+    found, used = rollup_samples(highest, "avg", "last")
+    assert (found.points(), used) == ([(0, 7.0), (300_000, 9.0)], "max")
+    found, used = rollup_samples(lowest, "avg", "last")
+    assert (found.points(), used) == ([(0, -2.0)], "min")
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_range_past_raw_retention_ends_with_the_newest_samples(sqlite_store):
     """Roll-up averages up to the raw retention's start (rounded up to a 5 m bucket), raw samples after."""
