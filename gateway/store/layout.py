@@ -104,3 +104,16 @@ class Layout:
             if granularity.name == name:
                 return granularity
         raise KeyError(name)
+
+
+class Retentions:
+    """The layout each tenant's data is written and swept with: the store's own, unless the
+    overrides file (gateway/overrides.py) gives a tenant its own retentions (``by_tenant``,
+    replaced whole on each reload)."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.by_tenant: dict[str, Layout] = {}
+
+    def for_tenant(self, tenant: str) -> Layout:
+        return self.by_tenant.get(tenant, self.layout)
