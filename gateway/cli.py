@@ -1,15 +1,18 @@
 """The ``tsgate`` command: ``serve`` runs the gateway; ``dev`` starts local Cassandra/Redis."""
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
 import sys
+from pathlib import Path
 
 from gateway import __version__
 from gateway.config import (
     DELETE_SETTINGS,
     DOWNSAMPLE_SETTINGS,
+    OVERRIDES_SETTINGS,
     SCHEMA_SETTINGS,
     ConfigError,
     add_arguments,
@@ -213,6 +216,26 @@ def _selector(labels: dict[str, str]) -> str:
     return f"{name}{{{inside}}}"
 
 
+def _overrides(namespace: argparse.Namespace) -> int:
+    """``overrides check FILE``: validate an overrides file as a reload would, without a server,
+    and print each tenant's effective values (JSON); exit 1 with the reason if it is refused."""
+    import json
+
+    from gateway.overrides import Overrides, OverridesError
+
+    config = build_config(namespace)
+    overrides = Overrides(dataclasses.replace(config, overrides=namespace.file))
+    try:
+        overrides.load()
+    except OverridesError as error:
+        print(f"tsgate overrides check: {namespace.file}: {error}", file=sys.stderr)
+        return 1
+    shown = overrides.shown()
+    print(json.dumps({"defaults": shown["defaults"], "tenants": shown["tenants"]}, indent=2))
+    print(f"{namespace.file}: ok, {len(shown['tenants'])} tenants with their own values", file=sys.stderr)
+    return 0
+
+
 def _auth(namespace: argparse.Namespace) -> int:
     """``auth hash-token`` / ``auth hash-password``: the hash of a secret read from stdin, as the
     ``--auth-file`` line to paste (``sha256 = "..."``, ``password = "..."``); the secret itself is
@@ -293,6 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     add_arguments(delete, DELETE_SETTINGS)
     delete.set_defaults(func=_delete)
+    overrides = commands.add_parser("overrides", help="check a per-tenant overrides file (--overrides)")
+    overrides.add_argument("action", choices=["check"])
+    overrides.add_argument("file", type=Path, help="the overrides file (TOML)")
+    add_arguments(overrides, OVERRIDES_SETTINGS)
+    overrides.set_defaults(func=_overrides)
     auth = commands.add_parser(
         "auth", help="hash a bearer token or a password (read from stdin) into a line of an --auth-file"
     )
