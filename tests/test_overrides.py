@@ -13,7 +13,9 @@ from prometheus_client import REGISTRY
 from gateway.cli import build_parser
 from gateway.config import build_config
 from gateway.limits import RateLimited, TenantLimits
+from gateway.model import SeriesKey
 from gateway.overrides import Overrides, OverridesError, parse_overrides
+from gateway.read_path import ReadPath
 from gateway.store.contract import RawPoint, Rollup
 from gateway.store.layout import DAY_MS, HOUR_MS, Layout
 from gateway.store.sqlite import SQLiteStore
@@ -227,3 +229,24 @@ def test_overrides_check_validates_a_file_without_a_server(tmp_path):
     )
     assert refused.returncode == 1
     assert "tenant 'small': raw-retention: 'forever' is not a duration" in refused.stderr
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_read_path_switches_to_roll_ups_at_each_tenants_raw_retention(sqlite_store, tmp_path):
+    """A tenant with raw-retention 2h reads a roll-up 3 h back, where the others (7d) read raw."""
+    config = tmp_path / "overrides.toml"
+    config.write_text('[tenants.short]\nraw-retention = "2h"\n')
+    sqlite_store.retentions = overrides_on(config).retentions
+    now = 100 * HOUR_MS
+    reader = ReadPath(sqlite_store, clock=lambda: now)
+    fine = sqlite_store.layout.granularity("5m")
+    for tenant in ("short", "long"):
+        await sqlite_store.write_raw(
+            [RawPoint(tenant, "h", now - 3 * HOUR_MS, 1.0), RawPoint(tenant, "h", now - HOUR_MS, 2.0)]
+        )
+        await sqlite_store.write_rollups(fine, [Rollup(tenant, "h", now - 3 * HOUR_MS, sum=5.0, count=1)])
+    assert reader.rollup_for(now - 3 * HOUR_MS, "short") == fine
+    assert reader.rollup_for(now - 3 * HOUR_MS, "long") is None
+    for tenant, first, aggregate in (("short", 5.0, "avg"), ("long", 1.0, None)):
+        (found,) = await reader.read([SeriesKey(tenant, "h", "m", {})], now - 4 * HOUR_MS, now)
+        assert (found.samples.values.tolist(), found.aggregate) == ([first, 2.0], aggregate)

@@ -85,17 +85,16 @@ class PromQLService:
             query, data, guard.deadline, histograms, guard.max_samples, guard.cancelled, guard.setting
         )
         value = await threads.deferToThread(evaluator.result, expr, times)
-        return value, self._rollup_warnings(needs) + evaluator.warnings
+        return value, self._rollup_warnings(tenant, needs) + evaluator.warnings
 
-    def _rollup_warnings(self, needs: dict) -> list[str]:
+    def _rollup_warnings(self, tenant: str, needs: dict) -> list[str]:
         """Say so when samples before the raw retention came from roll-ups (docs/promql.rst)."""
         earliest = min((low for _, low, _ in needs.values()), default=None)
-        granularity = self.planner.reader.rollup_for(earliest) if earliest is not None else None
+        granularity = self.planner.reader.rollup_for(earliest, tenant) if earliest is not None else None
         if granularity is None:
             return []
-        boundary = datetime.fromtimestamp(
-            self.planner.reader.clock() / 1000 - self.store.layout.raw_retention_ms / 1000, UTC
-        )
+        raw_retention_ms = self.store.retentions.for_tenant(tenant).raw_retention_ms
+        boundary = datetime.fromtimestamp(self.planner.reader.clock() / 1000 - raw_retention_ms / 1000, UTC)
         return [
             f"samples before {boundary:%Y-%m-%dT%H:%M:%SZ} (past --raw-retention) are {granularity.name} roll-ups:"
             " one point per bucket, the average for gauges, the last value for counters"
