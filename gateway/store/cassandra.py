@@ -888,7 +888,7 @@ class CassandraStore(Store):
         blocks cut one compare-and-set at a time (cut_blocks), then range deletes of the
         partitions that have rows: head rows of slots written, exemplars read in the range,
         histograms and their roll-ups by histogram_series, every roll-up partition of the range."""
-        layout, now = self.layout, int(time.time() * 1000)
+        layout, now = self.retentions.widest(), int(time.time() * 1000)  # as far back as any tenant's rows
         width = self.slot_width_ms
         raw_start = max(start_ms, now - layout.raw_retention_ms - layout.block_partition_width_ms)
         deletes: list[tuple[Any, tuple]] = []

@@ -117,3 +117,16 @@ class Retentions:
 
     def for_tenant(self, tenant: str) -> Layout:
         return self.by_tenant.get(tenant, self.layout)
+
+    def widest(self) -> Layout:
+        """Each retention at its longest over every tenant: how far back any tenant's data reaches."""
+        layouts = [self.layout, *self.by_tenant.values()]
+        return dataclasses.replace(
+            self.layout,
+            raw_retention_ms=max(layout.raw_retention_ms for layout in layouts),
+            exemplar_retention_ms=max(layout.exemplar_retention_ms for layout in layouts),
+            granularities=tuple(
+                g._replace(retention_ms=max(layout.granularity(g.name).retention_ms for layout in layouts))
+                for g in self.layout.granularities
+            ),
+        )
