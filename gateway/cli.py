@@ -102,11 +102,13 @@ def _downsample(namespace: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     from twisted.internet import defer, task
 
+    from gateway.overrides import attach
     from gateway.service import DownsampleRole, start_store
     from gateway.store import open_store
 
     async def once(reactor):
         store = open_store(config.store_url, config.layout)
+        attach(config, store)  # the sweep deletes each tenant's rows past its own retentions
         role = DownsampleRole(config, store)
         try:
             await start_store(config, store, role.pending)
@@ -149,6 +151,7 @@ def _delete(namespace: argparse.Namespace) -> int:
 
     from gateway.deletes import Deleter
     from gateway.downsample.pending import PendingMarks
+    from gateway.overrides import attach
     from gateway.query import QueryPlanner
     from gateway.service import pending_tracker, start_store
     from gateway.store import open_store
@@ -156,6 +159,7 @@ def _delete(namespace: argparse.Namespace) -> int:
 
     async def run(reactor):
         store = open_store(config.store_url, config.layout)
+        attach(config, store)  # a tenant's data may reach back as far as its own retentions
         shared_seen = None
         if config.redis:
             from gateway.metadata_cache import RedisSeenSeries

@@ -34,6 +34,7 @@ from twisted.internet.task import LoopingCall
 
 from gateway import metrics
 from gateway.model import InvalidSample, validate_tenant
+from gateway.store.contract import Store
 from gateway.store.layout import Layout, Retentions
 from protocols.timespec import parse_duration
 
@@ -253,6 +254,15 @@ class Overrides:
             "tenants": {tenant: _readable(values) for tenant, values in sorted(self.effective.items())},
             "overridden": {tenant: sorted(values) for tenant, values in sorted(self.by_tenant.items())},
         }
+
+
+def attach(config: "Config", store: Store) -> Overrides:
+    """``config``'s overrides file loaded (OverridesError if refused), and ``store`` writing,
+    sweeping and deleting each tenant with its own retentions."""
+    overrides = Overrides(config)
+    overrides.load()
+    store.retentions = overrides.retentions
+    return overrides
 
 
 class OverridesWatch:

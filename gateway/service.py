@@ -45,7 +45,7 @@ from gateway.http.server import BodyDeadline, Router, Site
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
-from gateway.overrides import Overrides, OverridesWatch
+from gateway.overrides import Overrides, OverridesWatch, attach
 from gateway.promql.engine import QueryText
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
@@ -68,9 +68,7 @@ class Gateway:
         self.config = config
         self.inherited = inherited or {}
         self.store = open_store(config.store_url, config.layout)
-        self.overrides = Overrides(config)
-        self.overrides.load()
-        self.store.retentions = self.overrides.retentions
+        self.overrides = attach(config, self.store)
         self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
         self.downsample = DownsampleRole(config, self.store)
         self.pending = self.downsample.pending
