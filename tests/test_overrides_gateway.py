@@ -9,6 +9,7 @@ import urllib.parse
 
 import pytest_twisted
 
+from gateway.http.auth import hash_token
 from gateway.store.cassandra import CassandraStore
 from gateway.store.contract import ExemplarRow, HistogramRow, Rollup
 from gateway.store.layout import DAY_MS, HOUR_MS, Layout, Retentions, parse_granularities
@@ -157,3 +158,18 @@ async def test_cassandra_rows_are_written_with_their_tenants_retention_as_ttl(ca
                 assert wanted[what] * 86_400 - 120 <= found <= wanted[what] * 86_400, (owner, what, found)
     finally:
         cluster.shutdown()
+
+
+def test_with_an_auth_file_the_overrides_need_the_admin_role(start_gateway, tenant, tmp_path):
+    lines = []
+    for name, roles in (("reader", '["write", "read"]'), ("operator", '["admin"]')):
+        lines += ["[[tokens]]", f'name = "{name}"', f'sha256 = "{hash_token(name + "-token")}"']
+        lines += [f'tenant = "{tenant}"', f"roles = {roles}", ""]
+    (tmp_path / "auth.toml").write_text("\n".join(lines))
+    limits_file(tmp_path / "overrides.toml", tenant, active=2, points=5)
+    gateway = start_gateway("--auth-file", str(tmp_path / "auth.toml"), "--overrides", str(tmp_path / "overrides.toml"))
+    assert gateway.get("/api/v1/admin/overrides").status == 401
+    assert gateway.get("/api/v1/admin/overrides", headers={"Authorization": "Bearer reader-token"}).status == 403
+    shown = gateway.get("/api/v1/admin/overrides", headers={"Authorization": "Bearer operator-token"})
+    assert shown.status == 200, shown.body
+    assert shown.json()["data"]["overridden"] == {tenant: ["max-points-per-query", "tenant-max-active-series"]}
