@@ -173,3 +173,21 @@ def test_with_an_auth_file_the_overrides_need_the_admin_role(start_gateway, tena
     shown = gateway.get("/api/v1/admin/overrides", headers={"Authorization": "Bearer operator-token"})
     assert shown.status == 200, shown.body
     assert shown.json()["data"]["overridden"] == {tenant: ["max-points-per-query", "tenant-max-active-series"]}
+
+
+def test_sighup_to_the_supervisor_reloads_every_worker(start_gateway, tenant, tmp_path):
+    path = tmp_path / "overrides.toml"
+    limits_file(path, tenant, active=2, points=5)
+    gateway = start_gateway("--workers", "2", "--overrides", str(path), "--query-executors", "1")
+    deadline = time.monotonic() + 30
+    while gateway.log().count(") ready") < 2:
+        assert time.monotonic() < deadline, gateway.log()
+        time.sleep(0.2)
+    limits_file(path, tenant, active=3, points=5)
+    gateway.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while gateway.log().count("reloaded (SIGHUP)") < 2:
+        assert time.monotonic() < deadline, gateway.log()
+        time.sleep(0.2)
+    assert "[worker 0 pid" in gateway.log() and "died" not in gateway.log()
+    assert gateway.process.poll() is None
