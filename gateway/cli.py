@@ -1,6 +1,7 @@
 """The ``tsgate`` command: ``serve`` runs the gateway; ``dev`` starts local Cassandra/Redis."""
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -12,6 +13,7 @@ from gateway.config import (
     DELETE_SETTINGS,
     DOWNSAMPLE_SETTINGS,
     IMPORT_SETTINGS,
+    OVERRIDES_SETTINGS,
     SCHEMA_SETTINGS,
     ConfigError,
     add_arguments,
@@ -101,11 +103,13 @@ def _downsample(namespace: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     from twisted.internet import defer, task
 
+    from gateway.overrides import attach
     from gateway.service import DownsampleRole, start_store
     from gateway.store import open_store
 
     async def once(reactor):
         store = open_store(config.store_url, config.layout)
+        attach(config, store)  # the sweep deletes each tenant's rows past its own retentions
         role = DownsampleRole(config, store)
         try:
             await start_store(config, store, role.pending)
@@ -148,6 +152,7 @@ def _delete(namespace: argparse.Namespace) -> int:
 
     from gateway.deletes import Deleter
     from gateway.downsample.pending import PendingMarks
+    from gateway.overrides import attach
     from gateway.query import QueryPlanner
     from gateway.service import pending_tracker, start_store
     from gateway.store import open_store
@@ -155,6 +160,7 @@ def _delete(namespace: argparse.Namespace) -> int:
 
     async def run(reactor):
         store = open_store(config.store_url, config.layout)
+        attach(config, store)  # a tenant's data may reach back as far as its own retentions
         shared_seen = None
         if config.redis:
             from gateway.metadata_cache import RedisSeenSeries
@@ -234,6 +240,26 @@ def _selector(labels: dict[str, str]) -> str:
     name = labels.pop("__name__", "")
     inside = ", ".join(f"{key}={value!r}".replace("'", '"') for key, value in sorted(labels.items()))
     return f"{name}{{{inside}}}"
+
+
+def _overrides(namespace: argparse.Namespace) -> int:
+    """``overrides check FILE``: validate an overrides file as a reload would, without a server,
+    and print each tenant's effective values (JSON); exit 1 with the reason if it is refused."""
+    import json
+
+    from gateway.overrides import Overrides, OverridesError
+
+    config = build_config(namespace)
+    overrides = Overrides(dataclasses.replace(config, overrides=namespace.file))
+    try:
+        overrides.load()
+    except OverridesError as error:
+        print(f"tsgate overrides check: {namespace.file}: {error}", file=sys.stderr)
+        return 1
+    shown = overrides.shown()
+    print(json.dumps({"defaults": shown["defaults"], "tenants": shown["tenants"]}, indent=2))
+    print(f"{namespace.file}: ok, {len(shown['tenants'])} tenants with their own values", file=sys.stderr)
+    return 0
 
 
 def _auth(namespace: argparse.Namespace) -> int:
@@ -335,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(whisper, IMPORT_SETTINGS)
     whisper.set_defaults(func=_import_whisper)
+    overrides = commands.add_parser("overrides", help="check a per-tenant overrides file (--overrides)")
+    overrides.add_argument("action", choices=["check"])
+    overrides.add_argument("file", type=Path, help="the overrides file (TOML)")
+    add_arguments(overrides, OVERRIDES_SETTINGS)
+    overrides.set_defaults(func=_overrides)
     auth = commands.add_parser(
         "auth", help="hash a bearer token or a password (read from stdin) into a line of an --auth-file"
     )

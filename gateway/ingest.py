@@ -355,12 +355,15 @@ class IngestPipeline:
         if not refused:
             return admitted
         limit = self.tenant_limits.max_active_series
-        problem = f"a new series over the tenant's limit of {limit} active series (--tenant-max-active-series)"
+        problems = {
+            tenant: f"a new series over the tenant's limit of {limit(tenant)} active series ({limit.setting(tenant)})"
+            for tenant in refused
+        }
         rows, series, rejected = [], [], list(admitted.rejected)
         for row, owner in zip(admitted.rows, admitted.series):
             tenant, hash_, index = owner
             if hash_ in refused.get(tenant, ()):
-                rejected.append(Rejected(index, "series", problem, ACTIVE_SERIES_LIMITED))
+                rejected.append(Rejected(index, "series", problems[tenant], ACTIVE_SERIES_LIMITED))
             else:
                 rows.append(row)
                 series.append(owner)

@@ -44,6 +44,14 @@ RATE_LIMITED = Counter(
 CANCELLED_REQUESTS = Counter(
     "tsgate_cancelled_requests", "HTTP requests whose work was cancelled because the client closed the connection"
 )
+OVERRIDES_RELOAD_FAILURES = Counter(
+    "tsgate_overrides_reload_failures", "Overrides files refused on reload (--overrides; the last good one stays)"
+)
+OVERRIDES_LOADED_AT = Gauge(
+    "tsgate_overrides_last_reload_success_timestamp_seconds",
+    "When the overrides file in use was loaded (--overrides); the oldest over the live processes",
+    multiprocess_mode="livemin",
+)
 GRAPHITE_PENDING = Gauge(
     "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"
 )

@@ -14,7 +14,7 @@ import logging
 import ssl
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote
 
@@ -33,7 +33,13 @@ from gateway.metadata_cache import LRUMap
 from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
-from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
+from gateway.store.cassandra_schema import (
+    SchemaOptions,
+    histogram_retention_ms,
+    keyspace_statement,
+    table_statements,
+    upgrade_statements,
+)
 from gateway.store.contract import (
     ROLLUP_COLUMN_SETS,
     ROLLUP_COLUMNS,
@@ -422,7 +428,7 @@ class CassandraStore(Store):
         return f"-- indexed {count} histogram partitions written before the upgrade in histogram_series"
 
     def _prepare_all(self) -> None:
-        ks, ttl = self.keyspace, self.ttl_s
+        ks = self.keyspace
         texts = {
             "tenant": f"INSERT INTO {ks}.tenants (tenant) VALUES (?)",
             "metric_name": f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (?, ?)",
@@ -449,17 +455,17 @@ class CassandraStore(Store):
             "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL ?",
             "head_written": f"UPDATE {ks}.data_blocks USING TTL ? SET written_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
             "head_sealed": f"UPDATE {ks}.data_blocks USING TTL ? SET sealed_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
-            "write_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
+            "write_block": f"UPDATE {ks}.data_blocks USING TTL ? SET block = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
             "read_slots": f"SELECT series_set_hash, time_slot, block, written_at, sealed_at FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash IN ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
             "read_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
-            "write_exemplar": f"INSERT INTO {ks}.exemplars (tenant, series_set_hash, time_slot, ts, labels, value) VALUES (?, ?, ?, ?, ?, ?)",
+            "write_exemplar": f"INSERT INTO {ks}.exemplars (tenant, series_set_hash, time_slot, ts, labels, value) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?",
             "read_exemplars": (
                 f"SELECT series_set_hash, ts, value, labels FROM {ks}.exemplars WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ?"
                 f" PER PARTITION LIMIT {self.layout.max_exemplars_per_series}"
             ),
-            "write_histogram": f"INSERT INTO {ks}.histograms (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?)",
+            "write_histogram": f"INSERT INTO {ks}.histograms (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?) USING TTL ?",
             "read_histograms": f"SELECT series_set_hash, ts, data FROM {ks}.histograms WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
-            "write_histogram_series": f"INSERT INTO {ks}.histogram_series (tenant, source, time_slot, series_set_hash) VALUES (?, ?, ?, ?)",
+            "write_histogram_series": f"INSERT INTO {ks}.histogram_series (tenant, source, time_slot, series_set_hash) VALUES (?, ?, ?, ?) USING TTL ?",
             "read_histogram_series": f"SELECT time_slot, series_set_hash FROM {ks}.histogram_series WHERE tenant = ? AND source IN ? AND time_slot IN ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
@@ -472,10 +478,9 @@ class CassandraStore(Store):
         }
         texts.update(self._delete_statements())
         for granularity in self.layout.granularities:
-            table, ttl_g = granularity.table, granularity.retention_ms // 1000
-            histogram_table = granularity.histogram_table
+            table, histogram_table = granularity.table, granularity.histogram_table
             texts[f"write_{histogram_table}"] = (
-                f"INSERT INTO {ks}.{histogram_table} (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?) USING TTL {ttl_g}"
+                f"INSERT INTO {ks}.{histogram_table} (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?) USING TTL ?"
             )
             texts[f"read_{histogram_table}"] = (
                 f"SELECT series_set_hash, ts, data FROM {ks}.{histogram_table}"
@@ -488,7 +493,7 @@ class CassandraStore(Store):
             for columns in ROLLUP_COLUMN_SETS:
                 assignments = ", ".join(f"{c} = ?" for c in columns)
                 texts[f"write_{table}_{'_'.join(columns)}"] = (
-                    f"UPDATE {ks}.{table} USING TTL {ttl_g} SET {assignments}"
+                    f"UPDATE {ks}.{table} USING TTL ? SET {assignments}"
                     " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts = ?"
                 )
         for name, text in texts.items():
@@ -568,15 +573,22 @@ class CassandraStore(Store):
             lambda rows: [r.metric_name for r in rows]
         )
 
+    def _ttl_s(self, tenant: str, retention: Callable[[Layout], int]) -> int:
+        """The TTL of a row of ``tenant`` written now: ``retention`` of its layout (its own with
+        --overrides, else the flags'). Rows written before keep the TTL they were written with."""
+        return retention(self.retentions.for_tenant(tenant)) // 1000
+
     def write_rollups(self, granularity, rows):
-        """An UPDATE of only the aggregates a row has, so no tombstones are written for the rest."""
-        width = granularity.partition_width_ms
+        """An UPDATE of only the aggregates a row has, so no tombstones are written for the rest;
+        each row with its tenant's retention of the granularity."""
+        width, name = granularity.partition_width_ms, granularity.name
         requests = []
         for row in rows:
             columns = tuple(c for c in ROLLUP_COLUMNS if getattr(row, c) is not None)
             statement = self._statements[f"write_{granularity.table}_{'_'.join(columns)}"]
             key = (row.tenant, row.series_set_hash, time_slot(row.timestamp_ms, width), row.timestamp_ms)
-            requests.append((statement, (*(getattr(row, c) for c in columns), *key)))
+            ttl = self._ttl_s(row.tenant, lambda layout: layout.granularity(name).retention_ms)
+            requests.append((statement, (ttl, *(getattr(row, c) for c in columns), *key)))
         return self._execute_all(self._batched(requests))
 
     def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
@@ -708,7 +720,8 @@ class CassandraStore(Store):
         skew), so readers skip the head rows it holds. Head rows are left to their TTL: deleting
         them would write tombstones."""
         key = (tenant, series_set_hash, time_slot(slot_ms, self.layout.block_partition_width_ms), slot_ms)
-        written = self._execute(self._statements["write_block"], (block, *key))
+        ttl = self._ttl_s(tenant, lambda layout: layout.raw_retention_ms)
+        written = self._execute(self._statements["write_block"], (ttl, block, *key))
         ttl_s = (self.layout.head_ttl_ms(slot_ms, head_read_ms) + WRITTEN_AT_MARGIN_MS) // 1000
         margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
         return written.addCallback(
@@ -716,7 +729,7 @@ class CassandraStore(Store):
         )
 
     def write_exemplars(self, exemplars):
-        """Rows with the table's TTL (--exemplar-retention); the per-series cap applies on reading."""
+        """Rows with their tenant's --exemplar-retention; the per-series cap applies on reading."""
         statement, width = self._statements["write_exemplar"], self.slot_width_ms
         requests = [
             (
@@ -728,6 +741,7 @@ class CassandraStore(Store):
                     e.timestamp_ms,
                     exemplar_labels_text(e.labels),
                     e.value,
+                    self._ttl_s(e.tenant, lambda layout: layout.exemplar_retention_ms),
                 ),
             )
             for e in exemplars
@@ -764,9 +778,13 @@ class CassandraStore(Store):
         return _slot_requests(statement, tenant, hashes, slots, *more)
 
     def write_histograms(self, histograms):
-        """Rows with the table's TTL (--raw-retention)."""
+        """Rows with their tenant's --raw-retention."""
         return self._write_histogram_table(
-            "histograms", self._statements["write_histogram"], self.slot_width_ms, histograms
+            "histograms",
+            self._statements["write_histogram"],
+            self.slot_width_ms,
+            histograms,
+            lambda layout: layout.raw_retention_ms,
         )
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
@@ -775,10 +793,14 @@ class CassandraStore(Store):
         )
 
     def write_histogram_rollups(self, granularity, rows):
-        """Rows with the granularity's TTL."""
-        table = granularity.histogram_table
+        """Rows with their tenant's retention of the granularity."""
+        table, name = granularity.histogram_table, granularity.name
         return self._write_histogram_table(
-            table, self._statements[f"write_{table}"], granularity.partition_width_ms, rows
+            table,
+            self._statements[f"write_{table}"],
+            granularity.partition_width_ms,
+            rows,
+            lambda layout: layout.granularity(name).retention_ms,
         )
 
     def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
@@ -787,16 +809,22 @@ class CassandraStore(Store):
             table, self._statements[f"read_{table}"], granularity.partition_width_ms, tenant, hashes, start_ms, end_ms
         )
 
-    def _write_histogram_table(self, table: str, statement, width: int, histograms):
-        """The rows and, in the same requests, their series-slots in histogram_series (rewritten
-        each time, so the index lives as long as the newest row it points at)."""
+    def _write_histogram_table(self, table: str, statement, width: int, histograms, retention: Callable[[Layout], int]):
+        """The rows (kept their tenant's ``retention``) and, in the same requests, their
+        series-slots in histogram_series (rewritten each time, so the index lives as long as the
+        newest row it points at: the tenant's longest histogram retention)."""
+        ttls = {tenant: self._ttl_s(tenant, retention) for tenant in {h.tenant for h in histograms}}
         requests: list[tuple[Any, tuple]] = [
-            (statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data))
+            (
+                statement,
+                (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data, ttls[h.tenant]),
+            )
             for h in histograms
         ]
         indexed = {(h.tenant, time_slot(h.timestamp_ms, width), h.series_set_hash) for h in histograms}
         index = self._statements["write_histogram_series"]
-        requests += [(index, (tenant, table, slot, hash_)) for tenant, slot, hash_ in sorted(indexed)]
+        kept = {tenant: self._ttl_s(tenant, histogram_retention_ms) for tenant in ttls}
+        requests += [(index, (tenant, table, slot, hash_, kept[tenant])) for tenant, slot, hash_ in sorted(indexed)]
         return self._execute_all(self._batched(requests))
 
     def _read_histogram_table(self, table: str, statement, width: int, tenant, hashes, start_ms, end_ms):
@@ -835,7 +863,7 @@ class CassandraStore(Store):
 
     def _delete_statements(self) -> dict[str, str]:
         """The statements of deletes (delete_samples, delete_index_rows, write_path_flags)."""
-        ks, ttl = self.keyspace, self.ttl_s
+        ks = self.keyspace
         block_key = "tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?"
         by_ts = "tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
         tables = ["data_raw", "exemplars", "histograms"]
@@ -843,7 +871,7 @@ class CassandraStore(Store):
             tables += [granularity.table, granularity.histogram_table]
         return {
             "read_block": f"SELECT block FROM {ks}.data_blocks WHERE {block_key}",
-            "cut_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE {block_key} IF block = ?",
+            "cut_block": f"UPDATE {ks}.data_blocks USING TTL ? SET block = ? WHERE {block_key} IF block = ?",
             "path_flags": f"UPDATE {ks}.graphite_paths SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
             **{f"delete_range_{table}": f"DELETE FROM {ks}.{table} WHERE {by_ts}" for table in tables},
             **{
@@ -860,7 +888,7 @@ class CassandraStore(Store):
         blocks cut one compare-and-set at a time (cut_blocks), then range deletes of the
         partitions that have rows: head rows of slots written, exemplars read in the range,
         histograms and their roll-ups by histogram_series, every roll-up partition of the range."""
-        layout, now = self.layout, int(time.time() * 1000)
+        layout, now = self.retentions.widest(), int(time.time() * 1000)  # as far back as any tenant's rows
         width = self.slot_width_ms
         raw_start = max(start_ms, now - layout.raw_retention_ms - layout.block_partition_width_ms)
         deletes: list[tuple[Any, tuple]] = []
@@ -933,7 +961,8 @@ class CassandraStore(Store):
             cut = await threads.deferToThread(cut_block, block, start_ms, end_ms)
             if cut is block:
                 return
-            (row,) = await self._execute(self._statements["cut_block"], (cut, *key, block))
+            ttl = self._ttl_s(key[0], lambda layout: layout.raw_retention_ms)
+            (row,) = await self._execute(self._statements["cut_block"], (ttl, cut, *key, block))
             if row[0]:
                 return
             found = await self._execute(self._statements["read_block"], key)

@@ -55,7 +55,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.deletion import remove_from_index
-from gateway.store.layout import Granularity, Layout
+from gateway.store.layout import Granularity, Layout, Retentions
 
 
 class RawPoint(NamedTuple):
@@ -183,6 +183,8 @@ class Store(abc.ABC):
     def __init__(self, layout: Layout):
         self.layout = layout
         self.slot_width_ms = layout.slot_width_ms
+        # Each tenant's retentions for what is written from now on and for the sweep (--overrides).
+        self.retentions = Retentions(layout)
 
     @abc.abstractmethod
     def start(self) -> Deferred:

@@ -104,3 +104,29 @@ class Layout:
             if granularity.name == name:
                 return granularity
         raise KeyError(name)
+
+
+class Retentions:
+    """The layout each tenant's data is written and swept with: the store's own, unless the
+    overrides file (gateway/overrides.py) gives a tenant its own retentions (``by_tenant``,
+    replaced whole on each reload)."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.by_tenant: dict[str, Layout] = {}
+
+    def for_tenant(self, tenant: str) -> Layout:
+        return self.by_tenant.get(tenant, self.layout)
+
+    def widest(self) -> Layout:
+        """Each retention at its longest over every tenant: how far back any tenant's data reaches."""
+        layouts = [self.layout, *self.by_tenant.values()]
+        return dataclasses.replace(
+            self.layout,
+            raw_retention_ms=max(layout.raw_retention_ms for layout in layouts),
+            exemplar_retention_ms=max(layout.exemplar_retention_ms for layout in layouts),
+            granularities=tuple(
+                g._replace(retention_ms=max(layout.granularity(g.name).retention_ms for layout in layouts))
+                for g in self.layout.granularities
+            ),
+        )

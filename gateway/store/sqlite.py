@@ -50,7 +50,7 @@ from gateway.store.contract import (
 )
 from gateway.store.deletion import INDEX_KEYS, bucket_range, cut_block
 from gateway.store.index import index_rows
-from gateway.store.layout import Layout
+from gateway.store.layout import Layout, Retentions
 
 SCHEMA_VERSION = 7
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
@@ -579,7 +579,7 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def sweep(self, now_ms):
-        return self._write(_sweep, self.layout, now_ms)
+        return self._write(_sweep, self.retentions, now_ms)
 
     def delete_samples(self, tenant, hashes, start_ms, end_ms):
         return self._write(_delete_samples, self.layout, tenant, list(hashes), start_ms, end_ms)
@@ -846,27 +846,52 @@ def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], 
     connection.execute("COMMIT")
 
 
-def _sweep(connection, layout: Layout, now_ms: int) -> None:
-    """Delete blocks, head rows and histograms older than the raw retention, and roll-ups (of samples and of
-    histograms) and exemplars older than theirs (by the samples' time), then return the freed pages to the file system."""
+def _sweep_statements(layout: Layout, now_ms: int, tenants: str, tenant_params: list) -> list[tuple[str, list]]:
+    """Deletes of blocks, head rows and histograms older than the raw retention, and roll-ups (of
+    samples and of histograms) and exemplars older than theirs (by the samples' time), of the
+    tenants the condition ``tenants`` (with ``tenant_params``) selects."""
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
     statements: list[tuple[str, list]] = [
-        ("DELETE FROM data_raw WHERE time_slot < ?", [(raw_before,)]),
-        ("DELETE FROM data_blocks WHERE time_slot < ?", [(raw_before,)]),
-        ("DELETE FROM histograms WHERE time_slot < ?", [(raw_before,)]),
-        ("DELETE FROM histogram_series WHERE source = 'histograms' AND time_slot < ?", [(raw_before,)]),
-        ("DELETE FROM exemplars WHERE ts < ?", [(now_ms - layout.exemplar_retention_ms,)]),
+        (f"DELETE FROM data_raw WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM data_blocks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM histograms WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (
+            f"DELETE FROM histogram_series WHERE source = 'histograms' AND time_slot < ? AND {tenants}",
+            [(raw_before, *tenant_params)],
+        ),
+        (
+            f"DELETE FROM exemplars WHERE ts < ? AND {tenants}",
+            [(now_ms - layout.exemplar_retention_ms, *tenant_params)],
+        ),
     ]
     for granularity in layout.granularities:
         for table in (granularity.table, granularity.histogram_table):
-            statements.append((f"DELETE FROM {table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
+            statements.append(
+                (
+                    f"DELETE FROM {table} WHERE ts < ? AND {tenants}",
+                    [(now_ms - granularity.retention_ms, *tenant_params)],
+                )
+            )
         # a partition slot whose whole width is past the retention has no rows left
+        oldest_partition = now_ms - granularity.retention_ms - granularity.partition_width_ms + 1
         statements.append(
             (
-                "DELETE FROM histogram_series WHERE source = ? AND time_slot < ?",
-                [(granularity.histogram_table, now_ms - granularity.retention_ms - granularity.partition_width_ms + 1)],
+                f"DELETE FROM histogram_series WHERE source = ? AND time_slot < ? AND {tenants}",
+                [(granularity.histogram_table, oldest_partition, *tenant_params)],
             )
         )
+    return statements
+
+
+def _sweep(connection, retentions: Retentions, now_ms: int) -> None:
+    """Delete what is past its retention: each tenant with retentions of its own (--overrides) by
+    them, every other tenant by the store's; then return the freed pages to the file system."""
+    by_tenant = retentions.by_tenant  # one reload's, even if another comes meanwhile
+    overridden = list(by_tenant)
+    others = f"tenant NOT IN ({', '.join('?' * len(overridden))})" if overridden else "1"
+    statements = _sweep_statements(retentions.layout, now_ms, others, overridden)
+    for tenant, layout in by_tenant.items():
+        statements += _sweep_statements(layout, now_ms, "tenant = ?", [tenant])
     _transaction(connection, statements)
     # incremental_vacuum frees one page per step, and Python's sqlite3 steps a statement without
     # result columns once: so one statement per free page, all in one transaction.
