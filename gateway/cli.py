@@ -218,6 +218,7 @@ def _delete(namespace: argparse.Namespace) -> int:
 def _import_whisper(namespace: argparse.Namespace) -> int:
     """``import whisper DIR``: carbon's whisper files into blocks and roll-ups (gateway/whisper_import.py)."""
     from gateway.model import InvalidSample, validate_tenant
+    from gateway.overrides import Overrides, OverridesError
     from gateway.whisper_import import run_import
 
     config = build_config(namespace)
@@ -229,6 +230,10 @@ def _import_whisper(namespace: argparse.Namespace) -> int:
         raise ConfigError(f"{namespace.directory} is not a directory")
     if namespace.import_workers < 1:
         raise ConfigError("--workers must be at least 1")
+    try:
+        Overrides(config).load()  # refused here, not once in every worker
+    except OverridesError as error:
+        raise ConfigError(f"--overrides: {error}") from None
     setup_logging(config.log_level)
     state_dir = namespace.state_dir or config.data_dir / "import-state"
     return run_import(

@@ -521,7 +521,7 @@ DOWNSAMPLE_SETTINGS = (
     "overrides",
 )
 DELETE_SETTINGS = (*DOWNSAMPLE_SETTINGS, "max-future", "max-series-per-query")
-IMPORT_SETTINGS = ("data-dir", *SCHEMA_SETTINGS, "counter-suffixes")
+IMPORT_SETTINGS = ("data-dir", *SCHEMA_SETTINGS, "counter-suffixes", "overrides")
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:

@@ -27,6 +27,7 @@ from gateway import samples
 from gateway.config import Config
 from gateway.downsample.aggregate import AGGREGATORS, series_kind
 from gateway.model import InvalidSample, Limits, SeriesKey, now_ms, series_set_hash, series_set_text, validate_series
+from gateway.overrides import attach
 from gateway.read_path import stitch_raw
 from gateway.store import open_store
 from gateway.store.blocks import encode_block
@@ -266,6 +267,7 @@ async def _work(job: Job, relatives: list[str], tasks, results) -> None:
     except Exception as error:
         results.put(("fatal", f"could not start the store: {error}"))
         return
+    attach(job.config, store)  # the tenant's own retentions: what is old enough to leave out, the TTLs
     importer = FileImporter(store, job)
 
     async def lane():
@@ -284,7 +286,7 @@ class FileImporter:
     def __init__(self, store, job: Job):
         self.store = store
         self.job = job
-        self.layout = job.config.layout
+        self.layout = store.retentions.for_tenant(job.tenant)
         self.limits = Limits()
         self.counter_suffixes = tuple(filter(None, job.config.counter_suffixes.split(",")))
 

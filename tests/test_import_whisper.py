@@ -38,6 +38,7 @@ from gateway.cli import build_parser
 from gateway.config import build_config
 from gateway.downsample.aggregate import GAUGE, MAX_ONLY
 from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.overrides import attach
 from gateway.store.blocks import decode_block
 from gateway.store.contract import RawPoint
 from gateway.store.layout import DAY_MS, HOUR_MS, Layout, parse_granularities
@@ -391,3 +392,25 @@ async def test_samples_the_store_holds_already_are_merged_in_and_win(tmp_path, s
     assert len(found.head) == 0
     (block,) = found.blocks
     assert decode_block(block)[1].tolist() == [1.0, 99.0]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_tenant_with_its_own_raw_retention_gets_raw_blocks_only_within_it(tmp_path, sqlite_store, tenant):
+    """--overrides gives the tenant 2 h of raw data: older points of the file go to roll-ups only."""
+    now = NOW - 600
+    path = tmp_path / "w" / "a.wsp"
+    path.parent.mkdir(parents=True)
+    whisper.create(str(path), SCHEMA, xFilesFactor=0.0)
+    whisper.update_many(str(path), [(now - 5 * 3600, 1.0), (now - 60, 2.0)], now=now)
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text(f'[tenants.{tenant}]\nraw-retention = "2h"\n')
+    arguments = ["import", "whisper", str(tmp_path / "w"), *LAYOUT_FLAGS, "--overrides", str(overrides)]
+    config = build_config(build_parser().parse_args(arguments))
+    attach(config, sqlite_store)
+    importer = FileImporter(sqlite_store, Job(config, tmp_path / "w", tenant, "", now))
+    assert (await importer.import_file("a.wsp"))[2] is None
+    key = series_set_hash(series_set_text("a", {}))
+    (found,) = await sqlite_store.read_raw(tenant, [key], (now - DAY) * 1000, now * 1000)
+    assert [decode_block(block)[1].tolist() for block in found.blocks] == [[2.0]]
+    rollups = await sqlite_store.read_rollups(config.layout.granularity("1m"), tenant, key, 0, now * 1000)
+    assert [row.sum for row in rollups] == [1.0, 2.0]
