@@ -2,8 +2,9 @@
 
 Every statement is prepared and runs asynchronously through one bounded request queue
 (cassandra_requests.py): each store call fires one Deferred on the reactor thread, so the
-reactor never waits on Cassandra. Writes of many rows go in UNLOGGED batches of rows that share
-a replica (_batched), so a request carries up to ROWS_PER_BATCH rows. Timeouts and unavailable
+reactor never waits on Cassandra. Head rows go in single-partition UNLOGGED batches (one
+mutation for up to HEAD_ROWS_PER_BATCH samples, _head_batches); other writes of many rows go in
+UNLOGGED batches of rows that share a replica (_batched), up to ROWS_PER_BATCH rows a request. Timeouts and unavailable
 replicas become StoreUnavailable (HTTP 503, so senders retry); the driver reconnects on its own
 when Cassandra comes back.
 """
@@ -45,6 +46,7 @@ from gateway.store.contract import (
     RawData,
     RawPoint,
     Rollup,
+    SealedBlock,
     Store,
     StoreUnavailable,
     exemplar_labels_text,
@@ -54,7 +56,7 @@ from gateway.store.contract import (
 )
 from gateway.store.deletion import INDEX_KEYS, bucket_range, cut_block
 from gateway.store.index import index_rows
-from gateway.store.layout import Layout
+from gateway.store.layout import Layout, head_shard
 from protocols.timespec import parse_duration
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,11 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 # (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance.rst measured it.
 ROWS_PER_BATCH = 50
 BATCH_VALUE_BYTES = 16 * 1024
+# A single-partition batch of data_head rows is one mutation, which Cassandra neither warns about
+# nor refuses by size (its batch thresholds are for batches over several partitions); the bounds
+# keep one mutation far under the commit log's limit (half a segment) and a request short.
+HEAD_ROWS_PER_BATCH = 1000
+HEAD_BATCH_VALUE_BYTES = 128 * 1024
 
 # A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
 # series-slots are remembered as having a fresh written_at. A seal records the time it read the head
@@ -358,6 +365,7 @@ class CassandraStore(Store):
             for table, column, cql_type in (
                 ("metric_names", "aggregators", "set<text>"),
                 ("series_set_hashes", "created_ms", "bigint"),
+                ("data_blocks", "head_written_at", "bigint"),
             ):
                 existing = {
                     row.column_name
@@ -446,12 +454,12 @@ class CassandraStore(Store):
             "get_aggregators": f"SELECT aggregators FROM {ks}.metric_names WHERE tenant = ? AND metric_name = ?",
             "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
-            "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL ?",
-            "head_written": f"UPDATE {ks}.data_blocks USING TTL ? SET written_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
-            "head_sealed": f"UPDATE {ks}.data_blocks USING TTL ? SET sealed_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
-            "write_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
-            "read_slots": f"SELECT series_set_hash, time_slot, block, written_at, sealed_at FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash IN ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
-            "read_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
+            "head": f"INSERT INTO {ks}.data_head (tenant, slice, shard, series_set_hash, ts, value) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?",
+            "head_written": f"UPDATE {ks}.data_blocks USING TTL ? SET head_written_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
+            "write_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ?, sealed_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
+            "read_slots": f"SELECT series_set_hash, time_slot, block, written_at, head_written_at, sealed_at FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash IN ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
+            "read_head": f"SELECT series_set_hash, ts, value FROM {ks}.data_head WHERE tenant = ? AND slice IN ? AND shard = ? AND series_set_hash IN ? AND ts >= ? AND ts <= ?",
+            "read_legacy_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
             "write_exemplar": f"INSERT INTO {ks}.exemplars (tenant, series_set_hash, time_slot, ts, labels, value) VALUES (?, ?, ?, ?, ?, ?)",
             "read_exemplars": (
                 f"SELECT series_set_hash, ts, value, labels FROM {ks}.exemplars WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ?"
@@ -623,25 +631,33 @@ class CassandraStore(Store):
         return self._execute(self._statements["get_metric_metadata"], (tenant, metric_name)).addCallback(first)
 
     def write_raw(self, points: Sequence[RawPoint]):
-        """Head rows, each with the TTL of its slot, and the slot's ``written_at`` in data_blocks
-        where this process has not written it lately (read_raw finds head rows through it)."""
-        statement = self._statements["raw"]
-        width, now = self.slot_width_ms, int(time.time() * 1000)
-        ttls: dict[int, int] = {}
-        rows = []
-        for tenant, hash_, timestamp, value in sorted(points):
-            slot = timestamp - timestamp % width
-            ttl = ttls.get(slot)
-            if ttl is None:
-                ttl = ttls[slot] = self.layout.head_ttl_ms(slot, now) // 1000 + 1
-            rows.append((statement, (tenant, hash_, slot, timestamp, value, ttl)))
+        """Head rows, each with the TTL of its slot, grouped by data_head partition (tenant, slice,
+        shard) into single-partition UNLOGGED batches, and the slot's ``head_written_at`` in
+        data_blocks where this process has not written it lately (read_raw finds head rows through it).
+        Where a request holds one (series, ts) twice, its last value is written."""
+        statement: Any = self._statements["head"]
+        layout, now = self.layout, int(time.time() * 1000)
+        width, slice_width = self.slot_width_ms, layout.head_slice_ms
+        partitions: dict[tuple[str, int, int], dict[tuple[str, int], float]] = defaultdict(dict)
+        shards: dict[str, int] = {}
+        for tenant, hash_, timestamp, value in points:
+            shard = shards.get(hash_)
+            if shard is None:
+                shard = shards[hash_] = head_shard(hash_)
+            partitions[(tenant, timestamp - timestamp % slice_width, shard)][(hash_, timestamp)] = value
+        batches = []
+        for (tenant, slice_ms, shard), rows in partitions.items():
+            slot = slice_ms - slice_ms % width
+            ttl = layout.head_ttl_ms(slot, now) // 1000 + 1
+            values = [(tenant, slice_ms, shard, hash_, ts, value, ttl) for (hash_, ts), value in rows.items()]
+            batches += [self._batch([statement.bind(v) for v in chunk]) for chunk in _head_batches(values)]
         entries, fresh = self._written_at_updates(points, now)
-        written = self._execute_all(self._batched(entries + rows))
+        written = self._execute_all(self._batched(entries) + batches)
         return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
 
     def _written_at_updates(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
-        """``written_at`` = now in the data_blocks rows of the batch's series-slots, but for those this
-        process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
+        """``head_written_at`` = now in the data_blocks rows of the batch's series-slots, but for those
+        this process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
         cannot have been sealed since (sealing waits for the slot's end and its last write to be
         ``settle_delay`` old), so a reader that finds the entry newer than the last seal reads the
         head rows anyway. A write after that refreshes the entry, so one that lands after a seal
@@ -662,9 +678,11 @@ class CassandraStore(Store):
 
     def read_raw(self, tenant, hashes, start_ms, end_ms):
         """The data_blocks rows of the range, READ_SERIES_PER_REQUEST series a request
-        (``series_set_hash IN ?``) per block partition, then, one request a series, the head rows
-        of the slots written since their last seal, if any (the head rows of the others are all
-        in their blocks)."""
+        (``series_set_hash IN ?``) per block partition, then the head rows of the slots written
+        since their last seal, if any (the head rows of the others are all in their blocks):
+        from data_head, the series of one shard and slot together (``slice IN ? AND shard = ? AND
+        series_set_hash IN ?``), and from data_raw (the head of the layout before data_head, one
+        request a series) where a slot's ``written_at`` says it has rows there."""
         hashes = list(hashes)
         if end_ms < start_ms:
             return defer.succeed([RawData([], samples.empty()) for _ in hashes])
@@ -680,40 +698,65 @@ class CassandraStore(Store):
         def read_heads(pages):
             rows: dict[str, list] = {hash_: [] for hash_ in hashes}
             for page in pages:
-                for hash_, slot, block, written, sealed in page:
-                    rows[hash_].append((slot, block, written, sealed))
-            blocks, head_requests, unsealed_of = {}, [], []
+                for hash_, slot, block, written, head_written, sealed in page:
+                    rows[hash_].append((slot, block, written, head_written, sealed))
+            blocks, legacy, unsealed = {}, [], defaultdict(list)
             for hash_, found in rows.items():
                 found.sort(key=lambda row: row[0])
-                blocks[hash_] = [block for _, block, _, _ in found if block is not None]
-                unsealed = [
-                    slot
-                    for slot, _, written, sealed in found
-                    if written is not None and (sealed is None or written > sealed)
-                ]
-                if unsealed:
-                    head_requests.append((self._statements["read_head"], (tenant, hash_, unsealed, start_ms, end_ms)))
-                    unsealed_of.append(hash_)
+                blocks[hash_] = [block for _, block, _, _, _ in found if block is not None]
+                legacy_slots = [slot for slot, _, written, _, sealed in found if _unsealed(written, sealed)]
+                if legacy_slots:
+                    legacy.append((hash_, legacy_slots))
+                for slot, _, _, head_written, sealed in found:
+                    if _unsealed(head_written, sealed):
+                        unsealed[(head_shard(hash_), slot)].append(hash_)
+            head_requests = self._head_reads(tenant, unsealed, start_ms, end_ms)
+            legacy_requests = [
+                (self._statements["read_legacy_head"], (tenant, hash_, slots, start_ms, end_ms))
+                for hash_, slots in legacy
+            ]
 
             def assemble(results):
-                heads = dict(zip(unsealed_of, results))
+                heads: dict[str, list] = defaultdict(list)
+                for page in results[: len(head_requests)]:
+                    for hash_, ts, value in page:
+                        heads[hash_].append((ts, value))
+                for (hash_, _), page in zip(legacy, results[len(head_requests) :]):
+                    heads[hash_] += page
                 return [RawData(blocks[h], _samples_of(heads[h]) if h in heads else samples.empty()) for h in hashes]
 
-            return self._execute_all(head_requests, PLAIN_ROWS).addCallback(assemble)
+            return self._execute_all(head_requests + legacy_requests, PLAIN_ROWS).addCallback(assemble)
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(read_heads)
 
+    def _head_reads(self, tenant: str, unsealed: dict[tuple[int, int], list[str]], start_ms: int, end_ms: int) -> list:
+        """Requests for the data_head rows in a range of the series of each (shard, slot):
+        the slot's slices that overlap the range, READ_SERIES_PER_REQUEST series a request."""
+        statement, requests = self._statements["read_head"], []
+        for (shard, slot), slot_hashes in sorted(unsealed.items()):
+            slices = self.layout.head_slices(slot, start_ms, end_ms)
+            for i in range(0, len(slot_hashes), READ_SERIES_PER_REQUEST):
+                chunk = slot_hashes[i : i + READ_SERIES_PER_REQUEST]
+                requests.append((statement, (tenant, slices, shard, chunk, start_ms, end_ms)))
+        return requests
+
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
-        """The block, then its row marked sealed as of the head's read (less a margin for clock
-        skew), so readers skip the head rows it holds. Head rows are left to their TTL: deleting
-        them would write tombstones."""
-        key = (tenant, series_set_hash, time_slot(slot_ms, self.layout.block_partition_width_ms), slot_ms)
-        written = self._execute(self._statements["write_block"], (block, *key))
-        ttl_s = (self.layout.head_ttl_ms(slot_ms, head_read_ms) + WRITTEN_AT_MARGIN_MS) // 1000
+        return self.write_blocks([SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)])
+
+    def write_blocks(self, blocks):
+        """Each block and its row marked sealed as of the head's read (less a margin for clock
+        skew) in one row update, so readers skip the head rows it holds; many series-slots a
+        request (_batched). Head rows are left to their TTL: deleting them would write tombstones."""
+        statement, width = self._statements["write_block"], self.layout.block_partition_width_ms
         margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
-        return written.addCallback(
-            lambda _: self._execute(self._statements["head_sealed"], (ttl_s, head_read_ms - margin, *key))
-        )
+        requests = [
+            (
+                statement,
+                (b.block, b.head_read_ms - margin, b.tenant, b.series_set_hash, time_slot(b.slot_ms, width), b.slot_ms),
+            )
+            for b in blocks
+        ]
+        return self._execute_all(self._batched(requests))
 
     def write_exemplars(self, exemplars):
         """Rows with the table's TTL (--exemplar-retention); the per-series cap applies on reading."""
@@ -839,11 +882,13 @@ class CassandraStore(Store):
         block_key = "tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?"
         by_ts = "tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
         tables = ["data_raw", "exemplars", "histograms"]
+        head_key = "tenant = ? AND slice IN ? AND shard = ? AND series_set_hash = ? AND ts >= ? AND ts <= ?"
         for granularity in self.layout.granularities:
             tables += [granularity.table, granularity.histogram_table]
         return {
             "read_block": f"SELECT block FROM {ks}.data_blocks WHERE {block_key}",
             "cut_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE {block_key} IF block = ?",
+            "delete_range_data_head": f"DELETE FROM {ks}.data_head WHERE {head_key}",
             "path_flags": f"UPDATE {ks}.graphite_paths SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
             **{f"delete_range_{table}": f"DELETE FROM {ks}.{table} WHERE {by_ts}" for table in tables},
             **{
@@ -909,19 +954,23 @@ class CassandraStore(Store):
         """Cut the blocks of the range, each with ``IF block = <the bytes it was cut from>``: a seal
         that wrote the block meanwhile fails the condition, and the block is read and cut again,
         so the seal's samples outside the range stay. Returns the range deletes of the head rows
-        of every slot ever written (written_at)."""
+        of every slot ever written (written_at: data_raw, head_written_at: data_head)."""
         width = self.slot_width_ms
         first, last = time_slot(start_ms, width), time_slot(end_ms, width)
         statement = self._statements["read_slots"]
         chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
         partitions = time_slots(first, last, self.layout.block_partition_width_ms)
         requests = [(statement, (tenant, chunk, p, first, last)) for chunk in chunks for p in partitions]
-        head = self._statements["delete_range_data_raw"]
-        deletes, cuts = [], []
+        legacy, head = self._statements["delete_range_data_raw"], self._statements["delete_range_data_head"]
+        deletes: list[tuple[Any, tuple]] = []
+        cuts = []
         for page in await self._execute_all(requests, PLAIN_ROWS):
-            for hash_, slot, block, written, _ in page:
+            for hash_, slot, block, written, head_written, _ in page:
                 if written is not None:
-                    deletes.append((head, (tenant, hash_, slot, start_ms, end_ms)))
+                    deletes.append((legacy, (tenant, hash_, slot, start_ms, end_ms)))
+                slices = self.layout.head_slices(slot, start_ms, end_ms)
+                if head_written is not None and slices:
+                    deletes.append((head, (tenant, slices, head_shard(hash_), hash_, start_ms, end_ms)))
                 if block is not None:
                     key = (tenant, hash_, time_slot(slot, self.layout.block_partition_width_ms), slot)
                     cuts.append(defer.ensureDeferred(self._cut_block(key, block, start_ms, end_ms)))
@@ -1058,6 +1107,29 @@ def _slot_requests(statement, partition_key, keys: Sequence, slots: Sequence[int
         for i in range(0, len(keys), key_chunk)
         for j in range(0, len(slots), slot_chunk)
     ]
+
+
+def _unsealed(written: int | None, sealed: int | None) -> bool:
+    """A slot whose head (one of its tables) was written since its last seal."""
+    return written is not None and (sealed is None or written > sealed)
+
+
+def _head_batches(rows: list[tuple]) -> list[list[tuple]]:
+    """data_head rows of one partition (statement values) in chunks of at most HEAD_ROWS_PER_BATCH
+    rows and about HEAD_BATCH_VALUE_BYTES of values."""
+    chunks: list[list[tuple]] = []
+    chunk: list[tuple] = []
+    size = 0
+    for row in rows:
+        row_size = len(row[0]) + len(row[3]) + 36  # tenant, hash and five numbers
+        if chunk and (len(chunk) == HEAD_ROWS_PER_BATCH or size + row_size > HEAD_BATCH_VALUE_BYTES):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(row)
+        size += row_size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 def _samples_of(rows: list[tuple[int, float]]) -> Samples:
