@@ -203,7 +203,9 @@ class Downsampler:
         rows: dict[str, list] = {g.name: [] for g in self.layout.granularities}
         slices = Slices()
         for key, kind, series in zip(keys, kinds, merged):
-            found = roll_up(tenant, key.series_set_hash, kind, series, previous.get(key.series_set_hash), self.layout.granularities)
+            found = roll_up(
+                tenant, key.series_set_hash, kind, series, previous.get(key.series_set_hash), self.layout.granularities
+            )
             for name, granularity_rows in found.items():
                 rows[name] += granularity_rows
             if slices.due():
