@@ -1,10 +1,12 @@
-"""Seal and roll up settled series-slots: merge the slot's head rows into its block, write the
+"""Seal and roll up settled series-slots, up to SEAL_GROUP of a tenant together (each step one
+store call for all): merge the slot's head rows into its block, write the
 block, then the roll-ups of every granularity computed from the merged samples and from the
 slot's native histograms (gateway/downsample/histograms.py), then mark the
 work done (only after the writes succeeded: a crash redoes work, never loses it; sealing the same
 samples twice writes the same block). The raw block is written first, so it never depends on a
-roll-up; a series-slot that fails either way is isolated (gateway/downsample/failures.py): the
-rest of its slot and of the round go on, and it stays pending for a retry."""
+roll-up; a series-slot that fails either way is isolated (gateway/downsample/failures.py): its
+group is done again one series-slot at a time, the rest of its slot and of the round go on,
+and it stays pending for a retry."""
 
 import logging
 import time
