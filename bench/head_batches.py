@@ -1,18 +1,22 @@
 """What one head row costs the Python cassandra-driver and Cassandra, by how rows are sent.
 
 The same rows (remote-write shaped: requests of S series x one sample, rounds 10 s apart) are
-written four ways, each into a fresh table of one keyspace made by ``tsgate schema apply``:
+written each way into one keyspace made by ``tsgate schema apply``:
 
-  row a request       data_raw, one INSERT a request (the layout before batching)
-  batches of 50       data_raw, UNLOGGED batches of 50 rows of 50 partitions (tsgate before data_head)
-  data_head S=500     data_head, one single-partition UNLOGGED batch per (slice, shard) of a request
-  data_head S=2000    the same with requests of 2000 series
+  row a request            data_raw, one INSERT a request (the layout before batching)
+  batches of 50            data_raw, UNLOGGED batches of 50 rows of 50 partitions (before data_head)
+  data_head S=500          data_head, one single-partition UNLOGGED batch per (slice, shard) of a
+                           request, every row bound
+  data_head S=2000         the same with requests of 2000 series
+  64 shards, S=500         the same with 64 shards instead of HEAD_SHARDS
+  values serialized        data_head S=500 as the gateway sends it (first row bound, the others'
+                           values serialized directly: gateway.store.cassandra.head_batch)
 
 Printed per way: rows/s, client CPU us/row (this process: binding, batching, the driver's request
 path), Cassandra CPU us/row (when it runs on this box) and mutations per row (partition writes
 Cassandra applied, from system_views.local_write_latency). Run from the repository root:
 
-    python -m bench.head_batches --cassandra 127.0.0.1:9042 [--rows 100000]
+    python -m bench.head_batches --cassandra 127.0.0.1:9042 [--rows 100000] [--concurrency 64] [--only TEXT]
 """
 
 import argparse
@@ -25,9 +29,10 @@ from collections import defaultdict
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import BatchStatement, BatchType
 
-from bench.common import BenchError, connect, exit_with, fresh_keyspace, listening_pid, process_cpu_s
+from bench.common import CONSISTENCY, BenchError, connect, exit_with, fresh_keyspace, listening_pid, process_cpu_s
 from gateway.config import parse_hostport
 from gateway.model import series_set_hash, series_set_text
+from gateway.store.cassandra import head_batch
 from gateway.store.layout import HEAD_SHARDS, Layout
 
 TENANT = "bench"
@@ -70,7 +75,10 @@ def statements_raw_batches(session, keyspace, requests):
             yield batch, ()
 
 
-def statements_head(session, keyspace, requests, shards=HEAD_SHARDS):
+def statements_head(session, keyspace, requests, shards=HEAD_SHARDS, serialized=False):
+    """One batch per data_head partition of a request: every row bound, or (``serialized``) as
+    the gateway does it (gateway.store.cassandra.head_batch: the first row bound, the others'
+    values serialized directly)."""
     insert = session.prepare(
         f"INSERT INTO {keyspace}.data_head (tenant, slice, shard, series_set_hash, ts, value) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
     )
@@ -78,11 +86,15 @@ def statements_head(session, keyspace, requests, shards=HEAD_SHARDS):
     for request in requests:
         partitions = defaultdict(list)
         for h, ts, value in request:
-            partitions[(ts - ts % slice_ms, zlib.crc32(h.encode()) % shards)].append((h, ts, value))
-        for (slice_start, shard), rows in partitions.items():
+            slice_start, shard = ts - ts % slice_ms, zlib.crc32(h.encode()) % shards
+            partitions[(slice_start, shard)].append((TENANT, slice_start, shard, h, ts, value, TTL_S))
+        for rows in partitions.values():
+            if serialized:
+                yield head_batch(insert, rows, CONSISTENCY), ()
+                continue
             batch = BatchStatement(BatchType.UNLOGGED)
-            for h, ts, value in rows:
-                batch.add(insert, (TENANT, slice_start, shard, h, ts, value, TTL_S))
+            for row in rows:
+                batch.add(insert, row)
             yield batch, ()
 
 
@@ -92,6 +104,7 @@ WAYS = [
     ("single-partition batches (data_head), S=500", statements_head, 500),
     ("single-partition batches (data_head), S=2000", statements_head, 2000),
     ("the same, 64 shards, S=500", lambda *a: statements_head(*a, shards=64), 500),
+    ("data_head S=500, values serialized (the gateway)", lambda *a: statements_head(*a, serialized=True), 500),
 ]
 
 

@@ -639,7 +639,7 @@ class CassandraStore(Store):
         data_blocks where this process has not written it lately (read_raw finds head rows through it).
         Where a request holds one (series, ts) twice, its last value is written."""
         statement: Any = self._statements["head"]
-        layout, now = self.layout, int(time.time() * 1000)
+        layout, now, consistency = self.layout, int(time.time() * 1000), self.options.write_consistency
         width, slice_width = self.slot_width_ms, layout.head_slice_ms
         partitions: dict[tuple[str, int, int], dict[tuple[str, int], float]] = defaultdict(dict)
         shards: dict[str, int] = {}
@@ -653,28 +653,10 @@ class CassandraStore(Store):
             slot = slice_ms - slice_ms % width
             ttl = layout.head_ttl_ms(slot, now) // 1000 + 1
             values = [(tenant, slice_ms, shard, hash_, ts, value, ttl) for (hash_, ts), value in rows.items()]
-            batches += [(self._head_batch(statement, chunk), ()) for chunk in _head_batches(values)]
+            batches += [(head_batch(statement, chunk, consistency), ()) for chunk in _head_batches(values)]
         entries, fresh = self._written_at_updates(points, now)
         written = self._execute_all(self._batched(entries) + batches)
         return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
-
-    def _head_batch(self, statement, rows: list[tuple]) -> BatchStatement:
-        """One single-partition UNLOGGED batch of data_head rows (statement values). The driver's
-        ``bind()`` costs about 7 µs a row (a BoundStatement, its checks, its routing key), most of
-        the gateway's CPU per sample; the rows of one partition share their key, so only the first
-        is bound (the batch takes its routing key and keyspace from it) and the others are added as
-        values serialized here as ``bind()`` would (text as UTF-8, bigint, int and double
-        big-endian: 0.6 µs a row), through the batch's own ``_add_statement_and_params``
-        (cassandra-driver 3.29-3.30; tests/test_cassandra_head.py reads every row back)."""
-        batch = BatchStatement(BatchType.UNLOGGED, consistency_level=self.options.write_consistency)
-        batch.add(statement.bind(rows[0]))
-        tenant, slice_ms, shard, _, _, _, ttl = rows[0]
-        key = [tenant.encode(), _BIGINT(slice_ms), _INT(shard)]
-        ttl_bytes, query_id, add = _INT(ttl), statement.query_id, batch._add_statement_and_params
-        for _, _, _, hash_, ts, value, _ in rows[1:]:
-            add(True, query_id, [*key, hash_.encode(), _BIGINT(ts), _DOUBLE(value), ttl_bytes])
-        batch.is_idempotent = True
-        return batch
 
     def _written_at_updates(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
         """``head_written_at`` = now in the data_blocks rows of the batch's series-slots, but for those
@@ -1151,6 +1133,25 @@ def _head_batches(rows: list[tuple]) -> list[list[tuple]]:
     if chunk:
         chunks.append(chunk)
     return chunks
+
+
+def head_batch(statement, rows: list[tuple], consistency: int) -> BatchStatement:
+    """One single-partition UNLOGGED batch of data_head rows (statement values). The driver's
+    ``bind()`` costs about 7 µs a row (a BoundStatement, its checks, its routing key), most of
+    the gateway's CPU per sample; the rows of one partition share their key, so only the first
+    is bound (the batch takes its routing key and keyspace from it) and the others are added as
+    values serialized here as ``bind()`` would (text as UTF-8, bigint, int and double
+    big-endian: 0.6 µs a row), through the batch's own ``_add_statement_and_params``
+    (cassandra-driver 3.29-3.30; tests/test_cassandra_head.py reads every row back)."""
+    batch = BatchStatement(BatchType.UNLOGGED, consistency_level=consistency)
+    batch.add(statement.bind(rows[0]))
+    tenant, slice_ms, shard, _, _, _, ttl = rows[0]
+    key = [tenant.encode(), _BIGINT(slice_ms), _INT(shard)]
+    ttl_bytes, query_id, add = _INT(ttl), statement.query_id, batch._add_statement_and_params
+    for _, _, _, hash_, ts, value, _ in rows[1:]:
+        add(True, query_id, [*key, hash_.encode(), _BIGINT(ts), _DOUBLE(value), ttl_bytes])
+    batch.is_idempotent = True
+    return batch
 
 
 def _samples_of(rows: list[tuple[int, float]]) -> Samples:
