@@ -35,7 +35,7 @@ from gateway.samples import Samples
 from gateway.store import Store
 from gateway.store.blocks import encode_block
 from gateway.store.contract import SealedBlock
-from gateway.store.layout import Layout
+from gateway.store.layout import Layout, head_shard
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +108,17 @@ class Downsampler:
 
     async def _work(self, work: Work) -> int:
         """Every member of the work that is due (not waiting out a failure's backoff), up to
-        SEAL_GROUP series of a tenant at a time; the failed and the waiting stay pending. Returns
-        the series-slots done."""
+        SEAL_GROUP series of a tenant and head shard at a time (so that a group's head rows are
+        one request on Cassandra: its shard's slices of the slot); the failed and the waiting stay
+        pending. Returns the series-slots done."""
         started, now = time.perf_counter(), self.clock()
-        due: dict[str, list[str]] = defaultdict(list)
+        due: dict[tuple[str, int], list[str]] = defaultdict(list)
         for tenant, hash_ in work.members:
             if self.failures.due(tenant, hash_, work.time_slot, now):
-                due[tenant].append(hash_)
+                due[(tenant, head_shard(hash_))].append(hash_)
         groups = [
             (tenant, hashes[i : i + SEAL_GROUP])
-            for tenant, hashes in due.items()
+            for (tenant, _), hashes in due.items()
             for i in range(0, len(hashes), SEAL_GROUP)
         ]
         jobs = [self._semaphore.run(self._group_job, tenant, hashes, work.time_slot) for tenant, hashes in groups]
