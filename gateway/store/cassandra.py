@@ -122,6 +122,11 @@ SEAL_CLOCK_MARGIN_MS = 60_000
 # cost per request, not Cassandra, was most of a read of many series.
 READ_SERIES_PER_REQUEST = 64
 
+# data_head partitions (slices of one shard) one head read covers: with READ_SERIES_PER_REQUEST
+# series at 10 s that is about 4000 rows, a request a busy Cassandra answers within its read
+# timeout (the 60 slices of a slot at once timed out on the loaded 2-core box).
+HEAD_SLICES_PER_REQUEST = 10
+
 # Series-slots (partitions: two INs on the partition key) whose exemplars or histograms one request
 # reads: a remote read of many series over a few slots costs a few requests, not one a series.
 PARTITIONS_PER_REQUEST = 256
@@ -734,13 +739,16 @@ class CassandraStore(Store):
 
     def _head_reads(self, tenant: str, unsealed: dict[tuple[int, int], list[str]], start_ms: int, end_ms: int) -> list:
         """Requests for the data_head rows in a range of the series of each (shard, slot):
-        the slot's slices that overlap the range, READ_SERIES_PER_REQUEST series a request."""
+        READ_SERIES_PER_REQUEST series and HEAD_SLICES_PER_REQUEST of the slot's slices that
+        overlap the range a request."""
         statement, requests = self._statements["read_head"], []
         for (shard, slot), slot_hashes in sorted(unsealed.items()):
             slices = self.layout.head_slices(slot, start_ms, end_ms)
             for i in range(0, len(slot_hashes), READ_SERIES_PER_REQUEST):
                 chunk = slot_hashes[i : i + READ_SERIES_PER_REQUEST]
-                requests.append((statement, (tenant, slices, shard, chunk, start_ms, end_ms)))
+                for j in range(0, len(slices), HEAD_SLICES_PER_REQUEST):
+                    some = slices[j : j + HEAD_SLICES_PER_REQUEST]
+                    requests.append((statement, (tenant, some, shard, chunk, start_ms, end_ms)))
         return requests
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
