@@ -103,7 +103,7 @@ WAYS = [
     ("batches of 50 rows of 50 partitions (data_raw)", statements_raw_batches, 500),
     ("single-partition batches (data_head), S=500", statements_head, 500),
     ("single-partition batches (data_head), S=2000", statements_head, 2000),
-    ("the same, 64 shards, S=500", lambda *a: statements_head(*a, shards=64), 500),
+    ("data_head, 64 shards, S=500", lambda *a: statements_head(*a, shards=64), 500),
     ("data_head S=500, values serialized (the gateway)", lambda *a: statements_head(*a, serialized=True), 500),
 ]
 
