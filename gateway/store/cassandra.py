@@ -3,10 +3,10 @@
 Every statement is prepared and runs asynchronously through one bounded request queue
 (cassandra_requests.py): each store call fires one Deferred on the reactor thread, so the
 reactor never waits on Cassandra. Head rows go in single-partition UNLOGGED batches (one
-mutation for up to HEAD_ROWS_PER_BATCH samples, _head_batches); other writes of many rows go in
-UNLOGGED batches of rows that share a replica (_batched), up to ROWS_PER_BATCH rows a request. Timeouts and unavailable
-replicas become StoreUnavailable (HTTP 503, so senders retry); the driver reconnects on its own
-when Cassandra comes back.
+mutation for up to HEAD_ROWS_PER_BATCH samples, head_batch); other writes of many rows go in
+UNLOGGED batches of rows that share a replica (_batched), up to ROWS_PER_BATCH rows a request.
+Timeouts and unavailable replicas become StoreUnavailable (HTTP 503, so senders retry); the
+driver reconnects on its own when Cassandra comes back.
 """
 
 import contextlib
@@ -756,8 +756,9 @@ class CassandraStore(Store):
 
     def write_blocks(self, blocks):
         """Each block and its row marked sealed as of the head's read (less a margin for clock
-        skew) in one row update, so readers skip the head rows it holds; many series-slots a
-        request (_batched). Head rows are left to their TTL: deleting them would write tombstones."""
+        skew) in one row update (so ``sealed_at`` lives as long as the block), so readers skip the
+        head rows it holds; many series-slots a request (_batched). Head rows are left to their
+        TTL: deleting them would write tombstones."""
         statement, width = self._statements["write_block"], self.layout.block_partition_width_ms
         margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
         requests = [
