@@ -148,7 +148,8 @@ class Downsampler:
 
     async def _group(self, tenant: str, hashes: list[str], slot: int) -> list[bool]:
         """The series-slots of a group together (few store requests for all); if that fails,
-        each alone, so that a bad series-slot fails only itself. One bool (done) a series."""
+        each alone (side by side: in a store outage each waits out its own timeout), so that a
+        bad series-slot fails only itself. One bool (done) a series."""
         if len(hashes) > 1:
             try:
                 await self.roll_up_series_slots(tenant, hashes, slot)
@@ -158,7 +159,7 @@ class Downsampler:
                 for hash_ in hashes:
                     self.failures.succeeded(tenant, hash_, slot)
                 return [True] * len(hashes)
-        return [await self._isolated(tenant, hash_, slot) for hash_ in hashes]
+        return await gatherResults([ensureDeferred(self._isolated(tenant, hash_, slot)) for hash_ in hashes])
 
     async def _isolated(self, tenant: str, series_set_hash: str, slot: int) -> bool:
         """roll_up_series_slot, a failure of which (any exception) is counted, logged and kept for
