@@ -8,6 +8,7 @@ roll-up; a series-slot that fails either way is isolated (gateway/downsample/fai
 group is done again one series-slot at a time, the rest of its slot and of the round go on,
 and it stays pending for a retry."""
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 # write the blocks, write each granularity's roll-ups) is one store call for all of them, a few
 # requests where one series at a time made about nine (docs/performance.rst, "Sealing").
 SEAL_GROUP = 64
+# Downsample partitions (--downsample-partitions-count, 64 by default) processed together: a
+# partition holds 1/64 of the series, too few for full groups.
+PARTITIONS_TOGETHER = 16
 
 
 class Downsampler:
@@ -72,16 +76,18 @@ class Downsampler:
         self.round_failed = 0  # series-slots whose attempt failed in the last round
 
     async def run_once(self, partitions: list[int], lock=None) -> int:
-        """Process every settled slot of the given partitions, oldest first; returns series-slots done.
-        ``lock(partition)`` (competing consumers) is an async context manager or None."""
+        """Process every settled slot of the given partitions, oldest first, PARTITIONS_TOGETHER
+        partitions at a time; returns series-slots done. ``lock(partition)`` (competing
+        consumers) is an async context manager or None; the locks of the partitions processed
+        together are held together."""
         done, self._round_lag, self._round_settled, self.round_failed = 0, 0.0, 0, 0
-        for partition in partitions:
-            if lock is None:
-                done += await self._partition(partition)
-                continue
-            async with lock(partition) as acquired:
-                if acquired:
-                    done += await self._partition(partition)
+        for i in range(0, len(partitions), PARTITIONS_TOGETHER):
+            async with contextlib.AsyncExitStack() as held:
+                mine = []
+                for partition in partitions[i : i + PARTITIONS_TOGETHER]:
+                    if lock is None or await held.enter_async_context(lock(partition)):
+                        mine.append(partition)
+                done += await self._partitions(mine)
         metrics.DOWNSAMPLE_LAG.set(self._round_lag)
         metrics.DOWNSAMPLE_SETTLED.set(self._round_settled)
         metrics.DOWNSAMPLE_NEAR_EXPIRY.set(self.failures.near_expiry(self.clock()))
@@ -95,53 +101,62 @@ class Downsampler:
             self._swept_at = now
             await metrics.observe_store("sweep", self.store.sweep(now))
 
-    async def _partition(self, partition: int) -> int:
-        done, now = 0, self.clock()
-        settled = await self.pending.settled(partition, now)
-        self._round_settled += len(settled)
-        if settled:
-            settled_at = settled[0].time_slot + self.layout.slot_width_ms + self.pending.delay_ms
-            self._round_lag = max(self._round_lag, (now - settled_at) / 1000)
-        for work in settled:
-            done += await self._work(work)
+    async def _partitions(self, partitions: list[int]) -> int:
+        """The settled work of these partitions, slot by slot, oldest first; the work of one slot
+        is sealed together (_works)."""
+        now, by_slot = self.clock(), defaultdict(list)
+        for partition in partitions:
+            settled = await self.pending.settled(partition, now)
+            self._round_settled += len(settled)
+            if settled:
+                settled_at = settled[0].time_slot + self.layout.slot_width_ms + self.pending.delay_ms
+                self._round_lag = max(self._round_lag, (now - settled_at) / 1000)
+            for work in settled:
+                by_slot[work.time_slot].append(work)
+        done = 0
+        for slot in sorted(by_slot):
+            done += await self._works(slot, by_slot[slot])
         return done
 
-    async def _work(self, work: Work) -> int:
-        """Every member of the work that is due (not waiting out a failure's backoff), up to
-        SEAL_GROUP series of a tenant and head shard at a time (so that a group's head rows are
-        one request on Cassandra: its shard's slices of the slot); the failed and the waiting stay
-        pending. Returns the series-slots done."""
+    async def _works(self, slot: int, works: list[Work]) -> int:
+        """Every member of the works (of one slot) that is due (not waiting out a failure's
+        backoff), up to SEAL_GROUP series of a tenant and head shard at a time (so that a group's
+        head rows are one request on Cassandra: its shard's slices of the slot); the failed and
+        the waiting stay pending. Returns the series-slots done."""
         started, now = time.perf_counter(), self.clock()
         due: dict[tuple[str, int], list[str]] = defaultdict(list)
-        for tenant, hash_ in work.members:
-            if self.failures.due(tenant, hash_, work.time_slot, now):
-                due[(tenant, head_shard(hash_))].append(hash_)
+        for work in works:
+            for tenant, hash_ in work.members:
+                if self.failures.due(tenant, hash_, slot, now):
+                    due[(tenant, head_shard(hash_))].append(hash_)
         groups = [
             (tenant, hashes[i : i + SEAL_GROUP])
             for (tenant, _), hashes in due.items()
             for i in range(0, len(hashes), SEAL_GROUP)
         ]
-        jobs = [self._semaphore.run(self._group_job, tenant, hashes, work.time_slot) for tenant, hashes in groups]
-        finished = {
-            (tenant, hash_)
+        jobs = [self._semaphore.run(self._group_job, tenant, hashes, slot) for tenant, hashes in groups]
+        outcome = {
+            (tenant, hash_): ok
             for (tenant, hashes), done in zip(groups, await gatherResults(jobs))
             for hash_, ok in zip(hashes, done)
-            if ok
         }
-        left = {member for member in work.members if member not in finished}
-        if len(finished) < sum(len(hashes) for hashes in due.values()):
-            metrics.DOWNSAMPLE_ERRORS.inc()
-        await self.pending.done(work, left)
-        metrics.DOWNSAMPLED.inc(len(finished))
+        finished = 0
+        for work in works:
+            left = {member for member in work.members if not outcome.get(member)}
+            if any(outcome.get(member) is False for member in work.members):
+                metrics.DOWNSAMPLE_ERRORS.inc()
+            await self.pending.done(work, left)
+            finished += len(work.members) - len(left)
+        metrics.DOWNSAMPLED.inc(finished)
         log.debug(
-            "rolled up %d series of slot %d (partition %d) in %.3fs, %d left for a retry",
-            len(finished),
-            work.time_slot,
-            work.partition,
+            "rolled up %d series of slot %d (%d partitions) in %.3fs, %d left for a retry",
+            finished,
+            slot,
+            len(works),
             time.perf_counter() - started,
-            len(left),
+            sum(len(work.members) for work in works) - finished,
         )
-        return len(finished)
+        return finished
 
     def _group_job(self, tenant: str, hashes: list[str], slot: int):
         return ensureDeferred(self._group(tenant, hashes, slot))
