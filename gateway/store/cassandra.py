@@ -482,7 +482,7 @@ class CassandraStore(Store):
             "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
             "list_tag_values": f"SELECT tag_value FROM {ks}.tag_values WHERE tenant = ? AND metric_name = ? AND tag_key = ?",
             "find_series": f"SELECT series_set_hash FROM {ks}.series_sets WHERE tenant = ? AND metric_name = ? AND tag_key = ? AND tag_value = ?",
-            "get_series": f"SELECT metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
+            "get_series": f"SELECT series_set_hash, metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
             "write_created": f"UPDATE {ks}.series_set_hashes SET created_ms = ? WHERE tenant = ? AND series_set_hash = ?",
             "get_created": f"SELECT created_ms FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
         }
@@ -1096,17 +1096,20 @@ class CassandraStore(Store):
         return self._execute_all([(statement, (tenant, h)) for h in hashes], PLAIN_ROWS).addCallback(collect)
 
     def get_series(self, tenant, hashes: Iterable[str]):
-        hashes = list(hashes)
+        """READ_SERIES_PER_REQUEST series a request (``series_set_hash IN ?``): the downsampler
+        asks for a whole sealing group at once."""
+        hashes = sorted(set(hashes))
         statement = self._statements["get_series"]
+        chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
 
-        def collect(results):
+        def collect(pages):
             return {
-                h: SeriesKey(tenant, h, rows[0].metric_name, dict(rows[0].tags or {}))
-                for h, rows in zip(hashes, results)
-                if rows
+                row.series_set_hash: SeriesKey(tenant, row.series_set_hash, row.metric_name, dict(row.tags or {}))
+                for page in pages
+                for row in page
             }
 
-        return self._execute_all([(statement, (tenant, h)) for h in hashes]).addCallback(collect)
+        return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(collect)
 
 
 def _slot_requests(statement, partition_key, keys: Sequence, slots: Sequence[int], *more) -> list[tuple[object, tuple]]:
