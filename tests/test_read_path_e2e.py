@@ -42,12 +42,12 @@ def wait_until_head_rows_expired(store_args, tenant: str, name: str, slot: int, 
     cluster = Cluster([host for host, _ in options.hosts], port=options.hosts[0][1], protocol_version=5)
     try:
         session = cluster.connect()
-        query = (
+        query = session.prepare(
             f"SELECT ts FROM {options.schema.keyspace}.data_head"
-            " WHERE tenant = %s AND slice IN %s AND shard = %s AND series_set_hash = %s LIMIT 1"
+            " WHERE tenant = ? AND slice IN ? AND shard = ? AND series_set_hash = ? LIMIT 1"
         )
         hash_ = series_set_hash(series_set_text(name, {}))
-        slices = tuple(options.schema.layout.head_slices(slot, slot, slot + HOUR_MS - 1))
+        slices = options.schema.layout.head_slices(slot, slot, slot + HOUR_MS - 1)
         key = (tenant, slices, head_shard(hash_), hash_)
         deadline = time.monotonic() + timeout_s
         while session.execute(query, key).one() is not None:
