@@ -530,7 +530,7 @@ async def test_sqlite_writes_arriving_together_share_a_commit_and_fail_alone(tmp
         else:
             raise AssertionError("a value SQLite cannot store was acknowledged")
         with sqlite3.connect(path) as reader:
-            stored = reader.execute("SELECT ts FROM data_raw WHERE tenant=? ORDER BY ts", (tenant,)).fetchall()
+            stored = reader.execute("SELECT ts FROM head_log WHERE tenant=? ORDER BY ts", (tenant,)).fetchall()
         assert [ts for (ts,) in stored] == list(range(23))
     finally:
         await store.close()

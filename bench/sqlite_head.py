@@ -1,0 +1,158 @@
+"""The embedded store's head: what a head row costs to write, and reading head rows against blocks.
+
+Two measurements on SQLite, run from the repository root (``--quick``: smaller, for a check):
+
+    python -m bench.sqlite_head [--quick]
+
+1. Writes. The store's own head-row statements, group commit and head-log folds
+   (``sqlite._commit_and_fold``) on a fresh file, as the writer thread runs them: S series (``--series``, default 8000), one sample
+   each a round, 2000 rows a commit (a group of four 500-series requests), rounds 10 s apart; after
+   6 untimed rounds, 20 timed rounds. Printed: rows/s, CPU microseconds a row, and the WAL bytes a
+   row (automatic checkpoints off, so the WAL holds every page the timed commits wrote).
+2. Reads. ``/render`` of 100 [20] series x 24 h at 10 s (``rb.*.cpu``, bench/storage.py's render
+   workload) from a ``tsgate serve --workers 1`` on SQLite: written through ``POST /api/write``,
+   rendered while every slot is still head rows, then sealed with ``tsgate downsample --once`` and
+   rendered again; p50/p99 over 5 [3] requests after a warm-up, every answer checked. Reference:
+   graphite-web 1.1.8 over whisper files of the same points (bench/storage.py), when installed.
+   The figure to watch is head p50 / sealed p50 (target <= 1: head rows read no slower than blocks).
+"""
+
+import argparse
+import base64
+import hashlib
+import os
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+from bench.common import BenchError, tsgate_service
+from bench.queries import time_requests, write_json
+from bench.storage import (
+    INTERVAL_MS,
+    RENDER_TENANT,
+    SCHEMAS,
+    RenderWorkload,
+    checked_once,
+    downsample_once,
+    measure_graphite_web,
+    slot_end_before,
+)
+from gateway.model import now_ms
+from gateway.store import sqlite
+from gateway.store.contract import RawPoint
+from gateway.store.layout import Layout
+
+ROWS_PER_COMMIT = 2000
+WARMUP_ROUNDS = 6
+TIMED_ROUNDS = 20
+
+
+def log(message: str) -> None:
+    print(f"sqlite_head: {message}", file=sys.stderr, flush=True)
+
+
+def measure_writes(path: Path, series: int) -> dict:
+    """Rows/s, CPU us a row and WAL bytes a row of the store's head-row writes (see the docstring)."""
+    layout = Layout()
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("PRAGMA synchronous=FULL")
+    sqlite._start_writer(connection, layout)
+    connection.execute("PRAGMA wal_autocheckpoint=0")
+    # series hashes are random, so a request's series land all over the key space
+    hashes = [base64.b64encode(hashlib.md5(str(i).encode()).digest()).decode() for i in range(series)]
+    start_ms = slot_end_before(now_ms())
+
+    def write(rounds: range) -> int:
+        written = 0
+        for r in rounds:
+            ts = start_ms + r * INTERVAL_MS + 3
+            for first in range(0, series, ROWS_PER_COMMIT):
+                points = [RawPoint("bench", h, ts, 1.5 + r) for h in hashes[first : first + ROWS_PER_COMMIT]]
+                writes = [(sqlite._raw_statements, (points,))]
+                outcome = sqlite._commit_and_fold(connection, writes, layout.slot_width_ms)
+                if outcome != [None]:
+                    raise BenchError(f"head write failed: {outcome}")
+                written += len(points)
+        return written
+
+    write(range(WARMUP_ROUNDS))
+    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    wall, cpu = time.perf_counter(), time.process_time()
+    rows = write(range(WARMUP_ROUNDS, WARMUP_ROUNDS + TIMED_ROUNDS))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wal = os.path.getsize(f"{path}-wal")
+    connection.close()
+    figures = {"rows": rows, "rows/s": rows / wall, "cpu us/row": cpu / rows * 1e6, "wal B/row": wal / rows}
+    log(
+        f"head writes, {series} series: {figures['rows/s']:.0f} rows/s, {figures['cpu us/row']:.1f} us CPU a row,"
+        f" {figures['wal B/row']:.0f} B of WAL a row"
+    )
+    return figures
+
+
+def measure_reads(workdir: Path, render: RenderWorkload, requests: int) -> dict:
+    """p50/p99 ms of the render while head rows, then once sealed."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    store_url = f"sqlite:///{workdir / 'render.db'}"
+    schemas = workdir / "storage-schemas.conf"
+    schemas.write_text(SCHEMAS)
+    gateway = tsgate_service(
+        "tsgate (sqlite)",
+        ["--store", store_url],
+        workdir / "tsgate.log",
+        ["--workers", "1", "--roles", "ingest,query", "--graphite-storage-schemas", str(schemas)],
+    )
+    path = "/render?" + urllib.parse.urlencode(render.params)
+    headers = {"X-Tenant": RENDER_TENANT}
+    timed = {}
+    try:
+        gateway.start(60)
+        write_json(gateway.port, "render points (sqlite)", render.items(), RENDER_TENANT)
+        timed["head"] = time_requests(gateway.port, "GET", path, None, headers, requests, checked_once(render.check))
+        downsample_once(store_url, render.series_slots)
+        timed["sealed"] = time_requests(gateway.port, "GET", path, None, headers, requests, checked_once(render.check))
+    finally:
+        gateway.stop()
+    for state, figures in timed.items():
+        log(f"render {state}: p50 {figures.p50:.0f} ms, p99 {figures.p99:.0f} ms")
+    return timed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sqlite_head", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="20 series rendered, 2000 series written")
+    parser.add_argument("--series", type=int, help="series of the write measurement (default 8000)")
+    parser.add_argument("--skip-graphite-web", action="store_true", help="no graphite-web reference")
+    args = parser.parse_args(argv)
+    render_series, requests = (20, 3) if args.quick else (100, 5)
+    series = args.series or (2000 if args.quick else 8000)
+    workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-sqlite-head-"))
+    try:
+        writes = measure_writes(workdir / "writes.db", series)
+        render = RenderWorkload(render_series, 24, slot_end_before(now_ms()))
+        reads = measure_reads(workdir / "render", render, requests)
+        graphite = None if args.skip_graphite_web else measure_graphite_web(workdir / "graphite-web", render, requests)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"head writes, {series} series, {ROWS_PER_COMMIT} rows a commit:")
+    print(
+        f"  {writes['rows/s']:.0f} rows/s, {writes['cpu us/row']:.2f} us CPU a row, {writes['wal B/row']:.0f} B of WAL a row"
+    )
+    print(f"render {render_series} series x 24h @10s, {requests} requests:")
+    for name, timed in (("head rows", reads["head"]), ("sealed", reads["sealed"]), ("graphite-web", graphite)):
+        if timed:
+            print(f"  {name:13} p50 {timed.p50:7.0f} ms   p99 {timed.p99:7.0f} ms")
+    print(f"  head / sealed p50: {reads['head'].p50 / reads['sealed'].p50:.2f} (target <= 1)")
+    if graphite:
+        print(f"  head / graphite-web p50: {reads['head'].p50 / graphite.p50:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
