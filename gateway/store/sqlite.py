@@ -247,9 +247,10 @@ def _decode_nullable(stored):
 
 
 class SQLiteStore(Store):
-    def __init__(self, path: Path, layout: Layout, readers: int = 4):
+    def __init__(self, path: Path, layout: Layout, readers: int = 4, fold_rows: int | None = None):
         super().__init__(layout)
         self.path = path
+        self.fold_rows = fold_rows or FOLD_ROWS
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._writer = ThreadPool(1, 1, name="sqlite-writer")
@@ -305,7 +306,7 @@ class SQLiteStore(Store):
         entries, self._queued = self._queued, []
         self._committing = True
         writes = [(statements, args) for statements, args, _ in entries]
-        self._write(_commit_and_fold, writes, self.slot_width_ms).addBoth(self._committed, entries)
+        self._write(_commit_and_fold, writes, self.slot_width_ms, self.fold_rows).addBoth(self._committed, entries)
 
     def _committed(self, outcome, entries: list[tuple]) -> None:
         """Answer every write of a group, then commit what queued meanwhile (writes queued by
@@ -713,13 +714,15 @@ def _commit_group(connection: sqlite3.Connection, writes: list[tuple]) -> list[E
     return outcomes
 
 
-def _commit_and_fold(connection: sqlite3.Connection, writes: list[tuple], width: int) -> list[Exception | None]:
-    """_commit_group, then a fold of the head log once it holds FOLD_ROWS rows. The writes are
+def _commit_and_fold(
+    connection: sqlite3.Connection, writes: list[tuple], width: int, fold_rows: int = FOLD_ROWS
+) -> list[Exception | None]:
+    """_commit_group, then a fold of the head log once it holds ``fold_rows`` rows. The writes are
     committed whatever the fold does: its failure leaves the rows in the log, read from there."""
     outcomes = _commit_group(connection, writes)
     try:
         first, last = connection.execute("SELECT min(id), max(id) FROM head_log").fetchone()
-        if first is not None and last - first + 1 >= FOLD_ROWS:
+        if first is not None and last - first + 1 >= fold_rows:
             _fold_head_log(connection, width)
     except sqlite3.Error:
         log.exception("folding the SQLite head log failed; its rows stay in the log")
@@ -820,7 +823,10 @@ def _read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_
         values.append(value)
     found = []
     for hash_ in hashes:
-        slots = [head for head, _ in _head_slots(connection, tenant, hash_, first_slot, last_slot).values()]
+        slots = [
+            samples.empty(),
+            *(h for h, _ in _head_slots(connection, tenant, hash_, first_slot, last_slot).values()),
+        ]
         parts = [Samples(np.concatenate([s.timestamps for s in slots]), np.concatenate([s.values for s in slots]))]
         if hash_ in logged:
             parts.append(_log_samples(*logged[hash_]))
