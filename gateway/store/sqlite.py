@@ -1,10 +1,16 @@
 """The embedded default store: one SQLite file (WAL, synchronous=FULL, so a commit is durable).
 
-The tables mirror the Cassandra ones column for column (see contract.py), with two differences
-that stand in for Cassandra's TTLs: sealing a slot deletes the head rows it sealed, in the same
-transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups, exemplars and
+The tables mirror the Cassandra ones column for column (see contract.py) but for the head, with
+two differences that stand in for Cassandra's TTLs: sealing a slot deletes the head samples it
+sealed, in the same transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups, exemplars and
 histograms (and their roll-ups) past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
-blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows). SQLite
+blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows).
+
+The head is not ``data_raw`` (one row a sample keyed by series, whose rows of one commit land on
+one B-tree page a series) but ``head_log``, appended to in commit order, which the writer folds
+into ``head_chunks``, one row of numpy bytes a series-slot, once it holds ``FOLD_ROWS`` rows; a
+read takes a series' chunks and its rows still in the log, the last write of a timestamp winning
+(docs/storage.rst, "The embedded store"). SQLite
 calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
 small pool of readers, each thread with its own connection.
 
