@@ -66,7 +66,7 @@ SCHEMA_VERSION = 8
 # The head log is folded into head_chunks once it holds this many rows: a bigger log gives a
 # series more samples a chunk (fewer B-tree pages written a sample), and every head read a
 # longer scan of the log (docs/storage.rst, "The embedded store").
-FOLD_ROWS = 100_000
+FOLD_ROWS = 100000
 # Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
 # head in steps whose Python objects stay a few tens of MiB.
 FOLD_BATCH_ROWS = 2 * FOLD_ROWS
@@ -776,7 +776,7 @@ def _fold_head_log(connection: sqlite3.Connection, width: int) -> None:
 
 def _log_samples(timestamps: list[int], values: list) -> Samples:
     """Head log rows of one series in write order -> its samples, the last write of a timestamp winning."""
-    if any(isinstance(v, bytes) for v in values):
+    if bytes in map(type, values):  # a NaN or -0.0 (_encode_value); C-speed, unlike a generator
         values = [_decode_value(v) for v in values]
     return samples.merge([Samples(np.array(timestamps, dtype=np.int64), np.array(values, dtype=np.float64))])
 
