@@ -4,8 +4,8 @@ Two measurements on SQLite, run from the repository root (``--quick``: smaller, 
 
     python -m bench.sqlite_head [--quick]
 
-1. Writes. The store's own head-row statements, group commit and head-log folds
-   (``sqlite._commit_and_fold``) on a fresh file, as the writer thread runs them: S series (``--series``, default 8000), one sample
+1. Writes. The store's own head-row statements, group commit (``sqlite._commit_group``) and
+   head-log folds (every FOLD_ROWS rows) on a fresh file, as the writer thread runs them: S series (``--series``, default 8000), one sample
    each a round, 2000 rows a commit (a group of four 500-series requests), rounds 10 s apart; after
    6 untimed rounds, 20 timed rounds. Printed: rows/s, CPU microseconds a row, and the WAL bytes a
    row (automatic checkpoints off, so the WAL holds every page the timed commits wrote).
@@ -72,11 +72,12 @@ def measure_writes(path: Path, series: int) -> dict:
             ts = start_ms + r * INTERVAL_MS + 3
             for first in range(0, series, ROWS_PER_COMMIT):
                 points = [RawPoint("bench", h, ts, 1.5 + r) for h in hashes[first : first + ROWS_PER_COMMIT]]
-                writes = [(sqlite._raw_statements, (points,))]
-                outcome = sqlite._commit_and_fold(connection, writes, layout.slot_width_ms)
+                outcome = sqlite._commit_group(connection, [(sqlite._raw_statements, (points,))])
                 if outcome != [None]:
                     raise BenchError(f"head write failed: {outcome}")
                 written += len(points)
+                if written % sqlite.FOLD_ROWS < len(points):  # as SQLiteStore folds, after the commit
+                    sqlite._fold_head_log(connection, layout.slot_width_ms)
         return written
 
     write(range(WARMUP_ROUNDS))

@@ -66,7 +66,7 @@ SCHEMA_VERSION = 8
 # The head log is folded into head_chunks once it holds this many rows: a bigger log gives a
 # series more samples a chunk (fewer B-tree pages written a sample), and every head read a
 # longer scan of the log (docs/storage.rst, "The embedded store").
-FOLD_ROWS = 100000
+FOLD_ROWS = 100_000
 # Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
 # head in steps whose Python objects stay a few tens of MiB.
 FOLD_BATCH_ROWS = 2 * FOLD_ROWS
@@ -263,6 +263,7 @@ class SQLiteStore(Store):
         self._readers = ThreadPool(1, readers, name="sqlite-reader")
         self._queued: list[tuple] = []  # (statements function, its arguments, Deferred) for the next commit
         self._committing = False
+        self._rows_since_fold = 0  # head rows this store wrote since it last folded the head log
 
     @classmethod
     def from_url(cls, url: str, layout: Layout) -> "SQLiteStore":
@@ -311,12 +312,14 @@ class SQLiteStore(Store):
     def _commit_queued(self) -> None:
         entries, self._queued = self._queued, []
         self._committing = True
-        writes = [(statements, args) for statements, args, _ in entries]
-        self._write(_commit_and_fold, writes, self.slot_width_ms, self.fold_rows).addBoth(self._committed, entries)
+        self._write(_commit_group, [(statements, args) for statements, args, _ in entries]).addBoth(
+            self._committed, entries
+        )
 
     def _committed(self, outcome, entries: list[tuple]) -> None:
-        """Answer every write of a group, then commit what queued meanwhile (writes queued by
-        these answers included)."""
+        """Answer every write of a group, then fold the head log if due (the writes are committed:
+        they need not wait for it), then commit what queued meanwhile (writes queued by these
+        answers included). The writer runs one call at a time, in order."""
         outcomes = outcome if isinstance(outcome, list) else [outcome] * len(entries)
         for (_, _, deferred), result in zip(entries, outcomes):
             if result is None:
@@ -325,6 +328,9 @@ class SQLiteStore(Store):
                 deferred.errback(StoreUnavailable(f"sqlite: {result}"))
             else:
                 deferred.errback(result)
+        if self._rows_since_fold >= self.fold_rows:
+            self._rows_since_fold = 0
+            self._write(_fold_head_log, self.slot_width_ms).addErrback(_fold_failed)
         if self._queued:
             self._commit_queued()
         else:
@@ -466,7 +472,9 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def write_raw(self, points: Sequence[RawPoint]):
-        return self._commit(_raw_statements, list(points))
+        points = list(points)
+        self._rows_since_fold += len(points)
+        return self._commit(_raw_statements, points)
 
     def list_tenants(self):
         return self._read(_column, "SELECT tenant FROM tenants ORDER BY tenant", ())
@@ -720,19 +728,9 @@ def _commit_group(connection: sqlite3.Connection, writes: list[tuple]) -> list[E
     return outcomes
 
 
-def _commit_and_fold(
-    connection: sqlite3.Connection, writes: list[tuple], width: int, fold_rows: int = FOLD_ROWS
-) -> list[Exception | None]:
-    """_commit_group, then a fold of the head log once it holds ``fold_rows`` rows. The writes are
-    committed whatever the fold does: its failure leaves the rows in the log, read from there."""
-    outcomes = _commit_group(connection, writes)
-    try:
-        first, last = connection.execute("SELECT min(id), max(id) FROM head_log").fetchone()
-        if first is not None and last - first + 1 >= fold_rows:
-            _fold_head_log(connection, width)
-    except sqlite3.Error:
-        log.exception("folding the SQLite head log failed; its rows stay in the log")
-    return outcomes
+def _fold_failed(failure) -> None:
+    """A fold that failed leaves its rows in the head log, where reads find them; the next fold takes them."""
+    log.error("folding the SQLite head log failed: %s", failure.getErrorMessage())
 
 
 def _statement(query: str, rows: list[tuple]) -> list[tuple[str, list]]:
