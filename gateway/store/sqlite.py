@@ -520,11 +520,16 @@ class SQLiteStore(Store):
         last_slot = time_slot(end_ms, self.slot_width_ms)
 
         def read(connection):
-            heads = _read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
-            return [
-                RawData(_column(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), head)
-                for hash_, head in zip(hashes, heads)
-            ]
+            # one snapshot: a fold or a seal committing meanwhile cannot move samples past the read
+            connection.execute("BEGIN")
+            try:
+                heads = _read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
+                return [
+                    RawData(_column(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), head)
+                    for hash_, head in zip(hashes, heads)
+                ]
+            finally:
+                connection.execute("COMMIT")
 
         return self._read(read)
 
