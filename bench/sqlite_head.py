@@ -5,9 +5,10 @@ Two measurements on SQLite, run from the repository root (``--quick``: smaller, 
     python -m bench.sqlite_head [--quick]
 
 1. Writes. The store's own head-row statements, group commit (``sqlite._commit_group``) and
-   head-log folds (every FOLD_ROWS rows) on a fresh file, as the writer thread runs them: S series (``--series``, default 8000), one sample
-   each a round, 2000 rows a commit (a group of four 500-series requests), rounds 10 s apart; after
-   6 untimed rounds, 20 timed rounds. Printed: rows/s, CPU microseconds a row, and the WAL bytes a
+   head-log folds (every FOLD_ROWS rows) on a fresh file, as the writer thread runs them: S
+   series (``--series``, default 8000; hashes in random order, as real ones are), one sample each
+   a round, 2000 rows a commit (a group of four 500-series requests), rounds 10 s apart; after 6
+   untimed rounds, 20 timed rounds. Printed: rows/s, CPU microseconds a row, and the WAL bytes a
    row (automatic checkpoints off, so the WAL holds every page the timed commits wrote).
 2. Reads. ``/render`` of 100 [20] series x 24 h at 10 s (``rb.*.cpu``, bench/storage.py's render
    workload) from a ``tsgate serve --workers 1`` on SQLite: written through ``POST /api/write``,
