@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
 
 from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
@@ -593,5 +595,27 @@ async def test_sqlite_head_of_many_series_and_slots_reads_back_from_chunks(tmp_p
         await store.sweep(HOUR + store.layout.raw_retention_ms)
         (left,) = await store.read_raw(tenant, [hashes[0]], 0, 3 * HOUR)
         assert points(left.head) == [(ts, ts / 1000) for ts in rounds if ts >= HOUR]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_head_log_is_folded_once_writes_stop(tmp_path, tenant):
+    """A log far from fold_rows is folded once a check finds no head row written since the last
+    one: a store that went quiet reads its head from chunks alone."""
+    store = SQLiteStore(tmp_path / "quiet.db", Layout(), fold_check_s=0.05)
+    await store.start()
+    h = series(tenant, "cpu", {}).series_set_hash
+    try:
+        await store.write_raw([RawPoint(tenant, h, ts, float(ts)) for ts in range(10)])
+        deadline = time.monotonic() + 30
+        while True:
+            with sqlite3.connect(tmp_path / "quiet.db") as reader:
+                logged = reader.execute("SELECT count(*) FROM head_log").fetchone()[0]
+            if not logged or time.monotonic() > deadline:
+                break
+            await deferLater(reactor, 0.05)
+        assert logged == 0
+        assert points(await read_head(store, tenant, h, 0, 100)) == [(ts, float(ts)) for ts in range(10)]
     finally:
         await store.close()

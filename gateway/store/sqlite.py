@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
-from twisted.internet import reactor, threads
+from twisted.internet import reactor, task, threads
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.threadpool import ThreadPool
 
@@ -67,6 +67,10 @@ SCHEMA_VERSION = 8
 # series more samples a chunk (fewer B-tree pages written a sample), and every head read a
 # longer scan of the log (docs/storage.rst, "The embedded store").
 FOLD_ROWS = 100_000
+# The log is also folded when it took no head row for FOLD_CHECK_S (a quiet store reads chunks
+# alone) and at least every FOLD_MAX_AGE_S (a small store's log stays short).
+FOLD_CHECK_S = 5.0
+FOLD_MAX_AGE_S = 300
 # Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
 # head in steps whose Python objects stay a few tens of MiB.
 FOLD_BATCH_ROWS = 2 * FOLD_ROWS
@@ -253,10 +257,18 @@ def _decode_nullable(stored):
 
 
 class SQLiteStore(Store):
-    def __init__(self, path: Path, layout: Layout, readers: int = 4, fold_rows: int | None = None):
+    def __init__(
+        self,
+        path: Path,
+        layout: Layout,
+        readers: int = 4,
+        fold_rows: int | None = None,
+        fold_check_s: float = FOLD_CHECK_S,
+    ):
         super().__init__(layout)
         self.path = path
         self.fold_rows = fold_rows or FOLD_ROWS
+        self.fold_check_s = fold_check_s
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._writer = ThreadPool(1, 1, name="sqlite-writer")
@@ -264,6 +276,9 @@ class SQLiteStore(Store):
         self._queued: list[tuple] = []  # (statements function, its arguments, Deferred) for the next commit
         self._committing = False
         self._rows_since_fold = 0  # head rows this store wrote since it last folded the head log
+        self._rows_at_check = 0  # _rows_since_fold at the last _fold_when_quiet
+        self._checks_since_fold = 0
+        self._fold_check = task.LoopingCall(self._fold_when_quiet)
 
     @classmethod
     def from_url(cls, url: str, layout: Layout) -> "SQLiteStore":
@@ -329,20 +344,37 @@ class SQLiteStore(Store):
             else:
                 deferred.errback(result)
         if self._rows_since_fold >= self.fold_rows:
-            self._rows_since_fold = 0
-            self._write(_fold_head_log, self.slot_width_ms).addErrback(_fold_failed)
+            self._fold()
         if self._queued:
             self._commit_queued()
         else:
             self._committing = False
 
+    def _fold(self) -> None:
+        """Fold the head log on the writer thread, after what it is doing now."""
+        self._rows_since_fold = self._rows_at_check = self._checks_since_fold = 0
+        self._write(_fold_head_log, self.slot_width_ms).addErrback(_fold_failed)
+
+    def _fold_when_quiet(self) -> None:
+        """Every fold_check_s: fold a log that took no head row since the last check, or that was
+        last folded FOLD_MAX_AGE_S ago."""
+        self._checks_since_fold += 1
+        quiet = self._rows_since_fold == self._rows_at_check
+        if self._rows_since_fold and (quiet or self._checks_since_fold * self.fold_check_s >= FOLD_MAX_AGE_S):
+            self._fold()
+        self._rows_at_check = self._rows_since_fold
+
     def start(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer.start()
         self._readers.start()
+        self._fold_check.start(self.fold_check_s, now=False)
         return self._write(_start_writer, self.layout)
 
     def close(self):
+        if self._fold_check.running:
+            self._fold_check.stop()
+
         def stop_and_close():
             self._writer.stop()
             self._readers.stop()
