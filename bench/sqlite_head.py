@@ -1,6 +1,6 @@
 """The embedded store's head: what a head row costs to write, and reading head rows against blocks.
 
-Two measurements on SQLite, run from the repository root (``--quick``: smaller, for a check):
+Three measurements on SQLite, run from the repository root (``--quick``: smaller, for a check):
 
     python -m bench.sqlite_head [--quick]
 
@@ -10,7 +10,11 @@ Two measurements on SQLite, run from the repository root (``--quick``: smaller, 
    a round, 2000 rows a commit (a group of four 500-series requests), rounds 10 s apart; after 6
    untimed rounds, 20 timed rounds. Printed: rows/s, CPU microseconds a row, and the WAL bytes a
    row (automatic checkpoints off, so the WAL holds every page the timed commits wrote).
-2. Reads. ``/render`` of 100 [20] series x 24 h at 10 s (``rb.*.cpu``, bench/storage.py's render
+2. Store reads. The same points as 3, written with the store's statements and folds into a file
+   of their own; the CPU time of SQLiteStore.read_raw's work and the read path's stitching for
+   all the series at once, best of 5: right after the writes (the last rows still in the head
+   log), once the log is folded, and once every slot is sealed.
+3. Reads. ``/render`` of 100 [20] series x 24 h at 10 s (``rb.*.cpu``, bench/storage.py's render
    workload) from a ``tsgate serve --workers 1`` on SQLite: written through ``POST /api/write``,
    rendered while every slot is still head rows, then sealed with ``tsgate downsample --once`` and
    rendered again; p50/p99 over 5 [3] requests after a warm-up, every answer checked. Reference:
@@ -43,8 +47,10 @@ from bench.storage import (
     slot_end_before,
 )
 from gateway.model import now_ms
+from gateway.read_path import stitch_raw
 from gateway.store import sqlite
-from gateway.store.contract import RawPoint
+from gateway.store.blocks import encode_block
+from gateway.store.contract import RawData, RawPoint
 from gateway.store.layout import Layout
 
 ROWS_PER_COMMIT = 2000
@@ -96,6 +102,56 @@ def measure_writes(path: Path, series: int) -> dict:
     return figures
 
 
+def measure_store_reads(path: Path, render: RenderWorkload) -> dict:
+    """CPU ms of the store's part of the render alone (SQLiteStore.read_raw's queries and
+    decoding, then the read path's stitching), best of 5, on a busy box steadier than the
+    render's wall time: head rows right after the writes (the last up to FOLD_ROWS still in the
+    head log), once the log is folded, and sealed."""
+    layout = Layout()
+    connection = sqlite3.connect(path, isolation_level=None)
+    sqlite._start_writer(connection, layout)
+    tenant, hashes = "bench", render.names
+    rows = [
+        RawPoint(tenant, h, ts, render.value(i, j)) for i, h in enumerate(hashes) for j, ts in enumerate(render.stamps)
+    ]
+    for first in range(0, len(rows), 10_000):  # as POST /api/write bodies of 10,000 samples
+        sqlite._commit_group(connection, [(sqlite._raw_statements, (rows[first : first + 10_000],))])
+        if (first + 10_000) % sqlite.FOLD_ROWS < 10_000:
+            sqlite._fold_head_log(connection, layout.slot_width_ms)
+    start, end = render.stamps[0], render.stamps[-1]
+    slots = (start - start % layout.slot_width_ms, end - end % layout.slot_width_ms)
+
+    def read() -> list:
+        heads = sqlite._read_head(connection, tenant, hashes, *slots, start, end)
+        return [
+            stitch_raw(RawData(sqlite._column(connection, sqlite.BLOCKS_QUERY, (tenant, h, *slots)), head), start, end)
+            for h, head in zip(hashes, heads)
+        ]
+
+    def best_cpu_ms() -> float:
+        timings = []
+        for _ in range(5):
+            cpu = time.process_time()
+            found = read()
+            timings.append((time.process_time() - cpu) * 1000)
+            if sum(len(f) for f in found) != render.samples:
+                raise BenchError(f"read {sum(len(f) for f in found)} samples of {render.samples}")
+        return min(timings)
+
+    figures = {"head, log not folded": best_cpu_ms()}
+    sqlite._fold_head_log(connection, layout.slot_width_ms)
+    figures["head, folded"] = best_cpu_ms()
+    for h, head in zip(hashes, read()):
+        for slot in range(slots[0], slots[1] + 1, layout.slot_width_ms):
+            sealed = head.between(slot, slot + layout.slot_width_ms - 1)
+            block = encode_block(sealed.timestamps, sealed.values)
+            sqlite._write_block(connection, layout.slot_width_ms, tenant, h, slot, block, sealed)
+    figures["sealed"] = best_cpu_ms()
+    connection.close()
+    log("store reads, CPU ms: " + ", ".join(f"{name} {ms:.0f}" for name, ms in figures.items()))
+    return figures
+
+
 def measure_reads(workdir: Path, render: RenderWorkload, requests: int) -> dict:
     """p50/p99 ms of the render while head rows, then once sealed."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -138,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         writes = measure_writes(workdir / "writes.db", series)
         render = RenderWorkload(render_series, 24, slot_end_before(now_ms()))
+        store_reads = measure_store_reads(workdir / "reads.db", render)
         reads = measure_reads(workdir / "render", render, requests)
         graphite = None if args.skip_graphite_web else measure_graphite_web(workdir / "graphite-web", render, requests)
     finally:
@@ -146,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  {writes['rows/s']:.0f} rows/s, {writes['cpu us/row']:.2f} us CPU a row, {writes['wal B/row']:.0f} B of WAL a row"
     )
+    print(f"store reads (read_raw and stitching) of {render_series} series x 24h @10s, best CPU ms of 5:")
+    for name, ms in store_reads.items():
+        print(f"  {name:21} {ms:7.0f} ms")
     print(f"render {render_series} series x 24h @10s, {requests} requests:")
     for name, timed in (("head rows", reads["head"]), ("sealed", reads["sealed"]), ("graphite-web", graphite)):
         if timed:
