@@ -16,8 +16,10 @@ Three measurements on SQLite, run from the repository root (``--quick``: smaller
    log), once the log is folded, and once every slot is sealed.
 3. Reads. ``/render`` of 100 [20] series x 24 h at 10 s (``rb.*.cpu``, bench/storage.py's render
    workload) from a ``tsgate serve --workers 1`` on SQLite: written through ``POST /api/write``,
-   rendered while every slot is still head rows, then sealed with ``tsgate downsample --once`` and
-   rendered again; p50/p99 over 5 [3] requests after a warm-up, every answer checked. Reference:
+   rendered while every slot is still head rows (after the writes stopped long enough for the
+   store to fold its log: measurement 2 has the log's cost), then sealed with ``tsgate downsample
+   --once`` and rendered again; p50/p99 over 5 [3] requests after a warm-up, every answer
+   checked, and the gateway's CPU ms a request (its processes' CPU time over the requests). Reference:
    graphite-web 1.1.8 over whisper files of the same points (bench/storage.py), when installed.
    The figure to watch is head p50 / sealed p50 (target <= 1: head rows read no slower than blocks).
 """
@@ -34,7 +36,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from bench.common import BenchError, tsgate_service
+from bench.common import BenchError, tree_cpu_s, tsgate_service
 from bench.queries import time_requests, write_json
 from bench.storage import (
     INTERVAL_MS,
@@ -153,7 +155,8 @@ def measure_store_reads(path: Path, render: RenderWorkload) -> dict:
 
 
 def measure_reads(workdir: Path, render: RenderWorkload, requests: int) -> dict:
-    """p50/p99 ms of the render while head rows, then once sealed."""
+    """p50/p99 ms and the gateway's CPU ms a request of the render while head rows (once the
+    store, quiet, folded its log), then once sealed."""
     workdir.mkdir(parents=True, exist_ok=True)
     store_url = f"sqlite:///{workdir / 'render.db'}"
     schemas = workdir / "storage-schemas.conf"
@@ -166,18 +169,24 @@ def measure_reads(workdir: Path, render: RenderWorkload, requests: int) -> dict:
     )
     path = "/render?" + urllib.parse.urlencode(render.params)
     headers = {"X-Tenant": RENDER_TENANT}
-    timed = {}
+    timed, cpu_ms = {}, {}
     try:
         gateway.start(60)
         write_json(gateway.port, "render points (sqlite)", render.items(), RENDER_TENANT)
-        timed["head"] = time_requests(gateway.port, "GET", path, None, headers, requests, checked_once(render.check))
-        downsample_once(store_url, render.series_slots)
-        timed["sealed"] = time_requests(gateway.port, "GET", path, None, headers, requests, checked_once(render.check))
+        time.sleep(2 * sqlite.FOLD_CHECK_S + 1)  # the quiet store's fold
+        for state in ("head", "sealed"):
+            if state == "sealed":
+                downsample_once(store_url, render.series_slots)
+            cpu = tree_cpu_s(gateway.pid)
+            timed[state] = time_requests(gateway.port, "GET", path, None, headers, requests, checked_once(render.check))
+            cpu_ms[state] = (tree_cpu_s(gateway.pid) - cpu) / (requests + 1) * 1000  # the warm-up too
     finally:
         gateway.stop()
     for state, figures in timed.items():
-        log(f"render {state}: p50 {figures.p50:.0f} ms, p99 {figures.p99:.0f} ms")
-    return timed
+        log(
+            f"render {state}: p50 {figures.p50:.0f} ms, p99 {figures.p99:.0f} ms, gateway CPU {cpu_ms[state]:.0f} ms a request"
+        )
+    return timed, cpu_ms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         writes = measure_writes(workdir / "writes.db", series)
         render = RenderWorkload(render_series, 24, slot_end_before(now_ms()))
         store_reads = measure_store_reads(workdir / "reads.db", render)
-        reads = measure_reads(workdir / "render", render, requests)
+        reads, render_cpu = measure_reads(workdir / "render", render, requests)
         graphite = None if args.skip_graphite_web else measure_graphite_web(workdir / "graphite-web", render, requests)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -207,9 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, ms in store_reads.items():
         print(f"  {name:21} {ms:7.0f} ms")
     print(f"render {render_series} series x 24h @10s, {requests} requests:")
-    for name, timed in (("head rows", reads["head"]), ("sealed", reads["sealed"]), ("graphite-web", graphite)):
+    for name, timed, cpu in (
+        ("head rows", reads["head"], render_cpu["head"]),
+        ("sealed", reads["sealed"], render_cpu["sealed"]),
+        ("graphite-web", graphite, None),
+    ):
         if timed:
-            print(f"  {name:13} p50 {timed.p50:7.0f} ms   p99 {timed.p99:7.0f} ms")
+            gateway_cpu = f"   gateway CPU {cpu:5.0f} ms a request" if cpu is not None else ""
+            print(f"  {name:13} p50 {timed.p50:7.0f} ms   p99 {timed.p99:7.0f} ms{gateway_cpu}")
     print(f"  head / sealed p50: {reads['head'].p50 / reads['sealed'].p50:.2f} (target <= 1)")
     if graphite:
         print(f"  head / graphite-web p50: {reads['head'].p50 / graphite.p50:.2f}")
