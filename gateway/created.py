@@ -15,7 +15,7 @@ from gateway import metrics
 from gateway.cooperative import CHECK_EVERY, Slices
 from gateway.ingest import CreatedSample, IngestPipeline
 from gateway.metadata_cache import LRUMap
-from gateway.model import NAME_TAG, HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text
+from gateway.model import HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text, split_labels
 from gateway.read_path import ReadPath
 from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp
@@ -24,7 +24,7 @@ from protocols.prometheus import Series, types_pb2
 
 def name_and_tags(series: Series) -> tuple[str, dict[str, str]]:
     """A remote-write series' metric name and tags (its labels but ``__name__``), as ingest has them."""
-    return series.labels[NAME_TAG], {key: value for key, value in series.labels.items() if key != NAME_TAG}
+    return split_labels(series.labels)
 
 
 def zero_histogram(data: bytes, created_ms: int) -> bytes:

@@ -19,7 +19,7 @@ from gateway.created import CreatedTimestamps, name_and_tags
 from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
-from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
+from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, SeriesSamples, split_labels
 from gateway.query import QueryPlanner
 from gateway.remote_read import RemoteRead
 from gateway.store import Store
@@ -98,6 +98,7 @@ class PrometheusAPI:
                     _header(request, b"content-encoding"),
                     self.max_decompressed_bytes,
                     self.max_histogram_buckets,
+                    arrays=True,
                 )
             )
         except prometheus.RemoteWriteError as error:
@@ -105,13 +106,14 @@ class PrometheusAPI:
             raise HTTPError(error.status, error.message) from None
         for refused in batch.rejected_histograms:
             self.pipeline.count_rejected_histograms("prometheus", refused.reason)
-        samples, histograms, exemplars = [], [], []
+        histograms, exemplars = [], []
         slices = Slices()
         for index, series in enumerate(batch.series):
             if not index % CHECK_EVERY:
                 await slices.maybe_pause()
+            if not series.histograms and not series.exemplars:
+                continue
             name, tags = name_and_tags(series)
-            samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
             if series.histograms:
                 histograms.extend(HistogramSample(tenant, name, tags, h.timestamp, h.data) for h in series.histograms)
             if series.exemplars:
@@ -120,7 +122,12 @@ class PrometheusAPI:
                 )
         await self.pipeline.ingest_metric_metadata(_metadata_rows(tenant, batch))
         created = await self.created.new(tenant, batch.series)
-        result = await self.pipeline.ingest("prometheus", samples)
+        arrays = batch.arrays
+        assert arrays is not None  # decoded with arrays=True
+        samples = SeriesSamples(
+            tenant, arrays.keys, arrays.labels, split_labels, arrays.series, arrays.timestamps, arrays.values
+        )
+        result = await self.pipeline.ingest_arrays("prometheus", samples)
         native = await self.pipeline.ingest_histograms("prometheus", histograms)
         stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
         await self.created.write(tenant, created)
@@ -131,7 +138,7 @@ class PrometheusAPI:
         )
         refused = [r.problem for r in batch.rejected_histograms]
         parts = (
-            ("samples", len(samples), _described(result)),
+            ("samples", len(arrays), _described(result)),
             ("native histograms", len(histograms) + len(refused), refused + _described(native)),
             ("exemplars", len(exemplars), _described(stored)),
         )

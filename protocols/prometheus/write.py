@@ -19,6 +19,7 @@ from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from . import remote_pb2, types_pb2, write_v2_pb2
@@ -106,6 +107,58 @@ class Series:
     created_timestamp: int = 0  # v2 only: when the series (a counter, say) started, 0 when unknown
 
 
+class SampleArrays(NamedTuple):
+    """Samples of a request as arrays, the shape ingest works on without an object a sample: a
+    table of series (``keys[i]``, the label set as the request carried it, the same bytes or
+    tuple whenever the same series comes again; ``labels[i]``, its labels with ``__name__``) and,
+    a sample each, the index of its series in the table, its timestamp (ms) and value."""
+
+    keys: list
+    labels: list[dict[str, str]]
+    series: np.ndarray  # intp
+    timestamps: np.ndarray  # int64
+    values: np.ndarray  # float64
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+
+def _series_arrays(series: list[Series]) -> Generator[None, None, SampleArrays]:
+    """The samples of decoded series as arrays, yielding between runs of series; a series' key
+    is its label names then its values."""
+    keys, labels, counts, timestamps, values = [], [], [], [], []
+    for index, item in enumerate(series):
+        if not index % SERIES_PER_STEP:
+            yield
+        keys.append((*item.labels.keys(), *item.labels.values()))
+        labels.append(item.labels)
+        counts.append(len(item.samples))
+        for timestamp, value in item.samples:
+            timestamps.append(timestamp)
+            values.append(value)
+    return SampleArrays(
+        keys,
+        labels,
+        np.repeat(np.arange(len(keys)), counts),
+        np.array(timestamps, dtype=np.int64),
+        np.array(values, dtype=np.float64),
+    )
+
+
+def concat_arrays(parts: list[SampleArrays]) -> SampleArrays:
+    """One table and one set of arrays for the samples of several parts, in their order."""
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0] + [len(part.keys) for part in parts[:-1]])
+    return SampleArrays(
+        [key for part in parts for key in part.keys],
+        [labels for part in parts for labels in part.labels],
+        np.concatenate([np.empty(0, np.intp)] + [part.series + offset for part, offset in zip(parts, offsets)]),
+        np.concatenate([np.empty(0, np.int64)] + [part.timestamps for part in parts]),
+        np.concatenate([np.empty(0, np.float64)] + [part.values for part in parts]),
+    )
+
+
 @dataclass
 class MetricMetadata:
     """Metadata of a metric family, as sent in v1 requests."""
@@ -124,9 +177,14 @@ class WriteBatch:
     series: list[Series] = field(default_factory=list)
     metadata: list[MetricMetadata] = field(default_factory=list)
     rejected_histograms: list[RejectedHistogram] = field(default_factory=list)
+    # Decoded with ``arrays=True``: every sample of the request. The series of plain 1.0 parts
+    # (known labels and samples, nothing else) are then only there, not in ``series``.
+    arrays: SampleArrays | None = None
 
     @property
     def sample_count(self) -> int:
+        if self.arrays is not None:
+            return len(self.arrays)
         return sum(len(series.samples) for series in self.series)
 
     @property
@@ -167,6 +225,8 @@ def _check_content_encoding(content_encoding: str | None) -> None:
 
 # Bytes of the message parsed at once: ~3 ms of protobuf parsing on a loaded 2-core box.
 PART_BYTES = 256 * 1024
+# Decoded series turned into arrays at once (a few ms).
+SERIES_PER_STEP = 1000
 
 Steps = Generator[None, None, WriteBatch]
 
@@ -177,13 +237,15 @@ def decode_write_request(
     content_encoding: str | None,
     max_decompressed_bytes: int,
     max_histogram_buckets: int = 0,
+    arrays: bool = False,
 ) -> WriteBatch:
     """Decode a remote write body (v1 or v2 by Content-Type) or raise RemoteWriteError.
 
     A native histogram with more than ``max_histogram_buckets`` buckets (0: no limit) is
-    refused, as an invalid one is, before its buckets are read."""
+    refused, as an invalid one is, before its buckets are read. ``arrays``: see
+    decode_write_request_steps."""
     steps = decode_write_request_steps(
-        body, content_type, content_encoding, max_decompressed_bytes, max_histogram_buckets
+        body, content_type, content_encoding, max_decompressed_bytes, max_histogram_buckets, arrays
     )
     while True:
         try:
@@ -198,18 +260,25 @@ def decode_write_request_steps(
     content_encoding: str | None,
     max_decompressed_bytes: int,
     max_histogram_buckets: int = 0,
+    arrays: bool = False,
 ) -> Steps:
     """decode_write_request as a generator: it yields after each bounded step and returns the
-    WriteBatch (or raises RemoteWriteError) when resumed after the last one."""
+    WriteBatch (or raises RemoteWriteError) when resumed after the last one. With ``arrays``, the
+    samples are also arrays (WriteBatch.arrays), and those of plain 1.0 parts are only there."""
     version = message_version(content_type)
     _check_content_encoding(content_encoding)
     try:
         raw = decompress_block(body, max_decompressed_bytes)
     except ProtocolError as exc:
         raise RemoteWriteError(exc.status, exc.message) from exc
+    plain: list[SampleArrays] | None = [] if arrays else None
     if version == 1:
-        return (yield from _decode_v1(raw, max_histogram_buckets))
-    return (yield from _decode_v2(raw, max_histogram_buckets))
+        batch = yield from _decode_v1(raw, max_histogram_buckets, plain)
+    else:
+        batch = yield from _decode_v2(raw, max_histogram_buckets)
+    if plain is not None:
+        batch.arrays = concat_arrays([*plain, (yield from _series_arrays(batch.series))])
+    return batch
 
 
 _SKIPPED_BYTES = {1: 8, 5: 4}  # fixed64, fixed32
@@ -337,52 +406,109 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _decode_v1_plain(raw: bytes, first_index: int = 0) -> WriteBatch | None:
-    """The common 1.0 request, read straight from its bytes: series of labels then samples and
-    nothing else. None for anything else (metadata, exemplars, histograms, unknown or
+# The common 1.0 series from Prometheus: labels, then one sample of a nonzero double and a
+# timestamp of six varint bytes (every millisecond time from 1971 to 2109): its last 18 bytes.
+_ONE_SAMPLE_BYTES = 18
+_DOUBLE_BYTES = np.arange(8)
+_TIMESTAMP_BYTES = np.arange(9, 15)
+_TIMESTAMP_SHIFTS = np.arange(0, 42, 7, dtype=np.int64)
+
+
+def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
+    """The common 1.0 request, read straight from its bytes into arrays: series of labels then
+    samples and nothing else. None for anything else (metadata, exemplars, histograms, unknown or
     out-of-order fields, a malformed message), which the protobuf decoder then takes (and
     refuses with its own error); a series' labels are decoded by protobuf too, the first time
-    their bytes are seen (_LABEL_SETS). ``first_index``: the index of its first series in the
-    request (raw may be a part of it), for the errors."""
-    batch = WriteBatch(version=1)
-    append = batch.series.append
+    their bytes are seen (_LABEL_SETS). A series of known labels and the one sample Prometheus
+    sends a series is one dict lookup of its label bytes here; its sample's double and timestamp
+    are read for all such series at once, with numpy. ``first_index``: the index of its first
+    series in the request (raw may be a part of it), for the errors."""
+    keys: list[bytes] = []
+    labels_of: list[dict[str, str]] = []
+    counts: list[int] = []
+    one_sample_at: list[int] = []  # where the double of each common series' sample starts
+    others: list[tuple[int, int, float]] = []  # (sample number, timestamp, value) of the other samples
     label_sets = _LABEL_SETS
-    timestamps: dict[bytes, int] = {}  # varint bytes -> value: a request's samples share few timestamps
-    pos, size = 0, len(raw)
+    samples = pos = 0
+    size = len(raw)
     try:
         while pos < size:
             if raw[pos] != 0x0A:  # field 1, timeseries
                 return None
             end, pos = _varint(raw, pos + 1)
             end += pos
+            if end > size:
+                return None
+            tail = end - _ONE_SAMPLE_BYTES
+            if tail >= pos and raw[tail] == 0x12 and raw[tail + 1] == 0x10 and raw[tail + 2] == 0x09:
+                key = raw[pos:tail]
+                labels = label_sets.get(key)
+                if labels is not None and raw[end - 7] == 0x10:
+                    keys.append(key)
+                    labels_of.append(labels)
+                    counts.append(1)
+                    one_sample_at.append(tail + 3)
+                    samples += 1
+                    pos = end
+                    continue
             start = pos
             while pos < end and raw[pos] == 0x0A:  # field 1, labels
                 length, pos = _varint(raw, pos + 1)
                 pos += length
-            if pos > end or end > size:
+            if pos > end:
                 return None
             key = raw[start:pos]
             labels = label_sets.get(key)
             if labels is None:
-                labels = _first_seen_labels(first_index + len(batch.series), key)
+                labels = _first_seen_labels(first_index + len(keys), key)
                 if labels is None:
                     return None
-            samples = []
+            count = 0
             while pos < end:
                 if raw[pos] != 0x12:  # field 2, samples; anything else: the general decoder
                     return None
                 stop = raw[pos + 1] + pos + 2
                 if raw[pos + 1] >= 0x80 or stop > end:
                     return None
-                sample = _plain_sample(raw, pos + 2, stop, timestamps)
+                sample = _plain_sample(raw, pos + 2, stop)
                 if sample is None:
                     return None
-                samples.append(sample)
+                others.append((samples, *sample))
+                samples += 1
+                count += 1
                 pos = stop
-            append(Series(labels, samples))
+            keys.append(key)
+            labels_of.append(labels)
+            counts.append(count)
     except IndexError:
         return None
-    return batch
+    timestamps = np.empty(samples, dtype=np.int64)
+    values = np.empty(samples, dtype=np.float64)
+    common = np.ones(samples, dtype=bool)
+    if others:
+        numbers, other_timestamps, other_values = zip(*others)
+        common[list(numbers)] = False
+        timestamps[~common] = other_timestamps
+        values[~common] = other_values
+    if one_sample_at:
+        at = np.array(one_sample_at, dtype=np.intp)[:, None]
+        data = np.frombuffer(raw, dtype=np.uint8)
+        varints = data[at + _TIMESTAMP_BYTES]
+        if not (varints[:, :5] >= 0x80).all() or not (varints[:, 5] < 0x80).all():
+            return None
+        timestamps[common] = ((varints & 0x7F).astype(np.int64) << _TIMESTAMP_SHIFTS).sum(axis=1)
+        values[common] = data[at + _DOUBLE_BYTES].view("<f8")[:, 0]
+    return SampleArrays(keys, labels_of, np.repeat(np.arange(len(keys)), counts), timestamps, values)
+
+
+def _plain_series(arrays: SampleArrays) -> list[Series]:
+    """The series of plain arrays, as the protobuf decoder gives them."""
+    points = list(zip(arrays.timestamps.tolist(), arrays.values.tolist()))
+    series, start = [], 0
+    for labels, count in zip(arrays.labels, np.bincount(arrays.series, minlength=len(arrays.keys)).tolist()):
+        series.append(Series(labels, points[start : start + count]))
+        start += count
+    return series
 
 
 def _first_seen_labels(index: int, key: bytes) -> dict[str, str] | None:
@@ -399,7 +525,7 @@ def _first_seen_labels(index: int, key: bytes) -> dict[str, str] | None:
     return labels
 
 
-def _plain_sample(raw: bytes, pos: int, stop: int, timestamps: dict[bytes, int]) -> tuple[int, float] | None:
+def _plain_sample(raw: bytes, pos: int, stop: int) -> tuple[int, float] | None:
     """(timestamp, value) of the Sample message in raw[pos:stop]: a double (field 1) then an
     int64 varint (field 2), either left out when zero as encoders do; None for any other shape."""
     value, timestamp = 0.0, 0
@@ -407,28 +533,25 @@ def _plain_sample(raw: bytes, pos: int, stop: int, timestamps: dict[bytes, int])
         value = _unpack_double(raw, pos + 1)[0]
         pos += 9
     if pos < stop and raw[pos] == 0x10:
-        encoded = raw[pos + 1 : stop]
-        known = timestamps.get(encoded)
-        if known is None:
-            timestamp, after = _varint(raw, pos + 1)
-            if after != stop or timestamp >= 1 << 64:
-                return None
-            if timestamp >= 1 << 63:  # int64 in two's complement
-                timestamp -= 1 << 64
-            timestamps[encoded] = timestamp
-        else:
-            timestamp = known
-        pos = stop
+        timestamp, pos = _varint(raw, pos + 1)
+        if pos != stop or timestamp >= 1 << 64:
+            return None
+        if timestamp >= 1 << 63:  # int64 in two's complement
+            timestamp -= 1 << 64
     return (timestamp, value) if pos == stop else None
 
 
-def _decode_v1(raw: bytes, max_histogram_buckets: int) -> Steps:
+def _decode_v1(raw: bytes, max_histogram_buckets: int, plain: list[SampleArrays] | None) -> Steps:
+    """With ``plain``, the plain parts are left there as arrays instead of becoming series."""
     batch = WriteBatch(version=1)
     for part in _parts(raw, PART_BYTES):
         yield
-        plain = _decode_v1_plain(part, len(batch.series))
-        if plain is not None:
-            batch.series.extend(plain.series)
+        arrays = _decode_v1_plain(part, len(batch.series) + sum(len(done.keys) for done in plain or ()))
+        if arrays is not None:
+            if plain is None:
+                batch.series.extend(_plain_series(arrays))
+            else:
+                plain.append(arrays)
             continue
         request = _parse(remote_pb2.WriteRequest(), part)
         yield from _decode_v1_series(batch, request.timeseries, max_histogram_buckets)
