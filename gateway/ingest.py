@@ -365,7 +365,8 @@ class IngestPipeline:
     async def _resolve_arrays(self, protocol: str, kind: _Kind, batch: SeriesSamples) -> _Admitted:
         """_resolve for samples as arrays: the series of the table looked up in ``self.known``
         at once, those not found validated and hashed one by one (pausing for the reactor as
-        _resolve does), the timestamps checked on the array, and the rows built by C loops."""
+        _resolve does; a series without samples is left alone), the timestamps checked on the
+        array, and the rows built by C loops."""
         tenant = batch.tenant
         now = self.clock()
         oldest, newest = now - self.limits.max_sample_age_ms, now + self.limits.max_future_ms
@@ -375,8 +376,12 @@ class IngestPipeline:
         new_series: dict[tuple[str, str], SeriesKey] = {}
         invalid: dict[int, InvalidSample] = {}
         if None in hashes:
+            with_samples = np.zeros(len(hashes), dtype=bool)
+            with_samples[batch.series] = True
             slices = Slices()
-            for index in [index for index, hash_ in enumerate(hashes) if hash_ is None]:
+            for index in compress(range(len(hashes)), with_samples.tolist()):
+                if hashes[index] is not None:
+                    continue
                 if slices.due():
                     await slices.pause()
                 hash_ = fresh.get(keys[index])

@@ -288,7 +288,11 @@ def _parts(raw: bytes, part_bytes: int) -> Iterator[bytes]:
     """The message as runs of whole top-level fields of about ``part_bytes`` each: each run is
     a valid message of the same type holding some of the fields (repeated fields concatenate),
     so it parses alone. From a field that is not well formed on, the rest is one run, for the
-    protobuf parser to refuse with its own words."""
+    protobuf parser to refuse with its own words. A message within ``part_bytes`` is one run."""
+    if len(raw) <= part_bytes:
+        if raw:
+            yield raw
+        return
     start = offset = 0
     try:
         while offset < len(raw):
@@ -435,7 +439,11 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
         while pos < size:
             if raw[pos] != 0x0A:  # field 1, timeseries
                 return None
-            end, pos = _varint(raw, pos + 1)
+            end = raw[pos + 1]
+            if end < 0x80:
+                pos += 2
+            else:
+                end, pos = _varint(raw, pos + 1)
             end += pos
             if end > size:
                 return None
