@@ -517,6 +517,42 @@ def test_v1_series_decode_the_same_the_first_time_and_once_their_labels_are_know
     assert with_exemplar.series[0].samples == samples[0]
 
 
+@pytest.mark.parametrize("version", [V1, V2])
+def test_samples_as_arrays_are_the_samples_of_the_series(version):
+    """decode with arrays=True: every sample once, in the arrays, with its series' labels, whether
+    the plain 1.0 reader took it (Prometheus's one sample a series of known labels, first seen or
+    known, several samples, zero values and timestamps) or protobuf did (a series with an
+    exemplar, 2.0); a series' key is the same in every request."""
+    now = 1_700_000_000_000
+    series = [
+        Series({"__name__": "one", "job": "a"}, [(now, 1.5)]),
+        Series({"__name__": "zero", "job": "a"}, [(now, 0.0)]),
+        Series({"__name__": "many", "i": "ü"}, [(now - 30_000, -2.0), (0, float_of(STALE_NAN_BITS)), (-1, 5e-324)]),
+        Series({"__name__": "none"}),
+        Series({"__name__": "exemplar"}, [(now, 3.0)], exemplars=[Exemplar({"trace": "t"}, 1.0, now)]),
+        Series({"__name__": "one", "job": "b"}, [(now + 1, 7.0)]),
+    ]
+    encode = encode_write_request_v1
+    if version == V2:  # where a series without samples is refused
+        encode, series = encode_write_request_v2, [s for s in series if s.samples]
+    keys = None
+    for _ in range(2):  # labels first seen, then known
+        batch = decode_write_request(encode(series), version, "snappy", LIMIT, arrays=True)
+        arrays = batch.arrays
+        assert batch.sample_count == len(arrays) == 7
+        got = sorted(
+            (arrays.labels[index]["__name__"], arrays.labels[index].get("job", ""), ts, bits_of(value))
+            for index, ts, value in zip(arrays.series.tolist(), arrays.timestamps.tolist(), arrays.values.tolist())
+        )
+        assert got == sorted(
+            (s.labels["__name__"], s.labels.get("job", ""), ts, bits_of(value))
+            for s in series
+            for ts, value in s.samples
+        )
+        assert keys in (None, arrays.keys) and len(set(arrays.keys)) == len(series)
+        keys = arrays.keys
+
+
 def test_v1_invalid_labels_are_refused_every_time():
     raw = v1_request(v1_series([("__name__", "m"), ("a.b", "x")], [(1, 1.0)]))
     for _ in range(2):
