@@ -1527,7 +1527,8 @@ def decoded_in_steps(body: bytes, content_type: str) -> tuple[WriteBatch, int]:
 
 def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkeypatch):
     """Parts of a few fields each parse alone; the batch, series indexes in errors included, is
-    the same as from one part, and the decoder yields at least once a part (of about 2 series here)."""
+    the same as from one part, and the decoder yields at least once a part (of about 2 series
+    here), or, in 2.0, every V2_SERIES_PER_STEP series."""
     series = [
         Series({"__name__": "parts", "i": str(i)}, [(1_700_000_000_000 + i, float(i))], metric_type="gauge")
         for i in range(40)
@@ -1535,6 +1536,7 @@ def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkey
     whole = {V1: decode_write_request(encode_write_request_v1(series), V1, "snappy", LIMIT)}
     whole[V2] = decode_write_request(encode_write_request_v2(series), V2, "snappy", LIMIT)
     monkeypatch.setattr(write_module, "PART_BYTES", 64)
+    monkeypatch.setattr(write_module, "V2_SERIES_PER_STEP", 2)
     for content_type, encode in ((V1, encode_write_request_v1), (V2, encode_write_request_v2)):
         batch, yields = decoded_in_steps(encode(series), content_type)
         assert batch == whole[content_type] and len(batch.series) == 40
