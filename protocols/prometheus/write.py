@@ -124,14 +124,18 @@ class SampleArrays(NamedTuple):
         return len(self.timestamps)
 
 
+def series_key(labels: dict[str, str]) -> tuple[str, ...]:
+    """The key in SampleArrays of a series the protobuf decoder read: its label names, then values."""
+    return (*labels.keys(), *labels.values())
+
+
 def _series_arrays(series: list[Series]) -> Generator[None, None, SampleArrays]:
-    """The samples of decoded series as arrays, yielding between runs of series; a series' key
-    is its label names then its values."""
+    """The samples of decoded series as arrays, yielding between runs of series."""
     keys, labels, counts, timestamps, values = [], [], [], [], []
     for index, item in enumerate(series):
         if not index % SERIES_PER_STEP:
             yield
-        keys.append((*item.labels.keys(), *item.labels.values()))
+        keys.append(series_key(item.labels))
         labels.append(item.labels)
         counts.append(len(item.samples))
         for timestamp, value in item.samples:
