@@ -553,6 +553,64 @@ def test_samples_as_arrays_are_the_samples_of_the_series(version):
         keys = arrays.keys
 
 
+def samples_and_metadata(batch: WriteBatch) -> tuple[list, set]:
+    """Every sample of a batch (by its labels, bit for bit) and every metadata row it carries,
+    whether decoded as series or as arrays."""
+    if batch.arrays is None:
+        found = [(s.labels, ts, value) for s in batch.series for ts, value in s.samples]
+    else:
+        arrays = batch.arrays
+        found = [
+            (arrays.labels[index], ts, value)
+            for index, ts, value in zip(arrays.series.tolist(), arrays.timestamps.tolist(), arrays.values.tolist())
+        ]
+    rows = {(m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata}
+    rows |= {(s.labels["__name__"], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type}
+    return sorted((sorted(labels.items()), ts, bits_of(value)) for labels, ts, value in found), rows
+
+
+def test_v2_plain_requests_read_as_arrays_hold_what_the_protobuf_decoder_reads():
+    """The plain 2.0 reader (labels refs, samples and metadata, nothing else) against the
+    protobuf decoder on the same requests: more series than a run (refs of two bytes, long
+    values), zero values and timestamps, several samples, NaN bits, metadata or none; and
+    requests it leaves to protobuf (a created timestamp, an exemplar) give the same too."""
+    now = 1_700_000_000_000
+    series = [
+        Series(
+            {"__name__": f"m{i % 7}", "pod": f"pod-{i}", "long": "é" * 70},
+            [(now, float(i % 3))],
+            metric_type="counter" if i % 7 == 1 else None,
+            help="Requests." if i % 7 == 1 else "",
+        )
+        for i in range(write_module.V2_PLAIN_SERIES + 500)
+    ]
+    series += [
+        Series({"__name__": "many"}, [(0, 0.0), (-1, float_of(STALE_NAN_BITS)), (now, 5e-324)], metric_type="gauge"),
+        Series({"__name__": "unit"}, [(now, 1.0)], metric_type="histogram", unit="seconds"),
+    ]
+    requests = {
+        "plain": series,
+        "created": [*series[:10], Series({"__name__": "c"}, [(now, 1.0)], created_timestamp=now - 5)],
+        "exemplar": [*series[:10], Series({"__name__": "e"}, [(now, 1.0)], exemplars=[Exemplar({}, 1.0, now)])],
+    }
+    for name, request in requests.items():
+        body = encode_write_request_v2(request)
+        expected = samples_and_metadata(decode_write_request(body, V2, "snappy", LIMIT))
+        for _ in range(2):  # label sets first seen, then known
+            batch = decode_write_request(body, V2, "snappy", LIMIT, arrays=True)
+            assert samples_and_metadata(batch) == expected
+            assert (batch.series == []) == (name == "plain")
+
+
+def test_v2_plain_requests_refuse_invalid_labels_as_the_protobuf_decoder_does():
+    bad = [Series({"__name__": "ok"}, [(1, 1.0)]), Series({"__name__": "m", "a.b": "x"}, [(1, 1.0)])]
+    body = encode_write_request_v2(bad)
+    for arrays in (False, True):
+        with pytest.raises(RemoteWriteError) as refused:
+            decode_write_request(body, V2, "snappy", LIMIT, arrays=arrays)
+        assert refused.value.status == 400 and "series 1: invalid label name 'a.b'" in refused.value.message
+
+
 def test_v1_invalid_labels_are_refused_every_time():
     raw = v1_request(v1_series([("__name__", "m"), ("a.b", "x")], [(1, 1.0)]))
     for _ in range(2):

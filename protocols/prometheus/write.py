@@ -277,8 +277,12 @@ def decode_write_request_steps(
     except ProtocolError as exc:
         raise RemoteWriteError(exc.status, exc.message) from exc
     plain: list[SampleArrays] | None = [] if arrays else None
+    plain_v2 = (yield from _v2_plain(raw)) if version == 2 and arrays else None
     if version == 1:
         batch = yield from _decode_v1(raw, max_histogram_buckets, plain)
+    elif plain_v2 is not None:
+        batch = WriteBatch(version=2, metadata=plain_v2[1])
+        plain = [plain_v2[0]]
     else:
         batch = yield from _decode_v2(raw, max_histogram_buckets)
     if plain is not None:
@@ -495,6 +499,161 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
             counts.append(count)
     except IndexError:
         return None
+    sampled = _sample_arrays(raw, samples, one_sample_at, others)
+    if sampled is None:
+        return None
+    return SampleArrays(keys, labels_of, np.repeat(np.arange(len(keys)), counts), *sampled)
+
+
+def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[MetricMetadata]] | None]:
+    """The common 2.0 request, read straight from its bytes into arrays: the symbols, then series
+    of labels refs, samples and metadata, and nothing else (no histograms, exemplars, created or
+    start timestamps, series without samples). None for anything else, which the protobuf
+    decoder then takes (and refuses with its own error where it is wrong). The refs of every
+    series are decoded at once with numpy, run by run of V2_PLAIN_SERIES series, and a label set
+    seen before is one lookup of its strings (_V2_LABEL_SETS). The metadata of the series come
+    back as one MetricMetadata a metric and kind of metadata."""
+    symbols: list[str] = []
+    pos, size = 0, len(raw)
+    try:
+        while pos < size and raw[pos] == 0x22:  # field 4, symbols
+            length, pos = _varint(raw, pos + 1)
+            symbols.append(raw[pos : pos + length].decode())
+            pos += length
+            if not len(symbols) % V2_PLAIN_SERIES:
+                yield
+        if pos > size or not symbols or symbols[0]:
+            return None
+        runs: list[SampleArrays] = []
+        metadata: dict[tuple[str, bytes], None] = {}
+        while pos < size:
+            run = yield from _v2_plain_run(raw, pos, symbols, len(runs) * V2_PLAIN_SERIES, metadata)
+            if run is None:
+                return None
+            arrays, pos = run
+            runs.append(arrays)
+            yield
+    except (IndexError, UnicodeDecodeError):
+        return None
+    rows = [_v2_metadata(symbols, name, data) for name, data in metadata]
+    if None in rows:
+        return None
+    return concat_arrays(runs), [row for row in rows if row is not None and row.type]
+
+
+def _v2_plain_run(
+    raw: bytes, pos: int, symbols: list[str], first_index: int, metadata: dict[tuple[str, bytes], None]
+) -> Generator[None, None, tuple[SampleArrays, int] | None]:
+    """Up to V2_PLAIN_SERIES series from ``pos``: their arrays and the position after them."""
+    ref_starts: list[int] = []
+    ref_stops: list[int] = []
+    metadata_of: list[bytes] = []
+    counts: list[int] = []
+    one_sample_at: list[int] = []
+    others: list[tuple[int, int, float]] = []
+    samples, size = 0, len(raw)
+    while pos < size and len(counts) < V2_PLAIN_SERIES:
+        if raw[pos] != 0x2A:  # field 5, timeseries
+            return None
+        end, pos = _varint(raw, pos + 1)
+        end += pos
+        if end > size or raw[pos] != 0x0A:  # field 1, labels_refs
+            return None
+        length, pos = _varint(raw, pos + 1)
+        ref_starts.append(pos)
+        pos += length
+        ref_stops.append(pos)
+        count = 0
+        while pos < end and raw[pos] == 0x12:  # field 2, samples
+            if pos + 18 <= end and raw[pos + 1] == 0x10 and raw[pos + 2] == 0x09 and raw[pos + 11] == 0x10:
+                one_sample_at.append(pos + 3)
+                pos += 18
+            else:
+                stop = raw[pos + 1] + pos + 2
+                sample = _plain_sample(raw, pos + 2, stop) if raw[pos + 1] < 0x80 and stop <= end else None
+                if sample is None:
+                    return None
+                others.append((samples, *sample))
+                pos = stop
+            samples += 1
+            count += 1
+        data = b""
+        if pos < end and raw[pos] == 0x2A:  # field 5, metadata
+            stop = raw[pos + 1] + pos + 2
+            if raw[pos + 1] >= 0x80 or stop > end:
+                return None
+            data = raw[pos + 2 : stop]
+            pos = stop
+        if pos != end or not count or not length:
+            return None
+        metadata_of.append(data)
+        counts.append(count)
+    sampled = _sample_arrays(raw, samples, one_sample_at, others)
+    refs = _packed_varints(raw, ref_starts, ref_stops)
+    if sampled is None or refs is None:
+        return None
+    values, per_series = refs
+    if (per_series % 2).any() or (values >= len(symbols)).any():
+        return None
+    yield
+    strings = itemgetter(*values.tolist())(symbols)
+    bounds = np.cumsum(per_series).tolist()
+    keys = [strings[start:stop] for start, stop in zip([0, *bounds], bounds)]
+    labels_of = [
+        labels if labels is not None else _v2_new_labels(first_index + index, key)
+        for index, (key, labels) in enumerate(zip(keys, map(_V2_LABEL_SETS.get, keys)))
+    ]
+    metadata.update(dict.fromkeys(zip(map(itemgetter(METRIC_NAME_LABEL), labels_of), metadata_of)))
+    timestamps, sample_values = sampled
+    series = np.repeat(np.arange(len(keys)), counts)
+    return SampleArrays(keys, labels_of, series, timestamps, sample_values), pos
+
+
+def _packed_varints(raw: bytes, starts: list[int], stops: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The varints packed in raw[starts[i]:stops[i]] (each run non-empty, of whole varints of at
+    most 5 bytes, as uint32 ones are) in one array, and how many each run holds; None if a run
+    is not that."""
+    lengths = np.array(stops, dtype=np.intp) - np.array(starts, dtype=np.intp)
+    ends_at = np.cumsum(lengths)
+    where = np.repeat(np.array(starts, dtype=np.intp) - (ends_at - lengths), lengths) + np.arange(ends_at[-1])
+    data = np.frombuffer(raw, dtype=np.uint8)[where]
+    last = data < 0x80
+    if not last[ends_at - 1].all():
+        return None
+    firsts = np.flatnonzero(np.concatenate(([True], last[:-1])))
+    number = np.cumsum(last) - last  # the varint each byte belongs to
+    place = np.arange(len(data)) - firsts[number]
+    if place.max() > 4:
+        return None
+    parts = (data & 0x7F).astype(np.int64) << (7 * place)
+    values = np.bincount(number, weights=parts.astype(np.float64), minlength=len(firsts)).astype(np.int64)
+    return values, np.add.reduceat(last.astype(np.intp), ends_at - lengths)
+
+
+def _v2_metadata(symbols: list[str], name: str, data: bytes) -> MetricMetadata | None:
+    """The metadata of a 2.0 series (a type, help and unit refs, each left out when zero) as a
+    row; None for any other shape or a ref out of range. A type of 0 is no metadata."""
+    fields = {1: 0, 3: 0, 4: 0}
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        if key & 7 or key >> 3 not in fields:
+            return None
+        fields[key >> 3], pos = _varint(data, pos)
+    kind, help_ref, unit_ref = fields[1], fields[3], fields[4]
+    if help_ref >= len(symbols) or unit_ref >= len(symbols):
+        return None
+    return MetricMetadata(
+        name, _V2_TYPE_NAMES.get(kind, "unknown") if kind else "", symbols[help_ref], symbols[unit_ref]
+    )
+
+
+def _sample_arrays(
+    raw: bytes, samples: int, one_sample_at: list[int], others: list[tuple[int, int, float]]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The timestamps and values of ``samples`` samples: the common ones (a double then a six-byte
+    timestamp varint, the double at each of ``one_sample_at``) read at once, in order, around
+    the ``others`` (sample number, timestamp, value); None if a common one's varint is not one."""
     timestamps = np.empty(samples, dtype=np.int64)
     values = np.empty(samples, dtype=np.float64)
     common = np.ones(samples, dtype=bool)
@@ -511,7 +670,7 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
             return None
         timestamps[common] = ((varints & 0x7F).astype(np.int64) << _TIMESTAMP_SHIFTS).sum(axis=1)
         values[common] = data[at + _DOUBLE_BYTES].view("<f8")[:, 0]
-    return SampleArrays(keys, labels_of, np.repeat(np.arange(len(keys)), counts), timestamps, values)
+    return timestamps, values
 
 
 def _plain_series(arrays: SampleArrays) -> list[Series]:
@@ -659,6 +818,8 @@ def _decode_v2_series(
 
 # Series decoded between two yields of the 2.0 decoder: about a millisecond.
 V2_SERIES_PER_STEP = 64
+# Series of a run of the plain 2.0 reader, whose refs numpy decodes at once (a few ms at 64 labels).
+V2_PLAIN_SERIES = 2048
 _start_timestamp = attrgetter("start_timestamp")
 _timestamp = attrgetter("timestamp")
 _value = attrgetter("value")
@@ -678,17 +839,20 @@ def _v2_labels(symbols: list[str], index: int, refs) -> dict[str, str]:
         key = None  # a ref out of range: _symbol says which
     labels = _V2_LABEL_SETS.get(key) if key is not None else None
     if labels is None:
-        pairs = [
-            (
-                _symbol(symbols, refs[i], index, "label name ref"),
-                _symbol(symbols, refs[i + 1], index, "label value ref"),
-            )
-            for i in range(0, len(refs), 2)
+        strings = [
+            _symbol(symbols, ref, index, "label value ref" if i % 2 else "label name ref") for i, ref in enumerate(refs)
         ]
-        labels = _validated_labels(index, pairs)
-        if len(_V2_LABEL_SETS) >= MAX_CACHED_LABEL_SETS:
-            _V2_LABEL_SETS.clear()
-        _V2_LABEL_SETS[tuple(value for pair in pairs for value in pair)] = labels
+        labels = _v2_new_labels(index, tuple(strings))
+    return labels
+
+
+def _v2_new_labels(index: int, key: tuple[str, ...]) -> dict[str, str]:
+    """The labels of a 2.0 series not seen before, by its names and values in turn, validated
+    and remembered."""
+    labels = _validated_labels(index, list(zip(key[::2], key[1::2])))
+    if len(_V2_LABEL_SETS) >= MAX_CACHED_LABEL_SETS:
+        _V2_LABEL_SETS.clear()
+    _V2_LABEL_SETS[key] = labels
     return labels
 
 
