@@ -599,10 +599,12 @@ def _v2_plain_run(
     strings = itemgetter(*values.tolist())(symbols)
     bounds = np.cumsum(per_series).tolist()
     keys = [strings[start:stop] for start, stop in zip([0, *bounds], bounds)]
-    labels_of = [
-        labels if labels is not None else _v2_new_labels(first_index + index, key)
-        for index, (key, labels) in enumerate(zip(keys, map(_V2_LABEL_SETS.get, keys)))
-    ]
+    found = list(map(_V2_LABEL_SETS.get, keys))
+    for count, index in enumerate([index for index, labels in enumerate(found) if labels is None], 1):
+        found[index] = _v2_new_labels(first_index + index, keys[index])
+        if not count % V2_SERIES_PER_STEP:
+            yield
+    labels_of = [labels for labels in found if labels is not None]
     metadata.update(dict.fromkeys(zip(map(itemgetter(METRIC_NAME_LABEL), labels_of), metadata_of)))
     timestamps, sample_values = sampled
     series = np.repeat(np.arange(len(keys)), counts)
