@@ -20,9 +20,10 @@ import time
 from twisted.internet import defer, task
 
 from gateway.downsample.pending import PendingMarks, StorePending
+from gateway.http.prometheus_api import series_name_and_tags
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries
-from gateway.model import NAME_TAG, Limits, Sample, SeriesSamples, now_ms, split_labels
+from gateway.model import NAME_TAG, Limits, Sample, SeriesSamples, now_ms
 from gateway.store.layout import Layout
 from protocols import native_json
 from protocols.graphite.plaintext import PlaintextDecoder
@@ -63,7 +64,13 @@ def prometheus(content_type):
         for body in bodies:
             arrays = remote_write.decode_write_request(body, content_type, "snappy", 1 << 30, arrays=True).arrays
             samples = SeriesSamples(
-                TENANT, arrays.keys, arrays.labels, split_labels, arrays.series, arrays.timestamps, arrays.values
+                TENANT,
+                arrays.keys,
+                arrays.labels,
+                series_name_and_tags,
+                arrays.series,
+                arrays.timestamps,
+                arrays.values,
             )
             yield lambda pipeline: pipeline.ingest_arrays("prometheus", samples)
 

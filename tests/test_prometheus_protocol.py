@@ -49,6 +49,7 @@ from protocols.prometheus import (
     negotiate_response_type,
     prometheus_metric_name,
     sanitize_label_name,
+    series_labels,
     series_matches,
     uncompressed_length,
     v2_written_headers,
@@ -486,7 +487,7 @@ def test_v1_bad_protobuf_is_400(raw):
 
 
 def test_v1_series_decode_the_same_the_first_time_and_once_their_labels_are_known():
-    """Known label bytes skip protobuf (write._LABEL_SETS); what comes out must not change: long
+    """Known label bytes skip protobuf (write._VALID_LABEL_BYTES); what comes out must not change: long
     (two-byte length) and non-ASCII values, zero values and timestamps (left out on the wire),
     negative timestamps, NaN bits, no samples, repeated label sets, and a series with an
     exemplar (read by protobuf) after its labels were seen without one."""
@@ -540,8 +541,9 @@ def test_samples_as_arrays_are_the_samples_of_the_series(version):
         batch = decode_write_request(encode(series), version, "snappy", LIMIT, arrays=True)
         arrays = batch.arrays
         assert batch.sample_count == len(arrays) == 7
+        labels = [series_labels(entry) for entry in arrays.labels]
         got = sorted(
-            (arrays.labels[index]["__name__"], arrays.labels[index].get("job", ""), ts, bits_of(value))
+            (labels[index]["__name__"], labels[index].get("job", ""), ts, bits_of(value))
             for index, ts, value in zip(arrays.series.tolist(), arrays.timestamps.tolist(), arrays.values.tolist())
         )
         assert got == sorted(
@@ -561,7 +563,7 @@ def samples_and_metadata(batch: WriteBatch) -> tuple[list, set]:
     else:
         arrays = batch.arrays
         found = [
-            (arrays.labels[index], ts, value)
+            (series_labels(arrays.labels[index]), ts, value)
             for index, ts, value in zip(arrays.series.tolist(), arrays.timestamps.tolist(), arrays.values.tolist())
         ]
     rows = {(m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata}

@@ -51,6 +51,11 @@ def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
     return rows
 
 
+def series_name_and_tags(labels) -> tuple[str, dict[str, str]]:
+    """The metric name and tags of a series of remote write arrays (an entry of SampleArrays.labels)."""
+    return split_labels(prometheus.series_labels(labels))
+
+
 class PrometheusAPI:
     def __init__(
         self,
@@ -125,7 +130,7 @@ class PrometheusAPI:
         arrays = batch.arrays
         assert arrays is not None  # decoded with arrays=True
         samples = SeriesSamples(
-            tenant, arrays.keys, arrays.labels, split_labels, arrays.series, arrays.timestamps, arrays.values
+            tenant, arrays.keys, arrays.labels, series_name_and_tags, arrays.series, arrays.timestamps, arrays.values
         )
         result = await self.pipeline.ingest_arrays("prometheus", samples)
         native = await self.pipeline.ingest_histograms("prometheus", histograms)

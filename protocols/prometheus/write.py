@@ -95,8 +95,8 @@ class InvalidHistogram(ValueError):
 @dataclass
 class Series:
     """One time series; `labels` includes `__name__`, samples are (timestamp_ms, value).
-    A decoded series' labels may be shared with other requests' series (_LABEL_SETS): read them,
-    never change them."""
+    A decoded series' labels may be shared with other requests' series (_V2_LABEL_SETS): read
+    them, never change them."""
 
     labels: dict[str, str]
     samples: list[tuple[int, float]] = field(default_factory=list)
@@ -111,11 +111,13 @@ class Series:
 class SampleArrays(NamedTuple):
     """Samples of a request as arrays, the shape ingest works on without an object a sample: a
     table of series (``keys[i]``, the label set as the request carried it, the same bytes or
-    tuple whenever the same series comes again; ``labels[i]``, its labels with ``__name__``) and,
-    a sample each, the index of its series in the table, its timestamp (ms) and value."""
+    tuple whenever the same series comes again; ``labels[i]``, its labels with ``__name__``,
+    which series_labels() reads: a dict, or the bytes of a 1.0 label set read before, decoded
+    only when needed) and, a sample each, the index of its series in the table, its timestamp
+    (ms) and value."""
 
     keys: list
-    labels: list[dict[str, str]]
+    labels: list[dict[str, str] | bytes]
     series: np.ndarray  # intp
     timestamps: np.ndarray  # int64
     values: np.ndarray  # float64
@@ -131,7 +133,8 @@ def series_key(labels: dict[str, str]) -> tuple[str, ...]:
 
 def _series_arrays(series: list[Series]) -> Generator[None, None, SampleArrays]:
     """The samples of decoded series as arrays, yielding between runs of series."""
-    keys, labels, counts, timestamps, values = [], [], [], [], []
+    keys, counts, timestamps, values = [], [], [], []
+    labels: list[dict[str, str] | bytes] = []
     for index, item in enumerate(series):
         if not index % SERIES_PER_STEP:
             yield
@@ -396,13 +399,16 @@ def _exemplar(index: int, pairs: Iterable[tuple[str, str]], value: float, timest
     return Exemplar(labels, value, timestamp)
 
 
-# Label sets decoded and validated before, by the bytes of their labels in a 1.0 request: a
-# sender sends the same bytes for a series every time, so a known series' labels are one dict
-# lookup instead of a protobuf object, two strings and a check a label (6 of its 8 us, see
-# docs/performance.rst). Emptied when full, so hostile input cannot grow it: about 370 bytes an
-# entry (24 MiB full) beyond the label strings, which the ingest's known-series cache shares
-# (names interned, values the same objects).
-_LABEL_SETS: dict[bytes, dict[str, str]] = {}
+# Label bytes of 1.0 series decoded and validated before: a sender sends the same bytes for a
+# series every time, so a known series is one set lookup of its bytes instead of a protobuf
+# object, two strings and a check a label (6 of its 8 us, see docs/performance.rst), and its
+# labels are decoded again only if ingest does not know the series (series_labels). The bytes
+# are the objects the ingest's known-series cache keeps as keys, so an entry costs a set slot.
+# Emptied when full, so hostile input cannot grow it; as large as that cache by default, so
+# that a worker with as many active series keeps them all.
+_VALID_LABEL_BYTES: set[bytes] = set()
+MAX_VALID_LABEL_BYTES = 1 << 20
+# The 2.0 label sets remembered (_V2_LABEL_SETS).
 MAX_CACHED_LABEL_SETS = 1 << 16
 _unpack_double = struct.Struct("<d").unpack_from
 
@@ -432,16 +438,16 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
     samples and nothing else. None for anything else (metadata, exemplars, histograms, unknown or
     out-of-order fields, a malformed message), which the protobuf decoder then takes (and
     refuses with its own error); a series' labels are decoded by protobuf too, the first time
-    their bytes are seen (_LABEL_SETS). A series of known labels and the one sample Prometheus
+    their bytes are seen (_VALID_LABEL_BYTES). A series of known labels and the one sample Prometheus
     sends a series is one dict lookup of its label bytes here; its sample's double and timestamp
     are read for all such series at once, with numpy. ``first_index``: the index of its first
     series in the request (raw may be a part of it), for the errors."""
     keys: list[bytes] = []
-    labels_of: list[dict[str, str]] = []
+    labels_of: list[dict[str, str] | bytes] = []
     counts: list[int] = []
     one_sample_at: list[int] = []  # where the double of each common series' sample starts
     others: list[tuple[int, int, float]] = []  # (sample number, timestamp, value) of the other samples
-    label_sets = _LABEL_SETS
+    valid = _VALID_LABEL_BYTES
     samples = pos = 0
     size = len(raw)
     try:
@@ -459,10 +465,9 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
             tail = end - _ONE_SAMPLE_BYTES
             if tail >= pos and raw[tail] == 0x12 and raw[tail + 1] == 0x10 and raw[tail + 2] == 0x09:
                 key = raw[pos:tail]
-                labels = label_sets.get(key)
-                if labels is not None and raw[end - 7] == 0x10:
+                if key in valid and raw[end - 7] == 0x10:
                     keys.append(key)
-                    labels_of.append(labels)
+                    labels_of.append(key)
                     counts.append(1)
                     one_sample_at.append(tail + 3)
                     samples += 1
@@ -475,11 +480,12 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
             if pos > end:
                 return None
             key = raw[start:pos]
-            labels = label_sets.get(key)
-            if labels is None:
-                labels = _first_seen_labels(first_index + len(keys), key)
-                if labels is None:
+            labels: dict[str, str] | bytes = key
+            if key not in valid:
+                first_seen = _first_seen_labels(first_index + len(keys), key)
+                if first_seen is None:
                     return None
+                labels = first_seen
             count = 0
             while pos < end:
                 if raw[pos] != 0x12:  # field 2, samples; anything else: the general decoder
@@ -608,7 +614,7 @@ def _v2_plain_run(
     metadata.update(dict.fromkeys(zip(map(itemgetter(METRIC_NAME_LABEL), labels_of), metadata_of)))
     timestamps, sample_values = sampled
     series = np.repeat(np.arange(len(keys)), counts)
-    return SampleArrays(keys, labels_of, series, timestamps, sample_values), pos
+    return SampleArrays(keys, [*labels_of], series, timestamps, sample_values), pos
 
 
 def _packed_varints(raw: bytes, starts: list[int], stops: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -680,7 +686,7 @@ def _plain_series(arrays: SampleArrays) -> list[Series]:
     points = list(zip(arrays.timestamps.tolist(), arrays.values.tolist()))
     series, start = [], 0
     for labels, count in zip(arrays.labels, np.bincount(arrays.series, minlength=len(arrays.keys)).tolist()):
-        series.append(Series(labels, points[start : start + count]))
+        series.append(Series(series_labels(labels), points[start : start + count]))
         start += count
     return series
 
@@ -693,10 +699,19 @@ def _first_seen_labels(index: int, key: bytes) -> dict[str, str] | None:
     except DecodeError:
         return None
     labels = _validated_labels(index, [(sys.intern(label.name), label.value) for label in series.labels])
-    if len(_LABEL_SETS) >= MAX_CACHED_LABEL_SETS:
-        _LABEL_SETS.clear()
-    _LABEL_SETS[key] = labels
+    if len(_VALID_LABEL_BYTES) >= MAX_VALID_LABEL_BYTES:
+        _VALID_LABEL_BYTES.clear()
+    _VALID_LABEL_BYTES.add(key)
     return labels
+
+
+def series_labels(entry: dict[str, str] | bytes) -> dict[str, str]:
+    """The labels of a series of SampleArrays (an entry of its ``labels``): the bytes of a 1.0
+    label set read before are decoded again (they were valid then, and are the same bytes)."""
+    if isinstance(entry, dict):
+        return entry
+    labels = types_pb2.TimeSeries.FromString(entry).labels
+    return _validated_labels(0, [(sys.intern(label.name), label.value) for label in labels])
 
 
 def _plain_sample(raw: bytes, pos: int, stop: int) -> tuple[int, float] | None:
@@ -827,7 +842,7 @@ _timestamp = attrgetter("timestamp")
 _value = attrgetter("value")
 # Label sets of 2.0 series validated before, by their names and values in a flat tuple (the
 # refs differ between requests, the strings do not): a known label set is one lookup instead
-# of a check a label. Emptied when full, as _LABEL_SETS.
+# of a check a label. Emptied when full, as _VALID_LABEL_BYTES.
 _V2_LABEL_SETS: dict[tuple[str, ...], dict[str, str]] = {}
 
 
