@@ -19,6 +19,7 @@ import json
 import math
 import re
 from collections.abc import Generator
+from json.scanner import make_scanner
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -90,8 +91,9 @@ def _parse_json(body: bytes) -> Any:
         raise BadRequest("body is nested too deeply") from None
 
 
-_DECODER = json.JSONDecoder(parse_float=_parse_float, parse_int=_parse_int, parse_constant=_OutOfRange)
+_SCAN = make_scanner(json.JSONDecoder(parse_float=_parse_float, parse_int=_parse_int, parse_constant=_OutOfRange))
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+_SEPARATOR = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 
 
 def _skip_whitespace(text: str, pos: int) -> int:
@@ -118,23 +120,23 @@ def _parse_json_steps(body: bytes) -> Steps[Any]:
     if not text.startswith("[", pos):
         return _parse_json(body)
     items: list = []
+    scan = _SCAN  # the C scanner raw_decode calls, without its Python frame
     pos = _skip_whitespace(text, pos + 1)
     try:
-        if text.startswith("]", pos):
-            pos += 1
-        else:
-            while True:
-                item, pos = _DECODER.raw_decode(text, pos)
-                items.append(item)
-                pos = _skip_whitespace(text, pos)
-                if text.startswith("]", pos):
-                    pos += 1
-                    break
-                if not text.startswith(",", pos):
-                    raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
-                pos = _skip_whitespace(text, pos + 1)
-                if not len(items) % ITEMS_PER_STEP:
-                    yield
+        closed = text.startswith("]", pos)
+        pos += closed
+        while not closed:
+            try:
+                item, pos = scan(text, pos)
+            except StopIteration as stop:
+                raise json.JSONDecodeError("Expecting value", text, stop.value) from None
+            items.append(item)
+            separator = _SEPARATOR.match(text, pos)
+            if separator is None:
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, _skip_whitespace(text, pos))
+            closed, pos = separator.group(1) == "]", separator.end()
+            if not len(items) % ITEMS_PER_STEP:
+                yield
         pos = _skip_whitespace(text, pos)
         if pos != len(text):
             raise json.JSONDecodeError("Extra data", text, pos)
