@@ -91,7 +91,8 @@ def _parse_json(body: bytes) -> Any:
         raise BadRequest("body is nested too deeply") from None
 
 
-_SCAN = make_scanner(json.JSONDecoder(parse_float=_parse_float, parse_int=_parse_int, parse_constant=_OutOfRange))
+# What JSONDecoder.raw_decode calls; typeshed types make_scanner's argument as the scanner class.
+_SCAN = make_scanner(json.JSONDecoder(parse_float=_parse_float, parse_int=_parse_int, parse_constant=_OutOfRange))  # type: ignore[arg-type]
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _SEPARATOR = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 
