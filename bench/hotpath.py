@@ -6,6 +6,8 @@ building samples, validation, the series-set hash (or the known-series cache) an
 The store accepts and discards (DiscardingStore), so the figures exclude the driver's per-row cost,
 which bench/ingest.py measures for real. Each workload sends its series twice: the first pass
 finds new series (validation, hash, metadata), the second only known ones (the steady state).
+Workloads: Graphite plaintext, remote write 1.0 (rw) and 2.0 (rw2), native JSON, each decoded
+and ingested as its handler does, one request after the other under a running reactor.
 
     python -m bench.hotpath                    # table of µs of CPU per sample
     python -m bench.hotpath --profile rw       # plus the top functions of one workload (cProfile)
