@@ -604,7 +604,11 @@ def test_v2_plain_requests_read_as_arrays_hold_what_the_protobuf_decoder_reads()
             assert (batch.series == []) == (name == "plain")
 
 
-def test_v2_plain_requests_refuse_invalid_labels_as_the_protobuf_decoder_does():
+@pytest.mark.parametrize("run_bytes", [64 * 1024, 1])
+def test_v2_plain_requests_refuse_invalid_labels_as_the_protobuf_decoder_does(monkeypatch, run_bytes):
+    """The error names the series by its index in the request, however the plain reader cut it
+    into runs (runs of one series with run_bytes=1)."""
+    monkeypatch.setattr(write_module, "V2_PLAIN_REF_BYTES", run_bytes)
     bad = [Series({"__name__": "ok"}, [(1, 1.0)]), Series({"__name__": "m", "a.b": "x"}, [(1, 1.0)])]
     body = encode_write_request_v2(bad)
     for arrays in (False, True):

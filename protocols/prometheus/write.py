@@ -516,7 +516,7 @@ def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[Metr
     of labels refs, samples and metadata, and nothing else (no histograms, exemplars, created or
     start timestamps, series without samples). None for anything else, which the protobuf
     decoder then takes (and refuses with its own error where it is wrong). The refs of every
-    series are decoded at once with numpy, run by run of V2_PLAIN_SERIES series, and a label set
+    series are decoded at once with numpy, run by run (_v2_plain_run), and a label set
     seen before is one lookup of its strings (_V2_LABEL_SETS). The metadata of the series come
     back as one MetricMetadata a metric and kind of metadata."""
     symbols: list[str] = []
@@ -533,7 +533,8 @@ def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[Metr
         runs: list[SampleArrays] = []
         metadata: dict[tuple[str, bytes], None] = {}
         while pos < size:
-            run = yield from _v2_plain_run(raw, pos, symbols, len(runs) * V2_PLAIN_SERIES, metadata)
+            first_index = sum(len(done.keys) for done in runs)
+            run = yield from _v2_plain_run(raw, pos, symbols, first_index, metadata)
             if run is None:
                 return None
             arrays, pos = run
@@ -550,7 +551,8 @@ def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[Metr
 def _v2_plain_run(
     raw: bytes, pos: int, symbols: list[str], first_index: int, metadata: dict[tuple[str, bytes], None]
 ) -> Generator[None, None, tuple[SampleArrays, int] | None]:
-    """Up to V2_PLAIN_SERIES series from ``pos``: their arrays and the position after them."""
+    """Up to V2_PLAIN_SERIES series from ``pos``, fewer when their refs pass V2_PLAIN_REF_BYTES:
+    their arrays and the position after them."""
     ref_starts: list[int] = []
     ref_stops: list[int] = []
     metadata_of: list[bytes] = []
@@ -558,7 +560,8 @@ def _v2_plain_run(
     one_sample_at: list[int] = []
     others: list[tuple[int, int, float]] = []
     samples, size = 0, len(raw)
-    while pos < size and len(counts) < V2_PLAIN_SERIES:
+    ref_bytes = 0
+    while pos < size and len(counts) < V2_PLAIN_SERIES and ref_bytes < V2_PLAIN_REF_BYTES:
         if raw[pos] != 0x2A:  # field 5, timeseries
             return None
         end, pos = _varint(raw, pos + 1)
@@ -569,6 +572,7 @@ def _v2_plain_run(
         ref_starts.append(pos)
         pos += length
         ref_stops.append(pos)
+        ref_bytes += length
         count = 0
         while pos < end and raw[pos] == 0x12:  # field 2, samples
             if pos + 18 <= end and raw[pos + 1] == 0x10 and raw[pos + 2] == 0x09 and raw[pos + 11] == 0x10:
@@ -835,8 +839,10 @@ def _decode_v2_series(
 
 # Series decoded between two yields of the 2.0 decoder: about a millisecond.
 V2_SERIES_PER_STEP = 64
-# Series of a run of the plain 2.0 reader, whose refs numpy decodes at once (a few ms at 64 labels).
+# Series of a run of the plain 2.0 reader, whose refs numpy decodes at once, and the bytes of
+# refs that end a run sooner (series of many labels): a few ms of work either way.
 V2_PLAIN_SERIES = 2048
+V2_PLAIN_REF_BYTES = 64 * 1024
 _start_timestamp = attrgetter("start_timestamp")
 _timestamp = attrgetter("timestamp")
 _value = attrgetter("value")
