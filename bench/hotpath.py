@@ -6,6 +6,8 @@ building samples, validation, the series-set hash (or the known-series cache) an
 The store accepts and discards (DiscardingStore), so the figures exclude the driver's per-row cost,
 which bench/ingest.py measures for real. Each workload sends its series twice: the first pass
 finds new series (validation, hash, metadata), the second only known ones (the steady state).
+Workloads: Graphite plaintext, remote write 1.0 (rw) and 2.0 (rw2), native JSON, each decoded
+and ingested as its handler does, one request after the other under a running reactor.
 
     python -m bench.hotpath                    # table of µs of CPU per sample
     python -m bench.hotpath --profile rw       # plus the top functions of one workload (cProfile)
@@ -17,12 +19,13 @@ import json
 import pstats
 import time
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 
 from gateway.downsample.pending import PendingMarks, StorePending
+from gateway.http.prometheus_api import series_name_and_tags
 from gateway.ingest import IngestPipeline
 from gateway.metadata_cache import KnownSeries
-from gateway.model import NAME_TAG, Limits, Sample, now_ms
+from gateway.model import NAME_TAG, Limits, Sample, SeriesSamples, now_ms
 from gateway.store.layout import Layout
 from protocols import native_json
 from protocols.graphite.plaintext import PlaintextDecoder
@@ -47,26 +50,55 @@ class DiscardingStore:
         return defer.succeed(None)
 
 
+# Each workload decodes its bodies as the gateway's handler does and yields, a body each, the
+# pipeline call the handler makes.
+
+
 def plaintext(bodies):
     for body in bodies:
         samples, _ = PlaintextDecoder().feed(body, now_ms())
-        yield "graphite_plaintext", [Sample(TENANT, name, tags, ts, value) for name, tags, ts, value in samples]
+        rows = [Sample(TENANT, name, tags, ts, value) for name, tags, ts, value in samples]
+        yield lambda pipeline: pipeline.ingest("graphite_plaintext", rows)
 
 
-def prometheus(bodies):
-    for body in bodies:
-        batch = remote_write.decode_write_request(body, remote_write.V1_CONTENT_TYPE, "snappy", 1 << 30)
-        samples = []
-        for series in batch.series:
-            tags = {key: value for key, value in series.labels.items() if key != NAME_TAG}
-            samples.extend(Sample(TENANT, series.labels[NAME_TAG], tags, ts, value) for ts, value in series.samples)
-        yield "prometheus", samples
+def prometheus(content_type):
+    def decode(bodies):
+        for body in bodies:
+            arrays = remote_write.decode_write_request(body, content_type, "snappy", 1 << 30, arrays=True).arrays
+            samples = SeriesSamples(
+                TENANT,
+                arrays.keys,
+                arrays.labels,
+                series_name_and_tags,
+                arrays.series,
+                arrays.timestamps,
+                arrays.values,
+            )
+            yield lambda pipeline: pipeline.ingest_arrays("prometheus", samples)
+
+    return decode
 
 
 def native(bodies):
     for body in bodies:
         decoded, _ = native_json.decode_write_batch(body, now_ms())
-        yield "json", [Sample(TENANT, i.metric_name, i.tags, i.timestamp_ms, i.value) for _, i in decoded]
+        rows = [Sample(TENANT, i.metric_name, i.tags, i.timestamp_ms, i.value) for _, i in decoded]
+        yield lambda pipeline: pipeline.ingest("json", rows)
+
+
+def rw_bodies(encode, chunks: list[range], start: int) -> list[bytes]:
+    return [
+        encode(
+            [
+                remote_write.Series(
+                    {NAME_TAG: "bench_metric", "job": "bench", "instance": f"h{i % 100}", "series": str(i)},
+                    [(start * 1000, float(i))],
+                )
+                for i in chunk
+            ]
+        )
+        for chunk in chunks
+    ]
 
 
 def workloads(series: int, per_request: int) -> dict:
@@ -82,19 +114,12 @@ def workloads(series: int, per_request: int) -> dict:
             ],
         ),
         "rw": (
-            prometheus,
-            [
-                remote_write.encode_write_request_v1(
-                    [
-                        remote_write.Series(
-                            {NAME_TAG: "bench_metric", "job": "bench", "instance": f"h{i % 100}", "series": str(i)},
-                            [(start * 1000, float(i))],
-                        )
-                        for i in chunk
-                    ]
-                )
-                for chunk in chunks
-            ],
+            prometheus(remote_write.V1_CONTENT_TYPE),
+            rw_bodies(remote_write.encode_write_request_v1, chunks, start),
+        ),
+        "rw2": (
+            prometheus(remote_write.V2_CONTENT_TYPE),
+            rw_bodies(remote_write.encode_write_request_v2, chunks, start),
         ),
         "json": (
             native,
@@ -116,29 +141,41 @@ def workloads(series: int, per_request: int) -> dict:
     }
 
 
-def run(pipeline: IngestPipeline, decode, bodies) -> None:
-    """Decode each body and ingest it; the store answers at once, so each ingest completes here."""
-    for protocol, samples in decode(bodies):
-        defer.ensureDeferred(pipeline.ingest(protocol, samples))
+async def run(pipeline: IngestPipeline, decode, bodies) -> None:
+    """Decode each body and ingest it, one after the other, as one connection's requests are."""
+    for ingest in decode(bodies):
+        await ingest(pipeline)
 
 
-def measure(decode, bodies, samples: int, profile: bool) -> tuple[float, float]:
-    """µs of CPU per sample: first pass (new series), second pass (known series)."""
+async def measure(decode, bodies, samples: int, profile: bool) -> tuple[float, float]:
+    """µs of CPU per sample: first pass (new series), second pass (known series). Under a running
+    reactor: a long batch pauses for it (gateway.cooperative), which without one never resumes."""
     store = DiscardingStore()
     pending = PendingMarks(StorePending(store, store.slot_width_ms, 60_000), 64)
     pipeline = IngestPipeline(store, Limits(), KnownSeries(10_000_000), 1 << 40, pending=pending)
     started = time.process_time()
-    run(pipeline, decode, bodies)
+    await run(pipeline, decode, bodies)
     new = time.process_time() - started
+    profiler = cProfile.Profile()
     started = time.process_time()
     if profile:
-        profiler = cProfile.Profile()
-        profiler.runcall(run, pipeline, decode, bodies)
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
-    else:
-        run(pipeline, decode, bodies)
+        profiler.enable()
+    await run(pipeline, decode, bodies)
     known = time.process_time() - started
+    if profile:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    assert len(pipeline.known) == samples, f"{len(pipeline.known)} series known after two passes of {samples}"
     return new / samples * 1e6, known / samples * 1e6
+
+
+async def measure_all(args) -> None:
+    print(f"{'workload':<10} {'new series µs/sample':>21} {'known series µs/sample':>23}")
+    for name, (decode, bodies) in workloads(args.series, args.per_request).items():
+        if args.profile and args.profile != name:
+            continue
+        new, known = await measure(decode, bodies, args.series, args.profile == name)
+        print(f"{name:<10} {new:>21.2f} {known:>23.2f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,15 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--series", type=int, default=100_000)
     parser.add_argument("--per-request", type=int, default=2000)
     parser.add_argument(
-        "--profile", choices=["plaintext", "rw", "json"], help="cProfile the known-series pass of one workload"
+        "--profile", choices=["plaintext", "rw", "rw2", "json"], help="cProfile the known-series pass of one workload"
     )
     args = parser.parse_args(argv)
-    print(f"{'workload':<10} {'new series µs/sample':>21} {'known series µs/sample':>23}")
-    for name, (decode, bodies) in workloads(args.series, args.per_request).items():
-        if args.profile and args.profile != name:
-            continue
-        new, known = measure(decode, bodies, args.series, args.profile == name)
-        print(f"{name:<10} {new:>21.2f} {known:>23.2f}", flush=True)
+    task.react(lambda _: defer.ensureDeferred(measure_all(args)))
     return 0
 
 

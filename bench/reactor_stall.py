@@ -8,12 +8,17 @@ also indexes them and the later ones show the steady cost. One connection sends 
 them back to back while another asks GET /healthz every --probe-ms; the table gives the
 requests' times and the probe's latencies. The gateway runs on SQLite in a temporary directory.
 
+With --json the requests are native JSON writes (POST /api/write) of --series items with
+--labels tags each instead (default 30,000 x 10: 7 MB, under --max-body-bytes).
+
     python -m bench.reactor_stall                          # 150,000 x 64, v2, 4 requests
     python -m bench.reactor_stall --series 30000 --v1      # a quicker look
+    python -m bench.reactor_stall --json                   # 30,000 x 10, native JSON
 """
 
 import argparse
 import http.client
+import json
 import shutil
 import statistics
 import tempfile
@@ -35,6 +40,16 @@ def request_body(series: int, labels: int, timestamp_ms: int, v1: bool) -> bytes
         for n in range(series)
     ]
     return encode_write_request_v1(batch) if v1 else encode_write_request_v2(batch)
+
+
+def json_body(series: int, labels: int, timestamp_ms: int) -> bytes:
+    """The same series as a native JSON write: an item a series, ``labels - 1`` tags."""
+    common = {f"label_{i:02d}": f"value_{i}" for i in range(labels - 2)}
+    items = [
+        {"metricName": "stall_probe", "tags": {"series": str(n), **common}, "ts": timestamp_ms, "value": float(n)}
+        for n in range(series)
+    ]
+    return json.dumps(items).encode()
 
 
 class Prober(threading.Thread):
@@ -64,16 +79,26 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--series", type=int, default=150_000)
-    parser.add_argument("--labels", type=int, default=64, help="labels a series, __name__ included")
+    parser.add_argument("--series", type=int, help="series a request (150,000; 30,000 with --json)")
+    parser.add_argument("--labels", type=int, help="labels a series, __name__ included (64; 10 with --json)")
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--probe-ms", type=float, default=10)
     parser.add_argument("--v1", action="store_true", help="remote write 1.0 instead of 2.0")
+    parser.add_argument("--json", action="store_true", help="native JSON writes instead of remote write")
     args = parser.parse_args(argv)
+    args.series = args.series or (30_000 if args.json else 150_000)
+    args.labels = args.labels or (10 if args.json else 64)
     now_ms = int(time.time() * 1000)
-    bodies = [request_body(args.series, args.labels, now_ms - 60_000 + i, args.v1) for i in range(args.requests)]
+    if args.json:
+        bodies = [json_body(args.series, args.labels, now_ms - 60_000 + i) for i in range(args.requests)]
+        path, headers, accepted, form = "/api/write", {"Content-Type": "application/json"}, 200, "JSON"
+    else:
+        bodies = [request_body(args.series, args.labels, now_ms - 60_000 + i, args.v1) for i in range(args.requests)]
+        content_type = "application/x-protobuf" if args.v1 else V2_CONTENT_TYPE
+        path, headers, accepted = "/api/v1/write", {"Content-Encoding": "snappy", "Content-Type": content_type}, 204
+        form = "snappy"
     print(
-        f"{args.requests} requests of {args.series} series x {args.labels} labels, {len(bodies[0]) / 1e6:.2f} MB snappy"
+        f"{args.requests} requests of {args.series} series x {args.labels} labels, {len(bodies[0]) / 1e6:.2f} MB {form}"
     )
     workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-stall-"))
     service = tsgate_service(
@@ -82,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         workdir / "tsgate.log",
         ["--max-inflight-samples", str(10 * args.series), "--metadata-cache-size", str(2 * args.series)],
     )
-    headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf" if args.v1 else V2_CONTENT_TYPE}
     try:
         service.start()
         prober = Prober(service.port, args.probe_ms / 1000)
@@ -91,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         spans = []
         for body in bodies:
             started = time.perf_counter()
-            post_until_accepted(connection, "/api/v1/write", body, headers, 204)
+            post_until_accepted(connection, path, body, headers, accepted)
             spans.append((started, time.perf_counter()))
         prober.stop.set()
         prober.join()

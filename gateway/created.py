@@ -15,16 +15,17 @@ from gateway import metrics
 from gateway.cooperative import CHECK_EVERY, Slices
 from gateway.ingest import CreatedSample, IngestPipeline
 from gateway.metadata_cache import LRUMap
-from gateway.model import NAME_TAG, HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text
+from gateway.model import HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text, split_labels
 from gateway.read_path import ReadPath
 from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp
 from protocols.prometheus import Series, types_pb2
+from protocols.prometheus.write import series_key
 
 
 def name_and_tags(series: Series) -> tuple[str, dict[str, str]]:
     """A remote-write series' metric name and tags (its labels but ``__name__``), as ingest has them."""
-    return series.labels[NAME_TAG], {key: value for key, value in series.labels.items() if key != NAME_TAG}
+    return split_labels(series.labels)
 
 
 def zero_histogram(data: bytes, created_ms: int) -> bytes:
@@ -45,10 +46,11 @@ def zero_histogram(data: bytes, created_ms: int) -> bytes:
     return zero.SerializeToString()
 
 
-def series_cache_key(tenant: str, series: Series) -> tuple:
-    """The key a remote-write series has in the pipeline's known-series cache (gateway/ingest.py)."""
+def series_cache_keys(tenant: str, series: Series) -> tuple[tuple, tuple]:
+    """The keys a remote-write series has in the pipeline's known-series cache once written: by
+    its samples (IngestPipeline.ingest_arrays), by its histograms (ingest_histograms)."""
     name, tags = name_and_tags(series)
-    return tenant, name, (*tags.keys(), *tags.values())
+    return (tenant, series_key(series.labels)), (tenant, name, (*tags.keys(), *tags.values()))
 
 
 class CreatedTimestamps:
@@ -116,7 +118,8 @@ class CreatedTimestamps:
         zero samples of --created-timestamp-zero-ingestion; those add nothing to the counts the
         answer gives. Only of series the pipeline indexed: one whose every sample was refused has
         no metadata row to hold its created timestamp."""
-        created = [(item, row) for item, row in created if self.pipeline.known.get(series_cache_key(tenant, item))]
+        known = self.pipeline.known
+        created = [(item, row) for item, row in created if any(map(known.get, series_cache_keys(tenant, item)))]
         if not created:
             return
         now = self.pipeline.clock()

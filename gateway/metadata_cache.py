@@ -7,8 +7,9 @@ costs a harmless re-insert of the metadata, never correctness.
 
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
+from itertools import compress
 
 from twisted.internet import reactor, threads
 from twisted.internet.defer import Deferred, succeed
@@ -35,6 +36,14 @@ class LRUMap:
         if value is not None:
             self._entries.move_to_end(key)
         return value
+
+    def get_many(self, keys: list) -> list:
+        """The value of each key, None where there is none, in one pass of C loops (no Python a
+        key): a batch of known series costs a few hundred ns each. Values must be truthy."""
+        entries = self._entries
+        values = list(map(entries.get, keys))
+        deque(map(entries.move_to_end, compress(keys, values)), maxlen=0)
+        return values
 
     def add_all(self, items: dict) -> None:
         entries = self._entries

@@ -10,9 +10,11 @@ import base64
 import dataclasses
 import re
 import time
-from typing import NamedTuple
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, NamedTuple
 
 import mmh3
+import numpy as np
 
 DEFAULT_TENANT = "default"
 
@@ -42,6 +44,25 @@ class ExemplarSample(NamedTuple):
     timestamp_ms: int
     value: float
     labels: dict[str, str]
+
+
+class SeriesSamples(NamedTuple):
+    """Samples of one tenant as arrays, as a decoder that gives arrays hands them to ingest
+    (IngestPipeline.ingest_arrays): a table of series and, a sample each, the index of its
+    series in the table, its timestamp (ms) and value, with no object a sample.
+
+    ``keys[i]`` is the label set as the decoder saw it (remote write: its bytes), the same
+    whenever the same series comes again: the known-series cache's key, so a known series costs
+    one lookup. ``name_and_tags(labels[i])`` gives its metric name and tags, read only for a
+    series not known yet."""
+
+    tenant: str
+    keys: Sequence[Hashable]
+    labels: Sequence[Any]
+    name_and_tags: Callable[[Any], tuple[str, dict[str, str]]]
+    series: np.ndarray  # intp
+    timestamps: np.ndarray  # int64
+    values: np.ndarray  # float64
 
 
 class HistogramSample(NamedTuple):
@@ -83,6 +104,11 @@ class Limits:
     max_tags: int = 64
     max_sample_age_ms: int = 3650 * 86_400_000
     max_future_ms: int = 10 * 60_000
+
+
+def split_labels(labels: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """Prometheus labels as a metric name and tags (every label but ``__name__``)."""
+    return labels[NAME_TAG], {key: value for key, value in labels.items() if key != NAME_TAG}
 
 
 def escape(part: str) -> str:

@@ -17,11 +17,16 @@ others go on.
 
 import json
 import math
-from typing import Any, NamedTuple
+import re
+from collections.abc import Generator
+from json.scanner import make_scanner
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from protocols.timespec import BadTime, epoch_to_ms, parse_time
+
+T = TypeVar("T")
 
 
 class BadRequest(ValueError):
@@ -40,6 +45,9 @@ class ItemError(NamedTuple):
     index: int  # type: ignore[assignment]  # a field, shadowing tuple.index on purpose
     field: str
     problem: str
+
+
+Decoded = tuple[list[tuple[int, DecodedItem]], list[ItemError]]
 
 
 class _FieldError(ValueError):
@@ -81,6 +89,72 @@ def _parse_json(body: bytes) -> Any:
         raise BadRequest(f"body is not valid JSON: {error}") from None
     except RecursionError:
         raise BadRequest("body is nested too deeply") from None
+
+
+# What JSONDecoder.raw_decode calls; typeshed types make_scanner's argument as the scanner class.
+_SCAN = make_scanner(json.JSONDecoder(parse_float=_parse_float, parse_int=_parse_int, parse_constant=_OutOfRange))  # type: ignore[arg-type]
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_SEPARATOR = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
+
+
+def _skip_whitespace(text: str, pos: int) -> int:
+    match = _WHITESPACE.match(text, pos)
+    assert match is not None  # matches the empty string
+    return match.end()
+
+
+# Items parsed, or checked, between two yields of a decoder: about a millisecond of work.
+ITEMS_PER_STEP = 200
+
+Steps = Generator[None, None, T]
+
+
+def _parse_json_steps(body: bytes) -> Steps[Any]:
+    """_parse_json that reads a top-level array an item at a time and yields between runs of
+    items: json.loads holds the GIL for the whole of a large body (10 MB: about a second), in a
+    thread as on the reactor. Anything else is parsed at once."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads does
+    except UnicodeDecodeError as error:
+        raise BadRequest(f"body is not UTF-8: {error}") from None
+    pos = _skip_whitespace(text, 0)
+    if not text.startswith("[", pos):
+        return _parse_json(body)
+    items: list = []
+    scan = _SCAN  # the C scanner raw_decode calls, without its Python frame
+    pos = _skip_whitespace(text, pos + 1)
+    try:
+        closed = text.startswith("]", pos)
+        pos += closed
+        while not closed:
+            try:
+                item, pos = scan(text, pos)
+            except StopIteration as stop:
+                raise json.JSONDecodeError("Expecting value", text, stop.value) from None
+            items.append(item)
+            separator = _SEPARATOR.match(text, pos)
+            if separator is None:
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, _skip_whitespace(text, pos))
+            closed, pos = separator.group(1) == "]", separator.end()
+            if not len(items) % ITEMS_PER_STEP:
+                yield
+        pos = _skip_whitespace(text, pos)
+        if pos != len(text):
+            raise json.JSONDecodeError("Extra data", text, pos)
+    except json.JSONDecodeError as error:
+        raise BadRequest(f"body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise BadRequest("body is nested too deeply") from None
+    return items
+
+
+def run_to_end(steps: Steps[T]) -> T:
+    """The value of a generator that yields between steps, run at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def _out_of_range(raw: _OutOfRange, field: str) -> _FieldError:
@@ -152,10 +226,12 @@ def _item(raw: Any, name_field: str, time_fields: tuple[str, ...], now_ms: int) 
     return DecodedItem(tenant, raw[name_field], tags, timestamp_ms, _value(raw["value"]))
 
 
-def _items(raw_items: list, name_field: str, time_fields: tuple[str, ...], now_ms: int):
+def _items(raw_items: list, name_field: str, time_fields: tuple[str, ...], now_ms: int) -> Steps[Decoded]:
     decoded: list[tuple[int, DecodedItem]] = []
     errors: list[ItemError] = []
     for index, raw in enumerate(raw_items):
+        if index and not index % ITEMS_PER_STEP:
+            yield
         try:
             decoded.append((index, _item(raw, name_field, time_fields, now_ms)))
         except _FieldError as error:
@@ -163,30 +239,42 @@ def _items(raw_items: list, name_field: str, time_fields: tuple[str, ...], now_m
     return decoded, errors
 
 
-def decode_write_single(body: bytes, now_ms: int):
+def decode_write_single_steps(body: bytes, now_ms: int) -> Steps[Decoded]:
     """One write object -> ([(0, DecodedItem)], [ItemError])."""
     raw = _parse_json(body)
     if not isinstance(raw, dict):
         raise BadRequest("body must be one JSON object (use /api/write for an array)")
-    return _items([raw], "metricName", ("ts", "timestamp"), now_ms)
+    return (yield from _items([raw], "metricName", ("ts", "timestamp"), now_ms))
 
 
-def decode_write_batch(body: bytes, now_ms: int):
+def decode_write_batch_steps(body: bytes, now_ms: int) -> Steps[Decoded]:
     """A JSON array of write objects -> ([(index, DecodedItem)], [ItemError])."""
-    raw = _parse_json(body)
+    raw = yield from _parse_json_steps(body)
     if not isinstance(raw, list):
         raise BadRequest("body must be a JSON array of objects")
-    return _items(raw, "metricName", ("ts", "timestamp"), now_ms)
+    return (yield from _items(raw, "metricName", ("ts", "timestamp"), now_ms))
 
 
-def decode_put(body: bytes, now_ms: int):
+def decode_put_steps(body: bytes, now_ms: int) -> Steps[Decoded]:
     """An OpenTSDB-style object or array -> ([(index, DecodedItem)], [ItemError])."""
-    raw = _parse_json(body)
+    raw = yield from _parse_json_steps(body)
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list):
         raise BadRequest("body must be a JSON object or an array of objects")
-    return _items(raw, "metric", ("timestamp",), now_ms)
+    return (yield from _items(raw, "metric", ("timestamp",), now_ms))
+
+
+def decode_write_single(body: bytes, now_ms: int) -> Decoded:
+    return run_to_end(decode_write_single_steps(body, now_ms))
+
+
+def decode_write_batch(body: bytes, now_ms: int) -> Decoded:
+    return run_to_end(decode_write_batch_steps(body, now_ms))
+
+
+def decode_put(body: bytes, now_ms: int) -> Decoded:
+    return run_to_end(decode_put_steps(body, now_ms))
 
 
 def json_value(value: float) -> float | str:

@@ -101,6 +101,55 @@ def test_unusable_bodies(decoder, body):
         decoder(body, NOW)
 
 
+ITEM_A = native_json.DecodedItem(None, "a", {}, NOW, 1.0)
+ITEM_B = native_json.DecodedItem(None, "b", {"h": "x"}, NOW, 2.5)
+
+
+@pytest.mark.parametrize(
+    "body, items",
+    [
+        (b'[{"metricName": "a", "value": 1},{"metricName": "b", "tags": {"h": "x"}, "value": 2.5}]', [ITEM_A, ITEM_B]),
+        (
+            b' \n[ {"metricName":"a","value":1} ,\r\n\t{"metricName":"b","tags":{"h":"x"},"value":"2.5"} ]\n ',
+            [ITEM_A, ITEM_B],
+        ),
+        (b"[]", []),
+        (b" [ ] ", []),
+        (json.dumps([{"metricName": "a", "value": 1}]).encode("utf-16"), [ITEM_A]),
+    ],
+)
+def test_an_array_read_an_item_at_a_time_decodes_as_a_whole_parse_would(body, items):
+    """Arrays are parsed item by item (so that a large body decodes in slices): whitespace
+    anywhere json allows it, empty arrays and the encodings json.loads detects still work."""
+    decoded, errors = native_json.decode_write_batch(body, NOW)
+    assert errors == [] and [item for _, item in decoded] == items
+
+
+@pytest.mark.parametrize(
+    "body", [b"[1,]", b"[1 2]", b"[1] x", b"[", b'[{"metricName": "a", "value": 1},', b"[1,,2]", b"[\xff]"]
+)
+def test_a_malformed_array_read_an_item_at_a_time_is_a_bad_request(body):
+    with pytest.raises(native_json.BadRequest, match="not valid JSON|not UTF-8"):
+        native_json.decode_write_batch(body, NOW)
+
+
+def test_a_large_array_decodes_in_bounded_steps():
+    """The gateway runs the decoder in slices on the reactor: it yields every ITEMS_PER_STEP items,
+    while parsing and while checking them."""
+    items = [{"metricName": "m", "tags": {"n": str(n)}, "value": n} for n in range(2000)]
+    steps = native_json.decode_write_batch_steps(json.dumps(items).encode(), NOW)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            decoded, errors = done.value
+            break
+        yields += 1
+    assert errors == [] and len(decoded) == 2000
+    assert yields >= 2 * 2000 // native_json.ITEMS_PER_STEP - 2
+
+
 def test_query_results_seed_000_shape():
     points = [(1598205180000, 1.0), (1598205180500, math.nan), (1598205181000, -math.inf)]
     results = [SeriesResult("t-1", "cpu", {"host": "a"}, samples.from_points(points))]

@@ -49,6 +49,7 @@ from protocols.prometheus import (
     negotiate_response_type,
     prometheus_metric_name,
     sanitize_label_name,
+    series_labels,
     series_matches,
     uncompressed_length,
     v2_written_headers,
@@ -486,7 +487,7 @@ def test_v1_bad_protobuf_is_400(raw):
 
 
 def test_v1_series_decode_the_same_the_first_time_and_once_their_labels_are_known():
-    """Known label bytes skip protobuf (write._LABEL_SETS); what comes out must not change: long
+    """Known label bytes skip protobuf (write._VALID_LABEL_BYTES); what comes out must not change: long
     (two-byte length) and non-ASCII values, zero values and timestamps (left out on the wire),
     negative timestamps, NaN bits, no samples, repeated label sets, and a series with an
     exemplar (read by protobuf) after its labels were seen without one."""
@@ -515,6 +516,105 @@ def test_v1_series_decode_the_same_the_first_time_and_once_their_labels_are_know
     with_exemplar = decode_v1(v1_request(v1_series(label_sets[0], samples[0], exemplars=1)))
     assert with_exemplar.series[0].exemplars == [Exemplar({}, 1.5, 1000)]
     assert with_exemplar.series[0].samples == samples[0]
+
+
+@pytest.mark.parametrize("version", [V1, V2])
+def test_samples_as_arrays_are_the_samples_of_the_series(version):
+    """decode with arrays=True: every sample once, in the arrays, with its series' labels, whether
+    the plain 1.0 reader took it (Prometheus's one sample a series of known labels, first seen or
+    known, several samples, zero values and timestamps) or protobuf did (a series with an
+    exemplar, 2.0); a series' key is the same in every request."""
+    now = 1_700_000_000_000
+    series = [
+        Series({"__name__": "one", "job": "a"}, [(now, 1.5)]),
+        Series({"__name__": "zero", "job": "a"}, [(now, 0.0)]),
+        Series({"__name__": "many", "i": "ü"}, [(now - 30_000, -2.0), (0, float_of(STALE_NAN_BITS)), (-1, 5e-324)]),
+        Series({"__name__": "none"}),
+        Series({"__name__": "exemplar"}, [(now, 3.0)], exemplars=[Exemplar({"trace": "t"}, 1.0, now)]),
+        Series({"__name__": "one", "job": "b"}, [(now + 1, 7.0)]),
+    ]
+    encode = encode_write_request_v1
+    if version == V2:  # where a series without samples is refused
+        encode, series = encode_write_request_v2, [s for s in series if s.samples]
+    keys = None
+    for _ in range(2):  # labels first seen, then known
+        batch = decode_write_request(encode(series), version, "snappy", LIMIT, arrays=True)
+        arrays = batch.arrays
+        assert batch.sample_count == len(arrays) == 7
+        labels = [series_labels(entry) for entry in arrays.labels]
+        got = sorted(
+            (labels[index]["__name__"], labels[index].get("job", ""), ts, bits_of(value))
+            for index, ts, value in zip(arrays.series.tolist(), arrays.timestamps.tolist(), arrays.values.tolist())
+        )
+        assert got == sorted(
+            (s.labels["__name__"], s.labels.get("job", ""), ts, bits_of(value))
+            for s in series
+            for ts, value in s.samples
+        )
+        assert keys in (None, arrays.keys) and len(set(arrays.keys)) == len(series)
+        keys = arrays.keys
+
+
+def samples_and_metadata(batch: WriteBatch) -> tuple[list, set]:
+    """Every sample of a batch (by its labels, bit for bit) and every metadata row it carries,
+    whether decoded as series or as arrays."""
+    if batch.arrays is None:
+        found = [(s.labels, ts, value) for s in batch.series for ts, value in s.samples]
+    else:
+        arrays = batch.arrays
+        found = [
+            (series_labels(arrays.labels[index]), ts, value)
+            for index, ts, value in zip(arrays.series.tolist(), arrays.timestamps.tolist(), arrays.values.tolist())
+        ]
+    rows = {(m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata}
+    rows |= {(s.labels["__name__"], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type}
+    return sorted((sorted(labels.items()), ts, bits_of(value)) for labels, ts, value in found), rows
+
+
+def test_v2_plain_requests_read_as_arrays_hold_what_the_protobuf_decoder_reads():
+    """The plain 2.0 reader (labels refs, samples and metadata, nothing else) against the
+    protobuf decoder on the same requests: more series than a run (refs of two bytes, long
+    values), zero values and timestamps, several samples, NaN bits, metadata or none; and
+    requests it leaves to protobuf (a created timestamp, an exemplar) give the same too."""
+    now = 1_700_000_000_000
+    series = [
+        Series(
+            {"__name__": f"m{i % 7}", "pod": f"pod-{i}", "long": "é" * 70},
+            [(now, float(i % 3))],
+            metric_type="counter" if i % 7 == 1 else None,
+            help="Requests." if i % 7 == 1 else "",
+        )
+        for i in range(write_module.V2_PLAIN_SERIES + 500)
+    ]
+    series += [
+        Series({"__name__": "many"}, [(0, 0.0), (-1, float_of(STALE_NAN_BITS)), (now, 5e-324)], metric_type="gauge"),
+        Series({"__name__": "unit"}, [(now, 1.0)], metric_type="histogram", unit="seconds"),
+    ]
+    requests = {
+        "plain": series,
+        "created": [*series[:10], Series({"__name__": "c"}, [(now, 1.0)], created_timestamp=now - 5)],
+        "exemplar": [*series[:10], Series({"__name__": "e"}, [(now, 1.0)], exemplars=[Exemplar({}, 1.0, now)])],
+    }
+    for name, request in requests.items():
+        body = encode_write_request_v2(request)
+        expected = samples_and_metadata(decode_write_request(body, V2, "snappy", LIMIT))
+        for _ in range(2):  # label sets first seen, then known
+            batch = decode_write_request(body, V2, "snappy", LIMIT, arrays=True)
+            assert samples_and_metadata(batch) == expected
+            assert (batch.series == []) == (name == "plain")
+
+
+@pytest.mark.parametrize("run_bytes", [64 * 1024, 1])
+def test_v2_plain_requests_refuse_invalid_labels_as_the_protobuf_decoder_does(monkeypatch, run_bytes):
+    """The error names the series by its index in the request, however the plain reader cut it
+    into runs (runs of one series with run_bytes=1)."""
+    monkeypatch.setattr(write_module, "V2_PLAIN_REF_BYTES", run_bytes)
+    bad = [Series({"__name__": "ok"}, [(1, 1.0)]), Series({"__name__": "m", "a.b": "x"}, [(1, 1.0)])]
+    body = encode_write_request_v2(bad)
+    for arrays in (False, True):
+        with pytest.raises(RemoteWriteError) as refused:
+            decode_write_request(body, V2, "snappy", LIMIT, arrays=arrays)
+        assert refused.value.status == 400 and "series 1: invalid label name 'a.b'" in refused.value.message
 
 
 def test_v1_invalid_labels_are_refused_every_time():
@@ -1491,7 +1591,8 @@ def decoded_in_steps(body: bytes, content_type: str) -> tuple[WriteBatch, int]:
 
 def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkeypatch):
     """Parts of a few fields each parse alone; the batch, series indexes in errors included, is
-    the same as from one part, and the decoder yields at least once a part (of about 2 series here)."""
+    the same as from one part, and the decoder yields at least once a part (of about 2 series
+    here), or, in 2.0, every V2_SERIES_PER_STEP series."""
     series = [
         Series({"__name__": "parts", "i": str(i)}, [(1_700_000_000_000 + i, float(i))], metric_type="gauge")
         for i in range(40)
@@ -1499,6 +1600,7 @@ def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkey
     whole = {V1: decode_write_request(encode_write_request_v1(series), V1, "snappy", LIMIT)}
     whole[V2] = decode_write_request(encode_write_request_v2(series), V2, "snappy", LIMIT)
     monkeypatch.setattr(write_module, "PART_BYTES", 64)
+    monkeypatch.setattr(write_module, "V2_SERIES_PER_STEP", 2)
     for content_type, encode in ((V1, encode_write_request_v1), (V2, encode_write_request_v2)):
         batch, yields = decoded_in_steps(encode(series), content_type)
         assert batch == whole[content_type] and len(batch.series) == 40

@@ -4,6 +4,7 @@ series-slots pending, how in-flight samples are counted and bounded, and when dr
 import threading
 import time
 
+import numpy as np
 import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
@@ -15,7 +16,17 @@ from gateway.downsample.pending import PendingMarks, StorePending
 from gateway.ingest import _SAMPLES, MIN_INFLIGHT_BOUND, IngestPipeline, Overloaded, StoreRate
 from gateway.limits import RateLimited, TenantLimits
 from gateway.metadata_cache import KnownSeries
-from gateway.model import ExemplarSample, HistogramSample, Limits, Sample, series_set_hash, series_set_text
+from gateway.model import (
+    ExemplarSample,
+    HistogramSample,
+    Limits,
+    Sample,
+    SeriesKey,
+    SeriesSamples,
+    series_set_hash,
+    series_set_text,
+    split_labels,
+)
 from gateway.store.layout import HOUR_MS
 from protocols import prometheus
 from protocols.prometheus.write import V2_CONTENT_TYPE
@@ -295,3 +306,63 @@ async def test_a_large_remote_write_decodes_and_resolves_without_holding_the_rea
     assert took > 0.5, "too quick to tell: the test needs a larger request"
     assert ticks.count >= took / 0.1, f"{ticks.count} reactor turns in {took:.1f}s of resolving"
     assert len(resolving.result.rows) == 30_000 and not resolving.result.rejected
+
+
+def as_arrays(tenant: str, table: list[dict[str, str]], samples: list[tuple[int, int, float]]) -> SeriesSamples:
+    """(series index in ``table``, timestamp, value) samples as ingest_arrays takes them."""
+    series, timestamps, values = zip(*samples)
+    return SeriesSamples(
+        tenant,
+        [(*labels.keys(), *labels.values()) for labels in table],
+        table,
+        split_labels,
+        np.array(series, dtype=np.intp),
+        np.array(timestamps, dtype=np.int64),
+        np.array(values, dtype=np.float64),
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_samples_as_arrays_are_written_and_rejected_as_sample_objects_are(sqlite_store, tenant):
+    """ingest_arrays and ingest on the same samples, each into its own tenant, new series then
+    known ones: the same counts, the same rejects (with the sample's index), the same rows and
+    series metadata. A series whose only sample is refused, or without samples, is not indexed."""
+    clock = MsClock(SLOT + 10 * MINUTE)
+    now = clock.now
+    table = [
+        {"__name__": "good", "job": "a"},
+        {"__name__": "bad", "job": "x\x01"},
+        {"__name__": "no_samples"},
+        {"__name__": "too_old", "job": "b"},
+        {"__name__": "fresh"},
+    ]
+    samples = [
+        (0, now, 1.0),
+        (1, now, 2.0),
+        (0, now + 11 * MINUTE, 3.0),
+        (4, now - 5, 4.0),
+        (3, now - 3651 * 86_400_000, 5.0),
+    ]
+    samples += [(0, now - 1, float("nan")), (4, now, -0.0)]
+    pipeline = pipeline_on(sqlite_store, clock)
+    objects, arrays = tenant, tenant + "-arrays"
+    for shift in (0, 7):  # new series, then known ones
+        moved = [(index, ts + shift, value) for index, ts, value in samples]
+        expected = await pipeline.ingest(
+            "test", [Sample(objects, *split_labels(table[index]), ts, value) for index, ts, value in moved]
+        )
+        got = await pipeline.ingest_arrays("test", as_arrays(arrays, table, moved))
+        assert got == expected
+        assert expected.accepted == 4 and [r.index for r in expected.rejected] == [1, 2, 4]
+    hashes = [series_set_hash(series_set_text(*split_labels(labels))) for labels in table]
+    for kind in (objects, arrays):
+        assert sorted((await sqlite_store.get_series(kind, hashes)).values()) == sorted(
+            SeriesKey(kind, hashes[index], *split_labels(table[index])) for index in (0, 4)
+        )
+    (by_objects, by_arrays) = [
+        await sqlite_store.read_raw(kind, hashes, SLOT, SLOT + HOUR_MS) for kind in (objects, arrays)
+    ]
+    assert [len(found.head) for found in by_objects] == [4, 0, 0, 0, 4]
+    for one, other in zip(by_objects, by_arrays):
+        assert one.head.timestamps.tolist() == other.head.timestamps.tolist()
+        assert one.head.values.view(np.int64).tolist() == other.head.values.view(np.int64).tolist()

@@ -2,6 +2,7 @@
 
 from twisted.internet import threads
 
+from gateway.cooperative import CHECK_EVERY, Slices, run_steps
 from gateway.http.server import (
     HTTPError,
     Response,
@@ -24,10 +25,6 @@ from protocols import native_json
 from protocols.timespec import BadTime, parse_time
 
 MAX_REPORTED_REJECTS = 100
-# A body this small decodes on the reactor in about a millisecond. A larger one (10 MB: seconds of
-# json.loads hooks and per-item Python) decodes in a thread: Python code there gives the GIL up
-# every millisecond (gateway.service.REACTOR_GIL_WAIT_S), so the reactor keeps serving.
-INLINE_DECODE_BYTES = 64 * 1024
 
 
 class NativeAPI:
@@ -48,28 +45,31 @@ class NativeAPI:
         router.add("/api/query", ("GET",), "query", self.query, role="query")
 
     async def write_single(self, request):
-        return await self._write(request, native_json.decode_write_single)
+        return await self._write(request, native_json.decode_write_single_steps)
 
     async def write_batch(self, request):
-        return await self._write(request, native_json.decode_write_batch)
+        return await self._write(request, native_json.decode_write_batch_steps)
 
     async def put(self, request):
-        return await self._write(request, native_json.decode_put)
+        return await self._write(request, native_json.decode_put_steps)
 
     async def _write(self, request, decode) -> Response:
-        """Write the good items; 200 when all were stored, 400 listing the rejects otherwise."""
+        """Write the good items; 200 when all were stored, 400 listing the rejects otherwise.
+
+        A large body (10 MB: seconds of parsing and per-item Python, which a thread would do
+        holding the GIL as long) is decoded on the reactor in slices (gateway.cooperative)."""
         request_tenant_ = explicit_tenant(request)
         body = read_body(request)
         try:
-            if len(body) <= INLINE_DECODE_BYTES:
-                decoded, errors = decode(body, self.pipeline.clock())
-            else:
-                decoded, errors = await threads.deferToThread(decode, body, self.pipeline.clock())
+            decoded, errors = await run_steps(decode(body, self.pipeline.clock()))
         except native_json.BadRequest as error:
             raise HTTPError(400, str(error)) from None
         rejects = [{"index": e.index, "field": e.field, "error": e.problem} for e in errors]
         samples, positions = [], []
-        for index, item in decoded:
+        slices = Slices()
+        for count, (index, item) in enumerate(decoded):
+            if not count % CHECK_EVERY:
+                await slices.maybe_pause()
             try:
                 tenant = self._item_tenant(item.tenant, request_tenant_)
             except InvalidSample as error:

@@ -19,7 +19,7 @@ from gateway.created import CreatedTimestamps, name_and_tags
 from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
-from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
+from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, SeriesSamples, split_labels
 from gateway.overrides import PerTenant
 from gateway.query import QueryPlanner
 from gateway.remote_read import RemoteRead
@@ -50,6 +50,11 @@ def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
         MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type
     ]
     return rows
+
+
+def series_name_and_tags(labels) -> tuple[str, dict[str, str]]:
+    """The metric name and tags of a series of remote write arrays (an entry of SampleArrays.labels)."""
+    return split_labels(prometheus.series_labels(labels))
 
 
 class PrometheusAPI:
@@ -99,6 +104,7 @@ class PrometheusAPI:
                     _header(request, b"content-encoding"),
                     self.max_decompressed_bytes,
                     self.max_histogram_buckets,
+                    arrays=True,
                 )
             )
         except prometheus.RemoteWriteError as error:
@@ -106,13 +112,14 @@ class PrometheusAPI:
             raise HTTPError(error.status, error.message) from None
         for refused in batch.rejected_histograms:
             self.pipeline.count_rejected_histograms("prometheus", refused.reason)
-        samples, histograms, exemplars = [], [], []
+        histograms, exemplars = [], []
         slices = Slices()
         for index, series in enumerate(batch.series):
             if not index % CHECK_EVERY:
                 await slices.maybe_pause()
+            if not series.histograms and not series.exemplars:
+                continue
             name, tags = name_and_tags(series)
-            samples.extend(Sample(tenant, name, tags, ts, value) for ts, value in series.samples)
             if series.histograms:
                 histograms.extend(HistogramSample(tenant, name, tags, h.timestamp, h.data) for h in series.histograms)
             if series.exemplars:
@@ -121,7 +128,12 @@ class PrometheusAPI:
                 )
         await self.pipeline.ingest_metric_metadata(_metadata_rows(tenant, batch))
         created = await self.created.new(tenant, batch.series)
-        result = await self.pipeline.ingest("prometheus", samples)
+        arrays = batch.arrays
+        assert arrays is not None  # decoded with arrays=True
+        samples = SeriesSamples(
+            tenant, arrays.keys, arrays.labels, series_name_and_tags, arrays.series, arrays.timestamps, arrays.values
+        )
+        result = await self.pipeline.ingest_arrays("prometheus", samples)
         native = await self.pipeline.ingest_histograms("prometheus", histograms)
         stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
         await self.created.write(tenant, created)
@@ -132,7 +144,7 @@ class PrometheusAPI:
         )
         refused = [r.problem for r in batch.rejected_histograms]
         parts = (
-            ("samples", len(samples), _described(result)),
+            ("samples", len(arrays), _described(result)),
             ("native histograms", len(histograms) + len(refused), refused + _described(native)),
             ("exemplars", len(exemplars), _described(stored)),
         )

@@ -55,6 +55,7 @@ from .write import (
     encode_write_request_v1,
     encode_write_request_v2,
     message_version,
+    series_labels,
     v2_written_headers,
 )
 from .xor import decode_xor_chunk, encode_xor_chunk
@@ -98,6 +99,7 @@ __all__ = [
     "encode_read_response",
     "encode_write_request_v1",
     "encode_write_request_v2",
+    "series_labels",
     "encode_xor_chunk",
     "iter_frames",
     "message_version",
