@@ -265,6 +265,11 @@ class CassandraServer:
         process, self._process = self._process, None
         terminate(process, timeout)
 
+    def ask_to_stop(self) -> None:
+        """SIGTERM without waiting, so that several nodes shut down side by side (stop() waits)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+
     def _log_report(self, tail: int = 30) -> str:
         """Errors of this run first (Cassandra logs a lot while shutting down after one), then the log's tail."""
         with open(self.log_path, "rb") as log:
@@ -292,6 +297,7 @@ class CassandraServer:
             [self.host],
             port=self.port,
             connect_timeout=5,
+            protocol_version=5,
             execution_profiles={EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=policy)},
         )
         try:
@@ -374,7 +380,8 @@ class CassandraServer:
             "prepared_statements_cache_size": "16MiB",
             "file_cache_size": "64MiB",
             "networking_cache_size": "32MiB",
-            "dynamic_snitch": False,
+            # A cluster keeps Cassandra's default: reads avoid a replica that stopped answering.
+            "dynamic_snitch": self.datacenter is not None,
             "auto_snapshot": False,
             "sasi_indexes_enabled": True,
             "storage_compatibility_mode": "NONE",
@@ -519,7 +526,6 @@ class CassandraCluster:
     def stop(self, timeout: float = 60) -> None:
         """SIGTERM every node at once (each flushes on its own), then wait for all of them."""
         for node in self.nodes:
-            if node.running and node._process is not None:
-                node._process.terminate()
+            node.ask_to_stop()
         for node in self.nodes:
             node.stop(timeout)
