@@ -33,6 +33,8 @@ KEYSPACE = "tsgate_cluster"
 HOUR_S = 3600
 SERIES_PER_REQUEST = 100
 CARBON_SERIES = 20
+# A killed node replays its commit log when it starts again: 2-3 minutes on a box loaded to 30.
+NODE_START_S = 600
 
 PROMETHEUS = """
 global:
@@ -337,15 +339,15 @@ def test_a_node_killed_under_load_fails_no_write_and_comes_back_with_nothing_los
         run_until(writer, 30)
         queries_unavailable = sum(queries_complete(g, tenant, "node_kill", start_ms) for g in services.gateways)
         while_down = writer.statuses - before
-        cluster.nodes[2].start()
-        cluster.wait_until_all_normal()
+        cluster.nodes[2].start(timeout=NODE_START_S)
+        cluster.wait_until_all_normal(NODE_START_S)
         run_until(writer, 10)
     finally:
         writer.finish()
         carbon.finish()
     print(f"writes while a node was down: {dict(while_down)}; queries answered 503 first: {queries_unavailable}")
     assert set(writer.statuses) <= {200, 204, 503}, writer.statuses
-    assert writer.statuses[503] <= 2, f"writes failed with one node of three down: {writer.statuses}"
+    assert set(while_down) <= {200, 204}, f"writes failed with one node of three down: {while_down}"
     assert_every_acknowledged_sample_readable(services.gateways[0], writer)
     assert_all_carbon_lines_readable(services.gateways[1], services.carbon_tenant, carbon)
     prometheus_samples_all_written(prometheus_sender, services.gateways[0])
@@ -371,8 +373,8 @@ def test_two_nodes_killed_answer_503_with_retry_after_and_recover_every_acknowle
         for node in cluster.nodes[1:]:
             node.launch()
         for node in cluster.nodes[1:]:
-            node.wait_ready()
-        cluster.wait_until_all_normal()
+            node.wait_ready(NODE_START_S)
+        cluster.wait_until_all_normal(NODE_START_S)
         acknowledged = len(writer.acknowledged)
         wait_for(lambda: len(writer.acknowledged) >= acknowledged + 10, timeout=120, what="writes accepted again")
     finally:
