@@ -480,6 +480,7 @@ class CassandraCluster:
 
     @property
     def log_path(self) -> Path:
+        """The directory of the nodes' directories, each with its cassandra.log."""
         return self.nodes[0].log_path.parent.parent
 
     def __enter__(self) -> CassandraCluster:
