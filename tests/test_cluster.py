@@ -435,7 +435,9 @@ def test_rolling_restart_of_gateways_and_downsamplers_loses_nothing_and_seals_ev
 def test_ten_thousand_series_spread_within_20_percent_across_the_nodes(cluster, cluster_url, services):
     """Each series' partition goes to the node owning its token (the first of its replicas): with
     the tokens the nodes report, 10k series fall within 20% of an even third per node."""
+    from cassandra import ConsistencyLevel
     from cassandra.cluster import Cluster
+    from cassandra.query import SimpleStatement
 
     tenant = f"t-{uuid.uuid4().hex[:12]}"
     gateway = services.gateways[0]
@@ -456,7 +458,11 @@ def test_ten_thousand_series_spread_within_20_percent_across_the_nodes(cluster, 
         for row in session.execute("SELECT native_address, tokens FROM system.peers_v2"):
             owners.update({int(token): row.native_address for token in row.tokens})
         ring = sorted(owners)
-        rows = session.execute(f"SELECT tenant, token(tenant, series_set_hash) FROM {KEYSPACE}.series_set_hashes")
+        scan = SimpleStatement(
+            f"SELECT tenant, token(tenant, series_set_hash) FROM {KEYSPACE}.series_set_hashes",
+            consistency_level=ConsistencyLevel.QUORUM,  # at ONE a replica that dropped a write misses rows
+        )
+        rows = session.execute(scan, timeout=120)
         tokens = [token for row_tenant, token in rows if row_tenant == tenant]
     finally:
         session_cluster.shutdown()
