@@ -447,7 +447,7 @@ def test_ten_thousand_series_spread_within_20_percent_across_the_nodes(cluster, 
             Series({"__name__": "spread", "s": str(chunk * 1000 + s)}, [(timestamp, 1.0)]) for s in range(1000)
         )
         headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", "X-Scope-OrgID": tenant}
-        answer = gateway.post("/api/v1/write", body, headers=headers, timeout=120)
+        _, answer = retried(lambda: gateway.post("/api/v1/write", body, headers=headers, timeout=120))
         assert answer.status == 204, answer.body
     session_cluster = Cluster([node.host for node in cluster.nodes], port=cluster.port)
     try:
