@@ -161,7 +161,7 @@ def run_tsgate(db: Db, workload, workers: int, workdir: Path) -> TsgateRun:
             )
             run = timed_run(db, gateway, workload, workers, graphite_port)
             expected = rows(workload, TENANT)
-            verify_rows(db.session, keyspace, TENANT, partitions(expected))
+            verify_rows(db.session, keyspace, TENANT, partitions(expected), "data_head")
             check_queries(gateway, workload)
             return run
         finally:

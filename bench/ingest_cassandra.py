@@ -42,7 +42,7 @@ from bench.common import (
 from gateway.model import now_ms, series_set_hash, series_set_text
 from gateway.store.cassandra import ROWS_PER_BATCH, CassandraStore
 from gateway.store.contract import time_slot
-from gateway.store.layout import Layout
+from gateway.store.layout import Layout, head_shard
 from protocols.timespec import format_iso
 
 METRIC = "bench_metric"
@@ -165,7 +165,7 @@ def post_all(port: int, bodies: list[bytes], tenant: str, connections: int) -> i
 
 
 def prepare_insert(session, keyspace: str):
-    """The gateway's own data_raw insert (CassandraStore._prepare_all): same columns and TTL."""
+    """The data_raw insert of the gateway before data_head (a partition a series-slot), columns and TTL as it was."""
     return session.prepare(
         f"INSERT INTO {keyspace}.data_raw (tenant, series_set_hash, time_slot, ts, value) "
         f"VALUES (?, ?, ?, ?, ?) USING TTL {LAYOUT.raw_retention_ms // 1000}"
@@ -198,15 +198,28 @@ def partition_batches(insert, rows: list[tuple]):
             yield batch
 
 
-def verify_rows(session, keyspace: str, tenant: str, expected: dict[tuple[str, int], dict[int, float]]) -> None:
-    """Read back every data_raw partition of the tenant; every row must be there with its value."""
-    select = session.prepare(
-        f"SELECT ts, value FROM {keyspace}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot = ?"
-    )
+def verify_rows(
+    session, keyspace: str, tenant: str, expected: dict[tuple[str, int], dict[int, float]], table: str = "data_raw"
+) -> None:
+    """Read back every series-slot of the tenant; every row must be there with its value. ``table``
+    is data_raw (the raw loader's rows) or data_head (the gateway's: the slot's slices of the
+    series' shard)."""
+    if table == "data_head":
+        select = session.prepare(
+            f"SELECT ts, value FROM {keyspace}.data_head WHERE tenant = ? AND slice IN ? AND shard = ? AND series_set_hash = ?"
+        )
+        layout = Layout()
+        parameters = [
+            (tenant, layout.head_slices(slot, slot, slot + layout.slot_width_ms - 1), head_shard(hash_), hash_)
+            for hash_, slot in expected
+        ]
+    else:
+        select = session.prepare(
+            f"SELECT ts, value FROM {keyspace}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot = ?"
+        )
+        parameters = [(tenant, hash_, slot) for hash_, slot in expected]
     keys = list(expected)
-    results = execute_concurrent_with_args(
-        session, select, [(tenant, hash_, slot) for hash_, slot in keys], concurrency=64
-    )
+    results = execute_concurrent_with_args(session, select, parameters, concurrency=64)
     found = wrong = 0
     for key, (_, rows) in zip(keys, results):
         stored = {row.ts: row.value for row in rows}
@@ -214,10 +227,8 @@ def verify_rows(session, keyspace: str, tenant: str, expected: dict[tuple[str, i
         wrong += sum(1 for ts, value in expected[key].items() if stored.get(ts) != value)
     wanted = sum(len(points) for points in expected.values())
     if found != wanted or wrong:
-        raise BenchError(
-            f"tenant {tenant}: {found} of {wanted} rows in data_raw, {wrong} missing or with a wrong value"
-        )
-    print(f"verified: tenant {tenant} has all {wanted} rows in data_raw", file=sys.stderr)
+        raise BenchError(f"tenant {tenant}: {found} of {wanted} rows in {table}, {wrong} missing or with a wrong value")
+    print(f"verified: tenant {tenant} has all {wanted} rows in {table}", file=sys.stderr)
 
 
 def verify_query(gateway: Service, tenant: str, workload: Workload) -> None:
@@ -381,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(result)
                     if retried:
                         print(f"note: the gateway answered 503 {retried} times (retried)", file=sys.stderr)
-                    verify_rows(session, keyspace, tenant, expected)
+                    verify_rows(session, keyspace, tenant, expected, "data_head")
                 verify_query(gateway, tenant, workload)
             if not args.skip_raw:
                 for path, tenant, load in (

@@ -13,7 +13,7 @@ One run, every figure beside its reference measured on the same box in the same 
      --roles ingest,query``), then ``tsgate downsample --once --downsample-delay 0s`` (seals every
      slot into ``data_blocks`` and writes the roll-ups), ``nodetool flush`` of the keyspace, wait
      for compactions, then the bytes of each table's SSTable directory (every component) over the
-     samples written: ``data_blocks`` (sealed; the headline, target <= 2.0), ``data_raw`` (head
+     samples written: ``data_blocks`` (sealed; the headline, target <= 2.0), ``data_head`` (head
      rows, left to their TTL), ``data_5m`` and ``data_1h``.
    * tsgate on SQLite (``--store sqlite:///...``): written, gateway stopped, the same downsample,
      then (database + WAL file) / samples and (page_count - freelist_count) x page_size / samples
@@ -736,7 +736,7 @@ def figures_of(results: dict, sizes: Sizes, workload_label: str, render_label: s
         tables = cass["sizes"]
         for table, label, target in (
             ("data_blocks", "sealed (data_blocks)", f"target <= {TARGETS['blocks']}"),
-            ("data_raw", "head rows (data_raw)", "left to their TTL after sealing"),
+            ("data_head", "head rows (data_head)", "left to their TTL after sealing"),
             ("data_5m", "roll-ups (data_5m)", ""),
             ("data_1h", "roll-ups (data_1h)", ""),
         ):

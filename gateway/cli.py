@@ -1,15 +1,19 @@
 """The ``tsgate`` command: ``serve`` runs the gateway; ``dev`` starts local Cassandra/Redis."""
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
 import sys
+from pathlib import Path
 
 from gateway import __version__
 from gateway.config import (
     DELETE_SETTINGS,
     DOWNSAMPLE_SETTINGS,
+    IMPORT_SETTINGS,
+    OVERRIDES_SETTINGS,
     SCHEMA_SETTINGS,
     ConfigError,
     add_arguments,
@@ -99,11 +103,13 @@ def _downsample(namespace: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     from twisted.internet import defer, task
 
+    from gateway.overrides import attach
     from gateway.service import DownsampleRole, start_store
     from gateway.store import open_store
 
     async def once(reactor):
         store = open_store(config.store_url, config.layout)
+        attach(config, store)  # the sweep deletes each tenant's rows past its own retentions
         role = DownsampleRole(config, store)
         try:
             await start_store(config, store, role.pending)
@@ -146,6 +152,7 @@ def _delete(namespace: argparse.Namespace) -> int:
 
     from gateway.deletes import Deleter
     from gateway.downsample.pending import PendingMarks
+    from gateway.overrides import attach
     from gateway.query import QueryPlanner
     from gateway.service import pending_tracker, start_store
     from gateway.store import open_store
@@ -153,6 +160,7 @@ def _delete(namespace: argparse.Namespace) -> int:
 
     async def run(reactor):
         store = open_store(config.store_url, config.layout)
+        attach(config, store)  # a tenant's data may reach back as far as its own retentions
         shared_seen = None
         if config.redis:
             from gateway.metadata_cache import RedisSeenSeries
@@ -207,10 +215,56 @@ def _delete(namespace: argparse.Namespace) -> int:
     return 0
 
 
+def _import_whisper(namespace: argparse.Namespace) -> int:
+    """``import whisper DIR``: carbon's whisper files into blocks and roll-ups (gateway/whisper_import.py)."""
+    from gateway.model import InvalidSample, validate_tenant
+    from gateway.overrides import Overrides, OverridesError
+    from gateway.whisper_import import run_import
+
+    config = build_config(namespace)
+    try:
+        validate_tenant(namespace.tenant)
+    except InvalidSample as error:
+        raise ConfigError(f"--tenant: {error.problem}") from None
+    if not namespace.directory.is_dir():
+        raise ConfigError(f"{namespace.directory} is not a directory")
+    if namespace.import_workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    try:
+        Overrides(config).load()  # refused here, not once in every worker
+    except OverridesError as error:
+        raise ConfigError(f"--overrides: {error}") from None
+    setup_logging(config.log_level)
+    state_dir = namespace.state_dir or config.data_dir / "import-state"
+    return run_import(
+        config, namespace.directory, namespace.tenant, namespace.prefix, namespace.import_workers, state_dir
+    )
+
+
 def _selector(labels: dict[str, str]) -> str:
     name = labels.pop("__name__", "")
     inside = ", ".join(f"{key}={value!r}".replace("'", '"') for key, value in sorted(labels.items()))
     return f"{name}{{{inside}}}"
+
+
+def _overrides(namespace: argparse.Namespace) -> int:
+    """``overrides check FILE``: validate an overrides file as a reload would, without a server,
+    and print each tenant's effective values (JSON); exit 1 with the reason if it is refused."""
+    import json
+
+    from gateway.overrides import Overrides, OverridesError
+
+    config = build_config(namespace)
+    overrides = Overrides(dataclasses.replace(config, overrides=namespace.file))
+    try:
+        overrides.load()
+    except OverridesError as error:
+        print(f"tsgate overrides check: {namespace.file}: {error}", file=sys.stderr)
+        return 1
+    shown = overrides.shown()
+    print(json.dumps({"defaults": shown["defaults"], "tenants": shown["tenants"]}, indent=2))
+    print(f"{namespace.file}: ok, {len(shown['tenants'])} tenants with their own values", file=sys.stderr)
+    return 0
 
 
 def _auth(namespace: argparse.Namespace) -> int:
@@ -293,6 +347,30 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     add_arguments(delete, DELETE_SETTINGS)
     delete.set_defaults(func=_delete)
+    importer = commands.add_parser("import", help="import data from another system (whisper)")
+    sources = importer.add_subparsers(dest="source", required=True)
+    whisper = sources.add_parser("whisper", help="import carbon's whisper files (*.wsp) under a directory")
+    whisper.add_argument("directory", type=Path, help="the whisper tree (carbon's storage/whisper)")
+    whisper.add_argument("--tenant", default="default", help="the tenant the series go to")
+    whisper.add_argument("--prefix", default="", help="put before every path (P.a.b.c for a/b/c.wsp)")
+    whisper.add_argument(
+        "--workers",
+        dest="import_workers",
+        metavar="N",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="worker processes (default: the CPUs)",
+    )
+    whisper.add_argument(
+        "--state-dir", type=Path, help="where the list of imported files is kept (default: <data-dir>/import-state)"
+    )
+    add_arguments(whisper, IMPORT_SETTINGS)
+    whisper.set_defaults(func=_import_whisper)
+    overrides = commands.add_parser("overrides", help="check a per-tenant overrides file (--overrides)")
+    overrides.add_argument("action", choices=["check"])
+    overrides.add_argument("file", type=Path, help="the overrides file (TOML)")
+    add_arguments(overrides, OVERRIDES_SETTINGS)
+    overrides.set_defaults(func=_overrides)
     auth = commands.add_parser(
         "auth", help="hash a bearer token or a password (read from stdin) into a line of an --auth-file"
     )

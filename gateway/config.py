@@ -313,6 +313,12 @@ SETTINGS = [
         "0",
         "per-tenant series written in the last 20 min to one process; the new series beyond it are rejected, the others written; 0: no limit",
     ),
+    Setting(
+        "overrides",
+        lambda text: Path(text) if str(text).strip() else None,
+        "",
+        'TOML file of per-tenant values of the tenant, query and retention settings, reloaded when it changes and on SIGHUP (docs/configuration.rst, "Per-tenant overrides"); none: the flags for every tenant',
+    ),
     Setting("max-name-length", _positive, "1024", "longest metric name"),
     Setting("max-tag-key-length", _positive, "1024", "longest tag key"),
     Setting("max-tag-value-length", _positive, "2048", "longest tag value"),
@@ -406,6 +412,7 @@ class Config:
     max_points_per_query: int
     tenant_max_samples_per_second: int
     tenant_max_active_series: int
+    overrides: Path | None
     max_name_length: int
     max_tag_key_length: int
     max_tag_value_length: int
@@ -537,6 +544,19 @@ SCHEMA_SETTINGS = (
     "downsample-delay",
     "log-level",
 )
+# What ``tsgate overrides check`` needs: the flags the file's keys default to, and the layout.
+OVERRIDES_SETTINGS = (
+    "slot-width",
+    "raw-retention",
+    "granularities",
+    "exemplar-retention",
+    "tenant-max-samples-per-second",
+    "tenant-max-active-series",
+    "max-series-per-query",
+    "max-samples-per-query",
+    "query-max-samples",
+    "max-points-per-query",
+)
 DOWNSAMPLE_SETTINGS = (
     "data-dir",
     *SCHEMA_SETTINGS,
@@ -546,10 +566,19 @@ DOWNSAMPLE_SETTINGS = (
     "downsample-partitions",
     "downsample-interval",
     "counter-suffixes",
+    "overrides",
     "write-consistency",
     "read-consistency",
 )
 DELETE_SETTINGS = (*DOWNSAMPLE_SETTINGS, "max-future", "max-series-per-query")
+IMPORT_SETTINGS = (
+    "data-dir",
+    *SCHEMA_SETTINGS,
+    "counter-suffixes",
+    "overrides",
+    "write-consistency",
+    "read-consistency",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
@@ -653,6 +682,13 @@ def build_config(namespace: argparse.Namespace) -> Config:
     if cassandra_only and not str(values["store"]).startswith("cassandra://"):
         raise ConfigError(f"{', '.join(cassandra_only)}: only a cassandra:// --store has replication and consistency")
     config = Config(**values)
+    if config.overrides is not None:
+        from gateway.overrides import Overrides, OverridesError
+
+        try:
+            Overrides(config).load()
+        except OverridesError as error:
+            raise ConfigError(f"--overrides {config.overrides}: {error}") from None
     from gateway.store import open_store
 
     try:

@@ -102,8 +102,8 @@ class Deleter:
 
     def _window(self) -> tuple[int, int]:
         """Where any table can hold data the read path reads: the longest retention back, up to the future bound."""
-        now = now_ms()
-        retentions = [self.layout.raw_retention_ms, *(g.retention_ms for g in self.layout.granularities)]
+        now, layout = now_ms(), self.store.retentions.widest()
+        retentions = [layout.raw_retention_ms, *(g.retention_ms for g in layout.granularities)]
         oldest = max(0, now - max(retentions) - self.layout.slot_width_ms)
         return oldest, now + self.max_future_ms + self.layout.slot_width_ms
 
@@ -111,7 +111,8 @@ class Deleter:
         """What deleting [start_ms, end_ms] of the series would remove (a dry run deletes nothing):
         raw samples and histograms within the raw retention, where the read path reads them."""
         counts = []
-        raw_start = max(start_ms, now_ms() - self.layout.raw_retention_ms - self.layout.slot_width_ms)
+        raw_retention_ms = self.store.retentions.widest().raw_retention_ms
+        raw_start = max(start_ms, now_ms() - raw_retention_ms - self.layout.slot_width_ms)
         for first in range(0, len(series), BATCH):
             batch = list(series[first : first + BATCH])
             raw = await self.reader.read_raw(batch, raw_start, end_ms)
@@ -149,8 +150,8 @@ class Deleter:
     async def _with_data(self, series: list[SeriesKey], parts: list[tuple[int, int]]) -> set[tuple[str, str]]:
         """(tenant, hash) of the series with raw samples, histograms or roll-up rows in any of the parts."""
         found: set[tuple[str, str]] = set()
-        now = now_ms()
-        raw_oldest = now - self.layout.raw_retention_ms - self.layout.slot_width_ms
+        now, layout = now_ms(), self.store.retentions.widest()
+        raw_oldest = now - layout.raw_retention_ms - layout.slot_width_ms
         for start, end in parts:
             raw_start = max(start, raw_oldest)
             if raw_start <= end:
@@ -160,7 +161,7 @@ class Deleter:
                 for tenant, hashes in _by_tenant(series).items():
                     rows = await self.store.read_histograms(tenant, hashes, raw_start, end)
                     found.update((tenant, h) for h, r in zip(hashes, rows) if r)
-            for granularity in self.layout.granularities:
+            for granularity in layout.granularities:
                 oldest = max(start, now - granularity.retention_ms - granularity.partition_width_ms)
                 unknown = [key for key in series if _pair(key) not in found] if oldest <= end else []
                 reads = [
@@ -176,7 +177,7 @@ class Deleter:
         """Mark pending the slots of the range (and the one after it, whose counter increase
         starts from the range's last value) that still hold raw samples or histograms."""
         width = self.layout.slot_width_ms
-        start = max(time_slot(start_ms, width), now_ms() - self.layout.raw_retention_ms)
+        start = max(time_slot(start_ms, width), now_ms() - self.store.retentions.widest().raw_retention_ms)
         end = time_slot(end_ms, width) + 2 * width - 1
         if start > end:
             return

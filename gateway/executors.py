@@ -47,6 +47,7 @@ from gateway import metrics
 from gateway.config import Config
 from gateway.http.server import JSON, Response
 from gateway.model import DEFAULT_TENANT
+from gateway.overrides import Overrides
 from gateway.store.contract import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,9 @@ class Executor(protocol.ProcessProtocol):
         self.pid = 0
 
     def connectionMade(self):  # noqa: N802 (Twisted's name)
-        self.transport.writeToChild(REQUEST_FD, frame(("start", self.pool.config, self.index)))
+        self.transport.writeToChild(
+            REQUEST_FD, frame(("start", self.pool.config, self.index, self.pool.overrides.by_tenant))
+        )
 
     def childDataReceived(self, fd, data):  # noqa: N802 (Twisted's name)
         for message in self.frames.feed(data):
@@ -228,8 +231,9 @@ class Executor(protocol.ProcessProtocol):
 class QueryExecutors:
     """The pool of executor processes of one gateway process, with its fair queue."""
 
-    def __init__(self, config: Config, size: int):
+    def __init__(self, config: Config, size: int, overrides: Overrides):
         self.config = config
+        self.overrides = overrides
         self.size = size
         self.timeout_s = config.query_timeout / 1000
         self.tenant_share = math.ceil(size / 2)
@@ -248,6 +252,13 @@ class QueryExecutors:
         for index in range(self.size):
             self._spawn(index)
         self.memory_watch.start(MEMORY_CHECK_S, now=False)
+
+    def send_overrides(self) -> None:
+        """The per-tenant overrides just reloaded, to every executor (one that starts gets them with
+        its start message); an executor takes them between queries or beside a running one."""
+        for executor in self.executors:
+            if executor.kill_reason is None:
+                executor.transport.writeToChild(REQUEST_FD, frame(("overrides", self.overrides.by_tenant)))
 
     def _spawn(self, index: int) -> None:
         if self.stopping:
@@ -421,11 +432,14 @@ class ExecutorSide(protocol.Protocol):
     def __init__(self):
         self.frames = Frames()
         self.router = None
+        self.overrides: Overrides | None = None
 
     def dataReceived(self, data):  # noqa: N802 (Twisted's name)
         for message in self.frames.feed(data):
             if message[0] == "start":
                 defer.ensureDeferred(self._start(*message[1:])).addErrback(self._failed_start)
+            elif message[0] == "overrides":
+                self.overrides.use(message[1])
             else:
                 defer.ensureDeferred(self._answer(message[1]))
 
@@ -437,7 +451,8 @@ class ExecutorSide(protocol.Protocol):
     def writeConnectionLost(self):  # noqa: N802 (Twisted's name)
         self.readConnectionLost()
 
-    async def _start(self, config: Config, index: int) -> None:
+    async def _start(self, config: Config, index: int, overrides: dict[str, dict]) -> None:
+        """Build the query routes, with the gateway's per-tenant overrides (it sends each reload)."""
         from gateway.cli import setup_logging
         from gateway.graphite.graph import DrawHere
         from gateway.http.server import Router
@@ -447,11 +462,14 @@ class ExecutorSide(protocol.Protocol):
         from gateway.store import open_store
 
         setup_logging(config.log_level, f"query executor {index} pid {os.getpid()}")
+        self.overrides = Overrides(config)
+        self.overrides.use(overrides)
         store = open_store(config.store_url, config.layout)
+        store.retentions = self.overrides.retentions
         await store.start()
-        planner = QueryPlanner(store, config.max_series_per_query, max_future_ms=config.max_future)
+        planner = QueryPlanner(store, self.overrides.limit("max-series-per-query"), max_future_ms=config.max_future)
         no_ingest = SimpleNamespace(clock=now_ms)  # of the pipeline, the query routes only read its clock
-        self.router = build_router(config, store, planner, no_ingest, Router({"query"}), DrawHere())
+        self.router = build_router(config, store, planner, no_ingest, Router({"query"}), DrawHere(), self.overrides)
         self.transport.write(frame(("ready",)))
 
     def _failed_start(self, failure) -> None:
@@ -487,6 +505,7 @@ def main() -> None:
     # process group reaches the executors too, and must not cut the queries the drain waits for.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the gateway reloads --overrides and sends them here
     _die_with_parent(int(sys.argv[1]))
     stdio.StandardIO(ExecutorSide(), stdin=REQUEST_FD, stdout=ANSWER_FD)
     reactor.run(installSignalHandlers=False)

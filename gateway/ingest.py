@@ -37,6 +37,7 @@ from gateway.model import (
 )
 from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, RawPoint
+from gateway.tenant_activity import TenantActivity
 
 METRIC_METADATA_REMEMBERED = 100_000
 # Rows of one store call: a store prepares them on the reactor thread, so a large batch is cut.
@@ -239,6 +240,7 @@ class IngestPipeline:
         # bound on rows in flight follows the store's measured rate (flushable_samples).
         self.flush_within_s = flush_within_s
         self.store_rate = StoreRate()
+        self.activity = TenantActivity()
         self.draining = False
         self._drained: list[Deferred] = []
 
@@ -297,6 +299,8 @@ class IngestPipeline:
             self.known.add_all(admitted.fresh)
             if kind.accepted is not None:
                 kind.accepted.labels(protocol).inc(len(admitted.rows))
+            if kind.counted:
+                self.activity.record(admitted.series)
         return admitted
 
     async def _resolve(self, protocol: str, kind: _Kind, items: Sequence) -> _Admitted:
@@ -351,12 +355,15 @@ class IngestPipeline:
         if not refused:
             return admitted
         limit = self.tenant_limits.max_active_series
-        problem = f"a new series over the tenant's limit of {limit} active series (--tenant-max-active-series)"
+        problems = {
+            tenant: f"a new series over the tenant's limit of {limit(tenant)} active series ({limit.setting(tenant)})"
+            for tenant in refused
+        }
         rows, series, rejected = [], [], list(admitted.rejected)
         for row, owner in zip(admitted.rows, admitted.series):
             tenant, hash_, index = owner
             if hash_ in refused.get(tenant, ()):
-                rejected.append(Rejected(index, "series", problem, ACTIVE_SERIES_LIMITED))
+                rejected.append(Rejected(index, "series", problems[tenant], ACTIVE_SERIES_LIMITED))
             else:
                 rows.append(row)
                 series.append(owner)

@@ -11,12 +11,16 @@ would stall the tenant's existing series for as long as the 20-minute window tak
 place.
 
 Limits are per gateway process, like Mimir's per-ingester limits: with N replicas behind a
-balancer a tenant gets about N times the configured figures. 0 turns a limit off.
+balancer a tenant gets about N times the configured figures. 0 turns a limit off. Each tenant's
+figures are the flags', or the overrides file's (gateway/overrides.py), read at every batch so
+that a reload applies at once.
 """
 
 import math
 import time
 from collections import OrderedDict
+
+from gateway.overrides import PerTenant, per_tenant
 
 
 class RateLimited(Exception):
@@ -29,15 +33,15 @@ class RateLimited(Exception):
 class TenantLimits:
     def __init__(
         self,
-        samples_per_second: float,
-        max_active_series: int = 0,
+        samples_per_second: int | PerTenant,
+        max_active_series: int | PerTenant = 0,
         burst_seconds: float = 5.0,
         active_window_s: float = 1200.0,
         clock=time.monotonic,
     ):
-        self.samples_per_second = samples_per_second
-        self.capacity = samples_per_second * burst_seconds
-        self.max_active_series = max_active_series
+        self.samples_per_second = per_tenant("tenant-max-samples-per-second", samples_per_second)
+        self.burst_seconds = burst_seconds
+        self.max_active_series = per_tenant("tenant-max-active-series", max_active_series)
         self.active_window_s = active_window_s
         self.clock = clock
         self._buckets: dict[str, tuple[float, float]] = {}
@@ -45,7 +49,7 @@ class TenantLimits:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.samples_per_second or self.max_active_series)
+        return self.samples_per_second.anywhere() or self.max_active_series.anywhere()
 
     def admit(self, batch: dict[str, dict[str, int]]) -> dict[str, set[str]]:
         """Take a batch of ``{tenant: {series identity: samples}}`` (in arrival order) and return
@@ -55,28 +59,32 @@ class TenantLimits:
         now = self.clock()
         buckets, admitted, refused = {}, {}, {}
         for tenant, series in batch.items():
-            admitted[tenant], refused[tenant] = (
-                self._split_new(tenant, series, now) if self.max_active_series else (series, set())
-            )
+            limit = self.max_active_series(tenant)
+            if limit:
+                admitted[tenant], refused[tenant] = self._split_new(tenant, series, limit, now)
+            else:
+                admitted[tenant], refused[tenant] = series, set()
+                self._active.pop(tenant, None)  # off for this tenant (now): nothing to remember
             samples = sum(series[key] for key in admitted[tenant])
-            if self.samples_per_second and samples:
-                buckets[tenant] = self._take_tokens(tenant, samples, now)
+            rate = self.samples_per_second(tenant)
+            if rate and samples:
+                buckets[tenant] = self._take_tokens(tenant, samples, rate, now)
         self._buckets.update(buckets)
-        if self.max_active_series:
-            for tenant, series in admitted.items():
-                active = self._active[tenant]
+        for tenant, series in admitted.items():
+            active = self._active.get(tenant)
+            if active is not None:
                 for key in series:
                     active[key] = now
                     active.move_to_end(key)
         return {tenant: keys for tenant, keys in refused.items() if keys}
 
-    def _split_new(self, tenant: str, series: dict[str, int], now: float) -> tuple[list[str], set[str]]:
+    def _split_new(self, tenant: str, series: dict[str, int], limit: int, now: float) -> tuple[list[str], set[str]]:
         """``series`` split into those admitted (active ones, and new ones while there is room)
         and the new ones refused, once past windows are forgotten."""
         active = self._active.setdefault(tenant, OrderedDict())
         while active and next(iter(active.values())) < now - self.active_window_s:
             active.popitem(last=False)
-        room = self.max_active_series - len(active)
+        room = limit - len(active)
         admitted, refused = [], set()
         for key in series:
             if key in active:
@@ -88,16 +96,16 @@ class TenantLimits:
                 refused.add(key)
         return admitted, refused
 
-    def _take_tokens(self, tenant: str, samples: int, now: float) -> tuple[float, float]:
+    def _take_tokens(self, tenant: str, samples: int, rate: int, now: float) -> tuple[float, float]:
         """The tenant's bucket after taking ``samples`` tokens, or RateLimited. A batch larger than
         the burst passes when the bucket is full and leaves it in debt, so it is never refused forever."""
-        tokens, updated = self._buckets.get(tenant, (self.capacity, now))
-        tokens = min(self.capacity, tokens + (now - updated) * self.samples_per_second)
-        if tokens < min(samples, self.capacity):
-            wait = max(1, math.ceil((min(samples, self.capacity) - tokens) / self.samples_per_second))
+        capacity = rate * self.burst_seconds
+        tokens, updated = self._buckets.get(tenant, (capacity, now))
+        tokens = min(capacity, tokens + (now - updated) * rate)
+        if tokens < min(samples, capacity):
+            wait = max(1, math.ceil((min(samples, capacity) - tokens) / rate))
             raise RateLimited(
-                f"tenant {tenant!r} is over its limit of {self.samples_per_second:g} samples/s"
-                " (--tenant-max-samples-per-second)",
+                f"tenant {tenant!r} is over its limit of {rate:g} samples/s ({self.samples_per_second.setting(tenant)})",
                 wait,
             )
         return tokens - samples, now

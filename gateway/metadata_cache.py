@@ -117,6 +117,10 @@ class RedisSeenSeries:
     def stop(self) -> Deferred:
         return threads.deferToThread(self._pool.stop)
 
+    def ping(self) -> Deferred:
+        """Fire when Redis answers PING, fail with why not (the status page's health check)."""
+        return threads.deferToThreadPool(reactor, self._pool, self.client.ping)
+
     def _call(self, operation: str, function, fallback):
         """Run a Redis call on the pool; on failure count it, back off, and fire with ``fallback``."""
         if time.monotonic() < self._down_until:

@@ -44,6 +44,14 @@ RATE_LIMITED = Counter(
 CANCELLED_REQUESTS = Counter(
     "tsgate_cancelled_requests", "HTTP requests whose work was cancelled because the client closed the connection"
 )
+OVERRIDES_RELOAD_FAILURES = Counter(
+    "tsgate_overrides_reload_failures", "Overrides files refused on reload (--overrides; the last good one stays)"
+)
+OVERRIDES_LOADED_AT = Gauge(
+    "tsgate_overrides_last_reload_success_timestamp_seconds",
+    "When the overrides file in use was loaded (--overrides); the oldest over the live processes",
+    multiprocess_mode="livemin",
+)
 GRAPHITE_PENDING = Gauge(
     "tsgate_graphite_pending_samples", "Graphite samples received and not yet stored", multiprocess_mode="livesum"
 )
@@ -84,6 +92,17 @@ DOWNSAMPLE_NEAR_EXPIRY = Gauge(
 )
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
+TENANT_SAMPLES = Counter(
+    "tsgate_tenant_samples_accepted",
+    "Samples (and native histogram samples) written to the store, by tenant",
+    ["tenant"],
+)
+TENANT_ACTIVE_SERIES = Gauge(
+    "tsgate_tenant_active_series",
+    "Series written within the last 20 minutes, by tenant (gateway/tenant_activity.py)",
+    ["tenant"],
+    multiprocess_mode="livesum",
+)
 INGEST_INFLIGHT = Gauge(
     "tsgate_ingest_inflight_samples", "Samples accepted for writing but not yet stored", multiprocess_mode="livesum"
 )

@@ -13,6 +13,7 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 from gateway import metrics
 from gateway.metadata_cache import LRUMap
 from gateway.model import NAME_TAG, Limits, SeriesKey
+from gateway.overrides import PerTenant, per_tenant
 from gateway.read_path import READ_BATCH, ReadPath
 from gateway.samples import Samples
 from gateway.store import Store
@@ -36,8 +37,9 @@ class PointsBudget:
     """The points one request may read, generate or bucket (--max-points-per-query). Each step
     spends its points before it builds them, so an oversized request costs nothing but a 422."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, setting: str = "--max-points-per-query"):
         self.limit = limit
+        self.setting = setting  # what to name in the refusal: the flag, or the tenant's override
         self.spent = 0
 
     def spend(self, points: int, what: str) -> None:
@@ -45,14 +47,20 @@ class PointsBudget:
         if self.spent > self.limit:
             raise QueryTooLarge(
                 f"{what} needs {points} points, which brings the request over its budget of {self.limit} points"
-                " (--max-points-per-query); shorten the range or use a coarser step"
+                f" ({self.setting}); shorten the range or use a coarser step"
             )
 
 
 class QueryPlanner:
-    def __init__(self, store: Store, max_series: int, concurrency: int = 32, max_future_ms: int = Limits.max_future_ms):
+    def __init__(
+        self,
+        store: Store,
+        max_series: int | PerTenant,
+        concurrency: int = 32,
+        max_future_ms: int = Limits.max_future_ms,
+    ):
         self.store = store
-        self.max_series = max_series
+        self.max_series = per_tenant("max-series-per-query", max_series)
         self.reader = ReadPath(store, concurrency, max_future_ms=max_future_ms)
         self._series = LRUMap(SERIES_REMEMBERED)
         self._semaphore = DeferredSemaphore(concurrency)
@@ -66,9 +74,10 @@ class QueryPlanner:
         lookups = [self._limited("find_series", self.store.find_series, tenant, metric_name, k, v) for k, v in pairs]
         found = await gatherResults(lookups, consumeErrors=True)
         hashes = set.intersection(*found)
-        if len(hashes) > self.max_series:
+        if len(hashes) > self.max_series(tenant):
             raise QueryTooLarge(
-                f"the query matches {len(hashes)} series, over the limit of {self.max_series}; add tag filters"
+                f"the query matches {len(hashes)} series, over the limit of {self.max_series(tenant)}"
+                f" ({self.max_series.setting(tenant)}); add tag filters"
             )
         series = await self._get_series(tenant, hashes)
         return sorted(series.values(), key=lambda s: sorted(s.tags.items()))
@@ -112,17 +121,16 @@ class QueryPlanner:
         tag_filters: dict[str, str],
         start_ms: int,
         end_ms: int,
-        max_points: int,
+        budget: PointsBudget,
         granularity=None,
         aggregate: str | None = None,
         raw: bool = False,
     ) -> list[SeriesResult]:
         """Series of a metric matching the filters with their samples and created timestamps,
-        READ_BATCH series at a time, each batch's points spent from a budget of ``max_points``
+        READ_BATCH series at a time, each batch's points spent from ``budget``
         (--max-points-per-query) before the next is read: one roll-up aggregate (avg by default)
         with a granularity, the raw samples alone with ``raw``, else the read path's stitched samples."""
         series = await self.select_series(tenant, metric_name, tag_filters)
-        budget = PointsBudget(max_points)
         data: list[Samples] = []
         created: dict[str, int] = {}
         for first in range(0, len(series), READ_BATCH):
@@ -159,9 +167,10 @@ class QueryPlanner:
         found: list[SeriesKey] = []
         for metric_name in await self._metric_names(tenant, name_matchers, tag_matchers, label_view):
             hashes = await self._candidates(tenant, metric_name, tag_matchers)
-            if len(found) + len(hashes) > self.max_series:
+            if len(found) + len(hashes) > self.max_series(tenant):
                 raise QueryTooLarge(
-                    f"the query matches more than {self.max_series} series (--max-series-per-query); narrow it"
+                    f"the query matches more than {self.max_series(tenant)} series"
+                    f" ({self.max_series.setting(tenant)}); narrow it"
                 )
             series = await self._get_series(tenant, hashes)
             for key in sorted(series.values(), key=lambda s: sorted(s.tags.items())):
@@ -183,7 +192,7 @@ class QueryPlanner:
             values = await self._matching_values(
                 matcher, "list_tenant_tag_values", self.store.list_tenant_tag_values, tenant
             )
-            if len(values) > self.max_series:
+            if len(values) > self.max_series(tenant):
                 continue
             lookups = [
                 self._limited("find_metrics_by_tag", self.store.find_metrics_by_tag, tenant, matcher.name, v)
@@ -204,14 +213,14 @@ class QueryPlanner:
             values = await self._matching_values(
                 matcher, "list_tag_values", self.store.list_tag_values, tenant, metric_name
             )
-            if len(values) > self.max_series:
+            if len(values) > self.max_series(tenant):
                 too_many.append(f"{matcher.name} matches {len(values)} values of {metric_name!r}")
                 continue
             lookups.append(ensureDeferred(self._union(tenant, metric_name, matcher.name, values)))
         if too_many and not lookups:
             raise QueryTooLarge(
-                f"the query matches more than {self.max_series} series (--max-series-per-query): {too_many[0]};"
-                " narrow it"
+                f"the query matches more than {self.max_series(tenant)} series ({self.max_series.setting(tenant)}):"
+                f" {too_many[0]}; narrow it"
             )
         if not lookups:
             lookups.append(ensureDeferred(self._union(tenant, metric_name, NAME_TAG, [metric_name])))

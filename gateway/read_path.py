@@ -77,8 +77,9 @@ def choose_granularity(layout: Layout, start_ms: int, now: int) -> Granularity |
 
 def rollup_samples(rows: Sequence[Rollup], aggregate: str, fallback: str | None = None) -> tuple[Samples, str | None]:
     """One aggregate of roll-up rows (avg is sum/count) as Samples; rows without it use
-    ``fallback`` (a counter has no avg, only last and increase). Returns the aggregate used."""
-    for wanted in filter(None, (aggregate, fallback)):
+    ``fallback`` (a counter has no avg, only last and increase), then the one a max-only or
+    min-only series keeps (a ``.max`` path holds max and count only). Returns the aggregate used."""
+    for wanted in dict.fromkeys(filter(None, (aggregate, fallback, "max", "min"))):
         points = [(row.timestamp_ms, value) for row in rows if (value := _aggregate(row, wanted)) is not None]
         if points:
             return samples.from_points(points), wanted
@@ -113,9 +114,10 @@ class ReadPath:
     def _limited(self, operation: str, call, *args):
         return self._semaphore.run(lambda: metrics.observe_store(operation, call(*args)))
 
-    def rollup_for(self, start_ms: int) -> Granularity | None:
-        """The roll-up a range starting here reads before the raw retention (None: all raw)."""
-        return choose_granularity(self.layout, start_ms, self.clock())
+    def rollup_for(self, start_ms: int, tenant: str) -> Granularity | None:
+        """The roll-up a range of ``tenant`` starting here reads before its raw retention (None:
+        all raw); a tenant's retentions are its own with --overrides."""
+        return choose_granularity(self.store.retentions.for_tenant(tenant), start_ms, self.clock())
 
     async def read(
         self,
@@ -127,18 +129,19 @@ class ReadPath:
     ) -> list[SeriesData]:
         """Each series' samples in the inclusive range, stitched as the module says, in order."""
         start_ms, end_ms = self.readable(start_ms, end_ms)
-        granularity = self.rollup_for(start_ms)
+        tenant = series[0].tenant if series else ""  # a query reads one tenant
+        granularity = self.rollup_for(start_ms, tenant)
         if granularity is None:
             return [SeriesData(s, None) for s in await self.read_raw(series, start_ms, end_ms)]
-        boundary = self._boundary(granularity)
+        boundary = self._boundary(granularity, tenant)
         old = await self.read_rollup(series, granularity, aggregate, start_ms, min(end_ms, boundary - 1), fallback)
         new = await self.read_raw(series, boundary, end_ms) if end_ms >= boundary else [samples.empty()] * len(series)
         return [SeriesData(samples.merge([before, after]), used) for (before, used), after in zip(old, new)]
 
-    def _boundary(self, granularity: Granularity) -> int:
-        """Where raw data takes over from a roll-up: the raw retention's start rounded up to a bucket."""
-        width = granularity.width_ms
-        return math.ceil((self.clock() - self.layout.raw_retention_ms) / width) * width
+    def _boundary(self, granularity: Granularity, tenant: str) -> int:
+        """Where raw data takes over from a roll-up: the tenant's raw retention's start rounded up to a bucket."""
+        width, raw_retention_ms = granularity.width_ms, self.store.retentions.for_tenant(tenant).raw_retention_ms
+        return math.ceil((self.clock() - raw_retention_ms) / width) * width
 
     async def read_histograms(
         self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int
@@ -149,10 +152,10 @@ class ReadPath:
         start_ms, end_ms = self.readable(start_ms, end_ms)
         if end_ms < start_ms:
             return [[] for _ in hashes]
-        granularity = self.rollup_for(start_ms)
+        granularity = self.rollup_for(start_ms, tenant)
         if granularity is None:
             return await self._limited("read_histograms", self.store.read_histograms, tenant, hashes, start_ms, end_ms)
-        boundary = self._boundary(granularity)
+        boundary = self._boundary(granularity, tenant)
         old_end = min(end_ms, boundary - 1)
         old = [[] for _ in hashes]
         if old_end >= start_ms:

@@ -10,6 +10,7 @@ stays right). docs/prometheus.rst.
 """
 
 from gateway.model import SeriesKey
+from gateway.overrides import PerTenant, per_tenant
 from gateway.query import QueryPlanner, QueryTooLarge
 from gateway.read_path import READ_BATCH
 from gateway.samples import Samples
@@ -21,10 +22,10 @@ Selection = list[tuple[dict[str, str], SeriesKey]]
 
 
 class RemoteRead:
-    def __init__(self, store: Store, planner: QueryPlanner, max_samples_per_query: int):
+    def __init__(self, store: Store, planner: QueryPlanner, max_samples_per_query: int | PerTenant):
         self.store = store
         self.planner = planner
-        self.max_samples_per_query = max_samples_per_query
+        self.max_samples_per_query = per_tenant("max-samples-per-query", max_samples_per_query)
 
     async def read(self, tenant: str, queries, streamed: bool) -> list[list[tuple]]:
         """For each query, its series with samples, native histograms or (unless ``streamed``:
@@ -36,11 +37,12 @@ class RemoteRead:
             await self._attached(reader.read_histograms, tenant, s, reader.readable(q.start_ms, q.end_ms))
             for q, s in zip(queries, selections)
         ]
-        if sum(len(rows) for found in histograms for rows in found) > self.max_samples_per_query:
+        limit = self.max_samples_per_query
+        if sum(len(rows) for found in histograms for rows in found) > limit(tenant):
             raise QueryTooLarge(
-                f"the query reads more than {self.max_samples_per_query} native histograms (--max-samples-per-query); narrow it"
+                f"the query reads more than {limit(tenant)} native histograms ({limit.setting(tenant)}); narrow it"
             )
-        samples = [await self._samples(selection, query) for query, selection in zip(queries, selections)]
+        samples = [await self._samples(tenant, selection, query) for query, selection in zip(queries, selections)]
         if streamed:
             return [
                 [
@@ -76,18 +78,18 @@ class RemoteRead:
         labelled.sort(key=lambda item: sorted(item[0].items()))
         return labelled
 
-    async def _samples(self, selection: Selection, query) -> dict[tuple, Samples]:
+    async def _samples(self, tenant: str, selection: Selection, query) -> dict[tuple, Samples]:
         """The samples of each selected series that has some in the query's range, by label key;
         QueryTooLarge once the query reads more than --max-samples-per-query."""
-        found, count = {}, 0
+        found, count, limit = {}, 0, self.max_samples_per_query
         for start in range(0, len(selection), READ_BATCH):
             part = selection[start : start + READ_BATCH]
             data = await self.planner.reader.read([key for _, key in part], query.start_ms, query.end_ms)
             for (labels, _), read in zip(part, data):
                 count += len(read.samples)
-                if count > self.max_samples_per_query:
+                if count > limit(tenant):
                     raise QueryTooLarge(
-                        f"the query reads more than {self.max_samples_per_query} samples (--max-samples-per-query); narrow it"
+                        f"the query reads more than {limit(tenant)} samples ({limit.setting(tenant)}); narrow it"
                     )
                 if len(read.samples):
                     found[_label_key(labels)] = read.samples

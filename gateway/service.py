@@ -42,9 +42,11 @@ from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site
+from gateway.http.webui import WebUI
 from gateway.ingest import IngestPipeline
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.overrides import Overrides, OverridesWatch, attach
 from gateway.promql.engine import QueryText
 from gateway.promql.service import PromQLService
 from gateway.query import QueryPlanner
@@ -67,6 +69,7 @@ class Gateway:
         self.config = config
         self.inherited = inherited or {}
         self.store = open_store(config.store_url, config.layout)
+        self.overrides = attach(config, self.store)
         self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
         self.downsample = DownsampleRole(config, self.store)
         self.pending = self.downsample.pending
@@ -78,23 +81,34 @@ class Gateway:
             config.max_inflight_samples,
             self.shared_seen,
             pending=self.marks,
-            tenant_limits=TenantLimits(config.tenant_max_samples_per_second, config.tenant_max_active_series),
+            tenant_limits=TenantLimits(
+                self.overrides.limit("tenant-max-samples-per-second"), self.overrides.limit("tenant-max-active-series")
+            ),
             max_metadata_length=config.max_metadata_length,
             flush_within_s=config.shutdown_timeout / 1000 * FLUSH_SHARE,
         )
-        self.planner = QueryPlanner(self.store, config.max_series_per_query, max_future_ms=config.max_future)
+        self.planner = QueryPlanner(
+            self.store, self.overrides.limit("max-series-per-query"), max_future_ms=config.max_future
+        )
         roles = config.role_set
         count = config.query_executor_count if "query" in roles else 0
-        self.executors = QueryExecutors(config, count) if count else None
+        self.executors = QueryExecutors(config, count, self.overrides) if count else None
+        self.overrides_watch = OverridesWatch(self.overrides, self._overrides_reloaded)
         credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
         self.graphs = GraphPool()
         router = build_router(
-            config, self.store, self.planner, self.pipeline, Router(roles, credentials, self.executors), self.graphs
+            config,
+            self.store,
+            self.planner,
+            self.pipeline,
+            Router(roles, credentials, self.executors),
+            self.graphs,
+            self.overrides,
         )
         deleter = Deleter(
             self.store, self.planner, self.marks, config.max_future, self.pipeline.known, self.shared_seen
         )
-        AdminAPI(deleter, config.enable_admin_api).register(router)
+        AdminAPI(deleter, config.enable_admin_api, self.overrides).register(router)
         self.connections = Connections(config.connection_limit)
         self.site = Site(
             router,
@@ -114,6 +128,7 @@ class Gateway:
             self.executors.start()  # after the store: its schema exists when they open it
         if self.shared_seen is not None:
             self.shared_seen.start()
+        self.overrides_watch.start()
         config = self.config
         host, port = config.http
         if self.downsample_loop is not None:
@@ -172,6 +187,7 @@ class Gateway:
             timeout_s,
         )
         await defer.gatherResults([defer.maybeDeferred(port.stopListening) for port in self.ports])
+        self.overrides_watch.stop()
         if self.downsample_loop is not None and self.downsample_loop.running:
             self.downsample_loop.stop()
         finished = defer.gatherResults(
@@ -200,6 +216,10 @@ class Gateway:
             await self.shared_seen.stop()
         log.info("stopped")
 
+    def _overrides_reloaded(self) -> None:
+        if self.executors is not None:
+            self.executors.send_overrides()
+
     async def _downsample(self) -> None:
         """One round of the downsample role; a failed round is logged and retried next time."""
         try:
@@ -209,17 +229,24 @@ class Gateway:
 
 
 def build_router(
-    config: Config, store, planner: QueryPlanner, pipeline, router: Router, graphs: GraphPool | DrawHere
+    config: Config,
+    store,
+    planner: QueryPlanner,
+    pipeline,
+    router: Router,
+    graphs: GraphPool | DrawHere,
+    overrides: Overrides,
 ) -> Router:
     """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
-    of the ingest pipeline only its clock)."""
-    NativeAPI(store, pipeline, planner, config.max_points_per_query).register(router)
+    of the ingest pipeline only its clock). The query limits are each tenant's (``overrides``)."""
+    max_points = overrides.limit("max-points-per-query")
+    NativeAPI(store, pipeline, planner, max_points).register(router)
     PrometheusAPI(
         store,
         pipeline,
         planner,
         config.max_decompressed_bytes,
-        config.max_samples_per_query,
+        overrides.limit("max-samples-per-query"),
         config.created_timestamp_zero_ingestion,
         config.max_native_histogram_buckets,
     ).register(router)
@@ -227,7 +254,7 @@ def build_router(
         PromQLService(
             store,
             planner,
-            config.query_max_samples,
+            overrides.limit("query-max-samples"),
             config.query_lookback_delta,
             config.query_timeout,
             QueryText(config.query_max_length, config.query_max_terms),
@@ -240,12 +267,13 @@ def build_router(
         Finder(store),
         TagDB(store, planner),
         schemas,
-        config.max_points_per_query,
+        max_points,
         graphs,
         max_targets=config.render_max_targets,
         max_query_length=config.query_max_length,
     ).register(router)
     OpsAPI(store).register(router)
+    WebUI(config, store, pipeline).register(router)
     return router
 
 

@@ -21,7 +21,8 @@ stops the others and exits 1: the worker's own log lines above say why. A worker
 with ``CONFIG_ERROR_EXIT`` (a bad setting) is not retried: the same settings would fail again.
 SIGTERM or SIGINT to
 the supervisor sends SIGTERM to every worker, waits for each to drain and exit (killing one
-still running ``STOP_MARGIN_S`` past ``--shutdown-timeout``), then exits 0.
+still running ``STOP_MARGIN_S`` past ``--shutdown-timeout``), then exits 0. SIGHUP to the
+supervisor is passed on to every worker (each reloads ``--overrides``).
 
 /metrics of any worker shows the sum of all (prometheus-client's multiprocess mode, files in a
 temporary directory that the supervisor creates and removes; see gateway.metrics).
@@ -143,12 +144,19 @@ class Supervisor:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._request_stop)
+        signal.signal(signal.SIGHUP, self._pass_on)
         code = self._supervise()
         self._stop_workers()
         return code
 
     def _request_stop(self, signum, frame) -> None:
         self.stop_signal = signum
+
+    def _pass_on(self, signum, frame) -> None:
+        """SIGHUP: every ready worker reloads its overrides file (one still starting reads it anyway)."""
+        for slot in self.slots:
+            if slot.ready and slot.process is not None and slot.process.poll() is None:
+                slot.process.send_signal(signum)
 
     def _supervise(self) -> int:
         """Run until a stop signal (0) or too many start-up failures in a row (1)."""

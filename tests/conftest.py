@@ -37,7 +37,9 @@ PROCESS_FIXTURES = {
 }
 TEST_KEYSPACE = "tsgate_test"
 
-STORE_DRIVERS = ["sqlite", "cassandra"]
+# "sqlite-folded" folds SQLite's head log into chunks after every commit, so that the contract
+# suite reads, seals and deletes head samples from chunks as well as from the log.
+STORE_DRIVERS = ["sqlite", "sqlite-folded", "cassandra"]
 
 
 def pytest_collection_modifyitems(items):
@@ -99,8 +101,10 @@ def tenant() -> str:
 
 @pytest_twisted.async_yield_fixture(params=STORE_DRIVERS)
 async def store(request, tmp_path):
-    if request.param == "sqlite":
-        driver = SQLiteStore(tmp_path / "contract.db", LAYOUT)
+    if request.param.startswith("sqlite"):
+        driver = SQLiteStore(
+            tmp_path / "contract.db", LAYOUT, fold_rows=1 if request.param == "sqlite-folded" else None
+        )
     else:
         driver = CassandraStore.from_url(request.getfixturevalue("cassandra_url"), LAYOUT)
     await driver.start()

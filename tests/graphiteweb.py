@@ -38,7 +38,7 @@ _SCRIPT = textwrap.dedent(
 
     job = json.load(open(sys.argv[1]))
     root = job["root"]
-    whisper_dir = os.path.join(root, "whisper")
+    whisper_dir = job["whisper_dir"] or os.path.join(root, "whisper")
     os.makedirs(whisper_dir, exist_ok=True)
     os.makedirs(os.path.join(root, "log"), exist_ok=True)
     with open(os.path.join(root, "tsgate_graphite_settings.py"), "w") as settings:
@@ -113,9 +113,15 @@ class GraphiteWebError(RuntimeError):
 
 
 def render_batch(
-    workdir: Path, series: dict[str, list], requests: list[dict], step: int = 60, timeout: float = 120
+    workdir: Path,
+    series: dict[str, list],
+    requests: list[dict],
+    step: int = 60,
+    timeout: float = 120,
+    whisper_dir: Path | None = None,
 ) -> list[dict]:
     """Write ``series`` into graphite-web's whisper files and answer every render request.
+    With ``whisper_dir``, graphite-web reads the whisper files already there (``series`` adds to them).
 
     ``series`` maps a metric path (``a.b.c`` or ``cpu;host=a``) to ``[[epoch_seconds, value or
     None], ...]``; ``requests`` are dicts of /render parameters (a list value repeats the
@@ -128,7 +134,15 @@ def render_batch(
     script.write_text(_SCRIPT)
     job = workdir / "job.json"
     job.write_text(
-        json.dumps({"root": str(workdir / "graphite"), "step": step, "series": series, "requests": requests})
+        json.dumps(
+            {
+                "root": str(workdir / "graphite"),
+                "whisper_dir": str(whisper_dir) if whisper_dir else None,
+                "step": step,
+                "series": series,
+                "requests": requests,
+            }
+        )
     )
     output = workdir / "answers.json"
     env = {

@@ -18,7 +18,7 @@ from gateway.store.blocks import encode_block
 from gateway.store.cassandra import CassandraStore, parse_url
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
 from gateway.store.contract import ExemplarRow, HistogramRow, RawPoint, Rollup
-from gateway.store.layout import HOUR_MS, Layout, parse_granularities
+from gateway.store.layout import HOUR_MS, Layout, head_shard, parse_granularities
 from tests.conftest import read_blocks, read_head
 from tests.gatewayproc import REPO, metric_value, wait_until_redis_is_used
 
@@ -89,6 +89,7 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
             "tag_metrics",
             "metric_metadata",
             "data_raw",
+            "data_head",
             "data_blocks",
             "histograms",
             "exemplars",
@@ -102,6 +103,7 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
         blocks = describe(session, "tsdb")["data_blocks"]
         assert blocks["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and blocks["ttl"] == 7 * 86400
         assert describe(session, "tsdb")["data_raw"]["ttl"] == 7 * 3600
+        assert describe(session, "tsdb")["data_head"]["ttl"] == 7 * 3600
         assert describe(session, "tsdb")["histograms_1h"]["ttl"] == 365 * 86400
         assert describe(session, "tsdb")["histogram_series"]["ttl"] == 365 * 86400
     finally:
@@ -189,6 +191,86 @@ def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cas
         cluster.shutdown()
 
 
+def schema_before_data_head(keyspace: str) -> list[str]:
+    """The statements of the schema before data_head (head rows in data_raw, data_blocks without head_written_at)."""
+    text = re.sub(r"--[^\n]*", "", SCHEMA_FILE.read_text())
+    text = text.replace("tsdb.", f"{keyspace}.").replace(
+        "KEYSPACE IF NOT EXISTS tsdb\n", f"KEYSPACE IF NOT EXISTS {keyspace}\n"
+    )
+    text = text.replace("    head_written_at bigint,\n", "")
+    return [s for s in filter(str.strip, text.split(";")) if f"{keyspace}.data_head " not in s]
+
+
+def test_head_rows_of_data_raw_stay_readable_after_the_upgrade_to_data_head(start_gateway, cassandra_server, tenant):
+    """A keyspace whose head rows are in data_raw (one partition a series-slot, each slot's
+    written_at in data_blocks, as the code before data_head wrote them) is upgraded by `schema
+    apply`: every sample reads the same through the native and the Prometheus API, with new
+    samples (in data_head) beside them in the same slot, before and after the downsampler seals it."""
+    ks = "tsdb_before_head"
+    url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/{ks}"
+    cluster, session = cql_session(cassandra_server)
+    session.default_timeout = 120
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {ks}")
+        for statement in schema_before_data_head(ks):
+            session.execute(statement)
+        now = int(time.time())
+        t0 = (now // 3600 - 1) * 3600  # the slot before this one: ended, not sealed yet
+        hash_ = series_set_hash(series_set_text("legacy_temp", {"room": "a"}))
+        session.execute(f"INSERT INTO {ks}.tenants (tenant) VALUES (%s)", [tenant])
+        session.execute(f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (%s, 'legacy_temp')", [tenant])
+        session.execute(
+            f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (%s, %s, 'legacy_temp', {{'room': 'a'}})",
+            [tenant, hash_],
+        )
+        for key, value in (("__name__", "legacy_temp"), ("room", "a")):
+            session.execute(
+                f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (%s, 'legacy_temp', %s, %s, %s)",
+                [tenant, key, value, hash_],
+            )
+        slot_ms, head_ttl = t0 * 1000, 7 * 3600
+        for i in range(30):
+            session.execute(
+                f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (%s, %s, %s, %s, %s) USING TTL %s",
+                [tenant, hash_, slot_ms, slot_ms + i * 60_000, float(i), head_ttl],
+            )
+        session.execute(
+            f"UPDATE {ks}.data_blocks USING TTL %s SET written_at = %s"
+            " WHERE tenant = %s AND series_set_hash = %s AND block_partition = %s AND time_slot = %s",
+            [head_ttl, now * 1000, tenant, hash_, slot_ms - slot_ms % (168 * HOUR_MS), slot_ms],
+        )
+        applied = tsgate("schema", "apply", "--store", url)
+        assert applied.returncode == 0, applied.stderr
+        gateway = start_gateway("--store", url, "--roles", "ingest,query", "--downsample-delay", "0s")
+        native = "/api/query?" + urllib.parse.urlencode(
+            {"tenant": tenant, "metricName": "legacy_temp", "start": t0, "end": t0 + 3599}
+        )
+        promql = "/api/v1/query?" + urllib.parse.urlencode({"query": 'legacy_temp{room="a"}[1h]', "time": t0 + 3599})
+
+        def read() -> tuple[list, list]:
+            answer = gateway.get(native, headers={"X-Scope-OrgID": tenant})
+            assert answer.status == 200, answer.body
+            prometheus = gateway.get(promql, headers={"X-Scope-OrgID": tenant})
+            assert prometheus.status == 200, prometheus.body
+            (series,) = prometheus.json()["data"]["result"]
+            return list(answer.json()[0]["values"].values()), [float(v) for _, v in series["values"]]
+
+        old = [float(i) for i in range(30)]
+        assert read() == (old, old)
+        late = {"tenant": tenant, "metricName": "legacy_temp", "tags": {"room": "a"}, "ts": t0 + 1800, "value": 99.0}
+        assert gateway.post("/api/write/single", late).status == 200
+        assert read() == (old + [99.0], old + [99.0])
+        sealed = tsgate("downsample", "--once", "--downsample-delay", "0s", "--store", url)
+        assert sealed.returncode == 0, sealed.stderr
+        assert "rolled up 1 series-slots" in sealed.stdout
+        assert read() == (old + [99.0], old + [99.0])
+        blocks = session.execute(f"SELECT block, sealed_at FROM {ks}.data_blocks").all()
+        assert [(row.block is not None, row.sealed_at is not None) for row in blocks] == [(True, True)]
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {ks}")
+        cluster.shutdown()
+
+
 @pytest_twisted.ensureDeferred
 async def test_schema_apply_indexes_histograms_written_before_histogram_series(cassandra_server, tenant):
     """Reads look only at the series histogram_series names: `schema apply` on a keyspace without it
@@ -271,12 +353,12 @@ def test_gateway_writes_land_in_the_documented_tables(
             [tenant],
         )
         assert [r.series_set_hash for r in index] == [hash_]
-        slot = t0 * 1000 - t0 * 1000 % 3_600_000
+        head_slice = t0 * 1000 - t0 * 1000 % 60_000
         raw = session.execute(
-            "SELECT ts, value, TTL(value) AS ttl FROM data_raw WHERE tenant = %s AND series_set_hash = %s AND time_slot = %s",
-            [tenant, hash_, slot],
+            "SELECT ts, value, TTL(value) AS ttl FROM data_head WHERE tenant = %s AND slice = %s AND shard = %s AND series_set_hash = %s",
+            [tenant, head_slice, head_shard(hash_), hash_],
         ).one()
-        assert (raw.ts, raw.value) == (t0 * 1000, 42.5) and 0 < raw.ttl <= 7 * 86400
+        assert (raw.ts, raw.value) == (t0 * 1000, 42.5) and 0 < raw.ttl <= 7 * 3600 + 1
     finally:
         cluster.shutdown()
 

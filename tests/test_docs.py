@@ -1,8 +1,12 @@
 """The documentation is one format (reStructuredText), every docs/ page the code cites exists, and
 docs/performance.rst holds the table bench.report prints for docs/performance-results.json."""
 
+import io
 import re
 from pathlib import Path
+
+import docutils.core
+import pytest
 
 from bench.report import format_rst, read_json
 
@@ -13,6 +17,18 @@ CITED = re.compile(r"\bdocs/[\w.-]*\w")
 def test_docs_are_restructuredtext():
     pages = {path.name for path in (REPO / "docs").iterdir() if path.suffix not in (".json", ".png")}
     assert pages and all(name.endswith(".rst") for name in pages), sorted(pages)
+
+
+@pytest.mark.parametrize("page", ["README.rst", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.rst"))])
+def test_page_is_well_formed(page):
+    """A malformed table or list renders as an error box on the page (a table's border once did)."""
+    warnings = io.StringIO()
+    docutils.core.publish_doctree(
+        (REPO / page).read_text(encoding="utf-8"),
+        source_path=page,
+        settings_overrides={"report_level": 2, "halt_level": 5, "warning_stream": warnings},
+    )
+    assert not warnings.getvalue(), warnings.getvalue()
 
 
 def test_every_cited_docs_page_exists():

@@ -35,7 +35,7 @@ from gateway.samples import empty
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import HistogramRow
 from gateway.store.histogram_rollup_rows import decode_interval
-from gateway.store.layout import HOUR_MS, Layout
+from gateway.store.layout import HOUR_MS, Layout, head_shard
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import types_pb2
 from protocols.prometheus.xor import STALE_NAN_BITS
@@ -542,3 +542,28 @@ async def test_a_failed_roll_up_write_is_counted_by_the_stores_error_and_the_blo
     assert await downsampler.run_once(list(range(PARTITIONS))) == 0 and downsampler.round_failed == 1
     assert failures("rollup", "IntegrityError") == before + 1
     await assert_sealed(sqlite_store, tenant, {key_of(tenant, "cpu", {}).series_set_hash: {slot: 0.5}}, slot)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_bad_series_slot_in_a_sealing_group_fails_alone(sqlite_store, tenant):
+    """Series of one tenant and head shard are sealed as one group; one corrupt block among them
+    fails the group, which is redone series by series: the others are sealed, the bad one is
+    counted once and stays pending."""
+    pending = StorePending(sqlite_store, sqlite_store.slot_width_ms, 0)
+    slot = past_slot()
+    names = [f"grouped_{i}" for i in range(200)]
+    shard = head_shard(key_of(tenant, names[0], {}).series_set_hash)
+    same_shard = [n for n in names if head_shard(key_of(tenant, n, {}).series_set_hash) == shard][:5]
+    assert len(same_shard) == 5
+    batch = [Sample(tenant, name, {}, slot + 60_000, float(i)) for i, name in enumerate(same_shard)]
+    assert (await pipeline_of(sqlite_store, pending).ingest("test", batch)).accepted == 5
+    keys = [key_of(tenant, name, {}) for name in same_shard]
+    await corrupt_block(sqlite_store, keys[2], slot)
+    await settled()
+    before = failures("seal", "BadBlock")
+    downsampler = Downsampler(sqlite_store, pending, sqlite_store.layout, ())
+    assert await downsampler.run_once(list(range(PARTITIONS))) == 4 and downsampler.round_failed == 1
+    assert failures("seal", "BadBlock") == before + 1
+    good = {k.series_set_hash: {slot + 60_000: float(i)} for i, k in enumerate(keys) if i != 2}
+    await assert_sealed(sqlite_store, tenant, good, slot)
+    assert sum([await pending.waiting(p) for p in range(PARTITIONS)]) == 1

@@ -343,6 +343,8 @@ ENDPOINTS = {
     "/healthz": [],
     "/metrics": [],
     "/": [],
+    "/admin/status": [],
+    "/ui/session": [],
 }
 BASE_PARAMS = {
     "/render": {"target": "a.b.*", "from": "-10min", "format": "json"},

@@ -1,6 +1,7 @@
 """The read path and the sealing on the embedded store with a fixed clock: stitching raw and
 roll-ups, counters past raw retention, sealing merges, and the SQLite retention sweep."""
 
+import math
 import sqlite3
 import struct
 
@@ -63,6 +64,17 @@ def test_counters_fall_back_to_their_last_value():
     found, used = rollup_samples(counter, "avg", "last")
     assert (found.points(), used) == ([(0, 10.0)], "last")
     assert rollup_samples(counter, "avg")[1] is None
+
+
+def test_max_and_min_only_series_read_their_own_aggregate():
+    """A ``.max`` path keeps only max and count in its roll-ups: asked for avg (Graphite's
+    default consolidation), it reads its maxima, as whisper's max-aggregated archive does."""
+    highest = [Rollup("t", "h", 0, max=7.0, count=3), Rollup("t", "h", 300_000, max=9.0, count=1)]
+    lowest = [Rollup("t", "h", 0, min=-2.0, count=2)]
+    found, used = rollup_samples(highest, "avg", "last")
+    assert (found.points(), used) == ([(0, 7.0), (300_000, 9.0)], "max")
+    found, used = rollup_samples(lowest, "avg", "last")
+    assert (found.points(), used) == ([(0, -2.0)], "min")
 
 
 @pytest_twisted.ensureDeferred
@@ -135,6 +147,19 @@ async def test_sealing_merges_late_data_and_the_sweep_drops_expired_data(sqlite_
     assert len(await sqlite_store.read_rollups(LAYOUT.granularity("1h"), "t", series.series_set_hash, 0, NOW)) == 1
 
 
+# The head table of SQLite files before schema version 8: one row a sample, keyed by series.
+DATA_RAW_BEFORE_V8 = """
+CREATE TABLE data_raw (
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    time_slot INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    value REAL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
+) WITHOUT ROWID;
+"""
+
+
 def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_path):
     """A file written before blocks existed (schema version 2: no data_blocks, histogram tables
     nor created_ms column) opens, its rows
@@ -154,9 +179,18 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     old = sqlite3.connect(data / "tsgate.db", isolation_level=None)
     old.execute("PRAGMA journal_mode=WAL")
     old.executescript(
-        re.sub(r"CREATE TABLE IF NOT EXISTS data_blocks \(.*?\);|    created_ms INTEGER,\n", "", SCHEMA, flags=re.S)
+        re.sub(
+            r"CREATE TABLE IF NOT EXISTS (data_blocks|head_log|head_chunks) \(.*?\);|    created_ms INTEGER,\n",
+            "",
+            SCHEMA,
+            flags=re.S,
+        )
     )
-    old.executescript("".join(ROLLUP_TABLE.format(table=t) for t in ("data_5m", "data_1h")) + "PRAGMA user_version=2;")
+    old.executescript(
+        DATA_RAW_BEFORE_V8
+        + "".join(ROLLUP_TABLE.format(table=t) for t in ("data_5m", "data_1h"))
+        + "PRAGMA user_version=2;"
+    )
     series = key("old", "legacy_temp")
     slot = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS
     old.execute("INSERT INTO tenants VALUES ('old')")
@@ -190,5 +224,51 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     assert after.body == before.body
     check = sqlite3.connect(data / "tsgate.db")
     assert check.execute("SELECT count(*) FROM data_blocks").fetchone()[0] == 1
-    assert check.execute("SELECT count(*) FROM data_raw").fetchone()[0] == 0
+    assert check.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 0
+    assert check.execute("SELECT count(*) FROM sqlite_master WHERE name='data_raw'").fetchone()[0] == 0
+    check.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sqlite_file_with_head_rows_keyed_by_series_is_upgraded_in_place(tmp_path):
+    """A file of schema version 7 (head rows in data_raw, one row a sample keyed by series) opens:
+    its head rows move into the head log in one transaction and are folded into chunks, data_raw
+    goes, and every sample reads back with its value bit for bit (NaN payloads and -0.0 were kept
+    as 8-byte blobs), then seals as before."""
+    from gateway.store.sqlite import SQLiteStore
+
+    path = tmp_path / "v7.db"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript(DATA_RAW_BEFORE_V8 + "PRAGMA user_version=7;")
+    stale = struct.pack("<Q", 0x7FF0000000000002)
+    special = [stale, struct.pack("<d", -0.0), math.inf, -math.inf]
+    expected: dict[tuple[str, str], list[tuple[int, bytes | float]]] = {}
+    for tenant in ("a", "b"):
+        for s in range(3):
+            rows = expected.setdefault((tenant, f"h{s}"), [])
+            for ts in range(0, 3 * HOUR_MS, 10 * 60_000):
+                rows.append((ts + s, special[ts // 600_000 % 4] if ts % HOUR_MS == 0 else ts / 7 + s))
+            old.executemany(
+                "INSERT INTO data_raw VALUES (?, ?, ?, ?, ?)",
+                [(tenant, f"h{s}", ts - ts % HOUR_MS, ts, value) for ts, value in rows],
+            )
+    old.close()
+    store = SQLiteStore(path, Layout())
+    await store.start()
+    try:
+        for (tenant, hash_), rows in expected.items():
+            (found,) = await store.read_raw(tenant, [hash_], 0, 3 * HOUR_MS)
+            stored = [(ts, v if isinstance(v, bytes) else struct.pack("<d", v)) for ts, v in rows]
+            assert [(ts, struct.pack("<d", v)) for ts, v in found.head.points()] == stored
+        head = (await store.read_raw("a", ["h1"], 0, HOUR_MS - 1))[0].head
+        await store.write_block("a", "h1", 0, encode_block(head.timestamps, head.values), head, 0)
+        (sealed,) = await store.read_raw("a", ["h1"], 0, HOUR_MS - 1)
+        assert len(sealed.head) == 0 and decode_block(sealed.blocks[0])[0].tolist() == head.timestamps.tolist()
+    finally:
+        await store.close()
+    check = sqlite3.connect(path)
+    tables = {name for (name,) in check.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "data_raw" not in tables and check.execute("SELECT count(*) FROM head_log").fetchone()[0] == 0
+    assert check.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 2 * 3 * 3 - 1
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 8
     check.close()

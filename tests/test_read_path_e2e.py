@@ -13,7 +13,7 @@ from cassandra.cluster import Cluster
 
 from gateway.model import series_set_hash, series_set_text
 from gateway.store.cassandra import parse_url
-from gateway.store.layout import HOUR_MS, Layout
+from gateway.store.layout import HOUR_MS, Layout, head_shard
 from protocols import prometheus
 from protocols.prometheus import Matcher, Query, Series, remote_pb2, types_pb2
 from tests.gatewayproc import downsample_once
@@ -42,8 +42,13 @@ def wait_until_head_rows_expired(store_args, tenant: str, name: str, slot: int, 
     cluster = Cluster([host for host, _ in options.hosts], port=options.hosts[0][1], protocol_version=5)
     try:
         session = cluster.connect()
-        query = f"SELECT ts FROM {options.schema.keyspace}.data_raw WHERE tenant = %s AND series_set_hash = %s AND time_slot = %s LIMIT 1"
-        key = (tenant, series_set_hash(series_set_text(name, {})), slot)
+        query = session.prepare(
+            f"SELECT ts FROM {options.schema.keyspace}.data_head"
+            " WHERE tenant = ? AND slice IN ? AND shard = ? AND series_set_hash = ? LIMIT 1"
+        )
+        hash_ = series_set_hash(series_set_text(name, {}))
+        slices = options.schema.layout.head_slices(slot, slot, slot + HOUR_MS - 1)
+        key = (tenant, slices, head_shard(hash_), hash_)
         deadline = time.monotonic() + timeout_s
         while session.execute(query, key).one() is not None:
             assert time.monotonic() < deadline, "head rows outlived their TTL"

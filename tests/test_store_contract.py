@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
 
 from gateway import samples
 from gateway.model import SeriesKey, series_set_hash, series_set_text
@@ -530,7 +532,90 @@ async def test_sqlite_writes_arriving_together_share_a_commit_and_fail_alone(tmp
         else:
             raise AssertionError("a value SQLite cannot store was acknowledged")
         with sqlite3.connect(path) as reader:
-            stored = reader.execute("SELECT ts FROM data_raw WHERE tenant=? ORDER BY ts", (tenant,)).fetchall()
+            stored = reader.execute("SELECT ts FROM head_log WHERE tenant=? ORDER BY ts", (tenant,)).fetchall()
         assert [ts for (ts,) in stored] == list(range(23))
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_head_log_and_chunks_keep_the_last_write(tmp_path, tenant):
+    """SQLite's head: rows go to the head log, folded into chunks once the log holds fold_rows
+    rows. The last write of a timestamp wins across chunks and the log; sealing removes from the
+    head only the samples the block holds with the same value (not a rewrite that came after the
+    read it sealed, and no older write of a sealed timestamp comes back); deleting samples cuts
+    chunks."""
+    store = SQLiteStore(tmp_path / "head.db", Layout(), fold_rows=3)
+    await store.start()
+    h = series(tenant, "cpu", {}).series_set_hash
+    try:
+        await store.write_raw([RawPoint(tenant, h, ts, 1.0) for ts in (10, 20, 30)])  # folded: chunk 1
+        await store.write_raw([RawPoint(tenant, h, 10, 2.0), RawPoint(tenant, h, HOUR + 5, 9.0)])  # in the log
+        with sqlite3.connect(tmp_path / "head.db") as reader:
+            assert reader.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 1
+            assert reader.execute("SELECT count(*) FROM head_log").fetchone()[0] == 2
+        assert points(await read_head(store, tenant, h, 0, 2 * HOUR)) == [
+            (10, 2.0),
+            (20, 1.0),
+            (30, 1.0),
+            (HOUR + 5, 9.0),
+        ]
+        await store.write_raw([RawPoint(tenant, h, 20, 3.0)])  # the log reaches 3 rows: chunk 2
+        sealed_read = await read_head(store, tenant, h, 0, HOUR - 1)
+        assert points(sealed_read) == [(10, 2.0), (20, 3.0), (30, 1.0)]
+        await store.write_raw([RawPoint(tenant, h, 30, 4.0)])  # after the seal's read
+        block = encode_block(sealed_read.timestamps, sealed_read.values)
+        await store.write_block(tenant, h, 0, block, sealed_read, 0)
+        assert points(await read_head(store, tenant, h, 0, HOUR - 1)) == [(30, 4.0)]
+        (stitched,) = await ReadPath(store).read_raw([series(tenant, "cpu", {})], 0, 2 * HOUR)
+        assert points(stitched) == [(10, 2.0), (20, 3.0), (30, 4.0), (HOUR + 5, 9.0)]
+        await store.delete_samples(tenant, [h], 25, HOUR + 5)
+        assert points(await read_head(store, tenant, h, 0, 2 * HOUR)) == []
+        with sqlite3.connect(tmp_path / "head.db") as reader:
+            assert reader.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 0
+            assert reader.execute("SELECT count(*) FROM head_log").fetchone()[0] == 0
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_head_of_many_series_and_slots_reads_back_from_chunks(tmp_path, tenant):
+    """Folds of several batches: every series reads back every sample of every slot, in order,
+    whether its samples are in one chunk a slot or several, and the sweep removes old slots."""
+    store = SQLiteStore(tmp_path / "many.db", Layout(), fold_rows=500)
+    await store.start()
+    hashes = [f"s{i:03d}" for i in range(40)]
+    rounds = range(0, 3 * HOUR, 60_000)
+    try:
+        for ts in rounds:
+            await store.write_raw([RawPoint(tenant, h, ts + i, ts / 1000 + i) for i, h in enumerate(hashes)])
+        found = await store.read_raw(tenant, list(reversed(hashes)), 0, 3 * HOUR)
+        for i, raw in zip(reversed(range(len(hashes))), found):
+            assert points(raw.head) == [(ts + i, ts / 1000 + i) for ts in rounds]
+        await store.sweep(HOUR + store.layout.raw_retention_ms)
+        (left,) = await store.read_raw(tenant, [hashes[0]], 0, 3 * HOUR)
+        assert points(left.head) == [(ts, ts / 1000) for ts in rounds if ts >= HOUR]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_head_log_is_folded_once_writes_stop(tmp_path, tenant):
+    """A log far from fold_rows is folded once a check finds no head row written since the last
+    one: a store that went quiet reads its head from chunks alone."""
+    store = SQLiteStore(tmp_path / "quiet.db", Layout(), fold_check_s=0.05)
+    await store.start()
+    h = series(tenant, "cpu", {}).series_set_hash
+    try:
+        await store.write_raw([RawPoint(tenant, h, ts, float(ts)) for ts in range(10)])
+        deadline = time.monotonic() + 30
+        while True:
+            with sqlite3.connect(tmp_path / "quiet.db") as reader:
+                logged = reader.execute("SELECT count(*) FROM head_log").fetchone()[0]
+            if not logged or time.monotonic() > deadline:
+                break
+            await deferLater(reactor, 0.05)
+        assert logged == 0
+        assert points(await read_head(store, tenant, h, 0, 100)) == [(ts, float(ts)) for ts in range(10)]
     finally:
         await store.close()

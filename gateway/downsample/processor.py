@@ -1,19 +1,24 @@
-"""Seal and roll up settled series-slots: merge the slot's head rows into its block, write the
+"""Seal and roll up settled series-slots, up to SEAL_GROUP of a tenant together (each step one
+store call for all): merge the slot's head rows into its block, write the
 block, then the roll-ups of every granularity computed from the merged samples and from the
 slot's native histograms (gateway/downsample/histograms.py), then mark the
 work done (only after the writes succeeded: a crash redoes work, never loses it; sealing the same
 samples twice writes the same block). The raw block is written first, so it never depends on a
-roll-up; a series-slot that fails either way is isolated (gateway/downsample/failures.py): the
-rest of its slot and of the round go on, and it stays pending for a retry."""
+roll-up; a series-slot that fails either way is isolated (gateway/downsample/failures.py): its
+group is done again one series-slot at a time, the rest of its slot and of the round go on,
+and it stays pending for a retry."""
 
+import contextlib
 import logging
 import time
+from collections import defaultdict
 
 import numpy as np
 from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
 from gateway import metrics
+from gateway.cooperative import Slices
 from gateway.downsample.aggregate import (
     AGGREGATORS,
     CUMULATIVE_COUNTER,
@@ -30,9 +35,18 @@ from gateway.read_path import ReadPath, stitch_raw
 from gateway.samples import Samples
 from gateway.store import Store
 from gateway.store.blocks import encode_block
-from gateway.store.layout import Layout
+from gateway.store.contract import SealedBlock
+from gateway.store.layout import Layout, head_shard
 
 log = logging.getLogger(__name__)
+
+# Series-slots of one tenant sealed and rolled up together: each step (read the head and blocks,
+# write the blocks, write each granularity's roll-ups) is one store call for all of them, a few
+# requests where one series at a time made about nine (docs/performance.rst, "Sealing").
+SEAL_GROUP = 64
+# Downsample partitions (--downsample-partitions-count, 64 by default) processed together: a
+# partition holds 1/64 of the series, too few for full groups.
+PARTITIONS_TOGETHER = 16
 
 
 class Downsampler:
@@ -62,16 +76,18 @@ class Downsampler:
         self.round_failed = 0  # series-slots whose attempt failed in the last round
 
     async def run_once(self, partitions: list[int], lock=None) -> int:
-        """Process every settled slot of the given partitions, oldest first; returns series-slots done.
-        ``lock(partition)`` (competing consumers) is an async context manager or None."""
+        """Process every settled slot of the given partitions, oldest first, PARTITIONS_TOGETHER
+        partitions at a time; returns series-slots done. ``lock(partition)`` (competing
+        consumers) is an async context manager or None; the locks of the partitions processed
+        together are held together."""
         done, self._round_lag, self._round_settled, self.round_failed = 0, 0.0, 0, 0
-        for partition in partitions:
-            if lock is None:
-                done += await self._partition(partition)
-                continue
-            async with lock(partition) as acquired:
-                if acquired:
-                    done += await self._partition(partition)
+        for i in range(0, len(partitions), PARTITIONS_TOGETHER):
+            async with contextlib.AsyncExitStack() as held:
+                mine = []
+                for partition in partitions[i : i + PARTITIONS_TOGETHER]:
+                    if lock is None or await held.enter_async_context(lock(partition)):
+                        mine.append(partition)
+                done += await self._partitions(mine)
         metrics.DOWNSAMPLE_LAG.set(self._round_lag)
         metrics.DOWNSAMPLE_SETTLED.set(self._round_settled)
         metrics.DOWNSAMPLE_NEAR_EXPIRY.set(self.failures.near_expiry(self.clock()))
@@ -85,41 +101,80 @@ class Downsampler:
             self._swept_at = now
             await metrics.observe_store("sweep", self.store.sweep(now))
 
-    async def _partition(self, partition: int) -> int:
-        done, now = 0, self.clock()
-        settled = await self.pending.settled(partition, now)
-        self._round_settled += len(settled)
-        if settled:
-            settled_at = settled[0].time_slot + self.layout.slot_width_ms + self.pending.delay_ms
-            self._round_lag = max(self._round_lag, (now - settled_at) / 1000)
-        for work in settled:
-            done += await self._work(work)
+    async def _partitions(self, partitions: list[int]) -> int:
+        """The settled work of these partitions, slot by slot, oldest first; the work of one slot
+        is sealed together (_works)."""
+        now, by_slot = self.clock(), defaultdict(list)
+        for partition in partitions:
+            settled = await self.pending.settled(partition, now)
+            self._round_settled += len(settled)
+            if settled:
+                settled_at = settled[0].time_slot + self.layout.slot_width_ms + self.pending.delay_ms
+                self._round_lag = max(self._round_lag, (now - settled_at) / 1000)
+            for work in settled:
+                by_slot[work.time_slot].append(work)
+        done = 0
+        for slot in sorted(by_slot):
+            done += await self._works(slot, by_slot[slot])
         return done
 
-    async def _work(self, work: Work) -> int:
-        """Every member of the work that is due (not waiting out a failure's backoff); the
-        failed and the waiting stay pending. Returns the series-slots done."""
+    async def _works(self, slot: int, works: list[Work]) -> int:
+        """Every member of the works (of one slot) that is due (not waiting out a failure's
+        backoff), up to SEAL_GROUP series of a tenant and head shard at a time (so that a group's
+        head rows are one request on Cassandra: its shard's slices of the slot); the failed and
+        the waiting stay pending. Returns the series-slots done."""
         started, now = time.perf_counter(), self.clock()
-        due = [(t, h) for t, h in work.members if self.failures.due(t, h, work.time_slot, now)]
-        jobs = [self._semaphore.run(self._series_slot_job, tenant, hash_, work.time_slot) for tenant, hash_ in due]
-        finished = {member for member, ok in zip(due, await gatherResults(jobs)) if ok}
-        left = {member for member in work.members if member not in finished}
-        if len(finished) < len(due):
-            metrics.DOWNSAMPLE_ERRORS.inc()
-        await self.pending.done(work, left)
-        metrics.DOWNSAMPLED.inc(len(finished))
+        due: dict[tuple[str, int], list[str]] = defaultdict(list)
+        for work in works:
+            for tenant, hash_ in work.members:
+                if self.failures.due(tenant, hash_, slot, now):
+                    due[(tenant, head_shard(hash_))].append(hash_)
+        groups = [
+            (tenant, hashes[i : i + SEAL_GROUP])
+            for (tenant, _), hashes in due.items()
+            for i in range(0, len(hashes), SEAL_GROUP)
+        ]
+        jobs = [self._semaphore.run(self._group_job, tenant, hashes, slot) for tenant, hashes in groups]
+        outcome = {
+            (tenant, hash_): ok
+            for (tenant, hashes), done in zip(groups, await gatherResults(jobs))
+            for hash_, ok in zip(hashes, done)
+        }
+        finished = 0
+        for work in works:
+            left = {member for member in work.members if not outcome.get(member)}
+            if any(outcome.get(member) is False for member in work.members):
+                metrics.DOWNSAMPLE_ERRORS.inc()
+            await self.pending.done(work, left)
+            finished += len(work.members) - len(left)
+        metrics.DOWNSAMPLED.inc(finished)
         log.debug(
-            "rolled up %d series of slot %d (partition %d) in %.3fs, %d left for a retry",
-            len(finished),
-            work.time_slot,
-            work.partition,
+            "rolled up %d series of slot %d (%d partitions) in %.3fs, %d left for a retry",
+            finished,
+            slot,
+            len(works),
             time.perf_counter() - started,
-            len(left),
+            sum(len(work.members) for work in works) - finished,
         )
-        return len(finished)
+        return finished
 
-    def _series_slot_job(self, tenant: str, series_set_hash: str, slot: int):
-        return ensureDeferred(self._isolated(tenant, series_set_hash, slot))
+    def _group_job(self, tenant: str, hashes: list[str], slot: int):
+        return ensureDeferred(self._group(tenant, hashes, slot))
+
+    async def _group(self, tenant: str, hashes: list[str], slot: int) -> list[bool]:
+        """The series-slots of a group together (few store requests for all); if that fails,
+        each alone (side by side: in a store outage each waits out its own timeout), so that a
+        bad series-slot fails only itself. One bool (done) a series."""
+        if len(hashes) > 1:
+            try:
+                await self.roll_up_series_slots(tenant, hashes, slot)
+            except Exception as error:
+                log.debug("a group of %d series-slots failed (%s); each is tried alone", len(hashes), error)
+            else:
+                for hash_ in hashes:
+                    self.failures.succeeded(tenant, hash_, slot)
+                return [True] * len(hashes)
+        return await gatherResults([ensureDeferred(self._isolated(tenant, hash_, slot)) for hash_ in hashes])
 
     async def _isolated(self, tenant: str, series_set_hash: str, slot: int) -> bool:
         """roll_up_series_slot, a failure of which (any exception) is counted, logged and kept for
@@ -133,28 +188,47 @@ class Downsampler:
         self.failures.succeeded(tenant, series_set_hash, slot)
         return True
 
-    async def roll_up_series_slot(self, tenant: str, series_set_hash: str, slot: int) -> None:
+    def roll_up_series_slot(self, tenant: str, series_set_hash: str, slot: int):
         """Seal one series-slot into its block and write its roll-ups (idempotent)."""
-        key = self._series.get((tenant, series_set_hash))
-        if key is None:
-            found = await self.store.get_series(tenant, [series_set_hash])
-            if series_set_hash not in found:
-                log.warning("pending series %s of tenant %s has no metadata; skipped", series_set_hash, tenant)
-                return
-            key = found[series_set_hash]
-            self._series.add_all({(tenant, series_set_hash): key})
-        merged = await self._seal(tenant, series_set_hash, slot)
+        return ensureDeferred(self.roll_up_series_slots(tenant, [series_set_hash], slot))
+
+    async def roll_up_series_slots(self, tenant: str, hashes: list[str], slot: int) -> None:
+        """Seal series-slots of a tenant into their blocks and write their roll-ups (idempotent),
+        each step one store call for all of them."""
+        keys = await self._keys(tenant, hashes)
+        merged = await self._seal(tenant, keys, slot)
         try:
-            await self._roll_up(key, merged, slot)
+            await self._roll_up(tenant, keys, merged, slot)
         except Exception as error:
             raise RollUpFailed(f"{type(error).__name__}: {error}") from error
 
-    async def _roll_up(self, key: SeriesKey, merged: Samples, slot: int) -> None:
-        """The roll-ups of a sealed series-slot: its samples', then its native histograms'."""
-        tenant, series_set_hash = key.tenant, key.series_set_hash
-        kind = await self._kind(tenant, key.metric_name)
-        previous = await self._previous_value(key, slot) if kind == CUMULATIVE_COUNTER else None
-        rows = roll_up(tenant, series_set_hash, kind, merged, previous, self.layout.granularities)
+    async def _keys(self, tenant: str, hashes: list[str]) -> list[SeriesKey]:
+        """The SeriesKey of each series (remembered: a series' name and tags never change); a
+        series without metadata is skipped with a warning."""
+        missing = [h for h in hashes if self._series.get((tenant, h)) is None]
+        if missing:
+            found = await self.store.get_series(tenant, missing)
+            for hash_ in missing:
+                if hash_ not in found:
+                    log.warning("pending series %s of tenant %s has no metadata; skipped", hash_, tenant)
+            self._series.add_all({(tenant, h): key for h, key in found.items()})
+        return [key for key in (self._series.get((tenant, h)) for h in hashes) if key is not None]
+
+    async def _roll_up(self, tenant: str, keys: list[SeriesKey], merged: list[Samples], slot: int) -> None:
+        """The roll-ups of sealed series-slots: their samples', then their native histograms'."""
+        kinds = [await self._kind(tenant, key.metric_name) for key in keys]
+        counters = [key for key, kind in zip(keys, kinds) if kind == CUMULATIVE_COUNTER]
+        previous = await self._previous_values(counters, slot)
+        rows: dict[str, list] = {g.name: [] for g in self.layout.granularities}
+        slices = Slices()
+        for key, kind, series in zip(keys, kinds, merged):
+            found = roll_up(
+                tenant, key.series_set_hash, kind, series, previous.get(key.series_set_hash), self.layout.granularities
+            )
+            for name, granularity_rows in found.items():
+                rows[name] += granularity_rows
+            if slices.due():
+                await slices.pause()
         await gatherResults(
             [
                 metrics.observe_store("write_rollups", self.store.write_rollups(g, rows[g.name]))
@@ -162,22 +236,31 @@ class Downsampler:
             ],
             consumeErrors=True,
         )
-        await self._roll_up_histograms(tenant, series_set_hash, slot)
-        if (tenant, key.metric_name) not in self._recorded:
-            await self.store.add_metric_aggregators(tenant, key.metric_name, AGGREGATORS[kind])
-            self._recorded.add_all([(tenant, key.metric_name)])
+        await self._roll_up_histograms(tenant, [key.series_set_hash for key in keys], slot)
+        for kind, metric_name in sorted({(kind, key.metric_name) for key, kind in zip(keys, kinds)}):
+            if (tenant, metric_name) not in self._recorded:
+                await self.store.add_metric_aggregators(tenant, metric_name, AGGREGATORS[kind])
+                self._recorded.add_all([(tenant, metric_name)])
 
-    async def _roll_up_histograms(self, tenant: str, series_set_hash: str, slot: int) -> None:
+    async def _roll_up_histograms(self, tenant: str, hashes: list[str], slot: int) -> None:
         """The slot's native histograms into every granularity; the last one of the slot before
         tells whether the slot starts with a counter reset."""
         width = self.layout.slot_width_ms
-        (found,) = await self.store.read_histograms(tenant, [series_set_hash], slot, slot + width - 1)
+        found = [
+            (h, rows)
+            for h, rows in zip(hashes, await self.store.read_histograms(tenant, hashes, slot, slot + width - 1))
+            if rows
+        ]
         if not found:
             return
-        (before,) = await self.store.read_histograms(tenant, [series_set_hash], slot - width, slot - 1)
-        rows = await threads.deferToThread(
-            roll_up_histograms, found, before[-1] if before else None, self.layout.granularities
-        )
+        before = await self.store.read_histograms(tenant, [h for h, _ in found], slot - width, slot - 1)
+        rows: dict[str, list] = {g.name: [] for g in self.layout.granularities}
+        for (_, histograms), earlier in zip(found, before):
+            rolled = await threads.deferToThread(
+                roll_up_histograms, histograms, earlier[-1] if earlier else None, self.layout.granularities
+            )
+            for name, granularity_rows in rolled.items():
+                rows[name] += granularity_rows
         await gatherResults(
             [
                 metrics.observe_store("write_histogram_rollups", self.store.write_histogram_rollups(g, rows[g.name]))
@@ -186,24 +269,35 @@ class Downsampler:
             consumeErrors=True,
         )
 
-    async def _previous_value(self, key, slot: int) -> float | None:
-        """The last value before the slot (in the slot before it), which a counter's first increase starts from."""
-        (before,) = await self.reader.read_raw([key], slot - self.layout.slot_width_ms, slot - 1)
-        numbers = before.values[~np.isnan(before.values)]
-        return float(numbers[-1]) if len(numbers) else None
+    async def _previous_values(self, keys: list[SeriesKey], slot: int) -> dict[str, float]:
+        """The last value before the slot (in the slot before it) of each series that has one,
+        which a counter's first increase starts from."""
+        if not keys:
+            return {}
+        found = await self.reader.read_raw(keys, slot - self.layout.slot_width_ms, slot - 1)
+        previous = {}
+        for key, before in zip(keys, found):
+            numbers = before.values[~np.isnan(before.values)]
+            if len(numbers):
+                previous[key.series_set_hash] = float(numbers[-1])
+        return previous
 
-    async def _seal(self, tenant: str, series_set_hash: str, slot: int) -> Samples:
-        """The slot's block merged with its head rows (the head wins), written back when the head
-        had anything; returns the merged samples."""
-        head_read = now_ms()
-        (found,) = await self.store.read_raw(tenant, [series_set_hash], slot, slot + self.layout.slot_width_ms - 1)
-        merged = stitch_raw(found, slot, slot + self.layout.slot_width_ms - 1)
-        if len(found.head):
-            block = encode_block(merged.timestamps, merged.values)
-            await metrics.observe_store(
-                "write_block", self.store.write_block(tenant, series_set_hash, slot, block, found.head, head_read)
+    async def _seal(self, tenant: str, keys: list[SeriesKey], slot: int) -> list[Samples]:
+        """Each slot's block merged with its head rows (the head wins), written back where the
+        head had anything (one write_blocks); returns the merged samples."""
+        head_read, end = now_ms(), slot + self.layout.slot_width_ms - 1
+        found = await self.store.read_raw(tenant, [key.series_set_hash for key in keys], slot, end)
+        merged = await threads.deferToThread(lambda: [stitch_raw(raw, slot, end) for raw in found])
+        blocks = [
+            SealedBlock(
+                tenant, key.series_set_hash, slot, encode_block(series.timestamps, series.values), raw.head, head_read
             )
-            metrics.SEALED_SAMPLES.inc(len(merged))
+            for key, raw, series in zip(keys, found, merged)
+            if len(raw.head)
+        ]
+        if blocks:
+            await metrics.observe_store("write_block", self.store.write_blocks(blocks))
+            metrics.SEALED_SAMPLES.inc(sum(len(series) for raw, series in zip(found, merged) if len(raw.head)))
         return merged
 
     async def _kind(self, tenant: str, metric_name: str) -> str:

@@ -87,7 +87,7 @@ class StoreFetcher:
         if len(keys) > self.max_series:
             raise QueryTooLarge(f"{path_expression} matches {len(keys)} series, over the limit of {self.max_series}")
         reader = self.planner.reader
-        rollup = reader.rollup_for(start * 1000)
+        rollup = reader.rollup_for(start * 1000, self.tenant)
         wanted = ROLLUP_FOR_CONSOLIDATION.get(self.consolidation.get(path_expression, "average"), "avg")
         windows = []
         for key in keys:

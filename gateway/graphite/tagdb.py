@@ -108,9 +108,10 @@ class TagDB:
         --max-series-per-query are refused before any is counted (``/tags/i`` over 100k
         values took 60 s)."""
         values = (await self.tag_values(tenant, tag, pattern))[:limit]
-        if len(values) > self.planner.max_series:
+        max_series = self.planner.max_series
+        if len(values) > max_series(tenant):
             raise QueryTooLarge(
-                f"tag {tag!r} has {len(values)} values, over --max-series-per-query ({self.planner.max_series});"
+                f"tag {tag!r} has {len(values)} values, over {max_series.setting(tenant)} ({max_series(tenant)});"
                 " narrow it with filter= or limit="
             )
         counts = await gatherResults(

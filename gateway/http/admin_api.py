@@ -1,9 +1,11 @@
-"""Admin endpoints that change stored data (docs/operations.rst): Prometheus's
-``/api/v1/admin/tsdb/delete_series`` and ``/admin/graphite/delete`` for Graphite paths and globs.
+"""Admin endpoints (docs/operations.rst). Those that change stored data: Prometheus's
+``/api/v1/admin/tsdb/delete_series`` and ``/admin/graphite/delete`` for Graphite paths and globs,
+served only with ``--enable-admin-api`` (as Prometheus's ``--web.enable-admin-api``): without it
+they answer as Prometheus does, 503 "admin APIs disabled". With ``--auth-file`` every admin
+endpoint needs the admin role; the tenant is the request's, as everywhere.
 
-Served only with ``--enable-admin-api`` (as Prometheus's ``--web.enable-admin-api``): without it
-they answer as Prometheus does, 503 "admin APIs disabled". With ``--auth-file`` they need the
-admin role; the tenant is the request's, as everywhere.
+``GET /api/v1/admin/overrides`` shows every tenant's values (--overrides); it changes nothing,
+so it is served without ``--enable-admin-api``.
 """
 
 import time
@@ -12,6 +14,7 @@ from gateway.deletes import Deleter
 from gateway.graphite.finder import TooManyNodes
 from gateway.http.promql_api import parse_time, prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant
+from gateway.overrides import Overrides
 from gateway.promql.values import PromQLError
 from protocols.graphite.attime import parse_at_time
 
@@ -19,9 +22,10 @@ DISABLED = "admin APIs disabled; start the gateway with --enable-admin-api"
 
 
 class AdminAPI:
-    def __init__(self, deleter: Deleter, enabled: bool):
+    def __init__(self, deleter: Deleter, enabled: bool, overrides: Overrides):
         self.deleter = deleter
         self.enabled = enabled
+        self.overrides = overrides
 
     def register(self, router: Router) -> None:
         router.add(
@@ -32,6 +36,7 @@ class AdminAPI:
             access="admin",
         )
         router.add("/admin/graphite/delete", ("POST",), "admin_graphite_delete", self.graphite_delete, access="admin")
+        router.add("/api/v1/admin/overrides", ("GET",), "admin_overrides", self.show_overrides, access="admin")
 
     def _range(self, request) -> tuple[int, int]:
         start, end = arg(request, "start"), arg(request, "end")
@@ -55,6 +60,11 @@ class AdminAPI:
         if start_ms is not None and end_ms is not None and end_ms < start_ms:
             raise HTTPError(400, "from must not be after until")
         return self.deleter.bounds(start_ms, end_ms)
+
+    async def show_overrides(self, request) -> Response:
+        """The flags' values, each tenant of the overrides file with its effective values, and
+        which keys the file sets for it (Prometheus's envelope)."""
+        return json_response(200, {"status": "success", "data": self.overrides.shown()})
 
     async def delete_series(self, request) -> Response:
         """Prometheus's parameters (match[], start, end: epoch seconds or RFC 3339) and answers: 204."""

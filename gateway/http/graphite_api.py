@@ -21,6 +21,7 @@ from gateway.graphite.functions import function_catalog
 from gateway.graphite.storage_schemas import StorageSchemas
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant, require_arg
 from gateway.ingest import IngestPipeline
+from gateway.overrides import PerTenant, per_tenant
 from gateway.query import PointsBudget, QueryPlanner
 from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
@@ -125,7 +126,7 @@ class GraphiteAPI:
         finder: Finder,
         tags: tagdb.TagDB,
         schemas: StorageSchemas,
-        max_points: int,
+        max_points: int | PerTenant,
         graphs: graph.GraphPool | graph.DrawHere,
         *,
         max_targets: int,
@@ -133,7 +134,7 @@ class GraphiteAPI:
     ):
         self.graphs = graphs
         self.pipeline = pipeline
-        self.max_points = max_points
+        self.max_points = per_tenant("max-points-per-query", max_points)
         self.max_targets = max_targets
         self.max_query_length = max_query_length
         self.schemas = schemas
@@ -205,7 +206,7 @@ class GraphiteAPI:
             x_files_factor = float(arg(request, "xFilesFactor") or 0)
         except ValueError:
             raise HTTPError(400, "xFilesFactor must be a number", field="xFilesFactor") from None
-        budget = PointsBudget(self.max_points)
+        budget = PointsBudget(self.max_points(tenant), self.max_points.setting(tenant))
         context = RenderContext(
             start,
             end,
@@ -219,7 +220,7 @@ class GraphiteAPI:
         targets = self._targets(request)
         consolidation = {path: func for target in targets for path, func in consolidations(target).items()}
         fetcher = StoreFetcher(
-            tenant, self.finder, self.planner, self.schemas, self.planner.max_series, consolidation, budget
+            tenant, self.finder, self.planner, self.schemas, self.planner.max_series(tenant), consolidation, budget
         )
         series_list = []
         for target in targets:

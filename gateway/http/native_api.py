@@ -16,7 +16,8 @@ from gateway.http.server import (
 )
 from gateway.ingest import IngestPipeline
 from gateway.model import InvalidSample, Sample, validate_tenant
-from gateway.query import QueryPlanner
+from gateway.overrides import PerTenant, per_tenant
+from gateway.query import PointsBudget, QueryPlanner
 from gateway.read_path import ROLLUP_AGGREGATES
 from gateway.store import Store
 from protocols import native_json
@@ -30,9 +31,9 @@ INLINE_DECODE_BYTES = 64 * 1024
 
 
 class NativeAPI:
-    def __init__(self, store: Store, pipeline: IngestPipeline, planner: QueryPlanner, max_points: int):
+    def __init__(self, store: Store, pipeline: IngestPipeline, planner: QueryPlanner, max_points: int | PerTenant):
         self.store = store
-        self.max_points = max_points
+        self.max_points = per_tenant("max-points-per-query", max_points)
         self.pipeline = pipeline
         self.planner = planner
 
@@ -150,7 +151,15 @@ class NativeAPI:
             raise HTTPError(400, "an aggregator other than raw needs a granularity", field="aggregator")
         raw = aggregator == "raw" or arg(request, "granularity") == "raw"
         results = await self.planner.read_series(
-            tenant, metric_name, filters, start_ms, end_ms, self.max_points, granularity, aggregator, raw
+            tenant,
+            metric_name,
+            filters,
+            start_ms,
+            end_ms,
+            PointsBudget(self.max_points(tenant), self.max_points.setting(tenant)),
+            granularity,
+            aggregator,
+            raw,
         )
         # A JSON document of a million samples takes seconds to build: in a thread, off the reactor.
         return Response(200, await threads.deferToThread(native_json.encode_query_results, results))

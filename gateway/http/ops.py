@@ -1,11 +1,11 @@
-"""Operational endpoints: the gateway's own metrics, a health check and a version banner."""
+"""Operational endpoints: the gateway's own metrics and a health check (``/``, the version banner
+and the web page, is gateway/http/webui.py)."""
 
 import os
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway import __version__
 from gateway.http.server import Response, Router, json_response
 from gateway.store import Store, StoreUnavailable
 
@@ -15,12 +15,8 @@ class OpsAPI:
         self.store = store
 
     def register(self, router: Router) -> None:
-        router.add("/", ("GET",), "root", self.root, access="any")
         router.add("/metrics", ("GET",), "metrics", self.metrics, access="admin")
         router.add("/healthz", ("GET",), "healthz", self.healthz, access="public")
-
-    async def root(self, request):
-        return json_response(200, {"name": "tsgate", "version": __version__})
 
     async def metrics(self, request):
         return Response(200, generate_latest(metrics_registry()), CONTENT_TYPE_LATEST)

@@ -20,6 +20,7 @@ from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest import IngestPipeline
 from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, Sample
+from gateway.overrides import PerTenant
 from gateway.query import QueryPlanner
 from gateway.remote_read import RemoteRead
 from gateway.store import Store
@@ -58,7 +59,7 @@ class PrometheusAPI:
         pipeline: IngestPipeline,
         planner: QueryPlanner,
         max_decompressed_bytes: int,
-        max_samples_per_query: int,
+        max_samples_per_query: int | PerTenant,
         created_timestamp_zero_ingestion: bool = False,
         max_histogram_buckets: int = 0,
     ):

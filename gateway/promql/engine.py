@@ -313,10 +313,11 @@ class Evaluator:
         histograms: dict[tuple, list[Series]] | None = None,
         max_samples: int = sys.maxsize,
         cancelled: threading.Event | None = None,
+        setting: str = "--query-max-samples",
     ):
         self.query = query
         self.data = data
-        self.guard = Guard(deadline, max_samples, cancelled)
+        self.guard = Guard(deadline, max_samples, cancelled, setting)
         self.histograms = histograms or {}
         self.warnings: list[str] = []
 

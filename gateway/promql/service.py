@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import numpy as np
 from twisted.internet import defer, threads
 
+from gateway.overrides import PerTenant, per_tenant
 from gateway.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
 from gateway.promql.values import Guard, PromQLError, Series
 from gateway.query import QueryPlanner
@@ -27,14 +28,14 @@ class PromQLService:
         self,
         store: Store,
         planner: QueryPlanner,
-        max_samples: int,
+        max_samples: int | PerTenant,
         lookback_ms: int,
         timeout_ms: int,
         text: QueryText | None = None,
     ):
         self.store = store
         self.planner = planner
-        self.max_samples = max_samples
+        self.max_samples = per_tenant("query-max-samples", max_samples)
         self.lookback_ms = lookback_ms
         self.timeout_ms = timeout_ms
         self.text = text or QueryText()
@@ -47,7 +48,12 @@ class PromQLService:
         """The value of the query at ``times``, and the warnings its answer must carry; the
         deadline is the asked timeout, at most the configured one."""
         allowed = self.timeout_ms if timeout_ms is None else min(timeout_ms, self.timeout_ms)
-        guard = Guard(time.monotonic() + allowed / 1000, self.max_samples, threading.Event())
+        guard = Guard(
+            time.monotonic() + allowed / 1000,
+            self.max_samples(tenant),
+            threading.Event(),
+            self.max_samples.setting(tenant),
+        )
         try:
             return await self._evaluate(tenant, text, query, times, guard)
         except defer.CancelledError:
@@ -75,19 +81,20 @@ class PromQLService:
             ],
             consumeErrors=True,
         ).addErrback(lambda failure: failure.value.subFailure.raiseException())
-        evaluator = Evaluator(query, data, guard.deadline, histograms, guard.max_samples, guard.cancelled)
+        evaluator = Evaluator(
+            query, data, guard.deadline, histograms, guard.max_samples, guard.cancelled, guard.setting
+        )
         value = await threads.deferToThread(evaluator.result, expr, times)
-        return value, self._rollup_warnings(needs) + evaluator.warnings
+        return value, self._rollup_warnings(tenant, needs) + evaluator.warnings
 
-    def _rollup_warnings(self, needs: dict) -> list[str]:
+    def _rollup_warnings(self, tenant: str, needs: dict) -> list[str]:
         """Say so when samples before the raw retention came from roll-ups (docs/promql.rst)."""
         earliest = min((low for _, low, _ in needs.values()), default=None)
-        granularity = self.planner.reader.rollup_for(earliest) if earliest is not None else None
+        granularity = self.planner.reader.rollup_for(earliest, tenant) if earliest is not None else None
         if granularity is None:
             return []
-        boundary = datetime.fromtimestamp(
-            self.planner.reader.clock() / 1000 - self.store.layout.raw_retention_ms / 1000, UTC
-        )
+        raw_retention_ms = self.store.retentions.for_tenant(tenant).raw_retention_ms
+        boundary = datetime.fromtimestamp(self.planner.reader.clock() / 1000 - raw_retention_ms / 1000, UTC)
         return [
             f"samples before {boundary:%Y-%m-%dT%H:%M:%SZ} (past --raw-retention) are {granularity.name} roll-ups:"
             " one point per bucket, the average for gauges, the last value for counters"

@@ -38,6 +38,7 @@ class Guard(NamedTuple):
     deadline: float = math.inf
     max_samples: int = sys.maxsize
     cancelled: threading.Event | None = None  # set when the client went away
+    setting: str = "--query-max-samples"  # named in the refusal: the flag, or the tenant's override
 
     def check(self, during: str = "expression evaluation") -> None:
         if self.cancelled is not None and self.cancelled.is_set():
@@ -49,7 +50,7 @@ class Guard(NamedTuple):
         if samples > self.max_samples:
             raise PromQLError(
                 "query processing would load too many samples into memory in query execution"
-                f" (--query-max-samples {self.max_samples})"
+                f" ({self.setting} {self.max_samples})"
             )
 
 

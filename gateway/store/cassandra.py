@@ -2,19 +2,21 @@
 
 Every statement is prepared and runs asynchronously through one bounded request queue
 (cassandra_requests.py): each store call fires one Deferred on the reactor thread, so the
-reactor never waits on Cassandra. Writes of many rows go in UNLOGGED batches of rows that share
-a replica (_batched), so a request carries up to ROWS_PER_BATCH rows. Timeouts and unavailable
-replicas become StoreUnavailable (HTTP 503, so senders retry); the driver reconnects on its own
-when Cassandra comes back.
+reactor never waits on Cassandra. Head rows go in single-partition UNLOGGED batches (one
+mutation for up to HEAD_ROWS_PER_BATCH samples, head_batch); other writes of many rows go in
+UNLOGGED batches of rows that share a replica (_batched), up to ROWS_PER_BATCH rows a request.
+Timeouts and unavailable replicas become StoreUnavailable (HTTP 503, so senders retry); the
+driver reconnects on its own when Cassandra comes back.
 """
 
 import contextlib
 import json
 import logging
 import ssl
+import struct
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote
 
@@ -33,7 +35,13 @@ from gateway.metadata_cache import LRUMap
 from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
-from gateway.store.cassandra_schema import SchemaOptions, keyspace_statement, table_statements, upgrade_statements
+from gateway.store.cassandra_schema import (
+    SchemaOptions,
+    histogram_retention_ms,
+    keyspace_statement,
+    table_statements,
+    upgrade_statements,
+)
 from gateway.store.contract import (
     ROLLUP_COLUMN_SETS,
     ROLLUP_COLUMNS,
@@ -45,6 +53,7 @@ from gateway.store.contract import (
     RawData,
     RawPoint,
     Rollup,
+    SealedBlock,
     Store,
     StoreUnavailable,
     exemplar_labels_text,
@@ -54,7 +63,7 @@ from gateway.store.contract import (
 )
 from gateway.store.deletion import INDEX_KEYS, bucket_range, cut_block
 from gateway.store.index import index_rows
-from gateway.store.layout import Layout
+from gateway.store.layout import Layout, head_shard
 from protocols.timespec import parse_duration
 
 log = logging.getLogger(__name__)
@@ -102,6 +111,11 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 # (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance.rst measured it.
 ROWS_PER_BATCH = 50
 BATCH_VALUE_BYTES = 16 * 1024
+# A single-partition batch of data_head rows is one mutation, which Cassandra neither warns about
+# nor refuses by size (its batch thresholds are for batches over several partitions); the bounds
+# keep one mutation far under the commit log's limit (half a segment) and a request short.
+HEAD_ROWS_PER_BATCH = 1000
+HEAD_BATCH_VALUE_BYTES = 128 * 1024
 
 # A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
 # series-slots are remembered as having a fresh written_at. A seal records the time it read the head
@@ -114,9 +128,16 @@ SEAL_CLOCK_MARGIN_MS = 60_000
 # cost per request, not Cassandra, was most of a read of many series.
 READ_SERIES_PER_REQUEST = 64
 
+# data_head partitions (slices of one shard) one head read covers: with READ_SERIES_PER_REQUEST
+# series at 10 s that is about 4000 rows, a request a busy Cassandra answers within its read
+# timeout (the 60 slices of a slot at once timed out on the loaded 2-core box).
+HEAD_SLICES_PER_REQUEST = 10
+
 # Series-slots (partitions: two INs on the partition key) whose exemplars or histograms one request
 # reads: a remote read of many series over a few slots costs a few requests, not one a series.
 PARTITIONS_PER_REQUEST = 256
+
+_BIGINT, _INT, _DOUBLE = struct.Struct(">q").pack, struct.Struct(">i").pack, struct.Struct(">d").pack
 
 # Compare-and-set tries of a block cut while seals keep rewriting the block (delete_samples).
 CUT_BLOCK_ATTEMPTS = 5
@@ -364,6 +385,7 @@ class CassandraStore(Store):
             for table, column, cql_type in (
                 ("metric_names", "aggregators", "set<text>"),
                 ("series_set_hashes", "created_ms", "bigint"),
+                ("data_blocks", "head_written_at", "bigint"),
             ):
                 existing = {
                     row.column_name
@@ -429,7 +451,7 @@ class CassandraStore(Store):
         return f"-- indexed {count} histogram partitions written before the upgrade in histogram_series"
 
     def _prepare_all(self) -> None:
-        ks, ttl = self.keyspace, self.ttl_s
+        ks = self.keyspace
         texts = {
             "tenant": f"INSERT INTO {ks}.tenants (tenant) VALUES (?)",
             "metric_name": f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (?, ?)",
@@ -453,36 +475,35 @@ class CassandraStore(Store):
             "get_aggregators": f"SELECT aggregators FROM {ks}.metric_names WHERE tenant = ? AND metric_name = ?",
             "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
-            "raw": f"INSERT INTO {ks}.data_raw (tenant, series_set_hash, time_slot, ts, value) VALUES (?, ?, ?, ?, ?) USING TTL ?",
-            "head_written": f"UPDATE {ks}.data_blocks USING TTL ? SET written_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
-            "head_sealed": f"UPDATE {ks}.data_blocks USING TTL ? SET sealed_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
-            "write_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
-            "read_slots": f"SELECT series_set_hash, time_slot, block, written_at, sealed_at FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash IN ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
-            "read_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
-            "write_exemplar": f"INSERT INTO {ks}.exemplars (tenant, series_set_hash, time_slot, ts, labels, value) VALUES (?, ?, ?, ?, ?, ?)",
+            "head": f"INSERT INTO {ks}.data_head (tenant, slice, shard, series_set_hash, ts, value) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?",
+            "head_written": f"UPDATE {ks}.data_blocks USING TTL ? SET head_written_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
+            "write_block": f"UPDATE {ks}.data_blocks USING TTL ? SET block = ?, sealed_at = ? WHERE tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?",
+            "read_slots": f"SELECT series_set_hash, time_slot, block, written_at, head_written_at, sealed_at FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash IN ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
+            "read_head": f"SELECT series_set_hash, ts, value FROM {ks}.data_head WHERE tenant = ? AND slice IN ? AND shard = ? AND series_set_hash IN ? AND ts >= ? AND ts <= ?",
+            "read_legacy_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
+            "write_exemplar": f"INSERT INTO {ks}.exemplars (tenant, series_set_hash, time_slot, ts, labels, value) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?",
             "read_exemplars": (
                 f"SELECT series_set_hash, ts, value, labels FROM {ks}.exemplars WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ?"
                 f" PER PARTITION LIMIT {self.layout.max_exemplars_per_series}"
             ),
-            "write_histogram": f"INSERT INTO {ks}.histograms (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?)",
+            "write_histogram": f"INSERT INTO {ks}.histograms (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?) USING TTL ?",
             "read_histograms": f"SELECT series_set_hash, ts, data FROM {ks}.histograms WHERE tenant = ? AND series_set_hash IN ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
-            "write_histogram_series": f"INSERT INTO {ks}.histogram_series (tenant, source, time_slot, series_set_hash) VALUES (?, ?, ?, ?)",
+            "write_histogram_series": f"INSERT INTO {ks}.histogram_series (tenant, source, time_slot, series_set_hash) VALUES (?, ?, ?, ?) USING TTL ?",
             "read_histogram_series": f"SELECT time_slot, series_set_hash FROM {ks}.histogram_series WHERE tenant = ? AND source IN ? AND time_slot IN ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
             "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
             "list_tag_values": f"SELECT tag_value FROM {ks}.tag_values WHERE tenant = ? AND metric_name = ? AND tag_key = ?",
             "find_series": f"SELECT series_set_hash FROM {ks}.series_sets WHERE tenant = ? AND metric_name = ? AND tag_key = ? AND tag_value = ?",
-            "get_series": f"SELECT metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
+            "get_series": f"SELECT series_set_hash, metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
             "write_created": f"UPDATE {ks}.series_set_hashes SET created_ms = ? WHERE tenant = ? AND series_set_hash = ?",
             "get_created": f"SELECT created_ms FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
         }
         texts.update(self._delete_statements())
         for granularity in self.layout.granularities:
-            table, ttl_g = granularity.table, granularity.retention_ms // 1000
-            histogram_table = granularity.histogram_table
+            table, histogram_table = granularity.table, granularity.histogram_table
             texts[f"write_{histogram_table}"] = (
-                f"INSERT INTO {ks}.{histogram_table} (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?) USING TTL {ttl_g}"
+                f"INSERT INTO {ks}.{histogram_table} (tenant, series_set_hash, time_slot, ts, data) VALUES (?, ?, ?, ?, ?) USING TTL ?"
             )
             texts[f"read_{histogram_table}"] = (
                 f"SELECT series_set_hash, ts, data FROM {ks}.{histogram_table}"
@@ -495,7 +516,7 @@ class CassandraStore(Store):
             for columns in ROLLUP_COLUMN_SETS:
                 assignments = ", ".join(f"{c} = ?" for c in columns)
                 texts[f"write_{table}_{'_'.join(columns)}"] = (
-                    f"UPDATE {ks}.{table} USING TTL {ttl_g} SET {assignments}"
+                    f"UPDATE {ks}.{table} USING TTL ? SET {assignments}"
                     " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts = ?"
                 )
         for name, text in texts.items():
@@ -575,15 +596,22 @@ class CassandraStore(Store):
             lambda rows: [r.metric_name for r in rows]
         )
 
+    def _ttl_s(self, tenant: str, retention: Callable[[Layout], int]) -> int:
+        """The TTL of a row of ``tenant`` written now: ``retention`` of its layout (its own with
+        --overrides, else the flags'). Rows written before keep the TTL they were written with."""
+        return retention(self.retentions.for_tenant(tenant)) // 1000
+
     def write_rollups(self, granularity, rows):
-        """An UPDATE of only the aggregates a row has, so no tombstones are written for the rest."""
-        width = granularity.partition_width_ms
+        """An UPDATE of only the aggregates a row has, so no tombstones are written for the rest;
+        each row with its tenant's retention of the granularity."""
+        width, name = granularity.partition_width_ms, granularity.name
         requests = []
         for row in rows:
             columns = tuple(c for c in ROLLUP_COLUMNS if getattr(row, c) is not None)
             statement = self._statements[f"write_{granularity.table}_{'_'.join(columns)}"]
             key = (row.tenant, row.series_set_hash, time_slot(row.timestamp_ms, width), row.timestamp_ms)
-            requests.append((statement, (*(getattr(row, c) for c in columns), *key)))
+            ttl = self._ttl_s(row.tenant, lambda layout: layout.granularity(name).retention_ms)
+            requests.append((statement, (ttl, *(getattr(row, c) for c in columns), *key)))
         return self._execute_all(self._batched(requests))
 
     def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
@@ -630,25 +658,33 @@ class CassandraStore(Store):
         return self._execute(self._statements["get_metric_metadata"], (tenant, metric_name)).addCallback(first)
 
     def write_raw(self, points: Sequence[RawPoint]):
-        """Head rows, each with the TTL of its slot, and the slot's ``written_at`` in data_blocks
-        where this process has not written it lately (read_raw finds head rows through it)."""
-        statement = self._statements["raw"]
-        width, now = self.slot_width_ms, int(time.time() * 1000)
-        ttls: dict[int, int] = {}
-        rows = []
-        for tenant, hash_, timestamp, value in sorted(points):
-            slot = timestamp - timestamp % width
-            ttl = ttls.get(slot)
-            if ttl is None:
-                ttl = ttls[slot] = self.layout.head_ttl_ms(slot, now) // 1000 + 1
-            rows.append((statement, (tenant, hash_, slot, timestamp, value, ttl)))
+        """Head rows, each with the TTL of its slot, grouped by data_head partition (tenant, slice,
+        shard) into single-partition UNLOGGED batches, and the slot's ``head_written_at`` in
+        data_blocks where this process has not written it lately (read_raw finds head rows through it).
+        Where a request holds one (series, ts) twice, its last value is written."""
+        statement: Any = self._statements["head"]
+        layout, now, consistency = self.layout, int(time.time() * 1000), self.options.write_consistency
+        width, slice_width = self.slot_width_ms, layout.head_slice_ms
+        partitions: dict[tuple[str, int, int], dict[tuple[str, int], float]] = defaultdict(dict)
+        shards: dict[str, int] = {}
+        for tenant, hash_, timestamp, value in points:
+            shard = shards.get(hash_)
+            if shard is None:
+                shard = shards[hash_] = head_shard(hash_)
+            partitions[(tenant, timestamp - timestamp % slice_width, shard)][(hash_, timestamp)] = value
+        batches = []
+        for (tenant, slice_ms, shard), rows in partitions.items():
+            slot = slice_ms - slice_ms % width
+            ttl = layout.head_ttl_ms(slot, now) // 1000 + 1
+            values = [(tenant, slice_ms, shard, hash_, ts, value, ttl) for (hash_, ts), value in rows.items()]
+            batches += [(head_batch(statement, chunk, consistency), ()) for chunk in _head_batches(values)]
         entries, fresh = self._written_at_updates(points, now)
-        written = self._execute_all(self._batched(entries + rows))
+        written = self._execute_all(self._batched(entries) + batches)
         return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
 
     def _written_at_updates(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
-        """``written_at`` = now in the data_blocks rows of the batch's series-slots, but for those this
-        process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
+        """``head_written_at`` = now in the data_blocks rows of the batch's series-slots, but for those
+        this process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
         cannot have been sealed since (sealing waits for the slot's end and its last write to be
         ``settle_delay`` old), so a reader that finds the entry newer than the last seal reads the
         head rows anyway. A write after that refreshes the entry, so one that lands after a seal
@@ -669,9 +705,11 @@ class CassandraStore(Store):
 
     def read_raw(self, tenant, hashes, start_ms, end_ms):
         """The data_blocks rows of the range, READ_SERIES_PER_REQUEST series a request
-        (``series_set_hash IN ?``) per block partition, then, one request a series, the head rows
-        of the slots written since their last seal, if any (the head rows of the others are all
-        in their blocks)."""
+        (``series_set_hash IN ?``) per block partition, then the head rows of the slots written
+        since their last seal, if any (the head rows of the others are all in their blocks):
+        from data_head, the series of one shard and slot together (``slice IN ? AND shard = ? AND
+        series_set_hash IN ?``), and from data_raw (the head of the layout before data_head, one
+        request a series) where a slot's ``written_at`` says it has rows there."""
         hashes = list(hashes)
         if end_ms < start_ms:
             return defer.succeed([RawData([], samples.empty()) for _ in hashes])
@@ -687,43 +725,80 @@ class CassandraStore(Store):
         def read_heads(pages):
             rows: dict[str, list] = {hash_: [] for hash_ in hashes}
             for page in pages:
-                for hash_, slot, block, written, sealed in page:
-                    rows[hash_].append((slot, block, written, sealed))
-            blocks, head_requests, unsealed_of = {}, [], []
+                for hash_, slot, block, written, head_written, sealed in page:
+                    rows[hash_].append((slot, block, written, head_written, sealed))
+            blocks, legacy, unsealed = {}, [], defaultdict(list)
             for hash_, found in rows.items():
                 found.sort(key=lambda row: row[0])
-                blocks[hash_] = [block for _, block, _, _ in found if block is not None]
-                unsealed = [
-                    slot
-                    for slot, _, written, sealed in found
-                    if written is not None and (sealed is None or written > sealed)
-                ]
-                if unsealed:
-                    head_requests.append((self._statements["read_head"], (tenant, hash_, unsealed, start_ms, end_ms)))
-                    unsealed_of.append(hash_)
+                blocks[hash_] = [block for _, block, _, _, _ in found if block is not None]
+                legacy_slots = [slot for slot, _, written, _, sealed in found if _unsealed(written, sealed)]
+                if legacy_slots:
+                    legacy.append((hash_, legacy_slots))
+                for slot, _, _, head_written, sealed in found:
+                    if _unsealed(head_written, sealed):
+                        unsealed[(head_shard(hash_), slot)].append(hash_)
+            head_requests = self._head_reads(tenant, unsealed, start_ms, end_ms)
+            legacy_requests = [
+                (self._statements["read_legacy_head"], (tenant, hash_, slots, start_ms, end_ms))
+                for hash_, slots in legacy
+            ]
 
             def assemble(results):
-                heads = dict(zip(unsealed_of, results))
+                heads: dict[str, list] = defaultdict(list)
+                for page in results[: len(head_requests)]:
+                    for hash_, ts, value in page:
+                        heads[hash_].append((ts, value))
+                for (hash_, _), page in zip(legacy, results[len(head_requests) :]):
+                    heads[hash_] += page
                 return [RawData(blocks[h], _samples_of(heads[h]) if h in heads else samples.empty()) for h in hashes]
 
-            return self._execute_all(head_requests, PLAIN_ROWS).addCallback(assemble)
+            return self._execute_all(head_requests + legacy_requests, PLAIN_ROWS).addCallback(assemble)
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(read_heads)
 
+    def _head_reads(self, tenant: str, unsealed: dict[tuple[int, int], list[str]], start_ms: int, end_ms: int) -> list:
+        """Requests for the data_head rows in a range of the series of each (shard, slot):
+        READ_SERIES_PER_REQUEST series and HEAD_SLICES_PER_REQUEST of the slot's slices that
+        overlap the range a request."""
+        statement, requests = self._statements["read_head"], []
+        for (shard, slot), slot_hashes in sorted(unsealed.items()):
+            slices = self.layout.head_slices(slot, start_ms, end_ms)
+            for i in range(0, len(slot_hashes), READ_SERIES_PER_REQUEST):
+                chunk = slot_hashes[i : i + READ_SERIES_PER_REQUEST]
+                for j in range(0, len(slices), HEAD_SLICES_PER_REQUEST):
+                    some = slices[j : j + HEAD_SLICES_PER_REQUEST]
+                    requests.append((statement, (tenant, some, shard, chunk, start_ms, end_ms)))
+        return requests
+
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
-        """The block, then its row marked sealed as of the head's read (less a margin for clock
-        skew), so readers skip the head rows it holds. Head rows are left to their TTL: deleting
-        them would write tombstones."""
-        key = (tenant, series_set_hash, time_slot(slot_ms, self.layout.block_partition_width_ms), slot_ms)
-        written = self._execute(self._statements["write_block"], (block, *key))
-        ttl_s = (self.layout.head_ttl_ms(slot_ms, head_read_ms) + WRITTEN_AT_MARGIN_MS) // 1000
+        return self.write_blocks([SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)])
+
+    def write_blocks(self, blocks):
+        """Each block and its row marked sealed as of the head's read (less a margin for clock
+        skew) in one row update (so ``sealed_at`` lives as long as the block), so readers skip the
+        head rows it holds; many series-slots a request (_batched). Head rows are left to their
+        TTL: deleting them would write tombstones."""
+        statement, width = self._statements["write_block"], self.layout.block_partition_width_ms
         margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
-        return written.addCallback(
-            lambda _: self._execute(self._statements["head_sealed"], (ttl_s, head_read_ms - margin, *key))
-        )
+        requests = [
+            (
+                statement,
+                (
+                    self._ttl_s(b.tenant, lambda layout: layout.raw_retention_ms),
+                    b.block,
+                    b.head_read_ms - margin,
+                    b.tenant,
+                    b.series_set_hash,
+                    time_slot(b.slot_ms, width),
+                    b.slot_ms,
+                ),
+            )
+            for b in blocks
+        ]
+        return self._execute_all(self._batched(requests))
 
     def write_exemplars(self, exemplars):
-        """Rows with the table's TTL (--exemplar-retention); the per-series cap applies on reading."""
+        """Rows with their tenant's --exemplar-retention; the per-series cap applies on reading."""
         statement, width = self._statements["write_exemplar"], self.slot_width_ms
         requests = [
             (
@@ -735,6 +810,7 @@ class CassandraStore(Store):
                     e.timestamp_ms,
                     exemplar_labels_text(e.labels),
                     e.value,
+                    self._ttl_s(e.tenant, lambda layout: layout.exemplar_retention_ms),
                 ),
             )
             for e in exemplars
@@ -771,9 +847,13 @@ class CassandraStore(Store):
         return _slot_requests(statement, tenant, hashes, slots, *more)
 
     def write_histograms(self, histograms):
-        """Rows with the table's TTL (--raw-retention)."""
+        """Rows with their tenant's --raw-retention."""
         return self._write_histogram_table(
-            "histograms", self._statements["write_histogram"], self.slot_width_ms, histograms
+            "histograms",
+            self._statements["write_histogram"],
+            self.slot_width_ms,
+            histograms,
+            lambda layout: layout.raw_retention_ms,
         )
 
     def read_histograms(self, tenant, hashes, start_ms, end_ms):
@@ -782,10 +862,14 @@ class CassandraStore(Store):
         )
 
     def write_histogram_rollups(self, granularity, rows):
-        """Rows with the granularity's TTL."""
-        table = granularity.histogram_table
+        """Rows with their tenant's retention of the granularity."""
+        table, name = granularity.histogram_table, granularity.name
         return self._write_histogram_table(
-            table, self._statements[f"write_{table}"], granularity.partition_width_ms, rows
+            table,
+            self._statements[f"write_{table}"],
+            granularity.partition_width_ms,
+            rows,
+            lambda layout: layout.granularity(name).retention_ms,
         )
 
     def read_histogram_rollups(self, granularity, tenant, hashes, start_ms, end_ms):
@@ -794,16 +878,22 @@ class CassandraStore(Store):
             table, self._statements[f"read_{table}"], granularity.partition_width_ms, tenant, hashes, start_ms, end_ms
         )
 
-    def _write_histogram_table(self, table: str, statement, width: int, histograms):
-        """The rows and, in the same requests, their series-slots in histogram_series (rewritten
-        each time, so the index lives as long as the newest row it points at)."""
+    def _write_histogram_table(self, table: str, statement, width: int, histograms, retention: Callable[[Layout], int]):
+        """The rows (kept their tenant's ``retention``) and, in the same requests, their
+        series-slots in histogram_series (rewritten each time, so the index lives as long as the
+        newest row it points at: the tenant's longest histogram retention)."""
+        ttls = {tenant: self._ttl_s(tenant, retention) for tenant in {h.tenant for h in histograms}}
         requests: list[tuple[Any, tuple]] = [
-            (statement, (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data))
+            (
+                statement,
+                (h.tenant, h.series_set_hash, time_slot(h.timestamp_ms, width), h.timestamp_ms, h.data, ttls[h.tenant]),
+            )
             for h in histograms
         ]
         indexed = {(h.tenant, time_slot(h.timestamp_ms, width), h.series_set_hash) for h in histograms}
         index = self._statements["write_histogram_series"]
-        requests += [(index, (tenant, table, slot, hash_)) for tenant, slot, hash_ in sorted(indexed)]
+        kept = {tenant: self._ttl_s(tenant, histogram_retention_ms) for tenant in ttls}
+        requests += [(index, (tenant, table, slot, hash_, kept[tenant])) for tenant, slot, hash_ in sorted(indexed)]
         return self._execute_all(self._batched(requests))
 
     def _read_histogram_table(self, table: str, statement, width: int, tenant, hashes, start_ms, end_ms):
@@ -842,15 +932,17 @@ class CassandraStore(Store):
 
     def _delete_statements(self) -> dict[str, str]:
         """The statements of deletes (delete_samples, delete_index_rows, write_path_flags)."""
-        ks, ttl = self.keyspace, self.ttl_s
+        ks = self.keyspace
         block_key = "tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?"
         by_ts = "tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
         tables = ["data_raw", "exemplars", "histograms"]
+        head_key = "tenant = ? AND slice IN ? AND shard = ? AND series_set_hash = ? AND ts >= ? AND ts <= ?"
         for granularity in self.layout.granularities:
             tables += [granularity.table, granularity.histogram_table]
         return {
             "read_block": f"SELECT block FROM {ks}.data_blocks WHERE {block_key}",
-            "cut_block": f"UPDATE {ks}.data_blocks USING TTL {ttl} SET block = ? WHERE {block_key} IF block = ?",
+            "cut_block": f"UPDATE {ks}.data_blocks USING TTL ? SET block = ? WHERE {block_key} IF block = ?",
+            "delete_range_data_head": f"DELETE FROM {ks}.data_head WHERE {head_key}",
             "path_flags": f"UPDATE {ks}.graphite_paths SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
             **{f"delete_range_{table}": f"DELETE FROM {ks}.{table} WHERE {by_ts}" for table in tables},
             **{
@@ -867,7 +959,7 @@ class CassandraStore(Store):
         blocks cut one compare-and-set at a time (cut_blocks), then range deletes of the
         partitions that have rows: head rows of slots written, exemplars read in the range,
         histograms and their roll-ups by histogram_series, every roll-up partition of the range."""
-        layout, now = self.layout, int(time.time() * 1000)
+        layout, now = self.retentions.widest(), int(time.time() * 1000)  # as far back as any tenant's rows
         width = self.slot_width_ms
         raw_start = max(start_ms, now - layout.raw_retention_ms - layout.block_partition_width_ms)
         deletes: list[tuple[Any, tuple]] = []
@@ -916,19 +1008,23 @@ class CassandraStore(Store):
         """Cut the blocks of the range, each with ``IF block = <the bytes it was cut from>``: a seal
         that wrote the block meanwhile fails the condition, and the block is read and cut again,
         so the seal's samples outside the range stay. Returns the range deletes of the head rows
-        of every slot ever written (written_at)."""
+        of every slot ever written (written_at: data_raw, head_written_at: data_head)."""
         width = self.slot_width_ms
         first, last = time_slot(start_ms, width), time_slot(end_ms, width)
         statement = self._statements["read_slots"]
         chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
         partitions = time_slots(first, last, self.layout.block_partition_width_ms)
         requests = [(statement, (tenant, chunk, p, first, last)) for chunk in chunks for p in partitions]
-        head = self._statements["delete_range_data_raw"]
-        deletes, cuts = [], []
+        legacy, head = self._statements["delete_range_data_raw"], self._statements["delete_range_data_head"]
+        deletes: list[tuple[Any, tuple]] = []
+        cuts = []
         for page in await self._execute_all(requests, PLAIN_ROWS):
-            for hash_, slot, block, written, _ in page:
+            for hash_, slot, block, written, head_written, _ in page:
                 if written is not None:
-                    deletes.append((head, (tenant, hash_, slot, start_ms, end_ms)))
+                    deletes.append((legacy, (tenant, hash_, slot, start_ms, end_ms)))
+                slices = self.layout.head_slices(slot, start_ms, end_ms)
+                if head_written is not None and slices:
+                    deletes.append((head, (tenant, slices, head_shard(hash_), hash_, start_ms, end_ms)))
                 if block is not None:
                     key = (tenant, hash_, time_slot(slot, self.layout.block_partition_width_ms), slot)
                     cuts.append(defer.ensureDeferred(self._cut_block(key, block, start_ms, end_ms)))
@@ -940,7 +1036,8 @@ class CassandraStore(Store):
             cut = await threads.deferToThread(cut_block, block, start_ms, end_ms)
             if cut is block:
                 return
-            (row,) = await self._execute(self._statements["cut_block"], (cut, *key, block))
+            ttl = self._ttl_s(key[0], lambda layout: layout.raw_retention_ms)
+            (row,) = await self._execute(self._statements["cut_block"], (ttl, cut, *key, block))
             if row[0]:
                 return
             found = await self._execute(self._statements["read_block"], key)
@@ -1042,17 +1139,20 @@ class CassandraStore(Store):
         return self._execute_all([(statement, (tenant, h)) for h in hashes], PLAIN_ROWS).addCallback(collect)
 
     def get_series(self, tenant, hashes: Iterable[str]):
-        hashes = list(hashes)
+        """READ_SERIES_PER_REQUEST series a request (``series_set_hash IN ?``): the downsampler
+        asks for a whole sealing group at once."""
+        hashes = sorted(set(hashes))
         statement = self._statements["get_series"]
+        chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
 
-        def collect(results):
+        def collect(pages):
             return {
-                h: SeriesKey(tenant, h, rows[0].metric_name, dict(rows[0].tags or {}))
-                for h, rows in zip(hashes, results)
-                if rows
+                row.series_set_hash: SeriesKey(tenant, row.series_set_hash, row.metric_name, dict(row.tags or {}))
+                for page in pages
+                for row in page
             }
 
-        return self._execute_all([(statement, (tenant, h)) for h in hashes]).addCallback(collect)
+        return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(collect)
 
 
 def _slot_requests(statement, partition_key, keys: Sequence, slots: Sequence[int], *more) -> list[tuple[object, tuple]]:
@@ -1065,6 +1165,48 @@ def _slot_requests(statement, partition_key, keys: Sequence, slots: Sequence[int
         for i in range(0, len(keys), key_chunk)
         for j in range(0, len(slots), slot_chunk)
     ]
+
+
+def _unsealed(written: int | None, sealed: int | None) -> bool:
+    """A slot whose head (one of its tables) was written since its last seal."""
+    return written is not None and (sealed is None or written > sealed)
+
+
+def _head_batches(rows: list[tuple]) -> list[list[tuple]]:
+    """data_head rows of one partition (statement values) in chunks of at most HEAD_ROWS_PER_BATCH
+    rows and about HEAD_BATCH_VALUE_BYTES of values."""
+    chunks: list[list[tuple]] = []
+    chunk: list[tuple] = []
+    size = 0
+    for row in rows:
+        row_size = len(row[0]) + len(row[3]) + 36  # tenant, hash and five numbers
+        if chunk and (len(chunk) == HEAD_ROWS_PER_BATCH or size + row_size > HEAD_BATCH_VALUE_BYTES):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(row)
+        size += row_size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
+def head_batch(statement, rows: list[tuple], consistency: int) -> BatchStatement:
+    """One single-partition UNLOGGED batch of data_head rows (statement values). The driver's
+    ``bind()`` costs about 7 µs a row (a BoundStatement, its checks, its routing key), most of
+    the gateway's CPU per sample; the rows of one partition share their key, so only the first
+    is bound (the batch takes its routing key and keyspace from it) and the others are added as
+    values serialized here as ``bind()`` would (text as UTF-8, bigint, int and double
+    big-endian: 0.6 µs a row), through the batch's own ``_add_statement_and_params``
+    (cassandra-driver 3.29-3.30; tests/test_cassandra_head.py reads every row back)."""
+    batch = BatchStatement(BatchType.UNLOGGED, consistency_level=consistency)
+    batch.add(statement.bind(rows[0]))
+    tenant, slice_ms, shard, _, _, _, ttl = rows[0]
+    key = [tenant.encode(), _BIGINT(slice_ms), _INT(shard)]
+    ttl_bytes, query_id, add = _INT(ttl), statement.query_id, batch._add_statement_and_params
+    for _, _, _, hash_, ts, value, _ in rows[1:]:
+        add(True, query_id, [*key, hash_.encode(), _BIGINT(ts), _DOUBLE(value), ttl_bytes])
+    batch.is_idempotent = True
+    return batch
 
 
 def _samples_of(rows: list[tuple[int, float]]) -> Samples:

@@ -158,6 +158,18 @@ def table_statements(options: SchemaOptions) -> list[str]:
         f"    AND compaction = {_twcs(options.slot_width_ms)}\n"
         f"    AND default_time_to_live = {head_ttl_s}\n"
         "    AND gc_grace_seconds = 10800",
+        f"CREATE TABLE IF NOT EXISTS {ks}.data_head (\n"
+        "    tenant text,\n"
+        "    slice bigint,\n"
+        "    shard int,\n"
+        "    series_set_hash text,\n"
+        "    ts bigint,\n"
+        "    value double,\n"
+        "    PRIMARY KEY ((tenant, slice, shard), series_set_hash, ts)\n"
+        ") WITH CLUSTERING ORDER BY (series_set_hash ASC, ts ASC)\n"
+        f"    AND compaction = {_twcs(options.slot_width_ms)}\n"
+        f"    AND default_time_to_live = {head_ttl_s}\n"
+        "    AND gc_grace_seconds = 10800",
         f"CREATE TABLE IF NOT EXISTS {ks}.data_blocks (\n"
         "    tenant text,\n"
         "    series_set_hash text,\n"
@@ -165,6 +177,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         "    time_slot bigint,\n"
         "    block blob,\n"
         "    written_at bigint,\n"
+        "    head_written_at bigint,\n"
         "    sealed_at bigint,\n"
         "    PRIMARY KEY ((tenant, series_set_hash, block_partition), time_slot)\n"
         ") WITH CLUSTERING ORDER BY (time_slot ASC)\n"
@@ -267,9 +280,12 @@ def upgrade_statements(options: SchemaOptions) -> list[str]:
     window = compaction_window_ms(options.raw_retention_ms, options.slot_width_ms)
     head_ttl_s = (options.slot_width_ms + options.layout.head_retention_ms) // 1000
     statements = [
-        f"ALTER TABLE {options.keyspace}.data_raw\n"
-        f"    WITH compaction = {_twcs(options.slot_width_ms)}\n"
-        f"    AND default_time_to_live = {head_ttl_s}",
+        *(
+            f"ALTER TABLE {options.keyspace}.{table}\n"
+            f"    WITH compaction = {_twcs(options.slot_width_ms)}\n"
+            f"    AND default_time_to_live = {head_ttl_s}"
+            for table in ("data_raw", "data_head")
+        ),
         f"ALTER TABLE {options.keyspace}.data_blocks\n"
         f"    WITH compaction = {_twcs(window)}\n"
         f"    AND default_time_to_live = {options.raw_retention_ms // 1000}",

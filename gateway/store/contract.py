@@ -18,7 +18,10 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
 - ``metric_metadata``    (tenant, metric) -> type, help, unit (from Prometheus remote write), so
                          roll-ups can tell counters from gauges.
 - ``data_raw``           (tenant, hash, time_slot) -> (ts, value): head rows, one a sample, kept
-                         until the downsampler sealed their slot (Layout.head_ttl_ms).
+                         until the downsampler sealed their slot (Layout.head_ttl_ms). Cassandra
+                         writes them to ``data_head`` (tenant, head slice, shard) -> (hash, ts,
+                         value) instead, so a request's samples are few mutations, and reads
+                         data_raw only for rows written before that table existed.
 - ``data_blocks``        (tenant, hash, block partition) -> (time_slot, block): each sealed slot's
                          samples as one compressed block (blocks.py), kept the raw retention; on
                          Cassandra also when the slot's head rows were last written and sealed.
@@ -50,12 +53,12 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 
 from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.deletion import remove_from_index
-from gateway.store.layout import Granularity, Layout
+from gateway.store.layout import Granularity, Layout, Retentions
 
 
 class RawPoint(NamedTuple):
@@ -152,6 +155,17 @@ class RawData(NamedTuple):
     head: Samples
 
 
+class SealedBlock(NamedTuple):
+    """What write_block takes: one series-slot's block and the head samples merged into it."""
+
+    tenant: str
+    series_set_hash: str
+    slot_ms: int
+    block: bytes
+    sealed: Samples
+    head_read_ms: int
+
+
 class MetricMetadata(NamedTuple):
     tenant: str
     metric_name: str
@@ -183,6 +197,8 @@ class Store(abc.ABC):
     def __init__(self, layout: Layout):
         self.layout = layout
         self.slot_width_ms = layout.slot_width_ms
+        # Each tenant's retentions for what is written from now on and for the sweep (--overrides).
+        self.retentions = Retentions(layout)
 
     @abc.abstractmethod
     def start(self) -> Deferred:
@@ -280,6 +296,10 @@ class Store(abc.ABC):
         samples merged into it, read at ``head_read_ms``: afterwards read_raw needs to return only
         head rows written since (a driver without TTLs deletes the sealed rows that still hold
         the sealed value; a row rewritten meanwhile stays, to be sealed next time)."""
+
+    def write_blocks(self, blocks: Sequence[SealedBlock]) -> Deferred:
+        """write_block of many series-slots (the downsampler seals in bulk); a driver may batch them."""
+        return gatherResults([self.write_block(*block) for block in blocks], consumeErrors=True)
 
     @abc.abstractmethod
     def write_exemplars(self, exemplars: Sequence[ExemplarRow]) -> Deferred:

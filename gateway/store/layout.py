@@ -3,8 +3,10 @@
 Both drivers and the Cassandra schema take one Layout, built from ``--slot-width``,
 ``--raw-retention``, ``--head-retention``, ``--granularities`` (default ``5m:14d,1h:365d``),
 ``--exemplar-retention`` and ``--max-exemplars-per-series``.
-Raw samples live first as head rows (``data_raw``, one row a sample, kept ``head_retention_ms``
-past the end of their slot) and, once the downsampler sealed their slot, in a compressed block
+Raw samples live first as head rows (``data_head``, one row a sample, kept ``head_retention_ms``
+past the end of their slot; on Cassandra a partition holds one HEAD_SHARDS-th of a tenant's series
+for one head slice, so a request's samples are few mutations) and, once the downsampler sealed
+their slot, in a compressed block
 (``data_blocks``, kept ``raw_retention_ms``), whose partitions cover ``BLOCK_PARTITION_SLOTS``
 slots. Each granularity is a table of its own (``data_5m``, ``data_1h``) with its own TTL; its
 partitions cover ``partition_width_ms``, a whole number of slots holding about 1000 roll-up rows
@@ -14,6 +16,7 @@ per series; native histograms have their own table of each (``histograms_5m``). 
 import dataclasses
 import math
 import re
+import zlib
 from typing import NamedTuple
 
 HOUR_MS = 3_600_000
@@ -22,8 +25,19 @@ ROWS_PER_ROLLUP_PARTITION = 1000
 # A data_blocks partition holds this many slots of one series: a week with the default 1 h slots,
 # so a 24 h read touches 1-2 partitions and a 30 d read 5-6 (docs/storage.rst).
 BLOCK_PARTITION_SLOTS = 168
+# A Cassandra data_head partition is (tenant, head slice, shard): HEAD_SLICE_MS of time (less where
+# the slot width is not a multiple of it) of the series whose head_shard() is the shard. Both are
+# part of the stored format: 1M active series at 15 s make 250k rows (about 15 MB) a partition
+# (docs/storage.rst has the arithmetic).
+HEAD_SHARDS = 16
+HEAD_SLICE_MS = 60_000
 _UNITS = {"s": 1000, "m": 60_000, "h": HOUR_MS, "d": DAY_MS, "w": 7 * DAY_MS, "y": 365 * DAY_MS}
 _SPAN_RE = re.compile(r"(\d+)([smhdwy])")
+
+
+def head_shard(series_set_hash: str) -> int:
+    """The data_head shard of a series: spread evenly, fixed for the series' lifetime."""
+    return zlib.crc32(series_set_hash.encode()) % HEAD_SHARDS
 
 
 class Granularity(NamedTuple):
@@ -89,6 +103,18 @@ class Layout:
         return BLOCK_PARTITION_SLOTS * self.slot_width_ms
 
     @property
+    def head_slice_ms(self) -> int:
+        """The time a data_head partition covers: HEAD_SLICE_MS, or a divisor of it that divides the slot."""
+        return math.gcd(self.slot_width_ms, HEAD_SLICE_MS)
+
+    def head_slices(self, slot_ms: int, start_ms: int, end_ms: int) -> list[int]:
+        """The head slices of a slot that overlap an inclusive range."""
+        width = self.head_slice_ms
+        first = max(slot_ms, start_ms - start_ms % width)
+        last = min(slot_ms + self.slot_width_ms - 1, end_ms)
+        return list(range(first, last + 1, width))
+
+    @property
     def longest_retention_ms(self) -> int:
         """The longest any stored row lives: no read needs a range wider than this."""
         retentions = [g.retention_ms for g in self.granularities]
@@ -104,3 +130,29 @@ class Layout:
             if granularity.name == name:
                 return granularity
         raise KeyError(name)
+
+
+class Retentions:
+    """The layout each tenant's data is written and swept with: the store's own, unless the
+    overrides file (gateway/overrides.py) gives a tenant its own retentions (``by_tenant``,
+    replaced whole on each reload)."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.by_tenant: dict[str, Layout] = {}
+
+    def for_tenant(self, tenant: str) -> Layout:
+        return self.by_tenant.get(tenant, self.layout)
+
+    def widest(self) -> Layout:
+        """Each retention at its longest over every tenant: how far back any tenant's data reaches."""
+        layouts = [self.layout, *self.by_tenant.values()]
+        return dataclasses.replace(
+            self.layout,
+            raw_retention_ms=max(layout.raw_retention_ms for layout in layouts),
+            exemplar_retention_ms=max(layout.exemplar_retention_ms for layout in layouts),
+            granularities=tuple(
+                g._replace(retention_ms=max(layout.granularity(g.name).retention_ms for layout in layouts))
+                for g in self.layout.granularities
+            ),
+        )

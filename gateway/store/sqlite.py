@@ -1,10 +1,16 @@
 """The embedded default store: one SQLite file (WAL, synchronous=FULL, so a commit is durable).
 
-The tables mirror the Cassandra ones column for column (see contract.py), with two differences
-that stand in for Cassandra's TTLs: sealing a slot deletes the head rows it sealed, in the same
-transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups, exemplars and
+The tables mirror the Cassandra ones column for column (see contract.py) but for the head, with
+two differences that stand in for Cassandra's TTLs: sealing a slot deletes the head samples it
+sealed, in the same transaction as the block's write, and ``sweep`` deletes blocks, head rows, roll-ups, exemplars and
 histograms (and their roll-ups) past their retention, then gives the freed pages back to the file system (incremental auto-vacuum). Data
-blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows). SQLite
+blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows).
+
+The head is not ``data_raw`` (one row a sample keyed by series, whose rows of one commit land on
+one B-tree page a series) but ``head_log``, appended to in commit order, which the writer folds
+into ``head_chunks``, one row of numpy bytes a series-slot, once it holds ``FOLD_ROWS`` rows; a
+read takes a series' chunks and its rows still in the log, the last write of a timestamp winning
+(docs/storage.rst, "The embedded store"). SQLite
 calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
 small pool of readers, each thread with its own connection.
 
@@ -15,7 +21,9 @@ committed; if a group fails, its writes are retried one transaction each, so one
 alone.
 """
 
+import contextlib
 import json
+import logging
 import math
 import sqlite3
 import struct
@@ -25,7 +33,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
-from twisted.internet import reactor, threads
+from twisted.internet import reactor, task, threads
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.threadpool import ThreadPool
 
@@ -50,9 +58,23 @@ from gateway.store.contract import (
 )
 from gateway.store.deletion import INDEX_KEYS, bucket_range, cut_block
 from gateway.store.index import index_rows
-from gateway.store.layout import Layout
+from gateway.store.layout import Layout, Retentions
 
-SCHEMA_VERSION = 7
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 8
+# The head log is folded into head_chunks once it holds this many rows: a bigger log gives a
+# series more samples a chunk (fewer B-tree pages written a sample), and every head read a
+# longer scan of the log (docs/storage.rst, "The embedded store").
+FOLD_ROWS = 100_000
+# The log is also folded when it took no head row for FOLD_CHECK_S (a quiet store reads chunks
+# alone) and at least every FOLD_MAX_AGE_S (a small store's log stays short).
+FOLD_CHECK_S = 5.0
+FOLD_MAX_AGE_S = 300
+# Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
+# head in steps whose Python objects stay a few tens of MiB.
+FOLD_BATCH_ROWS = 2 * FOLD_ROWS
+BLOCKS_QUERY = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
 # with SQLite's default 2 MiB those pages were read back for every commit (docs/performance.rst).
 WRITER_CACHE_KIB = 64 * 1024
@@ -173,14 +195,22 @@ CREATE TABLE IF NOT EXISTS metric_metadata (
     unit TEXT NOT NULL,
     PRIMARY KEY (tenant, metric_name)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS data_raw (
+CREATE TABLE IF NOT EXISTS head_log (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    series_set_hash TEXT NOT NULL,
+    ts INTEGER NOT NULL,
+    value REAL
+);
+CREATE TABLE IF NOT EXISTS head_chunks (
     tenant TEXT NOT NULL,
     series_set_hash TEXT NOT NULL,
     time_slot INTEGER NOT NULL,
-    ts INTEGER NOT NULL,
-    value REAL,
-    PRIMARY KEY (tenant, series_set_hash, time_slot, ts)
-) WITHOUT ROWID;
+    seq INTEGER NOT NULL,
+    timestamps BLOB NOT NULL,
+    vals BLOB NOT NULL,
+    PRIMARY KEY (tenant, series_set_hash, time_slot, seq)
+);
 CREATE TABLE IF NOT EXISTS exemplars (
     tenant TEXT NOT NULL,
     series_set_hash TEXT NOT NULL,
@@ -227,15 +257,28 @@ def _decode_nullable(stored):
 
 
 class SQLiteStore(Store):
-    def __init__(self, path: Path, layout: Layout, readers: int = 4):
+    def __init__(
+        self,
+        path: Path,
+        layout: Layout,
+        readers: int = 4,
+        fold_rows: int | None = None,
+        fold_check_s: float = FOLD_CHECK_S,
+    ):
         super().__init__(layout)
         self.path = path
+        self.fold_rows = fold_rows or FOLD_ROWS
+        self.fold_check_s = fold_check_s
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._writer = ThreadPool(1, 1, name="sqlite-writer")
         self._readers = ThreadPool(1, readers, name="sqlite-reader")
         self._queued: list[tuple] = []  # (statements function, its arguments, Deferred) for the next commit
         self._committing = False
+        self._rows_since_fold = 0  # head rows this store wrote since it last folded the head log
+        self._rows_at_check = 0  # _rows_since_fold at the last _fold_when_quiet
+        self._checks_since_fold = 0
+        self._fold_check = task.LoopingCall(self._fold_when_quiet)
 
     @classmethod
     def from_url(cls, url: str, layout: Layout) -> "SQLiteStore":
@@ -289,8 +332,9 @@ class SQLiteStore(Store):
         )
 
     def _committed(self, outcome, entries: list[tuple]) -> None:
-        """Answer every write of a group, then commit what queued meanwhile (writes queued by
-        these answers included)."""
+        """Answer every write of a group, then fold the head log if due (the writes are committed:
+        they need not wait for it), then commit what queued meanwhile (writes queued by these
+        answers included). The writer runs one call at a time, in order."""
         outcomes = outcome if isinstance(outcome, list) else [outcome] * len(entries)
         for (_, _, deferred), result in zip(entries, outcomes):
             if result is None:
@@ -299,18 +343,38 @@ class SQLiteStore(Store):
                 deferred.errback(StoreUnavailable(f"sqlite: {result}"))
             else:
                 deferred.errback(result)
+        if self._rows_since_fold >= self.fold_rows:
+            self._fold()
         if self._queued:
             self._commit_queued()
         else:
             self._committing = False
 
+    def _fold(self) -> None:
+        """Fold the head log on the writer thread, after what it is doing now."""
+        self._rows_since_fold = self._rows_at_check = self._checks_since_fold = 0
+        self._write(_fold_head_log, self.slot_width_ms).addErrback(_fold_failed)
+
+    def _fold_when_quiet(self) -> None:
+        """Every fold_check_s: fold a log that took no head row since the last check, or that was
+        last folded FOLD_MAX_AGE_S ago."""
+        self._checks_since_fold += 1
+        quiet = self._rows_since_fold == self._rows_at_check
+        if self._rows_since_fold and (quiet or self._checks_since_fold * self.fold_check_s >= FOLD_MAX_AGE_S):
+            self._fold()
+        self._rows_at_check = self._rows_since_fold
+
     def start(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer.start()
         self._readers.start()
-        return self._write(_start_writer, self.layout.granularities)
+        self._fold_check.start(self.fold_check_s, now=False)
+        return self._write(_start_writer, self.layout)
 
     def close(self):
+        if self._fold_check.running:
+            self._fold_check.stop()
+
         def stop_and_close():
             self._writer.stop()
             self._readers.stop()
@@ -406,8 +470,7 @@ class SQLiteStore(Store):
 
     def add_metric_aggregators(self, tenant, metric_name, aggregators):
         def add(connection):
-            connection.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(connection):
                 row = connection.execute(
                     "SELECT aggregators FROM metric_names WHERE tenant=? AND metric_name=?", (tenant, metric_name)
                 ).fetchone()
@@ -416,10 +479,6 @@ class SQLiteStore(Store):
                     "INSERT INTO metric_names VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET aggregators = excluded.aggregators",
                     (tenant, metric_name, json.dumps(merged)),
                 )
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
-            connection.execute("COMMIT")
 
         return self._write(add)
 
@@ -445,7 +504,9 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def write_raw(self, points: Sequence[RawPoint]):
-        return self._commit(_raw_statements, list(points), self.slot_width_ms)
+        points = list(points)
+        self._rows_since_fold += len(points)
+        return self._commit(_raw_statements, points)
 
     def list_tenants(self):
         return self._read(_column, "SELECT tenant FROM tenants ORDER BY tenant", ())
@@ -491,12 +552,21 @@ class SQLiteStore(Store):
         last_slot = time_slot(end_ms, self.slot_width_ms)
 
         def read(connection):
-            return [_read_raw(connection, tenant, hash_, first_slot, last_slot, start_ms, end_ms) for hash_ in hashes]
+            # one snapshot: a fold or a seal committing meanwhile cannot move samples past the read
+            connection.execute("BEGIN")
+            try:
+                heads = _read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
+                return [
+                    RawData(_column(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), head)
+                    for hash_, head in zip(hashes, heads)
+                ]
+            finally:
+                connection.execute("COMMIT")
 
         return self._read(read)
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
-        return self._write(_write_block, tenant, series_set_hash, slot_ms, block, sealed)
+        return self._write(_write_block, self.slot_width_ms, tenant, series_set_hash, slot_ms, block, sealed)
 
     def write_exemplars(self, exemplars):
         width = self.slot_width_ms
@@ -579,7 +649,7 @@ class SQLiteStore(Store):
         return self._read(read)
 
     def sweep(self, now_ms):
-        return self._write(_sweep, self.layout, now_ms)
+        return self._write(_sweep, self.retentions, now_ms)
 
     def delete_samples(self, tenant, hashes, start_ms, end_ms):
         return self._write(_delete_samples, self.layout, tenant, list(hashes), start_ms, end_ms)
@@ -601,9 +671,10 @@ class SQLiteStore(Store):
         return self._commit(_statement, query, rows)
 
 
-def _start_writer(connection: sqlite3.Connection, granularities) -> None:
+def _start_writer(connection: sqlite3.Connection, layout: Layout) -> None:
     connection.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
-    _create_schema(connection, granularities)
+    _create_schema(connection, layout.granularities)
+    _fold_head_log(connection, layout.slot_width_ms)
 
 
 def _create_schema(connection: sqlite3.Connection, granularities) -> None:
@@ -624,6 +695,15 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
         connection.execute("ALTER TABLE metric_names ADD COLUMN aggregators TEXT NOT NULL DEFAULT '[]'")
     if "created_ms" not in {row[1] for row in connection.execute("PRAGMA table_info(series_set_hashes)")}:
         connection.execute("ALTER TABLE series_set_hashes ADD COLUMN created_ms INTEGER")
+    if "data_raw" in tables:
+        # the upgrade from one row a sample keyed by series: every head row into the head log, in
+        # one transaction; _start_writer folds them into head_chunks next (docs/storage.rst)
+        with _immediate(connection):
+            connection.execute(
+                "INSERT INTO head_log (tenant, series_set_hash, ts, value) SELECT tenant, series_set_hash, ts, value"
+                " FROM data_raw ORDER BY tenant, series_set_hash, time_slot, ts"
+            )
+            connection.execute("DROP TABLE data_raw")
     if "histograms" in tables and "histogram_series" not in tables:
         # the upgrade: histograms written before the index existed stay visible
         _transaction(
@@ -644,15 +724,22 @@ def _column(connection: sqlite3.Connection, query: str, parameters: tuple) -> li
     return [row[0] for row in connection.execute(query, parameters)]
 
 
-def _transaction(connection: sqlite3.Connection, statements: list[tuple[str, list]]) -> None:
+@contextlib.contextmanager
+def _immediate(connection: sqlite3.Connection):
+    """One write transaction around the block: committed when it ends, rolled back if it raises."""
     connection.execute("BEGIN IMMEDIATE")
     try:
-        for query, rows in statements:
-            connection.executemany(query, rows)
+        yield
     except BaseException:
         connection.execute("ROLLBACK")
         raise
     connection.execute("COMMIT")
+
+
+def _transaction(connection: sqlite3.Connection, statements: list[tuple[str, list]]) -> None:
+    with _immediate(connection):
+        for query, rows in statements:
+            connection.executemany(query, rows)
 
 
 def _commit_group(connection: sqlite3.Connection, writes: list[tuple]) -> list[Exception | None]:
@@ -678,17 +765,114 @@ def _commit_group(connection: sqlite3.Connection, writes: list[tuple]) -> list[E
     return outcomes
 
 
+def _fold_failed(failure) -> None:
+    """A fold that failed leaves its rows in the head log, where reads find them; the next fold takes them."""
+    log.error("folding the SQLite head log failed: %s", failure.getErrorMessage())
+
+
 def _statement(query: str, rows: list[tuple]) -> list[tuple[str, list]]:
     return [(query, rows)]
 
 
-def _raw_statements(points: list[RawPoint], width: int) -> list[tuple[str, list]]:
-    """Head rows; a value that is neither NaN nor zero needs no _encode_value (most of them)."""
+def _raw_statements(points: list[RawPoint]) -> list[tuple[str, list]]:
+    """Head rows, appended to the head log; a value that is neither NaN nor zero needs no
+    _encode_value (most of them)."""
     rows = [
-        (tenant, hash_, ts - ts % width, ts, value if value == value and value else _encode_value(value))
+        (tenant, hash_, ts, value if value == value and value else _encode_value(value))
         for tenant, hash_, ts, value in points
     ]
-    return [("INSERT OR REPLACE INTO data_raw VALUES (?, ?, ?, ?, ?)", rows)]
+    return [("INSERT INTO head_log (tenant, series_set_hash, ts, value) VALUES (?, ?, ?, ?)", rows)]
+
+
+def _fold_head_log(connection: sqlite3.Connection, width: int) -> None:
+    """Move the head log's rows into head_chunks, FOLD_BATCH_ROWS a transaction, oldest first: one
+    chunk a series-slot, its seq the id of the batch's last row, so that chunks sort in the order
+    they were written and before every row still in the log."""
+    batch_end = "SELECT max(id), count(*) FROM (SELECT id FROM head_log ORDER BY id LIMIT ?)"
+    rows = "SELECT tenant, series_set_hash, ts, value FROM head_log WHERE id <= ? ORDER BY id"
+    while True:
+        with _immediate(connection):
+            last_id, count = connection.execute(batch_end, (FOLD_BATCH_ROWS,)).fetchone()
+            if not count:
+                return
+            groups: dict[tuple, tuple[list, list]] = {}
+            for tenant, hash_, ts, value in connection.execute(rows, (last_id,)):
+                timestamps, values = groups.setdefault((tenant, hash_, ts - ts % width), ([], []))
+                timestamps.append(ts)
+                values.append(value)
+            connection.executemany(
+                "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)",
+                [(*key, last_id, *_chunk_blobs(_log_samples(*columns))) for key, columns in groups.items()],
+            )
+            connection.execute("DELETE FROM head_log WHERE id <= ?", (last_id,))
+        if count < FOLD_BATCH_ROWS:
+            return
+
+
+def _log_samples(timestamps: list[int], values: list) -> Samples:
+    """Head log rows of one series in write order -> its samples, the last write of a timestamp winning."""
+    if bytes in map(type, values):  # a NaN or -0.0 (_encode_value); C-speed, unlike a generator
+        values = [_decode_value(v) for v in values]
+    return samples.merge([Samples(np.array(timestamps, dtype=np.int64), np.array(values, dtype=np.float64))])
+
+
+def _chunk_blobs(head: Samples) -> tuple[bytes, bytes]:
+    """A chunk's two columns: the timestamps as little-endian int64, the values as float64 (bit-exact)."""
+    return head.timestamps.astype("<i8").tobytes(), head.values.astype("<f8").tobytes()
+
+
+def _head_slots(connection, tenant: str, hash_: str, first_slot: int, last_slot: int) -> dict[int, tuple[Samples, int]]:
+    """Each slot's samples in head_chunks (its chunks merged in write order, the last write of a
+    timestamp winning) and the seq of its newest chunk, in slot order."""
+    query = (
+        "SELECT time_slot, seq, timestamps, vals FROM head_chunks WHERE tenant=? AND series_set_hash=?"
+        " AND time_slot BETWEEN ? AND ? ORDER BY time_slot, seq"
+    )
+    chunks: dict[int, list[tuple[int, Samples]]] = {}
+    for slot, seq, timestamps, values in connection.execute(query, (tenant, hash_, first_slot, last_slot)):
+        chunk = Samples(np.frombuffer(timestamps, dtype="<i8"), np.frombuffer(values, dtype="<f8"))
+        chunks.setdefault(slot, []).append((seq, chunk))
+    return {slot: (samples.merge([chunk for _, chunk in found]), found[-1][0]) for slot, found in chunks.items()}
+
+
+def _keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samples, seq: int, keep) -> None:
+    """Keep only the ``keep`` samples of a slot's head (as _head_slots gave it): when that drops
+    any, its chunks become one chunk of those left (none if none), with the newest chunk's seq."""
+    if keep.all():
+        return
+    connection.execute(
+        "DELETE FROM head_chunks WHERE tenant=? AND series_set_hash=? AND time_slot=?", (tenant, hash_, slot)
+    )
+    if keep.any():
+        kept = Samples(head.timestamps[keep], head.values[keep])
+        connection.execute(
+            "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", (tenant, hash_, slot, seq, *_chunk_blobs(kept))
+        )
+
+
+def _read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> list[Samples]:
+    """Each series' head samples in the range: its chunks (one indexed range a series), then its
+    rows still in the head log (one scan of the log for all of them), the last write winning."""
+    logged: dict[str, tuple[list, list]] = {}
+    query = (
+        "SELECT series_set_hash, ts, value FROM head_log WHERE tenant=? AND ts BETWEEN ? AND ?"
+        " AND series_set_hash IN (SELECT value FROM json_each(?)) ORDER BY id"
+    )
+    for hash_, ts, value in connection.execute(query, (tenant, start_ms, end_ms, json.dumps(hashes))):
+        timestamps, values = logged.setdefault(hash_, ([], []))
+        timestamps.append(ts)
+        values.append(value)
+    found = []
+    for hash_ in hashes:
+        slots = [
+            samples.empty(),
+            *(h for h, _ in _head_slots(connection, tenant, hash_, first_slot, last_slot).values()),
+        ]
+        parts = [Samples(np.concatenate([s.timestamps for s in slots]), np.concatenate([s.values for s in slots]))]
+        if hash_ in logged:
+            parts.append(_log_samples(*logged[hash_]))
+        found.append(samples.merge(parts).between(start_ms, end_ms))
+    return found
 
 
 def _series_statements(series: list[SeriesKey]) -> list[tuple[str, list]]:
@@ -744,44 +928,27 @@ def _get_created(connection: sqlite3.Connection, tenant: str, hashes: list[str])
     }
 
 
-def _read_raw(connection, tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms) -> RawData:
-    blocks_query = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
-    blocks = _column(connection, blocks_query, (tenant, series_set_hash, first_slot, last_slot))
-    head_query = (
-        "SELECT ts, value FROM data_raw WHERE tenant=? AND series_set_hash=?"
-        " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
-    )
-    rows = connection.execute(head_query, (tenant, series_set_hash, first_slot, last_slot, start_ms, end_ms)).fetchall()
-    if not rows:
-        return RawData(blocks, samples.empty())
-    timestamps, values = zip(*rows)
-    head = Samples(
-        np.array(timestamps, dtype=np.int64),
-        np.array(
-            [_decode_value(v) for v in values] if any(isinstance(v, bytes) for v in values) else values,
-            dtype=np.float64,
-        ),
-    )
-    return RawData(blocks, head)
+def _write_block(connection, width: int, tenant, series_set_hash, slot_ms, block, sealed: Samples) -> None:
+    """The block, and the removal from the head of the samples it sealed that still hold the sealed
+    value, in one transaction (after folding the head log, so that the head is all in chunks): a
+    reader sees the samples in the head or in the block, never in neither. A timestamp rewritten
+    meanwhile with another value stays in the head, to be sealed next time."""
+    _fold_head_log(connection, width)
+    with _immediate(connection):
+        connection.execute(
+            "INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", (tenant, series_set_hash, slot_ms, block)
+        )
+        for slot, (head, seq) in _head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
+            _keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seq, ~_sealed_in(head, sealed))
 
 
-def _write_block(connection, tenant, series_set_hash, slot_ms, block, sealed: Samples) -> None:
-    """The block, and the deletion of the head rows it sealed that still hold the sealed value, in
-    one transaction: a reader sees the samples in the head or in the block, never in neither."""
-    head_rows = [
-        (tenant, series_set_hash, slot_ms, ts, _encode_value(value))
-        for ts, value in zip(sealed.timestamps.tolist(), sealed.values.tolist())
-    ]
-    _transaction(
-        connection,
-        [
-            ("INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", [(tenant, series_set_hash, slot_ms, block)]),
-            (
-                "DELETE FROM data_raw WHERE tenant=? AND series_set_hash=? AND time_slot=? AND ts=? AND value IS ?",
-                head_rows,
-            ),
-        ],
-    )
+def _sealed_in(head: Samples, sealed: Samples) -> np.ndarray:
+    """Which head samples ``sealed`` holds with the same value, bit for bit."""
+    if not len(sealed):
+        return np.zeros(len(head), dtype=bool)
+    at = np.minimum(np.searchsorted(sealed.timestamps, head.timestamps), len(sealed) - 1)
+    same_bits = sealed.values.view(np.int64)[at] == head.values.view(np.int64)
+    return (sealed.timestamps[at] == head.timestamps) & same_bits
 
 
 def _exemplar_statements(rows: list[tuple], keep: int) -> list[tuple[str, list]]:
@@ -811,8 +978,8 @@ def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], 
     after it, so a block is never rewritten from a copy older than the one it replaces."""
     slots = (time_slot(start_ms, layout.slot_width_ms), time_slot(end_ms, layout.slot_width_ms))
     by_ts = "tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ?"
-    connection.execute("BEGIN IMMEDIATE")
-    try:
+    _fold_head_log(connection, layout.slot_width_ms)
+    with _immediate(connection):
         for hash_ in hashes:
             blocks = connection.execute(
                 "SELECT time_slot, block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ?",
@@ -830,7 +997,10 @@ def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], 
                         "UPDATE data_blocks SET block=? WHERE tenant=? AND series_set_hash=? AND time_slot=?",
                         (cut, tenant, hash_, slot),
                     )
-            for table in ("data_raw", "exemplars", "histograms"):
+            for slot, (head, seq) in _head_slots(connection, tenant, hash_, *slots).items():
+                outside = (head.timestamps < start_ms) | (head.timestamps > end_ms)
+                _keep_in_head_slot(connection, tenant, hash_, slot, head, seq, outside)
+            for table in ("exemplars", "histograms"):
                 connection.execute(f"DELETE FROM {table} WHERE {by_ts}", (tenant, hash_, *slots, start_ms, end_ms))
             for granularity in layout.granularities:
                 first, last = bucket_range(start_ms, end_ms, granularity.width_ms)
@@ -840,42 +1010,59 @@ def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], 
                         f"DELETE FROM {table} WHERE {by_ts}",
                         (tenant, hash_, time_slot(first, width), time_slot(last, width), first, last),
                     )
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
-    connection.execute("COMMIT")
 
 
-def _sweep(connection, layout: Layout, now_ms: int) -> None:
-    """Delete blocks, head rows and histograms older than the raw retention, and roll-ups (of samples and of
-    histograms) and exemplars older than theirs (by the samples' time), then return the freed pages to the file system."""
+def _sweep_statements(layout: Layout, now_ms: int, tenants: str, tenant_params: list) -> list[tuple[str, list]]:
+    """Deletes of blocks, head rows and histograms older than the raw retention, and roll-ups (of
+    samples and of histograms) and exemplars older than theirs (by the samples' time), of the
+    tenants the condition ``tenants`` (with ``tenant_params``) selects."""
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
     statements: list[tuple[str, list]] = [
-        ("DELETE FROM data_raw WHERE time_slot < ?", [(raw_before,)]),
-        ("DELETE FROM data_blocks WHERE time_slot < ?", [(raw_before,)]),
-        ("DELETE FROM histograms WHERE time_slot < ?", [(raw_before,)]),
-        ("DELETE FROM histogram_series WHERE source = 'histograms' AND time_slot < ?", [(raw_before,)]),
-        ("DELETE FROM exemplars WHERE ts < ?", [(now_ms - layout.exemplar_retention_ms,)]),
+        (f"DELETE FROM head_chunks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM head_log WHERE ts < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM data_blocks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM histograms WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (
+            f"DELETE FROM histogram_series WHERE source = 'histograms' AND time_slot < ? AND {tenants}",
+            [(raw_before, *tenant_params)],
+        ),
+        (
+            f"DELETE FROM exemplars WHERE ts < ? AND {tenants}",
+            [(now_ms - layout.exemplar_retention_ms, *tenant_params)],
+        ),
     ]
     for granularity in layout.granularities:
         for table in (granularity.table, granularity.histogram_table):
-            statements.append((f"DELETE FROM {table} WHERE ts < ?", [(now_ms - granularity.retention_ms,)]))
+            statements.append(
+                (
+                    f"DELETE FROM {table} WHERE ts < ? AND {tenants}",
+                    [(now_ms - granularity.retention_ms, *tenant_params)],
+                )
+            )
         # a partition slot whose whole width is past the retention has no rows left
+        oldest_partition = now_ms - granularity.retention_ms - granularity.partition_width_ms + 1
         statements.append(
             (
-                "DELETE FROM histogram_series WHERE source = ? AND time_slot < ?",
-                [(granularity.histogram_table, now_ms - granularity.retention_ms - granularity.partition_width_ms + 1)],
+                f"DELETE FROM histogram_series WHERE source = ? AND time_slot < ? AND {tenants}",
+                [(granularity.histogram_table, oldest_partition, *tenant_params)],
             )
         )
+    return statements
+
+
+def _sweep(connection, retentions: Retentions, now_ms: int) -> None:
+    """Delete what is past its retention: each tenant with retentions of its own (--overrides) by
+    them, every other tenant by the store's; then return the freed pages to the file system."""
+    by_tenant = retentions.by_tenant  # one reload's, even if another comes meanwhile
+    overridden = list(by_tenant)
+    others = f"tenant NOT IN ({', '.join('?' * len(overridden))})" if overridden else "1"
+    statements = _sweep_statements(retentions.layout, now_ms, others, overridden)
+    for tenant, layout in by_tenant.items():
+        statements += _sweep_statements(layout, now_ms, "tenant = ?", [tenant])
     _transaction(connection, statements)
     # incremental_vacuum frees one page per step, and Python's sqlite3 steps a statement without
     # result columns once: so one statement per free page, all in one transaction.
-    connection.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(connection):
         for _ in range(connection.execute("PRAGMA freelist_count").fetchone()[0]):
             connection.execute("PRAGMA incremental_vacuum(1)")
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
-    connection.execute("COMMIT")
     connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")

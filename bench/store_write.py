@@ -1,0 +1,75 @@
+"""CPU of CassandraStore.write_raw alone (no HTTP, no decode): what the store and the driver cost a sample.
+
+Remote-write shaped requests (4 x 500 series, one sample each, rounds 10 s apart), 4 in flight,
+after 8 untimed ones; prints samples/s and this process's CPU µs a sample. Run it from a
+checkout to measure that checkout's store (before/after a change):
+
+    PYTHONPATH=. python -m bench.store_write --cassandra 127.0.0.1:9142
+"""
+
+import argparse
+import os
+import time
+
+from twisted.internet import defer, task
+
+from bench.common import connect, exit_with, fresh_keyspace
+from gateway.config import parse_hostport
+from gateway.model import series_set_hash, series_set_text
+from gateway.store.cassandra import CassandraStore
+from gateway.store.contract import RawPoint
+from gateway.store.layout import Layout
+
+WARMUP = 8
+IN_FLIGHT = 4
+
+
+def requests_of(rounds: int) -> list[list[RawPoint]]:
+    hashes = [series_set_hash(series_set_text("store_write", {"i": str(i)})) for i in range(2000)]
+    start = int(time.time() * 1000) // 3_600_000 * 3_600_000 - 3_600_000
+    return [
+        [RawPoint("bench", h, start + r * 10_000, float(r)) for h in hashes[k * 500 : (k + 1) * 500]]
+        for r in range(rounds)
+        for k in range(4)
+    ]
+
+
+async def measure(store_url: str, requests: list[list[RawPoint]]) -> None:
+    store = CassandraStore.from_url(store_url, Layout())
+    await store.start()
+    try:
+        await defer.gatherResults([store.write_raw(r) for r in requests[:WARMUP]])
+        cpu, wall = time.process_time(), time.perf_counter()
+        for i in range(WARMUP, len(requests), IN_FLIGHT):
+            await defer.gatherResults([store.write_raw(r) for r in requests[i : i + IN_FLIGHT]])
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        await store.close()
+    samples = sum(len(r) for r in requests[WARMUP:])
+    print(
+        f"{samples} samples, {samples / wall:.0f} samples/s, {cpu / samples * 1e6:.1f} µs CPU a sample (store + driver)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.store_write", description=__doc__.splitlines()[0])
+    parser.add_argument("--cassandra", metavar="HOST:PORT", required=True)
+    parser.add_argument("--rounds", type=int, default=50, help="rounds of 2000 series (default 50)")
+    args = parser.parse_args(argv)
+    host, port = parse_hostport(args.cassandra)
+    cluster = connect(host, port)
+    try:
+        with fresh_keyspace(cluster.connect(), host, port, f"tsgate_bench_sw_{os.getpid()}") as store_url:
+            requests = requests_of(args.rounds)
+            try:
+                task.react(lambda reactor: defer.ensureDeferred(measure(store_url, requests)))
+            except SystemExit as exit_:
+                if exit_.code:
+                    raise
+    finally:
+        cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    exit_with(main)

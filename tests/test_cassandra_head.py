@@ -1,0 +1,153 @@
+"""Cassandra's grouped head layout (data_head: partition (tenant, slice, shard), clustering
+(series_set_hash, ts)) on a real Cassandra 5.0: writes split at the batch bounds, slots spanning
+many slices, late data into a sealed slot, and a delete racing a seal (docs/storage.rst)."""
+
+import time
+
+import numpy as np
+import pytest_twisted
+
+from gateway.downsample.processor import Downsampler
+from gateway.read_path import stitch_raw
+from gateway.store.blocks import decode_block, encode_block
+from gateway.store.cassandra import HEAD_BATCH_VALUE_BYTES, HEAD_ROWS_PER_BATCH, CassandraStore, _head_batches
+from gateway.store.contract import RawPoint, SealedBlock, time_slot
+from gateway.store.layout import HEAD_SHARDS, Layout, head_shard
+from tests.test_store_contract import series
+
+HOUR = 3_600_000
+MINUTE = 60_000
+
+
+@pytest_twisted.async_yield_fixture
+async def cassandra_store(cassandra_url):
+    store = CassandraStore.from_url(cassandra_url, Layout())
+    await store.start()
+    yield store
+    await store.close()
+
+
+def past_slot() -> int:
+    """The slot before the current one: ended, inside the head retention."""
+    return time_slot(int(time.time() * 1000), HOUR) - HOUR
+
+
+def downsampler(store) -> Downsampler:
+    return Downsampler(store, pending=None, layout=store.layout, counter_suffixes=())
+
+
+async def head_points(store, tenant: str, keys, start: int, end: int) -> list[list[tuple[int, float]]]:
+    return [raw.head.points() for raw in await store.read_raw(tenant, [k.series_set_hash for k in keys], start, end)]
+
+
+def test_head_rows_of_a_partition_are_batched_within_both_bounds():
+    rows = [("t", 0, 1, "h" * 24, ts, 1.0, 60) for ts in range(2 * HEAD_ROWS_PER_BATCH + 5)]
+    assert [len(chunk) for chunk in _head_batches(rows)] == [HEAD_ROWS_PER_BATCH, HEAD_ROWS_PER_BATCH, 5]
+    long_tenant = "t" * 1000  # rows of ~1 KiB: the byte bound splits first
+    chunks = _head_batches([(long_tenant, 0, 1, "h" * 24, ts, 1.0, 60) for ts in range(300)])
+    assert sum(len(chunk) for chunk in chunks) == 300 and len(chunks) == 3
+    assert all(len(chunk) * (1000 + 24 + 36) <= HEAD_BATCH_VALUE_BYTES for chunk in chunks)
+
+
+def test_series_spread_over_every_shard():
+    counts = np.bincount([head_shard(f"series-{i}") for i in range(16_000)], minlength=HEAD_SHARDS)
+    assert len(counts) == HEAD_SHARDS and counts.min() > 800 and counts.max() < 1200
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_partition_written_over_several_batches_reads_back_whole(cassandra_store, tenant):
+    """2.5 batches of rows of one series in one slice (one data_head partition), in one write."""
+    key = series(tenant, "dense", {})
+    slot = past_slot()
+    count = 2 * HEAD_ROWS_PER_BATCH + HEAD_ROWS_PER_BATCH // 2
+    timestamps = [slot + 10 * MINUTE + i * 20 for i in range(count)]  # 20 ms apart: all in one minute
+    await cassandra_store.write_raw([RawPoint(tenant, key.series_set_hash, ts, float(ts)) for ts in timestamps])
+    (found,) = await head_points(cassandra_store, tenant, [key], slot, slot + HOUR - 1)
+    assert found == [(ts, float(ts)) for ts in timestamps]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_slot_spanning_every_slice_reads_exactly_any_range_before_and_after_sealing(cassandra_store, tenant):
+    keys = [series(tenant, "spread", {"i": str(i)}) for i in range(40)]  # several series in most shards
+    await cassandra_store.write_series(keys)
+    slot = past_slot()
+    timestamps = range(slot, slot + HOUR, 10_000)
+    await cassandra_store.write_raw(
+        [RawPoint(tenant, k.series_set_hash, ts, i + ts / 1e6) for i, k in enumerate(keys) for ts in timestamps]
+    )
+    ranges = [(slot, slot + HOUR - 1), (slot + 90_500, slot + 30 * MINUTE + 1), (slot - HOUR, slot + 59_999)]
+
+    def expected(i: int, start: int, end: int) -> list[tuple[int, float]]:
+        return [(ts, i + ts / 1e6) for ts in timestamps if start <= ts <= end]
+
+    for start, end in ranges:
+        found = await head_points(cassandra_store, tenant, keys, start, end)
+        assert found == [expected(i, start, end) for i in range(len(keys))]
+    await downsampler(cassandra_store).roll_up_series_slots(tenant, [k.series_set_hash for k in keys], slot)
+    for raw, i in zip(await cassandra_store.read_raw(tenant, [k.series_set_hash for k in keys], slot, slot), range(40)):
+        (block,) = raw.blocks
+        assert list(zip(*(part.tolist() for part in decode_block(block)))) == expected(i, slot, slot + HOUR - 1)
+    for start, end in ranges:
+        found = await cassandra_store.read_raw(tenant, [k.series_set_hash for k in keys], start, end)
+        stitched = [stitch_raw(raw, start, end).points() for raw in found]
+        assert stitched == [expected(i, start, end) for i in range(len(keys))]
+
+
+@pytest_twisted.ensureDeferred
+async def test_late_data_into_a_sealed_slot_is_read_and_sealed_again(cassandra_store, tenant):
+    key = series(tenant, "late", {})
+    await cassandra_store.write_series([key])
+    slot = past_slot()
+    h = key.series_set_hash
+    await cassandra_store.write_raw([RawPoint(tenant, h, slot + m * MINUTE, float(m)) for m in range(10)])
+    sealer = downsampler(cassandra_store)
+    await sealer.roll_up_series_slots(tenant, [h], slot)
+    # another process writes late: a new timestamp and a rewrite of a sealed one (the head wins)
+    late_writer = CassandraStore(cassandra_store.options)
+    await late_writer.start()
+    try:
+        await late_writer.write_raw([RawPoint(tenant, h, slot + 30 * MINUTE, 30.0), RawPoint(tenant, h, slot, -1.0)])
+    finally:
+        await late_writer.close()
+    want = [(slot, -1.0)] + [(slot + m * MINUTE, float(m)) for m in range(1, 10)] + [(slot + 30 * MINUTE, 30.0)]
+    (reader,) = await sealer.reader.read_raw([key], slot, slot + HOUR - 1)
+    assert reader.points() == want
+    await sealer.roll_up_series_slots(tenant, [h], slot)
+    (raw,) = await cassandra_store.read_raw(tenant, [h], slot, slot + HOUR - 1)
+    (block,) = raw.blocks
+    assert list(zip(*(part.tolist() for part in decode_block(block)))) == want
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_delete_between_a_seals_read_and_its_write_keeps_every_sample_outside_its_range(
+    cassandra_store, tenant
+):
+    """A seal reads the head, a delete of two of three series runs, then the seal writes its
+    blocks: samples of the range may come back (docs/operations.rst: delete again once the round
+    is over), none outside it is lost, and the second delete leaves exactly what is outside."""
+    keys = [series(tenant, "race", {"i": str(i)}) for i in range(3)]
+    hashes = [k.series_set_hash for k in keys]
+    slot = past_slot()
+    slot_end = slot + HOUR - 1
+    timestamps = list(range(slot, slot + HOUR, MINUTE))
+    await cassandra_store.write_raw([RawPoint(tenant, h, ts, float(ts)) for h in hashes for ts in timestamps])
+    start, end = slot + 10 * MINUTE, slot + 20 * MINUTE - 1
+    everything = [(ts, float(ts)) for ts in timestamps]
+    outside = [(ts, v) for ts, v in everything if not start <= ts <= end]
+
+    head_read = int(time.time() * 1000)
+    read = await cassandra_store.read_raw(tenant, hashes, slot, slot_end)
+    await cassandra_store.delete_samples(tenant, hashes[:2], start, end)
+    assert await head_points(cassandra_store, tenant, keys, slot, slot_end) == [outside, outside, everything]
+    merged = [stitch_raw(raw, slot, slot_end) for raw in read]
+    await cassandra_store.write_blocks(
+        [
+            SealedBlock(tenant, h, slot, encode_block(m.timestamps, m.values), raw.head, head_read)
+            for h, raw, m in zip(hashes, read, merged)
+        ]
+    )
+    for raw in await cassandra_store.read_raw(tenant, hashes, slot, slot_end):
+        assert set(outside) <= set(stitch_raw(raw, slot, slot_end).points())
+    await cassandra_store.delete_samples(tenant, hashes[:2], start, end)
+    found = await cassandra_store.read_raw(tenant, hashes, slot, slot_end)
+    assert [stitch_raw(raw, slot, slot_end).points() for raw in found] == [outside, outside, everything]
