@@ -452,11 +452,14 @@ def test_ten_thousand_series_spread_within_20_percent_across_the_nodes(cluster, 
     session_cluster = Cluster([node.host for node in cluster.nodes], port=cluster.port)
     try:
         session = session_cluster.connect()
+        # Both tables from the same node: itself in system.local, the others in system.peers_v2.
+        seen_by = cluster.nodes[0]
         owners = {}
-        for row in session.execute("SELECT rpc_address, tokens FROM system.local"):
+        for row in seen_by.query("SELECT rpc_address, tokens FROM system.local") or []:
             owners.update({int(token): row.rpc_address for token in row.tokens})
-        for row in session.execute("SELECT native_address, tokens FROM system.peers_v2"):
+        for row in seen_by.query("SELECT native_address, tokens FROM system.peers_v2") or []:
             owners.update({int(token): row.native_address for token in row.tokens})
+        assert len(set(owners.values())) == 3, owners
         ring = sorted(owners)
         scan = SimpleStatement(
             f"SELECT tenant, token(tenant, series_set_hash) FROM {KEYSPACE}.series_set_hashes",
