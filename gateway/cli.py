@@ -76,7 +76,7 @@ def _schema(namespace: argparse.Namespace) -> int:
     if not config.store:
         raise ConfigError("--store cassandra://HOST/KEYSPACE is required (the embedded store makes its own schema)")
     try:
-        options = parse_url(config.store, config.layout)
+        options = parse_url(config.store_url, config.layout)
     except ValueError as error:
         raise ConfigError(f"--store: {error}") from None
     if namespace.action == "print":

@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from gateway.downsample.partitions import parse_partitions
 from gateway.model import InvalidSample, Limits, validate_tenant
@@ -72,6 +73,17 @@ def _non_negative(text) -> int:
     return value
 
 
+def _consistency_level(text) -> str:
+    """A Cassandra consistency level name (as the driver spells them), or empty for the default."""
+    name = str(text).strip().upper()
+    if name:
+        from cassandra import ConsistencyLevel
+
+        if name not in ConsistencyLevel.name_to_value:
+            raise ValueError(f"{text!r} is not one of {', '.join(sorted(ConsistencyLevel.name_to_value))}")
+    return name
+
+
 def _boolean(text) -> bool:
     """``true``/``false`` (also yes/no, on/off, 1/0); the flag alone means true."""
     value = str(text).strip().lower()
@@ -109,6 +121,24 @@ SETTINGS = [
     ),
     Setting("data-dir", Path, "./tsgate-data", "directory of the embedded store"),
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
+    Setting(
+        "replication",
+        str,
+        "",
+        "Cassandra keyspace replication made by `schema apply`: simple:N, DC:N[,DC:N] or NetworkTopologyStrategy:DC=N[,DC=N]; empty: the store URL's replication option, else simple:1",
+    ),
+    Setting(
+        "write-consistency",
+        _consistency_level,
+        "",
+        "Cassandra consistency level a write must reach before a sample is acknowledged (docs/configuration.rst); empty: the store URL's, else LOCAL_QUORUM",
+    ),
+    Setting(
+        "read-consistency",
+        _consistency_level,
+        "",
+        "Cassandra consistency level of reads; empty: the store URL's, else LOCAL_QUORUM",
+    ),
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
     Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (in sealed blocks)"),
     Setting(
@@ -338,6 +368,9 @@ class Config:
     graphite_max_pending: int
     data_dir: Path
     store: str
+    replication: str
+    write_consistency: str
+    read_consistency: str
     slot_width: int
     raw_retention: int
     head_retention: int
@@ -394,7 +427,21 @@ class Config:
 
     @property
     def store_url(self) -> str:
-        return self.store or f"sqlite:///{self.data_dir / 'tsgate.db'}"
+        """``--store`` (or the embedded store's file) with ``--replication`` and the consistency
+        flags put in as its options, replacing the URL's own."""
+        url = self.store or f"sqlite:///{self.data_dir / 'tsgate.db'}"
+        options = {
+            "replication": self.replication,
+            "write_consistency": self.write_consistency,
+            "read_consistency": self.read_consistency,
+        }
+        given = {name: value for name, value in options.items() if value}
+        if not given:
+            return url
+        location, _, query = url.partition("?")
+        merged = dict(parse_qsl(query, keep_blank_values=True))
+        merged.update(given)
+        return f"{location}?{urlencode(merged, safe=':,=')}"
 
     @property
     def layout(self) -> Layout:
@@ -487,6 +534,7 @@ class ConfigError(ValueError):
 # ``--help`` lists only what it uses. A config file may still hold any setting.
 SCHEMA_SETTINGS = (
     "store",
+    "replication",
     "slot-width",
     "raw-retention",
     "head-retention",
@@ -519,9 +567,18 @@ DOWNSAMPLE_SETTINGS = (
     "downsample-interval",
     "counter-suffixes",
     "overrides",
+    "write-consistency",
+    "read-consistency",
 )
 DELETE_SETTINGS = (*DOWNSAMPLE_SETTINGS, "max-future", "max-series-per-query")
-IMPORT_SETTINGS = ("data-dir", *SCHEMA_SETTINGS, "counter-suffixes", "overrides")
+IMPORT_SETTINGS = (
+    "data-dir",
+    *SCHEMA_SETTINGS,
+    "counter-suffixes",
+    "overrides",
+    "write-consistency",
+    "read-consistency",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
@@ -621,6 +678,9 @@ def build_config(namespace: argparse.Namespace) -> Config:
             raise ConfigError(str(error)) from None
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
+    cassandra_only = [f"--{name}" for name in ("replication", "write-consistency", "read-consistency") if raw[name]]
+    if cassandra_only and not str(values["store"]).startswith("cassandra://"):
+        raise ConfigError(f"{', '.join(cassandra_only)}: only a cassandra:// --store has replication and consistency")
     config = Config(**values)
     if config.overrides is not None:
         from gateway.overrides import Overrides, OverridesError

@@ -178,6 +178,40 @@ def test_dev_servers_take_host_port_like_serve():
         parse(["dev", "redis", "--listen", "10.1.2.3:6379"])
 
 
+def test_replication_and_consistency_flags_win_over_the_store_url_and_need_cassandra(capsys):
+    """``--replication`` (either spelling) and the consistency flags become the store URL's options."""
+    from gateway.store.cassandra import parse_url
+
+    config = config_from(
+        "--store",
+        "cassandra://a,b,c/ks?consistency=ONE&replication=simple:1",
+        "--replication",
+        "NetworkTopologyStrategy:dc1=3,dc2=2",
+        "--write-consistency",
+        "each_quorum",
+    )
+    options = parse_url(config.store_url, config.layout)
+    assert options.schema.replication == (("dc1", 3), ("dc2", 2))
+    assert (options.write_consistency, options.read_consistency) == (7, 1)  # EACH_QUORUM, the URL's ONE
+    assert parse_url(config_from("--store", "cassandra://a/ks").store_url, config.layout).write_consistency == 6
+    simple = config_from("--store", "cassandra://a/ks", "--replication", "SimpleStrategy:3")
+    assert parse_url(simple.store_url, simple.layout).schema.replication == (("simple", 3),)
+    code, err = run_cli(capsys, "serve", "--write-consistency", "most")
+    assert code == 2 and err.startswith("tsgate serve: --write-consistency: 'most' is not one of ALL, ANY, EACH_QUORUM")
+    with pytest.raises(ConfigError, match="only a cassandra:// --store has replication and consistency"):
+        config_from("--read-consistency", "ONE")
+    with pytest.raises(ConfigError, match="expected simple:N, DC:N,DC:N or NetworkTopologyStrategy:DC=N,DC=N"):
+        config_from("--store", "cassandra://a/ks", "--replication", "NetworkTopologyStrategy:dc1")
+
+
+def test_dev_cassandra_takes_a_node_count():
+    parse = build_parser().parse_args
+    assert parse(["dev", "cassandra", "--nodes", "3"]).nodes == 3
+    assert parse(["dev", "cassandra"]).nodes == 1
+    with pytest.raises(SystemExit):
+        parse(["dev", "cassandra", "--nodes", "0"])
+
+
 @pytest.mark.slow
 def test_schema_apply_where_nothing_listens_is_one_line_and_exit_1():
     result = tsgate("schema", "apply", "--store", f"cassandra://127.0.0.1:{free_port()}/tsdb")

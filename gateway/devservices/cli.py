@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from gateway.config import parse_hostport
-from gateway.devservices.cassandra import CassandraServer, ensure_cassandra_jars
+from gateway.devservices.cassandra import CassandraCluster, CassandraServer, ensure_cassandra_jars
 from gateway.devservices.redis import RedisServer
 
 
@@ -23,10 +23,16 @@ def register(subparsers) -> None:
     dev = subparsers.add_parser("dev", help="run a real Cassandra or Redis for development")
     commands = dev.add_subparsers(dest="dev_command", required=True)
 
-    cassandra = commands.add_parser("cassandra", help="run a single-node Cassandra until interrupted")
+    cassandra = commands.add_parser("cassandra", help="run a Cassandra node, or a local cluster, until interrupted")
     cassandra.add_argument("--dir", type=Path, help="data directory, kept afterwards (default: a temporary one)")
     _add_listen(cassandra, "CQL native protocol address", 9042)
-    cassandra.add_argument("--heap", default="1G", help="JVM heap, -Xms and -Xmx (default: 1G)")
+    cassandra.add_argument("--heap", default="1G", help="JVM heap of each node, -Xms and -Xmx (default: 1G)")
+    cassandra.add_argument(
+        "--nodes",
+        type=_node_count,
+        default=1,
+        help="nodes: more than 1 runs a cluster on 127.0.0.1, 127.0.0.2, ... (same port, data center dc1)",
+    )
     cassandra.set_defaults(func=run_cassandra)
 
     redis = commands.add_parser("redis", help="run redis-server until interrupted")
@@ -59,12 +65,21 @@ def _loopback_port(text: str) -> int:
     return port
 
 
+def _node_count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 254:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of nodes from 1 to 254")
+    return int(text)
+
+
 def _port(args: argparse.Namespace) -> int | None:
     return args.listen if args.listen is not None else args.port
 
 
 def run_cassandra(args: argparse.Namespace) -> int:
     with _workdir(args.dir, "cassandra") as workdir:
+        if args.nodes > 1:
+            cluster = CassandraCluster(workdir, args.nodes, native_port=_port(args), heap=args.heap)
+            return _serve(cluster, f"cassandra cluster (data center {cluster.datacenter})", cluster.contact_points)
         server = CassandraServer(workdir, native_port=_port(args), heap=args.heap)
         return _serve(server, "cassandra", f"{server.host}:{server.port}")
 
@@ -91,7 +106,7 @@ def _workdir(path: Path | None, name: str):
     return tempfile.TemporaryDirectory(prefix=f"tsgate-dev-{name}-", ignore_cleanup_errors=True)
 
 
-def _serve(server: CassandraServer | RedisServer, name: str, address: str) -> int:
+def _serve(server: CassandraServer | CassandraCluster | RedisServer, name: str, address: str) -> int:
     """Start the server, announce it, and stop it cleanly on SIGINT/SIGTERM; 1 if it dies on its own."""
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -170,12 +170,18 @@ def _consistency(name: str) -> int:
 
 
 def _replication(text: str) -> tuple[tuple[str, int], ...]:
-    """``simple:3`` or ``dc1:3,dc2:2``."""
+    """``simple:3`` or ``dc1:3,dc2:2``; also spelt with the strategy's name, as CQL has it:
+    ``SimpleStrategy:3`` or ``NetworkTopologyStrategy:dc1=3,dc2=2``."""
+    strategy, _, factors = text.partition(":")
+    if strategy == "SimpleStrategy":
+        text = f"simple:{factors}"
+    elif strategy == "NetworkTopologyStrategy":
+        text = factors.replace("=", ":")
     pairs = []
     for item in text.split(","):
         name, _, factor = item.partition(":")
         if not name or not factor.isdigit() or int(factor) < 1:
-            raise ValueError(f"replication {text!r}: expected simple:N or DC:N,DC:N")
+            raise ValueError(f"replication {text!r}: expected simple:N, DC:N,DC:N or NetworkTopologyStrategy:DC=N,DC=N")
         pairs.append((name, int(factor)))
     if any(name == "simple" for name, _ in pairs) and len(pairs) > 1:
         raise ValueError(f"replication {text!r}: simple:N stands alone")
@@ -399,7 +405,8 @@ class CassandraStore(Store):
             }
             for statement in statements:
                 session.execute(statement, timeout=120)
-            session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
+            if not session.cluster.control_connection.wait_for_schema_agreement(wait_time=120):
+                raise StoreUnavailable("the nodes do not agree on the schema after 120 s: is a node down?")
             if "data_raw" in tables and "data_blocks" not in tables:
                 statements.append(self._index_head_rows(session))
             if "histograms" in tables and "histogram_series" not in tables:
