@@ -33,7 +33,7 @@ from gateway.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, se
 from gateway.read_path import ReadPath
 from gateway.samples import empty
 from gateway.store.blocks import decode_block, encode_block
-from gateway.store.contract import HistogramRow
+from gateway.store.contract import HistogramRow, StoreUnavailable
 from gateway.store.histogram_rollup_rows import decode_interval
 from gateway.store.layout import HOUR_MS, Layout, head_shard
 from gateway.store.sqlite import SQLiteStore
@@ -522,6 +522,19 @@ def test_near_expiry_counts_unsealed_failures_from_half_the_head_retention_until
     assert not failures.due("t", "unsealed", slot, end + 89_999) and failures.due("t", "unsealed", slot, end + 90_000)
     failures.succeeded("t", "unsealed", slot)
     assert failures.near_expiry(end + half) == 0 and failures.due("t", "unsealed", slot, end)
+
+
+def test_an_unavailable_store_is_one_log_line_and_an_unexpected_error_has_its_traceback(caplog):
+    failures = SlotFailures(Layout())
+    with caplog.at_level(logging.WARNING, logger="gateway.downsample.failures"):
+        failures.failed("t", "down", 0, StoreUnavailable("2 of 3 replicas down"), 0)
+        try:
+            raise ValueError("a bug")
+        except ValueError as error:
+            failures.failed("t", "bug", 0, error, 0)
+    down, bug = caplog.records
+    assert "StoreUnavailable: 2 of 3 replicas down" in down.getMessage() and down.exc_info is None
+    assert "ValueError: a bug" in bug.getMessage() and bug.exc_info is not None
 
 
 @pytest_twisted.ensureDeferred

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from twisted.internet.defer import FirstError
 
 from gateway import metrics
+from gateway.store.contract import StoreUnavailable
 from gateway.store.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,9 @@ class SlotFailures:
         self._failures.pop((tenant, series_set_hash, slot), None)
 
     def failed(self, tenant: str, series_set_hash: str, slot: int, error: Exception, now_ms: int) -> None:
-        """Count and log one failed attempt; the next waits 30 s, doubling up to 15 minutes."""
+        """Count and log one failed attempt; the next waits 30 s, doubling up to 15 minutes. The
+        first attempt's traceback is logged, but not for a store that is unavailable (a node
+        down is one line, not a stack)."""
         key = (tenant, series_set_hash, slot)
         before = self._failures.get(key)
         attempts = before.attempts + 1 if before else 1
@@ -76,7 +79,7 @@ class SlotFailures:
             type(cause).__name__,
             cause,
             delay // 1000,
-            exc_info=cause if attempts == 1 else None,
+            exc_info=cause if attempts == 1 and not isinstance(cause, StoreUnavailable) else None,
         )
         self._failures[key] = SlotFailure(attempts, now_ms + delay, sealed, before.warned if before else False)
 
