@@ -71,6 +71,21 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def wait_until_idle(pid: int, timeout_s: float = 30.0, idle_cores: float = 0.1) -> None:
+    """Wait until a process tree uses less than ``idle_cores`` over a second (or ``timeout_s``
+    passed). The gateway answers once its first worker is up; its other workers and their query
+    executors start after that, importing modules for 3-4 CPU seconds in all (measured on the
+    2-core box, Cassandra store): without this wait that start-up lands in the first timed run."""
+    deadline = time.monotonic() + timeout_s
+    before = tree_cpu_s(pid)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = tree_cpu_s(pid)
+        if now - before < idle_cores:
+            return
+        before = now
+
+
 def listening_pid(port: int) -> int:
     """The process listening on a local TCP port (/proc/net/tcp* then the owners' /proc/<pid>/fd)."""
     inodes = set()

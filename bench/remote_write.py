@@ -18,7 +18,9 @@ shards; each owns S series (--series-per-request) of one metric with 5 labels an
 request per scrape round holding one sample of each of its series, rounds 10 s apart and in
 order, so the same series get a new sample every round and none arrives out of order.
 --requests R per size (default: about 200k samples) is split evenly between the connections.
-Before its timed runs every target takes a few untimed warm-up rounds of other series.
+Before its timed runs every target takes a few untimed warm-up rounds of other series, then
+the bench waits until the target's processes are idle (tsgate starts its other workers and query
+executors after it answers: their start-up is not ingest CPU).
 
 Run from the repository root:
 
@@ -72,6 +74,7 @@ from bench.common import (
     process_cpu_s,
     tree_cpu_s,
     tsgate_service,
+    wait_until_idle,
 )
 from gateway.devservices.process import free_port
 from gateway.model import now_ms
@@ -447,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
                         acknowledged, errors = send(service.port, warmup, args.run_timeout)
                         if errors:
                             raise BenchError(f"{name}: warm-up errors: {errors}")
+                    wait_until_idle(service.pid)
                     for workload in workloads:
                         row = measure(name, service, pids, workload, args.run_timeout)
                         if name.startswith("tsgate"):
