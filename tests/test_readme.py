@@ -34,6 +34,9 @@ SKIPPED = {
     "tsgate schema apply --store cassandra://127.0.0.1/tsdb": (
         "needs Cassandra on 9042 and Redis on 6379; tests/test_cassandra.py and the end-to-end tests cover them"
     ),
+    "tsgate schema apply --store cassandra://cass1,cass2,cass3/tsdb --replication NetworkTopologyStrategy:dc1=3": (
+        "needs a 3-node Cassandra cluster; tests/test_cluster.py runs these settings on one"
+    ),
 }
 
 MASKS = [
