@@ -143,17 +143,7 @@ def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cas
         t0 = (int(time.time()) // 3600 - 2) * 3600
         hash_ = series_set_hash(series_set_text("legacy_temp", {"room": "a"}))
         ks = "tsdb_old_layout"
-        session.execute(f"INSERT INTO {ks}.tenants (tenant) VALUES (%s)", [tenant])
-        session.execute(f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (%s, 'legacy_temp')", [tenant])
-        session.execute(
-            f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (%s, %s, 'legacy_temp', {{'room': 'a'}})",
-            [tenant, hash_],
-        )
-        for key, value in (("__name__", "legacy_temp"), ("room", "a")):
-            session.execute(
-                f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (%s, 'legacy_temp', %s, %s, %s)",
-                [tenant, key, value, hash_],
-            )
+        index_legacy_series(session, ks, tenant, hash_)
         for i in range(30):
             ts = (t0 + i * 60) * 1000
             session.execute(
@@ -217,17 +207,7 @@ def test_head_rows_of_data_raw_stay_readable_after_the_upgrade_to_data_head(star
         now = int(time.time())
         t0 = (now // 3600 - 1) * 3600  # the slot before this one: ended, not sealed yet
         hash_ = series_set_hash(series_set_text("legacy_temp", {"room": "a"}))
-        session.execute(f"INSERT INTO {ks}.tenants (tenant) VALUES (%s)", [tenant])
-        session.execute(f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (%s, 'legacy_temp')", [tenant])
-        session.execute(
-            f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (%s, %s, 'legacy_temp', {{'room': 'a'}})",
-            [tenant, hash_],
-        )
-        for key, value in (("__name__", "legacy_temp"), ("room", "a")):
-            session.execute(
-                f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (%s, 'legacy_temp', %s, %s, %s)",
-                [tenant, key, value, hash_],
-            )
+        index_legacy_series(session, ks, tenant, hash_)
         slot_ms, head_ttl = t0 * 1000, 7 * 3600
         for i in range(30):
             session.execute(
@@ -575,3 +555,18 @@ async def test_writes_and_paged_reads_through_a_tight_request_bound(cassandra_ur
         assert {key: value.tags for key, value in found.items()} == {s.series_set_hash: wide for s in series}
     finally:
         await store.close()
+
+
+def index_legacy_series(session, ks: str, tenant: str, hash_: str) -> None:
+    """The index rows of legacy_temp{room="a"}, written by raw CQL as an older gateway did."""
+    session.execute(f"INSERT INTO {ks}.tenants (tenant) VALUES (%s)", [tenant])
+    session.execute(f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (%s, 'legacy_temp')", [tenant])
+    session.execute(
+        f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (%s, %s, 'legacy_temp', {{'room': 'a'}})",
+        [tenant, hash_],
+    )
+    for key, value in (("__name__", "legacy_temp"), ("room", "a")):
+        session.execute(
+            f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (%s, 'legacy_temp', %s, %s, %s)",
+            [tenant, key, value, hash_],
+        )
