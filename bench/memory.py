@@ -1,7 +1,7 @@
 """Resident memory of one gateway process by active series: is it bounded, and where does it plateau?
 
 For each size N (100k and 1M; ``--quick``: 10k and 50k) a fresh ``tsgate serve --workers 1
---roles ingest,query`` on a fresh store: its RSS once it answers /healthz (idle), then N distinct
+--roles ingest,query --query-executors 0`` on a fresh store: its RSS once it answers /healthz (idle), then N distinct
 series sent by Prometheus remote write 1.0 as Prometheus shapes it (2000 series a request, one
 sample of each, 2 connections), ROUNDS rounds 10 s apart: the first writes every series' metadata,
 the others find the series in the metadata cache, as a steady scrape does. Then VmHWM (peak RSS)
@@ -155,7 +155,10 @@ def check_counts(gateway, series: int) -> None:
 
 def measure(store: str, store_args: list[str], series: int, log_path: Path) -> Measured:
     """One fresh gateway, its idle RSS, ROUNDS rounds of ``series`` series, then its peak and final RSS."""
-    gateway = tsgate_service(f"tsgate ({store})", store_args, log_path, ["--workers", "1", "--roles", "ingest,query"])
+    # No query executor processes (they run queries, which this bench sends none of): the
+    # worker is the one process whose RSS is measured.
+    extra_args = ["--workers", "1", "--roles", "ingest,query", "--query-executors", "0"]
+    gateway = tsgate_service(f"tsgate ({store})", store_args, log_path, extra_args)
     try:
         gateway.start()
         if len(process_tree(gateway.pid)) != 1:
