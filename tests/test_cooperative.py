@@ -50,7 +50,8 @@ def full_passes_while_decoding(body: bytes) -> int:
 
 def test_a_large_json_write_runs_no_full_collection_once_the_collector_is_tuned(collector_restored):
     body = large_json_write()
-    gc.set_threshold(700, 10, 10)  # Python's default
+    gc.freeze()  # as the gateway did before, with Python's default thresholds
+    gc.set_threshold(700, 10, 10)
     assert full_passes_while_decoding(body) >= 1
     tune_collector()
     assert gc.get_freeze_count() > 0
