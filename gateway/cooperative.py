@@ -7,12 +7,8 @@ the reactor, and every few hundred items they ask ``Slices.due()``; once a slice
 ``SLICE_S`` they ``await Slices.pause()``, which lets the reactor run once before they go on.
 A sans-I/O decoder that yields between steps (protocols.prometheus.decode_write_request_steps)
 is run the same way by ``run_steps``.
-
-The garbage collector's passes hold the GIL too, however the loops are cut: ``tune_collector``
-makes the long ones rare.
 """
 
-import gc
 import time
 from collections.abc import Generator
 from typing import TypeVar
@@ -27,21 +23,6 @@ T = TypeVar("T")
 SLICE_S = 0.005
 # How many items a loop handles between two looks at the clock (a look costs ~0.1 us).
 CHECK_EVERY = 64
-
-
-# Python's default (700, 10, 10) runs a full pass (every object not frozen: the metadata caches
-# and the request in flight, 30-200 ms) every 70,000 allocations while a large request's objects
-# pile up: 3-7 full passes a 30,000-item JSON write. With a young generation of 10,000 objects
-# a full pass comes at most every million allocations, and a middle-generation pass scans at
-# most the 100,000 youngest objects.
-COLLECTOR_THRESHOLDS = (10_000, 10, 10)
-
-
-def tune_collector() -> None:
-    """Called once start-up is done: the modules and objects built so far live as long as the
-    process, so they are frozen out of every pass; then COLLECTOR_THRESHOLDS."""
-    gc.freeze()
-    gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
 class Slices:

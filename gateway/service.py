@@ -10,6 +10,7 @@ flight and the carbon backlog, IngestPipeline.flushable_samples), so the drain f
 """
 
 import dataclasses
+import gc
 import logging
 import os
 import re
@@ -24,7 +25,6 @@ from twisted.internet.task import LoopingCall
 from gateway import __version__
 from gateway.config import Config
 from gateway.connections import Connections
-from gateway.cooperative import tune_collector
 from gateway.deletes import Deleter
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
 from gateway.downsample.processor import Downsampler
@@ -397,8 +397,9 @@ def run(config: Config, worker: Worker | None = None) -> int:
     # Render and encoding work runs in threads; a thread waiting for the GIL gets it after this
     # interval, so the reactor thread waits about 1 ms (not Python's 5 ms) each time it wakes up.
     sys.setswitchinterval(REACTOR_GIL_WAIT_S)
-    # The garbage collector's full passes hold the GIL (30-200 ms) while a heavy request runs.
-    tune_collector()
+    # The modules and objects built so far live as long as the process: kept out of the garbage
+    # collector's full passes, which hold the GIL (~25 ms each) while a heavy request runs.
+    gc.freeze()
     reactor.run()
     if worker is not None:
         # Drained: a SIGTERM from the supervisor arriving now (systemd may also have sent one
