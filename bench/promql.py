@@ -64,8 +64,8 @@ from bench.queries import Timed
 from bench.remote_write import HEADERS, TENANT, prometheus_service
 from bench.report import Figure, format_table
 from bench.storage import SLOT_MS, checked_once, downsample_once, slot_end_before
-from gateway.config import parse_hostport
-from gateway.model import now_ms
+from gateway.app.config import parse_hostport
+from gateway.core.model import now_ms
 from protocols.prometheus import Series, encode_write_request_v1
 
 SECTION = "promql"

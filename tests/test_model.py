@@ -5,7 +5,7 @@ import math
 import mmh3
 import pytest
 
-from gateway.model import (
+from gateway.core.model import (
     InvalidSample,
     Limits,
     Sample,

@@ -10,19 +10,19 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from gateway.connections import Connections
+from gateway.core.connections import Connections
+from gateway.core.model import Limits, Sample, now_ms, series_set_hash, series_set_text
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.graphite.listeners import (
+from gateway.ingest.carbon import (
     DRAINING_RETRY_S,
     GraphiteIngest,
     PickleFactory,
     PlaintextDatagramProtocol,
     PlaintextFactory,
 )
-from gateway.ingest import IngestPipeline
-from gateway.limits import TenantLimits
-from gateway.metadata_cache import KnownSeries
-from gateway.model import Limits, Sample, now_ms, series_set_hash, series_set_text
+from gateway.ingest.limits import TenantLimits
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
 from protocols.graphite import REJECT_REASONS, http_request_line
 from tests.unit import until
 

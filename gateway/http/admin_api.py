@@ -10,12 +10,12 @@ so it is served without ``--enable-admin-api``.
 
 import time
 
-from gateway.deletes import Deleter
-from gateway.graphite.finder import TooManyNodes
+from gateway.core.overrides import Overrides
 from gateway.http.promql_api import parse_time, prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant
-from gateway.overrides import Overrides
-from gateway.promql.values import PromQLError
+from gateway.ingest.deletes import Deleter
+from gateway.query.graphite.finder import TooManyNodes
+from gateway.query.promql.values import PromQLError
 from protocols.graphite.attime import parse_at_time
 
 DISABLED = "admin APIs disabled; start the gateway with --enable-admin-api"

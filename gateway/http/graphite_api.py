@@ -13,16 +13,16 @@ import zoneinfo
 
 from twisted.internet import threads
 
-from gateway.graphite import graph, tagdb
-from gateway.graphite.evaluator import RenderContext, RenderError, evaluate_target
-from gateway.graphite.fetcher import StoreFetcher, consolidations
-from gateway.graphite.finder import Finder, TooManyNodes
-from gateway.graphite.functions import function_catalog
-from gateway.graphite.storage_schemas import StorageSchemas
+from gateway.core.overrides import PerTenant, per_tenant
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant, require_arg
-from gateway.ingest import IngestPipeline
-from gateway.overrides import PerTenant, per_tenant
-from gateway.query import PointsBudget, QueryPlanner
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.graphite import graph, tagdb
+from gateway.query.graphite.evaluator import RenderContext, RenderError, evaluate_target
+from gateway.query.graphite.fetcher import StoreFetcher, consolidations
+from gateway.query.graphite.finder import Finder, TooManyNodes
+from gateway.query.graphite.functions import function_catalog
+from gateway.query.graphite.storage_schemas import StorageSchemas
+from gateway.query.planner import PointsBudget, QueryPlanner
 from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
 from protocols.graphite.tags import parse_path

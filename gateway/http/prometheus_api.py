@@ -1,5 +1,5 @@
 """Prometheus remote write (1.0 and 2.0) in and remote read (samples and streamed chunks) out:
-requests decoded here, written by the ingest pipeline, read by gateway/remote_read.py.
+requests decoded here, written by the ingest pipeline, read by gateway/query/remote_read.py.
 
 Status codes follow the specs: 204 once the store has accepted everything; 400 for a
 malformed request or rejected samples or native histograms (the good ones are written;
@@ -14,15 +14,15 @@ import logging
 from twisted.internet import threads
 from twisted.web import server
 
-from gateway.cooperative import CHECK_EVERY, Slices, run_steps
-from gateway.created import CreatedTimestamps, name_and_tags
+from gateway.core.cooperative import CHECK_EVERY, Slices, run_steps
+from gateway.core.model import NAME_TAG, ExemplarSample, HistogramSample, SeriesSamples, split_labels
+from gateway.core.overrides import PerTenant
 from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
-from gateway.ingest import IngestPipeline
-from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, SeriesSamples, split_labels
-from gateway.overrides import PerTenant
-from gateway.query import QueryPlanner
-from gateway.remote_read import RemoteRead
+from gateway.ingest.created import CreatedTimestamps, name_and_tags
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.planner import QueryPlanner
+from gateway.query.remote_read import RemoteRead
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
 from protocols import prometheus

@@ -1,5 +1,5 @@
 """Prometheus's HTTP query API (what Grafana's Prometheus data source calls): parameters decoded
-here, answered by gateway/promql/service.py, encoded here. Envelopes, status codes and error types are
+here, answered by gateway/query/promql/service.py, encoded here. Envelopes, status codes and error types are
 Prometheus's: 400 bad_data, 422 execution, 503 timeout/unavailable. docs/promql.rst has the
 details and the deliberate differences."""
 
@@ -15,12 +15,12 @@ from twisted.internet import defer, threads
 
 from gateway import __version__
 from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
-from gateway.ingest import Overloaded
-from gateway.limits import RateLimited
-from gateway.promql.engine import Query, format_value, parser_call
-from gateway.promql.service import PromQLService
-from gateway.promql.values import PromQLError, RangeVector, Scalar, String
-from gateway.query import QueryTooLarge
+from gateway.ingest.limits import RateLimited
+from gateway.ingest.pipeline import Overloaded
+from gateway.query.planner import QueryTooLarge
+from gateway.query.promql.engine import Query, format_value, parser_call
+from gateway.query.promql.service import PromQLService
+from gateway.query.promql.values import PromQLError, RangeVector, Scalar, String
 from gateway.store import StoreUnavailable
 from protocols.linear_regex import BadPattern
 

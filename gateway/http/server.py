@@ -19,13 +19,13 @@ from twisted.protocols.basic import FileSender
 from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 
-from gateway import metrics
-from gateway.connections import Connections
+from gateway.core import metrics
+from gateway.core.connections import Connections
+from gateway.core.model import DEFAULT_TENANT, InvalidSample, validate_tenant
 from gateway.http.auth import Credentials, Unauthorized
-from gateway.ingest import Overloaded
-from gateway.limits import RateLimited
-from gateway.model import DEFAULT_TENANT, InvalidSample, validate_tenant
-from gateway.query import QueryTooLarge
+from gateway.ingest.limits import RateLimited
+from gateway.ingest.pipeline import Overloaded
+from gateway.query.planner import QueryTooLarge
 from gateway.store import StoreUnavailable
 from protocols.linear_regex import BadPattern
 
@@ -470,7 +470,7 @@ class Router(resource.Resource):
     access: ``write`` for ingest routes, ``read`` for query routes, ``admin`` for operator
     routes, ``any`` for any valid credential; ``public`` routes need none.
 
-    With ``executors`` (gateway.executors), the routes of role ``query`` are answered by an
+    With ``executors`` (gateway.app.executors), the routes of role ``query`` are answered by an
     executor process running the same router: this process only checks the credential and
     moves the request and its answer.
     """
