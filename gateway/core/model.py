@@ -122,39 +122,6 @@ def series_set_text(metric_name: str, tags: dict[str, str]) -> str:
     return ",".join(parts)
 
 
-def _split_unescaped(text: str, separator: str, maxsplit: int = -1) -> list[str]:
-    """Split escaped text on separators not preceded by a backslash escape; parts stay escaped."""
-    parts, start, index = [], 0, 0
-    while index < len(text):
-        char = text[index]
-        if char == "\\":
-            index += 2
-            continue
-        if char == separator and maxsplit != 0:
-            parts.append(text[start:index])
-            start = index + 1
-            maxsplit -= 1
-        index += 1
-    parts.append(text[start:])
-    return parts
-
-
-def _unescape(part: str) -> str:
-    return re.sub(r"\\(.)", r"\1", part)
-
-
-def parse_series_set_text(text: str) -> tuple[str, dict[str, str]]:
-    """Inverse of series_set_text."""
-    fields = _split_unescaped(text, ",")
-    tags = {}
-    for field in fields[1:]:
-        pair = _split_unescaped(field, "=", 1)
-        if len(pair) != 2:
-            raise ValueError(f"not a series-set text: {text!r}")
-        tags[_unescape(pair[0])] = _unescape(pair[1])
-    return _unescape(fields[0]), tags
-
-
 def series_set_hash(text: str) -> str:
     """murmur3 x64-128 (seed 0) of the UTF-8 text; h1 then h2 little-endian, standard base64."""
     return base64.b64encode(mmh3.hash_bytes(text.encode("utf-8"), 0, True)).decode("ascii")
@@ -189,12 +156,6 @@ def _check_text(field: str, text, max_length: int, reason: str) -> None:
         raise InvalidSample(field, "is not valid UTF-8 (lone surrogate)", reason) from None
     if _CONTROL_RE.search(text):
         raise InvalidSample(field, "contains a control character", reason)
-
-
-def validate_sample(sample: Sample, limits: Limits, now: int) -> None:
-    """Raise InvalidSample naming the first problem; NaN and +-Inf are valid values."""
-    validate_series(sample.metric_name, sample.tags, limits)
-    validate_point(sample.timestamp_ms, sample.value, now - limits.max_sample_age_ms, now + limits.max_future_ms)
 
 
 def validate_series(metric_name, tags, limits: Limits) -> None:
