@@ -130,13 +130,14 @@ class QueryPlanner(ReadService):
         ``raw``, else the read path's stitched samples."""
         series = await self.select_series(tenant, metric_name, tag_filters)
         what = f"/api/query of {metric_name!r}"
-        data: list[Samples]
-        if granularity is not None:
-            data = await self.rollups(series, granularity, aggregate or "avg", start_ms, end_ms, budget, what)
-        elif raw:
+        if raw:
             data = await self.raw(series, start_ms, end_ms, budget, what)
         else:
-            data = [read.samples for read in await self.samples(series, start_ms, end_ms, budget, what)]
+            fallback = None if granularity is not None else "last"
+            reads = await self.samples(
+                series, start_ms, end_ms, budget, what, aggregate or "avg", fallback, granularity
+            )
+            data = [read.samples for read in reads]
         created = await self.created(tenant, series)
         return [SeriesResult(tenant, s.metric_name, s.tags, d, c) for s, d, c in zip(series, data, created)]
 

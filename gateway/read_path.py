@@ -211,18 +211,19 @@ class ReadPath:
         start_ms: int,
         end_ms: int,
         fallback: str | None = None,
-    ) -> list[tuple[Samples, str | None]]:
+    ) -> list[SeriesData]:
         """One aggregate of a roll-up table for every series (with ``fallback`` for series lacking it)."""
         start_ms, end_ms = self.readable(start_ms, end_ms)
         if end_ms < start_ms:
-            return [(samples.empty(), None) for _ in series]
+            return [SeriesData(samples.empty(), None) for _ in series]
         reads = [
             self._limited(
                 "read_rollups", self.store.read_rollups, granularity, s.tenant, s.series_set_hash, start_ms, end_ms
             )
             for s in series
         ]
-        return [rollup_samples(rows, aggregate, fallback) for rows in await gatherResults(reads, consumeErrors=True)]
+        found = await gatherResults(reads, consumeErrors=True)
+        return [SeriesData(*rollup_samples(rows, aggregate, fallback)) for rows in found]
 
 
 def _stitch_all(raw: list[RawData], start_ms: int, end_ms: int) -> list[Samples]:

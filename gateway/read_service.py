@@ -91,41 +91,24 @@ class ReadService:
         what: str = "",
         aggregate: str = "avg",
         fallback: str | None = "last",
+        granularity: Granularity | None = None,
     ) -> list[SeriesData]:
-        """Each series' samples, stitched by the read path (a roll-up aggregate before the raw retention)."""
-        return await self._batched(
-            series,
-            lambda part: self.path.read(part, start_ms, end_ms, aggregate, fallback),
-            lambda read: len(read.samples),
-            budget,
-            what,
-        )
+        """Each series' samples, stitched by the read path (``aggregate`` of a roll-up before the
+        raw retention, ``fallback`` where a series lacks it); with ``granularity``, that roll-up's
+        aggregate over the whole range."""
+
+        def read(part):
+            if granularity is None:
+                return self.path.read(part, start_ms, end_ms, aggregate, fallback)
+            return self.path.read_rollup(part, granularity, aggregate, start_ms, end_ms, fallback)
+
+        return await self._batched(series, read, lambda found: len(found.samples), budget, what)
 
     async def raw(
         self, series: Sequence[SeriesKey], start_ms: int, end_ms: int, budget: ReadBudget | None = None, what: str = ""
     ) -> list[Samples]:
         """Each series' raw samples alone (blocks merged with head rows), whatever the retention."""
         return await self._batched(series, lambda part: self.path.read_raw(part, start_ms, end_ms), len, budget, what)
-
-    async def rollups(
-        self,
-        series: Sequence[SeriesKey],
-        granularity: Granularity,
-        aggregate: str,
-        start_ms: int,
-        end_ms: int,
-        budget: ReadBudget | None = None,
-        what: str = "",
-    ) -> list[Samples]:
-        """One aggregate of one roll-up table for each series."""
-        found = await self._batched(
-            series,
-            lambda part: self.path.read_rollup(part, granularity, aggregate, start_ms, end_ms),
-            lambda read: len(read[0]),
-            budget,
-            what,
-        )
-        return [samples for samples, _ in found]
 
     async def histograms(
         self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int, budget: ReadBudget | None = None
