@@ -3,8 +3,8 @@ gateway/http/prometheus_api.py asks for once it has decoded a request.
 
 Each query's series are selected with their Prometheus labels, sorted as Prometheus merges them;
 samples and native histograms are read through the one batched read (gateway/read_service.py),
-counted against --max-samples-per-query. Everything is read before the handler sends a status, so a query over
-the limit is a 422 for streamed answers too, never a cut stream. Past raw retention the read
+counted against --max-samples-per-query. Everything is read before the handler sends a status,
+so a query over the limit is a 422 for streamed answers too, never a cut stream. Past raw retention the read
 path gives the avg roll-up (the last value for counters, which have no avg, so rate() over them
 stays right). docs/prometheus.rst.
 """
