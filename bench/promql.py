@@ -225,7 +225,7 @@ def started_tsgate(
     seconds = send(gateway.port, workload)
     log(f"{name}: wrote {workload.samples} samples in {seconds:.1f} s")
     try:
-        downsample_once(store_url, workload.series_slots, workdir)
+        downsample_once(store_url, workload.series_slots)
     except BenchError as error:  # the read path stitches head rows and blocks: time it as it is
         log(f"{name}: not all sealed ({error}); timed with the rest in head rows")
         return gateway, f"partly sealed: {error}"

@@ -34,8 +34,7 @@ class Runner:
     def __init__(self, store):
         self.store = store
         self.pipeline = IngestPipeline(store, Limits(), KnownSeries(100_000), 10_000_000, clock=lambda: NOW_MS)
-        planner = QueryPlanner(store, max_series=10_000)
-        planner.reader.clock = lambda: NOW_MS
+        planner = QueryPlanner(store, max_series=10_000, clock=lambda: NOW_MS)
         self.api = PromQLAPI(PromQLService(store, planner, 50_000_000, LOOKBACK_MS, 60_000))
         self.generation = 0
 

@@ -37,21 +37,24 @@ READS = {
 
 
 class CountedReads:
-    """A real store whose index reads are counted: how many were asked for, and the most that
-    were asked for and not yet answered at one moment."""
+    """A real store whose reads (the index reads unless told) are counted: how many were asked
+    for, with what arguments, and the most that were asked for and not yet answered at one moment."""
 
-    def __init__(self, store):
+    def __init__(self, store, reads=READS):
         self.store = store
+        self.counted = reads
+        self.calls: list[tuple] = []
         self.reads = 0
         self.inflight = 0
         self.peak = 0
 
     def __getattr__(self, name):
         method = getattr(self.store, name)
-        if name not in READS:
+        if name not in self.counted:
             return method
 
         def counted(*args):
+            self.calls.append((name, *args))
             self.reads += 1
             self.inflight += 1
             self.peak = max(self.peak, self.inflight)

@@ -16,7 +16,7 @@ from gateway.core.caches import LRUMap
 from gateway.core.cooperative import CHECK_EVERY, Slices
 from gateway.core.model import HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text, split_labels
 from gateway.ingest.pipeline import CreatedSample, IngestPipeline
-from gateway.query.read_path import ReadPath
+from gateway.query.read_service import ReadService
 from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp
 from protocols.prometheus import Series, types_pb2
@@ -55,11 +55,16 @@ def series_cache_keys(tenant: str, series: Series) -> tuple[tuple, tuple]:
 
 class CreatedTimestamps:
     def __init__(
-        self, store: Store, pipeline: IngestPipeline, reader: ReadPath, zero_ingestion: bool, remembered: int = 100_000
+        self,
+        store: Store,
+        pipeline: IngestPipeline,
+        reads: ReadService,
+        zero_ingestion: bool,
+        remembered: int = 100_000,
     ):
         self.store = store
         self.pipeline = pipeline
-        self.reader = reader
+        self.reads = reads
         self.zero_ingestion = zero_ingestion
         self._stored = LRUMap(remembered)  # (tenant, labels) -> the created timestamp stored
 
@@ -101,13 +106,13 @@ class CreatedTimestamps:
                 continue
             name, tags = name_and_tags(item)
             if item.samples:
-                (found,) = await self.reader.read_raw(
+                (found,) = await self.reads.raw(
                     [SeriesKey(tenant, row.series_set_hash, name, tags)], created, min(times) - 1
                 )
                 if not len(found):
                     samples.append(Sample(tenant, name, tags, created, 0.0))
             else:
-                (found,) = await self.reader.read_histograms(tenant, [row.series_set_hash], created, min(times) - 1)
+                (found,) = await self.reads.histograms(tenant, [row.series_set_hash], created, min(times) - 1)
                 if not found:
                     first = min(item.histograms, key=lambda h: h.timestamp)
                     histograms.append(HistogramSample(tenant, name, tags, created, zero_histogram(first.data, created)))

@@ -3,7 +3,8 @@
 The plan (docs/storage.rst): each ``tag=value`` filter is one series_sets lookup, the matching series are the
 intersection of the lookups (a metric with no filter is looked up under ``__name__``), their
 names and tags come from series_set_hashes. Lookups run concurrently, with a bound on how many
-at once; the samples of the series come from the read path (``self.reader``, read_path.py).
+at once. The planner is the query APIs' read service too (gateway/query/read_service.py): what it
+selects is read through the one batched, budgeted read.
 """
 
 from typing import NamedTuple
@@ -12,10 +13,10 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 
 from gateway.core import metrics
 from gateway.core.caches import LRUMap
-from gateway.core.model import NAME_TAG, Limits, SeriesKey
+from gateway.core.model import NAME_TAG, Limits, SeriesKey, now_ms
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.core.samples import Samples
-from gateway.query.read_path import READ_BATCH, ReadPath
+from gateway.query.read_service import ReadBudget, ReadService, Selected, Selection
 from gateway.store import Store
 
 SERIES_REMEMBERED = 100_000
@@ -33,35 +34,32 @@ class QueryTooLarge(ValueError):
     """The query would touch more series than allowed; refuse instead of exhausting memory."""
 
 
-class PointsBudget:
+class PointsBudget(ReadBudget):
     """The points one request may read, generate or bucket (--max-points-per-query). Each step
     spends its points before it builds them, so an oversized request costs nothing but a 422."""
 
     def __init__(self, limit: int, setting: str = "--max-points-per-query"):
-        self.limit = limit
+        super().__init__(limit, self._refusal)
         self.setting = setting  # what to name in the refusal: the flag, or the tenant's override
-        self.spent = 0
 
-    def spend(self, points: int, what: str) -> None:
-        self.spent += points
-        if self.spent > self.limit:
-            raise QueryTooLarge(
-                f"{what} needs {points} points, which brings the request over its budget of {self.limit} points"
-                f" ({self.setting}); shorten the range or use a coarser step"
-            )
+    def _refusal(self, points: int, what: str) -> QueryTooLarge:
+        return QueryTooLarge(
+            f"{what} needs {points} points, which brings the request over its budget of {self.limit} points"
+            f" ({self.setting}); shorten the range or use a coarser step"
+        )
 
 
-class QueryPlanner:
+class QueryPlanner(ReadService):
     def __init__(
         self,
         store: Store,
         max_series: int | PerTenant,
         concurrency: int = 32,
         max_future_ms: int = Limits.max_future_ms,
+        clock=now_ms,
     ):
-        self.store = store
+        super().__init__(store, concurrency, clock, max_future_ms)
         self.max_series = per_tenant("max-series-per-query", max_series)
-        self.reader = ReadPath(store, concurrency, max_future_ms=max_future_ms)
         self._series = LRUMap(SERIES_REMEMBERED)
         self._semaphore = DeferredSemaphore(concurrency)
 
@@ -111,7 +109,7 @@ class QueryPlanner:
     ) -> list[SeriesResult]:
         """Series of a metric matching the filters, with their samples (stitched by the read path)."""
         series = await self.select_series(tenant, metric_name, tag_filters)
-        data = await self.reader.read(series, start_ms, end_ms)
+        data = await self.samples(series, start_ms, end_ms)
         return [SeriesResult(tenant, s.metric_name, s.tags, d.samples) for s, d in zip(series, data)]
 
     async def read_series(
@@ -127,29 +125,27 @@ class QueryPlanner:
         raw: bool = False,
     ) -> list[SeriesResult]:
         """Series of a metric matching the filters with their samples and created timestamps,
-        READ_BATCH series at a time, each batch's points spent from ``budget``
-        (--max-points-per-query) before the next is read: one roll-up aggregate (avg by default)
-        with a granularity, the raw samples alone with ``raw``, else the read path's stitched samples."""
+        each batch's points spent from ``budget`` (--max-points-per-query) before the next is read:
+        one roll-up aggregate (avg by default) with a granularity, the raw samples alone with
+        ``raw``, else the read path's stitched samples."""
         series = await self.select_series(tenant, metric_name, tag_filters)
-        data: list[Samples] = []
-        created: dict[str, int] = {}
-        for first in range(0, len(series), READ_BATCH):
-            part = series[first : first + READ_BATCH]
-            if granularity is not None:
-                rollups = await self.reader.read_rollup(part, granularity, aggregate or "avg", start_ms, end_ms)
-                found = [read for read, _ in rollups]
-            elif raw:
-                found = await self.reader.read_raw(part, start_ms, end_ms)
-            else:
-                found = [read.samples for read in await self.reader.read(part, start_ms, end_ms)]
-            budget.spend(sum(len(samples) for samples in found), f"/api/query of {metric_name!r}")
-            data.extend(found)
-            created.update(await self.store.get_created_timestamps(tenant, [s.series_set_hash for s in part]))
-        return [
-            SeriesResult(tenant, s.metric_name, s.tags, d, created.get(s.series_set_hash)) for s, d in zip(series, data)
-        ]
+        what = f"/api/query of {metric_name!r}"
+        if raw:
+            data = await self.raw(series, start_ms, end_ms, budget, what)
+        else:
+            fallback = None if granularity is not None else "last"
+            reads = await self.samples(
+                series, start_ms, end_ms, budget, what, aggregate or "avg", fallback, granularity
+            )
+            data = [read.samples for read in reads]
+        created = await self.created(tenant, series)
+        return [SeriesResult(tenant, s.metric_name, s.tags, d, c) for s, d, c in zip(series, data, created)]
 
     async def select_by_matchers(self, tenant: str, matchers, label_view) -> list[SeriesKey]:
+        """The keys of ``select``'s series."""
+        return [selected.key for selected in await self.select(tenant, matchers, label_view)]
+
+    async def select(self, tenant: str, matchers, label_view) -> Selection:
         """Series whose labels, as ``label_view(metric, tags)`` shows them, satisfy every matcher.
 
         Matchers have ``name``, ``type`` (EQ, NEQ, RE, NRE), ``value`` and ``matches(text)``, with
@@ -160,11 +156,11 @@ class QueryPlanner:
         least one series) only filters the candidates of the others, and is refused when it is
         the only one that narrows (``{i=~".+"}`` over 100k values took 103 s to refuse). Series
         come by metric name, then by tags, as Prometheus's storage gives them: the same answer (topk
-        ties, sums near overflow) on every run.
+        ties, sums near overflow) on every run. Each comes with the labels it was matched on.
         """
         name_matchers = [m for m in matchers if m.name == NAME_TAG]
         tag_matchers = [m for m in matchers if m.name != NAME_TAG]
-        found: list[SeriesKey] = []
+        found: Selection = []
         for metric_name in await self._metric_names(tenant, name_matchers, tag_matchers, label_view):
             hashes = await self._candidates(tenant, metric_name, tag_matchers)
             if len(found) + len(hashes) > self.max_series(tenant):
@@ -176,7 +172,7 @@ class QueryPlanner:
             for key in sorted(series.values(), key=lambda s: sorted(s.tags.items())):
                 labels = label_view(key.metric_name, key.tags)
                 if all(m.matches(labels.get(m.name, "")) for m in matchers):
-                    found.append(key)
+                    found.append(Selected(key, labels))
         return found
 
     async def _metric_names(self, tenant: str, name_matchers, tag_matchers, label_view) -> list[str]:

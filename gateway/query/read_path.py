@@ -1,6 +1,6 @@
 """The one read path: samples of many series over a range, stitched from head rows, blocks and roll-ups.
 
-Every reader (native /api/query, Graphite render, Prometheus remote read, the downsampler) asks
+Every reader (the query APIs through gateway/query/read_service.py, the downsampler, deletes) asks
 here and gets numpy arrays (gateway/core/samples.py); the edges convert to their own shapes.
 
 - Within the raw retention (``now - raw_retention`` to the end of the range) the samples are the
@@ -34,7 +34,6 @@ from gateway.store.contract import HistogramRow, RawData, Rollup, time_slot
 from gateway.store.histogram_rollup_rows import kept_in_range
 
 ROLLUP_AGGREGATES = ("min", "max", "sum", "count", "avg", "last", "increase")
-READ_BATCH = 256  # series an API reads at a time, counting samples against its limit in between
 
 # The times a read can ask for: 1970 to the end of the year 9999. Stores keep int64 milliseconds,
 # so a range is cut to these rather than overflowing (``end=9223372036854775807``, ``1e20``, or
@@ -174,6 +173,14 @@ class ReadPath:
         new = await self._limited("read_histograms", self.store.read_histograms, tenant, hashes, boundary, end_ms)
         return [before + after for before, after in zip(old, new)]
 
+    async def read_exemplars(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> list[list]:
+        """Each series' exemplars in the inclusive range (bounded like every read)."""
+        return await self._limited("read_exemplars", self.store.read_exemplars, tenant, hashes, start_ms, end_ms)
+
+    async def read_created(self, tenant: str, hashes: Sequence[str]) -> dict[str, int]:
+        """The created timestamps (remote write 2.0) stored for these series, by hash."""
+        return await self._limited("get_created_timestamps", self.store.get_created_timestamps, tenant, hashes)
+
     async def read_raw(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[Samples]:
         """Blocks merged with head rows, the series of a tenant in one store call (bounded)."""
         start_ms, end_ms = clamp_range(start_ms, end_ms)
@@ -204,18 +211,19 @@ class ReadPath:
         start_ms: int,
         end_ms: int,
         fallback: str | None = None,
-    ) -> list[tuple[Samples, str | None]]:
+    ) -> list[SeriesData]:
         """One aggregate of a roll-up table for every series (with ``fallback`` for series lacking it)."""
         start_ms, end_ms = self.readable(start_ms, end_ms)
         if end_ms < start_ms:
-            return [(samples.empty(), None) for _ in series]
+            return [SeriesData(samples.empty(), None) for _ in series]
         reads = [
             self._limited(
                 "read_rollups", self.store.read_rollups, granularity, s.tenant, s.series_set_hash, start_ms, end_ms
             )
             for s in series
         ]
-        return [rollup_samples(rows, aggregate, fallback) for rows in await gatherResults(reads, consumeErrors=True)]
+        found = await gatherResults(reads, consumeErrors=True)
+        return [SeriesData(*rollup_samples(rows, aggregate, fallback)) for rows in found]
 
 
 def _stitch_all(raw: list[RawData], start_ms: int, end_ms: int) -> list[Samples]:

@@ -2,23 +2,20 @@
 gateway/http/prometheus_api.py asks for once it has decoded a request.
 
 Each query's series are selected with their Prometheus labels, sorted as Prometheus merges them;
-samples and native histograms are read a few series at a time and counted against
---max-samples-per-query. Everything is read before the handler sends a status, so a query over
-the limit is a 422 for streamed answers too, never a cut stream. Past raw retention the read
+samples and native histograms are read through the one batched read (gateway/query/read_service.py),
+counted against --max-samples-per-query. Everything is read before the handler sends a status,
+so a query over the limit is a 422 for streamed answers too, never a cut stream. Past raw retention the read
 path gives the avg roll-up (the last value for counters, which have no avg, so rate() over them
 stays right). docs/prometheus.rst.
 """
 
-from gateway.core.model import SeriesKey
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.core.samples import Samples
 from gateway.query.planner import QueryPlanner, QueryTooLarge
-from gateway.query.read_path import READ_BATCH
+from gateway.query.read_service import READ_BATCH, ReadBudget, Selection
 from gateway.store import Store
 from protocols import prometheus
 from protocols.prometheus import prometheus_labels
-
-Selection = list[tuple[dict[str, str], SeriesKey]]
 
 
 class RemoteRead:
@@ -32,30 +29,25 @@ class RemoteRead:
         chunks have no place for them) exemplars: (labels, samples, histograms) when
         ``streamed``, else (labels, samples, exemplars, histograms) as encode_read_response takes them."""
         selections = [await self._select(tenant, query) for query in queries]
-        reader = self.planner.reader
+        histogram_budget = self._budget(tenant, "native histograms")  # one for the whole request
         histograms = [
-            await self._attached(reader.read_histograms, tenant, s, reader.readable(q.start_ms, q.end_ms))
+            await self.planner.histograms(tenant, _hashes(s), q.start_ms, q.end_ms, histogram_budget)
             for q, s in zip(queries, selections)
         ]
-        limit = self.max_samples_per_query
-        if sum(len(rows) for found in histograms for rows in found) > limit(tenant):
-            raise QueryTooLarge(
-                f"the query reads more than {limit(tenant)} native histograms ({limit.setting(tenant)}); narrow it"
-            )
         samples = [await self._samples(tenant, selection, query) for query, selection in zip(queries, selections)]
         if streamed:
             return [
                 [
                     (labels, found.get(_label_key(labels), ()), _histograms(native_rows))
-                    for (labels, _), native_rows in zip(selection, native)
+                    for (_, labels), native_rows in zip(selection, native)
                     if native_rows or _label_key(labels) in found
                 ]
                 for selection, found, native in zip(selections, samples, histograms)
             ]
         complete = []
         for query, selection, found, native in zip(queries, selections, samples, histograms):
-            exemplars = await self._attached(
-                self.store.read_exemplars, tenant, selection, reader.exemplar_range(query.start_ms, query.end_ms)
+            exemplars = await self.planner.exemplars(
+                tenant, _hashes(selection), *self.planner.exemplar_range(query.start_ms, query.end_ms)
             )
             complete.append(
                 [
@@ -65,7 +57,7 @@ class RemoteRead:
                         [prometheus.Exemplar(row.labels, row.value, row.timestamp_ms) for row in rows],
                         _histograms(native_rows),
                     )
-                    for (labels, _), rows, native_rows in zip(selection, exemplars, native)
+                    for (_, labels), rows, native_rows in zip(selection, exemplars, native)
                     if rows or native_rows or _label_key(labels) in found
                 ]
             )
@@ -73,40 +65,23 @@ class RemoteRead:
 
     async def _select(self, tenant: str, query) -> Selection:
         """The series a query's matchers select, with their Prometheus labels, sorted by labels."""
-        series = await self.planner.select_by_matchers(tenant, query.matchers, prometheus_labels)
-        labelled = [(prometheus_labels(key.metric_name, key.tags), key) for key in series]
-        labelled.sort(key=lambda item: sorted(item[0].items()))
-        return labelled
+        selection = await self.planner.select(tenant, query.matchers, prometheus_labels)
+        return sorted(selection, key=lambda selected: sorted(selected.labels.items()))
+
+    def _budget(self, tenant: str, what: str) -> ReadBudget:
+        """What one query (samples) or the whole request (native histograms) may read: --max-samples-per-query."""
+        limit, setting = self.max_samples_per_query(tenant), self.max_samples_per_query.setting(tenant)
+        return ReadBudget(
+            limit, lambda *_: QueryTooLarge(f"the query reads more than {limit} {what} ({setting}); narrow it")
+        )
 
     async def _samples(self, tenant: str, selection: Selection, query) -> dict[tuple, Samples]:
         """The samples of each selected series that has some in the query's range, by label key;
         QueryTooLarge once the query reads more than --max-samples-per-query."""
-        found, count, limit = {}, 0, self.max_samples_per_query
-        for start in range(0, len(selection), READ_BATCH):
-            part = selection[start : start + READ_BATCH]
-            data = await self.planner.reader.read([key for _, key in part], query.start_ms, query.end_ms)
-            for (labels, _), read in zip(part, data):
-                count += len(read.samples)
-                if count > limit(tenant):
-                    raise QueryTooLarge(
-                        f"the query reads more than {limit(tenant)} samples ({limit.setting(tenant)}); narrow it"
-                    )
-                if len(read.samples):
-                    found[_label_key(labels)] = read.samples
-        return found
-
-    async def _attached(self, read, tenant: str, selection: Selection, time_range: tuple[int, int]) -> list[list]:
-        """What is kept beside the samples of each selected series (``read`` is the store's
-        read_exemplars or the read path's read_histograms) in a range the read path cut to what
-        the retentions hold, one list a series."""
-        found = []
-        start_ms, end_ms = time_range
-        if end_ms < start_ms:
-            return [[] for _ in selection]
-        for start in range(0, len(selection), READ_BATCH):
-            part = [key.series_set_hash for _, key in selection[start : start + READ_BATCH]]
-            found.extend(await read(tenant, part, start_ms, end_ms))
-        return found
+        reads = await self.planner.samples(
+            [key for key, _ in selection], query.start_ms, query.end_ms, self._budget(tenant, "samples")
+        )
+        return {_label_key(labels): read.samples for (_, labels), read in zip(selection, reads) if len(read.samples)}
 
     async def metadata(self, tenant: str, metric: str | None, limit: int | None) -> list:
         """The stored type/help/unit of one metric (None when it has none), or of the tenant's
@@ -133,6 +108,10 @@ _FAMILY_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", 
 def _family_names(name: str) -> list[str]:
     """The metric families a series name may belong to: its own, and without a family suffix."""
     return [name] + [name.removesuffix(suffix) for suffix in _FAMILY_SUFFIXES if name.endswith(suffix)]
+
+
+def _hashes(selection: Selection) -> list[str]:
+    return [key.series_set_hash for key, _ in selection]
 
 
 def _histograms(rows) -> list:

@@ -50,7 +50,8 @@ def consolidations(target: str) -> dict[str, str]:
 
 
 class StoreFetcher:
-    """One per render request: knows the tenant, reads through the planner's bounded reads."""
+    """One per render request: knows the tenant, reads through the planner's one batched read
+    (the points are spent from the request's budget before, window by window)."""
 
     def __init__(
         self,
@@ -86,8 +87,7 @@ class StoreFetcher:
     async def _read(self, keys: list[SeriesKey], start: int, end: int, path_expression: str) -> list[TimeSeries]:
         if len(keys) > self.max_series:
             raise QueryTooLarge(f"{path_expression} matches {len(keys)} series, over the limit of {self.max_series}")
-        reader = self.planner.reader
-        rollup = reader.rollup_for(start * 1000, self.tenant)
+        rollup = self.planner.rollup_for(start * 1000, self.tenant)
         wanted = ROLLUP_FOR_CONSOLIDATION.get(self.consolidation.get(path_expression, "average"), "avg")
         windows = []
         for key in keys:
@@ -109,7 +109,9 @@ class StoreFetcher:
         for index, window in enumerate(windows):
             by_window.setdefault(window, []).append(index)
         reads = [
-            ensureDeferred(reader.read([keys[i] for i in indexes], first * 1000, stop * 1000 - 1, wanted))
+            ensureDeferred(
+                self.planner.samples([keys[i] for i in indexes], first * 1000, stop * 1000 - 1, aggregate=wanted)
+            )
             for (_, first, stop), indexes in by_window.items()
         ]
         data: list = [None] * len(keys)

@@ -1,7 +1,7 @@
 """PromQL over the planner and the read path: what gateway/http/promql_api.py asks for once it
 has decoded a request. Each selector's series are selected once; their samples and native
-histograms are read a few series at a time, counted against --query-max-samples and checked
-against the query's deadline (what the evaluation will hold, series x steps, is counted first,
+histograms are read through the one batched read (gateway/query/read_service.py), counted against
+--query-max-samples and checked against the query's deadline (what the evaluation will hold, series x steps, is counted first,
 before anything is read); parsing, histogram decoding and evaluation run in threads, off
 the reactor. docs/promql.rst."""
 
@@ -16,7 +16,7 @@ from gateway.core.overrides import PerTenant, per_tenant
 from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
 from gateway.query.promql.values import Guard, PromQLError, Series
-from gateway.query.read_path import READ_BATCH
+from gateway.query.read_service import ReadBudget, Selection
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow
 from protocols.prometheus import prometheus_labels, prometheus_metric_name, sanitize_label_name
@@ -70,7 +70,7 @@ class PromQLService:
         guard.count(estimated_samples(expr, query, lambda key: 1))
         needs = plan(expr, query)
         selected = {
-            key: await self.planner.select_by_matchers(tenant, matchers, prometheus_labels)
+            key: await self.planner.select(tenant, matchers, prometheus_labels)
             for key, (matchers, _, _) in needs.items()
         }
         guard.count(estimated_samples(expr, query, lambda key: len(selected[key])))
@@ -90,57 +90,46 @@ class PromQLService:
     def _rollup_warnings(self, tenant: str, needs: dict) -> list[str]:
         """Say so when samples before the raw retention came from roll-ups (docs/promql.rst)."""
         earliest = min((low for _, low, _ in needs.values()), default=None)
-        granularity = self.planner.reader.rollup_for(earliest, tenant) if earliest is not None else None
+        granularity = self.planner.rollup_for(earliest, tenant) if earliest is not None else None
         if granularity is None:
             return []
         raw_retention_ms = self.store.retentions.for_tenant(tenant).raw_retention_ms
-        boundary = datetime.fromtimestamp(self.planner.reader.clock() / 1000 - raw_retention_ms / 1000, UTC)
+        boundary = datetime.fromtimestamp(self.planner.now() / 1000 - raw_retention_ms / 1000, UTC)
         return [
             f"samples before {boundary:%Y-%m-%dT%H:%M:%SZ} (past --raw-retention) are {granularity.name} roll-ups:"
             " one point per bucket, the average for gauges, the last value for counters"
         ]
 
-    async def _fetch(self, selected: dict, needs: dict, guard: Guard) -> dict[tuple, list[Series]]:
-        """The samples of every selector's ``selected`` series, through the read path."""
-        data, samples = {}, 0
+    async def _fetch(self, selected: dict[tuple, Selection], needs: dict, guard: Guard) -> dict[tuple, list[Series]]:
+        """The samples of every selector's ``selected`` series, through the one read."""
+        budget = _budget(guard)
+        data = {}
         for key, (_, low, high) in needs.items():
-            keys = selected[key]
-            found = []
-            for start in range(0, len(keys), READ_BATCH):
-                guard.check("query execution")
-                part = keys[start : start + READ_BATCH]
-                for series, read in zip(part, await self.planner.reader.read(part, low, high)):
-                    samples += len(read.samples)
-                    guard.count(samples)
-                    if len(read.samples):
-                        labels = prometheus_labels(series.metric_name, series.tags)
-                        found.append(Series(labels, read.samples.timestamps, read.samples.values))
-            data[key] = found
+            series = selected[key]
+            reads = await self.planner.samples([s.key for s in series], low, high, budget)
+            data[key] = [
+                Series(s.labels, read.samples.timestamps, read.samples.values)
+                for s, read in zip(series, reads)
+                if len(read.samples)
+            ]
         return data
 
     async def _fetch_histograms(
-        self, tenant: str, selected: dict, needs: dict, guard: Guard
+        self, tenant: str, selected: dict[tuple, Selection], needs: dict, guard: Guard
     ) -> dict[tuple, list[Series]]:
         """The native histograms of every selector's ``selected`` series (raw samples only: the
         read path's roll-ups hold floats), as series of Histogram objects (None: stale); each
         histogram counts as one sample against --query-max-samples."""
+        budget = _budget(guard)
         found: dict[tuple, list[Series]] = {}
-        samples = 0
         for key, (_, low, high) in needs.items():
-            keys = selected[key]
-            for begin in range(0, len(keys), READ_BATCH):
-                guard.check("query execution")
-                part = keys[begin : begin + READ_BATCH]
-                rows = await self.planner.reader.read_histograms(tenant, [k.series_set_hash for k in part], low, high)
-                samples += sum(len(r) for r in rows)
-                guard.count(samples)
-                if not any(rows):
-                    continue
-                for series, decoded in zip(part, await threads.deferToThread(_decoded_histograms, rows)):
-                    if decoded is not None:
-                        found.setdefault(key, []).append(
-                            Series(prometheus_labels(series.metric_name, series.tags), *decoded)
-                        )
+            series = selected[key]
+            rows = await self.planner.histograms(tenant, [s.key.series_set_hash for s in series], low, high, budget)
+            if not any(rows):
+                continue
+            for selected_series, decoded in zip(series, await threads.deferToThread(_decoded_histograms, rows)):
+                if decoded is not None:
+                    found.setdefault(key, []).append(Series(selected_series.labels, *decoded))
         return found
 
     async def matched(self, tenant: str, selectors: list[str]) -> list[dict]:
@@ -150,9 +139,8 @@ class PromQLService:
             expr = await threads.deferToThread(self.text.parse, text)
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
-            for key in await self.planner.select_by_matchers(tenant, selector_matchers(expr), prometheus_labels):
-                labels = prometheus_labels(key.metric_name, key.tags)
-                found[tuple(sorted(labels.items()))] = labels
+            for selected in await self.planner.select(tenant, selector_matchers(expr), prometheus_labels):
+                found[tuple(sorted(selected.labels.items()))] = selected.labels
         return [found[key] for key in sorted(found)]
 
     async def label_names(self, tenant: str, selectors: list[str]) -> list[str]:
@@ -179,25 +167,25 @@ class PromQLService:
         is cut to what can be stored, from the retention's start to --max-future ahead) of every
         series the query's selectors select, by series labels (sorted), series without exemplars
         left out."""
-        now = self.planner.reader.clock()
+        now = self.planner.now()
         start_ms = now - self.store.layout.exemplar_retention_ms if start_ms is None else start_ms
         end_ms = now if end_ms is None else end_ms
         if end_ms < start_ms:
             raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
-        start_ms, end_ms = self.planner.reader.exemplar_range(start_ms, end_ms)
+        start_ms, end_ms = self.planner.exemplar_range(start_ms, end_ms)
         expr = await threads.deferToThread(self.text.parse, text)
         selected = {}
         for matchers, _, _ in plan(expr, self.query(start_ms, end_ms, 0)).values():
-            for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
-                selected[key.series_set_hash] = key
-        keys = list(selected.values())
-        result = []
-        for begin in range(0, len(keys), READ_BATCH):
-            part = keys[begin : begin + READ_BATCH]
-            hashes = [key.series_set_hash for key in part]
-            found = await self.store.read_exemplars(tenant, hashes, start_ms, end_ms)
-            result += [(prometheus_labels(key.metric_name, key.tags), rows) for key, rows in zip(part, found) if rows]
+            for series in await self.planner.select(tenant, matchers, prometheus_labels):
+                selected[series.key.series_set_hash] = series.labels
+        found = await self.planner.exemplars(tenant, list(selected), start_ms, end_ms)
+        result = [(labels, rows) for labels, rows in zip(selected.values(), found) if rows]
         return sorted(result, key=lambda item: sorted(item[0].items()))
+
+
+def _budget(guard: Guard) -> ReadBudget:
+    """A read's share of the query's guard: --query-max-samples, its deadline and cancellation."""
+    return ReadBudget(guard.max_samples, guard.too_many, lambda: guard.check("query execution"))
 
 
 def _decoded_histograms(rows_by_series) -> list:

@@ -48,10 +48,14 @@ class Guard(NamedTuple):
 
     def count(self, samples: int) -> None:
         if samples > self.max_samples:
-            raise PromQLError(
-                "query processing would load too many samples into memory in query execution"
-                f" ({self.setting} {self.max_samples})"
-            )
+            raise self.too_many()
+
+    def too_many(self, *_) -> "PromQLError":
+        """The refusal of a query that would hold more than --query-max-samples (also a read budget's)."""
+        return PromQLError(
+            "query processing would load too many samples into memory in query execution"
+            f" ({self.setting} {self.max_samples})"
+        )
 
 
 Labels = dict[str, str]
