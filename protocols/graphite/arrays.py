@@ -24,6 +24,12 @@ if int(_LAST_SECOND) > MAX_TIMESTAMP_S:
     _LAST_SECOND = float(np.nextafter(_LAST_SECOND, 0.0))
 
 
+# The bytes of plain paths (printable ASCII but space, parse_path refusing it) and newline, which
+# joins them in _plain_paths; what a joined run of plain paths never holds.
+_PLAIN_PATH_BYTES = bytes(range(0x21, 0x7F)) + b"\n"
+_NOT_PLAIN = (b";", b"{", b"..", b"\n\n", b"\n.", b".\n", b"\n~")
+
+
 class Samples(NamedTuple):
     """Decoded points as arrays: ``paths``, the distinct paths as received (text), and
     ``series``, their (metric name, tags); a point each, ``path_index`` (its path's position in the
@@ -86,10 +92,26 @@ def decode_points(
     stamps, bad_stamps = _floats(raw_timestamps)
     seconds = np.trunc(stamps)  # int(float(ts)), carbon's rule; NaN and inf stay
     bad |= bad_stamps | ~(np.isfinite(seconds) & ((seconds >= 0) | (seconds == -1)) & (seconds <= _LAST_SECOND))
+    paths, series, table = _path_table(list(dict.fromkeys(raw_paths)))
+    index = np.fromiter(map(table.__getitem__, raw_paths), dtype=np.intp, count=len(raw_paths))
+    bad |= index < 0
+    kept = ~bad
+    kept_seconds = seconds[kept]
+    timestamps = kept_seconds.astype(np.int64) * 1000
+    timestamps[kept_seconds == -1] = now_ms - now_ms % 1000
+    return Samples(paths, series, index[kept], timestamps, values[kept]), bad
+
+
+def _path_table(distinct: list) -> tuple[list[str], list[tuple[str, dict[str, str]]], dict[Any, int]]:
+    """The good paths' texts and (metric name, tags), and each raw path's position among them
+    (-1 for a bad one). Plain paths, as most are, are recognized all at once."""
+    plain = _plain_paths(distinct)
+    if plain is not None:
+        return plain, [(text, {}) for text in plain], dict(zip(distinct, range(len(distinct))))
     paths: list[str] = []
     series: list[tuple[str, dict[str, str]]] = []
     table: dict[Any, int] = {}
-    for raw in dict.fromkeys(raw_paths):
+    for raw in distinct:
         try:
             text, parsed = path_series(raw)
         except InvalidInput:
@@ -98,13 +120,30 @@ def decode_points(
         table[raw] = len(paths)
         paths.append(text)
         series.append(parsed)
-    index = np.fromiter(map(table.__getitem__, raw_paths), dtype=np.intp, count=len(raw_paths))
-    bad |= index < 0
-    kept = ~bad
-    kept_seconds = seconds[kept]
-    timestamps = kept_seconds.astype(np.int64) * 1000
-    timestamps[kept_seconds == -1] = now_ms - now_ms % 1000
-    return Samples(paths, series, index[kept], timestamps, values[kept]), bad
+    return paths, series, table
+
+
+def _plain_paths(raw_paths: list) -> list[str] | None:
+    """The texts of the paths when every one is plain: printable ASCII without tags (no ';' or
+    '{'), which parse_path takes as is, with nothing for clean_name to drop. Checked on the
+    paths joined by newlines (which no good path holds); None when any is not."""
+    try:
+        joined = b"\n".join(raw_paths)
+    except TypeError:
+        try:
+            joined = "\n".join(raw_paths).encode()
+        except (TypeError, UnicodeEncodeError):
+            return None
+    if (
+        not joined
+        or joined.translate(None, _PLAIN_PATH_BYTES)
+        or any(part in joined for part in _NOT_PLAIN)
+        or joined[:1] in b"\n.~"
+        or joined[-1:] in b"\n."
+    ):
+        return None
+    texts = joined.decode("ascii").split("\n")
+    return texts if len(texts) == len(raw_paths) else None
 
 
 def _floats(raw: Sequence) -> tuple[np.ndarray, np.ndarray]:
