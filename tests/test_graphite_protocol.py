@@ -9,6 +9,7 @@ import struct
 import time
 import tracemalloc
 
+import numpy as np
 import pytest
 
 from protocols.graphite import REJECT_REASONS, Reject
@@ -399,6 +400,127 @@ def test_plaintext_fuzz():
         rejects += decoder.finish()
         assert_well_formed(samples, rejects)
         assert_well_formed(*listed(decode_datagram(data, NOW_MS)))
+
+
+# --- arrays: a buffer decoded in bulk ---------------------------------------------------------
+
+
+def assert_arrays(samples, paths, series, path_index, timestamps, values):
+    """The decoder's exact arrays, dtypes included (NaN compared as NaN)."""
+    assert samples.paths == paths
+    assert samples.series == series
+    assert samples.path_index.dtype == np.intp and samples.path_index.tolist() == path_index
+    assert samples.timestamps.dtype == np.int64 and samples.timestamps.tolist() == timestamps
+    assert samples.values.dtype == np.float64
+    np.testing.assert_array_equal(samples.values, np.array(values, dtype=np.float64))
+
+
+def test_arrays_mixed_good_and_bad_lines_with_tags_and_repeated_paths():
+    data = (
+        b"a.b 1 1700000000\n"
+        b"c;dc=x;host=h 2.5 1700000010\n"
+        b"a.b 3 1700000020\n"  # the same path again: the same table entry
+        b"bad line\n"
+        b"a.b nan 1700000030\n"
+        b"d -inf 1700000040\n"
+        b"e 1e400 1700000050\n"  # float() overflows to inf: refused as inf
+        b"f 4 1e30\n"
+        b"g 5 -2\n"
+        b"h;=v 6 1700000060\n"
+        b"c;host=h;dc=x 7 -1\n"  # another spelling of a series already in the table
+        b"\n"
+        b"a.b 8 1700000070.9\n"
+        b"i 9 17"  # partial: kept for the next read
+    )
+    decoder = PlaintextDecoder()
+    samples, rejects = decoder.feed(data, NOW_MS)
+    assert_arrays(
+        samples,
+        ["a.b", "c;dc=x;host=h", "d", "e", "f", "g", "c;host=h;dc=x"],
+        [
+            ("a.b", {}),
+            ("c", {"dc": "x", "host": "h"}),
+            ("d", {}),
+            ("e", {}),
+            ("f", {}),
+            ("g", {}),
+            ("c", {"host": "h", "dc": "x"}),
+        ],
+        [0, 1, 0, 6, 0],
+        [TS_MS, TS_MS + 10_000, TS_MS + 20_000, NOW_MS - NOW_MS % 1000, TS_MS + 70_000],
+        [1.0, 2.5, 3.0, 7.0, 8.0],
+    )
+    assert rejects == [
+        Reject("bad_field_count", "b'bad line'"),
+        Reject("nan_value", "b'nan'"),
+        Reject("inf_value", "b'-inf'"),
+        Reject("inf_value", "b'1e400'"),
+        Reject("bad_timestamp", "out of range: b'1e30'"),
+        Reject("bad_timestamp", "negative: b'-2'"),
+        Reject("bad_tag", "empty tag name"),
+    ]
+    samples, rejects = decoder.feed(b"00000000\n", NOW_MS)
+    assert_arrays(samples, ["i"], [("i", {})], [0], [TS_MS], [9.0])
+    assert rejects == []
+
+
+def test_arrays_huge_timestamps_at_the_int64_millisecond_edge():
+    """Floats are 2 apart near MAX_TIMESTAMP_S (9223372036854775): the largest below it is
+    stored, the next (what "9223372036854775" itself parses to) is out of range."""
+    data = b"a 1 9223372036854774\na 2 9223372036854775\na 3 9.3e15\na 4 inf\na 5 0.5\n"
+    samples, rejects = decode_datagram(data, NOW_MS)
+    assert_arrays(samples, ["a"], [("a", {})], [0, 0], [9_223_372_036_854_774_000, 0], [1.0, 5.0])
+    assert reasons(rejects) == ["bad_timestamp"] * 3
+    assert rejects[0].detail == "out of range: b'9223372036854775'"
+
+
+@pytest.mark.parametrize(
+    "path, series",
+    [
+        (b"a..b", ("a.b", {})),
+        (b".a", ("a", {})),
+        (b"~a.b", ("a.b", {})),
+        (b"a.b.", ("a.b", {})),
+        (b"a{x=1}", ("a{x=1}", {})),
+        (b'a{x="1"}', ("a", {"x": "1"})),
+        ("é.b".encode(), ("é.b", {})),
+    ],
+)
+def test_arrays_paths_that_are_not_plain_parse_as_one_by_one(path, series):
+    """A buffer of plain paths is recognized at once; one other path makes every path of the
+    buffer go through parse_path, with the same series as alone."""
+    samples, rejects = decode_datagram(b"plain.path 1 1700000000\n" + path + b" 2 1700000000", NOW_MS)
+    assert rejects == [] and samples.series == [("plain.path", {}), series]
+    assert samples.paths == ["plain.path", path.decode()]
+
+
+def test_arrays_bad_paths_refused_with_their_line_only():
+    data = b"a 1 1700000000\n\xff.b 2 1700000000\na 3 1700000000\nc\x01d 4 1700000000\n"
+    samples, rejects = decode_datagram(data, NOW_MS)
+    assert_arrays(samples, ["a"], [("a", {})], [0, 0], [TS_MS, TS_MS], [1.0, 3.0])
+    assert reasons(rejects) == ["bad_utf8", "bad_path"]
+
+
+def test_arrays_pickle_items_with_repeated_paths_and_bad_items():
+    items = [
+        ("a.b", (1700000000, 1)),
+        (b"a.b", (1700000010, 2.5)),  # bytes and text: two entries of one series
+        ("a.b", (1700000020, "3")),
+        ("a\nb", (1700000000, 4)),  # a newline in a path: refused, not split
+        ("c;t=v", (1700000000, float("nan"))),
+        ["d", [-1, 5]],
+        ("e", (1700000000,)),
+    ]
+    samples, rejects = decode_frame(pickle.dumps(items, protocol=4), NOW_MS)
+    assert_arrays(
+        samples,
+        ["a.b", "a.b", "c;t=v", "d"],
+        [("a.b", {}), ("a.b", {}), ("c", {"t": "v"}), ("d", {})],
+        [0, 1, 0, 3],
+        [TS_MS, TS_MS + 10_000, TS_MS + 20_000, NOW_MS - NOW_MS % 1000],
+        [1.0, 2.5, 3.0, 5.0],
+    )
+    assert reasons(rejects) == ["bad_path", "nan_value", "bad_pickle_item"]
 
 
 # --- pickle: happy path ----------------------------------------------------------------------
