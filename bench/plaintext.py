@@ -4,11 +4,14 @@ One ``tsgate serve`` (1 worker, ``--roles ingest,query``) takes the suite's plai
 (bench.workloads, ``--paths`` x ``--points`` lines over 4 TCP connections) twice: first as new
 series, then the same lines again as known series. Each pass is timed from the first byte until
 /metrics counts every line accepted (stored); the figures are lines/s and the gateway's CPU
-microseconds a line (its processes, from /proc). A quick look beside the full suite
-(``python -m bench --parts ingest,receive``), which needs Cassandra and takes far longer.
+microseconds a line (its processes, from /proc). ``--carbon-cache`` first measures Debian's
+carbon-cache on the same lines (bench.receive's setup: lines read from its sockets per second).
+A quick look beside the full suite (``python -m bench --parts ingest,receive``), which needs
+Cassandra and takes far longer.
 
     python -m bench.plaintext                              # SQLite in a temporary directory
     python -m bench.plaintext --cassandra 127.0.0.1:9142   # a fresh keyspace, dropped after
+    python -m bench.plaintext --paths 10000 --points 60 --carbon-cache   # the suite's workload
 """
 
 import argparse
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from bench.common import connect, exit_with, fresh_keyspace, tree_cpu_s, tsgate_service
 from bench.ingest import ACCEPTED, STALL_S, TENANT, keyspace_name
+from bench.receive import carbon_cache_service, measure
 from bench.workloads import PlaintextWorkload, send_plaintext
 from gateway.config import parse_hostport
 from gateway.devservices.process import free_port
@@ -70,11 +74,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cassandra", metavar="HOST:PORT", help="a running Cassandra (default: SQLite)")
     parser.add_argument("--paths", type=int, default=2000)
     parser.add_argument("--points", type=int, default=30)
+    parser.add_argument("--carbon-cache", action="store_true", help="measure carbon-cache on the same lines first")
     args = parser.parse_args(argv)
     workload = PlaintextWorkload(args.paths, args.points, 4, now_ms() // 10_000 * 10 - 10)
     workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-plaintext-"))
     port = free_port()
     try:
+        if args.carbon_cache:
+            carbon, carbon_port = carbon_cache_service(workdir / "carbon-cache")
+            carbon.start()
+            try:
+                run = measure("carbon-cache", carbon, carbon_port, workload)
+            finally:
+                carbon.stop()
+            print(
+                f"carbon-cache: {run.samples / run.seconds:,.0f} lines/s, {run.cpu_s / run.samples * 1e6:.1f} µs CPU/line"
+            )
         with store_url(args.cassandra, workdir) as url:
             extra = ["--roles", "ingest,query", "--graphite", f"127.0.0.1:{port}", "--graphite-tenant", TENANT]
             gateway = tsgate_service("tsgate", ["--store", url], workdir / "tsgate.log", [*extra, "--workers", "1"])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from protocols.graphite import REJECT_REASONS, Reject
+from protocols.graphite.arrays import name_and_tags
 from protocols.graphite.pickle import NoGlobalsUnpickler, PickleDecoder, decode_frame
 from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 from protocols.graphite.tags import check_tag, format_tagged_path, parse_path
@@ -35,7 +36,8 @@ def listed(decoded):
     """A decoder's arrays as (metric name, tags, timestamp ms, value) tuples, and its rejects."""
     samples, rejects = decoded
     points = zip(samples.path_index.tolist(), samples.timestamps.tolist(), samples.values.tolist())
-    return [(*samples.series[index], timestamp, value) for index, timestamp, value in points], rejects
+    series = list(map(name_and_tags, samples.series))
+    return [(*series[index], timestamp, value) for index, timestamp, value in points], rejects
 
 
 def lines(data, max_line_length=16384):
@@ -408,7 +410,7 @@ def test_plaintext_fuzz():
 def assert_arrays(samples, paths, series, path_index, timestamps, values):
     """The decoder's exact arrays, dtypes included (NaN compared as NaN)."""
     assert samples.paths == paths
-    assert samples.series == series
+    assert list(map(name_and_tags, samples.series)) == series
     assert samples.path_index.dtype == np.intp and samples.path_index.tolist() == path_index
     assert samples.timestamps.dtype == np.int64 and samples.timestamps.tolist() == timestamps
     assert samples.values.dtype == np.float64
@@ -461,7 +463,7 @@ def test_arrays_mixed_good_and_bad_lines_with_tags_and_repeated_paths():
     ]
     samples, rejects = decoder.feed(b"00000000\n", NOW_MS)
     assert_arrays(samples, ["i"], [("i", {})], [0], [TS_MS], [9.0])
-    assert rejects == []
+    assert rejects == [] and samples.series == ["i"]  # a buffer of plain paths: their texts
 
 
 def test_arrays_huge_timestamps_at_the_int64_millisecond_edge():
@@ -490,7 +492,7 @@ def test_arrays_paths_that_are_not_plain_parse_as_one_by_one(path, series):
     """A buffer of plain paths is recognized at once; one other path makes every path of the
     buffer go through parse_path, with the same series as alone."""
     samples, rejects = decode_datagram(b"plain.path 1 1700000000\n" + path + b" 2 1700000000", NOW_MS)
-    assert rejects == [] and samples.series == [("plain.path", {}), series]
+    assert rejects == [] and list(map(name_and_tags, samples.series)) == [("plain.path", {}), series]
     assert samples.paths == ["plain.path", path.decode()]
 
 

@@ -30,7 +30,7 @@ from gateway.limits import RateLimited
 from gateway.model import SeriesSamples, now_ms
 from gateway.store import StoreUnavailable
 from protocols.graphite import HTTP_REQUEST, http_request_line
-from protocols.graphite.arrays import Samples, concat
+from protocols.graphite.arrays import Samples, concat, name_and_tags
 from protocols.graphite.pickle import PickleDecoder
 from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 
@@ -42,15 +42,11 @@ DRAINING_RETRY_S = 0.1
 
 def series_samples(tenant: str, samples: Samples) -> SeriesSamples:
     """Decoded carbon points as the pipeline takes them (IngestPipeline.ingest_arrays): a path as
-    received is the known-series cache's key, and its (metric name, tags), which the decoder
-    parsed already (it must, to refuse a bad path with the line's reject), the series' labels."""
+    received is the known-series cache's key; its series, which the decoder parsed already (it
+    must, to refuse a bad path with the line's reject), gives the metric name and tags."""
     return SeriesSamples(
-        tenant, samples.paths, samples.series, _parsed, samples.path_index, samples.timestamps, samples.values
+        tenant, samples.paths, samples.series, name_and_tags, samples.path_index, samples.timestamps, samples.values
     )
-
-
-def _parsed(series: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
-    return series
 
 
 class RejectLog:
@@ -184,7 +180,7 @@ class GraphiteIngest:
         """Log the samples the pipeline refused (it counted them; batches mix connections, so
         no peer), then account for the write."""
         for reject in result.rejected:
-            metric_name = batch.series[batch.path_index[reject.index]][0]
+            metric_name = name_and_tags(batch.series[batch.path_index[reject.index]])[0]
             self.reject_log.log(
                 protocol, reject.reason, f"{metric_name[:200]!r}: {reject.field} {reject.problem}", "a sender"
             )

@@ -30,13 +30,17 @@ _PLAIN_PATH_BYTES = bytes(range(0x21, 0x7F)) + b"\n"
 _NOT_PLAIN = (b";", b"{", b"..", b"\n\n", b"\n.", b".\n", b"\n~")
 
 
+Series = str | tuple[str, dict[str, str]]
+
+
 class Samples(NamedTuple):
     """Decoded points as arrays: ``paths``, the distinct paths as received (text), and
-    ``series``, their (metric name, tags); a point each, ``path_index`` (its path's position in the
-    table), ``timestamps`` (ms) and ``values``. A path may be in the table without points."""
+    ``series``, each path's series (name_and_tags gives its metric name and tags); a point each,
+    ``path_index`` (its path's position in the table), ``timestamps`` (ms) and ``values``. A path
+    may be in the table without points."""
 
     paths: list[str]
-    series: list[tuple[str, dict[str, str]]]
+    series: list[Series]
     path_index: np.ndarray  # intp
     timestamps: np.ndarray  # int64
     values: np.ndarray  # float64
@@ -65,6 +69,13 @@ def concat(parts: Sequence[Samples]) -> Samples:
         np.concatenate([part.timestamps for part in parts]),
         np.concatenate([part.values for part in parts]),
     )
+
+
+def name_and_tags(series: Series) -> tuple[str, dict[str, str]]:
+    """The metric name and tags of an entry of Samples.series: a plain path is kept as its text
+    alone (no tuple and tags dict each, most paths being plain; ingest needs the tags of a new
+    series only), a path with tags or to clean as parse_path's result."""
+    return (series, {}) if type(series) is str else series  # type: ignore[return-value]
 
 
 def path_series(raw: Any) -> tuple[str, tuple[str, dict[str, str]]]:
@@ -102,14 +113,14 @@ def decode_points(
     return Samples(paths, series, index[kept], timestamps, values[kept]), bad
 
 
-def _path_table(distinct: list) -> tuple[list[str], list[tuple[str, dict[str, str]]], dict[Any, int]]:
+def _path_table(distinct: list) -> tuple[list[str], list[Series], dict[Any, int]]:
     """The good paths' texts and (metric name, tags), and each raw path's position among them
     (-1 for a bad one). Plain paths, as most are, are recognized all at once."""
     plain = _plain_paths(distinct)
     if plain is not None:
-        return plain, [(text, {}) for text in plain], dict(zip(distinct, range(len(distinct))))
+        return plain, list[Series](plain), dict(zip(distinct, range(len(distinct))))
     paths: list[str] = []
-    series: list[tuple[str, dict[str, str]]] = []
+    series: list[Series] = []
     table: dict[Any, int] = {}
     for raw in distinct:
         try:
