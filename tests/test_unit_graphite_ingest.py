@@ -26,6 +26,7 @@ from gateway.metadata_cache import KnownSeries
 from gateway.model import Limits, now_ms, series_set_hash, series_set_text
 from protocols.graphite import REJECT_REASONS, http_request_line
 from protocols.graphite.arrays import Samples, concat
+from protocols.graphite.plaintext import PlaintextDecoder
 from tests.unit import until
 
 REASONS = sorted(REJECT_REASONS)
@@ -297,3 +298,26 @@ def test_a_carbon_line_is_not_taken_for_http(sqlite_store, tenant):
     protocol.makeConnection(StringTransport())
     protocol.dataReceived(b"GET requests 3 1700000000\n")  # three fields: a sample named GET
     assert ingest.pending == 0 and not protocol.refused_http
+
+
+@pytest_twisted.ensureDeferred
+async def test_listeners_of_two_tenants_are_batched_apart_and_paths_merged_within_one(sqlite_store, tenant):
+    """Batches merge queued arrays of one protocol and tenant only (the arrays carry no tenant);
+    within one, two spellings of a tagged path are one series and a repeated path one entry."""
+    other = tenant + "-other"
+    clock = Clock()
+    ingest = GraphiteIngest(pipeline_on(sqlite_store), batch_size=100, clock=clock)
+    now = int(now_ms() / 1000) - 60
+    first, _ = PlaintextDecoder().feed(b"m;a=1;b=2 1 %d\nm;b=2;a=1 2 %d\nplain 3 %d\n" % (now, now + 1, now), 0)
+    ingest.submit("graphite_plaintext", tenant, first)
+    ingest.submit("graphite_plaintext", other, samples("plain", 2))
+    ingest.submit("graphite_plaintext", tenant, samples("plain", 1, 5))
+    for _ in range(3):  # one batch a tenant's run of the queue, each after the flush delay
+        clock.advance(ingest.flush_delay)
+        await until(lambda: ingest._writing == 0)
+    assert ingest.pending == 0
+    assert await stored(sqlite_store, tenant, "plain") == 2
+    assert await stored(sqlite_store, other, "plain") == 2
+    hash_ = series_set_hash(series_set_text("m", {"a": "1", "b": "2"}))
+    (found,) = await sqlite_store.read_raw(tenant, [hash_], (now - 10) * 1000, (now + 10) * 1000)
+    assert found.head.values.tolist() == [1.0, 2.0]
