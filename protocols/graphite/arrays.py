@@ -1,11 +1,13 @@
 """Carbon points decoded in bulk into arrays: a table of distinct paths and, a point each, the
 index of its path, its timestamp and value.
 
-A receive buffer or a pickle frame holds thousands of points; decoding them one by one was most
-of the gateway's cost per line. Here each distinct path is parsed once per buffer, and values
-and timestamps go through float() in one C loop each and are checked on numpy arrays, with
-carbon's rules exactly (parse_value, parse_timestamp_ms, tags.parse_path). The decoders name the
-reject of each bad point with those one-point functions, so details stay as they were.
+A receive buffer or a pickle frame holds thousands of points; as arrays they go through the
+ingest pipeline as remote write's do (IngestPipeline.ingest_arrays), with no object and no
+Python loop a point. Each distinct path is parsed once per buffer (a buffer of plain paths is
+checked at once), values and timestamps go through float() in one C loop each and are checked on
+numpy arrays, with carbon's rules exactly (parse_value, parse_timestamp_ms, tags.parse_path).
+The decoders name the reject of each bad point with those one-point functions, so details stay
+as they were.
 """
 
 from collections.abc import Sequence
