@@ -25,6 +25,7 @@ from gateway.core.layout import Layout
 from gateway.core.model import NAME_TAG, Limits, Sample, SeriesSamples, now_ms
 from gateway.downsample.pending import PendingMarks, StorePending
 from gateway.http.prometheus_api import series_name_and_tags
+from gateway.ingest.carbon import series_samples
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
 from protocols import native_json
@@ -56,9 +57,8 @@ class DiscardingStore:
 
 def plaintext(bodies):
     for body in bodies:
-        samples, _ = PlaintextDecoder().feed(body, now_ms())
-        rows = [Sample(TENANT, name, tags, ts, value) for name, tags, ts, value in samples]
-        yield lambda pipeline: pipeline.ingest("graphite_plaintext", rows)
+        samples = series_samples(TENANT, PlaintextDecoder().feed(body, now_ms())[0])
+        yield lambda pipeline: pipeline.ingest_arrays("graphite_plaintext", samples)
 
 
 def prometheus(content_type):

@@ -25,11 +25,12 @@ from twisted.protocols.policies import TimeoutMixin
 
 from gateway.core import metrics
 from gateway.core.connections import Connections
-from gateway.core.model import Sample, now_ms
+from gateway.core.model import SeriesSamples, now_ms
 from gateway.ingest.limits import RateLimited
 from gateway.ingest.pipeline import IngestPipeline, Overloaded
 from gateway.store import StoreUnavailable
 from protocols.graphite import HTTP_REQUEST, http_request_line
+from protocols.graphite.arrays import Samples, concat, name_and_tags
 from protocols.graphite.pickle import PickleDecoder
 from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 
@@ -37,6 +38,15 @@ log = logging.getLogger(__name__)
 
 # The longest wait before a refused batch is tried again once the gateway is stopping.
 DRAINING_RETRY_S = 0.1
+
+
+def series_samples(tenant: str, samples: Samples) -> SeriesSamples:
+    """Decoded carbon points as the pipeline takes them (IngestPipeline.ingest_arrays): a path as
+    received is the known-series cache's key; its series, which the decoder parsed already (it
+    must, to refuse a bad path with the line's reject), gives the metric name and tags."""
+    return SeriesSamples(
+        tenant, samples.paths, samples.series, name_and_tags, samples.path_index, samples.timestamps, samples.values
+    )
 
 
 class RejectLog:
@@ -81,7 +91,7 @@ class GraphiteIngest:
         self.max_pending = max_pending
         self.flush_delay = flush_delay
         self.reject_log = RejectLog()
-        self._queue: deque[tuple[str, list[Sample]]] = deque()
+        self._queue: deque[tuple[str, str, Samples]] = deque()  # (protocol, tenant, samples)
         self.pending = 0
         self._writing = 0
         self._queued = 0
@@ -119,12 +129,12 @@ class GraphiteIngest:
             for transport in self._transports:
                 transport.pauseProducing()
 
-    def submit(self, protocol: str, samples: list[Sample]) -> None:
-        if not samples:
+    def submit(self, protocol: str, tenant: str, samples: Samples) -> None:
+        if not samples.size:
             return
-        self._queue.append((protocol, samples))
-        self._queued += len(samples)
-        self.pending += len(samples)
+        self._queue.append((protocol, tenant, samples))
+        self._queued += samples.size
+        self.pending += samples.size
         metrics.GRAPHITE_PENDING.set(self.pending)
         if self.full:
             self._pause()
@@ -134,12 +144,20 @@ class GraphiteIngest:
         if self._flush_call is None and self._writing < self.concurrency:
             self._flush_call = self.clock.callLater(delay, self._flush)
 
-    def _take_batch(self) -> tuple[str, list[Sample]]:
-        protocol, batch = self._queue.popleft()
-        while self._queue and self._queue[0][0] == protocol and len(batch) + len(self._queue[0][1]) <= self.batch_size:
-            batch = batch + self._queue.popleft()[1]
-        self._queued -= len(batch)
-        return protocol, batch
+    def _take_batch(self) -> tuple[str, str, Samples]:
+        """The queue's head, with what follows it from the same protocol and tenant up to
+        ``batch_size`` samples: one pipeline call."""
+        protocol, tenant, first = self._queue.popleft()
+        parts, size = [first], first.size
+        while (
+            self._queue
+            and self._queue[0][:2] == (protocol, tenant)
+            and size + self._queue[0][2].size <= self.batch_size
+        ):
+            parts.append(self._queue.popleft()[2])
+            size += parts[-1].size
+        self._queued -= size
+        return protocol, tenant, concat(parts)
 
     def _flush(self) -> None:
         """Start writes while batches wait and fewer than ``concurrency`` are in flight, until a
@@ -148,27 +166,30 @@ class GraphiteIngest:
         self._flush_call = None
         while self._queue and self._writing < self.concurrency and self._flush_call is None:
             self._writing += 1
-            protocol, batch = self._take_batch()
-            defer.ensureDeferred(self.pipeline.ingest(protocol, batch)).addCallbacks(
-                self._stored, self._failed, callbackArgs=(protocol, batch), errbackArgs=(protocol, batch)
+            protocol, tenant, batch = self._take_batch()
+            defer.ensureDeferred(self.pipeline.ingest_arrays(protocol, series_samples(tenant, batch))).addCallbacks(
+                self._stored,
+                self._failed,
+                callbackArgs=(protocol, tenant, batch),
+                errbackArgs=(protocol, tenant, batch),
             )
             if self._queued < self.batch_size:
                 break  # a partial batch waits for more samples or the next completed write
 
-    def _stored(self, result, protocol: str, batch: list[Sample]) -> None:
+    def _stored(self, result, protocol: str, tenant: str, batch: Samples) -> None:
         """Log the samples the pipeline refused (it counted them; batches mix connections, so
         no peer), then account for the write."""
         for reject in result.rejected:
-            sample = batch[reject.index]
+            metric_name = name_and_tags(batch.series[batch.path_index[reject.index]])[0]
             self.reject_log.log(
-                protocol, reject.reason, f"{sample.metric_name[:200]!r}: {reject.field} {reject.problem}", "a sender"
+                protocol, reject.reason, f"{metric_name[:200]!r}: {reject.field} {reject.problem}", "a sender"
             )
         self._written(None, batch)
 
-    def _written(self, result, batch: list[Sample]) -> None:
+    def _written(self, result, batch: Samples) -> None:
         self._writing -= 1
         self._retry_delay = 0.5
-        self.pending -= len(batch)
+        self.pending -= batch.size
         metrics.GRAPHITE_PENDING.set(self.pending)
         if self.paused and self.pending < min(self.max_pending, self.pipeline.flushable_samples()) // 2:
             self.paused = False
@@ -181,43 +202,43 @@ class GraphiteIngest:
             for deferred in waiting:
                 deferred.callback(None)
 
-    def _failed(self, failure, protocol: str, batch: list[Sample]) -> None:
+    def _failed(self, failure, protocol: str, tenant: str, batch: Samples) -> None:
         """Keep the batch at the head of the queue and try again later: never drop accepted data."""
         if failure.check(RateLimited):
-            self._wait_for_the_limit(failure.value, protocol, batch)
+            self._wait_for_the_limit(failure.value, protocol, tenant, batch)
             return
         if not failure.check(StoreUnavailable, Overloaded, defer.FirstError):
-            log.error("graphite batch of %d samples failed and is dropped: %s", len(batch), failure.getTraceback())
-            metrics.GRAPHITE_LOST.inc(len(batch))
+            log.error("graphite batch of %d samples failed and is dropped: %s", batch.size, failure.getTraceback())
+            metrics.GRAPHITE_LOST.inc(batch.size)
             self._written(None, batch)  # counts the write as finished
             return
         self._writing -= 1
         log.warning(
             "graphite batch of %d samples not stored (%s); retrying in %.1fs",
-            len(batch),
+            batch.size,
             failure.getErrorMessage(),
             self._retry_delay,
         )
-        self._retry_later(protocol, batch, self._retry_delay)
+        self._retry_later(protocol, tenant, batch, self._retry_delay)
         self._retry_delay = min(self._retry_delay * 2, 10.0)
 
-    def _wait_for_the_limit(self, error: RateLimited, protocol: str, batch: list[Sample]) -> None:
+    def _wait_for_the_limit(self, error: RateLimited, protocol: str, tenant: str, batch: Samples) -> None:
         """Hold the batch and pause the TCP senders until the rate limit's wait is over."""
         self._writing -= 1
         metrics.RATE_LIMITED.labels(error.limit).inc()
         self._limited_until = self.clock.seconds() + error.retry_after_s
         log.warning(
             "graphite batch of %d samples held for %ds, carbon connections paused: %s",
-            len(batch),
+            batch.size,
             error.retry_after_s,
             error,
         )
         self._pause()
-        self._retry_later(protocol, batch, error.retry_after_s)
+        self._retry_later(protocol, tenant, batch, error.retry_after_s)
 
-    def _retry_later(self, protocol: str, batch: list[Sample], delay: float) -> None:
-        self._queue.appendleft((protocol, batch))
-        self._queued += len(batch)
+    def _retry_later(self, protocol: str, tenant: str, batch: Samples, delay: float) -> None:
+        self._queue.appendleft((protocol, tenant, batch))
+        self._queued += batch.size
         if self._flush_call is not None:
             self._flush_call.cancel()
         if self.draining:
@@ -304,15 +325,12 @@ class _StreamProtocol(Protocol, TimeoutMixin):
 
     def _submit(self, decoded) -> None:
         samples, rejects = decoded
-        if samples or rejects:  # a line or frame was complete: the connection is in use
+        if samples.size or rejects:  # a line or frame was complete: the connection is in use
             self.resetTimeout()
             self.evictable = False
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, self.peer)
-        tenant = self.tenant
-        self.ingest.submit(
-            self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples]
-        )
+        self.ingest.submit(self.protocol_name, self.tenant, samples)
 
     def timeoutConnection(self):
         if self.ingest.paused:
@@ -446,9 +464,6 @@ class PlaintextDatagramProtocol(DatagramProtocol):
         if rejects:
             self.ingest.reject_log(self.protocol_name, rejects, f"{addr[0]}:{addr[1]}")
         if self.ingest.refusing:
-            metrics.GRAPHITE_UDP_DROPPED.inc(len(samples))
+            metrics.GRAPHITE_UDP_DROPPED.inc(samples.size)
             return
-        tenant = self.tenant
-        self.ingest.submit(
-            self.protocol_name, [Sample(tenant, name, tags, ts, value) for name, tags, ts, value in samples]
-        )
+        self.ingest.submit(self.protocol_name, self.tenant, samples)
