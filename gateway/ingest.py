@@ -22,6 +22,7 @@ from twisted.internet.defer import Deferred, gatherResults
 
 from gateway import metrics
 from gateway.cooperative import CHECK_EVERY, Slices
+from gateway.errors import StoreBusy
 from gateway.limits import TenantLimits
 from gateway.metadata_cache import KnownSeries, RedisSeenSeries, SeenSeries
 from gateway.model import (
@@ -75,7 +76,7 @@ class CreatedSample(NamedTuple):
     created_ms: int
 
 
-class Overloaded(Exception):
+class Overloaded(StoreBusy):
     """More samples are in flight than the configured bound: the client should retry later."""
 
 

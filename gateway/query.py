@@ -11,6 +11,7 @@ from typing import NamedTuple
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
 from gateway import metrics
+from gateway.errors import LimitExceeded
 from gateway.metadata_cache import LRUMap
 from gateway.model import NAME_TAG, Limits, SeriesKey
 from gateway.overrides import PerTenant, per_tenant
@@ -29,7 +30,7 @@ class SeriesResult(NamedTuple):
     created_ms: int | None = None  # the series' created timestamp (remote write 2.0), when known
 
 
-class QueryTooLarge(ValueError):
+class QueryTooLarge(LimitExceeded, ValueError):
     """The query would touch more series than allowed; refuse instead of exhausting memory."""
 
 

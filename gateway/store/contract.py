@@ -55,6 +55,7 @@ from typing import NamedTuple
 
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 
+from gateway.errors import StoreBusy
 from gateway.model import SeriesKey
 from gateway.samples import Samples
 from gateway.store.deletion import remove_from_index
@@ -174,7 +175,7 @@ class MetricMetadata(NamedTuple):
     unit: str
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(StoreBusy):
     """The store cannot take or answer a request right now; the client should retry (503)."""
 
 
