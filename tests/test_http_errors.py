@@ -18,6 +18,7 @@ from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import Router
 from gateway.limits import RateLimited
 from gateway.model import Sample
+from gateway.promql.values import PromQLError
 from gateway.service import Gateway, start_store
 from gateway.store import StoreUnavailable
 
@@ -101,6 +102,18 @@ async def test_a_failure_inside_gather_results_answers_for_its_cause():
     router.add("/api/v1/query", ("GET",), "promql_query", prometheus_errors(handler))
     status, _, body = await call(router, "/api/v1/query")
     assert status == 422 and json.loads(body)["error"] == "one of many"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_query_cancelled_for_a_gone_client_is_answered_without_an_error_logged(caplog):
+    """PromQLError's ``canceled`` (the client went away mid-query) had no status: answering it
+    raised KeyError, which the server logged as an internal error with its traceback."""
+    router = Router()
+    cancelled = PromQLError("query cancelled: the client went away", "canceled")
+    router.add("/api/v1/query", ("GET",), "promql_query", prometheus_errors(raising(cancelled)))
+    status, _, body = await call(router, "/api/v1/query")
+    assert status == 499 and json.loads(body)["errorType"] == "canceled"
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]
 
 
 @pytest_twisted.async_yield_fixture

@@ -1,8 +1,8 @@
 """twisted.web glue shared by every HTTP API: routing, body limits, tenants, errors, metrics.
 
-Handlers are ``async def handler(request) -> Response``. Client mistakes raise HTTPError and
-become 4xx JSON answers; a store that cannot answer becomes 503 (so senders retry); anything
-else is logged and becomes 500.
+Handlers are ``async def handler(request) -> Response``. What they raise is answered by
+gateway/http/errors.py, once for every API: client mistakes become 4xx JSON answers, a store that
+cannot answer 503 (so senders retry), anything else is logged and becomes 500.
 """
 
 import io
