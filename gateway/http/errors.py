@@ -11,7 +11,7 @@ from typing import NamedTuple
 from twisted.internet import defer
 
 from gateway import metrics
-from gateway.errors import GatewayError, Unavailable
+from gateway.errors import GatewayError, StoreBusy
 from gateway.limits import RateLimited
 from protocols.linear_regex import BadPattern
 from protocols.native_json import BadRequest
@@ -65,7 +65,7 @@ def root_cause(error: BaseException) -> BaseException:
 
 def error_answer(error: BaseException, request) -> ErrorAnswer:
     """The answer to ``error`` raised while answering ``request``: logged when it is a bug (500)
-    or the store's refusal (503), counted when it is a rate limit (429)."""
+    or the store's refusal (503), counted when it is a tenant's rate limit (429)."""
     error = root_cause(error)
     if isinstance(error, defer.CancelledError) and getattr(request, "client_gone", False):
         return ErrorAnswer(499, "canceled", "the client closed the connection", {}, {})  # nginx's code; never sent
@@ -78,7 +78,7 @@ def error_answer(error: BaseException, request) -> ErrorAnswer:
         return INTERNAL
     if isinstance(error, RateLimited):
         metrics.RATE_LIMITED.labels(error.limit).inc()
-    if isinstance(error, Unavailable):
+    if isinstance(error, StoreBusy):
         log.warning("answering 503 to %s: %s", request.uri, error)
     headers = dict(error.headers) if isinstance(error, HTTPError) else {}
     if error.retry_after_s is not None:
