@@ -140,6 +140,12 @@ async def test_prometheus_query_api_answers_in_its_envelope(gateway):
     assert "--max-series-per-query" in json.loads(body)["error"]
     status, _, body = await call(gateway, "/api/v1/query", [("query", 'up{a=~"("}')])
     assert status == 400 and json.loads(body)["errorType"] == "bad_data", body
+    status, _, body = await call(gateway, "/api/v1/label/job/nothing")
+    assert status == 404 and json.loads(body) == {
+        "status": "error",
+        "errorType": "not_found",
+        "error": "no such endpoint: /api/v1/label/job/nothing",
+    }
 
 
 @pytest_twisted.ensureDeferred
