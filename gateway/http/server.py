@@ -189,7 +189,7 @@ class Channel(http.HTTPChannel):
     def _credential_refused(self, failure, request) -> None:
         self._held = None
         if not self._lost:
-            self._answer_early(self.site.resource._error_response(failure, request))
+            self._answer_early(error_response(failure.value, request))
 
     def rawDataReceived(self, data):
         if self.lingering:  # the rest of a read that held the head of a request answered early
