@@ -27,6 +27,8 @@ class GatewayError(Exception):
 
 
 class ClientError(GatewayError, ValueError):
+    """Also a ValueError, as the parse errors that derive from it were before."""
+
     status = 400
     error_type = "bad_data"
 
