@@ -35,7 +35,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import orjson
 from prometheus_client import multiprocess
 from twisted.internet import defer, error, protocol, reactor, stdio
 from twisted.internet.interfaces import IHalfCloseableProtocol
@@ -45,9 +44,10 @@ from zope.interface import implementer
 
 from gateway.app.config import Config
 from gateway.core import metrics
+from gateway.core.errors import GatewayError, LimitExceeded, Timeout, Unavailable
 from gateway.core.model import DEFAULT_TENANT
 from gateway.core.overrides import Overrides
-from gateway.http.server import JSON, Response
+from gateway.http.server import Response, error_response
 from gateway.store.contract import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -133,14 +133,19 @@ class ExecutedRequest:
         return values[-1] if values else None
 
 
-def _refusal(request, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    """An answer the serving process gives for a query: Prometheus's envelope on its routes
-    (``kind`` is its errorType), the gateway's ``{"error": ...}`` elsewhere."""
-    if request.path.startswith(b"/api/v1/"):
-        document = {"status": "error", "errorType": kind, "error": message}
-    else:
-        document = {"error": message}
-    return Response(status, orjson.dumps(document), JSON, headers or {})
+class QueueFull(LimitExceeded):
+    """Too many queries wait for an executor (--query-queue); counted in its own metric, not
+    as a tenant's rate limit."""
+
+    status = 429
+    error_type = "unavailable"
+    retry_after_s = 1
+
+
+def _refusal(request, error: GatewayError) -> Response:
+    """An answer the serving process gives for a query: Prometheus's envelope on its routes,
+    the gateway's ``{"error": ...}`` elsewhere."""
+    return error_response(error, request, prometheus=request.path.startswith(b"/api/v1/"))
 
 
 def _fairness_key(request) -> str:
@@ -278,12 +283,12 @@ class QueryExecutors:
     async def run(self, request) -> Response:
         """The route handler of every query route: the answer an executor gives for ``request``."""
         if self.stopping:
-            return _refusal(request, 503, "unavailable", "the gateway is stopping", {"Retry-After": "1"})
+            return _refusal(request, Unavailable("the gateway is stopping"))
         tenant = _fairness_key(request)
         if self.queued >= self.config.query_queue or len(self.waiting.get(tenant, ())) >= self.tenant_queue_share:
             metrics.QUERY_QUEUE_REJECTED.inc()
             message = "too many queries are waiting for a query executor (--query-queue); retry later"
-            return _refusal(request, 429, "unavailable", message, {"Retry-After": "1"})
+            return _refusal(request, QueueFull(message))
         job = Job(request, tenant)
         job.timer = reactor.callLater(self.timeout_s, self._expire, job)
         self.waiting.setdefault(tenant, collections.deque()).append(job)
@@ -337,7 +342,7 @@ class QueryExecutors:
     def _abandon(self, job: Job) -> None:
         """The client went away: a waiting job leaves the queue (its answer is never sent)."""
         if self._unqueue(job):
-            job.finish(_refusal(job.request, 503, "unavailable", "the client went away"))
+            job.finish(_refusal(job.request, Unavailable("the client went away")))
 
     def _expire(self, job: Job) -> None:
         seconds = f"{self.timeout_s:g}s"
@@ -345,12 +350,12 @@ class QueryExecutors:
             job.executor.kill("timeout")
         else:
             self._unqueue(job)
-        job.finish(_refusal(job.request, 503, "timeout", f"query timed out: it ran past --query-timeout ({seconds})"))
+        job.finish(_refusal(job.request, Timeout(f"query timed out: it ran past --query-timeout ({seconds})")))
 
     def _memory_refusal(self, job: Job) -> Response:
         limit = self.config.query_max_memory_bytes
         message = f"the query needed more memory than --query-max-memory-bytes ({limit} bytes) allows"
-        return _refusal(job.request, 422, "execution", message)
+        return _refusal(job.request, LimitExceeded(message))
 
     def received(self, executor: Executor, message: tuple) -> None:
         kind = message[0]
@@ -387,7 +392,7 @@ class QueryExecutors:
             if executor.kill_reason == "memory":
                 job.finish(self._memory_refusal(job))
             else:
-                job.finish(_refusal(job.request, 503, "unavailable", "the query executor running this query died"))
+                job.finish(_refusal(job.request, Unavailable("the query executor running this query died")))
         delay = 0.0
         if not executor.ready:
             self.failed_starts[executor.index] += 1
@@ -416,12 +421,12 @@ class QueryExecutors:
             self.memory_watch.stop()
         for jobs in self.waiting.values():
             for job in jobs:
-                job.finish(_refusal(job.request, 503, "unavailable", "the gateway is stopping"))
+                job.finish(_refusal(job.request, Unavailable("the gateway is stopping")))
         self._count_queued(-self.queued)
         self.waiting.clear()
         for executor in list(self.executors):
             if executor.job is not None:
-                executor.job.finish(_refusal(executor.job.request, 503, "unavailable", "the gateway is stopping"))
+                executor.job.finish(_refusal(executor.job.request, Unavailable("the gateway is stopping")))
             executor.kill("shutdown")
 
 

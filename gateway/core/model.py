@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 import mmh3
 import numpy as np
 
+from gateway.core.errors import ClientError
+
 DEFAULT_TENANT = "default"
 
 # The pseudo tag under which series_sets indexes every series of a metric, so that a query
@@ -84,7 +86,7 @@ class SeriesKey(NamedTuple):
     tags: dict[str, str]
 
 
-class InvalidSample(ValueError):
+class InvalidSample(ClientError):
     """A client mistake in one sample: names the field and the problem, never a crash."""
 
     def __init__(self, field: str, problem: str, reason: str):
@@ -92,6 +94,7 @@ class InvalidSample(ValueError):
         self.field = field
         self.problem = problem
         self.reason = reason
+        self.details = {"field": field}
 
 
 @dataclasses.dataclass(frozen=True)

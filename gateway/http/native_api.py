@@ -60,10 +60,7 @@ class NativeAPI:
         holding the GIL as long) is decoded on the reactor in slices (gateway.core.cooperative)."""
         request_tenant_ = explicit_tenant(request)
         body = read_body(request)
-        try:
-            decoded, errors = await run_steps(decode(body, self.pipeline.clock()))
-        except native_json.BadRequest as error:
-            raise HTTPError(400, str(error)) from None
+        decoded, errors = await run_steps(decode(body, self.pipeline.clock()))
         rejects = [{"index": e.index, "field": e.field, "error": e.problem} for e in errors]
         samples, positions = [], []
         slices = Slices()

@@ -109,7 +109,7 @@ class PrometheusAPI:
             )
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
-            raise HTTPError(error.status, error.message) from None
+            raise
         for refused in batch.rejected_histograms:
             self.pipeline.count_rejected_histograms("prometheus", refused.reason)
         histograms, exemplars = [], []
@@ -161,14 +161,11 @@ class PrometheusAPI:
     async def read(self, request):
         tenant = request_tenant(request)
         body = read_body(request)
-        try:
-            read_request = prometheus.decode_read_request(body, self.max_decompressed_bytes)
-            # A 400 before reading.
-            streamed = prometheus.negotiate_response_type(read_request.accepted_response_types) == (
-                prometheus.STREAMED_XOR_CHUNKS
-            )
-        except prometheus.RemoteReadError as error:
-            raise HTTPError(error.status, error.message) from None
+        read_request = prometheus.decode_read_request(body, self.max_decompressed_bytes)
+        # A 400 before reading.
+        streamed = prometheus.negotiate_response_type(read_request.accepted_response_types) == (
+            prometheus.STREAMED_XOR_CHUNKS
+        )
         answers = await self.remote_read.read(tenant, read_request.queries, streamed)
         if streamed:
             return Response(200, self._stream(answers), prometheus.STREAMED_CONTENT_TYPE)

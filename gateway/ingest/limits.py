@@ -20,10 +20,16 @@ import math
 import time
 from collections import OrderedDict
 
+from gateway.core.errors import LimitExceeded
 from gateway.core.overrides import PerTenant, per_tenant
 
 
-class RateLimited(Exception):
+class RateLimited(LimitExceeded):
+    """Over a rate or a queue bound: 429 with Retry-After."""
+
+    status = 429
+    error_type = "unavailable"
+
     def __init__(self, message: str, retry_after_s: int, limit: str = "samples_per_second"):
         super().__init__(message)
         self.retry_after_s = retry_after_s

@@ -22,6 +22,7 @@ from twisted.internet.defer import Deferred, gatherResults
 
 from gateway.core import metrics
 from gateway.core.cooperative import CHECK_EVERY, Slices
+from gateway.core.errors import StoreBusy
 from gateway.core.model import (
     ExemplarSample,
     HistogramSample,
@@ -75,7 +76,7 @@ class CreatedSample(NamedTuple):
     created_ms: int
 
 
-class Overloaded(Exception):
+class Overloaded(StoreBusy):
     """More samples are in flight than the configured bound: the client should retry later."""
 
 

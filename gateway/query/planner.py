@@ -13,6 +13,7 @@ from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResu
 
 from gateway.core import metrics
 from gateway.core.caches import LRUMap
+from gateway.core.errors import LimitExceeded
 from gateway.core.model import NAME_TAG, Limits, SeriesKey, now_ms
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.core.samples import Samples
@@ -30,7 +31,7 @@ class SeriesResult(NamedTuple):
     created_ms: int | None = None  # the series' created timestamp (remote write 2.0), when known
 
 
-class QueryTooLarge(ValueError):
+class QueryTooLarge(LimitExceeded, ValueError):
     """The query would touch more series than allowed; refuse instead of exhausting memory."""
 
 

@@ -55,6 +55,7 @@ from typing import NamedTuple
 
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 
+from gateway.core.errors import StoreBusy
 from gateway.core.layout import Granularity, Layout, Retentions
 from gateway.core.model import SeriesKey
 from gateway.core.samples import Samples
@@ -174,7 +175,7 @@ class MetricMetadata(NamedTuple):
     unit: str
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(StoreBusy):
     """The store cannot take or answer a request right now; the client should retry (503)."""
 
 

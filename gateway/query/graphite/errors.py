@@ -3,12 +3,14 @@
 A module of its own so that the fetcher raises them without loading the function library.
 """
 
+from gateway.core.errors import ClientError
+
 # A render (or a function such as linearRegression reaching back to epoch 0) must not build
 # unbounded lists on the reactor.
 MAX_POINTS_PER_SERIES = 1_000_000
 
 
-class RenderError(ValueError):
+class RenderError(ClientError):
     """A user error in a target (syntax, unknown function, bad argument): an HTTP 400."""
 
 

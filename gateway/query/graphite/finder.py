@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
+from gateway.core.errors import LimitExceeded
 from gateway.store import Store
 from protocols.linear_regex import BadPattern, compile_regex, escape
 
@@ -21,7 +22,7 @@ class Node(NamedTuple):
     is_leaf: bool
 
 
-class TooManyNodes(ValueError):
+class TooManyNodes(LimitExceeded, ValueError):
     """A glob that walks through more directories than allowed; narrow it."""
 
 

@@ -24,6 +24,8 @@ from datetime import tzinfo
 
 from twisted.internet import defer, reactor
 
+from gateway.core.errors import ClientError, Unavailable
+
 log = logging.getLogger(__name__)
 
 CONTENT_TYPES = {"png": "image/png", "svg": "image/svg+xml"}
@@ -70,15 +72,16 @@ _HEX_COLOR = re.compile(r"(?:#|%23)?([0-9a-fA-F]{6}(?:[0-9a-fA-F]{2})?)")
 RGBA = tuple[float, float, float, float]
 
 
-class BadGraphOption(ValueError):
+class BadGraphOption(ClientError):
     """A graph parameter the client got wrong; ``field`` names it."""
 
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field}: {problem}")
         self.field = field
+        self.details = {"field": field}
 
 
-class GraphUnavailable(RuntimeError):
+class GraphUnavailable(Unavailable):
     """The drawing process died (killed, out of memory): the request may be retried."""
 
 

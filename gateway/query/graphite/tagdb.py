@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from twisted.internet.defer import DeferredSemaphore, gatherResults
 
+from gateway.core.errors import ClientError
 from gateway.core.model import NAME_TAG, SeriesKey
 from gateway.query.planner import QueryPlanner, QueryTooLarge
 from gateway.store import Store
@@ -22,7 +23,7 @@ _TAGSPEC_RE = re.compile(r"^([^;!=]+)(!?=~?)([^;]*)$")
 _TYPES = {"=": "EQ", "!=": "NEQ", "=~": "RE", "!=~": "NRE"}
 
 
-class BadTagExpression(ValueError):
+class BadTagExpression(ClientError):
     pass
 
 

@@ -16,17 +16,25 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gateway.core.errors import GatewayError
 from protocols.prometheus.xor import STALE_NAN_BITS
 
 NAME = "__name__"
 
 
-class PromQLError(Exception):
-    """A query Prometheus would refuse: ``kind`` is its errorType (bad_data, execution, timeout)."""
+# Prometheus's status of each errorType (its web/api/v1 returnAPIError).
+_STATUS_OF_KIND = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503, "canceled": 499}
+
+
+class PromQLError(GatewayError):
+    """A query Prometheus would refuse: ``kind`` is its errorType (bad_data, execution, timeout,
+    unavailable, canceled), which sets the status as Prometheus does."""
 
     def __init__(self, message: str, kind: str = "execution"):
         super().__init__(message)
         self.kind = kind
+        self.error_type = kind
+        self.status = _STATUS_OF_KIND[kind]
 
 
 class Guard(NamedTuple):
