@@ -17,9 +17,9 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
-from gateway.config import parse_hostport
-from gateway.devservices.cassandra import CassandraServer
-from gateway.devservices.process import free_port, terminate
+from gateway.app.config import parse_hostport
+from gateway.app.devservices.cassandra import CassandraServer
+from gateway.app.devservices.process import free_port, terminate
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -191,7 +191,7 @@ def tsgate_service(name: str, store_args: list[str], log_path: Path, extra_args:
     command = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.app.cli",
         "serve",
         "--http",
         f"127.0.0.1:{port}",
@@ -251,7 +251,17 @@ def fresh_keyspace(session, host: str, port: int, keyspace: str):
     store_url = f"cassandra://{host}:{port}/{keyspace}"
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "schema", "apply", "--store", store_url, "--log-level", "warning"],
+            [
+                sys.executable,
+                "-m",
+                "gateway.app.cli",
+                "schema",
+                "apply",
+                "--store",
+                store_url,
+                "--log-level",
+                "warning",
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,

@@ -21,12 +21,12 @@ from cassandra.concurrent import execute_concurrent_with_args
 from twisted.internet import defer, task
 
 from bench.common import BenchError, cassandra, connect, drop_keyspace, exit_with, process_cpu_s, settle
+from gateway.core.layout import Layout
+from gateway.core.model import SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import StorePending
-from gateway.model import SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.store.cassandra import CassandraStore
 from gateway.store.contract import PendingSet, RawPoint, time_slot
-from gateway.store.layout import Layout
 
 REPO = Path(__file__).resolve().parent.parent
 TENANT = "bench"
@@ -121,7 +121,7 @@ def run_downsampler(store_url: str, timeout_s: float | None = None) -> tuple[str
     command = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.app.cli",
         "downsample",
         "--once",
         "--store",

@@ -15,7 +15,7 @@ Queries, and what the finder reads for them (docs/graphite.rst explains the cost
                  10 N + 11 reads;
 * ``{a,b}``      ``dc{1,2}.host{1,2}.svc*.metric7``: root, 2 dcs, 4 hosts, 40 services: 47 reads.
 
-Run (Cassandra is started with gateway.devservices unless --cassandra is given)::
+Run (Cassandra is started with gateway.app.devservices unless --cassandra is given)::
 
     python -m bench.find --sizes 100000,1000000 --stores sqlite,cassandra
 
@@ -39,11 +39,11 @@ from pathlib import Path
 
 from twisted.internet import defer, task
 
-from gateway.config import parse_hostport
-from gateway.devservices.process import free_port, terminate
-from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.app.config import parse_hostport
+from gateway.app.devservices.process import free_port, terminate
+from gateway.core.layout import Layout
+from gateway.core.model import SeriesKey, series_set_hash, series_set_text
 from gateway.store.cassandra import CassandraStore
-from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ class Gateway:
         command = [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "gateway.app.cli",
             "serve",
             "--http",
             f"127.0.0.1:{self.port}",
@@ -225,7 +225,7 @@ def start_cassandra(args, workdir: Path):
     if args.cassandra:
         host, port = parse_hostport(args.cassandra if ":" in args.cassandra else args.cassandra + ":9042")
         return None, host, port
-    from gateway.devservices.cassandra import CassandraServer
+    from gateway.app.devservices.cassandra import CassandraServer
 
     server = CassandraServer(workdir / "cassandra")
     server.start()
@@ -291,7 +291,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,1000000", help="metrics in the tree, comma-separated")
     parser.add_argument("--stores", default="sqlite,cassandra", help="sqlite, cassandra or both")
     parser.add_argument(
-        "--cassandra", help="HOST:PORT of a running Cassandra (default: start one with gateway.devservices)"
+        "--cassandra", help="HOST:PORT of a running Cassandra (default: start one with gateway.app.devservices)"
     )
     parser.add_argument("--requests", type=int, default=50, help="timed requests per query")
     parser.add_argument("--batch", type=int, default=5000, help="series per write_series call")

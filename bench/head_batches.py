@@ -30,10 +30,10 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.query import BatchStatement, BatchType
 
 from bench.common import CONSISTENCY, BenchError, connect, exit_with, fresh_keyspace, listening_pid, process_cpu_s
-from gateway.config import parse_hostport
-from gateway.model import series_set_hash, series_set_text
+from gateway.app.config import parse_hostport
+from gateway.core.layout import HEAD_SHARDS, Layout
+from gateway.core.model import series_set_hash, series_set_text
 from gateway.store.cassandra import head_batch
-from gateway.store.layout import HEAD_SHARDS, Layout
 
 TENANT = "bench"
 INTERVAL_MS = 10_000

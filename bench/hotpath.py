@@ -21,12 +21,13 @@ import time
 
 from twisted.internet import defer, task
 
+from gateway.core.layout import Layout
+from gateway.core.model import NAME_TAG, Limits, Sample, SeriesSamples, now_ms
 from gateway.downsample.pending import PendingMarks, StorePending
 from gateway.http.prometheus_api import series_name_and_tags
-from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import KnownSeries
-from gateway.model import NAME_TAG, Limits, Sample, SeriesSamples, now_ms
-from gateway.store.layout import Layout
+from gateway.ingest.carbon import series_samples
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
 from protocols import native_json
 from protocols.graphite.plaintext import PlaintextDecoder
 from protocols.prometheus import write as remote_write
@@ -56,9 +57,8 @@ class DiscardingStore:
 
 def plaintext(bodies):
     for body in bodies:
-        samples, _ = PlaintextDecoder().feed(body, now_ms())
-        rows = [Sample(TENANT, name, tags, ts, value) for name, tags, ts, value in samples]
-        yield lambda pipeline: pipeline.ingest("graphite_plaintext", rows)
+        samples = series_samples(TENANT, PlaintextDecoder().feed(body, now_ms())[0])
+        yield lambda pipeline: pipeline.ingest_arrays("graphite_plaintext", samples)
 
 
 def prometheus(content_type):
@@ -149,7 +149,7 @@ async def run(pipeline: IngestPipeline, decode, bodies) -> None:
 
 async def measure(decode, bodies, samples: int, profile: bool) -> tuple[float, float]:
     """µs of CPU per sample: first pass (new series), second pass (known series). Under a running
-    reactor: a long batch pauses for it (gateway.cooperative), which without one never resumes."""
+    reactor: a long batch pauses for it (gateway.core.cooperative), which without one never resumes."""
     store = DiscardingStore()
     pending = PendingMarks(StorePending(store, store.slot_width_ms, 60_000), 64)
     pipeline = IngestPipeline(store, Limits(), KnownSeries(10_000_000), 1 << 40, pending=pending)

@@ -48,8 +48,8 @@ from bench.workloads import (
     remote_write_rows,
     send_plaintext,
 )
-from gateway.devservices.process import free_port
-from gateway.model import now_ms
+from gateway.app.devservices.process import free_port
+from gateway.core.model import now_ms
 from gateway.store.cassandra import ROWS_PER_BATCH
 from protocols.timespec import format_iso
 

@@ -39,10 +39,10 @@ from bench.common import (
     settle,
     tsgate_service,
 )
-from gateway.model import now_ms, series_set_hash, series_set_text
+from gateway.core.layout import Layout, head_shard
+from gateway.core.model import now_ms, series_set_hash, series_set_text
 from gateway.store.cassandra import ROWS_PER_BATCH, CassandraStore
 from gateway.store.contract import time_slot
-from gateway.store.layout import Layout, head_shard
 from protocols.timespec import format_iso
 
 METRIC = "bench_metric"

@@ -13,16 +13,16 @@ slow on a small box: the second size runs on Cassandra only if the first size's 
 up, fits in --budget (600 s; quick: 60 s), otherwise on the embedded SQLite store (``--data-dir``),
 and the figures name the store and say why.
 
-What bounds the gateway's memory (defaults from gateway/config.py, named in the figures' notes):
+What bounds the gateway's memory (defaults from gateway/app/config.py, named in the figures' notes):
 
-* the metadata cache (gateway/metadata_cache.py KnownSeries): an LRU from each series' label set
+* the metadata cache (gateway/ingest/metadata_cache.py KnownSeries): an LRU from each series' label set
   as decoded, (tenant, metric name, tag pairs), to its hash, at most ``--metadata-cache-size``
   entries (1,000,000); it holds every tag value, so it is most of the growth (about 490 MB at
   1M series of this benchmark's 5 labels);
 * the pending roll-up marks still holding a slot open (IngestPipeline._marked): (tenant, hash,
   slot) to a time, capped at the same size, expired entries dropped once per ``--slot-width``
   (1 h) and whenever it is full (about 110 MB at 1M);
-* active series per tenant (gateway/limits.py): kept only when ``--tenant-max-active-series`` is
+* active series per tenant (gateway/ingest/limits.py): kept only when ``--tenant-max-active-series`` is
   set (default 0: off), at most that many, for 20 minutes;
 * the Prometheus metadata cache (100,000 entries) and the Graphite storage-schemas step cache
   (100,000 paths) are fixed sizes.
@@ -50,8 +50,8 @@ from bench.common import (
 )
 from bench.remote_write import HEADERS
 from bench.report import Figure
-from gateway.config import SETTINGS, parse_hostport
-from gateway.model import now_ms
+from gateway.app.config import SETTINGS, parse_hostport
+from gateway.core.model import now_ms
 from protocols.prometheus import Series, encode_write_request_v1
 
 SECTION = "memory"

@@ -64,8 +64,8 @@ from bench.queries import Timed
 from bench.remote_write import HEADERS, TENANT, prometheus_service
 from bench.report import Figure, format_table
 from bench.storage import SLOT_MS, checked_once, downsample_once, slot_end_before
-from gateway.config import parse_hostport
-from gateway.model import now_ms
+from gateway.app.config import parse_hostport
+from gateway.core.model import now_ms
 from protocols.prometheus import Series, encode_write_request_v1
 
 SECTION = "promql"
@@ -225,7 +225,7 @@ def started_tsgate(
     seconds = send(gateway.port, workload)
     log(f"{name}: wrote {workload.samples} samples in {seconds:.1f} s")
     try:
-        downsample_once(store_url, workload.series_slots, workdir)
+        downsample_once(store_url, workload.series_slots)
     except BenchError as error:  # the read path stitches head rows and blocks: time it as it is
         log(f"{name}: not all sealed ({error}); timed with the rest in head rows")
         return gateway, f"partly sealed: {error}"

@@ -38,10 +38,10 @@ from bench.common import REPO, BenchError, connect, fresh_keyspace, run_part_alo
 from bench.find import DCS, QUERIES, hosts_for, percentile, populate
 from bench.ingest_cassandra import post_all
 from bench.report import Figure
-from gateway.config import parse_hostport
-from gateway.model import now_ms
+from gateway.app.config import parse_hostport
+from gateway.core.layout import Layout
+from gateway.core.model import now_ms
 from gateway.store.cassandra import CassandraStore
-from gateway.store.layout import Layout
 from protocols import prometheus
 
 SECTION = "query"

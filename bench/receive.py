@@ -25,8 +25,8 @@ from bench.remote_write import prometheus_service
 from bench.remote_write import send as send_remote_write
 from bench.report import Figure
 from bench.workloads import PlaintextWorkload, send_plaintext
-from gateway.devservices.process import free_port
-from gateway.model import now_ms
+from gateway.app.devservices.process import free_port
+from gateway.core.model import now_ms
 
 RUN_TIMEOUT_S = 600
 CARBON_CONF = """[cache]

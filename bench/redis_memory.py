@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 
 from bench.common import BenchError, exit_with, post_until_accepted, tsgate_service
-from gateway.devservices.redis import RedisServer
+from gateway.app.devservices.redis import RedisServer
 from protocols.prometheus import Series, encode_write_request_v1
 
 SERIES_PER_REQUEST = 2000

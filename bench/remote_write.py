@@ -76,10 +76,10 @@ from bench.common import (
     tsgate_service,
     wait_until_idle,
 )
-from gateway.devservices.process import free_port
-from gateway.model import now_ms
+from gateway.app.devservices.process import free_port
+from gateway.core.layout import Layout
+from gateway.core.model import now_ms
 from gateway.store.cassandra import CassandraStore
-from gateway.store.layout import Layout
 from protocols.prometheus import Series, encode_write_request_v1
 from protocols.timespec import format_iso
 

@@ -49,12 +49,12 @@ from bench.storage import (
     measure_graphite_web,
     slot_end_before,
 )
-from gateway.model import now_ms
-from gateway.read_path import stitch_raw
+from gateway.core.layout import Layout
+from gateway.core.model import now_ms
+from gateway.query.read_path import stitch_raw
 from gateway.store import sqlite
 from gateway.store.blocks import encode_block
 from gateway.store.contract import RawData, RawPoint
-from gateway.store.layout import Layout
 
 ROWS_PER_COMMIT = 2000
 WARMUP_ROUNDS = 6

@@ -91,9 +91,9 @@ from bench.queries import (
 from bench.remote_write import TENANT as RW_TENANT
 from bench.remote_write import prometheus_service, send, victoria_metrics_service
 from bench.report import Figure, format_table
-from gateway.config import parse_hostport
-from gateway.devservices.cassandra import JVM17_FLAGS
-from gateway.model import now_ms
+from gateway.app.config import parse_hostport
+from gateway.app.devservices.cassandra import JVM17_FLAGS
+from gateway.core.model import now_ms
 from protocols import prometheus
 from protocols.prometheus import Series, encode_write_request_v1
 

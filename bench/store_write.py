@@ -14,11 +14,11 @@ import time
 from twisted.internet import defer, task
 
 from bench.common import connect, exit_with, fresh_keyspace
-from gateway.config import parse_hostport
-from gateway.model import series_set_hash, series_set_text
+from gateway.app.config import parse_hostport
+from gateway.core.layout import Layout
+from gateway.core.model import series_set_hash, series_set_text
 from gateway.store.cassandra import CassandraStore
 from gateway.store.contract import RawPoint
-from gateway.store.layout import Layout
 
 WARMUP = 8
 IN_FLIGHT = 4

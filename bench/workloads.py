@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.common import BenchError
 from bench.remote_write import Workload as RemoteWriteWorkload
-from gateway.model import series_set_hash, series_set_text
+from gateway.core.layout import Layout
+from gateway.core.model import series_set_hash, series_set_text
 from gateway.store.contract import time_slot
-from gateway.store.layout import Layout
 
 INTERVAL_S = 10
 # The gateway's defaults (--slot-width): the rows must be the ones it writes.

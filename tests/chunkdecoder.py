@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from gateway.devservices.cassandra import cache_dir
+from gateway.app.devservices.cassandra import cache_dir
 from tests.compliance import GO_VERSION, go_env, go_toolchain
 
 SOURCE = Path(__file__).parent / "data" / "chunkdecode"

@@ -22,7 +22,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.devservices.cassandra import cache_dir
+from gateway.app.devservices.cassandra import cache_dir
 
 PROXY = "https://proxy.golang.org"
 SUITE_MODULE = "github.com/prometheus/compliance/remotewrite/receiver"

@@ -1,7 +1,7 @@
 """Shared fixtures: real Cassandra and Redis for the session, stores for the contract suite, and
 real gateway processes for end-to-end tests.
 
-Cassandra and Redis are started by the project's own tooling (gateway.devservices) once per
+Cassandra and Redis are started by the project's own tooling (gateway.app.devservices) once per
 session; nothing is skipped when they cannot start: the session fails and says why.
 ``TSGATE_TEST_CASSANDRA=host:port`` and ``TSGATE_TEST_REDIS=redis://...`` reuse running servers
 instead (handy while developing).
@@ -13,8 +13,8 @@ import uuid
 import pytest
 import pytest_twisted
 
+from gateway.core.layout import Layout
 from gateway.store.cassandra import CassandraStore
-from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 
 LAYOUT = Layout()
@@ -57,8 +57,8 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def cassandra_server(tmp_path_factory):
-    """A real single-node Cassandra 5.0, assembled from Maven Central by gateway.devservices."""
-    from gateway.devservices.cassandra import CassandraServer
+    """A real single-node Cassandra 5.0, assembled from Maven Central by gateway.app.devservices."""
+    from gateway.app.devservices.cassandra import CassandraServer
 
     existing = os.environ.get("TSGATE_TEST_CASSANDRA")
     if existing:
@@ -81,7 +81,7 @@ def cassandra_url(cassandra_server) -> str:
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
-    from gateway.devservices.redis import RedisServer
+    from gateway.app.devservices.redis import RedisServer
 
     existing = os.environ.get("TSGATE_TEST_REDIS")
     if existing:

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 def run_tsgate(*args: str, timeout: float = 120) -> str:
     """A `tsgate` command that must succeed; its output."""
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "gateway.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -37,7 +37,7 @@ def tsgate_serve(tmp_path: Path, *args: str, timeout: float = 40) -> tuple[subpr
     command = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.app.cli",
         "serve",
         "--graphite",
         "",
@@ -125,7 +125,7 @@ class GatewayProcess:
         command = [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "gateway.app.cli",
             "serve",
             "--http",
             f"127.0.0.1:{self.port}",

@@ -8,7 +8,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from gateway.devservices.process import free_port, terminate
+from gateway.app.devservices.process import free_port, terminate
 
 
 def prometheus_binary() -> str:

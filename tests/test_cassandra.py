@@ -12,13 +12,13 @@ import pytest_twisted
 from cassandra.cluster import Cluster
 from twisted.internet import defer, reactor, task, threads
 
-from gateway import samples
-from gateway.model import SeriesKey, series_set_hash, series_set_text
+from gateway.core import samples
+from gateway.core.layout import HOUR_MS, Layout, head_shard, parse_granularities
+from gateway.core.model import SeriesKey, series_set_hash, series_set_text
 from gateway.store.blocks import encode_block
 from gateway.store.cassandra import CassandraStore, parse_url
 from gateway.store.cassandra_schema import SchemaOptions, schema_text
 from gateway.store.contract import ExemplarRow, HistogramRow, RawPoint, Rollup
-from gateway.store.layout import HOUR_MS, Layout, head_shard, parse_granularities
 from tests.conftest import read_blocks, read_head
 from tests.gatewayproc import REPO, metric_value, wait_until_redis_is_used
 
@@ -32,7 +32,7 @@ def cql_session(server):
 
 def tsgate(*args):
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "gateway.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300
     )
 
 
@@ -167,7 +167,17 @@ def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cas
         new = {"tenant": tenant, "metricName": "legacy_temp", "tags": {"room": "a"}, "ts": t0 + 1800, "value": 99.0}
         assert gateway.post("/api/write/single", new).status == 200
         sealed = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", "--store", url],
+            [
+                sys.executable,
+                "-m",
+                "gateway.app.cli",
+                "downsample",
+                "--once",
+                "--downsample-delay",
+                "0s",
+                "--store",
+                url,
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -402,7 +412,7 @@ def test_two_keyspaces_sharing_one_redis_keep_their_keys_apart(
 
 
 def test_ingest_goes_on_when_redis_is_down(start_gateway, cassandra_url, tmp_path, tenant):
-    from gateway.devservices.redis import RedisServer
+    from gateway.app.devservices.redis import RedisServer
 
     redis = RedisServer(tmp_path / "redis")
     redis.start()

@@ -6,14 +6,14 @@ import sys
 import pytest
 
 from gateway import __version__
-from gateway.cli import build_parser, main
-from gateway.config import ConfigError, build_config, parse_duration, parse_hostport
+from gateway.app.cli import build_parser, main
+from gateway.app.config import ConfigError, build_config, parse_duration, parse_hostport
 from tests.gatewayproc import REPO, GatewayProcess, free_port
 
 
 def tsgate(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gateway.app.cli", *args], cwd=cwd or REPO, capture_output=True, text=True, timeout=60
     )
 
 
@@ -104,7 +104,7 @@ def test_unwritable_store_fails_start_with_exit_1(tmp_path):
 
 
 def test_passwords_never_reach_the_log():
-    from gateway.service import redact
+    from gateway.app.service import redact
 
     assert redact("cassandra://me:secret@h1,h2/ks?password=x&tls=1") == "cassandra://me:***@h1,h2/ks?password=***&tls=1"
     assert redact("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"

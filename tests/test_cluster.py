@@ -18,8 +18,8 @@ from datetime import datetime
 
 import pytest
 
-from gateway.devservices.cassandra import CassandraCluster
-from gateway.devservices.redis import RedisServer
+from gateway.app.devservices.cassandra import CassandraCluster
+from gateway.app.devservices.redis import RedisServer
 from protocols import prometheus
 from protocols.prometheus import Series, encode_write_request_v1
 from protocols.prometheus.read import Matcher, Query

@@ -1,6 +1,6 @@
-"""docs/configuration.rst lists every setting of gateway.config.SETTINGS, as the code has them."""
+"""docs/configuration.rst lists every setting of gateway.app.config.SETTINGS, as the code has them."""
 
-from gateway.config import SETTINGS
+from gateway.app.config import SETTINGS
 from tests.gatewayproc import REPO
 
 NAME_WIDTH = max(len("--" + s.name) for s in SETTINGS)

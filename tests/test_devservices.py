@@ -14,8 +14,8 @@ import redis
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import RoundRobinPolicy
 
-from gateway.devservices.cassandra import CassandraServer
-from gateway.devservices.redis import RedisServer
+from gateway.app.devservices.cassandra import CassandraServer
+from gateway.app.devservices.redis import RedisServer
 
 pytestmark = pytest.mark.slow  # every test here starts Cassandra or Redis
 
@@ -84,7 +84,7 @@ def test_redis_restarts_on_same_url(tmp_path):
 def test_cli_serves_redis_until_sigterm(tmp_path):
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.devservices.cli", "dev", "redis", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "gateway.app.devservices.cli", "dev", "redis", "--dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": pythonpath},

@@ -8,12 +8,12 @@ import urllib.parse
 import pytest
 import redis
 
+from gateway.core.layout import HOUR_MS, Layout, parse_granularities
+from gateway.core.samples import from_points
 from gateway.downsample.aggregate import CUMULATIVE_COUNTER, DELTA_COUNTER, GAUGE, MAX_ONLY, roll_up, series_kind
 from gateway.downsample.partitions import jump_hash, parse_partitions, partition_of
-from gateway.read_path import choose_granularity
-from gateway.samples import from_points
+from gateway.query.read_path import choose_granularity
 from gateway.store.contract import Rollup
-from gateway.store.layout import HOUR_MS, Layout, parse_granularities
 from tests.gatewayproc import downsample_once, metric_value, wait_until_redis_is_used
 
 MINUTE = 60_000
@@ -136,7 +136,7 @@ def test_two_downsampler_replicas_share_the_work(start_gateway, cassandra_url, t
     series-slot is rolled up, and no series-slot is counted twice (the replicas' counts add up to
     exactly the 40 series-slots once no pending work is left in Redis). The Redis is the test's
     own: any other downsampler on the keyspace and a shared Redis would take part of the work."""
-    from gateway.devservices.redis import RedisServer
+    from gateway.app.devservices.redis import RedisServer
 
     own_redis = RedisServer(tmp_path / "redis")
     own_redis.start()
@@ -205,7 +205,7 @@ def test_reads_past_raw_retention_use_roll_ups(start_gateway, tmp_path, tenant):
 def test_redis_restarting_mid_run_loses_no_roll_up(start_gateway, cassandra_url, tmp_path, tenant):
     """While Redis is down, ingest marks the store's pending table instead; after Redis is back,
     one `downsample --once` rolls up what was written during and after the outage."""
-    from gateway.devservices.redis import RedisServer
+    from gateway.app.devservices.redis import RedisServer
 
     redis = RedisServer(tmp_path / "redis")
     redis.start()

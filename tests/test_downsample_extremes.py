@@ -21,21 +21,21 @@ from prometheus_client import REGISTRY
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
+from gateway.core.layout import HOUR_MS, Layout, head_shard
+from gateway.core.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text
+from gateway.core.samples import empty
 from gateway.downsample.aggregate import exact_sum
 from gateway.downsample.failures import RollUpFailed, SlotFailures
 from gateway.downsample.histograms import is_counter_reset
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import PendingMarks, RedisPending, StorePending
 from gateway.downsample.processor import Downsampler
-from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import KnownSeries
-from gateway.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text
-from gateway.read_path import ReadPath
-from gateway.samples import empty
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import HistogramRow, StoreUnavailable
 from gateway.store.histogram_rollup_rows import decode_interval
-from gateway.store.layout import HOUR_MS, Layout, head_shard
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import types_pb2
 from protocols.prometheus.xor import STALE_NAN_BITS

@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from gateway.graphite.evaluator import RenderContext, RenderError, evaluate_target
-from gateway.graphite.functions import REGISTRY, function_catalog
-from gateway.graphite.series import TimeSeries
+from gateway.query.graphite.evaluator import RenderContext, RenderError, evaluate_target
+from gateway.query.graphite.functions import REGISTRY, function_catalog
+from gateway.query.graphite.series import TimeSeries
 
 N = None
 DATA = {

@@ -1,6 +1,6 @@
 """/render's graph formats (PNG, SVG): the options, the pictures drawn, and through a real gateway.
 
-The drawing tests call gateway.graphite.drawing directly (what a drawing process runs) and read
+The drawing tests call gateway.query.graphite.drawing directly (what a drawing process runs) and read
 the pictures back: PNG with Pillow (matplotlib's dependency), SVG as XML, where each series' line
 is the group ``series_<n>`` and its fill ``area_<n>``.
 """
@@ -18,9 +18,9 @@ import pytest
 import pytest_twisted
 from PIL import Image
 
-from gateway.graphite import drawing
-from gateway.graphite.graph import PARAMETERS, BadGraphOption, GraphPool, GraphUnavailable, parse_graph_options
-from gateway.graphite.series import TimeSeries
+from gateway.query.graphite import drawing
+from gateway.query.graphite.graph import PARAMETERS, BadGraphOption, GraphPool, GraphUnavailable, parse_graph_options
+from gateway.query.graphite.series import TimeSeries
 from tests.graphiteweb import render_batch
 from tests.test_fuzz import HOSTILE_TEXT
 

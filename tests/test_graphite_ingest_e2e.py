@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.parse
 
-from gateway.devservices.process import free_port, terminate
+from gateway.app.devservices.process import free_port, terminate
 from tests.gatewayproc import metric_value
 
 

@@ -9,9 +9,11 @@ import struct
 import time
 import tracemalloc
 
+import numpy as np
 import pytest
 
 from protocols.graphite import REJECT_REASONS, Reject
+from protocols.graphite.arrays import name_and_tags
 from protocols.graphite.pickle import NoGlobalsUnpickler, PickleDecoder, decode_frame
 from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 from protocols.graphite.tags import check_tag, format_tagged_path, parse_path
@@ -24,10 +26,18 @@ TS_MS = TS * 1000
 def feed_all(decoder, chunks, now_ms=NOW_MS):
     samples, rejects = [], []
     for chunk in chunks:
-        more_samples, more_rejects = decoder.feed(chunk, now_ms)
+        more_samples, more_rejects = listed(decoder.feed(chunk, now_ms))
         samples += more_samples
         rejects += more_rejects
     return samples, rejects
+
+
+def listed(decoded):
+    """A decoder's arrays as (metric name, tags, timestamp ms, value) tuples, and its rejects."""
+    samples, rejects = decoded
+    points = zip(samples.path_index.tolist(), samples.timestamps.tolist(), samples.values.tolist())
+    series = list(map(name_and_tags, samples.series))
+    return [(*series[index], timestamp, value) for index, timestamp, value in points], rejects
 
 
 def lines(data, max_line_length=16384):
@@ -339,21 +349,21 @@ def test_long_line_rejected_once_and_skipped_across_feeds():
 def test_endless_line_does_not_grow_memory():
     decoder = PlaintextDecoder(max_line_length=1024)
     chunk = b"a" * (1 << 20)
-    assert reasons(decoder.feed(chunk, NOW_MS)[1]) == ["line_too_long"]
+    assert reasons(listed(decoder.feed(chunk, NOW_MS))[1]) == ["line_too_long"]
     tracemalloc.start()
     try:
         for _ in range(100):  # 100 MiB without a newline
-            assert decoder.feed(chunk, NOW_MS) == ([], [])
+            assert listed(decoder.feed(chunk, NOW_MS)) == ([], [])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 64 * 1024
-    assert decoder.feed(b"tail\nm 1 1\n", NOW_MS) == ([("m", {}, 1000, 1.0)], [])
+    assert listed(decoder.feed(b"tail\nm 1 1\n", NOW_MS)) == ([("m", {}, 1000, 1.0)], [])
 
 
 def test_finish_rejects_unterminated_line():
     decoder = PlaintextDecoder()
-    assert decoder.feed(b"a 1 1\nb 2 17000", NOW_MS) == ([("a", {}, 1000, 1.0)], [])
+    assert listed(decoder.feed(b"a 1 1\nb 2 17000", NOW_MS)) == ([("a", {}, 1000, 1.0)], [])
     assert reasons(decoder.finish()) == ["truncated_line"]
     assert decoder.finish() == []
 
@@ -367,13 +377,13 @@ def test_finish_ignores_blank_tail_and_discarded_line():
 
 
 def test_datagram_decodes_last_line_without_newline():
-    samples, rejects = decode_datagram(b"a 1 1\r\nbad\nb 2 2", NOW_MS)
+    samples, rejects = listed(decode_datagram(b"a 1 1\r\nbad\nb 2 2", NOW_MS))
     assert samples == [("a", {}, 1000, 1.0), ("b", {}, 2000, 2.0)]
     assert reasons(rejects) == ["bad_field_count"]
 
 
 def test_datagram_line_limit():
-    samples, rejects = decode_datagram(b"a" * 100 + b" 1 1\nb 2 2", NOW_MS, max_line_length=50)
+    samples, rejects = listed(decode_datagram(b"a" * 100 + b" 1 1\nb 2 2", NOW_MS, max_line_length=50))
     assert [s[0] for s in samples] == ["b"] and reasons(rejects) == ["line_too_long"]
 
 
@@ -391,7 +401,128 @@ def test_plaintext_fuzz():
         samples, rejects = feed_all(decoder, [data[:cut], data[cut:]])
         rejects += decoder.finish()
         assert_well_formed(samples, rejects)
-        assert_well_formed(*decode_datagram(data, NOW_MS))
+        assert_well_formed(*listed(decode_datagram(data, NOW_MS)))
+
+
+# --- arrays: a buffer decoded in bulk ---------------------------------------------------------
+
+
+def assert_arrays(samples, paths, series, path_index, timestamps, values):
+    """The decoder's exact arrays, dtypes included (NaN compared as NaN)."""
+    assert samples.paths == paths
+    assert list(map(name_and_tags, samples.series)) == series
+    assert samples.path_index.dtype == np.intp and samples.path_index.tolist() == path_index
+    assert samples.timestamps.dtype == np.int64 and samples.timestamps.tolist() == timestamps
+    assert samples.values.dtype == np.float64
+    np.testing.assert_array_equal(samples.values, np.array(values, dtype=np.float64))
+
+
+def test_arrays_mixed_good_and_bad_lines_with_tags_and_repeated_paths():
+    data = (
+        b"a.b 1 1700000000\n"
+        b"c;dc=x;host=h 2.5 1700000010\n"
+        b"a.b 3 1700000020\n"  # the same path again: the same table entry
+        b"bad line\n"
+        b"a.b nan 1700000030\n"
+        b"d -inf 1700000040\n"
+        b"e 1e400 1700000050\n"  # float() overflows to inf: refused as inf
+        b"f 4 1e30\n"
+        b"g 5 -2\n"
+        b"h;=v 6 1700000060\n"
+        b"c;host=h;dc=x 7 -1\n"  # another spelling of a series already in the table
+        b"\n"
+        b"a.b 8 1700000070.9\n"
+        b"i 9 17"  # partial: kept for the next read
+    )
+    decoder = PlaintextDecoder()
+    samples, rejects = decoder.feed(data, NOW_MS)
+    assert_arrays(
+        samples,
+        ["a.b", "c;dc=x;host=h", "d", "e", "f", "g", "c;host=h;dc=x"],
+        [
+            ("a.b", {}),
+            ("c", {"dc": "x", "host": "h"}),
+            ("d", {}),
+            ("e", {}),
+            ("f", {}),
+            ("g", {}),
+            ("c", {"host": "h", "dc": "x"}),
+        ],
+        [0, 1, 0, 6, 0],
+        [TS_MS, TS_MS + 10_000, TS_MS + 20_000, NOW_MS - NOW_MS % 1000, TS_MS + 70_000],
+        [1.0, 2.5, 3.0, 7.0, 8.0],
+    )
+    assert rejects == [
+        Reject("bad_field_count", "b'bad line'"),
+        Reject("nan_value", "b'nan'"),
+        Reject("inf_value", "b'-inf'"),
+        Reject("inf_value", "b'1e400'"),
+        Reject("bad_timestamp", "out of range: b'1e30'"),
+        Reject("bad_timestamp", "negative: b'-2'"),
+        Reject("bad_tag", "empty tag name"),
+    ]
+    samples, rejects = decoder.feed(b"00000000\n", NOW_MS)
+    assert_arrays(samples, ["i"], [("i", {})], [0], [TS_MS], [9.0])
+    assert rejects == [] and samples.series == ["i"]  # a buffer of plain paths: their texts
+
+
+def test_arrays_huge_timestamps_at_the_int64_millisecond_edge():
+    """Floats are 2 apart near MAX_TIMESTAMP_S (9223372036854775): the largest below it is
+    stored, the next (what "9223372036854775" itself parses to) is out of range."""
+    data = b"a 1 9223372036854774\na 2 9223372036854775\na 3 9.3e15\na 4 inf\na 5 0.5\n"
+    samples, rejects = decode_datagram(data, NOW_MS)
+    assert_arrays(samples, ["a"], [("a", {})], [0, 0], [9_223_372_036_854_774_000, 0], [1.0, 5.0])
+    assert reasons(rejects) == ["bad_timestamp"] * 3
+    assert rejects[0].detail == "out of range: b'9223372036854775'"
+
+
+@pytest.mark.parametrize(
+    "path, series",
+    [
+        (b"a..b", ("a.b", {})),
+        (b".a", ("a", {})),
+        (b"~a.b", ("a.b", {})),
+        (b"a.b.", ("a.b", {})),
+        (b"a{x=1}", ("a{x=1}", {})),
+        (b'a{x="1"}', ("a", {"x": "1"})),
+        ("é.b".encode(), ("é.b", {})),
+    ],
+)
+def test_arrays_paths_that_are_not_plain_parse_as_one_by_one(path, series):
+    """A buffer of plain paths is recognized at once; one other path makes every path of the
+    buffer go through parse_path, with the same series as alone."""
+    samples, rejects = decode_datagram(b"plain.path 1 1700000000\n" + path + b" 2 1700000000", NOW_MS)
+    assert rejects == [] and list(map(name_and_tags, samples.series)) == [("plain.path", {}), series]
+    assert samples.paths == ["plain.path", path.decode()]
+
+
+def test_arrays_bad_paths_refused_with_their_line_only():
+    data = b"a 1 1700000000\n\xff.b 2 1700000000\na 3 1700000000\nc\x01d 4 1700000000\n"
+    samples, rejects = decode_datagram(data, NOW_MS)
+    assert_arrays(samples, ["a"], [("a", {})], [0, 0], [TS_MS, TS_MS], [1.0, 3.0])
+    assert reasons(rejects) == ["bad_utf8", "bad_path"]
+
+
+def test_arrays_pickle_items_with_repeated_paths_and_bad_items():
+    items = [
+        ("a.b", (1700000000, 1)),
+        (b"a.b", (1700000010, 2.5)),  # bytes and text: two entries of one series
+        ("a.b", (1700000020, "3")),
+        ("a\nb", (1700000000, 4)),  # a newline in a path: refused, not split
+        ("c;t=v", (1700000000, float("nan"))),
+        ["d", [-1, 5]],
+        ("e", (1700000000,)),
+    ]
+    samples, rejects = decode_frame(pickle.dumps(items, protocol=4), NOW_MS)
+    assert_arrays(
+        samples,
+        ["a.b", "a.b", "c;t=v", "d"],
+        [("a.b", {}), ("a.b", {}), ("c", {"t": "v"}), ("d", {})],
+        [0, 1, 0, 3],
+        [TS_MS, TS_MS + 10_000, TS_MS + 20_000, NOW_MS - NOW_MS % 1000],
+        [1.0, 2.5, 3.0, 5.0],
+    )
+    assert reasons(rejects) == ["bad_path", "nan_value", "bad_pickle_item"]
 
 
 # --- pickle: happy path ----------------------------------------------------------------------
@@ -415,7 +546,7 @@ def test_pickle_lists_bytes_paths_and_text_numbers():
     payload = pickle.dumps(
         [["a.b", [1700000000, 1.5]], (b"b", ("1700000000", "2.5")), (b"c", (b"1700000000", b"3"))], protocol=3
     )
-    assert decode_frame(payload, NOW_MS) == (
+    assert listed(decode_frame(payload, NOW_MS)) == (
         [("a.b", {}, TS_MS, 1.5), ("b", {}, TS_MS, 2.5), ("c", {}, TS_MS, 3.0)],
         [],
     )
@@ -430,7 +561,7 @@ def test_python2_style_pickle():
         + struct.pack(">d", 3.25)
         + b"\x86q\x02\x86q\x03a."
     )
-    assert decode_frame(payload, NOW_MS) == ([("a.éb", {}, TS_MS, 3.25)], [])
+    assert listed(decode_frame(payload, NOW_MS)) == ([("a.éb", {}, TS_MS, 3.25)], [])
 
 
 def test_many_frames_split_at_every_byte_position():
@@ -469,7 +600,7 @@ def test_bad_items_do_not_lose_neighbours():
         ],
         protocol=3,
     )
-    samples, rejects = decode_frame(payload, NOW_MS)
+    samples, rejects = listed(decode_frame(payload, NOW_MS))
     assert [s[0] for s in samples] == ["ok.1", "ok.2"]
     assert reasons(rejects) == [
         "bad_pickle_item",
@@ -502,18 +633,18 @@ def test_bad_items_do_not_lose_neighbours():
     ],
 )
 def test_payload_must_be_a_list(payload):
-    assert reasons(decode_frame(payload, NOW_MS)[1]) == ["bad_pickle"]
+    assert reasons(listed(decode_frame(payload, NOW_MS))[1]) == ["bad_pickle"]
 
 
 def test_python3_bytes_need_protocol_3():
     # below protocol 3, Python 3 pickles bytes as a call to _codecs.encode: a global
     payload = pickle.dumps([(b"a", (1, 1))], protocol=2)
-    assert reasons(decode_frame(payload, NOW_MS)[1]) == ["bad_pickle"]
+    assert reasons(listed(decode_frame(payload, NOW_MS))[1]) == ["bad_pickle"]
 
 
 def test_empty_list_and_tuple_payload():
-    assert decode_frame(pickle.dumps([], protocol=2), NOW_MS) == ([], [])
-    assert decode_frame(pickle.dumps((), protocol=2), NOW_MS) == ([], [])
+    assert listed(decode_frame(pickle.dumps([], protocol=2), NOW_MS)) == ([], [])
+    assert listed(decode_frame(pickle.dumps((), protocol=2), NOW_MS)) == ([], [])
 
 
 # --- pickle: framing limits ------------------------------------------------------------------
@@ -534,11 +665,11 @@ def test_oversized_frame_is_not_buffered():
     decoder = PickleDecoder(max_frame_bytes=1024)
     chunk = b"\x00" * (1 << 20)
     header = struct.pack(">I", 100 << 20)
-    assert reasons(decoder.feed(header, NOW_MS)[1]) == ["frame_too_large"]
+    assert reasons(listed(decoder.feed(header, NOW_MS))[1]) == ["frame_too_large"]
     tracemalloc.start()
     try:
         for _ in range(100):
-            assert decoder.feed(chunk, NOW_MS) == ([], [])
+            assert listed(decoder.feed(chunk, NOW_MS)) == ([], [])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -556,14 +687,14 @@ def test_declared_length_at_the_limit_is_accepted():
 
 def test_huge_declared_length():
     decoder = PickleDecoder()
-    assert reasons(decoder.feed(b"\xff\xff\xff\xff" + b"x" * 100, NOW_MS)[1]) == ["frame_too_large"]
+    assert reasons(listed(decoder.feed(b"\xff\xff\xff\xff" + b"x" * 100, NOW_MS))[1]) == ["frame_too_large"]
     assert decoder.finish() == []  # counted once, when the header arrived
 
 
 def test_truncated_frame_on_close():
     data = frame(pickle.dumps(ITEMS, protocol=2))
     decoder = PickleDecoder()
-    assert decoder.feed(data[:-1], NOW_MS) == ([], [])
+    assert listed(decoder.feed(data[:-1], NOW_MS)) == ([], [])
     assert reasons(decoder.finish()) == ["truncated_frame"]
     decoder.feed(b"\x00\x00", NOW_MS)
     assert reasons(decoder.finish()) == ["truncated_frame"]
@@ -591,7 +722,7 @@ def test_truncated_frame_on_close():
     ],
 )
 def test_malformed_pickles(payload):
-    samples, rejects = decode_frame(payload, NOW_MS)
+    samples, rejects = listed(decode_frame(payload, NOW_MS))
     assert samples == [] and reasons(rejects) == ["bad_pickle"]
 
 
@@ -645,7 +776,7 @@ def test_hostile_opcodes_rejected(name):
 def test_reduce_objects_rejected(protocol):
     for obj in (Evil(), [Evil()], [("a.b", (1, Evil()))]):
         payload = pickle.dumps(obj, protocol=protocol)
-        assert reasons(decode_frame(payload, NOW_MS)[1]) == ["bad_pickle"]
+        assert reasons(listed(decode_frame(payload, NOW_MS))[1]) == ["bad_pickle"]
     assert CALLS == []
 
 
@@ -673,7 +804,7 @@ def test_second_gate_refuses_registered_extension():
     try:
         with pytest.raises(pickle.UnpicklingError, match="refused"):
             NoGlobalsUnpickler(io.BytesIO(HOSTILE["p2 EXT1"])).load()
-        assert reasons(decode_frame(HOSTILE["p2 EXT1"], NOW_MS)[1]) == ["bad_pickle"]
+        assert reasons(listed(decode_frame(HOSTILE["p2 EXT1"], NOW_MS))[1]) == ["bad_pickle"]
     finally:
         copyreg.remove_extension("test_graphite_protocol", "record_call", 240)
     assert CALLS == []
@@ -691,7 +822,7 @@ def test_second_gate_refuses_registered_extension():
 )
 def test_memory_bombs_rejected_fast(payload):
     started = time.perf_counter()
-    assert reasons(decode_frame(payload, NOW_MS)[1]) == ["bad_pickle"]
+    assert reasons(listed(decode_frame(payload, NOW_MS))[1]) == ["bad_pickle"]
     assert time.perf_counter() - started < 0.5
 
 
@@ -708,17 +839,17 @@ def test_deeply_nested_lists_and_tuples():
 def test_self_referencing_lists():
     # L = []; L.append((L, L)): the datapoint L is a list of one item
     payload = b"\x80\x02]q\x00h\x00h\x00\x86a."
-    assert reasons(decode_frame(payload, NOW_MS)[1]) == ["bad_pickle_item"]
+    assert reasons(listed(decode_frame(payload, NOW_MS))[1]) == ["bad_pickle_item"]
     # L = []; L.append((L, (1, 1))): the path L is not text
     payload = b"\x80\x02]q\x00h\x00K\x01K\x01\x86\x86a."
-    assert reasons(decode_frame(payload, NOW_MS)[1]) == ["bad_path"]
+    assert reasons(listed(decode_frame(payload, NOW_MS))[1]) == ["bad_path"]
 
 
 def test_huge_ints_and_strings_within_a_frame():
     payload = pickle.dumps(
         [("a" * 500_000, (1, 1)), ("b", (10**1000, 1)), ("c", (1, 2**5000)), ("d", ("9" * 100_000, 1))], protocol=4
     )
-    samples, rejects = decode_frame(payload, NOW_MS)
+    samples, rejects = listed(decode_frame(payload, NOW_MS))
     assert [s[0] for s in samples] == ["a" * 500_000]
     assert reasons(rejects) == ["bad_timestamp", "bad_value", "bad_timestamp"]
     assert max(len(r.detail) for r in rejects) < 200
@@ -740,7 +871,7 @@ def test_pickle_fuzz():
         samples, rejects = feed_all(decoder, [data[:cut], data[cut:]])
         rejects += decoder.finish()
         assert_well_formed(samples, rejects)
-        assert_well_formed(*decode_frame(data, NOW_MS))
+        assert_well_formed(*listed(decode_frame(data, NOW_MS)))
     assert CALLS == []
 
 
@@ -766,5 +897,5 @@ def test_pickle_items_as_small_as_a_pickler_writes_them_are_kept():
     items = [("a", (i % 200, 1)) for i in range(10_000)]
     payload = pickletools.optimize(pickle.dumps(items, protocol=2))
     assert len(payload) < 8 * len(items) + 64
-    samples, rejects = decode_frame(payload, NOW_MS)
+    samples, rejects = listed(decode_frame(payload, NOW_MS))
     assert len(samples) == 10_000 and rejects == []

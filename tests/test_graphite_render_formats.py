@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from gateway.graphite.series import TimeSeries
+from gateway.query.graphite.series import TimeSeries
 from protocols.graphite import render_formats
 from protocols.graphite.render_formats import (
     apply_max_data_points,

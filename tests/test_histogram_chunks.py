@@ -26,8 +26,8 @@ from protocols.prometheus.histogram_chunks import (
     encode_histogram_chunk,
     from_protobuf,
     reset_header,
-    to_protobuf,
 )
+from tests.histogram_messages import to_protobuf
 
 H = types_pb2.Histogram
 STALE = struct.unpack(">d", bytes.fromhex("7ff0000000000002"))[0]

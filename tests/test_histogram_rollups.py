@@ -5,10 +5,10 @@ to end test through `tsgate downsample --once` is in test_read_path_e2e.py."""
 import itertools
 import struct
 
+from gateway.core.layout import Layout
 from gateway.downsample.histograms import is_counter_reset, roll_up_histograms
 from gateway.store.contract import HistogramRow
 from gateway.store.histogram_rollup_rows import decode_interval, encode_interval, kept_in_range
-from gateway.store.layout import Layout
 from protocols.prometheus import types_pb2
 from tests.test_prometheus_protocol import histogram
 

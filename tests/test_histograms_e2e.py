@@ -3,7 +3,7 @@ Histograms-Written header, remote read SAMPLES out, bit for bit."""
 
 from protocols import prometheus
 from protocols.prometheus import Histogram, Matcher, Query, Series, remote_pb2, types_pb2
-from protocols.prometheus.histogram_chunks import to_protobuf
+from tests.histogram_messages import to_protobuf
 from tests.test_exemplars_e2e import now_ms, read_samples, write
 from tests.test_prometheus_protocol import HISTOGRAM, VALID_HISTOGRAMS, histogram
 

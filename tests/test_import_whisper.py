@@ -34,16 +34,16 @@ import pytest
 import pytest_twisted
 import whisper
 
-from gateway.cli import build_parser
-from gateway.config import build_config
+from gateway.app.cli import build_parser
+from gateway.app.config import build_config
+from gateway.app.whisper_files import CorruptFile, file_data, read_archives
+from gateway.app.whisper_import import FileImporter, Job, graphite_name
+from gateway.core.layout import DAY_MS, HOUR_MS, Layout, parse_granularities
+from gateway.core.model import SeriesKey, series_set_hash, series_set_text
+from gateway.core.overrides import attach
 from gateway.downsample.aggregate import GAUGE, MAX_ONLY
-from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.overrides import attach
 from gateway.store.blocks import decode_block
 from gateway.store.contract import RawPoint
-from gateway.store.layout import DAY_MS, HOUR_MS, Layout, parse_granularities
-from gateway.whisper_files import CorruptFile, file_data, read_archives
-from gateway.whisper_import import FileImporter, Job, graphite_name
 from tests.gatewayproc import REPO, run_tsgate
 from tests.graphiteweb import render_batch
 
@@ -164,7 +164,7 @@ def graphite_answers(whisper_tree: Tree, tmp_path_factory) -> list[list[dict]]:
 
 
 def _import(tree: Path, tmp_path: Path, tenant: str, *store: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "gateway.cli", "import", "whisper", str(tree), "--tenant", tenant]
+    command = [sys.executable, "-m", "gateway.app.cli", "import", "whisper", str(tree), "--tenant", tenant]
     command += ["--workers", "2", "--state-dir", str(tmp_path / "state"), "--data-dir", str(tmp_path / "data")]
     return subprocess.run(
         [*command, *LAYOUT_FLAGS, "--log-level", "warning", *store],
@@ -335,7 +335,7 @@ def test_timestamps_of_raw_blocks_are_milliseconds(tmp_path):
 @pytest.mark.slow  # runs tsgate processes over the 205 files
 def test_an_interrupted_import_goes_on_where_it_stopped(whisper_tree, tmp_path, tenant):
     """SIGTERM once the first files are recorded: exit 130; the next run imports only the others."""
-    command = [sys.executable, "-m", "gateway.cli", "import", "whisper", str(whisper_tree.root), "--tenant", tenant]
+    command = [sys.executable, "-m", "gateway.app.cli", "import", "whisper", str(whisper_tree.root), "--tenant", tenant]
     command += ["--workers", "1", "--state-dir", str(tmp_path / "state"), "--data-dir", str(tmp_path / "data")]
     process = subprocess.Popen(
         [*command, *LAYOUT_FLAGS], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

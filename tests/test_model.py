@@ -5,14 +5,14 @@ import math
 import mmh3
 import pytest
 
-from gateway.model import (
+from gateway.core.model import (
     InvalidSample,
     Limits,
     Sample,
-    parse_series_set_text,
     series_set_hash,
     series_set_text,
-    validate_sample,
+    validate_point,
+    validate_series,
     validate_tenant,
 )
 
@@ -37,7 +37,6 @@ def test_series_set_vectors(metric, tags, text, hash_):
     assert series_set_text(metric, tags) == text
     assert series_set_hash(text) == hash_
     assert len(hash_) == 24
-    assert parse_series_set_text(text) == (metric, tags)
 
 
 def test_hash_is_murmur3_x64_128_h1_then_h2_little_endian():
@@ -58,6 +57,12 @@ def test_escaping_keeps_different_series_apart():
 
 def test_tag_order_does_not_matter():
     assert series_set_text("m", {"b": "1", "a": "2"}) == series_set_text("m", {"a": "2", "b": "1"}) == "m,a=2,b=1"
+
+
+def validate(sample: Sample, limits: Limits) -> None:
+    """The checks the pipeline runs on a sample: its series once, then its point."""
+    validate_series(sample.metric_name, sample.tags, limits)
+    validate_point(sample.timestamp_ms, sample.value, NOW - limits.max_sample_age_ms, NOW + limits.max_future_ms)
 
 
 def sample(**changes):
@@ -89,19 +94,19 @@ def sample(**changes):
 )
 def test_invalid_samples_name_the_field(changes, field, reason):
     with pytest.raises(InvalidSample) as raised:
-        validate_sample(sample(**changes), Limits(), NOW)
+        validate(sample(**changes), Limits())
     assert raised.value.field == field
     assert raised.value.reason == reason
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -0.0, 1e308])
 def test_nan_and_infinities_are_valid_values(value):
-    validate_sample(sample(value=value), Limits(), NOW)
+    validate(sample(value=value), Limits())
 
 
 def test_limits_are_configurable():
     with pytest.raises(InvalidSample):
-        validate_sample(sample(metric_name="abcd"), Limits(max_name_length=3), NOW)
+        validate(sample(metric_name="abcd"), Limits(max_name_length=3))
 
 
 @pytest.mark.parametrize("tenant", ["", "a b", "a|b", "x" * 151, "t\n"])

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from gateway import samples
-from gateway.query import SeriesResult
+from gateway.core import samples
+from gateway.query.planner import SeriesResult
 from protocols import native_json
 from protocols.timespec import BadTime, format_iso, parse_time
 

@@ -1,4 +1,4 @@
-"""Per-tenant overrides (gateway/overrides.py): parsing and validation, reload with the last good
+"""Per-tenant overrides (gateway/core/overrides.py): parsing and validation, reload with the last good
 file kept, the limits and retentions each tenant gets, and the SQLite sweep by tenant."""
 
 import logging
@@ -10,14 +10,14 @@ import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
 
-from gateway.cli import build_parser
-from gateway.config import build_config
-from gateway.limits import RateLimited, TenantLimits
-from gateway.model import SeriesKey
-from gateway.overrides import Overrides, OverridesError, parse_overrides
-from gateway.read_path import ReadPath
+from gateway.app.cli import build_parser
+from gateway.app.config import build_config
+from gateway.core.layout import DAY_MS, HOUR_MS, Layout
+from gateway.core.model import SeriesKey
+from gateway.core.overrides import Overrides, OverridesError, parse_overrides
+from gateway.ingest.limits import RateLimited, TenantLimits
+from gateway.query.read_path import ReadPath
 from gateway.store.contract import RawPoint, Rollup
-from gateway.store.layout import DAY_MS, HOUR_MS, Layout
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_head
 from tests.gatewayproc import REPO, run_tsgate
@@ -123,7 +123,7 @@ def test_a_bad_reload_keeps_the_last_good_file_logs_why_and_counts(tmp_path, cap
     failures = reload_failures()
     now[0] = 2000.0
     path.write_text("[tenants.small]\ntenant-max-active-series = -5\n")
-    with caplog.at_level(logging.ERROR, logger="gateway.overrides"):
+    with caplog.at_level(logging.ERROR, logger="gateway.core.overrides"):
         assert not overrides.reload("SIGHUP")
     assert overrides.for_tenant("small")["tenant-max-active-series"] == 2
     assert overrides.loaded_at == 1000.0
@@ -225,7 +225,10 @@ def test_overrides_check_validates_a_file_without_a_server(tmp_path):
     assert '"max-points-per-query": 50' in out and '"max-points-per-query": 1000' in out
     path.write_text('[tenants.small]\nraw-retention = "forever"\n')
     refused = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "overrides", "check", str(path)], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "gateway.app.cli", "overrides", "check", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert refused.returncode == 1
     assert "tenant 'small': raw-retention: 'forever' is not a duration" in refused.stderr

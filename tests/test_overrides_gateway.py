@@ -9,10 +9,10 @@ import urllib.parse
 
 import pytest_twisted
 
+from gateway.core.layout import DAY_MS, HOUR_MS, Layout, Retentions, parse_granularities
 from gateway.http.auth import hash_token
 from gateway.store.cassandra import CassandraStore
 from gateway.store.contract import ExemplarRow, HistogramRow, Rollup
-from gateway.store.layout import DAY_MS, HOUR_MS, Layout, Retentions, parse_granularities
 from tests.gatewayproc import metric_value
 from tests.test_cassandra import cql_session
 

@@ -14,7 +14,7 @@ import urllib.parse
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from gateway.devservices.process import free_port
+from gateway.app.devservices.process import free_port
 from protocols.prometheus import Matcher, Query
 from tests.prometheusproc import PrometheusProcess
 from tests.test_exemplars_e2e import read_samples

@@ -9,8 +9,8 @@ import pytest
 import pytest_twisted
 from twisted.web.test.requesthelper import DummyRequest
 
+from gateway.core.layout import HOUR_MS
 from gateway.http.promql_api import prometheus_errors
-from gateway.store.layout import HOUR_MS
 from protocols.prometheus import Series
 from tests.gatewayproc import downsample_once
 from tests.test_read_path_e2e import remote_write

@@ -39,7 +39,7 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from gateway.devservices.process import free_port
+from gateway.app.devservices.process import free_port
 from protocols.prometheus import Matcher, Query, decode_read_response, encode_read_request
 from tests.prometheusproc import PrometheusProcess
 

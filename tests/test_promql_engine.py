@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from gateway.promql.engine import Evaluator, Query, format_value, parse, plan
-from gateway.promql.values import STALE_NAN_BITS, PromQLError, Scalar, Series, Vector
+from gateway.query.promql.engine import Evaluator, Query, format_value, parse, plan
+from gateway.query.promql.values import STALE_NAN_BITS, PromQLError, Scalar, Series, Vector
 from protocols.prometheus.native_histogram import Histogram
 
 STALE = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]

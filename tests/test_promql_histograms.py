@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from gateway.http.promql_api import _encode_instant, _encode_matrix
-from gateway.promql.engine import Evaluator, Query, parse, plan
-from gateway.promql.values import Series, Vector
+from gateway.query.promql.engine import Evaluator, Query, parse, plan
+from gateway.query.promql.values import Series, Vector
 from protocols.prometheus.native_histogram import Histogram
 
 S = 1000

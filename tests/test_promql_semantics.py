@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from gateway.promql.engine import Evaluator, Query, parse, plan
-from gateway.promql.values import PromQLError, Series, Vector
+from gateway.query.promql.engine import Evaluator, Query, parse, plan
+from gateway.query.promql.values import PromQLError, Series, Vector
 from protocols.prometheus.native_histogram import Histogram
 
 S = 1000

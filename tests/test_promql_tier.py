@@ -12,12 +12,12 @@ import pytest
 import pytest_twisted
 from twisted.web.test.requesthelper import DummyRequest
 
+from gateway.core.model import Limits, Sample
 from gateway.http.promql_api import PromQLAPI, prometheus_errors
-from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import KnownSeries
-from gateway.model import Limits, Sample
-from gateway.promql.service import PromQLService
-from gateway.query import QueryPlanner
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.planner import QueryPlanner
+from gateway.query.promql.service import PromQLService
 from tests import promtool_check
 from tests.promqltest import Clear, Eval, Load, compare, is_stale, parse_file, values
 
@@ -34,8 +34,7 @@ class Runner:
     def __init__(self, store):
         self.store = store
         self.pipeline = IngestPipeline(store, Limits(), KnownSeries(100_000), 10_000_000, clock=lambda: NOW_MS)
-        planner = QueryPlanner(store, max_series=10_000)
-        planner.reader.clock = lambda: NOW_MS
+        planner = QueryPlanner(store, max_series=10_000, clock=lambda: NOW_MS)
         self.api = PromQLAPI(PromQLService(store, planner, 50_000_000, LOOKBACK_MS, 60_000))
         self.generation = 0
 

@@ -12,15 +12,15 @@ import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
 
-from gateway.graphite.tagdb import TagDB
-from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import KnownSeries
-from gateway.model import ExemplarSample, HistogramSample, Limits, Sample, now_ms
-from gateway.promql.engine import QueryText
-from gateway.promql.service import PromQLService
-from gateway.promql.values import PromQLError
-from gateway.query import QueryPlanner, QueryTooLarge
-from gateway.remote_read import RemoteRead
+from gateway.core.model import ExemplarSample, HistogramSample, Limits, Sample, now_ms
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.graphite.tagdb import TagDB
+from gateway.query.planner import QueryPlanner, QueryTooLarge
+from gateway.query.promql.engine import QueryText
+from gateway.query.promql.service import PromQLService
+from gateway.query.promql.values import PromQLError
+from gateway.query.remote_read import RemoteRead
 from protocols.linear_regex import BadPattern, compile_regex
 from protocols.prometheus import Matcher, Series, prometheus_labels
 from protocols.prometheus.read import Query

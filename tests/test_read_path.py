@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import pytest_twisted
 
-from gateway import samples
+from gateway.core import samples
+from gateway.core.layout import HOUR_MS, Layout, parse_granularities
+from gateway.core.model import SeriesKey, series_set_hash, series_set_text
+from gateway.core.samples import Samples
 from gateway.downsample.processor import Downsampler
-from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.read_path import ReadPath, rollup_samples
-from gateway.samples import Samples
+from gateway.query.read_path import ReadPath, rollup_samples
 from gateway.store.blocks import BadBlock, decode_block, encode_block, read_header
 from gateway.store.contract import RawPoint, Rollup
-from gateway.store.layout import HOUR_MS, Layout, parse_granularities
 from tests.conftest import read_blocks, read_head
 
 MINUTE = 60_000
@@ -213,7 +213,7 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     before = gateway.get("/api/query?" + urllib.parse.urlencode(params))
     assert before.status == 200 and list(before.json()[0]["values"].values()) == [float(i) for i in range(20)]
     sealed = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "downsample", "--once", "--downsample-delay", "0s", *store_args],
+        [sys.executable, "-m", "gateway.app.cli", "downsample", "--once", "--downsample-delay", "0s", *store_args],
         cwd=REPO,
         capture_output=True,
         text=True,

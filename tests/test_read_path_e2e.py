@@ -11,9 +11,9 @@ import urllib.parse
 import pytest
 from cassandra.cluster import Cluster
 
-from gateway.model import series_set_hash, series_set_text
+from gateway.core.layout import HOUR_MS, Layout, head_shard
+from gateway.core.model import series_set_hash, series_set_text
 from gateway.store.cassandra import parse_url
-from gateway.store.layout import HOUR_MS, Layout, head_shard
 from protocols import prometheus
 from protocols.prometheus import Matcher, Query, Series, remote_pb2, types_pb2
 from tests.gatewayproc import downsample_once

@@ -179,7 +179,9 @@ def test_every_readme_command_prints_what_the_readme_shows(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "tsgate"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(REPO))} exec {sys.executable} -m gateway.cli "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(REPO))} exec {sys.executable} -m gateway.app.cli "$@"\n'
+    )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     workdir = tmp_path / "newcomer"
     workdir.mkdir()

@@ -12,15 +12,15 @@ import urllib.parse
 import pytest
 import pytest_twisted
 
+from gateway.core.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.graphite.finder import Finder
-from gateway.graphite.tagdb import TagDB, graphite_path
-from gateway.ingest import IngestPipeline
-from gateway.limits import TenantLimits
-from gateway.metadata_cache import KnownSeries
-from gateway.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text
-from gateway.query import QueryPlanner
+from gateway.ingest.limits import TenantLimits
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.graphite.finder import Finder
+from gateway.query.graphite.tagdb import TagDB, graphite_path
+from gateway.query.planner import QueryPlanner
 from gateway.store.contract import MetricMetadata
 from tests.gatewayproc import REPO
 
@@ -37,21 +37,24 @@ READS = {
 
 
 class CountedReads:
-    """A real store whose index reads are counted: how many were asked for, and the most that
-    were asked for and not yet answered at one moment."""
+    """A real store whose reads (the index reads unless told) are counted: how many were asked
+    for, with what arguments, and the most that were asked for and not yet answered at one moment."""
 
-    def __init__(self, store):
+    def __init__(self, store, reads=READS):
         self.store = store
+        self.counted = reads
+        self.calls: list[tuple] = []
         self.reads = 0
         self.inflight = 0
         self.peak = 0
 
     def __getattr__(self, name):
         method = getattr(self.store, name)
-        if name not in READS:
+        if name not in self.counted:
             return method
 
         def counted(*args):
+            self.calls.append((name, *args))
             self.reads += 1
             self.inflight += 1
             self.peak = max(self.peak, self.inflight)
@@ -255,22 +258,22 @@ def test_without_the_ingest_role_no_carbon_listener_opens(start_gateway, tmp_pat
 @pytest.mark.parametrize(
     "module",
     [
-        "gateway.ingest",
+        "gateway.ingest.pipeline",
         "gateway.store.cassandra",
         "gateway.store.sqlite",
-        "gateway.graphite.finder",
-        "gateway.graphite.tagdb",
-        "gateway.query",
-        "gateway.created",
-        "gateway.remote_read",
-        "gateway.promql.service",
+        "gateway.query.graphite.finder",
+        "gateway.query.graphite.tagdb",
+        "gateway.query.planner",
+        "gateway.ingest.created",
+        "gateway.query.remote_read",
+        "gateway.query.promql.service",
     ],
 )
 def test_services_depend_on_no_http_config_or_downsampler(module):
     """Dependencies point inwards: the pipeline marks pending work through PendingMarker, the
     store drivers take plain values, the services know nothing of HTTP."""
     check = (
-        f"import sys, {module}; print(sorted(n for n in sys.modules if n in ('gateway.config', 'gateway.service', 'gateway.cli')"
+        f"import sys, {module}; print(sorted(n for n in sys.modules if n in ('gateway.app.config', 'gateway.app.service', 'gateway.app.cli')"
         " or n.startswith(('gateway.downsample', 'gateway.http'))))"
     )
     result = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=60)

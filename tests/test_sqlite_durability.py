@@ -10,7 +10,7 @@ import urllib.parse
 
 import pytest
 
-from gateway.model import now_ms
+from gateway.core.model import now_ms
 from protocols.prometheus import Series, encode_write_request_v1
 from protocols.timespec import format_iso
 from tests.gatewayproc import GatewayProcess

@@ -10,9 +10,10 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from gateway import samples
-from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.read_path import ReadPath
+from gateway.core import samples
+from gateway.core.layout import Layout
+from gateway.core.model import SeriesKey, series_set_hash, series_set_text
+from gateway.query.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import (
     CreatedTimestamp,
@@ -26,7 +27,6 @@ from gateway.store.contract import (
     time_slot,
     time_slots,
 )
-from gateway.store.layout import Layout
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_blocks, read_head
 

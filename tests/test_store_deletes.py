@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest_twisted
 
-from gateway import samples
-from gateway.model import NAME_TAG
+from gateway.core import samples
+from gateway.core.model import NAME_TAG
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import ExemplarRow, HistogramRow, MetricMetadata, PathNode, RawPoint, Rollup, time_slot
 from tests.test_store_contract import series

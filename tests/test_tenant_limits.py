@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gateway.limits import RateLimited, TenantLimits
+from gateway.ingest.limits import RateLimited, TenantLimits
 from protocols.prometheus import Series, encode_write_request_v1
 from tests.gatewayproc import metric_value
 

@@ -290,7 +290,12 @@ def test_real_prometheus_writes_with_basic_auth_and_reads_with_a_bearer_token(se
 
 def tsgate(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], input=stdin, capture_output=True, text=True, cwd=REPO, timeout=60
+        [sys.executable, "-m", "gateway.app.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
     )
 
 

@@ -6,7 +6,8 @@ import pytest
 import pytest_twisted
 from cassandra import DriverException
 
-from gateway.metadata_cache import LRUMap, SeenSeries
+from gateway.core.caches import LRUMap
+from gateway.ingest.metadata_cache import SeenSeries
 from gateway.store.cassandra_requests import RequestQueue
 
 
@@ -149,7 +150,7 @@ class FakeClock:
 
 def test_failure_limit_refuses_past_its_allowance_and_refills_over_a_minute():
     from gateway.http.auth import FailureLimit
-    from gateway.limits import RateLimited
+    from gateway.ingest.limits import RateLimited
 
     clock = FakeClock()
     limit = FailureLimit(6, clock=clock)
@@ -169,7 +170,7 @@ def test_failure_limit_refuses_past_its_allowance_and_refills_over_a_minute():
 
 def test_failure_limit_keeps_a_bounded_number_of_keys_and_zero_turns_it_off():
     from gateway.http.auth import FailureLimit
-    from gateway.limits import RateLimited
+    from gateway.ingest.limits import RateLimited
 
     limit = FailureLimit(1, max_keys=3, clock=FakeClock())
     for user in "abcd":

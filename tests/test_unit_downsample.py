@@ -9,14 +9,14 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import ensureDeferred, gatherResults
 
+from gateway.core.layout import HOUR_MS
+from gateway.core.model import Limits, Sample, now_ms
 from gateway.downsample.partitions import partition_of
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending
 from gateway.downsample.processor import Downsampler
-from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import KnownSeries
-from gateway.model import Limits, Sample, now_ms
-from gateway.query import QueryPlanner
-from gateway.store.layout import HOUR_MS
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.planner import QueryPlanner
 
 PARTITIONS = 64
 SERIES = 40

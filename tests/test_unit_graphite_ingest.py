@@ -3,6 +3,7 @@ task.Clock, so pausing, resuming, backing off and dropping are counted exactly w
 
 import threading
 
+import numpy as np
 import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
@@ -10,20 +11,22 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from gateway.connections import Connections
+from gateway.core.connections import Connections
+from gateway.core.model import Limits, now_ms, series_set_hash, series_set_text
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.graphite.listeners import (
+from gateway.ingest.carbon import (
     DRAINING_RETRY_S,
     GraphiteIngest,
     PickleFactory,
     PlaintextDatagramProtocol,
     PlaintextFactory,
 )
-from gateway.ingest import IngestPipeline
-from gateway.limits import TenantLimits
-from gateway.metadata_cache import KnownSeries
-from gateway.model import Limits, Sample, now_ms, series_set_hash, series_set_text
+from gateway.ingest.limits import TenantLimits
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
 from protocols.graphite import REJECT_REASONS, http_request_line
+from protocols.graphite.arrays import Samples, concat
+from protocols.graphite.plaintext import PlaintextDecoder
 from tests.unit import until
 
 REASONS = sorted(REJECT_REASONS)
@@ -33,9 +36,17 @@ def counter(name: str, **labels) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def samples(tenant: str, name: str, count: int, start: int = 0) -> list[Sample]:
+def samples(name: str, count: int, start: int = 0) -> Samples:
+    """Points start..start+count-1 of the plain path ``name``, as a decoder gives them."""
     now = now_ms()
-    return [Sample(tenant, name, {}, now - 60_000 + i, float(i)) for i in range(start, start + count)]
+    points = range(start, start + count)
+    return Samples(
+        [name],
+        [(name, {})],
+        np.zeros(count, dtype=np.intp),
+        np.array([now - 60_000 + i for i in points], dtype=np.int64),
+        np.array(points, dtype=np.float64),
+    )
 
 
 def pipeline_on(store, max_inflight: int = 1_000_000, tenant_limits=None) -> IngestPipeline:
@@ -69,7 +80,7 @@ async def test_a_full_backlog_pauses_every_tcp_sender_until_half_drained(sqlite_
     ingest.register(first)
     paused_before = counter("tsgate_graphite_backpressure_total")
     for start in range(0, 25, 5):
-        ingest.submit("graphite_plaintext", samples(tenant, "backlog", 5, start))
+        ingest.submit("graphite_plaintext", tenant, samples("backlog", 5, start))
     assert ingest.paused and first.producerState == "paused"
     assert counter("tsgate_graphite_backpressure_total") - paused_before == 1
     ingest.register(late)
@@ -103,8 +114,8 @@ async def test_a_busy_store_is_retried_with_doubling_delays_and_nothing_is_lost(
     release = threading.Event()
     sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
     try:
-        ingest.submit("graphite_plaintext", samples(tenant, "busy", 5))
-        ingest.submit("graphite_plaintext", samples(tenant, "busy", 5, 5))
+        ingest.submit("graphite_plaintext", tenant, samples("busy", 5))
+        ingest.submit("graphite_plaintext", tenant, samples("busy", 5, 5))
         clock.advance(0)
         assert ingest.pending == 10 and ingest.pipeline.inflight_samples == 5
         for delay in (0.5, 1.0, 2.0):
@@ -133,8 +144,8 @@ async def test_at_shutdown_a_batch_waiting_to_be_retried_is_retried_at_once(sqli
     release = threading.Event()
     sqlite_store._writer.callInThread(release.wait)  # the store's one writer thread is busy
     try:
-        ingest.submit("graphite_plaintext", samples(tenant, "stopping", 5))
-        ingest.submit("graphite_plaintext", samples(tenant, "stopping", 5, 5))
+        ingest.submit("graphite_plaintext", tenant, samples("stopping", 5))
+        ingest.submit("graphite_plaintext", tenant, samples("stopping", 5, 5))
         clock.advance(0)
         for delay in (0.5, 1.0):
             clock.advance(delay)
@@ -168,10 +179,10 @@ async def test_over_the_tenant_rate_tcp_waits_and_udp_drops(sqlite_store, tenant
     udp = PlaintextDatagramProtocol(ingest, tenant, 1000)
     limited_before = counter("tsgate_rate_limited_requests_total", limit="samples_per_second")
     dropped_before = counter("tsgate_graphite_udp_dropped_samples_total")
-    ingest.submit("graphite_plaintext", samples(tenant, "limited", 10))
+    ingest.submit("graphite_plaintext", tenant, samples("limited", 10))
     clock.advance(0.05)
     await until(lambda: ingest.pending == 0)
-    ingest.submit("graphite_plaintext", samples(tenant, "limited", 5, 10))
+    ingest.submit("graphite_plaintext", tenant, samples("limited", 5, 10))
     clock.advance(0.05)
     assert counter("tsgate_rate_limited_requests_total", limit="samples_per_second") - limited_before == 1
     assert ingest.paused and sender.producerState == "paused" and ingest.refusing
@@ -199,11 +210,11 @@ async def test_new_series_over_the_active_limit_are_refused_and_nothing_is_held_
     clock = Clock()
     ingest, sender = limited_ingest(sqlite_store, clock, TenantLimits(0, max_active_series=2, clock=clock.seconds))
     refused_before = counter("tsgate_samples_rejected_total", protocol="graphite_plaintext", reason="max_active_series")
-    ingest.submit("graphite_plaintext", samples(tenant, "active.a", 3) + samples(tenant, "active.b", 3))
+    ingest.submit("graphite_plaintext", tenant, concat([samples("active.a", 3), samples("active.b", 3)]))
     clock.advance(0.05)
     await until(lambda: ingest.pending == 0)
-    crossing = samples(tenant, "active.a", 3, 3) + samples(tenant, "active.c", 2) + samples(tenant, "active.b", 3, 3)
-    ingest.submit("graphite_plaintext", crossing)
+    crossing = concat([samples("active.a", 3, 3), samples("active.c", 2), samples("active.b", 3, 3)])
+    ingest.submit("graphite_plaintext", tenant, crossing)
     clock.advance(0.05)
     await until(lambda: ingest.pending == 0)
     assert not ingest.paused and sender.producerState == "producing" and not ingest.refusing
@@ -216,10 +227,10 @@ async def test_new_series_over_the_active_limit_are_refused_and_nothing_is_held_
 class BrokenPipeline(IngestPipeline):
     """A pipeline with a bug for batches of one metric: the error is neither the store's nor a limit."""
 
-    async def ingest(self, protocol, batch):
-        if batch[0].metric_name == "buggy":
+    async def ingest_arrays(self, protocol, batch):
+        if "buggy" in batch.keys:
             raise ValueError("a bug")
-        return await super().ingest(protocol, batch)
+        return await super().ingest_arrays(protocol, batch)
 
 
 @pytest_twisted.ensureDeferred
@@ -230,8 +241,8 @@ async def test_a_batch_failing_unexpectedly_is_dropped_counted_and_its_write_fin
     pipeline = BrokenPipeline(sqlite_store, Limits(), KnownSeries(1000), 1_000_000)
     ingest = GraphiteIngest(pipeline, batch_size=5, concurrency=1, clock=clock)
     lost_before = counter("tsgate_graphite_lost_samples_total")
-    ingest.submit("graphite_plaintext", samples(tenant, "buggy", 5))
-    ingest.submit("graphite_pickle", samples(tenant, "fine", 5))
+    ingest.submit("graphite_plaintext", tenant, samples("buggy", 5))
+    ingest.submit("graphite_pickle", tenant, samples("fine", 5))
     clock.advance(0)
     assert counter("tsgate_graphite_lost_samples_total") - lost_before == 5
     assert ingest._writing == 1  # the next batch's write, and only it
@@ -248,7 +259,7 @@ async def test_a_backlog_over_the_tenant_rate_waits_instead_of_spinning(sqlite_s
     limits = TenantLimits(5, burst_seconds=1, clock=clock.seconds)
     ingest = GraphiteIngest(pipeline_on(sqlite_store, tenant_limits=limits), batch_size=5, concurrency=2, clock=clock)
     for start in range(0, 15, 5):
-        ingest.submit("graphite_plaintext", samples(tenant, "spin", 5, start))
+        ingest.submit("graphite_plaintext", tenant, samples("spin", 5, start))
     clock.advance(0)
     assert ingest.paused and next_timer(clock) == 1
     drained = ingest.drain()
@@ -287,3 +298,26 @@ def test_a_carbon_line_is_not_taken_for_http(sqlite_store, tenant):
     protocol.makeConnection(StringTransport())
     protocol.dataReceived(b"GET requests 3 1700000000\n")  # three fields: a sample named GET
     assert ingest.pending == 0 and not protocol.refused_http
+
+
+@pytest_twisted.ensureDeferred
+async def test_listeners_of_two_tenants_are_batched_apart_and_paths_merged_within_one(sqlite_store, tenant):
+    """Batches merge queued arrays of one protocol and tenant only (the arrays carry no tenant);
+    within one, two spellings of a tagged path are one series and a repeated path one entry."""
+    other = tenant + "-other"
+    clock = Clock()
+    ingest = GraphiteIngest(pipeline_on(sqlite_store), batch_size=100, clock=clock)
+    now = int(now_ms() / 1000) - 60
+    first, _ = PlaintextDecoder().feed(b"m;a=1;b=2 1 %d\nm;b=2;a=1 2 %d\nplain 3 %d\n" % (now, now + 1, now), 0)
+    ingest.submit("graphite_plaintext", tenant, first)
+    ingest.submit("graphite_plaintext", other, samples("plain", 2))
+    ingest.submit("graphite_plaintext", tenant, samples("plain", 1, 5))
+    for _ in range(3):  # one batch a tenant's run of the queue, each after the flush delay
+        clock.advance(ingest.flush_delay)
+        await until(lambda: ingest._writing == 0)
+    assert ingest.pending == 0
+    assert await stored(sqlite_store, tenant, "plain") == 2
+    assert await stored(sqlite_store, other, "plain") == 2
+    hash_ = series_set_hash(series_set_text("m", {"a": "1", "b": "2"}))
+    (found,) = await sqlite_store.read_raw(tenant, [hash_], (now - 10) * 1000, (now + 10) * 1000)
+    assert found.head.values.tolist() == [1.0, 2.0]

@@ -11,12 +11,9 @@ from prometheus_client import REGISTRY
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import LoopingCall
 
-from gateway.cooperative import run_steps
-from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.ingest import _SAMPLES, MIN_INFLIGHT_BOUND, IngestPipeline, Overloaded, StoreRate
-from gateway.limits import RateLimited, TenantLimits
-from gateway.metadata_cache import KnownSeries
-from gateway.model import (
+from gateway.core.cooperative import run_steps
+from gateway.core.layout import HOUR_MS
+from gateway.core.model import (
     ExemplarSample,
     HistogramSample,
     Limits,
@@ -27,7 +24,10 @@ from gateway.model import (
     series_set_text,
     split_labels,
 )
-from gateway.store.layout import HOUR_MS
+from gateway.downsample.pending import PendingMarks, StorePending
+from gateway.ingest.limits import RateLimited, TenantLimits
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import _SAMPLES, MIN_INFLIGHT_BOUND, IngestPipeline, Overloaded, StoreRate
 from protocols import prometheus
 from protocols.prometheus.write import V2_CONTENT_TYPE
 from tests.unit import MsClock

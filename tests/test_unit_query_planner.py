@@ -6,9 +6,9 @@ import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
 
-from gateway.graphite.tagdb import graphite_labels
-from gateway.model import SeriesKey, series_set_hash, series_set_text
-from gateway.query import QueryPlanner, QueryTooLarge
+from gateway.core.model import SeriesKey, series_set_hash, series_set_text
+from gateway.query.graphite.tagdb import graphite_labels
+from gateway.query.planner import QueryPlanner, QueryTooLarge
 from protocols.prometheus import Matcher
 
 OPERATIONS = (

@@ -1,18 +1,18 @@
-"""The query services on a real SQLite store, without a server: remote read (gateway/remote_read.py)
-and PromQL evaluation (gateway/promql/service.py) select, read and limit as the HTTP handlers
+"""The query services on a real SQLite store, without a server: remote read (gateway/query/remote_read.py)
+and PromQL evaluation (gateway/query/promql/service.py) select, read and limit as the HTTP handlers
 rely on, so the handlers only decode and encode."""
 
 import numpy as np
 import pytest
 import pytest_twisted
 
-from gateway.ingest import IngestPipeline
-from gateway.metadata_cache import KnownSeries
-from gateway.model import HistogramSample, Limits, Sample, now_ms
-from gateway.promql.service import PromQLService
-from gateway.promql.values import PromQLError
-from gateway.query import QueryPlanner, QueryTooLarge
-from gateway.remote_read import RemoteRead
+from gateway.core.model import HistogramSample, Limits, Sample, now_ms
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.planner import QueryPlanner, QueryTooLarge
+from gateway.query.promql.service import PromQLService
+from gateway.query.promql.values import PromQLError
+from gateway.query.remote_read import RemoteRead
 from gateway.store.contract import MetricMetadata
 from protocols.prometheus import Matcher
 from protocols.prometheus.read import Query

@@ -19,8 +19,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from gateway.core.tenant_activity import TenantActivity
 from gateway.http.auth import hash_password, hash_token
-from gateway.tenant_activity import TenantActivity
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

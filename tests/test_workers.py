@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.cli import build_parser
-from gateway.config import ConfigError, build_config
+from gateway.app.cli import build_parser
+from gateway.app.config import ConfigError, build_config
 from tests.gatewayproc import GatewayProcess, free_port, tsgate_serve
 
 READY = re.compile(r"worker (\d+) \(pid (\d+)\) ready")

@@ -24,9 +24,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from gateway.samples import Samples
+from gateway.core.layout import Granularity
+from gateway.core.samples import Samples
 from gateway.store.contract import Rollup
-from gateway.store.layout import Granularity
 
 GAUGE = "gauge"
 DELTA_COUNTER = "delta_counter"

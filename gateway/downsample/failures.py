@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 from twisted.internet.defer import FirstError
 
-from gateway import metrics
+from gateway.core import metrics
+from gateway.core.layout import Layout
 from gateway.store.contract import StoreUnavailable
-from gateway.store.layout import Layout
 
 log = logging.getLogger(__name__)
 

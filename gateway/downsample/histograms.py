@@ -13,9 +13,9 @@ The rows' format is gateway/store/histogram_rollup_rows.py.
 import math
 from collections.abc import Sequence
 
+from gateway.core.layout import Granularity
 from gateway.store.contract import HistogramRow
 from gateway.store.histogram_rollup_rows import encode_interval
-from gateway.store.layout import Granularity
 from protocols.prometheus import types_pb2
 from protocols.prometheus.native_histogram import CUSTOM_BUCKETS_SCHEMA, Histogram
 from protocols.prometheus.xor import STALE_NAN_BITS, float_bits

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from twisted.internet import threads
 
-from gateway import metrics
+from gateway.core import metrics
 from gateway.downsample.partitions import partition_of
 from gateway.store import Store
 from gateway.store.contract import PendingSet
@@ -169,7 +169,7 @@ class RedisPending:
 
 
 class PendingMarks:
-    """The ingest pipeline's pending marker (gateway.ingest.PendingMarker): each written
+    """The ingest pipeline's pending marker (gateway.ingest.pipeline.PendingMarker): each written
     series-slot goes to its partition's pending set in ``tracker`` (StorePending or RedisPending)."""
 
     def __init__(self, tracker: "StorePending | RedisPending", partitions: int):

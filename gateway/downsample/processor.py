@@ -17,8 +17,12 @@ import numpy as np
 from twisted.internet import threads
 from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
 
-from gateway import metrics
-from gateway.cooperative import Slices
+from gateway.core import metrics
+from gateway.core.caches import LRUMap
+from gateway.core.cooperative import Slices
+from gateway.core.layout import Layout, head_shard
+from gateway.core.model import SeriesKey, now_ms
+from gateway.core.samples import Samples
 from gateway.downsample.aggregate import (
     AGGREGATORS,
     CUMULATIVE_COUNTER,
@@ -29,14 +33,11 @@ from gateway.downsample.aggregate import (
 from gateway.downsample.failures import RollUpFailed, SlotFailures
 from gateway.downsample.histograms import roll_up_histograms
 from gateway.downsample.pending import Work
-from gateway.metadata_cache import LRUMap, SeenSeries
-from gateway.model import SeriesKey, now_ms
-from gateway.read_path import ReadPath, stitch_raw
-from gateway.samples import Samples
+from gateway.ingest.metadata_cache import SeenSeries
+from gateway.query.read_path import ReadPath, stitch_raw
 from gateway.store import Store
 from gateway.store.blocks import encode_block
 from gateway.store.contract import SealedBlock
-from gateway.store.layout import Layout, head_shard
 
 log = logging.getLogger(__name__)
 

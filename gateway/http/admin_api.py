@@ -10,12 +10,11 @@ so it is served without ``--enable-admin-api``.
 
 import time
 
-from gateway.deletes import Deleter
-from gateway.graphite.finder import TooManyNodes
+from gateway.core.overrides import Overrides
 from gateway.http.promql_api import parse_time, prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant
-from gateway.overrides import Overrides
-from gateway.promql.values import PromQLError
+from gateway.ingest.deletes import Deleter
+from gateway.query.promql.values import PromQLError
 from protocols.graphite.attime import parse_at_time
 
 DISABLED = "admin APIs disabled; start the gateway with --enable-admin-api"
@@ -87,9 +86,6 @@ class AdminAPI:
         if not patterns:
             raise HTTPError(400, "parameter 'path' is required (a Graphite path or glob)", field="path")
         start, end = self._graphite_range(request)
-        try:
-            series = await self.deleter.select_graphite(request_tenant(request), patterns)
-        except TooManyNodes as error:
-            raise HTTPError(422, str(error)) from None
+        series = await self.deleter.select_graphite(request_tenant(request), patterns)
         removed = await self.deleter.delete(series, start, end)
         return json_response(200, {"paths": [key.metric_name for key in series], "removed": removed})

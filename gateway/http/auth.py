@@ -40,7 +40,7 @@ from pathlib import Path
 from twisted.internet import reactor, threads
 from twisted.python.threadpool import ThreadPool
 
-from gateway.limits import RateLimited
+from gateway.ingest.limits import RateLimited
 
 ROLES = ("write", "read", "admin")
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 1 << 14, 8, 1
@@ -170,7 +170,7 @@ class Credentials:
 
     @classmethod
     def from_file(cls, path: Path, max_failures_per_minute: int = 0) -> "Credentials":
-        from gateway.model import InvalidSample, validate_tenant
+        from gateway.core.model import InvalidSample, validate_tenant
 
         try:
             document = tomllib.loads(Path(path).read_text(encoding="utf-8"))

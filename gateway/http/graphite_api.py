@@ -13,16 +13,16 @@ import zoneinfo
 
 from twisted.internet import threads
 
-from gateway.graphite import graph, tagdb
-from gateway.graphite.evaluator import RenderContext, RenderError, evaluate_target
-from gateway.graphite.fetcher import StoreFetcher, consolidations
-from gateway.graphite.finder import Finder, TooManyNodes
-from gateway.graphite.functions import function_catalog
-from gateway.graphite.storage_schemas import StorageSchemas
+from gateway.core.overrides import PerTenant, per_tenant
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant, require_arg
-from gateway.ingest import IngestPipeline
-from gateway.overrides import PerTenant, per_tenant
-from gateway.query import PointsBudget, QueryPlanner
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.graphite import graph, tagdb
+from gateway.query.graphite.evaluator import RenderContext, RenderError, evaluate_target
+from gateway.query.graphite.fetcher import StoreFetcher, consolidations
+from gateway.query.graphite.finder import Finder
+from gateway.query.graphite.functions import function_catalog
+from gateway.query.graphite.storage_schemas import StorageSchemas
+from gateway.query.planner import PointsBudget, QueryPlanner
 from protocols.graphite import InvalidInput, render_formats
 from protocols.graphite.attime import parse_at_time
 from protocols.graphite.tags import parse_path
@@ -197,10 +197,7 @@ class GraphiteAPI:
             )
         graph_options = None
         if form in graph.CONTENT_TYPES:
-            try:
-                graph_options = graph.parse_graph_options(form, lambda name: arg(request, name), tz)
-            except graph.BadGraphOption as error:
-                raise HTTPError(400, str(error), field=error.field) from None
+            graph_options = graph.parse_graph_options(form, lambda name: arg(request, name), tz)
         max_points = _max_data_points(request)
         try:
             x_files_factor = float(arg(request, "xFilesFactor") or 0)
@@ -250,14 +247,8 @@ class GraphiteAPI:
         return Response(200, body, render_formats.CONTENT_TYPES[form])
 
     async def _draw(self, options: graph.GraphOptions, series_list) -> bytes:
-        try:
-            graph.check_series_colors(series_list)
-        except graph.BadGraphOption as error:
-            raise HTTPError(400, str(error), field=error.field) from None
-        try:
-            return await self.graphs.draw(options, series_list)
-        except graph.GraphUnavailable as error:
-            raise HTTPError(503, str(error)) from None
+        graph.check_series_colors(series_list)
+        return await self.graphs.draw(options, series_list)
 
     async def functions(self, request):
         grouped = arg(request, "grouped", "false").lower() in ("1", "true")
@@ -274,12 +265,6 @@ class GraphiteAPI:
         """The graphite-web version whose API this follows; Grafana enables 1.1 features on it."""
         return Response(200, GRAPHITE_API_VERSION.encode(), "text/plain")
 
-    async def _find(self, tenant: str, query: str):
-        try:
-            return await self.finder.find(tenant, query)
-        except TooManyNodes as error:
-            raise HTTPError(422, str(error)) from None
-
     async def find(self, request):
         tenant = request_tenant(request)
         query = require_arg(request, "query")
@@ -289,7 +274,7 @@ class GraphiteAPI:
             query = query.replace("..", "*.")
             if not query.endswith("*"):
                 query += "*"
-        nodes = [n for n in await self._find(tenant, query) if n.is_leaf or not leaves_only]
+        nodes = [n for n in await self.finder.find(tenant, query) if n.is_leaf or not leaves_only]
         base = query.rsplit(".", 1)[0] + "." if "." in query else ""
         if form == "treejson":
             return _jsonp(request, _tree_json(nodes, base, arg(request, "wildcards", "0") == "1"))
@@ -319,7 +304,9 @@ class GraphiteAPI:
         leaves_only = arg(request, "leavesOnly", "0") == "1"
         results = {}
         for query in args(request, "query"):
-            results[query] = sorted({n.path for n in await self._find(tenant, query) if n.is_leaf or not leaves_only})
+            results[query] = sorted(
+                {n.path for n in await self.finder.find(tenant, query) if n.is_leaf or not leaves_only}
+            )
         if arg(request, "groupByExpr", "0") == "1":
             return _jsonp(request, {"results": results})
         return _jsonp(request, {"results": sorted(set().union(*results.values()))})

@@ -2,7 +2,9 @@
 
 from twisted.internet import threads
 
-from gateway.cooperative import CHECK_EVERY, Slices, run_steps
+from gateway.core.cooperative import CHECK_EVERY, Slices, run_steps
+from gateway.core.model import InvalidSample, Sample, validate_tenant
+from gateway.core.overrides import PerTenant, per_tenant
 from gateway.http.server import (
     HTTPError,
     Response,
@@ -15,11 +17,9 @@ from gateway.http.server import (
     request_tenant,
     require_arg,
 )
-from gateway.ingest import IngestPipeline
-from gateway.model import InvalidSample, Sample, validate_tenant
-from gateway.overrides import PerTenant, per_tenant
-from gateway.query import PointsBudget, QueryPlanner
-from gateway.read_path import ROLLUP_AGGREGATES
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.planner import PointsBudget, QueryPlanner
+from gateway.query.read_path import ROLLUP_AGGREGATES
 from gateway.store import Store
 from protocols import native_json
 from protocols.timespec import BadTime, parse_time
@@ -57,13 +57,10 @@ class NativeAPI:
         """Write the good items; 200 when all were stored, 400 listing the rejects otherwise.
 
         A large body (10 MB: seconds of parsing and per-item Python, which a thread would do
-        holding the GIL as long) is decoded on the reactor in slices (gateway.cooperative)."""
+        holding the GIL as long) is decoded on the reactor in slices (gateway.core.cooperative)."""
         request_tenant_ = explicit_tenant(request)
         body = read_body(request)
-        try:
-            decoded, errors = await run_steps(decode(body, self.pipeline.clock()))
-        except native_json.BadRequest as error:
-            raise HTTPError(400, str(error)) from None
+        decoded, errors = await run_steps(decode(body, self.pipeline.clock()))
         rejects = [{"index": e.index, "field": e.field, "error": e.problem} for e in errors]
         samples, positions = [], []
         slices = Slices()

@@ -1,5 +1,5 @@
 """Prometheus remote write (1.0 and 2.0) in and remote read (samples and streamed chunks) out:
-requests decoded here, written by the ingest pipeline, read by gateway/remote_read.py.
+requests decoded here, written by the ingest pipeline, read by gateway/query/remote_read.py.
 
 Status codes follow the specs: 204 once the store has accepted everything; 400 for a
 malformed request or rejected samples or native histograms (the good ones are written;
@@ -14,15 +14,15 @@ import logging
 from twisted.internet import threads
 from twisted.web import server
 
-from gateway.cooperative import CHECK_EVERY, Slices, run_steps
-from gateway.created import CreatedTimestamps, name_and_tags
+from gateway.core.cooperative import CHECK_EVERY, Slices, run_steps
+from gateway.core.model import NAME_TAG, ExemplarSample, HistogramSample, SeriesSamples, split_labels
+from gateway.core.overrides import PerTenant
 from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
-from gateway.ingest import IngestPipeline
-from gateway.model import NAME_TAG, ExemplarSample, HistogramSample, SeriesSamples, split_labels
-from gateway.overrides import PerTenant
-from gateway.query import QueryPlanner
-from gateway.remote_read import RemoteRead
+from gateway.ingest.created import CreatedTimestamps, name_and_tags
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.planner import QueryPlanner
+from gateway.query.remote_read import RemoteRead
 from gateway.store import Store
 from gateway.store.contract import MetricMetadata
 from protocols import prometheus
@@ -72,7 +72,7 @@ class PrometheusAPI:
         self.max_histogram_buckets = max_histogram_buckets
         self.remote_read = RemoteRead(store, planner, max_samples_per_query)
         self.max_decompressed_bytes = max_decompressed_bytes
-        self.created = CreatedTimestamps(store, pipeline, planner.reader, created_timestamp_zero_ingestion)
+        self.created = CreatedTimestamps(store, pipeline, planner, created_timestamp_zero_ingestion)
 
     def register(self, router: Router) -> None:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
@@ -109,7 +109,7 @@ class PrometheusAPI:
             )
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
-            raise HTTPError(error.status, error.message) from None
+            raise
         for refused in batch.rejected_histograms:
             self.pipeline.count_rejected_histograms("prometheus", refused.reason)
         histograms, exemplars = [], []
@@ -161,14 +161,11 @@ class PrometheusAPI:
     async def read(self, request):
         tenant = request_tenant(request)
         body = read_body(request)
-        try:
-            read_request = prometheus.decode_read_request(body, self.max_decompressed_bytes)
-            # A 400 before reading.
-            streamed = prometheus.negotiate_response_type(read_request.accepted_response_types) == (
-                prometheus.STREAMED_XOR_CHUNKS
-            )
-        except prometheus.RemoteReadError as error:
-            raise HTTPError(error.status, error.message) from None
+        read_request = prometheus.decode_read_request(body, self.max_decompressed_bytes)
+        # A 400 before reading.
+        streamed = prometheus.negotiate_response_type(read_request.accepted_response_types) == (
+            prometheus.STREAMED_XOR_CHUNKS
+        )
         answers = await self.remote_read.read(tenant, read_request.queries, streamed)
         if streamed:
             return Response(200, self._stream(answers), prometheus.STREAMED_CONTENT_TYPE)

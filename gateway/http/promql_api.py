@@ -1,9 +1,8 @@
 """Prometheus's HTTP query API (what Grafana's Prometheus data source calls): parameters decoded
-here, answered by gateway/promql/service.py, encoded here. Envelopes, status codes and error types are
+here, answered by gateway/query/promql/service.py, encoded here. Envelopes, status codes and error types are
 Prometheus's: 400 bad_data, 422 execution, 503 timeout/unavailable. docs/promql.rst has the
 details and the deliberate differences."""
 
-import logging
 import math
 import time
 from datetime import UTC, datetime
@@ -11,31 +10,19 @@ from datetime import UTC, datetime
 import numpy as np
 import orjson
 import promql_parser
-from twisted.internet import defer, threads
+from twisted.internet import threads
 
 from gateway import __version__
-from gateway.http.server import HTTPError, Response, Router, arg, args, request_tenant
-from gateway.ingest import Overloaded
-from gateway.limits import RateLimited
-from gateway.promql.engine import Query, format_value, parser_call
-from gateway.promql.service import PromQLService
-from gateway.promql.values import PromQLError, RangeVector, Scalar, String
-from gateway.query import QueryTooLarge
-from gateway.store import StoreUnavailable
-from protocols.linear_regex import BadPattern
-
-log = logging.getLogger(__name__)
+from gateway.http.server import HTTPError, Response, Router, arg, args, error_response, request_tenant
+from gateway.query.promql.engine import Query, format_value, parser_call
+from gateway.query.promql.service import PromQLService
+from gateway.query.promql.values import PromQLError, RangeVector, Scalar, String
 
 MAX_POINTS_PER_SERIES = 11_000
-_ERROR_STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503, "internal": 500}
 
 
 def _answer(data) -> Response:
     return Response(200, orjson.dumps({"status": "success", "data": data}))
-
-
-def _error(kind: str, message: str) -> Response:
-    return Response(_ERROR_STATUS[kind], orjson.dumps({"status": "error", "errorType": kind, "error": message}))
 
 
 def _seconds_ms(text: str, name: str, what: str) -> int | None:
@@ -78,38 +65,16 @@ def parse_step(text: str, name: str) -> int:
 
 
 def prometheus_errors(handler):
-    """Prometheus's error envelope for what the engine, the planner and the store raise, a bug
-    (500, logged) included: Grafana reads ``error`` from it whatever the status."""
+    """Prometheus's error envelope for whatever the handler raises (gateway/http/errors.py maps
+    it), a bug (500, logged) included: Grafana reads ``error`` from it whatever the status."""
 
     async def call(request, *rest):
         try:
             return await handler(request, *rest)
-        except Exception as raised:
-            error = raised
-            while isinstance(error, defer.FirstError):  # gatherResults wraps the first failure
-                error = error.subFailure.value
-            if isinstance(error, (RateLimited, Overloaded)) or (
-                isinstance(error, HTTPError) and error.status in (401, 403)
-            ):
-                raise  # the server's 401/403/429/503 answers, with their headers
-            return _error_answer(error, request)
+        except Exception as error:
+            return error_response(error, request, prometheus=True)
 
     return call
-
-
-def _error_answer(error: Exception, request) -> Response:
-    if isinstance(error, PromQLError):
-        return _error(error.kind, str(error))
-    if isinstance(error, QueryTooLarge):
-        return _error("execution", str(error))
-    if isinstance(error, BadPattern):
-        return _error("bad_data", str(error))
-    if isinstance(error, HTTPError):
-        return _error("bad_data", error.message)
-    if isinstance(error, StoreUnavailable):
-        return _error("unavailable", f"the store cannot answer now: {error}")
-    log.error("error answering %s", request.uri, exc_info=error)
-    return _error("internal", "internal error; see the gateway log")
 
 
 class PromQLAPI:

@@ -1,8 +1,8 @@
 """twisted.web glue shared by every HTTP API: routing, body limits, tenants, errors, metrics.
 
-Handlers are ``async def handler(request) -> Response``. Client mistakes raise HTTPError and
-become 4xx JSON answers; a store that cannot answer becomes 503 (so senders retry); anything
-else is logged and becomes 500.
+Handlers are ``async def handler(request) -> Response``. What they raise is answered by
+gateway/http/errors.py, once for every API: client mistakes become 4xx JSON answers, a store that
+cannot answer 503 (so senders retry), anything else is logged and becomes 500.
 """
 
 import io
@@ -16,18 +16,13 @@ from typing import NamedTuple
 
 from twisted.internet import defer, reactor
 from twisted.protocols.basic import FileSender
-from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 
-from gateway import metrics
-from gateway.connections import Connections
+from gateway.core import metrics
+from gateway.core.connections import Connections
+from gateway.core.model import DEFAULT_TENANT, InvalidSample, validate_tenant
 from gateway.http.auth import Credentials, Unauthorized
-from gateway.ingest import Overloaded
-from gateway.limits import RateLimited
-from gateway.model import DEFAULT_TENANT, InvalidSample, validate_tenant
-from gateway.query import QueryTooLarge
-from gateway.store import StoreUnavailable
-from protocols.linear_regex import BadPattern
+from gateway.http.errors import HTTPError, error_answer
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +39,16 @@ class Response(NamedTuple):
     headers: dict[str, str] = {}
 
 
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, **details):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
-        self.details = details
-
-
 def json_response(status: int, document) -> Response:
     return Response(status, json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+
+
+def error_response(error: BaseException, request, prometheus: bool = False) -> Response:
+    """The answer to ``error`` (gateway/http/errors.py), in Prometheus's envelope or the
+    gateway's ``{"error": ...}`` of the Graphite and native APIs."""
+    answer = error_answer(error, request)
+    document = answer.prometheus_document() if prometheus else answer.gateway_document()
+    return json_response(answer.status, document)._replace(headers=answer.headers)
 
 
 Handler = Callable[[server.Request], Awaitable[Response]]
@@ -195,7 +189,7 @@ class Channel(http.HTTPChannel):
     def _credential_refused(self, failure, request) -> None:
         self._held = None
         if not self._lost:
-            self._answer_early(self.site.resource._error_response(failure, request))
+            self._answer_early(error_response(failure.value, request))
 
     def rawDataReceived(self, data):
         if self.lingering:  # the rest of a read that held the head of a request answered early
@@ -452,14 +446,6 @@ def _method_label(method: bytes) -> str:
     return method.decode("ascii") if method in _KNOWN_METHODS else "other"
 
 
-def _root_cause(failure):
-    """gatherResults wraps the first failure in FirstError; the answer depends on what is inside."""
-    error = failure.value
-    while isinstance(error, defer.FirstError):
-        error = error.subFailure.value
-    return error
-
-
 _ACCESS_OF_ROLE = {"ingest": "write", "query": "read"}
 
 
@@ -470,7 +456,7 @@ class Router(resource.Resource):
     access: ``write`` for ingest routes, ``read`` for query routes, ``admin`` for operator
     routes, ``any`` for any valid credential; ``public`` routes need none.
 
-    With ``executors`` (gateway.executors), the routes of role ``query`` are answered by an
+    With ``executors`` (gateway.app.executors), the routes of role ``query`` are answered by an
     executor process running the same router: this process only checks the credential and
     moves the request and its answer.
     """
@@ -554,15 +540,15 @@ class Router(resource.Resource):
             return response
         except MemoryError:
             raise
-        except Exception:
-            return self._error_response(Failure(), request)
+        except Exception as error:
+            return error_response(error, request)
 
     def render(self, request: server.Request):
         started = time.perf_counter()
         name, handler, access = self._route(request.method, request.path)
         deferred = defer.ensureDeferred(self._authorized(handler, access, request))
         request.notifyFinish().addErrback(lambda _: self._client_gone(request, deferred))
-        deferred.addErrback(self._error_response, request)
+        deferred.addErrback(lambda failure: error_response(failure.value, request))
         deferred.addCallback(lambda response: defer.ensureDeferred(self._send(response, request, name, started)))
         deferred.addErrback(lambda failure: log.error("could not answer %s: %s", request.uri, failure.getTraceback()))
         return server.NOT_DONE_YET
@@ -612,34 +598,13 @@ class Router(resource.Resource):
     def _method_not_allowed(self, allowed: list[str]):
         async def handler(request):
             raise HTTPError(
-                405, f"method {request.method.decode()} not allowed; use {', '.join(allowed)}", allow=allowed
+                405,
+                f"method {request.method.decode()} not allowed; use {', '.join(allowed)}",
+                {"Allow": ", ".join(allowed)},
+                allow=allowed,
             )
 
         return handler
-
-    def _error_response(self, failure, request) -> Response:
-        error = _root_cause(failure)
-        if isinstance(error, defer.CancelledError) and getattr(request, "client_gone", False):
-            return json_response(499, {"error": "the client closed the connection"})  # nginx's code; never sent
-        if isinstance(error, HTTPError):
-            response = json_response(error.status, {"error": error.message, **error.details})
-            if error.status == 405:
-                return response._replace(headers={"Allow": ", ".join(error.details["allow"])})
-            return response._replace(headers=error.headers)
-        if isinstance(error, RateLimited):
-            metrics.RATE_LIMITED.labels(error.limit).inc()
-            response = json_response(429, {"error": str(error)})
-            return response._replace(headers={"Retry-After": str(error.retry_after_s)})
-        if isinstance(error, QueryTooLarge):
-            return json_response(422, {"error": str(error)})
-        if isinstance(error, BadPattern):
-            return json_response(400, {"error": str(error)})
-        if isinstance(error, (StoreUnavailable, Overloaded)):
-            log.warning("answering 503 to %s: %s", request.uri, error)
-            response = json_response(503, {"error": f"the store cannot take this request now, retry later: {error}"})
-            return response._replace(headers={"Retry-After": "1"})
-        log.error("error answering %s: %s", request.uri, failure.getTraceback())
-        return json_response(500, {"error": "internal error; see the gateway log"})
 
     async def _send(self, response: Response, request: server.Request, name: str, started: float) -> None:
         status = response.status

@@ -2,8 +2,8 @@
 
 from urllib.parse import urlsplit
 
+from gateway.core.layout import Layout
 from gateway.store.contract import Store, StoreUnavailable
-from gateway.store.layout import Layout
 
 
 def open_store(url: str, layout: Layout) -> Store:

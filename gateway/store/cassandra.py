@@ -30,10 +30,11 @@ from cassandra.query import BatchStatement, BatchType, tuple_factory
 from prometheus_client import Counter
 from twisted.internet import defer, threads
 
-from gateway import samples
-from gateway.metadata_cache import LRUMap
-from gateway.model import SeriesKey
-from gateway.samples import Samples
+from gateway.core import samples
+from gateway.core.caches import LRUMap
+from gateway.core.layout import Layout, head_shard
+from gateway.core.model import SeriesKey
+from gateway.core.samples import Samples
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import (
     SchemaOptions,
@@ -63,7 +64,6 @@ from gateway.store.contract import (
 )
 from gateway.store.deletion import INDEX_KEYS, bucket_range, cut_block
 from gateway.store.index import index_rows
-from gateway.store.layout import Layout, head_shard
 from protocols.timespec import parse_duration
 
 log = logging.getLogger(__name__)

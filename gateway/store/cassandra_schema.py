@@ -8,7 +8,7 @@ docs/storage.rst explains the layout and the partition-size arithmetic.
 import dataclasses
 import math
 
-from gateway.store.layout import Layout
+from gateway.core.layout import Layout
 
 HOUR_MS = 3_600_000
 TARGET_COMPACTION_WINDOWS = 30

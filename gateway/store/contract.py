@@ -55,10 +55,11 @@ from typing import NamedTuple
 
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 
-from gateway.model import SeriesKey
-from gateway.samples import Samples
+from gateway.core.errors import StoreBusy
+from gateway.core.layout import Granularity, Layout, Retentions
+from gateway.core.model import SeriesKey
+from gateway.core.samples import Samples
 from gateway.store.deletion import remove_from_index
-from gateway.store.layout import Granularity, Layout, Retentions
 
 
 class RawPoint(NamedTuple):
@@ -174,7 +175,7 @@ class MetricMetadata(NamedTuple):
     unit: str
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(StoreBusy):
     """The store cannot take or answer a request right now; the client should retry (503)."""
 
 
@@ -192,7 +193,7 @@ class Store(abc.ABC):
     """A read of an inclusive range need not look further back from its end than the layout's
     longest retention (``Layout.longest_retention_ms``): Cassandra cuts wider ranges to their
     newest part rather than list a partition per slot (the read path cuts them before, to the
-    retentions before now; gateway/read_path.py)."""
+    retentions before now; gateway/query/read_path.py)."""
 
     def __init__(self, layout: Layout):
         self.layout = layout

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gateway.model import NAME_TAG, SeriesKey
+from gateway.core.model import NAME_TAG, SeriesKey
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.index import path_nodes
 

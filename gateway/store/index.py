@@ -7,7 +7,7 @@ UPDATE); the rows themselves, and so what a series can be found by, are decided 
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from gateway.model import NAME_TAG, SeriesKey
+from gateway.core.model import NAME_TAG, SeriesKey
 
 
 def path_nodes(metric_name: str) -> list[tuple[str, str, bool]]:

@@ -37,9 +37,10 @@ from twisted.internet import reactor, task, threads
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.threadpool import ThreadPool
 
-from gateway import samples
-from gateway.model import SeriesKey
-from gateway.samples import Samples
+from gateway.core import samples
+from gateway.core.layout import Layout, Retentions
+from gateway.core.model import SeriesKey
+from gateway.core.samples import Samples
 from gateway.store.contract import (
     ROLLUP_COLUMNS,
     ExemplarRow,
@@ -58,7 +59,6 @@ from gateway.store.contract import (
 )
 from gateway.store.deletion import INDEX_KEYS, bucket_range, cut_block
 from gateway.store.index import index_rows
-from gateway.store.layout import Layout, Retentions
 
 log = logging.getLogger(__name__)
 

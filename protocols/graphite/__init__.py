@@ -1,14 +1,12 @@
 """Graphite carbon ingest formats (plaintext lines, pickle frames, tagged paths) as pure code.
 
-Every decoder returns ``(samples, rejects)``. A sample is the tuple
-``(metric_name, tags, timestamp_ms, value)``; the gateway adds the tenant.
-A reject carries one of ``REJECT_REASONS`` so the gateway can count refusals
+Every ingest decoder returns ``(samples, rejects)``: the samples as arrays
+(``arrays.Samples``: a table of paths and, a point each, its path, timestamp
+and value); the gateway adds the tenant. A reject carries one of ``REJECT_REASONS`` so the gateway can count refusals
 by reason, and a short bounded detail it can log.
 """
 
 from typing import Any, NamedTuple
-
-Sample = tuple[str, dict[str, str], int, float]
 
 BAD_FIELD_COUNT = "bad_field_count"
 BAD_VALUE = "bad_value"

@@ -9,24 +9,24 @@ indices) and an Unpickler whose find_class refuses every global.
 import io
 import pickle
 import pickletools
+from itertools import compress
 from typing import NoReturn
 
+import numpy as np
+
 from protocols.graphite import (
-    BAD_PATH,
     BAD_PICKLE,
     BAD_PICKLE_ITEM,
-    BAD_UTF8,
     FRAME_TOO_LARGE,
     TOO_MANY_ITEMS,
     TRUNCATED_FRAME,
     InvalidInput,
     Reject,
-    Sample,
     excerpt,
     parse_timestamp_ms,
     parse_value,
 )
-from protocols.graphite.tags import parse_path
+from protocols.graphite.arrays import Samples, concat, decode_points, no_samples, path_series
 
 # carbon's PICKLE_RECEIVER_MAX_LENGTH default.
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
@@ -153,8 +153,8 @@ class PickleDecoder:
         self._buffer = bytearray()
         self._skip = 0
 
-    def feed(self, data: bytes | memoryview, now_ms: int) -> tuple[list[Sample], list[Reject]]:
-        samples: list[Sample] = []
+    def feed(self, data: bytes | memoryview, now_ms: int) -> tuple[Samples, list[Reject]]:
+        samples: list[Samples] = []
         rejects: list[Reject] = []
         if self._skip:
             skipped = min(self._skip, len(data))
@@ -177,12 +177,12 @@ class PickleDecoder:
                     payload = bytes(view[start + HEADER_BYTES : start + HEADER_BYTES + size])
                     start += HEADER_BYTES + size
                     frame_samples, frame_rejects = decode_frame(payload, now_ms)
-                    samples += frame_samples
+                    samples.append(frame_samples)
                     rejects += frame_rejects
                 else:
                     break
         del buffer[:start]
-        return samples, rejects
+        return concat(samples), rejects
 
     def finish(self) -> list[Reject]:
         """Connection closed: a partly received frame is rejected (carbon drops it silently).
@@ -198,32 +198,28 @@ class PickleDecoder:
         return rejects
 
 
-def decode_frame(payload: bytes, now_ms: int) -> tuple[list[Sample], list[Reject]]:
+def decode_frame(payload: bytes, now_ms: int) -> tuple[Samples, list[Reject]]:
     """Decode one frame's pickle: a bad pickle is one reject, a bad item one reject each."""
-    samples: list[Sample] = []
-    rejects: list[Reject] = []
     try:
         check_opcodes(payload)
         items = NoGlobalsUnpickler(io.BytesIO(payload), encoding="bytes").load()
     except InvalidInput as error:
-        rejects.append(error.reject())
-        return samples, rejects
+        return no_samples(), [error.reject()]
     except Exception as error:  # the unpickler can raise nearly anything on hostile input
-        rejects.append(Reject(BAD_PICKLE, f"{type(error).__name__}: {str(error)[:200]}"))
-        return samples, rejects
+        return no_samples(), [Reject(BAD_PICKLE, f"{type(error).__name__}: {str(error)[:200]}")]
     if type(items) not in (list, tuple):
-        rejects.append(Reject(BAD_PICKLE, f"payload is a {type(items).__name__}, not a list"))
-        return samples, rejects
+        return no_samples(), [Reject(BAD_PICKLE, f"payload is a {type(items).__name__}, not a list")]
     if len(items) > len(payload) // MIN_ITEM_BYTES:
         detail = f"{len(items)} items in {len(payload)} bytes, at most one per {MIN_ITEM_BYTES} bytes"
-        rejects.append(Reject(TOO_MANY_ITEMS, detail))
-        return samples, rejects
-    for item in items:
-        try:
-            samples.append(_decode_item(item, now_ms))
-        except InvalidInput as error:
-            rejects.append(error.reject())
-    return samples, rejects
+        return no_samples(), [Reject(TOO_MANY_ITEMS, detail)]
+    shaped = np.fromiter(map(_shaped, items), dtype=bool, count=len(items))
+    positions = np.flatnonzero(shaped)
+    paths, points = zip(*compress(items, shaped.tolist())) if len(positions) else ((), ())
+    timestamps, values = zip(*points) if points else ((), ())
+    samples, bad = decode_points(paths, timestamps, values, now_ms)
+    refused = np.flatnonzero(~shaped).tolist() + positions[bad].tolist()
+    refused.sort()
+    return samples, [_reject(items[position], now_ms) for position in refused]
 
 
 def check_opcodes(payload: bytes) -> None:
@@ -276,20 +272,33 @@ def _check_memo_index(raw: bytes | int, payload_length: int) -> None:
         raise InvalidInput(BAD_PICKLE, f"memo index {index} beyond payload length {payload_length}")
 
 
-def _decode_item(item: object, now_ms: int) -> Sample:
-    if not isinstance(item, (tuple, list)) or len(item) != 2:
-        raise InvalidInput(BAD_PICKLE_ITEM, "not (path, (timestamp, value)): " + excerpt(item))
-    raw_path, point = item
-    if not isinstance(point, (tuple, list)) or len(point) != 2:
-        raise InvalidInput(BAD_PICKLE_ITEM, "not (timestamp, value): " + excerpt(point))
-    if type(raw_path) is bytes:
-        try:
-            raw_path = raw_path.decode()
-        except UnicodeDecodeError:
-            raise InvalidInput(BAD_UTF8, excerpt(raw_path)) from None
-    elif type(raw_path) is not str:
-        raise InvalidInput(BAD_PATH, "path is not text: " + excerpt(raw_path))
-    name, tags = parse_path(raw_path)
-    raw_timestamp, raw_value = point
-    value = parse_value(raw_value)
-    return name, tags, parse_timestamp_ms(raw_timestamp, now_ms), value
+_PAIRS = (tuple, list)
+_TEXT = (str, bytes)
+
+
+def _shaped(item: object) -> bool:
+    """An item decode_points takes: (path, (timestamp, value)) with a text path."""
+    return (
+        type(item) in _PAIRS
+        and len(item) == 2  # type: ignore[arg-type]
+        and type(item[0]) in _TEXT  # type: ignore[index]
+        and type(item[1]) in _PAIRS  # type: ignore[index]
+        and len(item[1]) == 2  # type: ignore[index]
+    )
+
+
+def _reject(item: object, now_ms: int) -> Reject:
+    """Why a refused item is refused, with the first failing check."""
+    try:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise InvalidInput(BAD_PICKLE_ITEM, "not (path, (timestamp, value)): " + excerpt(item))
+        raw_path, point = item
+        if not isinstance(point, (tuple, list)) or len(point) != 2:
+            raise InvalidInput(BAD_PICKLE_ITEM, "not (timestamp, value): " + excerpt(point))
+        path_series(raw_path)
+        raw_timestamp, raw_value = point
+        parse_value(raw_value)
+        parse_timestamp_ms(raw_timestamp, now_ms)
+    except InvalidInput as error:
+        return error.reject()
+    raise ValueError(f"item {excerpt(item)} was refused in bulk but decodes alone")

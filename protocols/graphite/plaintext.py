@@ -5,20 +5,22 @@ fields, value and timestamp through float()); limits and the differences from
 carbon are listed in docs/graphite.rst (Wire formats).
 """
 
+from itertools import compress
+
+import numpy as np
+
 from protocols.graphite import (
     BAD_FIELD_COUNT,
-    BAD_UTF8,
     EXCERPT_LENGTH,
     LINE_TOO_LONG,
     TRUNCATED_LINE,
     InvalidInput,
     Reject,
-    Sample,
     excerpt,
     parse_timestamp_ms,
     parse_value,
 )
-from protocols.graphite.tags import parse_path
+from protocols.graphite.arrays import Samples, decode_points, no_samples, path_series
 
 # Twisted's LineOnlyReceiver.MAX_LENGTH, which carbon's line receiver keeps.
 DEFAULT_MAX_LINE_LENGTH = 16384
@@ -37,13 +39,11 @@ class PlaintextDecoder:
         self._partial = b""
         self._discarding = False
 
-    def feed(self, data: bytes, now_ms: int) -> tuple[list[Sample], list[Reject]]:
-        samples: list[Sample] = []
-        rejects: list[Reject] = []
+    def feed(self, data: bytes, now_ms: int) -> tuple[Samples, list[Reject]]:
         if self._discarding:
             newline = data.find(b"\n")
             if newline < 0:
-                return samples, rejects
+                return no_samples(), []
             self._discarding = False
             data = data[newline + 1 :]
         lines = data.split(b"\n")
@@ -51,7 +51,7 @@ class PlaintextDecoder:
         if lines and self._partial:
             lines[0] = self._partial + lines[0]
             self._partial = b""
-        decode_lines(lines, now_ms, self.max_line_length, samples, rejects)
+        samples, rejects = decode_lines(lines, now_ms, self.max_line_length)
         if len(self._partial) + len(tail) > self.max_line_length:
             rejects.append(Reject(LINE_TOO_LONG, excerpt(self._partial + tail[:EXCERPT_LENGTH])))
             self._partial = b""
@@ -78,42 +78,44 @@ def decode_datagram(
     data: bytes,
     now_ms: int,
     max_line_length: int = DEFAULT_MAX_LINE_LENGTH,
-) -> tuple[list[Sample], list[Reject]]:
+) -> tuple[Samples, list[Reject]]:
     """One UDP datagram: it holds whole lines, so a last line without newline is decoded too."""
-    samples: list[Sample] = []
-    rejects: list[Reject] = []
-    decode_lines(data.split(b"\n"), now_ms, max_line_length, samples, rejects)
-    return samples, rejects
+    return decode_lines(data.split(b"\n"), now_ms, max_line_length)
 
 
-def decode_lines(
-    lines: list[bytes],
-    now_ms: int,
-    max_line_length: int,
-    samples: list[Sample],
-    rejects: list[Reject],
-) -> None:
-    """Decode complete lines (newline already removed) into the given lists.
+def decode_lines(lines: list[bytes], now_ms: int, max_line_length: int) -> tuple[Samples, list[Reject]]:
+    """Decode complete lines (newline already removed) into arrays, and the rejects in line order.
 
     bytes.split() with no argument splits on ASCII whitespace, which also
     removes a trailing '\\r'; blank lines are skipped silently like carbon does.
+    Lines of three fields are decoded in bulk (protocols.graphite.arrays); each
+    refused line is then decoded alone to name its reject.
     """
-    append_sample = samples.append
-    for line in lines:
-        if len(line) > max_line_length:
-            rejects.append(Reject(LINE_TOO_LONG, excerpt(line)))
-            continue
-        fields = line.split()
-        if len(fields) != 3:
-            if fields:
-                rejects.append(Reject(BAD_FIELD_COUNT, excerpt(line)))
-            continue
-        raw_path, raw_value, raw_timestamp = fields
-        try:
-            name, tags = parse_path(raw_path.decode())
-            value = parse_value(raw_value)
-            append_sample((name, tags, parse_timestamp_ms(raw_timestamp, now_ms), value))
-        except UnicodeDecodeError:
-            rejects.append(Reject(BAD_UTF8, excerpt(raw_path)))
-        except InvalidInput as error:
-            rejects.append(error.reject())
+    fields = list(map(bytes.split, lines))
+    counts = np.fromiter(map(len, fields), dtype=np.intp, count=len(lines))
+    too_long = np.fromiter(map(len, lines), dtype=np.intp, count=len(lines)) > max_line_length
+    shaped = (counts == 3) & ~too_long
+    positions = np.flatnonzero(shaped)
+    columns = zip(*compress(fields, shaped.tolist())) if len(positions) else ((), (), ())
+    raw_paths, raw_values, raw_timestamps = columns
+    samples, bad = decode_points(raw_paths, raw_timestamps, raw_values, now_ms)
+    refused = np.flatnonzero(~shaped & (too_long | (counts != 0))).tolist() + positions[bad].tolist()
+    refused.sort()
+    return samples, [_reject(lines[position], now_ms, max_line_length) for position in refused]
+
+
+def _reject(line: bytes, now_ms: int, max_line_length: int) -> Reject:
+    """Why a refused line is refused, with the first failing check (carbon's order)."""
+    if len(line) > max_line_length:
+        return Reject(LINE_TOO_LONG, excerpt(line))
+    fields = line.split()
+    if len(fields) != 3:
+        return Reject(BAD_FIELD_COUNT, excerpt(line))
+    raw_path, raw_value, raw_timestamp = fields
+    try:
+        path_series(raw_path)
+        parse_value(raw_value)
+        parse_timestamp_ms(raw_timestamp, now_ms)
+    except InvalidInput as error:
+        return error.reject()
+    raise ValueError(f"line {excerpt(line)} was refused in bulk but decodes alone")

@@ -1,6 +1,6 @@
 """Encoders for Graphite render output formats, byte-compatible with graphite-web 1.1.
 
-``series_list`` is a list of series as ``gateway.graphite.series.TimeSeries`` (a list of values
+``series_list`` is a list of series as ``gateway.query.graphite.series.TimeSeries`` (a list of values
 with name, start, end, step, tags, pathExpression, valuesPerPoint, consolidationFunc and
 xFilesFactor attributes); iterating a series yields its consolidated values.
 

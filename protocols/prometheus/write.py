@@ -196,10 +196,6 @@ class WriteBatch:
         return sum(len(series.samples) for series in self.series)
 
     @property
-    def exemplar_count(self) -> int:
-        return sum(len(series.exemplars) for series in self.series)
-
-    @property
     def histogram_count(self) -> int:
         return sum(len(series.histograms) for series in self.series)
 

@@ -1,0 +1,520 @@
+"""Query executors: the processes that run the query routes, so that no query stops the gateway.
+
+The serving process checks the credential and hands a compact description of the request
+(method, path, arguments, headers, body, principal) to an idle executor over a pipe; the
+executor runs the same router (gateway.app.service.build_router) on it and sends the answer back
+(status, content type, headers, body). An executor runs one query at a time, so the CPU work of
+a query (parsing, regex matching, evaluation, encoding) never holds the serving process's GIL.
+
+The serving process enforces, per query:
+
+- the deadline (``--query-timeout``, counted from arrival): a query still running then has its
+  executor killed (SIGKILL) and replaced; the client gets 503 (Prometheus's ``timeout``
+  envelope on /api/v1/ routes);
+- the memory cap (``--query-max-memory-bytes``: the executor's peak resident memory, checked
+  every 100 ms and before an answer is relayed, or a MemoryError in it): 422 naming the setting,
+  and the executor is replaced;
+- the queue bound (``--query-queue``): 429 with Retry-After;
+- fairness: a tenant holds at most half of the executors and half of the queue (rounded up),
+  and the tenants waiting are served in turn, so one tenant's slow queries leave room for others.
+
+A client that goes away takes its query out of the queue; a query already running ends (at the
+latest at its deadline) and its answer is dropped. docs/security.rst ("Query isolation").
+"""
+
+import collections
+import ctypes
+import io
+import logging
+import math
+import os
+import pickle
+import signal
+import struct
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from prometheus_client import multiprocess
+from twisted.internet import defer, error, protocol, reactor, stdio
+from twisted.internet.interfaces import IHalfCloseableProtocol
+from twisted.internet.task import LoopingCall
+from twisted.web.http_headers import Headers
+from zope.interface import implementer
+
+from gateway.app.config import Config
+from gateway.core import metrics
+from gateway.core.errors import GatewayError, LimitExceeded, Timeout, Unavailable
+from gateway.core.model import DEFAULT_TENANT
+from gateway.core.overrides import Overrides
+from gateway.http.server import Response, error_response
+from gateway.store.contract import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+REQUEST_FD = 0  # in an executor, requests arrive on stdin
+ANSWER_FD = 3  # and answers leave on this descriptor: stdout stays free for anything that prints
+MEMORY_CHECK_S = 0.1
+RESTART_DELAY_S = 1.0  # before replacing an executor that died before it was ready (a start-up error),
+MAX_RESTART_DELAY_S = 30.0  # doubled at each such death in a row, up to this (the store is down for a while)
+PRIVATE_HEADERS = {b"authorization", b"proxy-authorization", b"cookie"}  # checked here, never sent on
+SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
+
+_LENGTH = struct.Struct(">I")
+
+
+def frame(message) -> bytes:
+    """One message on a pipe: its length, then its pickle (both ends are this code)."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(payload)) + payload
+
+
+class Frames:
+    """Splits a byte stream back into the messages ``frame`` made."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        self.buffer += data
+        messages = []
+        while len(self.buffer) >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(self.buffer)
+            end = _LENGTH.size + length
+            if len(self.buffer) < end:
+                break
+            messages.append(pickle.loads(memoryview(self.buffer)[_LENGTH.size : end]))
+            del self.buffer[:end]
+        return messages
+
+
+def describe(request) -> dict:
+    """What an executor needs of a request to run its route."""
+    body = b""
+    if not request.body_too_large:
+        request.content.seek(0)
+        body = request.content.read()
+    return {
+        "method": request.method,
+        "path": request.path,
+        "uri": request.uri,
+        "args": request.args,
+        "headers": [
+            (name.lower(), values)
+            for name, values in request.requestHeaders.getAllRawHeaders()
+            if name.lower() not in PRIVATE_HEADERS
+        ],
+        "body": body,
+        "body_too_large": request.body_too_large,
+        "max_body_bytes": request.channel.site.max_body_bytes,
+        "principal": getattr(request, "principal", None),
+    }
+
+
+class ExecutedRequest:
+    """What the API handlers use of a twisted.web request, rebuilt from ``describe`` in an executor."""
+
+    client_gone = False
+
+    def __init__(self, description: dict):
+        self.method = description["method"]
+        self.path = description["path"]
+        self.uri = description["uri"]
+        self.args = description["args"]
+        self.requestHeaders = Headers(dict(description["headers"]))  # noqa: N815 (twisted.web's name)
+        self.content = io.BytesIO(description["body"])
+        self.body_too_large = description["body_too_large"]
+        self.channel = SimpleNamespace(site=SimpleNamespace(max_body_bytes=description["max_body_bytes"]))
+        self.principal = description["principal"]
+
+    def getHeader(self, name):  # noqa: N802 (twisted.web's name)
+        """The last value of a header, as twisted.web gives it: bytes for a bytes name, else text."""
+        values = self.requestHeaders.getRawHeaders(name)
+        return values[-1] if values else None
+
+
+class QueueFull(LimitExceeded):
+    """Too many queries wait for an executor (--query-queue); counted in its own metric, not
+    as a tenant's rate limit."""
+
+    status = 429
+    error_type = "unavailable"
+    retry_after_s = 1
+
+
+def _refusal(request, error: GatewayError) -> Response:
+    """An answer the serving process gives for a query: Prometheus's envelope on its routes,
+    the gateway's ``{"error": ...}`` elsewhere."""
+    return error_response(error, request, prometheus=request.path.startswith(b"/api/v1/"))
+
+
+def _fairness_key(request) -> str:
+    """Whom a query counts against in the queue: the credential's tenant, else the tenant its
+    headers or query string name, unchecked and without decoding a form body here (the
+    executor resolves the tenant by the rules, and answers a mistake in the route's words)."""
+    principal = getattr(request, "principal", None)
+    if principal is not None:
+        return principal.tenant
+    named = (
+        request.getHeader(b"x-scope-orgid") or request.getHeader(b"x-tenant") or request.args.get(b"tenant", [b""])[-1]
+    )
+    return named.decode("utf-8", "replace").strip() or DEFAULT_TENANT
+
+
+class Job:
+    """One query: waiting in its tenant's queue, then running in an executor."""
+
+    def __init__(self, request, tenant: str):
+        self.request = request
+        self.tenant = tenant
+        self.description = describe(request)
+        self.answer: defer.Deferred = defer.Deferred()
+        self.executor: Executor | None = None
+        self.timer = None
+
+    def finish(self, response: Response) -> None:
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        if not self.answer.called:
+            self.answer.callback(response)
+
+
+class Executor(protocol.ProcessProtocol):
+    """The serving process's end of one executor process."""
+
+    def __init__(self, pool: "QueryExecutors", index: int):
+        self.pool = pool
+        self.index = index
+        self.frames = Frames()
+        self.ready = False
+        self.job: Job | None = None
+        self.kill_reason: str | None = None
+        self.pid = 0
+
+    def connectionMade(self):  # noqa: N802 (Twisted's name)
+        self.transport.writeToChild(
+            REQUEST_FD, frame(("start", self.pool.config, self.index, self.pool.overrides.by_tenant))
+        )
+
+    def childDataReceived(self, fd, data):  # noqa: N802 (Twisted's name)
+        for message in self.frames.feed(data):
+            self.pool.received(self, message)
+
+    def processEnded(self, reason):  # noqa: N802 (Twisted's name)
+        self.pool.ended(self, reason.value)
+
+    def run(self, job: Job) -> None:
+        self.job = job
+        job.executor = self
+        self.transport.writeToChild(REQUEST_FD, frame(("query", job.description)))
+
+    def kill(self, reason: str) -> None:
+        """SIGKILL: whatever the query is doing, it stops now; ``ended`` replaces the executor."""
+        if self.kill_reason is not None:
+            return
+        self.kill_reason = reason
+        metrics.QUERY_EXECUTOR_KILLS.labels(reason).inc()
+        if self.ready:
+            metrics.QUERY_EXECUTORS_READY.dec()
+        try:
+            self.transport.signalProcess("KILL")
+        except error.ProcessExitedAlready:
+            pass
+
+    def peak_resident_bytes(self) -> int:
+        """The most resident memory the process ever had (VmHWM): a spike between two checks counts."""
+        try:
+            with open(f"/proc/{self.pid}/status", "rb") as status:
+                for line in status:
+                    if line.startswith(b"VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, IndexError, ValueError):  # gone already, or not Linux
+            pass
+        return 0
+
+
+class QueryExecutors:
+    """The pool of executor processes of one gateway process, with its fair queue."""
+
+    def __init__(self, config: Config, size: int, overrides: Overrides):
+        self.config = config
+        self.overrides = overrides
+        self.size = size
+        self.timeout_s = config.query_timeout / 1000
+        self.tenant_share = math.ceil(size / 2)
+        self.tenant_queue_share = math.ceil(config.query_queue / 2)
+        self.executors: set[Executor] = set()
+        self.idle: list[Executor] = []
+        self.waiting: collections.OrderedDict[str, collections.deque[Job]] = collections.OrderedDict()
+        self.queued = 0
+        self.running = collections.Counter()  # by tenant
+        self.failed_starts = collections.Counter()  # by executor index, in a row
+        self.stopping = False
+        self.memory_watch = LoopingCall(self._check_memory)
+
+    def start(self) -> None:
+        """Start every executor at once, in the background: queries wait in the queue meanwhile."""
+        for index in range(self.size):
+            self._spawn(index)
+        self.memory_watch.start(MEMORY_CHECK_S, now=False)
+
+    def send_overrides(self) -> None:
+        """The per-tenant overrides just reloaded, to every executor (one that starts gets them with
+        its start message); an executor takes them between queries or beside a running one."""
+        for executor in self.executors:
+            if executor.kill_reason is None:
+                executor.transport.writeToChild(REQUEST_FD, frame(("overrides", self.overrides.by_tenant)))
+
+    def _spawn(self, index: int) -> None:
+        if self.stopping:
+            return
+        executor = Executor(self, index)
+        path = os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))
+        process = reactor.spawnProcess(
+            executor,
+            sys.executable,
+            [sys.executable, "-m", "gateway.app.executors", str(os.getpid())],
+            env=dict(os.environ, PYTHONPATH=path),
+            childFDs={REQUEST_FD: "w", 1: 1, 2: 2, ANSWER_FD: "r"},
+        )
+        executor.pid = process.pid
+        self.executors.add(executor)
+
+    async def run(self, request) -> Response:
+        """The route handler of every query route: the answer an executor gives for ``request``."""
+        if self.stopping:
+            return _refusal(request, Unavailable("the gateway is stopping"))
+        tenant = _fairness_key(request)
+        if self.queued >= self.config.query_queue or len(self.waiting.get(tenant, ())) >= self.tenant_queue_share:
+            metrics.QUERY_QUEUE_REJECTED.inc()
+            message = "too many queries are waiting for a query executor (--query-queue); retry later"
+            return _refusal(request, QueueFull(message))
+        job = Job(request, tenant)
+        job.timer = reactor.callLater(self.timeout_s, self._expire, job)
+        self.waiting.setdefault(tenant, collections.deque()).append(job)
+        self._count_queued(1)
+        request.notifyFinish().addErrback(lambda _: self._abandon(job))
+        self._dispatch()
+        return await job.answer
+
+    def _count_queued(self, change: int) -> None:
+        self.queued += change
+        metrics.QUERY_QUEUED.inc(change)
+
+    def _dispatch(self) -> None:
+        """Give idle executors the next jobs: tenants in turn, none past its share."""
+        while self.idle:
+            job = self._next_job()
+            if job is None:
+                return
+            self.running[job.tenant] += 1
+            self.idle.pop().run(job)
+
+    def _next_job(self) -> Job | None:
+        for tenant, jobs in self.waiting.items():  # the tenant served longest ago first
+            if self.running[tenant] < self.tenant_share:
+                job = jobs.popleft()
+                if jobs:
+                    self.waiting.move_to_end(tenant)
+                else:
+                    del self.waiting[tenant]
+                self._count_queued(-1)
+                return job
+        return None
+
+    def _release(self, tenant: str) -> None:
+        """One query of ``tenant`` left its executor (tenants without any are forgotten)."""
+        self.running[tenant] -= 1
+        if not self.running[tenant]:
+            del self.running[tenant]
+
+    def _unqueue(self, job: Job) -> bool:
+        """Take a job that has not started out of its queue; False when it is not there."""
+        jobs = self.waiting.get(job.tenant)
+        if jobs is None or job not in jobs:
+            return False
+        jobs.remove(job)
+        if not jobs:
+            del self.waiting[job.tenant]
+        self._count_queued(-1)
+        return True
+
+    def _abandon(self, job: Job) -> None:
+        """The client went away: a waiting job leaves the queue (its answer is never sent)."""
+        if self._unqueue(job):
+            job.finish(_refusal(job.request, Unavailable("the client went away")))
+
+    def _expire(self, job: Job) -> None:
+        seconds = f"{self.timeout_s:g}s"
+        if job.executor is not None:
+            job.executor.kill("timeout")
+        else:
+            self._unqueue(job)
+        job.finish(_refusal(job.request, Timeout(f"query timed out: it ran past --query-timeout ({seconds})")))
+
+    def _memory_refusal(self, job: Job) -> Response:
+        limit = self.config.query_max_memory_bytes
+        message = f"the query needed more memory than --query-max-memory-bytes ({limit} bytes) allows"
+        return _refusal(job.request, LimitExceeded(message))
+
+    def received(self, executor: Executor, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
+            executor.ready = True
+            self.failed_starts[executor.index] = 0
+            metrics.QUERY_EXECUTORS_READY.inc()
+            self.idle.append(executor)
+        elif kind == "answer" and executor.peak_resident_bytes() > self.config.query_max_memory_bytes:
+            executor.kill("memory")  # went past the cap between two checks: ``ended`` answers 422
+        elif kind == "answer":
+            job = executor.job
+            executor.job = None
+            self._release(job.tenant)
+            status, content_type, headers, body = message[1:]
+            job.finish(Response(status, body, content_type, headers))
+            self.idle.append(executor)
+        elif kind == "memory":
+            executor.kill("memory")  # ``ended`` answers its query
+        self._dispatch()
+
+    def ended(self, executor: Executor, reason) -> None:
+        """An executor process ended (killed, or died): its query is answered, and it is replaced."""
+        self.executors.discard(executor)
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # --workers: its live gauges leave the sums
+            multiprocess.mark_process_dead(executor.pid)
+        if executor in self.idle:
+            self.idle.remove(executor)
+        if executor.ready and executor.kill_reason is None:
+            metrics.QUERY_EXECUTORS_READY.dec()
+        job = executor.job
+        if job is not None:
+            self._release(job.tenant)
+            if executor.kill_reason == "memory":
+                job.finish(self._memory_refusal(job))
+            else:
+                job.finish(_refusal(job.request, Unavailable("the query executor running this query died")))
+        delay = 0.0
+        if not executor.ready:
+            self.failed_starts[executor.index] += 1
+            delay = min(RESTART_DELAY_S * 2 ** (self.failed_starts[executor.index] - 1), MAX_RESTART_DELAY_S)
+        if executor.kill_reason is None and not self.stopping:
+            metrics.QUERY_EXECUTOR_KILLS.labels("died").inc()
+            log.warning(
+                "query executor %d ended %s; starting another in %gs",
+                executor.index,
+                f"unexpectedly ({reason})" if executor.ready else "before it was ready",
+                delay,
+            )
+        reactor.callLater(delay, self._spawn, executor.index)
+        self._dispatch()
+
+    def _check_memory(self) -> None:
+        limit = self.config.query_max_memory_bytes
+        for executor in list(self.executors):
+            if executor.ready and executor.kill_reason is None and executor.peak_resident_bytes() > limit:
+                executor.kill("memory")
+
+    def stop(self) -> None:
+        """Kill every executor; what waits or runs gets 503. Called at shutdown, after the drain."""
+        self.stopping = True
+        if self.memory_watch.running:
+            self.memory_watch.stop()
+        for jobs in self.waiting.values():
+            for job in jobs:
+                job.finish(_refusal(job.request, Unavailable("the gateway is stopping")))
+        self._count_queued(-self.queued)
+        self.waiting.clear()
+        for executor in list(self.executors):
+            if executor.job is not None:
+                executor.job.finish(_refusal(executor.job.request, Unavailable("the gateway is stopping")))
+            executor.kill("shutdown")
+
+
+@implementer(IHalfCloseableProtocol)
+class ExecutorSide(protocol.Protocol):
+    """The executor process's end of the pipe: the first message starts it, then one query at a time."""
+
+    def __init__(self):
+        self.frames = Frames()
+        self.router = None
+        self.overrides: Overrides | None = None
+
+    def dataReceived(self, data):  # noqa: N802 (Twisted's name)
+        for message in self.frames.feed(data):
+            if message[0] == "start":
+                defer.ensureDeferred(self._start(*message[1:])).addErrback(self._failed_start)
+            elif message[0] == "overrides":
+                self.overrides.use(message[1])
+            else:
+                defer.ensureDeferred(self._answer(message[1]))
+
+    def readConnectionLost(self):  # noqa: N802 (Twisted's name)
+        """The serving process closed the pipe (it stopped or died): nothing more to do."""
+        if reactor.running:
+            reactor.stop()
+
+    def writeConnectionLost(self):  # noqa: N802 (Twisted's name)
+        self.readConnectionLost()
+
+    async def _start(self, config: Config, index: int, overrides: dict[str, dict]) -> None:
+        """Build the query routes, with the gateway's per-tenant overrides (it sends each reload)."""
+        from gateway.app.cli import setup_logging
+        from gateway.app.service import build_router
+        from gateway.core.model import now_ms
+        from gateway.http.server import Router
+        from gateway.query.graphite.graph import DrawHere
+        from gateway.query.planner import QueryPlanner
+        from gateway.store import open_store
+
+        setup_logging(config.log_level, f"query executor {index} pid {os.getpid()}")
+        self.overrides = Overrides(config)
+        self.overrides.use(overrides)
+        store = open_store(config.store_url, config.layout)
+        store.retentions = self.overrides.retentions
+        await store.start()
+        planner = QueryPlanner(store, self.overrides.limit("max-series-per-query"), max_future_ms=config.max_future)
+        no_ingest = SimpleNamespace(clock=now_ms)  # of the pipeline, the query routes only read its clock
+        self.router = build_router(config, store, planner, no_ingest, Router({"query"}), DrawHere(), self.overrides)
+        self.transport.write(frame(("ready",)))
+
+    def _failed_start(self, failure) -> None:
+        """The store unreachable is one line (the pool retries with backoff); anything else is a bug."""
+        if failure.check(StoreUnavailable):
+            log.warning("query executor could not start: %s", failure.value)
+        else:
+            log.error("query executor could not start: %s", failure.getTraceback())
+        reactor.stop()
+
+    async def _answer(self, description: dict) -> None:
+        try:
+            response = await self.router.answer(ExecutedRequest(description))
+        except MemoryError:
+            self.transport.write(frame(("memory",)))
+            return
+        self.transport.write(frame(("answer", response.status, response.content_type, response.headers, response.body)))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel kills this executor when the serving process dies, even mid-query; one
+    that died while this process was starting is no longer its parent."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        sys.exit(0)
+
+
+def main() -> None:
+    # The serving process decides when an executor stops: a Ctrl-C or a SIGTERM sent to the whole
+    # process group reaches the executors too, and must not cut the queries the drain waits for.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the gateway reloads --overrides and sends them here
+    _die_with_parent(int(sys.argv[1]))
+    stdio.StandardIO(ExecutorSide(), stdin=REQUEST_FD, stdout=ANSWER_FD)
+    reactor.run(installSignalHandlers=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,415 @@
+"""The running gateway: builds the store, pipeline, planner and HTTP site, and stops them cleanly.
+
+Shutdown order (SIGTERM or SIGINT): stop accepting connections; close the open ones (an HTTP
+connection once the request under way is answered, carbon ones at once: what they sent is already
+queued); wait for accepted writes to reach the store and for a running downsample round, at most
+``--shutdown-timeout``, then log what is left and close it; close the store; exit 0. Nothing is
+acknowledged before the store has it, so what is left at the timeout was never acknowledged.
+What is accepted is bounded by what the store takes in FLUSH_SHARE of the timeout (writes in
+flight and the carbon backlog, IngestPipeline.flushable_samples), so the drain fits in it.
+"""
+
+import dataclasses
+import gc
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+
+from twisted.internet import defer, reactor
+from twisted.internet.error import CannotListenError
+from twisted.internet.task import LoopingCall
+
+from gateway import __version__
+from gateway.app.config import Config
+from gateway.app.executors import QueryExecutors
+from gateway.app.workers import CONFIG_ERROR_EXIT, CannotListen, Worker
+from gateway.core.connections import Connections
+from gateway.core.overrides import Overrides, OverridesWatch, attach
+from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
+from gateway.downsample.processor import Downsampler
+from gateway.http.admin_api import AdminAPI
+from gateway.http.auth import Credentials
+from gateway.http.graphite_api import GraphiteAPI
+from gateway.http.native_api import NativeAPI
+from gateway.http.ops import OpsAPI
+from gateway.http.prometheus_api import PrometheusAPI
+from gateway.http.promql_api import PromQLAPI
+from gateway.http.server import BodyDeadline, Router, Site
+from gateway.http.webui import WebUI
+from gateway.ingest.carbon import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
+from gateway.ingest.deletes import Deleter
+from gateway.ingest.limits import TenantLimits
+from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.graphite.finder import Finder
+from gateway.query.graphite.graph import DrawHere, GraphPool
+from gateway.query.graphite.storage_schemas import StorageSchemas
+from gateway.query.graphite.tagdb import TagDB
+from gateway.query.planner import QueryPlanner
+from gateway.query.promql.engine import QueryText
+from gateway.query.promql.service import PromQLService
+from gateway.store import open_store
+
+log = logging.getLogger(__name__)
+
+
+# The share of --shutdown-timeout that the writes in flight may take to reach the store, and as
+# much again for the carbon backlog: the bound on each follows the store's measured rate.
+FLUSH_SHARE = 0.3
+
+
+class Gateway:
+    """One gateway process. ``inherited`` maps listener names (``Config.listeners``) to sockets
+    already bound by a ``--workers`` supervisor; without it the gateway binds its own."""
+
+    def __init__(self, config: Config, inherited: dict[str, int] | None = None):
+        self.config = config
+        self.inherited = inherited or {}
+        self.store = open_store(config.store_url, config.layout)
+        self.overrides = attach(config, self.store)
+        self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
+        self.downsample = DownsampleRole(config, self.store)
+        self.pending = self.downsample.pending
+        self.marks = PendingMarks(self.pending, config.downsample_partitions_count)
+        self.pipeline = IngestPipeline(
+            self.store,
+            config.limits,
+            KnownSeries(config.metadata_cache_size),
+            config.max_inflight_samples,
+            self.shared_seen,
+            pending=self.marks,
+            tenant_limits=TenantLimits(
+                self.overrides.limit("tenant-max-samples-per-second"), self.overrides.limit("tenant-max-active-series")
+            ),
+            max_metadata_length=config.max_metadata_length,
+            flush_within_s=config.shutdown_timeout / 1000 * FLUSH_SHARE,
+        )
+        self.planner = QueryPlanner(
+            self.store, self.overrides.limit("max-series-per-query"), max_future_ms=config.max_future
+        )
+        roles = config.role_set
+        count = config.query_executor_count if "query" in roles else 0
+        self.executors = QueryExecutors(config, count, self.overrides) if count else None
+        self.overrides_watch = OverridesWatch(self.overrides, self._overrides_reloaded)
+        credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
+        self.graphs = GraphPool()
+        router = build_router(
+            config,
+            self.store,
+            self.planner,
+            self.pipeline,
+            Router(roles, credentials, self.executors),
+            self.graphs,
+            self.overrides,
+        )
+        deleter = Deleter(
+            self.store, self.planner, self.marks, config.max_future, self.pipeline.known, self.shared_seen
+        )
+        AdminAPI(deleter, config.enable_admin_api, self.overrides).register(router)
+        self.connections = Connections(config.connection_limit)
+        self.site = Site(
+            router,
+            config.max_body_bytes,
+            self.connections,
+            _seconds(config.http_idle_timeout),
+            BodyDeadline(_seconds(config.http_body_timeout), config.http_body_min_rate),
+        )
+        self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
+        self.ports = []
+        self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
+        self.downsample_stopped = defer.succeed(None)  # fires once the loop stopped and its last round ended
+
+    async def start(self) -> None:
+        await start_store(self.config, self.store, self.pending, self.shared_seen)
+        if self.executors is not None:
+            self.executors.start()  # after the store: its schema exists when they open it
+        if self.shared_seen is not None:
+            self.shared_seen.start()
+        self.overrides_watch.start()
+        config = self.config
+        host, port = config.http
+        if self.downsample_loop is not None:
+            self.downsample_stopped = self.downsample_loop.start(config.downsample_interval / 1000, now=False)
+        listeners = config.listeners
+        if "ingest" not in config.role_set:
+            log.info("roles %s: no carbon listeners", config.roles)
+        carbon_idle_s = _seconds(config.carbon_idle_timeout)
+        handlers = {
+            "http": self.site,
+            "graphite": PlaintextFactory(
+                self.graphite, config.graphite_tenant, config.graphite_max_line_length, self.connections, carbon_idle_s
+            ),
+            "graphite-udp": PlaintextDatagramProtocol(
+                self.graphite, config.graphite_tenant, config.graphite_max_line_length
+            ),
+            "pickle": PickleFactory(
+                self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes, self.connections, carbon_idle_s
+            ),
+        }
+        for name, address in listeners.items():
+            self.ports.append(self._listen(name, address, handlers[name]))
+        log.info(
+            "tsgate %s: HTTP on %s:%d, graphite %s, graphite-udp %s, pickle %s, store %s, redis %s",
+            __version__,
+            host,
+            port,
+            _address(listeners.get("graphite")),
+            _address(listeners.get("graphite-udp")),
+            _address(listeners.get("pickle")),
+            redact(config.store_url),
+            redact(config.redis) or "none (in-memory cache only)",
+        )
+
+    def _listen(self, name: str, address: tuple[str, int], handler):
+        """Bind ``address``, or under ``--workers N`` adopt the socket the supervisor bound.
+
+        Twisted duplicates an adopted descriptor, so the inherited one is closed here.
+        """
+        udp = name == "graphite-udp"
+        fd = self.inherited.get(name)
+        if fd is None:
+            listen = reactor.listenUDP if udp else reactor.listenTCP
+            try:
+                return listen(address[1], handler, interface=address[0])
+            except CannotListenError as error:
+                raise CannotListen(name, *address, error.socketError.strerror) from None
+        with socket.socket(fileno=fd) as inherited:
+            adopt = reactor.adoptDatagramPort if udp else reactor.adoptStreamPort
+            return adopt(inherited.fileno(), inherited.family, handler)
+
+    async def stop(self) -> None:
+        timeout_s = self.config.shutdown_timeout / 1000
+        log.info(
+            "stopping: no new connections; answering open requests and flushing accepted writes (at most %gs)",
+            timeout_s,
+        )
+        await defer.gatherResults([defer.maybeDeferred(port.stopListening) for port in self.ports])
+        self.overrides_watch.stop()
+        if self.downsample_loop is not None and self.downsample_loop.running:
+            self.downsample_loop.stop()
+        finished = defer.gatherResults(
+            [self.connections.close_all(), self.graphite.drain(), self.pipeline.drain(), self.downsample_stopped]
+        )
+        stopping = reactor.seconds()
+        drained = await _within(finished, timeout_s)
+        if self.executors is not None:
+            self.executors.stop()  # queries still running now are answered 503, then their connections closed
+        if not drained:
+            log.warning(
+                "shutdown timeout (%gs, --shutdown-timeout) reached: closing %d connections still open;"
+                " not yet stored: %d carbon samples, %d samples in store writes under way; downsample round %s",
+                timeout_s,
+                len(self.connections.open),
+                self.graphite.pending,
+                self.pipeline.inflight_samples,
+                "still running (redone after restart)" if not self.downsample_stopped.called else "done",
+            )
+            self.connections.abort_all()
+        self.graphs.close()
+        closing = reactor.seconds()
+        await self.store.close()
+        log.info("drained in %.2fs, store closed in %.2fs", closing - stopping, reactor.seconds() - closing)
+        if self.shared_seen is not None:
+            await self.shared_seen.stop()
+        log.info("stopped")
+
+    def _overrides_reloaded(self) -> None:
+        if self.executors is not None:
+            self.executors.send_overrides()
+
+    async def _downsample(self) -> None:
+        """One round of the downsample role; a failed round is logged and retried next time."""
+        try:
+            await self.downsample.run_once()
+        except Exception as error:
+            log.warning("downsample round failed (%s); retrying next round", error)
+
+
+def build_router(
+    config: Config,
+    store,
+    planner: QueryPlanner,
+    pipeline,
+    router: Router,
+    graphs: GraphPool | DrawHere,
+    overrides: Overrides,
+) -> Router:
+    """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
+    of the ingest pipeline only its clock). The query limits are each tenant's (``overrides``)."""
+    max_points = overrides.limit("max-points-per-query")
+    NativeAPI(store, pipeline, planner, max_points).register(router)
+    PrometheusAPI(
+        store,
+        pipeline,
+        planner,
+        config.max_decompressed_bytes,
+        overrides.limit("max-samples-per-query"),
+        config.created_timestamp_zero_ingestion,
+        config.max_native_histogram_buckets,
+    ).register(router)
+    PromQLAPI(
+        PromQLService(
+            store,
+            planner,
+            overrides.limit("query-max-samples"),
+            config.query_lookback_delta,
+            config.query_timeout,
+            QueryText(config.query_max_length, config.query_max_terms),
+        )
+    ).register(router)
+    schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
+    GraphiteAPI(
+        pipeline,
+        planner,
+        Finder(store),
+        TagDB(store, planner),
+        schemas,
+        max_points,
+        graphs,
+        max_targets=config.render_max_targets,
+        max_query_length=config.query_max_length,
+    ).register(router)
+    OpsAPI(store).register(router)
+    WebUI(config, store, pipeline).register(router)
+    return router
+
+
+class DownsampleRole:
+    """What the downsample role needs beside the store: the pending tracker, the downsampler and
+    the partition lock. ``tsgate downsample --once`` builds only this and the store."""
+
+    def __init__(self, config: Config, store):
+        self.partitions = config.owned_partitions
+        self.pending = pending_tracker(config, store)
+        self.downsampler = Downsampler(
+            store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(",")))
+        )
+        self.partition_lock = partition_lock(config, self.pending)
+
+    async def run_once(self) -> int:
+        """One round over this replica's partitions; the number of series-slots rolled up."""
+        return await self.downsampler.run_once(self.partitions, self.partition_lock)
+
+    async def waiting(self) -> int:
+        """Series-slots of this replica's partitions still pending: not settled yet, or failed."""
+        return sum([await self.pending.waiting(partition) for partition in self.partitions])
+
+
+async def start_store(config: Config, store, pending, shared_seen: RedisSeenSeries | None = None) -> None:
+    """Connect the store, then prefix the Redis keys with its identity (redis_namespace)."""
+    await store.start()
+    if config.redis:
+        namespace = redis_namespace(await store.identity())
+        pending.use_namespace(namespace)
+        if shared_seen is not None:
+            shared_seen.namespace = namespace
+
+
+def pending_tracker(config: Config, store):
+    fallback = StorePending(store, config.slot_width, config.downsample_delay)
+    if not config.redis:
+        return fallback
+    return RedisPending(config.redis, fallback, config.slot_width, config.downsample_delay)
+
+
+def partition_lock(config: Config, pending):
+    """Competing consumers through Redis unless partitions are pinned; without Redis, none."""
+    if not isinstance(pending, RedisPending) or config.downsample_partitions:
+        return None
+    lease = max(60_000, 6 * config.downsample_interval)
+    return RedisPartitionLock(pending, f"{socket.gethostname()}:{os.getpid()}", lease)
+
+
+def _within(deferred: defer.Deferred, seconds: float) -> defer.Deferred:
+    """Fires True once ``deferred`` fired (whatever its result), or False after ``seconds``.
+    ``deferred`` itself is left alone: cancelling the drains would break their waiters."""
+    outcome = defer.Deferred()
+    timer = reactor.callLater(seconds, outcome.callback, False)
+
+    def fired(_):
+        if timer.active():
+            timer.cancel()
+            outcome.callback(True)
+
+    deferred.addBoth(fired)
+    return outcome
+
+
+def _seconds(milliseconds: int) -> float | None:
+    """A timeout setting for Twisted: seconds, or None (never) for 0."""
+    return milliseconds / 1000 or None
+
+
+def _address(hostport: tuple[str, int] | None) -> str:
+    return f"{hostport[0]}:{hostport[1]}" if hostport else "off"
+
+
+def redact(url: str) -> str:
+    """A URL fit for a log line: any password replaced by ***."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", re.sub(r"(password=)[^&]*", r"\1***", url))
+
+
+REACTOR_GIL_WAIT_S = 0.001
+
+
+def run(config: Config, worker: Worker | None = None) -> int:
+    """Run until a signal stops the reactor; 0 after a clean stop, 1 if start-up failed.
+
+    As a ``--workers`` worker: only worker 0 keeps the downsample role (see gateway.app.workers),
+    the listening sockets come from the supervisor, the supervisor is told once the gateway
+    has started, and the worker stops by itself (draining as on SIGTERM) if the supervisor dies.
+    """
+    if worker is not None and worker.index != 0:
+        config = dataclasses.replace(config, roles=",".join(sorted(config.role_set - {"downsample"})))
+    try:
+        gateway = Gateway(config, worker.listeners if worker is not None else None)
+    except ValueError as error:
+        log.error("bad setting: %s", error)
+        return CONFIG_ERROR_EXIT
+    outcome = {"code": 0}
+
+    def started_or_failed():
+        # Registered before starting: whatever start() got running (the store's thread pools
+        # above all, which would keep the process alive after the reactor stops) is stopped
+        # the same way after a failed start as after SIGTERM.
+        reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(gateway.stop()))
+        deferred = defer.ensureDeferred(gateway.start())
+
+        def failed(failure):
+            log.error("could not start: %s", failure.getErrorMessage())
+            outcome["code"] = 1
+            reactor.stop()
+
+        def started(_):
+            if worker is not None:
+                worker.announce_ready()
+                LoopingCall(_stop_if_orphaned, worker.supervisor_pid).start(1.0, now=False)
+
+        deferred.addCallbacks(started, failed)
+
+    reactor.callWhenRunning(started_or_failed)
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and Twisted then leaves it so; SIGINT is documented to stop the gateway like SIGTERM.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Render and encoding work runs in threads; a thread waiting for the GIL gets it after this
+    # interval, so the reactor thread waits about 1 ms (not Python's 5 ms) each time it wakes up.
+    sys.setswitchinterval(REACTOR_GIL_WAIT_S)
+    # The modules and objects built so far live as long as the process: kept out of the garbage
+    # collector's full passes, which hold the GIL (~25 ms each) while a heavy request runs.
+    gc.freeze()
+    reactor.run()
+    if worker is not None:
+        # Drained: a SIGTERM from the supervisor arriving now (systemd may also have sent one
+        # to every process of the unit) must not kill the exit half-way.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return outcome["code"]
+
+
+def _stop_if_orphaned(supervisor_pid: int) -> None:
+    """A worker whose supervisor died (SIGKILL) would hold the ports forever: it stops instead."""
+    if os.getppid() != supervisor_pid and reactor.running:
+        log.warning("supervisor (pid %d) is gone: stopping", supervisor_pid)
+        reactor.stop()

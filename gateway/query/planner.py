@@ -1,0 +1,238 @@
+"""The query planner: tag filters -> intersection of series_sets lookups -> series to read.
+
+The plan (docs/storage.rst): each ``tag=value`` filter is one series_sets lookup, the matching series are the
+intersection of the lookups (a metric with no filter is looked up under ``__name__``), their
+names and tags come from series_set_hashes. Lookups run concurrently, with a bound on how many
+at once. The planner is the query APIs' read service too (gateway/query/read_service.py): what it
+selects is read through the one batched, budgeted read.
+"""
+
+from typing import NamedTuple
+
+from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
+
+from gateway.core import metrics
+from gateway.core.caches import LRUMap
+from gateway.core.errors import LimitExceeded
+from gateway.core.model import NAME_TAG, Limits, SeriesKey, now_ms
+from gateway.core.overrides import PerTenant, per_tenant
+from gateway.core.samples import Samples
+from gateway.query.read_service import ReadBudget, ReadService, Selected, Selection
+from gateway.store import Store
+
+SERIES_REMEMBERED = 100_000
+
+
+class SeriesResult(NamedTuple):
+    tenant: str
+    metric_name: str
+    tags: dict[str, str]
+    samples: Samples
+    created_ms: int | None = None  # the series' created timestamp (remote write 2.0), when known
+
+
+class QueryTooLarge(LimitExceeded, ValueError):
+    """The query would touch more series than allowed; refuse instead of exhausting memory."""
+
+
+class PointsBudget(ReadBudget):
+    """The points one request may read, generate or bucket (--max-points-per-query). Each step
+    spends its points before it builds them, so an oversized request costs nothing but a 422."""
+
+    def __init__(self, limit: int, setting: str = "--max-points-per-query"):
+        super().__init__(limit, self._refusal)
+        self.setting = setting  # what to name in the refusal: the flag, or the tenant's override
+
+    def _refusal(self, points: int, what: str) -> QueryTooLarge:
+        return QueryTooLarge(
+            f"{what} needs {points} points, which brings the request over its budget of {self.limit} points"
+            f" ({self.setting}); shorten the range or use a coarser step"
+        )
+
+
+class QueryPlanner(ReadService):
+    def __init__(
+        self,
+        store: Store,
+        max_series: int | PerTenant,
+        concurrency: int = 32,
+        max_future_ms: int = Limits.max_future_ms,
+        clock=now_ms,
+    ):
+        super().__init__(store, concurrency, clock, max_future_ms)
+        self.max_series = per_tenant("max-series-per-query", max_series)
+        self._series = LRUMap(SERIES_REMEMBERED)
+        self._semaphore = DeferredSemaphore(concurrency)
+
+    def _limited(self, operation: str, call, *args):
+        return self._semaphore.run(lambda: metrics.observe_store(operation, call(*args)))
+
+    async def select_series(self, tenant: str, metric_name: str, tag_filters: dict[str, str]) -> list[SeriesKey]:
+        """Series of a metric that carry every tag pair of ``tag_filters``, sorted by tags."""
+        pairs = sorted(tag_filters.items()) or [(NAME_TAG, metric_name)]
+        lookups = [self._limited("find_series", self.store.find_series, tenant, metric_name, k, v) for k, v in pairs]
+        found = await gatherResults(lookups, consumeErrors=True)
+        hashes = set.intersection(*found)
+        if len(hashes) > self.max_series(tenant):
+            raise QueryTooLarge(
+                f"the query matches {len(hashes)} series, over the limit of {self.max_series(tenant)}"
+                f" ({self.max_series.setting(tenant)}); add tag filters"
+            )
+        series = await self._get_series(tenant, hashes)
+        return sorted(series.values(), key=lambda s: sorted(s.tags.items()))
+
+    async def _get_series(self, tenant: str, hashes) -> dict[str, SeriesKey]:
+        """series_set_hashes lookups, through a cache: a series' name and tags never change, and a
+        dashboard asks for the same series again and again (on Cassandra a lookup is a request a series)."""
+        found, missing = {}, []
+        for hash_ in hashes:
+            key = self._series.get((tenant, hash_))
+            if key is None:
+                missing.append(hash_)
+            else:
+                found[hash_] = key
+        if missing:
+            fetched = await self._limited("get_series", self.store.get_series, tenant, sorted(missing))
+            self._series.add_all({(tenant, hash_): key for hash_, key in fetched.items()})
+            found.update(fetched)
+        return found
+
+    async def metadata(self, tenant: str, metric_names: list[str]) -> list:
+        """Prometheus metadata (type, help, unit) of each metric name, None where there is none;
+        the lookups run concurrently, bounded like every planner lookup."""
+        lookups = [
+            self._limited("get_metric_metadata", self.store.get_metric_metadata, tenant, name) for name in metric_names
+        ]
+        return await gatherResults(lookups, consumeErrors=True)
+
+    async def query(
+        self, tenant: str, metric_name: str, tag_filters: dict[str, str], start_ms: int, end_ms: int
+    ) -> list[SeriesResult]:
+        """Series of a metric matching the filters, with their samples (stitched by the read path)."""
+        series = await self.select_series(tenant, metric_name, tag_filters)
+        data = await self.samples(series, start_ms, end_ms)
+        return [SeriesResult(tenant, s.metric_name, s.tags, d.samples) for s, d in zip(series, data)]
+
+    async def read_series(
+        self,
+        tenant: str,
+        metric_name: str,
+        tag_filters: dict[str, str],
+        start_ms: int,
+        end_ms: int,
+        budget: PointsBudget,
+        granularity=None,
+        aggregate: str | None = None,
+        raw: bool = False,
+    ) -> list[SeriesResult]:
+        """Series of a metric matching the filters with their samples and created timestamps,
+        each batch's points spent from ``budget`` (--max-points-per-query) before the next is read:
+        one roll-up aggregate (avg by default) with a granularity, the raw samples alone with
+        ``raw``, else the read path's stitched samples."""
+        series = await self.select_series(tenant, metric_name, tag_filters)
+        what = f"/api/query of {metric_name!r}"
+        if raw:
+            data = await self.raw(series, start_ms, end_ms, budget, what)
+        else:
+            fallback = None if granularity is not None else "last"
+            reads = await self.samples(
+                series, start_ms, end_ms, budget, what, aggregate or "avg", fallback, granularity
+            )
+            data = [read.samples for read in reads]
+        created = await self.created(tenant, series)
+        return [SeriesResult(tenant, s.metric_name, s.tags, d, c) for s, d, c in zip(series, data, created)]
+
+    async def select_by_matchers(self, tenant: str, matchers, label_view) -> list[SeriesKey]:
+        """The keys of ``select``'s series."""
+        return [selected.key for selected in await self.select(tenant, matchers, label_view)]
+
+    async def select(self, tenant: str, matchers, label_view) -> Selection:
+        """Series whose labels, as ``label_view(metric, tags)`` shows them, satisfy every matcher.
+
+        Matchers have ``name``, ``type`` (EQ, NEQ, RE, NRE), ``value`` and ``matches(text)``, with
+        Prometheus semantics (an absent label is ""). The index narrows the candidates: an
+        equality or a regex that cannot match "" becomes series_sets lookups (regexes through
+        tag_values); everything is then checked on the full labels. Values are counted before
+        they are looked up: a matcher whose values outnumber --max-series-per-query (each is at
+        least one series) only filters the candidates of the others, and is refused when it is
+        the only one that narrows (``{i=~".+"}`` over 100k values took 103 s to refuse). Series
+        come by metric name, then by tags, as Prometheus's storage gives them: the same answer (topk
+        ties, sums near overflow) on every run. Each comes with the labels it was matched on.
+        """
+        name_matchers = [m for m in matchers if m.name == NAME_TAG]
+        tag_matchers = [m for m in matchers if m.name != NAME_TAG]
+        found: Selection = []
+        for metric_name in await self._metric_names(tenant, name_matchers, tag_matchers, label_view):
+            hashes = await self._candidates(tenant, metric_name, tag_matchers)
+            if len(found) + len(hashes) > self.max_series(tenant):
+                raise QueryTooLarge(
+                    f"the query matches more than {self.max_series(tenant)} series"
+                    f" ({self.max_series.setting(tenant)}); narrow it"
+                )
+            series = await self._get_series(tenant, hashes)
+            for key in sorted(series.values(), key=lambda s: sorted(s.tags.items())):
+                labels = label_view(key.metric_name, key.tags)
+                if all(m.matches(labels.get(m.name, "")) for m in matchers):
+                    found.append(Selected(key, labels))
+        return found
+
+    async def _metric_names(self, tenant: str, name_matchers, tag_matchers, label_view) -> list[str]:
+        """Metric names to look in: an exact name directly; else the names the tenant-wide tag
+        index gives for the tag matchers that need a value; else all of the tenant's names."""
+        exact = [m.value for m in name_matchers if m.type == "EQ"]
+        if exact and await self.store.find_series(tenant, exact[0], NAME_TAG, exact[0]):
+            return [exact[0]]
+        names = None
+        for matcher in tag_matchers:
+            if matcher.matches(""):
+                continue
+            values = await self._matching_values(
+                matcher, "list_tenant_tag_values", self.store.list_tenant_tag_values, tenant
+            )
+            if len(values) > self.max_series(tenant):
+                continue
+            lookups = [
+                self._limited("find_metrics_by_tag", self.store.find_metrics_by_tag, tenant, matcher.name, v)
+                for v in values
+            ]
+            found = set().union(*await gatherResults(lookups, consumeErrors=True))
+            names = found if names is None else names & found
+        if names is None:
+            names = await self._limited("list_metric_names", self.store.list_metric_names, tenant)
+        return sorted(n for n in names if all(m.matches(label_view(n, {})[NAME_TAG]) for m in name_matchers))
+
+    async def _candidates(self, tenant: str, metric_name: str, tag_matchers) -> set[str]:
+        """The series of a metric the narrowing matchers' values give (see select_by_matchers)."""
+        lookups, too_many = [], []
+        for matcher in tag_matchers:
+            if matcher.matches(""):
+                continue
+            values = await self._matching_values(
+                matcher, "list_tag_values", self.store.list_tag_values, tenant, metric_name
+            )
+            if len(values) > self.max_series(tenant):
+                too_many.append(f"{matcher.name} matches {len(values)} values of {metric_name!r}")
+                continue
+            lookups.append(ensureDeferred(self._union(tenant, metric_name, matcher.name, values)))
+        if too_many and not lookups:
+            raise QueryTooLarge(
+                f"the query matches more than {self.max_series(tenant)} series ({self.max_series.setting(tenant)}):"
+                f" {too_many[0]}; narrow it"
+            )
+        if not lookups:
+            lookups.append(ensureDeferred(self._union(tenant, metric_name, NAME_TAG, [metric_name])))
+        found = await gatherResults(lookups, consumeErrors=True)
+        return set.intersection(*found)
+
+    async def _matching_values(self, matcher, operation: str, list_values, *scope) -> list[str]:
+        """The tag values a matcher that needs a value can mean: its own for an equality, the
+        listed values (of a metric, or of the tenant) it matches otherwise."""
+        if matcher.type == "EQ":
+            return [matcher.value]
+        return [v for v in await self._limited(operation, list_values, *scope, matcher.name) if matcher.matches(v)]
+
+    async def _union(self, tenant: str, metric_name: str, tag_key: str, values: list[str]) -> set[str]:
+        lookups = [
+            self._limited("find_series", self.store.find_series, tenant, metric_name, tag_key, v) for v in values
+        ]
+        return set().union(*await gatherResults(lookups, consumeErrors=True))

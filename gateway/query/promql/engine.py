@@ -1,0 +1,925 @@
+"""PromQL evaluation with Prometheus 2.42's semantics, every step of a query at once.
+
+A query runs in two phases: ``plan`` walks the parsed expression (``promql-parser``) and lists the
+selectors with the time range each needs (offsets, ``@``, ranges, subqueries and the lookback
+included); the service fetches those series through the read path; then ``Evaluator`` computes
+the expression over numpy arrays, off the reactor, checking the query's deadline between nodes
+and at each series of a range function (a subquery's inner steps can be millions).
+Before anything is read, ``estimated_samples`` counts what the evaluation will hold, series x
+steps with every subquery's inner steps, so the service refuses over --query-max-samples first.
+"""
+
+import json
+import math
+import re
+import sys
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+import promql_parser
+
+from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
+from gateway.query.promql.range_functions import quantiles
+from gateway.query.promql.values import (
+    NAME,
+    Guard,
+    PromQLError,
+    RangeVector,
+    Scalar,
+    Series,
+    String,
+    Vector,
+    drop_metric_name,
+    is_stale,
+    labels_key,
+    merge_same_labels,
+    stacked,
+)
+from protocols.linear_regex import BadPattern, compile_regex
+from protocols.prometheus.native_histogram import IncompatibleBuckets
+from protocols.prometheus.read import Matcher
+
+DEFAULT_SUBQUERY_STEP_MS = 60_000
+_MATCH_TYPES = {"MatchOp.Equal": "EQ", "MatchOp.NotEqual": "NEQ", "MatchOp.Re": "RE", "MatchOp.NotRe": "NRE"}
+_COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
+_ARITHMETIC = {"+", "-", "*", "/", "%", "^"}  # the operators that drop __name__ (atan2 keeps it in 2.42)
+_SET_OPERATORS = {"and", "or", "unless"}
+
+
+# Prometheus 3 renamed it double_exponential_smoothing; the parser knows only the new name.
+promql_parser.register_extra_functions(
+    [
+        promql_parser.Function(
+            "holt_winters",
+            [promql_parser.ValueType.Matrix, promql_parser.ValueType.Scalar, promql_parser.ValueType.Scalar],
+            promql_parser.ValueType.Vector,
+        )
+    ]
+)
+
+
+class Query(NamedTuple):
+    start_ms: int
+    end_ms: int
+    step_ms: int
+    lookback_ms: int
+
+
+def parser_call(function, *args):
+    """``function(*args)`` of promql-parser, its Rust panics on values out of range (pyo3's
+    PanicException, a BaseException) raised as ValueError."""
+    try:
+        return function(*args)
+    except (Exception, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as error:
+        raise ValueError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
+
+
+def parse(text: str):
+    """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
+    and offsets out of range, regular expressions RE2 does not take."""
+    try:
+        expr = parser_call(promql_parser.parse, _raw_strings_quoted(text))
+        for node in _nodes(expr):
+            _check_node(node)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
+    return expr
+
+
+def _nodes(expr):
+    yield expr
+    kind = type(expr).__name__
+    if kind == "MatrixSelector":
+        yield expr.vector_selector
+    elif kind == "SubqueryExpr":
+        yield from _nodes(expr.expr)
+    for child in _children(expr):
+        yield from _nodes(child)
+
+
+def _check_node(node) -> None:
+    """Reads what evaluation reads of a selector or subquery, so that what promql-parser cannot
+    hand over (an ``@`` before 1970 or past year 9999, a huge offset) is a parse error here."""
+    if type(node).__name__ not in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
+        return
+    for name in ("offset", "range", "step"):
+        parser_call(getattr, node, name, None)
+    at = parser_call(getattr, node, "at", None)
+    if at is not None and not str(at.type).endswith(("Start", "End")):
+        try:
+            parser_call(lambda: at.at.timestamp())
+        except (ValueError, OverflowError):
+            raise ValueError("timestamp out of bounds for @ modifier (tsgate takes 1970 to 9999)") from None
+    if type(node).__name__ == "VectorSelector":
+        for matcher in node.matchers.matchers:
+            if str(matcher.op) in ("MatchOp.Re", "MatchOp.NotRe"):
+                try:
+                    compile_regex(matcher.value, dot_nl=True)
+                except BadPattern as error:
+                    raise ValueError(f"error parsing regexp: {error}") from None
+
+
+def _raw_strings_quoted(text: str) -> str:
+    """``text`` with each backtick string as the double-quoted string of the same value: PromQL
+    keeps a backtick string's backslashes as they are (a regex such as \\d+), where promql-parser
+    reads them as escapes and refuses \\d."""
+    if "`" not in text:
+        return text
+    out, index = [], 0
+    while index < len(text):
+        char = text[index]
+        if char in "\"'":
+            end = index + 1
+            while end < len(text) and text[end] != char:
+                end += 2 if text[end] == "\\" else 1
+        elif char == "#":  # a comment, to the end of the line
+            end = text.find("\n", index)
+            end = (len(text) if end < 0 else end) - 1
+        elif char == "`" and (end := text.find("`", index + 1)) > 0:
+            out.append(json.dumps(text[index + 1 : end], ensure_ascii=False))
+            index = end + 1
+            continue
+        else:
+            end = index
+        out.append(text[index : end + 1])
+        index = end + 1
+    return "".join(out)
+
+
+# String literals (their text is no term), then what makes a node of the parsed expression: an
+# operator, a label matcher, an opening parenthesis, a brace, an argument's comma.
+_STRING_LITERAL = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`""")
+_TERM = re.compile(r"[-+*/%^(,{<>=!]+|\b(?:and|or|unless|atan2)\b")
+
+
+class QueryText(NamedTuple):
+    """The bounds of a query's text (--query-max-length, --query-max-terms), checked before it
+    is parsed: the parser's time grows faster than the text (``1+1+...``: 0.03 s for 250 terms,
+    0.32 s for 1000, 3.7 s for 2000, holding the GIL), and a deep expression's tree is walked
+    recursively."""
+
+    max_length: int = 65536
+    max_terms: int = 300
+
+    def parse(self, text: str):
+        if len(text) > self.max_length:
+            raise PromQLError(
+                f'invalid parameter "query": {len(text)} characters, over --query-max-length {self.max_length}',
+                "bad_data",
+            )
+        terms = len(_TERM.findall(_STRING_LITERAL.sub('""', text)))
+        if terms > self.max_terms:
+            raise PromQLError(
+                f'invalid parameter "query": {terms} operators, matchers, parentheses and arguments,'
+                f" over --query-max-terms {self.max_terms}",
+                "bad_data",
+            )
+        return parse(text)
+
+
+def _ms(delta) -> int:
+    return 0 if delta is None else round(delta.total_seconds() * 1000)
+
+
+def _at_ms(node, query: Query) -> int | None:
+    at = getattr(node, "at", None)
+    if at is None:
+        return None
+    kind = str(at.type)
+    if kind.endswith("Start"):
+        return query.start_ms
+    if kind.endswith("End"):
+        return query.end_ms
+    return round(at.at.timestamp() * 1000)
+
+
+def selector_matchers(selector) -> list[Matcher]:
+    matchers = [Matcher(_MATCH_TYPES[str(m.op)], m.name, m.value) for m in selector.matchers.matchers]
+    if selector.name:
+        matchers.append(Matcher("EQ", NAME, selector.name))
+    return matchers
+
+
+def selector_key(selector) -> tuple:
+    return tuple(sorted((m.name, m.type, m.value) for m in selector_matchers(selector)))
+
+
+def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
+    """Every selector of ``expr`` with the sample range [min, max] it needs."""
+    needs: dict[tuple, tuple[list[Matcher], int, int]] = {}
+
+    def need(selector, low: int, high: int) -> None:
+        key = selector_key(selector)
+        if key in needs:
+            _, old_low, old_high = needs[key]
+            low, high = min(low, old_low), max(high, old_high)
+        needs[key] = (selector_matchers(selector), low, high)
+
+    def walk(node, low: int, high: int) -> None:
+        kind = type(node).__name__
+        if kind in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
+            selector = node.vector_selector if kind == "MatrixSelector" else node
+            offset, at = _ms(selector.offset), _at_ms(selector, query)
+            ref_low, ref_high = (at - offset, at - offset) if at is not None else (low - offset, high - offset)
+            if kind == "VectorSelector":
+                need(node, ref_low - query.lookback_ms, ref_high)
+            elif kind == "MatrixSelector":
+                need(selector, ref_low - _ms(node.range), ref_high)
+            else:
+                walk(node.expr, ref_low - _ms(node.range), ref_high)
+            return
+        for child in _children(node):
+            walk(child, low, high)
+
+    walk(expr, query.start_ms, query.end_ms)
+    return needs
+
+
+def evaluation_steps(query: Query) -> int:
+    """The steps a query is evaluated at: one for an instant query."""
+    return (query.end_ms - query.start_ms) // query.step_ms + 1 if query.step_ms else 1
+
+
+def estimated_samples(expr, query: Query, series_of: Callable[[tuple], int]) -> int:
+    """The values evaluating ``expr`` holds, counted before anything is read: each selector's
+    series (``series_of(selector_key)``) and each literal, times the steps it is evaluated at; a
+    subquery's inner expression runs at every inner step of its range, so
+    ``max_over_time(vector(1)[1d:1s])`` counts 86401."""
+    total = 0
+
+    def walk(node, low: int, high: int, steps: int) -> None:
+        nonlocal total
+        kind = type(node).__name__
+        if kind in ("NumberLiteral", "StringLiteral"):
+            total += steps
+        elif kind == "VectorSelector":
+            total += series_of(selector_key(node)) * steps
+        elif kind == "MatrixSelector":
+            total += series_of(selector_key(node.vector_selector)) * steps
+        elif kind == "SubqueryExpr":
+            step = _ms(node.step) or DEFAULT_SUBQUERY_STEP_MS
+            offset, at = _ms(node.offset), _at_ms(node, query)
+            ref_low, ref_high = (at - offset, at - offset) if at is not None else (low - offset, high - offset)
+            inner_low = ref_low - _ms(node.range)
+            walk(node.expr, inner_low, ref_high, (ref_high - inner_low) // step + 1)
+        else:
+            for child in _children(node):
+                walk(child, low, high, steps)
+
+    walk(expr, query.start_ms, query.end_ms, evaluation_steps(query))
+    return total
+
+
+def _children(node) -> list:
+    kind = type(node).__name__
+    if kind == "Call":
+        return list(node.args)
+    if kind == "AggregateExpr":
+        return [node.expr] + ([node.param] if node.param is not None else [])
+    if kind == "BinaryExpr":
+        return [node.lhs, node.rhs]
+    if kind in ("ParenExpr", "UnaryExpr"):
+        return [node.expr]
+    return []
+
+
+class Context(NamedTuple):
+    """The evaluation times of one (sub)expression, and where to report a warning."""
+
+    times_ms: np.ndarray
+    warn: Callable[[str], None] = lambda message: None
+
+    @property
+    def steps(self) -> int:
+        return len(self.times_ms)
+
+
+class Evaluator:
+    """``data``: each selector's float series; ``histograms``: each selector's native histogram
+    series (values: an object array of Histogram, None for a stale marker). ``warnings``
+    collects what Prometheus 3 reports as annotations (elements dropped for mixing floats and
+    histograms, or incompatible buckets)."""
+
+    def __init__(
+        self,
+        query: Query,
+        data: dict[tuple, list[Series]],
+        deadline: float,
+        histograms: dict[tuple, list[Series]] | None = None,
+        max_samples: int = sys.maxsize,
+        cancelled: threading.Event | None = None,
+        setting: str = "--query-max-samples",
+    ):
+        self.query = query
+        self.data = data
+        self.guard = Guard(deadline, max_samples, cancelled, setting)
+        self.histograms = histograms or {}
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def result(self, expr, times_ms: np.ndarray):
+        """The query's answer: its value, with rows of one label set merged as Prometheus does."""
+        value = self.evaluate(expr, times_ms)
+        return merge_same_labels(value) if isinstance(value, Vector) else value
+
+    def evaluate(self, expr, times_ms: np.ndarray):
+        self.guard.check()
+        ctx = Context(times_ms, self.warn)
+        kind = type(expr).__name__
+        if kind == "NumberLiteral":
+            return Scalar(np.full(ctx.steps, float(expr.val)))
+        if kind == "StringLiteral":
+            return String(expr.val)
+        if kind == "ParenExpr":
+            return self.evaluate(expr.expr, times_ms)
+        if kind == "VectorSelector":
+            return self._instant(expr, ctx)
+        if kind == "MatrixSelector":
+            return self._range(expr, ctx)
+        if kind == "SubqueryExpr":
+            return self._subquery(expr, ctx)
+        if kind == "AggregateExpr":
+            return self._aggregate(expr, ctx)
+        if kind == "UnaryExpr":
+            value = self.evaluate(expr.expr, times_ms)
+            value = Scalar(-value.values) if isinstance(value, Scalar) else value.with_values(-value.values)
+        elif kind == "Call":
+            value = self._call(expr, ctx)
+        elif kind == "BinaryExpr":
+            value = self._binary(expr, ctx)
+        else:
+            raise PromQLError(f"unsupported expression {expr}", "bad_data")
+        # Prometheus checks every step of these nodes' results for rows that became the same
+        # label set (a dropped name, label_replace): an error where two hold a sample at one step.
+        return merge_same_labels(value) if isinstance(value, Vector) else value
+
+    def _refs(self, selector, ctx: Context) -> np.ndarray:
+        at = _at_ms(selector, self.query)
+        base = np.full(ctx.steps, at, dtype=np.int64) if at is not None else ctx.times_ms
+        return base - _ms(selector.offset)
+
+    def _instant(self, selector, ctx: Context) -> Vector:
+        refs = self._refs(selector, ctx)
+        vector = self._instant_floats(selector, ctx, refs)
+        histograms = self.histograms.get(selector_key(selector))
+        return self._with_histograms(vector, histograms, refs, ctx) if histograms else vector
+
+    def _instant_floats(self, selector, ctx: Context, refs: np.ndarray) -> Vector:
+        labels, rows, masks, stamps = [], [], [], []
+        for series in self.data.get(selector_key(selector), []):
+            if not len(series.timestamps):
+                continue
+            index = np.searchsorted(series.timestamps, refs, side="right") - 1
+            found = index >= 0
+            index = np.maximum(index, 0)
+            sample_ms, values = series.timestamps[index], series.values[index]
+            found &= (sample_ms >= refs - self.query.lookback_ms) & ~is_stale(values)
+            if found.any():
+                labels.append(series.labels)
+                rows.append(values)
+                masks.append(found)
+                stamps.append(sample_ms)
+        if not rows:
+            return Vector.empty(ctx.steps)
+        return Vector(labels, np.vstack(rows), np.vstack(masks), np.vstack(stamps))
+
+    def _with_histograms(
+        self, vector: Vector, histogram_series: list[Series], refs: np.ndarray, ctx: Context
+    ) -> Vector:
+        """``vector`` with each step's latest native histogram of ``histogram_series`` (same
+        lookback and staleness as floats); where a series holds both, the newer sample wins."""
+        row_of = {labels_key(labels): row for row, labels in enumerate(vector.labels)}
+        labels = list(vector.labels)
+        values, present = list(vector.values), list(vector.present)
+        stamps = (
+            list(vector.sample_ms)
+            if vector.sample_ms is not None
+            else [np.zeros(ctx.steps, dtype=np.int64)] * len(labels)
+        )
+        histograms = [np.full(ctx.steps, None, dtype=object) for _ in labels]
+        for series in histogram_series:
+            index = np.searchsorted(series.timestamps, refs, side="right") - 1
+            found = index >= 0
+            index = np.maximum(index, 0)
+            sample_ms, samples = series.timestamps[index], series.values[index]
+            found &= (sample_ms >= refs - self.query.lookback_ms) & np.not_equal(samples, None)  # None: a stale marker
+            if not found.any():
+                continue
+            row = row_of.get(labels_key(series.labels))
+            if row is None:
+                row = len(labels)
+                labels.append(series.labels)
+                values.append(np.zeros(ctx.steps))
+                present.append(np.zeros(ctx.steps, dtype=bool))
+                stamps.append(sample_ms)
+                histograms.append(np.full(ctx.steps, None, dtype=object))
+            else:
+                found &= ~present[row] | (sample_ms > stamps[row])
+                present[row] = present[row] & ~found
+                stamps[row] = np.where(found, sample_ms, stamps[row])
+            histograms[row] = np.where(found, samples, histograms[row])
+        if len(labels) == len(vector.labels) and not any(h.any() for h in histograms if h is not None):
+            return vector
+        return Vector(
+            labels, np.vstack(values), np.vstack(present), np.vstack(stamps), np.vstack(histograms)
+        ).without_absent()
+
+    def _range(self, node, ctx: Context) -> RangeVector:
+        selector = node.vector_selector
+        series = []
+        for found in self.data.get(selector_key(selector), []):
+            stale = is_stale(found.values)
+            series.append(
+                Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found
+            )
+        histograms = []
+        for found in self.histograms.get(selector_key(selector), []):
+            kept = np.not_equal(found.values, None)  # None: a stale marker
+            histograms.append(Series(found.labels, found.timestamps[kept], found.values[kept]))
+        return RangeVector(series, self._refs(selector, ctx), _ms(node.range), tuple(histograms), self.guard)
+
+    def _subquery(self, node, ctx: Context) -> RangeVector:
+        step = _ms(node.step) or DEFAULT_SUBQUERY_STEP_MS
+        range_ms = _ms(node.range)
+        refs = self._refs(node, ctx)
+        first, last = int(refs.min()) - range_ms, int(refs.max())
+        start = step * (first // step)
+        if start < first:
+            start += step
+        inner_times = np.arange(start, last + 1, step, dtype=np.int64)
+        inner = self.evaluate(node.expr, inner_times)
+        if not isinstance(inner, Vector):
+            raise PromQLError("subquery is only allowed on instant vector", "bad_data")
+        series = [
+            Series(labels, inner_times[present], values[present])
+            for labels, values, present in zip(inner.labels, inner.values, inner.present)
+            if present.any()
+        ]
+        histograms = [
+            Series(labels, inner_times[holds], row[holds])
+            for labels, row, holds in zip(
+                inner.labels, inner.histograms if inner.histograms is not None else [], inner.histogram_present
+            )
+            if holds.any()
+        ]
+        return RangeVector(series, refs, range_ms, tuple(histograms), self.guard)
+
+    def _call(self, call, ctx: Context):
+        name = call.func.name
+        function = FUNCTIONS.get(name)
+        if function is None:
+            raise PromQLError(f"function {name!r} is not supported", "bad_data")
+        args = [self.evaluate(arg, ctx.times_ms) for arg in call.args]
+        value = function(ctx, args, call)
+        if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
+            _refuse_same_labels(value)
+        return value
+
+    # -- aggregations -----------------------------------------------------------------------
+
+    def _aggregate(self, node, ctx: Context):
+        op = str(node.op)
+        vector = self.evaluate(node.expr, ctx.times_ms)
+        param = self.evaluate(node.param, ctx.times_ms) if node.param is not None else None
+        modifier = node.modifier
+        grouping = list(modifier.labels) if modifier is not None else []
+        without = modifier is not None and str(modifier.type).endswith("Without")
+        if op == "count_values":
+            if not _LABEL_NAME.match(param.value):
+                raise PromQLError(f"invalid label name {param.value!r}")
+            return _count_values(vector, param.value, grouping, without, ctx)
+        group_of, group_labels = _groups(vector.labels, grouping, without)
+        if op in ("topk", "bottomk"):
+            _check_k(param.values)
+            return _top(vector, param.values, group_of, op)
+        count = len(group_labels)
+        counted = vector.sampled if op in ("count", "group") else vector.present
+        present = np.zeros((count, ctx.steps), dtype=bool)
+        np.logical_or.at(present, group_of, counted)
+        counts = np.zeros((count, ctx.steps))
+        np.add.at(counts, group_of, counted.astype(np.float64))
+        with np.errstate(all="ignore"):
+            if op == "sum":
+                result = np.zeros((count, ctx.steps))
+                np.add.at(result, group_of, np.where(vector.present, vector.values, 0.0))
+            elif op == "avg":
+                result = _running_mean(vector, group_of, count)
+            elif op == "count":
+                result = counts
+            elif op == "group":
+                result = np.ones((count, ctx.steps))
+            elif op in ("min", "max"):
+                result = np.full((count, ctx.steps), np.nan)
+                (np.fmin if op == "min" else np.fmax).at(
+                    result, group_of, np.where(vector.present, vector.values, np.nan)
+                )
+            elif op in ("stddev", "stdvar"):
+                result = _running_variance(vector, group_of, count)
+                if op == "stddev":
+                    result = np.sqrt(result)
+            elif op == "quantile":
+                result = np.full((count, ctx.steps), np.nan)
+                for group in range(count):
+                    rows = np.flatnonzero(group_of == group)
+                    padded = np.where(vector.present[rows], vector.values[rows], np.inf).T
+                    result[group] = quantiles(padded, counts[group], param.values)
+            else:
+                raise PromQLError(f"aggregation {op!r} is not supported", "bad_data")
+        if op in ("sum", "avg") and vector.histograms is not None:
+            histograms, mixed = _aggregate_histograms(vector, group_of, count, op, ctx)
+            return Vector(group_labels, result, present & ~mixed, None, histograms).without_absent()
+        return Vector(group_labels, result, present).without_absent()
+
+    # -- binary operators -------------------------------------------------------------------
+
+    def _binary(self, node, ctx: Context):
+        op = str(node.op)
+        lhs, rhs = self.evaluate(node.lhs, ctx.times_ms), self.evaluate(node.rhs, ctx.times_ms)
+        modifier = node.modifier
+        return_bool = bool(modifier is not None and modifier.return_bool)
+        if op in _COMPARISONS and not return_bool and isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
+            raise PromQLError("comparisons between scalars must use BOOL modifier", "bad_data")
+        if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
+            value, keep = _operate(op, lhs.values, rhs.values)
+            return Scalar(np.asarray(keep, dtype=np.float64) if op in _COMPARISONS else value)
+        if isinstance(lhs, Scalar) or isinstance(rhs, Scalar):
+            return _vector_scalar(op, lhs, rhs, return_bool)
+        if op in _SET_OPERATORS:
+            return _set_operation(op, lhs, rhs, modifier)
+        return _vector_vector(op, lhs, rhs, modifier, return_bool)
+
+
+def _refuse_same_labels(vector: Vector) -> None:
+    """A range function's result, as Prometheus 2.42 checks it: two of its series with the same
+    label set (series that differed only by their dropped name) are an error, at whatever steps
+    they hold samples."""
+    for rows in (vector.present.any(axis=1), vector.histogram_present.any(axis=1)):
+        keys = [labels_key(labels) for labels, kept in zip(vector.labels, rows) if kept]
+        if len(set(keys)) < len(keys):
+            raise PromQLError("vector cannot contain metrics with the same labelset")
+
+
+def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Value and keep flag of ``left op right`` (the keep flag matters for comparisons only)."""
+    with np.errstate(all="ignore"):
+        if op == "+":
+            return left + right, True
+        if op == "-":
+            return left - right, True
+        if op == "*":
+            return left * right, True
+        if op == "/":
+            return np.true_divide(left, right), True
+        if op == "%":
+            return np.fmod(left, right), True
+        if op == "^":
+            return np.power(left, right), True
+        if op == "atan2":
+            return np.arctan2(left, right), True
+        comparison = {
+            "==": np.equal,
+            "!=": np.not_equal,
+            ">": np.greater,
+            "<": np.less,
+            ">=": np.greater_equal,
+            "<=": np.less_equal,
+        }[op]
+        keep = comparison(left, right)
+        return left, keep
+
+
+def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
+    vector, scalar, swapped = (lhs, rhs, False) if isinstance(lhs, Vector) else (rhs, lhs, True)
+    scalar_values = np.broadcast_to(scalar.values, vector.values.shape)
+    left, right = (scalar_values, vector.values) if swapped else (vector.values, scalar_values)
+    value, keep = _operate(op, left, right)
+    if op in _COMPARISONS:
+        if return_bool:
+            return vector.with_values(keep.astype(np.float64))
+        return Vector(vector.labels, vector.values, vector.present & keep, vector.sample_ms).without_absent()
+    result = vector.with_values(np.asarray(value, dtype=np.float64), drop_name=op in _ARITHMETIC)
+    if vector.histograms is not None and (op == "*" or (op == "/" and not swapped)):
+        result = result._replace(histograms=_scaled(vector.histograms, scalar.values, op)).without_absent()
+    return result
+
+
+def _scaled(histograms: np.ndarray, factors: np.ndarray, op: str) -> np.ndarray:
+    """``histogram * scalar`` (either side) and ``histogram / scalar``, step by step."""
+    out = np.full(histograms.shape, None, dtype=object)
+    for row, step in zip(*np.nonzero(np.not_equal(histograms, None))):
+        factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
+        out[row, step] = histograms[row, step].scale(factor)
+    return out
+
+
+def _aggregate_histograms(
+    vector: Vector, group_of: np.ndarray, count: int, op: str, ctx: Context
+) -> tuple[np.ndarray, np.ndarray]:
+    """sum/avg of each group's histograms per step, and the mask of (group, step) elements that
+    mix floats and histograms: Prometheus drops those (3.x with a warning, as here)."""
+    holds = vector.histogram_present
+    has_float = np.zeros((count, ctx.steps), dtype=bool)
+    np.logical_or.at(has_float, group_of, vector.present)
+    totals = np.full((count, ctx.steps), None, dtype=object)
+    counts = np.zeros((count, ctx.steps))
+    broken = np.zeros((count, ctx.steps), dtype=bool)
+    for row, step in zip(*np.nonzero(holds)):
+        group, histogram = group_of[row], vector.histograms[row, step]
+        counts[group, step] += 1
+        if broken[group, step]:
+            continue
+        try:
+            totals[group, step] = histogram if totals[group, step] is None else totals[group, step].add(histogram)
+        except IncompatibleBuckets as error:
+            broken[group, step] = True
+            ctx.warn(f"{op}: {error}: the element is left out")
+    mixed = has_float & (counts > 0)
+    if mixed.any():
+        ctx.warn(f"{op}: encountered a mix of histograms and floats: the element is left out")
+    for group, step in zip(*np.nonzero((counts > 0) & ~mixed & ~broken)):
+        if op == "avg":
+            totals[group, step] = totals[group, step].scale(1 / counts[group, step])
+    totals[mixed | broken] = None
+    return totals, mixed
+
+
+def _signature(labels: dict, modifier, include_name: bool = False) -> tuple:
+    matching = modifier.matching if modifier is not None else None
+    if matching is not None and str(matching.type).endswith("Include"):
+        return tuple((name, labels.get(name, "")) for name in sorted(matching.labels))
+    ignored = set(matching.labels) if matching is not None else set()
+    if not include_name:
+        ignored.add(NAME)
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in ignored))
+
+
+def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
+    """and/or/unless, on floats and histograms alike."""
+    steps = lhs.values.shape[1] if lhs.labels else rhs.values.shape[1]
+    right_present: dict[tuple, np.ndarray] = {}
+    for labels, present in zip(rhs.labels, rhs.sampled):
+        key = _signature(labels, modifier)
+        right_present[key] = right_present.get(key, np.zeros(steps, dtype=bool)) | present
+    none = np.zeros(steps, dtype=bool)
+    if op in ("and", "unless"):
+        if not lhs.labels:
+            return Vector.empty(steps)
+        masks = np.vstack([right_present.get(_signature(labels, modifier), none) for labels in lhs.labels])
+        keep = masks if op == "and" else ~masks
+        histograms = None if lhs.histograms is None else np.where(keep, lhs.histograms, None)
+        return Vector(lhs.labels, lhs.values, lhs.present & keep, lhs.sample_ms, histograms).without_absent()
+    left_present: dict[tuple, np.ndarray] = {}
+    for labels, present in zip(lhs.labels, lhs.sampled):
+        key = _signature(labels, modifier)
+        left_present[key] = left_present.get(key, np.zeros(steps, dtype=bool)) | present
+    labels = list(lhs.labels) + list(rhs.labels)
+    if not labels:
+        return Vector.empty(steps)
+    right_kept = (
+        np.vstack([~left_present.get(_signature(right_labels, modifier), none) for right_labels in rhs.labels])
+        if rhs.labels
+        else np.zeros((0, steps), dtype=bool)
+    )
+    right = Vector(
+        rhs.labels,
+        rhs.values,
+        rhs.present & right_kept,
+        None,
+        None if rhs.histograms is None else np.where(right_kept, rhs.histograms, None),
+    )
+    left = Vector(lhs.labels, lhs.values, lhs.present, None, lhs.histograms)
+    return merge_same_labels(stacked(left, right).without_absent())
+
+
+def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool) -> Vector:
+    card = str(modifier.card) if modifier is not None else "VectorMatchCardinality.OneToOne"
+    if card.endswith("OneToMany"):
+        many, one, swapped = rhs, lhs, True
+    else:
+        many, one, swapped = lhs, rhs, False
+    steps = many.values.shape[1]
+    if not many.labels or not one.labels:
+        return Vector.empty(steps)
+    one_to_one = not (card.endswith("ManyToOne") or card.endswith("OneToMany"))
+    include = list(modifier.group_labels or []) if modifier is not None and not one_to_one else []
+    by_signature: dict[tuple, list[int]] = defaultdict(list)
+    for index, labels in enumerate(one.labels):
+        by_signature[_signature(labels, modifier)].append(index)
+    for indexes in by_signature.values():
+        if len(indexes) > 1 and (one.present[indexes].sum(axis=0) > 1).any():
+            side = "left" if swapped else "right"
+            raise PromQLError(
+                f"found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side"
+            )
+    drop_name = op in _ARITHMETIC or return_bool
+    results: dict[tuple, tuple[dict, np.ndarray, np.ndarray]] = {}
+    many_seen: dict[tuple, np.ndarray] = {}
+    for index, labels in enumerate(many.labels):
+        signature = _signature(labels, modifier)
+        partners = by_signature.get(signature)
+        if not partners:
+            continue
+        if one_to_one:
+            seen = many_seen.get(signature)
+            if seen is not None and (seen & many.present[index]).any():
+                raise PromQLError(
+                    "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
+                )
+            many_seen[signature] = many.present[index] | (seen if seen is not None else False)
+        other_values = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
+        other_present = one.present[partners].any(axis=0)
+        partner_labels = one.labels[partners[0]]
+        left, right = (other_values, many.values[index]) if swapped else (many.values[index], other_values)
+        value, keep = _operate(op, left, right)
+        present = many.present[index] & other_present
+        if op in _COMPARISONS:
+            if return_bool:
+                value = keep.astype(np.float64)
+            else:
+                present = present & keep
+                value = many.values[index] if swapped else left
+        result_labels = _result_labels(labels, partner_labels, modifier, one_to_one, include, drop_name)
+        key = labels_key(result_labels)
+        if key in results:
+            old_labels, old_values, old_present = results[key]
+            if (old_present & present).any():
+                raise PromQLError("multiple matches for labels: grouping labels must ensure unique matches")
+            value = np.where(present, value, old_values)
+            present = present | old_present
+        results[key] = (result_labels, np.asarray(value, dtype=np.float64), present)
+    if not results:
+        return Vector.empty(steps)
+    labels, values, present = zip(*results.values())
+    return Vector(list(labels), np.vstack(values), np.vstack(present)).without_absent()
+
+
+def _result_labels(
+    labels: dict, partner: dict, modifier, one_to_one: bool, include: list[str], drop_name: bool
+) -> dict:
+    result = drop_metric_name(labels) if drop_name else dict(labels)
+    matching = modifier.matching if modifier is not None else None
+    if one_to_one and matching is not None:
+        names = set(matching.labels)
+        if str(matching.type).endswith("Include"):
+            result = {k: v for k, v in result.items() if k in names}
+        else:
+            result = {k: v for k, v in result.items() if k not in names}
+    for name in include:
+        if partner.get(name, ""):
+            result = {**result, name: partner[name]}
+        else:
+            result = {k: v for k, v in result.items() if k != name}
+    return result
+
+
+# -- aggregation helpers --------------------------------------------------------------------
+
+
+def _group_labels(labels: dict, grouping: list[str], without: bool) -> dict:
+    if without:
+        dropped = set(grouping) | {NAME}
+        return {k: v for k, v in labels.items() if k not in dropped}
+    return {k: labels[k] for k in grouping if labels.get(k, "")}
+
+
+def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple[np.ndarray, list[dict]]:
+    index_of: dict[tuple, int] = {}
+    group_labels: list[dict] = []
+    group_of = np.zeros(len(all_labels), dtype=np.int64)
+    for row, labels in enumerate(all_labels):
+        group = _group_labels(labels, grouping, without)
+        key = labels_key(group)
+        if key not in index_of:
+            index_of[key] = len(group_labels)
+            group_labels.append(group)
+        group_of[row] = index_of[key]
+    return group_of, group_labels
+
+
+def _ranks(group_of: np.ndarray) -> list[np.ndarray]:
+    """The rows of every group in input order, rank by rank: the r-th array holds each group's
+    r-th row (at most one per group), so a running update is vectorised across groups and steps
+    while each group still sees its rows in Prometheus's order."""
+    order = np.argsort(group_of, kind="stable")
+    ordered = group_of[order]
+    rank = np.empty(len(group_of), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - np.searchsorted(ordered, ordered, side="left")
+    return [np.flatnonzero(rank == r) for r in range(int(rank.max()) + 1)] if len(rank) else []
+
+
+def _running_mean(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
+    """avg as Prometheus 2.42 computes it: an incremental mean (no sum that could overflow near
+    ±MaxFloat64); once the mean is infinite, finite values and infinities of its sign leave it."""
+    steps = vector.values.shape[1]
+    mean, seen = np.zeros((count, steps)), np.zeros((count, steps))
+    for rows in _ranks(group_of):
+        groups, values, present = group_of[rows], vector.values[rows], vector.present[rows]
+        n = seen[groups] + present
+        old = mean[groups]
+        stays = np.isinf(old) & (np.isfinite(values) | (np.isinf(values) & ((old > 0) == (values > 0))))
+        moved = np.where(n == 1, values, old + (values / n - old / n))
+        mean[groups] = np.where(present & ((n == 1) | ~stays), moved, old)
+        seen[groups] = n
+    return mean
+
+
+def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
+    """stdvar as Prometheus 2.42 computes it: Welford's running update (identical values give
+    exactly 0)."""
+    steps = vector.values.shape[1]
+    mean, squares, seen = np.zeros((count, steps)), np.zeros((count, steps)), np.zeros((count, steps))
+    for rows in _ranks(group_of):
+        groups, values, present = group_of[rows], vector.values[rows], vector.present[rows]
+        n = seen[groups] + present
+        old_mean = mean[groups]
+        delta = values - old_mean
+        new_mean = np.where(n == 1, values, old_mean + delta / n)
+        added = np.where(n == 1, 0.0, delta * (values - new_mean))
+        mean[groups] = np.where(present, new_mean, old_mean)
+        squares[groups] = np.where(present, squares[groups] + added, squares[groups])
+        seen[groups] = n
+    return squares / seen
+
+
+def _check_k(k_values: np.ndarray) -> None:
+    """topk/bottomk's k must fit an int64 at every step (NaN does not), as Prometheus checks."""
+    for k in k_values:
+        if not -(2.0**63) <= k <= 2.0**63:
+            raise PromQLError(f"Scalar value {k:g} overflows int64".replace("nan", "NaN"))
+
+
+def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) -> Vector:
+    if not vector.labels:
+        return vector
+    present = np.zeros_like(vector.present)
+    ranking = np.zeros(len(vector.labels), dtype=np.int64)
+    largest = op == "topk"
+    for group in np.unique(group_of):
+        rows = np.flatnonzero(group_of == group)
+        values = vector.values[rows]
+        nan = np.isnan(values)
+        key = np.where(nan, -np.inf if largest else np.inf, values)
+        key = -key if largest else key
+        rank_key = np.where(vector.present[rows], np.where(nan, 1, 0), 2)
+        for step in range(values.shape[1]):
+            k = k_values[step]
+            if not k >= 1:
+                continue
+            order = np.lexsort((key[:, step], rank_key[:, step]))
+            chosen = [row for row in order[: int(min(k, len(rows)))] if vector.present[rows[row], step]]
+            present[rows[chosen], step] = True
+            if len(k_values) == 1:
+                ranking[rows[chosen]] = np.arange(len(chosen))
+    chosen_vector = Vector(vector.labels, vector.values, present, vector.sample_ms)
+    if len(k_values) != 1:
+        return chosen_vector.without_absent()
+    # An instant query answers each group's rows in rank order (topk descending, bottomk
+    # ascending, NaN last), the groups in the order they first appear (their numbers), as
+    # Prometheus does.
+    order = np.flatnonzero(present[:, 0])
+    order = order[np.lexsort((ranking[order], group_of[order]))]
+    return Vector(
+        [vector.labels[row] for row in order.tolist()],
+        vector.values[order],
+        present[order],
+        None if vector.sample_ms is None else vector.sample_ms[order],
+    )
+
+
+def _count_values(vector: Vector, label: str, grouping: list[str], without: bool, ctx: Context) -> Vector:
+    counts: dict[tuple, tuple[dict, np.ndarray]] = {}
+    for labels, values, present in zip(vector.labels, vector.values, vector.present):
+        base = _group_labels(labels, grouping, without)
+        for step in np.flatnonzero(present):
+            result = {**base, label: format_value(values[step])}
+            key = labels_key(result)
+            if key not in counts:
+                counts[key] = (result, np.zeros(ctx.steps))
+            counts[key][1][step] += 1
+    if not counts:
+        return Vector.empty(ctx.steps)
+    labels, rows = zip(*counts.values())
+    values = np.vstack(rows)
+    return Vector(list(labels), values, values > 0)
+
+
+def format_value(value: float) -> str:
+    """Go's strconv.FormatFloat(v, 'f', -1, 64), as Prometheus writes sample values."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = repr(float(value))
+    if "e" in text or "E" in text:
+        text = np.format_float_positional(value, unique=True, trim="-")
+    elif text.endswith(".0"):
+        text = text[:-2]
+    return text

@@ -1,0 +1,412 @@
+"""PromQL's function library (Prometheus 2.42): each takes the evaluated arguments and the call,
+and answers a value over all steps. Range functions live in range_functions.py."""
+
+import math
+import re
+from collections import defaultdict
+
+import numpy as np
+
+from gateway.query.promql import range_functions as ranged
+from gateway.query.promql.values import (
+    NAME,
+    PromQLError,
+    Scalar,
+    Vector,
+    drop_metric_name,
+    labels_key,
+    merge_same_labels,
+    stacked,
+)
+from protocols.linear_regex import BadPattern, compile_regex
+
+_ELEMENTWISE = {
+    "abs": np.abs,
+    "ceil": np.ceil,
+    "floor": np.floor,
+    "exp": np.exp,
+    "sqrt": np.sqrt,
+    "ln": np.log,
+    "log2": np.log2,
+    "log10": np.log10,
+    "sgn": np.sign,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "tanh": np.tanh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "deg": np.degrees,
+    "rad": np.radians,
+}
+_OVER_TIME = ("avg", "min", "max", "sum", "count", "stddev", "stdvar", "last", "present")
+
+
+def _elementwise(function):
+    def apply(ctx, args, call):
+        vector = args[0]
+        with np.errstate(all="ignore"):
+            return vector.with_values(function(vector.values))
+
+    return apply
+
+
+def _round(ctx, args, call):
+    vector = args[0]
+    to = args[1].values if len(args) > 1 else np.ones(ctx.steps)
+    with np.errstate(all="ignore"):
+        inverse = 1 / to
+        return vector.with_values(np.floor(vector.values * inverse + 0.5) / inverse)
+
+
+# Go's math.Max and math.Min, as Prometheus clamps: a NaN bound (or value) gives NaN.
+
+
+def _clamp(ctx, args, call):
+    vector, low, high = args[0], args[1].values, args[2].values
+    present = vector.present & ~np.broadcast_to(low > high, vector.present.shape)
+    return vector.with_values(np.maximum(low, np.minimum(high, vector.values)), present)
+
+
+def _clamp_min(ctx, args, call):
+    return args[0].with_values(np.maximum(args[1].values, args[0].values))
+
+
+def _clamp_max(ctx, args, call):
+    return args[0].with_values(np.minimum(args[1].values, args[0].values))
+
+
+def _time(ctx, args, call):
+    return Scalar(ctx.times_ms / 1000)
+
+
+def _timestamp(ctx, args, call):
+    vector = args[0]
+    stamps = vector.sample_ms if vector.sample_ms is not None else np.broadcast_to(ctx.times_ms, vector.values.shape)
+    return vector.with_values(stamps / 1000)
+
+
+def _vector(ctx, args, call):
+    return Vector([{}], args[0].values[None, :].copy(), np.ones((1, ctx.steps), dtype=bool))
+
+
+def _scalar(ctx, args, call):
+    vector = args[0]
+    single = vector.present.sum(axis=0) == 1
+    values = np.where(vector.present, vector.values, 0.0).sum(axis=0)
+    return Scalar(np.where(single, values, np.nan))
+
+
+def _pi(ctx, args, call):
+    return Scalar(np.full(ctx.steps, math.pi))
+
+
+def _date_function(part):
+    def apply(ctx, args, call):
+        vector = args[0] if args else Vector([{}], (ctx.times_ms / 1000)[None, :], np.ones((1, ctx.steps), dtype=bool))
+        seconds = vector.values
+        finite = np.isfinite(seconds)
+        stamps = np.where(finite, seconds, 0).astype("int64").astype("datetime64[s]")
+        days = stamps.astype("datetime64[D]")
+        months = stamps.astype("datetime64[M]")
+        years = stamps.astype("datetime64[Y]")
+        if part == "year":
+            result = years.astype(int) + 1970
+        elif part == "month":
+            result = months.astype(int) % 12 + 1
+        elif part == "day_of_month":
+            result = (days - months.astype("datetime64[D]")).astype(int) + 1
+        elif part == "day_of_year":
+            result = (days - years.astype("datetime64[D]")).astype(int) + 1
+        elif part == "day_of_week":
+            result = (days.astype(int) + 4) % 7
+        elif part == "days_in_month":
+            result = ((months + 1).astype("datetime64[D]") - months.astype("datetime64[D]")).astype(int)
+        elif part == "hour":
+            result = (stamps - days.astype("datetime64[s]")).astype(int) // 3600
+        else:
+            result = (stamps - days.astype("datetime64[s]")).astype(int) // 60 % 60
+        return vector.with_values(np.where(finite, result.astype(np.float64), np.nan))
+
+    return apply
+
+
+def _sort(descending: bool):
+    def apply(ctx, args, call):
+        vector = args[0]
+        if ctx.steps != 1 or not vector.labels:
+            return vector
+        values = vector.values[:, 0]
+        nan = np.isnan(values)
+        order = np.lexsort((-values if descending else values, nan))
+        return Vector([vector.labels[i] for i in order], vector.values[order], vector.present[order])
+
+    return apply
+
+
+def selector_labels(call_argument) -> dict:
+    """The labels absent() gives: the equality matchers of its selector argument."""
+    selector = getattr(call_argument, "vector_selector", call_argument)
+    matchers = getattr(getattr(selector, "matchers", None), "matchers", None)
+    if matchers is None:
+        return {}
+    labels = {}
+    counts = defaultdict(int)
+    for matcher in matchers:
+        counts[matcher.name] += 1
+    for matcher in matchers:
+        if str(matcher.op) == "MatchOp.Equal" and matcher.name != NAME and counts[matcher.name] == 1:
+            labels[matcher.name] = matcher.value
+    return labels
+
+
+def _absent(ctx, args, call):
+    vector = args[0]
+    seen = vector.sampled.any(axis=0)
+    return Vector([selector_labels(call.args[0])], np.ones((1, ctx.steps)), ~seen[None, :]).without_absent()
+
+
+def _absent_over_time(ctx, args, call):
+    return ranged.absent_over_time(args[0], selector_labels(call.args[0]))
+
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def _expand(template: str, match) -> str:
+    """Go's regexp Expand: ``$1``, ``${1}``, ``$name``; a name is the longest run of word characters."""
+    out, position = [], 0
+    for found in re.finditer(r"\$(?:\{(\w+)\}|(\w+)|\$)", template):
+        out.append(template[position : found.start()])
+        position = found.end()
+        name = found.group(1) or found.group(2)
+        if name is None:
+            out.append("$")
+            continue
+        try:
+            group = match.group(int(name) if name.isdigit() else name)
+        except IndexError:
+            group = None
+        out.append(group or "")
+    out.append(template[position:])
+    return "".join(out)
+
+
+def _label_replace(ctx, args, call):
+    vector, destination, replacement, source, pattern = (
+        args[0],
+        args[1].value,
+        args[2].value,
+        args[3].value,
+        args[4].value,
+    )
+    try:
+        regex = compile_regex(f"^(?:{pattern})$", dot_nl=True, capture=True)
+    except BadPattern as error:
+        raise PromQLError(f"invalid regular expression in label_replace(): {error}") from None
+    if not _LABEL_NAME.match(destination):
+        raise PromQLError(f"invalid destination label name in label_replace(): {destination}")
+
+    def relabel(series):
+        match = regex.match(series.get(source, ""))
+        return None if match is None else _expand(replacement, match)
+
+    return _set_label(vector, destination, relabel)
+
+
+def _label_join(ctx, args, call):
+    vector, destination, separator = args[0], args[1].value, args[2].value
+    sources = [a.value for a in args[3:]]
+    if not _LABEL_NAME.match(destination):
+        raise PromQLError(f"invalid destination label name in label_join(): {destination}")
+    return _set_label(vector, destination, lambda series: separator.join(series.get(s, "") for s in sources))
+
+
+def _set_label(vector: Vector, destination: str, value_of) -> Vector:
+    """Each series with ``destination`` set to ``value_of(labels)`` (removed when that is empty,
+    the series left as it is when it is None)."""
+    labels = []
+    for series in vector.labels:
+        value = value_of(series)
+        if value is None:
+            labels.append(series)
+            continue
+        changed = {k: v for k, v in series.items() if k != destination}
+        if value:
+            changed[destination] = value
+        labels.append(changed)
+    return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms, vector.histograms))
+
+
+def _of_histograms(compute):
+    """A function of each histogram sample (and the step) giving a float; floats are left out."""
+
+    def apply(ctx, args, call):
+        vector = args[-1]
+        holds = vector.histogram_present
+        values = np.full(holds.shape, np.nan)
+        with np.errstate(all="ignore"):
+            for row, step in zip(*np.nonzero(holds)):
+                values[row, step] = compute(vector.histograms[row, step], args, step)
+        labels = [drop_metric_name(labels) for labels in vector.labels]
+        return Vector(labels, values, holds).without_absent()
+
+    return apply
+
+
+def _histogram_quantile(ctx, args, call):
+    """Classic ``le`` buckets and native histograms both (as Prometheus, one call may hold both)."""
+    native = _of_histograms(lambda h, a, step: h.quantile(a[0].values[step]))(ctx, args, call)
+    return stacked(_classic_quantile(ctx, args), native)
+
+
+def _classic_quantile(ctx, args):
+    q, vector = args[0].values, args[1]
+    groups: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
+    group_labels = {}
+    for index, labels in enumerate(vector.labels):
+        if "le" not in labels:
+            continue
+        try:
+            upper = float(labels["le"])
+        except ValueError:
+            continue
+        # grouped by every label but le (the name too), answered without the name: two bucket
+        # families with the same other labels are "the same labelset", as in Prometheus
+        key = labels_key({k: v for k, v in labels.items() if k != "le"})
+        groups[key].append((upper, index))
+        group_labels[key] = {k: v for k, v in labels.items() if k not in ("le", NAME)}
+    out_labels, out_values, out_present = [], [], []
+    for key, buckets in groups.items():
+        buckets.sort()
+        uppers = np.array([b[0] for b in buckets])
+        indexes = [b[1] for b in buckets]
+        counts, present = vector.values[indexes], vector.present[indexes]
+        values = np.full(ctx.steps, np.nan)
+        any_present = present.any(axis=0)
+        for step in np.flatnonzero(any_present):
+            mask = present[:, step]
+            values[step] = bucket_quantile(q[step], uppers[mask], counts[mask, step])
+        out_labels.append(group_labels[key])
+        out_values.append(values)
+        out_present.append(any_present)
+    if not out_labels:
+        return Vector.empty(ctx.steps)
+    return Vector(out_labels, np.vstack(out_values), np.vstack(out_present))
+
+
+def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray) -> float:
+    """Prometheus 2.42's bucketQuantile over classic buckets sorted by upper bound."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    if not len(uppers) or not math.isinf(uppers[-1]) or uppers[-1] < 0:
+        return math.nan
+    merged_uppers, merged_counts = [], []
+    for upper, count in zip(uppers, counts):
+        if merged_uppers and merged_uppers[-1] == upper:
+            merged_counts[-1] += count
+        else:
+            merged_uppers.append(upper)
+            merged_counts.append(count)
+    highest = -math.inf
+    for i, count in enumerate(merged_counts):
+        if count > highest:
+            highest = count
+        elif count < highest:
+            merged_counts[i] = highest
+    if len(merged_uppers) < 2:
+        return math.nan
+    observations = merged_counts[-1]
+    if observations == 0:
+        return math.nan
+    rank = q * observations
+    b = next((i for i in range(len(merged_counts) - 1) if merged_counts[i] >= rank), len(merged_counts) - 1)
+    if b == len(merged_counts) - 1:
+        return merged_uppers[-2]
+    if b == 0 and merged_uppers[0] <= 0:
+        return merged_uppers[0]
+    start, end, count = 0.0, merged_uppers[b], merged_counts[b]
+    if b > 0:
+        start = merged_uppers[b - 1]
+        count -= merged_counts[b - 1]
+        rank -= merged_counts[b - 1]
+    return start + (end - start) * (rank / count)
+
+
+def _ranged(compute):
+    def apply(ctx, args, call):
+        return compute(ctx, args)
+
+    return apply
+
+
+FUNCTIONS = {name: _elementwise(function) for name, function in _ELEMENTWISE.items()}
+FUNCTIONS.update(
+    {
+        "round": _round,
+        "clamp": _clamp,
+        "clamp_min": _clamp_min,
+        "clamp_max": _clamp_max,
+        "time": _time,
+        "timestamp": _timestamp,
+        "vector": _vector,
+        "scalar": _scalar,
+        "pi": _pi,
+        "sort": _sort(False),
+        "sort_desc": _sort(True),
+        "absent": _absent,
+        "absent_over_time": _absent_over_time,
+        "label_replace": _label_replace,
+        "label_join": _label_join,
+        "histogram_quantile": _histogram_quantile,
+        "rate": _ranged(
+            lambda ctx, a: stacked(
+                ranged.extrapolated_rate(a[0], True, True), ranged.histogram_rate(a[0], True, True, ctx.warn)
+            )
+        ),
+        "increase": _ranged(
+            lambda ctx, a: stacked(
+                ranged.extrapolated_rate(a[0], True, False), ranged.histogram_rate(a[0], True, False, ctx.warn)
+            )
+        ),
+        "delta": _ranged(
+            lambda ctx, a: stacked(
+                ranged.extrapolated_rate(a[0], False, False), ranged.histogram_rate(a[0], False, False, ctx.warn)
+            )
+        ),
+        "irate": _ranged(
+            lambda ctx, a: stacked(ranged.instant_rate(a[0], True), ranged.histogram_instant_rate(a[0], True, ctx.warn))
+        ),
+        "idelta": _ranged(
+            lambda ctx, a: stacked(
+                ranged.instant_rate(a[0], False), ranged.histogram_instant_rate(a[0], False, ctx.warn)
+            )
+        ),
+        "histogram_count": _of_histograms(lambda h, a, step: h.count),
+        "histogram_sum": _of_histograms(lambda h, a, step: h.sum),
+        "histogram_avg": _of_histograms(lambda h, a, step: float(np.divide(h.sum, h.count))),
+        "histogram_stdvar": _of_histograms(lambda h, a, step: h.variance()),
+        "histogram_stddev": _of_histograms(lambda h, a, step: float(np.sqrt(h.variance()))),
+        "histogram_fraction": _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step])),
+        "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
+        "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
+        "holt_winters": _ranged(lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))),
+        "changes": _ranged(lambda ctx, a: ranged.changes(a[0])),
+        "resets": _ranged(lambda ctx, a: ranged.resets(a[0])),
+        "quantile_over_time": _ranged(lambda ctx, a: ranged.over_time(a[1], "quantile", a[0].values)),
+    }
+)
+for _part in ("year", "month", "day_of_month", "day_of_year", "day_of_week", "days_in_month", "hour", "minute"):
+    FUNCTIONS[_part] = _date_function(_part)
+for _name in _OVER_TIME:
+    FUNCTIONS[f"{_name}_over_time"] = _ranged(lambda ctx, a, name=_name: ranged.over_time(a[0], name))

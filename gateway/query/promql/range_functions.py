@@ -1,0 +1,467 @@
+"""Functions over range vectors (``rate(x[5m])``, ``*_over_time``...), Prometheus 2.x semantics,
+computed for every step at once: per series, each step's window is a slice of its samples."""
+
+import itertools
+
+import numpy as np
+
+from gateway.query.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather, labels_key
+from protocols.prometheus.native_histogram import IncompatibleBuckets
+from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
+
+GAUGE_HINT = HistogramMessage.GAUGE
+
+STACK = 32  # series evaluated together by _all_series
+STACK_CELLS = STACK * 11_000  # (series, step) cells of one stack: fewer series for a subquery's millions of steps
+
+
+def _per_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector:
+    """``compute(series, lo, hi) -> (values, present)`` for every series, stacked into a Vector."""
+    labels, rows, masks = [], [], []
+    for series in matrix.series:
+        lo, hi = matrix.windows(series)
+        values, present = compute(series, lo, hi)
+        if present.any():
+            labels.append(series.labels if keep_name else drop_metric_name(series.labels))
+            rows.append(values)
+            masks.append(present)
+    steps = len(matrix.refs)
+    if not rows:
+        return Vector.empty(steps)
+    return Vector(labels, np.vstack(rows), np.vstack(masks))
+
+
+def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector:
+    """As _per_series, STACK series at a time: their samples are laid end to end and every
+    window becomes a (series, step) pair of indexes into them. For the functions that only look
+    at a window's ends and at pairs of neighbours inside it, which never straddle two series.
+    (A few dozen series at a time: arrays of all of them at once cost more in page faults than
+    the loop they save; fewer when there are many steps, so that the deadline is checked often.)"""
+    series = [s for s in matrix.series if len(s.timestamps)]
+    labels, rows, masks = [], [], []
+    stack = max(1, min(STACK, STACK_CELLS // max(len(matrix.refs), 1)))
+    for first in range(0, len(series), stack):
+        matrix.guard.check()
+        part = series[first : first + stack]
+        timestamps = np.concatenate([s.timestamps for s in part])
+        values = np.concatenate([s.values for s in part])
+        base = min(int(timestamps.min()), int(matrix.refs.min()) - matrix.range_ms)
+        span = max(int(timestamps.max()), int(matrix.refs.max())) - base + 1
+        owner = np.repeat(np.arange(len(part), dtype=np.int64), [len(s.timestamps) for s in part])
+        keys = timestamps - base + owner * span
+        shift = np.arange(len(part), dtype=np.int64)[:, None] * span
+        lo = np.searchsorted(keys, (matrix.refs - matrix.range_ms - base)[None, :] + shift, side="left")
+        hi = np.searchsorted(keys, (matrix.refs - base)[None, :] + shift, side="right")
+        result, present = compute(Series({}, timestamps, values), lo, hi)
+        keep = present.any(axis=1)
+        labels += [s.labels if keep_name else drop_metric_name(s.labels) for s, kept in zip(part, keep) if kept]
+        rows.append(np.asarray(result)[keep])
+        masks.append(present[keep])
+    if not labels:
+        return Vector.empty(len(matrix.refs))
+    return Vector(labels, np.vstack(rows), np.vstack(masks))
+
+
+def _prefix(flags: np.ndarray) -> np.ndarray:
+    """Cumulative sums with a leading 0, so a window [lo, hi) sums as p[hi] - p[lo]."""
+    return np.concatenate([[0.0], np.cumsum(flags, dtype=np.float64)])
+
+
+def _between_samples(values: np.ndarray, amount: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Sum of ``amount[i]`` (a quantity of the pair i-1, i) over the pairs inside each window."""
+    prefix = _prefix(np.concatenate([[0.0], amount]))
+    return np.where(hi - lo >= 2, prefix[np.maximum(hi, 1)] - prefix[np.minimum(lo + 1, len(values))], 0.0)
+
+
+def _with_resets(values: np.ndarray, result: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``result`` plus the value before each counter reset inside each window, added one after
+    the other in time order as Prometheus adds them. (A difference of prefix sums would carry the
+    rounding of every earlier reset of the series into the window: the rate would differ from
+    Prometheus's in its last bits, and ceil() of a rate that is a whole number by 1.)"""
+    after_reset = np.flatnonzero(values[1:] < values[:-1]) + 1
+    first, end = np.searchsorted(after_reset, lo + 1), np.searchsorted(after_reset, hi)
+    for k in range(int((end - first).max(initial=0))):
+        index = first + k
+        inside = index < end
+        before = values[after_reset[np.minimum(index, len(after_reset) - 1)] - 1]
+        result = np.where(inside, result + before, result)
+    return result
+
+
+def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> Vector:
+    range_s = matrix.range_ms / 1000
+
+    def compute(series: Series, lo, hi):
+        ts, vs = series.timestamps, series.values
+        present = hi - lo >= 2
+        if not present.any():
+            return np.zeros(lo.shape), present
+        first_i, last_i = np.minimum(lo, len(vs) - 1), np.maximum(hi - 1, 0)
+        first, last = vs[first_i], vs[last_i]
+        result = last - first
+        if is_counter:
+            result = _with_resets(vs, result, lo, hi)
+        range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
+        to_start = (ts[first_i] - range_start) / 1000
+        to_end = (range_end - ts[last_i]) / 1000
+        sampled = (ts[last_i] - ts[first_i]) / 1000
+        with np.errstate(divide="ignore", invalid="ignore"):
+            average = sampled / (hi - lo - 1)
+            if is_counter:
+                to_zero = sampled * (first / result)
+                to_start = np.where((result > 0) & (first >= 0) & (to_zero < to_start), to_zero, to_start)
+            threshold = average * 1.1
+            interval = (
+                sampled
+                + np.where(to_start < threshold, to_start, average / 2)
+                + np.where(to_end < threshold, to_end, average / 2)
+            )
+            factor = interval / sampled
+            if is_rate:
+                factor = factor / range_s
+            return result * factor, present
+
+    return _all_series(matrix, compute)
+
+
+def instant_rate(matrix: RangeVector, is_rate: bool) -> Vector:
+    def compute(series: Series, lo, hi):
+        ts, vs = series.timestamps, series.values
+        present = hi - lo >= 2
+        last_i, previous_i = np.maximum(hi - 1, 0), np.maximum(hi - 2, 0)
+        last, previous = vs[last_i], vs[previous_i]
+        interval = ts[last_i] - ts[previous_i]
+        present = present & (interval != 0)
+        result = np.where(is_rate & (last < previous), last, last - previous)
+        if is_rate:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                result = result / (interval / 1000)
+        return result, present
+
+    return _all_series(matrix, compute)
+
+
+def _linear_regression(ts, vs, mask, intercept_ms):
+    """Prometheus's least squares: slope and intercept per window (x in seconds from intercept_ms)."""
+    n = mask.sum(axis=1).astype(np.float64)
+    x = np.where(mask, (ts - intercept_ms[:, None]) / 1000, 0.0)
+    y = np.where(mask, vs, 0.0)
+    sum_x, sum_y = x.sum(axis=1), y.sum(axis=1)
+    sum_xy, sum_x2 = (x * y).sum(axis=1), (x * x).sum(axis=1)
+    first = vs[:, 0]
+    constant = np.all(np.where(mask, vs == first[:, None], True), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cov_xy = sum_xy - sum_x * sum_y / n
+        var_x = sum_x2 - sum_x * sum_x / n
+        slope = cov_xy / var_x
+        intercept = sum_y / n - slope * sum_x / n
+    infinite = np.isinf(first)
+    slope = np.where(constant, np.where(infinite, np.nan, 0.0), slope)
+    intercept = np.where(constant, np.where(infinite, np.nan, first), intercept)
+    return slope, intercept
+
+
+def deriv(matrix: RangeVector) -> Vector:
+    def compute(series: Series, lo, hi):
+        ts, vs, mask = gather(series, lo, hi, matrix.guard)
+        slope, _ = _linear_regression(ts, vs, mask, ts[:, 0])
+        return slope, hi - lo >= 2
+
+    return _per_series(matrix, compute)
+
+
+def predict_linear(matrix: RangeVector, seconds: np.ndarray, eval_ms: np.ndarray) -> Vector:
+    def compute(series: Series, lo, hi):
+        ts, vs, mask = gather(series, lo, hi, matrix.guard)
+        slope, intercept = _linear_regression(ts, vs, mask, eval_ms)
+        return slope * seconds + intercept, hi - lo >= 2
+
+    return _per_series(matrix, compute)
+
+
+def holt_winters(matrix: RangeVector, smoothing: float, trend: float) -> Vector:
+    """Double exponential smoothing of each window, Prometheus 2.42's loop run for all steps at
+    once: position by position, only the windows that are that long move on."""
+    if not 0 < smoothing < 1:
+        raise PromQLError(f"invalid smoothing factor. Expected: 0 < sf < 1, got: {smoothing:f}")
+    if not 0 < trend < 1:
+        raise PromQLError(f"invalid trend factor. Expected: 0 < tf < 1, got: {trend:f}")
+
+    def compute(series: Series, lo, hi):
+        _, vs, mask = gather(series, lo, hi, matrix.guard)
+        level_before = np.zeros(len(lo))
+        level = vs[:, 0].copy()
+        slope = vs[:, min(1, vs.shape[1] - 1)] - vs[:, 0]
+        for i in range(1, vs.shape[1]):
+            moving = mask[:, i]
+            if i > 1:
+                slope = np.where(moving, trend * (level - level_before) + (1 - trend) * slope, slope)
+            smoothed = smoothing * vs[:, i] + (1 - smoothing) * (level + slope)
+            level_before = np.where(moving, level, level_before)
+            level = np.where(moving, smoothed, level)
+        return level, hi - lo >= 2
+
+    return _per_series(matrix, compute)
+
+
+def _counting(matrix: RangeVector, counted) -> Vector:
+    def compute(series: Series, lo, hi):
+        vs = series.values
+        flags = counted(vs[1:], vs[:-1]).astype(np.float64) if len(vs) > 1 else np.zeros(0)
+        return _between_samples(vs, flags, lo, hi), hi > lo
+
+    return _all_series(matrix, compute)
+
+
+def changes(matrix: RangeVector) -> Vector:
+    return _counting(
+        matrix, lambda current, previous: (current != previous) & ~(np.isnan(current) & np.isnan(previous))
+    )
+
+
+def resets(matrix: RangeVector) -> Vector:
+    return _counting(matrix, lambda current, previous: current < previous)
+
+
+def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = None) -> Vector:
+    """The ``<name>_over_time`` family (``quantile_over_time`` takes ``parameter`` per step)."""
+
+    def compute(series: Series, lo, hi):
+        present = hi > lo
+        count = (hi - lo).astype(np.float64)
+        if name == "count":
+            return count, present
+        if name == "present":
+            return np.ones(lo.shape), present
+        if name == "last":
+            return series.values[np.maximum(hi - 1, 0)], present
+        _, vs, mask = gather(series, lo, hi, matrix.guard)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            if name == "sum":
+                return compensated_sum(np.where(mask, vs, 0.0)), present
+            if name in ("min", "max"):
+                reduce = np.fmin if name == "min" else np.fmax
+                return reduce.reduce(np.where(mask, vs, np.nan), axis=1), present
+            if name == "quantile":
+                return quantiles(np.where(mask, vs, np.inf), count, parameter), present
+        raise AssertionError(name)
+
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if name == "avg":
+            return _windowed(matrix, compensated_mean)
+        if name == "stdvar":
+            return _windowed(matrix, compensated_variance)
+        if name == "stddev":
+            return _windowed(matrix, lambda vs, mask: np.sqrt(compensated_variance(vs, mask)))
+    stacked = name in ("count", "present", "last")
+    return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name == "last")
+
+
+WINDOW_ELEMENTS = 1 << 21  # window samples _windowed reduces at once (a few tens of MB)
+
+
+def _windowed(matrix: RangeVector, reduce) -> Vector:
+    """``reduce(values, mask) -> row values`` over every series' windows, a row per series and
+    step, the windows of as many series as fit in WINDOW_ELEMENTS at once: for the reductions
+    that walk the windows position by position (a numpy call per position, whatever the rows)."""
+    steps = len(matrix.refs)
+    labels, rows, masks = [], [], []
+    batch: list[tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def flush():
+        width = max(vs.shape[1] for _, vs, _, _ in batch)
+        values, mask = np.zeros((len(batch) * steps, width)), np.zeros((len(batch) * steps, width), dtype=bool)
+        for n, (_, vs, window_mask, _) in enumerate(batch):
+            values[n * steps : (n + 1) * steps, : vs.shape[1]] = vs
+            mask[n * steps : (n + 1) * steps, : vs.shape[1]] = window_mask
+        reduced = np.asarray(reduce(values, mask)).reshape(len(batch), steps)
+        for (series_labels, _, _, present), row in zip(batch, reduced):
+            labels.append(drop_metric_name(series_labels))
+            rows.append(row)
+            masks.append(present)
+        batch.clear()
+
+    for series in matrix.series:
+        lo, hi = matrix.windows(series)
+        if not (hi > lo).any():
+            continue
+        _, vs, mask = gather(series, lo, hi, matrix.guard)
+        if batch and (len(batch) + 1) * steps * max(vs.shape[1], *(b[1].shape[1] for b in batch)) > WINDOW_ELEMENTS:
+            flush()
+        batch.append((series.labels, vs, mask, hi > lo))
+    if batch:
+        flush()
+    if not rows:
+        return Vector.empty(steps)
+    return Vector(labels, np.vstack(rows), np.vstack(masks))
+
+
+def _kahan_add(increment: np.ndarray, total: np.ndarray, compensation: np.ndarray):
+    """Prometheus's kahanSumInc element-wise: Neumaier's compensated addition."""
+    new_total = total + increment
+    lost = np.where(
+        np.abs(total) >= np.abs(increment), (total - new_total) + increment, (increment - new_total) + total
+    )
+    return new_total, compensation + lost
+
+
+def _where(condition: np.ndarray, chosen: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """np.where, without the copy when every row is chosen (most window positions)."""
+    return chosen if condition.all() else np.where(condition, chosen, other)
+
+
+def compensated_sum(rows: np.ndarray) -> np.ndarray:
+    """sum_over_time as Prometheus 2.42 adds each row (zeros padding its end): Neumaier's
+    running sum, whose running totals are a cumulative sum and whose corrections add up
+    likewise, so no loop is needed; an infinite total is answered as it is."""
+    totals = np.cumsum(rows, axis=1)
+    before = np.concatenate([np.zeros((len(rows), 1)), totals[:, :-1]], axis=1)
+    lost = np.where(np.abs(before) >= np.abs(rows), (before - totals) + rows, (rows - totals) + before)
+    total, compensation = totals[:, -1], np.cumsum(lost, axis=1)[:, -1]
+    return np.where(np.isinf(total), total, total + compensation)
+
+
+def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """avg_over_time as Prometheus 2.42 computes it: an incremental mean with Kahan summation
+    (no sum that could overflow near ±MaxFloat64); once the mean is infinite, finite values and
+    infinities of its sign leave it. Window position by position, all steps at once."""
+    mean, compensation, count = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+    for column in range(rows.shape[1]):
+        value, moves = rows[:, column], mask[:, column]
+        count = count + moves
+        moved, corrected = _kahan_add(value / count - mean / count, mean, compensation)
+        infinite = np.isinf(mean)
+        if infinite.any():
+            moves = moves & ~(infinite & (np.isfinite(value) | (np.isinf(value) & ((mean > 0) == (value > 0)))))
+        mean, compensation = _where(moves, moved, mean), _where(moves, corrected, compensation)
+    return np.where(np.isinf(mean), mean, mean + compensation)
+
+
+def compensated_variance(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """stdvar_over_time as Prometheus 2.42 computes it: Welford's running update with Kahan
+    summation of the mean and of the squares (identical values give exactly 0)."""
+    zeros = np.zeros(len(rows))
+    mean, mean_lost, squares, squares_lost, count = zeros, zeros, zeros, zeros, zeros
+    for column in range(rows.shape[1]):
+        value, taken = rows[:, column], mask[:, column]
+        count = count + taken
+        delta = value - (mean + mean_lost)
+        new_mean, new_mean_lost = _kahan_add(delta / count, mean, mean_lost)
+        new_squares, new_squares_lost = _kahan_add(delta * (value - (new_mean + new_mean_lost)), squares, squares_lost)
+        mean, mean_lost = _where(taken, new_mean, mean), _where(taken, new_mean_lost, mean_lost)
+        squares, squares_lost = _where(taken, new_squares, squares), _where(taken, new_squares_lost, squares_lost)
+    return (squares + squares_lost) / count
+
+
+def quantiles(rows: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Prometheus's quantile (linear interpolation between closest ranks) of each row's first
+    ``count`` values once sorted, NaN first as Prometheus sorts them (padding sorts last as
+    +Inf); q < 0 is -Inf, q > 1 is +Inf. Both ranks always count, so an infinite value at the
+    rank gives NaN (Inf * 0), as in Prometheus."""
+    ordered = np.take_along_axis(rows, np.lexsort((rows, ~np.isnan(rows)), axis=1), axis=1)
+    with np.errstate(invalid="ignore"):
+        rank = np.clip(q, 0, 1) * (count - 1)
+    lower = np.clip(np.floor(np.nan_to_num(rank)), 0, np.maximum(count - 1, 0)).astype(np.int64)
+    upper = np.minimum(lower + 1, np.maximum(count - 1, 0).astype(np.int64))
+    weight = rank - lower
+    pick = np.arange(len(ordered))
+    result = ordered[pick, lower] * (1 - weight) + ordered[pick, upper] * weight
+    result = np.where(q < 0, -np.inf, np.where(q > 1, np.inf, result))
+    return np.where(np.isnan(q), np.nan, result)
+
+
+def absent_over_time(matrix: RangeVector, labels: dict) -> Vector:
+    steps = len(matrix.refs)
+    seen = np.zeros(steps, dtype=bool)
+    for series in (*matrix.series, *matrix.histogram_series):
+        lo, hi = matrix.windows(series)
+        seen |= hi > lo
+    return Vector([labels], np.ones((1, steps)), ~seen[None, :]).without_absent()
+
+
+def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -> Vector:
+    """rate/increase (counters) and delta (gauges) of native histograms: last minus first in the
+    lowest schema of the window, counter resets added back (histogramRate), then extrapolated as
+    extrapolated_rate does floats (without its zero-point cut, as Prometheus). A window whose
+    custom bucket bounds differ is left out with a warning, as Prometheus 3 does."""
+    range_s = matrix.range_ms / 1000
+    range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
+
+    def compute(series: Series, lo, hi):
+        out = np.full(len(lo), None, dtype=object)
+        ts, hs = series.timestamps, series.values
+        for step in np.flatnonzero(hi - lo >= 2):
+            window = hs[lo[step] : hi[step]]
+            first, last = window[0], window[-1]
+            try:
+                result = last.reduced(
+                    min(h.schema for h in window) if is_counter else min(first.schema, last.schema)
+                ).sub(first)
+                if is_counter:
+                    for previous, current in itertools.pairwise(window):
+                        if current.detect_reset(previous):
+                            result = result.add(previous)
+            except IncompatibleBuckets as error:
+                warn(f"rate/increase/delta: {error}: the element is left out")
+                continue
+            first_ms, last_ms = ts[lo[step]], ts[hi[step] - 1]
+            sampled = (last_ms - first_ms) / 1000
+            average = sampled / (len(window) - 1)
+            to_start, to_end = (first_ms - range_start[step]) / 1000, (range_end[step] - last_ms) / 1000
+            threshold = average * 1.1
+            interval = (
+                sampled
+                + (to_start if to_start < threshold else average / 2)
+                + (to_end if to_end < threshold else average / 2)
+            )
+            factor = interval / sampled / (range_s if is_rate else 1)
+            out[step] = result.scale(factor).copy(reset_hint=GAUGE_HINT)
+        return out
+
+    return _histogram_rows(matrix, compute)
+
+
+def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
+    """irate/idelta of native histograms: the last two samples (irate: the last alone after a
+    counter reset), per second for irate."""
+
+    def compute(series: Series, lo, hi):
+        out = np.full(len(lo), None, dtype=object)
+        ts, hs = series.timestamps, series.values
+        for step in np.flatnonzero(hi - lo >= 2):
+            previous, last = hs[hi[step] - 2], hs[hi[step] - 1]
+            interval = (ts[hi[step] - 1] - ts[hi[step] - 2]) / 1000
+            if interval == 0:
+                continue
+            try:
+                result = last if is_rate and last.detect_reset(previous) else last.sub(previous)
+            except IncompatibleBuckets as error:
+                warn(f"irate/idelta: {error}: the element is left out")
+                continue
+            out[step] = (result.scale(1 / interval) if is_rate else result).copy(reset_hint=GAUGE_HINT)
+        return out
+
+    return _histogram_rows(matrix, compute)
+
+
+def _histogram_rows(matrix: RangeVector, compute) -> Vector:
+    """``compute(series, lo, hi) -> object row`` for every histogram series, as a Vector of
+    histogram samples (a window mixing floats and histograms of one series is left out)."""
+    steps = len(matrix.refs)
+    if not matrix.histogram_series:
+        return Vector.empty(steps)
+    labels, rows = [], []
+    floats = {labels_key(s.labels): s for s in matrix.series}
+    for series in matrix.histogram_series:
+        lo, hi = matrix.windows(series)
+        row = compute(series, lo, hi)
+        other = floats.get(labels_key(series.labels))
+        if other is not None:
+            float_lo, float_hi = matrix.windows(other)
+            row[float_hi > float_lo] = None
+        if np.not_equal(row, None).any():
+            labels.append(drop_metric_name(series.labels))
+            rows.append(row)
+    if not rows:
+        return Vector.empty(steps)
+    return Vector(labels, np.zeros((len(rows), steps)), np.zeros((len(rows), steps), dtype=bool), None, np.vstack(rows))

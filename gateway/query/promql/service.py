@@ -1,0 +1,202 @@
+"""PromQL over the planner and the read path: what gateway/http/promql_api.py asks for once it
+has decoded a request. Each selector's series are selected once; their samples and native
+histograms are read through the one batched read (gateway/query/read_service.py), counted against
+--query-max-samples and checked against the query's deadline (what the evaluation will hold, series x steps, is counted first,
+before anything is read); parsing, histogram decoding and evaluation run in threads, off
+the reactor. docs/promql.rst."""
+
+import threading
+import time
+from datetime import UTC, datetime
+
+import numpy as np
+from twisted.internet import defer, threads
+
+from gateway.core.overrides import PerTenant, per_tenant
+from gateway.query.planner import QueryPlanner
+from gateway.query.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
+from gateway.query.promql.values import Guard, PromQLError, Series
+from gateway.query.read_service import ReadBudget, Selection
+from gateway.store import Store
+from gateway.store.contract import ExemplarRow
+from protocols.prometheus import prometheus_labels, prometheus_metric_name, sanitize_label_name
+from protocols.prometheus.native_histogram import decode_sample
+
+
+class PromQLService:
+    def __init__(
+        self,
+        store: Store,
+        planner: QueryPlanner,
+        max_samples: int | PerTenant,
+        lookback_ms: int,
+        timeout_ms: int,
+        text: QueryText | None = None,
+    ):
+        self.store = store
+        self.planner = planner
+        self.max_samples = per_tenant("query-max-samples", max_samples)
+        self.lookback_ms = lookback_ms
+        self.timeout_ms = timeout_ms
+        self.text = text or QueryText()
+
+    def query(self, start_ms: int, end_ms: int, step_ms: int) -> Query:
+        """A query over [start_ms, end_ms] every ``step_ms`` (0: instant), with the configured lookback."""
+        return Query(start_ms, end_ms, step_ms, self.lookback_ms)
+
+    async def evaluate(self, tenant: str, text: str, query: Query, times: np.ndarray, timeout_ms: int | None):
+        """The value of the query at ``times``, and the warnings its answer must carry; the
+        deadline is the asked timeout, at most the configured one."""
+        allowed = self.timeout_ms if timeout_ms is None else min(timeout_ms, self.timeout_ms)
+        guard = Guard(
+            time.monotonic() + allowed / 1000,
+            self.max_samples(tenant),
+            threading.Event(),
+            self.max_samples.setting(tenant),
+        )
+        try:
+            return await self._evaluate(tenant, text, query, times, guard)
+        except defer.CancelledError:
+            guard.cancelled.set()  # the evaluation thread stops at its next check
+            raise
+        except RecursionError:
+            raise PromQLError(
+                'invalid parameter "query": the expression is nested too deeply to evaluate (--query-max-terms)',
+                "bad_data",
+            ) from None
+
+    async def _evaluate(self, tenant: str, text: str, query: Query, times: np.ndarray, guard: Guard):
+        expr = await threads.deferToThread(self.text.parse, text)
+        guard.count(estimated_samples(expr, query, lambda key: 1))
+        needs = plan(expr, query)
+        selected = {
+            key: await self.planner.select(tenant, matchers, prometheus_labels)
+            for key, (matchers, _, _) in needs.items()
+        }
+        guard.count(estimated_samples(expr, query, lambda key: len(selected[key])))
+        data, histograms = await defer.gatherResults(
+            [
+                defer.ensureDeferred(self._fetch(selected, needs, guard)),
+                defer.ensureDeferred(self._fetch_histograms(tenant, selected, needs, guard)),
+            ],
+            consumeErrors=True,
+        ).addErrback(lambda failure: failure.value.subFailure.raiseException())
+        evaluator = Evaluator(
+            query, data, guard.deadline, histograms, guard.max_samples, guard.cancelled, guard.setting
+        )
+        value = await threads.deferToThread(evaluator.result, expr, times)
+        return value, self._rollup_warnings(tenant, needs) + evaluator.warnings
+
+    def _rollup_warnings(self, tenant: str, needs: dict) -> list[str]:
+        """Say so when samples before the raw retention came from roll-ups (docs/promql.rst)."""
+        earliest = min((low for _, low, _ in needs.values()), default=None)
+        granularity = self.planner.rollup_for(earliest, tenant) if earliest is not None else None
+        if granularity is None:
+            return []
+        raw_retention_ms = self.store.retentions.for_tenant(tenant).raw_retention_ms
+        boundary = datetime.fromtimestamp(self.planner.now() / 1000 - raw_retention_ms / 1000, UTC)
+        return [
+            f"samples before {boundary:%Y-%m-%dT%H:%M:%SZ} (past --raw-retention) are {granularity.name} roll-ups:"
+            " one point per bucket, the average for gauges, the last value for counters"
+        ]
+
+    async def _fetch(self, selected: dict[tuple, Selection], needs: dict, guard: Guard) -> dict[tuple, list[Series]]:
+        """The samples of every selector's ``selected`` series, through the one read."""
+        budget = _budget(guard)
+        data = {}
+        for key, (_, low, high) in needs.items():
+            series = selected[key]
+            reads = await self.planner.samples([s.key for s in series], low, high, budget)
+            data[key] = [
+                Series(s.labels, read.samples.timestamps, read.samples.values)
+                for s, read in zip(series, reads)
+                if len(read.samples)
+            ]
+        return data
+
+    async def _fetch_histograms(
+        self, tenant: str, selected: dict[tuple, Selection], needs: dict, guard: Guard
+    ) -> dict[tuple, list[Series]]:
+        """The native histograms of every selector's ``selected`` series (raw samples only: the
+        read path's roll-ups hold floats), as series of Histogram objects (None: stale); each
+        histogram counts as one sample against --query-max-samples."""
+        budget = _budget(guard)
+        found: dict[tuple, list[Series]] = {}
+        for key, (_, low, high) in needs.items():
+            series = selected[key]
+            rows = await self.planner.histograms(tenant, [s.key.series_set_hash for s in series], low, high, budget)
+            if not any(rows):
+                continue
+            for selected_series, decoded in zip(series, await threads.deferToThread(_decoded_histograms, rows)):
+                if decoded is not None:
+                    found.setdefault(key, []).append(Series(selected_series.labels, *decoded))
+        return found
+
+    async def matched(self, tenant: str, selectors: list[str]) -> list[dict]:
+        """Label sets of the series the selectors select, sorted."""
+        found: dict[tuple, dict] = {}
+        for text in selectors:
+            expr = await threads.deferToThread(self.text.parse, text)
+            if type(expr).__name__ != "VectorSelector":
+                raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
+            for selected in await self.planner.select(tenant, selector_matchers(expr), prometheus_labels):
+                found[tuple(sorted(selected.labels.items()))] = selected.labels
+        return [found[key] for key in sorted(found)]
+
+    async def label_names(self, tenant: str, selectors: list[str]) -> list[str]:
+        """Label names of the series the selectors select, or of the whole tenant without selectors."""
+        if not selectors:
+            keys = await self.store.list_tenant_tag_keys(tenant)
+            return sorted({"__name__", *(sanitize_label_name(k) for k in keys)})
+        return sorted({name for labels in await self.matched(tenant, selectors) for name in labels})
+
+    async def label_values(self, tenant: str, name: str, selectors: list[str]) -> list[str]:
+        """Values of a label on the series the selectors select, or on the whole tenant without selectors."""
+        if selectors:
+            values = {labels[name] for labels in await self.matched(tenant, selectors) if name in labels}
+        elif name == "__name__":
+            values = {prometheus_metric_name(n) for n in await self.store.list_metric_names(tenant)}
+        else:
+            values = set(await self.store.list_tenant_tag_values(tenant, name))
+        return sorted(values)
+
+    async def exemplars(
+        self, tenant: str, text: str, start_ms: int | None, end_ms: int | None
+    ) -> list[tuple[dict, list[ExemplarRow]]]:
+        """The exemplars in [start_ms, end_ms] (default: the exemplar retention up to now; a range
+        is cut to what can be stored, from the retention's start to --max-future ahead) of every
+        series the query's selectors select, by series labels (sorted), series without exemplars
+        left out."""
+        now = self.planner.now()
+        start_ms = now - self.store.layout.exemplar_retention_ms if start_ms is None else start_ms
+        end_ms = now if end_ms is None else end_ms
+        if end_ms < start_ms:
+            raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
+        start_ms, end_ms = self.planner.exemplar_range(start_ms, end_ms)
+        expr = await threads.deferToThread(self.text.parse, text)
+        selected = {}
+        for matchers, _, _ in plan(expr, self.query(start_ms, end_ms, 0)).values():
+            for series in await self.planner.select(tenant, matchers, prometheus_labels):
+                selected[series.key.series_set_hash] = series.labels
+        found = await self.planner.exemplars(tenant, list(selected), start_ms, end_ms)
+        result = [(labels, rows) for labels, rows in zip(selected.values(), found) if rows]
+        return sorted(result, key=lambda item: sorted(item[0].items()))
+
+
+def _budget(guard: Guard) -> ReadBudget:
+    """A read's share of the query's guard: --query-max-samples, its deadline and cancellation."""
+    return ReadBudget(guard.max_samples, guard.too_many, lambda: guard.check("query execution"))
+
+
+def _decoded_histograms(rows_by_series) -> list:
+    """(timestamps, object array of Histogram or None for a stale marker) of each series' stored
+    histograms; None for a series without."""
+    decoded = []
+    for rows in rows_by_series:
+        if not rows:
+            decoded.append(None)
+            continue
+        samples = np.full(len(rows), None, dtype=object)
+        samples[:] = [decode_sample(row.data) for row in rows]
+        decoded.append((np.array([row.timestamp_ms for row in rows], dtype=np.int64), samples))
+    return decoded

@@ -1,0 +1,222 @@
+"""The values a PromQL expression evaluates to, over all the steps of a query at once.
+
+An instant vector is a matrix: one row per series, one column per evaluation step, with a
+``present`` mask beside the values (NaN is a value in PromQL, so it cannot mean "absent").
+Native histogram samples (protocols/prometheus/native_histogram.py) sit beside, in an object matrix that is
+None where a row has no histogram: ``present`` is about floats only, so every function that
+knows floats only leaves histograms out, as Prometheus does.
+A range vector keeps each series' raw samples and, per step, the window they are cut to.
+"""
+
+import math
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from gateway.core.errors import GatewayError
+from protocols.prometheus.xor import STALE_NAN_BITS
+
+NAME = "__name__"
+
+
+# Prometheus's status of each errorType (its web/api/v1 returnAPIError).
+_STATUS_OF_KIND = {"bad_data": 400, "execution": 422, "timeout": 503, "unavailable": 503, "canceled": 499}
+
+
+class PromQLError(GatewayError):
+    """A query Prometheus would refuse: ``kind`` is its errorType (bad_data, execution, timeout,
+    unavailable, canceled), which sets the status as Prometheus does."""
+
+    def __init__(self, message: str, kind: str = "execution"):
+        super().__init__(message)
+        self.kind = kind
+        self.error_type = kind
+        self.status = _STATUS_OF_KIND[kind]
+
+
+class Guard(NamedTuple):
+    """What one query may spend: its deadline (time.monotonic()) and the values it may hold
+    (--query-max-samples), and whether it is still wanted. Checked before each read batch, each node, each series of a range
+    function and each window array, so neither a subquery of millions of steps nor windows of
+    thousands of samples run past them."""
+
+    deadline: float = math.inf
+    max_samples: int = sys.maxsize
+    cancelled: threading.Event | None = None  # set when the client went away
+    setting: str = "--query-max-samples"  # named in the refusal: the flag, or the tenant's override
+
+    def check(self, during: str = "expression evaluation") -> None:
+        if self.cancelled is not None and self.cancelled.is_set():
+            raise PromQLError("query cancelled: the client went away", "canceled")
+        if time.monotonic() > self.deadline:
+            raise PromQLError(f"query timed out in {during}", "timeout")
+
+    def count(self, samples: int) -> None:
+        if samples > self.max_samples:
+            raise self.too_many()
+
+    def too_many(self, *_) -> "PromQLError":
+        """The refusal of a query that would hold more than --query-max-samples (also a read budget's)."""
+        return PromQLError(
+            "query processing would load too many samples into memory in query execution"
+            f" ({self.setting} {self.max_samples})"
+        )
+
+
+Labels = dict[str, str]
+
+
+class Vector(NamedTuple):
+    labels: list[Labels]
+    values: np.ndarray  # (series, steps) float64
+    present: np.ndarray  # (series, steps) bool
+    sample_ms: np.ndarray | None = None  # (series, steps) int64: the timestamps timestamp() gives
+    histograms: np.ndarray | None = None  # (series, steps) object: a Histogram or None
+
+    @classmethod
+    def empty(cls, steps: int) -> "Vector":
+        return cls([], np.zeros((0, steps)), np.zeros((0, steps), dtype=bool))
+
+    @property
+    def histogram_present(self) -> np.ndarray:
+        """Where a row holds a histogram sample (all False without histograms)."""
+        if self.histograms is None:
+            return np.zeros(self.present.shape, dtype=bool)
+        return np.not_equal(self.histograms, None)
+
+    @property
+    def sampled(self) -> np.ndarray:
+        """Where a row holds a sample, float or histogram."""
+        return self.present if self.histograms is None else self.present | self.histogram_present
+
+    def without_absent(self) -> "Vector":
+        """Rows with no sample (float or histogram) at any step are left out (a function's
+        output has no empty series)."""
+        keep = self.sampled.any(axis=1)
+        if keep.all():
+            return self
+        index = np.flatnonzero(keep)
+        stamps = None if self.sample_ms is None else self.sample_ms[index]
+        histograms = None if self.histograms is None else self.histograms[index]
+        return Vector([self.labels[i] for i in index], self.values[index], self.present[index], stamps, histograms)
+
+    def with_values(
+        self, values: np.ndarray | None, present: np.ndarray | None = None, drop_name: bool = True
+    ) -> "Vector":
+        """These rows with other values (None: the same), without ``__name__`` unless told."""
+        labels = [drop_metric_name(labels) for labels in self.labels] if drop_name else self.labels
+        values = self.values if values is None else values
+        return Vector(labels, values, self.present if present is None else present & self.present)
+
+
+class Scalar(NamedTuple):
+    values: np.ndarray  # (steps,)
+
+
+class String(NamedTuple):
+    value: str
+
+
+class Series(NamedTuple):
+    """The samples of one series, sorted by time, stale markers removed for range use."""
+
+    labels: Labels
+    timestamps: np.ndarray  # int64 ms
+    values: np.ndarray
+
+
+class RangeVector(NamedTuple):
+    """Series with, per step, the window [ref - range, ref] their samples are cut to;
+    ``histogram_series`` are those holding native histograms (values: an object array)."""
+
+    series: list[Series]
+    refs: np.ndarray  # (steps,) int64 ms: the end of each step's window
+    range_ms: int
+    histogram_series: tuple = ()
+    guard: Guard = Guard()
+
+    def windows(self, series: Series) -> tuple[np.ndarray, np.ndarray]:
+        """Per step, the first and one-past-last sample index inside the window (both ends inclusive,
+        as Prometheus 2.x selects). Functions ask once a series, so the deadline is checked there."""
+        self.guard.check()
+        lo = np.searchsorted(series.timestamps, self.refs - self.range_ms, side="left")
+        hi = np.searchsorted(series.timestamps, self.refs, side="right")
+        return lo, hi
+
+
+def merge_same_labels(vector: Vector) -> Vector:
+    """One row per label set: rows that became the same labels (a function dropped ``__name__``,
+    label_replace, the two sides of ``or``) merge, as Prometheus's range results do; two with a
+    value at the same step are the error Prometheus gives."""
+    rows: dict[tuple, list[int]] = {}
+    for index, labels in enumerate(vector.labels):
+        rows.setdefault(labels_key(labels), []).append(index)
+    if len(rows) == len(vector.labels):
+        return vector
+    holds = vector.histogram_present
+    labels, values, present, histograms = [], [], [], []
+    for indexes in rows.values():
+        if (vector.sampled[indexes].sum(axis=0) > 1).any():
+            raise PromQLError("vector cannot contain metrics with the same labelset")
+        labels.append(vector.labels[indexes[0]])
+        values.append(np.where(vector.present[indexes], vector.values[indexes], 0.0).sum(axis=0))
+        present.append(vector.present[indexes].any(axis=0))
+        if vector.histograms is not None:
+            picked = np.argmax(holds[indexes], axis=0)
+            histograms.append(vector.histograms[np.asarray(indexes)[picked], np.arange(holds.shape[1])])
+    return Vector(labels, np.vstack(values), np.vstack(present), None, np.vstack(histograms) if histograms else None)
+
+
+def drop_metric_name(labels: Labels) -> Labels:
+    if NAME not in labels:
+        return labels
+    return {k: v for k, v in labels.items() if k != NAME}
+
+
+def labels_key(labels: Labels) -> tuple:
+    return tuple(sorted(labels.items()))
+
+
+def is_stale(values: np.ndarray) -> np.ndarray:
+    return values.view(np.int64) == STALE_NAN_BITS
+
+
+def gather(series: Series, lo: np.ndarray, hi: np.ndarray, guard: Guard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows' samples as (steps, widest window) arrays of timestamps and values, with the
+    mask of real entries; the padding repeats the last sample and is masked out. Their size is
+    counted against the guard first: 6 h windows of 1 s samples at 21601 steps are 466 million."""
+    width = int((hi - lo).max()) if len(lo) else 0
+    guard.count(len(lo) * width)
+    index = lo[:, None] + np.arange(max(width, 1))[None, :]
+    mask = index < hi[:, None]
+    index = np.minimum(index, max(len(series.values) - 1, 0))
+    if not len(series.values):
+        return np.zeros(index.shape, dtype=np.int64), np.zeros(index.shape), np.zeros(index.shape, dtype=bool)
+    return series.timestamps[index], series.values[index], mask
+
+
+def stacked(first: Vector, second: Vector) -> Vector:
+    """The rows of both vectors (e.g. a function's float results and its histogram results)."""
+    if not second.labels:
+        return first
+    if not first.labels:
+        return second
+    if first.histograms is None and second.histograms is None:
+        histograms = None
+    else:
+        histograms = np.vstack(
+            [
+                v.histograms if v.histograms is not None else np.full(v.values.shape, None, dtype=object)
+                for v in (first, second)
+            ]
+        )
+    return Vector(
+        first.labels + second.labels,
+        np.vstack([first.values, second.values]),
+        np.vstack([first.present, second.present]),
+        None,
+        histograms,
+    )

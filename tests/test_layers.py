@@ -1,0 +1,66 @@
+"""The folder tree is the architecture (docs/contributing.rst, "Layout"): each package of
+gateway/ sits on a layer and imports only from its own layer or those below, so the write path,
+the read path and the store can each be read without the layers above them, and no two packages
+import each other. protocols/ is pure: it imports nothing of gateway/. Imports made only for type
+checking (``if TYPE_CHECKING:``) name types, not code, and are not counted."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.gatewayproc import REPO
+
+pytestmark = pytest.mark.fast
+
+LAYERS = ["core", "store", "query", "ingest", "downsample", "http", "app"]
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every import outside ``if TYPE_CHECKING:`` blocks, lazy ones included."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return found
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "gateway" or len(parts) < 2 or parts[1] == "__version__":
+        return None
+    return parts[1]
+
+
+def _sources(folder: str) -> list[Path]:
+    return sorted((REPO / folder).rglob("*.py"))
+
+
+def test_every_gateway_module_lives_in_a_layer_package():
+    loose = [p.name for p in (REPO / "gateway").glob("*.py") if p.name != "__init__.py"]
+    packages = sorted(p.name for p in (REPO / "gateway").iterdir() if (p / "__init__.py").exists())
+    assert loose == [] and packages == sorted(LAYERS)
+
+
+@pytest.mark.parametrize("path", _sources("gateway"), ids=lambda p: str(p.relative_to(REPO)))
+def test_imports_point_down_the_layers(path):
+    own = path.relative_to(REPO).parts[1]
+    upward = [
+        f"line {line}: {module} ({_layer(module)} is above {own})"
+        for line, module in _runtime_imports(ast.parse(path.read_text()))
+        if _layer(module) in LAYERS and LAYERS.index(_layer(module)) > LAYERS.index(own)
+    ]
+    assert upward == []
+
+
+@pytest.mark.parametrize("path", _sources("protocols"), ids=lambda p: str(p.relative_to(REPO)))
+def test_protocols_import_nothing_of_the_gateway(path):
+    assert [m for _, m in _runtime_imports(ast.parse(path.read_text())) if m.startswith("gateway")] == []
