@@ -1,9 +1,9 @@
 """Resident memory of one gateway process by active series: is it bounded, and where does it plateau?
 
 For each size N (100k and 1M; ``--quick``: 10k and 50k) a fresh ``tsgate serve --workers 1
---roles ingest,query --query-executors 0`` on a fresh store: its RSS once it answers /healthz (idle), then N distinct
-series sent by Prometheus remote write 1.0 as Prometheus shapes it (2000 series a request, one
-sample of each, 2 connections), ROUNDS rounds 10 s apart: the first writes every series' metadata,
+--roles ingest,query --query-executors 0`` on a fresh store: its RSS once it answers /healthz
+(idle), then N distinct series sent by Prometheus remote write 1.0 as Prometheus shapes it (2000
+series a request, one sample of each, 2 connections), ROUNDS rounds 10 s apart: the first writes every series' metadata,
 the others find the series in the metadata cache, as a steady scrape does. Then VmHWM (peak RSS)
 and VmRSS from /proc/<pid>/status. Every request must answer 204, and /metrics must count N
 series created and N x ROUNDS samples accepted.
