@@ -52,7 +52,7 @@ from bench.remote_write import HEADERS
 from bench.report import Figure
 from gateway.app.config import SETTINGS, parse_hostport
 from gateway.core.model import now_ms
-from protocols.prometheus import Series, encode_write_request_v1
+from protocols.prometheus import WriteSeries, encode_write_request_v1
 
 SECTION = "memory"
 FULL_SIZES, QUICK_SIZES = (100_000, 1_000_000), (10_000, 50_000)
@@ -108,7 +108,7 @@ def send(port: int, series: int) -> float:
 
     def post(first: int, ts: int) -> None:
         body = encode_write_request_v1(
-            Series(labels(i), [(ts, float(i))]) for i in range(first, min(first + SERIES_PER_REQUEST, series))
+            WriteSeries(labels(i), [(ts, float(i))]) for i in range(first, min(first + SERIES_PER_REQUEST, series))
         )
         connection = free.pop()
         try:

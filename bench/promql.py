@@ -66,7 +66,7 @@ from bench.report import Figure, format_table
 from bench.storage import SLOT_MS, checked_once, downsample_once, slot_end_before
 from gateway.app.config import parse_hostport
 from gateway.core.model import now_ms
-from protocols.prometheus import Series, encode_write_request_v1
+from protocols.prometheus import WriteSeries, encode_write_request_v1
 
 SECTION = "promql"
 QUERY = "sum by (job) (rate(x[5m]))"
@@ -99,7 +99,7 @@ class Workload:
             rounds = range(hour * per_hour, (hour + 1) * per_hour)
             for g, group in enumerate(groups):
                 body = encode_write_request_v1(
-                    Series(self.labels[i], [(self.stamp_ms(r), self.value(i, r)) for r in rounds]) for i in group
+                    WriteSeries(self.labels[i], [(self.stamp_ms(r), self.value(i, r)) for r in rounds]) for i in group
                 )
                 self.bodies[g % SHARDS].append(body)
 

@@ -280,7 +280,7 @@ def bench_remote_read(port: int, series: int, requests: int) -> list[Figure]:
         ],
     )
     expected = {str(i): [(ts, value(i, j)) for j, ts in enumerate(stamps)] for i in range(series)}
-    query = prometheus.Query(stamps[0], stamps[-1], [prometheus.Matcher("EQ", "__name__", READ_METRIC)])
+    query = prometheus.ReadQuery(stamps[0], stamps[-1], [prometheus.Matcher("EQ", "__name__", READ_METRIC)])
 
     def checker(response_type: str):
         def check(answer: bytes) -> None:

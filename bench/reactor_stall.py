@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.common import exit_with, post_until_accepted, tsgate_service
-from protocols.prometheus import Series, encode_write_request_v1, encode_write_request_v2
+from protocols.prometheus import WriteSeries, encode_write_request_v1, encode_write_request_v2
 from protocols.prometheus.write import V2_CONTENT_TYPE
 
 
@@ -36,7 +36,7 @@ def request_body(series: int, labels: int, timestamp_ms: int, v1: bool) -> bytes
     Kubernetes pods' labels do), so the body is as small as issue 23's."""
     common = {f"label_{i:02d}": f"value_{i}" for i in range(labels - 2)}
     batch = [
-        Series({"__name__": "stall_probe", "series": str(n), **common}, [(timestamp_ms, float(n))])
+        WriteSeries({"__name__": "stall_probe", "series": str(n), **common}, [(timestamp_ms, float(n))])
         for n in range(series)
     ]
     return encode_write_request_v1(batch) if v1 else encode_write_request_v2(batch)

@@ -23,7 +23,7 @@ import redis
 
 from bench.common import BenchError, exit_with, post_until_accepted, tsgate_service
 from gateway.app.devservices.redis import RedisServer
-from protocols.prometheus import Series, encode_write_request_v1
+from protocols.prometheus import WriteSeries, encode_write_request_v1
 
 SERIES_PER_REQUEST = 2000
 
@@ -52,7 +52,7 @@ def write_series(port: int, count: int, timestamp_ms: int) -> None:
     try:
         for first in range(0, count, SERIES_PER_REQUEST):
             body = encode_write_request_v1(
-                Series(
+                WriteSeries(
                     {
                         "__name__": "node_cpu_seconds_total",
                         "instance": f"host-{n // 100:05d}:9100",

@@ -80,7 +80,7 @@ from gateway.app.devservices.process import free_port
 from gateway.core.layout import Layout
 from gateway.core.model import now_ms
 from gateway.store.cassandra import CassandraStore
-from protocols.prometheus import Series, encode_write_request_v1
+from protocols.prometheus import WriteSeries, encode_write_request_v1
 from protocols.timespec import format_iso
 
 # --skip name -> table name, in run order.
@@ -121,7 +121,7 @@ class Workload:
         self.bodies = [
             [
                 encode_write_request_v1(
-                    Series(labels[i], [(ts, self.value(i, r))])
+                    WriteSeries(labels[i], [(ts, self.value(i, r))])
                     for i in range(k * series_per_request, (k + 1) * series_per_request)
                 )
                 for r, ts in enumerate(self.timestamps)

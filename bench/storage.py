@@ -95,7 +95,7 @@ from gateway.app.config import parse_hostport
 from gateway.app.devservices.cassandra import JVM17_FLAGS
 from gateway.core.model import now_ms
 from protocols import prometheus
-from protocols.prometheus import Series, encode_write_request_v1
+from protocols.prometheus import WriteSeries, encode_write_request_v1
 
 SECTION = "storage"
 INTERVAL_MS = 10_000
@@ -176,7 +176,7 @@ class ExporterWorkload:
         self.bodies = [
             [
                 encode_write_request_v1(
-                    Series(self.labels[i], [(self.timestamps[i][r], self.values[i][r])])
+                    WriteSeries(self.labels[i], [(self.timestamps[i][r], self.values[i][r])])
                     for i in range(k * series_per_request, (k + 1) * series_per_request)
                 )
                 for r in range(rounds)
@@ -211,9 +211,9 @@ class ExporterWorkload:
     def expected(self) -> dict[str, list]:
         return {str(i): list(zip(self.timestamps[i], self.values[i])) for i in range(self.series)}
 
-    def read_query(self) -> prometheus.Query:
+    def read_query(self) -> prometheus.ReadQuery:
         """One query matching every series over the whole span (jitter included)."""
-        return prometheus.Query(self.start_ms, self.end_ms - 1, [prometheus.Matcher("EQ", "job", JOB)])
+        return prometheus.ReadQuery(self.start_ms, self.end_ms - 1, [prometheus.Matcher("EQ", "job", JOB)])
 
 
 class RenderWorkload:

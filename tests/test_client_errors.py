@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 
 from protocols import prometheus
-from protocols.prometheus import Matcher, Query, Series
+from protocols.prometheus import Matcher, ReadQuery, WriteSeries
 from tests.gatewayproc import GatewayProcess, downsample_once
 from tests.test_graphite_ingest_e2e import send_tcp, wait_for
 
@@ -37,7 +37,7 @@ def gateway(tmp_path_factory):
         == 200
     )
     many = prometheus.encode_write_request_v1(
-        [Series({"__name__": "many"}, [((now - 100 + i) * 1000, float(i)) for i in range(30)])]
+        [WriteSeries({"__name__": "many"}, [((now - 100 + i) * 1000, float(i)) for i in range(30)])]
     )
     headers = {
         "Content-Type": "application/x-protobuf",
@@ -138,7 +138,7 @@ def test_query_range_beyond_int64_is_clamped(gateway, params):
     "accepted", [[prometheus.SAMPLES], [prometheus.STREAMED_XOR_CHUNKS]], ids=["samples", "streamed"]
 )
 def test_remote_read_with_int64_extremes(gateway, start, end, accepted):
-    query = Query(start, end, [Matcher("EQ", "__name__", "cpu")])
+    query = ReadQuery(start, end, [Matcher("EQ", "__name__", "cpu")])
     body = prometheus.encode_read_request([query], accepted)
     answer = gateway.post(
         "/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
@@ -292,7 +292,7 @@ def test_regexes_nested_too_deeply_are_400(gateway):
     assert_client_error(get(gateway, "/tags", filter=deep), 400, "regex")
     assert_client_error(get(gateway, "/tags/findSeries", expr=f"name=~{deep}"), 400, "regex")
     assert_client_error(render(gateway, target=f"grep(a.b.*, '{deep}')"), 400, "regular expression")
-    query = Query(0, 1, [Matcher("RE", "__name__", deep)])
+    query = ReadQuery(0, 1, [Matcher("RE", "__name__", deep)])
     body = prometheus.encode_read_request([query], [prometheus.SAMPLES])
     answer = gateway.post(
         "/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
@@ -323,7 +323,7 @@ def test_render_over_the_series_limit_is_422(gateway):
 def test_remote_read_over_the_samples_limit_is_422(gateway, accepted):
     now_ms = int(time.time() * 1000)
     body = prometheus.encode_read_request(
-        [Query(now_ms - 3_600_000, now_ms, [Matcher("EQ", "__name__", "many")])], accepted
+        [ReadQuery(now_ms - 3_600_000, now_ms, [Matcher("EQ", "__name__", "many")])], accepted
     )
     answer = gateway.post(
         "/api/v1/read", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}

@@ -21,8 +21,8 @@ import pytest
 from gateway.app.devservices.cassandra import CassandraCluster
 from gateway.app.devservices.redis import RedisServer
 from protocols import prometheus
-from protocols.prometheus import Series, encode_write_request_v1
-from protocols.prometheus.read import Matcher, Query
+from protocols.prometheus import WriteSeries, encode_write_request_v1
+from protocols.prometheus.read import Matcher, ReadQuery
 from tests.gatewayproc import GatewayProcess, HTTPAnswer, run_tsgate
 from tests.prometheusproc import PrometheusProcess
 from tests.test_workers import wait_for
@@ -147,7 +147,7 @@ class Writer(threading.Thread):
             timestamp = self.start_ms + self.steps * 1000
             gateway = self.gateways[self.steps % len(self.gateways)]
             body = encode_write_request_v1(
-                Series({"__name__": self.metric, "s": str(s)}, [(timestamp, float(self.steps))])
+                WriteSeries({"__name__": self.metric, "s": str(s)}, [(timestamp, float(self.steps))])
                 for s in range(SERIES_PER_REQUEST)
             )
             self.steps += 1
@@ -286,7 +286,9 @@ def queries_complete(gateway: GatewayProcess, tenant: str, metric: str, start_ms
     retries, answer = retried(lambda: gateway.get(f"/render?{render}", headers={"X-Scope-OrgID": tenant}))
     unavailable += retries
     assert answer.status == 200 and answer.json(), answer.body
-    body = prometheus.encode_read_request([Query(start_ms, start_ms + 600_000, [Matcher("EQ", "__name__", metric)])])
+    body = prometheus.encode_read_request(
+        [ReadQuery(start_ms, start_ms + 600_000, [Matcher("EQ", "__name__", metric)])]
+    )
     retries, answer = retried(
         lambda: gateway.post("/api/v1/read", body, headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy"})
     )
@@ -444,7 +446,7 @@ def test_ten_thousand_series_spread_within_20_percent_across_the_nodes(cluster, 
     timestamp = past_slot_start_ms()
     for chunk in range(10):
         body = encode_write_request_v1(
-            Series({"__name__": "spread", "s": str(chunk * 1000 + s)}, [(timestamp, 1.0)]) for s in range(1000)
+            WriteSeries({"__name__": "spread", "s": str(chunk * 1000 + s)}, [(timestamp, 1.0)]) for s in range(1000)
         )
         headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", "X-Scope-OrgID": tenant}
         _, answer = retried(lambda: gateway.post("/api/v1/write", body, headers=headers, timeout=120))

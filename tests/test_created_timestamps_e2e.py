@@ -4,7 +4,7 @@ histogram) at each new one, never over a stored sample."""
 
 import urllib.parse
 
-from protocols.prometheus import Matcher, Query, Series, types_pb2
+from protocols.prometheus import Matcher, ReadQuery, WriteSeries, types_pb2
 from tests.test_exemplars_e2e import now_ms, read_samples, write
 from tests.test_histograms_e2e import at
 from tests.test_prometheus_protocol import HISTOGRAM
@@ -24,13 +24,13 @@ def values(result: dict) -> list[float]:
 def test_created_timestamps_are_stored_and_shown_without_zero_samples(gateway, tenant):
     t = now_ms() - 600_000
     series = [
-        Series(
+        WriteSeries(
             {"__name__": "jobs_total", "job": "a"},
             [(t + 1000, 3.0), (t + 2000, 5.0)],
             created_timestamp=t,
             metric_type="counter",
         ),
-        Series({"__name__": "jobs_total", "job": "b"}, [(t + 1000, 1.0)]),
+        WriteSeries({"__name__": "jobs_total", "job": "b"}, [(t + 1000, 1.0)]),
     ]
     answer = write(gateway, tenant, series, version=2)
     assert answer.status == 204, answer.body
@@ -43,7 +43,7 @@ def test_created_timestamps_are_stored_and_shown_without_zero_samples(gateway, t
         write(
             gateway,
             tenant,
-            [Series({"__name__": "jobs_total", "job": "a"}, [(t + 4000, 1.0)], created_timestamp=t + 3000)],
+            [WriteSeries({"__name__": "jobs_total", "job": "a"}, [(t + 4000, 1.0)], created_timestamp=t + 3000)],
             version=2,
         ).status
         == 204
@@ -52,9 +52,9 @@ def test_created_timestamps_are_stored_and_shown_without_zero_samples(gateway, t
     assert (a["createdTimestamp"], values(a)) == (t + 3000, [3.0, 5.0, 1.0])
     # a series whose every sample is refused keeps no created timestamp, even once it is written
     refused = {"__name__": "jobs_total", "job": "c"}
-    answer = write(gateway, tenant, [Series(refused, [(1000, 1.0)], created_timestamp=500)], version=2)
+    answer = write(gateway, tenant, [WriteSeries(refused, [(1000, 1.0)], created_timestamp=500)], version=2)
     assert answer.status == 400 and b"older than the accepted window" in answer.body
-    assert write(gateway, tenant, [Series(refused, [(t + 1000, 2.0)])], version=2).status == 204
+    assert write(gateway, tenant, [WriteSeries(refused, [(t + 1000, 2.0)])], version=2).status == 204
     *_, c = raw_query(gateway, tenant, "jobs_total", t - 1000, t + 5000)
     assert c["tags"] == {"job": "c"} and "createdTimestamp" not in c
 
@@ -64,7 +64,7 @@ def test_zero_ingestion_writes_a_zero_at_each_new_created_timestamp(start_gatewa
     t = now_ms() - 600_000
     counter = {"__name__": "jobs_total", "job": "a"}
     answer = write(
-        gateway, tenant, [Series(counter, [(t + 1000, 3.0), (t + 2000, 5.0)], created_timestamp=t)], version=2
+        gateway, tenant, [WriteSeries(counter, [(t + 1000, 3.0), (t + 2000, 5.0)], created_timestamp=t)], version=2
     )
     assert answer.status == 204, answer.body
     assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "2"  # the zero is not the sender's
@@ -75,20 +75,20 @@ def test_zero_ingestion_writes_a_zero_at_each_new_created_timestamp(start_gatewa
         and found["createdTimestamp"] == t
     )
     # the same created timestamp again: nothing more; a reset: a zero at the new one
-    write(gateway, tenant, [Series(counter, [(t + 3000, 6.0)], created_timestamp=t)], version=2)
-    write(gateway, tenant, [Series(counter, [(t + 5000, 2.0)], created_timestamp=t + 4000)], version=2)
+    write(gateway, tenant, [WriteSeries(counter, [(t + 3000, 6.0)], created_timestamp=t)], version=2)
+    write(gateway, tenant, [WriteSeries(counter, [(t + 5000, 2.0)], created_timestamp=t + 4000)], version=2)
     (found,) = raw_query(gateway, tenant, "jobs_total", t - 1000, t + 9000)
     assert values(found) == [0.0, 3.0, 5.0, 6.0, 0.0, 2.0]
 
     # a sample stored at or after the created timestamp: no zero over it or between samples
     other = {"__name__": "jobs_total", "job": "b"}
-    write(gateway, tenant, [Series(other, [(t, 7.0), (t + 1000, 8.0)])], version=2)
-    write(gateway, tenant, [Series(other, [(t + 2000, 9.0)], created_timestamp=t)], version=2)
+    write(gateway, tenant, [WriteSeries(other, [(t, 7.0), (t + 1000, 8.0)])], version=2)
+    write(gateway, tenant, [WriteSeries(other, [(t + 2000, 9.0)], created_timestamp=t)], version=2)
     # a created timestamp at or after the first sample, or older than --max-sample-age: stored, no zero
     late = {"__name__": "jobs_total", "job": "c"}
-    write(gateway, tenant, [Series(late, [(t + 1000, 4.0)], created_timestamp=t + 1000)], version=2)
+    write(gateway, tenant, [WriteSeries(late, [(t + 1000, 4.0)], created_timestamp=t + 1000)], version=2)
     ancient = {"__name__": "jobs_total", "job": "d"}
-    write(gateway, tenant, [Series(ancient, [(t + 1000, 4.0)], created_timestamp=t - 2 * 86_400_000)], version=2)
+    write(gateway, tenant, [WriteSeries(ancient, [(t + 1000, 4.0)], created_timestamp=t - 2 * 86_400_000)], version=2)
     found = {r["tags"]["job"]: r for r in raw_query(gateway, tenant, "jobs_total", t - 3 * 86_400_000, t + 9000)}
     assert values(found["b"]) == [7.0, 8.0, 9.0] and found["b"]["createdTimestamp"] == t
     assert values(found["c"]) == [4.0] and found["c"]["createdTimestamp"] == t + 1000
@@ -98,12 +98,12 @@ def test_zero_ingestion_writes_a_zero_at_each_new_created_timestamp(start_gatewa
     answer = write(
         gateway,
         tenant,
-        [Series({"__name__": "latency_seconds"}, histograms=[at(HISTOGRAM, t + 1000)], created_timestamp=t)],
+        [WriteSeries({"__name__": "latency_seconds"}, histograms=[at(HISTOGRAM, t + 1000)], created_timestamp=t)],
         version=2,
     )
     assert answer.status == 204 and answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "1"
     response = read_samples(
-        gateway, tenant, [Query(t - 1000, t + 9000, [Matcher("EQ", "__name__", "latency_seconds")])]
+        gateway, tenant, [ReadQuery(t - 1000, t + 9000, [Matcher("EQ", "__name__", "latency_seconds")])]
     )
     (series,) = response.results[0].timeseries
     zero, first = series.histograms

@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 
 from protocols import prometheus
-from protocols.prometheus import Exemplar, Matcher, Query, Series, remote_pb2
+from protocols.prometheus import Exemplar, Matcher, ReadQuery, WriteSeries, remote_pb2
 
 STALE_NAN_BITS = 0x7FF0000000000002
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
@@ -57,7 +57,7 @@ def read_samples(gateway, tenant, queries):
 def test_rw1_and_rw2_exemplars_come_back_bit_exact(gateway, tenant):
     t = now_ms() - 60_000
     v1 = [
-        Series(
+        WriteSeries(
             {"__name__": "http_latency_seconds_bucket", "le": "0.5"},
             [(t, 3.0), (t + 1000, 4.0)],
             exemplars=[
@@ -65,12 +65,12 @@ def test_rw1_and_rw2_exemplars_come_back_bit_exact(gateway, tenant):
                 Exemplar({"trace_id": "bbb"}, STALE_NAN, t + 999),
             ],
         ),
-        Series({"__name__": "http_latency_seconds_bucket", "le": "1"}, [(t, 5.0)]),
+        WriteSeries({"__name__": "http_latency_seconds_bucket", "le": "1"}, [(t, 5.0)]),
     ]
     answer = write(gateway, tenant, v1)
     assert answer.status == 204, answer.body
     v2 = [
-        Series(
+        WriteSeries(
             {"__name__": "jobs_total", "queue": "q"},
             [(t, 1.0)],
             metric_type="counter",
@@ -116,8 +116,8 @@ def test_rw1_and_rw2_exemplars_come_back_bit_exact(gateway, tenant):
         gateway,
         tenant,
         [
-            Query(t - 1, t + 2000, [Matcher("EQ", "__name__", "http_latency_seconds_bucket")]),
-            Query(t - 1, t + 2000, [Matcher("EQ", "__name__", "jobs_total")]),
+            ReadQuery(t - 1, t + 2000, [Matcher("EQ", "__name__", "http_latency_seconds_bucket")]),
+            ReadQuery(t - 1, t + 2000, [Matcher("EQ", "__name__", "jobs_total")]),
         ],
     )
     buckets, jobs = response.results
@@ -141,7 +141,7 @@ def test_exemplars_past_the_per_series_cap_and_invalid_ones(start_gateway, backe
     answer = write(
         gateway,
         tenant,
-        [Series({"__name__": "m"}, [(t, 1.0)], exemplars=exemplars + [Exemplar({}, 1.0, 1000)])],
+        [WriteSeries({"__name__": "m"}, [(t, 1.0)], exemplars=exemplars + [Exemplar({}, 1.0, 1000)])],
         version=2,
     )
     assert (
@@ -165,7 +165,7 @@ def test_series_with_exemplars_and_no_samples_is_indexed_and_read(start_gateway,
         write(
             gateway,
             tenant,
-            [Series({"__name__": "only_exemplars", "job": "x"}, exemplars=[Exemplar({"id": "1"}, 2.0, t)])],
+            [WriteSeries({"__name__": "only_exemplars", "job": "x"}, exemplars=[Exemplar({"id": "1"}, 2.0, t)])],
         ).status
         == 204
     )
@@ -176,7 +176,7 @@ def test_series_with_exemplars_and_no_samples_is_indexed_and_read(start_gateway,
             "exemplars": [{"labels": {"id": "1"}, "value": "2", "timestamp": t / 1000}],
         }
     ]
-    (result,) = read_samples(gateway, tenant, [Query(t, t, [Matcher("EQ", "job", "x")])]).results
+    (result,) = read_samples(gateway, tenant, [ReadQuery(t, t, [Matcher("EQ", "job", "x")])]).results
     assert [(len(s.samples), len(s.exemplars)) for s in result.timeseries] == [(0, 1)]
 
 

@@ -27,7 +27,7 @@ from protocols.graphite.pickle import PickleDecoder
 from protocols.graphite.plaintext import PlaintextDecoder, decode_datagram
 from protocols.graphite.tags import parse_path
 from protocols.graphite.target import TargetSyntaxError, parse_target
-from protocols.prometheus import Matcher, Query, Series
+from protocols.prometheus import Matcher, ReadQuery, WriteSeries
 from protocols.timespec import BadTime, parse_time
 from tests.gatewayproc import GatewayProcess
 from tests.test_graphite_ingest_e2e import send_tcp, wait_for
@@ -265,15 +265,16 @@ PARSERS = {
         [
             bytes(
                 prometheus.decompress_block(
-                    prometheus.encode_write_request_v1([Series({"__name__": "m", "a": "b"}, [(NOW_MS, 1.0)])]), 1 << 20
+                    prometheus.encode_write_request_v1([WriteSeries({"__name__": "m", "a": "b"}, [(NOW_MS, 1.0)])]),
+                    1 << 20,
                 )
             ),
             bytes(
                 prometheus.decompress_block(
-                    prometheus.encode_write_request_v2([Series({"__name__": "m"}, [(NOW_MS, 2.0)])]), 1 << 20
+                    prometheus.encode_write_request_v2([WriteSeries({"__name__": "m"}, [(NOW_MS, 2.0)])]), 1 << 20
                 )
             ),
-            prometheus.encode_write_request_v1([Series({"__name__": "m"}, [(NOW_MS, 1.0)])]),
+            prometheus.encode_write_request_v1([WriteSeries({"__name__": "m"}, [(NOW_MS, 1.0)])]),
         ],
     ),
     "remote_read": (
@@ -281,11 +282,11 @@ PARSERS = {
         (prometheus.RemoteReadError,),
         [
             _read_request_raw(
-                [Query(0, NOW_MS, [Matcher("EQ", "__name__", "m"), Matcher("RE", "a", "b.*")])],
+                [ReadQuery(0, NOW_MS, [Matcher("EQ", "__name__", "m"), Matcher("RE", "a", "b.*")])],
                 [prometheus.STREAMED_XOR_CHUNKS],
             ),
             prometheus.encode_read_request(
-                [Query(-(2**63), 2**63 - 1, [Matcher("NRE", "x", "")])], [prometheus.SAMPLES]
+                [ReadQuery(-(2**63), 2**63 - 1, [Matcher("NRE", "x", "")])], [prometheus.SAMPLES]
             ),
         ],
     ),
@@ -553,7 +554,7 @@ def test_hostile_remote_reads_get_no_5xx(gateway):
             )
             for _ in range(rng.randint(0, 3))
         ]
-        query = Query(rng.choice(times), rng.choice(times), matchers)
+        query = ReadQuery(rng.choice(times), rng.choice(times), matchers)
         accepted = rng.choice(
             [
                 [],
@@ -687,15 +688,15 @@ def promql_series(gateway):
     now = int(time.time()) * 1000
     times = [now - 600_000 + i * 15_000 for i in range(41)]
     series = [
-        Series(
+        WriteSeries(
             {"__name__": "x", "k": key},
             [(t, EXTREME_VALUES[(i + shift) % len(EXTREME_VALUES)]) for i, t in enumerate(times)],
         )
         for shift, key in enumerate("abcdef")
     ]
-    series.append(Series({"__name__": "c_total"}, [(t, float(i % 13)) for i, t in enumerate(times)]))
+    series.append(WriteSeries({"__name__": "c_total"}, [(t, float(i % 13)) for i, t in enumerate(times)]))
     series += [
-        Series({"__name__": "h_bucket", "le": le}, [(t, count * i) for i, t in enumerate(times)])
+        WriteSeries({"__name__": "h_bucket", "le": le}, [(t, count * i) for i, t in enumerate(times)])
         for le, count in (("0.1", 1.0), ("1", 1e308), ("+Inf", math.inf))
     ]
     kinds = [
@@ -703,7 +704,8 @@ def promql_series(gateway):
         for kind in ("integer", "float", "empty", "negative only", "custom buckets", "schema -4", "schema 8")
     ]
     series += [
-        Series({"__name__": "nh", "k": str(n)}, histograms=[at(data, t) for t in times]) for n, data in enumerate(kinds)
+        WriteSeries({"__name__": "nh", "k": str(n)}, histograms=[at(data, t) for t in times])
+        for n, data in enumerate(kinds)
     ]
     answer = gateway.post(
         "/api/v1/write",

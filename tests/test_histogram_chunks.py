@@ -259,8 +259,8 @@ def test_protobuf_conversion_keeps_every_field():
 def test_streamed_series_interleave_float_and_histogram_chunks_in_time_order():
     labels = {"__name__": "mixed"}
     floats = [(t, float(t)) for t in (1, 2, 10, 11)]
-    integer = [prometheus.Histogram(t, to_protobuf(h(t, t)).SerializeToString()) for t in (5, 6, 7)]
-    float_h = [prometheus.Histogram(t, to_protobuf(F._replace(timestamp=t)).SerializeToString()) for t in (8, 9)]
+    integer = [prometheus.WriteHistogram(t, to_protobuf(h(t, t)).SerializeToString()) for t in (5, 6, 7)]
+    float_h = [prometheus.WriteHistogram(t, to_protobuf(F._replace(timestamp=t)).SerializeToString()) for t in (8, 9)]
     (frame,) = prometheus.encode_chunked_series_frames(0, labels, floats, histograms=integer + float_h)
     (message,) = prometheus.iter_frames(frame)
     chunks = prometheus.remote_pb2.ChunkedReadResponse.FromString(message).chunked_series[0].chunks

@@ -10,7 +10,7 @@ reset, at a layout change and where the kind of sample changes.
 import struct
 from itertools import accumulate
 
-from protocols.prometheus import Histogram, Series, types_pb2
+from protocols.prometheus import WriteHistogram, WriteSeries, types_pb2
 from tests.chunkdecoder import decode_remote_read
 from tests.test_exemplars_e2e import now_ms, write
 
@@ -158,8 +158,8 @@ def found_chunks(records: list[dict], name: str) -> list[tuple[str, str, int, in
     return chunks
 
 
-def histograms(messages) -> list[Histogram]:
-    return [Histogram(m.timestamp, m.SerializeToString()) for m in messages]
+def histograms(messages) -> list[WriteHistogram]:
+    return [WriteHistogram(m.timestamp, m.SerializeToString()) for m in messages]
 
 
 def test_streamed_histogram_chunks_round_trip_through_chunkenc(gateway, tenant):
@@ -168,7 +168,9 @@ def test_streamed_histogram_chunks_round_trip_through_chunkenc(gateway, tenant):
 
     def check(name, series_samples, messages, layout):
         answer = write(
-            gateway, tenant, [Series({"__name__": name, "job": "h14"}, series_samples, histograms=histograms(messages))]
+            gateway,
+            tenant,
+            [WriteSeries({"__name__": name, "job": "h14"}, series_samples, histograms=histograms(messages))],
         )
         assert answer.status == 204, answer.body
         records = decode_remote_read(url, tenant, t0 - 1, now_ms(), name)
@@ -343,7 +345,7 @@ def test_random_histograms_come_back_bit_exact_from_chunkenc(gateway, tenant):
     t0 = now_ms() - 12 * 3600_000  # 400 steps of about a minute
     for name, is_float in (("random_int", False), ("random_float", True)):
         messages = random_series(rng, t0, is_float, 400)
-        answer = write(gateway, tenant, [Series({"__name__": name}, histograms=histograms(messages))])
+        answer = write(gateway, tenant, [WriteSeries({"__name__": name}, histograms=histograms(messages))])
         assert answer.status == 204, answer.body
         records = decode_remote_read(f"{gateway.url}/api/v1/read", tenant, t0, now_ms(), name)
         assert len(records) > 5 and all(1 <= len(r["samples"]) <= 120 for r in records)

@@ -2,17 +2,17 @@
 Histograms-Written header, remote read SAMPLES out, bit for bit."""
 
 from protocols import prometheus
-from protocols.prometheus import Histogram, Matcher, Query, Series, remote_pb2, types_pb2
+from protocols.prometheus import Matcher, ReadQuery, WriteHistogram, WriteSeries, remote_pb2, types_pb2
 from tests.histogram_messages import to_protobuf
 from tests.test_exemplars_e2e import now_ms, read_samples, write
 from tests.test_prometheus_protocol import HISTOGRAM, VALID_HISTOGRAMS, histogram
 
 
-def at(data: bytes, timestamp: int) -> Histogram:
+def at(data: bytes, timestamp: int) -> WriteHistogram:
     """The same histogram at another timestamp, as protobuf writes it."""
     message = types_pb2.Histogram.FromString(data)
     message.timestamp = timestamp
-    return Histogram(timestamp, message.SerializeToString())
+    return WriteHistogram(timestamp, message.SerializeToString())
 
 
 def stored(answer) -> list[list[tuple[dict, list, list[bytes]]]]:
@@ -43,13 +43,15 @@ def test_rw1_and_rw2_histograms_come_back_bit_exact(gateway, tenant):
     t = now_ms() - 60_000
     kinds = list(VALID_HISTOGRAMS.values())
     v1 = [at(data, t + i) for i, data in enumerate(kinds)]
-    answer = write(gateway, tenant, [Series({"__name__": "latency_seconds", "job": "v1"}, [(t, 1.0)], histograms=v1)])
+    answer = write(
+        gateway, tenant, [WriteSeries({"__name__": "latency_seconds", "job": "v1"}, [(t, 1.0)], histograms=v1)]
+    )
     assert answer.status == 204, answer.body
     v2 = [at(data, t + i) for i, data in enumerate(reversed(kinds))]
     answer = write(
         gateway,
         tenant,
-        [Series({"__name__": "latency_seconds", "job": "v2"}, histograms=v2, metric_type="histogram")],
+        [WriteSeries({"__name__": "latency_seconds", "job": "v2"}, histograms=v2, metric_type="histogram")],
         version=2,
     )
     assert answer.status == 204, answer.body
@@ -57,13 +59,13 @@ def test_rw1_and_rw2_histograms_come_back_bit_exact(gateway, tenant):
     assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "0"
 
     (found,) = stored(
-        read_samples(gateway, tenant, [Query(t - 1, t + 1000, [Matcher("EQ", "__name__", "latency_seconds")])])
+        read_samples(gateway, tenant, [ReadQuery(t - 1, t + 1000, [Matcher("EQ", "__name__", "latency_seconds")])])
     )
     assert found == [
         ({"__name__": "latency_seconds", "job": "v1"}, [(t, 1.0)], [h.data for h in v1]),
         ({"__name__": "latency_seconds", "job": "v2"}, [], [h.data for h in v2]),
     ]
-    (later,) = stored(read_samples(gateway, tenant, [Query(t + 2, t + 3, [Matcher("EQ", "job", "v1")])]))
+    (later,) = stored(read_samples(gateway, tenant, [ReadQuery(t + 2, t + 3, [Matcher("EQ", "job", "v1")])]))
     assert later == [({"__name__": "latency_seconds", "job": "v1"}, [], [v1[2].data, v1[3].data])]
     metrics = gateway.get("/metrics").body.decode()
     assert f'tsgate_native_histograms_accepted_total{{protocol="prometheus"}} {2.0 * len(kinds)}' in metrics
@@ -75,8 +77,8 @@ def test_the_client_order_of_response_types_decides_with_histograms_too(gateway,
     chunks then (test_histogram_chunks_e2e.py decodes them with Prometheus's chunkenc); a client
     listing SAMPLES first, or nothing, gets them as Histogram messages."""
     t = now_ms() - 60_000
-    write(gateway, tenant, [Series({"__name__": "h"}, [(t - 1, 2.0)], histograms=[at(HISTOGRAM, t)])])
-    query = [Query(t - 1, t, [Matcher("EQ", "__name__", "h")])]
+    write(gateway, tenant, [WriteSeries({"__name__": "h"}, [(t - 1, 2.0)], histograms=[at(HISTOGRAM, t)])])
+    query = [ReadQuery(t - 1, t, [Matcher("EQ", "__name__", "h")])]
     streamed = post_read(gateway, tenant, query, [prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES])
     assert streamed.status == 200 and streamed.headers["Content-Type"] == prometheus.STREAMED_CONTENT_TYPE
     ((index, labels, samples, histograms),) = prometheus.decode_chunked_series(streamed.body)
@@ -98,8 +100,8 @@ def test_invalid_histograms_are_refused_and_counted_the_data_beside_them_written
     the 400 names each; the sample of their series and the good series beside them are written."""
     gateway = start_gateway(*backend_args, "--max-native-histogram-buckets", "160")
     t = now_ms() - 1000
-    bad_count = Histogram(t, histogram(count=5, timestamp=t))
-    negative_threshold = Histogram(t + 1, histogram(zero_threshold=-1.0, timestamp=t + 1))
+    bad_count = WriteHistogram(t, histogram(count=5, timestamp=t))
+    negative_threshold = WriteHistogram(t + 1, histogram(zero_threshold=-1.0, timestamp=t + 1))
     million = histogram(
         count=10**6, zero_count=0, positive=((0, 10**6),), deltas=(1,) + (0,) * (10**6 - 1), timestamp=t
     )
@@ -107,9 +109,9 @@ def test_invalid_histograms_are_refused_and_counted_the_data_beside_them_written
         gateway,
         tenant,
         [
-            Series({"__name__": "bad"}, [(t, 1.0)], histograms=[bad_count, negative_threshold]),
-            Series({"__name__": "huge"}, histograms=[Histogram(t, million)]),
-            Series({"__name__": "good"}, histograms=[at(HISTOGRAM, t)]),
+            WriteSeries({"__name__": "bad"}, [(t, 1.0)], histograms=[bad_count, negative_threshold]),
+            WriteSeries({"__name__": "huge"}, histograms=[WriteHistogram(t, million)]),
+            WriteSeries({"__name__": "good"}, histograms=[at(HISTOGRAM, t)]),
         ],
         version=2,
     )
@@ -120,7 +122,7 @@ def test_invalid_histograms_are_refused_and_counted_the_data_beside_them_written
     assert f"series 1: invalid native histogram at {t}: 1000000 buckets, over the limit of 160".encode() in answer.body
     assert answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "1"
     assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "1"
-    (found,) = stored(read_samples(gateway, tenant, [Query(t - 1, t + 1, [Matcher("RE", "__name__", ".+")])]))
+    (found,) = stored(read_samples(gateway, tenant, [ReadQuery(t - 1, t + 1, [Matcher("RE", "__name__", ".+")])]))
     assert found == [({"__name__": "bad"}, [(t, 1.0)], []), ({"__name__": "good"}, [], [at(HISTOGRAM, t).data])]
     metrics = gateway.get("/metrics").body.decode()
     assert 'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="invalid_histogram"} 2.0' in metrics
@@ -131,14 +133,17 @@ def test_a_too_old_histogram_is_refused_alone(start_gateway, backend_args, tenan
     gateway = start_gateway(*backend_args, "--max-sample-age", "1d")
     t = now_ms() - 1000
     answer = write(
-        gateway, tenant, [Series({"__name__": "late"}, histograms=[at(HISTOGRAM, t), at(HISTOGRAM, 1000)])], version=2
+        gateway,
+        tenant,
+        [WriteSeries({"__name__": "late"}, histograms=[at(HISTOGRAM, t), at(HISTOGRAM, 1000)])],
+        version=2,
     )
     assert (
         answer.status == 400
         and b"1 of 2 native histograms rejected: timestamp: 1000 ms is older than the accepted window" in answer.body
     )
     assert answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "1"
-    (found,) = stored(read_samples(gateway, tenant, [Query(0, t, [Matcher("EQ", "__name__", "late")])]))
+    (found,) = stored(read_samples(gateway, tenant, [ReadQuery(0, t, [Matcher("EQ", "__name__", "late")])]))
     assert found == [({"__name__": "late"}, [], [at(HISTOGRAM, t).data])]
     assert (
         'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="too_old"} 1.0'
@@ -150,10 +155,12 @@ def test_remote_read_of_more_histograms_than_the_query_limit_is_422(start_gatewa
     gateway = start_gateway("--max-samples-per-query", "2")
     t = now_ms() - 60_000
     assert (
-        write(gateway, tenant, [Series({"__name__": "h"}, histograms=[at(HISTOGRAM, t + i) for i in range(3)])]).status
+        write(
+            gateway, tenant, [WriteSeries({"__name__": "h"}, histograms=[at(HISTOGRAM, t + i) for i in range(3)])]
+        ).status
         == 204
     )
-    answer = post_read(gateway, tenant, [Query(t, t + 1, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
+    answer = post_read(gateway, tenant, [ReadQuery(t, t + 1, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
     assert answer.status == 200
-    answer = post_read(gateway, tenant, [Query(t, t + 2, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
+    answer = post_read(gateway, tenant, [ReadQuery(t, t + 2, [Matcher("EQ", "__name__", "h")])], [prometheus.SAMPLES])
     assert answer.status == 422 and b"more than 2 native histograms (--max-samples-per-query)" in answer.body

@@ -8,7 +8,7 @@ import cramjam
 import pytest
 
 from protocols import prometheus
-from protocols.prometheus import Matcher, MetricMetadata, Query, Series, remote_pb2
+from protocols.prometheus import Matcher, ReadQuery, WriteMetadata, WriteSeries, remote_pb2
 
 STALE_NAN_BITS = 0x7FF0000000000002
 V2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
@@ -26,7 +26,7 @@ def now_ms() -> int:
 
 
 def series(name, samples, **labels):
-    return Series({"__name__": name, **labels}, samples)
+    return WriteSeries({"__name__": name, **labels}, samples)
 
 
 def read(gateway, tenant, queries, accepted=()):
@@ -43,16 +43,16 @@ def test_remote_write_v1_then_read_back(gateway, tenant):
             series("http_requests_total", [(t, 5.0)], job="api", code="500"),
             series("http_requests_total", [(t, 7.0)], job="web", code="200"),
         ],
-        [MetricMetadata("http_requests_total", "counter", "Requests.")],
+        [WriteMetadata("http_requests_total", "counter", "Requests.")],
     )
     answer = gateway.post("/api/v1/write", body, headers=rw_headers(tenant))
     assert answer.status == 204, answer.body
     assert "X-Prometheus-Remote-Write-Samples-Written" not in answer.headers
     queries = [
-        Query(t - 1, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("EQ", "job", "api")]),
-        Query(t - 1, t + 5000, [Matcher("RE", "__name__", "http_.*"), Matcher("NEQ", "code", "200")]),
-        Query(t - 1, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("RE", "job", "a.i|w.b")]),
-        Query(
+        ReadQuery(t - 1, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("EQ", "job", "api")]),
+        ReadQuery(t - 1, t + 5000, [Matcher("RE", "__name__", "http_.*"), Matcher("NEQ", "code", "200")]),
+        ReadQuery(t - 1, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("RE", "job", "a.i|w.b")]),
+        ReadQuery(
             t - 1,
             t + 5000,
             [
@@ -61,8 +61,8 @@ def test_remote_write_v1_then_read_back(gateway, tenant):
                 Matcher("EQ", "missing", ""),
             ],
         ),
-        Query(t + 500, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("EQ", "code", "200")]),
-        Query(t - 1, t + 5000, [Matcher("EQ", "__name__", "nothing_here")]),
+        ReadQuery(t + 500, t + 5000, [Matcher("EQ", "__name__", "http_requests_total"), Matcher("EQ", "code", "200")]),
+        ReadQuery(t - 1, t + 5000, [Matcher("EQ", "__name__", "nothing_here")]),
     ]
     answer = read(gateway, tenant, queries)
     assert answer.status == 200 and answer.headers["Content-Encoding"] == "snappy"
@@ -83,7 +83,7 @@ def test_remote_write_v2_and_push_path(gateway, tenant):
     t = now_ms() - 10_000
     body = prometheus.encode_write_request_v2(
         [
-            Series(
+            WriteSeries(
                 {"__name__": "queue_depth", "queue": "a"},
                 [(t, 3.0), (t + 1, 4.0)],
                 metric_type="gauge",
@@ -117,7 +117,7 @@ def test_labels_out_of_order_are_written_as_one_series(gateway, tenant):
     )
     assert answer.status == 204, answer.body
     (result,) = prometheus.decode_read_response(
-        read(gateway, tenant, [Query(t - 1, t + 5, [Matcher("EQ", "__name__", "m")])]).body, 1 << 20
+        read(gateway, tenant, [ReadQuery(t - 1, t + 5, [Matcher("EQ", "__name__", "m")])]).body, 1 << 20
     )
     assert result == [({"__name__": "m", "alpha": "a", "zeta": "z"}, [(t, 0.0), (t + 1, 1.0)])]
 
@@ -128,8 +128,12 @@ def test_metadata_over_the_length_limit_is_skipped_and_its_samples_written(start
     t = now_ms() - 10_000
     body = prometheus.encode_write_request_v2(
         [
-            Series({"__name__": "chatty", "queue": "a"}, [(t, 3.0)], metric_type="gauge", help="x" * 101, unit="items"),
-            Series({"__name__": "quiet", "queue": "a"}, [(t, 4.0)], metric_type="gauge", help="Short.", unit="items"),
+            WriteSeries(
+                {"__name__": "chatty", "queue": "a"}, [(t, 3.0)], metric_type="gauge", help="x" * 101, unit="items"
+            ),
+            WriteSeries(
+                {"__name__": "quiet", "queue": "a"}, [(t, 4.0)], metric_type="gauge", help="Short.", unit="items"
+            ),
         ]
     )
     assert gateway.post("/api/v1/push", body, headers=rw_headers(tenant, V2)).status == 204
@@ -149,8 +153,8 @@ def test_streamed_xor_chunks(gateway, tenant):
     )
     assert gateway.post("/api/v1/write", body, headers=rw_headers(tenant)).status == 204
     queries = [
-        Query(t, t + 400_000, [Matcher("EQ", "__name__", "up")]),
-        Query(t, t + 400_000, [Matcher("EQ", "job", "b"), Matcher("EQ", "__name__", "up")]),
+        ReadQuery(t, t + 400_000, [Matcher("EQ", "__name__", "up")]),
+        ReadQuery(t, t + 400_000, [Matcher("EQ", "job", "b"), Matcher("EQ", "__name__", "up")]),
     ]
     answer = read(gateway, tenant, queries, accepted=[prometheus.STREAMED_XOR_CHUNKS, prometheus.SAMPLES])
     assert answer.status == 200
@@ -228,9 +232,9 @@ def test_remote_read_refuses_too_many_series(strict_gateway, tenant):
     t = now_ms() - 1000
     body = prometheus.encode_write_request_v1([series("wide", [(t, 1.0)], i=str(i)) for i in range(3)])
     assert strict_gateway.post("/api/v1/write", body, headers=rw_headers(tenant)).status == 204
-    answer = read(strict_gateway, tenant, [Query(t - 1, t + 1, [Matcher("EQ", "__name__", "wide")])])
+    answer = read(strict_gateway, tenant, [ReadQuery(t - 1, t + 1, [Matcher("EQ", "__name__", "wide")])])
     assert answer.status == 422 and b"--max-series-per-query" in answer.body
-    bad_regex = read(strict_gateway, tenant, [Query(t - 1, t + 1, [Matcher("RE", "__name__", "(")])])
+    bad_regex = read(strict_gateway, tenant, [ReadQuery(t - 1, t + 1, [Matcher("RE", "__name__", "(")])])
     assert bad_regex.status == 400
     assert strict_gateway.post("/api/v1/read", b"\x00junk", headers={"X-Scope-OrgID": tenant}).status == 400
 

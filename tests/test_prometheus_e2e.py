@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from gateway.app.devservices.process import free_port
-from protocols.prometheus import Matcher, Query
+from protocols.prometheus import Matcher, ReadQuery
 from tests.prometheusproc import PrometheusProcess
 from tests.test_exemplars_e2e import read_samples
 
@@ -291,7 +291,7 @@ def histogram_writer(gateway, exporter_port: int, tmp_path, tenant: str) -> Prom
 
 def received_histograms(gateway, tenant: str, name: str, at_least: int, timeout: float):
     """tsgate's remote-read answer for ``name`` once it holds ``at_least`` native histograms."""
-    query = Query(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", name)])
+    query = ReadQuery(0, int(time.time() * 1000) + 600_000, [Matcher("EQ", "__name__", name)])
     deadline = time.monotonic() + timeout
     while True:
         (result,) = read_samples(gateway, tenant, [query]).results

@@ -18,17 +18,17 @@ from protocols.prometheus import (
     SAMPLES,
     STREAMED_XOR_CHUNKS,
     Exemplar,
-    Histogram,
     Matcher,
-    MetricMetadata,
     ProtocolError,
-    Query,
     ReadHints,
+    ReadQuery,
     RejectedHistogram,
     RemoteReadError,
     RemoteWriteError,
-    Series,
     WriteBatch,
+    WriteHistogram,
+    WriteMetadata,
+    WriteSeries,
     crc32c,
     decode_chunked_read_response,
     decode_read_request,
@@ -345,11 +345,11 @@ def test_v1_request_decodes_series_and_samples():
     assert decode_v1(raw) == WriteBatch(
         version=1,
         series=[
-            Series(
+            WriteSeries(
                 {"__name__": "http_requests_total", "code": "200", "job": "api"},
                 [(1_700_000_000_000, 1.0), (1_700_000_015_000, 2.5)],
             ),
-            Series({"__name__": "up", "instance": "a:9100"}, [(-1, -0.0)]),
+            WriteSeries({"__name__": "up", "instance": "a:9100"}, [(-1, -0.0)]),
         ],
     )
     assert math.copysign(1.0, decode_v1(raw).series[1].samples[0][1]) == -1.0
@@ -381,12 +381,12 @@ def test_v1_exemplars_and_histograms_are_decoded():
     )
     batch = decode_v1(raw)
     assert batch.histogram_count == 4
-    assert batch.series[0].histograms == [Histogram(1000, HISTOGRAM)] * 3
+    assert batch.series[0].histograms == [WriteHistogram(1000, HISTOGRAM)] * 3
     assert sum(len(series.exemplars) for series in batch.series) == 3
     assert batch.series[0].exemplars[0] == Exemplar({"trace_id": "abc", "span_id": "1f"}, 0.25, 990)
     nan = batch.series[0].exemplars[1]
     assert (nan.labels, nan.timestamp, bits_of(nan.value)) == ({"trace_id": "def"}, -5, STALE_NAN_BITS)
-    assert batch.series[1] == Series({"__name__": "native"}, histograms=[Histogram(1000, HISTOGRAM)])
+    assert batch.series[1] == WriteSeries({"__name__": "native"}, histograms=[WriteHistogram(1000, HISTOGRAM)])
     assert batch.series[2].exemplars == [Exemplar({}, 1.5, 1000)]
 
 
@@ -426,7 +426,7 @@ def test_exemplar_labels_of_exactly_128_characters_are_accepted():
 def test_v1_metadata_only_request_is_valid(number, name):
     batch = decode_v1(v1_metadata(number, "http_requests", "Requests served.", "requests"))
     assert batch == WriteBatch(
-        version=1, metadata=[MetricMetadata("http_requests", name, "Requests served.", "requests")]
+        version=1, metadata=[WriteMetadata("http_requests", name, "Requests served.", "requests")]
     )
 
 
@@ -526,12 +526,14 @@ def test_samples_as_arrays_are_the_samples_of_the_series(version):
     exemplar, 2.0); a series' key is the same in every request."""
     now = 1_700_000_000_000
     series = [
-        Series({"__name__": "one", "job": "a"}, [(now, 1.5)]),
-        Series({"__name__": "zero", "job": "a"}, [(now, 0.0)]),
-        Series({"__name__": "many", "i": "ü"}, [(now - 30_000, -2.0), (0, float_of(STALE_NAN_BITS)), (-1, 5e-324)]),
-        Series({"__name__": "none"}),
-        Series({"__name__": "exemplar"}, [(now, 3.0)], exemplars=[Exemplar({"trace": "t"}, 1.0, now)]),
-        Series({"__name__": "one", "job": "b"}, [(now + 1, 7.0)]),
+        WriteSeries({"__name__": "one", "job": "a"}, [(now, 1.5)]),
+        WriteSeries({"__name__": "zero", "job": "a"}, [(now, 0.0)]),
+        WriteSeries(
+            {"__name__": "many", "i": "ü"}, [(now - 30_000, -2.0), (0, float_of(STALE_NAN_BITS)), (-1, 5e-324)]
+        ),
+        WriteSeries({"__name__": "none"}),
+        WriteSeries({"__name__": "exemplar"}, [(now, 3.0)], exemplars=[Exemplar({"trace": "t"}, 1.0, now)]),
+        WriteSeries({"__name__": "one", "job": "b"}, [(now + 1, 7.0)]),
     ]
     encode = encode_write_request_v1
     if version == V2:  # where a series without samples is refused
@@ -578,7 +580,7 @@ def test_v2_plain_requests_read_as_arrays_hold_what_the_protobuf_decoder_reads()
     requests it leaves to protobuf (a created timestamp, an exemplar) give the same too."""
     now = 1_700_000_000_000
     series = [
-        Series(
+        WriteSeries(
             {"__name__": f"m{i % 7}", "pod": f"pod-{i}", "long": "é" * 70},
             [(now, float(i % 3))],
             metric_type="counter" if i % 7 == 1 else None,
@@ -587,13 +589,15 @@ def test_v2_plain_requests_read_as_arrays_hold_what_the_protobuf_decoder_reads()
         for i in range(write_module.V2_PLAIN_SERIES + 500)
     ]
     series += [
-        Series({"__name__": "many"}, [(0, 0.0), (-1, float_of(STALE_NAN_BITS)), (now, 5e-324)], metric_type="gauge"),
-        Series({"__name__": "unit"}, [(now, 1.0)], metric_type="histogram", unit="seconds"),
+        WriteSeries(
+            {"__name__": "many"}, [(0, 0.0), (-1, float_of(STALE_NAN_BITS)), (now, 5e-324)], metric_type="gauge"
+        ),
+        WriteSeries({"__name__": "unit"}, [(now, 1.0)], metric_type="histogram", unit="seconds"),
     ]
     requests = {
         "plain": series,
-        "created": [*series[:10], Series({"__name__": "c"}, [(now, 1.0)], created_timestamp=now - 5)],
-        "exemplar": [*series[:10], Series({"__name__": "e"}, [(now, 1.0)], exemplars=[Exemplar({}, 1.0, now)])],
+        "created": [*series[:10], WriteSeries({"__name__": "c"}, [(now, 1.0)], created_timestamp=now - 5)],
+        "exemplar": [*series[:10], WriteSeries({"__name__": "e"}, [(now, 1.0)], exemplars=[Exemplar({}, 1.0, now)])],
     }
     for name, request in requests.items():
         body = encode_write_request_v2(request)
@@ -609,7 +613,7 @@ def test_v2_plain_requests_refuse_invalid_labels_as_the_protobuf_decoder_does(mo
     """The error names the series by its index in the request, however the plain reader cut it
     into runs (runs of one series with run_bytes=1)."""
     monkeypatch.setattr(write_module, "V2_PLAIN_REF_BYTES", run_bytes)
-    bad = [Series({"__name__": "ok"}, [(1, 1.0)]), Series({"__name__": "m", "a.b": "x"}, [(1, 1.0)])]
+    bad = [WriteSeries({"__name__": "ok"}, [(1, 1.0)]), WriteSeries({"__name__": "m", "a.b": "x"}, [(1, 1.0)])]
     body = encode_write_request_v2(bad)
     for arrays in (False, True):
         with pytest.raises(RemoteWriteError) as refused:
@@ -642,12 +646,12 @@ def test_v1_malformed_sample_of_a_known_series_is_400(raw):
 
 def test_v1_encoder_writes_the_same_bytes_as_the_spec():
     series = [
-        Series(
+        WriteSeries(
             {"job": "api", "__name__": "up", "empty": ""},
             [(1000, 1.0), (-2000, float_of(STALE_NAN_BITS))],
         ),
     ]
-    metadata = [MetricMetadata("up", "gauge", "Target is up.", "")]
+    metadata = [WriteMetadata("up", "gauge", "Target is up.", "")]
     expected = v1_request(
         b"".join(f_bytes(1, label(n, v)) for n, v in [("__name__", "up"), ("job", "api")])
         + f_bytes(2, sample(1.0, 1000))
@@ -684,14 +688,14 @@ def test_v2_request_resolves_symbols_and_metadata(packed_refs):
     assert batch == WriteBatch(
         version=2,
         series=[
-            Series(
+            WriteSeries(
                 {"__name__": "http_requests_total", "job": "api"},
                 [(1000, 3.0), (2000, 4.0)],
                 metric_type="counter",
                 help="Requests served.",
                 unit="requests",
             ),
-            Series({"__name__": "http_requests_total"}, batch.series[1].samples),
+            WriteSeries({"__name__": "http_requests_total"}, batch.series[1].samples),
         ],
     )
     assert bits_of(batch.series[1].samples[0][1]) == STALE_NAN_BITS
@@ -759,7 +763,9 @@ def test_v2_invalid_exemplars_are_400(exemplar, words):
 
 
 def test_encoders_write_exemplars_both_versions_decode():
-    series = [Series({"__name__": "up"}, [(1000, 1.0)], exemplars=[Exemplar({"trace_id": "t1", "a": "b"}, 0.5, 999)])]
+    series = [
+        WriteSeries({"__name__": "up"}, [(1000, 1.0)], exemplars=[Exemplar({"trace_id": "t1", "a": "b"}, 0.5, 999)])
+    ]
     v1 = unsnappy(encode_write_request_v1(series))
     assert v1 == v1_request(
         v1_series([("__name__", "up")], [(1000, 1.0)]) + v1_exemplar([("a", "b"), ("trace_id", "t1")], 0.5, 999)
@@ -793,14 +799,14 @@ VALID_HISTOGRAMS = {
 @pytest.mark.parametrize("data", VALID_HISTOGRAMS.values(), ids=VALID_HISTOGRAMS.keys())
 def test_valid_histograms_keep_their_exact_bytes_from_v1_and_v2(data):
     v1 = decode_v1(v1_request(v1_series([("__name__", "h")]) + f_bytes(4, data)))
-    assert v1.series[0].histograms == [Histogram(1000, data)]
+    assert v1.series[0].histograms == [WriteHistogram(1000, data)]
     v2 = decode_v2(v2_request(SYMBOLS, v2_series([1, 2]) + f_bytes(3, data)))
-    assert v2.series[0].histograms == [Histogram(1000, data)]
+    assert v2.series[0].histograms == [WriteHistogram(1000, data)]
 
 
 def test_v2_created_timestamp_is_dropped_and_unknown_fields_too():
     v2 = decode_v2(v2_request(SYMBOLS, v2_series([1, 2]) + f_bytes(3, HISTOGRAM + f_varint(17, 900) + f_varint(99, 1))))
-    assert v2.series[0].histograms == [Histogram(1000, HISTOGRAM)]
+    assert v2.series[0].histograms == [WriteHistogram(1000, HISTOGRAM)]
 
 
 INVALID_HISTOGRAMS = {
@@ -878,10 +884,10 @@ def test_invalid_histograms_are_left_out_and_listed_in_v1_and_v2(data, words):
         decode_v2(v2_request(SYMBOLS, v2_series([1, 2], [(1, 1.0)]) + f_bytes(3, data) + f_bytes(3, good))),
     ):
         assert batch.series == [
-            Series(
+            WriteSeries(
                 {"__name__": "http_requests_total"} if batch.version == 2 else {"__name__": "h"},
                 [(1, 1.0)],
-                histograms=[Histogram(2000, good)],
+                histograms=[WriteHistogram(2000, good)],
             )
         ]
         (refused,) = batch.rejected_histograms
@@ -894,7 +900,7 @@ def test_float_histograms_keep_nan_and_inf_counts_as_prometheus_does():
     """FloatHistogram.Validate refuses only negative counts: NaN and +Inf pass (a recording rule dividing by 0)."""
     data = histogram(count=math.nan, zero_count=math.inf, deltas=(math.nan, math.inf), is_float=True)
     batch = decode_v1(v1_request(v1_series([("__name__", "h")]) + f_bytes(4, data)))
-    assert batch.series[0].histograms == [Histogram(1000, data)] and batch.rejected_histograms == []
+    assert batch.series[0].histograms == [WriteHistogram(1000, data)] and batch.rejected_histograms == []
 
 
 def test_histograms_over_the_bucket_limit_are_refused_before_their_buckets_are_read():
@@ -904,8 +910,8 @@ def test_histograms_over_the_bucket_limit_are_refused_before_their_buckets_are_r
         )
 
     two_buckets = histogram()
-    assert decode(two_buckets, 2).series[0].histograms == [Histogram(1000, two_buckets)]
-    assert decode(two_buckets, 0).series[0].histograms == [Histogram(1000, two_buckets)]  # 0: no limit
+    assert decode(two_buckets, 2).series[0].histograms == [WriteHistogram(1000, two_buckets)]
+    assert decode(two_buckets, 0).series[0].histograms == [WriteHistogram(1000, two_buckets)]  # 0: no limit
     ((index, timestamp, reason, problem),) = decode(two_buckets, 1).rejected_histograms
     assert (index, timestamp, reason) == (0, 1000, "too_many_buckets")
     assert problem == "series 0: invalid native histogram at 1000: 2 buckets, over the limit of 1"
@@ -920,7 +926,7 @@ def test_histograms_over_the_bucket_limit_are_refused_before_their_buckets_are_r
     started = time.monotonic()
     batch = decode_write_request(body, V1, None, 64 << 20, 160)
     assert time.monotonic() - started < 0.5  # checked by its length, not bucket by bucket
-    assert batch.series == [Series({"__name__": "h"}, [(1, 1.0)])]
+    assert batch.series == [WriteSeries({"__name__": "h"}, [(1, 1.0)])]
     assert batch.rejected_histograms == [
         RejectedHistogram(
             0,
@@ -933,7 +939,10 @@ def test_histograms_over_the_bucket_limit_are_refused_before_their_buckets_are_r
 
 def test_encoders_write_histograms_both_versions_decode():
     series = [
-        Series({"__name__": "h"}, histograms=[Histogram(1000, HISTOGRAM), Histogram(2000, histogram(timestamp=2000))])
+        WriteSeries(
+            {"__name__": "h"},
+            histograms=[WriteHistogram(1000, HISTOGRAM), WriteHistogram(2000, histogram(timestamp=2000))],
+        )
     ]
     v1 = unsnappy(encode_write_request_v1(series))
     assert v1 == v1_request(
@@ -985,8 +994,8 @@ def test_v2_bad_protobuf_is_400():
 
 def test_v2_encoder_interns_strings_like_the_spec():
     series = [
-        Series({"job": "api", "__name__": "up"}, [(1000, 1.0)]),
-        Series({"__name__": "reqs", "job": "api"}, [(1000, 5.0)], "counter", "Requests.", "s"),
+        WriteSeries({"job": "api", "__name__": "up"}, [(1000, 1.0)]),
+        WriteSeries({"__name__": "reqs", "job": "api"}, [(1000, 5.0)], "counter", "Requests.", "s"),
     ]
     expected = v2_request(
         ["", "__name__", "up", "job", "api", "reqs", "Requests.", "s"],
@@ -1032,7 +1041,7 @@ def test_read_request_decodes_queries_matchers_and_hints():
         ("NRE", "code", "5.."),
     ]
     assert first.hints == ReadHints(15000, "rate", 1000, 61000, ("job", "code"), True, 300000)
-    assert second == Query(-5000, -1, [Matcher("EQ", "__name__", "up")], None)
+    assert second == ReadQuery(-5000, -1, [Matcher("EQ", "__name__", "up")], None)
 
 
 def test_read_request_encoder_writes_the_same_bytes():
@@ -1236,7 +1245,7 @@ def test_samples_answer_with_histograms_is_what_protobuf_serializes():
     a series may have histograms only."""
     from protocols.prometheus import remote_pb2
 
-    stored = [Histogram(1000, data) for data in VALID_HISTOGRAMS.values()]
+    stored = [WriteHistogram(1000, data) for data in VALID_HISTOGRAMS.values()]
     results = [
         [
             ({"__name__": "h"}, [(1000, 1.0)], [Exemplar({"trace_id": "t"}, 0.5, 999)], stored),
@@ -1594,7 +1603,7 @@ def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkey
     the same as from one part, and the decoder yields at least once a part (of about 2 series
     here), or, in 2.0, every V2_SERIES_PER_STEP series."""
     series = [
-        Series({"__name__": "parts", "i": str(i)}, [(1_700_000_000_000 + i, float(i))], metric_type="gauge")
+        WriteSeries({"__name__": "parts", "i": str(i)}, [(1_700_000_000_000 + i, float(i))], metric_type="gauge")
         for i in range(40)
     ]
     whole = {V1: decode_write_request(encode_write_request_v1(series), V1, "snappy", LIMIT)}
@@ -1605,7 +1614,7 @@ def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkey
         batch, yields = decoded_in_steps(encode(series), content_type)
         assert batch == whole[content_type] and len(batch.series) == 40
         assert yields >= 20
-    bad = [*series[:30], Series({"__name__": "parts", "bad-name": "x"}, [(1_700_000_000_000, 1.0)])]
+    bad = [*series[:30], WriteSeries({"__name__": "parts", "bad-name": "x"}, [(1_700_000_000_000, 1.0)])]
     with pytest.raises(RemoteWriteError) as refused:
         decode_write_request(encode_write_request_v1(bad), V1, "snappy", LIMIT)
     assert "series 30: invalid label name 'bad-name'" in refused.value.message
@@ -1614,7 +1623,7 @@ def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkey
 def test_v2_symbols_sent_after_the_series_that_use_them_are_found(monkeypatch):
     monkeypatch.setattr(write_module, "PART_BYTES", 16)
     raw = cramjam.snappy.decompress_raw(
-        encode_write_request_v2([Series({"__name__": "late", "a": "b"}, [(1_700_000_000_000, 1.0)])])
+        encode_write_request_v2([WriteSeries({"__name__": "late", "a": "b"}, [(1_700_000_000_000, 1.0)])])
     )
     request = write_v2_pb2.Request.FromString(bytes(raw))
     symbols_only = write_v2_pb2.Request(symbols=request.symbols).SerializeToString()

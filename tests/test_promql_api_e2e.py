@@ -11,7 +11,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from gateway.core.layout import HOUR_MS
 from gateway.http.promql_api import prometheus_errors
-from protocols.prometheus import Series
+from protocols.prometheus import WriteSeries
 from tests.gatewayproc import downsample_once
 from tests.test_read_path_e2e import remote_write
 
@@ -31,7 +31,7 @@ def loaded(start_gateway, backend_args, tenant):
     gateway = start_gateway(*backend_args, "--query-max-samples", "500")
     now = int(time.time()) * 1000
     series = [
-        Series(
+        WriteSeries(
             {"__name__": "jobs_total", "job": job}, [(now - 300_000 + i * 15_000, float(i * factor)) for i in range(20)]
         )
         for job, factor in (("api", 1), ("web", 2))
@@ -144,7 +144,10 @@ def test_a_name_dropped_by_a_range_function_leaves_the_same_label_set_twice(star
     remote_write(
         gateway,
         tenant,
-        [Series({"__name__": name, "job": "x"}, [(now - 60_000, 1.0), (now, 2.0)]) for name in ("first", "second")],
+        [
+            WriteSeries({"__name__": name, "job": "x"}, [(now - 60_000, 1.0), (now, 2.0)])
+            for name in ("first", "second")
+        ],
     )
     answer = promql(gateway, tenant, "/api/v1/query", query='sum(count_over_time({job="x"}[10m]))', time=now / 1000)
     assert answer.status == 422 and answer.json() == {
@@ -172,7 +175,9 @@ async def test_an_unexpected_error_answers_500_in_prometheus_envelope():
 def test_the_samples_limit_is_an_execution_error(start_gateway, tenant):
     gateway = start_gateway("--query-max-samples", "10")
     now = int(time.time()) * 1000
-    remote_write(gateway, tenant, [Series({"__name__": "many"}, [(now - 60_000 + i * 1000, 1.0) for i in range(30)])])
+    remote_write(
+        gateway, tenant, [WriteSeries({"__name__": "many"}, [(now - 60_000 + i * 1000, 1.0) for i in range(30)])]
+    )
     answer = promql(gateway, tenant, "/api/v1/query", query="sum_over_time(many[5m])", time=now / 1000)
     assert answer.status == 422 and "--query-max-samples" in answer.json()["error"]
 
@@ -190,7 +195,7 @@ def test_past_raw_retention_counters_read_their_rollups(start_gateway, backend_a
     gateway = start_gateway(*args, "--roles", "ingest,query")
     slot = (int(time.time() * 1000) // HOUR_MS - 3) * HOUR_MS
     points = [(slot + i * 10_000, float(i if i < 180 else i - 180)) for i in range(360)]  # 1/10 s, reset at 30 min
-    remote_write(gateway, tenant, [Series({"__name__": "old_total"}, points)])
+    remote_write(gateway, tenant, [WriteSeries({"__name__": "old_total"}, points)])
     downsample_once(*args)
     at = (slot + 50 * 60_000) / 1000
     answer = promql(gateway, tenant, "/api/v1/query", query="increase(old_total[20m])", time=at).json()

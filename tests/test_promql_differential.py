@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from gateway.app.devservices.process import free_port
-from protocols.prometheus import Matcher, Query, decode_read_response, encode_read_request
+from protocols.prometheus import Matcher, ReadQuery, decode_read_response, encode_read_request
 from tests.prometheusproc import PrometheusProcess
 
 RUN_SECONDS = 70
@@ -434,7 +434,7 @@ def ask_tsgate(gateway, tenant: str, path: str, params: dict) -> tuple[int, dict
 
 def raw_timestamps(url: str, headers: dict, start_ms: int, end_ms: int) -> dict:
     """Every series' sample timestamps (stale markers included) through remote read."""
-    query = Query(start_ms, end_ms, [Matcher("RE", "__name__", ".+")])
+    query = ReadQuery(start_ms, end_ms, [Matcher("RE", "__name__", ".+")])
     read_headers = dict(
         headers,
         **{

@@ -40,7 +40,7 @@ import uuid
 
 import pytest
 
-from protocols.prometheus import MetricMetadata, Series, encode_write_request_v1
+from protocols.prometheus import WriteMetadata, WriteSeries, encode_write_request_v1
 from tests.gatewayproc import GatewayProcess
 
 SCRAPE = 15
@@ -78,14 +78,14 @@ class Grafana:
         return body["data"]
 
 
-def written_series(first: int) -> list[Series]:
+def written_series(first: int) -> list[WriteSeries]:
     series = []
     for (job, instance), up in TARGETS.items():
         stamps = [(first + i * SCRAPE) * 1000 for i in range(POINTS)]
-        series.append(Series({"__name__": "up", "job": job, "instance": instance}, [(ts, up) for ts in stamps]))
+        series.append(WriteSeries({"__name__": "up", "job": job, "instance": instance}, [(ts, up) for ts in stamps]))
         counter = [(ts, RATES[job] * i * SCRAPE) for i, ts in enumerate(stamps)]
         series.append(
-            Series({"__name__": "http_requests_total", "job": job, "instance": instance, "code": "200"}, counter)
+            WriteSeries({"__name__": "http_requests_total", "job": job, "instance": instance, "code": "200"}, counter)
         )
     return series
 
@@ -108,8 +108,8 @@ def grafana(request, tmp_path_factory):
         now = int(time.time())
         first = now - now % 60 - POINTS * SCRAPE - 120
         metadata = [
-            MetricMetadata("http_requests_total", "counter", "Requests served."),
-            MetricMetadata("up", "gauge", "Whether the target is up."),
+            WriteMetadata("http_requests_total", "counter", "Requests served."),
+            WriteMetadata("up", "gauge", "Whether the target is up."),
         ]
         headers = {
             "Content-Type": "application/x-protobuf",

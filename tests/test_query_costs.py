@@ -22,8 +22,8 @@ from gateway.query.promql.service import PromQLService
 from gateway.query.promql.values import PromQLError
 from gateway.query.remote_read import RemoteRead
 from protocols.linear_regex import BadPattern, compile_regex
-from protocols.prometheus import Matcher, Series, prometheus_labels
-from protocols.prometheus.read import Query
+from protocols.prometheus import Matcher, WriteSeries, prometheus_labels
+from protocols.prometheus.read import ReadQuery
 from tests.test_prometheus_protocol import histogram
 from tests.test_read_path_e2e import remote_write
 
@@ -66,7 +66,7 @@ async def test_an_open_range_read_costs_what_the_data_does(store, tenant):
     planner = QueryPlanner(store, max_series=100)
     began = time.monotonic()
 
-    queries = [Query(INT64_MIN, INT64_MAX, [Matcher("RE", "__name__", "up|latency")])]
+    queries = [ReadQuery(INT64_MIN, INT64_MAX, [Matcher("RE", "__name__", "up|latency")])]
     (found,) = await RemoteRead(store, planner, 1000).read(tenant, queries, streamed=False)
     by_name = {labels["__name__"]: (samples, exemplars, histograms) for labels, samples, exemplars, histograms in found}
     samples, exemplars, _ = by_name["up"]
@@ -230,7 +230,8 @@ def test_a_client_that_goes_away_cancels_its_query(start_gateway, tenant):
     gateway = start_gateway("--query-max-samples", "200000000", "--query-timeout", "5m")
     end = (now_ms() // MINUTE - 1) * MINUTE
     series = [
-        Series({"__name__": "m", "i": str(i)}, [(end - k * 15_000, float(k)) for k in range(1440)]) for i in range(45)
+        WriteSeries({"__name__": "m", "i": str(i)}, [(end - k * 15_000, float(k)) for k in range(1440)])
+        for i in range(45)
     ]
     remote_write(gateway, tenant, series)
     query = urllib.parse.urlencode({"query": "max_over_time(rate(m[1m])[20d:1s])", "time": end / 1000})

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from protocols import prometheus
-from protocols.prometheus import Matcher, Query
+from protocols.prometheus import Matcher, ReadQuery
 from tests.gatewayproc import GatewayProcess, metric_value
 
 # Catastrophic backtracking for Python's re (seconds to hours against A_NAME), linear for RE2.
@@ -99,7 +99,7 @@ def assert_fast(gateway, hostile, budget_s: float = 1.0):
 
 def remote_read(gateway, pattern):
     now_ms = int(time.time() * 1000)
-    query = Query(now_ms - 3_600_000, now_ms, [Matcher("EQ", "__name__", "probe"), Matcher("RE", "host", pattern)])
+    query = ReadQuery(now_ms - 3_600_000, now_ms, [Matcher("EQ", "__name__", "probe"), Matcher("RE", "host", pattern)])
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
     return gateway.post("/api/v1/read", prometheus.encode_read_request([query]), headers=headers)
 
@@ -317,7 +317,7 @@ def test_pickle_frame_of_dup_opcodes_is_refused_and_legal_large_frames_keep_heal
 @pytest.mark.parametrize("response_type", [prometheus.SAMPLES, prometheus.STREAMED_XOR_CHUNKS])
 def test_remote_read_of_720k_samples_keeps_healthz_fast(many_samples, response_type):
     now_ms = int(time.time() * 1000)
-    query = Query(now_ms - 2 * 86_400_000, now_ms, [Matcher("EQ", "__name__", "many")])
+    query = ReadQuery(now_ms - 2 * 86_400_000, now_ms, [Matcher("EQ", "__name__", "many")])
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
     body = prometheus.encode_read_request([query], [response_type])
     answer, elapsed, latencies = healthz_while(
@@ -330,7 +330,7 @@ def test_remote_read_of_720k_samples_keeps_healthz_fast(many_samples, response_t
 def test_streamed_read_of_40k_native_histograms_keeps_healthz_fast(hostile_gateway):
     """Histogram chunks are encoded in pure Python (tens of microseconds a histogram): a large
     streamed read is encoded off the reactor."""
-    from protocols.prometheus import Histogram, Series, types_pb2
+    from protocols.prometheus import WriteHistogram, WriteSeries, types_pb2
 
     now_ms = int(time.time() * 1000)
     start = now_ms - 10_001 * 1000
@@ -345,11 +345,11 @@ def test_streamed_read_of_40k_native_histograms_keeps_healthz_fast(hostile_gatew
                 timestamp=start + i * 1000,
             )
             message.positive_spans.add(offset=0, length=20)
-            histograms.append(Histogram(message.timestamp, message.SerializeToString()))
+            histograms.append(WriteHistogram(message.timestamp, message.SerializeToString()))
         for first in range(0, 10_000, 2_500):
             body = prometheus.encode_write_request_v1(
                 [
-                    Series(
+                    WriteSeries(
                         {"__name__": "many_histograms", "s": str(series)}, histograms=histograms[first : first + 2_500]
                     )
                 ]
@@ -358,7 +358,7 @@ def test_streamed_read_of_40k_native_histograms_keeps_healthz_fast(hostile_gatew
                 "/api/v1/write", body, headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
             )
             assert answer.status == 204, answer.body
-    query = Query(start, now_ms, [Matcher("EQ", "__name__", "many_histograms")])
+    query = ReadQuery(start, now_ms, [Matcher("EQ", "__name__", "many_histograms")])
     body = prometheus.encode_read_request([query], [prometheus.STREAMED_XOR_CHUNKS])
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
     answer, elapsed, latencies = healthz_while(

@@ -15,7 +15,7 @@ from gateway.core.layout import HOUR_MS, Layout, head_shard
 from gateway.core.model import series_set_hash, series_set_text
 from gateway.store.cassandra import parse_url
 from protocols import prometheus
-from protocols.prometheus import Matcher, Query, Series, remote_pb2, types_pb2
+from protocols.prometheus import Matcher, ReadQuery, WriteSeries, remote_pb2, types_pb2
 from tests.gatewayproc import downsample_once
 from tests.test_histograms_e2e import at, post_read
 from tests.test_prometheus_protocol import HISTOGRAM, histogram
@@ -57,7 +57,7 @@ def wait_until_head_rows_expired(store_args, tenant: str, name: str, slot: int, 
         cluster.shutdown()
 
 
-def remote_write(gateway, tenant: str, series: list[Series]) -> None:
+def remote_write(gateway, tenant: str, series: list[WriteSeries]) -> None:
     answer = gateway.post(
         "/api/v1/write",
         prometheus.encode_write_request_v1(series),
@@ -69,7 +69,9 @@ def remote_write(gateway, tenant: str, series: list[Series]) -> None:
 def remote_read(
     gateway, tenant: str, name: str, start_ms: int, end_ms: int, response_type: str = prometheus.SAMPLES
 ) -> bytes:
-    body = prometheus.encode_read_request([Query(start_ms, end_ms, [Matcher("EQ", "__name__", name)])], [response_type])
+    body = prometheus.encode_read_request(
+        [ReadQuery(start_ms, end_ms, [Matcher("EQ", "__name__", name)])], [response_type]
+    )
     answer = gateway.post("/api/v1/read", body, headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy"})
     assert answer.status == 200, answer.body
     return answer.body
@@ -110,7 +112,7 @@ def test_every_read_api_answers_the_same_before_and_after_sealing(start_gateway,
     remote_write(
         gateway,
         tenant,
-        [Series({"__name__": "room_temp", "room": "a"}, gauge), Series({"__name__": "jobs_total"}, counter)],
+        [WriteSeries({"__name__": "room_temp", "room": "a"}, gauge), WriteSeries({"__name__": "jobs_total"}, counter)],
     )
     start_ms, end_ms = slot, slot + 2 * HOUR_MS - 1
 
@@ -149,11 +151,11 @@ def test_late_samples_are_merged_after_their_head_rows_expired(start_gateway, st
     gateway = start_gateway(*args, "--roles", "ingest,query")
     slot = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS
     first = [(slot + i * 60_000, float(i)) for i in range(10)]
-    remote_write(gateway, tenant, [Series({"__name__": "late_gauge"}, first)])
+    remote_write(gateway, tenant, [WriteSeries({"__name__": "late_gauge"}, first)])
     assert "rolled up" in downsample_once(*args)
     wait_until_head_rows_expired(store_args, tenant, "late_gauge", slot)
     late = [(slot + 30 * 60_000, 30.0), (slot + 2 * 60_000, -2.0)]
-    remote_write(gateway, tenant, [Series({"__name__": "late_gauge"}, late)])
+    remote_write(gateway, tenant, [WriteSeries({"__name__": "late_gauge"}, late)])
     assert "rolled up" in downsample_once(*args)
     expected = sorted(dict(first + late).items())
     assert read_samples(gateway, tenant, "late_gauge", slot, slot + HOUR_MS - 1) == [
@@ -187,8 +189,8 @@ def test_a_range_past_raw_retention_ends_with_the_newest_samples(start_gateway, 
         gateway,
         tenant,
         [
-            Series({"__name__": "stitched_gauge"}, old + recent),
-            Series({"__name__": "reqs_total"}, counter_old + counter_recent),
+            WriteSeries({"__name__": "stitched_gauge"}, old + recent),
+            WriteSeries({"__name__": "reqs_total"}, counter_old + counter_recent),
         ],
     )
     downsample_once(*args)
@@ -222,11 +224,14 @@ def test_native_histograms_past_raw_retention_come_from_their_roll_up(start_gate
         for i, c in enumerate(counts)
     ]
     recent = [at(HISTOGRAM, now - 300_000 + i * 60_000) for i in range(3)]
-    remote_write(gateway, tenant, [Series({"__name__": "latency_seconds"}, histograms=old + recent)])
+    remote_write(gateway, tenant, [WriteSeries({"__name__": "latency_seconds"}, histograms=old + recent)])
     assert "rolled up" in downsample_once(*args)
 
     answer = post_read(
-        gateway, tenant, [Query(old_slot, now, [Matcher("EQ", "__name__", "latency_seconds")])], [prometheus.SAMPLES]
+        gateway,
+        tenant,
+        [ReadQuery(old_slot, now, [Matcher("EQ", "__name__", "latency_seconds")])],
+        [prometheus.SAMPLES],
     )
     assert answer.status == 200, answer.body
     (series,) = (

@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-from protocols.prometheus import Series, encode_write_request_v1
+from protocols.prometheus import WriteSeries, encode_write_request_v1
 from tests.gatewayproc import GatewayProcess
 from tests.test_lifecycle import CarbonSender
 from tests.test_workers import wait_for
@@ -39,7 +39,9 @@ class RemoteWriter(threading.Thread):
                 break
             timestamp = self.start_ms + step * 1000
             body = encode_write_request_v1(
-                Series({"__name__": "shutdown_rw", "writer": str(self.number), "s": str(s)}, [(timestamp, float(step))])
+                WriteSeries(
+                    {"__name__": "shutdown_rw", "writer": str(self.number), "s": str(s)}, [(timestamp, float(step))]
+                )
                 for s in range(SERIES_PER_REQUEST)
             )
             try:

@@ -11,7 +11,7 @@ import urllib.parse
 import pytest
 
 from gateway.core.model import now_ms
-from protocols.prometheus import Series, encode_write_request_v1
+from protocols.prometheus import WriteSeries, encode_write_request_v1
 from protocols.timespec import format_iso
 from tests.gatewayproc import GatewayProcess
 
@@ -37,7 +37,7 @@ def test_sigkill_under_remote_write_load_loses_no_acknowledged_sample(request, t
         connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
         for r in range(ROUNDS):
             body = encode_write_request_v1(
-                Series({"__name__": "durable", "i": str(i)}, [(start + r * 1000, float(r))])
+                WriteSeries({"__name__": "durable", "i": str(i)}, [(start + r * 1000, float(r))])
                 for i in range(k * SERIES_PER_REQUEST, (k + 1) * SERIES_PER_REQUEST)
             )
             try:

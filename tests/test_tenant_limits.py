@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gateway.ingest.limits import RateLimited, TenantLimits
-from protocols.prometheus import Series, encode_write_request_v1
+from protocols.prometheus import WriteSeries, encode_write_request_v1
 from tests.gatewayproc import metric_value
 
 
@@ -165,8 +165,8 @@ def test_new_series_over_the_active_limit_are_refused_alone_on_carbon_and_remote
     assert metric_value(gateway, refused) == 3
     assert "max_active_series" in gateway.log()
 
-    series = [Series({"__name__": "active_new"}, [(start * 1000 + 180_000, 4.0)])]
-    series += [Series({"__name__": f"active.{i}"}, [(start * 1000 + 180_000, 4.0)]) for i in range(5)]
+    series = [WriteSeries({"__name__": "active_new"}, [(start * 1000 + 180_000, 4.0)])]
+    series += [WriteSeries({"__name__": f"active.{i}"}, [(start * 1000 + 180_000, 4.0)]) for i in range(5)]
     answer = gateway.post(
         "/api/v1/write",
         encode_write_request_v1(series),

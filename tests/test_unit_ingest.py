@@ -288,7 +288,10 @@ async def test_a_large_remote_write_decodes_and_resolves_without_holding_the_rea
     pipeline = pipeline_on(sqlite_store, clock)
     common = {f"label_{i:02d}": f"value_{i}" for i in range(18)}
     body = prometheus.encode_write_request_v2(
-        [prometheus.Series({"__name__": "large", "n": str(n), **common}, [(clock.now, 1.0)]) for n in range(30_000)]
+        [
+            prometheus.WriteSeries({"__name__": "large", "n": str(n), **common}, [(clock.now, 1.0)])
+            for n in range(30_000)
+        ]
     )
     ticks = ReactorTicks()
     decoding = ensureDeferred(

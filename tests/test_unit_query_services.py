@@ -15,7 +15,7 @@ from gateway.query.promql.values import PromQLError
 from gateway.query.remote_read import RemoteRead
 from gateway.store.contract import MetricMetadata
 from protocols.prometheus import Matcher
-from protocols.prometheus.read import Query
+from protocols.prometheus.read import ReadQuery
 from tests.test_prometheus_protocol import histogram
 
 MINUTE = 60_000
@@ -48,7 +48,7 @@ def remote_read(store, max_samples: int = 1_000_000) -> RemoteRead:
 
 @pytest_twisted.ensureDeferred
 async def test_remote_read_gives_series_sorted_by_labels_with_their_samples(sqlite_store, tenant, written):
-    query = Query(written - 30 * MINUTE, written, [Matcher("EQ", "__name__", "requests_total")])
+    query = ReadQuery(written - 30 * MINUTE, written, [Matcher("EQ", "__name__", "requests_total")])
     (series,) = await remote_read(sqlite_store).read(tenant, [query], streamed=False)
     assert [labels["host"] for labels, *_ in series] == ["a", "b", "c"]
     labels, samples, exemplars, histograms = series[0]
@@ -59,7 +59,7 @@ async def test_remote_read_gives_series_sorted_by_labels_with_their_samples(sqli
 
 @pytest_twisted.ensureDeferred
 async def test_remote_read_gives_native_histograms_as_written(sqlite_store, tenant, written):
-    query = Query(written - 30 * MINUTE, written, [Matcher("EQ", "__name__", "latency")])
+    query = ReadQuery(written - 30 * MINUTE, written, [Matcher("EQ", "__name__", "latency")])
     ((labels, samples, histograms),) = (await remote_read(sqlite_store).read(tenant, [query], streamed=True))[0]
     assert labels == {"__name__": "latency", "host": "a"} and len(samples) == 0
     assert [h.data for h in histograms] == [
@@ -71,7 +71,7 @@ async def test_remote_read_gives_native_histograms_as_written(sqlite_store, tena
 @pytest.mark.parametrize("matcher", [("EQ", "__name__", "requests_total"), ("EQ", "__name__", "latency")])
 @pytest_twisted.ensureDeferred
 async def test_remote_read_refuses_a_query_over_the_sample_budget(sqlite_store, tenant, written, matcher):
-    query = Query(written - 30 * MINUTE, written, [Matcher(*matcher)])
+    query = ReadQuery(written - 30 * MINUTE, written, [Matcher(*matcher)])
     with pytest.raises(QueryTooLarge, match="--max-samples-per-query"):
         await remote_read(sqlite_store, max_samples=9).read(tenant, [query], streamed=False)
 

@@ -19,11 +19,11 @@ from gateway.ingest.pipeline import CreatedSample, IngestPipeline
 from gateway.query.read_service import ReadService
 from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp
-from protocols.prometheus import Series, types_pb2
+from protocols.prometheus import WriteSeries, types_pb2
 from protocols.prometheus.write import series_key
 
 
-def name_and_tags(series: Series) -> tuple[str, dict[str, str]]:
+def name_and_tags(series: WriteSeries) -> tuple[str, dict[str, str]]:
     """A remote-write series' metric name and tags (its labels but ``__name__``), as ingest has them."""
     return split_labels(series.labels)
 
@@ -46,7 +46,7 @@ def zero_histogram(data: bytes, created_ms: int) -> bytes:
     return zero.SerializeToString()
 
 
-def series_cache_keys(tenant: str, series: Series) -> tuple[tuple, tuple]:
+def series_cache_keys(tenant: str, series: WriteSeries) -> tuple[tuple, tuple]:
     """The keys a remote-write series has in the pipeline's known-series cache once written: by
     its samples (IngestPipeline.ingest_arrays), by its histograms (ingest_histograms)."""
     name, tags = name_and_tags(series)
@@ -68,7 +68,7 @@ class CreatedTimestamps:
         self.zero_ingestion = zero_ingestion
         self._stored = LRUMap(remembered)  # (tenant, labels) -> the created timestamp stored
 
-    async def new(self, tenant: str, series: Sequence[Series]) -> list[tuple[Series, CreatedTimestamp]]:
+    async def new(self, tenant: str, series: Sequence[WriteSeries]) -> list[tuple[WriteSeries, CreatedTimestamp]]:
         """The series of a request whose created timestamp is not the one stored for them."""
         candidates = []
         slices = Slices()
@@ -90,7 +90,7 @@ class CreatedTimestamps:
         ]
 
     async def zeros(
-        self, tenant: str, new: Sequence[tuple[Series, CreatedTimestamp]], oldest_ms: int
+        self, tenant: str, new: Sequence[tuple[WriteSeries, CreatedTimestamp]], oldest_ms: int
     ) -> tuple[list[Sample], list[HistogramSample]]:
         """The zero samples and histograms to write for new created timestamps (none unless
         ``zero_ingestion``): each before every sample of its series in the request, and only
@@ -118,7 +118,7 @@ class CreatedTimestamps:
                     histograms.append(HistogramSample(tenant, name, tags, created, zero_histogram(first.data, created)))
         return samples, histograms
 
-    async def write(self, tenant: str, created: Sequence[tuple[Series, CreatedTimestamp]]) -> None:
+    async def write(self, tenant: str, created: Sequence[tuple[WriteSeries, CreatedTimestamp]]) -> None:
         """New created timestamps, after the samples (so after their series' metadata), with the
         zero samples of --created-timestamp-zero-ingestion; those add nothing to the counts the
         answer gives. Only of series the pipeline indexed: one whose every sample was refused has
@@ -139,5 +139,5 @@ class CreatedTimestamps:
         self._stored.add_all({self._key(tenant, item): row.created_ms for item, row in created})
 
     @staticmethod
-    def _key(tenant: str, item: Series) -> tuple:
+    def _key(tenant: str, item: WriteSeries) -> tuple:
         return tenant, tuple(item.labels.items())

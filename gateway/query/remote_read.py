@@ -115,7 +115,7 @@ def _hashes(selection: Selection) -> list[str]:
 
 
 def _histograms(rows) -> list:
-    return [prometheus.Histogram(row.timestamp_ms, row.data) for row in rows]
+    return [prometheus.WriteHistogram(row.timestamp_ms, row.data) for row in rows]
 
 
 def _label_key(labels: dict[str, str]) -> tuple:

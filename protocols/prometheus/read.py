@@ -82,7 +82,7 @@ class ReadHints:
 
 
 @dataclass
-class Query:
+class ReadQuery:
     start_ms: int
     end_ms: int
     matchers: list[Matcher]
@@ -91,7 +91,7 @@ class Query:
 
 @dataclass
 class ReadRequest:
-    queries: list[Query]
+    queries: list[ReadQuery]
     # In the client's order of preference; unknown numbers are kept as str(n).
     accepted_response_types: list[str] = field(default_factory=list)
 
@@ -130,7 +130,7 @@ def decode_read_request(body: bytes, max_decompressed_bytes: int) -> ReadRequest
                 by=query.hints.by,
                 range_ms=query.hints.range_ms,
             )
-        queries.append(Query(query.start_timestamp_ms, query.end_timestamp_ms, matchers, hints))
+        queries.append(ReadQuery(query.start_timestamp_ms, query.end_timestamp_ms, matchers, hints))
     accepted = [_RESPONSE_TYPES.get(number, str(number)) for number in request.accepted_response_types]
     return ReadRequest(queries=queries, accepted_response_types=accepted)
 
@@ -147,7 +147,7 @@ def negotiate_response_type(accepted_response_types: Sequence[str]) -> str:
     raise RemoteReadError(400, f"no supported response type among {list(accepted_response_types)}")
 
 
-def encode_read_request(queries: Iterable[Query], accepted_response_types: Iterable[str] = ()) -> bytes:
+def encode_read_request(queries: Iterable[ReadQuery], accepted_response_types: Iterable[str] = ()) -> bytes:
     """Build a snappy-compressed ReadRequest, as a remote read client sends it."""
     request = remote_pb2.ReadRequest()
     for query in queries:

@@ -67,7 +67,7 @@ class Exemplar(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Histogram:
+class WriteHistogram:
     """A native histogram sample: its timestamp (ms) and the bytes of its prometheus.Histogram
     message (types.proto, as protobuf serialises it), which tsgate stores and returns as is."""
 
@@ -93,7 +93,7 @@ class InvalidHistogram(ValueError):
 
 
 @dataclass
-class Series:
+class WriteSeries:
     """One time series; `labels` includes `__name__`, samples are (timestamp_ms, value).
     A decoded series' labels may be shared with other requests' series (_V2_LABEL_SETS): read
     them, never change them."""
@@ -104,7 +104,7 @@ class Series:
     help: str = ""  # v2 only
     unit: str = ""  # v2 only
     exemplars: list[Exemplar] = field(default_factory=list)
-    histograms: list[Histogram] = field(default_factory=list)
+    histograms: list[WriteHistogram] = field(default_factory=list)
     created_timestamp: int = 0  # v2 only: when the series (a counter, say) started, 0 when unknown
 
 
@@ -131,7 +131,7 @@ def series_key(labels: dict[str, str]) -> tuple[str, ...]:
     return (*labels.keys(), *labels.values())
 
 
-def _series_arrays(series: list[Series]) -> Generator[None, None, SampleArrays]:
+def _series_arrays(series: list[WriteSeries]) -> Generator[None, None, SampleArrays]:
     """The samples of decoded series as arrays, yielding between runs of series."""
     keys, counts, timestamps, values = [], [], [], []
     labels: list[dict[str, str] | bytes] = []
@@ -168,7 +168,7 @@ def concat_arrays(parts: list[SampleArrays]) -> SampleArrays:
 
 
 @dataclass
-class MetricMetadata:
+class WriteMetadata:
     """Metadata of a metric family, as sent in v1 requests."""
 
     metric_family_name: str
@@ -182,8 +182,8 @@ class WriteBatch:
     """Everything tsgate keeps from one remote write request."""
 
     version: int
-    series: list[Series] = field(default_factory=list)
-    metadata: list[MetricMetadata] = field(default_factory=list)
+    series: list[WriteSeries] = field(default_factory=list)
+    metadata: list[WriteMetadata] = field(default_factory=list)
     rejected_histograms: list[RejectedHistogram] = field(default_factory=list)
     # Decoded with ``arrays=True``: every sample of the request. The series of plain 1.0 parts
     # (known labels and samples, nothing else) are then only there, not in ``series``.
@@ -507,7 +507,7 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
     return SampleArrays(keys, labels_of, np.repeat(np.arange(len(keys)), counts), *sampled)
 
 
-def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[MetricMetadata]] | None]:
+def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[WriteMetadata]] | None]:
     """The common 2.0 request, read straight from its bytes into arrays: the symbols, then series
     of labels refs, samples and metadata, and nothing else (no histograms, exemplars, created or
     start timestamps, series without samples). None for anything else, which the protobuf
@@ -638,7 +638,7 @@ def _packed_varints(raw: bytes, starts: list[int], stops: list[int]) -> tuple[np
     return values, np.add.reduceat(last.astype(np.intp), ends_at - lengths)
 
 
-def _v2_metadata(symbols: list[str], name: str, data: bytes) -> MetricMetadata | None:
+def _v2_metadata(symbols: list[str], name: str, data: bytes) -> WriteMetadata | None:
     """The metadata of a 2.0 series (a type, help and unit refs, each left out when zero) as a
     row; None for any other shape or a ref out of range. A type of 0 is no metadata."""
     fields = {1: 0, 3: 0, 4: 0}
@@ -651,7 +651,7 @@ def _v2_metadata(symbols: list[str], name: str, data: bytes) -> MetricMetadata |
     kind, help_ref, unit_ref = fields[1], fields[3], fields[4]
     if help_ref >= len(symbols) or unit_ref >= len(symbols):
         return None
-    return MetricMetadata(
+    return WriteMetadata(
         name, _V2_TYPE_NAMES.get(kind, "unknown") if kind else "", symbols[help_ref], symbols[unit_ref]
     )
 
@@ -681,12 +681,12 @@ def _sample_arrays(
     return timestamps, values
 
 
-def _plain_series(arrays: SampleArrays) -> list[Series]:
+def _plain_series(arrays: SampleArrays) -> list[WriteSeries]:
     """The series of plain arrays, as the protobuf decoder gives them."""
     points = list(zip(arrays.timestamps.tolist(), arrays.values.tolist()))
     series, start = [], 0
     for labels, count in zip(arrays.labels, np.bincount(arrays.series, minlength=len(arrays.keys)).tolist()):
-        series.append(Series(series_labels(labels), points[start : start + count]))
+        series.append(WriteSeries(series_labels(labels), points[start : start + count]))
         start += count
     return series
 
@@ -762,14 +762,14 @@ def _decode_v1_series(batch: WriteBatch, timeseries, max_histogram_buckets: int)
             else []
         )
         histograms = _histograms(batch, index, ts.histograms, max_histogram_buckets) if ts.histograms else []
-        batch.series.append(Series(labels=labels, samples=samples, exemplars=exemplars, histograms=histograms))
+        batch.series.append(WriteSeries(labels=labels, samples=samples, exemplars=exemplars, histograms=histograms))
         yield
 
 
 def _add_v1_metadata(batch: WriteBatch, metadata_messages) -> None:
     for metadata in metadata_messages:
         batch.metadata.append(
-            MetricMetadata(
+            WriteMetadata(
                 metric_family_name=metadata.metric_family_name,
                 type=_V1_TYPE_NAMES.get(metadata.type, "unknown"),
                 help=metadata.help,
@@ -820,7 +820,7 @@ def _decode_v2_series(
             (*map(_start_timestamp, samples), *map(_start_timestamp, histograms)), default=0
         )
         batch.series.append(
-            Series(
+            WriteSeries(
                 labels=labels,
                 samples=list(zip(map(_timestamp, samples), map(_value, samples))),
                 exemplars=[_v2_exemplar(symbols, index, e) for e in ts.exemplars] if ts.exemplars else [],
@@ -900,7 +900,7 @@ def _v1_histogram(histogram) -> types_pb2.Histogram:
     return message
 
 
-def _histograms(batch: WriteBatch, index: int, messages, max_buckets: int) -> list[Histogram]:
+def _histograms(batch: WriteBatch, index: int, messages, max_buckets: int) -> list[WriteHistogram]:
     """The valid histograms of series ``index`` (1.0 or 2.0 messages) as their bytes; the
     others go to ``batch.rejected_histograms``."""
     kept = []
@@ -914,7 +914,7 @@ def _histograms(batch: WriteBatch, index: int, messages, max_buckets: int) -> li
             batch.rejected_histograms.append(RejectedHistogram(index, message.timestamp, exc.reason, problem))
             continue
         message.DiscardUnknownFields()
-        kept.append(Histogram(message.timestamp, message.SerializeToString()))
+        kept.append(WriteHistogram(message.timestamp, message.SerializeToString()))
     return kept
 
 
@@ -1037,7 +1037,7 @@ def v2_written_headers(
     }
 
 
-def encode_write_request_v1(series: Iterable[Series], metadata: Iterable[MetricMetadata] | None = None) -> bytes:
+def encode_write_request_v1(series: Iterable[WriteSeries], metadata: Iterable[WriteMetadata] | None = None) -> bytes:
     """Build a snappy-compressed v1 WriteRequest (labels sorted, empty values left out)."""
     request = remote_pb2.WriteRequest()
     for item in series:
@@ -1063,7 +1063,7 @@ def encode_write_request_v1(series: Iterable[Series], metadata: Iterable[MetricM
     return compress_block(request.SerializeToString())
 
 
-def encode_write_request_v2(series: Iterable[Series]) -> bytes:
+def encode_write_request_v2(series: Iterable[WriteSeries]) -> bytes:
     """Build a snappy-compressed v2 Request with an interned symbols table."""
     request = write_v2_pb2.Request()
     refs: dict[str, int] = {"": 0}
