@@ -771,9 +771,12 @@ class CassandraStore(Store):
         return requests
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
-        return self.write_blocks([SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)])
+        return self._write_blocks([SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)])
 
     def write_blocks(self, blocks):
+        return self._write_blocks(blocks)
+
+    def _write_blocks(self, blocks: Sequence[SealedBlock]) -> defer.Deferred:
         """Each block and its row marked sealed as of the head's read (less a margin for clock
         skew) in one row update (so ``sealed_at`` lives as long as the block), so readers skip the
         head rows it holds; many series-slots a request (_batched). Head rows are left to their
