@@ -40,7 +40,8 @@ from bench.common import (
     tsgate_service,
 )
 from gateway.model import now_ms, series_set_hash, series_set_text
-from gateway.store.cassandra import ROWS_PER_BATCH, CassandraStore
+from gateway.store.cassandra import CassandraStore
+from gateway.store.cassandra_base import ROWS_PER_BATCH
 from gateway.store.contract import time_slot
 from gateway.store.layout import Layout, head_shard
 from protocols.timespec import format_iso
