@@ -23,14 +23,8 @@ from prometheus_client import Counter
 from twisted.internet import defer
 
 from gateway.store.cassandra_requests import RequestQueue
-from gateway.store.cassandra_schema import (
-    SchemaOptions,
-)
-from gateway.store.contract import (
-    Store,
-    StoreUnavailable,
-    time_slots,
-)
+from gateway.store.cassandra_schema import SchemaOptions
+from gateway.store.contract import Store, StoreUnavailable, time_slots
 from gateway.store.layout import Layout
 from protocols.timespec import parse_duration
 

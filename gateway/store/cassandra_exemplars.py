@@ -2,17 +2,8 @@
 
 import json
 
-from gateway.store.cassandra_base import (
-    PLAIN_ROWS,
-    RANGE_BY_TS,
-    CassandraBase,
-)
-from gateway.store.contract import (
-    ExemplarRow,
-    exemplar_labels_text,
-    exemplars_in_range,
-    time_slot,
-)
+from gateway.store.cassandra_base import PLAIN_ROWS, RANGE_BY_TS, CassandraBase
+from gateway.store.contract import ExemplarRow, exemplar_labels_text, exemplars_in_range, time_slot
 
 
 class CassandraExemplars(CassandraBase):

@@ -6,20 +6,9 @@ from typing import Any
 
 from twisted.internet import defer
 
-from gateway.store.cassandra_base import (
-    PLAIN_ROWS,
-    RANGE_BY_TS,
-    CassandraBase,
-    _slot_requests,
-)
-from gateway.store.cassandra_schema import (
-    histogram_retention_ms,
-)
-from gateway.store.contract import (
-    HistogramRow,
-    time_slot,
-    time_slots,
-)
+from gateway.store.cassandra_base import PLAIN_ROWS, RANGE_BY_TS, CassandraBase, _slot_requests
+from gateway.store.cassandra_schema import histogram_retention_ms
+from gateway.store.contract import HistogramRow, time_slot, time_slots
 from gateway.store.layout import Layout
 
 

@@ -3,13 +3,8 @@
 from collections.abc import Iterable, Sequence
 
 from gateway.model import SeriesKey
-from gateway.store.cassandra_base import (
-    READ_SERIES_PER_REQUEST,
-    CassandraBase,
-)
-from gateway.store.contract import (
-    PathNode,
-)
+from gateway.store.cassandra_base import READ_SERIES_PER_REQUEST, CassandraBase
+from gateway.store.contract import PathNode
 from gateway.store.deletion import INDEX_KEYS
 from gateway.store.index import index_rows
 

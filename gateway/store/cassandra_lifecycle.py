@@ -4,20 +4,10 @@ import time
 
 from twisted.internet import defer, threads
 
-from gateway.store.cassandra_base import (
-    CassandraBase,
-    _unavailable,
-)
+from gateway.store.cassandra_base import CassandraBase, _unavailable
 from gateway.store.cassandra_requests import RequestQueue
-from gateway.store.cassandra_schema import (
-    keyspace_statement,
-    table_statements,
-    upgrade_statements,
-)
-from gateway.store.contract import (
-    StoreUnavailable,
-    time_slot,
-)
+from gateway.store.cassandra_schema import keyspace_statement, table_statements, upgrade_statements
+from gateway.store.contract import StoreUnavailable, time_slot
 
 
 class CassandraLifecycle(CassandraBase):

@@ -2,13 +2,8 @@
 
 from collections.abc import Iterable, Sequence
 
-from gateway.store.cassandra_base import (
-    PLAIN_ROWS,
-    CassandraBase,
-)
-from gateway.store.contract import (
-    MetricMetadata,
-)
+from gateway.store.cassandra_base import PLAIN_ROWS, CassandraBase
+from gateway.store.contract import MetricMetadata
 
 
 class CassandraMetadata(CassandraBase):

@@ -1,11 +1,7 @@
 """Pending downsample work on Cassandra (pending_downsample_sets)."""
 
-from gateway.store.cassandra_base import (
-    CassandraBase,
-)
-from gateway.store.contract import (
-    PendingSet,
-)
+from gateway.store.cassandra_base import CassandraBase
+from gateway.store.contract import PendingSet
 
 
 class CassandraPending(CassandraBase):
