@@ -212,7 +212,7 @@ class CountingRetryPolicy(RetryPolicy):
         return super().on_request_error(*args, **kwargs)
 
 
-def _unavailable(error: Exception) -> Exception:
+def unavailable_error(error: Exception) -> Exception:
     """Faults of the cluster (not of our statements) become StoreUnavailable."""
     DRIVER_ERRORS.labels(type(error).__name__).inc()
     if isinstance(
@@ -244,7 +244,7 @@ def _unreachable(error: NoHostAvailable) -> str:
     return f"cannot reach Cassandra ({reasons}): is it running? (`tsgate dev cassandra` runs one for development)"
 
 
-def _slot_requests(statement, partition_key, keys: Sequence, slots: Sequence[int], *more) -> list[tuple[object, tuple]]:
+def slot_requests(statement, partition_key, keys: Sequence, slots: Sequence[int], *more) -> list[tuple[object, tuple]]:
     """Requests of up to PARTITIONS_PER_REQUEST partitions (partition_key, key, slot), two INs:
     (partition_key, keys, slots, *more)."""
     slot_chunk = max(1, min(len(slots), PARTITIONS_PER_REQUEST))
@@ -313,7 +313,7 @@ class CassandraBase(Store):
                 raise RuntimeError(
                     f"keyspace {keyspace!r} does not exist; create it with: tsgate schema apply --store cassandra://HOST/{keyspace}"
                 ) from error
-            unavailable = _unavailable(error)
+            unavailable = unavailable_error(error)
             if isinstance(error, NoHostAvailable) and error.errors:
                 unavailable = StoreUnavailable(_unreachable(error))
             raise unavailable from error
@@ -374,7 +374,7 @@ class CassandraBase(Store):
         (tenant, hashes, slots, *more) for a statement whose partitions are series-slots
         (slots ``width_ms`` wide, the slot width unless given)."""
         slots = list(self._time_slots(start_ms, end_ms, width_ms or self.slot_width_ms))
-        return _slot_requests(statement, tenant, hashes, slots, *more)
+        return slot_requests(statement, tenant, hashes, slots, *more)
 
     def _batched(self, requests: list[tuple[Any, tuple]]) -> list[tuple[Any, tuple]]:
         """Single-row writes as UNLOGGED batches of up to ROWS_PER_BATCH rows sharing a replica.

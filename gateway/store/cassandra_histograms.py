@@ -6,7 +6,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from gateway.store.cassandra_base import PLAIN_ROWS, RANGE_BY_TS, CassandraBase, _slot_requests
+from gateway.store.cassandra_base import PLAIN_ROWS, RANGE_BY_TS, CassandraBase, slot_requests
 from gateway.store.cassandra_schema import histogram_retention_ms
 from gateway.store.contract import HistogramRow, time_slot, time_slots
 from gateway.store.layout import Layout
@@ -92,7 +92,7 @@ class CassandraHistograms(CassandraBase):
         hashes = list(hashes)
         wanted = set(hashes)
         slots = list(self._time_slots(start_ms, end_ms, width))
-        lookups = _slot_requests(self._statements["read_histogram_series"], tenant, [table], slots)
+        lookups = slot_requests(self._statements["read_histogram_series"], tenant, [table], slots)
 
         def read(pages):
             found: dict[int, list[str]] = defaultdict(list)
@@ -103,7 +103,7 @@ class CassandraHistograms(CassandraBase):
             requests = [
                 request
                 for slot, slot_hashes in sorted(found.items())
-                for request in _slot_requests(statement, tenant, slot_hashes, [slot], start_ms, end_ms)
+                for request in slot_requests(statement, tenant, slot_hashes, [slot], start_ms, end_ms)
             ]
             return self._execute_all(requests, PLAIN_ROWS) if requests else []
 
@@ -122,7 +122,7 @@ class CassandraHistograms(CassandraBase):
         """Range deletes of the partitions of a histogram table that histogram_series names."""
         wanted = set(hashes)
         slots = list(time_slots(start_ms, end_ms, width))
-        lookups = _slot_requests(self._statements["read_histogram_series"], tenant, [table], slots)
+        lookups = slot_requests(self._statements["read_histogram_series"], tenant, [table], slots)
         statement = self._statements[f"delete_range_{table}"]
         return [
             (statement, (tenant, hash_, slot, start_ms, end_ms))

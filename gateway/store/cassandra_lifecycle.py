@@ -4,7 +4,7 @@ import time
 
 from twisted.internet import defer, threads
 
-from gateway.store.cassandra_base import CassandraBase, _unavailable
+from gateway.store.cassandra_base import CassandraBase, unavailable_error
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import keyspace_statement, table_statements, upgrade_statements
 from gateway.store.contract import StoreUnavailable, time_slot
@@ -92,7 +92,7 @@ class CassandraLifecycle(CassandraBase):
         def connect():
             self.session = self._connect(self.keyspace)
             self._prepare_all()
-            self._requests = RequestQueue(self.session, self.options.max_inflight, _unavailable)
+            self._requests = RequestQueue(self.session, self.options.max_inflight, unavailable_error)
 
         return threads.deferToThread(connect)
 
