@@ -2,8 +2,8 @@
 
 The plan (docs/storage.rst): each ``tag=value`` filter is one series_sets lookup, the matching series are the
 intersection of the lookups (a metric with no filter is looked up under ``__name__``), their
-names and tags come from series_set_hashes. Lookups run concurrently, with a bound on how many
-at once; the samples of the series come from the read path (``self.reader``, read_path.py).
+names and tags come from series_set_hashes. Lookups run concurrently, within the store's bound on calls
+in flight (gateway/store/calls.py); the samples of the series come from the read path (``self.reader``, read_path.py).
 """
 
 from typing import NamedTuple
@@ -94,7 +94,7 @@ class QueryPlanner:
 
     async def metadata(self, tenant: str, metric_names: list[str]) -> list:
         """Prometheus metadata (type, help, unit) of each metric name, None where there is none;
-        the lookups run concurrently, bounded like every planner lookup."""
+        the lookups run concurrently, bounded like every store call."""
         lookups = [self.store.get_metric_metadata(tenant, name) for name in metric_names]
         return await gatherResults(lookups, consumeErrors=True)
 

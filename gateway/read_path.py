@@ -169,7 +169,7 @@ class ReadPath:
         return [before + after for before, after in zip(old, new)]
 
     async def read_raw(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[Samples]:
-        """Blocks merged with head rows, the series of a tenant in one store call (bounded)."""
+        """Blocks merged with head rows, the series of a tenant in one store call."""
         start_ms, end_ms = clamp_range(start_ms, end_ms)
         if end_ms < start_ms:
             return [samples.empty() for _ in series]

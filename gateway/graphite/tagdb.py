@@ -1,7 +1,7 @@
 """Graphite's tag queries (seriesByTag, /tags/findSeries) on the store's tag indexes.
 
-TagDB answers the /tags API; counting the series of each value runs a bounded number of counts
-at once. Tag expressions are Graphite 1.1's: ``tag=value``, ``tag!=value``, ``tag=~regex``, ``tag!=~regex``.
+TagDB answers the /tags API; the series of a tag's values are counted all at once,
+within the store's bound on calls in flight. Tag expressions are Graphite 1.1's: ``tag=value``, ``tag!=value``, ``tag=~regex``, ``tag!=~regex``.
 Regexes (RE2, linear time) are anchored at the start of the value only (Graphite uses ``re.match``); a spec that
 matches an empty value also matches series without the tag; at least one spec must require a
 non-empty value. The ``name`` tag is the metric name.
