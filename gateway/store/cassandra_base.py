@@ -28,8 +28,6 @@ from gateway.store.contract import Store, StoreUnavailable, time_slots
 from gateway.store.layout import Layout
 from protocols.timespec import parse_duration
 
-log = logging.getLogger(__name__)
-
 DRIVER_RETRIES = Counter("tsgate_cassandra_retries", "Requests the driver's retry policy retried", ["cause"])
 DRIVER_ERRORS = Counter("tsgate_cassandra_errors", "Requests that failed, by error", ["error"])
 BATCH_WARNINGS = Counter(

@@ -20,12 +20,9 @@ from gateway.store.sqlite_sql import transaction
 
 log = logging.getLogger(__name__)
 
-
 # The log is also folded when it took no head row for FOLD_CHECK_S (a quiet store reads chunks
 # alone) and at least every FOLD_MAX_AGE_S (a small store's log stays short).
 FOLD_CHECK_S = 5.0
-
-
 FOLD_MAX_AGE_S = 300
 
 

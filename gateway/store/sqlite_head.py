@@ -16,8 +16,6 @@ from gateway.store.sqlite_sql import decode_value, encode_value, immediate
 # series more samples a chunk (fewer B-tree pages written a sample), and every head read a
 # longer scan of the log (docs/storage.rst, "The embedded store").
 FOLD_ROWS = 100_000
-
-
 # Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
 # head in steps whose Python objects stay a few tens of MiB.
 FOLD_BATCH_ROWS = 2 * FOLD_ROWS

@@ -7,12 +7,9 @@ from gateway.store.sqlite_head import fold_head_log
 from gateway.store.sqlite_sql import column_values, immediate, transaction
 
 SCHEMA_VERSION = 8
-
-
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
 # with SQLite's default 2 MiB those pages were read back for every commit (docs/performance.rst).
 WRITER_CACHE_KIB = 64 * 1024
-
 
 ROLLUP_TABLE = """
 CREATE TABLE IF NOT EXISTS {table} (
