@@ -10,7 +10,7 @@ import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
 from twisted.internet import reactor
-from twisted.internet.defer import gatherResults
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 
 from gateway import samples
@@ -116,6 +116,19 @@ class TestStoreCalls:
             await store.delete_index_rows({"no_such_table": [(tenant,)]})
         assert store_calls_counted("delete_index_rows") == (before[0], before[1] + 1)
         assert store.calls.in_flight == 0
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_health_check_answers_while_the_bound_is_full(self, store, tenant):
+        store.calls = StoreCalls(1)
+        held: Deferred = Deferred()
+        store.calls.run("held", lambda: held)
+        waiting = store.list_tenants()
+        before = store_calls_counted("ping")
+        await store.ping().addTimeout(30, reactor)  # a bounded ping would wait for ``held``
+        assert store_calls_counted("ping") == (before[0] + 1, before[1])
+        assert not waiting.called and store.calls.in_flight == 1
+        held.callback(None)
+        assert isinstance(await waiting, list) and store.calls.in_flight == 0
 
     @pytest_twisted.ensureDeferred
     async def test_composite_calls_finish_with_a_bound_of_one(self, store, tenant):

@@ -6,9 +6,10 @@ tsgate_store_errors_total: metrics.observe_store), and at most ``limit`` calls o
 flight, the others waiting in FIFO order. Callers call the store and nothing else: before, four
 callers each kept a pool of their own and some calls were metered by their caller, others not.
 
-A composite call (Store.delete_series, the default Store.write_blocks) is made of other store
-calls: it is metered but not bounded, as its parts are (a slot held while waiting on the parts'
-slots could deadlock the store).
+Two kinds of call are metered but not bounded: the Lifecycle's (start, close, ping, identity,
+sweep), so that a health check answers while the store is busy, and composite calls
+(Store.delete_series, the default Store.write_blocks), made of other store calls that are
+bounded (a slot held while waiting on the parts' slots could deadlock the store).
 """
 
 import functools

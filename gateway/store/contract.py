@@ -425,12 +425,13 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
         self.calls = StoreCalls()
 
     def __init_subclass__(cls, **kwargs):
-        """Every contract method a driver implements goes through its StoreCalls (calls.py)."""
+        """Every contract method a driver implements goes through its StoreCalls (calls.py); the
+        Lifecycle's are metered but not bounded: a health check answers while the store is busy."""
         super().__init_subclass__(**kwargs)
         for name in CONTRACT_METHODS:
             method = getattr(cls, name)
             if not hasattr(method, "store_operation") and not getattr(method, "__isabstractmethod__", False):
-                setattr(cls, name, store_call(method))
+                setattr(cls, name, store_call(method, bounded=not hasattr(Lifecycle, name)))
 
 
 ROLES = (Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, PendingStore, MetadataStore)
