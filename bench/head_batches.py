@@ -10,7 +10,7 @@ written each way into one keyspace made by ``tsgate schema apply``:
   data_head S=2000         the same with requests of 2000 series
   64 shards, S=500         the same with 64 shards instead of HEAD_SHARDS
   values serialized        data_head S=500 as the gateway sends it (first row bound, the others'
-                           values serialized directly: gateway.store.cassandra.head_batch)
+                           values serialized directly: gateway.store.cassandra_samples.head_batch)
 
 Printed per way: rows/s, client CPU us/row (this process: binding, batching, the driver's request
 path), Cassandra CPU us/row (when it runs on this box) and mutations per row (partition writes
@@ -33,7 +33,7 @@ from bench.common import CONSISTENCY, BenchError, connect, exit_with, fresh_keys
 from gateway.app.config import parse_hostport
 from gateway.core.layout import HEAD_SHARDS, Layout
 from gateway.core.model import series_set_hash, series_set_text
-from gateway.store.cassandra import head_batch
+from gateway.store.cassandra_samples import head_batch
 
 TENANT = "bench"
 INTERVAL_MS = 10_000
@@ -77,7 +77,7 @@ def statements_raw_batches(session, keyspace, requests):
 
 def statements_head(session, keyspace, requests, shards=HEAD_SHARDS, serialized=False):
     """One batch per data_head partition of a request: every row bound, or (``serialized``) as
-    the gateway does it (gateway.store.cassandra.head_batch: the first row bound, the others'
+    the gateway does it (gateway.store.cassandra_samples.head_batch: the first row bound, the others'
     values serialized directly)."""
     insert = session.prepare(
         f"INSERT INTO {keyspace}.data_head (tenant, slice, shard, series_set_hash, ts, value) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"

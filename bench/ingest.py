@@ -50,7 +50,7 @@ from bench.workloads import (
 )
 from gateway.app.devservices.process import free_port
 from gateway.core.model import now_ms
-from gateway.store.cassandra import ROWS_PER_BATCH
+from gateway.store.cassandra_base import ROWS_PER_BATCH
 from protocols.timespec import format_iso
 
 TENANT = "bench"  # remote write's X-Scope-OrgID in bench.remote_write.HEADERS, and --graphite-tenant

@@ -41,7 +41,8 @@ from bench.common import (
 )
 from gateway.core.layout import Layout, head_shard
 from gateway.core.model import now_ms, series_set_hash, series_set_text
-from gateway.store.cassandra import ROWS_PER_BATCH, CassandraStore
+from gateway.store.cassandra import CassandraStore
+from gateway.store.cassandra_base import ROWS_PER_BATCH
 from gateway.store.contract import time_slot
 from protocols.timespec import format_iso
 

@@ -4,7 +4,7 @@ Three measurements on SQLite, run from the repository root (``--quick``: smaller
 
     python -m bench.sqlite_head [--quick]
 
-1. Writes. The store's own head-row statements, group commit (``sqlite._commit_group``) and
+1. Writes. The store's own head-row statements, group commit (``sqlite_base._commit_group``) and
    head-log folds (every FOLD_ROWS rows) on a fresh file, as the writer thread runs them: S
    series (``--series``, default 8000; hashes in random order, as real ones are), one sample each
    a round, 2000 rows a commit (a group of four 500-series requests), rounds 10 s apart; after 6
@@ -52,7 +52,7 @@ from bench.storage import (
 from gateway.core.layout import Layout
 from gateway.core.model import now_ms
 from gateway.query.read_path import stitch_raw
-from gateway.store import sqlite
+from gateway.store import sqlite_base, sqlite_head, sqlite_samples, sqlite_schema, sqlite_sql
 from gateway.store.blocks import encode_block
 from gateway.store.contract import RawData, RawPoint
 
@@ -71,7 +71,7 @@ def measure_writes(path: Path, series: int) -> dict:
     layout = Layout()
     connection = sqlite3.connect(path, isolation_level=None)
     connection.execute("PRAGMA synchronous=FULL")
-    sqlite._start_writer(connection, layout)
+    sqlite_schema.start_writer(connection, layout)
     connection.execute("PRAGMA wal_autocheckpoint=0")
     # series hashes are random, so a request's series land all over the key space
     hashes = [base64.b64encode(hashlib.md5(str(i).encode()).digest()).decode() for i in range(series)]
@@ -83,12 +83,12 @@ def measure_writes(path: Path, series: int) -> dict:
             ts = start_ms + r * INTERVAL_MS + 3
             for first in range(0, series, ROWS_PER_COMMIT):
                 points = [RawPoint("bench", h, ts, 1.5 + r) for h in hashes[first : first + ROWS_PER_COMMIT]]
-                outcome = sqlite._commit_group(connection, [(sqlite._raw_statements, (points,))])
+                outcome = sqlite_base._commit_group(connection, [(sqlite_head.raw_statements, (points,))])
                 if outcome != [None]:
                     raise BenchError(f"head write failed: {outcome}")
                 written += len(points)
-                if written % sqlite.FOLD_ROWS < len(points):  # as SQLiteStore folds, after the commit
-                    sqlite._fold_head_log(connection, layout.slot_width_ms)
+                if written % sqlite_head.FOLD_ROWS < len(points):  # as SQLiteStore folds, after the commit
+                    sqlite_head.fold_head_log(connection, layout.slot_width_ms)
         return written
 
     write(range(WARMUP_ROUNDS))
@@ -113,22 +113,26 @@ def measure_store_reads(path: Path, render: RenderWorkload) -> dict:
     head log), once the log is folded, and sealed."""
     layout = Layout()
     connection = sqlite3.connect(path, isolation_level=None)
-    sqlite._start_writer(connection, layout)
+    sqlite_schema.start_writer(connection, layout)
     tenant, hashes = "bench", render.names
     rows = [
         RawPoint(tenant, h, ts, render.value(i, j)) for i, h in enumerate(hashes) for j, ts in enumerate(render.stamps)
     ]
     for first in range(0, len(rows), 10_000):  # as POST /api/write bodies of 10,000 samples
-        sqlite._commit_group(connection, [(sqlite._raw_statements, (rows[first : first + 10_000],))])
-        if (first + 10_000) % sqlite.FOLD_ROWS < 10_000:
-            sqlite._fold_head_log(connection, layout.slot_width_ms)
+        sqlite_base._commit_group(connection, [(sqlite_head.raw_statements, (rows[first : first + 10_000],))])
+        if (first + 10_000) % sqlite_head.FOLD_ROWS < 10_000:
+            sqlite_head.fold_head_log(connection, layout.slot_width_ms)
     start, end = render.stamps[0], render.stamps[-1]
     slots = (start - start % layout.slot_width_ms, end - end % layout.slot_width_ms)
 
     def read() -> list:
-        heads = sqlite._read_head(connection, tenant, hashes, *slots, start, end)
+        heads = sqlite_head.read_head(connection, tenant, hashes, *slots, start, end)
         return [
-            stitch_raw(RawData(sqlite._column(connection, sqlite.BLOCKS_QUERY, (tenant, h, *slots)), head), start, end)
+            stitch_raw(
+                RawData(sqlite_sql.column_values(connection, sqlite_samples.BLOCKS_QUERY, (tenant, h, *slots)), head),
+                start,
+                end,
+            )
             for h, head in zip(hashes, heads)
         ]
 
@@ -143,13 +147,13 @@ def measure_store_reads(path: Path, render: RenderWorkload) -> dict:
         return min(timings)
 
     figures = {"head, log not folded": best_cpu_ms()}
-    sqlite._fold_head_log(connection, layout.slot_width_ms)
+    sqlite_head.fold_head_log(connection, layout.slot_width_ms)
     figures["head, folded"] = best_cpu_ms()
     for h, head in zip(hashes, read()):
         for slot in range(slots[0], slots[1] + 1, layout.slot_width_ms):
             sealed = head.between(slot, slot + layout.slot_width_ms - 1)
             block = encode_block(sealed.timestamps, sealed.values)
-            sqlite._write_block(connection, layout.slot_width_ms, tenant, h, slot, block, sealed)
+            sqlite_samples._write_block(connection, layout.slot_width_ms, tenant, h, slot, block, sealed)
     figures["sealed"] = best_cpu_ms()
     connection.close()
     log("store reads, CPU ms: " + ", ".join(f"{name} {ms:.0f}" for name, ms in figures.items()))
@@ -175,7 +179,7 @@ def measure_reads(workdir: Path, render: RenderWorkload, requests: int) -> dict:
     try:
         gateway.start(60)
         write_json(gateway.port, "render points (sqlite)", render.items(), RENDER_TENANT)
-        time.sleep(2 * sqlite.FOLD_CHECK_S + 1)  # the quiet store's fold
+        time.sleep(2 * sqlite_base.FOLD_CHECK_S + 1)  # the quiet store's fold
         # Untimed renders first: a query executor's first requests pay its one-time costs (lazy
         # imports, the store connection's page cache), which the head rows, measured first,
         # were charged with (60-80 ms of CPU a request of the 6).

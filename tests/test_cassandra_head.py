@@ -11,7 +11,8 @@ from gateway.core.layout import HEAD_SHARDS, Layout, head_shard
 from gateway.downsample.processor import Downsampler
 from gateway.query.read_path import stitch_raw
 from gateway.store.blocks import decode_block, encode_block
-from gateway.store.cassandra import HEAD_BATCH_VALUE_BYTES, HEAD_ROWS_PER_BATCH, CassandraStore, _head_batches
+from gateway.store.cassandra import CassandraStore
+from gateway.store.cassandra_samples import HEAD_BATCH_VALUE_BYTES, HEAD_ROWS_PER_BATCH, _head_batches
 from gateway.store.contract import RawPoint, SealedBlock, time_slot
 from tests.test_store_contract import series
 

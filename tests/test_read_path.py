@@ -171,7 +171,7 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     import time
     import urllib.parse
 
-    from gateway.store.sqlite import ROLLUP_TABLE, SCHEMA
+    from gateway.store.sqlite_schema import ROLLUP_TABLE, SCHEMA
     from tests.gatewayproc import REPO
 
     data = tmp_path / "data"

@@ -1,5 +1,5 @@
 """The services behind the HTTP handlers, on both stores: the Graphite tree walks and tag counts
-run with bounded concurrency; tagSeries and Prometheus metadata go through the ingest pipeline
+run within the store's bound on calls in flight (gateway/store/calls.py); tagSeries and Prometheus metadata go through the ingest pipeline
 (validation, tenant limits, metadata written once); the pipeline marks pending work through its
 marker interface; the services import nothing of the HTTP layer, the config or the downsampler;
 carbon listeners open only with the ingest role."""
@@ -21,6 +21,7 @@ from gateway.ingest.pipeline import IngestPipeline
 from gateway.query.graphite.finder import Finder
 from gateway.query.graphite.tagdb import TagDB, graphite_path
 from gateway.query.planner import QueryPlanner
+from gateway.store.calls import StoreCalls
 from gateway.store.contract import MetricMetadata
 from tests.gatewayproc import REPO
 
@@ -38,15 +39,19 @@ READS = {
 
 class CountedReads:
     """A real store whose reads (the index reads unless told) are counted: how many were asked
-    for, with what arguments, and the most that were asked for and not yet answered at one moment."""
+    for and with what arguments (``asked``); its calls are bounded to ``limit`` in flight, and
+    ``peak`` is the most that were in flight at one moment."""
 
-    def __init__(self, store, reads=READS):
+    def __init__(self, store, limit: int = 64, reads=READS):
         self.store = store
+        self.store.calls = StoreCalls(limit)
         self.counted = reads
-        self.calls: list[tuple] = []
+        self.asked: list[tuple] = []
         self.reads = 0
-        self.inflight = 0
-        self.peak = 0
+
+    @property
+    def peak(self) -> int:
+        return self.store.calls.peak
 
     def __getattr__(self, name):
         method = getattr(self.store, name)
@@ -54,16 +59,9 @@ class CountedReads:
             return method
 
         def counted(*args):
-            self.calls.append((name, *args))
+            self.asked.append((name, *args))
             self.reads += 1
-            self.inflight += 1
-            self.peak = max(self.peak, self.inflight)
-
-            def answered(result):
-                self.inflight -= 1
-                return result
-
-            return method(*args).addBoth(answered)
+            return method(*args)
 
         return counted
 
@@ -80,8 +78,8 @@ def pipeline_on(store, **options) -> IngestPipeline:
 @pytest_twisted.ensureDeferred
 async def test_find_over_a_wide_tree_reads_at_most_n_directories_at_once(store, tenant):
     await store.write_series([key(tenant, f"wide.n{i:03d}.leaf") for i in range(120)])
-    counted = CountedReads(store)
-    nodes = await Finder(counted, concurrency=4).find(tenant, "wide.*.leaf")
+    counted = CountedReads(store, 4)
+    nodes = await Finder(counted).find(tenant, "wide.*.leaf")
     assert [node.path for node in nodes] == [f"wide.n{i:03d}.leaf" for i in range(120)]
     assert counted.reads == 121  # "wide", then each of its 120 children
     assert counted.peak == 4
@@ -91,8 +89,8 @@ async def test_find_over_a_wide_tree_reads_at_most_n_directories_at_once(store, 
 async def test_the_whole_tree_walk_reads_at_most_n_directories_at_once(store, tenant):
     paths = [f"idx.a{i:02d}.b{j}" for i in range(30) for j in range(2)] + ["idx.a00", "top"]
     await store.write_series([key(tenant, path) for path in paths])
-    counted = CountedReads(store)
-    assert await Finder(counted, concurrency=3).all_leaves(tenant) == sorted(paths)
+    counted = CountedReads(store, 3)
+    assert await Finder(counted).all_leaves(tenant) == sorted(paths)
     assert counted.reads == 1 + 1 + 30  # the root, "idx", each "idx.aNN" ("idx.a00" is a leaf and a branch: read once)
     assert counted.peak == 3
 
@@ -103,13 +101,12 @@ async def test_tag_values_are_counted_at_most_n_at_once(store, tenant):
         key(tenant, "mem", {"host": f"h{i:02d}"}) for i in range(10)
     ]
     await store.write_series(series)
-    counted = CountedReads(store)
-    tags = TagDB(counted, QueryPlanner(counted, 10_000), concurrency=4)
+    counted = CountedReads(store, 4)
+    tags = TagDB(counted, QueryPlanner(counted, 10_000))
     assert await tags.value_counts(tenant, "host") == [(f"h{i:02d}", 2 if i < 10 else 1) for i in range(30)]
     assert counted.peak == 4
-    counted.peak = 0
     assert await tags.value_counts(tenant, "name") == [("cpu", 30), ("mem", 10)]
-    assert counted.peak == 2
+    assert counted.peak == 4
 
 
 @pytest_twisted.ensureDeferred

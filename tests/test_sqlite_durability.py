@@ -1,6 +1,6 @@
 """kill -9 of a gateway under remote-write load: every sample it acknowledged is there after a
 restart. The embedded store commits writes in groups (gateway/store/sqlite.py), Cassandra gets a
-request's head rows as single-partition batches (gateway/store/cassandra.py); a 2xx must still
+request's head rows as single-partition batches (gateway/store/cassandra_samples.py); a 2xx must still
 mean that the request's own rows are committed."""
 
 import http.client

@@ -47,7 +47,7 @@ class StorePending:
         self.delay_ms = delay_ms
 
     async def track(self, items: list[PendingSet], now_ms: int) -> None:
-        await metrics.observe_store("mark_pending", self.store.mark_pending(items, now_ms))
+        await self.store.mark_pending(items, now_ms)
 
     async def settled(self, partition: int, now_ms: int) -> list[Work]:
         before = now_ms - self.delay_ms - self.slot_width_ms + 1

@@ -100,7 +100,7 @@ class Downsampler:
         now = now_ms()
         if self._swept_at is None or now - self._swept_at >= self.layout.slot_width_ms:
             self._swept_at = now
-            await metrics.observe_store("sweep", self.store.sweep(now))
+            await self.store.sweep(now)
 
     async def _partitions(self, partitions: list[int]) -> int:
         """The settled work of these partitions, slot by slot, oldest first; the work of one slot
@@ -231,10 +231,7 @@ class Downsampler:
             if slices.due():
                 await slices.pause()
         await gatherResults(
-            [
-                metrics.observe_store("write_rollups", self.store.write_rollups(g, rows[g.name]))
-                for g in self.layout.granularities
-            ],
+            [self.store.write_rollups(g, rows[g.name]) for g in self.layout.granularities],
             consumeErrors=True,
         )
         await self._roll_up_histograms(tenant, [key.series_set_hash for key in keys], slot)
@@ -263,10 +260,7 @@ class Downsampler:
             for name, granularity_rows in rolled.items():
                 rows[name] += granularity_rows
         await gatherResults(
-            [
-                metrics.observe_store("write_histogram_rollups", self.store.write_histogram_rollups(g, rows[g.name]))
-                for g in self.layout.granularities
-            ],
+            [self.store.write_histogram_rollups(g, rows[g.name]) for g in self.layout.granularities],
             consumeErrors=True,
         )
 
@@ -297,7 +291,7 @@ class Downsampler:
             if len(raw.head)
         ]
         if blocks:
-            await metrics.observe_store("write_block", self.store.write_blocks(blocks))
+            await self.store.write_blocks(blocks)
             metrics.SEALED_SAMPLES.inc(sum(len(series) for raw, series in zip(found, merged) if len(raw.head)))
         return merged
 

@@ -11,7 +11,6 @@ series is remembered (an LRU), so only a new one costs a store read and write.
 
 from collections.abc import Sequence
 
-from gateway.core import metrics
 from gateway.core.caches import LRUMap
 from gateway.core.cooperative import CHECK_EVERY, Slices
 from gateway.core.model import HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text, split_labels
@@ -79,9 +78,7 @@ class CreatedTimestamps:
                 candidates.append((item, series_set_hash(series_set_text(*name_and_tags(item)))))
         if not candidates:
             return []
-        stored = await metrics.observe_store(
-            "get_created_timestamps", self.store.get_created_timestamps(tenant, [hash_ for _, hash_ in candidates])
-        )
+        stored = await self.store.get_created_timestamps(tenant, [hash_ for _, hash_ in candidates])
         self._stored.add_all({self._key(tenant, item): stored[hash_] for item, hash_ in candidates if hash_ in stored})
         return [
             (item, CreatedTimestamp(tenant, hash_, item.created_timestamp))

@@ -480,7 +480,7 @@ class IngestPipeline:
             metrics.PROMETHEUS_SKIPPED.labels("metadata_too_long").inc(len(rows) - len(kept))
         fresh = {row: None for row in kept if row not in self._metadata_seen}
         if fresh:
-            await metrics.observe_store("write_metric_metadata", self.store.write_metric_metadata(list(fresh)))
+            await self.store.write_metric_metadata(list(fresh))
             self._metadata_seen.add_all(fresh)
 
     async def _write(self, kind: _Kind, admitted: _Admitted) -> None:
@@ -497,7 +497,7 @@ class IngestPipeline:
             if admitted.new_series:
                 await self._write_metadata(admitted.new_series)
             if rows:
-                await self._store_calls(kind.operation, getattr(self.store, kind.operation), rows)
+                await self._store_calls(getattr(self.store, kind.operation), rows)
             if kind.rolled_up and self.pending is not None:
                 for start in range(0, len(rows), ROWS_PER_STORE_CALL):
                     await self._mark_pending(rows[start : start + ROWS_PER_STORE_CALL])
@@ -526,22 +526,22 @@ class IngestPipeline:
         if self.shared_seen is not None:
             unseen = await self.shared_seen.unseen(unseen)
         if unseen:
-            await self._store_calls("write_series", self.store.write_series, [candidates[key] for key in unseen])
+            await self._store_calls(self.store.write_series, [candidates[key] for key in unseen])
             metrics.SERIES_CREATED.inc(len(unseen))
             if self.shared_seen is not None:
                 await self.shared_seen.mark(unseen)
 
     @staticmethod
-    async def _store_calls(operation: str, write: Callable[[list], Deferred], rows: list) -> None:
+    async def _store_calls(write: Callable[[list], Deferred], rows: list) -> None:
         """``write(rows)`` in calls of at most ROWS_PER_STORE_CALL rows, all under way at once: a
         store prepares a call's rows on the reactor thread (~1-3 us a row), so one call of
         150,000 rows would hold it for a good part of a second."""
         if len(rows) <= ROWS_PER_STORE_CALL:
-            await metrics.observe_store(operation, write(rows))
+            await write(rows)
             return
         calls, slices = [], Slices()
         for start in range(0, len(rows), ROWS_PER_STORE_CALL):
-            calls.append(metrics.observe_store(operation, write(rows[start : start + ROWS_PER_STORE_CALL])))
+            calls.append(write(rows[start : start + ROWS_PER_STORE_CALL]))
             await slices.maybe_pause()
         await gatherResults(calls, consumeErrors=True)
 

@@ -2,16 +2,15 @@
 
 The plan (docs/storage.rst): each ``tag=value`` filter is one series_sets lookup, the matching series are the
 intersection of the lookups (a metric with no filter is looked up under ``__name__``), their
-names and tags come from series_set_hashes. Lookups run concurrently, with a bound on how many
-at once. The planner is the query APIs' read service too (gateway/query/read_service.py): what it
-selects is read through the one batched, budgeted read.
+names and tags come from series_set_hashes. Lookups run concurrently, within the store's bound on
+calls in flight (gateway/store/calls.py). The planner is the query APIs' read service too
+(gateway/query/read_service.py): what it selects is read through the one batched, budgeted read.
 """
 
 from typing import NamedTuple
 
-from twisted.internet.defer import DeferredSemaphore, ensureDeferred, gatherResults
+from twisted.internet.defer import ensureDeferred, gatherResults
 
-from gateway.core import metrics
 from gateway.core.caches import LRUMap
 from gateway.core.errors import LimitExceeded
 from gateway.core.model import NAME_TAG, Limits, SeriesKey, now_ms
@@ -55,22 +54,17 @@ class QueryPlanner(ReadService):
         self,
         store: Store,
         max_series: int | PerTenant,
-        concurrency: int = 32,
         max_future_ms: int = Limits.max_future_ms,
         clock=now_ms,
     ):
-        super().__init__(store, concurrency, clock, max_future_ms)
+        super().__init__(store, clock, max_future_ms)
         self.max_series = per_tenant("max-series-per-query", max_series)
         self._series = LRUMap(SERIES_REMEMBERED)
-        self._semaphore = DeferredSemaphore(concurrency)
-
-    def _limited(self, operation: str, call, *args):
-        return self._semaphore.run(lambda: metrics.observe_store(operation, call(*args)))
 
     async def select_series(self, tenant: str, metric_name: str, tag_filters: dict[str, str]) -> list[SeriesKey]:
         """Series of a metric that carry every tag pair of ``tag_filters``, sorted by tags."""
         pairs = sorted(tag_filters.items()) or [(NAME_TAG, metric_name)]
-        lookups = [self._limited("find_series", self.store.find_series, tenant, metric_name, k, v) for k, v in pairs]
+        lookups = [self.store.find_series(tenant, metric_name, k, v) for k, v in pairs]
         found = await gatherResults(lookups, consumeErrors=True)
         hashes = set.intersection(*found)
         if len(hashes) > self.max_series(tenant):
@@ -92,17 +86,15 @@ class QueryPlanner(ReadService):
             else:
                 found[hash_] = key
         if missing:
-            fetched = await self._limited("get_series", self.store.get_series, tenant, sorted(missing))
+            fetched = await self.store.get_series(tenant, sorted(missing))
             self._series.add_all({(tenant, hash_): key for hash_, key in fetched.items()})
             found.update(fetched)
         return found
 
     async def metadata(self, tenant: str, metric_names: list[str]) -> list:
         """Prometheus metadata (type, help, unit) of each metric name, None where there is none;
-        the lookups run concurrently, bounded like every planner lookup."""
-        lookups = [
-            self._limited("get_metric_metadata", self.store.get_metric_metadata, tenant, name) for name in metric_names
-        ]
+        the lookups run concurrently, bounded like every store call."""
+        lookups = [self.store.get_metric_metadata(tenant, name) for name in metric_names]
         return await gatherResults(lookups, consumeErrors=True)
 
     async def query(
@@ -186,19 +178,14 @@ class QueryPlanner(ReadService):
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
-            values = await self._matching_values(
-                matcher, "list_tenant_tag_values", self.store.list_tenant_tag_values, tenant
-            )
+            values = await self._matching_values(matcher, self.store.list_tenant_tag_values, tenant)
             if len(values) > self.max_series(tenant):
                 continue
-            lookups = [
-                self._limited("find_metrics_by_tag", self.store.find_metrics_by_tag, tenant, matcher.name, v)
-                for v in values
-            ]
+            lookups = [self.store.find_metrics_by_tag(tenant, matcher.name, v) for v in values]
             found = set().union(*await gatherResults(lookups, consumeErrors=True))
             names = found if names is None else names & found
         if names is None:
-            names = await self._limited("list_metric_names", self.store.list_metric_names, tenant)
+            names = await self.store.list_metric_names(tenant)
         return sorted(n for n in names if all(m.matches(label_view(n, {})[NAME_TAG]) for m in name_matchers))
 
     async def _candidates(self, tenant: str, metric_name: str, tag_matchers) -> set[str]:
@@ -207,9 +194,7 @@ class QueryPlanner(ReadService):
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
-            values = await self._matching_values(
-                matcher, "list_tag_values", self.store.list_tag_values, tenant, metric_name
-            )
+            values = await self._matching_values(matcher, self.store.list_tag_values, tenant, metric_name)
             if len(values) > self.max_series(tenant):
                 too_many.append(f"{matcher.name} matches {len(values)} values of {metric_name!r}")
                 continue
@@ -224,15 +209,13 @@ class QueryPlanner(ReadService):
         found = await gatherResults(lookups, consumeErrors=True)
         return set.intersection(*found)
 
-    async def _matching_values(self, matcher, operation: str, list_values, *scope) -> list[str]:
+    async def _matching_values(self, matcher, list_values, *scope) -> list[str]:
         """The tag values a matcher that needs a value can mean: its own for an equality, the
         listed values (of a metric, or of the tenant) it matches otherwise."""
         if matcher.type == "EQ":
             return [matcher.value]
-        return [v for v in await self._limited(operation, list_values, *scope, matcher.name) if matcher.matches(v)]
+        return [v for v in await list_values(*scope, matcher.name) if matcher.matches(v)]
 
     async def _union(self, tenant: str, metric_name: str, tag_key: str, values: list[str]) -> set[str]:
-        lookups = [
-            self._limited("find_series", self.store.find_series, tenant, metric_name, tag_key, v) for v in values
-        ]
+        lookups = [self.store.find_series(tenant, metric_name, tag_key, v) for v in values]
         return set().union(*await gatherResults(lookups, consumeErrors=True))

@@ -22,9 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 from twisted.internet import threads
-from twisted.internet.defer import DeferredSemaphore, gatherResults
+from twisted.internet.defer import gatherResults
 
-from gateway.core import metrics, samples
+from gateway.core import samples
 from gateway.core.layout import Granularity, Layout
 from gateway.core.model import Limits, SeriesKey, now_ms
 from gateway.core.samples import Samples
@@ -93,12 +93,11 @@ def _aggregate(row: Rollup, aggregate: str) -> float | None:
 
 
 class ReadPath:
-    def __init__(self, store: Store, concurrency: int = 32, clock=now_ms, max_future_ms: int = Limits.max_future_ms):
+    def __init__(self, store: Store, clock=now_ms, max_future_ms: int = Limits.max_future_ms):
         self.store = store
         self.layout = store.layout
         self.clock = clock
         self.max_future_ms = max_future_ms
-        self._semaphore = DeferredSemaphore(concurrency)
 
     def readable(self, start_ms: int, end_ms: int) -> tuple[int, int]:
         """What the query readers (``read``, ``read_rollup``, ``read_histograms``, and exemplars)
@@ -109,9 +108,6 @@ class ReadPath:
         """What an exemplar read reads of a range: the readable part within --exemplar-retention."""
         start_ms, end_ms = self.readable(start_ms, end_ms)
         return max(start_ms, self.clock() - self.layout.exemplar_retention_ms), end_ms
-
-    def _limited(self, operation: str, call, *args):
-        return self._semaphore.run(lambda: metrics.observe_store(operation, call(*args)))
 
     def rollup_for(self, start_ms: int, tenant: str) -> Granularity | None:
         """The roll-up a range of ``tenant`` starting here reads before its raw retention (None:
@@ -153,14 +149,12 @@ class ReadPath:
             return [[] for _ in hashes]
         granularity = self.rollup_for(start_ms, tenant)
         if granularity is None:
-            return await self._limited("read_histograms", self.store.read_histograms, tenant, hashes, start_ms, end_ms)
+            return await self.store.read_histograms(tenant, hashes, start_ms, end_ms)
         boundary = self._boundary(granularity, tenant)
         old_end = min(end_ms, boundary - 1)
         old = [[] for _ in hashes]
         if old_end >= start_ms:
-            intervals = await self._limited(
-                "read_histogram_rollups",
-                self.store.read_histogram_rollups,
+            intervals = await self.store.read_histogram_rollups(
                 granularity,
                 tenant,
                 hashes,
@@ -170,19 +164,19 @@ class ReadPath:
             old = await threads.deferToThread(lambda: [kept_in_range(rows, start_ms, old_end) for rows in intervals])
         if end_ms < boundary:
             return old
-        new = await self._limited("read_histograms", self.store.read_histograms, tenant, hashes, boundary, end_ms)
+        new = await self.store.read_histograms(tenant, hashes, boundary, end_ms)
         return [before + after for before, after in zip(old, new)]
 
     async def read_exemplars(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> list[list]:
-        """Each series' exemplars in the inclusive range (bounded like every read)."""
-        return await self._limited("read_exemplars", self.store.read_exemplars, tenant, hashes, start_ms, end_ms)
+        """Each series' exemplars in the inclusive range."""
+        return await self.store.read_exemplars(tenant, hashes, start_ms, end_ms)
 
     async def read_created(self, tenant: str, hashes: Sequence[str]) -> dict[str, int]:
         """The created timestamps (remote write 2.0) stored for these series, by hash."""
-        return await self._limited("get_created_timestamps", self.store.get_created_timestamps, tenant, hashes)
+        return await self.store.get_created_timestamps(tenant, hashes)
 
     async def read_raw(self, series: Sequence[SeriesKey], start_ms: int, end_ms: int) -> list[Samples]:
-        """Blocks merged with head rows, the series of a tenant in one store call (bounded)."""
+        """Blocks merged with head rows, the series of a tenant in one store call."""
         start_ms, end_ms = clamp_range(start_ms, end_ms)
         if end_ms < start_ms:
             return [samples.empty() for _ in series]
@@ -190,9 +184,7 @@ class ReadPath:
         for index, key in enumerate(series):
             by_tenant.setdefault(key.tenant, []).append(index)
         reads = [
-            self._limited(
-                "read_raw", self.store.read_raw, tenant, [series[i].series_set_hash for i in indexes], start_ms, end_ms
-            )
+            self.store.read_raw(tenant, [series[i].series_set_hash for i in indexes], start_ms, end_ms)
             for tenant, indexes in by_tenant.items()
         ]
         found: list = [None] * len(series)
@@ -216,12 +208,7 @@ class ReadPath:
         start_ms, end_ms = self.readable(start_ms, end_ms)
         if end_ms < start_ms:
             return [SeriesData(samples.empty(), None) for _ in series]
-        reads = [
-            self._limited(
-                "read_rollups", self.store.read_rollups, granularity, s.tenant, s.series_set_hash, start_ms, end_ms
-            )
-            for s in series
-        ]
+        reads = [self.store.read_rollups(granularity, s.tenant, s.series_set_hash, start_ms, end_ms) for s in series]
         found = await gatherResults(reads, consumeErrors=True)
         return [SeriesData(*rollup_samples(rows, aggregate, fallback)) for rows in found]
 

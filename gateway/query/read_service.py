@@ -66,9 +66,9 @@ class ReadService:
     budgeted; the read path's view of time (``now``, the readable part of a range, the roll-up
     a range reads) on one clock."""
 
-    def __init__(self, store: Store, concurrency: int = 32, clock=now_ms, max_future_ms: int = Limits.max_future_ms):
+    def __init__(self, store: Store, clock=now_ms, max_future_ms: int = Limits.max_future_ms):
         self.store = store
-        self.path = ReadPath(store, concurrency, clock, max_future_ms)
+        self.path = ReadPath(store, clock, max_future_ms)
 
     def now(self) -> int:
         return self.path.clock()

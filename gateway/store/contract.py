@@ -49,6 +49,7 @@ Time ranges are inclusive at both ends, as in Prometheus.
 """
 
 import abc
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -59,6 +60,7 @@ from gateway.core.errors import StoreBusy
 from gateway.core.layout import Granularity, Layout, Retentions
 from gateway.core.model import SeriesKey
 from gateway.core.samples import Samples
+from gateway.store.calls import StoreCalls, store_call
 from gateway.store.deletion import remove_from_index
 
 
@@ -189,17 +191,8 @@ def time_slots(start_ms: int, end_ms: int, slot_width_ms: int) -> range:
     return range(time_slot(start_ms, slot_width_ms), end_ms + 1, slot_width_ms)
 
 
-class Store(abc.ABC):
-    """A read of an inclusive range need not look further back from its end than the layout's
-    longest retention (``Layout.longest_retention_ms``): Cassandra cuts wider ranges to their
-    newest part rather than list a partition per slot (the read path cuts them before, to the
-    retentions before now; gateway/query/read_path.py)."""
-
-    def __init__(self, layout: Layout):
-        self.layout = layout
-        self.slot_width_ms = layout.slot_width_ms
-        # Each tenant's retentions for what is written from now on and for the sweep (--overrides).
-        self.retentions = Retentions(layout)
+class Lifecycle(abc.ABC):
+    """Opening and closing the store, its health and identity, and the sweep of expired data."""
 
     @abc.abstractmethod
     def start(self) -> Deferred:
@@ -219,9 +212,42 @@ class Store(abc.ABC):
         a keyspace dropped and made again differ. Keys in a shared Redis are prefixed with it."""
 
     @abc.abstractmethod
+    def sweep(self, now_ms: int) -> Deferred:
+        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars, histograms and their
+        roll-ups); a no-op where the store expires data by itself (Cassandra TTLs)."""
+
+
+class IndexStore(abc.ABC):
+    """The series index: series metadata, the tag and Graphite path indexes, and their deletion."""
+
+    @abc.abstractmethod
     def write_series(self, series: Sequence[SeriesKey]) -> Deferred:
         """Upsert the metadata of these series into every metadata table (series without tags
         also into graphite_paths, series with tags into the tenant-wide tag tables)."""
+
+    @abc.abstractmethod
+    def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:
+        """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
+
+    @abc.abstractmethod
+    def find_series(self, tenant: str, metric_name: str, tag_key: str, tag_value: str) -> Deferred:
+        """Fire with the set of series-set hashes indexed under one tag pair (series_sets)."""
+
+    @abc.abstractmethod
+    def list_tenants(self) -> Deferred:
+        """Fire with the sorted list of tenants."""
+
+    @abc.abstractmethod
+    def list_metric_names(self, tenant: str) -> Deferred:
+        """Fire with the sorted metric names of a tenant."""
+
+    @abc.abstractmethod
+    def list_tag_keys(self, tenant: str, metric_name: str) -> Deferred:
+        """Fire with the sorted tag keys of a metric (never ``__name__``)."""
+
+    @abc.abstractmethod
+    def list_tag_values(self, tenant: str, metric_name: str, tag_key: str) -> Deferred:
+        """Fire with the sorted values of a tag key of a metric."""
 
     @abc.abstractmethod
     def list_path_children(self, tenant: str, parent: str) -> Deferred:
@@ -240,43 +266,21 @@ class Store(abc.ABC):
         """Fire with the sorted metric names that have a series carrying ``tag_key=tag_value``."""
 
     @abc.abstractmethod
-    def write_rollups(self, granularity: Granularity, rows: Sequence[Rollup]) -> Deferred:
-        """Upsert roll-up rows (with the granularity's TTL): a later write replaces the aggregates."""
+    def delete_index_rows(self, rows: dict[str, list[tuple]]) -> Deferred:
+        """Delete metadata rows by key: table -> keys in deletion.INDEX_KEYS column order."""
 
     @abc.abstractmethod
-    def read_rollups(
-        self, granularity: Granularity, tenant: str, series_set_hash: str, start_ms: int, end_ms: int
-    ) -> Deferred:
-        """Fire with the [Rollup] of one series in an inclusive range, in time order."""
+    def write_path_flags(self, tenant: str, parent: str, name: str, is_leaf: bool, is_branch: bool) -> Deferred:
+        """Set both flags of a graphite_paths node; a node neither leaf nor branch is deleted."""
 
-    @abc.abstractmethod
-    def mark_pending(self, rows: Sequence[PendingSet], touched_ms: int) -> Deferred:
-        """Upsert pending series-slots, setting their last touch."""
+    @functools.partial(store_call, bounded=False)
+    def delete_series(self, series: Sequence[SeriesKey]) -> Deferred:
+        """Remove series from every index (deletion.remove_from_index); their data is left alone."""
+        return ensureDeferred(remove_from_index(self, series))
 
-    @abc.abstractmethod
-    def list_pending(self, partition: int, before_slot: int) -> Deferred:
-        """Fire with the [PendingSet] of a partition whose slot starts before ``before_slot``, oldest first."""
 
-    @abc.abstractmethod
-    def delete_pending(self, rows: Sequence[PendingSet]) -> Deferred:
-        """Remove pending rows, each only if its last touch is still the one given (a series
-        touched again meanwhile stays pending)."""
-
-    @abc.abstractmethod
-    def add_metric_aggregators(self, tenant: str, metric_name: str, aggregators: Iterable[str]) -> Deferred:
-        """Add to the set of aggregators that exist for a metric (metric_names.aggregators)."""
-
-    @abc.abstractmethod
-    def get_metric_aggregators(self, tenant: str, metric_name: str) -> Deferred:
-        """Fire with the sorted aggregators recorded for a metric."""
-
-    @abc.abstractmethod
-    def write_metric_metadata(self, rows: Sequence[MetricMetadata]) -> Deferred:
-        """Upsert the type, help and unit of metrics (the last write wins)."""
-
-    @abc.abstractmethod
-    def get_metric_metadata(self, tenant: str, metric_name: str) -> Deferred:
-        """Fire with the MetricMetadata of a metric, or None."""
+class SampleStore(abc.ABC):
+    """Float samples: head rows, sealed blocks and roll-ups, and the deletion of a range of samples."""
 
     @abc.abstractmethod
     def write_raw(self, points: Sequence[RawPoint]) -> Deferred:
@@ -298,20 +302,32 @@ class Store(abc.ABC):
         head rows written since (a driver without TTLs deletes the sealed rows that still hold
         the sealed value; a row rewritten meanwhile stays, to be sealed next time)."""
 
+    @functools.partial(store_call, bounded=False)
     def write_blocks(self, blocks: Sequence[SealedBlock]) -> Deferred:
         """write_block of many series-slots (the downsampler seals in bulk); a driver may batch them."""
         return gatherResults([self.write_block(*block) for block in blocks], consumeErrors=True)
 
     @abc.abstractmethod
-    def write_exemplars(self, exemplars: Sequence[ExemplarRow]) -> Deferred:
-        """Upsert exemplars (one row per series, timestamp and label set; the last value wins),
-        kept ``layout.exemplar_retention_ms``; fire once the store has accepted all of them."""
+    def write_rollups(self, granularity: Granularity, rows: Sequence[Rollup]) -> Deferred:
+        """Upsert roll-up rows (with the granularity's TTL): a later write replaces the aggregates."""
 
     @abc.abstractmethod
-    def read_exemplars(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
-        """Fire with one list of ExemplarRow per series (in the order of ``hashes``) in an inclusive
-        range, oldest first: of each slot, only the newest ``layout.max_exemplars_per_series``
-        stored (newest by timestamp, then the smallest label text) are candidates."""
+    def read_rollups(
+        self, granularity: Granularity, tenant: str, series_set_hash: str, start_ms: int, end_ms: int
+    ) -> Deferred:
+        """Fire with the [Rollup] of one series in an inclusive range, in time order."""
+
+    @abc.abstractmethod
+    def delete_samples(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Delete what these series hold in an inclusive range (gateway/store/deletion.py): head
+        rows, the samples of blocks (each block rewritten without them, in a way that a seal
+        writing the block meanwhile never loses its samples outside the range), roll-up rows of
+        samples and histograms whose bucket overlaps the range, exemplars and histograms. Cassandra
+        looks only as far back as each table's retention (older rows are past the read path)."""
+
+
+class HistogramStore(abc.ABC):
+    """Prometheus native histogram samples and their roll-ups."""
 
     @abc.abstractmethod
     def write_histograms(self, histograms: Sequence[HistogramRow]) -> Deferred:
@@ -335,30 +351,57 @@ class Store(abc.ABC):
         """Fire with one list of HistogramRow per series (in the order of ``hashes``) whose interval
         starts are in an inclusive range, oldest first."""
 
-    @abc.abstractmethod
-    def sweep(self, now_ms: int) -> Deferred:
-        """Delete what is past its retention (head rows, blocks, roll-ups, exemplars, histograms and their
-        roll-ups); a no-op where the store expires data by itself (Cassandra TTLs)."""
+
+class ExemplarStore(abc.ABC):
+    """Prometheus exemplars of series."""
 
     @abc.abstractmethod
-    def list_tenants(self) -> Deferred:
-        """Fire with the sorted list of tenants."""
+    def write_exemplars(self, exemplars: Sequence[ExemplarRow]) -> Deferred:
+        """Upsert exemplars (one row per series, timestamp and label set; the last value wins),
+        kept ``layout.exemplar_retention_ms``; fire once the store has accepted all of them."""
 
     @abc.abstractmethod
-    def list_metric_names(self, tenant: str) -> Deferred:
-        """Fire with the sorted metric names of a tenant."""
+    def read_exemplars(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Fire with one list of ExemplarRow per series (in the order of ``hashes``) in an inclusive
+        range, oldest first: of each slot, only the newest ``layout.max_exemplars_per_series``
+        stored (newest by timestamp, then the smallest label text) are candidates."""
+
+
+class PendingStore(abc.ABC):
+    """Series-slots waiting for the downsampler (pending_downsample_sets, when there is no Redis)."""
 
     @abc.abstractmethod
-    def list_tag_keys(self, tenant: str, metric_name: str) -> Deferred:
-        """Fire with the sorted tag keys of a metric (never ``__name__``)."""
+    def mark_pending(self, rows: Sequence[PendingSet], touched_ms: int) -> Deferred:
+        """Upsert pending series-slots, setting their last touch."""
 
     @abc.abstractmethod
-    def list_tag_values(self, tenant: str, metric_name: str, tag_key: str) -> Deferred:
-        """Fire with the sorted values of a tag key of a metric."""
+    def list_pending(self, partition: int, before_slot: int) -> Deferred:
+        """Fire with the [PendingSet] of a partition whose slot starts before ``before_slot``, oldest first."""
 
     @abc.abstractmethod
-    def find_series(self, tenant: str, metric_name: str, tag_key: str, tag_value: str) -> Deferred:
-        """Fire with the set of series-set hashes indexed under one tag pair (series_sets)."""
+    def delete_pending(self, rows: Sequence[PendingSet]) -> Deferred:
+        """Remove pending rows, each only if its last touch is still the one given (a series
+        touched again meanwhile stays pending)."""
+
+
+class MetadataStore(abc.ABC):
+    """Per-metric metadata (type, help, unit; aggregators) and series created timestamps."""
+
+    @abc.abstractmethod
+    def add_metric_aggregators(self, tenant: str, metric_name: str, aggregators: Iterable[str]) -> Deferred:
+        """Add to the set of aggregators that exist for a metric (metric_names.aggregators)."""
+
+    @abc.abstractmethod
+    def get_metric_aggregators(self, tenant: str, metric_name: str) -> Deferred:
+        """Fire with the sorted aggregators recorded for a metric."""
+
+    @abc.abstractmethod
+    def write_metric_metadata(self, rows: Sequence[MetricMetadata]) -> Deferred:
+        """Upsert the type, help and unit of metrics (the last write wins)."""
+
+    @abc.abstractmethod
+    def get_metric_metadata(self, tenant: str, metric_name: str) -> Deferred:
+        """Fire with the MetricMetadata of a metric, or None."""
 
     @abc.abstractmethod
     def write_created_timestamps(self, rows: Sequence[CreatedTimestamp]) -> Deferred:
@@ -368,26 +411,32 @@ class Store(abc.ABC):
     def get_created_timestamps(self, tenant: str, hashes: Iterable[str]) -> Deferred:
         """Fire with {hash: created_ms} for the hashes that have one."""
 
-    @abc.abstractmethod
-    def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:
-        """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
 
-    @abc.abstractmethod
-    def delete_samples(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
-        """Delete what these series hold in an inclusive range (gateway/store/deletion.py): head
-        rows, the samples of blocks (each block rewritten without them, in a way that a seal
-        writing the block meanwhile never loses its samples outside the range), roll-up rows of
-        samples and histograms whose bucket overlaps the range, exemplars and histograms. Cassandra
-        looks only as far back as each table's retention (older rows are past the read path)."""
+class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, PendingStore, MetadataStore):
+    """A read of an inclusive range need not look further back from its end than the layout's
+    longest retention (``Layout.longest_retention_ms``): Cassandra cuts wider ranges to their
+    newest part rather than list a partition per slot (the read path cuts them before, to the
+    retentions before now; gateway/query/read_path.py)."""
 
-    @abc.abstractmethod
-    def delete_index_rows(self, rows: dict[str, list[tuple]]) -> Deferred:
-        """Delete metadata rows by key: table -> keys in deletion.INDEX_KEYS column order."""
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.slot_width_ms = layout.slot_width_ms
+        # Each tenant's retentions for what is written from now on and for the sweep (--overrides).
+        self.retentions = Retentions(layout)
+        self.calls = StoreCalls()
 
-    @abc.abstractmethod
-    def write_path_flags(self, tenant: str, parent: str, name: str, is_leaf: bool, is_branch: bool) -> Deferred:
-        """Set both flags of a graphite_paths node; a node neither leaf nor branch is deleted."""
+    def __init_subclass__(cls, **kwargs):
+        """Every contract method a driver implements goes through its StoreCalls (calls.py); the
+        Lifecycle's are metered but not bounded: a health check answers while the store is busy."""
+        super().__init_subclass__(**kwargs)
+        for name in CONTRACT_METHODS:
+            method = getattr(cls, name)
+            if not hasattr(method, "store_operation") and not getattr(method, "__isabstractmethod__", False):
+                setattr(cls, name, store_call(method, bounded=not hasattr(Lifecycle, name)))
 
-    def delete_series(self, series: Sequence[SeriesKey]) -> Deferred:
-        """Remove series from every index (deletion.remove_from_index); their data is left alone."""
-        return ensureDeferred(remove_from_index(self, series))
+
+ROLES = (Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, PendingStore, MetadataStore)
+# The public methods of the contract, each a store call (calls.py).
+CONTRACT_METHODS = tuple(
+    name for role in ROLES for name, value in vars(role).items() if callable(value) and not name.startswith("_")
+)

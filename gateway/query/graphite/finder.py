@@ -8,7 +8,7 @@ two levels of the tree, never the list of every metric. docs/graphite.rst has th
 
 from typing import NamedTuple
 
-from twisted.internet.defer import DeferredSemaphore, gatherResults
+from twisted.internet.defer import gatherResults
 
 from gateway.core.errors import LimitExceeded
 from gateway.store import Store
@@ -108,13 +108,12 @@ def _join(parent: str, name: str) -> str:
 
 
 class Finder:
-    def __init__(self, store: Store, max_nodes: int = 100_000, concurrency: int = 32):
+    def __init__(self, store: Store, max_nodes: int = 100_000):
         self.store = store
         self.max_nodes = max_nodes
-        self._semaphore = DeferredSemaphore(concurrency)
 
     async def _children(self, tenant: str, parents: list[str]):
-        reads = [self._semaphore.run(self.store.list_path_children, tenant, parent) for parent in parents]
+        reads = [self.store.list_path_children(tenant, parent) for parent in parents]
         return zip(parents, await gatherResults(reads, consumeErrors=True))
 
     async def find(self, tenant: str, query: str) -> list[Node]:
@@ -154,7 +153,7 @@ class Finder:
 
     async def all_leaves(self, tenant: str) -> list[str]:
         """Every leaf path of the tenant, sorted: the whole tree, level by level, each level's
-        directories listed as concurrently as ``find`` lists them (at most ``concurrency``)."""
+        directories listed as concurrently as ``find`` lists them (within the store's bound on calls)."""
         leaves, frontier = [], [""]
         while frontier:
             next_frontier = []

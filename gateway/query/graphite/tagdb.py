@@ -1,7 +1,7 @@
 """Graphite's tag queries (seriesByTag, /tags/findSeries) on the store's tag indexes.
 
-TagDB answers the /tags API; counting the series of each value runs a bounded number of counts
-at once. Tag expressions are Graphite 1.1's: ``tag=value``, ``tag!=value``, ``tag=~regex``, ``tag!=~regex``.
+TagDB answers the /tags API; the series of a tag's values are counted all at once,
+within the store's bound on calls in flight. Tag expressions are Graphite 1.1's: ``tag=value``, ``tag!=value``, ``tag=~regex``, ``tag!=~regex``.
 Regexes (RE2, linear time) are anchored at the start of the value only (Graphite uses ``re.match``); a spec that
 matches an empty value also matches series without the tag; at least one spec must require a
 non-empty value. The ``name`` tag is the metric name.
@@ -10,7 +10,7 @@ non-empty value. The ``name`` tag is the metric name.
 import re
 from typing import NamedTuple
 
-from twisted.internet.defer import DeferredSemaphore, gatherResults
+from twisted.internet.defer import ensureDeferred, gatherResults
 
 from gateway.core.errors import ClientError
 from gateway.core.model import NAME_TAG, SeriesKey
@@ -77,13 +77,13 @@ async def find_series(planner: QueryPlanner, tenant: str, expressions: list[str]
 
 class TagDB:
     """Graphite's tag database over the store's tag indexes and the planner (/tags, /tags/<tag>,
-    autocompletion). A tag's values are counted at most ``concurrency`` at once: neither one
-    count after another (slow for a tag with many values) nor all at once (a burst on the store)."""
+    autocompletion). A tag's values are counted at once, their store calls within the
+    store's bound (gateway/store/calls.py): not one count after another (slow for a tag with many
+    values), nor a burst on the store."""
 
-    def __init__(self, store: Store, planner: QueryPlanner, concurrency: int = 32):
+    def __init__(self, store: Store, planner: QueryPlanner):
         self.store = store
         self.planner = planner
-        self._semaphore = DeferredSemaphore(concurrency)
 
     async def find_series(self, tenant: str, expressions: list[str]) -> list[SeriesKey]:
         return await find_series(self.planner, tenant, expressions)
@@ -116,7 +116,7 @@ class TagDB:
                 " narrow it with filter= or limit="
             )
         counts = await gatherResults(
-            [self._semaphore.run(self._count, tenant, tag, value) for value in values], consumeErrors=True
+            [ensureDeferred(self._count(tenant, tag, value)) for value in values], consumeErrors=True
         )
         return list(zip(values, counts))
 

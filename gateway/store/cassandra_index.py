@@ -1,0 +1,133 @@
+"""The series index on Cassandra: series metadata, the tag and Graphite path indexes."""
+
+from collections.abc import Iterable, Sequence
+
+from gateway.core.model import SeriesKey
+from gateway.store.cassandra_base import READ_SERIES_PER_REQUEST, CassandraBase
+from gateway.store.contract import PathNode
+from gateway.store.deletion import INDEX_KEYS
+from gateway.store.index import index_rows
+
+
+class CassandraIndex(CassandraBase):
+    """The IndexStore role (contract.py)."""
+
+    def _statement_texts(self) -> dict[str, str]:
+        ks = self.keyspace
+        return {
+            **super()._statement_texts(),
+            "tenant": f"INSERT INTO {ks}.tenants (tenant) VALUES (?)",
+            "metric_name": f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (?, ?)",
+            "series_set_hash": f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)",
+            "series_set": f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (?, ?, ?, ?, ?)",
+            "tag_key": f"INSERT INTO {ks}.tag_keys (tenant, metric_name, tag_key) VALUES (?, ?, ?)",
+            "tag_value": f"INSERT INTO {ks}.tag_values (tenant, metric_name, tag_key, tag_value) VALUES (?, ?, ?, ?)",
+            "path_leaf": f"UPDATE {ks}.graphite_paths SET is_leaf = true WHERE tenant = ? AND parent = ? AND name = ?",
+            "path_branch": f"UPDATE {ks}.graphite_paths SET is_branch = true WHERE tenant = ? AND parent = ? AND name = ?",
+            "tenant_tag_key": f"INSERT INTO {ks}.tenant_tag_keys (tenant, tag_key) VALUES (?, ?)",
+            "tenant_tag_value": f"INSERT INTO {ks}.tenant_tag_values (tenant, tag_key, tag_value) VALUES (?, ?, ?)",
+            "tag_metric": f"INSERT INTO {ks}.tag_metrics (tenant, tag_key, tag_value, metric_name) VALUES (?, ?, ?, ?)",
+            "list_path_children": f"SELECT name, is_leaf, is_branch FROM {ks}.graphite_paths WHERE tenant = ? AND parent = ?",
+            "list_tenant_tag_keys": f"SELECT tag_key FROM {ks}.tenant_tag_keys WHERE tenant = ?",
+            "list_tenant_tag_values": f"SELECT tag_value FROM {ks}.tenant_tag_values WHERE tenant = ? AND tag_key = ?",
+            "find_metrics_by_tag": f"SELECT metric_name FROM {ks}.tag_metrics WHERE tenant = ? AND tag_key = ? AND tag_value = ?",
+            "list_tenants": f"SELECT tenant FROM {ks}.tenants",
+            "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
+            "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
+            "list_tag_values": f"SELECT tag_value FROM {ks}.tag_values WHERE tenant = ? AND metric_name = ? AND tag_key = ?",
+            "find_series": f"SELECT series_set_hash FROM {ks}.series_sets WHERE tenant = ? AND metric_name = ? AND tag_key = ? AND tag_value = ?",
+            "get_series": f"SELECT series_set_hash, metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
+            "path_flags": f"UPDATE {ks}.graphite_paths SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
+            **{
+                f"delete_index_{table}": f"DELETE FROM {ks}.{table} WHERE {' AND '.join(f'{c} = ?' for c in columns)}"
+                for table, columns in INDEX_KEYS.items()
+            },
+        }
+
+    def write_series(self, series: Sequence[SeriesKey]):
+        s, rows = self._statements, index_rows(series)
+        requests = [
+            *((s["tenant"], row) for row in rows.tenants),
+            *((s["metric_name"], row) for row in rows.metric_names),
+            *((s["series_set_hash"], row) for row in rows.series_set_hashes),
+            *((s["series_set"], row) for row in rows.series_sets),
+            *((s["tag_key"], row) for row in rows.tag_keys),
+            *((s["tag_value"], row) for row in rows.tag_values),
+            *(
+                (s["path_leaf" if leaf else "path_branch"], (tenant, parent, name))
+                for tenant, parent, name, leaf in rows.graphite_paths
+            ),
+            *((s["tenant_tag_key"], row) for row in rows.tenant_tag_keys),
+            *((s["tenant_tag_value"], row) for row in rows.tenant_tag_values),
+            *((s["tag_metric"], row) for row in rows.tag_metrics),
+        ]
+        return self._execute_all(self._batched(requests))
+
+    def get_series(self, tenant, hashes: Iterable[str]):
+        """READ_SERIES_PER_REQUEST series a request (``series_set_hash IN ?``): the downsampler
+        asks for a whole sealing group at once."""
+        hashes = sorted(set(hashes))
+        statement = self._statements["get_series"]
+        chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
+
+        def collect(pages):
+            return {
+                row.series_set_hash: SeriesKey(tenant, row.series_set_hash, row.metric_name, dict(row.tags or {}))
+                for page in pages
+                for row in page
+            }
+
+        return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(collect)
+
+    def find_series(self, tenant, metric_name, tag_key, tag_value):
+        return self._execute(self._statements["find_series"], (tenant, metric_name, tag_key, tag_value)).addCallback(
+            lambda rows: {r.series_set_hash for r in rows}
+        )
+
+    def list_tenants(self):
+        return self._execute(self._statements["list_tenants"]).addCallback(lambda rows: sorted(r.tenant for r in rows))
+
+    def list_metric_names(self, tenant):
+        return self._execute(self._statements["list_metric_names"], (tenant,)).addCallback(
+            lambda rows: [r.metric_name for r in rows]
+        )
+
+    def list_tag_keys(self, tenant, metric_name):
+        return self._execute(self._statements["list_tag_keys"], (tenant, metric_name)).addCallback(
+            lambda rows: [r.tag_key for r in rows]
+        )
+
+    def list_tag_values(self, tenant, metric_name, tag_key):
+        return self._execute(self._statements["list_tag_values"], (tenant, metric_name, tag_key)).addCallback(
+            lambda rows: [r.tag_value for r in rows]
+        )
+
+    def list_path_children(self, tenant, parent):
+        def nodes(rows):
+            return sorted(PathNode(r.name, bool(r.is_leaf), bool(r.is_branch)) for r in rows)
+
+        return self._execute(self._statements["list_path_children"], (tenant, parent)).addCallback(nodes)
+
+    def list_tenant_tag_keys(self, tenant):
+        return self._execute(self._statements["list_tenant_tag_keys"], (tenant,)).addCallback(
+            lambda rows: [r.tag_key for r in rows]
+        )
+
+    def list_tenant_tag_values(self, tenant, tag_key):
+        return self._execute(self._statements["list_tenant_tag_values"], (tenant, tag_key)).addCallback(
+            lambda rows: [r.tag_value for r in rows]
+        )
+
+    def find_metrics_by_tag(self, tenant, tag_key, tag_value):
+        return self._execute(self._statements["find_metrics_by_tag"], (tenant, tag_key, tag_value)).addCallback(
+            lambda rows: [r.metric_name for r in rows]
+        )
+
+    def delete_index_rows(self, rows):
+        requests = [(self._statements[f"delete_index_{table}"], key) for table, keys in rows.items() for key in keys]
+        return self._execute_all(self._batched(requests))
+
+    def write_path_flags(self, tenant, parent, name, is_leaf, is_branch):
+        if is_leaf or is_branch:
+            return self._execute(self._statements["path_flags"], (is_leaf, is_branch, tenant, parent, name))
+        return self._execute(self._statements["delete_index_graphite_paths"], (tenant, parent, name))

@@ -1,0 +1,398 @@
+"""Float samples on Cassandra: head rows (data_head, the ingest hot path), sealed blocks, roll-ups
+and the deletion of a range."""
+
+import struct
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from cassandra.query import BatchStatement, BatchType
+from twisted.internet import defer, threads
+
+from gateway.core import samples
+from gateway.core.caches import LRUMap
+from gateway.core.layout import head_shard
+from gateway.core.samples import Samples
+from gateway.store.cassandra_base import (
+    PLAIN_ROWS,
+    RANGE_BY_TS,
+    READ_SERIES_PER_REQUEST,
+    CassandraBase,
+    CassandraOptions,
+)
+from gateway.store.contract import (
+    ROLLUP_COLUMN_SETS,
+    ROLLUP_COLUMNS,
+    RawData,
+    RawPoint,
+    Rollup,
+    SealedBlock,
+    StoreUnavailable,
+    time_slot,
+    time_slots,
+)
+from gateway.store.deletion import bucket_range, cut_block
+
+# A single-partition batch of data_head rows is one mutation, which Cassandra neither warns about
+# nor refuses by size (its batch thresholds are for batches over several partitions); the bounds
+# keep one mutation far under the commit log's limit (half a segment) and a request short.
+HEAD_ROWS_PER_BATCH = 1000
+HEAD_BATCH_VALUE_BYTES = 128 * 1024
+
+# A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
+# series-slots are remembered as having a fresh written_at. A seal records the time it read the head
+# less SEAL_CLOCK_MARGIN_MS (at most half the settle delay), so the clocks of ingest and
+# downsampler processes may differ by that much.
+WRITTEN_AT_MARGIN_MS = 3_600_000
+WRITTEN_AT_REMEMBERED = 1_000_000
+SEAL_CLOCK_MARGIN_MS = 60_000
+
+# data_head partitions (slices of one shard) one head read covers: with READ_SERIES_PER_REQUEST
+# series at 10 s that is about 4000 rows, a request a busy Cassandra answers within its read
+# timeout (the 60 slices of a slot at once timed out on the loaded 2-core box).
+HEAD_SLICES_PER_REQUEST = 10
+
+_BIGINT, _INT, _DOUBLE = struct.Struct(">q").pack, struct.Struct(">i").pack, struct.Struct(">d").pack
+
+# Compare-and-set tries of a block cut while seals keep rewriting the block (delete_samples).
+CUT_BLOCK_ATTEMPTS = 5
+
+
+def _unsealed(written: int | None, sealed: int | None) -> bool:
+    """A slot whose head (one of its tables) was written since its last seal."""
+    return written is not None and (sealed is None or written > sealed)
+
+
+def _head_batches(rows: list[tuple]) -> list[list[tuple]]:
+    """data_head rows of one partition (statement values) in chunks of at most HEAD_ROWS_PER_BATCH
+    rows and about HEAD_BATCH_VALUE_BYTES of values."""
+    chunks: list[list[tuple]] = []
+    chunk: list[tuple] = []
+    size = 0
+    for row in rows:
+        row_size = len(row[0]) + len(row[3]) + 36  # tenant, hash and five numbers
+        if chunk and (len(chunk) == HEAD_ROWS_PER_BATCH or size + row_size > HEAD_BATCH_VALUE_BYTES):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(row)
+        size += row_size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
+def head_batch(statement, rows: list[tuple], consistency: int) -> BatchStatement:
+    """One single-partition UNLOGGED batch of data_head rows (statement values). The driver's
+    ``bind()`` costs about 7 µs a row (a BoundStatement, its checks, its routing key), most of
+    the gateway's CPU per sample; the rows of one partition share their key, so only the first
+    is bound (the batch takes its routing key and keyspace from it) and the others are added as
+    values serialized here as ``bind()`` would (text as UTF-8, bigint, int and double
+    big-endian: 0.6 µs a row), through the batch's own ``_add_statement_and_params``
+    (cassandra-driver 3.29-3.30; tests/test_cassandra_head.py reads every row back)."""
+    batch = BatchStatement(BatchType.UNLOGGED, consistency_level=consistency)
+    batch.add(statement.bind(rows[0]))
+    tenant, slice_ms, shard, _, _, _, ttl = rows[0]
+    key = [tenant.encode(), _BIGINT(slice_ms), _INT(shard)]
+    ttl_bytes, query_id, add = _INT(ttl), statement.query_id, batch._add_statement_and_params
+    for _, _, _, hash_, ts, value, _ in rows[1:]:
+        add(True, query_id, [*key, hash_.encode(), _BIGINT(ts), _DOUBLE(value), ttl_bytes])
+    batch.is_idempotent = True
+    return batch
+
+
+def _samples_of(rows: list[tuple[int, float]]) -> Samples:
+    """(ts, value) rows of several head partitions, in any slot order -> Samples."""
+    if not rows:
+        return samples.empty()
+    array = np.array(rows, dtype=[("ts", np.int64), ("value", np.float64)])
+    return samples.merge([Samples(array["ts"], array["value"])])
+
+
+class CassandraSamples(CassandraBase):
+    """The SampleStore role (contract.py)."""
+
+    def __init__(self, options: CassandraOptions):
+        super().__init__(options)
+        self._written_at_fresh = LRUMap(WRITTEN_AT_REMEMBERED)
+
+    def _statement_texts(self) -> dict[str, str]:
+        ks = self.keyspace
+        block_key = "tenant = ? AND series_set_hash = ? AND block_partition = ? AND time_slot = ?"
+        head_key = "tenant = ? AND slice IN ? AND shard = ? AND series_set_hash = ? AND ts >= ? AND ts <= ?"
+        texts = {
+            **super()._statement_texts(),
+            "head": f"INSERT INTO {ks}.data_head (tenant, slice, shard, series_set_hash, ts, value) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?",
+            "head_written": f"UPDATE {ks}.data_blocks USING TTL ? SET head_written_at = ? WHERE {block_key}",
+            "write_block": f"UPDATE {ks}.data_blocks USING TTL ? SET block = ?, sealed_at = ? WHERE {block_key}",
+            "read_slots": f"SELECT series_set_hash, time_slot, block, written_at, head_written_at, sealed_at FROM {ks}.data_blocks WHERE tenant = ? AND series_set_hash IN ? AND block_partition = ? AND time_slot >= ? AND time_slot <= ?",
+            "read_head": f"SELECT series_set_hash, ts, value FROM {ks}.data_head WHERE tenant = ? AND slice IN ? AND shard = ? AND series_set_hash IN ? AND ts >= ? AND ts <= ?",
+            "read_legacy_head": f"SELECT ts, value FROM {ks}.data_raw WHERE tenant = ? AND series_set_hash = ? AND time_slot IN ? AND ts >= ? AND ts <= ?",
+            "read_block": f"SELECT block FROM {ks}.data_blocks WHERE {block_key}",
+            "cut_block": f"UPDATE {ks}.data_blocks USING TTL ? SET block = ? WHERE {block_key} IF block = ?",
+            "delete_range_data_head": f"DELETE FROM {ks}.data_head WHERE {head_key}",
+            "delete_range_data_raw": f"DELETE FROM {ks}.data_raw WHERE {RANGE_BY_TS}",
+        }
+        for granularity in self.layout.granularities:
+            table = granularity.table
+            texts[f"read_{table}"] = (
+                f"SELECT ts, {', '.join(ROLLUP_COLUMNS)} FROM {ks}.{table}"
+                " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
+            )
+            for columns in ROLLUP_COLUMN_SETS:
+                assignments = ", ".join(f"{c} = ?" for c in columns)
+                texts[f"write_{table}_{'_'.join(columns)}"] = (
+                    f"UPDATE {ks}.{table} USING TTL ? SET {assignments}"
+                    " WHERE tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts = ?"
+                )
+            texts[f"delete_range_{table}"] = f"DELETE FROM {ks}.{table} WHERE {RANGE_BY_TS}"
+        return texts
+
+    def write_raw(self, points: Sequence[RawPoint]):
+        """Head rows, each with the TTL of its slot, grouped by data_head partition (tenant, slice,
+        shard) into single-partition UNLOGGED batches, and the slot's ``head_written_at`` in
+        data_blocks where this process has not written it lately (read_raw finds head rows through it).
+        Where a request holds one (series, ts) twice, its last value is written."""
+        statement: Any = self._statements["head"]
+        layout, now, consistency = self.layout, int(time.time() * 1000), self.options.write_consistency
+        width, slice_width = self.slot_width_ms, layout.head_slice_ms
+        partitions: dict[tuple[str, int, int], dict[tuple[str, int], float]] = defaultdict(dict)
+        shards: dict[str, int] = {}
+        for tenant, hash_, timestamp, value in points:
+            shard = shards.get(hash_)
+            if shard is None:
+                shard = shards[hash_] = head_shard(hash_)
+            partitions[(tenant, timestamp - timestamp % slice_width, shard)][(hash_, timestamp)] = value
+        batches = []
+        for (tenant, slice_ms, shard), rows in partitions.items():
+            slot = slice_ms - slice_ms % width
+            ttl = layout.head_ttl_ms(slot, now) // 1000 + 1
+            values = [(tenant, slice_ms, shard, hash_, ts, value, ttl) for (hash_, ts), value in rows.items()]
+            batches += [(head_batch(statement, chunk, consistency), ()) for chunk in _head_batches(values)]
+        entries, fresh = self._written_at_updates(points, now)
+        written = self._execute_all(self._batched(entries) + batches)
+        return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
+
+    def _written_at_updates(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
+        """``head_written_at`` = now in the data_blocks rows of the batch's series-slots, but for those
+        this process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
+        cannot have been sealed since (sealing waits for the slot's end and its last write to be
+        ``settle_delay`` old), so a reader that finds the entry newer than the last seal reads the
+        head rows anyway. A write after that refreshes the entry, so one that lands after a seal
+        always makes its slot's head rows read again. Returns the requests and what to remember
+        once they succeeded."""
+        width, written, layout = self.slot_width_ms, self._written_at_fresh, self.layout
+        keys = {(tenant, hash_, timestamp - timestamp % width) for tenant, hash_, timestamp, _ in points}
+        requests, fresh = [], {}
+        for key in keys:
+            if (written.get(key) or 0) > now:
+                continue
+            tenant, hash_, slot = key
+            ttl_ms = layout.head_ttl_ms(slot, now) + layout.settle_delay_ms + WRITTEN_AT_MARGIN_MS
+            partition = time_slot(slot, layout.block_partition_width_ms)
+            requests.append((self._statements["head_written"], (ttl_ms // 1000, now, tenant, hash_, partition, slot)))
+            fresh[key] = max(key[2] + width, now) + layout.settle_delay_ms // 2
+        return requests, fresh
+
+    def read_raw(self, tenant, hashes, start_ms, end_ms):
+        """The data_blocks rows of the range, READ_SERIES_PER_REQUEST series a request
+        (``series_set_hash IN ?``) per block partition, then the head rows of the slots written
+        since their last seal, if any (the head rows of the others are all in their blocks):
+        from data_head, the series of one shard and slot together (``slice IN ? AND shard = ? AND
+        series_set_hash IN ?``), and from data_raw (the head of the layout before data_head, one
+        request a series) where a slot's ``written_at`` says it has rows there."""
+        hashes = list(hashes)
+        if end_ms < start_ms:
+            return defer.succeed([RawData([], samples.empty()) for _ in hashes])
+        width = self.slot_width_ms
+        first, last = time_slot(start_ms, width), time_slot(end_ms, width)
+        statement = self._statements["read_slots"]
+        partitions = self._time_slots(first, last, self.layout.block_partition_width_ms)
+        chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
+        requests = [
+            (statement, (tenant, chunk, partition, first, last)) for chunk in chunks for partition in partitions
+        ]
+
+        def read_heads(pages):
+            rows: dict[str, list] = {hash_: [] for hash_ in hashes}
+            for page in pages:
+                for hash_, slot, block, written, head_written, sealed in page:
+                    rows[hash_].append((slot, block, written, head_written, sealed))
+            blocks, legacy, unsealed = {}, [], defaultdict(list)
+            for hash_, found in rows.items():
+                found.sort(key=lambda row: row[0])
+                blocks[hash_] = [block for _, block, _, _, _ in found if block is not None]
+                legacy_slots = [slot for slot, _, written, _, sealed in found if _unsealed(written, sealed)]
+                if legacy_slots:
+                    legacy.append((hash_, legacy_slots))
+                for slot, _, _, head_written, sealed in found:
+                    if _unsealed(head_written, sealed):
+                        unsealed[(head_shard(hash_), slot)].append(hash_)
+            head_requests = self._head_reads(tenant, unsealed, start_ms, end_ms)
+            legacy_requests = [
+                (self._statements["read_legacy_head"], (tenant, hash_, slots, start_ms, end_ms))
+                for hash_, slots in legacy
+            ]
+
+            def assemble(results):
+                heads: dict[str, list] = defaultdict(list)
+                for page in results[: len(head_requests)]:
+                    for hash_, ts, value in page:
+                        heads[hash_].append((ts, value))
+                for (hash_, _), page in zip(legacy, results[len(head_requests) :]):
+                    heads[hash_] += page
+                return [RawData(blocks[h], _samples_of(heads[h]) if h in heads else samples.empty()) for h in hashes]
+
+            return self._execute_all(head_requests + legacy_requests, PLAIN_ROWS).addCallback(assemble)
+
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(read_heads)
+
+    def _head_reads(self, tenant: str, unsealed: dict[tuple[int, int], list[str]], start_ms: int, end_ms: int) -> list:
+        """Requests for the data_head rows in a range of the series of each (shard, slot):
+        READ_SERIES_PER_REQUEST series and HEAD_SLICES_PER_REQUEST of the slot's slices that
+        overlap the range a request."""
+        statement, requests = self._statements["read_head"], []
+        for (shard, slot), slot_hashes in sorted(unsealed.items()):
+            slices = self.layout.head_slices(slot, start_ms, end_ms)
+            for i in range(0, len(slot_hashes), READ_SERIES_PER_REQUEST):
+                chunk = slot_hashes[i : i + READ_SERIES_PER_REQUEST]
+                for j in range(0, len(slices), HEAD_SLICES_PER_REQUEST):
+                    some = slices[j : j + HEAD_SLICES_PER_REQUEST]
+                    requests.append((statement, (tenant, some, shard, chunk, start_ms, end_ms)))
+        return requests
+
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
+        return self._write_blocks([SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)])
+
+    def write_blocks(self, blocks):
+        return self._write_blocks(blocks)
+
+    def _write_blocks(self, blocks: Sequence[SealedBlock]) -> defer.Deferred:
+        """Each block and its row marked sealed as of the head's read (less a margin for clock
+        skew) in one row update (so ``sealed_at`` lives as long as the block), so readers skip the
+        head rows it holds; many series-slots a request (_batched). Head rows are left to their
+        TTL: deleting them would write tombstones."""
+        statement, width = self._statements["write_block"], self.layout.block_partition_width_ms
+        margin = min(SEAL_CLOCK_MARGIN_MS, self.layout.settle_delay_ms // 2)
+        requests = [
+            (
+                statement,
+                (
+                    self._ttl_s(b.tenant, lambda layout: layout.raw_retention_ms),
+                    b.block,
+                    b.head_read_ms - margin,
+                    b.tenant,
+                    b.series_set_hash,
+                    time_slot(b.slot_ms, width),
+                    b.slot_ms,
+                ),
+            )
+            for b in blocks
+        ]
+        return self._execute_all(self._batched(requests))
+
+    def write_rollups(self, granularity, rows):
+        """An UPDATE of only the aggregates a row has, so no tombstones are written for the rest;
+        each row with its tenant's retention of the granularity."""
+        width, name = granularity.partition_width_ms, granularity.name
+        requests = []
+        for row in rows:
+            columns = tuple(c for c in ROLLUP_COLUMNS if getattr(row, c) is not None)
+            statement = self._statements[f"write_{granularity.table}_{'_'.join(columns)}"]
+            key = (row.tenant, row.series_set_hash, time_slot(row.timestamp_ms, width), row.timestamp_ms)
+            ttl = self._ttl_s(row.tenant, lambda layout: layout.granularity(name).retention_ms)
+            requests.append((statement, (ttl, *(getattr(row, c) for c in columns), *key)))
+        return self._execute_all(self._batched(requests))
+
+    def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
+        statement = self._statements[f"read_{granularity.table}"]
+        slots = self._time_slots(start_ms, end_ms, granularity.partition_width_ms)
+        requests = [(statement, (tenant, series_set_hash, slot, start_ms, end_ms)) for slot in slots]
+
+        def rows(pages):
+            return [Rollup(tenant, series_set_hash, *row) for page in pages for row in page]
+
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(rows)
+
+    def delete_samples(self, tenant, hashes, start_ms, end_ms):
+        return defer.ensureDeferred(self._delete_samples(tenant, list(hashes), start_ms, end_ms))
+
+    async def _delete_samples(self, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> None:
+        """Each table from the later of ``start_ms`` and its retention's start (less a partition):
+        blocks cut one compare-and-set at a time (cut_blocks), then range deletes of the
+        partitions that have rows: head rows of slots written, exemplars read in the range,
+        histograms and their roll-ups by histogram_series, every roll-up partition of the range."""
+        layout, now = self.retentions.widest(), int(time.time() * 1000)  # as far back as any tenant's rows
+        width = self.slot_width_ms
+        raw_start = max(start_ms, now - layout.raw_retention_ms - layout.block_partition_width_ms)
+        deletes: list[tuple[Any, tuple]] = []
+        if raw_start <= end_ms:
+            deletes += await self._cut_blocks(tenant, hashes, raw_start, end_ms)
+            deletes += await self._histogram_deletes("histograms", width, tenant, hashes, raw_start, end_ms)
+        exemplar_start = max(start_ms, now - layout.exemplar_retention_ms - width)
+        if exemplar_start <= end_ms:
+            requests = self._partition_requests(
+                self._statements["read_exemplars"], tenant, hashes, exemplar_start, end_ms
+            )
+            found = {(row[0], time_slot(row[1], width)) for page in await self._execute_all(requests) for row in page}
+            statement = self._statements["delete_range_exemplars"]
+            deletes += [(statement, (tenant, h, slot, start_ms, end_ms)) for h, slot in sorted(found)]
+        for granularity in layout.granularities:
+            partition = granularity.partition_width_ms
+            oldest = max(start_ms, now - granularity.retention_ms - partition)
+            if oldest > end_ms:
+                continue
+            first, last = bucket_range(oldest, end_ms, granularity.width_ms)
+            statement = self._statements[f"delete_range_{granularity.table}"]
+            deletes += [
+                (statement, (tenant, h, slot, first, last))
+                for h in hashes
+                for slot in time_slots(first, last, partition)
+            ]
+            deletes += await self._histogram_deletes(
+                granularity.histogram_table, partition, tenant, hashes, first, last
+            )
+        await self._execute_all(deletes)
+
+    async def _cut_blocks(self, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> list:
+        """Cut the blocks of the range, each with ``IF block = <the bytes it was cut from>``: a seal
+        that wrote the block meanwhile fails the condition, and the block is read and cut again,
+        so the seal's samples outside the range stay. Returns the range deletes of the head rows
+        of every slot ever written (written_at: data_raw, head_written_at: data_head)."""
+        width = self.slot_width_ms
+        first, last = time_slot(start_ms, width), time_slot(end_ms, width)
+        statement = self._statements["read_slots"]
+        chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
+        partitions = time_slots(first, last, self.layout.block_partition_width_ms)
+        requests = [(statement, (tenant, chunk, p, first, last)) for chunk in chunks for p in partitions]
+        legacy, head = self._statements["delete_range_data_raw"], self._statements["delete_range_data_head"]
+        deletes: list[tuple[Any, tuple]] = []
+        cuts = []
+        for page in await self._execute_all(requests, PLAIN_ROWS):
+            for hash_, slot, block, written, head_written, _ in page:
+                if written is not None:
+                    deletes.append((legacy, (tenant, hash_, slot, start_ms, end_ms)))
+                slices = self.layout.head_slices(slot, start_ms, end_ms)
+                if head_written is not None and slices:
+                    deletes.append((head, (tenant, slices, head_shard(hash_), hash_, start_ms, end_ms)))
+                if block is not None:
+                    key = (tenant, hash_, time_slot(slot, self.layout.block_partition_width_ms), slot)
+                    cuts.append(defer.ensureDeferred(self._cut_block(key, block, start_ms, end_ms)))
+        await defer.gatherResults(cuts, consumeErrors=True)
+        return deletes
+
+    async def _cut_block(self, key: tuple, block: bytes, start_ms: int, end_ms: int) -> None:
+        for _ in range(CUT_BLOCK_ATTEMPTS):
+            cut = await threads.deferToThread(cut_block, block, start_ms, end_ms)
+            if cut is block:
+                return
+            ttl = self._ttl_s(key[0], lambda layout: layout.raw_retention_ms)
+            (row,) = await self._execute(self._statements["cut_block"], (ttl, cut, *key, block))
+            if row[0]:
+                return
+            found = await self._execute(self._statements["read_block"], key)
+            if not found or found[0].block is None:
+                return
+            block = found[0].block
+        raise StoreUnavailable(f"cassandra: block {key} kept changing while it was cut; delete again")

@@ -1,0 +1,130 @@
+"""The series index in the embedded store: series metadata, the tag and Graphite path indexes."""
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+from gateway.core.model import SeriesKey
+from gateway.store.contract import PathNode
+from gateway.store.deletion import INDEX_KEYS
+from gateway.store.index import index_rows
+from gateway.store.sqlite_base import SQLiteBase
+from gateway.store.sqlite_sql import column_values, single_statement, transaction
+
+
+def _series_statements(series: list[SeriesKey]) -> list[tuple[str, list]]:
+    rows = index_rows(series)
+    return [
+        ("INSERT OR IGNORE INTO tenants VALUES (?)", rows.tenants),
+        ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", rows.metric_names),
+        (
+            "INSERT INTO series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT DO UPDATE SET metric_name = excluded.metric_name, tags = excluded.tags",
+            [
+                (tenant, hash_, name, json.dumps(tags, sort_keys=True))
+                for tenant, hash_, name, tags in rows.series_set_hashes
+            ],
+        ),
+        ("INSERT OR IGNORE INTO series_sets VALUES (?, ?, ?, ?, ?)", rows.series_sets),
+        ("INSERT OR IGNORE INTO tag_keys VALUES (?, ?, ?)", rows.tag_keys),
+        ("INSERT OR IGNORE INTO tag_values VALUES (?, ?, ?, ?)", rows.tag_values),
+        (
+            "INSERT INTO graphite_paths VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE"
+            " SET is_leaf = max(is_leaf, excluded.is_leaf), is_branch = max(is_branch, excluded.is_branch)",
+            [(tenant, parent, name, int(leaf), int(not leaf)) for tenant, parent, name, leaf in rows.graphite_paths],
+        ),
+        ("INSERT OR IGNORE INTO tenant_tag_keys VALUES (?, ?)", rows.tenant_tag_keys),
+        ("INSERT OR IGNORE INTO tenant_tag_values VALUES (?, ?, ?)", rows.tenant_tag_values),
+        ("INSERT OR IGNORE INTO tag_metrics VALUES (?, ?, ?, ?)", rows.tag_metrics),
+    ]
+
+
+def series_rows(connection: sqlite3.Connection, columns: str, tenant: str, hashes: list[str]):
+    """(series_set_hash, *columns) of the series_set_hashes rows of the hashes, 500 a query."""
+    for start in range(0, len(hashes), 500):
+        chunk = hashes[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        query = (
+            f"SELECT series_set_hash, {columns} FROM series_set_hashes WHERE tenant=? AND series_set_hash IN ({marks})"
+        )
+        yield from connection.execute(query, (tenant, *chunk))
+
+
+def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) -> dict[str, SeriesKey]:
+    return {
+        series_set_hash: SeriesKey(tenant, series_set_hash, metric_name, json.loads(tags))
+        for series_set_hash, metric_name, tags in series_rows(connection, "metric_name, tags", tenant, hashes)
+    }
+
+
+class SQLiteIndex(SQLiteBase):
+    """The IndexStore role (contract.py)."""
+
+    def write_series(self, series: Sequence[SeriesKey]):
+        return self._commit(_series_statements, list(series))
+
+    def get_series(self, tenant, hashes: Iterable[str]):
+        return self._read(_get_series, tenant, list(hashes))
+
+    def find_series(self, tenant, metric_name, tag_key, tag_value):
+        query = "SELECT series_set_hash FROM series_sets WHERE tenant=? AND metric_name=? AND tag_key=? AND tag_value=?"
+        return self._read(column_values, query, (tenant, metric_name, tag_key, tag_value)).addCallback(set)
+
+    def list_tenants(self):
+        return self._read(column_values, "SELECT tenant FROM tenants ORDER BY tenant", ())
+
+    def list_metric_names(self, tenant):
+        return self._read(
+            column_values, "SELECT metric_name FROM metric_names WHERE tenant=? ORDER BY metric_name", (tenant,)
+        )
+
+    def list_tag_keys(self, tenant, metric_name):
+        return self._read(
+            column_values,
+            "SELECT tag_key FROM tag_keys WHERE tenant=? AND metric_name=? ORDER BY tag_key",
+            (tenant, metric_name),
+        )
+
+    def list_tag_values(self, tenant, metric_name, tag_key):
+        return self._read(
+            column_values,
+            "SELECT tag_value FROM tag_values WHERE tenant=? AND metric_name=? AND tag_key=? ORDER BY tag_value",
+            (tenant, metric_name, tag_key),
+        )
+
+    def list_path_children(self, tenant, parent):
+        query = "SELECT name, is_leaf, is_branch FROM graphite_paths WHERE tenant=? AND parent=? ORDER BY name"
+        return self._read(
+            lambda connection: [
+                PathNode(n, bool(leaf), bool(branch)) for n, leaf, branch in connection.execute(query, (tenant, parent))
+            ]
+        )
+
+    def list_tenant_tag_keys(self, tenant):
+        return self._read(
+            column_values, "SELECT tag_key FROM tenant_tag_keys WHERE tenant=? ORDER BY tag_key", (tenant,)
+        )
+
+    def list_tenant_tag_values(self, tenant, tag_key):
+        query = "SELECT tag_value FROM tenant_tag_values WHERE tenant=? AND tag_key=? ORDER BY tag_value"
+        return self._read(column_values, query, (tenant, tag_key))
+
+    def find_metrics_by_tag(self, tenant, tag_key, tag_value):
+        query = "SELECT metric_name FROM tag_metrics WHERE tenant=? AND tag_key=? AND tag_value=? ORDER BY metric_name"
+        return self._read(column_values, query, (tenant, tag_key, tag_value))
+
+    def delete_index_rows(self, rows):
+        statements = [
+            (f"DELETE FROM {table} WHERE {' AND '.join(f'{c}=?' for c in INDEX_KEYS[table])}", keys)
+            for table, keys in rows.items()
+            if keys
+        ]
+        return self._write(transaction, statements)
+
+    def write_path_flags(self, tenant, parent, name, is_leaf, is_branch):
+        if is_leaf or is_branch:
+            query = "UPDATE graphite_paths SET is_leaf=?, is_branch=? WHERE tenant=? AND parent=? AND name=?"
+            rows = [(int(is_leaf), int(is_branch), tenant, parent, name)]
+        else:
+            query, rows = "DELETE FROM graphite_paths WHERE tenant=? AND parent=? AND name=?", [(tenant, parent, name)]
+        return self._commit(single_statement, query, rows)

@@ -1,0 +1,101 @@
+"""Lifecycle of the SQLite driver: open (schema), close, health, identity and the sweep of expired data."""
+
+from twisted.internet import threads
+
+from gateway.core.layout import Layout, Retentions
+from gateway.store.contract import time_slot
+from gateway.store.sqlite_base import SQLiteBase
+from gateway.store.sqlite_schema import start_writer
+from gateway.store.sqlite_sql import immediate, transaction
+
+
+def _sweep_statements(layout: Layout, now_ms: int, tenants: str, tenant_params: list) -> list[tuple[str, list]]:
+    """Deletes of blocks, head rows and histograms older than the raw retention, and roll-ups (of
+    samples and of histograms) and exemplars older than theirs (by the samples' time), of the
+    tenants the condition ``tenants`` (with ``tenant_params``) selects."""
+    raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
+    statements: list[tuple[str, list]] = [
+        (f"DELETE FROM head_chunks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM head_log WHERE ts < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM data_blocks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM histograms WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (
+            f"DELETE FROM histogram_series WHERE source = 'histograms' AND time_slot < ? AND {tenants}",
+            [(raw_before, *tenant_params)],
+        ),
+        (
+            f"DELETE FROM exemplars WHERE ts < ? AND {tenants}",
+            [(now_ms - layout.exemplar_retention_ms, *tenant_params)],
+        ),
+    ]
+    for granularity in layout.granularities:
+        for table in (granularity.table, granularity.histogram_table):
+            statements.append(
+                (
+                    f"DELETE FROM {table} WHERE ts < ? AND {tenants}",
+                    [(now_ms - granularity.retention_ms, *tenant_params)],
+                )
+            )
+        # a partition slot whose whole width is past the retention has no rows left
+        oldest_partition = now_ms - granularity.retention_ms - granularity.partition_width_ms + 1
+        statements.append(
+            (
+                f"DELETE FROM histogram_series WHERE source = ? AND time_slot < ? AND {tenants}",
+                [(granularity.histogram_table, oldest_partition, *tenant_params)],
+            )
+        )
+    return statements
+
+
+def _sweep(connection, retentions: Retentions, now_ms: int) -> None:
+    """Delete what is past its retention: each tenant with retentions of its own (--overrides) by
+    them, every other tenant by the store's; then return the freed pages to the file system."""
+    by_tenant = retentions.by_tenant  # one reload's, even if another comes meanwhile
+    overridden = list(by_tenant)
+    others = f"tenant NOT IN ({', '.join('?' * len(overridden))})" if overridden else "1"
+    statements = _sweep_statements(retentions.layout, now_ms, others, overridden)
+    for tenant, layout in by_tenant.items():
+        statements += _sweep_statements(layout, now_ms, "tenant = ?", [tenant])
+    transaction(connection, statements)
+    # incremental_vacuum frees one page per step, and Python's sqlite3 steps a statement without
+    # result columns once: so one statement per free page, all in one transaction.
+    with immediate(connection):
+        for _ in range(connection.execute("PRAGMA freelist_count").fetchone()[0]):
+            connection.execute("PRAGMA incremental_vacuum(1)")
+    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+class SQLiteLifecycle(SQLiteBase):
+    """The Lifecycle role (contract.py)."""
+
+    def start(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer.start()
+        self._readers.start()
+        self._fold_check.start(self.fold_check_s, now=False)
+        return self._write(start_writer, self.layout)
+
+    def close(self):
+        if self._fold_check.running:
+            self._fold_check.stop()
+
+        def stop_and_close():
+            self._writer.stop()
+            self._readers.stop()
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+
+        return threads.deferToThread(stop_and_close)
+
+    def ping(self):
+        return self._read(lambda connection: connection.execute("SELECT 1").fetchone())
+
+    def identity(self):
+        """A random id the file got when its schema was made (a copied file keeps it)."""
+        return self._read(
+            lambda connection: "sqlite:" + connection.execute("SELECT id FROM store_identity").fetchone()[0]
+        )
+
+    def sweep(self, now_ms):
+        return self._write(_sweep, self.retentions, now_ms)

@@ -1,0 +1,150 @@
+"""Float samples in the embedded store: head rows (sqlite_head.py), sealed blocks, roll-ups and the
+deletion of a range.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+from twisted.internet.defer import succeed
+
+from gateway.core import samples
+from gateway.core.layout import Layout
+from gateway.core.samples import Samples
+from gateway.store.contract import ROLLUP_COLUMNS, RawData, RawPoint, Rollup, time_slot
+from gateway.store.deletion import bucket_range, cut_block
+from gateway.store.sqlite_base import SQLiteBase
+from gateway.store.sqlite_head import fold_head_log, head_slots, keep_in_head_slot, raw_statements, read_head
+from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, nullable, single_statement
+
+BLOCKS_QUERY = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
+
+
+def _write_block(connection, width: int, tenant, series_set_hash, slot_ms, block, sealed: Samples) -> None:
+    """The block, and the removal from the head of the samples it sealed that still hold the sealed
+    value, in one transaction (after folding the head log, so that the head is all in chunks): a
+    reader sees the samples in the head or in the block, never in neither. A timestamp rewritten
+    meanwhile with another value stays in the head, to be sealed next time."""
+    fold_head_log(connection, width)
+    with immediate(connection):
+        connection.execute(
+            "INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", (tenant, series_set_hash, slot_ms, block)
+        )
+        for slot, (head, seq) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
+            keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seq, ~_sealed_in(head, sealed))
+
+
+def _sealed_in(head: Samples, sealed: Samples) -> np.ndarray:
+    """Which head samples ``sealed`` holds with the same value, bit for bit."""
+    if not len(sealed):
+        return np.zeros(len(head), dtype=bool)
+    at = np.minimum(np.searchsorted(sealed.timestamps, head.timestamps), len(sealed) - 1)
+    same_bits = sealed.values.view(np.int64)[at] == head.values.view(np.int64)
+    return (sealed.timestamps[at] == head.timestamps) & same_bits
+
+
+def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> None:
+    """One transaction: a seal's write_block (on this same writer thread) lands wholly before or
+    after it, so a block is never rewritten from a copy older than the one it replaces."""
+    slots = (time_slot(start_ms, layout.slot_width_ms), time_slot(end_ms, layout.slot_width_ms))
+    by_ts = "tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ?"
+    fold_head_log(connection, layout.slot_width_ms)
+    with immediate(connection):
+        for hash_ in hashes:
+            blocks = connection.execute(
+                "SELECT time_slot, block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ?",
+                (tenant, hash_, *slots),
+            ).fetchall()
+            for slot, block in blocks:
+                cut = cut_block(block, start_ms, end_ms)
+                if cut is None:
+                    connection.execute(
+                        "DELETE FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot=?",
+                        (tenant, hash_, slot),
+                    )
+                elif cut is not block:
+                    connection.execute(
+                        "UPDATE data_blocks SET block=? WHERE tenant=? AND series_set_hash=? AND time_slot=?",
+                        (cut, tenant, hash_, slot),
+                    )
+            for slot, (head, seq) in head_slots(connection, tenant, hash_, *slots).items():
+                outside = (head.timestamps < start_ms) | (head.timestamps > end_ms)
+                keep_in_head_slot(connection, tenant, hash_, slot, head, seq, outside)
+            for table in ("exemplars", "histograms"):
+                connection.execute(f"DELETE FROM {table} WHERE {by_ts}", (tenant, hash_, *slots, start_ms, end_ms))
+            for granularity in layout.granularities:
+                first, last = bucket_range(start_ms, end_ms, granularity.width_ms)
+                width = granularity.partition_width_ms
+                for table in (granularity.table, granularity.histogram_table):
+                    connection.execute(
+                        f"DELETE FROM {table} WHERE {by_ts}",
+                        (tenant, hash_, time_slot(first, width), time_slot(last, width), first, last),
+                    )
+
+
+class SQLiteSamples(SQLiteBase):
+    """The SampleStore role (contract.py)."""
+
+    def write_raw(self, points: Sequence[RawPoint]):
+        points = list(points)
+        self._rows_since_fold += len(points)
+        return self._commit(raw_statements, points)
+
+    def read_raw(self, tenant, hashes, start_ms, end_ms):
+        hashes = list(hashes)
+        if end_ms < start_ms:
+            return succeed([RawData([], samples.empty()) for _ in hashes])
+        first_slot = time_slot(start_ms, self.slot_width_ms)
+        last_slot = time_slot(end_ms, self.slot_width_ms)
+
+        def read(connection):
+            # one snapshot: a fold or a seal committing meanwhile cannot move samples past the read
+            connection.execute("BEGIN")
+            try:
+                heads = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
+                return [
+                    RawData(column_values(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), head)
+                    for hash_, head in zip(hashes, heads)
+                ]
+            finally:
+                connection.execute("COMMIT")
+
+        return self._read(read)
+
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
+        return self._write(_write_block, self.slot_width_ms, tenant, series_set_hash, slot_ms, block, sealed)
+
+    def write_rollups(self, granularity, rows):
+        width = granularity.partition_width_ms
+        values = [
+            (
+                r.tenant,
+                r.series_set_hash,
+                time_slot(r.timestamp_ms, width),
+                r.timestamp_ms,
+                *(nullable(getattr(r, c)) for c in ROLLUP_COLUMNS),
+            )
+            for r in rows
+        ]
+        query = f"INSERT OR REPLACE INTO {granularity.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        return self._commit(single_statement, query, values)
+
+    def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
+        if end_ms < start_ms:
+            return succeed([])
+        width = granularity.partition_width_ms
+        query = (
+            f"SELECT ts, {', '.join(ROLLUP_COLUMNS)} FROM {granularity.table} WHERE tenant=? AND series_set_hash=?"
+            " AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ? ORDER BY time_slot, ts"
+        )
+        parameters = (tenant, series_set_hash, time_slot(start_ms, width), time_slot(end_ms, width), start_ms, end_ms)
+
+        def read(connection):
+            return [
+                Rollup(tenant, series_set_hash, ts, *(decode_nullable(v) for v in values))
+                for ts, *values in connection.execute(query, parameters)
+            ]
+
+        return self._read(read)
+
+    def delete_samples(self, tenant, hashes, start_ms, end_ms):
+        return self._write(_delete_samples, self.layout, tenant, list(hashes), start_ms, end_ms)
