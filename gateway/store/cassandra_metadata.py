@@ -14,7 +14,6 @@ class CassandraMetadata(CassandraBase):
         return {
             **super()._statement_texts(),
             "add_aggregators": f"UPDATE {ks}.metric_names SET aggregators = aggregators + ? WHERE tenant = ? AND metric_name = ?",
-            "get_aggregators": f"SELECT aggregators FROM {ks}.metric_names WHERE tenant = ? AND metric_name = ?",
             "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
             "write_created": f"UPDATE {ks}.series_set_hashes SET created_ms = ? WHERE tenant = ? AND series_set_hash = ?",
@@ -23,12 +22,6 @@ class CassandraMetadata(CassandraBase):
 
     def add_metric_aggregators(self, tenant, metric_name, aggregators):
         return self._execute(self._statements["add_aggregators"], (set(aggregators), tenant, metric_name))
-
-    def get_metric_aggregators(self, tenant, metric_name):
-        def aggregators(rows):
-            return sorted(rows[0].aggregators or ()) if rows else []
-
-        return self._execute(self._statements["get_aggregators"], (tenant, metric_name)).addCallback(aggregators)
 
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
         return self._execute_all(self._batched([(self._statements["metric_metadata"], tuple(row)) for row in rows]))

@@ -392,10 +392,6 @@ class MetadataStore(abc.ABC):
         """Add to the set of aggregators that exist for a metric (metric_names.aggregators)."""
 
     @abc.abstractmethod
-    def get_metric_aggregators(self, tenant: str, metric_name: str) -> Deferred:
-        """Fire with the sorted aggregators recorded for a metric."""
-
-    @abc.abstractmethod
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]) -> Deferred:
         """Upsert the type, help and unit of metrics (the last write wins)."""
 

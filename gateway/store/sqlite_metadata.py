@@ -35,15 +35,6 @@ class SQLiteMetadata(SQLiteBase):
 
         return self._write(add)
 
-    def get_metric_aggregators(self, tenant, metric_name):
-        def get(connection):
-            row = connection.execute(
-                "SELECT aggregators FROM metric_names WHERE tenant=? AND metric_name=?", (tenant, metric_name)
-            ).fetchone()
-            return json.loads(row[0]) if row else []
-
-        return self._read(get)
-
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
         return self._commit(
             single_statement, "INSERT OR REPLACE INTO metric_metadata VALUES (?, ?, ?, ?, ?)", list(rows)
