@@ -240,7 +240,7 @@ def build_router(
     """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
     of the ingest pipeline only its clock). The query limits are each tenant's (``overrides``)."""
     max_points = overrides.limit("max-points-per-query")
-    NativeAPI(store, pipeline, planner, max_points).register(router)
+    NativeAPI(pipeline, planner, max_points).register(router)
     PrometheusAPI(
         store,
         pipeline,

@@ -20,7 +20,6 @@ from gateway.http.server import (
 from gateway.ingest.pipeline import IngestPipeline
 from gateway.query.planner import PointsBudget, QueryPlanner
 from gateway.query.read_path import ROLLUP_AGGREGATES
-from gateway.store import Store
 from protocols import native_json
 from protocols.timespec import BadTime, parse_time
 
@@ -28,8 +27,7 @@ MAX_REPORTED_REJECTS = 100
 
 
 class NativeAPI:
-    def __init__(self, store: Store, pipeline: IngestPipeline, planner: QueryPlanner, max_points: int | PerTenant):
-        self.store = store
+    def __init__(self, pipeline: IngestPipeline, planner: QueryPlanner, max_points: int | PerTenant):
         self.max_points = per_tenant("max-points-per-query", max_points)
         self.pipeline = pipeline
         self.planner = planner
@@ -103,21 +101,21 @@ class NativeAPI:
         return item_tenant
 
     async def tenants(self, request):
-        return json_response(200, await self.store.list_tenants())
+        return json_response(200, await self.planner.tenants())
 
     async def metric_names(self, request):
-        return json_response(200, await self.store.list_metric_names(request_tenant(request)))
+        return json_response(200, await self.planner.metric_names(request_tenant(request)))
 
     async def tag_keys(self, request):
         tenant = request_tenant(request)
         metric_name = require_arg(request, "metricName")
-        return json_response(200, await self.store.list_tag_keys(tenant, metric_name))
+        return json_response(200, await self.planner.tag_keys(tenant, metric_name))
 
     async def tag_values(self, request):
         tenant = request_tenant(request)
         metric_name = require_arg(request, "metricName")
         tag_key = require_arg(request, "tagKey")
-        return json_response(200, await self.store.list_tag_values(tenant, metric_name, tag_key))
+        return json_response(200, await self.planner.tag_values(tenant, metric_name, tag_key))
 
     async def query(self, request):
         tenant = request_tenant(request)
@@ -141,7 +139,7 @@ class NativeAPI:
             raise HTTPError(400, f"aggregator {aggregator!r} is not one of {choices}", field="aggregator")
         granularity = self._granularity(request)
         if granularity is None and aggregator not in (None, "raw") and arg(request, "granularity") != "raw":
-            granularity = self.store.layout.granularities[0]
+            granularity = self.planner.layout.granularities[0]
         if granularity is not None and aggregator == "raw":
             raise HTTPError(400, "aggregator raw reads raw samples, so it takes no granularity", field="aggregator")
         if granularity is None and aggregator not in (None, "raw"):
@@ -163,7 +161,7 @@ class NativeAPI:
 
     def _granularity(self, request):
         """An explicit ``granularity=5m`` (or ISO ``PT5M``); None for ``raw`` or none given."""
-        layout = self.store.layout
+        layout = self.planner.layout
         name = arg(request, "granularity")
         if not name or name == "raw":
             return None

@@ -61,6 +61,19 @@ class QueryPlanner(ReadService):
         self.max_series = per_tenant("max-series-per-query", max_series)
         self._series = LRUMap(SERIES_REMEMBERED)
 
+    def tenants(self):
+        """The tenants that have written series."""
+        return self.store.list_tenants()
+
+    def metric_names(self, tenant: str):
+        return self.store.list_metric_names(tenant)
+
+    def tag_keys(self, tenant: str, metric_name: str):
+        return self.store.list_tag_keys(tenant, metric_name)
+
+    def tag_values(self, tenant: str, metric_name: str, tag_key: str):
+        return self.store.list_tag_values(tenant, metric_name, tag_key)
+
     async def select_series(self, tenant: str, metric_name: str, tag_filters: dict[str, str]) -> list[SeriesKey]:
         """Series of a metric that carry every tag pair of ``tag_filters``, sorted by tags."""
         pairs = sorted(tag_filters.items()) or [(NAME_TAG, metric_name)]

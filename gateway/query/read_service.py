@@ -68,6 +68,7 @@ class ReadService:
 
     def __init__(self, store: Store, clock=now_ms, max_future_ms: int = Limits.max_future_ms):
         self.store = store
+        self.layout = store.layout
         self.path = ReadPath(store, clock, max_future_ms)
 
     def now(self) -> int:
