@@ -114,13 +114,14 @@ def _release(future) -> None:
     """Break the two reference cycles a finished future is in. Ours: its callbacks' arguments
     hold the future. The driver's: the future holds its timeout timer, whose callback is the
     future's bound method (and the event loop's heap holds a cancelled timer until it comes to
-    the top). ``_timer`` is private to cassandra-driver: the versions setup.cfg allows cancel it
-    before calling back, and test_finished_requests_leave_no_cyclic_garbage checks the release."""
+    the top). A finished future's timer has fired or is cancelled (the driver cancels it before
+    calling back), so its callback is not needed. ``_timer`` is private to cassandra-driver
+    (setup.cfg pins the versions); test_finished_requests_leave_no_cyclic_garbage checks this."""
     future.clear_callbacks()
     timer = getattr(future, "_timer", None)
-    if isinstance(timer, Timer) and timer.canceled:
-        timer.callback = _cancelled
+    if isinstance(timer, Timer):
+        timer.callback = _spent
 
 
-def _cancelled() -> None:
-    """What a cancelled timer would call: nothing (the driver does not call it)."""
+def _spent() -> None:
+    """The callback of a finished future's timer, which fired or never will: nothing."""
