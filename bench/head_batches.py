@@ -13,8 +13,10 @@ written each way into one keyspace made by ``tsgate schema apply``:
                            values serialized directly: gateway.store.cassandra_samples.head_batch)
 
 Printed per way: rows/s, client CPU us/row (this process: binding, batching, the driver's request
-path), Cassandra CPU us/row (when it runs on this box) and mutations per row (partition writes
-Cassandra applied, from system_views.local_write_latency). Run from the repository root:
+path), Cassandra CPU us/row (when it runs on this box: from the start of the way until Cassandra
+is idle again, so the flushes and compactions the way set off count, and the keyspace's creation
+does not) and mutations per row (partition writes Cassandra applied, from
+system_views.local_write_latency). Run from the repository root:
 
     python -m bench.head_batches --cassandra 127.0.0.1:9042 [--rows 100000] [--concurrency 64] [--only TEXT]
 """
@@ -29,7 +31,16 @@ from collections import defaultdict
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import BatchStatement, BatchType
 
-from bench.common import CONSISTENCY, BenchError, connect, exit_with, fresh_keyspace, listening_pid, process_cpu_s
+from bench.common import (
+    CONSISTENCY,
+    BenchError,
+    connect,
+    exit_with,
+    fresh_keyspace,
+    listening_pid,
+    process_cpu_s,
+    settle,
+)
 from gateway.app.config import parse_hostport
 from gateway.core.layout import HEAD_SHARDS, Layout
 from gateway.core.model import series_set_hash, series_set_text
@@ -122,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     keyspace = f"tsgate_bench_hb_{os.getpid()}"
     print(f"{'way':<48}{'rows':>8}{'rows/s':>9}{'client us/row':>15}{'cass us/row':>13}{'mutations/row':>15}")
     with fresh_keyspace(session, host, port, keyspace):
+        if cassandra_pid:
+            settle(cassandra_pid)
         for name, statements, series in WAYS:
             if args.only and args.only not in name:
                 continue
@@ -139,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             if not all(ok for ok, _ in results):
                 raise BenchError(f"{name}: some requests failed")
+            if cassandra_pid:
+                settle(cassandra_pid)
             cassandra = (
                 f"{(process_cpu_s(cassandra_pid) - cassandra_before) / rows * 1e6:.1f}" if cassandra_pid else "-"
             )

@@ -125,6 +125,28 @@ def test_schema_apply_upgrades_retention(cassandra_server):
         cluster.shutdown()
 
 
+def test_schema_apply_gives_an_existing_data_head_its_compaction_thresholds(cassandra_server):
+    """A keyspace whose data_head compacts with Cassandra's default thresholds (4 sstables, as
+    tables made before issue 23's measurement did) gets data_head's own from `schema apply`."""
+    url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/tsdb_head_compaction"
+    assert tsgate("schema", "apply", "--store", url).returncode == 0
+    cluster, session = cql_session(cassandra_server)
+    try:
+        session.execute(
+            "ALTER TABLE tsdb_head_compaction.data_head WITH compaction = {'class': 'TimeWindowCompactionStrategy',"
+            " 'compaction_window_unit': 'HOURS', 'compaction_window_size': '1'}"
+        )
+        assert describe(session, "tsdb_head_compaction")["data_head"]["compaction"]["min_threshold"] == "4"
+        applied = tsgate("schema", "apply", "--store", url)
+        assert applied.returncode == 0, applied.stderr
+        compaction = describe(session, "tsdb_head_compaction")["data_head"]["compaction"]
+        assert (compaction["min_threshold"], compaction["max_threshold"]) == ("32", "64")
+        assert compaction["compaction_window_size"] == "1"
+    finally:
+        session.execute("DROP KEYSPACE IF EXISTS tsdb_head_compaction")
+        cluster.shutdown()
+
+
 def test_schema_apply_upgrades_a_keyspace_of_one_row_a_sample(start_gateway, cassandra_server, tenant):
     """A keyspace made before blocks existed (no data_blocks; data_raw rows
     written with the raw retention's TTL) is upgraded by `schema apply`, and what it held stays

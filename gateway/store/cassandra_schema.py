@@ -12,6 +12,13 @@ from gateway.core.layout import Layout
 
 HOUR_MS = 3_600_000
 TARGET_COMPACTION_WINDOWS = 30
+# data_head's current TWCS window compacts its flushed sstables size-tiered once this many are
+# alike (Cassandra's default is 4, max 32): head rows are read by their one-minute slice, which
+# lives in the few sstables flushed meanwhile, and leave with their whole window, so rewriting
+# them tier after tier bought nothing but was most of Cassandra's CPU per head row
+# (docs/performance.rst). The closing window is still compacted into one sstable, once.
+HEAD_COMPACTION_MIN_THRESHOLD = 32
+HEAD_COMPACTION_MAX_THRESHOLD = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +53,28 @@ def _cql_map(mapping: dict[str, str]) -> str:
     return "{" + ", ".join(f"'{key}': '{value}'" for key, value in mapping.items()) + "}"
 
 
-def _twcs(window_ms: int) -> str:
+def _twcs(window_ms: int, thresholds: dict[str, str] | None = None) -> str:
     if window_ms % HOUR_MS == 0:
         unit, size = "HOURS", window_ms // HOUR_MS
     else:
         unit, size = "MINUTES", max(1, window_ms // 60_000)
     return _cql_map(
-        {"class": "TimeWindowCompactionStrategy", "compaction_window_unit": unit, "compaction_window_size": str(size)}
+        {
+            "class": "TimeWindowCompactionStrategy",
+            "compaction_window_unit": unit,
+            "compaction_window_size": str(size),
+            **(thresholds or {}),
+        }
     )
+
+
+def _head_twcs(options: SchemaOptions) -> str:
+    """data_head's compaction: windows of one slot, flushed sstables merged HEAD_COMPACTION_MIN_THRESHOLD at a time."""
+    thresholds = {
+        "min_threshold": str(HEAD_COMPACTION_MIN_THRESHOLD),
+        "max_threshold": str(HEAD_COMPACTION_MAX_THRESHOLD),
+    }
+    return _twcs(options.slot_width_ms, thresholds)
 
 
 def keyspace_statement(options: SchemaOptions) -> str:
@@ -167,7 +188,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         "    value double,\n"
         "    PRIMARY KEY ((tenant, slice, shard), series_set_hash, ts)\n"
         ") WITH CLUSTERING ORDER BY (series_set_hash ASC, ts ASC)\n"
-        f"    AND compaction = {_twcs(options.slot_width_ms)}\n"
+        f"    AND compaction = {_head_twcs(options)}\n"
         f"    AND default_time_to_live = {head_ttl_s}\n"
         "    AND gc_grace_seconds = 10800",
         f"CREATE TABLE IF NOT EXISTS {ks}.data_blocks (\n"
@@ -282,9 +303,9 @@ def upgrade_statements(options: SchemaOptions) -> list[str]:
     statements = [
         *(
             f"ALTER TABLE {options.keyspace}.{table}\n"
-            f"    WITH compaction = {_twcs(options.slot_width_ms)}\n"
+            f"    WITH compaction = {compaction}\n"
             f"    AND default_time_to_live = {head_ttl_s}"
-            for table in ("data_raw", "data_head")
+            for table, compaction in (("data_raw", _twcs(options.slot_width_ms)), ("data_head", _head_twcs(options)))
         ),
         f"ALTER TABLE {options.keyspace}.data_blocks\n"
         f"    WITH compaction = {_twcs(window)}\n"
