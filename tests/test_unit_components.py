@@ -47,6 +47,11 @@ class Future:
         self._callback, self._errback = callback, errback
         self._callback_args, self._errback_args = callback_args, errback_args
 
+    def clear_callbacks(self):
+        """As the driver's: a finished request drops its callbacks (and what their arguments hold)."""
+        self._callback = self._errback = None
+        self._callback_args = self._errback_args = ()
+
     def start_fetching_next_page(self):
         self.fetches += 1
 
