@@ -33,10 +33,11 @@ class CassandraPending(CassandraBase):
         return self._execute(self._statements["list_pending"], (partition, before_slot)).addCallback(rows)
 
     def delete_pending(self, rows):
-        """Conditional deletes, ROWS_PER_BATCH of a partition a conditional batch: one Paxos round
-        for them all where one a row made sealing wait on Cassandra's Paxos work (about half
-        of its CPU in a seal: docs/performance.rst, "Sealing"). A batch applies all or none, so
-        where one of its rows was touched again the batch's rows are deleted one at a time."""
+        """Conditional deletes, ROWS_PER_BATCH of a partition a conditional batch: one Paxos
+        round for them all, where one a row made sealing wait on Cassandra's Paxos work (about
+        half of its CPU in a seal: docs/performance.rst, "Sealing against ingest"). A batch
+        applies all or none, so where one of its rows was touched again the batch's rows are
+        deleted one at a time."""
         statement, by_partition = self._statements["delete_pending"], defaultdict(list)
         for row in rows:
             by_partition[row.partition].append(tuple(row))
