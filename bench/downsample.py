@@ -50,9 +50,9 @@ class Workload(RemoteWriteWorkload):
     def __init__(self, series_per_request: int, connections: int):
         self.slot = time_slot(now_ms(), SLOT_MS) - 3 * SLOT_MS
         super().__init__("sealing", series_per_request, connections, ROUNDS, self.slot + SLOT_MS - INTERVAL_MS)
-        names = [self.labels(i) for i in range(self.series)]
         self.hashes = [
-            series_set_hash(series_set_text(labels.pop("__name__"), labels)) for labels in (dict(n) for n in names)
+            series_set_hash(series_set_text(labels.pop("__name__"), labels))
+            for labels in map(self.labels, range(self.series))
         ]
 
     def labels(self, i: int) -> dict[str, str]:
