@@ -168,17 +168,20 @@ def victoria_metrics_service(binary: str, workdir: Path) -> Service:
 
 
 @contextlib.contextmanager
-def started(target: str, args: argparse.Namespace, workdir: Path):
-    """Yield (running service, other pids to measure); stop all of it on the way out."""
+def started(target: str, args: argparse.Namespace, workdir: Path, tsgate_args: list[str] = ()):
+    """Yield (running service, other pids to measure, tsgate's store URL or None); stop all of it
+    on the way out. ``tsgate_args`` go to a tsgate target's command line."""
     workdir.mkdir(parents=True)
     with contextlib.ExitStack() as stack:
         pids: dict[str, int] = {}
+        store_url = None
         if target == "prometheus":
             service = prometheus_service(shutil.which("prometheus"), workdir)
         elif target == "victoria-metrics":
             service = victoria_metrics_service(shutil.which("victoria-metrics"), workdir)
         elif target == "sqlite":
-            service = tsgate_service(TARGETS[target], ["--data-dir", str(workdir / "data")], workdir / "tsgate.log")
+            store_url = f"sqlite:///{workdir / 'tsgate.db'}"
+            service = tsgate_service(TARGETS[target], ["--store", store_url], workdir / "tsgate.log", tsgate_args)
         else:
             host, port, cassandra_pid = stack.enter_context(cassandra(args.cassandra, workdir / "cassandra", args.heap))
             if cassandra_pid is None and host in ("127.0.0.1", "localhost"):
@@ -194,12 +197,11 @@ def started(target: str, args: argparse.Namespace, workdir: Path):
                 # Leave a Cassandra we were given as we found it.
                 cluster = stack.enter_context(connect(host, port))
                 stack.callback(drop_keyspace, cluster.connect(), keyspace)
-            service = tsgate_service(
-                TARGETS[target], ["--store", f"cassandra://{host}:{port}/{keyspace}"], workdir / "tsgate.log"
-            )
+            store_url = f"cassandra://{host}:{port}/{keyspace}"
+            service = tsgate_service(TARGETS[target], ["--store", store_url], workdir / "tsgate.log", tsgate_args)
         stack.callback(service.stop)
         service.start(START_TIMEOUT_S)
-        yield service, pids
+        yield service, pids, store_url
 
 
 def send(port: int, workload: Workload, timeout_s: float) -> tuple[int, dict[str, list]]:
@@ -445,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += [Row(name, w.series_per_request, w.requests, note="not installed") for w in workloads]
                 continue
             try:
-                with started(target, args, workdir / target) as (service, pids):
+                with started(target, args, workdir / target) as (service, pids, _):
                     if warmup.requests:
                         acknowledged, errors = send(service.port, warmup, args.run_timeout)
                         if errors:

@@ -487,6 +487,19 @@ class TestPending:
         left = [p for p in await store.list_pending(7, 3 * HOUR) if p.tenant == tenant]
         assert left == [PendingSet(7, HOUR, tenant, "h1", 2000), PendingSet(7, 2 * HOUR, tenant, "h3", 1000)]
 
+    @pytest_twisted.ensureDeferred
+    async def test_deleting_many_pending_sets_keeps_only_those_touched_again(self, store, tenant):
+        """Many rows of a partition go together (Cassandra: conditional batches), and one touched
+        again among them stays, with the rest of its batch gone."""
+        rows = [PendingSet(partition, 0, tenant, f"h{i}") for partition in (8, 9) for i in range(120)]
+        await store.mark_pending(rows, 1000)
+        pending = [p for partition in (8, 9) for p in await store.list_pending(partition, HOUR) if p.tenant == tenant]
+        assert len(pending) == 240
+        await store.mark_pending([rows[70]], 2000)
+        await store.delete_pending(pending)
+        left = [p for partition in (8, 9) for p in await store.list_pending(partition, HOUR) if p.tenant == tenant]
+        assert left == [PendingSet(8, 0, tenant, "h70", 2000)]
+
 
 class TestMetadata:
     """Metric metadata, aggregators and created timestamps (contract.MetadataStore)."""

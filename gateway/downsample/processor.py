@@ -141,13 +141,14 @@ class Downsampler:
             for (tenant, hashes), done in zip(groups, await gatherResults(jobs))
             for hash_, ok in zip(hashes, done)
         }
-        finished = 0
+        finished, marks = 0, []
         for work in works:
             left = {member for member in work.members if not outcome.get(member)}
             if any(outcome.get(member) is False for member in work.members):
                 metrics.DOWNSAMPLE_ERRORS.inc()
-            await self.pending.done(work, left)
+            marks.append(ensureDeferred(self.pending.done(work, left)))
             finished += len(work.members) - len(left)
+        await gatherResults(marks, consumeErrors=True)
         metrics.DOWNSAMPLED.inc(finished)
         log.debug(
             "rolled up %d series of slot %d (%d partitions) in %.3fs, %d left for a retry",

@@ -102,12 +102,17 @@ def head_batch(statement, rows: list[tuple], consistency: int) -> BatchStatement
     return batch
 
 
-def _samples_of(rows: list[tuple[int, float]]) -> Samples:
-    """(ts, value) rows of several head partitions, in any slot order -> Samples."""
-    if not rows:
-        return samples.empty()
-    array = np.array(rows, dtype=[("ts", np.int64), ("value", np.float64)])
-    return samples.merge([Samples(array["ts"], array["value"])])
+def _head_runs(page: list[tuple[str, int, float]]) -> list[tuple[str, Samples]]:
+    """A page of (series_set_hash, ts, value) head rows -> (hash, Samples) for each run of rows of
+    one series (a partition's rows come clustered by series): columns converted by numpy at once,
+    where a Python loop over the rows was a sixth of a seal's CPU."""
+    if not page:
+        return []
+    hashes, timestamps, values = zip(*page)
+    ts, vs = np.array(timestamps, dtype=np.int64), np.array(values, dtype=np.float64)
+    names = np.array(hashes, dtype=object)
+    bounds = [0, *(np.flatnonzero(names[1:] != names[:-1]) + 1).tolist(), len(page)]
+    return [(hashes[a], Samples(ts[a:b], vs[a:b])) for a, b in zip(bounds, bounds[1:])]
 
 
 class CassandraSamples(CassandraBase):
@@ -236,13 +241,13 @@ class CassandraSamples(CassandraBase):
             ]
 
             def assemble(results):
-                heads: dict[str, list] = defaultdict(list)
+                heads: dict[str, list[Samples]] = defaultdict(list)
                 for page in results[: len(head_requests)]:
-                    for hash_, ts, value in page:
-                        heads[hash_].append((ts, value))
+                    for hash_, run in _head_runs(page):
+                        heads[hash_].append(run)
                 for (hash_, _), page in zip(legacy, results[len(head_requests) :]):
-                    heads[hash_] += page
-                return [RawData(blocks[h], _samples_of(heads[h]) if h in heads else samples.empty()) for h in hashes]
+                    heads[hash_] += [run for _, run in _head_runs([(hash_, *row) for row in page])]
+                return [RawData(blocks[h], samples.merge(heads[h])) for h in hashes]
 
             return self._execute_all(head_requests + legacy_requests, PLAIN_ROWS).addCallback(assemble)
 

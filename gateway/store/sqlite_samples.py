@@ -10,7 +10,7 @@ from twisted.internet.defer import succeed
 from gateway.core import samples
 from gateway.core.layout import Layout
 from gateway.core.samples import Samples
-from gateway.store.contract import ROLLUP_COLUMNS, RawData, RawPoint, Rollup, time_slot
+from gateway.store.contract import ROLLUP_COLUMNS, RawData, RawPoint, Rollup, SealedBlock, time_slot
 from gateway.store.deletion import bucket_range, cut_block
 from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_head import fold_head_log, head_slots, keep_in_head_slot, raw_statements, read_head
@@ -19,18 +19,19 @@ from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, 
 BLOCKS_QUERY = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
 
 
-def _write_block(connection, width: int, tenant, series_set_hash, slot_ms, block, sealed: Samples) -> None:
-    """The block, and the removal from the head of the samples it sealed that still hold the sealed
-    value, in one transaction (after folding the head log, so that the head is all in chunks): a
-    reader sees the samples in the head or in the block, never in neither. A timestamp rewritten
-    meanwhile with another value stays in the head, to be sealed next time."""
+def _write_blocks(connection, width: int, blocks: Sequence[SealedBlock]) -> None:
+    """Each block, and the removal from the head of the samples it sealed that still hold the
+    sealed value, in one transaction for all (after folding the head log once, so that the head is
+    all in chunks): a reader sees the samples in the head or in the block, never in neither. A
+    timestamp rewritten meanwhile with another value stays in the head, to be sealed next time."""
     fold_head_log(connection, width)
     with immediate(connection):
-        connection.execute(
-            "INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", (tenant, series_set_hash, slot_ms, block)
-        )
-        for slot, (head, seq) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
-            keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seq, ~_sealed_in(head, sealed))
+        for tenant, series_set_hash, slot_ms, block, sealed, _ in blocks:
+            connection.execute(
+                "INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", (tenant, series_set_hash, slot_ms, block)
+            )
+            for slot, (head, seq) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
+                keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seq, ~_sealed_in(head, sealed))
 
 
 def _sealed_in(head: Samples, sealed: Samples) -> np.ndarray:
@@ -111,7 +112,12 @@ class SQLiteSamples(SQLiteBase):
         return self._read(read)
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
-        return self._write(_write_block, self.slot_width_ms, tenant, series_set_hash, slot_ms, block, sealed)
+        one = SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)
+        return self._write(_write_blocks, self.slot_width_ms, [one])
+
+    def write_blocks(self, blocks):
+        """One writer call and one transaction for all (a seal writes a group's blocks together)."""
+        return self._write(_write_blocks, self.slot_width_ms, list(blocks))
 
     def write_rollups(self, granularity, rows):
         width = granularity.partition_width_ms
