@@ -17,6 +17,7 @@ def _sweep_statements(layout: Layout, now_ms: int, tenants: str, tenant_params: 
     statements: list[tuple[str, list]] = [
         (f"DELETE FROM head_chunks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (f"DELETE FROM head_log WHERE ts < ? AND {tenants}", [(raw_before, *tenant_params)]),
+        (f"DELETE FROM head_batches WHERE last_ts < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (f"DELETE FROM data_blocks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (f"DELETE FROM histograms WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (
