@@ -673,6 +673,46 @@ class TestSQLiteDriver:
             await store.close()
 
     @pytest_twisted.ensureDeferred
+    async def test_sqlite_head_batches_fold_samples_out_of_order_and_rewritten(self, tmp_path, tenant):
+        """A fold of several batches of two tenants: samples of a series that arrived out of order,
+        or rewrote a timestamp, or crossed a slot, become chunks in timestamp order where the last
+        write wins (bit for bit, NaN and -0.0 included), before and after the fold."""
+        path = tmp_path / "fold.db"
+        store = SQLiteStore(path, Layout(), fold_rows=1000)
+        await store.start()
+        stale = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
+        writes = [
+            [RawPoint(tenant, "a", 30, 1.0), RawPoint(tenant, "b", 5, 1.0), RawPoint(tenant, "a", 10, 1.0)],
+            [RawPoint(tenant, "a", 10, 2.0), RawPoint("other", "a", 10, 7.0), RawPoint(tenant, "a", 20, -0.0)],
+            [RawPoint(tenant, "a", 30, stale), RawPoint(tenant, "a", HOUR + 1, 4.0), RawPoint(tenant, "b", 5, 3.0)],
+        ]
+        expected = {
+            (tenant, "a"): [(10, 2.0), (20, -0.0), (30, stale), (HOUR + 1, 4.0)],
+            (tenant, "b"): [(5, 3.0)],
+            ("other", "a"): [(10, 7.0)],
+        }
+
+        async def stored() -> dict:
+            found = {}
+            for key in expected:
+                (raw,) = await store.read_raw(key[0], [key[1]], 0, 2 * HOUR)
+                found[key] = [(ts, struct.pack("<d", v)) for ts, v in raw.head.points()]
+            return found
+
+        bits = {key: [(ts, struct.pack("<d", v)) for ts, v in rows] for key, rows in expected.items()}
+        try:
+            await gatherResults([store.write_raw(write) for write in writes])
+            assert await stored() == bits
+            store._fold()
+            while sqlite3.connect(path).execute("SELECT count(*) FROM head_batches").fetchone()[0]:
+                await deferLater(reactor, 0.02)
+            with sqlite3.connect(path) as reader:
+                assert reader.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 4
+            assert await stored() == bits
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
     async def test_sqlite_head_of_many_series_and_slots_reads_back_from_chunks(self, tmp_path, tenant):
         """Folds of several batches: every series reads back every sample of every slot, in order,
         whether its samples are in one chunk a slot or several, and the sweep removes old slots."""

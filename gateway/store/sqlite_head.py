@@ -105,23 +105,31 @@ def _fold_batches(connection: sqlite3.Connection, width: int) -> None:
 
 
 def _chunks(tenant: str, hashes: list[str], timestamps: np.ndarray, values: np.ndarray, width: int, seq: int) -> list:
-    """head_chunks rows of samples in write order: one a series-slot, the last write of a timestamp winning."""
-    names, series = np.unique(np.array(hashes), return_inverse=True)
+    """head_chunks rows of samples in write order: one a series-slot, the last write of a
+    timestamp winning. Series are numbered by a dict (C loops), samples sorted by series, slot
+    and write order at once, and a chunk already in strictly ascending order (the usual case) is
+    a slice of the sorted bytes; only the others go through samples.merge."""
+    names = list(dict.fromkeys(hashes))
+    number = dict(zip(names, range(len(names))))
+    series = np.fromiter(map(number.__getitem__, hashes), dtype=np.intp, count=len(hashes))
     slots = timestamps - timestamps % width
     order = np.lexsort((np.arange(len(slots)), slots, series))
     series, slots, timestamps, values = series[order], slots[order], timestamps[order], values[order]
-    starts = np.flatnonzero(np.r_[True, (series[1:] != series[:-1]) | (slots[1:] != slots[:-1])])
+    first = np.r_[True, (series[1:] != series[:-1]) | (slots[1:] != slots[:-1])]
+    starts = np.flatnonzero(first)
     stops = np.r_[starts[1:], len(series)]
-    return [
-        (
-            tenant,
-            str(names[series[start]]),
-            int(slots[start]),
-            seq,
-            *_chunk_blobs(samples.merge([Samples(timestamps[start:stop], values[start:stop])])),
-        )
-        for start, stop in zip(starts.tolist(), stops.tolist())
-    ]
+    unordered = set((np.cumsum(first)[1:][~first[1:] & (timestamps[1:] <= timestamps[:-1])] - 1).tolist())
+    timestamp_bytes, value_bytes = _chunk_blobs(Samples(timestamps, values))
+    chunks = []
+    for group, (start, stop, code, slot) in enumerate(
+        zip(starts.tolist(), stops.tolist(), series[starts].tolist(), slots[starts].tolist())
+    ):
+        if group in unordered:
+            blobs = _chunk_blobs(samples.merge([Samples(timestamps[start:stop], values[start:stop])]))
+        else:
+            blobs = timestamp_bytes[start * 8 : stop * 8], value_bytes[start * 8 : stop * 8]
+        chunks.append((tenant, names[code], slot, seq, *blobs))
+    return chunks
 
 
 def _fold_row_log(connection: sqlite3.Connection, width: int) -> None:
