@@ -707,7 +707,9 @@ class TestSQLiteDriver:
             while sqlite3.connect(path).execute("SELECT count(*) FROM head_batches").fetchone()[0]:
                 await deferLater(reactor, 0.02)
             with sqlite3.connect(path) as reader:
-                assert reader.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 4
+                chunks = reader.execute("SELECT timestamps FROM head_chunks").fetchall()
+            assert len(chunks) == 4  # a chunk a series-slot, its timestamps ascending and distinct
+            assert all(np.all(np.diff(np.frombuffer(blob, dtype="<i8")) > 0) for (blob,) in chunks)
             assert await stored() == bits
         finally:
             await store.close()
