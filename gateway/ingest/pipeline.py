@@ -10,7 +10,7 @@ them are still written.
 """
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import compress, repeat
 from operator import itemgetter
 from sys import intern
@@ -42,7 +42,7 @@ from gateway.core.tenant_activity import TenantActivity
 from gateway.ingest.limits import TenantLimits
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries, SeenSeries
 from gateway.store import Store
-from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, RawPoint
+from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, RawColumns, RawPoint
 
 METRIC_METADATA_REMEMBERED = 100_000
 # Rows of one store call: a store prepares them on the reactor thread, so a large batch is cut.
@@ -180,12 +180,33 @@ def _window_error(timestamp: int, oldest: int, newest: int) -> InvalidSample:
     raise ValueError(f"{timestamp} is inside the window")
 
 
+class _Owners(Sequence[tuple[str, str, int]]):
+    """(tenant, hash, index in the batch) of each row of samples of one tenant given as arrays,
+    held as their columns (no tuple a row unless asked for)."""
+
+    def __init__(self, tenant: str, hashes: list[str], positions: Sequence[int]):
+        self.tenant = tenant
+        self.hashes = hashes
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __iter__(self) -> Iterator[tuple[str, str, int]]:
+        return zip(repeat(self.tenant), self.hashes, self.positions)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(zip(repeat(self.tenant), self.hashes[index], self.positions[index]))
+        return self.tenant, self.hashes[index], self.positions[index]
+
+
 class _Admitted(NamedTuple):
     """A batch once resolved and admitted: its rows (with their series' tenant and hash), the
     series to index first, the cache entries to keep once written, and the rejects."""
 
-    rows: list
-    series: list[tuple[str, str, int]]  # (tenant, hash, index in the batch) of each row
+    rows: Sequence
+    series: Sequence[tuple[str, str, int]]  # (tenant, hash, index in the batch) of each row
     new_series: dict[tuple[str, str], SeriesKey]
     fresh: dict[tuple, str]
     rejected: list[Rejected]
@@ -322,7 +343,9 @@ class IngestPipeline:
             self.known.add_all(admitted.fresh)
             if kind.accepted is not None:
                 kind.accepted.labels(protocol).inc(len(admitted.rows))
-            if kind.counted:
+            if kind.counted and isinstance(admitted.series, _Owners):
+                self.activity.record_tenant(admitted.series.tenant, admitted.series.hashes)
+            elif kind.counted:
                 self.activity.record(admitted.series)
         return admitted
 
@@ -421,16 +444,9 @@ class IngestPipeline:
             written = {hashes[index] for index in np.unique(series).tolist()}
             new_series = {key: new for key, new in new_series.items() if key[1] in written}
             fresh = {key: hash_ for key, hash_ in fresh.items() if hash_ in written}
-        rows: list[RawPoint] = []
-        owners: list[tuple[str, str, int]] = []
-        for start in range(0, len(series), ROWS_PER_STEP):
-            stop = start + ROWS_PER_STEP
-            sample_hashes = list(map(hashes.__getitem__, series[start:stop].tolist()))
-            rows += map(
-                RawPoint, repeat(tenant), sample_hashes, timestamps[start:stop].tolist(), values[start:stop].tolist()
-            )
-            owners += zip(repeat(tenant), sample_hashes, positions[start:stop])
-            await slices.maybe_pause()
+        sample_hashes = np.array(hashes, dtype=object)[series].tolist()
+        rows = RawColumns(tenant, sample_hashes, timestamps, values)
+        owners = _Owners(tenant, sample_hashes, positions)
         if fresh:
             metrics.METADATA_CACHE.labels("memory", "miss").inc(len(fresh))
         metrics.METADATA_CACHE.labels("memory", "hit").inc(len(rows) - len(fresh))
@@ -558,9 +574,13 @@ class IngestPipeline:
         width = self.store.slot_width_ms
         now = self.clock()
         marked = self._marked
-        timestamps = np.fromiter(map(itemgetter(2), points), dtype=np.int64, count=len(points))
+        if isinstance(points, RawColumns):
+            tenants, hashes, timestamps = repeat(points.tenant), iter(points.hashes), points.timestamps
+        else:
+            tenants, hashes = map(itemgetter(0), points), map(itemgetter(1), points)
+            timestamps = np.fromiter(map(itemgetter(2), points), dtype=np.int64, count=len(points))
         slots = (timestamps - timestamps % width).tolist()
-        distinct = list(set(zip(map(itemgetter(0), points), map(itemgetter(1), points), slots)))
+        distinct = list(set(zip(tenants, hashes, slots)))
         keys = list(compress(distinct, map(now.__ge__, map(marked.get, distinct, repeat(0)))))
         if not keys:
             return

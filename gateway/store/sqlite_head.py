@@ -9,7 +9,7 @@ import numpy as np
 
 from gateway.core import samples
 from gateway.core.samples import Samples
-from gateway.store.contract import RawPoint
+from gateway.store.contract import RawColumns, RawPoint
 from gateway.store.sqlite_sql import decode_value, immediate
 
 # The head log is folded into head_chunks once it holds this many rows: a bigger log gives a
@@ -22,10 +22,13 @@ FOLD_BATCH_ROWS = 2 * FOLD_ROWS
 INSERT_BATCH = "INSERT INTO head_batches (tenant, first_ts, last_ts, samples, hashes, timestamps, vals) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
-def raw_statements(points: list[RawPoint]) -> list[tuple[str, list]]:
-    """Head rows as one head_batches row a tenant (most writes are of one tenant)."""
+def raw_statements(points: Sequence[RawPoint]) -> list[tuple[str, list]]:
+    """Head rows as one head_batches row a tenant (most writes are of one tenant); RawColumns
+    as they are."""
     if not points:
         return []
+    if isinstance(points, RawColumns):
+        return [(INSERT_BATCH, [_batch_row(points.tenant, points.hashes, points.timestamps, points.values)])]
     tenants, hashes, timestamps, values = zip(*points)
     return batch_statements(tenants, hashes, np.array(timestamps, dtype=np.int64), np.array(values, dtype=np.float64))
 
