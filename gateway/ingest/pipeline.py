@@ -9,6 +9,7 @@ series over the tenant's active-series limit, are rejected one by one; the good 
 them are still written.
 """
 
+import collections
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import compress, repeat
@@ -480,9 +481,13 @@ class IngestPipeline:
         series over the active-series limit become rejects, the others stay."""
         weight = 1 if kind.counted else 0
         per_tenant: dict[str, dict[str, int]] = {}
-        for tenant, hash_, _ in admitted.series:
-            counts = per_tenant.setdefault(tenant, {})
-            counts[hash_] = counts.get(hash_, 0) + weight
+        if isinstance(admitted.series, _Owners):  # one tenant's arrays: counted by C loops
+            hashes = admitted.series.hashes
+            per_tenant[admitted.series.tenant] = collections.Counter(hashes) if weight else dict.fromkeys(hashes, 0)
+        else:
+            for tenant, hash_, _ in admitted.series:
+                counts = per_tenant.setdefault(tenant, {})
+                counts[hash_] = counts.get(hash_, 0) + weight
         refused = self.tenant_limits.admit(per_tenant)
         if not refused:
             return admitted
