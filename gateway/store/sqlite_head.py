@@ -1,5 +1,7 @@
-"""The embedded store's head: ``head_log``, appended to in commit order, folded by the writer into
-``head_chunks`` (one row of numpy bytes a series-slot); reads take both (docs/storage.rst).
+"""The embedded store's head: ``head_batches``, one row a write appended in commit order (hashes as
+text, timestamps and values as numpy bytes), folded by the writer into ``head_chunks`` (one row
+of numpy bytes a series-slot); reads take both (docs/storage.rst). ``head_log``, one row a sample,
+is what files of schema version 8 hold: folded at start, never written since.
 """
 
 import sqlite3
