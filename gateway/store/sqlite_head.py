@@ -215,10 +215,10 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
         if few and not any(hash_ in batch[0] for hash_ in hashes):
             continue
         batch_hashes, timestamps, values = _batch_samples(*batch)
-        names = np.array(batch_hashes)
-        kept = np.flatnonzero((timestamps >= start_ms) & (timestamps <= end_ms) & np.isin(names, hashes))
+        wanted = np.fromiter(map(logged.__contains__, batch_hashes), dtype=bool, count=len(batch_hashes))
+        kept = np.flatnonzero((timestamps >= start_ms) & (timestamps <= end_ms) & wanted)
         for at in kept.tolist():
-            series_timestamps, series_values = logged[str(names[at])]
+            series_timestamps, series_values = logged[batch_hashes[at]]
             series_timestamps.append(timestamps[at])
             series_values.append(values[at])
     found = []
