@@ -90,7 +90,7 @@ def rw_bodies(encode, chunks: list[range], start: int) -> list[bytes]:
     return [
         encode(
             [
-                remote_write.Series(
+                remote_write.WriteSeries(
                     {NAME_TAG: "bench_metric", "job": "bench", "instance": f"h{i % 100}", "series": str(i)},
                     [(start * 1000, float(i))],
                 )

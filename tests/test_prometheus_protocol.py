@@ -676,6 +676,24 @@ def test_v2_labels_out_of_order_are_sorted_as_prometheus_does():
     assert list(batch.series[0].labels.items()) == [("__name__", "http_requests_total"), ("job", "api")]
 
 
+def test_v2_plain_label_sets_read_again_are_sorted_and_named_as_the_first_time():
+    """A plain 2.0 series whose labels come out of order with an empty value: the first request
+    validates them; later ones find the label set known (one set lookup) and still give the same
+    sorted labels, and its metadata row under the metric name."""
+    symbols = [*SYMBOLS, "env", ""]
+    counter = f_varint(1, 1) + f_varint(3, 5) + f_varint(4, 6)
+    body = snappy(v2_request(symbols, v2_series([3, 4, 7, 0, 1, 2], [(1, 1.0)], metadata=counter)))
+    for _ in range(3):
+        batch = decode_write_request(body, V2, "snappy", LIMIT, arrays=True)
+        assert batch.series == []  # read by the plain reader, not by protobuf
+        assert [list(series_labels(labels).items()) for labels in batch.arrays.labels] == [
+            [("__name__", "http_requests_total"), ("job", "api")]
+        ]
+        assert [(m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata] == [
+            ("http_requests_total", "counter", "Requests served.", "requests")
+        ]
+
+
 @pytest.mark.parametrize("packed_refs", [True, False])
 def test_v2_request_resolves_symbols_and_metadata(packed_refs):
     counter = f_varint(1, 1) + f_varint(3, 5) + f_varint(4, 6)

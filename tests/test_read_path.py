@@ -8,6 +8,8 @@ import struct
 import numpy as np
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
 
 from gateway.core import samples
 from gateway.core.layout import HOUR_MS, Layout, parse_granularities
@@ -180,7 +182,7 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     old.execute("PRAGMA journal_mode=WAL")
     old.executescript(
         re.sub(
-            r"CREATE TABLE IF NOT EXISTS (data_blocks|head_log|head_chunks) \(.*?\);|    created_ms INTEGER,\n",
+            r"CREATE TABLE IF NOT EXISTS (data_blocks|head_log|head_batches|head_chunks) \(.*?\);|    created_ms INTEGER,\n",
             "",
             SCHEMA,
             flags=re.S,
@@ -270,5 +272,46 @@ async def test_a_sqlite_file_with_head_rows_keyed_by_series_is_upgraded_in_place
     tables = {name for (name,) in check.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "data_raw" not in tables and check.execute("SELECT count(*) FROM head_log").fetchone()[0] == 0
     assert check.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 2 * 3 * 3 - 1
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 8
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 9
+    check.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sqlite_file_with_a_head_log_of_one_row_a_sample_is_upgraded_to_head_batches(tmp_path):
+    """A file of schema version 8 (head rows appended to head_log, one a sample) opens: its log is
+    folded into chunks, and samples written since (into head_batches) come after them, so that a
+    timestamp written again after the upgrade reads back with its new value, before and after
+    the next fold."""
+    from gateway.store.sqlite import SQLiteStore
+
+    path = tmp_path / "v8.db"
+    store = SQLiteStore(path, Layout())
+    await store.start()
+    await store.close()
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("DROP TABLE head_batches")
+    old.execute("DELETE FROM sqlite_sequence WHERE name = 'head_batches'")
+    old.executemany(
+        "INSERT INTO head_log (tenant, series_set_hash, ts, value) VALUES ('a', 'h1', ?, ?)",
+        [(ts, float(ts)) for ts in range(10, 60, 10)],
+    )
+    old.execute("PRAGMA user_version=8")
+    old.close()
+    store = SQLiteStore(path, Layout(), fold_rows=2)
+    await store.start()
+    try:
+        await store.write_raw([RawPoint("a", "h1", 20, -2.0)])
+        (found,) = await store.read_raw("a", ["h1"], 0, HOUR_MS)
+        assert found.head.points() == [(10, 10.0), (20, -2.0), (30, 30.0), (40, 40.0), (50, 50.0)]
+        await store.write_raw([RawPoint("a", "h1", 30, -3.0)])  # the batches reach fold_rows: folded
+        while sqlite3.connect(path).execute("SELECT count(*) FROM head_batches").fetchone()[0]:
+            await deferLater(reactor, 0.02)
+        (found,) = await store.read_raw("a", ["h1"], 0, HOUR_MS)
+        assert found.head.points() == [(10, 10.0), (20, -2.0), (30, -3.0), (40, 40.0), (50, 50.0)]
+    finally:
+        await store.close()
+    check = sqlite3.connect(path)
+    assert check.execute("SELECT count(*) FROM head_log").fetchone()[0] == 0
+    assert check.execute("SELECT count(*) FROM head_batches").fetchone()[0] == 0
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 9
     check.close()

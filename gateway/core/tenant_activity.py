@@ -42,6 +42,14 @@ class TenantActivity:
             by_tenant = {}
             for tenant, hash_, *_ in series:
                 by_tenant.setdefault(tenant, []).append(hash_)
+        self._record(by_tenant, now)
+
+    def record_tenant(self, tenant: str, hashes: Sequence[str]) -> None:
+        """Note a stored batch of one tenant, given as the series-set hash of each sample."""
+        if hashes:
+            self._record({tenant: hashes}, self.clock())
+
+    def _record(self, by_tenant: dict[str, Sequence[str]], now: float) -> None:
         for tenant, hashes in by_tenant.items():
             self._last_written.setdefault(tenant, {}).update(zip(hashes, repeat(now)))
             metrics.TENANT_SAMPLES.labels(tenant).inc(len(hashes))

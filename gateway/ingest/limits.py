@@ -18,7 +18,8 @@ that a reload applies at once.
 
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import filterfalse, repeat
 
 from gateway.core.errors import LimitExceeded
 from gateway.core.overrides import PerTenant, per_tenant
@@ -71,7 +72,7 @@ class TenantLimits:
             else:
                 admitted[tenant], refused[tenant] = series, set()
                 self._active.pop(tenant, None)  # off for this tenant (now): nothing to remember
-            samples = sum(series[key] for key in admitted[tenant])
+            samples = sum(map(series.__getitem__, admitted[tenant]))
             rate = self.samples_per_second(tenant)
             if rate and samples:
                 buckets[tenant] = self._take_tokens(tenant, samples, rate, now)
@@ -79,9 +80,8 @@ class TenantLimits:
         for tenant, series in admitted.items():
             active = self._active.get(tenant)
             if active is not None:
-                for key in series:
-                    active[key] = now
-                    active.move_to_end(key)
+                active.update(zip(series, repeat(now)))
+                deque(map(active.move_to_end, series), maxlen=0)
         return {tenant: keys for tenant, keys in refused.items() if keys}
 
     def _split_new(self, tenant: str, series: dict[str, int], limit: int, now: float) -> tuple[list[str], set[str]]:
@@ -90,17 +90,12 @@ class TenantLimits:
         active = self._active.setdefault(tenant, OrderedDict())
         while active and next(iter(active.values())) < now - self.active_window_s:
             active.popitem(last=False)
-        room = limit - len(active)
-        admitted, refused = [], set()
-        for key in series:
-            if key in active:
-                admitted.append(key)
-            elif room > 0:
-                admitted.append(key)
-                room -= 1
-            else:
-                refused.add(key)
-        return admitted, refused
+        room = max(0, limit - len(active))
+        new = list(filterfalse(active.__contains__, series))
+        if len(new) <= room:
+            return list(series), set()
+        refused = set(new[room:])
+        return list(filterfalse(refused.__contains__, series)), refused
 
     def _take_tokens(self, tenant: str, samples: int, rate: int, now: float) -> tuple[float, float]:
         """The tenant's bucket after taking ``samples`` tokens, or RateLimited. A batch larger than

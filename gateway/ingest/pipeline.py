@@ -9,8 +9,9 @@ series over the tenant's active-series limit, are rejected one by one; the good 
 them are still written.
 """
 
+import collections
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import compress, repeat
 from operator import itemgetter
 from sys import intern
@@ -42,7 +43,7 @@ from gateway.core.tenant_activity import TenantActivity
 from gateway.ingest.limits import TenantLimits
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries, SeenSeries
 from gateway.store import Store
-from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, RawPoint
+from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, RawColumns, RawPoint
 
 METRIC_METADATA_REMEMBERED = 100_000
 # Rows of one store call: a store prepares them on the reactor thread, so a large batch is cut.
@@ -171,6 +172,28 @@ _CREATED = _Kind(
 )
 
 
+def _hashes_by_slot(points: Sequence[RawPoint | HistogramRow], width: int) -> dict[tuple[str, int], list[str]]:
+    """The series-set hash of each point grouped by (tenant, slot): C loops but for points of
+    several tenants (the native API's), and RawColumns read as their columns."""
+    if isinstance(points, RawColumns):
+        tenants, hashes, timestamps = {points.tenant}, points.hashes, points.timestamps
+    else:
+        tenants, hashes = set(map(itemgetter(0), points)), list(map(itemgetter(1), points))
+        timestamps = np.fromiter(map(itemgetter(2), points), dtype=np.int64, count=len(points))
+    slots = timestamps - timestamps % width
+    if len(tenants) > 1:
+        groups: dict[tuple[str, int], list[str]] = {}
+        for tenant, hash_, slot in zip(map(itemgetter(0), points), hashes, slots.tolist()):
+            groups.setdefault((tenant, slot), []).append(hash_)
+        return groups
+    if not tenants:
+        return {}
+    tenant = tenants.pop()
+    if slots.min() == slots.max():
+        return {(tenant, int(slots[0])): hashes}
+    return {(tenant, slot): list(compress(hashes, (slots == slot).tolist())) for slot in np.unique(slots).tolist()}
+
+
 def _window_error(timestamp: int, oldest: int, newest: int) -> InvalidSample:
     """The reject of a timestamp outside the accepted window, in validate_timestamp's words."""
     try:
@@ -180,12 +203,33 @@ def _window_error(timestamp: int, oldest: int, newest: int) -> InvalidSample:
     raise ValueError(f"{timestamp} is inside the window")
 
 
+class _Owners(Sequence[tuple[str, str, int]]):
+    """(tenant, hash, index in the batch) of each row of samples of one tenant given as arrays,
+    held as their columns (no tuple a row unless asked for)."""
+
+    def __init__(self, tenant: str, hashes: list[str], positions: Sequence[int]):
+        self.tenant = tenant
+        self.hashes = hashes
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __iter__(self) -> Iterator[tuple[str, str, int]]:
+        return zip(repeat(self.tenant), self.hashes, self.positions)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(zip(repeat(self.tenant), self.hashes[index], self.positions[index]))
+        return self.tenant, self.hashes[index], self.positions[index]
+
+
 class _Admitted(NamedTuple):
     """A batch once resolved and admitted: its rows (with their series' tenant and hash), the
     series to index first, the cache entries to keep once written, and the rejects."""
 
-    rows: list
-    series: list[tuple[str, str, int]]  # (tenant, hash, index in the batch) of each row
+    rows: Sequence
+    series: Sequence[tuple[str, str, int]]  # (tenant, hash, index in the batch) of each row
     new_series: dict[tuple[str, str], SeriesKey]
     fresh: dict[tuple, str]
     rejected: list[Rejected]
@@ -247,7 +291,8 @@ class IngestPipeline:
         self.pending = pending
         self.max_metadata_length = max_metadata_length
         self._metadata_seen = SeenSeries(METRIC_METADATA_REMEMBERED, level="prometheus_metadata")
-        self._marked: dict[tuple[str, str, int], int] = {}  # (tenant, hash, slot) -> held open until (ms)
+        self._marked: dict[tuple[str, int], dict[str, int]] = {}  # (tenant, slot) -> {hash: held open until (ms)}
+        self._marked_count = 0  # entries in self._marked
         self._swept_slot = 0
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
@@ -322,7 +367,9 @@ class IngestPipeline:
             self.known.add_all(admitted.fresh)
             if kind.accepted is not None:
                 kind.accepted.labels(protocol).inc(len(admitted.rows))
-            if kind.counted:
+            if kind.counted and isinstance(admitted.series, _Owners):
+                self.activity.record_tenant(admitted.series.tenant, admitted.series.hashes)
+            elif kind.counted:
                 self.activity.record(admitted.series)
         return admitted
 
@@ -421,16 +468,9 @@ class IngestPipeline:
             written = {hashes[index] for index in np.unique(series).tolist()}
             new_series = {key: new for key, new in new_series.items() if key[1] in written}
             fresh = {key: hash_ for key, hash_ in fresh.items() if hash_ in written}
-        rows: list[RawPoint] = []
-        owners: list[tuple[str, str, int]] = []
-        for start in range(0, len(series), ROWS_PER_STEP):
-            stop = start + ROWS_PER_STEP
-            sample_hashes = list(map(hashes.__getitem__, series[start:stop].tolist()))
-            rows += map(
-                RawPoint, repeat(tenant), sample_hashes, timestamps[start:stop].tolist(), values[start:stop].tolist()
-            )
-            owners += zip(repeat(tenant), sample_hashes, positions[start:stop])
-            await slices.maybe_pause()
+        sample_hashes = np.array(hashes, dtype=object)[series].tolist()
+        rows = RawColumns(tenant, sample_hashes, timestamps, values)
+        owners = _Owners(tenant, sample_hashes, positions)
         if fresh:
             metrics.METADATA_CACHE.labels("memory", "miss").inc(len(fresh))
         metrics.METADATA_CACHE.labels("memory", "hit").inc(len(rows) - len(fresh))
@@ -441,9 +481,13 @@ class IngestPipeline:
         series over the active-series limit become rejects, the others stay."""
         weight = 1 if kind.counted else 0
         per_tenant: dict[str, dict[str, int]] = {}
-        for tenant, hash_, _ in admitted.series:
-            counts = per_tenant.setdefault(tenant, {})
-            counts[hash_] = counts.get(hash_, 0) + weight
+        if isinstance(admitted.series, _Owners):  # one tenant's arrays: counted by C loops
+            hashes = admitted.series.hashes
+            per_tenant[admitted.series.tenant] = collections.Counter(hashes) if weight else dict.fromkeys(hashes, 0)
+        else:
+            for tenant, hash_, _ in admitted.series:
+                counts = per_tenant.setdefault(tenant, {})
+                counts[hash_] = counts.get(hash_, 0) + weight
         refused = self.tenant_limits.admit(per_tenant)
         if not refused:
             return admitted
@@ -557,22 +601,29 @@ class IngestPipeline:
         of a past slot once per series every half delay instead of on every write."""
         width = self.store.slot_width_ms
         now = self.clock()
-        marked = self._marked
-        timestamps = np.fromiter(map(itemgetter(2), points), dtype=np.int64, count=len(points))
-        slots = (timestamps - timestamps % width).tolist()
-        distinct = list(set(zip(map(itemgetter(0), points), map(itemgetter(1), points), slots)))
-        keys = list(compress(distinct, map(now.__ge__, map(marked.get, distinct, repeat(0)))))
+        keys: list[tuple[str, str, int]] = []
+        for (tenant, slot), hashes in _hashes_by_slot(points, width).items():
+            held = self._marked.get((tenant, slot), {})
+            unmarked = compress(hashes, map(now.__ge__, map(held.get, hashes, repeat(0))))
+            keys += dict.fromkeys(zip(repeat(tenant), unmarked, repeat(slot)))
         if not keys:
             return
         await self.pending.mark(keys, now)
         metrics.DOWNSAMPLE_PENDING_MARKS.inc(len(keys))
-        if len(marked) + len(keys) > self.known.max_entries or now // width != self._swept_slot:
-            self._marked = marked = {key: until for key, until in marked.items() if until > now}
+        if self._marked_count + len(keys) > self.known.max_entries or now // width != self._swept_slot:
+            self._marked = {
+                slot_key: kept
+                for slot_key, held in self._marked.items()
+                if (kept := {hash_: until for hash_, until in held.items() if until > now})
+            }
+            self._marked_count = sum(map(len, self._marked.values()))
             self._swept_slot = now // width
-        if len(marked) + len(keys) <= self.known.max_entries:
+        if self._marked_count + len(keys) <= self.known.max_entries:
             margin = self.pending.delay_ms // 2
-            for key in keys:
-                marked[key] = max(key[2] + width, now) + margin
+            for tenant, hash_, slot in keys:
+                held = self._marked.setdefault((tenant, slot), {})
+                self._marked_count += hash_ not in held
+                held[hash_] = max(slot + width, now) + margin
 
     def drain(self) -> Deferred:
         """Fire once nothing is in flight (used at shutdown, after listeners stopped). What was

@@ -51,9 +51,11 @@ Time ranges are inclusive at both ends, as in Prometheus.
 import abc
 import functools
 import json
-from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
+from typing import NamedTuple, overload
 
+import numpy as np
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 
 from gateway.core.errors import StoreBusy
@@ -69,6 +71,37 @@ class RawPoint(NamedTuple):
     series_set_hash: str
     timestamp_ms: int
     value: float
+
+
+class RawColumns(Sequence[RawPoint]):
+    """RawPoints of one tenant held as columns (ingest's arrays): a Sequence[RawPoint] to any
+    write_raw, while a driver that binds columns reads ``hashes`` (a series-set hash a point),
+    ``timestamps`` (int64) and ``values`` (float64) as they are, with no object a point."""
+
+    __slots__ = ("tenant", "hashes", "timestamps", "values")
+
+    def __init__(self, tenant: str, hashes: list[str], timestamps: np.ndarray, values: np.ndarray):
+        self.tenant = tenant
+        self.hashes = hashes
+        self.timestamps = timestamps
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __iter__(self) -> Iterator[RawPoint]:
+        return map(RawPoint, repeat(self.tenant), self.hashes, self.timestamps.tolist(), self.values.tolist())
+
+    @overload
+    def __getitem__(self, index: int) -> RawPoint: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> "RawColumns": ...
+
+    def __getitem__(self, index: int | slice) -> "RawPoint | RawColumns":
+        if isinstance(index, slice):
+            return RawColumns(self.tenant, self.hashes[index], self.timestamps[index], self.values[index])
+        return RawPoint(self.tenant, self.hashes[index], int(self.timestamps[index]), float(self.values[index]))
 
 
 class ExemplarRow(NamedTuple):
@@ -284,7 +317,8 @@ class SampleStore(abc.ABC):
 
     @abc.abstractmethod
     def write_raw(self, points: Sequence[RawPoint]) -> Deferred:
-        """Upsert raw points as head rows (data_raw); fire only once the store has accepted all of them."""
+        """Upsert raw points as head rows (data_raw); fire only once the store has accepted all of them.
+        ``points`` may be RawColumns (ingest's samples as arrays): a driver may bind its columns."""
 
     @abc.abstractmethod
     def read_raw(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:

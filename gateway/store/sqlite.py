@@ -7,10 +7,11 @@ histograms (and their roll-ups) past their retention, then gives the freed pages
 blocks are in an ordinary rowid table (not WITHOUT ROWID, which suits only small rows).
 
 The head is not ``data_raw`` (one row a sample keyed by series, whose rows of one commit land on
-one B-tree page a series) but ``head_log``, appended to in commit order, which the writer folds
-into ``head_chunks``, one row of numpy bytes a series-slot, once it holds ``FOLD_ROWS`` rows; a
-read takes a series' chunks and its rows still in the log, the last write of a timestamp winning
-(docs/storage.rst, "The embedded store"). SQLite
+one B-tree page a series) but ``head_batches``, one row a write appended in commit order (its
+hashes as text, its timestamps and values as numpy bytes), which the writer folds into
+``head_chunks``, one row of numpy bytes a series-slot, once they hold ``FOLD_ROWS`` samples; a
+read takes a series' chunks and its samples still in batches, the last write of a timestamp
+winning (docs/storage.rst, "The embedded store"). SQLite
 calls block, so they run on threads: one writer thread (SQLite allows one writer at a time) and a
 small pool of readers, each thread with its own connection.
 

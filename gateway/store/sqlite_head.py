@@ -1,16 +1,18 @@
-"""The embedded store's head: ``head_log``, appended to in commit order, folded by the writer into
-``head_chunks`` (one row of numpy bytes a series-slot); reads take both (docs/storage.rst).
+"""The embedded store's head: ``head_batches``, one row a write appended in commit order (hashes as
+text, timestamps and values as numpy bytes), folded by the writer into ``head_chunks`` (one row
+of numpy bytes a series-slot); reads take both (docs/storage.rst). ``head_log``, one row a sample,
+is what files of schema version 8 hold: folded at start, never written since.
 """
 
-import json
 import sqlite3
+from collections.abc import Sequence
 
 import numpy as np
 
 from gateway.core import samples
 from gateway.core.samples import Samples
-from gateway.store.contract import RawPoint
-from gateway.store.sqlite_sql import decode_value, encode_value, immediate
+from gateway.store.contract import RawColumns, RawPoint
+from gateway.store.sqlite_sql import decode_value, immediate
 
 # The head log is folded into head_chunks once it holds this many rows: a bigger log gives a
 # series more samples a chunk (fewer B-tree pages written a sample), and every head read a
@@ -19,22 +21,127 @@ FOLD_ROWS = 100_000
 # Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
 # head in steps whose Python objects stay a few tens of MiB.
 FOLD_BATCH_ROWS = 2 * FOLD_ROWS
+INSERT_BATCH = "INSERT INTO head_batches (tenant, first_ts, last_ts, samples, hashes, timestamps, vals) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
-def raw_statements(points: list[RawPoint]) -> list[tuple[str, list]]:
-    """Head rows, appended to the head log; a value that is neither NaN nor zero needs no
-    encode_value (most of them)."""
-    rows = [
-        (tenant, hash_, ts, value if value == value and value else encode_value(value))
-        for tenant, hash_, ts, value in points
-    ]
-    return [("INSERT INTO head_log (tenant, series_set_hash, ts, value) VALUES (?, ?, ?, ?)", rows)]
+def raw_statements(points: Sequence[RawPoint]) -> list[tuple[str, list]]:
+    """Head rows as one head_batches row a tenant (most writes are of one tenant); RawColumns
+    as they are."""
+    if not points:
+        return []
+    if isinstance(points, RawColumns):
+        return [(INSERT_BATCH, [_batch_row(points.tenant, points.hashes, points.timestamps, points.values)])]
+    tenants, hashes, timestamps, values = zip(*points)
+    return batch_statements(tenants, hashes, np.array(timestamps, dtype=np.int64), np.array(values, dtype=np.float64))
+
+
+def batch_statements(
+    tenants: Sequence[str], hashes: Sequence[str], timestamps: np.ndarray, values: np.ndarray
+) -> list[tuple[str, list]]:
+    """The insert of samples (a tenant and series-set hash each, with their timestamps and values)
+    into head_batches: one row a tenant, its hashes one text and its samples two numpy blobs,
+    instead of a row a sample (an executemany of a Python tuple a sample)."""
+    distinct = set(tenants)
+    if len(distinct) == 1:
+        parts = [(distinct.pop(), list(hashes), timestamps, values)]
+    else:  # only the native API's items name tenants of their own
+        by_tenant = np.array(tenants, dtype=object)
+        parts = []
+        for tenant in distinct:
+            at = np.flatnonzero(by_tenant == tenant)
+            parts.append((tenant, list(map(hashes.__getitem__, at.tolist())), timestamps[at], values[at]))
+    return [(INSERT_BATCH, [_batch_row(*part) for part in parts])]
+
+
+def _batch_row(tenant: str, hashes: list[str], timestamps: np.ndarray, values: np.ndarray) -> tuple:
+    text = "\n".join(hashes)
+    if text.count("\n") != len(hashes) - 1:
+        raise ValueError("a series-set hash holds a newline")
+    return (
+        tenant,
+        int(timestamps.min()),
+        int(timestamps.max()),
+        len(hashes),
+        text,
+        timestamps.astype("<i8").tobytes(),
+        values.astype("<f8").tobytes(),
+    )
+
+
+def _batch_samples(text: str, timestamps: bytes, values: bytes) -> tuple[list[str], np.ndarray, np.ndarray]:
+    return text.split("\n"), np.frombuffer(timestamps, dtype="<i8"), np.frombuffer(values, dtype="<f8")
 
 
 def fold_head_log(connection: sqlite3.Connection, width: int) -> None:
-    """Move the head log's rows into head_chunks, FOLD_BATCH_ROWS a transaction, oldest first: one
-    chunk a series-slot, its seq the id of the batch's last row, so that chunks sort in the order
-    they were written and before every row still in the log."""
+    """Move the head's unfolded samples into head_chunks: the rows of the old one-row-a-sample
+    log first (files written before head_batches), then the batches."""
+    _fold_row_log(connection, width)
+    _fold_batches(connection, width)
+
+
+def _fold_batches(connection: sqlite3.Connection, width: int) -> None:
+    """Move head_batches into head_chunks, about FOLD_BATCH_ROWS samples a transaction, oldest
+    first: one chunk a series-slot, its seq the id of the last batch folded, so that chunks sort
+    in the order they were written and before every batch still unfolded. Samples are grouped
+    by series and slot with numpy (a stable sort keeps their write order)."""
+    while True:
+        with immediate(connection):
+            counts = connection.execute("SELECT id, samples FROM head_batches ORDER BY id").fetchall()
+            if not counts:
+                return
+            ids, sizes = np.array(counts, dtype=np.int64).T
+            within = int(np.searchsorted(np.cumsum(sizes), FOLD_BATCH_ROWS))
+            last_id = int(ids[min(within, len(ids) - 1)])
+            by_tenant: dict[str, tuple[list, list, list]] = {}
+            query = "SELECT tenant, hashes, timestamps, vals FROM head_batches WHERE id <= ? ORDER BY id"
+            for tenant, *batch in connection.execute(query, (last_id,)):
+                batch_hashes, batch_timestamps, batch_values = _batch_samples(*batch)
+                hashes, timestamps, values = by_tenant.setdefault(tenant, ([], [], []))
+                hashes += batch_hashes
+                timestamps.append(batch_timestamps)
+                values.append(batch_values)
+            chunks = []
+            for tenant, (hashes, timestamps, values) in by_tenant.items():
+                chunks += _chunks(tenant, hashes, np.concatenate(timestamps), np.concatenate(values), width, last_id)
+            connection.executemany("INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", chunks)
+            connection.execute("DELETE FROM head_batches WHERE id <= ?", (last_id,))
+        if last_id == ids[-1]:
+            return
+
+
+def _chunks(tenant: str, hashes: list[str], timestamps: np.ndarray, values: np.ndarray, width: int, seq: int) -> list:
+    """head_chunks rows of samples in write order: one a series-slot, the last write of a
+    timestamp winning. Series are numbered by a dict (C loops), samples sorted by series, slot
+    and write order at once, and a chunk already in strictly ascending order (the usual case) is
+    a slice of the sorted bytes; only the others go through samples.merge."""
+    names = list(dict.fromkeys(hashes))
+    number = dict(zip(names, range(len(names))))
+    series = np.fromiter(map(number.__getitem__, hashes), dtype=np.intp, count=len(hashes))
+    slots = timestamps - timestamps % width
+    order = np.lexsort((np.arange(len(slots)), slots, series))
+    series, slots, timestamps, values = series[order], slots[order], timestamps[order], values[order]
+    first = np.r_[True, (series[1:] != series[:-1]) | (slots[1:] != slots[:-1])]
+    starts = np.flatnonzero(first)
+    stops = np.r_[starts[1:], len(series)]
+    unordered = set((np.cumsum(first)[1:][~first[1:] & (timestamps[1:] <= timestamps[:-1])] - 1).tolist())
+    timestamp_bytes, value_bytes = _chunk_blobs(Samples(timestamps, values))
+    chunks = []
+    for group, (start, stop, code, slot) in enumerate(
+        zip(starts.tolist(), stops.tolist(), series[starts].tolist(), slots[starts].tolist())
+    ):
+        if group in unordered:
+            blobs = _chunk_blobs(samples.merge([Samples(timestamps[start:stop], values[start:stop])]))
+        else:
+            blobs = timestamp_bytes[start * 8 : stop * 8], value_bytes[start * 8 : stop * 8]
+        chunks.append((tenant, names[code], slot, seq, *blobs))
+    return chunks
+
+
+def _fold_row_log(connection: sqlite3.Connection, width: int) -> None:
+    """Move the old head log's rows (one a sample, written before head_batches) into head_chunks,
+    FOLD_BATCH_ROWS a transaction, oldest first: one chunk a series-slot, its seq the id of the
+    batch's last row, so that chunks sort in the order they were written and before every row
+    still in the log. Nothing writes that log any more: start_writer empties it."""
     batch_end = "SELECT max(id), count(*) FROM (SELECT id FROM head_log ORDER BY id LIMIT ?)"
     rows = "SELECT tenant, series_set_hash, ts, value FROM head_log WHERE id <= ? ORDER BY id"
     while True:
@@ -99,16 +206,21 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
 
 def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> list[Samples]:
     """Each series' head samples in the range: its chunks (one indexed range a series), then its
-    rows still in the head log (one scan of the log for all of them), the last write winning."""
-    logged: dict[str, tuple[list, list]] = {}
-    query = (
-        "SELECT series_set_hash, ts, value FROM head_log WHERE tenant=? AND ts BETWEEN ? AND ?"
-        " AND series_set_hash IN (SELECT value FROM json_each(?)) ORDER BY id"
-    )
-    for hash_, ts, value in connection.execute(query, (tenant, start_ms, end_ms, json.dumps(hashes))):
-        timestamps, values = logged.setdefault(hash_, ([], []))
-        timestamps.append(ts)
-        values.append(value)
+    samples still in head_batches (the batches of the tenant overlapping the range, in write
+    order; a batch naming none of the series is skipped on its text), the last write winning."""
+    logged: dict[str, tuple[list, list]] = {hash_: ([], []) for hash_ in hashes}
+    query = "SELECT hashes, timestamps, vals FROM head_batches WHERE tenant=? AND last_ts >= ? AND first_ts <= ? ORDER BY id"
+    few = len(hashes) <= 16
+    for batch in connection.execute(query, (tenant, start_ms, end_ms)):
+        if few and not any(hash_ in batch[0] for hash_ in hashes):
+            continue
+        batch_hashes, timestamps, values = _batch_samples(*batch)
+        wanted = np.fromiter(map(logged.__contains__, batch_hashes), dtype=bool, count=len(batch_hashes))
+        kept = np.flatnonzero((timestamps >= start_ms) & (timestamps <= end_ms) & wanted)
+        for at in kept.tolist():
+            series_timestamps, series_values = logged[batch_hashes[at]]
+            series_timestamps.append(timestamps[at])
+            series_values.append(values[at])
     found = []
     for hash_ in hashes:
         slots = [
@@ -116,7 +228,10 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
             *(h for h, _ in head_slots(connection, tenant, hash_, first_slot, last_slot).values()),
         ]
         parts = [Samples(np.concatenate([s.timestamps for s in slots]), np.concatenate([s.values for s in slots]))]
-        if hash_ in logged:
-            parts.append(_log_samples(*logged[hash_]))
+        logged_timestamps, logged_values = logged[hash_]
+        if logged_timestamps:
+            parts.append(
+                Samples(np.array(logged_timestamps, dtype=np.int64), np.array(logged_values, dtype=np.float64))
+            )
         found.append(samples.merge(parts).between(start_ms, end_ms))
     return found

@@ -5,6 +5,7 @@ from twisted.internet import threads
 from gateway.core.layout import Layout, Retentions
 from gateway.store.contract import time_slot
 from gateway.store.sqlite_base import SQLiteBase
+from gateway.store.sqlite_head import fold_head_log
 from gateway.store.sqlite_schema import start_writer
 from gateway.store.sqlite_sql import immediate, transaction
 
@@ -16,7 +17,6 @@ def _sweep_statements(layout: Layout, now_ms: int, tenants: str, tenant_params: 
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
     statements: list[tuple[str, list]] = [
         (f"DELETE FROM head_chunks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
-        (f"DELETE FROM head_log WHERE ts < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (f"DELETE FROM data_blocks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (f"DELETE FROM histograms WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (
@@ -53,6 +53,7 @@ def _sweep(connection, retentions: Retentions, now_ms: int) -> None:
     by_tenant = retentions.by_tenant  # one reload's, even if another comes meanwhile
     overridden = list(by_tenant)
     others = f"tenant NOT IN ({', '.join('?' * len(overridden))})" if overridden else "1"
+    fold_head_log(connection, retentions.layout.slot_width_ms)  # the head is then all in chunks
     statements = _sweep_statements(retentions.layout, now_ms, others, overridden)
     for tenant, layout in by_tenant.items():
         statements += _sweep_statements(layout, now_ms, "tenant = ?", [tenant])

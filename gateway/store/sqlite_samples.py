@@ -10,7 +10,7 @@ from twisted.internet.defer import succeed
 from gateway.core import samples
 from gateway.core.layout import Layout
 from gateway.core.samples import Samples
-from gateway.store.contract import ROLLUP_COLUMNS, RawData, RawPoint, Rollup, SealedBlock, time_slot
+from gateway.store.contract import ROLLUP_COLUMNS, RawColumns, RawData, RawPoint, Rollup, SealedBlock, time_slot
 from gateway.store.deletion import bucket_range, cut_block
 from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_head import fold_head_log, head_slots, keep_in_head_slot, raw_statements, read_head
@@ -86,7 +86,8 @@ class SQLiteSamples(SQLiteBase):
     """The SampleStore role (contract.py)."""
 
     def write_raw(self, points: Sequence[RawPoint]):
-        points = list(points)
+        if not isinstance(points, RawColumns):
+            points = list(points)
         self._rows_since_fold += len(points)
         return self._commit(raw_statements, points)
 

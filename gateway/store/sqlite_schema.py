@@ -6,7 +6,7 @@ from gateway.core.layout import Layout
 from gateway.store.sqlite_head import fold_head_log
 from gateway.store.sqlite_sql import column_values, immediate, transaction
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
 # with SQLite's default 2 MiB those pages were read back for every commit (docs/performance.rst).
 WRITER_CACHE_KIB = 64 * 1024
@@ -137,6 +137,16 @@ CREATE TABLE IF NOT EXISTS head_log (
     ts INTEGER NOT NULL,
     value REAL
 );
+CREATE TABLE IF NOT EXISTS head_batches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    first_ts INTEGER NOT NULL,
+    last_ts INTEGER NOT NULL,
+    samples INTEGER NOT NULL,
+    hashes TEXT NOT NULL,
+    timestamps BLOB NOT NULL,
+    vals BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS head_chunks (
     tenant TEXT NOT NULL,
     series_set_hash TEXT NOT NULL,
@@ -214,5 +224,12 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
                 )
                 for table in ("histograms", *(g.histogram_table for g in granularities))
             ],
+        )
+    if "head_batches" not in tables:
+        # the upgrade to head batches: their ids, which become chunk seqs when folded, follow
+        # every id the old head log gave (its rows are folded first, by start_writer)
+        connection.execute(
+            "INSERT INTO sqlite_sequence (name, seq)"
+            " SELECT 'head_batches', coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'head_log'"
         )
     connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -17,7 +17,8 @@ import struct
 import sys
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from itertools import compress
+from operator import attrgetter, itemgetter, not_
 from typing import NamedTuple
 
 import numpy as np
@@ -94,9 +95,7 @@ class InvalidHistogram(ValueError):
 
 @dataclass
 class WriteSeries:
-    """One time series; `labels` includes `__name__`, samples are (timestamp_ms, value).
-    A decoded series' labels may be shared with other requests' series (_V2_LABEL_SETS): read
-    them, never change them."""
+    """One time series; `labels` includes `__name__`, samples are (timestamp_ms, value)."""
 
     labels: dict[str, str]
     samples: list[tuple[int, float]] = field(default_factory=list)
@@ -108,16 +107,21 @@ class WriteSeries:
     created_timestamp: int = 0  # v2 only: when the series (a counter, say) started, 0 when unknown
 
 
+# A series' labels in SampleArrays: a dict, or the bytes of a 1.0 label set or the names and
+# values of a 2.0 one validated before (series_labels).
+LabelsEntry = dict[str, str] | bytes | tuple[str, ...]
+
+
 class SampleArrays(NamedTuple):
     """Samples of a request as arrays, the shape ingest works on without an object a sample: a
     table of series (``keys[i]``, the label set as the request carried it, the same bytes or
     tuple whenever the same series comes again; ``labels[i]``, its labels with ``__name__``,
-    which series_labels() reads: a dict, or the bytes of a 1.0 label set read before, decoded
-    only when needed) and, a sample each, the index of its series in the table, its timestamp
+    which series_labels() reads: a dict, or the bytes of a 1.0 label set or the names and values
+    of a 2.0 one read before, decoded only when needed) and, a sample each, the index of its series in the table, its timestamp
     (ms) and value."""
 
     keys: list
-    labels: list[dict[str, str] | bytes]
+    labels: list[LabelsEntry]
     series: np.ndarray  # intp
     timestamps: np.ndarray  # int64
     values: np.ndarray  # float64
@@ -134,7 +138,7 @@ def series_key(labels: dict[str, str]) -> tuple[str, ...]:
 def _series_arrays(series: list[WriteSeries]) -> Generator[None, None, SampleArrays]:
     """The samples of decoded series as arrays, yielding between runs of series."""
     keys, counts, timestamps, values = [], [], [], []
-    labels: list[dict[str, str] | bytes] = []
+    labels: list[LabelsEntry] = []
     for index, item in enumerate(series):
         if not index % SERIES_PER_STEP:
             yield
@@ -404,8 +408,6 @@ def _exemplar(index: int, pairs: Iterable[tuple[str, str]], value: float, timest
 # that a worker with as many active series keeps them all.
 _VALID_LABEL_BYTES: set[bytes] = set()
 MAX_VALID_LABEL_BYTES = 1 << 20
-# The 2.0 label sets remembered (_V2_LABEL_SETS).
-MAX_CACHED_LABEL_SETS = 1 << 16
 _unpack_double = struct.Struct("<d").unpack_from
 
 
@@ -439,7 +441,7 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
     are read for all such series at once, with numpy. ``first_index``: the index of its first
     series in the request (raw may be a part of it), for the errors."""
     keys: list[bytes] = []
-    labels_of: list[dict[str, str] | bytes] = []
+    labels_of: list[LabelsEntry] = []
     counts: list[int] = []
     one_sample_at: list[int] = []  # where the double of each common series' sample starts
     others: list[tuple[int, int, float]] = []  # (sample number, timestamp, value) of the other samples
@@ -513,7 +515,7 @@ def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[Writ
     start timestamps, series without samples). None for anything else, which the protobuf
     decoder then takes (and refuses with its own error where it is wrong). The refs of every
     series are decoded at once with numpy, run by run (_v2_plain_run), and a label set
-    seen before is one lookup of its strings (_V2_LABEL_SETS). The metadata of the series come
+    seen before is one lookup of its strings (_V2_VALID_LABEL_SETS). The metadata of the series come
     back as one MetricMetadata a metric and kind of metadata."""
     symbols: list[str] = []
     pos, size = 0, len(raw)
@@ -605,13 +607,14 @@ def _v2_plain_run(
     strings = itemgetter(*values.tolist())(symbols)
     bounds = np.cumsum(per_series).tolist()
     keys = [strings[start:stop] for start, stop in zip([0, *bounds], bounds)]
-    found = list(map(_V2_LABEL_SETS.get, keys))
-    for count, index in enumerate([index for index, labels in enumerate(found) if labels is None], 1):
-        found[index] = _v2_new_labels(first_index + index, keys[index])
+    labels_of: list[dict[str, str] | tuple[str, ...]] = list(keys)
+    known = list(map(_V2_VALID_LABEL_SETS.__contains__, keys))
+    for count, index in enumerate(compress(range(len(keys)), map(not_, known)), 1):
+        labels_of[index] = _v2_new_labels(first_index + index, keys[index])
         if not count % V2_SERIES_PER_STEP:
             yield
-    labels_of = [labels for labels in found if labels is not None]
-    metadata.update(dict.fromkeys(zip(map(itemgetter(METRIC_NAME_LABEL), labels_of), metadata_of)))
+    for labels, data in compress(zip(labels_of, metadata_of), metadata_of):
+        metadata[(_v2_metric_name(labels), data)] = None
     timestamps, sample_values = sampled
     series = np.repeat(np.arange(len(keys)), counts)
     return SampleArrays(keys, [*labels_of], series, timestamps, sample_values), pos
@@ -705,11 +708,14 @@ def _first_seen_labels(index: int, key: bytes) -> dict[str, str] | None:
     return labels
 
 
-def series_labels(entry: dict[str, str] | bytes) -> dict[str, str]:
+def series_labels(entry: LabelsEntry) -> dict[str, str]:
     """The labels of a series of SampleArrays (an entry of its ``labels``): the bytes of a 1.0
-    label set read before are decoded again (they were valid then, and are the same bytes)."""
+    label set read before are decoded again, the names and values of a 2.0 one paired again
+    (they were valid then, and are the same)."""
     if isinstance(entry, dict):
         return entry
+    if isinstance(entry, tuple):
+        return _validated_labels(0, list(zip(entry[::2], entry[1::2])))
     labels = types_pb2.TimeSeries.FromString(entry).labels
     return _validated_labels(0, [(sys.intern(label.name), label.value) for label in labels])
 
@@ -843,9 +849,12 @@ _start_timestamp = attrgetter("start_timestamp")
 _timestamp = attrgetter("timestamp")
 _value = attrgetter("value")
 # Label sets of 2.0 series validated before, by their names and values in a flat tuple (the
-# refs differ between requests, the strings do not): a known label set is one lookup instead
-# of a check a label. Emptied when full, as _VALID_LABEL_BYTES.
-_V2_LABEL_SETS: dict[tuple[str, ...], dict[str, str]] = {}
+# refs differ between requests, the strings do not): a known label set is one set lookup
+# instead of a check a label. The tuples are the objects the ingest's known-series cache keeps
+# as keys, so an entry costs a set slot, and it holds as many as _VALID_LABEL_BYTES (a dict of
+# labels an entry, 65536 at most, was emptied in turn by a worker with more active series, whose
+# every series then paid the checks again). Emptied when full, as _VALID_LABEL_BYTES.
+_V2_VALID_LABEL_SETS: set[tuple[str, ...]] = set()
 
 
 def _v2_labels(symbols: list[str], index: int, refs) -> dict[str, str]:
@@ -856,23 +865,29 @@ def _v2_labels(symbols: list[str], index: int, refs) -> dict[str, str]:
         key = itemgetter(*refs)(symbols) if refs else ()
     except IndexError:
         key = None  # a ref out of range: _symbol says which
-    labels = _V2_LABEL_SETS.get(key) if key is not None else None
-    if labels is None:
-        strings = [
+    if key is None:
+        key = tuple(
             _symbol(symbols, ref, index, "label value ref" if i % 2 else "label name ref") for i, ref in enumerate(refs)
-        ]
-        labels = _v2_new_labels(index, tuple(strings))
-    return labels
+        )
+    return _v2_new_labels(index, key)
 
 
 def _v2_new_labels(index: int, key: tuple[str, ...]) -> dict[str, str]:
     """The labels of a 2.0 series not seen before, by its names and values in turn, validated
     and remembered."""
     labels = _validated_labels(index, list(zip(key[::2], key[1::2])))
-    if len(_V2_LABEL_SETS) >= MAX_CACHED_LABEL_SETS:
-        _V2_LABEL_SETS.clear()
-    _V2_LABEL_SETS[key] = labels
+    if len(_V2_VALID_LABEL_SETS) >= MAX_VALID_LABEL_BYTES:
+        _V2_VALID_LABEL_SETS.clear()
+    _V2_VALID_LABEL_SETS.add(key)
     return labels
+
+
+def _v2_metric_name(labels: dict[str, str] | tuple[str, ...]) -> str:
+    """The metric name of a 2.0 series of SampleArrays: a label set validated before holds one
+    ``__name__`` label, with a value."""
+    if isinstance(labels, dict):
+        return labels[METRIC_NAME_LABEL]
+    return labels[2 * labels[::2].index(METRIC_NAME_LABEL) + 1]
 
 
 def _v2_exemplar(symbols: list[str], index: int, exemplar) -> Exemplar:
