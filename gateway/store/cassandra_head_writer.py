@@ -17,6 +17,7 @@ import logging
 import ssl
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import acsylla
 from acsylla import errors
@@ -118,9 +119,9 @@ class AcsyllaHeadWriter:
         self.insert_cql = insert_cql
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="acsylla-head-writer", daemon=True)
-        self._session = None
-        self._prepared = None
-        self._inflight: asyncio.Semaphore | None = None
+        self._session: Any = None
+        self._prepared: Any = None
+        self._inflight = asyncio.Semaphore(options.max_inflight)  # bound to the loop at its first use
         self._consistency = acsylla.Consistency(options.write_consistency)
 
     def start(self) -> defer.Deferred:
@@ -135,7 +136,6 @@ class AcsyllaHeadWriter:
             self._prepared = await self._session.create_prepared(self.insert_cql)
         except Exception as error:
             raise head_write_error(error) from error
-        self._inflight = asyncio.Semaphore(self.options.max_inflight)
 
     def batch(self, rows: Sequence[tuple]):
         """One UNLOGGED batch of data_head rows (the INSERT's values, all of one partition): one
