@@ -48,6 +48,18 @@ CLUSTER_FAULTS = (
     errors.CassErrorSourceSsl,
 )
 
+
+class ShardInfoFilter(logging.Filter):
+    """acsylla's driver (ScyllaDB's fork of the DataStax C++ driver) logs an error on each new
+    connection to a Cassandra (not Scylla) node: it finds no shard information there, which is
+    expected. Other messages pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Could not retrieve sharding info" not in record.getMessage()
+
+
+logging.getLogger("acsylla").addFilter(ShardInfoFilter())
+
 # Seconds close() waits for the session to close (requests under way finish or time out first).
 CLOSE_TIMEOUT_S = 30
 
@@ -91,8 +103,6 @@ def cluster_settings(options: CassandraOptions) -> dict:
         "consistency": acsylla.Consistency(options.write_consistency),
         "exponential_reconnect_base_delay_ms": 500,
         "exponential_reconnect_max_delay_ms": 10_000,
-        # The Scylla fork warns on each connection that Cassandra sends no shard information.
-        "log_level": "error",
     }
     if options.local_dc:
         settings["load_balance_dc_aware"] = options.local_dc
