@@ -76,7 +76,7 @@ async def test_a_write_at_a_consistency_the_cluster_cannot_meet_is_store_unavail
         slot = time_slot(int(time.time() * 1000), HOUR)
         rows = [(tenant, slot, 0, "h", slot + i, 1.0, 3600) for i in range(10)]
         with pytest.raises(StoreUnavailable, match=r"cassandra \(acsylla\): CassError.*(Unavailable|NoHostsAvailable)"):
-            await writer.write([writer.batch(rows)])
+            await writer.write([rows])
         assert errors_counted() == before + 1
         with pytest.raises(StoreUnavailable):
             await store.write_raw([RawPoint(tenant, "h", slot, 1.0)])
@@ -92,6 +92,8 @@ async def test_close_stops_the_loop_thread_and_twice_is_harmless(cassandra_url):
     await store.close()
     assert not writer_threads()
     await store._head_writer.close()
+    with pytest.raises(StoreUnavailable, match="not connected"):
+        await store.write_raw([RawPoint("closed", "h", int(time.time() * 1000), 1.0)])
 
 
 def test_a_process_that_never_closes_its_store_exits(cassandra_url):

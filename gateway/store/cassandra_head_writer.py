@@ -133,6 +133,7 @@ class AcsyllaHeadWriter:
         self._prepared: Any = None
         self._inflight = asyncio.Semaphore(options.max_inflight)  # bound to the loop at its first use
         self._consistency = acsylla.Consistency(options.write_consistency)
+        self._closed = False
 
     def start(self) -> defer.Deferred:
         """Connect and prepare; fails like the driver's connect where Cassandra cannot be reached."""
@@ -147,9 +148,15 @@ class AcsyllaHeadWriter:
         except Exception as error:
             raise head_write_error(error) from error
 
-    def batch(self, rows: Sequence[tuple]):
-        """One UNLOGGED batch of data_head rows (the INSERT's values, all of one partition): one
-        C call a row to bind it."""
+    def write(self, partitions: Sequence[Sequence[tuple]]) -> defer.Deferred:
+        """One UNLOGGED batch a sequence of data_head rows (the INSERT's values, all of one
+        partition), bound here, one C call a row; fires (on the reactor thread) once every batch
+        succeeded, or with the first error once every batch has finished."""
+        if self._closed or self._prepared is None:
+            return defer.fail(StoreUnavailable("cassandra (acsylla): not connected"))
+        return self._on_loop(self._write([self._batch(rows) for rows in partitions]))
+
+    def _batch(self, rows: Sequence[tuple]):
         batch = acsylla.create_batch_unlogged()
         batch.set_consistency(self._consistency)
         batch.set_is_idempotent(True)
@@ -157,11 +164,6 @@ class AcsyllaHeadWriter:
         for row in rows:
             add(bind(row))
         return batch
-
-    def write(self, batches: list) -> defer.Deferred:
-        """Run the batches; fires (on the reactor thread) once all succeeded, or with the first
-        error once every batch has finished."""
-        return self._on_loop(self._write(batches))
 
     async def _write(self, batches: list) -> None:
         results = await asyncio.gather(*(self._execute(batch) for batch in batches), return_exceptions=True)
@@ -175,6 +177,7 @@ class AcsyllaHeadWriter:
 
     def close(self) -> defer.Deferred:
         """Close the session (requests under way finish first), then stop the loop and its thread."""
+        self._closed = True
         if not self._thread.is_alive():
             return defer.succeed(None)
         return self._on_loop(self._close()).addBoth(self._stop)

@@ -177,7 +177,7 @@ class CassandraSamples(CassandraBase):
             batches = [(head_batch(statement, chunk, consistency), ()) for chunk in chunks]
             written = self._execute_all(self._batched(entries) + batches)
         else:
-            heads = writer.write([writer.batch(chunk) for chunk in chunks])
+            heads = writer.write(chunks)
             written = defer.gatherResults([self._execute_all(self._batched(entries)), heads], consumeErrors=True)
             written.addErrback(lambda failure: failure.value.subFailure)
         return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
