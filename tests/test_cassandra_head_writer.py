@@ -10,6 +10,7 @@ import time
 import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
+from twisted.internet import defer
 
 from gateway.core.layout import Layout
 from gateway.store.cassandra import CassandraStore, parse_url
@@ -85,15 +86,43 @@ async def test_a_write_at_a_consistency_the_cluster_cannot_meet_is_store_unavail
 
 
 @pytest_twisted.ensureDeferred
-async def test_close_stops_the_loop_thread_and_twice_is_harmless(cassandra_url):
+async def test_the_first_head_write_connects_and_close_stops_the_loop_thread(cassandra_url, tenant):
+    """A store that writes no head rows (query executors, the downsampler) starts no thread."""
     store = CassandraStore.from_url(cassandra_url, Layout())
     await store.start()
+    assert not writer_threads()
+    now = int(time.time() * 1000)
+    await defer.gatherResults([store.write_raw([RawPoint(tenant, "h", now + i, 1.0)]) for i in range(3)])
     assert len(writer_threads()) == 1
     await store.close()
     assert not writer_threads()
     await store._head_writer.close()
-    with pytest.raises(StoreUnavailable, match="not connected"):
-        await store.write_raw([RawPoint("closed", "h", int(time.time() * 1000), 1.0)])
+    with pytest.raises(StoreUnavailable, match="closed"):
+        await store.write_raw([RawPoint(tenant, "h", now, 1.0)])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_never_wrote_head_rows_closes(cassandra_url):
+    store = CassandraStore.from_url(cassandra_url, Layout())
+    await store.start()
+    await store.close()
+    assert not writer_threads()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failed_connect_fails_the_write_and_the_next_write_tries_again(cassandra_url, tenant):
+    """acsylla alone cannot connect (here: a wrong port, the driver's session is fine): the write
+    is StoreUnavailable (503), and so is the next one, each a new attempt."""
+    store = CassandraStore.from_url(cassandra_url, Layout())
+    await store.start()
+    try:
+        store._head_writer.options = store.options._replace(hosts=[("127.0.0.1", 1)], request_timeout_s=2.0)
+        now = int(time.time() * 1000)
+        for _ in range(2):
+            with pytest.raises(StoreUnavailable, match="acsylla"):
+                await store.write_raw([RawPoint(tenant, "h", now, 1.0)])
+    finally:
+        await store.close()
 
 
 def test_a_process_that_never_closes_its_store_exits(cassandra_url):

@@ -6,12 +6,13 @@ rest in C++ threads, 2-3 µs a row in all (docs/performance.rst, "Head writes on
 other statement stays on cassandra-driver.
 
 acsylla runs on an asyncio loop; this module owns one, in its own thread, with its own session.
-The reactor binds rows into batches (cheap, and errors in values surface at once in the caller)
-and hands the batches over; the loop runs them, at most ``max_inflight`` at once, and fires the
-caller's Deferred back on the reactor thread.
+The reactor hands it the rows of each batch; the loop binds them (one C call a row), runs the
+batches, at most ``max_inflight`` at once, and fires the caller's Deferred back on the reactor
+thread.
 """
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import ssl
@@ -122,7 +123,13 @@ def cluster_settings(options: CassandraOptions) -> dict:
 
 
 class AcsyllaHeadWriter:
-    """One acsylla session for the data_head INSERT, on an asyncio loop in a thread of its own."""
+    """One acsylla session for the data_head INSERT, on an asyncio loop in a thread of its own.
+
+    It connects on the first write, not at the store's start: most processes that open a store
+    write no head rows (query executors, the downsampler, ``tsgate`` commands), and those open
+    no session and start no thread. The store's start has already connected cassandra-driver
+    with the same settings; a connection that fails here fails that write (and the next write
+    tries again)."""
 
     def __init__(self, options: CassandraOptions, insert_cql: str):
         self.options = options
@@ -131,32 +138,52 @@ class AcsyllaHeadWriter:
         self._thread = threading.Thread(target=self._loop.run_forever, name="acsylla-head-writer", daemon=True)
         self._session: Any = None
         self._prepared: Any = None
+        self._connecting: asyncio.Future | None = None
         self._inflight = asyncio.Semaphore(options.max_inflight)  # bound to the loop at its first use
         self._consistency = acsylla.Consistency(options.write_consistency)
         self._closed = False
 
-    def start(self) -> defer.Deferred:
-        """Connect and prepare; fails like the driver's connect where Cassandra cannot be reached."""
-        self._thread.start()
-        return self._on_loop(self._connect())
-
-    async def _connect(self) -> None:
-        cluster = acsylla.create_cluster(**cluster_settings(self.options))
-        try:
-            self._session = await cluster.create_session()
-            self._prepared = await self._session.create_prepared(self.insert_cql)
-        except Exception as error:
-            raise head_write_error(error) from error
-
     def write(self, partitions: Sequence[Sequence[tuple]]) -> defer.Deferred:
         """One UNLOGGED batch a sequence of data_head rows (the INSERT's values, all of one
-        partition), bound here, one C call a row; fires (on the reactor thread) once every batch
-        succeeded, or with the first error once every batch has finished."""
-        if self._closed or self._prepared is None:
-            return defer.fail(StoreUnavailable("cassandra (acsylla): not connected"))
-        return self._on_loop(self._write([self._batch(rows) for rows in partitions]))
+        partition); fires (on the reactor thread) once every batch succeeded, or with the first
+        error once every batch has finished."""
+        if self._closed:
+            return defer.fail(StoreUnavailable("cassandra (acsylla): closed"))
+        if not self._thread.is_alive():
+            self._thread.start()
+        return self._on_loop(self._write(partitions))
+
+    async def _write(self, partitions: Sequence[Sequence[tuple]]) -> None:
+        await self._connected()
+        batches = [self._batch(rows) for rows in partitions]
+        results = await asyncio.gather(*(self._execute(batch) for batch in batches), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise head_write_error(result)
+
+    async def _connected(self) -> None:
+        """Connect and prepare once; writes that arrive meanwhile wait for the same attempt."""
+        if self._prepared is not None:
+            return
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+        try:
+            await asyncio.shield(self._connecting)
+        except Exception as error:
+            self._connecting = None
+            raise head_write_error(error) from error
+
+    async def _connect(self) -> None:
+        session = await acsylla.create_cluster(**cluster_settings(self.options)).create_session()
+        try:
+            prepared = await session.create_prepared(self.insert_cql)
+        except Exception:
+            await session.close()
+            raise
+        self._session, self._prepared = session, prepared
 
     def _batch(self, rows: Sequence[tuple]):
+        """Bound on the loop thread, one C call a row (as fast as in the reactor's: both hold the GIL)."""
         batch = acsylla.create_batch_unlogged()
         batch.set_consistency(self._consistency)
         batch.set_is_idempotent(True)
@@ -164,12 +191,6 @@ class AcsyllaHeadWriter:
         for row in rows:
             add(bind(row))
         return batch
-
-    async def _write(self, batches: list) -> None:
-        results = await asyncio.gather(*(self._execute(batch) for batch in batches), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise head_write_error(result)
 
     async def _execute(self, batch) -> None:
         async with self._inflight:
@@ -183,6 +204,9 @@ class AcsyllaHeadWriter:
         return self._on_loop(self._close()).addBoth(self._stop)
 
     async def _close(self) -> None:
+        if self._connecting is not None:
+            with contextlib.suppress(Exception):
+                await self._connecting
         if self._session is not None:
             await asyncio.wait_for(self._session.close(), CLOSE_TIMEOUT_S)
 

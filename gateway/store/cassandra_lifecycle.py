@@ -95,12 +95,9 @@ class CassandraLifecycle(CassandraBase):
             self._prepare_all()
             self._requests = RequestQueue(self.session, self.options.max_inflight, unavailable_error)
 
-        connected = threads.deferToThread(connect)
         if self.options.head_writer == "acsylla":
-            writer = AcsyllaHeadWriter(self.options, self._statement_texts()["head"])
-            self._head_writer = writer
-            connected.addCallback(lambda _: writer.start())
-        return connected
+            self._head_writer = AcsyllaHeadWriter(self.options, self._statement_texts()["head"])
+        return threads.deferToThread(connect)
 
     def close(self):
         """The head writer first (its loop thread and session), then the driver's cluster."""
