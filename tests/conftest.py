@@ -55,6 +55,19 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.fast)
 
 
+class SharedServer:
+    """A Cassandra this run did not start (``TSGATE_TEST_CASSANDRA``): other runs use it, so a
+    test that would stop it is skipped here (CI starts its own, where such tests run)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+
+    def stop(self):
+        pytest.skip("TSGATE_TEST_CASSANDRA is shared: this test stops the server")
+
+    start = stop
+
+
 @pytest.fixture(scope="session")
 def cassandra_server(tmp_path_factory):
     """A real single-node Cassandra 5.0, assembled from Maven Central by gateway.app.devservices."""
@@ -63,7 +76,7 @@ def cassandra_server(tmp_path_factory):
     existing = os.environ.get("TSGATE_TEST_CASSANDRA")
     if existing:
         host, _, port = existing.partition(":")
-        yield type("Existing", (), {"host": host, "port": int(port or 9042), "stop": None, "start": None})()
+        yield SharedServer(host, int(port or 9042))
         return
     server = CassandraServer(tmp_path_factory.mktemp("cassandra"))
     server.start()
