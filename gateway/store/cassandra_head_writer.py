@@ -6,9 +6,9 @@ rest in C++ threads, 2-3 µs a row in all (docs/performance.rst, "Head writes on
 other statement stays on cassandra-driver.
 
 acsylla runs on an asyncio loop; this module owns one, in its own thread, with its own session.
-The reactor hands it the rows of each batch; the loop binds them (one C call a row), runs the
-batches, at most ``max_inflight`` at once, and fires the caller's Deferred back on the reactor
-thread.
+The reactor binds the rows of each batch (one C call a row) and hands the batches over; the
+loop runs them, at most ``max_inflight`` at once, and fires the caller's Deferred back on the
+reactor thread.
 """
 
 import asyncio
@@ -146,16 +146,21 @@ class AcsyllaHeadWriter:
     def write(self, partitions: Sequence[Sequence[tuple]]) -> defer.Deferred:
         """One UNLOGGED batch a sequence of data_head rows (the INSERT's values, all of one
         partition); fires (on the reactor thread) once every batch succeeded, or with the first
-        error once every batch has finished."""
+        error once every batch has finished. Once connected, the caller binds the rows (binding
+        on the loop thread cost the same CPU but took its GIL from the reactor: fewer samples/s)."""
         if self._closed:
             return defer.fail(StoreUnavailable("cassandra (acsylla): closed"))
+        if self._prepared is not None:
+            return self._on_loop(self._run([self._batch(rows) for rows in partitions]))
         if not self._thread.is_alive():
             self._thread.start()
-        return self._on_loop(self._write(partitions))
+        return self._on_loop(self._connect_and_write(partitions))
 
-    async def _write(self, partitions: Sequence[Sequence[tuple]]) -> None:
+    async def _connect_and_write(self, partitions: Sequence[Sequence[tuple]]) -> None:
         await self._connected()
-        batches = [self._batch(rows) for rows in partitions]
+        await self._run([self._batch(rows) for rows in partitions])
+
+    async def _run(self, batches: list) -> None:
         results = await asyncio.gather(*(self._execute(batch) for batch in batches), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -183,7 +188,7 @@ class AcsyllaHeadWriter:
         self._session, self._prepared = session, prepared
 
     def _batch(self, rows: Sequence[tuple]):
-        """Bound on the loop thread, one C call a row (as fast as in the reactor's: both hold the GIL)."""
+        """One C call a row to bind it."""
         batch = acsylla.create_batch_unlogged()
         batch.set_consistency(self._consistency)
         batch.set_is_idempotent(True)
