@@ -27,7 +27,6 @@ from twisted.internet import defer, reactor
 from gateway.store.cassandra_base import DRIVER_ERRORS, CassandraOptions
 from gateway.store.contract import StoreUnavailable
 
-
 # Faults of the cluster or the connection, not of our statements: the write may work later (503).
 CLUSTER_FAULTS = (
     errors.CassErrorServerUnavailable,
