@@ -5,6 +5,7 @@ import time
 from twisted.internet import defer, threads
 
 from gateway.store.cassandra_base import CassandraBase, unavailable_error
+from gateway.store.cassandra_head_writer import AcsyllaHeadWriter
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import keyspace_statement, table_statements, upgrade_statements
 from gateway.store.contract import StoreUnavailable, time_slot
@@ -94,11 +95,17 @@ class CassandraLifecycle(CassandraBase):
             self._prepare_all()
             self._requests = RequestQueue(self.session, self.options.max_inflight, unavailable_error)
 
+        if self.options.head_writer == "acsylla":
+            self._head_writer = AcsyllaHeadWriter(self.options, self._statement_texts()["head"])
         return threads.deferToThread(connect)
 
     def close(self):
+        """The head writer first (its loop thread and session), then the driver's cluster."""
+        closed = self._head_writer.close() if self._head_writer else defer.succeed(None)
         cluster = self.cluster
-        return threads.deferToThread(cluster.shutdown) if cluster else defer.succeed(None)
+        if cluster:
+            closed.addBoth(lambda result: threads.deferToThread(cluster.shutdown).addCallback(lambda _: result))
+        return closed
 
     def ping(self):
         return self._execute("SELECT release_version FROM system.local")

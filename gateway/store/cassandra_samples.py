@@ -156,7 +156,8 @@ class CassandraSamples(CassandraBase):
 
     def write_raw(self, points: Sequence[RawPoint]):
         """Head rows, each with the TTL of its slot, grouped by data_head partition (tenant, slice,
-        shard) into single-partition UNLOGGED batches, and the slot's ``head_written_at`` in
+        shard) into single-partition UNLOGGED batches (through the head writer, acsylla, unless
+        the URL says head_writer=driver), and the slot's ``head_written_at`` in
         data_blocks where this process has not written it lately (read_raw finds head rows through it).
         Where a request holds one (series, ts) twice, its last value is written."""
         statement: Any = self._statements["head"]
@@ -169,14 +170,21 @@ class CassandraSamples(CassandraBase):
             if shard is None:
                 shard = shards[hash_] = head_shard(hash_)
             partitions[(tenant, timestamp - timestamp % slice_width, shard)][(hash_, timestamp)] = value
-        batches = []
+        chunks = []
         for (tenant, slice_ms, shard), rows in partitions.items():
             slot = slice_ms - slice_ms % width
             ttl = layout.head_ttl_ms(slot, now) // 1000 + 1
             values = [(tenant, slice_ms, shard, hash_, ts, value, ttl) for (hash_, ts), value in rows.items()]
-            batches += [(head_batch(statement, chunk, consistency), ()) for chunk in _head_batches(values)]
+            chunks += _head_batches(values)
         entries, fresh = self._written_at_updates(points, now)
-        written = self._execute_all(self._batched(entries) + batches)
+        writer = self._head_writer
+        if writer is None:  # head_writer=driver: one group of requests with the head_written_at updates
+            batches = [(head_batch(statement, chunk, consistency), ()) for chunk in chunks]
+            written = self._execute_all(self._batched(entries) + batches)
+        else:
+            heads = writer.write(chunks)
+            written = defer.gatherResults([self._execute_all(self._batched(entries)), heads], consumeErrors=True)
+            written.addErrback(lambda failure: failure.value.subFailure)
         return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
 
     def _written_at_updates(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:

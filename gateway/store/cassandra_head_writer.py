@@ -1,0 +1,236 @@
+"""data_head writes through acsylla (the C++ driver for asyncio), the ingest hot path on Cassandra.
+
+cassandra-driver costs 11-13 µs of gateway CPU a head row in a batch (building, serializing and
+sending each statement in Python); acsylla binds a row in one C call (about 0.5 µs) and does the
+rest in C++ threads, 2-3 µs a row in all (docs/performance.rst, "Head writes on acsylla"). Every
+other statement stays on cassandra-driver.
+
+acsylla runs on an asyncio loop; this module owns one, in its own thread, with its own session.
+The reactor binds the rows of each batch (one C call a row) and hands the batches over; the
+loop runs them, at most ``max_inflight`` at once, and fires the caller's Deferred back on the
+reactor thread.
+"""
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import ssl
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import acsylla
+from acsylla import errors
+from twisted.internet import defer, reactor
+
+from gateway.store.cassandra_base import DRIVER_ERRORS, CassandraOptions
+from gateway.store.contract import StoreUnavailable
+
+# Faults of the cluster or the connection, not of our statements: the write may work later (503).
+CLUSTER_FAULTS = (
+    errors.CassErrorServerUnavailable,
+    errors.CassErrorServerWriteTimeout,
+    errors.CassErrorServerWriteFailure,
+    errors.CassErrorServerOverloaded,
+    errors.CassErrorServerIsBootstrapping,
+    errors.CassErrorServerServerError,
+    errors.CassErrorLibNoHostsAvailable,
+    errors.CassErrorLibRequestTimedOut,
+    errors.CassErrorLibRequestQueueFull,
+    errors.CassErrorLibNoStreams,
+    errors.CassErrorLibUnableToConnect,
+    errors.CassErrorLibWriteError,
+    errors.CassErrorLibNoAvailableIoThread,
+    errors.CassErrorLibUnableToDetermineProtocol,
+    errors.CassExceptionConnectionError,
+    errors.CassErrorSourceSsl,
+)
+
+
+class ShardInfoFilter(logging.Filter):
+    """acsylla's driver (ScyllaDB's fork of the DataStax C++ driver) logs an error on each new
+    connection to a Cassandra (not Scylla) node: it finds no shard information there, which is
+    expected. Other messages pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Could not retrieve sharding info" not in record.getMessage()
+
+
+logging.getLogger("acsylla").addFilter(ShardInfoFilter())
+
+# Seconds close() waits for the session to close (requests under way finish or time out first).
+CLOSE_TIMEOUT_S = 30
+
+
+def head_write_error(error: BaseException) -> BaseException:
+    """acsylla's errors as cassandra_base.unavailable_error maps the driver's: faults of the
+    cluster become StoreUnavailable (503, the sender retries), counted by error."""
+    DRIVER_ERRORS.labels(type(error).__name__).inc()
+    if isinstance(error, CLUSTER_FAULTS):
+        return StoreUnavailable(f"cassandra (acsylla): {type(error).__name__}: {error}")
+    return error
+
+
+def _trusted_certificates(options: CassandraOptions) -> str:
+    """PEM text of the CAs to verify Cassandra's certificate with: ``tls_ca``, else the system's
+    (as ssl.create_default_context does for the driver). acsylla takes PEM text, not a file."""
+    path = options.tls_ca or ssl.get_default_verify_paths().cafile
+    if path is None:
+        raise ValueError("tls=true: no tls_ca given and no system CA file found")
+    with open(path) as file:
+        return file.read()
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def cluster_settings(options: CassandraOptions) -> dict:
+    """acsylla.create_cluster arguments with the connection semantics of the driver's Cluster
+    (cassandra_base.CassandraBase._cluster): contact points and port, local DC, credentials, TLS
+    verified against the host's name or address, request and connect timeouts."""
+    settings: dict = {
+        "contact_points": [host for host, _ in options.hosts],
+        "port": options.hosts[0][1],
+        "connect_timeout": options.request_timeout_s,
+        "request_timeout": options.request_timeout_s,
+        "consistency": acsylla.Consistency(options.write_consistency),
+        "exponential_reconnect_base_delay_ms": 500,
+        "exponential_reconnect_max_delay_ms": 10_000,
+    }
+    if options.local_dc:
+        settings["load_balance_dc_aware"] = options.local_dc
+    if options.username:
+        settings["username"], settings["password"] = options.username, options.password or ""
+    if options.tls:
+        by_name = not all(_is_address(host) for host, _ in options.hosts)
+        settings.update(
+            ssl_enabled=True,
+            ssl_trusted_cert=_trusted_certificates(options),
+            ssl_verify_flags=acsylla.SSLVerifyFlags.PEER_IDENTITY_DNS
+            if by_name
+            else acsylla.SSLVerifyFlags.PEER_IDENTITY,
+            hostname_resolution=by_name,
+        )
+    return settings
+
+
+class AcsyllaHeadWriter:
+    """One acsylla session for the data_head INSERT, on an asyncio loop in a thread of its own.
+
+    It connects on the first write, not at the store's start: most processes that open a store
+    write no head rows (query executors, the downsampler, ``tsgate`` commands), and those open
+    no session and start no thread. The store's start has already connected cassandra-driver
+    with the same settings; a connection that fails here fails that write (and the next write
+    tries again)."""
+
+    def __init__(self, options: CassandraOptions, insert_cql: str):
+        self.options = options
+        self.insert_cql = insert_cql
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="acsylla-head-writer", daemon=True)
+        self._session: Any = None
+        self._prepared: Any = None
+        self._connecting: asyncio.Future | None = None
+        self._inflight = asyncio.Semaphore(options.max_inflight)  # bound to the loop at its first use
+        self._consistency = acsylla.Consistency(options.write_consistency)
+        self._closed = False
+
+    def write(self, partitions: Sequence[Sequence[tuple]]) -> defer.Deferred:
+        """One UNLOGGED batch a sequence of data_head rows (the INSERT's values, all of one
+        partition); fires (on the reactor thread) once every batch succeeded, or with the first
+        error once every batch has finished. Once connected, the caller binds the rows (binding
+        on the loop thread cost the same CPU but took its GIL from the reactor: fewer samples/s)."""
+        if self._closed:
+            return defer.fail(StoreUnavailable("cassandra (acsylla): closed"))
+        if self._prepared is not None:
+            return self._on_loop(self._run([self._batch(rows) for rows in partitions]))
+        if not self._thread.is_alive():
+            self._thread.start()
+        return self._on_loop(self._connect_and_write(partitions))
+
+    async def _connect_and_write(self, partitions: Sequence[Sequence[tuple]]) -> None:
+        await self._connected()
+        await self._run([self._batch(rows) for rows in partitions])
+
+    async def _run(self, batches: list) -> None:
+        results = await asyncio.gather(*(self._execute(batch) for batch in batches), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise head_write_error(result)
+
+    async def _connected(self) -> None:
+        """Connect and prepare once; writes that arrive meanwhile wait for the same attempt."""
+        if self._prepared is not None:
+            return
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+        try:
+            await asyncio.shield(self._connecting)
+        except Exception as error:
+            self._connecting = None
+            raise head_write_error(error) from error
+
+    async def _connect(self) -> None:
+        session = await acsylla.create_cluster(**cluster_settings(self.options)).create_session()
+        try:
+            prepared = await session.create_prepared(self.insert_cql)
+        except Exception:
+            await session.close()
+            raise
+        self._session, self._prepared = session, prepared
+
+    def _batch(self, rows: Sequence[tuple]):
+        """One C call a row to bind it."""
+        batch = acsylla.create_batch_unlogged()
+        batch.set_consistency(self._consistency)
+        batch.set_is_idempotent(True)
+        bind, add = self._prepared.bind, batch.add_statement
+        for row in rows:
+            add(bind(row))
+        return batch
+
+    async def _execute(self, batch) -> None:
+        async with self._inflight:
+            await self._session.execute_batch(batch)
+
+    def close(self) -> defer.Deferred:
+        """Close the session (requests under way finish first), then stop the loop and its thread."""
+        self._closed = True
+        if not self._thread.is_alive():
+            return defer.succeed(None)
+        return self._on_loop(self._close()).addBoth(self._stop)
+
+    async def _close(self) -> None:
+        if self._connecting is not None:
+            with contextlib.suppress(Exception):
+                await self._connecting
+        if self._session is not None:
+            await asyncio.wait_for(self._session.close(), CLOSE_TIMEOUT_S)
+
+    def _stop(self, result):
+        """The loop stops at once once the session is closed, so the join is short."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(CLOSE_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._loop.close()
+        return result
+
+    def _on_loop(self, coroutine) -> defer.Deferred:
+        """Run a coroutine on the loop's thread; its outcome fires a Deferred on the reactor thread."""
+        deferred: defer.Deferred = defer.Deferred()
+
+        def done(future) -> None:
+            error = future.exception()
+            if error is not None:
+                reactor.callFromThread(deferred.errback, error)
+            else:
+                reactor.callFromThread(deferred.callback, future.result())
+
+        asyncio.run_coroutine_threadsafe(coroutine, self._loop).add_done_callback(done)
+        return deferred
