@@ -11,6 +11,7 @@ import argparse
 import os
 import time
 
+import numpy as np
 from twisted.internet import defer, task
 
 from bench.common import connect, exit_with, fresh_keyspace
@@ -18,23 +19,24 @@ from gateway.app.config import parse_hostport
 from gateway.core.layout import Layout
 from gateway.core.model import series_set_hash, series_set_text
 from gateway.store.cassandra import CassandraStore
-from gateway.store.contract import RawPoint
+from gateway.store.contract import RawColumns
 
 WARMUP = 8
 IN_FLIGHT = 4
 
 
-def requests_of(rounds: int) -> list[list[RawPoint]]:
+def requests_of(rounds: int) -> list[RawColumns]:
+    """Requests of 500 series, one sample each, as ingest hands them to the store (columns)."""
     hashes = [series_set_hash(series_set_text("store_write", {"i": str(i)})) for i in range(2000)]
     start = int(time.time() * 1000) // 3_600_000 * 3_600_000 - 3_600_000
     return [
-        [RawPoint("bench", h, start + r * 10_000, float(r)) for h in hashes[k * 500 : (k + 1) * 500]]
+        RawColumns("bench", hashes[k * 500 : (k + 1) * 500], np.full(500, start + r * 10_000), np.full(500, float(r)))
         for r in range(rounds)
         for k in range(4)
     ]
 
 
-async def measure(store_url: str, requests: list[list[RawPoint]]) -> None:
+async def measure(store_url: str, requests: list[RawColumns]) -> None:
     store = CassandraStore.from_url(store_url, Layout())
     await store.start()
     try:

@@ -13,7 +13,7 @@ from gateway.query.read_path import stitch_raw
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.cassandra import CassandraStore
 from gateway.store.cassandra_samples import HEAD_BATCH_VALUE_BYTES, HEAD_ROWS_PER_BATCH, _head_batches
-from gateway.store.contract import RawPoint, SealedBlock, time_slot
+from gateway.store.contract import RawColumns, RawPoint, SealedBlock, time_slot
 from tests.test_store_contract import series
 
 HOUR = 3_600_000
@@ -65,6 +65,34 @@ async def test_a_partition_written_over_several_batches_reads_back_whole(cassand
     await cassandra_store.write_raw([RawPoint(tenant, key.series_set_hash, ts, float(ts)) for ts in timestamps])
     (found,) = await head_points(cassandra_store, tenant, [key], slot, slot + HOUR - 1)
     assert found == [(ts, float(ts)) for ts in timestamps]
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_write_of_two_tenants_and_a_timestamp_twice_keeps_each_tenant_and_the_last_value(
+    cassandra_store, tenant
+):
+    """Points (any order, two tenants) and ingest's columns both group by partition; a (series,
+    ts) written twice in one write keeps its last value, even where the first was greater (one
+    batch holding a row twice would keep the greater)."""
+    other = tenant + "_other"
+    key, other_key = series(tenant, "twice", {}), series(other, "twice", {})
+    slot = past_slot()
+    ts = slot + 5 * MINUTE
+    await cassandra_store.write_raw(
+        [
+            RawPoint(tenant, key.series_set_hash, ts, 9.0),
+            RawPoint(other, other_key.series_set_hash, ts + 2 * MINUTE, 7.0),
+            RawPoint(tenant, key.series_set_hash, ts + MINUTE, 3.0),
+            RawPoint(tenant, key.series_set_hash, ts, 1.0),
+        ]
+    )
+    assert await head_points(cassandra_store, tenant, [key], slot, slot + HOUR - 1) == [[(ts, 1.0), (ts + MINUTE, 3.0)]]
+    columns = RawColumns(tenant, [key.series_set_hash] * 3, np.array([ts, ts + 30, ts]), np.array([5.0, 6.0, 4.0]))
+    await cassandra_store.write_raw(columns)
+    assert await head_points(cassandra_store, tenant, [key], slot, slot + HOUR - 1) == [
+        [(ts, 4.0), (ts + 30, 6.0), (ts + MINUTE, 3.0)]
+    ]
+    assert await head_points(cassandra_store, other, [other_key], slot, slot + HOUR - 1) == [[(ts + 2 * MINUTE, 7.0)]]
 
 
 @pytest_twisted.ensureDeferred

@@ -4,7 +4,9 @@ and the deletion of a range."""
 import struct
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,7 @@ from twisted.internet import defer, threads
 
 from gateway.core import samples
 from gateway.core.caches import LRUMap
-from gateway.core.layout import head_shard
+from gateway.core.layout import HEAD_SHARDS, head_shard
 from gateway.core.samples import Samples
 from gateway.store.cassandra_base import (
     PLAIN_ROWS,
@@ -25,6 +27,7 @@ from gateway.store.cassandra_base import (
 from gateway.store.contract import (
     ROLLUP_COLUMN_SETS,
     ROLLUP_COLUMNS,
+    RawColumns,
     RawData,
     RawPoint,
     Rollup,
@@ -67,20 +70,71 @@ def _unsealed(written: int | None, sealed: int | None) -> bool:
 
 def _head_batches(rows: list[tuple]) -> list[list[tuple]]:
     """data_head rows of one partition (statement values) in chunks of at most HEAD_ROWS_PER_BATCH
-    rows and about HEAD_BATCH_VALUE_BYTES of values."""
-    chunks: list[list[tuple]] = []
-    chunk: list[tuple] = []
-    size = 0
-    for row in rows:
-        row_size = len(row[0]) + len(row[3]) + 36  # tenant, hash and five numbers
-        if chunk and (len(chunk) == HEAD_ROWS_PER_BATCH or size + row_size > HEAD_BATCH_VALUE_BYTES):
-            chunks.append(chunk)
-            chunk, size = [], 0
-        chunk.append(row)
-        size += row_size
-    if chunk:
-        chunks.append(chunk)
-    return chunks
+    rows and about HEAD_BATCH_VALUE_BYTES of values, every row counted at the partition's longest
+    (its rows differ only in the hash's length)."""
+    if not rows:
+        return []
+    longest = len(rows[0][0]) + max(map(len, map(itemgetter(3), rows))) + 36  # tenant, hash and five numbers
+    size = max(1, min(HEAD_ROWS_PER_BATCH, HEAD_BATCH_VALUE_BYTES // longest))
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def _by_tenant(points: Sequence[RawPoint]) -> list[RawColumns]:
+    """The points as columns, one RawColumns a tenant (ingest's arrays come as one already)."""
+    if isinstance(points, RawColumns):
+        return [points]
+    if not points:
+        return []
+    tenants, hashes, timestamps, values = map(list, zip(*points))
+    by_tenant = [(tenants[0], range(len(tenants)))] if len(set(tenants)) == 1 else _indexes_by_tenant(tenants)
+    return [
+        RawColumns(
+            tenant,
+            list(map(hashes.__getitem__, indexes)),
+            np.array(list(map(timestamps.__getitem__, indexes)), dtype=np.int64),
+            np.array(list(map(values.__getitem__, indexes)), dtype=np.float64),
+        )
+        for tenant, indexes in by_tenant
+    ]
+
+
+def _indexes_by_tenant(tenants: list[str]) -> list[tuple[str, list[int]]]:
+    indexes: dict[str, list[int]] = defaultdict(list)
+    for index, tenant in enumerate(tenants):
+        indexes[tenant].append(index)
+    return list(indexes.items())
+
+
+def _last_of_each(columns: RawColumns) -> RawColumns:
+    """The points with the last value of a (series, ts) written twice, in C loops: a batch holding
+    one row twice would keep the greater value, not the last."""
+    timestamps = columns.timestamps.tolist()
+    if len(set(zip(columns.hashes, timestamps))) == len(timestamps):
+        return columns
+    last = dict(zip(zip(columns.hashes, timestamps), columns.values.tolist()))
+    keys = list(last)
+    return RawColumns(
+        columns.tenant,
+        list(map(itemgetter(0), keys)),
+        np.fromiter(map(itemgetter(1), keys), dtype=np.int64, count=len(keys)),
+        np.fromiter(last.values(), dtype=np.float64, count=len(keys)),
+    )
+
+
+def _head_partitions(columns: RawColumns, slice_width: int) -> Iterator[tuple[int, int, list, list, list]]:
+    """(slice, shard, hashes, timestamps, values) of each data_head partition the points fall in,
+    grouped by one stable sort of a key a point (no Python a point but its shard's checksum)."""
+    hashes, timestamps = columns.hashes, columns.timestamps
+    shards = np.fromiter(map(head_shard, hashes), dtype=np.int64, count=len(hashes))
+    keys = (timestamps - timestamps % slice_width) * HEAD_SHARDS + shards
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    bounds = (np.flatnonzero(np.diff(keys)) + 1).tolist()
+    ordered_hashes = list(map(hashes.__getitem__, order.tolist()))
+    ordered_timestamps, ordered_values = timestamps[order].tolist(), columns.values[order].tolist()
+    for start, end in zip([0, *bounds], [*bounds, len(keys)]):
+        slice_ms, shard = divmod(int(keys[start]), HEAD_SHARDS)
+        yield slice_ms, shard, ordered_hashes[start:end], ordered_timestamps[start:end], ordered_values[start:end]
 
 
 def head_batch(statement, rows: list[tuple], consistency: int) -> BatchStatement:
@@ -163,20 +217,16 @@ class CassandraSamples(CassandraBase):
         statement: Any = self._statements["head"]
         layout, now, consistency = self.layout, int(time.time() * 1000), self.options.write_consistency
         width, slice_width = self.slot_width_ms, layout.head_slice_ms
-        partitions: dict[tuple[str, int, int], dict[tuple[str, int], float]] = defaultdict(dict)
-        shards: dict[str, int] = {}
-        for tenant, hash_, timestamp, value in points:
-            shard = shards.get(hash_)
-            if shard is None:
-                shard = shards[hash_] = head_shard(hash_)
-            partitions[(tenant, timestamp - timestamp % slice_width, shard)][(hash_, timestamp)] = value
-        chunks = []
-        for (tenant, slice_ms, shard), rows in partitions.items():
-            slot = slice_ms - slice_ms % width
-            ttl = layout.head_ttl_ms(slot, now) // 1000 + 1
-            values = [(tenant, slice_ms, shard, hash_, ts, value, ttl) for (hash_, ts), value in rows.items()]
-            chunks += _head_batches(values)
-        entries, fresh = self._written_at_updates(points, now)
+        chunks: list[list[tuple]] = []
+        entries: list[tuple[object, tuple]] = []
+        fresh: dict[tuple[str, str, int], int] = {}
+        for columns in map(_last_of_each, _by_tenant(points)):
+            tenant = columns.tenant
+            for slice_ms, shard, hashes, timestamps, values in _head_partitions(columns, slice_width):
+                ttl = layout.head_ttl_ms(slice_ms - slice_ms % width, now) // 1000 + 1
+                rows = zip(repeat(tenant), repeat(slice_ms), repeat(shard), hashes, timestamps, values, repeat(ttl))
+                chunks += _head_batches(list(rows))
+            self._written_at_updates(columns, now, entries, fresh)
         writer = self._head_writer
         if writer is None:  # head_writer=driver: one group of requests with the head_written_at updates
             batches = [(head_batch(statement, chunk, consistency), ()) for chunk in chunks]
@@ -187,26 +237,25 @@ class CassandraSamples(CassandraBase):
             written.addErrback(lambda failure: failure.value.subFailure)
         return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
 
-    def _written_at_updates(self, points: Sequence[RawPoint], now: int) -> tuple[list[tuple[object, tuple]], dict]:
+    def _written_at_updates(self, columns: RawColumns, now: int, requests: list, fresh: dict) -> None:
         """``head_written_at`` = now in the data_blocks rows of the batch's series-slots, but for those
         this process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
         cannot have been sealed since (sealing waits for the slot's end and its last write to be
         ``settle_delay`` old), so a reader that finds the entry newer than the last seal reads the
         head rows anyway. A write after that refreshes the entry, so one that lands after a seal
-        always makes its slot's head rows read again. Returns the requests and what to remember
-        once they succeeded."""
-        width, written, layout = self.slot_width_ms, self._written_at_fresh, self.layout
-        keys = {(tenant, hash_, timestamp - timestamp % width) for tenant, hash_, timestamp, _ in points}
-        requests, fresh = [], {}
-        for key in keys:
-            if (written.get(key) or 0) > now:
+        always makes its slot's head rows read again. Adds the requests to ``requests`` and what to
+        remember once they succeeded to ``fresh``."""
+        width, layout, tenant = self.slot_width_ms, self.layout, columns.tenant
+        slots = (columns.timestamps - columns.timestamps % width).tolist()
+        keys = list(set(zip(repeat(tenant), columns.hashes, slots)))
+        for key, until in zip(keys, self._written_at_fresh.get_many(keys)):
+            if until is not None and until > now:
                 continue
-            tenant, hash_, slot = key
+            _, hash_, slot = key
             ttl_ms = layout.head_ttl_ms(slot, now) + layout.settle_delay_ms + WRITTEN_AT_MARGIN_MS
             partition = time_slot(slot, layout.block_partition_width_ms)
             requests.append((self._statements["head_written"], (ttl_ms // 1000, now, tenant, hash_, partition, slot)))
-            fresh[key] = max(key[2] + width, now) + layout.settle_delay_ms // 2
-        return requests, fresh
+            fresh[key] = max(slot + width, now) + layout.settle_delay_ms // 2
 
     def read_raw(self, tenant, hashes, start_ms, end_ms):
         """The data_blocks rows of the range, READ_SERIES_PER_REQUEST series a request
