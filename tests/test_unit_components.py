@@ -1,12 +1,12 @@
-"""Small parts of the service on their own: the LRU map behind every cache, and the Cassandra
-request queue's bound (driven through a session whose requests the test completes by hand, as the
-driver's I/O thread would)."""
+"""Small parts of the service on their own: the LRU map behind every cache, the slot holds of
+pending marks and head_written_at, and the Cassandra request queue's bound (driven through a
+session whose requests the test completes by hand, as the driver's I/O thread would)."""
 
 import pytest
 import pytest_twisted
 from cassandra import DriverException
 
-from gateway.core.caches import LRUMap
+from gateway.core.caches import LRUMap, SlotHolds
 from gateway.ingest.metadata_cache import SeenSeries
 from gateway.store.cassandra_requests import RequestQueue
 
@@ -27,6 +27,20 @@ def test_lru_map_keeps_only_the_newest_of_a_batch_larger_than_itself():
     lru = LRUMap(2)
     lru.add_all({i: i for i in range(5)})
     assert len(lru) == 2 and lru.get(3) == 3 and lru.get(4) == 4 and lru.get(2) is None
+
+
+def test_slot_holds_pass_with_time_and_are_swept_when_full_or_a_slot_later():
+    holds = SlotHolds(max_entries=4, slot_width_ms=1000)
+    assert holds.unheld("t", 0, ["a", "b", "a"], now=10) == ["a", "b"]
+    holds.hold("t", 0, ["a", "b"], until=500, now=10)
+    assert holds.unheld("t", 0, ["a", "b", "c"], now=499) == ["c"]
+    assert holds.unheld("u", 0, ["a"], now=499) == ["a"]  # another tenant
+    assert holds.unheld("t", 0, ["a", "b"], now=500) == ["a", "b"]  # passed
+    holds.hold("t", 1000, ["x", "y"], until=2500, now=20)
+    holds.hold("t", 1000, ["z"], until=2500, now=30)  # full: not remembered
+    assert holds.unheld("t", 1000, ["x", "y", "z"], now=40) == ["z"]
+    holds.hold("t", 1000, ["z"], until=2600, now=1500)  # a slot later: the passed holds of slot 0 swept
+    assert holds.unheld("t", 1000, ["x", "y", "z"], now=1600) == []
 
 
 def test_seen_series_is_a_set_on_the_same_bound():

@@ -13,7 +13,6 @@ import collections
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import compress, repeat
-from operator import itemgetter
 from sys import intern
 from typing import NamedTuple, Protocol
 
@@ -22,6 +21,7 @@ from prometheus_client import Counter
 from twisted.internet.defer import Deferred, gatherResults
 
 from gateway.core import metrics
+from gateway.core.caches import SlotHolds
 from gateway.core.cooperative import CHECK_EVERY, Slices
 from gateway.core.errors import StoreBusy
 from gateway.core.model import (
@@ -43,7 +43,15 @@ from gateway.core.tenant_activity import TenantActivity
 from gateway.ingest.limits import TenantLimits
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries, SeenSeries
 from gateway.store import Store
-from gateway.store.contract import CreatedTimestamp, ExemplarRow, HistogramRow, MetricMetadata, RawColumns, RawPoint
+from gateway.store.contract import (
+    CreatedTimestamp,
+    ExemplarRow,
+    HistogramRow,
+    MetricMetadata,
+    RawColumns,
+    RawPoint,
+    hashes_by_slot,
+)
 
 METRIC_METADATA_REMEMBERED = 100_000
 # Rows of one store call: a store prepares them on the reactor thread, so a large batch is cut.
@@ -172,28 +180,6 @@ _CREATED = _Kind(
 )
 
 
-def _hashes_by_slot(points: Sequence[RawPoint | HistogramRow], width: int) -> dict[tuple[str, int], list[str]]:
-    """The series-set hash of each point grouped by (tenant, slot): C loops but for points of
-    several tenants (the native API's), and RawColumns read as their columns."""
-    if isinstance(points, RawColumns):
-        tenants, hashes, timestamps = {points.tenant}, points.hashes, points.timestamps
-    else:
-        tenants, hashes = set(map(itemgetter(0), points)), list(map(itemgetter(1), points))
-        timestamps = np.fromiter(map(itemgetter(2), points), dtype=np.int64, count=len(points))
-    slots = timestamps - timestamps % width
-    if len(tenants) > 1:
-        groups: dict[tuple[str, int], list[str]] = {}
-        for tenant, hash_, slot in zip(map(itemgetter(0), points), hashes, slots.tolist()):
-            groups.setdefault((tenant, slot), []).append(hash_)
-        return groups
-    if not tenants:
-        return {}
-    tenant = tenants.pop()
-    if slots.min() == slots.max():
-        return {(tenant, int(slots[0])): hashes}
-    return {(tenant, slot): list(compress(hashes, (slots == slot).tolist())) for slot in np.unique(slots).tolist()}
-
-
 def _window_error(timestamp: int, oldest: int, newest: int) -> InvalidSample:
     """The reject of a timestamp outside the accepted window, in validate_timestamp's words."""
     try:
@@ -291,9 +277,7 @@ class IngestPipeline:
         self.pending = pending
         self.max_metadata_length = max_metadata_length
         self._metadata_seen = SeenSeries(METRIC_METADATA_REMEMBERED, level="prometheus_metadata")
-        self._marked: dict[tuple[str, int], dict[str, int]] = {}  # (tenant, slot) -> {hash: held open until (ms)}
-        self._marked_count = 0  # entries in self._marked
-        self._swept_slot = 0
+        self._marked = SlotHolds(known.max_entries, store.slot_width_ms)  # until when a mark holds a slot open
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
         self.inflight_samples = 0
@@ -601,29 +585,21 @@ class IngestPipeline:
         of a past slot once per series every half delay instead of on every write."""
         width = self.store.slot_width_ms
         now = self.clock()
-        keys: list[tuple[str, str, int]] = []
-        for (tenant, slot), hashes in _hashes_by_slot(points, width).items():
-            held = self._marked.get((tenant, slot), {})
-            unmarked = compress(hashes, map(now.__ge__, map(held.get, hashes, repeat(0))))
-            keys += dict.fromkeys(zip(repeat(tenant), unmarked, repeat(slot)))
-        if not keys:
+        unmarked = {
+            (tenant, slot): hashes
+            for (tenant, slot), batch_hashes in hashes_by_slot(points, width).items()
+            if (hashes := self._marked.unheld(tenant, slot, batch_hashes, now))
+        }
+        if not unmarked:
             return
+        keys: list[tuple[str, str, int]] = []
+        for (tenant, slot), hashes in unmarked.items():
+            keys += zip(repeat(tenant), hashes, repeat(slot))
         await self.pending.mark(keys, now)
         metrics.DOWNSAMPLE_PENDING_MARKS.inc(len(keys))
-        if self._marked_count + len(keys) > self.known.max_entries or now // width != self._swept_slot:
-            self._marked = {
-                slot_key: kept
-                for slot_key, held in self._marked.items()
-                if (kept := {hash_: until for hash_, until in held.items() if until > now})
-            }
-            self._marked_count = sum(map(len, self._marked.values()))
-            self._swept_slot = now // width
-        if self._marked_count + len(keys) <= self.known.max_entries:
-            margin = self.pending.delay_ms // 2
-            for tenant, hash_, slot in keys:
-                held = self._marked.setdefault((tenant, slot), {})
-                self._marked_count += hash_ not in held
-                held[hash_] = max(slot + width, now) + margin
+        margin = self.pending.delay_ms // 2
+        for (tenant, slot), hashes in unmarked.items():
+            self._marked.hold(tenant, slot, hashes, max(slot + width, now) + margin, now)
 
     def drain(self) -> Deferred:
         """Fire once nothing is in flight (used at shutdown, after listeners stopped). What was

@@ -14,7 +14,7 @@ from cassandra.query import BatchStatement, BatchType
 from twisted.internet import defer, threads
 
 from gateway.core import samples
-from gateway.core.caches import LRUMap
+from gateway.core.caches import SlotHolds
 from gateway.core.layout import HEAD_SHARDS, head_shard
 from gateway.core.samples import Samples
 from gateway.store.cassandra_base import (
@@ -33,6 +33,7 @@ from gateway.store.contract import (
     Rollup,
     SealedBlock,
     StoreUnavailable,
+    hashes_by_slot,
     time_slot,
     time_slots,
 )
@@ -174,7 +175,7 @@ class CassandraSamples(CassandraBase):
 
     def __init__(self, options: CassandraOptions):
         super().__init__(options)
-        self._written_at_fresh = LRUMap(WRITTEN_AT_REMEMBERED)
+        self._written_at_fresh = SlotHolds(WRITTEN_AT_REMEMBERED, self.slot_width_ms)
 
     def _statement_texts(self) -> dict[str, str]:
         ks = self.keyspace
@@ -219,7 +220,7 @@ class CassandraSamples(CassandraBase):
         width, slice_width = self.slot_width_ms, layout.head_slice_ms
         chunks: list[list[tuple]] = []
         entries: list[tuple[object, tuple]] = []
-        fresh: dict[tuple[str, str, int], int] = {}
+        fresh: list[tuple[str, int, list[str], int]] = []
         for columns in map(_last_of_each, _by_tenant(points)):
             tenant = columns.tenant
             for slice_ms, shard, hashes, timestamps, values in _head_partitions(columns, slice_width):
@@ -235,27 +236,29 @@ class CassandraSamples(CassandraBase):
             heads = writer.write(chunks)
             written = defer.gatherResults([self._execute_all(self._batched(entries)), heads], consumeErrors=True)
             written.addErrback(lambda failure: failure.value.subFailure)
-        return written.addCallback(lambda _: self._written_at_fresh.add_all(fresh))
+        return written.addCallback(lambda _: self._hold_written_at(fresh, now))
 
-    def _written_at_updates(self, columns: RawColumns, now: int, requests: list, fresh: dict) -> None:
+    def _written_at_updates(self, columns: RawColumns, now: int, requests: list, fresh: list) -> None:
         """``head_written_at`` = now in the data_blocks rows of the batch's series-slots, but for those
         this process wrote an entry for lately: until ``max(slot end, entry) + settle_delay / 2``, a slot
         cannot have been sealed since (sealing waits for the slot's end and its last write to be
         ``settle_delay`` old), so a reader that finds the entry newer than the last seal reads the
         head rows anyway. A write after that refreshes the entry, so one that lands after a seal
-        always makes its slot's head rows read again. Adds the requests to ``requests`` and what to
-        remember once they succeeded to ``fresh``."""
-        width, layout, tenant = self.slot_width_ms, self.layout, columns.tenant
-        slots = (columns.timestamps - columns.timestamps % width).tolist()
-        keys = list(set(zip(repeat(tenant), columns.hashes, slots)))
-        for key, until in zip(keys, self._written_at_fresh.get_many(keys)):
-            if until is not None and until > now:
+        always makes its slot's head rows read again. Adds the requests to ``requests`` and the
+        holds to remember once they succeeded to ``fresh``."""
+        layout, tenant, statement = self.layout, columns.tenant, self._statements["head_written"]
+        for (_, slot), hashes in hashes_by_slot(columns, self.slot_width_ms).items():
+            stale = self._written_at_fresh.unheld(tenant, slot, hashes, now)
+            if not stale:
                 continue
-            _, hash_, slot = key
             ttl_ms = layout.head_ttl_ms(slot, now) + layout.settle_delay_ms + WRITTEN_AT_MARGIN_MS
             partition = time_slot(slot, layout.block_partition_width_ms)
-            requests.append((self._statements["head_written"], (ttl_ms // 1000, now, tenant, hash_, partition, slot)))
-            fresh[key] = max(slot + width, now) + layout.settle_delay_ms // 2
+            requests += [(statement, (ttl_ms // 1000, now, tenant, hash_, partition, slot)) for hash_ in stale]
+            fresh.append((tenant, slot, stale, max(slot + self.slot_width_ms, now) + layout.settle_delay_ms // 2))
+
+    def _hold_written_at(self, fresh: list, now: int) -> None:
+        for tenant, slot, hashes, until in fresh:
+            self._written_at_fresh.hold(tenant, slot, hashes, until, now)
 
     def read_raw(self, tenant, hashes, start_ms, end_ms):
         """The data_blocks rows of the range, READ_SERIES_PER_REQUEST series a request

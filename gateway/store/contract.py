@@ -52,7 +52,8 @@ import abc
 import functools
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import itemgetter
 from typing import NamedTuple, overload
 
 import numpy as np
@@ -102,6 +103,28 @@ class RawColumns(Sequence[RawPoint]):
         if isinstance(index, slice):
             return RawColumns(self.tenant, self.hashes[index], self.timestamps[index], self.values[index])
         return RawPoint(self.tenant, self.hashes[index], int(self.timestamps[index]), float(self.values[index]))
+
+
+def hashes_by_slot(points: "Sequence[RawPoint | HistogramRow]", width: int) -> dict[tuple[str, int], list[str]]:
+    """The series-set hash of each point grouped by (tenant, slot): C loops but for points of
+    several tenants (the native API's), and RawColumns read as their columns."""
+    if isinstance(points, RawColumns):
+        tenants, hashes, timestamps = {points.tenant}, points.hashes, points.timestamps
+    else:
+        tenants, hashes = set(map(itemgetter(0), points)), list(map(itemgetter(1), points))
+        timestamps = np.fromiter(map(itemgetter(2), points), dtype=np.int64, count=len(points))
+    slots = timestamps - timestamps % width
+    if len(tenants) > 1:
+        groups: dict[tuple[str, int], list[str]] = {}
+        for tenant, hash_, slot in zip(map(itemgetter(0), points), hashes, slots.tolist()):
+            groups.setdefault((tenant, slot), []).append(hash_)
+        return groups
+    if not tenants:
+        return {}
+    tenant = tenants.pop()
+    if slots.min() == slots.max():
+        return {(tenant, int(slots[0])): hashes}
+    return {(tenant, slot): list(compress(hashes, (slots == slot).tolist())) for slot in np.unique(slots).tolist()}
 
 
 class ExemplarRow(NamedTuple):
