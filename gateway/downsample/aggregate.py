@@ -85,7 +85,19 @@ def _sums(values: np.ndarray, spans: list[tuple[int, int, int]]) -> list[float]:
     """exact_sum of each span; a span of one value is that value (the common case of a coarse
     scrape interval or an imported whisper archive, where calling exact_sum per row dominated)."""
     listed = values.tolist()
-    return [listed[first] if end - first == 1 else exact_sum(values[first:end]) for _, first, end in spans]
+    if not np.isfinite(values).all():
+        return [listed[first] if end - first == 1 else exact_sum(values[first:end]) for _, first, end in spans]
+    return [_finite_sum(listed, values, first, end) for _, first, end in spans]
+
+
+def _finite_sum(listed: list[float], values: np.ndarray, first: int, end: int) -> float:
+    """exact_sum of finite values, on the list (no array a span) unless math.fsum's partials overflow."""
+    if end - first == 1:
+        return listed[first]
+    try:
+        return math.fsum(listed[first:end])
+    except OverflowError:
+        return exact_sum(values[first:end])
 
 
 def _increases(values: np.ndarray, previous: float | None) -> np.ndarray:

@@ -182,11 +182,21 @@ def head_slots(connection, tenant: str, hash_: str, first_slot: int, last_slot: 
         "SELECT time_slot, seq, timestamps, vals FROM head_chunks WHERE tenant=? AND series_set_hash=?"
         " AND time_slot BETWEEN ? AND ? ORDER BY time_slot, seq"
     )
-    chunks: dict[int, list[tuple[int, Samples]]] = {}
+    chunks: dict[int, tuple[list[bytes], list[bytes], list[int]]] = {}
     for slot, seq, timestamps, values in connection.execute(query, (tenant, hash_, first_slot, last_slot)):
-        chunk = Samples(np.frombuffer(timestamps, dtype="<i8"), np.frombuffer(values, dtype="<f8"))
-        chunks.setdefault(slot, []).append((seq, chunk))
-    return {slot: (samples.merge([chunk for _, chunk in found]), found[-1][0]) for slot, found in chunks.items()}
+        slot_timestamps, slot_values, seqs = chunks.setdefault(slot, ([], [], []))
+        slot_timestamps.append(timestamps)
+        slot_values.append(values)
+        seqs.append(seq)
+    # The chunks of a slot joined in write order are one source whose later samples win a timestamp.
+    return {
+        slot: (samples.merge([_chunk(b"".join(timestamps), b"".join(values))]), seqs[-1])
+        for slot, (timestamps, values, seqs) in chunks.items()
+    }
+
+
+def _chunk(timestamps: bytes, values: bytes) -> Samples:
+    return Samples(np.frombuffer(timestamps, dtype="<i8"), np.frombuffer(values, dtype="<f8"))
 
 
 def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samples, seq: int, keep) -> None:
