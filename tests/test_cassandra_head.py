@@ -12,7 +12,12 @@ from gateway.downsample.processor import Downsampler
 from gateway.query.read_path import stitch_raw
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.cassandra import CassandraStore
-from gateway.store.cassandra_samples import HEAD_BATCH_VALUE_BYTES, HEAD_ROWS_PER_BATCH, _head_batches
+from gateway.store.cassandra_samples import (
+    HEAD_BATCH_DATA_BYTES,
+    HEAD_ROW_DATA_BYTES,
+    _head_batches,
+    head_routing_key,
+)
 from gateway.store.contract import RawColumns, RawPoint, SealedBlock, time_slot
 from tests.test_store_contract import series
 
@@ -41,13 +46,20 @@ async def head_points(store, tenant: str, keys, start: int, end: int) -> list[li
     return [raw.head.points() for raw in await store.read_raw(tenant, [k.series_set_hash for k in keys], start, end)]
 
 
-def test_head_rows_of_a_partition_are_batched_within_both_bounds():
-    rows = [("t", 0, 1, "h" * 24, ts, 1.0, 60) for ts in range(2 * HEAD_ROWS_PER_BATCH + 5)]
-    assert [len(chunk) for chunk in _head_batches(rows)] == [HEAD_ROWS_PER_BATCH, HEAD_ROWS_PER_BATCH, 5]
-    long_tenant = "t" * 1000  # rows of ~1 KiB: the byte bound splits first
-    chunks = _head_batches([(long_tenant, 0, 1, "h" * 24, ts, 1.0, 60) for ts in range(300)])
-    assert sum(len(chunk) for chunk in chunks) == 300 and len(chunks) == 3
-    assert all(len(chunk) * (1000 + 24 + 36) <= HEAD_BATCH_VALUE_BYTES for chunk in chunks)
+# Rows of a batch of series with hashes of 24 characters (murmur3 128 as base64), as all are.
+ROWS_PER_BATCH = HEAD_BATCH_DATA_BYTES // (24 + HEAD_ROW_DATA_BYTES)
+
+
+def test_head_rows_are_batched_within_the_data_size_bound():
+    """Rows of any partitions: at most HEAD_BATCH_DATA_BYTES of Cassandra's data size (the hash
+    and HEAD_ROW_DATA_BYTES a row) a batch."""
+    rows = [("t", 0, ts % HEAD_SHARDS, "h" * 24, ts, 1.0, 60) for ts in range(2000)]
+    chunks = _head_batches(rows)
+    assert sum(chunks, []) == rows and len(chunks) == 6
+    assert all(len(chunk) * (24 + HEAD_ROW_DATA_BYTES) <= HEAD_BATCH_DATA_BYTES for chunk in chunks)
+    long_hash = [("t", 0, 1, "h" * 24 + "x" * (ts % 2) * 1000, ts, 1.0, 60) for ts in range(300)]
+    size = HEAD_BATCH_DATA_BYTES // (1024 + HEAD_ROW_DATA_BYTES)  # every row counted at the longest
+    assert [len(chunk) for chunk in _head_batches(long_hash)] == [size] * (300 // size) + [300 % size]
 
 
 def test_series_spread_over_every_shard():
@@ -56,11 +68,36 @@ def test_series_spread_over_every_shard():
 
 
 @pytest_twisted.ensureDeferred
+async def test_the_routing_key_of_a_head_partition_is_the_drivers(cassandra_store, tenant):
+    """write_raw finds a partition's replicas by this key's token: it must be the key the
+    driver (and Cassandra) hash for the INSERT's partition."""
+    bound = cassandra_store._statements["head"].bind((tenant, 1_700_000_040_000, 13, "h" * 24, 1, 1.0, 60))
+    assert head_routing_key(tenant, 1_700_000_040_000, 13) == bound.routing_key
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_write_over_every_shard_and_several_slices_in_multi_partition_batches_reads_back_exactly(
+    cassandra_store, tenant
+):
+    """2000 series x 3 minutes: 48 partitions in batches of several partitions each as big as the
+    bounds let them be, which Cassandra must accept (batch_size_fail_threshold) and store exactly."""
+    keys = [series(tenant, "wide", {"i": str(i)}) for i in range(2000)]
+    slot = past_slot()
+    timestamps = [slot + 20 * MINUTE + m * MINUTE for m in range(3)]
+    hashes = [k.series_set_hash for k in keys for _ in timestamps]
+    points = np.array([ts for _ in keys for ts in timestamps])
+    values = np.array([i + ts / 1e9 for i in range(len(keys)) for ts in timestamps])
+    await cassandra_store.write_raw(RawColumns(tenant, hashes, points, values))
+    found = await head_points(cassandra_store, tenant, keys, slot, slot + HOUR - 1)
+    assert found == [[(ts, i + ts / 1e9) for ts in timestamps] for i in range(len(keys))]
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_partition_written_over_several_batches_reads_back_whole(cassandra_store, tenant):
     """2.5 batches of rows of one series in one slice (one data_head partition), in one write."""
     key = series(tenant, "dense", {})
     slot = past_slot()
-    count = 2 * HEAD_ROWS_PER_BATCH + HEAD_ROWS_PER_BATCH // 2
+    count = 2 * ROWS_PER_BATCH + ROWS_PER_BATCH // 2
     timestamps = [slot + 10 * MINUTE + i * 20 for i in range(count)]  # 20 ms apart: all in one minute
     await cassandra_store.write_raw([RawPoint(tenant, key.series_set_hash, ts, float(ts)) for ts in timestamps])
     (found,) = await head_points(cassandra_store, tenant, [key], slot, slot + HOUR - 1)

@@ -86,6 +86,24 @@ async def test_a_write_at_a_consistency_the_cluster_cannot_meet_is_store_unavail
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_write_fails_when_one_of_its_batches_fails(cassandra_url, tenant):
+    """Batches of one write run at once; one that Cassandra refuses (a negative TTL) fails the
+    write (not acknowledged: 503 or 4xx upstream) once all have finished, the others stored."""
+    store = CassandraStore.from_url(cassandra_url, Layout())
+    await store.start()
+    try:
+        slot = time_slot(int(time.time() * 1000), HOUR)
+        good = [(tenant, slot, shard, "h", slot + shard, 1.0, 3600) for shard in range(8)]
+        bad = [(tenant, slot, shard, "h", slot + shard, 1.0, -1) for shard in range(8, 16)]
+        with pytest.raises(Exception, match="TTL"):
+            await store._head_writer.write([good, bad, good])
+        (found,) = await store.read_raw(tenant, ["h"], slot, slot + HOUR - 1)
+        assert found.head.points() == []  # no head_written_at: a write that failed is not found
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_the_first_head_write_connects_and_close_stops_the_loop_thread(cassandra_url, tenant):
     """A store that writes no head rows (query executors, the downsampler) starts no thread."""
     store = CassandraStore.from_url(cassandra_url, Layout())

@@ -6,9 +6,10 @@ roll-ups), cassandra_histograms.py, cassandra_exemplars.py, cassandra_pending.py
 cassandra_metadata.py, over cassandra_base.py (options, connection, prepared statements,
 batching). Every statement is prepared and runs asynchronously through one bounded request
 queue (cassandra_requests.py): each store call fires one Deferred on the reactor thread, so the
-reactor never waits on Cassandra. Head rows go in single-partition UNLOGGED batches (one
-mutation for up to HEAD_ROWS_PER_BATCH samples) through acsylla (cassandra_head_writer.py,
-on a loop thread of its own), or with head_writer=driver through the queue (head_batch); other writes of many rows go in
+reactor never waits on Cassandra. Head rows go in UNLOGGED batches of the data_head partitions
+that share their replicas (one mutation a partition, a request's partitions in one or a few
+batches) through acsylla (cassandra_head_writer.py, on a loop thread of its own), or with
+head_writer=driver through the queue (head_batch); other writes of many rows go in
 UNLOGGED batches of rows that share a replica (_batched), up to ROWS_PER_BATCH rows a request.
 Timeouts and unavailable replicas become StoreUnavailable (HTTP 503, so senders retry); the
 driver reconnects on its own when Cassandra comes back.

@@ -37,9 +37,10 @@ BATCH_WARNINGS = Counter(
 
 class BatchWarningFilter(logging.Filter):
     """Cassandra answers every UNLOGGED batch over 10 partitions or 5 KiB with a warning, which the
-    driver logs per request: thousands of lines a second at full ingest. tsgate sends such batches
-    on purpose (rows grouped by replica, see CassandraStore._batched), so they are counted, and
-    logged once per ``interval`` seconds. Every other server warning is logged as it comes."""
+    driver (and acsylla) logs per request: thousands of lines a second at full ingest. tsgate sends
+    such batches on purpose (rows grouped by replica, see CassandraStore._batched and the head rows
+    of CassandraSamples.write_raw), so they are counted, and logged once per ``interval`` seconds.
+    Every other server warning is logged as it comes."""
 
     MARKERS = ("Unlogged batch covering", "Batch for [")
 

@@ -24,7 +24,7 @@ import acsylla
 from acsylla import errors
 from twisted.internet import defer, reactor
 
-from gateway.store.cassandra_base import DRIVER_ERRORS, CassandraOptions
+from gateway.store.cassandra_base import DRIVER_ERRORS, BatchWarningFilter, CassandraOptions
 from gateway.store.contract import StoreUnavailable
 
 # Faults of the cluster or the connection, not of our statements: the write may work later (503).
@@ -58,6 +58,9 @@ class ShardInfoFilter(logging.Filter):
 
 
 logging.getLogger("acsylla").addFilter(ShardInfoFilter())
+# acsylla logs each server warning as the driver does: our batches of several data_head partitions
+# draw two, counted and logged once in a while by the same filter.
+logging.getLogger("acsylla").addFilter(BatchWarningFilter())
 
 # Seconds close() waits for the session to close (requests under way finish or time out first).
 CLOSE_TIMEOUT_S = 30
@@ -141,22 +144,21 @@ class AcsyllaHeadWriter:
         self._consistency = acsylla.Consistency(options.write_consistency)
         self._closed = False
 
-    def write(self, partitions: Sequence[Sequence[tuple]]) -> defer.Deferred:
-        """One UNLOGGED batch a sequence of data_head rows (the INSERT's values, all of one
-        partition); fires (on the reactor thread) once every batch succeeded, or with the first
+    def write(self, batches: Sequence[Sequence[tuple]]) -> defer.Deferred:
+        """One UNLOGGED batch a sequence of data_head rows (the INSERT's values); fires (on the reactor thread) once every batch succeeded, or with the first
         error once every batch has finished. Once connected, the caller binds the rows (binding
         on the loop thread cost the same CPU but took its GIL from the reactor: fewer samples/s)."""
         if self._closed:
             return defer.fail(StoreUnavailable("cassandra (acsylla): closed"))
         if self._prepared is not None:
-            return self._on_loop(self._run([self._batch(rows) for rows in partitions]))
+            return self._on_loop(self._run([self._batch(rows) for rows in batches]))
         if not self._thread.is_alive():
             self._thread.start()
-        return self._on_loop(self._connect_and_write(partitions))
+        return self._on_loop(self._connect_and_write(batches))
 
-    async def _connect_and_write(self, partitions: Sequence[Sequence[tuple]]) -> None:
+    async def _connect_and_write(self, batches: Sequence[Sequence[tuple]]) -> None:
         await self._connected()
-        await self._run([self._batch(rows) for rows in partitions])
+        await self._run([self._batch(rows) for rows in batches])
 
     async def _run(self, batches: list) -> None:
         results = await asyncio.gather(*(self._execute(batch) for batch in batches), return_exceptions=True)

@@ -39,11 +39,16 @@ from gateway.store.contract import (
 )
 from gateway.store.deletion import bucket_range, cut_block
 
-# A single-partition batch of data_head rows is one mutation, which Cassandra neither warns about
-# nor refuses by size (its batch thresholds are for batches over several partitions); the bounds
-# keep one mutation far under the commit log's limit (half a segment) and a request short.
-HEAD_ROWS_PER_BATCH = 1000
-HEAD_BATCH_VALUE_BYTES = 128 * 1024
+# A request's data_head rows go in UNLOGGED batches of the partitions that share their replicas
+# (every partition on a one-node cluster): one CQL request instead of one a partition halves the
+# gateway's CPU a sample at 500 series a request (docs/performance.rst, "One head batch a replica
+# set"). Cassandra refuses a batch over several partitions whose rows' data size is over
+# batch_size_fail_threshold (50 KiB by default; it warns above batch_size_warn_threshold, 5 KiB),
+# and counts a data_head row at about its series_set_hash plus HEAD_ROW_DATA_BYTES (measured: 94
+# bytes a row with a 24-character hash), so a batch holds at most HEAD_BATCH_DATA_BYTES of them,
+# a third under the limit (341 rows of 24-character hashes).
+HEAD_BATCH_DATA_BYTES = 32 * 1024
+HEAD_ROW_DATA_BYTES = 72
 
 # A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
 # series-slots are remembered as having a fresh written_at. A seal records the time it read the head
@@ -59,6 +64,7 @@ SEAL_CLOCK_MARGIN_MS = 60_000
 HEAD_SLICES_PER_REQUEST = 10
 
 _BIGINT, _INT, _DOUBLE = struct.Struct(">q").pack, struct.Struct(">i").pack, struct.Struct(">d").pack
+_SHORT = struct.Struct(">H").pack
 
 # Compare-and-set tries of a block cut while seals keep rewriting the block (delete_samples).
 CUT_BLOCK_ATTEMPTS = 5
@@ -70,13 +76,13 @@ def _unsealed(written: int | None, sealed: int | None) -> bool:
 
 
 def _head_batches(rows: list[tuple]) -> list[list[tuple]]:
-    """data_head rows of one partition (statement values) in chunks of at most HEAD_ROWS_PER_BATCH
-    rows and about HEAD_BATCH_VALUE_BYTES of values, every row counted at the partition's longest
-    (its rows differ only in the hash's length)."""
+    """data_head rows (statement values, any partitions) in chunks of at most HEAD_BATCH_DATA_BYTES
+    of Cassandra's data size, every row counted at the longest hash (series_set_hash is the only
+    column of variable length Cassandra counts)."""
     if not rows:
         return []
-    longest = len(rows[0][0]) + max(map(len, map(itemgetter(3), rows))) + 36  # tenant, hash and five numbers
-    size = max(1, min(HEAD_ROWS_PER_BATCH, HEAD_BATCH_VALUE_BYTES // longest))
+    longest = max(map(len, map(itemgetter(3), rows))) + HEAD_ROW_DATA_BYTES
+    size = max(1, HEAD_BATCH_DATA_BYTES // longest)
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
@@ -141,22 +147,35 @@ def _head_partitions(columns: RawColumns, slice_width: int) -> Iterator[tuple[in
 
 
 def head_batch(statement, rows: list[tuple], consistency: int) -> BatchStatement:
-    """One single-partition UNLOGGED batch of data_head rows (statement values). The driver's
-    ``bind()`` costs about 7 µs a row (a BoundStatement, its checks, its routing key), most of
-    the gateway's CPU per sample; the rows of one partition share their key, so only the first
-    is bound (the batch takes its routing key and keyspace from it) and the others are added as
-    values serialized here as ``bind()`` would (text as UTF-8, bigint, int and double
-    big-endian: 0.6 µs a row), through the batch's own ``_add_statement_and_params``
-    (cassandra-driver 3.29-3.30; tests/test_cassandra_head.py reads every row back)."""
+    """One UNLOGGED batch of data_head rows (statement values, of one or several partitions). The
+    driver's ``bind()`` costs about 7 µs a row (a BoundStatement, its checks, its routing key),
+    most of the gateway's CPU per sample; so only the first row is bound (the batch takes its
+    routing key and keyspace from it) and the others are added as values serialized here as
+    ``bind()`` would (text as UTF-8, bigint, int and double big-endian: under 1 µs a row),
+    through the batch's own ``_add_statement_and_params`` (cassandra-driver 3.29-3.30;
+    tests/test_cassandra_head.py reads every row back)."""
     batch = BatchStatement(BatchType.UNLOGGED, consistency_level=consistency)
     batch.add(statement.bind(rows[0]))
-    tenant, slice_ms, shard, _, _, _, ttl = rows[0]
-    key = [tenant.encode(), _BIGINT(slice_ms), _INT(shard)]
-    ttl_bytes, query_id, add = _INT(ttl), statement.query_id, batch._add_statement_and_params
-    for _, _, _, hash_, ts, value, _ in rows[1:]:
-        add(True, query_id, [*key, hash_.encode(), _BIGINT(ts), _DOUBLE(value), ttl_bytes])
+    query_id, add = statement.query_id, batch._add_statement_and_params
+    for tenant, slice_ms, shard, hash_, ts, value, ttl in rows[1:]:
+        values = [
+            tenant.encode(),
+            _BIGINT(slice_ms),
+            _INT(shard),
+            hash_.encode(),
+            _BIGINT(ts),
+            _DOUBLE(value),
+            _INT(ttl),
+        ]
+        add(True, query_id, values)
     batch.is_idempotent = True
     return batch
+
+
+def head_routing_key(tenant: str, slice_ms: int, shard: int) -> bytes:
+    """data_head's partition key (tenant, slice, shard) serialized as Cassandra hashes it into a
+    token: each component as a 2-byte length, its bytes and a zero byte."""
+    return b"".join(_SHORT(len(part)) + part + b"\x00" for part in (tenant.encode(), _BIGINT(slice_ms), _INT(shard)))
 
 
 def _head_runs(page: list[tuple[str, int, float]]) -> list[tuple[str, Samples]]:
@@ -212,15 +231,15 @@ class CassandraSamples(CassandraBase):
         return texts
 
     def write_raw(self, points: Sequence[RawPoint]):
-        """Head rows, each with the TTL of its slot, grouped by data_head partition (tenant, slice,
-        shard) into single-partition UNLOGGED batches (through the head writer, acsylla, unless
+        """Head rows, each with the TTL of its slot, in UNLOGGED batches of the data_head partitions
+        (tenant, slice, shard) that share their replicas (through the head writer, acsylla, unless
         the URL says head_writer=driver), and the slot's ``head_written_at`` in
         data_blocks where this process has not written it lately (read_raw finds head rows through it).
         Where a request holds one (series, ts) twice, its last value is written."""
         statement: Any = self._statements["head"]
         layout, now, consistency = self.layout, int(time.time() * 1000), self.options.write_consistency
         width, slice_width = self.slot_width_ms, layout.head_slice_ms
-        chunks: list[list[tuple]] = []
+        groups: dict[object, list[tuple]] = defaultdict(list)
         entries: list[tuple[object, tuple]] = []
         fresh: list[tuple[str, int, list[str], int]] = []
         for columns in map(_last_of_each, _by_tenant(points)):
@@ -228,8 +247,9 @@ class CassandraSamples(CassandraBase):
             for slice_ms, shard, hashes, timestamps, values in _head_partitions(columns, slice_width):
                 ttl = layout.head_ttl_ms(slice_ms - slice_ms % width, now) // 1000 + 1
                 rows = zip(repeat(tenant), repeat(slice_ms), repeat(shard), hashes, timestamps, values, repeat(ttl))
-                chunks += _head_batches(list(rows))
+                groups[self._head_replicas(tenant, slice_ms, shard)] += rows
             self._written_at_updates(columns, now, entries, fresh)
+        chunks = [chunk for rows in groups.values() for chunk in _head_batches(rows)]
         writer = self._head_writer
         if writer is None:  # head_writer=driver: one group of requests with the head_written_at updates
             batches = [(head_batch(statement, chunk, consistency), ()) for chunk in chunks]
@@ -239,6 +259,16 @@ class CassandraSamples(CassandraBase):
             written = defer.gatherResults([self._execute_all(self._batched(entries)), heads], consumeErrors=True)
             written.addErrback(lambda failure: failure.value.subFailure)
         return written.addCallback(lambda _: self._hold_written_at(fresh, now))
+
+    def _head_replicas(self, tenant: str, slice_ms: int, shard: int) -> object:
+        """The replicas of a data_head partition, from the driver's token map (None, the same for
+        every partition, on a one-node cluster): the coordinator of a batch of partitions that
+        share their replicas applies each of them itself, with no extra hop."""
+        token_map = self.cluster.metadata.token_map
+        if token_map is None or len(self.cluster.metadata.all_hosts()) <= 1:
+            return None
+        key = head_routing_key(tenant, slice_ms, shard)
+        return frozenset(token_map.get_replicas(self.keyspace, token_map.token_class.from_key(key)))
 
     def _written_at_updates(self, columns: RawColumns, now: int, requests: list, fresh: list) -> None:
         """``head_written_at`` = now in the data_blocks rows of the batch's series-slots, but for those
