@@ -14,6 +14,7 @@ from gateway.store.blocks import decode_block, encode_block
 from gateway.store.cassandra import CassandraStore
 from gateway.store.cassandra_samples import (
     HEAD_BATCH_DATA_BYTES,
+    HEAD_PARTITION_BATCH_DATA_BYTES,
     HEAD_ROW_DATA_BYTES,
     _head_batches,
     head_routing_key,
@@ -46,20 +47,35 @@ async def head_points(store, tenant: str, keys, start: int, end: int) -> list[li
     return [raw.head.points() for raw in await store.read_raw(tenant, [k.series_set_hash for k in keys], start, end)]
 
 
-# Rows of a batch of series with hashes of 24 characters (murmur3 128 as base64), as all are.
+# Rows of a batch of several partitions, and of one, of series with hashes of 24 characters
+# (murmur3 128 as base64), as all are.
 ROWS_PER_BATCH = HEAD_BATCH_DATA_BYTES // (24 + HEAD_ROW_DATA_BYTES)
+ROWS_PER_PARTITION_BATCH = HEAD_PARTITION_BATCH_DATA_BYTES // (24 + HEAD_ROW_DATA_BYTES)
 
 
-def test_head_rows_are_batched_within_the_data_size_bound():
-    """Rows of any partitions: at most HEAD_BATCH_DATA_BYTES of Cassandra's data size (the hash
-    and HEAD_ROW_DATA_BYTES a row) a batch."""
-    rows = [("t", 0, ts % HEAD_SHARDS, "h" * 24, ts, 1.0, 60) for ts in range(2000)]
-    chunks = _head_batches(rows)
-    assert sum(chunks, []) == rows and len(chunks) == 6
-    assert all(len(chunk) * (24 + HEAD_ROW_DATA_BYTES) <= HEAD_BATCH_DATA_BYTES for chunk in chunks)
-    long_hash = [("t", 0, 1, "h" * 24 + "x" * (ts % 2) * 1000, ts, 1.0, 60) for ts in range(300)]
+def rows_of(shard: int, count: int, hash_length: int = 24) -> list[tuple]:
+    return [("t", 0, shard, "h" * hash_length, ts, 1.0, 60) for ts in range(count)]
+
+
+def test_small_partitions_share_batches_within_the_data_size_bound():
+    """Partitions of under half a batch each: their rows together, at most HEAD_BATCH_DATA_BYTES of
+    Cassandra's data size (the hash and HEAD_ROW_DATA_BYTES a row) a batch."""
+    partitions = [rows_of(shard, 125) for shard in range(HEAD_SHARDS)]  # 2000 series a request
+    batches = _head_batches(partitions)
+    assert sum(batches, []) == sum(partitions, [])
+    assert [len(batch) for batch in batches] == [ROWS_PER_BATCH] * 5 + [2000 - 5 * ROWS_PER_BATCH]
+    assert all(len(batch) * (24 + HEAD_ROW_DATA_BYTES) <= HEAD_BATCH_DATA_BYTES for batch in batches)
+    long_hash = [rows_of(1, 5) + rows_of(1, 5, hash_length=1024)] * 10
     size = HEAD_BATCH_DATA_BYTES // (1024 + HEAD_ROW_DATA_BYTES)  # every row counted at the longest
-    assert [len(chunk) for chunk in _head_batches(long_hash)] == [size] * (300 // size) + [300 % size]
+    assert [len(batch) for batch in _head_batches(long_hash)] == [size] * (100 // size) + [100 % size]
+
+
+def test_a_partition_of_half_a_batch_or_more_goes_alone():
+    """A batch of one partition is one mutation: no batch warning, and its own bound."""
+    big, half, small = rows_of(0, 2 * ROWS_PER_PARTITION_BATCH + 7), rows_of(1, ROWS_PER_BATCH // 2 + 1), rows_of(2, 9)
+    batches = _head_batches([small, big, half, small])
+    assert [len(batch) for batch in batches] == [ROWS_PER_PARTITION_BATCH] * 2 + [7, len(half), 18]
+    assert batches[-1] == small + small
 
 
 def test_series_spread_over_every_shard():

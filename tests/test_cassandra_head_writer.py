@@ -10,7 +10,8 @@ import time
 import pytest
 import pytest_twisted
 from prometheus_client import REGISTRY
-from twisted.internet import defer
+from twisted.internet import defer, reactor
+from twisted.internet.task import deferLater
 
 from gateway.core.layout import Layout
 from gateway.store.cassandra import CassandraStore, parse_url
@@ -99,6 +100,31 @@ async def test_a_write_fails_when_one_of_its_batches_fails(cassandra_url, tenant
             await store._head_writer.write([good, bad, good])
         (found,) = await store.read_raw(tenant, ["h"], slot, slot + HOUR - 1)
         assert found.head.points() == []  # no head_written_at: a write that failed is not found
+    finally:
+        await store.close()
+
+
+def batch_warnings_counted() -> float:
+    return REGISTRY.get_sample_value("tsgate_cassandra_batch_warnings_total") or 0.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_cassandras_warnings_about_batches_of_many_partitions_are_counted_not_logged_each(
+    cassandra_url, tenant, caplog
+):
+    """A batch of 16 partitions over 5 KiB draws two server warnings a request, which acsylla
+    logs: counted, and at most one line logged in ten minutes."""
+    store = CassandraStore.from_url(cassandra_url, Layout())
+    await store.start()
+    try:
+        before = batch_warnings_counted()
+        slot = time_slot(int(time.time() * 1000), HOUR)
+        rows = [(tenant, slot, i % 16, f"h{i}", slot, 1.0, 3600) for i in range(200)]
+        for _ in range(3):
+            await store._head_writer.write([rows])
+        await deferLater(reactor, 0.2, lambda: None)  # acsylla logs from its own thread
+        assert batch_warnings_counted() >= before + 6
+        assert len([r for r in caplog.records if r.name == "acsylla" and "Batch for" in r.getMessage()]) <= 1
     finally:
         await store.close()
 

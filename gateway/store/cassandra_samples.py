@@ -40,14 +40,18 @@ from gateway.store.contract import (
 from gateway.store.deletion import bucket_range, cut_block
 
 # A request's data_head rows go in UNLOGGED batches of the partitions that share their replicas
-# (every partition on a one-node cluster): one CQL request instead of one a partition halves the
-# gateway's CPU a sample at 500 series a request (docs/performance.rst, "One head batch a replica
-# set"). Cassandra refuses a batch over several partitions whose rows' data size is over
+# (every partition on a one-node cluster): one CQL request for many partitions, where one a
+# partition cost the client about 37 µs a request (docs/performance.rst, "Head batches of several
+# partitions"). Cassandra refuses a batch over several partitions whose rows' data size is over
 # batch_size_fail_threshold (50 KiB by default; it warns above batch_size_warn_threshold, 5 KiB),
 # and counts a data_head row at about its series_set_hash plus HEAD_ROW_DATA_BYTES (measured: 94
-# bytes a row with a 24-character hash), so a batch holds at most HEAD_BATCH_DATA_BYTES of them,
-# a third under the limit (341 rows of 24-character hashes).
+# bytes a row with a 24-character hash), so such a batch holds at most HEAD_BATCH_DATA_BYTES of
+# them, a third under the limit (341 rows of 24-character hashes). A partition of at least half
+# that goes alone (a batch of one partition is one mutation, which Cassandra neither warns about
+# nor refuses by size), in batches of up to HEAD_PARTITION_BATCH_DATA_BYTES: far under the commit
+# log's limit of a mutation (half a segment) and a request that stays short.
 HEAD_BATCH_DATA_BYTES = 32 * 1024
+HEAD_PARTITION_BATCH_DATA_BYTES = 96 * 1024
 HEAD_ROW_DATA_BYTES = 72
 
 # A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
@@ -75,15 +79,31 @@ def _unsealed(written: int | None, sealed: int | None) -> bool:
     return written is not None and (sealed is None or written > sealed)
 
 
-def _head_batches(rows: list[tuple]) -> list[list[tuple]]:
-    """data_head rows (statement values, any partitions) in chunks of at most HEAD_BATCH_DATA_BYTES
-    of Cassandra's data size, every row counted at the longest hash (series_set_hash is the only
-    column of variable length Cassandra counts)."""
+def _head_batches(partitions: list[list[tuple]]) -> list[list[tuple]]:
+    """data_head rows (statement values), a list a partition, in batches: a partition of at least
+    half a batch of several partitions alone, in chunks of HEAD_PARTITION_BATCH_DATA_BYTES; the
+    rows of the others together, in chunks of HEAD_BATCH_DATA_BYTES."""
+    batches: list[list[tuple]] = []
+    shared: list[tuple] = []
+    for rows in partitions:
+        if 2 * len(rows) >= _rows_within(HEAD_BATCH_DATA_BYTES, rows):
+            batches += _chunks(rows, HEAD_PARTITION_BATCH_DATA_BYTES)
+        else:
+            shared += rows
+    return batches + _chunks(shared, HEAD_BATCH_DATA_BYTES)
+
+
+def _rows_within(size: int, rows: list[tuple]) -> int:
+    """How many of these rows Cassandra counts within ``size`` bytes, all counted at the longest
+    hash (series_set_hash is the only column of variable length it counts)."""
+    return max(1, size // (max(map(len, map(itemgetter(3), rows))) + HEAD_ROW_DATA_BYTES))
+
+
+def _chunks(rows: list[tuple], size: int) -> list[list[tuple]]:
     if not rows:
         return []
-    longest = max(map(len, map(itemgetter(3), rows))) + HEAD_ROW_DATA_BYTES
-    size = max(1, HEAD_BATCH_DATA_BYTES // longest)
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
+    count = _rows_within(size, rows)
+    return [rows[i : i + count] for i in range(0, len(rows), count)]
 
 
 def _by_tenant(points: Sequence[RawPoint]) -> list[RawColumns]:
@@ -239,7 +259,7 @@ class CassandraSamples(CassandraBase):
         statement: Any = self._statements["head"]
         layout, now, consistency = self.layout, int(time.time() * 1000), self.options.write_consistency
         width, slice_width = self.slot_width_ms, layout.head_slice_ms
-        groups: dict[object, list[tuple]] = defaultdict(list)
+        groups: dict[object, list[list[tuple]]] = defaultdict(list)
         entries: list[tuple[object, tuple]] = []
         fresh: list[tuple[str, int, list[str], int]] = []
         for columns in map(_last_of_each, _by_tenant(points)):
@@ -247,9 +267,9 @@ class CassandraSamples(CassandraBase):
             for slice_ms, shard, hashes, timestamps, values in _head_partitions(columns, slice_width):
                 ttl = layout.head_ttl_ms(slice_ms - slice_ms % width, now) // 1000 + 1
                 rows = zip(repeat(tenant), repeat(slice_ms), repeat(shard), hashes, timestamps, values, repeat(ttl))
-                groups[self._head_replicas(tenant, slice_ms, shard)] += rows
+                groups[self._head_replicas(tenant, slice_ms, shard)].append(list(rows))
             self._written_at_updates(columns, now, entries, fresh)
-        chunks = [chunk for rows in groups.values() for chunk in _head_batches(rows)]
+        chunks = [batch for partitions in groups.values() for batch in _head_batches(partitions)]
         writer = self._head_writer
         if writer is None:  # head_writer=driver: one group of requests with the head_written_at updates
             batches = [(head_batch(statement, chunk, consistency), ()) for chunk in chunks]
