@@ -1,8 +1,9 @@
 """CPU of CassandraStore.write_raw alone (no HTTP, no decode): what the store and the driver cost a sample.
 
 Remote-write shaped requests (4 x 500 series, one sample each, rounds 10 s apart), 4 in flight,
-after 8 untimed ones; prints samples/s and this process's CPU µs a sample. Run it from a
-checkout to measure that checkout's store (before/after a change):
+after 8 untimed ones; prints samples/s, this process's CPU µs a sample and, when Cassandra runs on
+this box, Cassandra's CPU µs a sample over the same time. Run it from a checkout to measure that
+checkout's store (before/after a change):
 
     PYTHONPATH=. python -m bench.store_write --cassandra 127.0.0.1:9142
 """
@@ -14,7 +15,7 @@ import time
 import numpy as np
 from twisted.internet import defer, task
 
-from bench.common import connect, exit_with, fresh_keyspace
+from bench.common import connect, exit_with, fresh_keyspace, listening_pid, process_cpu_s
 from gateway.app.config import parse_hostport
 from gateway.core.layout import Layout
 from gateway.core.model import series_set_hash, series_set_text
@@ -36,21 +37,28 @@ def requests_of(rounds: int) -> list[RawColumns]:
     ]
 
 
-async def measure(store_url: str, requests: list[RawColumns]) -> None:
+async def measure(store_url: str, requests: list[RawColumns], cassandra_pid: int | None) -> None:
     store = CassandraStore.from_url(store_url, Layout())
     await store.start()
     try:
         await defer.gatherResults([store.write_raw(r) for r in requests[:WARMUP]])
-        cpu, wall = time.process_time(), time.perf_counter()
+        cpu, wall, cassandra_cpu = time.process_time(), time.perf_counter(), cpu_s(cassandra_pid)
         for i in range(WARMUP, len(requests), IN_FLIGHT):
             await defer.gatherResults([store.write_raw(r) for r in requests[i : i + IN_FLIGHT]])
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        cassandra_cpu = cpu_s(cassandra_pid) - cassandra_cpu
     finally:
         await store.close()
     samples = sum(len(r) for r in requests[WARMUP:])
+    cassandra = f", Cassandra {cassandra_cpu / samples * 1e6:.1f} µs" if cassandra_pid else ""
     print(
         f"{samples} samples, {samples / wall:.0f} samples/s, {cpu / samples * 1e6:.1f} µs CPU a sample (store + driver)"
+        + cassandra
     )
+
+
+def cpu_s(pid: int | None) -> float:
+    return process_cpu_s(pid) if pid else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         with fresh_keyspace(cluster.connect(), host, port, f"tsgate_bench_sw_{os.getpid()}") as store_url:
             requests = requests_of(args.rounds)
             try:
-                task.react(lambda reactor: defer.ensureDeferred(measure(store_url, requests)))
+                pid = listening_pid(port) if host in ("127.0.0.1", "localhost") else None
+                task.react(lambda reactor: defer.ensureDeferred(measure(store_url, requests, pid)))
             except SystemExit as exit_:
                 if exit_.code:
                     raise

@@ -15,6 +15,7 @@ from gateway.store.cassandra import CassandraStore
 from gateway.store.cassandra_samples import (
     HEAD_BATCH_DATA_BYTES,
     HEAD_PARTITION_BATCH_DATA_BYTES,
+    HEAD_SHARED_PARTITION_ROWS,
     HEAD_ROW_DATA_BYTES,
     _head_batches,
     head_routing_key,
@@ -58,24 +59,29 @@ def rows_of(shard: int, count: int, hash_length: int = 24) -> list[tuple]:
 
 
 def test_small_partitions_share_batches_within_the_data_size_bound():
-    """Partitions of under half a batch each: their rows together, at most HEAD_BATCH_DATA_BYTES of
-    Cassandra's data size (the hash and HEAD_ROW_DATA_BYTES a row) a batch."""
-    partitions = [rows_of(shard, 125) for shard in range(HEAD_SHARDS)]  # 2000 series a request
+    """Partitions of under HEAD_SHARED_PARTITION_ROWS rows: their rows together, at most
+    HEAD_BATCH_DATA_BYTES of Cassandra's data size (the hash and HEAD_ROW_DATA_BYTES a row) a batch."""
+    partitions = [rows_of(shard, HEAD_SHARED_PARTITION_ROWS - 1) for shard in range(HEAD_SHARDS)] * 3
     batches = _head_batches(partitions)
     assert sum(batches, []) == sum(partitions, [])
-    assert [len(batch) for batch in batches] == [ROWS_PER_BATCH] * 5 + [2000 - 5 * ROWS_PER_BATCH]
+    count = len(sum(partitions, []))
+    assert [len(batch) for batch in batches] == [ROWS_PER_BATCH] * (count // ROWS_PER_BATCH) + [count % ROWS_PER_BATCH]
     assert all(len(batch) * (24 + HEAD_ROW_DATA_BYTES) <= HEAD_BATCH_DATA_BYTES for batch in batches)
     long_hash = [rows_of(1, 5) + rows_of(1, 5, hash_length=1024)] * 10
     size = HEAD_BATCH_DATA_BYTES // (1024 + HEAD_ROW_DATA_BYTES)  # every row counted at the longest
     assert [len(batch) for batch in _head_batches(long_hash)] == [size] * (100 // size) + [100 % size]
 
 
-def test_a_partition_of_half_a_batch_or_more_goes_alone():
+def test_a_partition_of_enough_rows_goes_alone():
     """A batch of one partition is one mutation: no batch warning, and its own bound."""
-    big, half, small = rows_of(0, 2 * ROWS_PER_PARTITION_BATCH + 7), rows_of(1, ROWS_PER_BATCH // 2 + 1), rows_of(2, 9)
-    batches = _head_batches([small, big, half, small])
-    assert [len(batch) for batch in batches] == [ROWS_PER_PARTITION_BATCH] * 2 + [7, len(half), 18]
-    assert batches[-1] == small + small
+    big, enough, small = (
+        rows_of(0, 2 * ROWS_PER_PARTITION_BATCH + 7),
+        rows_of(1, HEAD_SHARED_PARTITION_ROWS),
+        rows_of(2, HEAD_SHARED_PARTITION_ROWS - 1),
+    )
+    batches = _head_batches([small, big, enough, small])
+    assert [len(batch) for batch in batches] == [ROWS_PER_PARTITION_BATCH] * 2 + [7, len(enough), 2 * len(small)]
+    assert batches[2:] == [big[-7:], enough, small + small]
 
 
 def test_series_spread_over_every_shard():
@@ -95,11 +101,12 @@ async def test_the_routing_key_of_a_head_partition_is_the_drivers(cassandra_stor
 async def test_a_write_over_every_shard_and_several_slices_in_multi_partition_batches_reads_back_exactly(
     cassandra_store, tenant
 ):
-    """2000 series x 3 minutes: 48 partitions in batches of several partitions each as big as the
-    bounds let them be, which Cassandra must accept (batch_size_fail_threshold) and store exactly."""
-    keys = [series(tenant, "wide", {"i": str(i)}) for i in range(2000)]
+    """200 series x 8 minutes: 128 partitions of about 12 rows, in batches of several partitions
+    each as big as the bound lets them be, which Cassandra must accept (batch_size_fail_threshold)
+    and store exactly."""
+    keys = [series(tenant, "wide", {"i": str(i)}) for i in range(200)]
     slot = past_slot()
-    timestamps = [slot + 20 * MINUTE + m * MINUTE for m in range(3)]
+    timestamps = [slot + 20 * MINUTE + m * MINUTE for m in range(8)]
     hashes = [k.series_set_hash for k in keys for _ in timestamps]
     points = np.array([ts for _ in keys for ts in timestamps])
     values = np.array([i + ts / 1e9 for i in range(len(keys)) for ts in timestamps])

@@ -39,19 +39,22 @@ from gateway.store.contract import (
 )
 from gateway.store.deletion import bucket_range, cut_block
 
-# A request's data_head rows go in UNLOGGED batches of the partitions that share their replicas
-# (every partition on a one-node cluster): one CQL request for many partitions, where one a
-# partition cost the client about 37 µs a request (docs/performance.rst, "Head batches of several
-# partitions"). Cassandra refuses a batch over several partitions whose rows' data size is over
-# batch_size_fail_threshold (50 KiB by default; it warns above batch_size_warn_threshold, 5 KiB),
-# and counts a data_head row at about its series_set_hash plus HEAD_ROW_DATA_BYTES (measured: 94
-# bytes a row with a 24-character hash), so such a batch holds at most HEAD_BATCH_DATA_BYTES of
-# them, a third under the limit (341 rows of 24-character hashes). A partition of at least half
-# that goes alone (a batch of one partition is one mutation, which Cassandra neither warns about
-# nor refuses by size), in batches of up to HEAD_PARTITION_BATCH_DATA_BYTES: far under the commit
-# log's limit of a mutation (half a segment) and a request that stays short.
-HEAD_BATCH_DATA_BYTES = 32 * 1024
+# data_head rows go in UNLOGGED batches. A batch of one partition is one mutation, which Cassandra
+# neither warns about nor refuses by size; up to HEAD_PARTITION_BATCH_DATA_BYTES of rows, far under
+# the commit log's limit of a mutation (half a segment), so a request stays short. Partitions of
+# fewer than HEAD_SHARED_PARTITION_ROWS rows (a request of under about 400 series spreads over 16
+# shards) share batches with the others of the request that have the same replicas (all of them on
+# a one-node cluster): a CQL request a partition cost both sides more than its rows there
+# (docs/performance.rst, "Head batches of several partitions": at 100 series a request, 3.2-3.5
+# µs less of the gateway's CPU a sample and 7.3-7.8 of Cassandra's; at 500, where partitions have
+# about 31 rows, Cassandra's cost rose by more than the gateway's fell). Cassandra refuses a batch
+# of several partitions over batch_size_fail_threshold (50 KiB by default; it warns above
+# batch_size_warn_threshold, 5 KiB) of data, and counts a data_head row at about its hash plus
+# HEAD_ROW_DATA_BYTES (measured: 94 bytes a row with a 24-character hash), so such a batch holds at
+# most HEAD_BATCH_DATA_BYTES, a third under the limit (341 rows of 24-character hashes).
 HEAD_PARTITION_BATCH_DATA_BYTES = 96 * 1024
+HEAD_SHARED_PARTITION_ROWS = 24
+HEAD_BATCH_DATA_BYTES = 32 * 1024
 HEAD_ROW_DATA_BYTES = 72
 
 # A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
@@ -80,13 +83,13 @@ def _unsealed(written: int | None, sealed: int | None) -> bool:
 
 
 def _head_batches(partitions: list[list[tuple]]) -> list[list[tuple]]:
-    """data_head rows (statement values), a list a partition, in batches: a partition of at least
-    half a batch of several partitions alone, in chunks of HEAD_PARTITION_BATCH_DATA_BYTES; the
-    rows of the others together, in chunks of HEAD_BATCH_DATA_BYTES."""
+    """data_head rows (statement values), a list a partition, in batches: a partition of
+    HEAD_SHARED_PARTITION_ROWS rows or more alone, in chunks of HEAD_PARTITION_BATCH_DATA_BYTES;
+    the rows of the others together, in chunks of HEAD_BATCH_DATA_BYTES."""
     batches: list[list[tuple]] = []
     shared: list[tuple] = []
     for rows in partitions:
-        if 2 * len(rows) >= _rows_within(HEAD_BATCH_DATA_BYTES, rows):
+        if len(rows) >= HEAD_SHARED_PARTITION_ROWS:
             batches += _chunks(rows, HEAD_PARTITION_BATCH_DATA_BYTES)
         else:
             shared += rows
