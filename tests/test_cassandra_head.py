@@ -15,8 +15,8 @@ from gateway.store.cassandra import CassandraStore
 from gateway.store.cassandra_samples import (
     HEAD_BATCH_DATA_BYTES,
     HEAD_PARTITION_BATCH_DATA_BYTES,
-    HEAD_SHARED_PARTITION_ROWS,
     HEAD_ROW_DATA_BYTES,
+    HEAD_SHARED_PARTITION_ROWS,
     _head_batches,
     head_routing_key,
 )
