@@ -95,6 +95,9 @@ async def test_the_routing_key_of_a_head_partition_is_the_drivers(cassandra_stor
     driver (and Cassandra) hash for the INSERT's partition."""
     bound = cassandra_store._statements["head"].bind((tenant, 1_700_000_040_000, 13, "h" * 24, 1, 1.0, 60))
     assert head_routing_key(tenant, 1_700_000_040_000, 13) == bound.routing_key
+    token_map = cassandra_store.cluster.metadata.token_map
+    replicas = cassandra_store._head_replicas(token_map, tenant, 1_700_000_040_000, 13)
+    assert replicas == frozenset(cassandra_store.cluster.metadata.all_hosts())  # one node here
 
 
 @pytest_twisted.ensureDeferred

@@ -49,15 +49,21 @@ class BatchWarningFilter(logging.Filter):
         self.interval = interval
         self._last = -interval
 
+    def drops(self, message: str) -> bool:
+        """A batch warning within ``interval`` of the last one logged: counted, not to be logged."""
+        if time.monotonic() - self._last >= self.interval or not any(m in message for m in self.MARKERS):
+            return False
+        BATCH_WARNINGS.inc()
+        return True
+
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
+        if self.drops(message):
+            return False
         if not any(marker in message for marker in self.MARKERS):
             return True
         BATCH_WARNINGS.inc()
-        now = time.monotonic()
-        if now - self._last < self.interval:
-            return False
-        self._last = now
+        self._last = time.monotonic()
         record.msg, record.args = (
             "%s (expected: tsgate batches rows by replica; counted in tsgate_cassandra_batch_warnings_total, logged once per %ds)",
             (message, self.interval),
@@ -423,9 +429,14 @@ class CassandraBase(Store):
         batch.is_idempotent = all(statement.is_idempotent for statement in statements)
         return batch, ()
 
-    def _by_replica(self, bound: list) -> list[list]:
+    def _token_map(self):
+        """The driver's token map, or None on a one-node cluster (every partition on one replica)."""
         token_map = self.cluster.metadata.token_map
-        if token_map is None or len(self.cluster.metadata.all_hosts()) <= 1:
+        return None if token_map is None or len(self.cluster.metadata.all_hosts()) <= 1 else token_map
+
+    def _by_replica(self, bound: list) -> list[list]:
+        token_map = self._token_map()
+        if token_map is None:
             return [bound]
         groups: dict[object, list] = defaultdict(list)
         for statement in bound:

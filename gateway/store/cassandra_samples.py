@@ -263,6 +263,7 @@ class CassandraSamples(CassandraBase):
         layout, now, consistency = self.layout, int(time.time() * 1000), self.options.write_consistency
         width, slice_width = self.slot_width_ms, layout.head_slice_ms
         groups: dict[object, list[list[tuple]]] = defaultdict(list)
+        token_map = self._token_map()
         entries: list[tuple[object, tuple]] = []
         fresh: list[tuple[str, int, list[str], int]] = []
         for columns in map(_last_of_each, _by_tenant(points)):
@@ -270,7 +271,8 @@ class CassandraSamples(CassandraBase):
             for slice_ms, shard, hashes, timestamps, values in _head_partitions(columns, slice_width):
                 ttl = layout.head_ttl_ms(slice_ms - slice_ms % width, now) // 1000 + 1
                 rows = zip(repeat(tenant), repeat(slice_ms), repeat(shard), hashes, timestamps, values, repeat(ttl))
-                groups[self._head_replicas(tenant, slice_ms, shard)].append(list(rows))
+                replicas = token_map and self._head_replicas(token_map, tenant, slice_ms, shard)
+                groups[replicas].append(list(rows))
             self._written_at_updates(columns, now, entries, fresh)
         chunks = [batch for partitions in groups.values() for batch in _head_batches(partitions)]
         writer = self._head_writer
@@ -283,13 +285,9 @@ class CassandraSamples(CassandraBase):
             written.addErrback(lambda failure: failure.value.subFailure)
         return written.addCallback(lambda _: self._hold_written_at(fresh, now))
 
-    def _head_replicas(self, tenant: str, slice_ms: int, shard: int) -> object:
-        """The replicas of a data_head partition, from the driver's token map (None, the same for
-        every partition, on a one-node cluster): the coordinator of a batch of partitions that
+    def _head_replicas(self, token_map, tenant: str, slice_ms: int, shard: int) -> frozenset:
+        """The replicas of a data_head partition: the coordinator of a batch of partitions that
         share their replicas applies each of them itself, with no extra hop."""
-        token_map = self.cluster.metadata.token_map
-        if token_map is None or len(self.cluster.metadata.all_hosts()) <= 1:
-            return None
         key = head_routing_key(tenant, slice_ms, shard)
         return frozenset(token_map.get_replicas(self.keyspace, token_map.token_class.from_key(key)))
 
