@@ -166,7 +166,8 @@ class AcsyllaHeadWriter:
         self._closed = False
 
     def write(self, batches: Sequence[Sequence[tuple]]) -> defer.Deferred:
-        """One UNLOGGED batch a sequence of data_head rows (the INSERT's values); fires (on the reactor thread) once every batch succeeded, or with the first
+        """One UNLOGGED batch a sequence of data_head rows (the INSERT's values, of one partition or
+        several); fires (on the reactor thread) once every batch succeeded, or with the first
         error once every batch has finished. Once connected, the caller binds the rows (binding
         on the loop thread cost the same CPU but took its GIL from the reactor: fewer samples/s)."""
         if self._closed:

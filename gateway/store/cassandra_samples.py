@@ -254,9 +254,10 @@ class CassandraSamples(CassandraBase):
         return texts
 
     def write_raw(self, points: Sequence[RawPoint]):
-        """Head rows, each with the TTL of its slot, in UNLOGGED batches of the data_head partitions
-        (tenant, slice, shard) that share their replicas (through the head writer, acsylla, unless
-        the URL says head_writer=driver), and the slot's ``head_written_at`` in
+        """Head rows, each with the TTL of its slot, in UNLOGGED batches of a data_head partition
+        (tenant, slice, shard), or of the small partitions that share their replicas (_head_batches;
+        through the head writer, acsylla, unless the URL says head_writer=driver), and the slot's
+        ``head_written_at`` in
         data_blocks where this process has not written it lately (read_raw finds head rows through it).
         Where a request holds one (series, ts) twice, its last value is written."""
         statement: Any = self._statements["head"]
