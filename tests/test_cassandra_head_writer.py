@@ -89,7 +89,7 @@ async def test_a_write_at_a_consistency_the_cluster_cannot_meet_is_store_unavail
 @pytest_twisted.ensureDeferred
 async def test_a_write_fails_when_one_of_its_batches_fails(cassandra_url, tenant):
     """Batches of one write run at once; one that Cassandra refuses (a negative TTL) fails the
-    write (not acknowledged: 503 or 4xx upstream) once all have finished, the others stored."""
+    whole write, so nothing of it is acknowledged, once all have finished."""
     store = CassandraStore.from_url(cassandra_url, Layout())
     await store.start()
     try:

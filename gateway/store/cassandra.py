@@ -6,9 +6,9 @@ roll-ups), cassandra_histograms.py, cassandra_exemplars.py, cassandra_pending.py
 cassandra_metadata.py, over cassandra_base.py (options, connection, prepared statements,
 batching). Every statement is prepared and runs asynchronously through one bounded request
 queue (cassandra_requests.py): each store call fires one Deferred on the reactor thread, so the
-reactor never waits on Cassandra. Head rows go in UNLOGGED batches of the data_head partitions
-that share their replicas (one mutation a partition, a request's partitions in one or a few
-batches) through acsylla (cassandra_head_writer.py, on a loop thread of its own), or with
+reactor never waits on Cassandra. Head rows go in UNLOGGED batches of one data_head partition
+(one mutation), or of a request's small partitions that share their replicas (_head_batches),
+through acsylla (cassandra_head_writer.py, on a loop thread of its own), or with
 head_writer=driver through the queue (head_batch); other writes of many rows go in
 UNLOGGED batches of rows that share a replica (_batched), up to ROWS_PER_BATCH rows a request.
 Timeouts and unavailable replicas become StoreUnavailable (HTTP 503, so senders retry); the
