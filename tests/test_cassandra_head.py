@@ -14,6 +14,7 @@ from gateway.store.blocks import decode_block, encode_block
 from gateway.store.cassandra import CassandraStore
 from gateway.store.cassandra_samples import (
     HEAD_BATCH_DATA_BYTES,
+    HEAD_BATCH_PARTITIONS,
     HEAD_PARTITION_BATCH_DATA_BYTES,
     HEAD_ROW_DATA_BYTES,
     HEAD_SHARED_PARTITION_ROWS,
@@ -50,7 +51,6 @@ async def head_points(store, tenant: str, keys, start: int, end: int) -> list[li
 
 # Rows of a batch of several partitions, and of one, of series with hashes of 24 characters
 # (murmur3 128 as base64), as all are.
-ROWS_PER_BATCH = HEAD_BATCH_DATA_BYTES // (24 + HEAD_ROW_DATA_BYTES)
 ROWS_PER_PARTITION_BATCH = HEAD_PARTITION_BATCH_DATA_BYTES // (24 + HEAD_ROW_DATA_BYTES)
 
 
@@ -58,18 +58,22 @@ def rows_of(shard: int, count: int, hash_length: int = 24) -> list[tuple]:
     return [("t", 0, shard, "h" * hash_length, ts, 1.0, 60) for ts in range(count)]
 
 
-def test_small_partitions_share_batches_within_the_data_size_bound():
-    """Partitions of under HEAD_SHARED_PARTITION_ROWS rows: their rows together, at most
-    HEAD_BATCH_DATA_BYTES of Cassandra's data size (the hash and HEAD_ROW_DATA_BYTES a row) a batch."""
+def test_small_partitions_share_batches_within_cassandras_warning_thresholds():
+    """Partitions of under HEAD_SHARED_PARTITION_ROWS rows go whole, several a batch, at most
+    HEAD_BATCH_DATA_BYTES of Cassandra's data size (the hash and HEAD_ROW_DATA_BYTES a row) and
+    HEAD_BATCH_PARTITIONS partitions a batch, so a default Cassandra warns about none."""
     partitions = [rows_of(shard, HEAD_SHARED_PARTITION_ROWS - 1) for shard in range(HEAD_SHARDS)] * 3
     batches = _head_batches(partitions)
     assert sum(batches, []) == sum(partitions, [])
-    count = len(sum(partitions, []))
-    assert [len(batch) for batch in batches] == [ROWS_PER_BATCH] * (count // ROWS_PER_BATCH) + [count % ROWS_PER_BATCH]
-    assert all(len(batch) * (24 + HEAD_ROW_DATA_BYTES) <= HEAD_BATCH_DATA_BYTES for batch in batches)
-    long_hash = [rows_of(1, 5) + rows_of(1, 5, hash_length=1024)] * 10
-    size = HEAD_BATCH_DATA_BYTES // (1024 + HEAD_ROW_DATA_BYTES)  # every row counted at the longest
-    assert [len(batch) for batch in _head_batches(long_hash)] == [size] * (100 // size) + [100 % size]
+    whole = HEAD_BATCH_DATA_BYTES // ((HEAD_SHARED_PARTITION_ROWS - 1) * (24 + HEAD_ROW_DATA_BYTES))
+    assert [len(batch) for batch in batches] == [whole * (HEAD_SHARED_PARTITION_ROWS - 1)] * (48 // whole)
+    few_rows = [rows_of(shard, 2) for shard in range(HEAD_SHARDS)]
+    assert [len(batch) for batch in _head_batches(few_rows)] == [
+        2 * HEAD_BATCH_PARTITIONS,
+        2 * (16 - HEAD_BATCH_PARTITIONS),
+    ]
+    long_hashes = rows_of(1, 5) + rows_of(1, 5, hash_length=1024)  # over HEAD_BATCH_DATA_BYTES: alone
+    assert _head_batches([rows_of(2, 3), long_hashes, rows_of(3, 3)]) == [long_hashes, rows_of(2, 3) + rows_of(3, 3)]
 
 
 def test_a_partition_of_enough_rows_goes_alone():
@@ -123,7 +127,7 @@ async def test_a_partition_written_over_several_batches_reads_back_whole(cassand
     """2.5 batches of rows of one series in one slice (one data_head partition), in one write."""
     key = series(tenant, "dense", {})
     slot = past_slot()
-    count = 2 * ROWS_PER_BATCH + ROWS_PER_BATCH // 2
+    count = 2 * ROWS_PER_PARTITION_BATCH + ROWS_PER_PARTITION_BATCH // 2
     timestamps = [slot + 10 * MINUTE + i * 20 for i in range(count)]  # 20 ms apart: all in one minute
     await cassandra_store.write_raw([RawPoint(tenant, key.series_set_hash, ts, float(ts)) for ts in timestamps])
     (found,) = await head_points(cassandra_store, tenant, [key], slot, slot + HOUR - 1)

@@ -47,14 +47,16 @@ from gateway.store.deletion import bucket_range, cut_block
 # a one-node cluster): a CQL request a partition cost both sides more than its rows there
 # (docs/performance.rst, "Head batches of several partitions": at 100 series a request, 3.2-3.5
 # µs less of the gateway's CPU a sample and 7.3-7.8 of Cassandra's; at 500, where partitions have
-# about 31 rows, Cassandra's cost rose by more than the gateway's fell). Cassandra refuses a batch
-# of several partitions over batch_size_fail_threshold (50 KiB by default; it warns above
-# batch_size_warn_threshold, 5 KiB) of data, and counts a data_head row at about its hash plus
-# HEAD_ROW_DATA_BYTES (measured: 94 bytes a row with a 24-character hash), so such a batch holds at
-# most HEAD_BATCH_DATA_BYTES, a third under the limit (341 rows of 24-character hashes).
+# about 31 rows, Cassandra's cost rose by more than the gateway's fell). A batch of several
+# partitions stays within Cassandra's default warning thresholds, so a default node logs nothing
+# for it: HEAD_BATCH_DATA_BYTES of data (batch_size_warn_threshold, 5 KiB; it refuses above
+# batch_size_fail_threshold, 50 KiB) and HEAD_BATCH_PARTITIONS partitions
+# (unlogged_batch_across_partitions_warn_threshold). Cassandra counts a data_head row at about its
+# hash plus HEAD_ROW_DATA_BYTES (measured: 94 bytes a row with a 24-character hash).
 HEAD_PARTITION_BATCH_DATA_BYTES = 96 * 1024
 HEAD_SHARED_PARTITION_ROWS = 24
-HEAD_BATCH_DATA_BYTES = 32 * 1024
+HEAD_BATCH_DATA_BYTES = 5 * 1024
+HEAD_BATCH_PARTITIONS = 10
 HEAD_ROW_DATA_BYTES = 72
 
 # A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
@@ -84,16 +86,29 @@ def _unsealed(written: int | None, sealed: int | None) -> bool:
 
 def _head_batches(partitions: list[list[tuple]]) -> list[list[tuple]]:
     """data_head rows (statement values), a list a partition, in batches: a partition of
-    HEAD_SHARED_PARTITION_ROWS rows or more alone, in chunks of HEAD_PARTITION_BATCH_DATA_BYTES;
-    the rows of the others together, in chunks of HEAD_BATCH_DATA_BYTES."""
+    HEAD_SHARED_PARTITION_ROWS rows or more (or over HEAD_BATCH_DATA_BYTES) alone, in chunks of
+    HEAD_PARTITION_BATCH_DATA_BYTES; the others whole, several a batch, at most
+    HEAD_BATCH_PARTITIONS and HEAD_BATCH_DATA_BYTES a batch."""
     batches: list[list[tuple]] = []
     shared: list[tuple] = []
+    shared_bytes = shared_partitions = 0
     for rows in partitions:
-        if len(rows) >= HEAD_SHARED_PARTITION_ROWS:
+        size = _data_bytes(rows)
+        if len(rows) >= HEAD_SHARED_PARTITION_ROWS or size > HEAD_BATCH_DATA_BYTES:
             batches += _chunks(rows, HEAD_PARTITION_BATCH_DATA_BYTES)
-        else:
-            shared += rows
-    return batches + _chunks(shared, HEAD_BATCH_DATA_BYTES)
+            continue
+        if shared_bytes + size > HEAD_BATCH_DATA_BYTES or shared_partitions == HEAD_BATCH_PARTITIONS:
+            batches.append(shared)
+            shared, shared_bytes, shared_partitions = [], 0, 0
+        shared += rows
+        shared_bytes += size
+        shared_partitions += 1
+    return batches + [shared] if shared else batches
+
+
+def _data_bytes(rows: list[tuple]) -> int:
+    """Cassandra's data size of these rows (series_set_hash is the only column of variable length it counts)."""
+    return sum(map(len, map(itemgetter(3), rows))) + HEAD_ROW_DATA_BYTES * len(rows)
 
 
 def _rows_within(size: int, rows: list[tuple]) -> int:
