@@ -124,15 +124,15 @@ class Downsampler:
         backoff), up to SEAL_GROUP series of a tenant and head shard at a time (so that a group's
         head rows are one request on Cassandra: its shard's slices of the slot); the failed and
         the waiting stay pending. Returns the series-slots done."""
-        started, now = time.perf_counter(), self.clock()
+        started, now, by_shard = time.perf_counter(), self.clock(), self.store.seal_by_head_shard
         due: dict[tuple[str, int], list[str]] = defaultdict(list)
         for work in works:
             for tenant, hash_ in work.members:
                 if self.failures.due(tenant, hash_, slot, now):
-                    due[(tenant, head_shard(hash_))].append(hash_)
+                    due[(tenant, head_shard(hash_) if by_shard else 0)].append(hash_)
         groups = [
             (tenant, hashes[i : i + SEAL_GROUP])
-            for (tenant, _), hashes in due.items()
+            for (tenant, _), hashes in ((key, sorted(hashes)) for key, hashes in due.items())
             for i in range(0, len(hashes), SEAL_GROUP)
         ]
         jobs = [self._semaphore.run(self._group_job, tenant, hashes, slot) for tenant, hashes in groups]

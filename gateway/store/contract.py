@@ -471,6 +471,11 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     newest part rather than list a partition per slot (the read path cuts them before, to the
     retentions before now; gateway/query/read_path.py)."""
 
+    # Sealing groups a tenant's series-slots by head shard and then hash order
+    # (gateway/downsample/processor.py): on Cassandra a group's head rows are then one request;
+    # a driver whose head lies in hash order (SQLite's chunks) groups by hash order alone.
+    seal_by_head_shard = True
+
     def __init__(self, layout: Layout):
         self.layout = layout
         self.slot_width_ms = layout.slot_width_ms
