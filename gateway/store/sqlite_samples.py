@@ -143,7 +143,7 @@ class SQLiteSamples(SQLiteBase):
                 r.series_set_hash,
                 time_slot(r.timestamp_ms, width),
                 r.timestamp_ms,
-                *(nullable(getattr(r, c)) for c in ROLLUP_COLUMNS),
+                *map(nullable, r[3:]),  # ROLLUP_COLUMNS
             )
             for r in rows
         ]
