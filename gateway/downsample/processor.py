@@ -45,9 +45,6 @@ log = logging.getLogger(__name__)
 # write the blocks, write each granularity's roll-ups) is one store call for all of them, a few
 # requests where one series at a time made about nine (docs/performance.rst, "Sealing").
 SEAL_GROUP = 64
-# Downsample partitions (--downsample-partitions-count, 64 by default) processed together: a
-# partition holds 1/64 of the series, too few for full groups.
-PARTITIONS_TOGETHER = 16
 
 
 class Downsampler:
@@ -77,15 +74,17 @@ class Downsampler:
         self.round_failed = 0  # series-slots whose attempt failed in the last round
 
     async def run_once(self, partitions: list[int], lock=None) -> int:
-        """Process every settled slot of the given partitions, oldest first, PARTITIONS_TOGETHER
-        partitions at a time; returns series-slots done. ``lock(partition)`` (competing
+        """Process every settled slot of the given partitions, oldest first, the store's
+        ``seal_partitions_together`` partitions at a time (all if None; a partition holds 1/64 of
+        the series by default, too few for full groups); returns series-slots done. ``lock(partition)`` (competing
         consumers) is an async context manager or None; the locks of the partitions processed
         together are held together."""
         done, self._round_lag, self._round_settled, self.round_failed = 0, 0.0, 0, 0
-        for i in range(0, len(partitions), PARTITIONS_TOGETHER):
+        together = self.store.seal_partitions_together or max(len(partitions), 1)
+        for i in range(0, len(partitions), together):
             async with contextlib.AsyncExitStack() as held:
                 mine = []
-                for partition in partitions[i : i + PARTITIONS_TOGETHER]:
+                for partition in partitions[i : i + together]:
                     if lock is None or await held.enter_async_context(lock(partition)):
                         mine.append(partition)
                 done += await self._partitions(mine)

@@ -95,10 +95,11 @@ def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], 
 class SQLiteSamples(SQLiteBase):
     """The SampleStore role (contract.py)."""
 
-    # A fold lays a series' chunk out in hash order (sqlite_head._chunks): a seal group of series
-    # neighbours in hash order rewrites a few pages of each fold, where one of a head shard
-    # rewrote a page a series and fold.
+    # A fold lays its chunks out in hash order (sqlite_head._chunks): a seal group of series
+    # neighbours in hash order, among all the settled series of a round, rewrites a few pages of
+    # each fold, where one of a head shard rewrote a page a series and fold.
     seal_by_head_shard = False
+    seal_partitions_together = None
 
     def write_raw(self, points: Sequence[RawPoint]):
         if not isinstance(points, RawColumns):
