@@ -728,6 +728,53 @@ class TestSQLiteDriver:
             await store.close()
 
     @pytest_twisted.ensureDeferred
+    async def test_sqlite_block_write_keeps_only_head_samples_the_block_does_not_hold(self, tmp_path, tenant):
+        """A group's block write drops the chunks of each series-slot whose every sample its block
+        sealed bit for bit, and keeps in the head what was written after the seal read its head:
+        a timestamp rewritten with another value (-0.0 for 0.0 too) and a new late sample. Folds
+        lay chunks out in hash order (a seal group of hash neighbours rewrites few pages)."""
+        path = tmp_path / "seal.db"
+        store = SQLiteStore(path, Layout(), fold_rows=10_000)
+        await store.start()
+        stale = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
+        hashes = ["c", "b", "a", "d"]  # written in this order, folded in hash order
+        try:
+            for minute in range(10):
+                value = stale if minute == 9 else float(minute - 1)  # 0.0 at minute 1
+                await store.write_raw([RawPoint(tenant, h, minute * 60_000, value) for h in hashes])
+                if minute in (3, 6):
+                    store._fold()  # several chunks a series-slot
+            read = dict(zip(hashes, await store.read_raw(tenant, hashes, 0, HOUR - 1)))
+            late = [(tenant, "b", 60_000, -0.0), (tenant, "b", 120_000, 42.0), (tenant, "c", 30 * 60_000, 7.0)]
+            await store.write_raw([RawPoint(*point) for point in late])
+            await store.write_blocks(
+                [SealedBlock(tenant, h, 0, encode_block(*read[h].head), read[h].head, 0) for h in ("a", "b", "c")]
+            )
+            expected = {
+                "a": [],
+                "b": [(60_000, bits(-0.0)), (120_000, bits(42.0))],
+                "c": [(30 * 60_000, bits(7.0))],
+                "d": [(ts, bits(v)) for ts, v in read["d"].head.points()],  # not sealed
+            }
+            for h, head in expected.items():
+                assert [(ts, bits(v)) for ts, v in points(await read_head(store, tenant, h, 0, HOUR - 1))] == head
+            (block,) = await read_blocks(store, tenant, "b", 0, 0)
+            (raw,) = await store.read_raw(tenant, ["b"], 0, HOUR - 1)
+            merged = samples.merge([samples.Samples(*decode_block(block)), raw.head])  # the head wins
+            assert [bits(v) for v in merged.values[:3]] == [bits(-1.0), bits(-0.0), bits(42.0)]
+            await store.write_raw([RawPoint(tenant, h, HOUR + 1, 1.0) for h in hashes])
+            store._fold()
+            while sqlite3.connect(path).execute("SELECT count(*) FROM head_batches").fetchone()[0]:
+                await deferLater(reactor, 0.02)
+            with sqlite3.connect(path) as reader:
+                folded = reader.execute(
+                    "SELECT series_set_hash FROM head_chunks WHERE time_slot = ? ORDER BY rowid", (HOUR,)
+                ).fetchall()
+            assert [h for (h,) in folded] == sorted(hashes)
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
     async def test_sqlite_head_of_many_series_and_slots_reads_back_from_chunks(self, tmp_path, tenant):
         """Folds of several batches: every series reads back every sample of every slot, in order,
         whether its samples are in one chunk a slot or several, and the sweep removes old slots."""

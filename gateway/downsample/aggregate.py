@@ -63,8 +63,8 @@ def _bucket_rows(
     ``increases`` each value's increase (cumulative counters only)."""
     if not len(values):
         return []
-    bucket_starts, firsts = np.unique(starts, return_index=True)
-    spans = list(zip(bucket_starts.tolist(), firsts.tolist(), np.append(firsts[1:], len(values)).tolist()))
+    firsts = np.flatnonzero(np.concatenate(([True], starts[1:] != starts[:-1])))  # starts ascend
+    spans = list(zip(starts[firsts].tolist(), firsts.tolist(), [*firsts[1:].tolist(), len(values)]))
     if kind == CUMULATIVE_COUNTER:
         totals = _sums(increases, spans)
         return [

@@ -45,9 +45,6 @@ log = logging.getLogger(__name__)
 # write the blocks, write each granularity's roll-ups) is one store call for all of them, a few
 # requests where one series at a time made about nine (docs/performance.rst, "Sealing").
 SEAL_GROUP = 64
-# Downsample partitions (--downsample-partitions-count, 64 by default) processed together: a
-# partition holds 1/64 of the series, too few for full groups.
-PARTITIONS_TOGETHER = 16
 
 
 class Downsampler:
@@ -77,15 +74,17 @@ class Downsampler:
         self.round_failed = 0  # series-slots whose attempt failed in the last round
 
     async def run_once(self, partitions: list[int], lock=None) -> int:
-        """Process every settled slot of the given partitions, oldest first, PARTITIONS_TOGETHER
-        partitions at a time; returns series-slots done. ``lock(partition)`` (competing
+        """Process every settled slot of the given partitions, oldest first, the store's
+        ``seal_partitions_together`` partitions at a time (all if None; a partition holds 1/64 of
+        the series by default, too few for full groups); returns series-slots done. ``lock(partition)`` (competing
         consumers) is an async context manager or None; the locks of the partitions processed
         together are held together."""
         done, self._round_lag, self._round_settled, self.round_failed = 0, 0.0, 0, 0
-        for i in range(0, len(partitions), PARTITIONS_TOGETHER):
+        together = self.store.seal_partitions_together or max(len(partitions), 1)
+        for i in range(0, len(partitions), together):
             async with contextlib.AsyncExitStack() as held:
                 mine = []
-                for partition in partitions[i : i + PARTITIONS_TOGETHER]:
+                for partition in partitions[i : i + together]:
                     if lock is None or await held.enter_async_context(lock(partition)):
                         mine.append(partition)
                 done += await self._partitions(mine)
@@ -124,15 +123,15 @@ class Downsampler:
         backoff), up to SEAL_GROUP series of a tenant and head shard at a time (so that a group's
         head rows are one request on Cassandra: its shard's slices of the slot); the failed and
         the waiting stay pending. Returns the series-slots done."""
-        started, now = time.perf_counter(), self.clock()
+        started, now, by_shard = time.perf_counter(), self.clock(), self.store.seal_by_head_shard
         due: dict[tuple[str, int], list[str]] = defaultdict(list)
         for work in works:
             for tenant, hash_ in work.members:
                 if self.failures.due(tenant, hash_, slot, now):
-                    due[(tenant, head_shard(hash_))].append(hash_)
+                    due[(tenant, head_shard(hash_) if by_shard else 0)].append(hash_)
         groups = [
             (tenant, hashes[i : i + SEAL_GROUP])
-            for (tenant, _), hashes in due.items()
+            for (tenant, _), hashes in ((key, sorted(hashes)) for key, hashes in due.items())
             for i in range(0, len(hashes), SEAL_GROUP)
         ]
         jobs = [self._semaphore.run(self._group_job, tenant, hashes, slot) for tenant, hashes in groups]
@@ -280,16 +279,22 @@ class Downsampler:
 
     async def _seal(self, tenant: str, keys: list[SeriesKey], slot: int) -> list[Samples]:
         """Each slot's block merged with its head rows (the head wins), written back where the
-        head had anything (one write_blocks); returns the merged samples."""
+        head had anything (one write_blocks); returns the merged samples. Merging and encoding
+        run in a thread: pcodec's compression, a quarter of a seal's time, leaves the reactor free
+        (and the GIL: the roll-ups of other groups run beside it)."""
         head_read, end = now_ms(), slot + self.layout.slot_width_ms - 1
         found = await self.store.read_raw(tenant, [key.series_set_hash for key in keys], slot, end)
-        merged = await threads.deferToThread(lambda: [stitch_raw(raw, slot, end) for raw in found])
+
+        def merge_and_encode() -> tuple[list[Samples], list[bytes | None]]:
+            merged = [stitch_raw(raw, slot, end) for raw in found]
+            encoded = [encode_block(*series) if len(raw.head) else None for raw, series in zip(found, merged)]
+            return merged, encoded
+
+        merged, encoded = await threads.deferToThread(merge_and_encode)
         blocks = [
-            SealedBlock(
-                tenant, key.series_set_hash, slot, encode_block(series.timestamps, series.values), raw.head, head_read
-            )
-            for key, raw, series in zip(keys, found, merged)
-            if len(raw.head)
+            SealedBlock(tenant, key.series_set_hash, slot, block, raw.head, head_read)
+            for key, raw, block in zip(keys, found, encoded)
+            if block is not None
         ]
         if blocks:
             await self.store.write_blocks(blocks)

@@ -471,6 +471,14 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     newest part rather than list a partition per slot (the read path cuts them before, to the
     retentions before now; gateway/query/read_path.py)."""
 
+    # Sealing groups a tenant's series-slots by head shard, then hash order, over the settled work
+    # of 16 partitions at a time (gateway/downsample/processor.py): on Cassandra a group's head
+    # rows are then one request. A driver whose head lies in hash order (SQLite's chunks) groups
+    # by hash order alone, over all partitions at once (None): the more series sorted together,
+    # the closer a group's neighbours lie.
+    seal_by_head_shard = True
+    seal_partitions_together: int | None = 16
+
     def __init__(self, layout: Layout):
         self.layout = layout
         self.slot_width_ms = layout.slot_width_ms

@@ -96,6 +96,7 @@ class SQLiteBase(Store):
             # the threads have stopped, hence check_same_thread=False.
             connection = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
             connection.execute("PRAGMA synchronous=FULL")
+            connection.execute("PRAGMA secure_delete=FAST")
             self._local.connection = connection
             self._connections.append(connection)
         return connection

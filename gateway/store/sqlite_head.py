@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gateway.core import samples
-from gateway.core.samples import Samples
+from gateway.core.samples import Samples, empty
 from gateway.store.contract import RawColumns, RawPoint
 from gateway.store.sqlite_sql import decode_value, immediate
 
@@ -21,6 +21,9 @@ FOLD_ROWS = 100_000
 # Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
 # head in steps whose Python objects stay a few tens of MiB.
 FOLD_BATCH_ROWS = 2 * FOLD_ROWS
+# Series-slots whose chunks one query of a seal's block write reads (SQLite's limit of variables
+# a statement is far above).
+SEALED_READ = 500
 INSERT_BATCH = "INSERT INTO head_batches (tenant, first_ts, last_ts, samples, hashes, timestamps, vals) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
@@ -111,10 +114,11 @@ def _fold_batches(connection: sqlite3.Connection, width: int) -> None:
 
 def _chunks(tenant: str, hashes: list[str], timestamps: np.ndarray, values: np.ndarray, width: int, seq: int) -> list:
     """head_chunks rows of samples in write order: one a series-slot, the last write of a
-    timestamp winning. Series are numbered by a dict (C loops), samples sorted by series, slot
-    and write order at once, and a chunk already in strictly ascending order (the usual case) is
+    timestamp winning, in hash order (so that the chunks of series close in hash order share
+    pages in every fold: sealing takes series in that order and rewrites fewer pages). Series
+    are numbered by a dict (C loops), samples sorted by series, slot and write order at once, and a chunk already in strictly ascending order (the usual case) is
     a slice of the sorted bytes; only the others go through samples.merge."""
-    names = list(dict.fromkeys(hashes))
+    names = sorted(set(hashes))
     number = dict(zip(names, range(len(names))))
     series = np.fromiter(map(number.__getitem__, hashes), dtype=np.intp, count=len(hashes))
     slots = timestamps - timestamps % width
@@ -197,6 +201,49 @@ def head_slots(connection, tenant: str, hash_: str, first_slot: int, last_slot: 
 
 def _chunk(timestamps: bytes, values: bytes) -> Samples:
     return Samples(np.frombuffer(timestamps, dtype="<i8"), np.frombuffer(values, dtype="<f8"))
+
+
+def drop_sealed_chunks(connection, tenant: str, slot: int, width: int, blocks: Sequence) -> list[tuple[str, Samples]]:
+    """Delete the chunks of the blocks' series-slots (SealedBlocks of one tenant and slot) whose
+    every sample the block sealed with the same value, bit for bit (the usual case): one read of
+    their chunks a SEALED_READ series, checked with numpy for all at once. Returns (hash, sealed)
+    of the series-slots with a sample the block does not hold (rewritten since the seal read
+    it), for keep_in_head_slot to cut one by one."""
+    partly = []
+    for first in range(0, len(blocks), SEALED_READ):
+        group = blocks[first : first + SEALED_READ]
+        hashes = [block.series_set_hash for block in group]
+        rows = connection.execute(
+            "SELECT series_set_hash, timestamps, vals FROM head_chunks WHERE tenant=? AND time_slot=?"
+            f" AND series_set_hash IN ({', '.join('?' * len(hashes))})",
+            (tenant, slot, *hashes),
+        ).fetchall()
+        if not rows:
+            continue
+        number = dict(zip(hashes, range(len(hashes))))
+        found_hashes, timestamps, values = zip(*rows)
+        chunk = _chunk(b"".join(timestamps), b"".join(values))
+        sizes = np.fromiter(map(len, timestamps), dtype=np.intp, count=len(rows)) // 8
+        chunk_series = np.repeat(np.fromiter(map(number.__getitem__, found_hashes), dtype=np.int64), sizes)
+        sealed = [block.sealed.between(slot, slot + width - 1) for block in group]
+        sealed_series = np.repeat(np.arange(len(group), dtype=np.int64), [len(s) for s in sealed])
+        # (series, offset in the slot) as one key, in the sealed samples' order
+        sealed_keys = (
+            sealed_series * width + np.concatenate([empty().timestamps, *(s.timestamps for s in sealed)]) - slot
+        )
+        sealed_bits = np.concatenate([empty().values, *(s.values for s in sealed)]).view(np.int64)
+        chunk_keys = chunk_series * width + chunk.timestamps - slot
+        at = np.minimum(np.searchsorted(sealed_keys, chunk_keys), len(sealed_keys) - 1)
+        held = np.zeros(len(chunk_keys), dtype=bool)
+        if len(sealed_keys):
+            held = (sealed_keys[at] == chunk_keys) & (sealed_bits[at] == chunk.values.view(np.int64))
+        unsealed = set(chunk_series[~held].tolist())
+        connection.executemany(
+            "DELETE FROM head_chunks WHERE tenant=? AND series_set_hash=? AND time_slot=?",
+            [(tenant, hash_, slot) for hash_ in set(found_hashes) if number[hash_] not in unsealed],
+        )
+        partly += [(hashes[i], sealed[i]) for i in sorted(unsealed)]
+    return partly
 
 
 def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samples, seq: int, keep) -> None:

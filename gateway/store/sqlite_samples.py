@@ -13,7 +13,14 @@ from gateway.core.samples import Samples
 from gateway.store.contract import ROLLUP_COLUMNS, RawColumns, RawData, RawPoint, Rollup, SealedBlock, time_slot
 from gateway.store.deletion import bucket_range, cut_block
 from gateway.store.sqlite_base import SQLiteBase
-from gateway.store.sqlite_head import fold_head_log, head_slots, keep_in_head_slot, raw_statements, read_head
+from gateway.store.sqlite_head import (
+    drop_sealed_chunks,
+    fold_head_log,
+    head_slots,
+    keep_in_head_slot,
+    raw_statements,
+    read_head,
+)
 from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, nullable, single_statement
 
 BLOCKS_QUERY = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
@@ -26,12 +33,15 @@ def _write_blocks(connection, width: int, blocks: Sequence[SealedBlock]) -> None
     timestamp rewritten meanwhile with another value stays in the head, to be sealed next time."""
     fold_head_log(connection, width)
     with immediate(connection):
-        for tenant, series_set_hash, slot_ms, block, sealed, _ in blocks:
-            connection.execute(
-                "INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", (tenant, series_set_hash, slot_ms, block)
-            )
-            for slot, (head, seq) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
-                keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seq, ~_sealed_in(head, sealed))
+        connection.executemany("INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", [b[:4] for b in blocks])
+        by_slot: dict[tuple[str, int], list[SealedBlock]] = {}
+        for block in blocks:
+            by_slot.setdefault((block.tenant, block.slot_ms), []).append(block)
+        for (tenant, slot_ms), slot_blocks in by_slot.items():
+            partly = drop_sealed_chunks(connection, tenant, slot_ms, width, slot_blocks)
+            for series_set_hash, sealed in partly:
+                for slot, (head, seq) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
+                    keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seq, ~_sealed_in(head, sealed))
 
 
 def _sealed_in(head: Samples, sealed: Samples) -> np.ndarray:
@@ -85,6 +95,12 @@ def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], 
 class SQLiteSamples(SQLiteBase):
     """The SampleStore role (contract.py)."""
 
+    # A fold lays its chunks out in hash order (sqlite_head._chunks): a seal group of series
+    # neighbours in hash order, among all the settled series of a round, rewrites a few pages of
+    # each fold, where one of a head shard rewrote a page a series and fold.
+    seal_by_head_shard = False
+    seal_partitions_together = None
+
     def write_raw(self, points: Sequence[RawPoint]):
         if not isinstance(points, RawColumns):
             points = list(points)
@@ -128,7 +144,7 @@ class SQLiteSamples(SQLiteBase):
                 r.series_set_hash,
                 time_slot(r.timestamp_ms, width),
                 r.timestamp_ms,
-                *(nullable(getattr(r, c)) for c in ROLLUP_COLUMNS),
+                *map(nullable, r[3:]),  # ROLLUP_COLUMNS
             )
             for r in rows
         ]
