@@ -12,12 +12,14 @@ import resource
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from tests.gatewayproc import GatewayProcess, downsample_once, free_port, tsgate_serve
+from tests.gatewayproc import REPO, GatewayProcess, downsample_once, free_port, tsgate_serve
 from tests.test_workers import query, ready_workers, wait_for
 
 pytestmark = pytest.mark.slow  # every test here starts tsgate
@@ -78,6 +80,17 @@ def test_a_file_that_is_not_a_database_exits_1(tmp_path, workers):
     (tmp_path / "data" / "tsgate.db").write_bytes(b"not a database " * 100)
     stderr = serve_until_exit(tmp_path, workers, "--data-dir", str(tmp_path / "data"))
     assert "could not start: file is not a database" in stderr
+
+
+def test_downsample_once_on_a_file_that_is_not_a_database_exits_1(tmp_path):
+    """The store's thread pools, started before SQLite failed, stop with the failed start: the
+    command used to print its error and then never exit."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tsgate.db").write_bytes(b"not a database " * 100)
+    command = [sys.executable, "-m", "gateway.app.cli", "downsample", "--once", "--data-dir", str(tmp_path / "data")]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "could not start: file is not a database" in result.stderr
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -70,11 +70,15 @@ class SQLiteLifecycle(SQLiteBase):
     """The Lifecycle role (contract.py)."""
 
     def start(self):
+        """Start the thread pools and open the file; if the file cannot be opened, the pools are
+        stopped again before the error is raised (their threads would keep a CLI command alive)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer.start()
         self._readers.start()
         self._fold_check.start(self.fold_check_s, now=False)
-        return self._write(start_writer, self.layout)
+        return self._write(start_writer, self.layout).addErrback(
+            lambda failure: self.close().addBoth(lambda _: failure)
+        )
 
     def close(self):
         if self._fold_check.running:
