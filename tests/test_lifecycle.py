@@ -215,14 +215,15 @@ def test_a_stop_signal_under_continuous_load_exits_0_in_time_and_keeps_every_ack
 
 
 def start_a_long_downsample_round(tmp_path, shutdown_timeout: str) -> GatewayProcess:
-    """A gateway whose first downsample round (8,000 settled series-slots: some seconds of work
-    even with grouped sealing, which finished 2,000 within the 1 s timeout on a quiet box) is
-    under way; the round started when the first partition's work is counted done. The data is
-    written by a gateway without the downsample role first, so that the round finds all of it."""
+    """A gateway whose first downsample round (8,000 series in each of three settled slots:
+    some seconds of work even with grouped sealing) is under way: the work of a slot is counted
+    done once all of it is, so the round is under way once the oldest slot's is (SQLite seals
+    all partitions of a slot together). The data is written by a gateway without the downsample
+    role first, so that the round finds all of it."""
     writer = GatewayProcess(tmp_path, "--roles", "ingest,query").start()
-    settled_slot = (int(time.time()) // 3600 - 2) * 3600
+    last_settled_slot = (int(time.time()) // 3600 - 2) * 3600
     body = [
-        {"metricName": "ds_stop", "tags": {"i": str(i)}, "ts": settled_slot + 60 * j, "value": j}
+        {"metricName": "ds_stop", "tags": {"i": str(i)}, "ts": last_settled_slot - 3600 * j + 60, "value": j}
         for i in range(8000)
         for j in range(3)
     ]
