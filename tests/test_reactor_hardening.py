@@ -111,21 +111,34 @@ def p99(latencies) -> float:
     return statistics.quantiles(latencies, n=100)[98]
 
 
-def assert_healthz_fast(gateway, latencies, during: str) -> None:
-    """/healthz p99 under 100 ms while the hostile request ran. On a loaded test machine /healthz
-    alone is slower than on an idle one: its p99 measured now (a few ms when idle) is added."""
+def healthz_slow(gateway, latencies, during: str) -> str | None:
+    """Why /healthz was too slow while the hostile request ran, or None: its p99 must stay under
+    100 ms. On a loaded test machine /healthz alone is slower than on an idle one: its p99
+    measured now (a few ms when idle) is added."""
     _, _, alone = healthz_while(gateway, lambda: None)
-    assert p99(latencies) < HEALTHZ_P99_S + p99(alone), (
-        f"/healthz p99 {p99(latencies) * 1000:.0f} ms {during} ({p99(alone) * 1000:.0f} ms alone)"
-    )
+    if p99(latencies) < HEALTHZ_P99_S + p99(alone):
+        return None
+    return f"/healthz p99 {p99(latencies) * 1000:.0f} ms {during} ({p99(alone) * 1000:.0f} ms alone)"
+
+
+def assert_healthz_fast(gateway, latencies, during: str) -> None:
+    slow = healthz_slow(gateway, latencies, during)
+    assert slow is None, slow
 
 
 def assert_fast(gateway, hostile, budget_s: float = 1.0):
-    """The hostile request is answered within ``budget_s``, /healthz p99 under 100 ms meanwhile."""
-    answer, elapsed, latencies = healthz_while(gateway, hostile)
-    assert elapsed < budget_s, f"the hostile request took {elapsed:.2f} s"
-    assert_healthz_fast(gateway, latencies, "while it ran")
-    return answer
+    """The hostile request is answered within ``budget_s``, /healthz p99 under 100 ms meanwhile.
+    Most of these requests take a few ms, so the probes mostly measure the machine: one pause of
+    the test machine (CI saw a single 130 ms one) fails the p99. A stall the request causes happens
+    every time, so a slow /healthz is measured once more before it fails the test."""
+    for attempt in range(2):
+        answer, elapsed, latencies = healthz_while(gateway, hostile)
+        assert elapsed < budget_s, f"the hostile request took {elapsed:.2f} s"
+        slow = healthz_slow(gateway, latencies, "while it ran")
+        if slow is None:
+            return answer
+        print(f"attempt {attempt + 1}: {slow}")
+    raise AssertionError(slow)
 
 
 def remote_read(gateway, pattern):
