@@ -292,7 +292,7 @@ class Downsampler:
 
         merged, encoded = await threads.deferToThread(merge_and_encode)
         blocks = [
-            SealedBlock(tenant, key.series_set_hash, slot, block, raw.head, head_read)
+            SealedBlock(tenant, key.series_set_hash, slot, block, raw.head, head_read, raw.head_keys)
             for key, raw, block in zip(keys, found, encoded)
             if block is not None
         ]

@@ -40,8 +40,8 @@ def _write_blocks(connection, width: int, blocks: Sequence[SealedBlock]) -> None
         for (tenant, slot_ms), slot_blocks in by_slot.items():
             partly = drop_sealed_chunks(connection, tenant, slot_ms, width, slot_blocks)
             for series_set_hash, sealed in partly:
-                for slot, (head, seq) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
-                    keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seq, ~_sealed_in(head, sealed))
+                for slot, (head, seqs) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
+                    keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seqs, ~_sealed_in(head, sealed))
 
 
 def _sealed_in(head: Samples, sealed: Samples) -> np.ndarray:
@@ -77,9 +77,9 @@ def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], 
                         "UPDATE data_blocks SET block=? WHERE tenant=? AND series_set_hash=? AND time_slot=?",
                         (cut, tenant, hash_, slot),
                     )
-            for slot, (head, seq) in head_slots(connection, tenant, hash_, *slots).items():
+            for slot, (head, seqs) in head_slots(connection, tenant, hash_, *slots).items():
                 outside = (head.timestamps < start_ms) | (head.timestamps > end_ms)
-                keep_in_head_slot(connection, tenant, hash_, slot, head, seq, outside)
+                keep_in_head_slot(connection, tenant, hash_, slot, head, seqs, outside)
             for table in ("exemplars", "histograms"):
                 connection.execute(f"DELETE FROM {table} WHERE {by_ts}", (tenant, hash_, *slots, start_ms, end_ms))
             for granularity in layout.granularities:
@@ -120,7 +120,7 @@ class SQLiteSamples(SQLiteBase):
             try:
                 heads = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
                 return [
-                    RawData(column_values(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), head)
+                    RawData(column_values(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), *head)
                     for hash_, head in zip(hashes, heads)
                 ]
             finally:
@@ -128,8 +128,8 @@ class SQLiteSamples(SQLiteBase):
 
         return self._read(read)
 
-    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
-        one = SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys=()):
+        one = SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys)
         return self._write(_write_blocks, self.slot_width_ms, [one])
 
     def write_blocks(self, blocks):
