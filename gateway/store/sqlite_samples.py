@@ -21,7 +21,7 @@ from gateway.store.sqlite_head import (
     raw_statements,
     read_head,
 )
-from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, nullable, single_statement
+from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, many_rows_statements, nullable
 
 BLOCKS_QUERY = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
 
@@ -100,6 +100,7 @@ class SQLiteSamples(SQLiteBase):
     # each fold, where one of a head shard rewrote a page a series and fold.
     seal_by_head_shard = False
     seal_partitions_together = None
+    seal_group = 256  # SEALED_READ (sqlite_head.py) reads a group's chunk keys in one query
 
     def write_raw(self, points: Sequence[RawPoint]):
         if not isinstance(points, RawColumns):
@@ -148,8 +149,7 @@ class SQLiteSamples(SQLiteBase):
             )
             for r in rows
         ]
-        query = f"INSERT OR REPLACE INTO {granularity.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        return self._commit(single_statement, query, values)
+        return self._commit(many_rows_statements, f"INSERT OR REPLACE INTO {granularity.table} VALUES", values)
 
     def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
         if end_ms < start_ms:
