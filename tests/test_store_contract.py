@@ -363,6 +363,26 @@ class TestSamples:
         assert (await store.read_rollups(five, tenant, h, 0, far.timestamp_ms + HOUR))[-1] == far
         assert await store.read_rollups(store.layout.granularity("1h"), tenant, h, 0, far.timestamp_ms + HOUR) == []
 
+    @pytest_twisted.ensureDeferred
+    async def test_many_rollup_rows_in_one_write_read_back_bit_exact(self, store, tenant):
+        """A seal group's roll-ups in one write (SQLite inserts them many rows a statement, a
+        statement of fewer rows last): every row of every series comes back, NaN and -0.0 bit-exact."""
+        five = store.layout.granularity("5m")
+        hashes = [f"r{i}" for i in range(25)]
+        edges = [math.nan, -0.0, 0.0, math.inf, 1e308]
+        rows = [
+            Rollup(tenant, h, bucket * 300_000, min=edges[bucket % 5], max=float(i), sum=i + bucket / 8, count=bucket)
+            for i, h in enumerate(hashes)
+            for bucket in range(12)
+        ]
+        await store.write_rollups(five, rows)
+        found = await gatherResults([store.read_rollups(five, tenant, h, 0, HOUR - 1) for h in hashes])
+
+        def fields(rollups: list) -> list[tuple]:
+            return [(r.series_set_hash, r.timestamp_ms, bits(r.min), r.max, r.sum, r.count) for r in rollups]
+
+        assert [row for series in found for row in fields(series)] == fields(rows)
+
 
 class TestHistograms:
     """Native histograms and their roll-ups (contract.HistogramStore)."""
