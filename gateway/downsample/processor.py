@@ -1,11 +1,12 @@
 """Seal and roll up settled series-slots, up to the store's ``seal_group`` of a tenant together
-(each step one store call for all): merge the slot's head rows into its block, write the block, then the roll-ups of every granularity computed from the merged samples and from the
-slot's native histograms (gateway/downsample/histograms.py), then mark the
-work done (only after the writes succeeded: a crash redoes work, never loses it; sealing the same
-samples twice writes the same block). The raw block is written first, so it never depends on a
-roll-up; a series-slot that fails either way is isolated (gateway/downsample/failures.py): its
-group is done again one series-slot at a time, the rest of its slot and of the round go on,
-and it stays pending for a retry."""
+(each step one store call for all): merge the slot's head rows into its block, write the block,
+then the roll-ups of every granularity computed from the merged samples and from the slot's
+native histograms (gateway/downsample/histograms.py), then mark the work done (only after the
+writes succeeded: a crash redoes work, never loses it; sealing the same samples twice writes the
+same block). The raw block is written first, so it never depends on a roll-up; a series-slot
+that fails either way is isolated (gateway/downsample/failures.py): its group is done again one
+series-slot at a time, the rest of its slot and of the round go on, and it stays pending for a
+retry."""
 
 import contextlib
 import logging
@@ -114,9 +115,9 @@ class Downsampler:
 
     async def _works(self, slot: int, works: list[Work]) -> int:
         """Every member of the works (of one slot) that is due (not waiting out a failure's
-        backoff), up to the store's ``seal_group`` series of a tenant and head shard at a time (so that a group's
-        head rows are one request on Cassandra: its shard's slices of the slot); the failed and
-        the waiting stay pending. Returns the series-slots done."""
+        backoff), up to the store's ``seal_group`` series of a tenant and head shard at a time (so
+        that a group's head rows are one request on Cassandra: its shard's slices of the slot);
+        the failed and the waiting stay pending. Returns the series-slots done."""
         started, now, by_shard = time.perf_counter(), self.clock(), self.store.seal_by_head_shard
         size = self.store.seal_group
         due: dict[tuple[str, int], list[str]] = defaultdict(list)

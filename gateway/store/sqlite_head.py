@@ -21,8 +21,8 @@ FOLD_ROWS = 100_000
 # Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
 # head in steps whose Python objects stay a few tens of MiB.
 FOLD_BATCH_ROWS = 2 * FOLD_ROWS
-# Series-slots whose chunks one query of a seal's block write reads (SQLite's limit of variables
-# a statement is far above).
+# Series-slots whose chunk keys one query of a seal's block write lists (SQLite's limit of
+# variables a statement is far above; SQLiteSamples.seal_group is below).
 SEALED_READ = 500
 INSERT_BATCH = "INSERT INTO head_batches (tenant, first_ts, last_ts, samples, hashes, timestamps, vals) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
