@@ -33,7 +33,8 @@ def _write_blocks(connection, width: int, blocks: Sequence[SealedBlock]) -> None
     timestamp rewritten meanwhile with another value stays in the head, to be sealed next time."""
     fold_head_log(connection, width)
     with immediate(connection):
-        connection.executemany("INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", [b[:4] for b in blocks])
+        for query, rows in many_rows_statements("INSERT OR REPLACE INTO data_blocks VALUES", [b[:4] for b in blocks]):
+            connection.executemany(query, rows)
         by_slot: dict[tuple[str, int], list[SealedBlock]] = {}
         for block in blocks:
             by_slot.setdefault((block.tenant, block.slot_ms), []).append(block)
