@@ -828,7 +828,7 @@ class TestSQLiteDriver:
             expected = {"a": [], "b": [(60_000, bits(-0.0)), (6 * 60_000, bits(50.0))], "c": [(9 * 60_000, bits(9.0))]}
             for h, head in {**expected, "e": []}.items():
                 assert [(ts, bits(v)) for ts, v in points(await read_head(store, tenant, h, 0, HOUR - 1))] == head
-            for h in hashes:
+            for h in expected:  # not e: a delete racing a seal is not what this test is about
                 (raw,) = await store.read_raw(tenant, [h], 0, HOUR - 1)
                 merged = samples.merge([samples.Samples(*decode_block(raw.blocks[0])), raw.head])
                 sealed = [(ts, bits(v)) for ts, v in read[h].head.points()]
