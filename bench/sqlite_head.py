@@ -133,7 +133,7 @@ def measure_store_reads(path: Path, render: RenderWorkload) -> dict:
                 start,
                 end,
             )
-            for h, head in zip(hashes, heads)
+            for h, (head, _) in zip(hashes, heads)
         ]
 
     def best_cpu_ms() -> float:

@@ -1,12 +1,12 @@
-"""Seal and roll up settled series-slots, up to SEAL_GROUP of a tenant together (each step one
-store call for all): merge the slot's head rows into its block, write the
-block, then the roll-ups of every granularity computed from the merged samples and from the
-slot's native histograms (gateway/downsample/histograms.py), then mark the
-work done (only after the writes succeeded: a crash redoes work, never loses it; sealing the same
-samples twice writes the same block). The raw block is written first, so it never depends on a
-roll-up; a series-slot that fails either way is isolated (gateway/downsample/failures.py): its
-group is done again one series-slot at a time, the rest of its slot and of the round go on,
-and it stays pending for a retry."""
+"""Seal and roll up settled series-slots, up to the store's ``seal_group`` of a tenant together
+(each step one store call for all): merge the slot's head rows into its block, write the block,
+then the roll-ups of every granularity computed from the merged samples and from the slot's
+native histograms (gateway/downsample/histograms.py), then mark the work done (only after the
+writes succeeded: a crash redoes work, never loses it; sealing the same samples twice writes the
+same block). The raw block is written first, so it never depends on a roll-up; a series-slot
+that fails either way is isolated (gateway/downsample/failures.py): its group is done again one
+series-slot at a time, the rest of its slot and of the round go on, and it stays pending for a
+retry."""
 
 import contextlib
 import logging
@@ -40,11 +40,6 @@ from gateway.store.blocks import encode_block
 from gateway.store.contract import SealedBlock
 
 log = logging.getLogger(__name__)
-
-# Series-slots of one tenant sealed and rolled up together: each step (read the head and blocks,
-# write the blocks, write each granularity's roll-ups) is one store call for all of them, a few
-# requests where one series at a time made about nine (docs/performance.rst, "Sealing").
-SEAL_GROUP = 64
 
 
 class Downsampler:
@@ -120,19 +115,20 @@ class Downsampler:
 
     async def _works(self, slot: int, works: list[Work]) -> int:
         """Every member of the works (of one slot) that is due (not waiting out a failure's
-        backoff), up to SEAL_GROUP series of a tenant and head shard at a time (so that a group's
-        head rows are one request on Cassandra: its shard's slices of the slot); the failed and
-        the waiting stay pending. Returns the series-slots done."""
+        backoff), up to the store's ``seal_group`` series of a tenant and head shard at a time (so
+        that a group's head rows are one request on Cassandra: its shard's slices of the slot);
+        the failed and the waiting stay pending. Returns the series-slots done."""
         started, now, by_shard = time.perf_counter(), self.clock(), self.store.seal_by_head_shard
+        size = self.store.seal_group
         due: dict[tuple[str, int], list[str]] = defaultdict(list)
         for work in works:
             for tenant, hash_ in work.members:
                 if self.failures.due(tenant, hash_, slot, now):
                     due[(tenant, head_shard(hash_) if by_shard else 0)].append(hash_)
         groups = [
-            (tenant, hashes[i : i + SEAL_GROUP])
+            (tenant, hashes[i : i + size])
             for (tenant, _), hashes in ((key, sorted(hashes)) for key, hashes in due.items())
-            for i in range(0, len(hashes), SEAL_GROUP)
+            for i in range(0, len(hashes), size)
         ]
         jobs = [self._semaphore.run(self._group_job, tenant, hashes, slot) for tenant, hashes in groups]
         outcome = {
@@ -292,7 +288,7 @@ class Downsampler:
 
         merged, encoded = await threads.deferToThread(merge_and_encode)
         blocks = [
-            SealedBlock(tenant, key.series_set_hash, slot, block, raw.head, head_read)
+            SealedBlock(tenant, key.series_set_hash, slot, block, raw.head, head_read, raw.head_keys)
             for key, raw, block in zip(keys, found, encoded)
             if block is not None
         ]

@@ -219,7 +219,7 @@ def _stitch_all(raw: list[RawData], start_ms: int, end_ms: int) -> list[Samples]
 
 def stitch_raw(found: RawData, start_ms: int, end_ms: int) -> Samples:
     """Blocks (cut to the range) first, the head last so that its samples win."""
-    blocks, head = found
+    blocks, head = found.blocks, found.head
     if not blocks:
         return head
     decoded = [Samples(*decode_block(block)) for block in blocks]

@@ -396,7 +396,7 @@ class CassandraSamples(CassandraBase):
                     requests.append((statement, (tenant, some, shard, chunk, start_ms, end_ms)))
         return requests
 
-    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys=()):
         return self._write_blocks([SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)])
 
     def write_blocks(self, blocks):

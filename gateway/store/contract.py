@@ -208,10 +208,13 @@ class PendingSet(NamedTuple):
 
 
 class RawData(NamedTuple):
-    """Raw samples of one series as stored: sealed blocks (bytes, gateway/store/blocks.py) and head rows."""
+    """Raw samples of one series as stored: sealed blocks (bytes, gateway/store/blocks.py) and head
+    rows; ``head_keys`` name the head rows read in the driver's own terms (SQLite: its chunks'
+    (slot, seq)), for a seal to hand back to write_block (a driver may leave it empty)."""
 
     blocks: list[bytes]
     head: Samples
+    head_keys: tuple = ()
 
 
 class SealedBlock(NamedTuple):
@@ -223,6 +226,7 @@ class SealedBlock(NamedTuple):
     block: bytes
     sealed: Samples
     head_read_ms: int
+    head_keys: tuple = ()
 
 
 class MetricMetadata(NamedTuple):
@@ -352,12 +356,20 @@ class SampleStore(abc.ABC):
 
     @abc.abstractmethod
     def write_block(
-        self, tenant: str, series_set_hash: str, slot_ms: int, block: bytes, sealed: Samples, head_read_ms: int
+        self,
+        tenant: str,
+        series_set_hash: str,
+        slot_ms: int,
+        block: bytes,
+        sealed: Samples,
+        head_read_ms: int,
+        head_keys: tuple = (),
     ) -> Deferred:
         """Upsert the block of one series-slot (kept the raw retention). ``sealed`` are the head
-        samples merged into it, read at ``head_read_ms``: afterwards read_raw needs to return only
-        head rows written since (a driver without TTLs deletes the sealed rows that still hold
-        the sealed value; a row rewritten meanwhile stays, to be sealed next time)."""
+        samples merged into it, read at ``head_read_ms`` (``head_keys``: the RawData.head_keys of
+        that read): afterwards read_raw needs to return only head rows written since (a driver
+        without TTLs deletes the sealed rows that still hold the sealed value; a row rewritten
+        meanwhile stays, to be sealed next time)."""
 
     @functools.partial(store_call, bounded=False)
     def write_blocks(self, blocks: Sequence[SealedBlock]) -> Deferred:
@@ -478,6 +490,11 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     # the closer a group's neighbours lie.
     seal_by_head_shard = True
     seal_partitions_together: int | None = 16
+    # Series-slots of one tenant sealed and rolled up together: each step (read the head and
+    # blocks, write the blocks, write each granularity's roll-ups) is one store call for all of
+    # them, a few requests where one series at a time made about nine (docs/performance.rst,
+    # "Sealing"). SQLite's single writer takes fewer, larger transactions.
+    seal_group = 64
 
     def __init__(self, layout: Layout):
         self.layout = layout

@@ -21,8 +21,8 @@ FOLD_ROWS = 100_000
 # Rows a fold moves in one transaction: one fold of a log at FOLD_ROWS, and an upgraded file's
 # head in steps whose Python objects stay a few tens of MiB.
 FOLD_BATCH_ROWS = 2 * FOLD_ROWS
-# Series-slots whose chunks one query of a seal's block write reads (SQLite's limit of variables
-# a statement is far above).
+# Series-slots whose chunk keys one query of a seal's block write lists (SQLite's limit of
+# variables a statement is far above; SQLiteSamples.seal_group is below).
 SEALED_READ = 500
 INSERT_BATCH = "INSERT INTO head_batches (tenant, first_ts, last_ts, samples, hashes, timestamps, vals) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
@@ -179,9 +179,9 @@ def _chunk_blobs(head: Samples) -> tuple[bytes, bytes]:
     return head.timestamps.astype("<i8").tobytes(), head.values.astype("<f8").tobytes()
 
 
-def head_slots(connection, tenant: str, hash_: str, first_slot: int, last_slot: int) -> dict[int, tuple[Samples, int]]:
+def head_slots(connection, tenant: str, hash_: str, first_slot: int, last_slot: int) -> dict[int, tuple[Samples, list]]:
     """Each slot's samples in head_chunks (its chunks merged in write order, the last write of a
-    timestamp winning) and the seq of its newest chunk, in slot order."""
+    timestamp winning) and the seqs of its chunks (the newest last), in slot order."""
     query = (
         "SELECT time_slot, seq, timestamps, vals FROM head_chunks WHERE tenant=? AND series_set_hash=?"
         " AND time_slot BETWEEN ? AND ? ORDER BY time_slot, seq"
@@ -194,7 +194,7 @@ def head_slots(connection, tenant: str, hash_: str, first_slot: int, last_slot: 
         seqs.append(seq)
     # The chunks of a slot joined in write order are one source whose later samples win a timestamp.
     return {
-        slot: (samples.merge([_chunk(b"".join(timestamps), b"".join(values))]), seqs[-1])
+        slot: (samples.merge([_chunk(b"".join(timestamps), b"".join(values))]), seqs)
         for slot, (timestamps, values, seqs) in chunks.items()
     }
 
@@ -205,50 +205,75 @@ def _chunk(timestamps: bytes, values: bytes) -> Samples:
 
 def drop_sealed_chunks(connection, tenant: str, slot: int, width: int, blocks: Sequence) -> list[tuple[str, Samples]]:
     """Delete the chunks of the blocks' series-slots (SealedBlocks of one tenant and slot) whose
-    every sample the block sealed with the same value, bit for bit (the usual case): one read of
-    their chunks a SEALED_READ series, checked with numpy for all at once. Returns (hash, sealed)
-    of the series-slots with a sample the block does not hold (rewritten since the seal read
-    it), for keep_in_head_slot to cut one by one."""
-    partly = []
+    every sample the block sealed with the same value, bit for bit (the usual case). A chunk the
+    seal read (named in its block's head_keys) is in the block by construction and is not read
+    again; only a chunk written since (a fold of later writes, a cut by a delete) is read and
+    checked with numpy, a SEALED_READ series a query. Returns (hash, sealed) of the series-slots
+    with a sample the block does not hold (rewritten since the seal read it), for
+    keep_in_head_slot to cut one by one."""
+    partly: list[tuple[str, Samples]] = []
     for first in range(0, len(blocks), SEALED_READ):
         group = blocks[first : first + SEALED_READ]
         hashes = [block.series_set_hash for block in group]
-        rows = connection.execute(
-            "SELECT series_set_hash, timestamps, vals FROM head_chunks WHERE tenant=? AND time_slot=?"
-            f" AND series_set_hash IN ({', '.join('?' * len(hashes))})",
+        # a row a series-slot, not a chunk: each row stepped is a round trip of the GIL, which the
+        # downsampler's other threads hold most of the time
+        present = connection.execute(
+            "SELECT series_set_hash, group_concat(seq) FROM head_chunks WHERE tenant=? AND time_slot=?"
+            f" AND series_set_hash IN ({', '.join('?' * len(hashes))}) GROUP BY series_set_hash",
             (tenant, slot, *hashes),
         ).fetchall()
-        if not rows:
-            continue
-        number = dict(zip(hashes, range(len(hashes))))
-        found_hashes, timestamps, values = zip(*rows)
-        chunk = _chunk(b"".join(timestamps), b"".join(values))
-        sizes = np.fromiter(map(len, timestamps), dtype=np.intp, count=len(rows)) // 8
-        chunk_series = np.repeat(np.fromiter(map(number.__getitem__, found_hashes), dtype=np.int64), sizes)
-        sealed = [block.sealed.between(slot, slot + width - 1) for block in group]
-        sealed_series = np.repeat(np.arange(len(group), dtype=np.int64), [len(s) for s in sealed])
-        # (series, offset in the slot) as one key, in the sealed samples' order
-        sealed_keys = (
-            sealed_series * width + np.concatenate([empty().timestamps, *(s.timestamps for s in sealed)]) - slot
+        read = {block.series_set_hash: {seq for at, seq in block.head_keys if at == slot} for block in group}
+        unread = {(hash_, seq) for hash_, seqs in present for seq in set(map(int, seqs.split(","))) - read[hash_]}
+        unsealed = _unsealed(connection, tenant, slot, width, group, unread)
+        sealed = [hash_ for hash_, _ in present if hash_ not in unsealed]
+        connection.execute(
+            "DELETE FROM head_chunks WHERE tenant=? AND time_slot=?"
+            f" AND series_set_hash IN ({', '.join('?' * len(sealed))})",
+            (tenant, slot, *sealed),
         )
-        sealed_bits = np.concatenate([empty().values, *(s.values for s in sealed)]).view(np.int64)
-        chunk_keys = chunk_series * width + chunk.timestamps - slot
-        at = np.minimum(np.searchsorted(sealed_keys, chunk_keys), len(sealed_keys) - 1)
-        held = np.zeros(len(chunk_keys), dtype=bool)
-        if len(sealed_keys):
-            held = (sealed_keys[at] == chunk_keys) & (sealed_bits[at] == chunk.values.view(np.int64))
-        unsealed = set(chunk_series[~held].tolist())
-        connection.executemany(
-            "DELETE FROM head_chunks WHERE tenant=? AND series_set_hash=? AND time_slot=?",
-            [(tenant, hash_, slot) for hash_ in set(found_hashes) if number[hash_] not in unsealed],
-        )
-        partly += [(hashes[i], sealed[i]) for i in sorted(unsealed)]
+        partly += unsealed.items()
     return partly
 
 
-def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samples, seq: int, keep) -> None:
-    """Keep only the ``keep`` samples of a slot's head (as head_slots gave it): when that drops
-    any, its chunks become one chunk of those left (none if none), with the newest chunk's seq."""
+def _unsealed(connection, tenant: str, slot: int, width: int, group: Sequence, unread: set) -> dict[str, Samples]:
+    """The sealed samples of each series-slot of the group with an ``unread`` chunk (hash, seq)
+    holding a sample its block does not hold with the same value, bit for bit: one read of those
+    chunks, checked with numpy for all at once."""
+    if not unread:
+        return {}
+    hashes = sorted({hash_ for hash_, _ in unread})
+    rows = [
+        row
+        for row in connection.execute(
+            "SELECT series_set_hash, seq, timestamps, vals FROM head_chunks WHERE tenant=? AND time_slot=?"
+            f" AND series_set_hash IN ({', '.join('?' * len(hashes))})",
+            (tenant, slot, *hashes),
+        )
+        if row[:2] in unread
+    ]
+    number = dict(zip(hashes, range(len(hashes))))
+    found_hashes, _, timestamps, values = zip(*rows)
+    chunk = _chunk(b"".join(timestamps), b"".join(values))
+    sizes = np.fromiter(map(len, timestamps), dtype=np.intp, count=len(rows)) // 8
+    chunk_series = np.repeat(np.fromiter(map(number.__getitem__, found_hashes), dtype=np.int64), sizes)
+    by_hash = {block.series_set_hash: block for block in group}
+    sealed = [by_hash[hash_].sealed.between(slot, slot + width - 1) for hash_ in hashes]
+    sealed_series = np.repeat(np.arange(len(hashes), dtype=np.int64), [len(s) for s in sealed])
+    # (series, offset in the slot) as one key, in the sealed samples' order
+    sealed_keys = sealed_series * width + np.concatenate([empty().timestamps, *(s.timestamps for s in sealed)]) - slot
+    sealed_bits = np.concatenate([empty().values, *(s.values for s in sealed)]).view(np.int64)
+    chunk_keys = chunk_series * width + chunk.timestamps - slot
+    at = np.minimum(np.searchsorted(sealed_keys, chunk_keys), len(sealed_keys) - 1)
+    held = np.zeros(len(chunk_keys), dtype=bool)
+    if len(sealed_keys):
+        held = (sealed_keys[at] == chunk_keys) & (sealed_bits[at] == chunk.values.view(np.int64))
+    return {hashes[i]: sealed[i] for i in sorted(set(chunk_series[~held].tolist()))}
+
+
+def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samples, seqs: list, keep) -> None:
+    """Keep only the ``keep`` samples of a slot's head (as head_slots gave it, with its chunks'
+    seqs): when that drops any, its chunks become one chunk of those left (none if none), with
+    the newest chunk's seq."""
     if keep.all():
         return
     connection.execute(
@@ -257,14 +282,15 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
     if keep.any():
         kept = Samples(head.timestamps[keep], head.values[keep])
         connection.execute(
-            "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", (tenant, hash_, slot, seq, *_chunk_blobs(kept))
+            "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", (tenant, hash_, slot, seqs[-1], *_chunk_blobs(kept))
         )
 
 
-def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> list[Samples]:
+def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> list[tuple[Samples, tuple]]:
     """Each series' head samples in the range: its chunks (one indexed range a series), then its
     samples still in head_batches (the batches of the tenant overlapping the range, in write
-    order; a batch naming none of the series is skipped on its text), the last write winning."""
+    order; a batch naming none of the series is skipped on its text), the last write winning;
+    beside them the (slot, seq) of the chunks read (RawData.head_keys)."""
     logged: dict[str, tuple[list, list]] = {hash_: ([], []) for hash_ in hashes}
     query = "SELECT hashes, timestamps, vals FROM head_batches WHERE tenant=? AND last_ts >= ? AND first_ts <= ? ORDER BY id"
     few = len(hashes) <= 16
@@ -280,15 +306,14 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
             series_values.append(values[at])
     found = []
     for hash_ in hashes:
-        slots = [
-            samples.empty(),
-            *(h for h, _ in head_slots(connection, tenant, hash_, first_slot, last_slot).values()),
-        ]
+        chunks = head_slots(connection, tenant, hash_, first_slot, last_slot)
+        slots = [samples.empty(), *(h for h, _ in chunks.values())]
         parts = [Samples(np.concatenate([s.timestamps for s in slots]), np.concatenate([s.values for s in slots]))]
         logged_timestamps, logged_values = logged[hash_]
         if logged_timestamps:
             parts.append(
                 Samples(np.array(logged_timestamps, dtype=np.int64), np.array(logged_values, dtype=np.float64))
             )
-        found.append(samples.merge(parts).between(start_ms, end_ms))
+        keys = tuple((slot, seq) for slot, (_, seqs) in chunks.items() for seq in seqs)
+        found.append((samples.merge(parts).between(start_ms, end_ms), keys))
     return found

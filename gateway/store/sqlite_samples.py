@@ -21,7 +21,7 @@ from gateway.store.sqlite_head import (
     raw_statements,
     read_head,
 )
-from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, nullable, single_statement
+from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, many_rows_statements, nullable
 
 BLOCKS_QUERY = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
 
@@ -33,15 +33,16 @@ def _write_blocks(connection, width: int, blocks: Sequence[SealedBlock]) -> None
     timestamp rewritten meanwhile with another value stays in the head, to be sealed next time."""
     fold_head_log(connection, width)
     with immediate(connection):
-        connection.executemany("INSERT OR REPLACE INTO data_blocks VALUES (?, ?, ?, ?)", [b[:4] for b in blocks])
+        for query, rows in many_rows_statements("INSERT OR REPLACE INTO data_blocks VALUES", [b[:4] for b in blocks]):
+            connection.executemany(query, rows)
         by_slot: dict[tuple[str, int], list[SealedBlock]] = {}
         for block in blocks:
             by_slot.setdefault((block.tenant, block.slot_ms), []).append(block)
         for (tenant, slot_ms), slot_blocks in by_slot.items():
             partly = drop_sealed_chunks(connection, tenant, slot_ms, width, slot_blocks)
             for series_set_hash, sealed in partly:
-                for slot, (head, seq) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
-                    keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seq, ~_sealed_in(head, sealed))
+                for slot, (head, seqs) in head_slots(connection, tenant, series_set_hash, slot_ms, slot_ms).items():
+                    keep_in_head_slot(connection, tenant, series_set_hash, slot, head, seqs, ~_sealed_in(head, sealed))
 
 
 def _sealed_in(head: Samples, sealed: Samples) -> np.ndarray:
@@ -77,9 +78,9 @@ def _delete_samples(connection, layout: Layout, tenant: str, hashes: list[str], 
                         "UPDATE data_blocks SET block=? WHERE tenant=? AND series_set_hash=? AND time_slot=?",
                         (cut, tenant, hash_, slot),
                     )
-            for slot, (head, seq) in head_slots(connection, tenant, hash_, *slots).items():
+            for slot, (head, seqs) in head_slots(connection, tenant, hash_, *slots).items():
                 outside = (head.timestamps < start_ms) | (head.timestamps > end_ms)
-                keep_in_head_slot(connection, tenant, hash_, slot, head, seq, outside)
+                keep_in_head_slot(connection, tenant, hash_, slot, head, seqs, outside)
             for table in ("exemplars", "histograms"):
                 connection.execute(f"DELETE FROM {table} WHERE {by_ts}", (tenant, hash_, *slots, start_ms, end_ms))
             for granularity in layout.granularities:
@@ -100,6 +101,7 @@ class SQLiteSamples(SQLiteBase):
     # each fold, where one of a head shard rewrote a page a series and fold.
     seal_by_head_shard = False
     seal_partitions_together = None
+    seal_group = 256  # SEALED_READ (sqlite_head.py) reads a group's chunk keys in one query
 
     def write_raw(self, points: Sequence[RawPoint]):
         if not isinstance(points, RawColumns):
@@ -120,7 +122,7 @@ class SQLiteSamples(SQLiteBase):
             try:
                 heads = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
                 return [
-                    RawData(column_values(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), head)
+                    RawData(column_values(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), *head)
                     for hash_, head in zip(hashes, heads)
                 ]
             finally:
@@ -128,8 +130,8 @@ class SQLiteSamples(SQLiteBase):
 
         return self._read(read)
 
-    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms):
-        one = SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms)
+    def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys=()):
+        one = SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys)
         return self._write(_write_blocks, self.slot_width_ms, [one])
 
     def write_blocks(self, blocks):
@@ -148,8 +150,7 @@ class SQLiteSamples(SQLiteBase):
             )
             for r in rows
         ]
-        query = f"INSERT OR REPLACE INTO {granularity.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        return self._commit(single_statement, query, values)
+        return self._commit(many_rows_statements, f"INSERT OR REPLACE INTO {granularity.table} VALUES", values)
 
     def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
         if end_ms < start_ms:

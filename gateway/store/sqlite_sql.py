@@ -3,11 +3,14 @@ codecs, one-column queries, statements and transactions.
 """
 
 import contextlib
+import itertools
 import math
 import sqlite3
 import struct
 
 _FLOAT = struct.Struct("<d")
+# Variables an INSERT of many rows binds at most: SQLite's limit before 3.32 (since, 32766).
+STATEMENT_VARIABLES = 999
 
 
 def encode_value(value: float):
@@ -54,3 +57,19 @@ def transaction(connection: sqlite3.Connection, statements: list[tuple[str, list
 
 def single_statement(query: str, rows: list[tuple]) -> list[tuple[str, list]]:
     return [(query, rows)]
+
+
+def many_rows_statements(insert: str, rows: list[tuple]) -> list[tuple[str, list]]:
+    """``insert`` (``INSERT ... VALUES``) of the rows, as many rows a statement as its variables
+    allow: a statement is stepped once, where an executemany steps once a row, and each step is a
+    round trip of the GIL, which a downsampler's other threads hold most of the time."""
+    if not rows:
+        return []
+    columns = len(rows[0])
+    per_statement = max(1, STATEMENT_VARIABLES // columns)
+    values = f"({', '.join('?' * columns)})"
+    statements: dict[int, list] = {}
+    for first in range(0, len(rows), per_statement):
+        part = rows[first : first + per_statement]
+        statements.setdefault(len(part), []).append(tuple(itertools.chain.from_iterable(part)))
+    return [(f"{insert} {', '.join([values] * size)}", bound) for size, bound in statements.items()]
