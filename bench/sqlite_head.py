@@ -54,7 +54,7 @@ from gateway.core.model import now_ms
 from gateway.query.read_path import stitch_raw
 from gateway.store import sqlite_base, sqlite_head, sqlite_samples, sqlite_schema, sqlite_sql
 from gateway.store.blocks import encode_block
-from gateway.store.contract import RawData, RawPoint
+from gateway.store.contract import RawData, RawPoint, SealedBlock
 
 ROWS_PER_COMMIT = 2000
 WARMUP_ROUNDS = 6
@@ -149,11 +149,14 @@ def measure_store_reads(path: Path, render: RenderWorkload) -> dict:
     figures = {"head, log not folded": best_cpu_ms()}
     sqlite_head.fold_head_log(connection, layout.slot_width_ms)
     figures["head, folded"] = best_cpu_ms()
+    blocks = []
     for h, head in zip(hashes, read()):
         for slot in range(slots[0], slots[1] + 1, layout.slot_width_ms):
             sealed = head.between(slot, slot + layout.slot_width_ms - 1)
-            block = encode_block(sealed.timestamps, sealed.values)
-            sqlite_samples._write_block(connection, layout.slot_width_ms, tenant, h, slot, block, sealed)
+            blocks.append(
+                SealedBlock(tenant, h, slot, encode_block(sealed.timestamps, sealed.values), sealed, now_ms())
+            )
+    sqlite_samples._write_blocks(connection, layout.slot_width_ms, blocks)
     figures["sealed"] = best_cpu_ms()
     connection.close()
     log("store reads, CPU ms: " + ", ".join(f"{name} {ms:.0f}" for name, ms in figures.items()))
