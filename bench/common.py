@@ -27,6 +27,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 CONSISTENCY = ConsistencyLevel.LOCAL_QUORUM
 REQUEST_TIMEOUT_S = 60
 CASSANDRA_START_TIMEOUT_S = 240
+# Head rows a Cassandra started here takes before it is measured: until its JIT has compiled the
+# write path (about 2M rows) it costs 2-3 times the CPU a row of a server that has run a while
+# (docs/performance.rst, "Write path, end of the fifth session").
+CASSANDRA_WARMUP_ROUNDS = 1000  # of 2000 rows (bench.store_write)
 
 
 class BenchError(Exception):
@@ -224,10 +228,25 @@ def cassandra(given: str | None, workdir: Path, heap: str = "1G"):
             server.start(timeout=CASSANDRA_START_TIMEOUT_S)
         except RuntimeError as error:
             raise BenchError(str(error)) from None
+        warm_up(server.host, server.port)
         # CassandraServer has no public pid; its CPU time shows where the time goes.
         yield server.host, server.port, server._process.pid
     finally:
         server.stop()
+
+
+def warm_up(host: str, port: int) -> None:
+    """Head rows written by the store into a keyspace of their own (dropped after), so that a
+    Cassandra started by a bench is measured as a running one is, not while its JIT warms up."""
+    rows = CASSANDRA_WARMUP_ROUNDS * 2000
+    print(f"warming up the Cassandra started here: {rows:,} head rows ...", file=sys.stderr, flush=True)
+    command = [sys.executable, "-m", "bench.store_write", "--cassandra", f"{host}:{port}"]
+    try:
+        subprocess.run(
+            [*command, "--rounds", str(CASSANDRA_WARMUP_ROUNDS)], cwd=REPO, check=True, stdout=subprocess.DEVNULL
+        )
+    except subprocess.CalledProcessError as error:
+        raise BenchError(f"warming up Cassandra failed (exit {error.returncode})") from None
 
 
 def connect(host: str, port: int) -> Cluster:
