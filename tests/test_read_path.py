@@ -272,7 +272,7 @@ async def test_a_sqlite_file_with_head_rows_keyed_by_series_is_upgraded_in_place
     tables = {name for (name,) in check.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "data_raw" not in tables and check.execute("SELECT count(*) FROM head_log").fetchone()[0] == 0
     assert check.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 2 * 3 * 3 - 1
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 9
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 10
     check.close()
 
 
@@ -313,5 +313,5 @@ async def test_a_sqlite_file_with_a_head_log_of_one_row_a_sample_is_upgraded_to_
     check = sqlite3.connect(path)
     assert check.execute("SELECT count(*) FROM head_log").fetchone()[0] == 0
     assert check.execute("SELECT count(*) FROM head_batches").fetchone()[0] == 0
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 9
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 10
     check.close()

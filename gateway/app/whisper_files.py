@@ -31,7 +31,7 @@ import numpy as np
 import whisper
 
 from gateway.core import samples
-from gateway.core.layout import Layout
+from gateway.core.layout import INDEX_BUCKET_MS, Layout
 from gateway.core.samples import Samples
 from gateway.downsample.aggregate import roll_up
 from gateway.query.read_path import LATEST_MS
@@ -115,6 +115,15 @@ class FileData(NamedTuple):
     rollups: dict[str, list[Rollup]]
     points: int  # stored points read from the file (what the progress counts)
     unused_archives: int  # archives neither raw nor any granularity takes
+
+    @property
+    def raw_buckets(self) -> list[int]:
+        """The time-index buckets (gateway/store/index.py) the raw samples fall in."""
+        stamps = [slot.timestamps for slot in self.raw_slots.values()]
+        if not stamps:
+            return []
+        timestamps = np.concatenate(stamps)
+        return np.unique(timestamps - timestamps % INDEX_BUCKET_MS).tolist()
 
 
 def file_data(

@@ -334,6 +334,7 @@ class FileImporter:
             consumeErrors=True,
         )
         await self.store.write_series([key])  # last: a path the index shows has its data
+        await self.store.write_series_buckets([(key, bucket) for bucket in data.raw_buckets])
         await self.store.add_metric_aggregators(key.tenant, name, AGGREGATORS[kind])
         return data.points, data.unused_archives
 

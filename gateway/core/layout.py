@@ -21,6 +21,10 @@ from typing import NamedTuple
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
+# The time index (gateway/store/index.py) indexes each series in every bucket of this width in which
+# it has samples: an hour, so that a query of the last hour selects the series of 2-3 buckets
+# however many a tenant's deploys replaced before (docs/storage.rst has the measurements).
+INDEX_BUCKET_MS = HOUR_MS
 ROWS_PER_ROLLUP_PARTITION = 1000
 # A data_blocks partition holds this many slots of one series: a week with the default 1 h slots,
 # so a 24 h read touches 1-2 partitions and a 30 d read 5-6 (docs/storage.rst).

@@ -92,6 +92,9 @@ DOWNSAMPLE_NEAR_EXPIRY = Gauge(
 )
 DOWNSAMPLE_PENDING_MARKS = Counter("tsgate_downsample_pending_marks", "Series-slots marked pending at ingest")
 SERIES_CREATED = Counter("tsgate_series_metadata_writes", "Series whose metadata was written to the store")
+INDEX_BUCKET_SERIES = Counter(
+    "tsgate_index_bucket_series", "Series indexed in a bucket of the time index (each series and bucket once)"
+)
 TENANT_SAMPLES = Counter(
     "tsgate_tenant_samples_accepted",
     "Samples (and native histogram samples) written to the store, by tenant",

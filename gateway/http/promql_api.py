@@ -51,6 +51,15 @@ def parse_time(text: str, name: str) -> int:
     return found
 
 
+def _time_range(request) -> tuple[int | None, int | None]:
+    """The optional ``start`` and ``end`` of the metadata and exemplar endpoints (None where left out)."""
+    start = parse_time(arg(request, "start"), "start") if arg(request, "start") else None
+    end = parse_time(arg(request, "end"), "end") if arg(request, "end") else None
+    if start is not None and end is not None and end < start:
+        raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
+    return start, end
+
+
 def parse_step(text: str, name: str) -> int:
     """Seconds (fractions allowed) or a Prometheus duration (``15s``, ``1m30s``); milliseconds."""
     found = _seconds_ms(text, name, "duration")
@@ -142,17 +151,20 @@ class PromQLAPI:
         selectors = args(request, "match[]")
         if not selectors:
             raise PromQLError("no match[] parameter provided", "bad_data")
-        return _answer((await self.service.matched(request_tenant(request), selectors))[: _limit(request)])
+        found = await self.service.matched(request_tenant(request), selectors, *_time_range(request))
+        return _answer(found[: _limit(request)])
 
     async def labels(self, request) -> Response:
-        names = await self.service.label_names(request_tenant(request), args(request, "match[]"))
+        names = await self.service.label_names(request_tenant(request), args(request, "match[]"), *_time_range(request))
         return _answer(names[: _limit(request)])
 
     async def label_values(self, request, rest: str) -> Response:
         name, _, tail = rest.partition("/")
         if tail != "values":
             raise HTTPError(404, f"no such endpoint: /api/v1/label/{rest}")
-        values = await self.service.label_values(request_tenant(request), name, args(request, "match[]"))
+        values = await self.service.label_values(
+            request_tenant(request), name, args(request, "match[]"), *_time_range(request)
+        )
         return _answer(values[: _limit(request)])
 
     async def buildinfo(self, request) -> Response:
@@ -173,9 +185,7 @@ class PromQLAPI:
         """Prometheus's exemplar query: the exemplars of every series the query's selectors select,
         in [start, end] (the service's defaults and bounds when left out)."""
         text = _required(request, "query")
-        start = parse_time(arg(request, "start"), "start") if arg(request, "start") else None
-        end = parse_time(arg(request, "end"), "end") if arg(request, "end") else None
-        found = await self.service.exemplars(request_tenant(request), text, start, end)
+        found = await self.service.exemplars(request_tenant(request), text, *_time_range(request))
         return _answer(
             [
                 {

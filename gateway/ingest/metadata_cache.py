@@ -57,17 +57,18 @@ class KnownSeries(LRUMap):
 
 
 class RedisSeenSeries:
-    """Level two, shared by every replica: one Redis key per tenant + series-set hash.
+    """Level two, shared by every replica: one Redis key per tenant + series-set hash (and one
+    per tenant + ``<hash>|<bucket>`` for the time index: the series is indexed in that bucket).
 
-    Claiming a key with SET NX before inserting the metadata would be wrong: if that insert then
-    failed, the key would say "indexed" while Cassandra has nothing, and other replicas would skip the insert and
-    acknowledge data nobody can find. So a key is set only after the store accepted the metadata:
-    a key in Redis always means the metadata is in the store. Two replicas that see a new series
-    at once both insert it, which is harmless.
+        Claiming a key with SET NX before inserting the metadata would be wrong: if that insert then
+        failed, the key would say "indexed" while Cassandra has nothing, and other replicas would skip the insert and
+        acknowledge data nobody can find. So a key is set only after the store accepted the metadata:
+        a key in Redis always means the metadata is in the store. Two replicas that see a new series
+        at once both insert it, which is harmless.
 
-    Redis being down never stops ingest: lookups fall through (every series counts as unseen, so
-    its metadata is re-inserted) and the errors are counted. After a failure Redis is left alone
-    for a few seconds so that each request does not wait for a timeout.
+        Redis being down never stops ingest: lookups fall through (every series counts as unseen, so
+        its metadata is re-inserted) and the errors are counted. After a failure Redis is left alone
+        for a few seconds so that each request does not wait for a timeout.
     """
 
     RETRY_AFTER_S = 5.0

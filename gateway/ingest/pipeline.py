@@ -13,6 +13,7 @@ import collections
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import compress, repeat
+from operator import itemgetter
 from sys import intern
 from typing import NamedTuple, Protocol
 
@@ -24,6 +25,7 @@ from gateway.core import metrics
 from gateway.core.caches import SlotHolds
 from gateway.core.cooperative import CHECK_EVERY, Slices
 from gateway.core.errors import StoreBusy
+from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import (
     ExemplarSample,
     HistogramSample,
@@ -62,6 +64,14 @@ ROWS_PER_STEP = 4096
 MIN_INFLIGHT_BOUND = 20_000
 # The reason counted (tsgate_samples_rejected) for items of new series over --tenant-max-active-series.
 ACTIVE_SERIES_LIMITED = "max_active_series"
+# A series with samples in the last PRE_INDEX_MS of a time-index bucket is indexed in the next
+# bucket from a moment of that stretch its hash picks, so that a boundary is no burst of index
+# writes (docs/storage.rst): a quarter of the bucket, so that few series that stop in a bucket are
+# indexed in the next one.
+PRE_INDEX_MS = INDEX_BUCKET_MS // 4
+_BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+# How early, by the first character of its hash, a series is indexed in the next bucket.
+_PRE_INDEX_LEAD = {char: PRE_INDEX_MS * (index + 1) // len(_BASE64) for index, char in enumerate(_BASE64)}
 
 
 class Rejected(NamedTuple):
@@ -121,6 +131,9 @@ class _Kind(NamedTuple):
     rejected: Counter
     rolled_up: bool
     counted: bool
+    # Which bucket its series are indexed in (the time index): its rows' timestamps ("rows"), current
+    # ("now"), or none (created timestamps: their series are indexed by their samples).
+    indexed_by: str = "rows"
 
 
 def _check_sample(sample, oldest: int, newest: int) -> None:
@@ -167,6 +180,7 @@ _SERIES = _Kind(
     metrics.SAMPLES_REJECTED,
     rolled_up=False,
     counted=False,
+    indexed_by="now",
 )
 # The created timestamps of remote write 2.0 series (gateway/ingest/created.py), checked there.
 _CREATED = _Kind(
@@ -177,6 +191,7 @@ _CREATED = _Kind(
     metrics.SAMPLES_REJECTED,
     rolled_up=False,
     counted=False,
+    indexed_by="",
 )
 
 
@@ -278,6 +293,9 @@ class IngestPipeline:
         self.max_metadata_length = max_metadata_length
         self._metadata_seen = SeenSeries(METRIC_METADATA_REMEMBERED, level="prometheus_metadata")
         self._marked = SlotHolds(known.max_entries, store.slot_width_ms)  # until when a mark holds a slot open
+        self._bucket_indexed = SlotHolds(
+            2 * known.max_entries, INDEX_BUCKET_MS
+        )  # series this process indexed in a bucket
         self.max_inflight_samples = max_inflight_samples
         self.clock = clock
         self.inflight_samples = 0
@@ -524,6 +542,8 @@ class IngestPipeline:
         try:
             if admitted.new_series:
                 await self._write_metadata(admitted.new_series)
+            if kind.indexed_by:
+                await self._index_buckets(kind, admitted)
             if rows:
                 await self._store_calls(getattr(self.store, kind.operation), rows)
             if kind.rolled_up and self.pending is not None:
@@ -558,6 +578,65 @@ class IngestPipeline:
             metrics.SERIES_CREATED.inc(len(unseen))
             if self.shared_seen is not None:
                 await self.shared_seen.mark(unseen)
+
+    async def _index_buckets(self, kind: _Kind, admitted: _Admitted) -> None:
+        """Index the batch's series in the buckets of their rows (the time index), each series and bucket
+        once while this process remembers it (and Redis, shared by replicas, where given), and
+        in the next bucket ahead of time in a bucket's last PRE_INDEX_MS; before the rows are written,
+        so that acknowledged data is always findable by its bucket."""
+        now = self.clock()
+        wanted = self._unindexed_buckets(kind, admitted, now)
+        if not wanted:
+            return
+        pairs = [(tenant, f"{hash_}|{bucket}") for (tenant, bucket), hashes in wanted.items() for hash_ in hashes]
+        if self.shared_seen is not None:
+            unseen = set(await self.shared_seen.unseen(pairs))
+        else:
+            unseen = set(pairs)
+        keys: list[tuple[SeriesKey, int]] = []
+        for (tenant, bucket), hashes in wanted.items():
+            series = {hash_: admitted.new_series.get((tenant, hash_)) for hash_ in hashes}
+            lacking = [hash_ for hash_, key in series.items() if key is None]
+            if lacking:
+                series.update(await self.store.get_series(tenant, lacking))
+            keys += [
+                (key, bucket)
+                for hash_, key in series.items()
+                if key is not None and (tenant, f"{hash_}|{bucket}") in unseen
+            ]
+        if keys:
+            await self._store_calls(self.store.write_series_buckets, keys)
+            metrics.INDEX_BUCKET_SERIES.inc(len(keys))
+        if self.shared_seen is not None:
+            await self.shared_seen.mark([(key.tenant, f"{key.series_set_hash}|{bucket}") for key, bucket in keys])
+        for (tenant, bucket), hashes in wanted.items():
+            self._bucket_indexed.hold(
+                tenant, bucket, hashes, max(bucket + 2 * INDEX_BUCKET_MS, now + INDEX_BUCKET_MS), now
+            )
+
+    def _unindexed_buckets(self, kind: _Kind, admitted: _Admitted, now: int) -> dict[tuple[str, int], list[str]]:
+        """(tenant, bucket) -> the batch's series not yet indexed in that bucket by this process: the
+        buckets of the rows, and the next bucket for series whose moment to be indexed in it came."""
+        if kind.indexed_by == "now":
+            current = now - now % INDEX_BUCKET_MS
+            groups: dict[tuple[str, int], list[str]] = {}
+            for tenant, hash_, _ in admitted.series:
+                groups.setdefault((tenant, current), []).append(hash_)
+            latest = now
+        else:
+            groups = hashes_by_slot(admitted.rows, INDEX_BUCKET_MS)
+            timestamps = admitted.rows.timestamps if isinstance(admitted.rows, RawColumns) else None
+            latest = int(timestamps.max()) if timestamps is not None else max(map(itemgetter(2), admitted.rows))
+        wanted = {}
+        for (tenant, bucket), hashes in groups.items():
+            if missing := self._bucket_indexed.unheld(tenant, bucket, hashes, now):
+                wanted[(tenant, bucket)] = missing
+            next_bucket = bucket + INDEX_BUCKET_MS
+            if latest >= next_bucket - PRE_INDEX_MS and latest < next_bucket:
+                ahead = self._bucket_indexed.unheld(tenant, next_bucket, hashes, now)
+                if due := [hash_ for hash_ in ahead if latest >= next_bucket - _PRE_INDEX_LEAD[hash_[0]]]:
+                    wanted[(tenant, next_bucket)] = due
+        return wanted
 
     @staticmethod
     async def _store_calls(write: Callable[[list], Deferred], rows: list) -> None:

@@ -13,13 +13,19 @@ from twisted.internet.defer import ensureDeferred, gatherResults
 
 from gateway.core.caches import LRUMap
 from gateway.core.errors import LimitExceeded
+from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import NAME_TAG, Limits, SeriesKey, now_ms
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.core.samples import Samples
 from gateway.query.read_service import ReadBudget, ReadService, Selected, Selection
 from gateway.store import Store
+from gateway.store.contract import Buckets
 
 SERIES_REMEMBERED = 100_000
+# The longest range selected in the time index: a week and a day of hour buckets (169 lookups a
+# filter at most, one SQLite query, or as many concurrent Cassandra partition reads); a longer range
+# reads the all-time index, whose series then mostly have data in it (docs/storage.rst).
+MAX_INDEX_BUCKETS = 8 * 24
 
 
 class SeriesResult(NamedTuple):
@@ -61,6 +67,22 @@ class QueryPlanner(ReadService):
         self.max_series = per_tenant("max-series-per-query", max_series)
         self._series = LRUMap(SERIES_REMEMBERED)
 
+    def index_buckets(self, tenant: str, start_ms: int | None, end_ms: int | None) -> Buckets | None:
+        """The time-index buckets a selection over [start_ms, end_ms] (widened by the caller for
+        what it looks back) reads; None, the all-time index: a range open at its start, longer than
+        MAX_INDEX_BUCKETS, reaching before the tenant's raw retention (the time index keeps no
+        more) or before the store's time index existed."""
+        if start_ms is None:
+            return None
+        start_ms, end_ms = self.readable(start_ms, self.now() + self.path.max_future_ms if end_ms is None else end_ms)
+        raw_start = self.now() - self.store.retentions.for_tenant(tenant).raw_retention_ms
+        if start_ms < max(self.store.bucket_index_since, raw_start):
+            return None
+        buckets = Buckets.of(start_ms, max(start_ms, end_ms))
+        if (buckets.last - buckets.first) // INDEX_BUCKET_MS >= MAX_INDEX_BUCKETS:
+            return None
+        return buckets
+
     def tenants(self):
         """The tenants that have written series."""
         return self.store.list_tenants()
@@ -74,10 +96,19 @@ class QueryPlanner(ReadService):
     def tag_values(self, tenant: str, metric_name: str, tag_key: str):
         return self.store.list_tag_values(tenant, metric_name, tag_key)
 
-    async def select_series(self, tenant: str, metric_name: str, tag_filters: dict[str, str]) -> list[SeriesKey]:
-        """Series of a metric that carry every tag pair of ``tag_filters``, sorted by tags."""
+    async def select_series(
+        self,
+        tenant: str,
+        metric_name: str,
+        tag_filters: dict[str, str],
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+    ) -> list[SeriesKey]:
+        """Series of a metric that carry every tag pair of ``tag_filters`` (with samples in
+        [start_ms, end_ms] by the time index where given), sorted by tags."""
         pairs = sorted(tag_filters.items()) or [(NAME_TAG, metric_name)]
-        lookups = [self.store.find_series(tenant, metric_name, k, v) for k, v in pairs]
+        buckets = self.index_buckets(tenant, start_ms, end_ms)
+        lookups = [self.store.find_series(tenant, metric_name, k, v, buckets) for k, v in pairs]
         found = await gatherResults(lookups, consumeErrors=True)
         hashes = set.intersection(*found)
         if len(hashes) > self.max_series(tenant):
@@ -114,7 +145,7 @@ class QueryPlanner(ReadService):
         self, tenant: str, metric_name: str, tag_filters: dict[str, str], start_ms: int, end_ms: int
     ) -> list[SeriesResult]:
         """Series of a metric matching the filters, with their samples (stitched by the read path)."""
-        series = await self.select_series(tenant, metric_name, tag_filters)
+        series = await self.select_series(tenant, metric_name, tag_filters, start_ms, end_ms)
         data = await self.samples(series, start_ms, end_ms)
         return [SeriesResult(tenant, s.metric_name, s.tags, d.samples) for s, d in zip(series, data)]
 
@@ -134,7 +165,7 @@ class QueryPlanner(ReadService):
         each batch's points spent from ``budget`` (--max-points-per-query) before the next is read:
         one roll-up aggregate (avg by default) with a granularity, the raw samples alone with
         ``raw``, else the read path's stitched samples."""
-        series = await self.select_series(tenant, metric_name, tag_filters)
+        series = await self.select_series(tenant, metric_name, tag_filters, start_ms, end_ms)
         what = f"/api/query of {metric_name!r}"
         if raw:
             data = await self.raw(series, start_ms, end_ms, budget, what)
@@ -147,12 +178,18 @@ class QueryPlanner(ReadService):
         created = await self.created(tenant, series)
         return [SeriesResult(tenant, s.metric_name, s.tags, d, c) for s, d, c in zip(series, data, created)]
 
-    async def select_by_matchers(self, tenant: str, matchers, label_view) -> list[SeriesKey]:
+    async def select_by_matchers(
+        self, tenant: str, matchers, label_view, start_ms: int | None = None, end_ms: int | None = None
+    ) -> list[SeriesKey]:
         """The keys of ``select``'s series."""
-        return [selected.key for selected in await self.select(tenant, matchers, label_view)]
+        return [selected.key for selected in await self.select(tenant, matchers, label_view, start_ms, end_ms)]
 
-    async def select(self, tenant: str, matchers, label_view) -> Selection:
-        """Series whose labels, as ``label_view(metric, tags)`` shows them, satisfy every matcher.
+    async def select(
+        self, tenant: str, matchers, label_view, start_ms: int | None = None, end_ms: int | None = None
+    ) -> Selection:
+        """Series whose labels, as ``label_view(metric, tags)`` shows them, satisfy every matcher,
+        of those with samples in [start_ms, end_ms] as the time index tells (index_buckets; every
+        series the tenant has without a start).
 
         Matchers have ``name``, ``type`` (EQ, NEQ, RE, NRE), ``value`` and ``matches(text)``, with
         Prometheus semantics (an absent label is ""). The index narrows the candidates: an
@@ -167,8 +204,9 @@ class QueryPlanner(ReadService):
         name_matchers = [m for m in matchers if m.name == NAME_TAG]
         tag_matchers = [m for m in matchers if m.name != NAME_TAG]
         found: Selection = []
-        for metric_name in await self._metric_names(tenant, name_matchers, tag_matchers, label_view):
-            hashes = await self._candidates(tenant, metric_name, tag_matchers)
+        buckets = self.index_buckets(tenant, start_ms, end_ms)
+        for metric_name in await self._metric_names(tenant, name_matchers, tag_matchers, label_view, buckets):
+            hashes = await self._candidates(tenant, metric_name, tag_matchers, buckets)
             if len(found) + len(hashes) > self.max_series(tenant):
                 raise QueryTooLarge(
                     f"the query matches more than {self.max_series(tenant)} series"
@@ -181,54 +219,54 @@ class QueryPlanner(ReadService):
                     found.append(Selected(key, labels))
         return found
 
-    async def _metric_names(self, tenant: str, name_matchers, tag_matchers, label_view) -> list[str]:
+    async def _metric_names(self, tenant: str, name_matchers, tag_matchers, label_view, buckets) -> list[str]:
         """Metric names to look in: an exact name directly; else the names the tenant-wide tag
         index gives for the tag matchers that need a value; else all of the tenant's names."""
         exact = [m.value for m in name_matchers if m.type == "EQ"]
-        if exact and await self.store.find_series(tenant, exact[0], NAME_TAG, exact[0]):
+        if exact and await self.store.find_series(tenant, exact[0], NAME_TAG, exact[0], buckets):
             return [exact[0]]
         names = None
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
-            values = await self._matching_values(matcher, self.store.list_tenant_tag_values, tenant)
+            values = await self._matching_values(matcher, self.store.list_tenant_tag_values, buckets, tenant)
             if len(values) > self.max_series(tenant):
                 continue
-            lookups = [self.store.find_metrics_by_tag(tenant, matcher.name, v) for v in values]
+            lookups = [self.store.find_metrics_by_tag(tenant, matcher.name, v, buckets) for v in values]
             found = set().union(*await gatherResults(lookups, consumeErrors=True))
             names = found if names is None else names & found
         if names is None:
-            names = await self.store.list_metric_names(tenant)
+            names = await self.store.list_metric_names(tenant, buckets)
         return sorted(n for n in names if all(m.matches(label_view(n, {})[NAME_TAG]) for m in name_matchers))
 
-    async def _candidates(self, tenant: str, metric_name: str, tag_matchers) -> set[str]:
+    async def _candidates(self, tenant: str, metric_name: str, tag_matchers, buckets) -> set[str]:
         """The series of a metric the narrowing matchers' values give (see select_by_matchers)."""
         lookups, too_many = [], []
         for matcher in tag_matchers:
             if matcher.matches(""):
                 continue
-            values = await self._matching_values(matcher, self.store.list_tag_values, tenant, metric_name)
+            values = await self._matching_values(matcher, self.store.list_tag_values, buckets, tenant, metric_name)
             if len(values) > self.max_series(tenant):
                 too_many.append(f"{matcher.name} matches {len(values)} values of {metric_name!r}")
                 continue
-            lookups.append(ensureDeferred(self._union(tenant, metric_name, matcher.name, values)))
+            lookups.append(ensureDeferred(self._union(tenant, metric_name, matcher.name, values, buckets)))
         if too_many and not lookups:
             raise QueryTooLarge(
                 f"the query matches more than {self.max_series(tenant)} series ({self.max_series.setting(tenant)}):"
                 f" {too_many[0]}; narrow it"
             )
         if not lookups:
-            lookups.append(ensureDeferred(self._union(tenant, metric_name, NAME_TAG, [metric_name])))
+            lookups.append(ensureDeferred(self._union(tenant, metric_name, NAME_TAG, [metric_name], buckets)))
         found = await gatherResults(lookups, consumeErrors=True)
         return set.intersection(*found)
 
-    async def _matching_values(self, matcher, list_values, *scope) -> list[str]:
+    async def _matching_values(self, matcher, list_values, buckets, *scope) -> list[str]:
         """The tag values a matcher that needs a value can mean: its own for an equality, the
         listed values (of a metric, or of the tenant) it matches otherwise."""
         if matcher.type == "EQ":
             return [matcher.value]
-        return [v for v in await list_values(*scope, matcher.name) if matcher.matches(v)]
+        return [v for v in await list_values(*scope, matcher.name, buckets) if matcher.matches(v)]
 
-    async def _union(self, tenant: str, metric_name: str, tag_key: str, values: list[str]) -> set[str]:
-        lookups = [self.store.find_series(tenant, metric_name, tag_key, v) for v in values]
+    async def _union(self, tenant: str, metric_name: str, tag_key: str, values: list[str], buckets) -> set[str]:
+        lookups = [self.store.find_series(tenant, metric_name, tag_key, v, buckets) for v in values]
         return set().union(*await gatherResults(lookups, consumeErrors=True))

@@ -65,7 +65,7 @@ class RemoteRead:
 
     async def _select(self, tenant: str, query) -> Selection:
         """The series a query's matchers select, with their Prometheus labels, sorted by labels."""
-        selection = await self.planner.select(tenant, query.matchers, prometheus_labels)
+        selection = await self.planner.select(tenant, query.matchers, prometheus_labels, query.start_ms, query.end_ms)
         return sorted(selection, key=lambda selected: sorted(selected.labels.items()))
 
     def _budget(self, tenant: str, what: str) -> ReadBudget:

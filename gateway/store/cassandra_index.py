@@ -2,11 +2,12 @@
 
 from collections.abc import Iterable, Sequence
 
-from gateway.core.model import SeriesKey
+from gateway.core.layout import INDEX_BUCKET_MS
+from gateway.core.model import SeriesKey, now_ms
 from gateway.store.cassandra_base import READ_SERIES_PER_REQUEST, CassandraBase
-from gateway.store.contract import PathNode
+from gateway.store.contract import Buckets, PathNode
 from gateway.store.deletion import INDEX_KEYS
-from gateway.store.index import index_rows
+from gateway.store.index import BUCKET_TABLES, LISTINGS, bucket_index_rows, bucket_table, index_rows
 
 
 class CassandraIndex(CassandraBase):
@@ -28,19 +29,27 @@ class CassandraIndex(CassandraBase):
             "tenant_tag_value": f"INSERT INTO {ks}.tenant_tag_values (tenant, tag_key, tag_value) VALUES (?, ?, ?)",
             "tag_metric": f"INSERT INTO {ks}.tag_metrics (tenant, tag_key, tag_value, metric_name) VALUES (?, ?, ?, ?)",
             "list_path_children": f"SELECT name, is_leaf, is_branch FROM {ks}.graphite_paths WHERE tenant = ? AND parent = ?",
-            "list_tenant_tag_keys": f"SELECT tag_key FROM {ks}.tenant_tag_keys WHERE tenant = ?",
-            "list_tenant_tag_values": f"SELECT tag_value FROM {ks}.tenant_tag_values WHERE tenant = ? AND tag_key = ?",
-            "find_metrics_by_tag": f"SELECT metric_name FROM {ks}.tag_metrics WHERE tenant = ? AND tag_key = ? AND tag_value = ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
-            "list_metric_names": f"SELECT metric_name FROM {ks}.metric_names WHERE tenant = ?",
-            "list_tag_keys": f"SELECT tag_key FROM {ks}.tag_keys WHERE tenant = ? AND metric_name = ?",
-            "list_tag_values": f"SELECT tag_value FROM {ks}.tag_values WHERE tenant = ? AND metric_name = ? AND tag_key = ?",
-            "find_series": f"SELECT series_set_hash FROM {ks}.series_sets WHERE tenant = ? AND metric_name = ? AND tag_key = ? AND tag_value = ?",
             "get_series": f"SELECT series_set_hash, metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
             "path_flags": f"UPDATE {ks}.graphite_paths SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
             **{
                 f"delete_index_{table}": f"DELETE FROM {ks}.{table} WHERE {' AND '.join(f'{c} = ?' for c in columns)}"
                 for table, columns in INDEX_KEYS.items()
+            },
+            **{
+                name: f"SELECT {column} FROM {ks}.{table} WHERE {' AND '.join(f'{c} = ?' for c in keys)}"
+                for name, (table, column, keys) in LISTINGS.items()
+            },
+            **{
+                f"bucket_{name}": f"SELECT {column} FROM {ks}.{bucket_table(table)} WHERE tenant = ? AND bucket = ?"
+                + "".join(f" AND {c} = ?" for c in keys[1:])
+                for name, (table, column, keys) in LISTINGS.items()
+            },
+            **{
+                f"write_{bucket_table(table)}": f"INSERT INTO {ks}.{bucket_table(table)} ({', '.join(columns)})"
+                f" VALUES ({', '.join('?' * len(columns))}) USING TTL ?"
+                for table in BUCKET_TABLES
+                for columns in [("tenant", "bucket", *INDEX_KEYS[table][1:])]
             },
         }
 
@@ -63,6 +72,34 @@ class CassandraIndex(CassandraBase):
         ]
         return self._execute_all(self._batched(requests))
 
+    def write_series_buckets(self, series_buckets: Sequence[tuple[SeriesKey, int]]):
+        """Each row with a TTL that ends it the tenant's raw retention after its bucket ends."""
+        now, ttls = now_ms(), {}
+        requests = []
+        for table, rows in bucket_index_rows(series_buckets).items():
+            statement = self._statements[f"write_{table}"]
+            for row in rows:
+                tenant, bucket = row[0], row[1]
+                if tenant not in ttls:
+                    ttls[tenant] = self.retentions.for_tenant(tenant).raw_retention_ms
+                ttl_s = max(1, (bucket + INDEX_BUCKET_MS + ttls[tenant] - now) // 1000)
+                requests.append((statement, (*row, ttl_s)))
+        return self._execute_all(self._batched(requests))
+
+    def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
+        """One LISTINGS entry: one request to the all-time table, or one a bucket (a partition each)
+        to the bucket table, united; sorted."""
+        column = LISTINGS[name][1]
+        if buckets is None:
+            return self._execute(self._statements[name], keys).addCallback(
+                lambda rows: sorted({getattr(r, column) for r in rows})
+            )
+        statement = self._statements[f"bucket_{name}"]
+        requests = [(statement, (keys[0], bucket, *keys[1:])) for bucket in buckets.starts()]
+        return self._execute_all(requests).addCallback(
+            lambda pages: sorted({getattr(r, column) for page in pages for r in page})
+        )
+
     def get_series(self, tenant, hashes: Iterable[str]):
         """READ_SERIES_PER_REQUEST series a request (``series_set_hash IN ?``): the downsampler
         asks for a whole sealing group at once."""
@@ -79,28 +116,21 @@ class CassandraIndex(CassandraBase):
 
         return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(collect)
 
-    def find_series(self, tenant, metric_name, tag_key, tag_value):
-        return self._execute(self._statements["find_series"], (tenant, metric_name, tag_key, tag_value)).addCallback(
-            lambda rows: {r.series_set_hash for r in rows}
-        )
+    def find_series(self, tenant, metric_name, tag_key, tag_value, buckets=None):
+        keys = (tenant, metric_name, tag_key, tag_value)
+        return self._listing("find_series", keys, buckets).addCallback(set)
 
     def list_tenants(self):
         return self._execute(self._statements["list_tenants"]).addCallback(lambda rows: sorted(r.tenant for r in rows))
 
-    def list_metric_names(self, tenant):
-        return self._execute(self._statements["list_metric_names"], (tenant,)).addCallback(
-            lambda rows: [r.metric_name for r in rows]
-        )
+    def list_metric_names(self, tenant, buckets=None):
+        return self._listing("list_metric_names", (tenant,), buckets)
 
-    def list_tag_keys(self, tenant, metric_name):
-        return self._execute(self._statements["list_tag_keys"], (tenant, metric_name)).addCallback(
-            lambda rows: [r.tag_key for r in rows]
-        )
+    def list_tag_keys(self, tenant, metric_name, buckets=None):
+        return self._listing("list_tag_keys", (tenant, metric_name), buckets)
 
-    def list_tag_values(self, tenant, metric_name, tag_key):
-        return self._execute(self._statements["list_tag_values"], (tenant, metric_name, tag_key)).addCallback(
-            lambda rows: [r.tag_value for r in rows]
-        )
+    def list_tag_values(self, tenant, metric_name, tag_key, buckets=None):
+        return self._listing("list_tag_values", (tenant, metric_name, tag_key), buckets)
 
     def list_path_children(self, tenant, parent):
         def nodes(rows):
@@ -108,20 +138,14 @@ class CassandraIndex(CassandraBase):
 
         return self._execute(self._statements["list_path_children"], (tenant, parent)).addCallback(nodes)
 
-    def list_tenant_tag_keys(self, tenant):
-        return self._execute(self._statements["list_tenant_tag_keys"], (tenant,)).addCallback(
-            lambda rows: [r.tag_key for r in rows]
-        )
+    def list_tenant_tag_keys(self, tenant, buckets=None):
+        return self._listing("list_tenant_tag_keys", (tenant,), buckets)
 
-    def list_tenant_tag_values(self, tenant, tag_key):
-        return self._execute(self._statements["list_tenant_tag_values"], (tenant, tag_key)).addCallback(
-            lambda rows: [r.tag_value for r in rows]
-        )
+    def list_tenant_tag_values(self, tenant, tag_key, buckets=None):
+        return self._listing("list_tenant_tag_values", (tenant, tag_key), buckets)
 
-    def find_metrics_by_tag(self, tenant, tag_key, tag_value):
-        return self._execute(self._statements["find_metrics_by_tag"], (tenant, tag_key, tag_value)).addCallback(
-            lambda rows: [r.metric_name for r in rows]
-        )
+    def find_metrics_by_tag(self, tenant, tag_key, tag_value, buckets=None):
+        return self._listing("find_metrics_by_tag", (tenant, tag_key, tag_value), buckets)
 
     def delete_index_rows(self, rows):
         requests = [(self._statements[f"delete_index_{table}"], key) for table, keys in rows.items() for key in keys]

@@ -8,7 +8,7 @@ from gateway.store.cassandra_base import CassandraBase, unavailable_error
 from gateway.store.cassandra_head_writer import AcsyllaHeadWriter
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import keyspace_statement, table_statements, upgrade_statements
-from gateway.store.contract import StoreUnavailable, time_slot
+from gateway.store.contract import BUCKET_INDEX_ALWAYS, StoreUnavailable, time_slot
 
 
 class CassandraLifecycle(CassandraBase):
@@ -50,6 +50,7 @@ class CassandraLifecycle(CassandraBase):
                 statements.append(self._index_head_rows(session))
             if "histograms" in tables and "histogram_series" not in tables:
                 statements.append(self._index_histograms(session))
+            statements.append(self._bucket_index_since(session, "series_set_hashes" in tables))
             return statements
         finally:
             self.cluster.shutdown()
@@ -89,9 +90,26 @@ class CassandraLifecycle(CassandraBase):
                 count += 1
         return f"-- indexed {count} histogram partitions written before the upgrade in histogram_series"
 
+    def _bucket_index_since(self, session, existed: bool) -> str:
+        """From when the time index holds every series: always for a new keyspace, from now for one
+        that holds series written before it existed (their earlier time is answered from the
+        all-time index). Set once (IF NOT EXISTS): applying the schema again changes nothing."""
+        has_series = (
+            existed and session.execute(f"SELECT series_set_hash FROM {self.keyspace}.series_set_hashes LIMIT 1").one()
+        )
+        since = int(time.time() * 1000) if has_series else BUCKET_INDEX_ALWAYS
+        session.execute(
+            f"INSERT INTO {self.keyspace}.index_state (name, value) VALUES ('bucket_index_since', %s) IF NOT EXISTS",
+            [since],
+        )
+        row = session.execute(f"SELECT value FROM {self.keyspace}.index_state WHERE name = 'bucket_index_since'").one()
+        return f"-- the time index answers from {row.value} ms on"
+
     def start(self):
         def connect():
             self.session = self._connect(self.keyspace)
+            row = self.session.execute("SELECT value FROM index_state WHERE name = 'bucket_index_since'").one()
+            self.bucket_index_since = BUCKET_INDEX_ALWAYS if row is None else row.value
             self._prepare_all()
             self._requests = RequestQueue(self.session, self.options.max_inflight, unavailable_error)
 

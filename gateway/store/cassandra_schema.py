@@ -8,7 +8,9 @@ docs/storage.rst explains the layout and the partition-size arithmetic.
 import dataclasses
 import math
 
-from gateway.core.layout import Layout
+from gateway.core.layout import INDEX_BUCKET_MS, Layout
+from gateway.store.deletion import INDEX_KEYS
+from gateway.store.index import LISTINGS, bucket_table
 
 HOUR_MS = 3_600_000
 TARGET_COMPACTION_WINDOWS = 30
@@ -218,10 +220,30 @@ def table_statements(options: SchemaOptions) -> list[str]:
         f"    AND compaction = {_twcs(_exemplar_window(options))}\n"
         f"    AND default_time_to_live = {options.layout.exemplar_retention_ms // 1000}\n"
         "    AND gc_grace_seconds = 10800",
+        *(_bucket_table(options, table, column, keys) for table, column, keys in LISTINGS.values()),
+        f"CREATE TABLE IF NOT EXISTS {ks}.index_state (\n    name text PRIMARY KEY,\n    value bigint\n)",
         *(_rollup_table(options, g) for g in options.layout.granularities),
         *(_histogram_rollup_table(options, g) for g in options.layout.granularities),
         _histogram_series_table(options),
     ]
+
+
+def _bucket_table(options: SchemaOptions, table: str, column: str, keys: tuple[str, ...]) -> str:
+    """The bucketed twin of an index table: a partition per tenant, bucket and the keys a listing is
+    given, its rows the values listed. Rows carry their TTL (the tenant's raw retention past
+    the bucket), so windows of whole buckets leave whole."""
+    partition = ("tenant", "bucket", *keys[1:])
+    columns = "".join(
+        f"    {c} {'bigint' if c == 'bucket' else 'text'},\n" for c in ("tenant", "bucket", *INDEX_KEYS[table][1:])
+    )
+    window = compaction_window_ms(options.raw_retention_ms, INDEX_BUCKET_MS)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {options.keyspace}.{bucket_table(table)} (\n"
+        f"{columns}"
+        f"    PRIMARY KEY (({', '.join(partition)}), {column})\n"
+        f") WITH compaction = {_twcs(window)}\n"
+        "    AND gc_grace_seconds = 10800"
+    )
 
 
 def _exemplar_window(options: SchemaOptions) -> int:

@@ -15,6 +15,13 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
 - ``tenant_tag_keys``    tenant -> every tag key (Graphite's /tags, seriesByTag without a name)
 - ``tenant_tag_values``  (tenant, tag key) -> every value of it
 - ``tag_metrics``        (tenant, tag key, tag value) -> metric names carrying that pair
+- ``bucket_<table>``     the time index: the rows of ``metric_names``, ``series_sets``, ``tag_keys``,
+                         ``tag_values``, ``tenant_tag_keys``, ``tenant_tag_values`` and ``tag_metrics``
+                         again, each keyed by a bucket (an hour, INDEX_BUCKET_MS) as well: the series
+                         with samples in that hour (gateway/store/index.py), kept the raw retention.
+                         Queries of up to 8 days within it select here; the tables above are the
+                         all-time index, for longer and older ranges and for time before the time
+                         index existed (``index_state``).
 - ``metric_metadata``    (tenant, metric) -> type, help, unit (from Prometheus remote write), so
                          roll-ups can tell counters from gauges.
 - ``data_raw``           (tenant, hash, time_slot) -> (ts, value): head rows, one a sample, kept
@@ -60,7 +67,7 @@ import numpy as np
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 
 from gateway.core.errors import StoreBusy
-from gateway.core.layout import Granularity, Layout, Retentions
+from gateway.core.layout import INDEX_BUCKET_MS, Granularity, Layout, Retentions
 from gateway.core.model import SeriesKey
 from gateway.core.samples import Samples
 from gateway.store.calls import StoreCalls, store_call
@@ -251,6 +258,22 @@ def time_slots(start_ms: int, end_ms: int, slot_width_ms: int) -> range:
     return range(time_slot(start_ms, slot_width_ms), end_ms + 1, slot_width_ms)
 
 
+class Buckets(NamedTuple):
+    """The time-index buckets (the start of each, ms) a lookup covers, both ends included: a lookup
+    given Buckets reads the time index (the series with samples in those buckets), one given None
+    the all-time index."""
+
+    first: int
+    last: int
+
+    @classmethod
+    def of(cls, start_ms: int, end_ms: int) -> "Buckets":
+        return cls(time_slot(start_ms, INDEX_BUCKET_MS), time_slot(end_ms, INDEX_BUCKET_MS))
+
+    def starts(self) -> range:
+        return range(self.first, self.last + 1, INDEX_BUCKET_MS)
+
+
 class Lifecycle(abc.ABC):
     """Opening and closing the store, its health and identity, and the sweep of expired data."""
 
@@ -286,27 +309,36 @@ class IndexStore(abc.ABC):
         also into graphite_paths, series with tags into the tenant-wide tag tables)."""
 
     @abc.abstractmethod
+    def write_series_buckets(self, series_buckets: Sequence[tuple[SeriesKey, int]]) -> Deferred:
+        """Index each series in the time index of a bucket (its start, ms): the rows write_series
+        writes to the all-time tables, in the bucket tables, kept the tenant's raw retention past
+        the bucket's end (Cassandra TTL; SQLite's sweep): older time is selected in the all-time index."""
+
+    @abc.abstractmethod
     def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:
         """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
 
     @abc.abstractmethod
-    def find_series(self, tenant: str, metric_name: str, tag_key: str, tag_value: str) -> Deferred:
-        """Fire with the set of series-set hashes indexed under one tag pair (series_sets)."""
+    def find_series(
+        self, tenant: str, metric_name: str, tag_key: str, tag_value: str, buckets: Buckets | None = None
+    ) -> Deferred:
+        """Fire with the set of series-set hashes indexed under one tag pair (series_sets; with
+        ``buckets``, those of bucket_series_sets on any of the buckets). Every listing below takes ``buckets`` alike."""
 
     @abc.abstractmethod
     def list_tenants(self) -> Deferred:
         """Fire with the sorted list of tenants."""
 
     @abc.abstractmethod
-    def list_metric_names(self, tenant: str) -> Deferred:
+    def list_metric_names(self, tenant: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with the sorted metric names of a tenant."""
 
     @abc.abstractmethod
-    def list_tag_keys(self, tenant: str, metric_name: str) -> Deferred:
+    def list_tag_keys(self, tenant: str, metric_name: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with the sorted tag keys of a metric (never ``__name__``)."""
 
     @abc.abstractmethod
-    def list_tag_values(self, tenant: str, metric_name: str, tag_key: str) -> Deferred:
+    def list_tag_values(self, tenant: str, metric_name: str, tag_key: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with the sorted values of a tag key of a metric."""
 
     @abc.abstractmethod
@@ -314,15 +346,17 @@ class IndexStore(abc.ABC):
         """Fire with the sorted [PathNode] directly under a Graphite path ("" is the root)."""
 
     @abc.abstractmethod
-    def list_tenant_tag_keys(self, tenant: str) -> Deferred:
+    def list_tenant_tag_keys(self, tenant: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with every tag key of the tenant, sorted."""
 
     @abc.abstractmethod
-    def list_tenant_tag_values(self, tenant: str, tag_key: str) -> Deferred:
+    def list_tenant_tag_values(self, tenant: str, tag_key: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with every value of a tag key across the tenant's metrics, sorted."""
 
     @abc.abstractmethod
-    def find_metrics_by_tag(self, tenant: str, tag_key: str, tag_value: str) -> Deferred:
+    def find_metrics_by_tag(
+        self, tenant: str, tag_key: str, tag_value: str, buckets: Buckets | None = None
+    ) -> Deferred:
         """Fire with the sorted metric names that have a series carrying ``tag_key=tag_value``."""
 
     @abc.abstractmethod
@@ -477,6 +511,10 @@ class MetadataStore(abc.ABC):
         """Fire with {hash: created_ms} for the hashes that have one."""
 
 
+# bucket_index_since of a store whose time index is as old as its data: every time is in it.
+BUCKET_INDEX_ALWAYS = -(2**62)
+
+
 class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, PendingStore, MetadataStore):
     """A read of an inclusive range need not look further back from its end than the layout's
     longest retention (``Layout.longest_retention_ms``): Cassandra cuts wider ranges to their
@@ -498,6 +536,9 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
 
     def __init__(self, layout: Layout):
         self.layout = layout
+        # From when (ms) the time index holds every series with samples (set by start()): a store
+        # made before it existed answers for earlier times from the all-time index (docs/storage.rst).
+        self.bucket_index_since = BUCKET_INDEX_ALWAYS
         self.slot_width_ms = layout.slot_width_ms
         # Each tenant's retentions for what is written from now on and for the sweep (--overrides).
         self.retentions = Retentions(layout)

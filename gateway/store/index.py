@@ -59,3 +59,46 @@ def index_rows(series: Sequence[SeriesKey]) -> IndexRows:
     rows: dict[str, Any] = {name: list(table) for name, table in tables.items()}
     rows["series_set_hashes"] = list(tables["series_set_hashes"].values())
     return IndexRows(**rows)
+
+
+# The all-time tables that have a bucketed twin (``bucket_<table>``, the same columns with ``bucket`` after
+# ``tenant``): what the planner selects by. series_set_hashes (a series' name and tags by hash),
+# tenants and graphite_paths stay all-time only.
+BUCKET_TABLES = (
+    "metric_names",
+    "series_sets",
+    "tag_keys",
+    "tag_values",
+    "tenant_tag_keys",
+    "tenant_tag_values",
+    "tag_metrics",
+)
+
+# Each listing of the index: the table it reads, the column it lists and the key columns it is given.
+LISTINGS = {
+    "find_series": ("series_sets", "series_set_hash", ("tenant", "metric_name", "tag_key", "tag_value")),
+    "list_metric_names": ("metric_names", "metric_name", ("tenant",)),
+    "list_tag_keys": ("tag_keys", "tag_key", ("tenant", "metric_name")),
+    "list_tag_values": ("tag_values", "tag_value", ("tenant", "metric_name", "tag_key")),
+    "list_tenant_tag_keys": ("tenant_tag_keys", "tag_key", ("tenant",)),
+    "list_tenant_tag_values": ("tenant_tag_values", "tag_value", ("tenant", "tag_key")),
+    "find_metrics_by_tag": ("tag_metrics", "metric_name", ("tenant", "tag_key", "tag_value")),
+}
+
+
+def bucket_table(table: str) -> str:
+    return f"bucket_{table}"
+
+
+def bucket_index_rows(series_buckets: Sequence[tuple[SeriesKey, int]]) -> dict[str, list[tuple]]:
+    """Rows per bucket table for series each in a bucket (its start, ms): index_rows' rows of the
+    tables in BUCKET_TABLES with the bucket after the tenant, without repeats."""
+    by_bucket: dict[int, list[SeriesKey]] = {}
+    for key, bucket in series_buckets:
+        by_bucket.setdefault(bucket, []).append(key)
+    tables: dict[str, list[tuple]] = {bucket_table(table): [] for table in BUCKET_TABLES}
+    for bucket, keys in by_bucket.items():
+        rows = index_rows(keys)
+        for table in BUCKET_TABLES:
+            tables[bucket_table(table)] += [(row[0], bucket, *row[1:]) for row in getattr(rows, table)]
+    return tables

@@ -5,9 +5,9 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 
 from gateway.core.model import SeriesKey
-from gateway.store.contract import PathNode
+from gateway.store.contract import Buckets, PathNode
 from gateway.store.deletion import INDEX_KEYS
-from gateway.store.index import index_rows
+from gateway.store.index import LISTINGS, bucket_index_rows, bucket_table, index_rows
 from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_sql import column_values, single_statement, transaction
 
@@ -63,34 +63,48 @@ class SQLiteIndex(SQLiteBase):
     def write_series(self, series: Sequence[SeriesKey]):
         return self._commit(_series_statements, list(series))
 
+    def write_series_buckets(self, series_buckets: Sequence[tuple[SeriesKey, int]]):
+        rows = bucket_index_rows(series_buckets)
+        return self._commit(
+            lambda: [
+                (f"INSERT OR IGNORE INTO {table} VALUES ({', '.join('?' * len(keys[0]))})", keys)
+                for table, keys in rows.items()
+                if keys
+            ]
+        )
+
     def get_series(self, tenant, hashes: Iterable[str]):
         return self._read(_get_series, tenant, list(hashes))
 
-    def find_series(self, tenant, metric_name, tag_key, tag_value):
-        query = "SELECT series_set_hash FROM series_sets WHERE tenant=? AND metric_name=? AND tag_key=? AND tag_value=?"
-        return self._read(column_values, query, (tenant, metric_name, tag_key, tag_value)).addCallback(set)
+    def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
+        """One LISTINGS entry, sorted: from the all-time table, or the bucket table over ``buckets``
+        (one index seek a bucket)."""
+        table, column, key_columns = LISTINGS[name]
+        where = " AND ".join(f"{c}=?" for c in key_columns)
+        if buckets is None:
+            query = f"SELECT {column} FROM {table} WHERE {where} ORDER BY {column}"
+            return self._read(column_values, query, keys)
+        starts = list(buckets.starts())
+        query = (
+            f"SELECT DISTINCT {column} FROM {bucket_table(table)} WHERE {where}"
+            f" AND bucket IN ({', '.join('?' * len(starts))}) ORDER BY {column}"
+        )
+        return self._read(column_values, query, (*keys, *starts))
+
+    def find_series(self, tenant, metric_name, tag_key, tag_value, buckets=None):
+        return self._listing("find_series", (tenant, metric_name, tag_key, tag_value), buckets).addCallback(set)
 
     def list_tenants(self):
         return self._read(column_values, "SELECT tenant FROM tenants ORDER BY tenant", ())
 
-    def list_metric_names(self, tenant):
-        return self._read(
-            column_values, "SELECT metric_name FROM metric_names WHERE tenant=? ORDER BY metric_name", (tenant,)
-        )
+    def list_metric_names(self, tenant, buckets=None):
+        return self._listing("list_metric_names", (tenant,), buckets)
 
-    def list_tag_keys(self, tenant, metric_name):
-        return self._read(
-            column_values,
-            "SELECT tag_key FROM tag_keys WHERE tenant=? AND metric_name=? ORDER BY tag_key",
-            (tenant, metric_name),
-        )
+    def list_tag_keys(self, tenant, metric_name, buckets=None):
+        return self._listing("list_tag_keys", (tenant, metric_name), buckets)
 
-    def list_tag_values(self, tenant, metric_name, tag_key):
-        return self._read(
-            column_values,
-            "SELECT tag_value FROM tag_values WHERE tenant=? AND metric_name=? AND tag_key=? ORDER BY tag_value",
-            (tenant, metric_name, tag_key),
-        )
+    def list_tag_values(self, tenant, metric_name, tag_key, buckets=None):
+        return self._listing("list_tag_values", (tenant, metric_name, tag_key), buckets)
 
     def list_path_children(self, tenant, parent):
         query = "SELECT name, is_leaf, is_branch FROM graphite_paths WHERE tenant=? AND parent=? ORDER BY name"
@@ -100,18 +114,14 @@ class SQLiteIndex(SQLiteBase):
             ]
         )
 
-    def list_tenant_tag_keys(self, tenant):
-        return self._read(
-            column_values, "SELECT tag_key FROM tenant_tag_keys WHERE tenant=? ORDER BY tag_key", (tenant,)
-        )
+    def list_tenant_tag_keys(self, tenant, buckets=None):
+        return self._listing("list_tenant_tag_keys", (tenant,), buckets)
 
-    def list_tenant_tag_values(self, tenant, tag_key):
-        query = "SELECT tag_value FROM tenant_tag_values WHERE tenant=? AND tag_key=? ORDER BY tag_value"
-        return self._read(column_values, query, (tenant, tag_key))
+    def list_tenant_tag_values(self, tenant, tag_key, buckets=None):
+        return self._listing("list_tenant_tag_values", (tenant, tag_key), buckets)
 
-    def find_metrics_by_tag(self, tenant, tag_key, tag_value):
-        query = "SELECT metric_name FROM tag_metrics WHERE tenant=? AND tag_key=? AND tag_value=? ORDER BY metric_name"
-        return self._read(column_values, query, (tenant, tag_key, tag_value))
+    def find_metrics_by_tag(self, tenant, tag_key, tag_value, buckets=None):
+        return self._listing("find_metrics_by_tag", (tenant, tag_key, tag_value), buckets)
 
     def delete_index_rows(self, rows):
         statements = [

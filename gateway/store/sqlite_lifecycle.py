@@ -2,8 +2,9 @@
 
 from twisted.internet import threads
 
-from gateway.core.layout import Layout, Retentions
+from gateway.core.layout import INDEX_BUCKET_MS, Layout, Retentions
 from gateway.store.contract import time_slot
+from gateway.store.index import BUCKET_TABLES, bucket_table
 from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_head import fold_head_log
 from gateway.store.sqlite_schema import start_writer
@@ -11,11 +12,17 @@ from gateway.store.sqlite_sql import immediate, transaction
 
 
 def _sweep_statements(layout: Layout, now_ms: int, tenants: str, tenant_params: list) -> list[tuple[str, list]]:
-    """Deletes of blocks, head rows and histograms older than the raw retention, and roll-ups (of
-    samples and of histograms) and exemplars older than theirs (by the samples' time), of the
-    tenants the condition ``tenants`` (with ``tenant_params``) selects."""
+    """Deletes of blocks, head rows and histograms older than the raw retention, roll-ups (of
+    samples and of histograms) and exemplars older than theirs (by the samples' time), and the
+    time index of buckets that ended the longest retention ago, of the tenants the condition
+    ``tenants`` (with ``tenant_params``) selects."""
     raw_before = time_slot(now_ms - layout.raw_retention_ms, layout.slot_width_ms)
+    buckets_before = now_ms - layout.raw_retention_ms - INDEX_BUCKET_MS + 1
     statements: list[tuple[str, list]] = [
+        *(
+            (f"DELETE FROM {bucket_table(table)} WHERE bucket < ? AND {tenants}", [(buckets_before, *tenant_params)])
+            for table in BUCKET_TABLES
+        ),
         (f"DELETE FROM head_chunks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (f"DELETE FROM data_blocks WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
         (f"DELETE FROM histograms WHERE time_slot < ? AND {tenants}", [(raw_before, *tenant_params)]),
@@ -76,8 +83,10 @@ class SQLiteLifecycle(SQLiteBase):
         self._writer.start()
         self._readers.start()
         self._fold_check.start(self.fold_check_s, now=False)
-        return self._write(start_writer, self.layout).addErrback(
-            lambda failure: self.close().addBoth(lambda _: failure)
+        return (
+            self._write(start_writer, self.layout)
+            .addCallback(lambda since: setattr(self, "bucket_index_since", since))
+            .addErrback(lambda failure: self.close().addBoth(lambda _: failure))
         )
 
     def close(self):

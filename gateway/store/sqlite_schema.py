@@ -1,12 +1,16 @@
 """The embedded store's schema: its tables, created or upgraded when the writer starts."""
 
 import sqlite3
+import time
 
 from gateway.core.layout import Layout
+from gateway.store.contract import BUCKET_INDEX_ALWAYS
+from gateway.store.deletion import INDEX_KEYS
+from gateway.store.index import BUCKET_TABLES, bucket_table
 from gateway.store.sqlite_head import fold_head_log
 from gateway.store.sqlite_sql import column_values, immediate, transaction
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
 # with SQLite's default 2 MiB those pages were read back for every commit (docs/performance.rst).
 WRITER_CACHE_KIB = 64 * 1024
@@ -46,6 +50,29 @@ CREATE TABLE IF NOT EXISTS histogram_series (
     series_set_hash TEXT NOT NULL,
     PRIMARY KEY (tenant, source, time_slot, series_set_hash)
 ) WITHOUT ROWID;
+"""
+
+
+def _bucket_tables() -> str:
+    """The time index: each table of BUCKET_TABLES again, keyed by (tenant, bucket) first, so a lookup of
+    a few buckets is as many index seeks (``bucket IN (...)``) and the sweep a range delete."""
+    statements = []
+    for table in BUCKET_TABLES:
+        columns = ("tenant", "bucket", *INDEX_KEYS[table][1:])
+        definitions = "".join(f"    {c} {'INTEGER' if c == 'bucket' else 'TEXT'} NOT NULL,\n" for c in columns)
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {bucket_table(table)} (\n{definitions}    PRIMARY KEY ({', '.join(columns)})\n)"
+            " WITHOUT ROWID;\n"
+        )
+    return "".join(statements)
+
+
+# Settings of the file's own history: ``bucket_index_since``, from when the time index holds every series.
+INDEX_STATE_TABLE = """
+CREATE TABLE IF NOT EXISTS index_state (
+    name TEXT NOT NULL PRIMARY KEY,
+    value INTEGER NOT NULL
+);
 """
 
 
@@ -179,10 +206,12 @@ CREATE TABLE IF NOT EXISTS data_blocks (
 """
 
 
-def start_writer(connection: sqlite3.Connection, layout: Layout) -> None:
+def start_writer(connection: sqlite3.Connection, layout: Layout) -> int:
+    """Create or upgrade the schema and fold the head log; returns the time index's since."""
     connection.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
     _create_schema(connection, layout.granularities)
     fold_head_log(connection, layout.slot_width_ms)
+    return connection.execute("SELECT value FROM index_state WHERE name = 'bucket_index_since'").fetchone()[0]
 
 
 def _create_schema(connection: sqlite3.Connection, granularities) -> None:
@@ -192,6 +221,8 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
     connection.execute("PRAGMA journal_mode=WAL")
     connection.executescript(
         SCHEMA
+        + _bucket_tables()
+        + INDEX_STATE_TABLE
         + HISTOGRAM_SERIES_TABLE
         + HISTOGRAM_TABLE.format(table="histograms")
         + "".join(
@@ -232,4 +263,11 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
             "INSERT INTO sqlite_sequence (name, seq)"
             " SELECT 'head_batches', coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'head_log'"
         )
+    if "index_state" not in tables:
+        # the upgrade to the time index: a file that holds series answers for the time before now
+        # from the all-time index; a new file has its whole history in the time index
+        has_series = connection.execute("SELECT 1 FROM series_set_hashes LIMIT 1").fetchone()
+        since = int(time.time() * 1000) if has_series else BUCKET_INDEX_ALWAYS
+        with immediate(connection):
+            connection.execute("INSERT INTO index_state VALUES ('bucket_index_since', ?)", (since,))
     connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -78,7 +78,7 @@ class StoreFetcher:
 
     async def fetch_tagged(self, expressions: list[str], start: int, end: int) -> list[TimeSeries]:
         try:
-            keys = await tagdb.find_series(self.planner, self.tenant, expressions)
+            keys = await tagdb.find_series(self.planner, self.tenant, expressions, start * 1000, end * 1000)
         except tagdb.BadTagExpression as error:
             raise RenderError(str(error)) from None
         expression = "seriesByTag(" + ",".join(repr(e) for e in expressions) + ")"

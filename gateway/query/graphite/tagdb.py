@@ -67,11 +67,15 @@ def graphite_path(series: SeriesKey) -> str:
     return format_tagged_path(series.metric_name, series.tags) if series.tags else series.metric_name
 
 
-async def find_series(planner: QueryPlanner, tenant: str, expressions: list[str]) -> list[SeriesKey]:
+async def find_series(
+    planner: QueryPlanner, tenant: str, expressions: list[str], start_ms: int | None = None, end_ms: int | None = None
+) -> list[SeriesKey]:
+    """The series the expressions select, of those with samples in [start_ms, end_ms] where given
+    (a render's range), else of all the tenant has (/tags/findSeries)."""
     matchers = [parse_expression(expression) for expression in expressions]
     if not any(not m.matches("") for m in matchers):
         raise BadTagExpression("at least one tag expression must require a non-empty value")
-    series = await planner.select_by_matchers(tenant, matchers, graphite_labels)
+    series = await planner.select_by_matchers(tenant, matchers, graphite_labels, start_ms, end_ms)
     return sorted(series, key=graphite_path)
 
 

@@ -70,8 +70,8 @@ class PromQLService:
         guard.count(estimated_samples(expr, query, lambda key: 1))
         needs = plan(expr, query)
         selected = {
-            key: await self.planner.select(tenant, matchers, prometheus_labels)
-            for key, (matchers, _, _) in needs.items()
+            key: await self.planner.select(tenant, matchers, prometheus_labels, low, high)
+            for key, (matchers, low, high) in needs.items()
         }
         guard.count(estimated_samples(expr, query, lambda key: len(selected[key])))
         data, histograms = await defer.gatherResults(
@@ -132,32 +132,45 @@ class PromQLService:
                     found.setdefault(key, []).append(Series(selected_series.labels, *decoded))
         return found
 
-    async def matched(self, tenant: str, selectors: list[str]) -> list[dict]:
-        """Label sets of the series the selectors select, sorted."""
+    async def matched(
+        self, tenant: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
+    ) -> list[dict]:
+        """Label sets of the series the selectors select (of those with samples in [start_ms,
+        end_ms]: those with data in the range's time-index buckets, without a start every series), sorted."""
         found: dict[tuple, dict] = {}
         for text in selectors:
             expr = await threads.deferToThread(self.text.parse, text)
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
-            for selected in await self.planner.select(tenant, selector_matchers(expr), prometheus_labels):
+            selection = await self.planner.select(tenant, selector_matchers(expr), prometheus_labels, start_ms, end_ms)
+            for selected in selection:
                 found[tuple(sorted(selected.labels.items()))] = selected.labels
         return [found[key] for key in sorted(found)]
 
-    async def label_names(self, tenant: str, selectors: list[str]) -> list[str]:
-        """Label names of the series the selectors select, or of the whole tenant without selectors."""
+    async def label_names(
+        self, tenant: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
+    ) -> list[str]:
+        """Label names of the series the selectors select, or of the whole tenant without
+        selectors, in [start_ms, end_ms] as ``matched`` reads it."""
         if not selectors:
-            keys = await self.store.list_tenant_tag_keys(tenant)
+            keys = await self.store.list_tenant_tag_keys(tenant, self.planner.index_buckets(tenant, start_ms, end_ms))
             return sorted({"__name__", *(sanitize_label_name(k) for k in keys)})
-        return sorted({name for labels in await self.matched(tenant, selectors) for name in labels})
+        return sorted({name for labels in await self.matched(tenant, selectors, start_ms, end_ms) for name in labels})
 
-    async def label_values(self, tenant: str, name: str, selectors: list[str]) -> list[str]:
-        """Values of a label on the series the selectors select, or on the whole tenant without selectors."""
+    async def label_values(
+        self, tenant: str, name: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
+    ) -> list[str]:
+        """Values of a label on the series the selectors select, or on the whole tenant without
+        selectors, in [start_ms, end_ms] as ``matched`` reads it."""
+        buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
         if selectors:
-            values = {labels[name] for labels in await self.matched(tenant, selectors) if name in labels}
+            values = {
+                labels[name] for labels in await self.matched(tenant, selectors, start_ms, end_ms) if name in labels
+            }
         elif name == "__name__":
-            values = {prometheus_metric_name(n) for n in await self.store.list_metric_names(tenant)}
+            values = {prometheus_metric_name(n) for n in await self.store.list_metric_names(tenant, buckets)}
         else:
-            values = set(await self.store.list_tenant_tag_values(tenant, name))
+            values = set(await self.store.list_tenant_tag_values(tenant, name, buckets))
         return sorted(values)
 
     async def exemplars(
@@ -175,8 +188,8 @@ class PromQLService:
         start_ms, end_ms = self.planner.exemplar_range(start_ms, end_ms)
         expr = await threads.deferToThread(self.text.parse, text)
         selected = {}
-        for matchers, _, _ in plan(expr, self.query(start_ms, end_ms, 0)).values():
-            for series in await self.planner.select(tenant, matchers, prometheus_labels):
+        for matchers, low, high in plan(expr, self.query(start_ms, end_ms, 0)).values():
+            for series in await self.planner.select(tenant, matchers, prometheus_labels, low, high):
                 selected[series.key.series_set_hash] = series.labels
         found = await self.planner.exemplars(tenant, list(selected), start_ms, end_ms)
         result = [(labels, rows) for labels, rows in zip(selected.values(), found) if rows]
