@@ -101,6 +101,14 @@ def test_schema_file_and_schema_apply_agree(cassandra_server):
             "histograms_5m",
             "histograms_1h",
             "histogram_series",
+            "bucket_metric_names",
+            "bucket_series_sets",
+            "bucket_tag_keys",
+            "bucket_tag_values",
+            "bucket_tenant_tag_keys",
+            "bucket_tenant_tag_values",
+            "bucket_tag_metrics",
+            "index_state",
         }
         blocks = describe(session, "tsdb")["data_blocks"]
         assert blocks["compaction"]["class"].endswith("TimeWindowCompactionStrategy") and blocks["ttl"] == 7 * 86400
@@ -385,7 +393,10 @@ def test_redis_shares_the_metadata_cache_between_replicas(start_gateway, cassand
     assert second.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
     assert metric_value(first, "tsgate_series_metadata_writes_total") == 20
     assert metric_value(second, "tsgate_series_metadata_writes_total") == 0
-    assert metric_value(second, 'tsgate_metadata_cache_lookups_total{level="redis",result="hit"}') == 20
+    # the time index too: the second replica finds each series' bucket in Redis and writes nothing
+    assert metric_value(first, "tsgate_index_bucket_series_total") == 20
+    assert metric_value(second, "tsgate_index_bucket_series_total") == 0
+    assert metric_value(second, 'tsgate_metadata_cache_lookups_total{level="redis",result="hit"}') == 20 + 20
 
 
 def test_two_keyspaces_sharing_one_redis_keep_their_keys_apart(
