@@ -269,5 +269,5 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
         has_series = connection.execute("SELECT 1 FROM series_set_hashes LIMIT 1").fetchone()
         since = int(time.time() * 1000) if has_series else BUCKET_INDEX_ALWAYS
         with immediate(connection):
-            connection.execute("INSERT INTO index_state VALUES ('bucket_index_since', ?)", (since,))
+            connection.execute("INSERT OR IGNORE INTO index_state VALUES ('bucket_index_since', ?)", (since,))
     connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
