@@ -388,7 +388,11 @@ def test_gateway_writes_land_in_the_documented_tables(
 def test_redis_shares_the_metadata_cache_between_replicas(start_gateway, cassandra_url, redis_server, tenant):
     first = start_gateway("--store", cassandra_url, "--redis", redis_server.url)
     second = start_gateway("--store", cassandra_url, "--redis", redis_server.url)
-    batch = [{"metricName": "shared", "tags": {"i": str(i)}, "value": i} for i in range(20)]
+    # mid-way through the last hour bucket: far from its last quarter, where ingest also indexes
+    # a series in the next bucket ahead of time (which would count twice)
+    hour_s = 3600
+    mid_last_hour = (int(time.time()) // hour_s - 1) * hour_s + hour_s // 4
+    batch = [{"metricName": "shared", "tags": {"i": str(i)}, "timestamp": mid_last_hour, "value": i} for i in range(20)]
     assert first.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
     assert second.post("/api/write", batch, headers={"X-Tenant": tenant}).status == 200
     assert metric_value(first, "tsgate_series_metadata_writes_total") == 20
