@@ -58,8 +58,8 @@ def receiver(tmp_path):
     prometheus.stop()
 
 
-def ask(gateway, path: str, params: dict) -> tuple[int, dict]:
-    answer = gateway.get(f"{path}?{urllib.parse.urlencode(params, doseq=True)}")
+def ask(gateway, tenant: str, path: str, params: dict) -> tuple[int, dict]:
+    answer = gateway.get(f"{path}?{urllib.parse.urlencode(params, doseq=True)}", headers={"X-Tenant": tenant})
     return answer.status, json.loads(answer.body)
 
 
@@ -83,11 +83,13 @@ def same(expected: list, got: list) -> bool:
     return True
 
 
-def test_a_dashboards_last_hour_after_hourly_deploys_answers_as_prometheus(start_gateway, backend_args, receiver):
+def test_a_dashboards_last_hour_after_hourly_deploys_answers_as_prometheus(
+    start_gateway, backend_args, receiver, tenant
+):
     gateway = start_gateway(*backend_args, "--max-series-per-query", "100")
     now_ms = int(time.time() // 60 * 60_000)
     for body in requests(now_ms):
-        posted = gateway.post("/api/v1/write", body, headers=WRITE_HEADERS)
+        posted = gateway.post("/api/v1/write", body, headers={**WRITE_HEADERS, "X-Tenant": tenant})
         assert posted.status in (200, 204), posted.body
         post_to_prometheus(receiver.port, body)
     now = now_ms / 1000
@@ -100,28 +102,49 @@ def test_a_dashboards_last_hour_after_hourly_deploys_answers_as_prometheus(start
         ("/api/v1/query", {"query": 'sum by (job) (churn_total{job="api"})', "time": now - 1800}),
     ]
     for path, params in queries:
-        status, answer = ask(gateway, path, params)
+        status, answer = ask(gateway, tenant, path, params)
         expected = receiver.api(path, **params)
         assert status == 200, answer
         assert expected["status"] == "success"
         assert same(expected["data"]["result"], answer["data"]["result"]), (path, params, expected, answer)
 
     status, answer = ask(
-        gateway, "/api/v1/series", {"match[]": 'churn_total{job="api"}', "start": now - 300, "end": now}
+        gateway, tenant, "/api/v1/series", {"match[]": 'churn_total{job="api"}', "start": now - 300, "end": now}
     )
     expected = receiver.api("/api/v1/series", **{"match[]": 'churn_total{job="api"}', "start": now - 300, "end": now})
     got = {series["pod"] for series in answer["data"]}
     assert status == 200 and {series["pod"] for series in expected["data"]} == pods(GENERATIONS - 1)
     assert pods(GENERATIONS - 1) <= got <= pods(GENERATIONS - 1) | pods(GENERATIONS - 2)
 
-    status, answer = ask(gateway, "/api/v1/label/pod/values", {"start": now - 3600, "end": now})
+    status, answer = ask(gateway, tenant, "/api/v1/label/pod/values", {"start": now - 3600, "end": now})
     assert status == 200
     assert pods(GENERATIONS - 1) <= set(answer["data"])
     assert not set(answer["data"]) & pods(0)
 
     # without a range, the whole history: 120 series, over the limit
-    status, answer = ask(gateway, "/api/v1/series", {"match[]": 'churn_total{job="api"}'})
+    status, answer = ask(gateway, tenant, "/api/v1/series", {"match[]": 'churn_total{job="api"}'})
     assert status == 422 and "100" in answer["error"]
+
+    # cardinality: the last five minutes' buckets hold the live generation (and the one before)
+    status, answer = ask(gateway, tenant, "/api/v1/status/tsdb", {"start": now - 300, "end": now, "limit": 3})
+    assert status == 200 and "warnings" not in answer, answer
+    stats = answer["data"]
+    live = stats["headStats"]["numSeries"]
+    assert live in (PODS, 2 * PODS)
+    assert stats["seriesCountByMetricName"] == [{"name": "churn_total", "value": live}]
+    assert stats["labelValueCountByLabelName"][0] == {"name": "pod", "value": live}
+    assert stats["seriesCountByLabelValuePair"][:2] == [
+        {"name": "__name__=churn_total", "value": live},
+        {"name": "job=api", "value": live},
+    ]
+    assert len(stats["seriesCountByLabelValuePair"]) == 3
+    # the whole history: 120 series, label pairs counted on 100 of them (the limit) and scaled
+    status, answer = ask(gateway, tenant, "/api/v1/status/tsdb", {"start": now - GENERATIONS * 3600, "end": now})
+    assert status == 200 and answer["data"]["headStats"]["numSeries"] == GENERATIONS * PODS
+    assert answer["data"]["seriesCountByLabelValuePair"][1] == {"name": "job=api", "value": GENERATIONS * PODS}
+    assert "100 of 120 series" in answer["warnings"][0]
+    status, answer = ask(gateway, tenant, "/api/v1/status/tsdb", {"limit": "0"})
+    assert status == 400 and "limit" in answer["error"]
 
 
 def post_to_prometheus(port: int, body: bytes) -> None:

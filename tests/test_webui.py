@@ -280,6 +280,13 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     assert cells[1] == "4" and int(cells[2]) == 62, cells
     assert "json" in texts(browser, "#status-ingest tbody td")
     assert "sqlite: healthy" in browser.find_element(By.ID, "status-summary").text
+    # its cardinality over the last day: 4 series, webui_cpu the largest metric, host the largest label
+    wait_for(browser, lambda d: table_rows(d, "#status-card-metrics"), "the cardinality tables")
+    assert table_rows(browser, "#status-card-metrics") == [["webui_cpu", "3"], ["webui_disk_used", "1"]]
+    assert table_rows(browser, "#status-card-labels")[:2] == [["host", "3"], ["__name__", "2"]]
+    assert ["__name__=webui_cpu", "3"] in table_rows(browser, "#status-card-pairs")
+    assert [f"host={HOSTILE}", "1"] in table_rows(browser, "#status-card-pairs")
+    assert browser.find_element(By.ID, "status-cardinality-summary").text.startswith("4 series")
     assert browser.execute_script("return window.xssRan") is None
 
 

@@ -14,11 +14,15 @@ from twisted.internet import threads
 
 from gateway import __version__
 from gateway.http.server import HTTPError, Response, Router, arg, args, error_response, request_tenant
+from gateway.query.cardinality import tenant_cardinality
 from gateway.query.promql.engine import Query, format_value, parser_call
 from gateway.query.promql.service import PromQLService
 from gateway.query.promql.values import PromQLError, RangeVector, Scalar, String
 
 MAX_POINTS_PER_SERIES = 11_000
+DAY_MS = 86_400_000
+STATUS_TOP_DEFAULT = 10  # Prometheus's default ``limit`` of /api/v1/status/tsdb
+STATUS_TOP_MAX = 10_000
 
 
 def _answer(data) -> Response:
@@ -58,6 +62,23 @@ def _time_range(request) -> tuple[int | None, int | None]:
     if start is not None and end is not None and end < start:
         raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
     return start, end
+
+
+def _status_range(request) -> tuple[int, int]:
+    """The range /api/v1/status/tsdb counts: ``start``/``end``, or the UTC day ``date``
+    (YYYY-MM-DD), or the last 24 hours (up to ``end`` where given)."""
+    if date := arg(request, "date"):
+        if arg(request, "start") or arg(request, "end"):
+            raise PromQLError('invalid parameter "date": give either date or start/end', "bad_data")
+        try:
+            day = datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=UTC)
+        except ValueError:
+            raise PromQLError(f'invalid parameter "date": cannot parse "{date}" as YYYY-MM-DD', "bad_data") from None
+        start = round(day.timestamp() * 1000)
+        return start, start + DAY_MS - 1
+    start, end = _time_range(request)
+    end = int(time.time() * 1000) if end is None else end
+    return (end - DAY_MS if start is None else start), end
 
 
 def parse_step(text: str, name: str) -> int:
@@ -100,6 +121,9 @@ class PromQLAPI:
             "/api/v1/label/", ("GET",), "promql_label_values", prometheus_errors(self.label_values), role="query"
         )
         router.add("/api/v1/status/buildinfo", ("GET",), "promql_buildinfo", self.buildinfo, role="query")
+        router.add(
+            "/api/v1/status/tsdb", ("GET",), "promql_tsdb_status", prometheus_errors(self.tsdb_status), role="query"
+        )
         router.add("/api/v1/query_exemplars", both, "promql_exemplars", prometheus_errors(self.exemplars), role="query")
 
     # -- queries ------------------------------------------------------------------------------
@@ -180,6 +204,20 @@ class PromQLAPI:
                 "features": {},
             }
         )
+
+    async def tsdb_status(self, request) -> Response:
+        """The tenant's cardinality (gateway/query/cardinality.py) over ``start``..``end``, the UTC
+        day ``date`` (VictoriaMetrics's parameter) or, by default, the last 24 hours; the ``limit``
+        (or ``topN``) largest of each list, 10 by default."""
+        start, end = _status_range(request)
+        limit_text = arg(request, "limit") or arg(request, "topN") or str(STATUS_TOP_DEFAULT)
+        if not limit_text.isdigit() or not 0 < int(limit_text) <= STATUS_TOP_MAX:
+            raise PromQLError(
+                f'invalid parameter "limit": {limit_text!r} is not a whole number from 1 to {STATUS_TOP_MAX}',
+                "bad_data",
+            )
+        found = await tenant_cardinality(self.service.planner, request_tenant(request), start, end, int(limit_text))
+        return Response(200, _envelope(found.data, found.warnings))
 
     async def exemplars(self, request) -> Response:
         """Prometheus's exemplar query: the exemplars of every series the query's selectors select,

@@ -123,6 +123,7 @@ function showView(view) {
   if (view === "status") {
     state.previousStatus = null;
     loadStatus().catch(showError);
+    loadCardinality().catch(showError);
     state.statusTimer = setInterval(() => loadStatus().catch(showError), STATUS_REFRESH_MS);
   }
   if (window.location.hash !== `#${view}`) history.replaceState(null, "", `#${view}`);
@@ -456,6 +457,25 @@ async function loadStatus() {
   for (const [operation, count] of Object.entries(status.store_errors)) errors.append(row(["store", operation, numberCell(count)]));
   for (const [operation, count] of Object.entries(status.redis.errors)) errors.append(row(["redis", operation, numberCell(count)]));
   state.previousStatus = { status, at: now };
+}
+
+// The picked tenant's cardinality (/api/v1/status/tsdb, the last 24 hours): which metric and which
+// label blew up. Loaded when the view opens, not at every refresh: it reads the time index.
+async function loadCardinality() {
+  const stats = await api("/api/v1/status/tsdb", { limit: 10 });
+  const data = stats.data;
+  const warnings = stats.warnings ? ` (${stats.warnings.join("; ")})` : "";
+  $("status-cardinality-summary").textContent =
+    `${formatNumber(data.headStats.numSeries)} series, ${formatNumber(data.headStats.numLabelPairs)} label pairs${warnings}`;
+  for (const [id, list] of [
+    ["status-card-metrics", data.seriesCountByMetricName],
+    ["status-card-labels", data.labelValueCountByLabelName],
+    ["status-card-pairs", data.seriesCountByLabelValuePair],
+  ]) {
+    const body = $(id).tBodies[0];
+    clear(body);
+    for (const entry of list) body.append(row([entry.name, numberCell(formatNumber(entry.value))]));
+  }
 }
 
 function renderStatusSummary(status) {
