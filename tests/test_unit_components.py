@@ -210,6 +210,22 @@ def test_failure_limit_keeps_a_bounded_number_of_keys_and_zero_turns_it_off():
         unlimited.check("user a")
 
 
+def test_failure_limit_tells_which_keys_failed_lately():
+    """Credentials hold an address to the user name's allowance only when it failed in the last
+    SUSPECT_ADDRESS_S: after that it is a clean address again."""
+    from gateway.http.auth import SUSPECT_ADDRESS_S, FailureLimit
+
+    clock = FakeClock()
+    limit = FailureLimit(6, clock=clock)
+    assert not limit.failed_within("address x", SUSPECT_ADDRESS_S)
+    limit.failed("address x")
+    clock.now += SUSPECT_ADDRESS_S - 1
+    assert limit.failed_within("address x", SUSPECT_ADDRESS_S)
+    assert not limit.failed_within("address y", SUSPECT_ADDRESS_S)
+    clock.now += 1
+    assert not limit.failed_within("address x", SUSPECT_ADDRESS_S)
+
+
 class PingedStore:
     """A store whose pings the test answers by hand."""
 

@@ -189,7 +189,7 @@ SETTINGS = [
         "auth-max-failures",
         _non_negative,
         "20",
-        "with --auth-file: failed credentials a minute per user name and per client address before further attempts get 429 (no password is checked then); 0: no limit",
+        "with --auth-file: failed credentials a minute per client address, and per user name for addresses that failed in the last 10 minutes, before further attempts get 429 (no password is checked then); 0: no limit",
     ),
     Setting(
         "enable-admin-api",
