@@ -139,8 +139,7 @@ def run_import(config: Config, directory: Path, tenant: str, prefix: str, worker
     todo = [f for f in files if f.state_line not in done]
     print(
         f"{len(files)} whisper files under {directory}: {len(files) - len(todo)} already imported"
-        f" (state file {state}), {len(todo)} to import"
-        + (f"; {len(refused)} refused (below)" if refused else ""),
+        f" (state file {state}), {len(todo)} to import" + (f"; {len(refused)} refused (below)" if refused else ""),
         file=sys.stderr,
         flush=True,
     )
