@@ -279,6 +279,12 @@ def test_healthz_answers_by_its_deadline_whatever_the_store_does():
     assert status == 503 and document["status"] == "store slow", document
     assert document["error"] == "the store has not answered a ping for 46.0 s"
     assert api.health._waiting == {}  # the requests that gave up are not kept
+    for wait_s in (0, HEALTHZ_DEADLINE_S):  # a client that leaves: its answer is cancelled, nothing breaks
+        gone = defer.ensureDeferred(api.healthz(None))
+        gone.cancel()
+        assert isinstance(gone.result.value, defer.CancelledError)
+        gone.addErrback(lambda _: None)
+        clock.advance(wait_s)
 
     answers = ask(api)
     store.pings[1].errback(StoreUnavailable("cassandra: no host"))

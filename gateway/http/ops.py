@@ -43,6 +43,8 @@ class StoreHealth:
         return answered
 
     def _late(self, waiting: dict, answered: defer.Deferred) -> None:
+        """(Firing a Deferred its client's departure cancelled is ignored, as Twisted does after a
+        cancel without a canceller.)"""
         del waiting[answered]  # a ping that never ends holds no /healthz request
         answered.callback(False)
 
