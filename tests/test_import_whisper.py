@@ -34,6 +34,7 @@ import pytest
 import pytest_twisted
 import whisper
 
+from gateway.app import whisper_files
 from gateway.app.cli import build_parser
 from gateway.app.config import build_config
 from gateway.app.whisper_files import CorruptFile, file_data, read_archives
@@ -368,6 +369,57 @@ def test_an_interrupted_import_goes_on_where_it_stopped(whisper_tree, tmp_path, 
     assert f"imported {205 - recorded} files" in again.stdout
     assert f"{recorded} skipped as already imported" in again.stdout
     assert len(state.read_text().splitlines()) == 205
+
+
+def test_archives_read_in_chunks_give_the_same_points(tmp_path, monkeypatch, aligned_now):
+    """Chunks of 7 points (whisper_files.CHUNK_POINTS), and a sparse file's holes skipped: the same
+    points as one read of each archive."""
+    path = tmp_path / "a.wsp"
+    whisper.create(str(path), SCHEMA, xFilesFactor=0.0, sparse=True)
+    whisper.update_many(str(path), [(aligned_now - 3 * DAY + 60 * i, float(i)) for i in range(100)], now=aligned_now)
+    whisper.update_many(str(path), [(aligned_now - 3600 + 10 * i, 100.0 + i) for i in range(50)], now=aligned_now)
+    whole = read_archives(path, aligned_now)
+    monkeypatch.setattr(whisper_files, "CHUNK_POINTS", 7)
+    chunked = read_archives(path, aligned_now)
+    assert [len(a.samples) for a in chunked] == [50, 109, 11]
+    for one, other in zip(whole, chunked):
+        assert one.samples.timestamps.tolist() == other.samples.timestamps.tolist()
+        assert one.samples.values.tolist() == other.samples.values.tolist()
+
+
+@pytest.mark.slow  # runs a tsgate import process
+def test_a_sparse_file_costs_its_points_and_symlinks_out_are_refused(tmp_path, tenant):
+    """A sparse 1.2 GB file of ten points (one archive of 1e8 points at 1 s) is imported at the
+    memory of its ten points: the import's peak RSS, all its processes, under 400 MiB (2.9 GB
+    before, 5.2 GB on a loaded box). A symlink to a whisper file outside the directory is refused
+    and named; a symlink inside it and the other files are imported (exit 1, for the refusal)."""
+    now = int(time.time())
+    tree = tmp_path / "w"
+    (tree / "a").mkdir(parents=True)
+    sparse = tree / "sparse.wsp"
+    whisper.create(str(sparse), [(1, 10**8)], xFilesFactor=0.0, sparse=True)
+    whisper.update_many(str(sparse), [(now - 60 * i, float(i)) for i in range(10)], now=now)
+    assert sparse.stat().st_size == 1_200_000_028
+    for path in (tree / "a" / "b.wsp", tmp_path / "secret.wsp"):
+        whisper.create(str(path), SCHEMA)
+        whisper.update_many(str(path), [(now - 50, 1.0)], now=now)
+    (tree / "alias.wsp").symlink_to(tree / "a" / "b.wsp")
+    (tree / "a" / "leak.wsp").symlink_to(tmp_path / "secret.wsp")
+    command = [sys.executable, "-m", "gateway.app.cli", "import", "whisper", str(tree), "--tenant", tenant]
+    command += ["--workers", "1", "--state-dir", str(tmp_path / "state"), "--data-dir", str(tmp_path / "data")]
+    measured = (
+        "import json, resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True)"
+    )
+    measured += "; print(json.dumps([r.returncode, r.stdout, r.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))"
+    result = subprocess.run(
+        [sys.executable, "-c", measured, *command, *LAYOUT_FLAGS], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    returncode, stdout, stderr, peak_kib = json.loads(result.stdout)
+    assert returncode == 1, stderr
+    assert "imported 3 files, 12 points" in stdout and "1 could not be imported" in stdout
+    secret = (tmp_path / "secret.wsp").resolve()
+    assert f"could not import a/leak.wsp: a symlink to {secret}, outside {tree.resolve()}: refused" in stderr
+    assert peak_kib < 400 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
 
 
 def test_an_archive_no_table_can_take_is_counted(tmp_path, aligned_now):
