@@ -137,7 +137,12 @@ def whisper_tree(tmp_path_factory) -> Tree:
 
 def _ranges(now: int) -> dict[str, tuple[int, int]]:
     """Render ranges well inside whisper's archive windows and tsgate's retentions."""
-    return {"day": (now - 20 * 3600, now), "week": (now - 6 * DAY, now), "year": (now - 300 * DAY, now)}
+    return {
+        "day": (now - 20 * 3600, now),
+        "week": (now - 6 * DAY, now),
+        "seven days": (now - 7 * DAY, now),
+        "year": (now - 300 * DAY, now),
+    }
 
 
 def _requests(now: int) -> list[dict]:
