@@ -217,6 +217,7 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     now_s = write_series(gateway, tenant)
     browser.get(f"{gateway.url}/?tenant={tenant}#explore")
     wait_for(browser, lambda d: "webui_cpu" in texts(d, "#metric-list li"), "the metric list")
+    assert "webui.disk.used" in texts(browser, "#metric-list li")  # a Graphite path's name as written
     assert Select(browser.find_element(By.ID, "tenant")).first_selected_option.text == tenant
 
     # Explore: the series of a metric, label values shown as text (the markup is not run).
@@ -258,11 +259,16 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     assert series_text({"__name__": "webui_cpu", "host": HOSTILE}) in texts(browser, "#query-legend li")
     assert browser.find_elements(By.CSS_SELECTOR, "#query-legend img, #query-table img") == []
 
-    # A query that does not parse: the API's error is shown, the last answer stays.
+    # the time axis ticks on round times: a 1 h window every 10 minutes
+    ticks = [text for text in texts(browser, "#query-chart .axis text") if ":" in text]
+    assert len(ticks) >= 5 and all(int(text[-2:]) % 10 == 0 for text in ticks), ticks
+
+    # A query that does not parse: the API's error is shown, the last answer is not left under it.
     browser.find_element(By.ID, "query-expr").send_keys(" +")
     browser.find_element(By.ID, "query-run").click()
     wait_for(browser, lambda d: "400" in d.find_element(By.ID, "message").text, "the parse error")
-    assert len(table_rows(browser, "#query-table")) == 3
+    assert table_rows(browser, "#query-table") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "#query-chart") == []
 
     # A Graphite leaf from the tree, as a target.
     browser.find_element(By.ID, "tab-explore").click()
