@@ -312,3 +312,25 @@ def test_a_request_refused_from_its_head_is_answered_once(start_gateway, auth_fi
         sock.sendall(b"POST /api/put HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]")
         answer = answer_within(sock, 5)
     assert answer.startswith(b"HTTP/1.1 401 ") and answer.count(b"HTTP/1.1") == 1, answer
+
+
+def test_carbon_lines_sent_to_the_http_port_get_a_400_naming_the_carbon_port(start_gateway):
+    """twisted.web took ``path value timestamp`` for a request line and waited for headers that
+    never came: the sender hung without a word. Now: a 400 at once, logged and counted."""
+    gateway = start_gateway()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as carbon:
+        carbon.sendall(b"servers.web1.cpu 1.5 1700000000\n")
+        answer = b""
+        while chunk := carbon.recv(4096):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer
+    assert b"not an HTTP request line" in body and b"carbon port (--graphite" in body, body
+    assert "not an HTTP request, to the HTTP port" in gateway.log()
+    assert metric_value(gateway, "tsgate_http_not_http_requests_total") == 1
+    # requests one after the other on one connection are still read as requests
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    for _ in range(2):
+        connection.request("GET", "/healthz")
+        assert connection.getresponse().read() and connection.sock is not None
+    connection.close()

@@ -120,6 +120,10 @@ SLOW_REQUEST_BODIES = Counter(
     "HTTP requests answered 408 and closed: the body came too slowly (--http-body-timeout, --http-body-min-rate)",
     ["reason"],
 )
+NOT_HTTP = Counter(
+    "tsgate_http_not_http_requests",
+    "Connections to the HTTP port whose first line was no HTTP request line (carbon lines sent to the wrong port): answered 400 and closed",
+)
 IDLE_CLOSED = Counter(
     "tsgate_idle_closed_connections",
     "Idle connections closed (--http-idle-timeout, --carbon-idle-timeout, or for a new one at --max-connections)",

@@ -23,6 +23,7 @@ from gateway.core.connections import Connections
 from gateway.core.model import DEFAULT_TENANT, InvalidSample, validate_tenant
 from gateway.http.auth import Credentials, Unauthorized
 from gateway.http.errors import HTTPError, error_answer
+from protocols.graphite import excerpt
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class Channel(http.HTTPChannel):
 
     listener = "http"
     awaiting_headers = True
+    awaiting_request_line = True  # the next non-empty line starts a request
+    _request_line_start = b""  # what came of it before its newline
     answering = False  # a request read in full and not answered yet
     lingering = False  # answered before its request was read: the rest is dropped until the close
     _held: list[bytes] | None = None  # body bytes that arrived while the credential was checked
@@ -152,8 +155,27 @@ class Channel(http.HTTPChannel):
             super().resetTimeout()
 
     def dataReceived(self, data):
-        if not self.lingering:
-            super().dataReceived(data)
+        if self.lingering:
+            return
+        if self.awaiting_request_line and not self._request_line_is_http(data):
+            return
+        super().dataReceived(data)
+
+    def _request_line_is_http(self, data: bytes) -> bool:
+        """Whether the request's first line, once its newline came, is an HTTP request line
+        (True until then). twisted.web splits lines at CRLF only, so carbon's LF-ended lines
+        would never make a line: it would wait for more, and the sender hang without a word."""
+        seen = (self._request_line_start + data)[: self.MAX_LENGTH]
+        line, newline, _ = seen.lstrip(b"\r\n").partition(b"\n")
+        if not newline:
+            self._request_line_start = seen
+            return True
+        self.awaiting_request_line, self._request_line_start = False, b""
+        parts = line.split()
+        if len(parts) == 3 and parts[2].startswith(b"HTTP/"):
+            return True
+        self._refuse_not_http(line.rstrip(b"\r"))
+        return False
 
     def allHeadersReceived(self):
         self.awaiting_headers = False
@@ -223,6 +245,7 @@ class Channel(http.HTTPChannel):
 
     def requestDone(self, request):
         self.awaiting_headers = True  # before the next pipelined request is parsed
+        self.awaiting_request_line = True
         self.answering = False
         super().requestDone(request)
 
@@ -273,6 +296,24 @@ class Channel(http.HTTPChannel):
         for request in self.requests:
             if not request.startedWriting:
                 request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+
+    def _refuse_not_http(self, line: bytes) -> None:
+        """A first line that is no HTTP request line (carbon lines sent to the HTTP port) is
+        answered 400 naming the carbon port, logged and counted, and the connection closed:
+        twisted.web would wait for headers that never come."""
+        metrics.NOT_HTTP.inc()
+        peer = self.transport.getPeer()
+        log.warning(
+            "%s:%s sent %r, not an HTTP request, to the HTTP port; carbon lines go to the carbon port (--graphite)",
+            getattr(peer, "host", "?"),
+            getattr(peer, "port", "?"),
+            excerpt(line),
+        )
+        message = (
+            f"not an HTTP request line: {excerpt(line)!r}; this is tsgate's HTTP port: send carbon"
+            " plaintext lines (path value timestamp) to the carbon port (--graphite, 2003 by default)"
+        )
+        self._answer_early(json_response(400, {"error": message}))
 
     def lineLengthExceeded(self, line):
         if self._receivedHeaderSize == 0:  # nothing of this request parsed yet: its request line
