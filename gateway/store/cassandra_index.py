@@ -116,36 +116,14 @@ class CassandraIndex(CassandraBase):
 
         return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(collect)
 
-    def find_series(self, tenant, metric_name, tag_key, tag_value, buckets=None):
-        keys = (tenant, metric_name, tag_key, tag_value)
-        return self._listing("find_series", keys, buckets).addCallback(set)
-
     def list_tenants(self):
         return self._execute(self._statements["list_tenants"]).addCallback(lambda rows: sorted(r.tenant for r in rows))
-
-    def list_metric_names(self, tenant, buckets=None):
-        return self._listing("list_metric_names", (tenant,), buckets)
-
-    def list_tag_keys(self, tenant, metric_name, buckets=None):
-        return self._listing("list_tag_keys", (tenant, metric_name), buckets)
-
-    def list_tag_values(self, tenant, metric_name, tag_key, buckets=None):
-        return self._listing("list_tag_values", (tenant, metric_name, tag_key), buckets)
 
     def list_path_children(self, tenant, parent):
         def nodes(rows):
             return sorted(PathNode(r.name, bool(r.is_leaf), bool(r.is_branch)) for r in rows)
 
         return self._execute(self._statements["list_path_children"], (tenant, parent)).addCallback(nodes)
-
-    def list_tenant_tag_keys(self, tenant, buckets=None):
-        return self._listing("list_tenant_tag_keys", (tenant,), buckets)
-
-    def list_tenant_tag_values(self, tenant, tag_key, buckets=None):
-        return self._listing("list_tenant_tag_values", (tenant, tag_key), buckets)
-
-    def find_metrics_by_tag(self, tenant, tag_key, tag_value, buckets=None):
-        return self._listing("find_metrics_by_tag", (tenant, tag_key, tag_value), buckets)
 
     def delete_index_rows(self, rows):
         requests = [(self._statements[f"delete_index_{table}"], key) for table, keys in rows.items() for key in keys]

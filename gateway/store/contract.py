@@ -319,45 +319,52 @@ class IndexStore(abc.ABC):
         """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
 
     @abc.abstractmethod
+    def _listing(self, name: str, keys: tuple, buckets: Buckets | None) -> Deferred:
+        """Fire with the sorted values of one index listing (gateway/store/index.py LISTINGS:
+        its table, the column listed, the key columns ``keys`` give), read from the all-time
+        table or, with ``buckets``, from its bucket table on any of the buckets. The listings
+        below are each one of these."""
+
     def find_series(
         self, tenant: str, metric_name: str, tag_key: str, tag_value: str, buckets: Buckets | None = None
     ) -> Deferred:
         """Fire with the set of series-set hashes indexed under one tag pair (series_sets; with
         ``buckets``, those of bucket_series_sets on any of the buckets). Every listing below takes ``buckets`` alike."""
+        return self._listing("find_series", (tenant, metric_name, tag_key, tag_value), buckets).addCallback(set)
 
     @abc.abstractmethod
     def list_tenants(self) -> Deferred:
         """Fire with the sorted list of tenants."""
 
-    @abc.abstractmethod
     def list_metric_names(self, tenant: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with the sorted metric names of a tenant."""
+        return self._listing("list_metric_names", (tenant,), buckets)
 
-    @abc.abstractmethod
     def list_tag_keys(self, tenant: str, metric_name: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with the sorted tag keys of a metric (never ``__name__``)."""
+        return self._listing("list_tag_keys", (tenant, metric_name), buckets)
 
-    @abc.abstractmethod
     def list_tag_values(self, tenant: str, metric_name: str, tag_key: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with the sorted values of a tag key of a metric."""
+        return self._listing("list_tag_values", (tenant, metric_name, tag_key), buckets)
 
     @abc.abstractmethod
     def list_path_children(self, tenant: str, parent: str) -> Deferred:
         """Fire with the sorted [PathNode] directly under a Graphite path ("" is the root)."""
 
-    @abc.abstractmethod
     def list_tenant_tag_keys(self, tenant: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with every tag key of the tenant, sorted."""
+        return self._listing("list_tenant_tag_keys", (tenant,), buckets)
 
-    @abc.abstractmethod
     def list_tenant_tag_values(self, tenant: str, tag_key: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with every value of a tag key across the tenant's metrics, sorted."""
+        return self._listing("list_tenant_tag_values", (tenant, tag_key), buckets)
 
-    @abc.abstractmethod
     def find_metrics_by_tag(
         self, tenant: str, tag_key: str, tag_value: str, buckets: Buckets | None = None
     ) -> Deferred:
         """Fire with the sorted metric names that have a series carrying ``tag_key=tag_value``."""
+        return self._listing("find_metrics_by_tag", (tenant, tag_key, tag_value), buckets)
 
     @abc.abstractmethod
     def delete_index_rows(self, rows: dict[str, list[tuple]]) -> Deferred:

@@ -91,20 +91,8 @@ class SQLiteIndex(SQLiteBase):
         )
         return self._read(column_values, query, (*keys, *starts))
 
-    def find_series(self, tenant, metric_name, tag_key, tag_value, buckets=None):
-        return self._listing("find_series", (tenant, metric_name, tag_key, tag_value), buckets).addCallback(set)
-
     def list_tenants(self):
         return self._read(column_values, "SELECT tenant FROM tenants ORDER BY tenant", ())
-
-    def list_metric_names(self, tenant, buckets=None):
-        return self._listing("list_metric_names", (tenant,), buckets)
-
-    def list_tag_keys(self, tenant, metric_name, buckets=None):
-        return self._listing("list_tag_keys", (tenant, metric_name), buckets)
-
-    def list_tag_values(self, tenant, metric_name, tag_key, buckets=None):
-        return self._listing("list_tag_values", (tenant, metric_name, tag_key), buckets)
 
     def list_path_children(self, tenant, parent):
         query = "SELECT name, is_leaf, is_branch FROM graphite_paths WHERE tenant=? AND parent=? ORDER BY name"
@@ -113,15 +101,6 @@ class SQLiteIndex(SQLiteBase):
                 PathNode(n, bool(leaf), bool(branch)) for n, leaf, branch in connection.execute(query, (tenant, parent))
             ]
         )
-
-    def list_tenant_tag_keys(self, tenant, buckets=None):
-        return self._listing("list_tenant_tag_keys", (tenant,), buckets)
-
-    def list_tenant_tag_values(self, tenant, tag_key, buckets=None):
-        return self._listing("list_tenant_tag_values", (tenant, tag_key), buckets)
-
-    def find_metrics_by_tag(self, tenant, tag_key, tag_value, buckets=None):
-        return self._listing("find_metrics_by_tag", (tenant, tag_key, tag_value), buckets)
 
     def delete_index_rows(self, rows):
         statements = [
