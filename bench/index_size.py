@@ -1,0 +1,110 @@
+"""What the time index costs a series a bucket: rows written and bytes kept (docs/storage.rst, "The time index").
+
+Workload: Kubernetes-shaped series, ``--metrics`` (10) metric names x ``--pods`` (500) pods, each
+series with the labels job, namespace, pod, instance and container, indexed in ``--buckets`` (24)
+hour buckets, new pods in every bucket (an hourly deploy: a bucket's rows are the same whether its
+pods are new or not). Prints, per series and bucket:
+
+- the index rows written (gateway/store/index.py ``bucket_index_rows``: what every driver writes),
+  by table;
+- SQLite: the bytes the bucket tables take in the file (``dbstat``, pages in use), after writing
+  the workload through SQLiteStore.write_series_buckets;
+- Cassandra: the rows' logical bytes (key columns as the driver sends them, before Cassandra's
+  own overhead and compression), since what a memtable holds is not on disk yet.
+
+    PYTHONPATH=. python -m bench.index_size
+"""
+
+import argparse
+import sqlite3
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from twisted.internet import defer, task
+
+from bench.common import exit_with
+from gateway.core.layout import INDEX_BUCKET_MS, Layout
+from gateway.core.model import SeriesKey, series_set_hash, series_set_text
+from gateway.store.index import bucket_index_rows
+from gateway.store.sqlite import SQLiteStore
+
+TENANT = "bench"
+START_MS = 1_700_000_000_000 // INDEX_BUCKET_MS * INDEX_BUCKET_MS
+
+
+def workload(metrics: int, pods: int, buckets: int) -> list[tuple[SeriesKey, int]]:
+    pairs = []
+    for bucket in range(buckets):
+        generation = bucket
+        for metric in range(metrics):
+            name = f"app_requests_{metric}_total"
+            for pod in range(pods):
+                tags = {
+                    "job": "api",
+                    "namespace": "shop",
+                    "pod": f"api-7f9c{generation:04d}-{pod:05d}",
+                    "instance": f"10.{generation % 250}.{pod // 250}.{pod % 250}:8080",
+                    "container": "api",
+                }
+                key = SeriesKey(TENANT, series_set_hash(series_set_text(name, tags)), name, tags)
+                pairs.append((key, START_MS + bucket * INDEX_BUCKET_MS))
+    return pairs
+
+
+def logical_bytes(row: tuple) -> int:
+    """A row's key columns as sent: text as UTF-8, the bucket as 8 bytes."""
+    return sum(8 if isinstance(value, int) else len(str(value).encode()) for value in row)
+
+
+async def sqlite_bytes(pairs: list[tuple[SeriesKey, int]], path: Path) -> int:
+    store = SQLiteStore(path, Layout())
+    await store.start()
+    try:
+        for start in range(0, len(pairs), 5000):
+            await store.write_series_buckets(pairs[start : start + 5000])
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as connection:
+        (used,) = connection.execute(
+            "SELECT SUM(pgsize - unused) FROM dbstat WHERE name LIKE 'bucket_%' OR name LIKE 'sqlite_autoindex_bucket_%'"
+        ).fetchone()
+    return used or 0
+
+
+async def report(pairs: list[tuple[SeriesKey, int]]) -> None:
+    rows = bucket_index_rows(pairs)
+    series_buckets = len(pairs)
+    by_table = Counter({table: len(keys) for table, keys in rows.items()})
+    total_rows = sum(by_table.values())
+    logical = sum(logical_bytes(row) for keys in rows.values() for row in keys)
+    with tempfile.TemporaryDirectory() as directory:
+        used = await sqlite_bytes(pairs, Path(directory) / "index.db")
+    print(f"{series_buckets} series-buckets")
+    print(f"  rows a series a bucket: {total_rows / series_buckets:.2f}")
+    for table, count in sorted(by_table.items()):
+        print(f"    {table:28s} {count / series_buckets:.3f}")
+    print(f"  SQLite bytes a series a bucket (dbstat, bucket tables): {used / series_buckets:.0f}")
+    print(f"  Cassandra logical bytes a series a bucket (key columns as sent): {logical / series_buckets:.0f}")
+
+
+async def run(args) -> None:
+    await report(workload(args.metrics, args.pods, args.buckets))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.index_size", description=__doc__.splitlines()[0])
+    parser.add_argument("--metrics", type=int, default=10)
+    parser.add_argument("--pods", type=int, default=500)
+    parser.add_argument("--buckets", type=int, default=24)
+    args = parser.parse_args(argv)
+    try:
+        task.react(lambda reactor: defer.ensureDeferred(run(args)))
+    except SystemExit as exit_:
+        if exit_.code:
+            raise
+    return 0
+
+
+if __name__ == "__main__":
+    exit_with(main)
