@@ -1,5 +1,6 @@
 """The tsgate command line and its config file, run as a user would."""
 
+import json
 import signal
 import socket
 import subprocess
@@ -384,3 +385,27 @@ def test_a_write_refused_whole_says_none_were_written(tmp_path):
         assert answer.status == 400 and answer.body.decode().endswith("; none were written"), answer.body
     finally:
         gateway.stop()
+
+
+@pytest.mark.slow
+def test_json_answers_end_with_a_newline(start_gateway):
+    """curl's output, then the shell prompt on a line of its own: every JSON answer (from the
+    gateway itself, from a query executor, an error, a large one) ends with one newline."""
+    gateway = start_gateway()
+    now_ms = int(time.time() * 1000)
+    samples = [{"metricName": "nl", "ts": now_ms - i, "value": i} for i in range(50_000)]
+    answer = gateway.post("/api/write", samples)
+    assert answer.status == 200, answer.body
+    for path in (
+        "/healthz",
+        "/api/metadata/tenants",
+        "/api/v1/query?query=1",
+        "/render?target=constantLine(1)&format=json",
+        "/api/query?metricName=nl&granularity=raw",  # over a MiB: written as the client takes it
+        "/api/query?start=yesterday",
+        "/nowhere",
+    ):
+        body = gateway.get(path).body
+        assert body.endswith(b"\n") and not body.endswith(b"\n\n"), (path, body[-40:])
+        json.loads(body)
+    assert len(gateway.get("/api/query?metricName=nl&granularity=raw").body) > 1 << 20

@@ -122,6 +122,12 @@ def test_two_workers_share_every_listener_and_metrics(start_gateway):
         text = gateway.get("/metrics").body.decode()
         total = sum(float(v) for v in re.findall(r"^tsgate_samples_accepted_total\{.*\} (\S+)$", text, re.MULTILINE))
         assert total == 230
+    # process_* metrics, which multiprocess mode cannot sum: one series for each process by pid,
+    # the supervisor and both workers among them.
+    resident = re.findall(r'^process_resident_memory_bytes\{pid="(\d+)"\} (\S+)$', text, re.MULTILINE)
+    assert {gateway.process.pid, *workers.values()} <= {int(pid) for pid, _ in resident}, resident
+    assert all(float(value) > 0 for _, value in resident)
+    assert re.search(rf'^process_cpu_seconds_total\{{pid="{workers[1]}"\}} ', text, re.MULTILINE)
     metrics_dir = metrics_dir_of(workers[0])
     accepted = counted_by_worker(metrics_dir, "tsgate_samples_accepted_total")  # query executors' files too
     assert set(workers.values()) <= set(accepted) and sum(accepted.values()) == 230
