@@ -2,8 +2,10 @@
 
 import gc
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 
@@ -505,7 +507,10 @@ def test_cassandra_outage_answers_503_and_loses_nothing_acknowledged(
     cassandra_server.stop()
     statuses = {write(i) for i in range(10, 15)}
     assert statuses == {503}, statuses
-    assert gateway.get("/healthz").status == 503
+    deadline = time.monotonic() + 40  # a ping that hangs rather than fails reads as slow (200) for 30 s
+    while gateway.get("/healthz").status != 503:
+        assert time.monotonic() < deadline, gateway.log()
+        time.sleep(0.5)
     cassandra_server.start()
     deadline = time.monotonic() + 120
     i = 15
@@ -519,6 +524,72 @@ def test_cassandra_outage_answers_503_and_loses_nothing_acknowledged(
     stored = sorted(int(v) for series in gateway.get("/api/query?" + q).json() for v in series["values"].values())
     assert set(acknowledged) <= set(stored)
     assert "Traceback" not in gateway.log()
+
+
+class StallingProxy:
+    """A TCP proxy to ``target`` that stalls on demand: while stalled it forwards nothing and
+    keeps every connection open, so the requests sent through it are never answered (a store
+    that hangs, as an overloaded or partitioned node does)."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                self.flowing.wait()
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.flowing.set()
+        self.listener.close()
+        for each in self.sockets:
+            each.close()
+
+
+def test_healthz_answers_within_its_deadline_while_the_store_hangs(start_gateway, cassandra_server, cassandra_url):
+    """Cassandra behind a proxy that stops forwarding: /healthz answers within its deadline
+    (HEALTHZ_DEADLINE_S, 0.5 s; 3 s allowed for a loaded box) saying the store is slow, where it
+    waited on the ping (503 after 15 s under heavy ingest); once the store answers again, ok."""
+    proxy = StallingProxy((cassandra_server.host, cassandra_server.port))
+    keyspace = cassandra_url.rsplit("/", 1)[1]
+    try:
+        gateway = start_gateway("--store", f"cassandra://127.0.0.1:{proxy.port}/{keyspace}?request_timeout=60s")
+        assert gateway.get("/healthz").json() == {"status": "ok"}
+        proxy.flowing.clear()
+        for _ in range(5):
+            started = time.monotonic()
+            answer = gateway.get("/healthz", timeout=10)
+            assert time.monotonic() - started < 3
+            assert answer.status == 200 and answer.json()["store"] == "slow", answer.body
+        assert answer.json()["waiting_s"] >= 2.0  # the same ping, still out
+        proxy.flowing.set()
+        deadline = time.monotonic() + 30
+        while gateway.get("/healthz").json() != {"status": "ok"}:
+            assert time.monotonic() < deadline, gateway.log()
+            time.sleep(0.2)
+        assert "Traceback" not in gateway.log()
+    finally:
+        proxy.close()
 
 
 def test_serve_on_a_missing_keyspace_says_how_to_create_it(cassandra_server):

@@ -14,12 +14,15 @@ Where graphite-web 1.1.8 is itself wrong or the difference is deliberate (docume
 check of tsgate's own documented answer; such cases are never skipped.
 """
 
+import functools
 import json
 import math
 import random
+import re
 import socket
 import time
 import urllib.parse
+from typing import NamedTuple
 
 import pytest
 
@@ -27,16 +30,56 @@ from tests.gatewayproc import GatewayProcess
 from tests.graphiteweb import render_batch
 
 STEP = 60
-NOW = int(time.time()) // 600 * 600 - 600  # aligned, and fixed for the whole module
-FIRST = NOW - 3 * 3600  # the first point
-FROM = NOW - 2 * 3600  # render range: the hour before FROM feeds moving windows and shifts
-UNTIL = NOW
+# A moment in a case's parameters, relative to the module's ``now`` (see ``Window``): ``@NOW-5400``
+# as epoch seconds, ``@HM+3600`` as graphite-web's HH:MM_YYYYMMDD.
+_MOMENT = re.compile(r"@(NOW|HM)([-+]\d+)")
 
 
-def _data() -> dict[str, list]:
+class Window(NamedTuple):
+    """The module's times: ``now`` aligned, the first point 3 hours before, renders over the last
+    2 hours (the hour before feeds moving windows and shifts)."""
+
+    now: int
+
+    @property
+    def first(self) -> int:
+        return self.now - 3 * 3600
+
+    @property
+    def start(self) -> int:
+        return self.now - 2 * 3600
+
+    def moment(self, text: str) -> str:
+        def absolute(match) -> str:
+            at = self.now + int(match.group(2))
+            return str(at) if match.group(1) == "NOW" else time.strftime("%H:%M_%Y%m%d", time.gmtime(at))
+
+        return _MOMENT.sub(absolute, text)
+
+    def params(self, request: dict) -> dict:
+        """A case's render parameters, its moments made absolute."""
+        params = {"format": "json", "from": str(self.start), "until": str(self.now), **request}
+        return {
+            name: [self.moment(v) for v in value] if isinstance(value, list) else self.moment(value)
+            for name, value in params.items()
+        }
+
+
+@functools.cache
+def module_window() -> Window:
+    """Read from the clock when the module's first test asks (never at import), then fixed."""
+    return Window(int(time.time()) // 600 * 600 - 600)
+
+
+@functools.cache
+def module_data() -> dict[str, list]:
+    return _data(module_window())
+
+
+def _data(window: Window) -> dict[str, list]:
     """Deterministic series: ``{name: [[timestamp, value or None], ...]}``, one point per minute."""
     rng = random.Random(20240601)
-    times = list(range(FIRST, NOW + 1, STEP))
+    times = list(range(window.first, window.now + 1, STEP))
     count = len(times)
     series = {}
 
@@ -77,7 +120,6 @@ def _data() -> dict[str, list]:
     return {name: [[t, v] for t, v in zip(times, values)] for name, values in series.items()}
 
 
-DATA = _data()
 WEB_USER = "servers.web*.cpu.user"
 CPU = "servers.*.cpu.*"
 LOAD = "seriesByTag('name=cpu.load')"
@@ -340,7 +382,7 @@ CASES = {
     "interpolate-limit": case("interpolate(servers.web3.cpu.system,5)"),
     "integralByInterval": case("integralByInterval(servers.web1.requests.count,'30min')"),
     "smartSummarize": case("smartSummarize(servers.web1.cpu.user,'15min','max')"),
-    "timeSlice": case(f"timeSlice(servers.web1.cpu.user,'{NOW - 5400}','{NOW - 3600}')"),
+    "timeSlice": case("timeSlice(servers.web1.cpu.user,'@NOW-5400','@NOW-3600')"),
     "timeStack": case("timeStack(servers.web1.cpu.user,'20min',0,3)"),
     "changed": case("changed(servers.web1.requests.count)"),
     "cumulative": case("cumulative(servers.web1.cpu.user)", maxDataPoints="10"),
@@ -382,7 +424,7 @@ CASES = {
     "alpha-secondYAxis": case("secondYAxis(alpha(servers.web1.cpu.user,0.5))"),
     "areaBetween": case("areaBetween(servers.web1.cpu.*)"),
     "drawAsInfinite": case("drawAsInfinite(servers.web1.requests.count)"),
-    "verticalLine": case(f"verticalLine('{NOW - 3600}','deploy','green')"),
+    "verticalLine": case("verticalLine('@NOW-3600','deploy','green')"),
     "fallbackSeries": case("fallbackSeries(servers.nothing.*,constantLine(7))"),
     "setXFilesFactor": case("averageSeries(setXFilesFactor(servers.web2.cpu.user,0.5),servers.web3.cpu.system)"),
     "xFilesFactor-summarize": case("summarize(xFilesFactor(servers.web2.cpu.user,0.9),'10min')"),
@@ -404,13 +446,13 @@ CASES = {
     "nested-deep": case(
         f"aliasByNode(highestMax(movingAverage(scale(sumSeriesWithWildcards({CPU},3),0.5),'5min'),2),1)"
     ),
-    "from-hhmm-yyyymmdd": case("servers.web1.cpu.user", **{"from": time.strftime("%H:%M_%Y%m%d", time.gmtime(FROM))}),
+    "from-hhmm-yyyymmdd": case("servers.web1.cpu.user", **{"from": "@HM-7200"}),
     "from-yyyymmdd-tz": case(
         "servers.web1.cpu.user",
         tz="Europe/Berlin",
         **{
-            "from": time.strftime("%H:%M_%Y%m%d", time.gmtime(FROM + 3600)),
-            "until": time.strftime("%H:%M_%Y%m%d", time.gmtime(UNTIL + 3600)),
+            "from": "@HM-3600",
+            "until": "@HM+3600",
         },
     ),
     # several targets in one request
@@ -419,8 +461,9 @@ CASES = {
 
 
 def _window(name: str) -> list:
-    """DATA's values of one series over the render range (FROM, UNTIL], as both servers return it."""
-    return [v for t, v in DATA[name] if FROM < t <= UNTIL]
+    """The values of one series over the render range, as both servers return it."""
+    window = module_window()
+    return [v for t, v in module_data()[name] if window.start < t <= window.now]
 
 
 def _nist_percentile(values: list, n: float):
@@ -450,7 +493,7 @@ def _check_group_by_missing_tag(ours: list, reference: dict, graphite_web: dict)
 
 def _check_remove_between_percentile_gaps(ours: list, reference: dict, graphite_web: dict) -> None:
     _fails_with(reference, "TypeError")
-    names = sorted(name for name in DATA if name.startswith("servers.") and ".cpu." in name)
+    names = sorted(name for name in module_data() if name.startswith("servers.") and ".cpu." in name)
     columns = list(zip(*(_window(name) for name in names)))
     lows = [_nist_percentile(column, 10) for column in columns]
     highs = [_nist_percentile(column, 90) for column in columns]
@@ -465,7 +508,7 @@ def _check_remove_between_percentile_gaps(ours: list, reference: dict, graphite_
 
 def _check_use_series_above_gaps(ours: list, reference: dict, graphite_web: dict) -> None:
     _fails_with(reference, "TypeError")
-    users = sorted(name for name in DATA if name.startswith("servers.") and name.endswith(".cpu.user"))
+    users = sorted(name for name in module_data() if name.startswith("servers.") and name.endswith(".cpu.user"))
     above = [name for name in users if max(v for v in _window(name) if v is not None) > 60]
     assert "servers.web2.cpu.user" in above  # the one with gaps
     assert [s["target"] for s in ours] == [name.replace("user", "system") for name in above]
@@ -539,34 +582,42 @@ KNOWN_DIFFERENCES: dict[str, tuple[str, object]] = {
 }
 
 
-def _params(request: dict) -> dict:
-    return {"format": "json", "from": str(FROM), "until": str(UNTIL), **request}
+@pytest.fixture(scope="module")
+def window() -> Window:
+    return module_window()
 
 
 @pytest.fixture(scope="module")
-def graphite_web(tmp_path_factory) -> dict[str, dict]:
+def data() -> dict[str, list]:
+    return module_data()
+
+
+@pytest.fixture(scope="module")
+def graphite_web(tmp_path_factory, window, data) -> dict[str, dict]:
     """graphite-web's answer to every case, from one subprocess."""
     ids = list(CASES)
-    answers = render_batch(tmp_path_factory.mktemp("graphite-web"), DATA, [_params(CASES[i]) for i in ids], step=STEP)
+    answers = render_batch(
+        tmp_path_factory.mktemp("graphite-web"), data, [window.params(CASES[i]) for i in ids], step=STEP
+    )
     return dict(zip(ids, answers))
 
 
 @pytest.fixture(scope="module")
-def tsgate(tmp_path_factory):
-    """A real gateway on the embedded store, fed DATA over carbon plaintext until /render has it all.
+def tsgate(tmp_path_factory, window, data):
+    """A real gateway on the embedded store, fed the data over carbon plaintext until /render has it all.
 
     Module-scoped (``start_gateway`` is per test): one gateway serves the whole corpus.
     """
     process = GatewayProcess(tmp_path_factory.mktemp("tsgate")).start()
     try:
         lines = "".join(
-            f"{name} {value!r} {t}\n" for name, points in DATA.items() for t, value in points if value is not None
+            f"{name} {value!r} {t}\n" for name, points in data.items() for t, value in points if value is not None
         )
         with socket.create_connection(("127.0.0.1", process.graphite_port), timeout=10) as carbon:
             carbon.sendall(lines.encode())
-        expected = {name: sum(1 for _, v in points if v is not None) for name, points in DATA.items()}
-        plain = sorted(name for name in DATA if ";" not in name)
-        params = {"target": [*plain, LOAD], "from": str(FIRST - 1), "until": str(NOW), "format": "json"}
+        expected = {name: sum(1 for _, v in points if v is not None) for name, points in data.items()}
+        plain = sorted(name for name in data if ";" not in name)
+        params = {"target": [*plain, LOAD], "from": str(window.first - 1), "until": str(window.now), "format": "json"}
         deadline = time.monotonic() + 30
         while True:
             answer = process.get("/render?" + urllib.parse.urlencode(params, doseq=True))
@@ -585,8 +636,8 @@ def tsgate(tmp_path_factory):
         process.stop()
 
 
-def _render(process, request: dict):
-    answer = process.get("/render?" + urllib.parse.urlencode(_params(request), doseq=True))
+def _render(process, window: Window, request: dict):
+    answer = process.get("/render?" + urllib.parse.urlencode(window.params(request), doseq=True))
     return answer.status, answer.body.decode()
 
 
@@ -613,9 +664,9 @@ def assert_same_render(ours: list, theirs: list) -> None:
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_render_matches_graphite_web(case_id, graphite_web, tsgate):
+def test_render_matches_graphite_web(case_id, graphite_web, tsgate, window):
     reference = graphite_web[case_id]
-    status, body = _render(tsgate, CASES[case_id])
+    status, body = _render(tsgate, window, CASES[case_id])
     if case_id in KNOWN_DIFFERENCES:
         reason, check = KNOWN_DIFFERENCES[case_id]
         assert status == 200, f"tsgate answered {status}: {body[:2000]}"

@@ -5,7 +5,7 @@ from protocols import prometheus
 from protocols.prometheus import Matcher, ReadQuery, WriteHistogram, WriteSeries, remote_pb2, types_pb2
 from tests.histogram_messages import to_protobuf
 from tests.test_exemplars_e2e import now_ms, read_samples, write
-from tests.test_prometheus_protocol import HISTOGRAM, VALID_HISTOGRAMS, histogram
+from tests.test_prometheus_protocol import HISTOGRAM, VALID_HISTOGRAMS, custom_bounds, histogram
 
 
 def at(data: bytes, timestamp: int) -> WriteHistogram:
@@ -127,6 +127,34 @@ def test_invalid_histograms_are_refused_and_counted_the_data_beside_them_written
     metrics = gateway.get("/metrics").body.decode()
     assert 'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="invalid_histogram"} 2.0' in metrics
     assert 'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="too_many_buckets"} 1.0' in metrics
+
+
+def test_custom_bounds_are_held_to_the_bucket_limit(start_gateway, tenant):
+    """A million custom bounds (8 MB a sample) are refused by their number, as many buckets are,
+    with a 400 naming the limit; the series beside it, with 160 bounds, is written."""
+    gateway = start_gateway("--max-native-histogram-buckets", "160")
+    t = now_ms() - 1000
+    answer = write(
+        gateway,
+        tenant,
+        [
+            WriteSeries({"__name__": "huge"}, histograms=[WriteHistogram(t, custom_bounds(10**6, t))]),
+            WriteSeries({"__name__": "good"}, histograms=[WriteHistogram(t, custom_bounds(160, t))]),
+        ],
+        version=2,
+    )
+    assert answer.status == 400, answer.body
+    assert answer.body.startswith(
+        f"1 of 2 native histograms rejected: series 0: invalid native histogram at {t}: "
+        "1000000 custom bounds, over the limit of 160".encode()
+    )
+    assert answer.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "1"
+    (found,) = stored(read_samples(gateway, tenant, [ReadQuery(t - 1, t + 1, [Matcher("RE", "__name__", ".+")])]))
+    assert found == [({"__name__": "good"}, [], [custom_bounds(160, t)])]
+    assert (
+        'tsgate_native_histograms_rejected_total{protocol="prometheus",reason="too_many_buckets"} 1.0'
+        in gateway.get("/metrics").body.decode()
+    )
 
 
 def test_a_too_old_histogram_is_refused_alone(start_gateway, backend_args, tenant):

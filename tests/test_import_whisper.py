@@ -34,6 +34,7 @@ import pytest
 import pytest_twisted
 import whisper
 
+from gateway.app import whisper_files
 from gateway.app.cli import build_parser
 from gateway.app.config import build_config
 from gateway.app.whisper_files import CorruptFile, file_data, read_archives
@@ -59,8 +60,16 @@ METRICS = [
     ("disk.free.min", "min", 0.1),
 ]
 LIGHT_HOSTS = 40
-NOW = int(time.time()) // 600 * 600  # of the unit tests; the whisper tree has its own
 DAY, WEEK = 86400, 7 * 86400
+
+
+@pytest.fixture
+def aligned_now() -> int:
+    """The clock when the test starts, on a 10-minute boundary (the unit tests' roll-up buckets
+    start there); the whisper tree has its own."""
+    return int(time.time()) // 600 * 600
+
+
 KEYSPACE = "tsgate_test_whisper_import"
 
 
@@ -128,7 +137,12 @@ def whisper_tree(tmp_path_factory) -> Tree:
 
 def _ranges(now: int) -> dict[str, tuple[int, int]]:
     """Render ranges well inside whisper's archive windows and tsgate's retentions."""
-    return {"day": (now - 20 * 3600, now), "week": (now - 6 * DAY, now), "year": (now - 300 * DAY, now)}
+    return {
+        "day": (now - 20 * 3600, now),
+        "week": (now - 6 * DAY, now),
+        "seven days": (now - 7 * DAY, now),
+        "year": (now - 300 * DAY, now),
+    }
 
 
 def _requests(now: int) -> list[dict]:
@@ -256,48 +270,52 @@ def _check_the_documented_difference(gateway, tenant: str, expected: list[dict],
 LAYOUT = Layout(HOUR_MS, DAY_MS, parse_granularities("1m:7d,5m:14d,10m:365d", HOUR_MS))
 
 
-def test_archives_go_to_raw_blocks_and_to_the_matching_or_derived_roll_ups(tmp_path):
+def test_archives_go_to_raw_blocks_and_to_the_matching_or_derived_roll_ups(tmp_path, aligned_now):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), SCHEMA, xFilesFactor=0.5, aggregationMethod="average")
-    whisper.update_many(str(path), [(NOW - 3 * DAY + 60 * i, float(i)) for i in range(10)], now=NOW)
-    whisper.update_many(str(path), [(NOW - 3600 + 10 * i, 100.0 + i) for i in range(6)], now=NOW)
-    archives = read_archives(path, NOW)
+    whisper.update_many(str(path), [(aligned_now - 3 * DAY + 60 * i, float(i)) for i in range(10)], now=aligned_now)
+    whisper.update_many(str(path), [(aligned_now - 3600 + 10 * i, 100.0 + i) for i in range(6)], now=aligned_now)
+    archives = read_archives(path, aligned_now)
     assert [a.step_s for a in archives] == [10, 60, 600]
-    data = file_data("t", "h", GAUGE, archives, LAYOUT, NOW)
+    data = file_data("t", "h", GAUGE, archives, LAYOUT, aligned_now)
     (slot,) = data.raw_slots
-    assert slot == (NOW - 3600 - (NOW - 3600) % 3600) * 1000 and data.raw_slots[slot].values.tolist() == [
-        100.0 + i for i in range(6)
-    ]
+    assert slot == (aligned_now - 3600 - (aligned_now - 3600) % 3600) * 1000 and data.raw_slots[
+        slot
+    ].values.tolist() == [100.0 + i for i in range(6)]
     one_minute = {row.timestamp_ms // 1000: row for row in data.rollups["1m"]}
-    assert one_minute[NOW - 3 * DAY + 60].sum == 1.0 and one_minute[NOW - 3 * DAY + 60].count == 1
-    assert one_minute[NOW - 3600].sum == sum(100.0 + i for i in range(6)) / 6  # whisper's own average
+    assert one_minute[aligned_now - 3 * DAY + 60].sum == 1.0 and one_minute[aligned_now - 3 * DAY + 60].count == 1
+    assert one_minute[aligned_now - 3600].sum == sum(100.0 + i for i in range(6)) / 6  # whisper's own average
     five = {row.timestamp_ms // 1000: row for row in data.rollups["5m"]}  # no 5m archive: from the 1m one
-    assert (five[NOW - 3 * DAY].sum, five[NOW - 3 * DAY].count) == (0 + 1 + 2 + 3 + 4, 5)
-    assert (five[NOW - 3 * DAY].min, five[NOW - 3 * DAY].max) == (0.0, 4.0)
+    assert (five[aligned_now - 3 * DAY].sum, five[aligned_now - 3 * DAY].count) == (0 + 1 + 2 + 3 + 4, 5)
+    assert (five[aligned_now - 3 * DAY].min, five[aligned_now - 3 * DAY].max) == (0.0, 4.0)
     assert data.unused_archives == 0
-    maxima = file_data("t", "h", MAX_ONLY, archives, LAYOUT, NOW).rollups["5m"]
+    maxima = file_data("t", "h", MAX_ONLY, archives, LAYOUT, aligned_now).rollups["5m"]
     assert maxima[0].max == 4.0 and maxima[0].sum is None
 
 
-def test_points_past_a_retention_are_left_out(tmp_path):
+def test_points_past_a_retention_are_left_out(tmp_path, aligned_now):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), SCHEMA, xFilesFactor=0.0, aggregationMethod="average")
-    whisper.update_many(str(path), [(NOW - 100 * DAY, 1.0), (NOW - 10 * DAY, 2.0), (NOW - 2 * DAY, 3.0)], now=NOW)
-    data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
+    whisper.update_many(
+        str(path),
+        [(aligned_now - 100 * DAY, 1.0), (aligned_now - 10 * DAY, 2.0), (aligned_now - 2 * DAY, 3.0)],
+        now=aligned_now,
+    )
+    data = file_data("t", "h", GAUGE, read_archives(path, aligned_now), LAYOUT, aligned_now)
     assert data.raw_slots == {}
     assert [row.sum for row in data.rollups["1m"]] == [3.0]
     assert [row.sum for row in data.rollups["5m"]] == [3.0]
     assert [row.sum for row in data.rollups["10m"]] == [1.0, 2.0, 3.0]
 
 
-def test_stale_points_of_an_earlier_lap_are_not_read(tmp_path):
+def test_stale_points_of_an_earlier_lap_are_not_read(tmp_path, aligned_now):
     """A ring slot still holding a point from more than its retention ago is not data (whisper's fetch skips it)."""
     path = tmp_path / "a.wsp"
     whisper.create(str(path), [(60, 10)], xFilesFactor=0.0)
-    whisper.update_many(str(path), [(NOW - 300, 5.0), (NOW - 60, 6.0)], now=NOW)
-    (archive,) = read_archives(path, NOW + 3600)
+    whisper.update_many(str(path), [(aligned_now - 300, 5.0), (aligned_now - 60, 6.0)], now=aligned_now)
+    (archive,) = read_archives(path, aligned_now + 3600)
     assert len(archive.samples) == 0
-    (archive,) = read_archives(path, NOW)
+    (archive,) = read_archives(path, aligned_now)
     assert archive.samples.values.tolist() == [5.0, 6.0]
 
 
@@ -305,13 +323,13 @@ def test_stale_points_of_an_earlier_lap_are_not_read(tmp_path):
     "content",
     [b"", b"garbage", None],  # None: a whole header whose archive runs past the end of the file
 )
-def test_corrupt_files_are_refused_with_a_reason(tmp_path, content):
+def test_corrupt_files_are_refused_with_a_reason(tmp_path, content, aligned_now):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), SCHEMA)
     data = path.read_bytes()
     path.write_bytes(data[:100] if content is None else content)
     with pytest.raises(CorruptFile):
-        read_archives(path, NOW)
+        read_archives(path, aligned_now)
 
 
 def test_paths_from_file_names():
@@ -323,13 +341,13 @@ def test_paths_from_file_names():
     )
 
 
-def test_timestamps_of_raw_blocks_are_milliseconds(tmp_path):
+def test_timestamps_of_raw_blocks_are_milliseconds(tmp_path, aligned_now):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), SCHEMA)
-    whisper.update_many(str(path), [(NOW - 50, 1.5)], now=NOW)
-    data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
+    whisper.update_many(str(path), [(aligned_now - 50, 1.5)], now=aligned_now)
+    data = file_data("t", "h", GAUGE, read_archives(path, aligned_now), LAYOUT, aligned_now)
     (samples,) = data.raw_slots.values()
-    assert samples.timestamps.dtype == np.int64 and samples.timestamps.tolist() == [(NOW - 50) * 1000]
+    assert samples.timestamps.dtype == np.int64 and samples.timestamps.tolist() == [(aligned_now - 50) * 1000]
 
 
 @pytest.mark.slow  # runs tsgate processes over the 205 files
@@ -358,11 +376,62 @@ def test_an_interrupted_import_goes_on_where_it_stopped(whisper_tree, tmp_path, 
     assert len(state.read_text().splitlines()) == 205
 
 
-def test_an_archive_no_table_can_take_is_counted(tmp_path):
+def test_archives_read_in_chunks_give_the_same_points(tmp_path, monkeypatch, aligned_now):
+    """Chunks of 7 points (whisper_files.CHUNK_POINTS), and a sparse file's holes skipped: the same
+    points as one read of each archive."""
+    path = tmp_path / "a.wsp"
+    whisper.create(str(path), SCHEMA, xFilesFactor=0.0, sparse=True)
+    whisper.update_many(str(path), [(aligned_now - 3 * DAY + 60 * i, float(i)) for i in range(100)], now=aligned_now)
+    whisper.update_many(str(path), [(aligned_now - 3600 + 10 * i, 100.0 + i) for i in range(50)], now=aligned_now)
+    whole = read_archives(path, aligned_now)
+    monkeypatch.setattr(whisper_files, "CHUNK_POINTS", 7)
+    chunked = read_archives(path, aligned_now)
+    assert [len(a.samples) for a in chunked] == [50, 109, 11]
+    for one, other in zip(whole, chunked):
+        assert one.samples.timestamps.tolist() == other.samples.timestamps.tolist()
+        assert one.samples.values.tolist() == other.samples.values.tolist()
+
+
+@pytest.mark.slow  # runs a tsgate import process
+def test_a_sparse_file_costs_its_points_and_symlinks_out_are_refused(tmp_path, tenant):
+    """A sparse 1.2 GB file of ten points (one archive of 1e8 points at 1 s) is imported at the
+    memory of its ten points: the import's peak RSS, all its processes, under 400 MiB (2.9 GB
+    before, 5.2 GB on a loaded box). A symlink to a whisper file outside the directory is refused
+    and named; a symlink inside it and the other files are imported (exit 1, for the refusal)."""
+    now = int(time.time())
+    tree = tmp_path / "w"
+    (tree / "a").mkdir(parents=True)
+    sparse = tree / "sparse.wsp"
+    whisper.create(str(sparse), [(1, 10**8)], xFilesFactor=0.0, sparse=True)
+    whisper.update_many(str(sparse), [(now - 60 * i, float(i)) for i in range(10)], now=now)
+    assert sparse.stat().st_size == 1_200_000_028
+    for path in (tree / "a" / "b.wsp", tmp_path / "secret.wsp"):
+        whisper.create(str(path), SCHEMA)
+        whisper.update_many(str(path), [(now - 50, 1.0)], now=now)
+    (tree / "alias.wsp").symlink_to(tree / "a" / "b.wsp")
+    (tree / "a" / "leak.wsp").symlink_to(tmp_path / "secret.wsp")
+    command = [sys.executable, "-m", "gateway.app.cli", "import", "whisper", str(tree), "--tenant", tenant]
+    command += ["--workers", "1", "--state-dir", str(tmp_path / "state"), "--data-dir", str(tmp_path / "data")]
+    measured = (
+        "import json, resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True)"
+    )
+    measured += "; print(json.dumps([r.returncode, r.stdout, r.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))"
+    result = subprocess.run(
+        [sys.executable, "-c", measured, *command, *LAYOUT_FLAGS], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    returncode, stdout, stderr, peak_kib = json.loads(result.stdout)
+    assert returncode == 1, stderr
+    assert "imported 3 files, 12 points" in stdout and "1 could not be imported" in stdout
+    secret = (tmp_path / "secret.wsp").resolve()
+    assert f"could not import a/leak.wsp: a symlink to {secret}, outside {tree.resolve()}: refused" in stderr
+    assert peak_kib < 400 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
+
+
+def test_an_archive_no_table_can_take_is_counted(tmp_path, aligned_now):
     path = tmp_path / "a.wsp"
     whisper.create(str(path), [(10, 8640), (60, 10080), (420, 10000)], xFilesFactor=0.0)  # 7 min: no granularity
-    whisper.update_many(str(path), [(NOW - 30 * DAY, 1.0), (NOW - 50, 2.0)], now=NOW)
-    data = file_data("t", "h", GAUGE, read_archives(path, NOW), LAYOUT, NOW)
+    whisper.update_many(str(path), [(aligned_now - 30 * DAY, 1.0), (aligned_now - 50, 2.0)], now=aligned_now)
+    data = file_data("t", "h", GAUGE, read_archives(path, aligned_now), LAYOUT, aligned_now)
     assert data.unused_archives == 1
     assert data.points == 1 + 1 + 2  # the 7 min archive holds both points: it is read, not written
 
@@ -373,10 +442,10 @@ def store_layout() -> Layout:
 
 
 @pytest_twisted.ensureDeferred
-async def test_samples_the_store_holds_already_are_merged_in_and_win(tmp_path, sqlite_store, tenant):
+async def test_samples_the_store_holds_already_are_merged_in_and_win(tmp_path, sqlite_store, tenant, aligned_now):
     """A gateway wrote the series meanwhile (a head row of the slot the import writes): the block
     holds both, the gateway's value where both have a timestamp, and the head row counts as sealed."""
-    now = NOW - 600
+    now = aligned_now - 600
     path = tmp_path / "w" / "a" / "b.wsp"
     path.parent.mkdir(parents=True)
     whisper.create(str(path), SCHEMA)
@@ -395,9 +464,11 @@ async def test_samples_the_store_holds_already_are_merged_in_and_win(tmp_path, s
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_tenant_with_its_own_raw_retention_gets_raw_blocks_only_within_it(tmp_path, sqlite_store, tenant):
+async def test_a_tenant_with_its_own_raw_retention_gets_raw_blocks_only_within_it(
+    tmp_path, sqlite_store, tenant, aligned_now
+):
     """--overrides gives the tenant 2 h of raw data: older points of the file go to roll-ups only."""
-    now = NOW - 600
+    now = aligned_now - 600
     path = tmp_path / "w" / "a.wsp"
     path.parent.mkdir(parents=True)
     whisper.create(str(path), SCHEMA, xFilesFactor=0.0)

@@ -103,12 +103,19 @@ def test_a_tenant_section_overrides_some_keys_and_the_flags_give_the_rest(tmp_pa
         ('[tenants."a|b"]\nquery-max-samples = 5\n', "tenant 'a|b': "),
         ("[tenant.a]\nquery-max-samples = 5\n", "unknown top-level key 'tenant'"),
         ("[tenants.a\n", "not TOML"),
+        ("", "no [tenants] table: an empty file (one being rewritten, say) would drop every tenant's values"),
+        ("# every tenant removed\n", "write `tenants = {}` to give no tenant values of its own"),
     ],
 )
 def test_bad_files_are_refused_naming_the_tenant_the_key_and_why(text, problem):
     with pytest.raises(OverridesError) as refused:
         parse_overrides(text, Layout())
     assert problem in str(refused.value)
+
+
+@pytest.mark.parametrize("text", ["tenants = {}\n", "[tenants]\n"])
+def test_an_explicit_empty_tenants_table_gives_no_tenant_its_own_values(text):
+    assert parse_overrides(text, Layout()) == {}
 
 
 def reload_failures() -> float:
@@ -163,6 +170,9 @@ def test_a_missing_or_bad_file_at_start_up_stops_the_start(tmp_path):
     (tmp_path / "bad.toml").write_text("[tenants.a]\nfoo = 1\n")
     with pytest.raises(ValueError, match=r"--overrides .*bad.toml: tenant 'a': unknown key 'foo'"):
         config_of("--overrides", str(tmp_path / "bad.toml"))
+    (tmp_path / "empty.toml").write_text("")
+    with pytest.raises(ValueError, match=r"--overrides .*empty.toml: no \[tenants\] table"):
+        config_of("--overrides", str(tmp_path / "empty.toml"))
 
 
 def test_ingest_limits_follow_each_tenant_and_a_reload(tmp_path):
@@ -188,7 +198,7 @@ def test_ingest_limits_follow_each_tenant_and_a_reload(tmp_path):
     overrides.reload()
     now[0] = 1.0
     assert limits.admit({"small": {"c": 1000, "d": 1}}) == {"small": {"d"}}  # no rate limit any more
-    path.write_text("")
+    path.write_text("tenants = {}\n")
     overrides.reload()
     assert not limits.enabled
 

@@ -4,16 +4,19 @@ new one is bad, and shows them at GET /api/v1/admin/overrides; on Cassandra, row
 with each tenant's retention as their TTL."""
 
 import signal
+import subprocess
+import sys
 import time
 import urllib.parse
 
+import pytest
 import pytest_twisted
 
 from gateway.core.layout import DAY_MS, HOUR_MS, Layout, Retentions, parse_granularities
 from gateway.http.auth import hash_token
 from gateway.store.cassandra import CassandraStore
 from gateway.store.contract import ExemplarRow, HistogramRow, Rollup
-from tests.gatewayproc import metric_value
+from tests.gatewayproc import REPO, free_port, metric_value, tsgate_serve
 from tests.test_cassandra import cql_session
 
 ACTIVE_REFUSAL = (
@@ -42,9 +45,9 @@ def query(gateway, tenant: str, now: int):
     return gateway.get("/api/query?" + urllib.parse.urlencode(arguments))
 
 
-def wait_for_log(gateway, text: str, timeout_s: float = 30) -> None:
+def wait_for_log(gateway, text: str, timeout_s: float = 30, times: int = 1) -> None:
     deadline = time.monotonic() + timeout_s
-    while text not in gateway.log():
+    while gateway.log().count(text) < times:
         assert time.monotonic() < deadline, f"no {text!r} in the log:\n{gateway.log()}"
         time.sleep(0.2)
 
@@ -90,6 +93,14 @@ def test_each_tenant_gets_its_limits_and_a_new_file_applies_without_restart(star
     assert query(gateway, small, now).status == 200
     assert gateway.get("/api/v1/admin/overrides").json()["data"]["tenants"][small]["max-points-per-query"] == 1000
     assert metric_value(gateway, "tsgate_overrides_reload_failures_total") == 1
+
+    # an empty file (as one is while it is rewritten) is refused too: nobody's values are dropped
+    path.write_text("")
+    gateway.process.send_signal(signal.SIGHUP)
+    wait_for_log(gateway, "refused (SIGHUP)", times=2)
+    assert "no [tenants] table: an empty file (one being rewritten, say) would drop" in gateway.log()
+    assert gateway.get("/api/v1/admin/overrides").json()["data"]["tenants"][small]["max-points-per-query"] == 1000
+    assert metric_value(gateway, "tsgate_overrides_reload_failures_total") == 2
 
     # a file changed without SIGHUP is picked up by the poll (every 5 s)
     limits_file(path, small, active=5, points=5)
@@ -158,6 +169,35 @@ async def test_cassandra_rows_are_written_with_their_tenants_retention_as_ttl(ca
                 assert wanted[what] * 86_400 - 120 <= found <= wanted[what] * 86_400, (owner, what, found)
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_an_empty_file_stops_the_start_and_the_empty_marker_is_taken(tmp_path):
+    """`tsgate serve` with an empty overrides file exits 2 naming it; `tenants = {}` is the way to
+    say that no tenant has values of its own (`tsgate overrides check` says the same)."""
+    path = tmp_path / "overrides.toml"
+    path.write_text("# nobody\n")
+    result, _ = tsgate_serve(tmp_path, "--http", f"127.0.0.1:{free_port()}", "--overrides", str(path))
+    assert result.returncode == 2, result.stderr
+    assert f"--overrides {path}: no [tenants] table" in result.stderr
+    assert "write `tenants = {}` to give no tenant values of its own" in result.stderr
+    check = subprocess.run(
+        [sys.executable, "-m", "gateway.app.cli", "overrides", "check", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 1 and "no [tenants] table" in check.stderr
+    path.write_text("tenants = {}\n")
+    assert (
+        "ok, 0 tenants with their own values"
+        in subprocess.run(
+            [sys.executable, "-m", "gateway.app.cli", "overrides", "check", str(path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stderr
+    )
 
 
 def test_with_an_auth_file_the_overrides_need_the_admin_role(start_gateway, tenant, tmp_path):

@@ -174,6 +174,19 @@ def histogram(
 HISTOGRAM = histogram()
 
 
+def custom_bounds(count: int, timestamp: int = 1000) -> bytes:
+    """A valid custom-buckets (NHCB) histogram of ``count`` bounds, two observations in its first two buckets."""
+    return histogram(
+        schema=-53,
+        zero_count=0,
+        count=2,
+        positive=((0, 2),),
+        deltas=(1, 0),
+        custom=tuple(float(bound) for bound in range(1, count + 1)),
+        timestamp=timestamp,
+    )
+
+
 def v1_series(labels, samples=(), exemplars=0, histograms=0) -> bytes:
     out = b"".join(f_bytes(1, label(n, v)) for n, v in labels)
     out += b"".join(f_bytes(2, sample(v, t)) for t, v in samples)
@@ -937,6 +950,9 @@ def test_histograms_over_the_bucket_limit_are_refused_before_their_buckets_are_r
     assert "3 spans, over the limit of 2" in decode(many_spans, 2).rejected_histograms[0].problem
     marker = histogram(count=0, zero_count=0, positive=((0, 0),), deltas=())  # client_golang's empty histogram
     assert decode(marker, 1).rejected_histograms == []
+    custom = histogram(schema=-53, zero_count=0, count=2, positive=((0, 2),), deltas=(1, 0), custom=(1.0, 2.0, 3.0))
+    assert decode(custom, 3).series[0].histograms == [WriteHistogram(1000, custom)]
+    assert "4 custom bounds, over the limit of 3" in decode(custom_bounds(4), 3).rejected_histograms[0].problem
 
     # the issue's histogram: one span of a million buckets, stored before and 24 s to read back
     million = histogram(count=10**6, zero_count=0, positive=((0, 10**6),), deltas=(1,) + (0,) * (10**6 - 1))

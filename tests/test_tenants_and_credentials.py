@@ -20,19 +20,24 @@ from gateway.http.auth import hash_password, hash_token, verify_password
 from tests.gatewayproc import REPO
 from tests.prometheusproc import PrometheusProcess
 
-NOW_S = int(time.time())
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def now_s() -> int:
+    """The clock, read when a request is made (a module-level moment goes stale in a long run)."""
+    return int(time.time())
 
 
 def put(gateway, metric: str, value: float, headers=None, path="/api/put", tags=None):
     body = [
-        {"metric": metric, "timestamp": NOW_S - 60, "value": value, "tags": {"host": "h1"} if tags is None else tags}
+        {"metric": metric, "timestamp": now_s() - 60, "value": value, "tags": {"host": "h1"} if tags is None else tags}
     ]
     return gateway.post(path, body, headers=headers or {})
 
 
 def query(gateway, metric: str, headers=None, params=""):
-    path = f"/api/query?metricName={metric}&start={NOW_S - 3600}&end={NOW_S + 60}&granularity=raw{params}"
+    now = now_s()
+    path = f"/api/query?metricName={metric}&start={now - 3600}&end={now + 60}&granularity=raw{params}"
     return gateway.get(path, headers=headers or {})
 
 
@@ -85,7 +90,7 @@ def raw_get(gateway, path: str, headers: list[tuple[str, str]]):
 
 @pytest.mark.parametrize("header", ["X-Scope-OrgID", "X-Tenant"])
 def test_a_tenant_header_repeated_with_two_tenants_is_refused(open_gateway, tenant, header):
-    path = f"/api/query?metricName=spoof_cpu&start={NOW_S - 3600}&end={NOW_S + 60}"
+    path = f"/api/query?metricName=spoof_cpu&start={now_s() - 3600}&end={now_s() + 60}"
     status, error = raw_get(open_gateway, path, [(header, tenant), (header, "other")])
     assert status == 400 and f"the {header} header names 2 different tenants" in error, (status, error)
     for headers in ([(header, tenant)], [(header, tenant), (header, tenant)]):
@@ -119,7 +124,7 @@ def test_a_render_form_field_cannot_switch_tenant(open_gateway, tenant):
 
 
 def test_a_write_item_naming_another_tenant_than_the_header_is_rejected(open_gateway, tenant):
-    item = {"tenant": "other", "metricName": "spoof_mem", "tags": {}, "ts": NOW_S - 60, "value": 5.0}
+    item = {"tenant": "other", "metricName": "spoof_mem", "tags": {}, "ts": now_s() - 60, "value": 5.0}
     good = {**item, "tenant": tenant, "value": 6.0}
     answer = open_gateway.post("/api/write", [item, good], headers={"X-Scope-OrgID": tenant})
     assert answer.status == 400

@@ -2,12 +2,18 @@
 pending marks and head_written_at, and the Cassandra request queue's bound (driven through a
 session whose requests the test completes by hand, as the driver's I/O thread would)."""
 
+import json
+
 import pytest
 import pytest_twisted
 from cassandra import DriverException
+from twisted.internet import defer, task
+from twisted.python.failure import Failure
 
 from gateway.core.caches import LRUMap, SlotHolds
+from gateway.http.ops import HEALTHZ_DEADLINE_S, STORE_STALE_AFTER_S, OpsAPI
 from gateway.ingest.metadata_cache import SeenSeries
+from gateway.store import StoreUnavailable
 from gateway.store.cassandra_requests import RequestQueue
 
 
@@ -202,3 +208,92 @@ def test_failure_limit_keeps_a_bounded_number_of_keys_and_zero_turns_it_off():
     for _ in range(100):
         unlimited.failed("user a")
         unlimited.check("user a")
+
+
+def test_failure_limit_tells_which_keys_failed_lately():
+    """Credentials hold an address to the user name's allowance only when it failed in the last
+    SUSPECT_ADDRESS_S: after that it is a clean address again."""
+    from gateway.http.auth import SUSPECT_ADDRESS_S, FailureLimit
+
+    clock = FakeClock()
+    limit = FailureLimit(6, clock=clock)
+    assert not limit.failed_within("address x", SUSPECT_ADDRESS_S)
+    limit.failed("address x")
+    clock.now += SUSPECT_ADDRESS_S - 1
+    assert limit.failed_within("address x", SUSPECT_ADDRESS_S)
+    assert not limit.failed_within("address y", SUSPECT_ADDRESS_S)
+    clock.now += 1
+    assert not limit.failed_within("address x", SUSPECT_ADDRESS_S)
+
+
+class PingedStore:
+    """A store whose pings the test answers by hand."""
+
+    def __init__(self):
+        self.pings: list[defer.Deferred] = []
+
+    def ping(self):
+        self.pings.append(defer.Deferred())
+        return self.pings[-1]
+
+
+def ask(api: OpsAPI) -> list:
+    """/healthz asked: a list that gets its answer, (status, document), or the error it raised."""
+    answers: list = []
+
+    def answered(outcome):
+        if isinstance(outcome, Failure):
+            answers.append(outcome.value)
+        else:
+            answers.append((outcome.status, json.loads(outcome.body)))
+
+    defer.ensureDeferred(api.healthz(None)).addBoth(answered)
+    return answers
+
+
+def test_healthz_answers_by_its_deadline_whatever_the_store_does():
+    """One ping at a time; a store that has not answered within HEALTHZ_DEADLINE_S reads as slow
+    (200) until it has been silent for STORE_STALE_AFTER_S (503 "store slow"); a failed ping
+    raises StoreUnavailable (the gateway's 503) until a ping answers again."""
+    clock, store = task.Clock(), PingedStore()
+    api = OpsAPI(store, clock)
+    answers = ask(api)
+    store.pings[0].callback(None)
+    assert answers == [(200, {"status": "ok"})]
+
+    clock.advance(10)
+    answers = ask(api)
+    clock.advance(HEALTHZ_DEADLINE_S - 0.01)
+    assert answers == []  # waiting for the store
+    clock.advance(0.01)
+    assert answers == [(200, {"status": "ok", "store": "slow", "waiting_s": 0.5, "last_answer_s_ago": 10.5})]
+    for _ in range(10):
+        answers = ask(api)
+        clock.advance(HEALTHZ_DEADLINE_S)
+        assert answers[0][0] == 200 and answers[0][1]["store"] == "slow"
+    assert len(store.pings) == 2  # the ping in flight is waited for, not sent again
+    clock.advance(STORE_STALE_AFTER_S)
+    answers = ask(api)
+    clock.advance(HEALTHZ_DEADLINE_S)
+    ((status, document),) = answers
+    assert status == 503 and document["status"] == "store slow", document
+    assert document["error"] == "the store has not answered a ping for 46.0 s"
+    assert api.health._waiting == {}  # the requests that gave up are not kept
+    for wait_s in (0, HEALTHZ_DEADLINE_S):  # a client that leaves: its answer is cancelled, nothing breaks
+        gone = defer.ensureDeferred(api.healthz(None))
+        gone.cancel()
+        assert isinstance(gone.result.value, defer.CancelledError)
+        gone.addErrback(lambda _: None)
+        clock.advance(wait_s)
+
+    answers = ask(api)
+    store.pings[1].errback(StoreUnavailable("cassandra: no host"))
+    (error,) = answers
+    assert isinstance(error, StoreUnavailable) and str(error) == "store health check failed: cassandra: no host"
+    answers = ask(api)
+    clock.advance(HEALTHZ_DEADLINE_S)  # no answer yet: the last one failed
+    assert isinstance(answers[0], StoreUnavailable)
+    store.pings[2].callback(None)
+    answers = ask(api)
+    store.pings[3].callback(None)
+    assert answers == [(200, {"status": "ok"})]

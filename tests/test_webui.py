@@ -36,23 +36,24 @@ BROWSER_FLAGS = (
     "--window-size=1280,1000",
 )
 WAIT_S = 30  # the longest any step may take on a loaded machine
-NOW_S = int(time.time())
 HOSTILE = '<script>window.xssRan = 1</script><img src=x onerror="window.xssRan = 1">'
 SERIES = {"a": 1.0, "b": 2.0, HOSTILE: 3.0}
 BROWSER_HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 
 
-def write_series(gateway, tenant: str, headers=None) -> None:
-    """webui_cpu for three hosts (one named with markup), a point a minute for 20 minutes, and
-    a Graphite path."""
+def write_series(gateway, tenant: str, headers=None) -> int:
+    """webui_cpu for three hosts (one named with markup), a point a minute for the 20 minutes
+    before now, and a Graphite path; returns that now (epoch seconds)."""
+    now_s = int(time.time())
     items = [
-        {"metric": "webui_cpu", "tags": {"host": host}, "timestamp": NOW_S - 60 * age, "value": base + age}
+        {"metric": "webui_cpu", "tags": {"host": host}, "timestamp": now_s - 60 * age, "value": base + age}
         for host, base in SERIES.items()
         for age in range(1, 21)
     ]
-    items += [{"metric": "webui.disk.used", "tags": {}, "timestamp": NOW_S - 60 * age, "value": 42} for age in (1, 2)]
+    items += [{"metric": "webui.disk.used", "tags": {}, "timestamp": now_s - 60 * age, "value": 42} for age in (1, 2)]
     answer = gateway.post("/api/put", items, headers={"X-Scope-OrgID": tenant, **(headers or {})})
     assert answer.status == 200, answer.body
+    return now_s
 
 
 # -- the per-tenant figures ------------------------------------------------------------------
@@ -104,7 +105,9 @@ def test_root_is_the_json_banner_for_clients_and_the_page_for_browsers(start_gat
 def test_status_sums_up_tenants_ingest_rejects_and_the_store(start_gateway, backend_args, tenant):
     gateway = start_gateway(*backend_args)
     write_series(gateway, tenant)
-    bad = gateway.post("/api/put", [{"metric": "", "timestamp": NOW_S, "value": 1}], headers={"X-Scope-OrgID": tenant})
+    bad = gateway.post(
+        "/api/put", [{"metric": "", "timestamp": int(time.time()), "value": 1}], headers={"X-Scope-OrgID": tenant}
+    )
     assert bad.status == 400
     status = gateway.get("/admin/status").json()
     kind = "cassandra" if backend_args else "sqlite"
@@ -211,9 +214,10 @@ def series_text(labels: dict[str, str]) -> str:
 
 def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     gateway = start_gateway()
-    write_series(gateway, tenant)
+    now_s = write_series(gateway, tenant)
     browser.get(f"{gateway.url}/?tenant={tenant}#explore")
     wait_for(browser, lambda d: "webui_cpu" in texts(d, "#metric-list li"), "the metric list")
+    assert "webui.disk.used" in texts(browser, "#metric-list li")  # a Graphite path's name as written
     assert Select(browser.find_element(By.ID, "tenant")).first_selected_option.text == tenant
 
     # Explore: the series of a metric, label values shown as text (the markup is not run).
@@ -238,7 +242,7 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
         "const end = new Date(arguments[0] * 1000);"
         "const local = new Date(end.getTime() - end.getTimezoneOffset() * 60000);"
         "document.getElementById('query-end').value = local.toISOString().slice(0, 19);",
-        NOW_S,
+        now_s,
     )
     browser.find_element(By.ID, "query-run").click()
     wait_for(browser, lambda d: len(texts(d, "#query-table tbody tr")) == 3, "the query table")
@@ -247,7 +251,7 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     assert all(int(group.get_attribute("data-points")) > 5 for group in drawn)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#query-chart path.series-line")) == 3
     step = round(3600 / 250)
-    params = urllib.parse.urlencode({"query": "webui_cpu", "start": NOW_S - 3600, "end": NOW_S, "step": step})
+    params = urllib.parse.urlencode({"query": "webui_cpu", "start": now_s - 3600, "end": now_s, "step": step})
     answer = gateway.get(f"/api/v1/query_range?{params}", headers={"X-Scope-OrgID": tenant}).json()["data"]["result"]
     expected = sorted([series_text(dict(s["metric"])), str(len(s["values"])), s["values"][-1][1]] for s in answer)
     shown = sorted(cells[:3] for cells in table_rows(browser, "#query-table"))
@@ -255,11 +259,16 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     assert series_text({"__name__": "webui_cpu", "host": HOSTILE}) in texts(browser, "#query-legend li")
     assert browser.find_elements(By.CSS_SELECTOR, "#query-legend img, #query-table img") == []
 
-    # A query that does not parse: the API's error is shown, the last answer stays.
+    # the time axis ticks on round times: a 1 h window every 10 minutes
+    ticks = [text for text in texts(browser, "#query-chart .axis text") if ":" in text]
+    assert len(ticks) >= 5 and all(int(text[-2:]) % 10 == 0 for text in ticks), ticks
+
+    # A query that does not parse: the API's error is shown, the last answer is not left under it.
     browser.find_element(By.ID, "query-expr").send_keys(" +")
     browser.find_element(By.ID, "query-run").click()
     wait_for(browser, lambda d: "400" in d.find_element(By.ID, "message").text, "the parse error")
-    assert len(table_rows(browser, "#query-table")) == 3
+    assert table_rows(browser, "#query-table") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "#query-chart") == []
 
     # A Graphite leaf from the tree, as a target.
     browser.find_element(By.ID, "tab-explore").click()

@@ -197,7 +197,7 @@ SETTINGS = [
         "auth-max-failures",
         _non_negative,
         "20",
-        "with --auth-file: failed credentials a minute per user name and per client address before further attempts get 429 (no password is checked then); 0: no limit",
+        "with --auth-file: failed credentials a minute per client address, and per user name for addresses that failed in the last 10 minutes, before further attempts get 429 (no password is checked then); 0: no limit",
     ),
     Setting(
         "enable-admin-api",
@@ -347,7 +347,7 @@ SETTINGS = [
         "max-native-histogram-buckets",
         _non_negative,
         "160",
-        "most buckets (positive and negative) of one remote-written native histogram; one with more is refused and counted, the rest of the request is written (Prometheus's native_histogram_bucket_limit, which lowers a scrape's resolution instead); 0: no limit",
+        "most buckets (positive and negative), and most custom bounds, of one remote-written native histogram; one with more is refused and counted, the rest of the request is written (Prometheus's native_histogram_bucket_limit, which lowers a scrape's resolution instead); 0: no limit",
     ),
     Setting("max-sample-age", parse_duration, "3650d", "oldest accepted timestamp, relative to now"),
     Setting("max-future", parse_duration, "10m", "newest accepted timestamp, ahead of now"),

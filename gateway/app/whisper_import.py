@@ -17,7 +17,6 @@ import queue
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -70,15 +69,41 @@ def graphite_name(relative: str, prefix: str) -> tuple[str, dict[str, str]]:
     return (f"{prefix.rstrip('.')}.{name}" if prefix else name), tags
 
 
-def whisper_files(directory: Path) -> Iterator[WhisperFile]:
-    """Every ``*.wsp`` under the directory, in path order."""
+class OutsideDirectory(ValueError):
+    """A file under the import directory that is a symlink to a file outside it."""
+
+
+def check_inside(directory: Path, path: Path) -> None:
+    """OutsideDirectory when ``path`` (a symlink, or under one) resolves outside ``directory``."""
+    target, root = path.resolve(), directory.resolve()
+    if not target.is_relative_to(root):
+        raise OutsideDirectory(f"a symlink to {target}, outside {root}: refused")
+
+
+class Listing(NamedTuple):
+    files: list[WhisperFile]
+    refused: list[tuple[str, str]]  # (path under DIR, why it is not imported)
+
+
+def whisper_files(directory: Path) -> Listing:
+    """Every ``*.wsp`` under the directory, in path order. A symlink leading out of the directory
+    is refused (an import reads the tree it was given, nothing a link in it points at), as is one
+    leading nowhere; symlinked directories are not walked into."""
+    files, refused = [], []
     for root, dirs, names in os.walk(directory):
         dirs.sort()
         for name in sorted(names):
             if name.endswith(".wsp"):
                 path = Path(root, name)
-                status = path.stat()
-                yield WhisperFile(path.relative_to(directory).as_posix(), status.st_size, status.st_mtime_ns)
+                relative = path.relative_to(directory).as_posix()
+                try:
+                    check_inside(directory, path)
+                    status = path.stat()
+                except (OutsideDirectory, OSError) as error:
+                    refused.append((relative, str(error)))
+                    continue
+                files.append(WhisperFile(relative, status.st_size, status.st_mtime_ns))
+    return Listing(files, refused)
 
 
 def state_path(state_dir: Path, directory: Path, tenant: str, prefix: str, store_url: str) -> Path:
@@ -107,19 +132,19 @@ class Job(NamedTuple):
 
 def run_import(config: Config, directory: Path, tenant: str, prefix: str, workers: int, state_dir: Path) -> int:
     """The whole command; returns the exit code (1 when a file could not be imported)."""
-    files = list(whisper_files(directory))
+    files, refused = whisper_files(directory)
     state_dir.mkdir(parents=True, exist_ok=True)
     state = state_path(state_dir, directory, tenant, prefix, config.store_url)
     done = read_state(state)
     todo = [f for f in files if f.state_line not in done]
     print(
         f"{len(files)} whisper files under {directory}: {len(files) - len(todo)} already imported"
-        f" (state file {state}), {len(todo)} to import",
+        f" (state file {state}), {len(todo)} to import" + (f"; {len(refused)} refused (below)" if refused else ""),
         file=sys.stderr,
         flush=True,
     )
     progress = Progress(len(todo), sum(f.size for f in todo), sys.stderr)
-    failed: list[tuple[str, str]] = []
+    failed = list(refused)
     if todo:
         job = Job(config, directory, tenant, prefix, int(time.time()))
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: its own reactor and store
@@ -309,6 +334,8 @@ class FileImporter:
                 return 0, 0, f"not a readable whisper file: {error}"
             except InvalidSample as error:
                 return 0, 0, f"not a valid series name: {error}"
+            except OutsideDirectory as error:
+                return 0, 0, str(error)
             except Exception as error:  # the store refused or timed out: again, after a while
                 cause = error.subFailure.value if isinstance(error, defer.FirstError) else error
                 failure = f"{type(cause).__name__}: {cause}"
@@ -321,7 +348,9 @@ class FileImporter:
         name, tags = graphite_name(relative, job.prefix)
         validate_series(name, tags, self.limits)
         key = SeriesKey(job.tenant, series_set_hash(series_set_text(name, tags)), name, tags)
-        archives = read_archives(job.directory / relative, job.now_s)
+        path = job.directory / relative
+        check_inside(job.directory, path)  # again: the file may have been made a symlink since it was listed
+        archives = read_archives(path, job.now_s)
         kind = series_kind(name, None, self.counter_suffixes)
         data = file_data(key.tenant, key.series_set_hash, kind, archives, self.layout, job.now_s)
         await self._write_blocks(key, data.raw_slots)

@@ -13,7 +13,9 @@ is read at start-up (a bad one stops the start), then again when its modificatio
 supervisor passes SIGHUP on to its workers); each gateway sends what it loaded to its query
 executors, so they never disagree with it. A file that does not parse or
 validate is refused whole: the last good one stays, one log line names the tenant, the key and
-why, and ``tsgate_overrides_reload_failures_total`` counts it.
+why, and ``tsgate_overrides_reload_failures_total`` counts it. So is a file without a ``tenants``
+table (an empty one, as an editor or a config tool leaves it while it rewrites the file): no
+tenant's values are dropped unless the file says so with ``tenants = {}``.
 
 Retentions apply to what is written from then on; docs/operations.rst ("Per-tenant overrides")
 says what becomes of data already written. ``--head-retention`` has no override: head rows must
@@ -56,6 +58,11 @@ LIMIT_KEYS = {
 }
 DURATION_KEYS = ("raw-retention", "exemplar-retention")
 ROLLUP_KEY = "rollup-retention"
+# Why a file without a tenants table is refused, and how to give no tenant its own values.
+NO_TENANTS = (
+    "an empty file (one being rewritten, say) would drop every tenant's values;"
+    " write `tenants = {}` to give no tenant values of its own"
+)
 
 
 def did_you_mean(word: str, choices) -> str:
@@ -137,7 +144,9 @@ def parse_overrides(text: str, layout: Layout) -> dict[str, dict]:
     for key in document:
         if key != "tenants":
             raise OverridesError(f"unknown top-level key {key!r}: tenant sections are [tenants.NAME]")
-    tenants = document.get("tenants", {})
+    if "tenants" not in document:
+        raise OverridesError(f"no [tenants] table: {NO_TENANTS}")
+    tenants = document["tenants"]
     if not isinstance(tenants, dict):
         raise OverridesError("tenants must be a table of [tenants.NAME] sections")
     return {tenant: _tenant_section(tenant, section, layout) for tenant, section in tenants.items()}

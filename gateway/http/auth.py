@@ -21,8 +21,9 @@ file leaks; passwords are chosen by people, so they get scrypt, which is slow on
 verified password is remembered (by its SHA-256) so Prometheus's basic auth on every remote
 write costs one scrypt per process. Because scrypt is slow, password guessing is also a way to
 load the gateway: scrypt runs in a small pool of its own (never the reactor's thread pool that
-queries use) with a bounded queue, failed attempts are limited per user name and per client
-address, and an unknown user costs one scrypt like a wrong password, so timing does not tell
+queries use) with a bounded queue, failed attempts are limited per client address and then per
+user name (for addresses that failed lately, so one address's failures never lock a user out of
+another), and an unknown user costs one scrypt like a wrong password, so timing does not tell
 which user names exist. docs/security.rst says how the roles map to endpoints.
 """
 
@@ -46,6 +47,9 @@ ROLES = ("write", "read", "admin")
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 1 << 14, 8, 1
 VERIFY_THREADS = 2  # scrypt releases the GIL: two checks at a time use two cores at most
 MAX_WAITING_CHECKS = 32  # password checks queued for the pool; more are 429 at once
+# An address that failed a credential this recently is held to the user name's allowance too;
+# others are not, so a flood of wrong passwords from one address cannot lock the user out of another.
+SUSPECT_ADDRESS_S = 600
 
 
 class AuthFileError(ValueError):
@@ -130,6 +134,11 @@ class FailureLimit:
                     wait,
                     "auth_failures",
                 )
+
+    def failed_within(self, key: str, seconds: float) -> bool:
+        """Whether ``key`` failed in the last ``seconds`` (as far as the kept keys tell)."""
+        entry = self._buckets.get(key)
+        return entry is not None and self.clock() - entry[1] < seconds
 
     def failed(self, *keys: str) -> None:
         if not self.per_minute:
@@ -228,15 +237,17 @@ class Credentials:
             known = (user, hash_token(password))
             if known in self._verified:
                 return self.users[user][1]
-            limited = (address, f"user {user[:100]!r}")
-            self.failures.check(*limited)
+            named = f"user {user[:100]!r}"
+            self.failures.check(address)
+            if self.failures.failed_within(address, SUSPECT_ADDRESS_S):
+                self.failures.check(named)
             stored, principal = self.users.get(user, (self._decoy, None))
             if await self._verify(password, stored) and principal is not None:
                 if len(self._verified) >= 10_000:
                     self._verified.clear()
                 self._verified.add(known)
                 return principal
-            self.failures.failed(*limited)
+            self.failures.failed(address, named)
             raise Unauthorized("wrong user or password")
         raise Unauthorized(f"authorization scheme {scheme!r} is not supported; use Basic or Bearer")
 

@@ -6,14 +6,63 @@ import os
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from twisted.internet import defer, reactor
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.python.failure import Failure
 
 from gateway.http.server import Response, Router, json_response
 from gateway.store import Store, StoreUnavailable
 
+HEALTHZ_DEADLINE_S = 0.5  # /healthz waits this long for the store, then answers from what it knows
+STORE_STALE_AFTER_S = 30.0  # a store that has not answered a ping for this long is unhealthy
+
+
+class StoreHealth:
+    """The store's health from one ping at a time: /healthz waits for the ping in flight at most
+    HEALTHZ_DEADLINE_S, then answers from the last ping that finished. A store that queues the
+    ping behind heavy ingest (on Cassandra once for 15 s, and /healthz with it) reads as slow, not
+    down, until STORE_STALE_AFTER_S pass without an answer."""
+
+    def __init__(self, store: Store, clock: IReactorTime):
+        self.store = store
+        self.clock = clock
+        self.answered_at = clock.seconds()  # the store answered its start
+        self.failure: str | None = None  # why the last ping that finished failed
+        self.asked_at = 0.0  # when the ping in flight was sent
+        self._waiting: dict[defer.Deferred, IDelayedCall] | None = None  # while a ping is in flight
+
+    def check(self) -> defer.Deferred:
+        """Fire, within HEALTHZ_DEADLINE_S, with True when the ping in flight has finished (answered
+        or failed), False when it is still out."""
+        if self._waiting is None:
+            self._waiting, self.asked_at = {}, self.clock.seconds()
+            defer.maybeDeferred(self.store.ping).addBoth(self._finished)
+            if self._waiting is None:  # finished at once
+                return defer.succeed(True)
+        answered: defer.Deferred = defer.Deferred()
+        self._waiting[answered] = self.clock.callLater(HEALTHZ_DEADLINE_S, self._late, self._waiting, answered)
+        return answered
+
+    def _late(self, waiting: dict, answered: defer.Deferred) -> None:
+        """(Firing a Deferred its client's departure cancelled is ignored, as Twisted does after a
+        cancel without a canceller.)"""
+        del waiting[answered]  # a ping that never ends holds no /healthz request
+        answered.callback(False)
+
+    def _finished(self, outcome) -> None:
+        if isinstance(outcome, Failure):
+            self.failure = str(outcome.value)
+        else:
+            self.answered_at, self.failure = self.clock.seconds(), None
+        waiting, self._waiting = self._waiting or {}, None
+        for answered, late in waiting.items():
+            late.cancel()
+            answered.callback(True)
+
 
 class OpsAPI:
-    def __init__(self, store: Store):
-        self.store = store
+    def __init__(self, store: Store, clock: IReactorTime = reactor):
+        self.health = StoreHealth(store, clock)
 
     def register(self, router: Router) -> None:
         router.add("/metrics", ("GET",), "metrics", self.metrics, access="admin")
@@ -23,12 +72,23 @@ class OpsAPI:
         return Response(200, generate_latest(metrics_registry()), CONTENT_TYPE_LATEST)
 
     async def healthz(self, request):
-        """200 when the store answers a trivial query, 503 otherwise."""
-        try:
-            await self.store.ping()
-        except Exception as error:
-            raise StoreUnavailable(f"store health check failed: {error}") from error
-        return json_response(200, {"status": "ok"})
+        """Within HEALTHZ_DEADLINE_S: 200 ``ok`` when the store answered a trivial query, 503 when it
+        failed; when it has not answered yet, 200 ``ok`` with ``"store": "slow"`` while its last
+        answer is under STORE_STALE_AFTER_S old, else 503 ``store slow``."""
+        health = self.health
+        answered = await health.check()
+        if health.failure is not None:
+            raise StoreUnavailable(f"store health check failed: {health.failure}")
+        if answered:
+            return json_response(200, {"status": "ok"})
+        now = health.clock.seconds()
+        slow = {"store": "slow", "waiting_s": round(now - health.asked_at, 1)}
+        silent_s = round(now - health.answered_at, 1)
+        if silent_s < STORE_STALE_AFTER_S:
+            return json_response(200, {"status": "ok", **slow, "last_answer_s_ago": silent_s})
+        return json_response(
+            503, {"status": "store slow", **slow, "error": f"the store has not answered a ping for {silent_s} s"}
+        )
 
 
 def metrics_registry():

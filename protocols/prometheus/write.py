@@ -936,7 +936,8 @@ def _histograms(batch: WriteBatch, index: int, messages, max_buckets: int) -> li
 def _check_bucket_limit(h, max_buckets: int) -> None:
     """Prometheus's native_histogram_bucket_limit counts positive and negative buckets; a scrape
     over it gets a lower resolution, a remote write (whose sender chose the layout) is refused.
-    Spans are bounded by it too: each holds buckets, but for the one empty marker span."""
+    Spans and custom bounds are bounded by it too: each span holds buckets, but for the one
+    empty marker span, and each custom bound (8 bytes stored with every sample) starts one."""
     if not max_buckets:
         return
     # every bucket field, the one the histogram's kind ignores too: its bytes are stored
@@ -946,6 +947,10 @@ def _check_bucket_limit(h, max_buckets: int) -> None:
     spans = len(h.positive_spans) + len(h.negative_spans)
     if spans > max(max_buckets, 1):
         raise InvalidHistogram(f"{spans} spans, over the limit of {max_buckets}", "too_many_buckets")
+    if len(h.custom_values) > max_buckets:
+        raise InvalidHistogram(
+            f"{len(h.custom_values)} custom bounds, over the limit of {max_buckets}", "too_many_buckets"
+        )
 
 
 def _check_histogram(h: types_pb2.Histogram) -> None:

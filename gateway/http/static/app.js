@@ -139,12 +139,12 @@ async function loadExplore() {
   const load = ++state.exploreLoad;
   for (const id of ["metric-list", "label-list", "graphite-tree", "label-values"]) clear($(id));
   const [names, labels, nodes] = await Promise.all([
-    api("/api/v1/label/__name__/values"),
+    api("/api/metadata/metricNames"),
     api("/api/v1/labels"),
     api("/metrics/find", { query: "*" }),
   ]);
   if (load !== state.exploreLoad) return;
-  metricNames = names.data;
+  metricNames = names;
   renderMetricList();
   const list = $("label-list");
   clear(list);
@@ -171,12 +171,19 @@ function matcher(label, value) {
   return `{${label}=${quoted(value)}}`;
 }
 
+// The name the Prometheus API gives a metric (a Graphite path's dots become "_"; docs/prometheus.rst).
+function prometheusName(metric) {
+  const name = metric.replace(/[^a-zA-Z0-9_:]/g, "_");
+  return /^[0-9]/.test(name) ? `_${name}` : name;
+}
+
+// A metric of the list (its name as written, dots and all): its series through the Prometheus API.
 function showMetric(metric) {
   for (const item of $("metric-list").children) item.classList.toggle("selected", item.dataset.metric === metric);
   for (const item of $("label-list").children) item.classList.remove("selected");
   clear($("label-values"));
-  const expression = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/.test(metric) ? metric : matcher("__name__", metric);
-  return showSeries(matcher("__name__", metric), metric, expression);
+  const name = prometheusName(metric);
+  return showSeries(matcher("__name__", name), metric, name);
 }
 
 // The series ``selector`` matches as a table of their labels (the metric name too when they differ).
@@ -306,6 +313,8 @@ async function runQuery() {
     series = await fetchSeries(kind, expression, window_);
   } catch (error) {
     $("query-info").textContent = "";
+    for (const id of ["query-graph", "query-legend"]) clear($(id));
+    clear($("query-table").tBodies[0]);
     throw error;
   }
   const points = series.reduce((sum, s) => sum + s.points.length, 0);
@@ -320,7 +329,9 @@ function renderQueryTable(series) {
   clear(body);
   for (const s of series) {
     const at = s.last ? new Date(s.last[0] * 1000).toISOString() : "";
-    body.append(row([el("td", { class: "series-name" }, s.name), numberCell(s.points.length), numberCell(s.last ? s.last[1] : ""), at]));
+    const last = numberCell(s.last ? formatNumber(Number(s.last[1])) : "");
+    if (s.last) last.title = s.last[1];
+    body.append(row([el("td", { class: "series-name" }, s.name), numberCell(s.points.length), last, at]));
   }
 }
 
@@ -340,6 +351,18 @@ function niceStep(span, count) {
   const magnitude = 10 ** Math.floor(Math.log10(raw));
   const normal = raw / magnitude;
   return (normal < 1.5 ? 1 : normal < 3 ? 2 : normal < 7 ? 5 : 10) * magnitude;
+}
+
+// Tick steps of the time axis (seconds): a tick falls on a whole multiple, in local time.
+const TIME_STEPS = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800, 2592000];
+
+// The ticks of [startS, endS]: about ``count`` of them, on round local times.
+function timeTicks(startS, endS, count) {
+  const step = TIME_STEPS.find((candidate) => (endS - startS) / candidate <= count) ?? TIME_STEPS[TIME_STEPS.length - 1];
+  const offsetS = new Date(startS * 1000).getTimezoneOffset() * 60;
+  const ticks = [];
+  for (let t = Math.ceil((startS - offsetS) / step) * step + offsetS; t <= endS; t += step) ticks.push(t);
+  return ticks;
 }
 
 function timeLabel(seconds, spanS) {
@@ -379,8 +402,7 @@ function drawChart(container, series, window_) {
     axis.append(svg("line", { class: "grid", x1: left, x2: width - right, y1: y(v), y2: y(v) }));
     axis.append(svg("text", { x: left - 6, y: y(v) + 4, "text-anchor": "end" }, formatNumber(v)));
   }
-  for (let i = 0; i <= 6; i++) {
-    const t = window_.startS + (spanS * i) / 6;
+  for (const t of timeTicks(window_.startS, window_.endS, 7)) {
     axis.append(svg("line", { class: "grid", x1: x(t), x2: x(t), y1: top, y2: height - bottom }));
     axis.append(svg("text", { x: x(t), y: height - 8, "text-anchor": "middle" }, timeLabel(t, spanS)));
   }
@@ -499,6 +521,15 @@ function keyValues(table, pairs) {
 
 // -- start ------------------------------------------------------------------------------------
 
+const TENANT_KEY = "tsgate.tenant";
+
+// The tenant the page opens on: ?tenant=, else the one picked last, else the first named tenant
+// (``default`` holds what came without one: a named tenant is likelier what the user is after).
+function firstTenant(tenants) {
+  const wanted = [new URLSearchParams(window.location.search).get("tenant"), window.localStorage.getItem(TENANT_KEY)];
+  return wanted.find((tenant) => tenant && tenants.includes(tenant)) ?? tenants.find((t) => t !== "default") ?? tenants[0];
+}
+
 async function start() {
   for (const name of ["explore", "query", "status"]) $(`tab-${name}`).addEventListener("click", () => showView(name));
   $("metric-filter").addEventListener("input", renderMetricList);
@@ -511,11 +542,11 @@ async function start() {
   $("who").textContent = session.auth ? `${session.user} (${session.roles.join(", ")})` : "";
   const select = $("tenant");
   for (const tenant of session.tenants) select.append(el("option", { value: tenant }, tenant));
-  const wanted = new URLSearchParams(window.location.search).get("tenant");
-  if (wanted && session.tenants.includes(wanted)) select.value = wanted;
+  select.value = firstTenant(session.tenants);
   state.tenant = select.value;
   select.addEventListener("change", () => {
     state.tenant = select.value;
+    window.localStorage.setItem(TENANT_KEY, select.value);
     showView(state.view);
   });
   const view = window.location.hash.slice(1);
