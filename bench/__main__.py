@@ -1,7 +1,8 @@
 """tsgate's benchmark suite, one command: ``bench/run`` (installs what is missing) or ``python -m bench``.
 
 Starts one Cassandra 5.0 (or uses --cassandra HOST:PORT), runs the parts asked for, prints one
-table, writes docs/performance-results.json and docs/performance-ingest.png. Parts:
+table, writes performance-results.json and performance-ingest.png into --out: docs/ (the
+published figures) for a full run, a scratch directory for a --quick one. Parts:
 
   ingest   tsgate (1 worker and N) end to end into Cassandra beside a raw cassandra-driver loader
   receive  tsgate beside carbon-cache, VictoriaMetrics and Prometheus on the same workloads
@@ -33,8 +34,10 @@ from bench.plot import plot_rates
 from bench.report import format_table, read_json, write_json
 
 PARTS = ("ingest", "receive", "query", "memory", "storage")
-RESULTS = REPO / "docs" / "performance-results.json"
-PLOT = REPO / "docs" / "performance-ingest.png"
+RESULTS = "performance-results.json"
+PLOT = "performance-ingest.png"
+PUBLISHED = REPO / "docs"
+QUICK_OUT = Path(tempfile.gettempdir()) / "tsgate-bench-quick"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,7 +53,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cassandra", metavar="HOST:PORT", help="use this Cassandra instead of starting one")
     parser.add_argument("--heap", default="2G", help="heap of the Cassandra started here (default 2G)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"directory of {RESULTS} and {PLOT} (default: docs/, the published figures;"
+        f" with --quick {QUICK_OUT}, so that a smoke run never overwrites them)",
+    )
     args = parser.parse_args(argv)
+    args.out = args.out or (QUICK_OUT if args.quick else PUBLISHED)
     args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     if not args.parts or set(args.parts) - set(PARTS):
         parser.error(f"--parts: choose from {', '.join(PARTS)}")
@@ -137,12 +147,12 @@ def measure(args: argparse.Namespace, suite: Suite, workdir: Path, context: dict
     return figures
 
 
-def earlier_figures(parts: list[str], context: dict) -> list:
+def earlier_figures(parts: list[str], context: dict, results: Path) -> list:
     """Figures of the parts not run now, kept from the last results file, so that the parts can be
     run one at a time (on a shared box a full run may not fit in one quiet window)."""
-    if not RESULTS.exists():
+    if not results.exists():
         return []
-    earlier_context, earlier = read_json(RESULTS)
+    earlier_context, earlier = read_json(results)
     kept = [figure for figure in earlier if figure.section not in parts]
     if kept:
         context["earlier_runs"] = [
@@ -186,20 +196,17 @@ def main(argv: list[str] | None = None) -> int:
         minutes=round((time.monotonic() - started) / 60, 1),
         failures=suite.failures,
     )
-    figures = earlier_figures(args.parts, context) + figures
+    results, plot = args.out / RESULTS, args.out / PLOT
+    figures = earlier_figures(args.parts, context, results) + figures
     print()
     print(format_table(figures))
-    RESULTS.parent.mkdir(exist_ok=True)
-    write_json(figures, RESULTS, context)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(figures, results, context)
     title = (
         f"tsgate ingest and receive, {today}, {os.cpu_count()} cores, shared box{' (quick run)' if args.quick else ''}"
     )
-    plotted = suite.attempt("plot", lambda: plot_rates(figures, PLOT, title))
-    print(
-        f"\nwrote {RESULTS.relative_to(REPO)}"
-        + (f" and {PLOT.relative_to(REPO)}" if plotted else "")
-        + f"; {context['minutes']} min"
-    )
+    plotted = suite.attempt("plot", lambda: plot_rates(figures, plot, title))
+    print(f"\nwrote {results}" + (f" and {plot}" if plotted else "") + f"; {context['minutes']} min")
     if suite.failures:
         print(f"FAILED: {', '.join(suite.failures)}")
     return 1 if suite.failures else 0

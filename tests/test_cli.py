@@ -1,7 +1,11 @@
 """The tsgate command line and its config file, run as a user would."""
 
+import json
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -228,7 +232,9 @@ def test_schema_apply_where_nothing_listens_is_one_line_and_exit_1():
 def test_an_unreachable_store_is_one_line_without_driver_tracebacks(command):
     result = tsgate(*command, "--store", f"cassandra://127.0.0.1:{free_port()}/tsdb")
     assert result.returncode == 1 and "Traceback" not in result.stderr and "cassandra.cluster" not in result.stderr
-    assert "could not start: cannot reach Cassandra" in result.stderr
+    assert (
+        "could not start: --store cassandra://127.0.0.1:" in result.stderr and "cannot reach Cassandra" in result.stderr
+    )
 
 
 @pytest.mark.slow
@@ -239,6 +245,167 @@ def test_a_worker_refusing_its_settings_is_not_retried(tmp_path):
         "serve", "--http", "127.0.0.1:0", "--graphite", "", "--pickle", "", "--workers", "2",
         "--data-dir", str(tmp_path), "--graphite-storage-schemas", str(schemas),
     )  # fmt: skip
-    assert result.returncode == 1
-    assert result.stderr.count("failed to start (exit code 2)") == 1
-    assert "giving up: a worker refused its settings" in result.stderr
+    assert result.returncode == 2, result.stderr  # a bad setting, as with --workers 1
+    (line,) = result.stderr.splitlines()
+    assert "ERROR [worker 0 pid " in line and "bad setting: " in line
+
+
+def one_line(result: subprocess.CompletedProcess, code: int) -> str:
+    """The only line a failed command printed on stderr, checked with its exit code."""
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    return line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_unreachable_store_at_serve_is_one_line_naming_the_store_and_its_flag(workers):
+    """Not four lines of stopping, nor three worker restarts: the reason, the URL, the flag."""
+    store = f"cassandra://127.0.0.1:{free_port()}/tsdb"
+    serve = ("serve", "--http", f"127.0.0.1:{free_port()}", "--graphite", "", "--pickle", "", "--workers", workers)
+    line = one_line(tsgate(*serve, "--store", store), 1)
+    assert f"could not start: --store {store}: cannot reach Cassandra (127.0.0.1:" in line
+
+
+@pytest.mark.slow
+def test_a_port_in_use_is_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = tsgate(
+            "serve", "--http", f"127.0.0.1:{port}", "--graphite", "", "--pickle", "", "--data-dir", str(tmp_path)
+        )
+    line = one_line(result, 1)
+    assert line.endswith(f"could not start: cannot listen on 127.0.0.1:{port} (--http): Address already in use")
+
+
+@pytest.mark.slow
+def test_a_data_dir_that_is_a_file_is_one_line_naming_the_flag(tmp_path):
+    (tmp_path / "afile").write_text("")
+    result = tsgate(
+        "serve",
+        "--http",
+        f"127.0.0.1:{free_port()}",
+        "--graphite",
+        "",
+        "--pickle",
+        "",
+        "--data-dir",
+        "afile",
+        cwd=tmp_path,
+    )
+    line = one_line(result, 1)
+    assert line.endswith("could not start: --data-dir afile: afile is a file, not a directory")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "selector, reason",
+    [
+        ('job="web"', " (invalid promql query)"),
+        ("up{", " (unexpected end of input inside braces)"),
+        ("rate(up[5m])", ""),
+    ],
+)
+def test_delete_of_something_not_a_selector_is_one_line_before_the_store_opens(tmp_path, selector, reason):
+    result = tsgate("delete", "--match", selector, "--data-dir", str(tmp_path / "data"))
+    line = one_line(result, 2)
+    assert line.startswith(
+        f"tsgate delete: --match {selector!r} is not a series selector{reason}: write one as in PromQL"
+    )
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.slow
+def test_delete_and_import_do_not_say_twisted_main_loop_terminated(tmp_path):
+    (tmp_path / "whisper").mkdir()
+    data = ("--data-dir", str(tmp_path / "data"))
+    deleted = tsgate("delete", "--match", '{job="web"}', *data)
+    imported = tsgate("import", "whisper", str(tmp_path / "whisper"), "--workers", "1", *data)
+    assert deleted.returncode == 0 and imported.returncode == 0, (deleted.stderr, imported.stderr)
+    assert "Main loop terminated" not in deleted.stderr + imported.stderr
+
+
+def test_help_is_plain_text_without_markup(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "`" not in text and "'tsgate serve' runs the gateway" in text
+    for command in (["serve"], ["schema", "apply"], ["delete"], ["import", "whisper"], ["dev", "cassandra"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        assert "`" not in capsys.readouterr().out, command
+
+
+def test_http_off_is_a_setting():
+    config = config_from("--http", "off", "--graphite", "127.0.0.1:2003")
+    assert config.http is None and set(config.listeners) == {"graphite", "pickle"}
+
+
+@pytest.mark.slow
+def test_a_carbon_only_process_with_http_off_stores_lines(tmp_path):
+    """``--http off``: carbon in, no HTTP port; what it stored is there for the next process."""
+    carbon = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.app.cli", "serve", "--http", "off", "--graphite", f"127.0.0.1:{carbon}",
+         "--pickle", "off", "--data-dir", str(tmp_path / "data")],
+        cwd=REPO, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        started = next(line for line in process.stderr if " tsgate " in line or "could not start" in line)
+        assert "HTTP on off, graphite 127.0.0.1:" in started and "pickle off" in started, started
+        with socket.create_connection(("127.0.0.1", carbon)) as connection:
+            connection.sendall(f"servers.web1.cpu 42 {int(time.time())}\n".encode())
+        time.sleep(1)  # carbon batches for up to 50 ms; the stop stores what was accepted anyway
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    counted = tsgate("delete", "--graphite", "servers.*.cpu", "--dry-run", "--data-dir", str(tmp_path / "data"))
+    assert "servers.web1.cpu: 1 samples" in counted.stdout, counted.stdout + counted.stderr
+
+
+@pytest.mark.slow
+def test_a_write_refused_whole_says_none_were_written(tmp_path):
+    from protocols.prometheus import WriteSeries, encode_write_request_v1
+
+    gateway = GatewayProcess(tmp_path, "--max-tags", "1").start()
+    try:
+        answer = gateway.post("/api/write", [{"metricName": "m", "tags": {"a": "1", "b": "2"}, "value": 1}])
+        assert answer.status == 400 and answer.json()["error"] == "1 of 1 samples rejected; none were written"
+        answer = gateway.post("/api/write", [{"metricName": "m", "value": 1}, {"metricName": "", "value": 1}])
+        assert answer.json()["error"] == "1 of 2 samples rejected; the others were written"
+        body = encode_write_request_v1([WriteSeries({"__name__": "m", "a": "1", "b": "2"}, [(1763640000000, 1.0)])])
+        headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+        answer = gateway.post("/api/v1/write", body, headers=headers)
+        assert answer.status == 400 and answer.body.decode().endswith("; none were written"), answer.body
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.slow
+def test_json_answers_end_with_a_newline(start_gateway):
+    """curl's output, then the shell prompt on a line of its own: every JSON answer (from the
+    gateway itself, from a query executor, an error, a large one) ends with one newline."""
+    gateway = start_gateway()
+    now_ms = int(time.time() * 1000)
+    samples = [{"metricName": "nl", "ts": now_ms - i, "value": i} for i in range(50_000)]
+    answer = gateway.post("/api/write", samples)
+    assert answer.status == 200, answer.body
+    for path in (
+        "/healthz",
+        "/api/metadata/tenants",
+        "/api/v1/query?query=1",
+        "/render?target=constantLine(1)&format=json",
+        "/api/query?metricName=nl&granularity=raw",  # over a MiB: written as the client takes it
+        "/api/query?start=yesterday",
+        "/nowhere",
+    ):
+        body = gateway.get(path).body
+        assert body.endswith(b"\n") and not body.endswith(b"\n\n"), (path, body[-40:])
+        json.loads(body)
+    assert len(gateway.get("/api/query?metricName=nl&granularity=raw").body) > 1 << 20

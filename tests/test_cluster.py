@@ -340,12 +340,15 @@ def test_a_node_killed_under_load_keeps_writes_and_queries_going_and_loses_nothi
     try:
         run_until(writer, 10)
         cluster.nodes[2].kill()
+        # What `tsgate dev cassandra --nodes 3` watches: one node down, the cluster still runs.
+        assert cluster.stopped_nodes() == [cluster.nodes[2]] and cluster.running
         before = writer.statuses.copy()
         run_until(writer, 30)
         queries_unavailable = sum(queries_complete(g, tenant, "node_kill", start_ms) for g in services.gateways)
         while_down = writer.statuses - before
-        cluster.nodes[2].start(timeout=NODE_START_S)
-        cluster.wait_until_all_normal(NODE_START_S)
+        assert all(node.query("SELECT release_version FROM system.local") for node in cluster.nodes[:2])
+        # The dev command's SIGUSR1: the stopped node starts again on its data and rejoins.
+        assert cluster.restart_stopped(NODE_START_S) == [cluster.nodes[2]]
         run_until(writer, 10)
     finally:
         writer.finish()
@@ -377,11 +380,7 @@ def test_two_nodes_killed_answer_503_with_retry_after_and_recover_every_acknowle
         cluster.nodes[1].kill()
         cluster.nodes[2].kill()
         wait_for(lambda: writer.statuses[503] >= 10, timeout=120, what="writes refused with 503")
-        for node in cluster.nodes[1:]:
-            node.launch()
-        for node in cluster.nodes[1:]:
-            node.wait_ready(NODE_START_S)
-        cluster.wait_until_all_normal(NODE_START_S)
+        assert cluster.restart_stopped(NODE_START_S) == cluster.nodes[1:]
         acknowledged = len(writer.acknowledged)
         wait_for(lambda: len(writer.acknowledged) >= acknowledged + 10, timeout=120, what="writes accepted again")
     finally:

@@ -47,3 +47,14 @@ def test_every_cited_docs_page_exists():
 def test_performance_page_holds_the_report_table():
     _, figures = read_json(REPO / "docs" / "performance-results.json")
     assert format_rst(figures) in (REPO / "docs" / "performance.rst").read_text(encoding="utf-8")
+
+
+def test_a_quick_bench_run_never_overwrites_the_published_figures():
+    """``bench/run --quick`` is a smoke run: its figures go to a scratch directory, and only a
+    full run (or an explicit ``--out docs``) writes docs/performance-results.json and the plot."""
+    from bench.__main__ import parse_args
+
+    assert parse_args([]).out == REPO / "docs"
+    quick = parse_args(["--quick", "--parts", "query"]).out
+    assert REPO / "docs" not in (quick, *quick.parents)
+    assert parse_args(["--quick", "--out", "docs"]).out == Path("docs")

@@ -23,17 +23,22 @@ from gateway.app.config import (
 )
 from gateway.app.workers import Worker, supervise
 
+DESCRIPTION = (
+    "tsgate, a time-series protocol gateway: 'tsgate serve' runs the gateway, 'tsgate dev' runs a local"
+    " Cassandra or Redis; 'tsgate COMMAND --help' lists the flags of a command."
+)
 INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
 class _NoDriverTracebacks(logging.Filter):
     """The Cassandra driver's log lines without their tracebacks: a node that refuses a
-    connection is one line, not forty. ``--log-level debug`` keeps everything."""
+    connection is one line, not forty; and without Twisted's "Main loop terminated.", which
+    every command would print as it exits. ``--log-level debug`` keeps everything."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("cassandra"):
             record.exc_info = record.exc_text = record.stack_info = None
-        return True
+        return not (record.name == "twisted" and record.getMessage() == "Main loop terminated.")
 
 
 def setup_logging(level: str, process: str = "") -> None:
@@ -141,6 +146,7 @@ def _delete(namespace: argparse.Namespace) -> int:
     if bool(namespace.match) == bool(namespace.patterns):
         raise ConfigError("give --match SELECTOR or --graphite PATTERN (each repeatable), not both")
     from gateway.http.promql_api import parse_time
+    from gateway.ingest.deletes import parse_selector
     from gateway.query.promql.values import PromQLError
 
     try:
@@ -148,6 +154,16 @@ def _delete(namespace: argparse.Namespace) -> int:
         end = parse_time(namespace.end, "--end") if namespace.end else None
     except PromQLError as error:
         raise ConfigError(str(error)) from None
+    for selector in namespace.match:  # refused here, in one line, before the store is opened
+        try:
+            parse_selector(selector)
+        except PromQLError as error:
+            reason = str(error).rpartition(": ")[2]
+            detail = "" if reason.endswith("is not a series selector") else f" ({reason})"
+            raise ConfigError(
+                f"--match {selector!r} is not a series selector{detail}: write one as in PromQL,"
+                """ e.g. '{job="web"}' or 'up{job="web"}'"""
+            ) from None
     setup_logging(config.log_level)
     from twisted.internet import defer, task
 
@@ -323,7 +339,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="tsgate", description=__doc__)
+    parser = Parser(prog="tsgate", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"tsgate {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway")

@@ -33,7 +33,8 @@ def parse_hostport(text: str) -> tuple[str, int]:
 
 
 def _optional_hostport(text) -> tuple[str, int] | None:
-    return parse_hostport(text) if str(text).strip() else None
+    """``HOST:PORT``, or None for a listener that is off (``off`` or empty)."""
+    return parse_hostport(text) if str(text).strip() not in ("", "off") else None
 
 
 def _integer(text) -> int:
@@ -101,10 +102,17 @@ class Setting:
 
 
 SETTINGS = [
-    Setting("http", parse_hostport, "0.0.0.0:8080", "address of the HTTP APIs"),
-    Setting("graphite", _optional_hostport, "0.0.0.0:2003", "carbon plaintext TCP listener; empty: off"),
-    Setting("graphite-udp", _optional_hostport, "", "carbon plaintext UDP listener, e.g. 0.0.0.0:2003; empty: off"),
-    Setting("pickle", _optional_hostport, "0.0.0.0:2004", "carbon pickle TCP listener; empty: off"),
+    Setting(
+        "http",
+        _optional_hostport,
+        "0.0.0.0:8080",
+        "address of the HTTP APIs, /healthz and /metrics; off: none (a process that only takes carbon lines or only downsamples)",
+    ),
+    Setting("graphite", _optional_hostport, "0.0.0.0:2003", "carbon plaintext TCP listener; off or empty: none"),
+    Setting(
+        "graphite-udp", _optional_hostport, "", "carbon plaintext UDP listener, e.g. 0.0.0.0:2003; off or empty: none"
+    ),
+    Setting("pickle", _optional_hostport, "0.0.0.0:2004", "carbon pickle TCP listener; off or empty: none"),
     Setting("graphite-tenant", str, "default", "tenant of everything the Graphite listeners receive"),
     Setting("graphite-max-line-length", _positive, "16384", "longest plaintext line (longer ones are rejected)"),
     Setting(
@@ -125,7 +133,7 @@ SETTINGS = [
         "replication",
         str,
         "",
-        "Cassandra keyspace replication made by `schema apply`: simple:N, DC:N[,DC:N] or NetworkTopologyStrategy:DC=N[,DC=N]; empty: the store URL's replication option, else simple:1",
+        "Cassandra keyspace replication made by 'tsgate schema apply': simple:N, DC:N[,DC:N] or NetworkTopologyStrategy:DC=N[,DC=N]; empty: the store URL's replication option, else simple:1",
     ),
     Setting(
         "write-consistency",
@@ -357,7 +365,7 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    http: tuple[str, int]
+    http: tuple[str, int] | None
     graphite: tuple[str, int] | None
     graphite_udp: tuple[str, int] | None
     pickle: tuple[str, int] | None
@@ -497,7 +505,7 @@ class Config:
         """The sockets this configuration listens on, by setting name (``graphite-udp`` is UDP).
 
         The carbon listeners (plaintext TCP and UDP, pickle) only write, so they open only
-        with the ingest role; HTTP always opens (its routes check the roles one by one).
+        with the ingest role; HTTP opens unless ``--http off`` (its routes check the roles one by one).
         """
         ingest = "ingest" in self.role_set
         wanted = {

@@ -121,6 +121,7 @@ class Gateway:
         self.ports = []
         self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
         self.downsample_stopped = defer.succeed(None)  # fires once the loop stopped and its last round ended
+        self.serving = False  # start() completed: a stop after a failed start says nothing (the error said it)
 
     async def start(self) -> None:
         await start_store(self.config, self.store, self.pending, self.shared_seen)
@@ -130,7 +131,6 @@ class Gateway:
             self.shared_seen.start()
         self.overrides_watch.start()
         config = self.config
-        host, port = config.http
         if self.downsample_loop is not None:
             self.downsample_stopped = self.downsample_loop.start(config.downsample_interval / 1000, now=False)
         listeners = config.listeners
@@ -152,16 +152,16 @@ class Gateway:
         for name, address in listeners.items():
             self.ports.append(self._listen(name, address, handlers[name]))
         log.info(
-            "tsgate %s: HTTP on %s:%d, graphite %s, graphite-udp %s, pickle %s, store %s, redis %s",
+            "tsgate %s: HTTP on %s, graphite %s, graphite-udp %s, pickle %s, store %s, redis %s",
             __version__,
-            host,
-            port,
+            _address(listeners.get("http")),
             _address(listeners.get("graphite")),
             _address(listeners.get("graphite-udp")),
             _address(listeners.get("pickle")),
             redact(config.store_url),
             redact(config.redis) or "none (in-memory cache only)",
         )
+        self.serving = True
 
     def _listen(self, name: str, address: tuple[str, int], handler):
         """Bind ``address``, or under ``--workers N`` adopt the socket the supervisor bound.
@@ -182,7 +182,8 @@ class Gateway:
 
     async def stop(self) -> None:
         timeout_s = self.config.shutdown_timeout / 1000
-        log.info(
+        say = log.info if self.serving else log.debug
+        say(
             "stopping: no new connections; answering open requests and flushing accepted writes (at most %gs)",
             timeout_s,
         )
@@ -211,10 +212,10 @@ class Gateway:
         self.graphs.close()
         closing = reactor.seconds()
         await self.store.close()
-        log.info("drained in %.2fs, store closed in %.2fs", closing - stopping, reactor.seconds() - closing)
+        say("drained in %.2fs, store closed in %.2fs", closing - stopping, reactor.seconds() - closing)
         if self.shared_seen is not None:
             await self.shared_seen.stop()
-        log.info("stopped")
+        say("stopped")
 
     def _overrides_reloaded(self) -> None:
         if self.executors is not None:
@@ -299,13 +300,29 @@ class DownsampleRole:
 
 
 async def start_store(config: Config, store, pending, shared_seen: RedisSeenSeries | None = None) -> None:
-    """Connect the store, then prefix the Redis keys with its identity (redis_namespace)."""
-    await store.start()
+    """Connect the store, then prefix the Redis keys with its identity (redis_namespace). A store
+    that cannot start raises StoreStartError naming the setting to look at."""
+    try:
+        await store.start()
+    except OSError as error:  # e.g. ``Not a directory: tsgate-data/x`` without ``[Errno 20]``
+        reason = f"{error.strerror}: {error.filename}" if error.strerror and error.filename else str(error)
+        raise StoreStartError(f"{store_setting(config)}: {reason}") from error
+    except Exception as error:
+        raise StoreStartError(f"{store_setting(config)}: {error}") from error
     if config.redis:
         namespace = redis_namespace(await store.identity())
         pending.use_namespace(namespace)
         if shared_seen is not None:
             shared_seen.namespace = namespace
+
+
+class StoreStartError(Exception):
+    """The store could not start; the message says why and which setting names it."""
+
+
+def store_setting(config: Config) -> str:
+    """The flag that chose the store, with its value: ``--store URL`` or ``--data-dir DIR``."""
+    return f"--store {redact(config.store_url)}" if config.store else f"--data-dir {config.data_dir}"
 
 
 def pending_tracker(config: Config, store):

@@ -15,10 +15,13 @@ Only worker 0 runs the downsample loop: without Redis partition locks several lo
 up the same slots twice, and one loop keeps the rule the same with or without Redis.
 
 A worker that dies is logged (pid, exit code or signal) and restarted, at most once a second per
-worker. A worker that exits before it is ready counts as a start-up failure; after
-``STARTUP_ATTEMPTS`` of those in a row (a worker becoming ready resets the count) the supervisor
-stops the others and exits 1: the worker's own log lines above say why. A worker that exits
-with ``CONFIG_ERROR_EXIT`` (a bad setting) is not retried: the same settings would fail again.
+worker. If worker 0's first start fails and it said why (exit 1: ``could not start: ...``, or
+``CONFIG_ERROR_EXIT``: a bad setting), the supervisor exits with its code at once and says
+nothing more: the same settings would fail again, and the worker's one line is the whole story
+(an unreachable store, a data dir that is a file). A worker that exits before it is ready later
+counts as a start-up failure; after ``STARTUP_ATTEMPTS`` of those in a row (a worker becoming
+ready resets the count) the supervisor stops the others and exits 1: the worker's own log lines
+above say why. A worker that exits with ``CONFIG_ERROR_EXIT`` is never retried.
 SIGTERM or SIGINT to
 the supervisor sends SIGTERM to every worker, waits for each to drain and exit (killing one
 still running ``STOP_MARGIN_S`` past ``--shutdown-timeout``), then exits 0. SIGHUP to the
@@ -137,6 +140,7 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.startup_failures = 0
         self.config_error = False
+        self.first_start_failed: int | None = None  # worker 0's exit code if its first start failed
         self.first_ready = False  # workers 1..N-1 wait for worker 0's first start
         self.stop_signal = None
         self.stop_wait_s = config.shutdown_timeout / 1000 + STOP_MARGIN_S
@@ -173,6 +177,8 @@ class Supervisor:
             for slot in self.slots:
                 if slot.process is not None and slot.process.poll() is not None:
                     self._reap(slot)
+            if self.first_start_failed is not None:
+                return self.first_start_failed
             if self.config_error:
                 log.error("giving up: a worker refused its settings (its error is above); not retried")
                 return 1
@@ -201,11 +207,14 @@ class Supervisor:
         os.close(write_end)
         slot.ready_pipe, slot.ready, slot.started_at = read_end, False, time.monotonic()
         self.selector.register(read_end, selectors.EVENT_READ, slot)
-        log.info("worker %d started (pid %d)", slot.index, slot.process.pid)
+        log.debug("worker %d started (pid %d)", slot.index, slot.process.pid)
 
     def _read_ready_pipe(self, slot: _Slot) -> None:
         """A byte: the worker is ready. End of file: it exited first (``_reap`` tells)."""
         if os.read(slot.ready_pipe, 1):
+            if not self.first_ready:  # said once serving, so that a failed start is one line
+                addresses = ", ".join(f"{name} {_sockname(sock)}" for name, sock in self.sockets.items())
+                log.info("supervisor: %d workers on %s", len(self.slots), addresses)
             slot.ready = self.first_ready = True
             self.startup_failures = 0
             log.info("worker %d (pid %d) ready", slot.index, slot.process.pid)
@@ -225,6 +234,9 @@ class Supervisor:
         multiprocess.mark_process_dead(pid, self.metrics_dir)
         if slot.ready:
             log.error("worker %d (pid %d) died (%s); restarting it", slot.index, pid, how)
+        elif not self.first_ready and slot.process.returncode in (1, CONFIG_ERROR_EXIT):
+            self.first_start_failed = slot.process.returncode
+            log.debug("worker %d (pid %d) failed to start (%s): giving up", slot.index, pid, how)
         else:
             self.startup_failures += 1
             self.config_error = slot.process.returncode == CONFIG_ERROR_EXIT
@@ -277,8 +289,6 @@ def supervise(config: Config, flags: list[str]) -> int:
     except CannotListen as error:
         log.error("could not start: %s", error)
         return 1
-    addresses = ", ".join(f"{name} {_sockname(sock)}" for name, sock in sockets.items())
-    log.info("supervisor: %d workers on %s", config.worker_count, addresses)
     metrics_dir = tempfile.mkdtemp(prefix="tsgate-metrics-")
     try:
         return Supervisor(config, flags, sockets, metrics_dir).run()

@@ -82,7 +82,8 @@ class NativeAPI:
         return json_response(
             400,
             {
-                "error": f"{len(rejects)} of {len(rejects) + result.accepted} samples rejected; the others were written",
+                "error": f"{len(rejects)} of {len(rejects) + result.accepted} samples rejected; "
+                + ("the others were written" if result.accepted else "none were written"),
                 "accepted": result.accepted,
                 "rejectedCount": len(rejects),
                 "rejected": rejects[:MAX_REPORTED_REJECTS],

@@ -154,7 +154,8 @@ class PrometheusAPI:
             if found
         ]
         if problems:
-            message = f"{'; '.join(problems)}; the others were written"
+            written = result.accepted + native.accepted + stored.accepted
+            message = f"{'; '.join(problems)}; " + ("the others were written" if written else "none were written")
             return Response(400, message.encode(), "text/plain; charset=utf-8", headers)
         return Response(204, b"", "text/plain; charset=utf-8", headers)
 

@@ -40,6 +40,12 @@ class Response(NamedTuple):
     headers: dict[str, str] = {}
 
 
+def _needs_newline(response: Response) -> bool:
+    """A JSON answer ends with a newline, so that ``curl`` leaves the shell prompt on a line of its
+    own; the Content-Length counts it (Twisted's, or chunks)."""
+    return response.content_type == JSON and bool(response.body) and not response.body.endswith(b"\n")
+
+
 def json_response(status: int, document) -> Response:
     return Response(status, json.dumps(document, ensure_ascii=False, allow_nan=False).encode("utf-8"))
 
@@ -254,6 +260,8 @@ class Channel(http.HTTPChannel):
         sending, and closing a socket with unread data resets it (the answer could be lost):
         what arrives is dropped for up to LINGER_S after the answer, then the socket is closed."""
         self._stop_body_clock()
+        if _needs_newline(response):
+            response = response._replace(body=response.body + b"\n")
         self.lingering, self.persistent = True, False
         self.setTimeout(None)
         status = response.status
@@ -658,8 +666,10 @@ class Router(resource.Resource):
                 request.setHeader(header.encode(), value.encode())
             if isinstance(response.body, bytes) and len(response.body) > LARGE_BODY_BYTES:
                 await self._write_large(response.body, request)
+                if _needs_newline(response) and not getattr(request, "client_gone", False):
+                    request.write(b"\n")  # not appended: that would copy the large body on the reactor
             elif isinstance(response.body, bytes):
-                request.write(response.body)
+                request.write(response.body + b"\n" if _needs_newline(response) else response.body)
             else:
                 await self._stream(response.body, request)
             if not getattr(request, "client_gone", False):

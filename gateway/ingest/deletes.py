@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 BATCH = 256  # series deleted at a time
 
 
+def parse_selector(text: str):
+    """The parsed series selector; PromQLError bad_data for a text that is not one."""
+    expr = parse(text)
+    if type(expr).__name__ != "VectorSelector":
+        raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
+    return expr
+
+
 class SeriesCount(NamedTuple):
     """What a delete removes of one series: raw samples and native histogram samples in the
     range, and whether the series has nothing left outside it (it leaves every index)."""
@@ -76,9 +84,7 @@ class Deleter:
         """The series any of the selectors selects (PromQLError bad_data for one that is not a selector)."""
         found: dict[str, SeriesKey] = {}
         for text in selectors:
-            expr = await threads.deferToThread(parse, text)
-            if type(expr).__name__ != "VectorSelector":
-                raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
+            expr = await threads.deferToThread(parse_selector, text)
             matchers = selector_matchers(expr)
             for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
                 found[key.series_set_hash] = key

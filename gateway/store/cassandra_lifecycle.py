@@ -103,7 +103,10 @@ class CassandraLifecycle(CassandraBase):
             [since],
         )
         row = session.execute(f"SELECT value FROM {self.keyspace}.index_state WHERE name = 'bucket_index_since'").one()
-        return f"-- the time index answers from {row.value} ms on"
+        if row.value == BUCKET_INDEX_ALWAYS:
+            return "-- the time index holds every series"
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row.value / 1000))
+        return f"-- the time index holds every series from {started} on (earlier ones: the all-time index)"
 
     def start(self):
         def connect():

@@ -51,13 +51,18 @@ from gateway.store.deletion import bucket_range, cut_block
 # partitions stays within Cassandra's default warning thresholds, so a default node logs nothing
 # for it: HEAD_BATCH_DATA_BYTES of data (batch_size_warn_threshold, 5 KiB; it refuses above
 # batch_size_fail_threshold, 50 KiB) and HEAD_BATCH_PARTITIONS partitions
-# (unlogged_batch_across_partitions_warn_threshold). Cassandra counts a data_head row at about its
-# hash plus HEAD_ROW_DATA_BYTES (measured: 94 bytes a row with a 24-character hash).
+# (unlogged_batch_across_partitions_warn_threshold). Cassandra 5.0 counts a batch's size as the
+# sum of its partitions' data sizes: a data_head row counts its hash plus 69 bytes, a partition 29
+# bytes more whatever its key (measured from its warnings, "Batch for [tsdb.data_head] is of size
+# N": 2 x 35 rows 6568, 10 x 6 5870, 10 x 7 6800; 30-character hashes 6 bytes a row more).
+# HEAD_ROW_DATA_BYTES and HEAD_PARTITION_DATA_BYTES count a little over both, as a margin: counted
+# without the partitions, 10 partitions of 5-6 rows made batches of 5219 bytes.
 HEAD_PARTITION_BATCH_DATA_BYTES = 96 * 1024
 HEAD_SHARED_PARTITION_ROWS = 24
 HEAD_BATCH_DATA_BYTES = 5 * 1024
 HEAD_BATCH_PARTITIONS = 10
 HEAD_ROW_DATA_BYTES = 72
+HEAD_PARTITION_DATA_BYTES = 32
 
 # A slot's written_at lives this much longer than the head rows written with it; WRITTEN_AT_REMEMBERED
 # series-slots are remembered as having a fresh written_at. A seal records the time it read the head
@@ -107,8 +112,9 @@ def _head_batches(partitions: list[list[tuple]]) -> list[list[tuple]]:
 
 
 def _data_bytes(rows: list[tuple]) -> int:
-    """Cassandra's data size of these rows (series_set_hash is the only column of variable length it counts)."""
-    return sum(map(len, map(itemgetter(3), rows))) + HEAD_ROW_DATA_BYTES * len(rows)
+    """Cassandra's data size of these rows of one partition, with a margin (series_set_hash is the
+    only column of variable length it counts)."""
+    return sum(map(len, map(itemgetter(3), rows))) + HEAD_ROW_DATA_BYTES * len(rows) + HEAD_PARTITION_DATA_BYTES
 
 
 def _rows_within(size: int, rows: list[tuple]) -> int:

@@ -79,6 +79,8 @@ class SQLiteLifecycle(SQLiteBase):
     def start(self):
         """Start the thread pools and open the file; if the file cannot be opened, the pools are
         stopped again before the error is raised (their threads would keep a CLI command alive)."""
+        if self.path.parent.exists() and not self.path.parent.is_dir():
+            raise NotADirectoryError(f"{self.path.parent} is a file, not a directory")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._writer.start()
         self._readers.start()

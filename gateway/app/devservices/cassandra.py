@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -198,6 +199,19 @@ class CassandraServer:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's process id (kill it to try a node going down), None before launch()."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def exit_status(self) -> str:
+        """How the JVM ended, for a log line: ``exit code 1``, ``killed by SIGKILL``."""
+        code = self._process.poll() if self._process is not None else None
+        if code is None:
+            return "not started" if self._process is None else "running"
+        return f"exit code {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
 
     def __enter__(self) -> CassandraServer:
         self.start()
@@ -475,8 +489,26 @@ class CassandraCluster:
 
     @property
     def running(self) -> bool:
-        """Every node runs (the dev command stops when one dies)."""
-        return all(node.running for node in self.nodes)
+        """Some node runs: a cluster with a node down is still a cluster (the dev command keeps
+        the others running and says which node stopped)."""
+        return any(node.running for node in self.nodes)
+
+    def stopped_nodes(self) -> list[CassandraServer]:
+        """The nodes whose JVM is not running (killed, crashed, or never started)."""
+        return [node for node in self.nodes if not node.running]
+
+    def restart_stopped(self, timeout: float = 300) -> list[CassandraServer]:
+        """Start the stopped nodes again on their own data (as machines back from a crash) and
+        wait until every node sees every other one as normal; the others keep running whatever
+        happens, and a node that fails to start raises RuntimeError. The nodes restarted."""
+        started = time.monotonic()
+        stopped = self.stopped_nodes()
+        for node in stopped:
+            node.launch()
+        for node in stopped:
+            node.wait_ready(timeout - (time.monotonic() - started))
+        self.wait_until_all_normal(timeout - (time.monotonic() - started))
+        return stopped
 
     @property
     def log_path(self) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import tempfile
@@ -31,7 +32,8 @@ def register(subparsers) -> None:
         "--nodes",
         type=_node_count,
         default=1,
-        help="nodes: more than 1 runs a cluster on 127.0.0.1, 127.0.0.2, ... (same port, data center dc1)",
+        help="nodes: more than 1 runs a cluster on 127.0.0.1, 127.0.0.2, ... (same port, data center dc1);"
+        " a node that dies leaves the others running, SIGUSR1 starts it again",
     )
     cassandra.set_defaults(func=run_cassandra)
 
@@ -107,10 +109,13 @@ def _workdir(path: Path | None, name: str):
 
 
 def _serve(server: CassandraServer | CassandraCluster | RedisServer, name: str, address: str) -> int:
-    """Start the server, announce it, and stop it cleanly on SIGINT/SIGTERM; 1 if it dies on its own."""
+    """Start the server, announce it, and stop it cleanly on SIGINT/SIGTERM; 1 if it dies on its own
+    (a cluster: once every node died, see _watch_cluster)."""
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
+    restarting = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: restarting.set())
     try:
         server.start()
     except RuntimeError as error:
@@ -118,13 +123,58 @@ def _serve(server: CassandraServer | CassandraCluster | RedisServer, name: str, 
         return 1
     print(f"{name} ready at {address}", flush=True)
     try:
-        while not stopping.wait(1):
-            if not server.running:
-                print(f"{name} exited unexpectedly; log: {server.log_path}", file=sys.stderr)
-                return 1
+        if isinstance(server, CassandraCluster):
+            code = _watch_cluster(server, stopping, restarting)
+        else:
+            code = _watch(server, name, stopping)
     finally:
         server.stop()
-    print(f"{name} stopped", flush=True)
+    if code == 0:
+        print(f"{name} stopped", flush=True)
+    return code
+
+
+def _watch(server: CassandraServer | RedisServer, name: str, stopping: threading.Event) -> int:
+    """Until SIGINT/SIGTERM (0) or the server dies (1)."""
+    while not stopping.wait(1):
+        if not server.running:
+            print(f"{name} exited unexpectedly; log: {server.log_path}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _watch_cluster(cluster: CassandraCluster, stopping: threading.Event, restarting: threading.Event) -> int:
+    """Until SIGINT/SIGTERM (0) or every node died (1). A node that dies is said once and the
+    others keep running, so that a cluster with a node down can be tried (kill -9 a node's pid);
+    SIGUSR1 starts the stopped nodes again, on their own data, when the user wants them back
+    (not SIGHUP: a closed terminal sends that, and must not leave the cluster running)."""
+    for node in cluster.nodes:
+        print(f"node {node.host}: pid {node.pid}, log {node.log_path}", flush=True)
+    print(f"a node that dies leaves the others running; kill -USR1 {os.getpid()} starts it again", flush=True)
+    reported: set[str] = set()
+    while not stopping.wait(1):
+        if restarting.is_set():
+            restarting.clear()
+            try:
+                for node in cluster.restart_stopped():
+                    reported.discard(node.host)
+                    print(f"node {node.host} back: pid {node.pid}", flush=True)
+            except RuntimeError as error:
+                print(error, file=sys.stderr, flush=True)
+        for node in cluster.stopped_nodes():
+            if node.host not in reported:
+                reported.add(node.host)
+                running = len(cluster.nodes) - len(cluster.stopped_nodes())
+                print(
+                    f"node {node.host} (pid {node.pid}) stopped ({node.exit_status}); {running} of"
+                    f" {len(cluster.nodes)} nodes still run; kill -USR1 {os.getpid()} starts it again;"
+                    f" log: {node.log_path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if not cluster.running:
+            print("every node of the cluster stopped", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 
