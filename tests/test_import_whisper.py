@@ -140,7 +140,7 @@ def _ranges(now: int) -> dict[str, tuple[int, int]]:
     return {
         "day": (now - 20 * 3600, now),
         "week": (now - 6 * DAY, now),
-        "seven days": (now - 7 * DAY, now),
+        "seven days": (now - 7 * DAY + 137, now - 53),
         "year": (now - 300 * DAY, now),
     }
 
