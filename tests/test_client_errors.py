@@ -153,23 +153,25 @@ def test_remote_read_with_int64_extremes(gateway, start, end, accepted):
 
 
 @pytest.mark.parametrize(
-    "target",
+    "target, problem",
     [
-        "sumSeries(" * 5000 + "a.b.c" + ")" * 5000,
-        "a.b.c" + "|absolute()" * 5000,
-        "sumSeries(" * 101 + "a.b.c" + ")" * 101,
+        ("sumSeries(" * 5000 + "a.b.c" + ")" * 5000, "nests calls deeper than 64 (--query-max-depth)"),
+        ("a.b.c" + "|absolute()" * 5000, "more than 300 calls and arguments (--query-max-terms)"),
+        ("a.b.c" + "|absolute()" * 65, "nests calls deeper than 64 (--query-max-depth)"),
+        ("sumSeries(" * 65 + "a.b.c" + ")" * 65, "nests calls deeper than 64 (--query-max-depth)"),
+        ("sumSeries(" + ",".join(["a.b.c"] * 300) + ")", "more than 300 calls and arguments (--query-max-terms)"),
     ],
-    ids=["nested-5000", "piped-5000", "nested-101"],
+    ids=["nested-5000", "piped-5000", "piped-65", "nested-65", "arguments-300"],
 )
-def test_deeply_nested_targets_are_400(gateway, target):
+def test_deeply_nested_or_long_targets_are_400(gateway, target, problem):
     answer = gateway.post(
         "/render", urllib.parse.urlencode({"target": target, "format": "json"}).encode(), headers=FORM
     )
-    assert_client_error(answer, 400, "nested deeper than 100")
+    assert_client_error(answer, 400, problem)
 
 
 def test_nesting_up_to_the_limit_is_evaluated(gateway):
-    target = "absolute(" * 100 + "a.b.c" + ")" * 100
+    target = "absolute(" * 64 + "a.b.c" + ")" * 64
     answer = gateway.post(
         "/render", urllib.parse.urlencode({"target": target, "format": "json", "from": "-10min"}).encode(), headers=FORM
     )

@@ -192,9 +192,9 @@ async def test_a_query_text_over_its_bounds_is_refused_before_parsing(sqlite_sto
 
 @pytest_twisted.ensureDeferred
 async def test_a_deep_expression_is_bad_data_not_a_recursion_error(sqlite_store, tenant):
-    """With the terms bound raised, 1500 nested parentheses parse, then planning recursed too deep (a 500)."""
+    """With the depth and terms bounds raised, 1500 nested parentheses parse, then planning recursed too deep (a 500)."""
     service = PromQLService(
-        sqlite_store, QueryPlanner(sqlite_store, 100), 1000, 5 * MINUTE, 60_000, QueryText(10**6, 10**6)
+        sqlite_store, QueryPlanner(sqlite_store, 100), 1000, 5 * MINUTE, 60_000, QueryText(10**6, 10**6, 10**6)
     )
     text = "(" * 1500 + "1" + ")" * 1500
     with pytest.raises(PromQLError, match="nested too deeply") as error:

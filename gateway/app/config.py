@@ -300,7 +300,13 @@ SETTINGS = [
         "query-max-terms",
         _positive,
         "300",
-        "PromQL: operators, matchers, parentheses and arguments one query may have, counted before it is parsed (400 above)",
+        "PromQL: operators, matchers, brackets and arguments one query may have, counted before it is parsed (400 above)",
+    ),
+    Setting(
+        "query-max-depth",
+        _positive,
+        "64",
+        "how deep a PromQL query's parentheses, calls, aggregations, subqueries and unary operators, or a Graphite target's function calls, may nest, checked before it is parsed (400 above)",
     ),
     Setting("render-max-targets", _positive, "500", "Graphite: targets one /render request may have (400 above)"),
     Setting(
@@ -416,6 +422,7 @@ class Config:
     query_max_memory_bytes: int
     query_max_length: int
     query_max_terms: int
+    query_max_depth: int
     render_max_targets: int
     max_points_per_query: int
     tenant_max_samples_per_second: int

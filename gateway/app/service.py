@@ -258,7 +258,7 @@ def build_router(
             overrides.limit("query-max-samples"),
             config.query_lookback_delta,
             config.query_timeout,
-            QueryText(config.query_max_length, config.query_max_terms),
+            QueryText(config.query_max_length, config.query_max_terms, config.query_max_depth),
         )
     ).register(router)
     schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
@@ -272,6 +272,8 @@ def build_router(
         graphs,
         max_targets=config.render_max_targets,
         max_query_length=config.query_max_length,
+        max_depth=config.query_max_depth,
+        max_terms=config.query_max_terms,
     ).register(router)
     OpsAPI(store).register(router)
     WebUI(config, store, pipeline).register(router)

@@ -131,12 +131,16 @@ class GraphiteAPI:
         *,
         max_targets: int,
         max_query_length: int,
+        max_depth: int,
+        max_terms: int,
     ):
         self.graphs = graphs
         self.pipeline = pipeline
         self.max_points = per_tenant("max-points-per-query", max_points)
         self.max_targets = max_targets
         self.max_query_length = max_query_length
+        self.max_depth = max_depth
+        self.max_terms = max_terms
         self.schemas = schemas
         self.planner = planner
         self.finder = finder
@@ -213,9 +217,15 @@ class GraphiteAPI:
             max_data_points=max_points,
             budget=budget,
             offload=threads.deferToThread,
+            max_depth=self.max_depth,
+            max_terms=self.max_terms,
         )
         targets = self._targets(request)
-        consolidation = {path: func for target in targets for path, func in consolidations(target).items()}
+        consolidation = {
+            path: func
+            for target in targets
+            for path, func in consolidations(target, self.max_depth, self.max_terms).items()
+        }
         fetcher = StoreFetcher(
             tenant, self.finder, self.planner, self.schemas, self.planner.max_series(tenant), consolidation, budget
         )

@@ -40,23 +40,35 @@ class Call:
     raw: str = ""  # the call's source text, graphite-web's pathExpression for seriesByTag
 
 
-# Calls nested (or piped) deeper than this are refused: real targets nest a handful deep, and
-# evaluating a deeper one would exhaust Python's stack.
-MAX_NESTING = 100
+# The defaults of the bounds below (the gateway's --query-max-depth and --query-max-terms): real
+# targets nest a handful of calls deep and have a few dozen arguments.
+MAX_NESTING = 64
+MAX_TERMS = 300
 
 
-def parse_target(text: str):
-    """Parse a whole target; trailing text is an error (graphite-web silently ignores it)."""
-    parser = _Parser(text)
+class TargetTooDeep(TargetSyntaxError):
+    """The target nests calls deeper than the parser takes; it stops there, so a hostile target
+    costs no more than a real one."""
+
+
+class TargetTooLong(TargetSyntaxError):
+    """The target has more calls and arguments than the parser takes; it stops there."""
+
+
+def parse_target(text: str, max_depth: int = MAX_NESTING, max_terms: int = MAX_TERMS):
+    """Parse a whole target; trailing text is an error (graphite-web silently ignores it). Calls
+    nested (or piped) deeper than ``max_depth``, or more than ``max_terms`` calls and arguments,
+    are refused as soon as the parser reaches them."""
+    parser = _Parser(text, max_depth, max_terms)
     try:
         node = parser.expression()
-    except RecursionError:
-        raise TargetSyntaxError(f"target is nested deeper than {MAX_NESTING} calls") from None
+    except RecursionError:  # a --query-max-depth set past what Python's stack holds
+        raise TargetTooDeep("target nests calls too deep to parse") from None
     parser.skip_space()
     if parser.pos != len(text):
         parser.fail("unexpected text")
-    if _nesting(node) > MAX_NESTING:
-        raise TargetSyntaxError(f"target is nested deeper than {MAX_NESTING} calls")
+    if _nesting(node) > max_depth:
+        raise TargetTooDeep(f"target nests calls deeper than {max_depth}")
     return node
 
 
@@ -78,7 +90,7 @@ def first_path_expression(name: str) -> str | None:
     a complete expression, so parse errors just mean "none found".
     """
     try:
-        node = _Parser(name).expression()
+        node = _Parser(name, max_terms=len(name)).expression()  # a name holds as many terms as it has
     except TargetSyntaxError:
         return None
     while isinstance(node, Call):
@@ -89,10 +101,19 @@ def first_path_expression(name: str) -> str | None:
 
 
 class _Parser:
-    def __init__(self, text: str):
+    def __init__(self, text: str, max_depth: int = MAX_NESTING, max_terms: int = MAX_TERMS):
         self.text = text
         self.pos = 0
         self.depth = 0
+        self.max_depth = max_depth
+        self.terms = 0
+        self.max_terms = max_terms
+
+    def count_term(self) -> None:
+        """One more call or argument."""
+        self.terms += 1
+        if self.terms > self.max_terms:
+            raise TargetTooLong(f"target has more than {self.max_terms} calls and arguments")
 
     def fail(self, message: str) -> NoReturn:
         raise TargetSyntaxError(f"{message} at position {self.pos} in target {self.text!r}")
@@ -135,8 +156,9 @@ class _Parser:
 
     def call_arguments(self, name: str, start: int) -> Call:
         self.depth += 1
-        if self.depth > MAX_NESTING:
-            self.fail(f"calls nested deeper than {MAX_NESTING}")
+        if self.depth > self.max_depth:
+            raise TargetTooDeep(f"target nests calls deeper than {self.max_depth}")
+        self.count_term()
         call = self._call_arguments(name, start)
         self.depth -= 1
         return call
@@ -188,6 +210,7 @@ class _Parser:
         return position == len(self.text) or self.text[position] in ",)"
 
     def argument(self):
+        self.count_term()
         self.skip_space()
         char = self.peek()
         if char in ("'", '"'):

@@ -17,7 +17,17 @@ from gateway.query.graphite.functions import REGISTRY
 from gateway.query.graphite.functions.registry import Request
 from gateway.query.graphite.series import TimeSeries
 from protocols.graphite import attime
-from protocols.graphite.target import Call, Literal, PathExpression, TargetSyntaxError, parse_target
+from protocols.graphite.target import (
+    MAX_NESTING,
+    MAX_TERMS,
+    Call,
+    Literal,
+    PathExpression,
+    TargetSyntaxError,
+    TargetTooDeep,
+    TargetTooLong,
+    parse_target,
+)
 
 __all__ = ["Fetcher", "RenderContext", "RenderError", "evaluate_target"]
 
@@ -33,6 +43,8 @@ class RenderContext:
     stacks: dict = field(default_factory=dict)  # stacked() running totals, shared by copies
     budget: object = None  # the request's query.PointsBudget, shared by copies; None: unbounded
     offload: Callable | None = None  # runs a function's CPU-bound work elsewhere (deferToThread); None: inline
+    max_depth: int = MAX_NESTING  # --query-max-depth: calls nested in a target
+    max_terms: int = MAX_TERMS  # --query-max-terms: calls and arguments of a target
 
 
 class Fetcher(Protocol):
@@ -47,7 +59,7 @@ async def evaluate_target(target: str, context: RenderContext, fetcher: Fetcher)
     """The series a target produces; RenderError for anything the user got wrong."""
     if not target or not target.strip():
         return []
-    node = _parse(target)
+    node = parse(target, context)
     result = await _evaluate(node, context, fetcher)
     if isinstance(result, TimeSeries):
         return [result]
@@ -62,9 +74,14 @@ async def evaluate_target(target: str, context: RenderContext, fetcher: Fetcher)
     return result
 
 
-def _parse(target: str):
+def parse(target: str, context: RenderContext):
+    """The target's tree, within the context's bounds (a RenderError naming the setting past them)."""
     try:
-        return parse_target(target)
+        return parse_target(target, context.max_depth, context.max_terms)
+    except TargetTooDeep as error:
+        raise RenderError(f"{error} (--query-max-depth)") from None
+    except TargetTooLong as error:
+        raise RenderError(f"{error} (--query-max-terms)") from None
     except TargetSyntaxError as error:
         raise RenderError(str(error)) from None
 
@@ -112,7 +129,7 @@ async def _call(node: Call, context: RenderContext, fetcher: Fetcher):
         if not attime.EARLIEST <= new_context.start <= new_context.end <= attime.LATEST:
             raise RenderError(f"{node.name}() moves the time range out of the years 1 to 9999")
         if isinstance(node_or_target, str):
-            node_or_target = _parse(node_or_target)
+            node_or_target = parse(node_or_target, new_context)
         return await _evaluate(node_or_target, new_context, fetcher)
 
     raw_args = list(node.args)

@@ -29,7 +29,7 @@ from protocols.graphite.target import Call, Literal, PathExpression, TargetSynta
 ROLLUP_FOR_CONSOLIDATION = {"average": "avg", "avg": "avg", "sum": "sum", "min": "min", "max": "max", "last": "last"}
 
 
-def consolidations(target: str) -> dict[str, str]:
+def consolidations(target: str, max_depth: int, max_terms: int) -> dict[str, str]:
     """Path expressions of a target that sit inside ``consolidateBy(..., 'func')``, with func."""
     found: dict[str, str] = {}
 
@@ -43,7 +43,7 @@ def consolidations(target: str) -> dict[str, str]:
                 walk(argument, func)
 
     try:
-        walk(parse_target(target), None)
+        walk(parse_target(target, max_depth, max_terms), None)
     except TargetSyntaxError:
         pass
     return found

@@ -61,7 +61,7 @@ class PromQLService:
             raise
         except RecursionError:
             raise PromQLError(
-                'invalid parameter "query": the expression is nested too deeply to evaluate (--query-max-terms)',
+                'invalid parameter "query": the expression is nested too deeply to evaluate (--query-max-depth, --query-max-terms)',
                 "bad_data",
             ) from None
 
