@@ -27,6 +27,9 @@ LEGEND_MAX_ITEMS = 10  # graphite-web's LEGEND_MAX_ITEMS: more series and the le
 _METADATA = {"png": {"Software": "tsgate"}, "svg": {"Creator": "tsgate", "Date": None}}
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _SVG_SIZE = re.compile(rb'\b((?:width|height)="[0-9.]+)pt"')
+# The largest magnitude drawn: matplotlib's tick arithmetic overflows on an axis near ±1.8e308
+# (threshold(1e308) failed to draw); values and yMin/yMax beyond it are drawn at it.
+AXIS_LIMIT = 1e300
 
 
 def draw(options: GraphOptions, series_list) -> bytes:
@@ -76,7 +79,7 @@ def _figure(options: GraphOptions, series_list) -> Figure:
         if each is not None:
             _style(options, each)
     if options.y_min is not None or options.y_max is not None:
-        axes.set_ylim(bottom=options.y_min, top=options.y_max)
+        axes.set_ylim(bottom=_on_axis(options.y_min), top=_on_axis(options.y_max))
     for each, fills in plotted.items():
         _fill(each, fills)
     if not options.graph_only:
@@ -98,6 +101,7 @@ def _points(options: GraphOptions, series, pixels: int) -> tuple[np.ndarray, np.
     if options.draw_null_as_zero:
         values[np.isnan(values)] = 0.0
     values[np.isinf(values)] = np.nan  # an infinity has no place on the axis
+    values = _on_axis(values)
     step = int(series.step) * max(1, series.valuesPerPoint)
     times = (int(series.start) + step * np.arange(len(values), dtype=np.int64)).astype("datetime64[s]")
     return times, values
@@ -132,7 +136,7 @@ def _plot(options: GraphOptions, series_list, axes, right) -> dict:
         if options.area_mode == "stacked" and target is axes:
             total = _same_length(state["total"], values)
             total = np.zeros(len(values)) if total is None else total
-            own, values = values, total + values
+            own, values = values, _on_axis(total + values)
             state["total"] = total + np.nan_to_num(own)
             state["areas"].append((index, times, total, values, color, fill_alpha))
         elif opts.get("stacked") or (options.area_mode == "first" and index == 0):
@@ -160,6 +164,11 @@ def _plot(options: GraphOptions, series_list, axes, right) -> dict:
         )
         state["legend"].append((line, series.name))
     return plotted
+
+
+def _on_axis(values):
+    """Values (an array, a number or None) within what the axis can draw."""
+    return None if values is None else np.clip(values, -AXIS_LIMIT, AXIS_LIMIT)
 
 
 def _clamped(value, low: float, high: float, default):

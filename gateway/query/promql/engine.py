@@ -512,6 +512,8 @@ class Evaluator:
         if start < first:
             start += step
         inner_times = np.arange(start, last + 1, step, dtype=np.int64)
+        if not len(inner_times):  # no inner step in any window (changes(x[1h])[1s:1d]): no samples
+            return RangeVector([], refs, range_ms, (), self.guard)
         inner = self.evaluate(node.expr, inner_times)
         if not isinstance(inner, Vector):
             raise PromQLError("subquery is only allowed on instant vector", "bad_data")
