@@ -8,6 +8,7 @@ is the group ``series_<n>`` and its fill ``area_<n>``.
 import base64
 import datetime
 import io
+import itertools
 import threading
 import time
 import urllib.parse
@@ -19,7 +20,7 @@ import pytest_twisted
 from PIL import Image
 
 from gateway.query.graphite import drawing
-from gateway.query.graphite.graph import PARAMETERS, BadGraphOption, GraphPool, GraphUnavailable, parse_graph_options
+from gateway.query.graphite.graph import CONTENT_TYPES, PARAMETERS, BadGraphOption, GraphPool, GraphUnavailable, parse_graph_options
 from gateway.query.graphite.series import TimeSeries
 from tests.graphiteweb import render_batch
 from tests.test_fuzz import HOSTILE_TEXT
@@ -283,6 +284,26 @@ def test_render_draws_png_by_default_and_svg_through_a_gateway(start_gateway):
         assert answer.status == 400, (params, answer.body)
         assert answer.json()["field"] == field
     assert render(gateway, target="web.cpu", format="json", **{"from": "-1h"}).json()[0]["target"] == "web.cpu"
+
+
+def test_huge_values_are_drawn_in_png_and_svg(start_gateway):
+    """threshold(1e308), or a stored 1e308, was a 500 (matplotlib's ticks overflowed): values and
+    yMin/yMax past ±1e300 are drawn at it."""
+    gateway = start_gateway()
+    now = int(time.time()) // STEP * STEP
+    items = [{"metric": "huge", "timestamp": now - STEP * i, "value": (-1) ** i * 1.7e308, "tags": {}} for i in range(10)]
+    assert gateway.post("/api/put", items).status == 200
+    for form, params in itertools.product(
+        ("png", "svg"), ({}, {"areaMode": "stacked"}, {"yMin": "-1e308", "yMax": "1e308"})
+    ):
+        for target in ("threshold(1e308)", "threshold(-1e308)", "huge"):
+            answer = render(gateway, target=target, format=form, **{"from": "-1h", **params})
+            assert answer.status == 200, (form, target, params, answer.body[:300])
+            assert answer.headers["Content-Type"] == CONTENT_TYPES[form]
+            if form == "png":
+                assert png_size(answer.body) == (330, 250)
+            else:
+                assert groups(ET.fromstring(answer.body), "series_"), answer.body[:300]
 
 
 def test_the_gateway_answers_while_a_large_graph_is_drawn(start_gateway):
