@@ -8,7 +8,7 @@ time range (timeShift, moving windows, ...) evaluate their first argument again 
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, tzinfo
 from typing import Protocol
 
@@ -32,6 +32,29 @@ from protocols.graphite.target import (
 __all__ = ["Fetcher", "RenderContext", "RenderError", "evaluate_target"]
 
 
+# A target's calls and paths are evaluated at most this many times its --query-max-terms:
+# timeShift, timeStack, hitcount, smartSummarize, the moving windows and applyByNode evaluate an
+# argument again, so nested they multiply (timeShift nested 20 deep: 2^20 fetches, past any deadline).
+EVALUATIONS_PER_TERM = 4
+
+
+class Evaluations:
+    """The calls and paths one target has evaluated so far, re-evaluations included; shared by
+    the copies of its RenderContext."""
+
+    def __init__(self, limit: int = EVALUATIONS_PER_TERM * MAX_TERMS):
+        self.count = 0
+        self.limit = limit
+
+    def add(self) -> None:
+        self.count += 1
+        if self.count > self.limit:
+            raise RenderError(
+                f"the target evaluates more than {self.limit} calls and paths (functions such as timeShift"
+                f" and movingAverage evaluate theirs again): {EVALUATIONS_PER_TERM} x --query-max-terms"
+            )
+
+
 @dataclass
 class RenderContext:
     start: int  # epoch seconds, inclusive
@@ -45,6 +68,7 @@ class RenderContext:
     offload: Callable | None = None  # runs a function's CPU-bound work elsewhere (deferToThread); None: inline
     max_depth: int = MAX_NESTING  # --query-max-depth: calls nested in a target
     max_terms: int = MAX_TERMS  # --query-max-terms: calls and arguments of a target
+    evaluations: Evaluations = field(default_factory=Evaluations)  # of the target being evaluated
 
 
 class Fetcher(Protocol):
@@ -60,6 +84,7 @@ async def evaluate_target(target: str, context: RenderContext, fetcher: Fetcher)
     if not target or not target.strip():
         return []
     node = parse(target, context)
+    context = replace(context, evaluations=Evaluations(EVALUATIONS_PER_TERM * context.max_terms))
     result = await _evaluate(node, context, fetcher)
     if isinstance(result, TimeSeries):
         return [result]
@@ -89,6 +114,7 @@ def parse(target: str, context: RenderContext):
 async def _evaluate(node, context: RenderContext, fetcher: Fetcher):
     if isinstance(node, Literal):
         return node.value
+    context.evaluations.add()
     if isinstance(node, PathExpression):
         found = await fetcher.fetch(node.path, context.start, context.end)
         return _prepare_fetched(found, node.path, context)
