@@ -35,7 +35,7 @@ __all__ = ["Fetcher", "RenderContext", "RenderError", "evaluate_target"]
 # A target's calls and paths are evaluated at most this many times its --query-max-terms:
 # timeShift, timeStack, hitcount, smartSummarize, the moving windows and applyByNode evaluate an
 # argument again, so nested they multiply (timeShift nested 20 deep: 2^20 fetches, past any deadline).
-EVALUATIONS_PER_TERM = 4
+EVALUATIONS_PER_TERM = 2
 
 
 class Evaluations:
