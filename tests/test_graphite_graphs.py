@@ -20,7 +20,14 @@ import pytest_twisted
 from PIL import Image
 
 from gateway.query.graphite import drawing
-from gateway.query.graphite.graph import CONTENT_TYPES, PARAMETERS, BadGraphOption, GraphPool, GraphUnavailable, parse_graph_options
+from gateway.query.graphite.graph import (
+    CONTENT_TYPES,
+    PARAMETERS,
+    BadGraphOption,
+    GraphPool,
+    GraphUnavailable,
+    parse_graph_options,
+)
 from gateway.query.graphite.series import TimeSeries
 from tests.graphiteweb import render_batch
 from tests.test_fuzz import HOSTILE_TEXT
@@ -291,7 +298,9 @@ def test_huge_values_are_drawn_in_png_and_svg(start_gateway):
     yMin/yMax past ±1e300 are drawn at it."""
     gateway = start_gateway()
     now = int(time.time()) // STEP * STEP
-    items = [{"metric": "huge", "timestamp": now - STEP * i, "value": (-1) ** i * 1.7e308, "tags": {}} for i in range(10)]
+    items = [
+        {"metric": "huge", "timestamp": now - STEP * i, "value": (-1) ** i * 1.7e308, "tags": {}} for i in range(10)
+    ]
     assert gateway.post("/api/put", items).status == 200
     for form, params in itertools.product(
         ("png", "svg"), ({}, {"areaMode": "stacked"}, {"yMin": "-1e308", "yMax": "1e308"})
