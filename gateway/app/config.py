@@ -300,7 +300,7 @@ SETTINGS = [
         "query-max-terms",
         _positive,
         "300",
-        "PromQL: operators, matchers, brackets and arguments one query may have, counted before it is parsed (400 above)",
+        "operators, matchers, brackets and arguments of a PromQL query, calls and arguments of a Graphite target, counted before it is parsed (400 above); a target evaluates at most twice as many calls and paths, re-evaluations included",
     ),
     Setting(
         "query-max-depth",
