@@ -339,7 +339,8 @@ def test_the_gateway_answers_while_a_large_graph_is_drawn(start_gateway):
     elapsed = time.monotonic() - started
     (answer,) = answers
     assert answer.status == 200 and png_size(answer.body) == (2000, 1500)
-    assert elapsed > 2 and max(latencies) < 1.0, (elapsed, sorted(latencies)[-5:])
+    # the drawing overlapped several probes (how many depends on the box's speed, not the outcome)
+    assert len(latencies) >= 3 and max(latencies) < 1.0, (elapsed, sorted(latencies)[-5:])
 
 
 def test_graphite_web_and_tsgate_answer_the_same_image_size(start_gateway, tmp_path: Path):
