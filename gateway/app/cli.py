@@ -170,7 +170,7 @@ def _delete(namespace: argparse.Namespace) -> int:
     from gateway.app.service import pending_tracker, start_store
     from gateway.core.overrides import attach
     from gateway.downsample.pending import PendingMarks
-    from gateway.ingest.deletes import Deleter
+    from gateway.ingest.deletes import Deleter, SeriesSelection
     from gateway.query.planner import QueryPlanner
     from gateway.store import open_store
     from protocols.prometheus import prometheus_labels
@@ -193,11 +193,12 @@ def _delete(namespace: argparse.Namespace) -> int:
         try:
             marks = PendingMarks(tracker, config.downsample_partitions_count)
             planner = QueryPlanner(store, config.max_series_per_query)
-            deleter = Deleter(store, planner, marks, config.max_future, shared_seen=shared_seen)
+            deleter = Deleter(store, marks, config.max_future, shared_seen=shared_seen)
+            selection = SeriesSelection(store, planner)
             if namespace.match:
-                series = await deleter.select_prometheus(namespace.tenant, namespace.match)
+                series = await selection.select_prometheus(namespace.tenant, namespace.match)
             else:
-                series = await deleter.select_graphite(namespace.tenant, namespace.patterns)
+                series = await selection.select_graphite(namespace.tenant, namespace.patterns)
             first, last = deleter.bounds(start, end)
             counts = await deleter.count(series, first, last)
             for count in counts:

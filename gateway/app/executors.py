@@ -17,6 +17,13 @@ The serving process enforces, per query:
 - the queue bound (``--query-queue``): 429 with Retry-After;
 - fairness: a tenant holds at most half of the executors and half of the queue (rounded up),
   and the tenants waiting are served in turn, so one tenant's slow queries leave room for others.
+  An executor that ends with a query (killed at the deadline or the memory cap, or dead) keeps
+  counting against that query's tenant until its replacement is ready: a tenant whose queries
+  all run to the deadline never holds more than its share, even while replacements start.
+
+An executor once killed gets no more work: an answer it sent just before the kill is dropped.
+Admin deletes select their series here too (``select_series``), under the same deadline, queue
+and fairness as queries.
 
 A client that goes away takes its query out of the queue; a query already running ends (at the
 latest at its deadline) and its answer is dropped. docs/security.rst ("Query isolation").
@@ -45,8 +52,9 @@ from zope.interface import implementer
 from gateway.app.config import Config
 from gateway.core import metrics
 from gateway.core.errors import GatewayError, LimitExceeded, Timeout, Unavailable
-from gateway.core.model import DEFAULT_TENANT
+from gateway.core.model import DEFAULT_TENANT, SeriesKey
 from gateway.core.overrides import Overrides
+from gateway.http.errors import ErrorAnswer, HTTPError, error_answer
 from gateway.http.server import Response, error_response
 from gateway.store.contract import StoreUnavailable
 
@@ -161,30 +169,46 @@ def _fairness_key(request) -> str:
     return named.decode("utf-8", "replace").strip() or DEFAULT_TENANT
 
 
-class Job:
-    """One query: waiting in its tenant's queue, then running in an executor."""
+class ExecutorRefusal(HTTPError):
+    """An error an executor answered a call with (``select_series``), raised in the serving process."""
 
-    def __init__(self, request, tenant: str):
+    def __init__(self, answer: ErrorAnswer):
+        super().__init__(answer.status, answer.message, answer.headers, **answer.details)
+        self.error_type = answer.error_type
+
+
+class Job:
+    """One query (or call): waiting in its tenant's queue, then running in an executor. Its
+    ``answer`` fires with the executor's answer, or fails with the GatewayError it got instead."""
+
+    def __init__(self, request, tenant: str, message: tuple):
         self.request = request
         self.tenant = tenant
-        self.description = describe(request)
+        self.message = message
         self.answer: defer.Deferred = defer.Deferred()
         self.executor: Executor | None = None
         self.timer = None
 
-    def finish(self, response: Response) -> None:
+    def finish(self, result) -> None:
         if self.timer is not None and self.timer.active():
             self.timer.cancel()
         if not self.answer.called:
-            self.answer.callback(response)
+            self.answer.callback(result)
+
+    def fail(self, error: GatewayError) -> None:
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        if not self.answer.called:
+            self.answer.errback(error)
 
 
 class Executor(protocol.ProcessProtocol):
     """The serving process's end of one executor process."""
 
-    def __init__(self, pool: "QueryExecutors", index: int):
+    def __init__(self, pool: "QueryExecutors", index: int, holding: str | None):
         self.pool = pool
         self.index = index
+        self.holding = holding  # the tenant whose share this executor's start holds (it replaces one of its)
         self.frames = Frames()
         self.ready = False
         self.job: Job | None = None
@@ -206,13 +230,16 @@ class Executor(protocol.ProcessProtocol):
     def run(self, job: Job) -> None:
         self.job = job
         job.executor = self
-        self.transport.writeToChild(REQUEST_FD, frame(("query", job.description)))
+        self.transport.writeToChild(REQUEST_FD, frame(job.message))
 
     def kill(self, reason: str) -> None:
-        """SIGKILL: whatever the query is doing, it stops now; ``ended`` replaces the executor."""
+        """SIGKILL: whatever the query is doing, it stops now, and the executor gets no more
+        work; ``ended`` replaces it."""
         if self.kill_reason is not None:
             return
         self.kill_reason = reason
+        if self in self.pool.idle:
+            self.pool.idle.remove(self)
         metrics.QUERY_EXECUTOR_KILLS.labels(reason).inc()
         if self.ready:
             metrics.QUERY_EXECUTORS_READY.dec()
@@ -255,7 +282,7 @@ class QueryExecutors:
     def start(self) -> None:
         """Start every executor at once, in the background: queries wait in the queue meanwhile."""
         for index in range(self.size):
-            self._spawn(index)
+            self._spawn(index, None)
         self.memory_watch.start(MEMORY_CHECK_S, now=False)
 
     def send_overrides(self) -> None:
@@ -265,10 +292,10 @@ class QueryExecutors:
             if executor.kill_reason is None:
                 executor.transport.writeToChild(REQUEST_FD, frame(("overrides", self.overrides.by_tenant)))
 
-    def _spawn(self, index: int) -> None:
+    def _spawn(self, index: int, holding: str | None) -> None:
         if self.stopping:
             return
-        executor = Executor(self, index)
+        executor = Executor(self, index, holding)
         path = os.pathsep.join(filter(None, [SOURCE_ROOT, os.environ.get("PYTHONPATH")]))
         process = reactor.spawnProcess(
             executor,
@@ -282,14 +309,25 @@ class QueryExecutors:
 
     async def run(self, request) -> Response:
         """The route handler of every query route: the answer an executor gives for ``request``."""
+        try:
+            return await self._submit(request, _fairness_key(request), ("query", describe(request)))
+        except GatewayError as error:
+            return _refusal(request, error)
+
+    async def select_series(self, request, kind: str, tenant: str, patterns: list[str]) -> list[SeriesKey]:
+        """The series an admin delete of ``tenant`` selects (``kind``: "prometheus" selectors or
+        "graphite" paths), selected in an executor under the deadline, queue and fairness of
+        queries; a GatewayError (the selection's own refusal included) when there is no answer."""
+        return await self._submit(request, tenant, ("select", kind, tenant, patterns))
+
+    async def _submit(self, request, tenant: str, message: tuple):
+        """Queue ``message`` for an executor on behalf of ``request``; the executor's answer."""
         if self.stopping:
-            return _refusal(request, Unavailable("the gateway is stopping"))
-        tenant = _fairness_key(request)
+            raise Unavailable("the gateway is stopping")
         if self.queued >= self.config.query_queue or len(self.waiting.get(tenant, ())) >= self.tenant_queue_share:
             metrics.QUERY_QUEUE_REJECTED.inc()
-            message = "too many queries are waiting for a query executor (--query-queue); retry later"
-            return _refusal(request, QueueFull(message))
-        job = Job(request, tenant)
+            raise QueueFull("too many queries are waiting for a query executor (--query-queue); retry later")
+        job = Job(request, tenant, message)
         job.timer = reactor.callLater(self.timeout_s, self._expire, job)
         self.waiting.setdefault(tenant, collections.deque()).append(job)
         self._count_queued(1)
@@ -342,7 +380,7 @@ class QueryExecutors:
     def _abandon(self, job: Job) -> None:
         """The client went away: a waiting job leaves the queue (its answer is never sent)."""
         if self._unqueue(job):
-            job.finish(_refusal(job.request, Unavailable("the client went away")))
+            job.fail(Unavailable("the client went away"))
 
     def _expire(self, job: Job) -> None:
         seconds = f"{self.timeout_s:g}s"
@@ -350,31 +388,38 @@ class QueryExecutors:
             job.executor.kill("timeout")
         else:
             self._unqueue(job)
-        job.finish(_refusal(job.request, Timeout(f"query timed out: it ran past --query-timeout ({seconds})")))
+        job.fail(Timeout(f"query timed out: it ran past --query-timeout ({seconds})"))
 
-    def _memory_refusal(self, job: Job) -> Response:
+    def _memory_refusal(self) -> LimitExceeded:
         limit = self.config.query_max_memory_bytes
-        message = f"the query needed more memory than --query-max-memory-bytes ({limit} bytes) allows"
-        return _refusal(job.request, LimitExceeded(message))
+        return LimitExceeded(f"the query needed more memory than --query-max-memory-bytes ({limit} bytes) allows")
 
     def received(self, executor: Executor, message: tuple) -> None:
         kind = message[0]
+        if executor.kill_reason is not None:
+            return  # sent before the kill (an answer just past the deadline): ``ended`` handles its job
         if kind == "ready":
             executor.ready = True
             self.failed_starts[executor.index] = 0
             metrics.QUERY_EXECUTORS_READY.inc()
+            if executor.holding is not None:
+                self._release(executor.holding)  # the share its predecessor's query held
+                executor.holding = None
             self.idle.append(executor)
-        elif kind == "answer" and executor.peak_resident_bytes() > self.config.query_max_memory_bytes:
-            executor.kill("memory")  # went past the cap between two checks: ``ended`` answers 422
-        elif kind == "answer":
+        elif kind == "memory" or executor.peak_resident_bytes() > self.config.query_max_memory_bytes:
+            executor.kill("memory")  # a MemoryError, or past the cap between two checks: ``ended`` answers 422
+        else:
             job = executor.job
             executor.job = None
             self._release(job.tenant)
-            status, content_type, headers, body = message[1:]
-            job.finish(Response(status, body, content_type, headers))
+            if kind == "answer":
+                status, content_type, headers, body = message[1:]
+                job.finish(Response(status, body, content_type, headers))
+            elif kind == "selected":
+                job.finish(message[1])
+            else:  # "refused"
+                job.fail(ExecutorRefusal(message[1]))
             self.idle.append(executor)
-        elif kind == "memory":
-            executor.kill("memory")  # ``ended`` answers its query
         self._dispatch()
 
     def ended(self, executor: Executor, reason) -> None:
@@ -387,12 +432,13 @@ class QueryExecutors:
         if executor.ready and executor.kill_reason is None:
             metrics.QUERY_EXECUTORS_READY.dec()
         job = executor.job
+        holding = executor.holding  # one that died starting passes its hold on to the next
         if job is not None:
-            self._release(job.tenant)
+            holding = job.tenant  # released once the replacement is ready
             if executor.kill_reason == "memory":
-                job.finish(self._memory_refusal(job))
+                job.fail(self._memory_refusal())
             else:
-                job.finish(_refusal(job.request, Unavailable("the query executor running this query died")))
+                job.fail(Unavailable("the query executor running this query died"))
         delay = 0.0
         if not executor.ready:
             self.failed_starts[executor.index] += 1
@@ -405,7 +451,7 @@ class QueryExecutors:
                 f"unexpectedly ({reason})" if executor.ready else "before it was ready",
                 delay,
             )
-        reactor.callLater(delay, self._spawn, executor.index)
+        reactor.callLater(delay, self._spawn, executor.index, holding)
         self._dispatch()
 
     def _check_memory(self) -> None:
@@ -421,12 +467,12 @@ class QueryExecutors:
             self.memory_watch.stop()
         for jobs in self.waiting.values():
             for job in jobs:
-                job.finish(_refusal(job.request, Unavailable("the gateway is stopping")))
+                job.fail(Unavailable("the gateway is stopping"))
         self._count_queued(-self.queued)
         self.waiting.clear()
         for executor in list(self.executors):
             if executor.job is not None:
-                executor.job.finish(_refusal(executor.job.request, Unavailable("the gateway is stopping")))
+                executor.job.fail(Unavailable("the gateway is stopping"))
             executor.kill("shutdown")
 
 
@@ -437,6 +483,7 @@ class ExecutorSide(protocol.Protocol):
     def __init__(self):
         self.frames = Frames()
         self.router = None
+        self.selection = None
         self.overrides: Overrides | None = None
 
     def dataReceived(self, data):  # noqa: N802 (Twisted's name)
@@ -445,6 +492,8 @@ class ExecutorSide(protocol.Protocol):
                 defer.ensureDeferred(self._start(*message[1:])).addErrback(self._failed_start)
             elif message[0] == "overrides":
                 self.overrides.use(message[1])
+            elif message[0] == "select":
+                defer.ensureDeferred(self._select(*message[1:]))
             else:
                 defer.ensureDeferred(self._answer(message[1]))
 
@@ -462,6 +511,7 @@ class ExecutorSide(protocol.Protocol):
         from gateway.app.service import build_router
         from gateway.core.model import now_ms
         from gateway.http.server import Router
+        from gateway.ingest.deletes import SeriesSelection
         from gateway.query.graphite.graph import DrawHere
         from gateway.query.planner import QueryPlanner
         from gateway.store import open_store
@@ -475,6 +525,7 @@ class ExecutorSide(protocol.Protocol):
         planner = QueryPlanner(store, self.overrides.limit("max-series-per-query"), max_future_ms=config.max_future)
         no_ingest = SimpleNamespace(clock=now_ms)  # of the pipeline, the query routes only read its clock
         self.router = build_router(config, store, planner, no_ingest, Router({"query"}), DrawHere(), self.overrides)
+        self.selection = SeriesSelection(store, planner)
         self.transport.write(frame(("ready",)))
 
     def _failed_start(self, failure) -> None:
@@ -492,6 +543,18 @@ class ExecutorSide(protocol.Protocol):
             self.transport.write(frame(("memory",)))
             return
         self.transport.write(frame(("answer", response.status, response.content_type, response.headers, response.body)))
+
+    async def _select(self, kind: str, tenant: str, patterns: list[str]) -> None:
+        """An admin delete's selection: the series, or the answer to the error that stopped it."""
+        try:
+            series = await self.selection.select(kind, tenant, patterns)
+        except MemoryError:
+            self.transport.write(frame(("memory",)))
+            return
+        except Exception as error:
+            self.transport.write(frame(("refused", error_answer(error, SimpleNamespace(uri=f"{kind} delete")))))
+            return
+        self.transport.write(frame(("selected", series)))
 
 
 def _die_with_parent(parent_pid: int) -> None:

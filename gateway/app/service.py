@@ -40,7 +40,7 @@ from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site
 from gateway.http.webui import WebUI
 from gateway.ingest.carbon import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
-from gateway.ingest.deletes import Deleter
+from gateway.ingest.deletes import Deleter, SeriesSelection
 from gateway.ingest.limits import TenantLimits
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.ingest.pipeline import IngestPipeline
@@ -105,10 +105,9 @@ class Gateway:
             self.graphs,
             self.overrides,
         )
-        deleter = Deleter(
-            self.store, self.planner, self.marks, config.max_future, self.pipeline.known, self.shared_seen
-        )
-        AdminAPI(deleter, config.enable_admin_api, self.overrides).register(router)
+        deleter = Deleter(self.store, self.marks, config.max_future, self.pipeline.known, self.shared_seen)
+        selection = SeriesSelection(self.store, self.planner)
+        AdminAPI(deleter, selection, self.executors, config.enable_admin_api, self.overrides).register(router)
         self.connections = Connections(config.connection_limit)
         self.site = Site(
             router,

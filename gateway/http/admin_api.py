@@ -4,27 +4,60 @@ served only with ``--enable-admin-api`` (as Prometheus's ``--web.enable-admin-ap
 they answer as Prometheus does, 503 "admin APIs disabled". With ``--auth-file`` every admin
 endpoint needs the admin role; the tenant is the request's, as everywhere.
 
+A delete selects its series in a query executor (``--query-executors``), under the deadline,
+queue and fairness of queries, so a selector over every series of a tenant costs the serving
+process nothing; the serving process then deletes them. One delete at a time per tenant in a
+gateway process: a second one while the first runs gets 429 (with Retry-After).
+
 ``GET /api/v1/admin/overrides`` shows every tenant's values (--overrides); it changes nothing,
 so it is served without ``--enable-admin-api``.
 """
 
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
+from gateway.core.errors import LimitExceeded
+from gateway.core.model import SeriesKey
 from gateway.core.overrides import Overrides
 from gateway.http.promql_api import parse_time, prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant
-from gateway.ingest.deletes import Deleter
+from gateway.ingest.deletes import Deleter, SeriesSelection
 from gateway.query.promql.values import PromQLError
 from protocols.graphite.attime import parse_at_time
+
+if TYPE_CHECKING:  # the pool is built above this layer, by the service
+    from gateway.app.executors import QueryExecutors
 
 DISABLED = "admin APIs disabled; start the gateway with --enable-admin-api"
 
 
+class DeleteUnderWay(LimitExceeded):
+    """A second delete of a tenant while its first one runs."""
+
+    status = 429
+    error_type = "unavailable"
+    retry_after_s = 1
+
+
 class AdminAPI:
-    def __init__(self, deleter: Deleter, enabled: bool, overrides: Overrides):
+    """``executors``: the pool deletes select their series in; without one (a gateway without
+    the query role), the selection runs here."""
+
+    def __init__(
+        self,
+        deleter: Deleter,
+        selection: SeriesSelection,
+        executors: "QueryExecutors | None",
+        enabled: bool,
+        overrides: Overrides,
+    ):
         self.deleter = deleter
+        self.selection = selection
+        self.executors = executors
         self.enabled = enabled
         self.overrides = overrides
+        self.deleting: set[str] = set()  # tenants with a delete under way
 
     def register(self, router: Router) -> None:
         router.add(
@@ -73,8 +106,9 @@ class AdminAPI:
         if not selectors:
             raise PromQLError("no match[] parameter provided", "bad_data")
         start, end = self._range(request)
-        deleter = self.deleter
-        await deleter.delete(await deleter.select_prometheus(request_tenant(request), selectors), start, end)
+        await self._one_at_a_time(
+            request, "prometheus", selectors, lambda series: self.deleter.delete(series, start, end)
+        )
         return Response(204, b"")
 
     async def graphite_delete(self, request) -> Response:
@@ -86,6 +120,29 @@ class AdminAPI:
         if not patterns:
             raise HTTPError(400, "parameter 'path' is required (a Graphite path or glob)", field="path")
         start, end = self._graphite_range(request)
-        series = await self.deleter.select_graphite(request_tenant(request), patterns)
-        removed = await self.deleter.delete(series, start, end)
+        series: list[SeriesKey] = []
+
+        async def delete(selected: list[SeriesKey]) -> int:
+            series.extend(selected)
+            return await self.deleter.delete(selected, start, end)
+
+        removed = await self._one_at_a_time(request, "graphite", patterns, delete)
         return json_response(200, {"paths": [key.metric_name for key in series], "removed": removed})
+
+    async def _one_at_a_time(
+        self, request, kind: str, patterns: list[str], delete: Callable[[list[SeriesKey]], Awaitable[int]]
+    ) -> int:
+        """Select the series (in an executor when there are executors), then ``delete`` them;
+        429 while another delete of the same tenant is under way."""
+        tenant = request_tenant(request)
+        if tenant in self.deleting:
+            raise DeleteUnderWay(f"a delete of tenant {tenant!r} is already under way; retry once it is done")
+        self.deleting.add(tenant)
+        try:
+            if self.executors is not None:
+                series = await self.executors.select_series(request, kind, tenant, patterns)
+            else:
+                series = await self.selection.select(kind, tenant, patterns)
+            return await delete(series)
+        finally:
+            self.deleting.discard(tenant)

@@ -60,25 +60,20 @@ class SeriesCount(NamedTuple):
     removed: bool
 
 
-class Deleter:
-    def __init__(
-        self,
-        store: Store,
-        planner: QueryPlanner,
-        pending: PendingMarker,
-        max_future_ms: int,
-        known: KnownSeries | None = None,
-        shared_seen: RedisSeenSeries | None = None,
-    ):
+class SeriesSelection:
+    """What a delete selects. The gateway runs it in a query executor (its CPU work on a
+    tenant's selectors stays off the serving process); ``tsgate delete`` runs it in place."""
+
+    def __init__(self, store: Store, planner: QueryPlanner):
         self.store = store
-        self.layout = store.layout
         self.planner = planner
         self.finder = Finder(store)
-        self.reader = ReadPath(store)
-        self.pending = pending
-        self.max_future_ms = max_future_ms
-        self.known = known
-        self.shared_seen = shared_seen
+
+    async def select(self, kind: str, tenant: str, patterns: Sequence[str]) -> list[SeriesKey]:
+        """``select_prometheus`` ("prometheus") or ``select_graphite`` ("graphite")."""
+        if kind == "prometheus":
+            return await self.select_prometheus(tenant, patterns)
+        return await self.select_graphite(tenant, patterns)
 
     async def select_prometheus(self, tenant: str, selectors: Sequence[str]) -> list[SeriesKey]:
         """The series any of the selectors selects (PromQLError bad_data for one that is not a selector)."""
@@ -98,6 +93,24 @@ class Deleter:
                 hashes.add(series_set_hash(series_set_text(path, {})))
         found = await self.store.get_series(tenant, sorted(hashes))
         return sorted(found.values(), key=_order)
+
+
+class Deleter:
+    def __init__(
+        self,
+        store: Store,
+        pending: PendingMarker,
+        max_future_ms: int,
+        known: KnownSeries | None = None,
+        shared_seen: RedisSeenSeries | None = None,
+    ):
+        self.store = store
+        self.layout = store.layout
+        self.reader = ReadPath(store)
+        self.pending = pending
+        self.max_future_ms = max_future_ms
+        self.known = known
+        self.shared_seen = shared_seen
 
     def bounds(self, start_ms: int | None, end_ms: int | None) -> tuple[int, int]:
         """The range to delete, cut to the times data can have (no later than what ingest takes)."""
