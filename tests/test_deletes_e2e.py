@@ -292,3 +292,63 @@ def test_with_an_auth_file_deletes_need_the_admin_role_and_stay_in_its_tenant(st
     assert gateway.get("/api/v1/series?match[]=secured", headers=writer).json()["data"]
     assert gateway.post(path, b"", headers=operator).status == 204
     assert gateway.get("/api/v1/series?match[]=secured", headers=writer).json()["data"] == []
+
+
+DELETE_SERIES = 20_000
+
+
+def test_parallel_deletes_of_every_series_leave_healthz_answering(start_gateway, tenant):
+    """Issue 38 item 5: deletes whose selectors match every series of a tenant, sent in
+    parallel, froze /healthz for seconds while the serving process matched them. Now each selects
+    in a query executor and a tenant has one delete at a time: the others get 429 with Retry-After
+    at once, /healthz keeps answering, and the one delete removes every series."""
+    gateway = start_gateway(*ADMIN, "--max-series-per-query", str(DELETE_SERIES))
+    now_ms = int(time.time() * 1000)
+    for first in range(0, DELETE_SERIES, 5000):
+        body = [
+            {
+                "metricName": "many",
+                "tags": {"i": str(i), "grp": str(i % 100), "job": "j"},
+                "ts": now_ms - MINUTE,
+                "value": 1,
+            }
+            for i in range(first, first + 5000)
+        ]
+        assert gateway.post("/api/write", body, headers={"X-Scope-OrgID": tenant}, timeout=60).status == 200
+    selector = [("match[]", '{i=~".+",grp=~".+",job=~".+"}')]
+    healthz: list[tuple[int, float]] = []  # status, seconds
+    answers = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            started = time.monotonic()
+            status = gateway.get("/healthz", timeout=30).status
+            healthz.append((status, time.monotonic() - started))
+            time.sleep(0.05)
+
+    def delete() -> None:
+        answers.append(admin(gateway, tenant, "/api/v1/admin/tsdb/delete_series", selector))
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        deletes = [threading.Thread(target=delete) for _ in range(4)]
+        for thread in deletes:
+            thread.start()
+            time.sleep(0.05)
+        for thread in deletes:
+            thread.join()
+    finally:
+        done.set()
+        prober.join()
+    statuses = Counter(answer.status for answer in answers)
+    slowest = max(seconds for _, seconds in healthz)
+    print(f"deletes answered {dict(statuses)}; /healthz max {slowest * 1000:.0f} ms of {len(healthz)}")
+    assert statuses[204] >= 1 and statuses[204] + statuses[429] == 4, [a.body for a in answers]
+    for answer in answers:
+        if answer.status == 429:
+            assert answer.headers["Retry-After"] and "already under way" in answer.json()["error"], answer.body
+    assert {status for status, _ in healthz} == {200} and slowest < 1.0, sorted(healthz)[-5:]
+    series = gateway.get("/api/v1/series?match[]=many", headers={"X-Scope-OrgID": tenant}, timeout=60)
+    assert series.status == 200 and series.json()["data"] == [], series.body[:300]

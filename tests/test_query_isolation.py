@@ -4,7 +4,6 @@ deadline, a memory cap and a fair bounded queue. Each probe runs against a real 
 fast, the probe must get its answer (4xx or 503, never 500) within --query-timeout + 1 s."""
 
 import http.client
-import signal
 import statistics
 import threading
 import time
@@ -13,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from bench import fairness
 from tests.gatewayproc import GatewayProcess, metric_value
 
 pytestmark = pytest.mark.slow  # every test here runs gateway processes
@@ -250,14 +250,38 @@ def test_a_tenant_filling_the_pool_leaves_room_for_another(slow_gateway):
         connection.close()
 
 
-def test_sigterm_during_a_long_query_exits_within_the_shutdown_timeout(slow_gateway):
-    connection = _slow_query_connection(slow_gateway)
-    time.sleep(1)
-    assert metric_value(slow_gateway, 'tsgate_query_executor_kills_total{reason="timeout"}') == 0
-    started = time.monotonic()
-    code = slow_gateway.stop(timeout=30, signum=signal.SIGTERM)
-    elapsed = time.monotonic() - started
-    print(f"SIGTERM during a query: exit {code} after {elapsed:.2f}s")
-    assert code == 0, slow_gateway.log()
-    assert elapsed < 3 + 1, slow_gateway.log()
-    connection.close()
+def test_a_tenant_whose_queries_all_run_to_the_deadline_leaves_the_other_its_executor(tmp_path):
+    """Issue 38 item 2: each of tenant heavy's queries runs to the deadline, so its executor is
+    killed and replaced (seconds of start-up); its share used to be released at the kill, and
+    the only live executor went to its next query while the light tenant's waited (503s). The
+    share is now held until the replacement is ready: the light tenant (bench/fairness.py's
+    phases, a cheap query every 100 ms) gets no failed answer, and its p99 stays within its
+    baseline plus a generous second, across executor replacements."""
+    gateway = GatewayProcess(
+        tmp_path,
+        "--query-executors=2",
+        "--query-queue=4",
+        "--query-timeout=2s",
+        "--query-max-memory-bytes=8000000000",
+        "--query-max-samples=1000000000000",
+    ).start()
+    try:
+        body = fairness.light_series(int(time.time() * 1000))
+        assert gateway.post("/api/write", body, headers={"X-Scope-OrgID": fairness.LIGHT}).status == 200
+        deadline = time.monotonic() + 60
+        while metric_value(gateway, "tsgate_query_executors_ready") < 2:
+            assert time.monotonic() < deadline, gateway.log()
+            time.sleep(0.1)
+
+        def get(path: str, tenant: str) -> int:
+            return gateway.get(path, headers={"X-Scope-OrgID": tenant}, timeout=60).status
+
+        baseline = fairness.run_phase(get, 4, 0.1, heavy=False)
+        beside = fairness.run_phase(get, 12, 0.1, heavy=True)
+        replaced = metric_value(gateway, 'tsgate_query_executor_kills_total{reason="timeout"}')
+    finally:
+        gateway.stop()
+    print(f"light p99 {baseline.p99 * 1000:.0f} ms alone, {beside.p99 * 1000:.0f} ms beside; {replaced:g} replacements")
+    assert replaced >= 2
+    assert beside.failures == []
+    assert beside.p99 < baseline.p99 + 1.0, (baseline.p99, sorted(beside.latencies)[-5:])

@@ -460,20 +460,22 @@ class QueryExecutors:
             if executor.ready and executor.kill_reason is None and executor.peak_resident_bytes() > limit:
                 executor.kill("memory")
 
-    def stop(self) -> None:
-        """Kill every executor; what waits or runs gets 503. Called at shutdown, after the drain."""
+    def stop(self) -> int:
+        """Kill every executor; what waits or runs gets 503 (how many: returned). Called at
+        shutdown, after the drain."""
         self.stopping = True
         if self.memory_watch.running:
             self.memory_watch.stop()
-        for jobs in self.waiting.values():
-            for job in jobs:
-                job.fail(Unavailable("the gateway is stopping"))
+        cut = [job for jobs in self.waiting.values() for job in jobs]
         self._count_queued(-self.queued)
         self.waiting.clear()
         for executor in list(self.executors):
             if executor.job is not None:
-                executor.job.fail(Unavailable("the gateway is stopping"))
+                cut.append(executor.job)
             executor.kill("shutdown")
+        for job in cut:
+            job.fail(Unavailable("the gateway is stopping"))
+        return len(cut)
 
 
 @implementer(IHalfCloseableProtocol)

@@ -3,10 +3,18 @@
 Shutdown order (SIGTERM or SIGINT): stop accepting connections; close the open ones (an HTTP
 connection once the request under way is answered, carbon ones at once: what they sent is already
 queued); wait for accepted writes to reach the store and for a running downsample round, at most
-``--shutdown-timeout``, then log what is left and close it; close the store; exit 0. Nothing is
-acknowledged before the store has it, so what is left at the timeout was never acknowledged.
-What is accepted is bounded by what the store takes in FLUSH_SHARE of the timeout (writes in
-flight and the carbon backlog, IngestPipeline.flushable_samples), so the drain fits in it.
+``--shutdown-timeout``, then log what is left; answer 503 to the queries still running or waiting
+(their executors are killed) and give those answers ANSWER_GRACE_S to leave before closing what is
+still open; close the store (and Redis), waiting at most CLOSE_S; exit 0 at once, without waiting
+for threads still busy with work the shutdown cut. Nothing is acknowledged before the store has
+it, so what is left at the timeout was never acknowledged. What is accepted is bounded by what the
+store takes in FLUSH_SHARE of the timeout (writes in flight and the carbon backlog,
+IngestPipeline.flushable_samples), so the drain fits in it.
+
+So a gateway process ends within ``--shutdown-timeout`` + ANSWER_GRACE_S + CLOSE_S, plus however
+late the reactor is to notice the timeout (one slice of work); under ``--workers`` the supervisor
+kills a worker still running ``workers.STOP_MARGIN_S`` past the timeout, so every process ends
+within the timeout + SHUTDOWN_MARGIN_S (docs/operations.rst).
 """
 
 import dataclasses
@@ -59,6 +67,9 @@ log = logging.getLogger(__name__)
 # The share of --shutdown-timeout that the writes in flight may take to reach the store, and as
 # much again for the carbon backlog: the bound on each follows the store's measured rate.
 FLUSH_SHARE = 0.3
+ANSWER_GRACE_S = 0.5  # for the 503s of queries cut by the shutdown to be written before connections close
+CLOSE_S = 1.0  # for the store and Redis to close
+SHUTDOWN_MARGIN_S = 3.0  # past --shutdown-timeout, the latest any process of the gateway ends
 
 
 class Gateway:
@@ -195,25 +206,28 @@ class Gateway:
         )
         stopping = reactor.seconds()
         drained = await _within(finished, timeout_s)
-        if self.executors is not None:
-            self.executors.stop()  # queries still running now are answered 503, then their connections closed
         if not drained:
             log.warning(
-                "shutdown timeout (%gs, --shutdown-timeout) reached: closing %d connections still open;"
-                " not yet stored: %d carbon samples, %d samples in store writes under way; downsample round %s",
+                "shutdown timeout (%gs, --shutdown-timeout) reached: closing %d connections still open"
+                " (queries still running are answered 503); not yet stored: %d carbon samples, %d samples"
+                " in store writes under way; downsample round %s",
                 timeout_s,
                 len(self.connections.open),
                 self.graphite.pending,
                 self.pipeline.inflight_samples,
                 "still running (redone after restart)" if not self.downsample_stopped.called else "done",
             )
+        cut = self.executors.stop() if self.executors is not None else 0  # queries answered 503
+        if not drained and not (cut and await _within(finished, ANSWER_GRACE_S)):
             self.connections.abort_all()
         self.graphs.close()
         closing = reactor.seconds()
-        await self.store.close()
-        say("drained in %.2fs, store closed in %.2fs", closing - stopping, reactor.seconds() - closing)
+        closed = [self.store.close()]
         if self.shared_seen is not None:
-            await self.shared_seen.stop()
+            closed.append(self.shared_seen.stop())
+        if not await _within(defer.gatherResults(closed, consumeErrors=True), CLOSE_S):
+            log.warning("the store did not close within %gs: exiting without it", CLOSE_S)
+        say("drained in %.2fs, store closed in %.2fs", closing - stopping, reactor.seconds() - closing)
         say("stopped")
 
     def _overrides_reloaded(self) -> None:
@@ -376,7 +390,8 @@ COLLECTOR_THRESHOLDS = (10_000, 10, 10)
 
 
 def run(config: Config, worker: Worker | None = None) -> int:
-    """Run until a signal stops the reactor; 0 after a clean stop, 1 if start-up failed.
+    """Run until a signal stops the reactor, then end the process: 0 after a clean stop, 1 if
+    start-up failed; CONFIG_ERROR_EXIT is returned for a bad setting.
 
     As a ``--workers`` worker: only worker 0 keeps the downsample role (see gateway.app.workers),
     the listening sockets come from the supervisor, the supervisor is told once the gateway
@@ -419,11 +434,11 @@ def run(config: Config, worker: Worker | None = None) -> int:
     sys.setswitchinterval(REACTOR_GIL_WAIT_S)
     settle_collector()
     reactor.run()
-    if worker is not None:
-        # Drained: a SIGTERM from the supervisor arriving now (systemd may also have sent one
-        # to every process of the unit) must not kill the exit half-way.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return outcome["code"]
+    # Stopped: what was acknowledged is stored. A thread still busy with work the shutdown cut
+    # (a store write never acknowledged, a driver's own threads) must not hold the exit, nor must
+    # the interpreter's teardown of a large heap: the process ends now.
+    logging.shutdown()
+    os._exit(outcome["code"])
 
 
 def settle_collector() -> None:

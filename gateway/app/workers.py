@@ -24,7 +24,8 @@ ready resets the count) the supervisor stops the others and exits 1: the worker'
 above say why. A worker that exits with ``CONFIG_ERROR_EXIT`` is never retried.
 SIGTERM or SIGINT to
 the supervisor sends SIGTERM to every worker, waits for each to drain and exit (killing one
-still running ``STOP_MARGIN_S`` past ``--shutdown-timeout``), then exits 0. SIGHUP to the
+still running ``STOP_MARGIN_S`` past ``--shutdown-timeout``: a worker ends well before, see
+gateway.app.service), then exits 0. SIGHUP to the
 supervisor is passed on to every worker (each reloads ``--overrides``).
 
 /metrics of any worker shows the sum of all (prometheus-client's multiprocess mode, files in a
@@ -55,7 +56,7 @@ STARTUP_ATTEMPTS = 3
 CONFIG_ERROR_EXIT = 2  # what a worker exits with on a bad setting (gateway.app.service.run)
 RESTART_INTERVAL_S = 1.0
 LISTEN_BACKLOG = 50  # Twisted's listenTCP default, as with --workers 1
-STOP_MARGIN_S = 10.0  # past --shutdown-timeout, for a worker to close its store and exit
+STOP_MARGIN_S = 2.5  # past --shutdown-timeout, for a worker to answer what the shutdown cut, close its store and exit
 
 
 @dataclasses.dataclass(frozen=True)
