@@ -39,6 +39,7 @@ import pickle
 import signal
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -310,7 +311,7 @@ class QueryExecutors:
     async def run(self, request) -> Response:
         """The route handler of every query route: the answer an executor gives for ``request``."""
         try:
-            return await self._submit(request, _fairness_key(request), ("query", describe(request)))
+            return await self._submit(request, _fairness_key(request), lambda: ("query", describe(request)))
         except GatewayError as error:
             return _refusal(request, error)
 
@@ -318,16 +319,17 @@ class QueryExecutors:
         """The series an admin delete of ``tenant`` selects (``kind``: "prometheus" selectors or
         "graphite" paths), selected in an executor under the deadline, queue and fairness of
         queries; a GatewayError (the selection's own refusal included) when there is no answer."""
-        return await self._submit(request, tenant, ("select", kind, tenant, patterns))
+        return await self._submit(request, tenant, lambda: ("select", kind, tenant, patterns))
 
-    async def _submit(self, request, tenant: str, message: tuple):
-        """Queue ``message`` for an executor on behalf of ``request``; the executor's answer."""
+    async def _submit(self, request, tenant: str, message: Callable[[], tuple]):
+        """Queue the message ``message()`` makes (once admitted: a refused request's body is not
+        copied) for an executor on behalf of ``request``; the executor's answer."""
         if self.stopping:
             raise Unavailable("the gateway is stopping")
         if self.queued >= self.config.query_queue or len(self.waiting.get(tenant, ())) >= self.tenant_queue_share:
             metrics.QUERY_QUEUE_REJECTED.inc()
             raise QueueFull("too many queries are waiting for a query executor (--query-queue); retry later")
-        job = Job(request, tenant, message)
+        job = Job(request, tenant, message())
         job.timer = reactor.callLater(self.timeout_s, self._expire, job)
         self.waiting.setdefault(tenant, collections.deque()).append(job)
         self._count_queued(1)

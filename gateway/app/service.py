@@ -5,16 +5,18 @@ connection once the request under way is answered, carbon ones at once: what the
 queued); wait for accepted writes to reach the store and for a running downsample round, at most
 ``--shutdown-timeout``, then log what is left; answer 503 to the queries still running or waiting
 (their executors are killed) and give those answers ANSWER_GRACE_S to leave before closing what is
-still open; close the store (and Redis), waiting at most CLOSE_S; exit 0 at once, without waiting
-for threads still busy with work the shutdown cut. Nothing is acknowledged before the store has
+still open; close the store (and Redis), waiting until CLOSE_S after the grace (at least
+MIN_CLOSE_S); exit 0 at once, without waiting for threads still busy with work the shutdown cut. Nothing is acknowledged before the store has
 it, so what is left at the timeout was never acknowledged. What is accepted is bounded by what the
 store takes in FLUSH_SHARE of the timeout (writes in flight and the carbon backlog,
 IngestPipeline.flushable_samples), so the drain fits in it.
 
 So a gateway process ends within ``--shutdown-timeout`` + ANSWER_GRACE_S + CLOSE_S, plus however
-late the reactor is to notice the timeout (one slice of work); under ``--workers`` the supervisor
+late the reactor is to notice the timeout. A reactor held longer by one piece of work (the
+admission of a very large write) cannot run those timers at all: a watchdog thread ends the
+process OVERDUE_S past the timeout whatever the reactor does. Under ``--workers`` the supervisor
 kills a worker still running ``workers.STOP_MARGIN_S`` past the timeout, so every process ends
-within the timeout + SHUTDOWN_MARGIN_S (docs/operations.rst).
+within the timeout + SHUTDOWN_MARGIN_S (docs/configuration.rst).
 """
 
 import dataclasses
@@ -25,6 +27,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 
 from twisted.internet import defer, reactor
 from twisted.internet.error import CannotListenError
@@ -33,7 +36,7 @@ from twisted.internet.task import LoopingCall
 from gateway import __version__
 from gateway.app.config import Config
 from gateway.app.executors import QueryExecutors
-from gateway.app.workers import CONFIG_ERROR_EXIT, CannotListen, Worker
+from gateway.app.workers import CONFIG_ERROR_EXIT, CannotListen, Worker, end_process
 from gateway.core.connections import Connections
 from gateway.core.overrides import Overrides, OverridesWatch, attach
 from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
@@ -69,6 +72,8 @@ log = logging.getLogger(__name__)
 FLUSH_SHARE = 0.3
 ANSWER_GRACE_S = 0.5  # for the 503s of queries cut by the shutdown to be written before connections close
 CLOSE_S = 1.0  # for the store and Redis to close
+MIN_CLOSE_S = 0.2  # however late the shutdown is
+OVERDUE_S = 2.0  # past --shutdown-timeout, the watchdog ends a stop the reactor could not finish
 SHUTDOWN_MARGIN_S = 3.0  # past --shutdown-timeout, the latest any process of the gateway ends
 
 
@@ -192,6 +197,7 @@ class Gateway:
 
     async def stop(self) -> None:
         timeout_s = self.config.shutdown_timeout / 1000
+        _watchdog(timeout_s + OVERDUE_S)
         say = log.info if self.serving else log.debug
         say(
             "stopping: no new connections; answering open requests and flushing accepted writes (at most %gs)",
@@ -225,8 +231,11 @@ class Gateway:
         closed = [self.store.close()]
         if self.shared_seen is not None:
             closed.append(self.shared_seen.stop())
-        if not await _within(defer.gatherResults(closed, consumeErrors=True), CLOSE_S):
-            log.warning("the store did not close within %gs: exiting without it", CLOSE_S)
+        # Until CLOSE_S after the grace would end had every timer fired on time: an event loop
+        # late at the timeout (a slice of work under way) takes it from this wait, not from the bound.
+        close_s = max(MIN_CLOSE_S, stopping + timeout_s + ANSWER_GRACE_S + CLOSE_S - reactor.seconds())
+        if not await _within(defer.gatherResults(closed, consumeErrors=True), close_s):
+            log.warning("the store did not close within %.1fs: exiting without it", close_s)
         say("drained in %.2fs, store closed in %.2fs", closing - stopping, reactor.seconds() - closing)
         say("stopped")
 
@@ -355,6 +364,19 @@ def partition_lock(config: Config, pending):
     return RedisPartitionLock(pending, f"{socket.gethostname()}:{os.getpid()}", lease)
 
 
+def _watchdog(seconds: float) -> None:
+    """End the process ``seconds`` from now, from a thread of its own: the bound on a stop holds
+    even while one piece of work holds the reactor. What was acknowledged is stored already."""
+
+    def overdue() -> None:
+        log.warning("still stopping %gs after the stop began: exiting now", seconds)
+        end_process(0)
+
+    timer = threading.Timer(seconds, overdue)
+    timer.daemon = True
+    timer.start()
+
+
 def _within(deferred: defer.Deferred, seconds: float) -> defer.Deferred:
     """Fires True once ``deferred`` fired (whatever its result), or False after ``seconds``.
     ``deferred`` itself is left alone: cancelling the drains would break their waiters."""
@@ -434,11 +456,7 @@ def run(config: Config, worker: Worker | None = None) -> int:
     sys.setswitchinterval(REACTOR_GIL_WAIT_S)
     settle_collector()
     reactor.run()
-    # Stopped: what was acknowledged is stored. A thread still busy with work the shutdown cut
-    # (a store write never acknowledged, a driver's own threads) must not hold the exit, nor must
-    # the interpreter's teardown of a large heap: the process ends now.
-    logging.shutdown()
-    os._exit(outcome["code"])
+    end_process(outcome["code"])  # stopped: what was acknowledged is stored
 
 
 def settle_collector() -> None:
