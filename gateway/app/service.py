@@ -137,6 +137,7 @@ class Gateway:
         self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
         self.downsample_stopped = defer.succeed(None)  # fires once the loop stopped and its last round ended
         self.serving = False  # start() completed: a stop after a failed start says nothing (the error said it)
+        self.watchdog = Watchdog(config.shutdown_timeout / 1000 + OVERDUE_S)
 
     async def start(self) -> None:
         await start_store(self.config, self.store, self.pending, self.shared_seen)
@@ -197,7 +198,7 @@ class Gateway:
 
     async def stop(self) -> None:
         timeout_s = self.config.shutdown_timeout / 1000
-        _watchdog(timeout_s + OVERDUE_S)
+        self.watchdog.arm()  # at the signal already, unless the stop has another cause
         say = log.info if self.serving else log.debug
         say(
             "stopping: no new connections; answering open requests and flushing accepted writes (at most %gs)",
@@ -364,17 +365,39 @@ def partition_lock(config: Config, pending):
     return RedisPartitionLock(pending, f"{socket.gethostname()}:{os.getpid()}", lease)
 
 
-def _watchdog(seconds: float) -> None:
-    """End the process ``seconds`` from now, from a thread of its own: the bound on a stop holds
-    even while one piece of work holds the reactor. What was acknowledged is stored already."""
+class Watchdog:
+    """Ends the process ``seconds`` after it is armed (at the stop signal), from a thread of its
+    own: the bound on a stop holds even while one piece of work holds the reactor, which then
+    runs neither the stop nor its timers. What was acknowledged is stored already."""
 
-    def overdue() -> None:
-        log.warning("still stopping %gs after the stop began: exiting now", seconds)
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        if self.timer is None:
+            self.timer = threading.Timer(self.seconds, self._overdue)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def arm_on_stop_signals(self) -> None:
+        """Arm at SIGTERM or SIGINT, in the signal handler itself (Twisted's handler, called
+        next, only asks the reactor to stop when it next gets a turn)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            installed = signal.getsignal(signum)
+            if callable(installed):
+                signal.signal(signum, self._arming(installed))
+
+    def _arming(self, handler):
+        def arm_then_handle(signum, frame):
+            self.arm()
+            handler(signum, frame)
+
+        return arm_then_handle
+
+    def _overdue(self) -> None:
+        log.warning("still stopping %gs after the stop signal: exiting now", self.seconds)
         end_process(0)
-
-    timer = threading.Timer(seconds, overdue)
-    timer.daemon = True
-    timer.start()
 
 
 def _within(deferred: defer.Deferred, seconds: float) -> defer.Deferred:
@@ -433,6 +456,7 @@ def run(config: Config, worker: Worker | None = None) -> int:
         # above all, which would keep the process alive after the reactor stops) is stopped
         # the same way after a failed start as after SIGTERM.
         reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(gateway.stop()))
+        gateway.watchdog.arm_on_stop_signals()  # Twisted's handlers are installed by now
         deferred = defer.ensureDeferred(gateway.start())
 
         def failed(failure):
