@@ -262,7 +262,7 @@ def test_a_tenant_whose_queries_all_run_to_the_deadline_leaves_the_other_its_exe
         "--query-executors=2",
         "--query-queue=4",
         "--query-timeout=2s",
-        "--query-max-memory-bytes=8000000000",
+        "--query-max-memory-bytes=4000000000",
         "--query-max-samples=1000000000000",
     ).start()
     try:
@@ -278,7 +278,10 @@ def test_a_tenant_whose_queries_all_run_to_the_deadline_leaves_the_other_its_exe
 
         baseline = fairness.run_phase(get, 4, 0.1, heavy=False)
         beside = fairness.run_phase(get, 12, 0.1, heavy=True)
-        replaced = metric_value(gateway, 'tsgate_query_executor_kills_total{reason="timeout"}')
+        replaced = sum(
+            metric_value(gateway, f'tsgate_query_executor_kills_total{{reason="{reason}"}}')
+            for reason in ("timeout", "memory")
+        )
     finally:
         gateway.stop()
     print(f"light p99 {baseline.p99 * 1000:.0f} ms alone, {beside.p99 * 1000:.0f} ms beside; {replaced:g} replacements")
