@@ -472,3 +472,12 @@ def test_a_query_running_at_the_shutdown_timeout_gets_503_and_the_gateway_exits_
     assert 2 <= answered and code == 0
     assert elapsed < 2 + STOP_MARGIN_S, gateway.log()[-3000:]
     assert "killing it" not in gateway.log()
+
+
+def test_healthz_says_ok_only_once_every_query_executor_is_ready(start_gateway):
+    """/healthz answered ok while the query executors were still starting, so the first query of a
+    client that waited for it waited up to 5 s more for an executor (#34)."""
+    gateway = start_gateway("--query-executors", "2")  # returns once /healthz answered 200
+    assert metric_value(gateway, "tsgate_query_executors_ready") == 2
+    answer = gateway.get("/api/metadata/metricNames")
+    assert answer.status == 200 and json.loads(answer.body) == []

@@ -278,6 +278,8 @@ class QueryExecutors:
         self.running = collections.Counter()  # by tenant
         self.failed_starts = collections.Counter()  # by executor index, in a row
         self.stopping = False
+        self.warmed = False  # every executor was ready once: /healthz says "starting" until then
+        self._warm_waiters: list[defer.Deferred] = []
         self.memory_watch = LoopingCall(self._check_memory)
 
     def start(self) -> None:
@@ -285,6 +287,31 @@ class QueryExecutors:
         for index in range(self.size):
             self._spawn(index, None)
         self.memory_watch.start(MEMORY_CHECK_S, now=False)
+
+    def warm(self, timeout_s: float) -> defer.Deferred:
+        """Fire with True once every executor was ready, or with False after ``timeout_s`` (an
+        executor that cannot start: the gateway serves anyway, /healthz says why)."""
+        if self.warmed:
+            return defer.succeed(True)
+        waiter: defer.Deferred = defer.Deferred()
+        self._warm_waiters.append(waiter)
+
+        def late() -> None:
+            if waiter in self._warm_waiters:
+                self._warm_waiters.remove(waiter)
+                waiter.callback(False)
+
+        reactor.callLater(timeout_s, late)
+        return waiter
+
+    def starting(self) -> str | None:
+        """Why the gateway cannot answer queries at once yet (None once every executor of the pool
+        was ready: a later replacement is no reason): /healthz answers 503 "starting" meanwhile,
+        so that a client that waits for it never sends its first query to an empty pool."""
+        if self.warmed:
+            return None
+        ready = sum(executor.ready for executor in self.executors)
+        return f"query executors starting: {ready} of {self.size} ready"
 
     def send_overrides(self) -> None:
         """The per-tenant overrides just reloaded, to every executor (one that starts gets them with
@@ -407,6 +434,11 @@ class QueryExecutors:
             if executor.holding is not None:
                 self._release(executor.holding)  # the share its predecessor's query held
                 executor.holding = None
+            if not self.warmed and sum(e.ready for e in self.executors) >= self.size:
+                self.warmed = True
+                waiting, self._warm_waiters = self._warm_waiters, []
+                for waiter in waiting:
+                    waiter.callback(True)
             self.idle.append(executor)
         elif kind == "memory" or executor.peak_resident_bytes() > self.config.query_max_memory_bytes:
             executor.kill("memory")  # a MemoryError, or past the cap between two checks: ``ended`` answers 422
@@ -466,6 +498,9 @@ class QueryExecutors:
         """Kill every executor; what waits or runs gets 503 (how many: returned). Called at
         shutdown, after the drain."""
         self.stopping = True
+        waiting, self._warm_waiters = self._warm_waiters, []
+        for waiter in waiting:
+            waiter.callback(False)
         if self.memory_watch.running:
             self.memory_watch.stop()
         cut = [job for jobs in self.waiting.values() for job in jobs]

@@ -75,6 +75,7 @@ CLOSE_S = 1.0  # for the store and Redis to close
 MIN_CLOSE_S = 0.2  # however late the shutdown is
 OVERDUE_S = 2.0  # past --shutdown-timeout, the watchdog ends a stop the reactor could not finish
 SHUTDOWN_MARGIN_S = 3.0  # past --shutdown-timeout, the latest any process of the gateway ends
+EXECUTORS_START_WAIT_S = 30.0  # the longest the start waits for the query executors before it listens
 
 
 class Gateway:
@@ -143,6 +144,12 @@ class Gateway:
         await start_store(self.config, self.store, self.pending, self.shared_seen)
         if self.executors is not None:
             self.executors.start()  # after the store: its schema exists when they open it
+            # listen once they can take queries: a client (or, under --workers, the worker's share
+            # of the connections) never waits for an executor to start
+            if not await self.executors.warm(EXECUTORS_START_WAIT_S):
+                if self.executors.stopping:
+                    return  # stopped while starting
+                log.warning("%s after %.0f s; serving anyway", self.executors.starting(), EXECUTORS_START_WAIT_S)
         if self.shared_seen is not None:
             self.shared_seen.start()
         self.overrides_watch.start()
@@ -298,7 +305,7 @@ def build_router(
         max_depth=config.query_max_depth,
         max_terms=config.query_max_terms,
     ).register(router)
-    OpsAPI(store).register(router)
+    OpsAPI(store, executors=router.executors).register(router)
     WebUI(config, store, pipeline).register(router)
     return router
 

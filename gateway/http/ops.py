@@ -61,8 +61,9 @@ class StoreHealth:
 
 
 class OpsAPI:
-    def __init__(self, store: Store, clock: IReactorTime = reactor):
+    def __init__(self, store: Store, clock: IReactorTime = reactor, executors=None):
         self.health = StoreHealth(store, clock)
+        self.executors = executors  # gateway.app.executors.QueryExecutors, where this process has them
 
     def register(self, router: Router) -> None:
         router.add("/metrics", ("GET",), "metrics", self.metrics, access="admin")
@@ -74,11 +75,15 @@ class OpsAPI:
     async def healthz(self, request):
         """Within HEALTHZ_DEADLINE_S: 200 ``ok`` when the store answered a trivial query, 503 when it
         failed; when it has not answered yet, 200 ``ok`` with ``"store": "slow"`` while its last
-        answer is under STORE_STALE_AFTER_S old, else 503 ``store slow``."""
+        answer is under STORE_STALE_AFTER_S old, else 503 ``store slow``. A store that answers
+        before the query executors were all ready once: 503 ``starting``."""
         health = self.health
         answered = await health.check()
         if health.failure is not None:
             raise StoreUnavailable(f"store health check failed: {health.failure}")
+        starting = self.executors.starting() if self.executors is not None else None
+        if starting is not None:
+            return json_response(503, {"status": "starting", "error": starting})
         if answered:
             return json_response(200, {"status": "ok"})
         now = health.clock.seconds()
