@@ -16,6 +16,10 @@ from gateway.core.layout import HOUR_MS, Layout, parse_granularities
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
 from gateway.core.samples import Samples
 from gateway.downsample.processor import Downsampler
+from gateway.query.graphite.fetcher import StoreFetcher
+from gateway.query.graphite.finder import Finder
+from gateway.query.graphite.storage_schemas import StorageSchemas
+from gateway.query.planner import QueryPlanner
 from gateway.query.read_path import ReadPath, rollup_samples
 from gateway.store.blocks import BadBlock, decode_block, encode_block, read_header
 from gateway.store.contract import RawPoint, Rollup
@@ -103,6 +107,33 @@ async def test_a_range_past_raw_retention_ends_with_the_newest_samples(sqlite_st
     assert points[-1] == (NOW, 0.0)
     (inside,) = await reader.read([series], NOW - HOUR_MS, NOW)
     assert inside.aggregate is None and len(inside.samples) == 61
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_render_takes_each_bucket_from_one_source_where_the_raw_retention_starts(sqlite_store):
+    """A render from just past the 5 m roll-up's retention reads the 1 h roll-up at a 1 h step; its
+    first bucket starts inside the 5 m retention, and the read chose the 5 m roll-up from there:
+    the hour holding the raw retention's start averaged 5 m rows with raw samples (whisper import,
+    #34: 29.738 where whisper holds 42.833). Now every hour is the 1 h row, or raw samples, whole."""
+    series = key("t", "boundary.cpu")
+    await sqlite_store.write_series([series])
+    hour = (NOW - 2 * HOUR_MS) // HOUR_MS * HOUR_MS  # the hour the raw retention starts in
+    await sqlite_store.write_rollups(
+        LAYOUT.granularity("1h"), [Rollup("t", series.series_set_hash, hour, 10.0, 10.0, 120.0, 12)]
+    )
+    fives = [Rollup("t", series.series_set_hash, hour + i * 5 * MINUTE, 1.0, 1.0, 1.0, 1) for i in range(12)]
+    await sqlite_store.write_rollups(LAYOUT.granularity("5m"), fives)
+    await sqlite_store.write_raw(
+        [RawPoint("t", series.series_set_hash, hour + i * MINUTE, 100.0) for i in range(17, 120)]
+    )
+    planner = QueryPlanner(sqlite_store, 100, clock=lambda: NOW)
+    fetcher = StoreFetcher("t", Finder(sqlite_store), planner, StorageSchemas.from_file(None), 100)
+    start_s = (NOW - 24 * HOUR_MS) // 1000 - 60
+    (found,) = await fetcher.fetch("boundary.cpu", start_s, NOW // 1000)
+    assert found.step == 3600
+    by_hour = dict(zip(range(found.start, found.end, found.step), found))
+    assert by_hour[hour // 1000] == 10.0  # the 1 h row, whole
+    assert by_hour[hour // 1000 + 3600] == 100.0  # raw samples, whole
 
 
 @pytest_twisted.ensureDeferred

@@ -121,11 +121,14 @@ class ReadPath:
         end_ms: int,
         aggregate: str = "avg",
         fallback: str | None = "last",
+        before_raw: Granularity | None = None,
     ) -> list[SeriesData]:
-        """Each series' samples in the inclusive range, stitched as the module says, in order."""
+        """Each series' samples in the inclusive range, stitched as the module says, in order;
+        ``before_raw``, the roll-up read before the raw retention where the caller chose it (a
+        render's step is that roll-up's width: each of its buckets comes from one source, whole)."""
         start_ms, end_ms = self.readable(start_ms, end_ms)
         tenant = series[0].tenant if series else ""  # a query reads one tenant
-        granularity = self.rollup_for(start_ms, tenant)
+        granularity = before_raw or self.rollup_for(start_ms, tenant)
         if granularity is None:
             return [SeriesData(s, None) for s in await self.read_raw(series, start_ms, end_ms)]
         boundary = self._boundary(granularity, tenant)

@@ -93,14 +93,15 @@ class ReadService:
         aggregate: str = "avg",
         fallback: str | None = "last",
         granularity: Granularity | None = None,
+        before_raw: Granularity | None = None,
     ) -> list[SeriesData]:
         """Each series' samples, stitched by the read path (``aggregate`` of a roll-up before the
-        raw retention, ``fallback`` where a series lacks it); with ``granularity``, that roll-up's
-        aggregate over the whole range."""
+        raw retention, ``fallback`` where a series lacks it; that roll-up ``before_raw`` where
+        given); with ``granularity``, that roll-up's aggregate over the whole range."""
 
         def read(part):
             if granularity is None:
-                return self.path.read(part, start_ms, end_ms, aggregate, fallback)
+                return self.path.read(part, start_ms, end_ms, aggregate, fallback, before_raw)
             return self.path.read_rollup(part, granularity, aggregate, start_ms, end_ms, fallback)
 
         return await self._batched(series, read, lambda found: len(found.samples), budget, what)

@@ -110,7 +110,9 @@ class StoreFetcher:
             by_window.setdefault(window, []).append(index)
         reads = [
             ensureDeferred(
-                self.planner.samples([keys[i] for i in indexes], first * 1000, stop * 1000 - 1, aggregate=wanted)
+                self.planner.samples(
+                    [keys[i] for i in indexes], first * 1000, stop * 1000 - 1, aggregate=wanted, before_raw=rollup
+                )
             )
             for (_, first, stop), indexes in by_window.items()
         ]
