@@ -229,6 +229,18 @@ SETTINGS = [
         "bytes per second a request body must arrive at, on average from its headers on, once it took over 5 s (408 and closed below); 0: no minimum",
     ),
     Setting(
+        "http-write-timeout",
+        parse_duration,
+        "60s",
+        "an HTTP connection whose client takes none of its answer for this long (the gateway's send buffer stays full) is closed; 0s: never",
+    ),
+    Setting(
+        "http-max-unsent-bytes",
+        _positive,
+        str(256 << 20),
+        "bytes of HTTP answers one process holds for clients that have not taken them yet; past it, connections stalled in a write for over a second are closed first, then a new answer gets 503 with Retry-After",
+    ),
+    Setting(
         "carbon-idle-timeout",
         parse_duration,
         "5m",
@@ -394,6 +406,8 @@ class Config:
     http_idle_timeout: int
     http_body_timeout: int
     http_body_min_rate: int
+    http_write_timeout: int
+    http_max_unsent_bytes: int
     carbon_idle_timeout: int
     shutdown_timeout: int
     max_inflight_samples: int

@@ -37,7 +37,7 @@ from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
-from gateway.http.server import BodyDeadline, Router, Site
+from gateway.http.server import BodyDeadline, Router, Site, UnsentAnswers
 from gateway.http.webui import WebUI
 from gateway.ingest.carbon import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.ingest.deletes import Deleter
@@ -101,7 +101,7 @@ class Gateway:
             self.store,
             self.planner,
             self.pipeline,
-            Router(roles, credentials, self.executors),
+            Router(roles, credentials, self.executors, UnsentAnswers(config.http_max_unsent_bytes)),
             self.graphs,
             self.overrides,
         )
@@ -116,6 +116,7 @@ class Gateway:
             self.connections,
             _seconds(config.http_idle_timeout),
             BodyDeadline(_seconds(config.http_body_timeout), config.http_body_min_rate),
+            _seconds(config.http_write_timeout),
         )
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
