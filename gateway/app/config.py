@@ -205,6 +205,24 @@ SETTINGS = [
         "largest snappy-decompressed remote write/read body (413 above)",
     ),
     Setting(
+        "remote-write-max-samples",
+        _positive,
+        "2000000",
+        "samples one remote write request may carry (413 above, refused once the decoder counts past it)",
+    ),
+    Setting(
+        "remote-write-max-exemplars",
+        _positive,
+        "100000",
+        "exemplars one remote write request may carry (413 above, refused once the decoder counts past it)",
+    ),
+    Setting(
+        "remote-write-max-metadata",
+        _positive,
+        "100000",
+        "metadata entries one remote write 1.0 request may carry (413 above, refused once the decoder counts past it)",
+    ),
+    Setting(
         "max-connections",
         _auto_or_positive,
         "auto",
@@ -402,6 +420,9 @@ class Config:
     enable_admin_api: bool
     max_body_bytes: int
     max_decompressed_bytes: int
+    remote_write_max_samples: int
+    remote_write_max_exemplars: int
+    remote_write_max_metadata: int
     max_connections: int | None
     http_idle_timeout: int
     http_body_timeout: int

@@ -52,6 +52,7 @@ from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import QueryText
 from gateway.query.promql.service import PromQLService
 from gateway.store import open_store
+from protocols.prometheus import WriteLimits
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +251,9 @@ def build_router(
         overrides.limit("max-samples-per-query"),
         config.created_timestamp_zero_ingestion,
         config.max_native_histogram_buckets,
+        WriteLimits(
+            config.remote_write_max_samples, config.remote_write_max_exemplars, config.remote_write_max_metadata
+        ),
     ).register(router)
     PromQLAPI(
         PromQLService(

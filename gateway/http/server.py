@@ -716,13 +716,14 @@ class Router(resource.Resource):
 
     async def _send(self, response: Response, request: server.Request, name: str, started: float) -> None:
         status = response.status
-        channel, held = request.channel, False
+        held = None  # the connection whose answer counts in self.unsent
         try:
             if request.finished or getattr(request, "client_gone", False):
                 return
             if self.unsent is not None and isinstance(response.body, bytes):
-                held = self.unsent.hold(channel, len(response.body))
-                if not held:
+                if self.unsent.hold(request.channel, len(response.body)):
+                    held = request.channel
+                else:
                     metrics.HTTP_ANSWERS_REFUSED.inc()
                     response = error_response(_UNSENT_FULL, request)
                     status = response.status
@@ -739,8 +740,8 @@ class Router(resource.Resource):
             if not getattr(request, "client_gone", False):
                 request.finish()
         finally:
-            if held:
-                self.unsent.release(channel)
+            if held is not None:
+                self.unsent.release(held)
             metrics.HTTP_REQUESTS.labels(name, _method_label(request.method), str(status)).observe(
                 time.perf_counter() - started
             )
