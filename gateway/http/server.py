@@ -196,11 +196,11 @@ class Channel(http.HTTPChannel):
     def connectionLost(self, reason):
         self._lost = True
         self._stop_body_clock()
-        self._write_progressed()
         if self._linger_call is not None and self._linger_call.active():
             self._linger_call.cancel()
         super().connectionLost(reason)
         self.site.connections.closed(self)
+        self._write_progressed()  # once its request knows the client is gone, so a writer waiting stops
 
     def pauseProducing(self):
         """The transport's send buffer is full: the client must take some of it within the write deadline."""
@@ -765,13 +765,14 @@ class Router(resource.Resource):
         """Write chunks as the client takes them: the next one is produced once the connection's
         send buffer has room. The status is already sent, so a failure midway can only be
         logged and the connection closed: the client sees a truncated stream, never a wrong one."""
+        channel = request.channel
         try:
             async for chunk in chunks:
                 if getattr(request, "client_gone", False):
                     return
                 request.write(chunk)
-                await request.channel.drained()
+                await channel.drained()
         except Exception:
             log.exception("stream to %s failed midway; closing the connection", request.uri)
-            request.channel.loseConnection()
+            channel.loseConnection()
             request.client_gone = True
