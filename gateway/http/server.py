@@ -12,6 +12,7 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from operator import itemgetter
 from typing import NamedTuple
 
 from twisted.internet import defer, reactor
@@ -120,27 +121,31 @@ class UnsentAnswers:
     def __init__(self, limit: int):
         self.limit = limit
         self.total = 0
-        self.held: dict = {}  # channel -> bytes of its answer
+        self.held: dict = {}  # request -> bytes of its answer
 
-    def hold(self, channel, size: int) -> bool:
-        """Count an answer of ``size`` bytes for ``channel`` until release(); False when it does not fit."""
+    def hold(self, request, size: int) -> bool:
+        """Count the answer of ``size`` bytes to ``request`` until release(); False when it does not fit."""
         if self.total + size > self.limit:
-            stalled = [held for held in self.held if held.stalled_s() >= STALLED_EVICTABLE_S]
-            for victim in sorted(stalled, key=lambda held: held.stalled_s(), reverse=True):
+            stalled = [
+                (held.channel.stalled_s(), held.channel, held)
+                for held in self.held
+                if held.channel is not None and held.channel.stalled_s() >= STALLED_EVICTABLE_S
+            ]
+            for _, channel, victim in sorted(stalled, key=itemgetter(0), reverse=True):
                 if self.total + size <= self.limit:
                     break
                 self.release(victim)
                 metrics.HTTP_WRITES_ABORTED.labels("unsent_bytes").inc()
-                victim.transport.abortConnection()
+                channel.transport.abortConnection()
         if self.total and self.total + size > self.limit:
             return False
-        self.held[channel] = size
+        self.held[request] = size
         self.total += size
         metrics.HTTP_UNSENT_BYTES.set(self.total)
         return True
 
-    def release(self, channel) -> None:
-        self.total -= self.held.pop(channel, 0)
+    def release(self, request) -> None:
+        self.total -= self.held.pop(request, 0)
         metrics.HTTP_UNSENT_BYTES.set(self.total)
 
 
@@ -716,14 +721,13 @@ class Router(resource.Resource):
 
     async def _send(self, response: Response, request: server.Request, name: str, started: float) -> None:
         status = response.status
-        held = None  # the connection whose answer counts in self.unsent
+        held = False  # the answer counts in self.unsent
         try:
             if request.finished or getattr(request, "client_gone", False):
                 return
             if self.unsent is not None and isinstance(response.body, bytes):
-                if self.unsent.hold(request.channel, len(response.body)):
-                    held = request.channel
-                else:
+                held = self.unsent.hold(request, len(response.body))
+                if not held:
                     metrics.HTTP_ANSWERS_REFUSED.inc()
                     response = error_response(_UNSENT_FULL, request)
                     status = response.status
@@ -740,8 +744,8 @@ class Router(resource.Resource):
             if not getattr(request, "client_gone", False):
                 request.finish()
         finally:
-            if held is not None:
-                self.unsent.release(held)
+            if held:
+                self.unsent.release(request)
             metrics.HTTP_REQUESTS.labels(name, _method_label(request.method), str(status)).observe(
                 time.perf_counter() - started
             )
