@@ -213,6 +213,24 @@ SETTINGS = [
         "largest snappy-decompressed remote write/read body (413 above)",
     ),
     Setting(
+        "remote-write-max-samples",
+        _positive,
+        "2000000",
+        "samples one remote write request may carry (413 above, refused once the decoder counts past it)",
+    ),
+    Setting(
+        "remote-write-max-exemplars",
+        _positive,
+        "100000",
+        "exemplars one remote write request may carry (413 above, refused once the decoder counts past it)",
+    ),
+    Setting(
+        "remote-write-max-metadata",
+        _positive,
+        "100000",
+        "metadata entries one remote write 1.0 request may carry (413 above, refused once the decoder counts past it)",
+    ),
+    Setting(
         "max-connections",
         _auto_or_positive,
         "auto",
@@ -235,6 +253,18 @@ SETTINGS = [
         _non_negative,
         "1024",
         "bytes per second a request body must arrive at, on average from its headers on, once it took over 5 s (408 and closed below); 0: no minimum",
+    ),
+    Setting(
+        "http-write-timeout",
+        parse_duration,
+        "60s",
+        "an HTTP connection whose client takes none of its answer for this long (the gateway's send buffer stays full) is closed; 0s: never",
+    ),
+    Setting(
+        "http-max-unsent-bytes",
+        _positive,
+        str(256 << 20),
+        "bytes of HTTP answers one process holds for clients that have not taken them yet; past it, connections stalled in a write for over a second are closed first, then a new answer gets 503 with Retry-After",
     ),
     Setting(
         "carbon-idle-timeout",
@@ -404,10 +434,15 @@ class Config:
     enable_admin_api: bool
     max_body_bytes: int
     max_decompressed_bytes: int
+    remote_write_max_samples: int
+    remote_write_max_exemplars: int
+    remote_write_max_metadata: int
     max_connections: int | None
     http_idle_timeout: int
     http_body_timeout: int
     http_body_min_rate: int
+    http_write_timeout: int
+    http_max_unsent_bytes: int
     carbon_idle_timeout: int
     shutdown_timeout: int
     max_inflight_samples: int

@@ -48,7 +48,7 @@ from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
-from gateway.http.server import BodyDeadline, Router, Site
+from gateway.http.server import BodyDeadline, Router, Site, UnsentAnswers
 from gateway.http.webui import WebUI
 from gateway.ingest.carbon import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
 from gateway.ingest.deletes import Deleter, SeriesSelection
@@ -63,6 +63,7 @@ from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import QueryText
 from gateway.query.promql.service import PromQLService
 from gateway.store import open_store
+from protocols.prometheus import WriteLimits
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class Gateway:
             self.store,
             self.planner,
             self.pipeline,
-            Router(roles, credentials, self.executors),
+            Router(roles, credentials, self.executors, UnsentAnswers(config.http_max_unsent_bytes)),
             self.graphs,
             self.overrides,
         )
@@ -132,6 +133,7 @@ class Gateway:
             self.connections,
             _seconds(config.http_idle_timeout),
             BodyDeadline(_seconds(config.http_body_timeout), config.http_body_min_rate),
+            _seconds(config.http_write_timeout),
         )
         self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
@@ -280,6 +282,9 @@ def build_router(
         overrides.limit("max-samples-per-query"),
         config.created_timestamp_zero_ingestion,
         config.max_native_histogram_buckets,
+        WriteLimits(
+            config.remote_write_max_samples, config.remote_write_max_exemplars, config.remote_write_max_metadata
+        ),
     ).register(router)
     PromQLAPI(
         PromQLService(

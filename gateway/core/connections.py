@@ -5,7 +5,8 @@ descriptors (which the store needs too). At the cap a new connection takes the p
 oldest idle one (``evictable``: an HTTP connection with no request being answered, idle
 keep-alive or still sending its request, head or body, or a carbon connection that has not sent
 a complete line or frame yet), so a flood of sockets that never finish a request cannot lock
-everyone else out, however slowly they trickle bytes; when there is none (every connection is
+everyone else out, however slowly they trickle bytes; else of the oldest one stalled in a write
+for over STALLED_S (its client takes nothing of an answer: ``stalled_s``); when there is none (every connection is
 busy), the new connection is closed at once, counted and logged (at most once per
 ``LOG_INTERVAL_S``). At shutdown the same registry closes them: each
 connection's ``close_when_idle`` answers what it already received first, and ``abort_all`` ends
@@ -22,6 +23,7 @@ from gateway.core import metrics
 log = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 10.0
+STALLED_S = 1.0  # a connection whose send buffer stayed full this long has a client that does not read
 
 
 class Connections:
@@ -37,6 +39,8 @@ class Connections:
         if len(self.open) < self.limit:
             return True
         idle = next((connection for connection in self.open if connection.evictable), None)
+        if idle is None:
+            idle = next((connection for connection in self.open if connection.stalled_s() >= STALLED_S), None)
         if idle is not None:
             metrics.IDLE_CLOSED.labels(idle.listener).inc()
             self._log(listener, address, f"closed the oldest idle connection ({idle.listener}) for a new one")

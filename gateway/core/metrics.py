@@ -124,6 +124,21 @@ NOT_HTTP = Counter(
     "tsgate_http_not_http_requests",
     "Connections to the HTTP port whose first line was no HTTP request line (carbon lines sent to the wrong port): answered 400 and closed",
 )
+HTTP_WRITES_ABORTED = Counter(
+    "tsgate_http_writes_aborted",
+    "HTTP connections closed while their client took nothing of an answer: past --http-write-timeout, or"
+    " for a new answer at --http-max-unsent-bytes",
+    ["reason"],
+)
+HTTP_UNSENT_BYTES = Gauge(
+    "tsgate_http_unsent_bytes",
+    "Bytes of HTTP answers held for clients that have not taken them yet (bounded by --http-max-unsent-bytes)",
+    multiprocess_mode="livesum",
+)
+HTTP_ANSWERS_REFUSED = Counter(
+    "tsgate_http_answers_refused",
+    "HTTP answers replaced by 503 because the unsent answers of the process were at --http-max-unsent-bytes",
+)
 IDLE_CLOSED = Counter(
     "tsgate_idle_closed_connections",
     "Idle connections closed (--http-idle-timeout, --carbon-idle-timeout, or for a new one at --max-connections)",

@@ -33,6 +33,8 @@ MAX_REPORTED_REJECTS = 10
 # A series this small is XOR-encoded on the reactor in about a millisecond; larger ones (pure
 # Python, ~2 us a sample) are encoded in a thread so that one long series stalls nobody.
 INLINE_ENCODE_SAMPLES = 1000
+# Rows made between two looks at the clock, where a row is a few us.
+ROWS_PER_SLICE_CHECK = 1024
 # Encoding a native histogram costs about one float sample per this many bytes of its message
 # (its buckets: ~40 us for a 12-bucket histogram of 60 bytes).
 HISTOGRAM_BYTES_PER_SAMPLE = 4
@@ -43,12 +45,21 @@ def _header(request: server.Request, name: bytes) -> str | None:
     return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
-def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
-    """The type/help/unit a remote write carries: v1 metadata requests, v2 per-series fields."""
-    rows = [MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit) for m in batch.metadata]
-    rows += [
-        MetricMetadata(tenant, s.labels[NAME_TAG], s.metric_type, s.help, s.unit) for s in batch.series if s.metric_type
-    ]
+async def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
+    """The type/help/unit a remote write carries: v1 metadata requests, v2 per-series fields
+    (made in slices: a request may carry --remote-write-max-metadata entries)."""
+    rows, slices = [], Slices()
+    for start in range(0, len(batch.metadata), ROWS_PER_SLICE_CHECK):
+        rows += [
+            MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit)
+            for m in batch.metadata[start : start + ROWS_PER_SLICE_CHECK]
+        ]
+        await slices.maybe_pause()
+    for index, series in enumerate(batch.series):
+        if not index % CHECK_EVERY:
+            await slices.maybe_pause()
+        if series.metric_type:
+            rows.append(MetricMetadata(tenant, series.labels[NAME_TAG], series.metric_type, series.help, series.unit))
     return rows
 
 
@@ -67,9 +78,11 @@ class PrometheusAPI:
         max_samples_per_query: int | PerTenant,
         created_timestamp_zero_ingestion: bool = False,
         max_histogram_buckets: int = 0,
+        limits: prometheus.WriteLimits = prometheus.write.NO_LIMITS,
     ):
         self.pipeline = pipeline
         self.max_histogram_buckets = max_histogram_buckets
+        self.limits = limits
         self.remote_read = RemoteRead(store, planner, max_samples_per_query)
         self.max_decompressed_bytes = max_decompressed_bytes
         self.created = CreatedTimestamps(store, pipeline, planner, created_timestamp_zero_ingestion)
@@ -105,10 +118,13 @@ class PrometheusAPI:
                     self.max_decompressed_bytes,
                     self.max_histogram_buckets,
                     arrays=True,
+                    limits=self.limits,
                 )
             )
         except prometheus.RemoteWriteError as error:
             self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
+            if isinstance(error, prometheus.RequestTooLarge):
+                raise HTTPError(413, f"{error.message} (--remote-write-max-{error.kind})") from None
             raise
         for refused in batch.rejected_histograms:
             self.pipeline.count_rejected_histograms("prometheus", refused.reason)
@@ -120,13 +136,19 @@ class PrometheusAPI:
             if not series.histograms and not series.exemplars:
                 continue
             name, tags = name_and_tags(series)
-            if series.histograms:
-                histograms.extend(HistogramSample(tenant, name, tags, h.timestamp, h.data) for h in series.histograms)
-            if series.exemplars:
-                exemplars.extend(
-                    ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels) for e in series.exemplars
+            for start in range(0, len(series.histograms), ROWS_PER_SLICE_CHECK):
+                histograms.extend(
+                    HistogramSample(tenant, name, tags, h.timestamp, h.data)
+                    for h in series.histograms[start : start + ROWS_PER_SLICE_CHECK]
                 )
-        await self.pipeline.ingest_metric_metadata(_metadata_rows(tenant, batch))
+                await slices.maybe_pause()
+            for start in range(0, len(series.exemplars), ROWS_PER_SLICE_CHECK):
+                exemplars.extend(
+                    ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels)
+                    for e in series.exemplars[start : start + ROWS_PER_SLICE_CHECK]
+                )
+                await slices.maybe_pause()
+        await self.pipeline.ingest_metric_metadata(await _metadata_rows(tenant, batch))
         created = await self.created.new(tenant, batch.series)
         arrays = batch.arrays
         assert arrays is not None  # decoded with arrays=True

@@ -12,6 +12,7 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from operator import itemgetter
 from typing import NamedTuple
 
 from twisted.internet import defer, reactor
@@ -28,7 +29,13 @@ from protocols.graphite import excerpt
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
-LARGE_BODY_BYTES = 1 << 20  # answers past this size are written as the client takes them
+# Answers past this size are written as the client takes them, so a connection's send buffer
+# holds about this much at most, and a write deadline sees progress at this grain.
+LARGE_BODY_BYTES = 64 << 10
+# A connection stalled in a write this long is one whose client does not read: at the bound on
+# unsent bytes, such connections are closed for a new answer (UnsentAnswers).
+STALLED_EVICTABLE_S = 1.0
+UNSENT_RETRY_AFTER_S = 5
 
 
 class Response(NamedTuple):
@@ -59,6 +66,12 @@ def error_response(error: BaseException, request, prometheus: bool = False) -> R
 
 
 Handler = Callable[[server.Request], Awaitable[Response]]
+
+_UNSENT_FULL = HTTPError(
+    503,
+    "the gateway holds too many answers its clients have not read yet (--http-max-unsent-bytes); retry later",
+    {"Retry-After": str(UNSENT_RETRY_AFTER_S)},
+)
 
 
 class LimitedRequest(server.Request):
@@ -104,6 +117,45 @@ class BodyDeadline(NamedTuple):
         return None
 
 
+class UnsentAnswers:
+    """The bytes of HTTP answers this process holds for clients that have not taken them yet
+    (``--http-max-unsent-bytes``), over all its connections; a connection holds one answer at a
+    time (the next pipelined request waits for it). An answer that does not fit closes the
+    connections stalled in a write for over STALLED_EVICTABLE_S (clients that do not read),
+    longest stalled first; if it still does not fit it is refused (the caller answers 503). An
+    answer alone is never refused, whatever its size (other bounds cap answers)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.total = 0
+        self.held: dict = {}  # request -> bytes of its answer
+
+    def hold(self, request, size: int) -> bool:
+        """Count the answer of ``size`` bytes to ``request`` until release(); False when it does not fit."""
+        if self.total + size > self.limit:
+            stalled = [
+                (held.channel.stalled_s(), held.channel, held)
+                for held in self.held
+                if held.channel is not None and held.channel.stalled_s() >= STALLED_EVICTABLE_S
+            ]
+            for _, channel, victim in sorted(stalled, key=itemgetter(0), reverse=True):
+                if self.total + size <= self.limit:
+                    break
+                self.release(victim)
+                metrics.HTTP_WRITES_ABORTED.labels("unsent_bytes").inc()
+                channel.transport.abortConnection()
+        if self.total and self.total + size > self.limit:
+            return False
+        self.held[request] = size
+        self.total += size
+        metrics.HTTP_UNSENT_BYTES.set(self.total)
+        return True
+
+    def release(self, request) -> None:
+        self.total -= self.held.pop(request, 0)
+        metrics.HTTP_UNSENT_BYTES.set(self.total)
+
+
 BODY_RATE_GRACE_S = 5.0  # a body's first seconds are not held to the minimum rate
 BODY_CHECK_INTERVAL_S = 1.0
 LINGER_S = 2.0  # after an early answer, how long what the client still sends is read and dropped
@@ -120,6 +172,10 @@ class Channel(http.HTTPChannel):
     meanwhile), so a refused client never gets to send a body. Until a request is read in full,
     its connection is evictable at the connection cap like an idle one: a request that never
     finishes arriving cannot hold a place.
+    An answer the client does not take is bounded in time: once the connection's send buffer is
+    full (Twisted pauses the channel), the client must empty it within the site's
+    ``write_timeout_s`` (``--http-write-timeout``), else the connection is closed; a stalled
+    connection is evictable at the connection cap after the idle ones.
     twisted.web closes the connection without a word when a request line or a header line is
     over ``MAX_LENGTH`` (16 KiB): this one says why first, 414 for the request line, 431 for a header.
     """
@@ -137,6 +193,9 @@ class Channel(http.HTTPChannel):
     _body_bytes = 0
     _linger_call = None
     _lost = False
+    _stalled_since: float | None = None  # when the send buffer filled, while it stays full
+    _write_deadline = None
+    _drained_waiters: list[defer.Deferred] | None = None
 
     @property
     def evictable(self) -> bool:
@@ -155,6 +214,48 @@ class Channel(http.HTTPChannel):
             self._linger_call.cancel()
         super().connectionLost(reason)
         self.site.connections.closed(self)
+        self._write_progressed()  # once its request knows the client is gone, so a writer waiting stops
+
+    def pauseProducing(self):
+        """The transport's send buffer is full: the client must take some of it within the write deadline."""
+        super().pauseProducing()
+        if self._stalled_since is None:
+            self._stalled_since = reactor.seconds()
+            if self.site.write_timeout_s:
+                self._write_deadline = self.callLater(self.site.write_timeout_s, self._write_timed_out)
+
+    def resumeProducing(self):
+        self._write_progressed()
+        super().resumeProducing()
+
+    def _write_progressed(self) -> None:
+        """The send buffer drained (or the connection is gone): no deadline, and writers waiting go on."""
+        self._stalled_since = None
+        if self._write_deadline is not None and self._write_deadline.active():
+            self._write_deadline.cancel()
+        self._write_deadline = None
+        waiting, self._drained_waiters = self._drained_waiters, None
+        for deferred in waiting or ():
+            deferred.callback(None)
+
+    def stalled_s(self) -> float:
+        """How long the send buffer has stayed full (the client taking nothing); 0 when it is not."""
+        return 0.0 if self._stalled_since is None else reactor.seconds() - self._stalled_since
+
+    def drained(self) -> defer.Deferred:
+        """Fires once the send buffer has room (at once when it has), or the connection is gone."""
+        if self._stalled_since is None:
+            return defer.succeed(None)
+        if self._drained_waiters is None:
+            self._drained_waiters = []
+        deferred = defer.Deferred()
+        self._drained_waiters.append(deferred)
+        return deferred
+
+    def _write_timed_out(self) -> None:
+        self._write_deadline = None
+        metrics.HTTP_WRITES_ABORTED.labels("write_timeout").inc()
+        self.transport.abortConnection()
 
     def resetTimeout(self):
         if not self.awaiting_headers:
@@ -343,6 +444,7 @@ class Site(server.Site):
         connections: Connections,
         idle_timeout_s: float | None,
         body_deadline: BodyDeadline,
+        write_timeout_s: float | None = None,
     ):
         # Form bodies are decoded by the route that answers (parse_form): a query route's in its
         # query executor, off this process (Twisted takes 0.3 s to decode 1 MB of form).
@@ -350,6 +452,7 @@ class Site(server.Site):
         self.max_body_bytes = max_body_bytes
         self.connections = connections
         self.body_deadline = body_deadline
+        self.write_timeout_s = write_timeout_s
 
     def buildProtocol(self, addr):
         if not self.connections.admit("http", addr):
@@ -508,12 +611,22 @@ class Router(resource.Resource):
     With ``executors`` (gateway.app.executors), the routes of role ``query`` are answered by an
     executor process running the same router: this process only checks the credential and
     moves the request and its answer.
+
+    With ``unsent`` (UnsentAnswers), every answer body counts against the process's bound on
+    unsent bytes until it is written to the connection; one that does not fit gets 503.
     """
 
     isLeaf = True
 
-    def __init__(self, roles: set[str] | None = None, credentials: Credentials | None = None, executors=None):
+    def __init__(
+        self,
+        roles: set[str] | None = None,
+        credentials: Credentials | None = None,
+        executors=None,
+        unsent: UnsentAnswers | None = None,
+    ):
         super().__init__()
+        self.unsent = unsent
         self.roles = roles
         self.credentials = credentials
         self.executors = executors
@@ -657,9 +770,16 @@ class Router(resource.Resource):
 
     async def _send(self, response: Response, request: server.Request, name: str, started: float) -> None:
         status = response.status
+        held = False  # the answer counts in self.unsent
         try:
             if request.finished or getattr(request, "client_gone", False):
                 return
+            if self.unsent is not None and isinstance(response.body, bytes):
+                held = self.unsent.hold(request, len(response.body))
+                if not held:
+                    metrics.HTTP_ANSWERS_REFUSED.inc()
+                    response = error_response(_UNSENT_FULL, request)
+                    status = response.status
             request.setResponseCode(status)
             request.setHeader(b"content-type", response.content_type.encode())
             for header, value in response.headers.items():
@@ -675,6 +795,8 @@ class Router(resource.Resource):
             if not getattr(request, "client_gone", False):
                 request.finish()
         finally:
+            if held:
+                self.unsent.release(request)
             metrics.HTTP_REQUESTS.labels(name, _method_label(request.method), str(status)).observe(
                 time.perf_counter() - started
             )
@@ -682,22 +804,30 @@ class Router(resource.Resource):
     @staticmethod
     async def _write_large(body: bytes, request: server.Request) -> None:
         """Write a large body 16 KB at a time as the socket drains (a pull producer): written at
-        once, Twisted would copy all of it in one piece on the reactor (~50 ms for 80 MB)."""
+        once, Twisted would copy all of it in one piece on the reactor (~50 ms for 80 MB). The
+        source is closed at the end: a FileSender stopped midway keeps it, in a reference cycle
+        with the request, until the garbage collector's rare full pass."""
+        source = io.BytesIO(body)
         try:
-            await FileSender().beginFileTransfer(io.BytesIO(body), request)
+            await FileSender().beginFileTransfer(source, request)
         except Exception:  # FileSender's way of saying the client went away
             request.client_gone = True
+        finally:
+            source.close()
 
     @staticmethod
     async def _stream(chunks, request: server.Request) -> None:
-        """Write chunks as they come. The status is already sent, so a failure midway can only be
+        """Write chunks as the client takes them: the next one is produced once the connection's
+        send buffer has room. The status is already sent, so a failure midway can only be
         logged and the connection closed: the client sees a truncated stream, never a wrong one."""
+        channel = request.channel
         try:
             async for chunk in chunks:
                 if getattr(request, "client_gone", False):
                     return
                 request.write(chunk)
+                await channel.drained()
         except Exception:
             log.exception("stream to %s failed midway; closing the connection", request.uri)
-            request.channel.loseConnection()
+            channel.loseConnection()
             request.client_gone = True

@@ -293,6 +293,10 @@ class _StreamProtocol(Protocol, TimeoutMixin):
     def listener(self) -> str:
         return self.protocol_name
 
+    def stalled_s(self) -> float:
+        """Never stalled in a write (see gateway.core.connections): carbon answers nothing."""
+        return 0.0
+
     def dataReceived(self, data: bytes):
         if self._refused_http(data):
             return

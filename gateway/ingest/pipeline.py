@@ -518,15 +518,22 @@ class IngestPipeline:
 
     async def ingest_metric_metadata(self, rows: Sequence[MetricMetadata]) -> None:
         """Keep the type, help and unit of metrics, each change written once. A row longer than
-        ``max_metadata_length`` is skipped and counted (as Mimir does); the others are kept."""
-        kept = [
-            row for row in rows if max(len(row.metric_name), len(row.help), len(row.unit)) <= self.max_metadata_length
-        ]
-        if len(kept) < len(rows):
-            metrics.PROMETHEUS_SKIPPED.labels("metadata_too_long").inc(len(rows) - len(kept))
-        fresh = {row: None for row in kept if row not in self._metadata_seen}
+        ``max_metadata_length`` is skipped and counted (as Mimir does); the others are kept. Many
+        rows are looked at, and written, in slices."""
+        fresh: dict[MetricMetadata, None] = {}
+        skipped = 0
+        slices = Slices()
+        for index, row in enumerate(rows):
+            if not index % CHECK_EVERY:
+                await slices.maybe_pause()
+            if max(len(row.metric_name), len(row.help), len(row.unit)) > self.max_metadata_length:
+                skipped += 1
+            elif row not in self._metadata_seen:
+                fresh[row] = None
+        if skipped:
+            metrics.PROMETHEUS_SKIPPED.labels("metadata_too_long").inc(skipped)
         if fresh:
-            await self.store.write_metric_metadata(list(fresh))
+            await self._store_calls(self.store.write_metric_metadata, list(fresh))
             self._metadata_seen.add_all(fresh)
 
     async def _write(self, kind: _Kind, admitted: _Admitted) -> None:

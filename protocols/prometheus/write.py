@@ -17,7 +17,8 @@ import struct
 import sys
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import compress
+from functools import partial
+from itertools import compress, islice
 from operator import attrgetter, itemgetter, not_
 from typing import NamedTuple
 
@@ -145,15 +146,18 @@ def _series_arrays(series: list[WriteSeries]) -> Generator[None, None, SampleArr
         keys.append(series_key(item.labels))
         labels.append(item.labels)
         counts.append(len(item.samples))
-        for timestamp, value in item.samples:
-            timestamps.append(timestamp)
-            values.append(value)
+        for start in range(0, len(item.samples), ITEMS_PER_STEP):
+            if start:
+                yield
+            chunk = item.samples[start : start + ITEMS_PER_STEP]
+            timestamps.append(np.fromiter(map(itemgetter(0), chunk), np.int64, len(chunk)))
+            values.append(np.fromiter(map(itemgetter(1), chunk), np.float64, len(chunk)))
     return SampleArrays(
         keys,
         labels,
         np.repeat(np.arange(len(keys)), counts),
-        np.array(timestamps, dtype=np.int64),
-        np.array(values, dtype=np.float64),
+        np.concatenate([np.empty(0, np.int64), *timestamps]),
+        np.concatenate([np.empty(0, np.float64), *values]),
     )
 
 
@@ -204,6 +208,44 @@ class WriteBatch:
         return sum(len(series.histograms) for series in self.series)
 
 
+class WriteLimits(NamedTuple):
+    """Most samples, exemplars and metadata entries one request may carry; 0: no limit. They
+    are counted as the decoder reaches them, each run before it is read, so a request over one is
+    refused (RequestTooLarge) having cost about the limit, whatever it holds beyond."""
+
+    samples: int = 0
+    exemplars: int = 0
+    metadata: int = 0
+
+
+NO_LIMITS = WriteLimits()
+
+
+class RequestTooLarge(RemoteWriteError):
+    """A request carrying more of ``kind`` (a field of WriteLimits) than its limit: 413."""
+
+    def __init__(self, kind: str, limit: int):
+        super().__init__(413, f"the request carries over {limit} {_KIND_WORDS[kind]}, the most one request may carry")
+        self.kind = kind
+
+
+_KIND_WORDS = {"samples": "samples", "exemplars": "exemplars", "metadata": "metadata entries"}
+
+
+class _Counted:
+    """What a request carried so far, against its WriteLimits."""
+
+    def __init__(self, limits: WriteLimits):
+        self.limits = limits
+        self.seen = {"samples": 0, "exemplars": 0, "metadata": 0}
+
+    def add(self, kind: str, count: int) -> None:
+        self.seen[kind] += count
+        limit = getattr(self.limits, kind)
+        if limit and self.seen[kind] > limit:
+            raise RequestTooLarge(kind, limit)
+
+
 def message_version(content_type: str | None) -> int:
     """Return 1 or 2 for the protobuf message named by a Content-Type; 415 otherwise."""
     if content_type is None or not content_type.strip():
@@ -235,6 +277,12 @@ def _check_content_encoding(content_encoding: str | None) -> None:
 PART_BYTES = 256 * 1024
 # Decoded series turned into arrays at once (a few ms).
 SERIES_PER_STEP = 1000
+# Samples, exemplars or metadata entries of one series or part turned into Python objects at once (a few ms).
+ITEMS_PER_STEP = 4096
+# A series whose samples take more bytes than this is read by _sample_run, in steps.
+LONG_SERIES_BYTES = 1 << 16
+# Most common-shape samples _sample_run reads with numpy at once (a few ms).
+SAMPLES_PER_STEP = 1 << 16
 
 Steps = Generator[None, None, WriteBatch]
 
@@ -246,14 +294,15 @@ def decode_write_request(
     max_decompressed_bytes: int,
     max_histogram_buckets: int = 0,
     arrays: bool = False,
+    limits: WriteLimits = NO_LIMITS,
 ) -> WriteBatch:
     """Decode a remote write body (v1 or v2 by Content-Type) or raise RemoteWriteError.
 
     A native histogram with more than ``max_histogram_buckets`` buckets (0: no limit) is
-    refused, as an invalid one is, before its buckets are read. ``arrays``: see
+    refused, as an invalid one is, before its buckets are read. ``arrays`` and ``limits``: see
     decode_write_request_steps."""
     steps = decode_write_request_steps(
-        body, content_type, content_encoding, max_decompressed_bytes, max_histogram_buckets, arrays
+        body, content_type, content_encoding, max_decompressed_bytes, max_histogram_buckets, arrays, limits
     )
     while True:
         try:
@@ -269,10 +318,14 @@ def decode_write_request_steps(
     max_decompressed_bytes: int,
     max_histogram_buckets: int = 0,
     arrays: bool = False,
+    limits: WriteLimits = NO_LIMITS,
 ) -> Steps:
     """decode_write_request as a generator: it yields after each bounded step and returns the
     WriteBatch (or raises RemoteWriteError) when resumed after the last one. With ``arrays``, the
-    samples are also arrays (WriteBatch.arrays), and those of plain 1.0 parts are only there."""
+    samples are also arrays (WriteBatch.arrays), and those of plain 1.0 parts are only there.
+    A step is bounded whatever the request's shape: one series of millions of samples, or of
+    many exemplars, and many metadata entries are read in steps too. A request over ``limits``
+    raises RequestTooLarge (413) once the decoder counts past one."""
     version = message_version(content_type)
     _check_content_encoding(content_encoding)
     try:
@@ -280,14 +333,15 @@ def decode_write_request_steps(
     except ProtocolError as exc:
         raise RemoteWriteError(exc.status, exc.message) from exc
     plain: list[SampleArrays] | None = [] if arrays else None
-    plain_v2 = (yield from _v2_plain(raw)) if version == 2 and arrays else None
+    plain_v2 = (yield from _v2_plain(raw, _Counted(limits))) if version == 2 and arrays else None
+    counted = _Counted(limits)
     if version == 1:
-        batch = yield from _decode_v1(raw, max_histogram_buckets, plain)
+        batch = yield from _decode_v1(raw, max_histogram_buckets, plain, counted)
     elif plain_v2 is not None:
         batch = WriteBatch(version=2, metadata=plain_v2[1])
         plain = [plain_v2[0]]
     else:
-        batch = yield from _decode_v2(raw, max_histogram_buckets)
+        batch = yield from _decode_v2(raw, max_histogram_buckets, counted)
     if plain is not None:
         batch.arrays = concat_arrays([*plain, (yield from _series_arrays(batch.series))])
     return batch
@@ -431,20 +485,22 @@ _TIMESTAMP_BYTES = np.arange(9, 15)
 _TIMESTAMP_SHIFTS = np.arange(0, 42, 7, dtype=np.int64)
 
 
-def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
+def _decode_v1_plain(raw: bytes, counted: _Counted, first_index: int = 0) -> Generator[None, None, SampleArrays | None]:
     """The common 1.0 request, read straight from its bytes into arrays: series of labels then
     samples and nothing else. None for anything else (metadata, exemplars, histograms, unknown or
     out-of-order fields, a malformed message), which the protobuf decoder then takes (and
     refuses with its own error); a series' labels are decoded by protobuf too, the first time
     their bytes are seen (_VALID_LABEL_BYTES). A series of known labels and the one sample Prometheus
     sends a series is one dict lookup of its label bytes here; its sample's double and timestamp
-    are read for all such series at once, with numpy. ``first_index``: the index of its first
-    series in the request (raw may be a part of it), for the errors."""
+    are read for all such series at once, with numpy; a long series is read in steps
+    (_sample_run). ``first_index``: the index of its first series in the request (raw may be a
+    part of it), for the errors."""
     keys: list[bytes] = []
     labels_of: list[LabelsEntry] = []
     counts: list[int] = []
     one_sample_at: list[int] = []  # where the double of each common series' sample starts
     others: list[tuple[int, int, float]] = []  # (sample number, timestamp, value) of the other samples
+    runs: list[SampleRun] = []
     valid = _VALID_LABEL_BYTES
     samples = pos = 0
     size = len(raw)
@@ -485,6 +541,13 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
                     return None
                 labels = first_seen
             count = 0
+            if end - pos > LONG_SERIES_BYTES:
+                run = yield from _sample_run(raw, pos, end, samples, counted)
+                if run is None or run.end != end:
+                    return None
+                runs.append(run)
+                samples += len(run.timestamps)
+                count, pos = len(run.timestamps), end
             while pos < end:
                 if raw[pos] != 0x12:  # field 2, samples; anything else: the general decoder
                     return None
@@ -503,13 +566,83 @@ def _decode_v1_plain(raw: bytes, first_index: int = 0) -> SampleArrays | None:
             counts.append(count)
     except IndexError:
         return None
-    sampled = _sample_arrays(raw, samples, one_sample_at, others)
+    counted.add("samples", samples - sum(len(run.timestamps) for run in runs))
+    sampled = _sample_arrays(raw, samples, one_sample_at, others, runs)
     if sampled is None:
         return None
     return SampleArrays(keys, labels_of, np.repeat(np.arange(len(keys)), counts), *sampled)
 
 
-def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[WriteMetadata]] | None]:
+class SampleRun(NamedTuple):
+    """The samples of a long series read by _sample_run: the number of its first sample in its
+    part of the request, their timestamps and values, and the position after them."""
+
+    first: int
+    timestamps: np.ndarray
+    values: np.ndarray
+    end: int
+
+
+# The bytes of a common-shape sample that are fixed (field 2 of 16 bytes: a double, field 1, then
+# a varint, field 2), by their offset.
+_COMMON_OFFSETS = np.array([0, 1, 2, 11])
+_COMMON_BYTES = np.array([0x12, 0x10, 0x09, 0x10], dtype=np.uint8)
+_FIRST_WINDOW = 64
+
+
+def _sample_run(
+    raw: bytes, pos: int, end: int, first: int, counted: _Counted
+) -> Generator[None, None, SampleRun | None]:
+    """The samples from ``pos`` up to ``end`` or the first field that is not a sample, yielding
+    between steps of bounded work, so that a series of millions of samples holds nobody up;
+    None for a sample _plain_sample does not read. Runs of the common shape (a double and a
+    six-byte timestamp, _ONE_SAMPLE_BYTES) are checked and read with numpy, in a window that
+    doubles while they last (up to SAMPLES_PER_STEP); other samples one by one, ITEMS_PER_STEP
+    at a time. Each step's samples are counted against the request's limit before they are read."""
+    data = np.frombuffer(raw, dtype=np.uint8)
+    timestamps: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    window = _FIRST_WINDOW
+    while pos < end and raw[pos] == 0x12:
+        fits = min(window, (end - pos) // _ONE_SAMPLE_BYTES)
+        matched = 0
+        if fits:
+            at = pos + _ONE_SAMPLE_BYTES * np.arange(fits)
+            varints = data[(at + 3)[:, None] + _TIMESTAMP_BYTES]
+            ok = (
+                (data[at[:, None] + _COMMON_OFFSETS] == _COMMON_BYTES).all(axis=1)
+                & (varints[:, :5] >= 0x80).all(axis=1)
+                & (varints[:, 5] < 0x80)
+            )
+            matched = fits if ok.all() else int(np.argmin(ok))
+        if matched:
+            counted.add("samples", matched)
+            timestamps.append(((varints[:matched] & 0x7F).astype(np.int64) << _TIMESTAMP_SHIFTS).sum(axis=1))
+            values.append(data[(at[:matched] + 3)[:, None] + _DOUBLE_BYTES].view("<f8")[:, 0])
+            pos += matched * _ONE_SAMPLE_BYTES
+            window = min(2 * window, SAMPLES_PER_STEP) if matched == fits else _FIRST_WINDOW
+        else:
+            read: list[tuple[int, float]] = []
+            while pos < end and raw[pos] == 0x12 and len(read) < ITEMS_PER_STEP:
+                stop = raw[pos + 1] + pos + 2
+                sample = _plain_sample(raw, pos + 2, stop) if raw[pos + 1] < 0x80 and stop <= end else None
+                if sample is None:
+                    return None
+                read.append(sample)
+                pos = stop
+            counted.add("samples", len(read))
+            timestamps.append(np.fromiter(map(itemgetter(0), read), np.int64, len(read)))
+            values.append(np.fromiter(map(itemgetter(1), read), np.float64, len(read)))
+        yield
+    return SampleRun(
+        first,
+        np.concatenate([np.empty(0, np.int64), *timestamps]),
+        np.concatenate([np.empty(0, np.float64), *values]),
+        pos,
+    )
+
+
+def _v2_plain(raw: bytes, counted: _Counted) -> Generator[None, None, tuple[SampleArrays, list[WriteMetadata]] | None]:
     """The common 2.0 request, read straight from its bytes into arrays: the symbols, then series
     of labels refs, samples and metadata, and nothing else (no histograms, exemplars, created or
     start timestamps, series without samples). None for anything else, which the protobuf
@@ -532,7 +665,7 @@ def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[Writ
         metadata: dict[tuple[str, bytes], None] = {}
         while pos < size:
             first_index = sum(len(done.keys) for done in runs)
-            run = yield from _v2_plain_run(raw, pos, symbols, first_index, metadata)
+            run = yield from _v2_plain_run(raw, pos, symbols, first_index, metadata, counted)
             if run is None:
                 return None
             arrays, pos = run
@@ -547,16 +680,22 @@ def _v2_plain(raw: bytes) -> Generator[None, None, tuple[SampleArrays, list[Writ
 
 
 def _v2_plain_run(
-    raw: bytes, pos: int, symbols: list[str], first_index: int, metadata: dict[tuple[str, bytes], None]
+    raw: bytes,
+    pos: int,
+    symbols: list[str],
+    first_index: int,
+    metadata: dict[tuple[str, bytes], None],
+    counted: _Counted,
 ) -> Generator[None, None, tuple[SampleArrays, int] | None]:
     """Up to V2_PLAIN_SERIES series from ``pos``, fewer when their refs pass V2_PLAIN_REF_BYTES:
-    their arrays and the position after them."""
+    their arrays and the position after them. A long series' samples are read in steps (_sample_run)."""
     ref_starts: list[int] = []
     ref_stops: list[int] = []
     metadata_of: list[bytes] = []
     counts: list[int] = []
     one_sample_at: list[int] = []
     others: list[tuple[int, int, float]] = []
+    runs: list[SampleRun] = []
     samples, size = 0, len(raw)
     ref_bytes = 0
     while pos < size and len(counts) < V2_PLAIN_SERIES and ref_bytes < V2_PLAIN_REF_BYTES:
@@ -572,6 +711,13 @@ def _v2_plain_run(
         ref_stops.append(pos)
         ref_bytes += length
         count = 0
+        if end - pos > LONG_SERIES_BYTES:
+            run = yield from _sample_run(raw, pos, end, samples, counted)
+            if run is None:
+                return None
+            runs.append(run)
+            samples += len(run.timestamps)
+            count, pos = len(run.timestamps), run.end
         while pos < end and raw[pos] == 0x12:  # field 2, samples
             if pos + 18 <= end and raw[pos + 1] == 0x10 and raw[pos + 2] == 0x09 and raw[pos + 11] == 0x10:
                 one_sample_at.append(pos + 3)
@@ -596,7 +742,8 @@ def _v2_plain_run(
             return None
         metadata_of.append(data)
         counts.append(count)
-    sampled = _sample_arrays(raw, samples, one_sample_at, others)
+    counted.add("samples", samples - sum(len(run.timestamps) for run in runs))
+    sampled = _sample_arrays(raw, samples, one_sample_at, others, runs)
     refs = _packed_varints(raw, ref_starts, ref_stops)
     if sampled is None or refs is None:
         return None
@@ -660,11 +807,16 @@ def _v2_metadata(symbols: list[str], name: str, data: bytes) -> WriteMetadata | 
 
 
 def _sample_arrays(
-    raw: bytes, samples: int, one_sample_at: list[int], others: list[tuple[int, int, float]]
+    raw: bytes,
+    samples: int,
+    one_sample_at: list[int],
+    others: list[tuple[int, int, float]],
+    runs: list[SampleRun],
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The timestamps and values of ``samples`` samples: the common ones (a double then a six-byte
     timestamp varint, the double at each of ``one_sample_at``) read at once, in order, around
-    the ``others`` (sample number, timestamp, value); None if a common one's varint is not one."""
+    the ``others`` (sample number, timestamp, value) and the ``runs`` already read; None if a
+    common one's varint is not one."""
     timestamps = np.empty(samples, dtype=np.int64)
     values = np.empty(samples, dtype=np.float64)
     common = np.ones(samples, dtype=bool)
@@ -673,6 +825,11 @@ def _sample_arrays(
         common[list(numbers)] = False
         timestamps[~common] = other_timestamps
         values[~common] = other_values
+    for run in runs:
+        stop = run.first + len(run.timestamps)
+        common[run.first : stop] = False
+        timestamps[run.first : stop] = run.timestamps
+        values[run.first : stop] = run.values
     if one_sample_at:
         at = np.array(one_sample_at, dtype=np.intp)[:, None]
         data = np.frombuffer(raw, dtype=np.uint8)
@@ -736,52 +893,73 @@ def _plain_sample(raw: bytes, pos: int, stop: int) -> tuple[int, float] | None:
     return (timestamp, value) if pos == stop else None
 
 
-def _decode_v1(raw: bytes, max_histogram_buckets: int, plain: list[SampleArrays] | None) -> Steps:
+def _decode_v1(raw: bytes, max_histogram_buckets: int, plain: list[SampleArrays] | None, counted: _Counted) -> Steps:
     """With ``plain``, the plain parts are left there as arrays instead of becoming series."""
     batch = WriteBatch(version=1)
     for part in _parts(raw, PART_BYTES):
         yield
-        arrays = _decode_v1_plain(part, len(batch.series) + sum(len(done.keys) for done in plain or ()))
+        first_index = len(batch.series) + sum(len(done.keys) for done in plain or ())
+        before = counted.seen["samples"]
+        arrays = yield from _decode_v1_plain(part, counted, first_index)
         if arrays is not None:
             if plain is None:
                 batch.series.extend(_plain_series(arrays))
             else:
                 plain.append(arrays)
             continue
+        counted.seen["samples"] = before  # counted again by the general decoder
         request = _parse(remote_pb2.WriteRequest(), part)
-        yield from _decode_v1_series(batch, request.timeseries, max_histogram_buckets)
-        _add_v1_metadata(batch, request.metadata)
+        yield from _decode_v1_series(batch, request.timeseries, max_histogram_buckets, counted)
+        batch.metadata += yield from _stepped(request.metadata, _v1_metadata, counted, "metadata")
     return batch
 
 
-def _decode_v1_series(batch: WriteBatch, timeseries, max_histogram_buckets: int) -> Generator[None, None, None]:
+_sample_pair = attrgetter("timestamp", "value")
+
+
+def _stepped(items, convert, counted: _Counted, kind: str) -> Generator[None, None, list]:
+    """``[convert(item) for item in items]``, counted against the request's limit of ``kind``
+    before any is converted, ITEMS_PER_STEP items at a time, yielding after each run (slices of
+    a protobuf repeated field cost their start: it is iterated instead)."""
+    counted.add(kind, len(items))
+    done: list = []
+    remaining = iter(items)
+    while run := list(islice(remaining, ITEMS_PER_STEP)):
+        done += map(convert, run)
+        yield
+    return done
+
+
+def _decode_v1_series(
+    batch: WriteBatch, timeseries, max_histogram_buckets: int, counted: _Counted
+) -> Generator[None, None, None]:
     for index, ts in enumerate(timeseries, len(batch.series)):
         labels = _validated_labels(index, [(label.name, label.value) for label in ts.labels])
-        samples = [(sample.timestamp, sample.value) for sample in ts.samples]
+        samples = yield from _stepped(ts.samples, _sample_pair, counted, "samples")
         # Tested first: iterating an empty repeated field costs more than testing it (~0.5 µs a series).
         exemplars = (
-            [
-                _exemplar(index, ((label.name, label.value) for label in e.labels), e.value, e.timestamp)
-                for e in ts.exemplars
-            ]
+            (yield from _stepped(ts.exemplars, partial(_v1_exemplar, index), counted, "exemplars"))
             if ts.exemplars
             else []
         )
-        histograms = _histograms(batch, index, ts.histograms, max_histogram_buckets) if ts.histograms else []
+        histograms = (
+            (yield from _histograms(batch, index, ts.histograms, max_histogram_buckets)) if ts.histograms else []
+        )
         batch.series.append(WriteSeries(labels=labels, samples=samples, exemplars=exemplars, histograms=histograms))
         yield
 
 
-def _add_v1_metadata(batch: WriteBatch, metadata_messages) -> None:
-    for metadata in metadata_messages:
-        batch.metadata.append(
-            WriteMetadata(
-                metric_family_name=metadata.metric_family_name,
-                type=_V1_TYPE_NAMES.get(metadata.type, "unknown"),
-                help=metadata.help,
-                unit=metadata.unit,
-            )
-        )
+def _v1_exemplar(index: int, e) -> Exemplar:
+    return _exemplar(index, ((label.name, label.value) for label in e.labels), e.value, e.timestamp)
+
+
+def _v1_metadata(metadata) -> WriteMetadata:
+    return WriteMetadata(
+        metric_family_name=metadata.metric_family_name,
+        type=_V1_TYPE_NAMES.get(metadata.type, "unknown"),
+        help=metadata.help,
+        unit=metadata.unit,
+    )
 
 
 def _symbol(symbols: list[str], ref: int, index: int, what: str) -> str:
@@ -793,7 +971,7 @@ def _symbol(symbols: list[str], ref: int, index: int, what: str) -> str:
     return symbols[ref]
 
 
-def _decode_v2(raw: bytes, max_histogram_buckets: int) -> Steps:
+def _decode_v2(raw: bytes, max_histogram_buckets: int, counted: _Counted) -> Steps:
     """Every part is parsed first: a series may refer to any symbol, wherever it comes."""
     symbols: list[str] = []
     timeseries = []
@@ -807,12 +985,12 @@ def _decode_v2(raw: bytes, max_histogram_buckets: int) -> Steps:
         raise RemoteWriteError(400, "symbols[0] must be the empty string")
     batch = WriteBatch(version=2)
     for part_series in timeseries:
-        yield from _decode_v2_series(batch, symbols, part_series, max_histogram_buckets)
+        yield from _decode_v2_series(batch, symbols, part_series, max_histogram_buckets, counted)
     return batch
 
 
 def _decode_v2_series(
-    batch: WriteBatch, symbols: list[str], timeseries, max_histogram_buckets: int
+    batch: WriteBatch, symbols: list[str], timeseries, max_histogram_buckets: int, counted: _Counted
 ) -> Generator[None, None, None]:
     for index, ts in enumerate(timeseries, len(batch.series)):
         if not index % V2_SERIES_PER_STEP:
@@ -825,12 +1003,19 @@ def _decode_v2_series(
         created = ts.created_timestamp or max(
             (*map(_start_timestamp, samples), *map(_start_timestamp, histograms)), default=0
         )
+        exemplars = (
+            (yield from _stepped(ts.exemplars, partial(_v2_exemplar, symbols, index), counted, "exemplars"))
+            if ts.exemplars
+            else []
+        )
         batch.series.append(
             WriteSeries(
                 labels=labels,
-                samples=list(zip(map(_timestamp, samples), map(_value, samples))),
-                exemplars=[_v2_exemplar(symbols, index, e) for e in ts.exemplars] if ts.exemplars else [],
-                histograms=_histograms(batch, index, histograms, max_histogram_buckets) if histograms else [],
+                samples=(yield from _stepped(samples, _sample_pair, counted, "samples")),
+                exemplars=exemplars,
+                histograms=(yield from _histograms(batch, index, histograms, max_histogram_buckets))
+                if histograms
+                else [],
                 metric_type=_V2_TYPE_NAMES.get(metadata.type, "unknown") if metadata.type else None,
                 help=_symbol(symbols, metadata.help_ref, index, "help_ref"),
                 unit=_symbol(symbols, metadata.unit_ref, index, "unit_ref"),
@@ -846,8 +1031,6 @@ V2_SERIES_PER_STEP = 64
 V2_PLAIN_SERIES = 2048
 V2_PLAIN_REF_BYTES = 64 * 1024
 _start_timestamp = attrgetter("start_timestamp")
-_timestamp = attrgetter("timestamp")
-_value = attrgetter("value")
 # Label sets of 2.0 series validated before, by their names and values in a flat tuple (the
 # refs differ between requests, the strings do not): a known label set is one set lookup
 # instead of a check a label. The tuples are the objects the ingest's known-series cache keeps
@@ -915,11 +1098,15 @@ def _v1_histogram(histogram) -> types_pb2.Histogram:
     return message
 
 
-def _histograms(batch: WriteBatch, index: int, messages, max_buckets: int) -> list[WriteHistogram]:
+def _histograms(
+    batch: WriteBatch, index: int, messages, max_buckets: int
+) -> Generator[None, None, list[WriteHistogram]]:
     """The valid histograms of series ``index`` (1.0 or 2.0 messages) as their bytes; the
-    others go to ``batch.rejected_histograms``."""
+    others go to ``batch.rejected_histograms``. Yields every ITEMS_PER_STEP histograms."""
     kept = []
-    for message in messages:
+    for number, message in enumerate(messages, 1):
+        if not number % ITEMS_PER_STEP:
+            yield
         try:
             _check_bucket_limit(message, max_buckets)  # before anything reads the buckets
             message = _v1_histogram(message)
