@@ -176,7 +176,7 @@ def test_sigterm_under_large_writes_and_a_long_query_on_cassandra_ends_every_pro
         redis_server.url,
     ).start()
     wait_for(lambda: metric_value(gateway, "tsgate_query_executors_ready") == 2, timeout=60, what="executors ready")
-    writers = [LargeWriter(gateway, tenant, number, 50_000) for number in range(2)]
+    writers = [LargeWriter(gateway, tenant, number, 20_000) for number in range(2)]
     carbon = CarbonSender(gateway.graphite_port)
     try:
         for thread in [*writers, carbon]:

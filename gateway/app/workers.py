@@ -300,10 +300,15 @@ def supervise(config: Config, flags: list[str]) -> int:
 
 
 def end_process(code: int) -> NoReturn:
-    """Exit now, once the logs are written: no wait for threads still busy with work a shutdown
+    """Exit now, once the logs and what was printed are written: no wait for threads still busy with work a shutdown
     cut, nor for the interpreter's teardown (the Cassandra driver's exit hooks alone took
     0.6-1.4 s), so a stop ends within its bound (gateway.app.service)."""
     logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or its reader gone
+            pass
     os._exit(code)
 
 
