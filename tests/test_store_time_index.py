@@ -102,6 +102,25 @@ async def test_a_new_store_has_its_whole_history_in_the_time_index(store):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_sqlite_file_another_process_is_creating_gets_its_time_index_row(tmp_path):
+    """Two processes opening a new file at once (an import's workers): the second found the
+    index_state table the first had just made, not yet its row, and failed to start ('NoneType'
+    object is not subscriptable, CI). It now adds the row whatever it saw."""
+    path = tmp_path / "new.db"
+    store = SQLiteStore(path, Layout())
+    await store.start()
+    await store.close()
+    with sqlite3.connect(path) as first:  # the first process, between making the table and its row
+        first.execute("DELETE FROM index_state")
+    store = SQLiteStore(path, Layout())
+    await store.start()
+    try:
+        assert store.bucket_index_since == BUCKET_INDEX_ALWAYS
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_sqlite_file_written_before_the_time_index_answers_from_the_all_time_index(tmp_path):
     path = tmp_path / "old.db"
     store = SQLiteStore(path, Layout())

@@ -263,11 +263,12 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
             "INSERT INTO sqlite_sequence (name, seq)"
             " SELECT 'head_batches', coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'head_log'"
         )
-    if "index_state" not in tables:
-        # the upgrade to the time index: a file that holds series answers for the time before now
-        # from the all-time index; a new file has its whole history in the time index
+    # the upgrade to the time index: a file that holds series answers for the time before now
+    # from the all-time index; a new file has its whole history in the time index. Whatever this
+    # process saw of the tables: another one opening a new file at once (a gateway and an import,
+    # an import's workers) may have made index_state and not yet its row.
+    with immediate(connection):
         has_series = connection.execute("SELECT 1 FROM series_set_hashes LIMIT 1").fetchone()
         since = int(time.time() * 1000) if has_series else BUCKET_INDEX_ALWAYS
-        with immediate(connection):
-            connection.execute("INSERT OR IGNORE INTO index_state VALUES ('bucket_index_since', ?)", (since,))
+        connection.execute("INSERT OR IGNORE INTO index_state VALUES ('bucket_index_since', ?)", (since,))
     connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
