@@ -2,7 +2,7 @@
 requests decoded here, written by the ingest pipeline, read by gateway/query/remote_read.py.
 
 Status codes follow the specs: 204 once the store has accepted everything; 400 for a
-malformed request or rejected samples or native histograms (the good ones are written;
+malformed request or rejected series, samples or native histograms (the good ones are written;
 Prometheus does not retry 4xx); 413 for a body, or a decompressed body, over its limit; 415
 for a content type or encoding we do not speak; 429 with Retry-After over a tenant limit; 503
 when the store cannot take the write (Prometheus retries 5xx). docs/prometheus.rst has the details and the name
@@ -166,6 +166,7 @@ class PrometheusAPI:
         )
         refused = [r.problem for r in batch.rejected_histograms]
         parts = (
+            ("series", len(arrays.keys) + len(batch.rejected_series), list(map(str, batch.rejected_series))),
             ("samples", len(arrays), _described(result)),
             ("native histograms", len(histograms) + len(refused), refused + _described(native)),
             ("exemplars", len(exemplars), _described(stored)),
