@@ -190,7 +190,8 @@ class PrometheusAPI:
         streamed = prometheus.negotiate_response_type(read_request.accepted_response_types) == (
             prometheus.STREAMED_XOR_CHUNKS
         )
-        answers = await self.remote_read.read(tenant, read_request.queries, streamed)
+        label_view = prometheus.labels_for_reader(_header(request, b"user-agent"))
+        answers = await self.remote_read.read(tenant, read_request.queries, streamed, label_view)
         if streamed:
             return Response(200, self._stream(answers), prometheus.STREAMED_CONTENT_TYPE)
         return Response(

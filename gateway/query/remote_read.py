@@ -15,7 +15,7 @@ from gateway.query.planner import QueryPlanner, QueryTooLarge
 from gateway.query.read_service import READ_BATCH, ReadBudget, Selection
 from gateway.store import Store
 from protocols import prometheus
-from protocols.prometheus import prometheus_labels
+from protocols.prometheus import utf8_labels
 
 
 class RemoteRead:
@@ -24,11 +24,13 @@ class RemoteRead:
         self.planner = planner
         self.max_samples_per_query = per_tenant("max-samples-per-query", max_samples_per_query)
 
-    async def read(self, tenant: str, queries, streamed: bool) -> list[list[tuple]]:
+    async def read(self, tenant: str, queries, streamed: bool, label_view=utf8_labels) -> list[list[tuple]]:
         """For each query, its series with samples, native histograms or (unless ``streamed``:
         chunks have no place for them) exemplars: (labels, samples, histograms) when
-        ``streamed``, else (labels, samples, exemplars, histograms) as encode_read_response takes them."""
-        selections = [await self._select(tenant, query) for query in queries]
+        ``streamed``, else (labels, samples, exemplars, histograms) as encode_read_response takes them.
+        Series are matched and answered with their labels as ``label_view`` shows them (names as
+        written, or mapped for a Prometheus 2.x reader: protocols/prometheus/names.py)."""
+        selections = [await self._select(tenant, query, label_view) for query in queries]
         histogram_budget = self._budget(tenant, "native histograms")  # one for the whole request
         histograms = [
             await self.planner.histograms(tenant, _hashes(s), q.start_ms, q.end_ms, histogram_budget)
@@ -63,9 +65,9 @@ class RemoteRead:
             )
         return complete
 
-    async def _select(self, tenant: str, query) -> Selection:
-        """The series a query's matchers select, with their Prometheus labels, sorted by labels."""
-        selection = await self.planner.select(tenant, query.matchers, prometheus_labels, query.start_ms, query.end_ms)
+    async def _select(self, tenant: str, query, label_view) -> Selection:
+        """The series a query's matchers select, with their labels as ``label_view`` shows them, sorted by labels."""
+        selection = await self.planner.select(tenant, query.matchers, label_view, query.start_ms, query.end_ms)
         return sorted(selection, key=lambda selected: sorted(selected.labels.items()))
 
     def _budget(self, tenant: str, what: str) -> ReadBudget:
