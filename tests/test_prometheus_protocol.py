@@ -45,6 +45,7 @@ from protocols.prometheus import (
     encode_write_request_v2,
     encode_xor_chunk,
     iter_frames,
+    labels_for_reader,
     message_version,
     negotiate_response_type,
     prometheus_metric_name,
@@ -52,6 +53,7 @@ from protocols.prometheus import (
     series_labels,
     series_matches,
     uncompressed_length,
+    unescape_name,
     v2_written_headers,
     write_v2_pb2,
 )
@@ -1686,3 +1688,37 @@ def test_v2_symbols_sent_after_the_series_that_use_them_are_found(monkeypatch):
     series_only = write_v2_pb2.Request(timeseries=request.timeseries).SerializeToString()
     (found,) = decode_v2(series_only + symbols_only).series
     assert found.labels == {"__name__": "late", "a": "b"}
+
+
+@pytest.mark.parametrize(
+    "path_name, name",
+    [
+        ("k8s.pod.name", "k8s.pod.name"),  # no prefix: as it is
+        ("U__k8s_2e_pod_2e_name", "k8s.pod.name"),
+        ("U__http__server_2E_requests", "http_server.requests"),  # "__" is "_", hex either case
+        ("U___31_min", "1min"),  # "U__" then "_31_"
+        ("U__caf_e9_", "café"),
+        ("U__emoji_1f4c8_", "emoji\U0001f4c8"),
+        ("U__", ""),
+        ("U__a_", "U__a_"),  # a lone "_" at the end: left as it is, as Prometheus does
+        ("U__a_zz_", "U__a_zz_"),  # not hex
+        ("U__a_d800_", "U__a_d800_"),  # a surrogate is no code point
+        ("U__a_10ffff_", "U__a_10ffff_"),  # six hex digits: Prometheus's UnescapeName gives up
+    ],
+)
+def test_names_in_a_url_path_are_unescaped_as_prometheus_3_does(path_name, name):
+    assert unescape_name(path_name) == name
+
+
+def test_remote_read_maps_names_only_for_prometheus_2_readers():
+    labels = {"k8s.pod.name": "p-1"}
+    for agent in ("Prometheus/2.42.0", "Prometheus/1.8.2"):
+        assert labels_for_reader(agent)("http.server.duration", labels) == {
+            "__name__": "http_server_duration",
+            "k8s_pod_name": "p-1",
+        }
+    for agent in ("Prometheus/3.14.0", "Thanos/0.35", "", None):
+        assert labels_for_reader(agent)("http.server.duration", labels) == {
+            "__name__": "http.server.duration",
+            "k8s.pod.name": "p-1",
+        }

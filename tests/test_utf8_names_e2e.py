@@ -83,6 +83,8 @@ def test_utf8_names_are_stored_and_read_back_as_written_on_every_read_api(gatewa
     assert names == sorted([NAME, V2_NAME, UNLABELLED])
     for path_name in ("k8s.pod.name", "U__k8s_2e_pod_2e_name", "k8s%2Epod%2Ename"):
         assert api(gateway, tenant, f"/api/v1/label/{path_name}/values", **window)["data"] == ["p-1"]
+    empty = gateway.get("/api/v1/label/U__/values", headers={"X-Scope-OrgID": tenant})
+    assert (empty.status, empty.json()["error"]) == (400, 'invalid label name: ""')
     metadata = api(gateway, tenant, "/api/v1/metadata", metric=V2_NAME)["data"]
     assert metadata == {
         V2_NAME: [{"type": "histogram", "help": "Duration of database client operations.", "unit": "s"}]

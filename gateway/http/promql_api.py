@@ -190,6 +190,8 @@ class PromQLAPI:
         if tail != "values" or not escaped:
             raise HTTPError(404, f"no such endpoint: /api/v1/label/{rest}")
         name = unescape_name(escaped)
+        if not name:
+            raise PromQLError('invalid label name: ""', "bad_data")
         values = await self.service.label_values(
             request_tenant(request), name, args(request, "match[]"), *_time_range(request)
         )

@@ -15,7 +15,8 @@ NAME_LABEL = "__name__"
 # Prometheus 3's value-encoding escape of a name in a URL path (/api/v1/label/<name>/values):
 # "U__" then the name, "_" doubled, each other character outside [a-zA-Z0-9_:] as "_<hex>_".
 ESCAPED_NAME_PREFIX = "U__"
-_ESCAPED_PART = re.compile(r"__|_([0-9a-fA-F]{1,6})_|_")
+# At most 5 hex digits: Prometheus's UnescapeName gives up on a sixth (so no code point past U+FFFFF).
+_ESCAPED_PART = re.compile(r"__|_([0-9a-fA-F]{1,5})_|_")
 _LEGACY_CLIENT = re.compile(r"Prometheus/[12]\.")
 
 _METRIC_NAME_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
@@ -74,7 +75,7 @@ def unescape_name(name: str) -> str:
             return name  # a lone "_" opens no valid escape
         else:
             code = int(found.group(1), 16)
-            if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+            if 0xD800 <= code <= 0xDFFF:
                 return name
             parts.append(chr(code))
         position = found.end()
