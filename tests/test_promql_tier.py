@@ -2,7 +2,7 @@
 in-process through the same path as an HTTP query, without a server: samples stored through
 the ingest pipeline in a SQLite store, each ``eval`` answered by the query API's handlers
 (parameters, PromQLService, the engine, the JSON encoders, the error envelope). Expected answers
-are Prometheus 2.42's (tests/promql/promtool_check.py confirms them with promtool)."""
+are Prometheus 2.42's (tests/promtool_check.py confirms them with promtool)."""
 
 import math
 from pathlib import Path
