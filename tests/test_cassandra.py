@@ -701,7 +701,7 @@ def index_legacy_series(session, ks: str, tenant: str, hash_: str) -> None:
 async def test_finished_requests_leave_no_cyclic_garbage(cassandra_url, tenant):
     """A finished write or read leaves its driver futures (and their statement values) to
     reference counting: none waits in a reference cycle for the collector's full pass, which a
-    raised collector threshold makes rarer (docs/performance.rst). The futures of the store's
+    raised collector threshold makes rarer (docs/performance-log.rst). The futures of the store's
     prepares (once a statement, at start) are not requests: the driver may still hold the last of
     them when the collector first runs here (CI once found the one of request 80 of about 80)."""
     store = CassandraStore.from_url(cassandra_url, Layout())

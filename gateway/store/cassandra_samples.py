@@ -45,7 +45,7 @@ from gateway.store.deletion import bucket_range, cut_block
 # fewer than HEAD_SHARED_PARTITION_ROWS rows (a request of under about 400 series spreads over 16
 # shards) share batches with the others of the request that have the same replicas (all of them on
 # a one-node cluster): a CQL request a partition cost both sides more than its rows there
-# (docs/performance.rst, "Head batches of several partitions": at 100 series a request, 3.2-3.5
+# (docs/performance-log.rst, "Head batches of several partitions": at 100 series a request, 3.2-3.5
 # µs less of the gateway's CPU a sample and 7.3-7.8 of Cassandra's; at 500, where partitions have
 # about 31 rows, Cassandra's cost rose by more than the gateway's fell). A batch of several
 # partitions stays within Cassandra's default warning thresholds, so a default node logs nothing

@@ -538,7 +538,7 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     seal_partitions_together: int | None = 16
     # Series-slots of one tenant sealed and rolled up together: each step (read the head and
     # blocks, write the blocks, write each granularity's roll-ups) is one store call for all of
-    # them, a few requests where one series at a time made about nine (docs/performance.rst,
+    # them, a few requests where one series at a time made about nine (docs/performance-log.rst,
     # "Sealing"). SQLite's single writer takes fewer, larger transactions.
     seal_group = 64
 
