@@ -19,7 +19,9 @@ def test_docs_are_restructuredtext():
     assert pages and all(name.endswith(".rst") for name in pages), sorted(pages)
 
 
-@pytest.mark.parametrize("page", ["README.rst", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.rst"))])
+@pytest.mark.parametrize(
+    "page", ["README.rst", "CHANGELOG.rst", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.rst"))]
+)
 def test_page_is_well_formed(page):
     """A malformed table or list renders as an error box on the page (a table's border once did)."""
     warnings = io.StringIO()
@@ -32,7 +34,7 @@ def test_page_is_well_formed(page):
 
 
 def test_every_cited_docs_page_exists():
-    sources = [REPO / "README.rst", *(REPO / ".ci").iterdir()]
+    sources = [REPO / "README.rst", REPO / "CHANGELOG.rst", *(REPO / ".ci").iterdir()]
     for folder in ("docs", "gateway", "protocols", "bench", "tests"):
         sources += [path for path in (REPO / folder).rglob("*") if path.suffix in (".py", ".rst", ".cfg")]
     missing = {
