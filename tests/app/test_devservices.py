@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import redis
@@ -16,10 +15,9 @@ from cassandra.policies import RoundRobinPolicy
 
 from gateway.app.devservices.cassandra import CassandraServer
 from gateway.app.devservices.redis import RedisServer
+from tests.gatewayproc import REPO
 
 pytestmark = pytest.mark.slow  # every test here starts Cassandra or Redis
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager

@@ -22,8 +22,8 @@ import pytest
 
 from gateway.app import workers as supervisor
 from gateway.app.service import SHUTDOWN_MARGIN_S
+from tests.app.test_workers import query, ready_workers, wait_for
 from tests.gatewayproc import REPO, GatewayProcess, downsample_once, free_port, metric_value, tsgate_serve
-from tests.test_workers import query, ready_workers, wait_for
 
 pytestmark = pytest.mark.slow  # every test here starts tsgate
 

@@ -17,7 +17,7 @@ from gateway.http.auth import hash_token
 from gateway.store.cassandra import CassandraStore
 from gateway.store.contract import ExemplarRow, HistogramRow, Rollup
 from tests.gatewayproc import REPO, free_port, metric_value, tsgate_serve
-from tests.test_cassandra import cql_session
+from tests.store.test_cassandra import cql_session
 
 ACTIVE_REFUSAL = (
     "a new series over the tenant's limit of {limit} active series"

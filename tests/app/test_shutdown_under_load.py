@@ -14,9 +14,9 @@ from datetime import datetime
 import pytest
 
 from protocols.prometheus import WriteSeries, encode_write_request_v1
+from tests.app.test_lifecycle import LONG_QUERY_FLAGS, STOP_MARGIN_S, CarbonSender, long_query_under_way
+from tests.app.test_workers import wait_for
 from tests.gatewayproc import GatewayProcess, metric_value
-from tests.test_lifecycle import LONG_QUERY_FLAGS, STOP_MARGIN_S, CarbonSender, long_query_under_way
-from tests.test_workers import wait_for
 
 pytestmark = pytest.mark.slow
 

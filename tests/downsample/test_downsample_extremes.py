@@ -39,8 +39,8 @@ from gateway.store.histogram_rollup_rows import decode_interval
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import types_pb2
 from protocols.prometheus.xor import STALE_NAN_BITS
+from tests.downsample.test_downsample import rollups
 from tests.gatewayproc import downsample_once, metric_value
-from tests.test_downsample import rollups
 from tests.unit import MsClock
 
 PARTITIONS = 64

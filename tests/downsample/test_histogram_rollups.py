@@ -10,7 +10,7 @@ from gateway.downsample.histograms import is_counter_reset, roll_up_histograms
 from gateway.store.contract import HistogramRow
 from gateway.store.histogram_rollup_rows import decode_interval, encode_interval, kept_in_range
 from protocols.prometheus import types_pb2
-from tests.test_prometheus_protocol import histogram
+from tests.protocols.test_prometheus_protocol import histogram
 
 MINUTE = 60_000
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]

@@ -23,9 +23,9 @@ from gateway.app.devservices.redis import RedisServer
 from protocols import prometheus
 from protocols.prometheus import WriteSeries, encode_write_request_v1
 from protocols.prometheus.read import Matcher, ReadQuery
+from tests.app.test_workers import wait_for
 from tests.gatewayproc import GatewayProcess, HTTPAnswer, run_tsgate
 from tests.prometheusproc import PrometheusProcess
-from tests.test_workers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 

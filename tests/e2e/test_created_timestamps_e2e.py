@@ -5,9 +5,9 @@ histogram) at each new one, never over a stored sample."""
 import urllib.parse
 
 from protocols.prometheus import Matcher, ReadQuery, WriteSeries, types_pb2
-from tests.test_exemplars_e2e import now_ms, read_samples, write
-from tests.test_histograms_e2e import at
-from tests.test_prometheus_protocol import HISTOGRAM
+from tests.e2e.test_exemplars_e2e import now_ms, read_samples, write
+from tests.e2e.test_histograms_e2e import at
+from tests.protocols.test_prometheus_protocol import HISTOGRAM
 
 
 def raw_query(gateway, tenant: str, name: str, start: int, end: int) -> list[dict]:

@@ -5,7 +5,7 @@ histograms, with hostile times, steps and timeouts) of a real ``tsgate serve`` m
 
 The same seed gives the same inputs on every run; each part stops early at its time budget, so
 the whole file stays under a minute and a half. The PromQL part runs longer, with another seed,
-outside the suite: ``TSGATE_FUZZ_PROMQL_SECONDS=600 TSGATE_FUZZ_SEED=7 pytest tests/test_fuzz.py -k promql``.
+outside the suite: ``TSGATE_FUZZ_PROMQL_SECONDS=600 TSGATE_FUZZ_SEED=7 pytest tests/e2e/test_fuzz.py -k promql``.
 """
 
 import json
@@ -29,10 +29,10 @@ from protocols.graphite.tags import parse_path
 from protocols.graphite.target import TargetSyntaxError, parse_target
 from protocols.prometheus import Matcher, ReadQuery, WriteSeries
 from protocols.timespec import BadTime, parse_time
+from tests.e2e.test_graphite_ingest_e2e import send_tcp, wait_for
+from tests.e2e.test_histograms_e2e import at
 from tests.gatewayproc import GatewayProcess
-from tests.test_graphite_ingest_e2e import send_tcp, wait_for
-from tests.test_histograms_e2e import at
-from tests.test_prometheus_protocol import VALID_HISTOGRAMS
+from tests.protocols.test_prometheus_protocol import VALID_HISTOGRAMS
 
 SEED = int(os.environ.get("TSGATE_FUZZ_SEED", "20261123"))
 PARSER_ROUNDS = 3000  # mutations of each parser's seeds

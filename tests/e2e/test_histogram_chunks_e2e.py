@@ -12,7 +12,7 @@ from itertools import accumulate
 
 from protocols.prometheus import WriteHistogram, WriteSeries, types_pb2
 from tests.chunkdecoder import decode_remote_read
-from tests.test_exemplars_e2e import now_ms, write
+from tests.e2e.test_exemplars_e2e import now_ms, write
 
 H = types_pb2.Histogram
 STEP = 15_000

@@ -3,9 +3,9 @@ Histograms-Written header, remote read SAMPLES out, bit for bit."""
 
 from protocols import prometheus
 from protocols.prometheus import Matcher, ReadQuery, WriteHistogram, WriteSeries, remote_pb2, types_pb2
+from tests.e2e.test_exemplars_e2e import now_ms, read_samples, write
 from tests.histogram_messages import to_protobuf
-from tests.test_exemplars_e2e import now_ms, read_samples, write
-from tests.test_prometheus_protocol import HISTOGRAM, VALID_HISTOGRAMS, custom_bounds, histogram
+from tests.protocols.test_prometheus_protocol import HISTOGRAM, VALID_HISTOGRAMS, custom_bounds, histogram
 
 
 def at(data: bytes, timestamp: int) -> WriteHistogram:

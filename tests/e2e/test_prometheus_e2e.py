@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from gateway.app.devservices.process import free_port
 from protocols.prometheus import Matcher, ReadQuery
+from tests.e2e.test_exemplars_e2e import read_samples
 from tests.prometheusproc import PrometheusProcess
-from tests.test_exemplars_e2e import read_samples
 
 WRITER = """
 global:

@@ -16,9 +16,9 @@ from gateway.core.model import series_set_hash, series_set_text
 from gateway.store.cassandra import parse_url
 from protocols import prometheus
 from protocols.prometheus import Matcher, ReadQuery, WriteSeries, remote_pb2, types_pb2
+from tests.e2e.test_histograms_e2e import at, post_read
 from tests.gatewayproc import downsample_once
-from tests.test_histograms_e2e import at, post_read
-from tests.test_prometheus_protocol import HISTOGRAM, histogram
+from tests.protocols.test_prometheus_protocol import HISTOGRAM, histogram
 
 STALE = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
 SCHEMAS = "[all]\npattern = .*\nretentions = 10s:7d\n"

@@ -10,8 +10,8 @@ import pytest
 
 from protocols import prometheus
 from protocols.prometheus import Matcher, ReadQuery, WriteSeries
+from tests.e2e.test_graphite_ingest_e2e import send_tcp, wait_for
 from tests.gatewayproc import GatewayProcess, downsample_once
-from tests.test_graphite_ingest_e2e import send_tcp, wait_for
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.app.test_lifecycle import closed_by_peer
+from tests.e2e.test_reactor_hardening import assert_healthz_fast, healthz_while
 from tests.gatewayproc import metric_value
-from tests.test_lifecycle import closed_by_peer
-from tests.test_reactor_hardening import assert_healthz_fast, healthz_while
-from tests.test_tenants_and_credentials import auth_file, basic, bearer  # noqa: F401 (auth_file: a fixture)
+from tests.http.test_tenants_and_credentials import auth_file, basic, bearer  # noqa: F401 (auth_file: a fixture)
 
 ADMIN = bearer("admin-token-ghi")
 SLOW_HEAD = b"POST /api/put HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n"

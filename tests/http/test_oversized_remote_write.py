@@ -15,7 +15,7 @@ import pytest
 from protocols import prometheus
 from protocols.prometheus.snappy import compress_block
 from protocols.prometheus.write import Exemplar, WriteMetadata, WriteSeries
-from tests.test_reactor_hardening import healthz_while, p99
+from tests.e2e.test_reactor_hardening import healthz_while, p99
 
 HEALTHZ_MAX_S = 1.0
 SAMPLES = 1_400_000
@@ -93,7 +93,7 @@ def test_one_series_of_many_exemplars_is_stored_and_too_many_refused_without_sta
 
 
 FUZZ_S = 8
-FUZZ_HEALTHZ_P99_S = 0.5  # as the PromQL and Graphite fuzz (tests/test_parser_bounds.py)
+FUZZ_HEALTHZ_P99_S = 0.5  # as the PromQL and Graphite fuzz (tests/query/test_parser_bounds.py)
 
 
 def fuzz_body(rng: random.Random, now_ms: int, number: int) -> tuple[bytes, int]:

@@ -12,8 +12,8 @@ from twisted.web.test.requesthelper import DummyRequest
 from gateway.core.layout import HOUR_MS
 from gateway.http.promql_api import prometheus_errors
 from protocols.prometheus import WriteSeries
+from tests.e2e.test_read_path_e2e import remote_write
 from tests.gatewayproc import downsample_once
-from tests.test_read_path_e2e import remote_write
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 

@@ -9,8 +9,8 @@ import docutils.core
 import pytest
 
 from bench.report import format_rst, read_json
+from tests.gatewayproc import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 CITED = re.compile(r"\bdocs/[\w.-]*\w")
 
 

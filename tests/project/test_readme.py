@@ -32,10 +32,10 @@ SKIP_MARKER = re.compile(r"^\.\. tsgate-readme-test: skip \((.+)\)\s*$")
 SKIPPED = {
     "python3 -m venv .venv": "installing into a virtualenv downloads every dependency; the test runs this clone",
     "tsgate schema apply --store cassandra://127.0.0.1/tsdb": (
-        "needs Cassandra on 9042 and Redis on 6379; tests/test_cassandra.py and the end-to-end tests cover them"
+        "needs Cassandra on 9042 and Redis on 6379; tests/store/test_cassandra.py and the end-to-end tests cover them"
     ),
     "tsgate schema apply --store cassandra://cass1,cass2,cass3/tsdb --replication NetworkTopologyStrategy:dc1=3": (
-        "needs a 3-node Cassandra cluster; tests/test_cluster.py runs these settings on one"
+        "needs a 3-node Cassandra cluster; tests/e2e/test_cluster.py runs these settings on one"
     ),
 }
 

@@ -3,7 +3,7 @@
 Vectors were produced by github.com/prometheus/prometheus v0.309.1 (Prometheus 3.9.1)
 tsdb/chunkenc: NewHistogramChunk / NewFloatHistogramChunk, AppendHistogram /
 AppendFloatHistogram of the same histograms with appendOnly, then the counter-reset header set
-to the one given. tests/test_histogram_chunks_e2e.py has the round trip through Prometheus's
+to the one given. tests/e2e/test_histogram_chunks_e2e.py has the round trip through Prometheus's
 own decoder.
 """
 

@@ -57,7 +57,7 @@ from protocols.prometheus import (
 )
 from protocols.prometheus import write as write_module
 
-DATA = Path(__file__).parent / "data" / "prometheus"
+DATA = Path(__file__).resolve().parents[1] / "data" / "prometheus"
 LIMIT = 1 << 20
 V1 = "application/x-protobuf"
 V2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"

@@ -29,8 +29,8 @@ from gateway.query.graphite.graph import (
     parse_graph_options,
 )
 from gateway.query.graphite.series import TimeSeries
+from tests.e2e.test_fuzz import HOSTILE_TEXT
 from tests.graphiteweb import render_batch
-from tests.test_fuzz import HOSTILE_TEXT
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SVG = "{http://www.w3.org/2000/svg}"

@@ -21,7 +21,7 @@ from gateway.query.promql.service import PromQLService
 from tests import promtool_check
 from tests.promqltest import Clear, Eval, Load, compare, is_stale, parse_file, values
 
-FILES = sorted((Path(__file__).parent / "promql").glob("*.test"))
+FILES = sorted((Path(__file__).resolve().parents[1] / "promql").glob("*.test"))
 DAY_MS = 86_400_000
 NOW_MS = 6 * DAY_MS  # the store's "now": every sample of the files is inside the raw retention
 LOOKBACK_MS = 5 * 60_000

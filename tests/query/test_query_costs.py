@@ -24,8 +24,8 @@ from gateway.query.remote_read import RemoteRead
 from protocols.linear_regex import BadPattern, compile_regex
 from protocols.prometheus import Matcher, WriteSeries, prometheus_labels
 from protocols.prometheus.read import ReadQuery
-from tests.test_prometheus_protocol import histogram
-from tests.test_read_path_e2e import remote_write
+from tests.e2e.test_read_path_e2e import remote_write
+from tests.protocols.test_prometheus_protocol import histogram
 
 LONG_VALUE = "x" * 2048
 MINUTE = 60_000

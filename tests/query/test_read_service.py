@@ -10,7 +10,7 @@ from gateway.core.model import Limits, Sample, SeriesKey, now_ms, series_set_has
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
 from gateway.query.read_service import READ_BATCH, ReadBudget, ReadService
-from tests.test_service_layer import CountedReads
+from tests.query.test_service_layer import CountedReads
 
 MINUTE = 60_000
 DAY = 24 * 60 * MINUTE

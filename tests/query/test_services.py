@@ -16,7 +16,7 @@ from gateway.query.remote_read import RemoteRead
 from gateway.store.contract import MetricMetadata
 from protocols.prometheus import Matcher
 from protocols.prometheus.read import ReadQuery
-from tests.test_prometheus_protocol import histogram
+from tests.protocols.test_prometheus_protocol import histogram
 
 MINUTE = 60_000
 

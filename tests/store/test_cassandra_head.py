@@ -23,7 +23,7 @@ from gateway.store.cassandra_samples import (
     head_routing_key,
 )
 from gateway.store.contract import RawColumns, RawPoint, SealedBlock, time_slot
-from tests.test_store_contract import series
+from tests.store.test_contract import series
 
 HOUR = 3_600_000
 MINUTE = 60_000

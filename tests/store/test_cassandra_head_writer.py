@@ -16,7 +16,7 @@ from twisted.internet.task import deferLater
 from gateway.core.layout import Layout
 from gateway.store.cassandra import CassandraStore, parse_url
 from gateway.store.contract import RawPoint, StoreUnavailable, time_slot
-from tests.test_store_contract import series
+from tests.store.test_contract import series
 
 HOUR = 3_600_000
 

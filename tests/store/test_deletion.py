@@ -11,7 +11,7 @@ from gateway.core import samples
 from gateway.core.model import NAME_TAG
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import ExemplarRow, HistogramRow, MetricMetadata, PathNode, RawPoint, Rollup, time_slot
-from tests.test_store_contract import series
+from tests.store.test_contract import series
 
 HOUR = 3_600_000
 MINUTE = 60_000
