@@ -197,7 +197,7 @@ def head_batch(statement, rows: list[tuple], consistency: int) -> BatchStatement
     routing key and keyspace from it) and the others are added as values serialized here as
     ``bind()`` would (text as UTF-8, bigint, int and double big-endian: under 1 µs a row),
     through the batch's own ``_add_statement_and_params`` (cassandra-driver 3.29-3.30;
-    tests/test_cassandra_head.py reads every row back)."""
+    tests/store/test_cassandra_head.py reads every row back)."""
     batch = BatchStatement(BatchType.UNLOGGED, consistency_level=consistency)
     batch.add(statement.bind(rows[0]))
     query_id, add = statement.query_id, batch._add_statement_and_params
