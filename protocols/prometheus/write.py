@@ -461,7 +461,7 @@ def _exemplar(index: int, pairs: Iterable[tuple[str, str]], value: float, timest
 
 # Label bytes of 1.0 series decoded and validated before: a sender sends the same bytes for a
 # series every time, so a known series is one set lookup of its bytes instead of a protobuf
-# object, two strings and a check a label (6 of its 8 us, see docs/performance.rst), and its
+# object, two strings and a check a label (6 of its 8 us, see docs/performance-log.rst), and its
 # labels are decoded again only if ingest does not know the series (series_labels). The bytes
 # are the objects the ingest's known-series cache keeps as keys, so an entry costs a set slot.
 # Emptied when full, so hostile input cannot grow it; as large as that cache by default, so
