@@ -1,7 +1,8 @@
 """Prometheus remote read and metadata over the planner and the read path: what
 gateway/http/prometheus_api.py asks for once it has decoded a request.
 
-Each query's series are selected with their Prometheus labels, sorted as Prometheus merges them;
+Each query's series are selected with their Prometheus labels (names as written, or mapped for a
+Prometheus 2.x reader: protocols/prometheus/names.py), sorted as Prometheus merges them;
 samples and native histograms are read through the one batched read (gateway/query/read_service.py),
 counted against --max-samples-per-query. Everything is read before the handler sends a status,
 so a query over the limit is a 422 for streamed answers too, never a cut stream. Past raw retention the read
