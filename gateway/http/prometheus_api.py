@@ -126,6 +126,7 @@ class PrometheusAPI:
             if isinstance(error, prometheus.RequestTooLarge):
                 raise HTTPError(413, f"{error.message} (--remote-write-max-{error.kind})") from None
             raise
+        self.pipeline.count_rejected("prometheus", "invalid_series", len(batch.rejected_series))
         for refused in batch.rejected_histograms:
             self.pipeline.count_rejected_histograms("prometheus", refused.reason)
         histograms, exemplars = [], []

@@ -10,6 +10,7 @@ import urllib.parse
 
 from protocols import prometheus
 from protocols.prometheus import Exemplar, Matcher, ReadQuery, WriteSeries
+from tests.gatewayproc import metric_value
 
 V1 = "application/x-protobuf"
 V2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
@@ -151,3 +152,4 @@ def test_a_request_with_an_invalid_series_stores_the_others_and_names_it(gateway
             assert answer.headers["X-Prometheus-Remote-Write-Samples-Written"] == "1000"
         query = api(gateway, tenant, "/api/v1/query", query=f'count({{"{metric}"}})', time=t / 1000)
         assert query["data"]["result"][0]["value"][1] == "1000"
+    assert metric_value(gateway, 'tsgate_samples_rejected_total{protocol="prometheus",reason="invalid_series"}') == 2
