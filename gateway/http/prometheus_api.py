@@ -2,7 +2,7 @@
 requests decoded here, written by the ingest pipeline, read by gateway/query/remote_read.py.
 
 Status codes follow the specs: 204 once the store has accepted everything; 400 for a
-malformed request or rejected samples or native histograms (the good ones are written;
+malformed request or rejected series, samples or native histograms (the good ones are written;
 Prometheus does not retry 4xx); 413 for a body, or a decompressed body, over its limit; 415
 for a content type or encoding we do not speak; 429 with Retry-After over a tenant limit; 503
 when the store cannot take the write (Prometheus retries 5xx). docs/prometheus.rst has the details and the name
@@ -126,6 +126,7 @@ class PrometheusAPI:
             if isinstance(error, prometheus.RequestTooLarge):
                 raise HTTPError(413, f"{error.message} (--remote-write-max-{error.kind})") from None
             raise
+        self.pipeline.count_rejected("prometheus", "invalid_series", len(batch.rejected_series))
         for refused in batch.rejected_histograms:
             self.pipeline.count_rejected_histograms("prometheus", refused.reason)
         histograms, exemplars = [], []
@@ -166,6 +167,7 @@ class PrometheusAPI:
         )
         refused = [r.problem for r in batch.rejected_histograms]
         parts = (
+            ("series", len(arrays.keys) + len(batch.rejected_series), list(map(str, batch.rejected_series))),
             ("samples", len(arrays), _described(result)),
             ("native histograms", len(histograms) + len(refused), refused + _described(native)),
             ("exemplars", len(exemplars), _described(stored)),
@@ -189,7 +191,8 @@ class PrometheusAPI:
         streamed = prometheus.negotiate_response_type(read_request.accepted_response_types) == (
             prometheus.STREAMED_XOR_CHUNKS
         )
-        answers = await self.remote_read.read(tenant, read_request.queries, streamed)
+        label_view = prometheus.labels_for_reader(_header(request, b"user-agent"))
+        answers = await self.remote_read.read(tenant, read_request.queries, streamed, label_view)
         if streamed:
             return Response(200, self._stream(answers), prometheus.STREAMED_CONTENT_TYPE)
         return Response(

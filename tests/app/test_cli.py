@@ -409,3 +409,16 @@ def test_json_answers_end_with_a_newline(start_gateway):
         assert body.endswith(b"\n") and not body.endswith(b"\n\n"), (path, body[-40:])
         json.loads(body)
     assert len(gateway.get("/api/query?metricName=nl&granularity=raw").body) > 1 << 20
+
+
+@pytest.mark.slow
+def test_delete_takes_and_prints_utf8_names_as_prometheus_3_writes_them(tmp_path):
+    gateway = GatewayProcess(tmp_path).start()
+    try:
+        series = {"metricName": "http.server.request.duration", "tags": {"k8s.pod.name": "p-1"}, "value": 1}
+        assert gateway.post("/api/write", [series]).status == 200
+    finally:
+        assert gateway.stop() == 0
+    selector = '{"http.server.request.duration", "k8s.pod.name"="p-1"}'
+    counted = tsgate("delete", "--match", selector, "--dry-run", "--data-dir", str(tmp_path / "data"))
+    assert f"{selector}: 1 samples" in counted.stdout, counted.stdout + counted.stderr

@@ -150,7 +150,7 @@ def test_metric_browser_labels_and_names(grafana):
     labels = grafana.get("/api/v1/labels", window)
     assert {"__name__", "job", "instance", "code", "dc"} <= set(labels) and labels == sorted(labels)
     names = grafana.get("/api/v1/label/__name__/values", window)
-    assert names == ["http_requests_total", "servers_web_1_cpu_idle", "up"]
+    assert names == ["http_requests_total", "servers.web-1.cpu.idle", "up"]
 
 
 def test_label_values_of_a_selector(grafana):

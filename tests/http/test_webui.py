@@ -6,6 +6,7 @@ shown as text, and the page with ``--auth-file`` credentials.
 
 import base64
 import contextlib
+import re
 import shutil
 import tempfile
 import time
@@ -206,10 +207,14 @@ def table_rows(driver, selector: str) -> list[list[str]]:
 
 
 def series_text(labels: dict[str, str]) -> str:
-    """The page's text of a series (app.js seriesText)."""
+    """The page's text of a series (app.js seriesText): a name outside PromQL's identifiers quoted
+    inside the braces, as Prometheus 3 writes it."""
     name = labels.pop("__name__", "")
     escape = lambda value: value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
-    return name + "{" + ", ".join(f'{key}="{escape(labels[key])}"' for key in sorted(labels)) + "}"
+    pairs = [f'{key}="{escape(labels[key])}"' for key in sorted(labels)]
+    if name and not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name):
+        return "{" + ", ".join([f'"{escape(name)}"', *pairs]) + "}"
+    return name + "{" + ", ".join(pairs) + "}"
 
 
 def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
@@ -234,6 +239,9 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     wait_for(browser, lambda d: len(table_rows(d, "#series-table")) == 1, "the series of a label value")
     assert table_rows(browser, "#series-table") == [[HOSTILE]]
     wait_for(browser, lambda d: "webui/" in texts(d, "#graphite-tree li"), "the Graphite tree")
+    # A dotted name is the same name on the Prometheus API: its series, quoted as Prometheus 3 does.
+    browser.find_element(By.CSS_SELECTOR, '#metric-list li[data-metric="webui.disk.used"]').click()
+    wait_for(browser, lambda d: "webui.disk.used: 1 series" in texts(d, "#explore-title"), "the dotted metric's series")
 
     # Query: a fixed window, so the test can ask the API the same question.
     browser.find_element(By.ID, "tab-query").click()
@@ -291,7 +299,7 @@ def test_explore_query_and_status_in_a_browser(start_gateway, browser, tenant):
     assert "sqlite: healthy" in browser.find_element(By.ID, "status-summary").text
     # its cardinality over the last day: 4 series, webui_cpu the largest metric, host the largest label
     wait_for(browser, lambda d: table_rows(d, "#status-card-metrics"), "the cardinality tables")
-    assert table_rows(browser, "#status-card-metrics") == [["webui_cpu", "3"], ["webui_disk_used", "1"]]
+    assert table_rows(browser, "#status-card-metrics") == [["webui_cpu", "3"], ["webui.disk.used", "1"]]
     assert table_rows(browser, "#status-card-labels")[:2] == [["host", "3"], ["__name__", "2"]]
     assert ["__name__=webui_cpu", "3"] in table_rows(browser, "#status-card-pairs")
     assert [f"host={HOSTILE}", "1"] in table_rows(browser, "#status-card-pairs")

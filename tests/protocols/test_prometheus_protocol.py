@@ -45,6 +45,7 @@ from protocols.prometheus import (
     encode_write_request_v2,
     encode_xor_chunk,
     iter_frames,
+    labels_for_reader,
     message_version,
     negotiate_response_type,
     prometheus_metric_name,
@@ -52,6 +53,7 @@ from protocols.prometheus import (
     series_labels,
     series_matches,
     uncompressed_length,
+    unescape_name,
     v2_written_headers,
     write_v2_pb2,
 )
@@ -235,6 +237,11 @@ def reject(raw: bytes, decode=decode_v1) -> RemoteWriteError:
     return info.value
 
 
+def refused_series(raw: bytes, decode=decode_v1) -> list[str]:
+    """What the decoder says of the series it left out of the batch (the others are kept)."""
+    return list(map(str, decode(raw).rejected_series))
+
+
 # --- snappy -------------------------------------------------------------------
 
 
@@ -406,15 +413,21 @@ def test_v1_exemplars_and_histograms_are_decoded():
 @pytest.mark.parametrize(
     "exemplar, words",
     [
-        (v1_exemplar([("bad-name", "x")], 1.0, 1), "series 0: invalid label name 'bad-name'"),
-        (v1_exemplar([("a", "x"), ("a", "y")], 1.0, 1), "series 0: exemplar has a duplicate label name 'a'"),
+        (v1_exemplar([("", "x")], 1.0, 1), "series 1: exemplar has an empty label name"),
+        (v1_exemplar([("a", "x"), ("a", "y")], 1.0, 1), "series 1: exemplar has a duplicate label name 'a'"),
         (v1_exemplar([("trace_id", "x" * 121)], 1.0, 1), "exemplar labels are 129 characters long, over 128"),
     ],
 )
-def test_v1_invalid_exemplars_are_400(exemplar, words):
-    error = reject(v1_request(v1_series([("__name__", "m")], [(1, 1.0)]) + exemplar))
-    assert error.status == 400
-    assert words in error.message
+def test_v1_invalid_exemplars_refuse_their_series_only(exemplar, words):
+    batch = decode_v1(v1_request(GOOD, v1_series([("__name__", "m")], [(1, 1.0)]) + exemplar))
+    assert [series.labels for series in batch.series] == [{"__name__": "ok"}]
+    [problem] = map(str, batch.rejected_series)
+    assert problem.startswith("series 1: ") and words in problem
+
+
+def test_exemplar_label_names_may_be_any_utf8():
+    raw = v1_request(v1_series([("__name__", "m")], [(1, 1.0)]) + v1_exemplar([("trace.id", "x")], 1.0, 1))
+    assert decode_v1(raw).series[0].exemplars[0].labels == {"trace.id": "x"}
 
 
 def test_exemplar_labels_of_exactly_128_characters_are_accepted():
@@ -456,10 +469,9 @@ def test_v1_labels_out_of_order_are_sorted_as_prometheus_does():
     assert list(decode_v1(raw).series[0].labels.items()) == [("__name__", "m"), ("env", "b"), ("job", "a")]
 
 
-def test_v1_duplicate_label_out_of_order_is_still_400():
-    error = reject(v1_request(v1_series([("job", "a"), ("__name__", "m"), ("job", "b")], [(1, 1.0)])))
-    assert error.status == 400
-    assert "series 0: duplicate label name 'job'" in error.message
+def test_v1_duplicate_label_out_of_order_is_still_refused():
+    raw = v1_request(v1_series([("job", "a"), ("__name__", "m"), ("job", "b")], [(1, 1.0)]))
+    assert refused_series(raw) == ["series 0: duplicate label name 'job'"]
 
 
 @pytest.mark.parametrize(
@@ -467,21 +479,28 @@ def test_v1_duplicate_label_out_of_order_is_still_400():
     [
         ([("__name__", "m"), ("job", "a"), ("job", "b")], "duplicate label name 'job'"),
         ([("", "x"), ("__name__", "m")], "empty label name"),
-        ([("__name__", "m"), ("foo-bar", "x")], "invalid label name 'foo-bar'"),
-        ([("1abc", "x"), ("__name__", "m")], "invalid label name '1abc'"),
-        ([("__name__", "m"), ("a.b", "x")], "invalid label name 'a.b'"),
-        ([("__name__", "m"), ("é", "x")], "invalid label name 'é'"),
-        ([("__name__", "m"), ("a:b", "x")], "invalid label name 'a:b'"),
         ([("job", "a")], "missing or empty __name__"),
         ([("__name__", ""), ("job", "a")], "missing or empty __name__"),
         ([], "missing or empty __name__"),
     ],
 )
-def test_v1_invalid_labels_are_400_naming_the_series(labels, words):
-    error = reject(v1_request(GOOD, v1_series(labels, [(1, 1.0)])))
-    assert error.status == 400
-    assert error.message.startswith("series 1: ")
-    assert words in error.message
+def test_v1_invalid_series_are_left_out_and_named_the_others_kept(labels, words):
+    for arrays in (False, True):  # the protobuf decoder, and the plain reader (which hands it over)
+        batch = decode_write_request(
+            snappy(v1_request(GOOD, v1_series(labels, [(1, 1.0)]), GOOD)), V1, "snappy", LIMIT, arrays=arrays
+        )
+        assert batch.sample_count == 2
+        [problem] = map(str, batch.rejected_series)
+        assert problem.startswith("series 1: ") and words in problem
+
+
+@pytest.mark.parametrize("name", ["foo-bar", "1abc", "a.b", "é", "a:b", "k8s.pod.name", "a b", "__reserved"])
+def test_v1_label_names_are_any_utf8_as_in_prometheus_3(name):
+    raw = v1_request(v1_series([("__name__", "http.server.request.duration"), (name, "x")], [(1, 1.0)]))
+    for _ in range(2):  # first seen, then known
+        batch = decode_v1(raw)
+        assert batch.rejected_series == []
+        assert batch.series[0].labels == {"__name__": "http.server.request.duration", name: "x"}
 
 
 @pytest.mark.parametrize(
@@ -622,22 +641,23 @@ def test_v2_plain_requests_read_as_arrays_hold_what_the_protobuf_decoder_reads()
 
 
 @pytest.mark.parametrize("run_bytes", [64 * 1024, 1])
-def test_v2_plain_requests_refuse_invalid_labels_as_the_protobuf_decoder_does(monkeypatch, run_bytes):
-    """The error names the series by its index in the request, however the plain reader cut it
-    into runs (runs of one series with run_bytes=1)."""
+def test_v2_plain_requests_refuse_invalid_series_as_the_protobuf_decoder_does(monkeypatch, run_bytes):
+    """The refusal names the series by its index in the request, however the plain reader cut it
+    into runs (runs of one series with run_bytes=1); the valid series are kept."""
     monkeypatch.setattr(write_module, "V2_PLAIN_REF_BYTES", run_bytes)
-    bad = [WriteSeries({"__name__": "ok"}, [(1, 1.0)]), WriteSeries({"__name__": "m", "a.b": "x"}, [(1, 1.0)])]
+    good = WriteSeries({"__name__": "ok", "a.b": "x"}, [(1, 1.0)])
+    bad = [good, WriteSeries({"__name__": "m", "": "x"}, [(1, 1.0)]), good]
     body = encode_write_request_v2(bad)
     for arrays in (False, True):
-        with pytest.raises(RemoteWriteError) as refused:
-            decode_write_request(body, V2, "snappy", LIMIT, arrays=arrays)
-        assert refused.value.status == 400 and "series 1: invalid label name 'a.b'" in refused.value.message
+        batch = decode_write_request(body, V2, "snappy", LIMIT, arrays=arrays)
+        assert list(map(str, batch.rejected_series)) == ["series 1: empty label name"]
+        assert batch.sample_count == 2
 
 
 def test_v1_invalid_labels_are_refused_every_time():
-    raw = v1_request(v1_series([("__name__", "m"), ("a.b", "x")], [(1, 1.0)]))
+    raw = v1_request(v1_series([("__name__", "m"), ("", "x")], [(1, 1.0)]))
     for _ in range(2):
-        assert "invalid label name 'a.b'" in reject(raw).message
+        assert refused_series(raw) == ["series 0: empty label name"]
 
 
 KNOWN_LABELS = b"".join(f_bytes(1, label(n, v)) for n, v in [("__name__", "known"), ("job", "a")])
@@ -787,10 +807,9 @@ def test_v2_exemplars_resolve_symbols_and_headers_say_what_was_written():
         (v2_exemplar([99, 4], 1.0, 1), "series 0: exemplar label name ref 99 out of range"),
     ],
 )
-def test_v2_invalid_exemplars_are_400(exemplar, words):
-    error = reject(v2_request(SYMBOLS, v2_series([1, 2], [(1, 1.0)]) + exemplar), decode=decode_v2)
-    assert error.status == 400
-    assert words in error.message
+def test_v2_invalid_exemplars_refuse_their_series(exemplar, words):
+    [problem] = refused_series(v2_request(SYMBOLS, v2_series([1, 2], [(1, 1.0)]) + exemplar), decode=decode_v2)
+    assert words in problem
 
 
 def test_encoders_write_exemplars_both_versions_decode():
@@ -1000,24 +1019,27 @@ def test_v1_body_sent_as_v2_decodes_to_nothing():
 @pytest.mark.parametrize(
     "symbols, series, words",
     [
-        (["x", "__name__", "m"], v2_series([1, 2], [(1, 1.0)]), "symbols[0] must be"),
         (SYMBOLS, v2_series([1, 2, 3], [(1, 1.0)]), "series 0: odd number of labels_refs (3)"),
         (SYMBOLS, v2_series([1, 7], [(1, 1.0)]), "series 0: label value ref 7 out of range"),
         (SYMBOLS, v2_series([99, 2], [(1, 1.0)]), "series 0: label name ref 99 out of range"),
         (SYMBOLS, v2_series([1, 2], [(1, 1.0)], metadata=f_varint(3, 7)), "series 0: help_ref 7"),
         (SYMBOLS, v2_series([1, 2], [(1, 1.0)], metadata=f_varint(4, 8)), "series 0: unit_ref 8"),
         (SYMBOLS, v2_series([1, 2, 1, 2], [(1, 1.0)]), "series 0: duplicate label name"),
-        (SYMBOLS + ["bad-name"], v2_series([1, 2, 7, 4], [(1, 1.0)]), "label name 'bad-name'"),
+        (SYMBOLS + [""], v2_series([1, 2, 7, 4], [(1, 1.0)]), "series 0: empty label name"),
         (SYMBOLS, v2_series([3, 4], [(1, 1.0)]), "series 0: missing or empty __name__"),
         (SYMBOLS, v2_series([1, 0], [(1, 1.0)]), "series 0: missing or empty __name__"),
         (SYMBOLS, v2_series([1, 2]), "series 0: no samples and no histograms"),
         ([], v2_series([1, 2], [(1, 1.0)]), "out of range (symbols table has 0 entries)"),
     ],
 )
-def test_v2_invalid_requests_are_400(symbols, series, words):
-    error = reject(v2_request(symbols, series), decode=decode_v2)
-    assert error.status == 400
-    assert words in error.message
+def test_v2_invalid_series_are_left_out_and_named(symbols, series, words):
+    [problem] = refused_series(v2_request(symbols, series), decode=decode_v2)
+    assert words in problem
+
+
+def test_v2_symbols_not_starting_empty_refuse_the_request():
+    error = reject(v2_request(["x", "__name__", "m"], v2_series([1, 2], [(1, 1.0)])), decode=decode_v2)
+    assert error.status == 400 and "symbols[0] must be" in error.message
 
 
 def test_v2_bad_protobuf_is_400():
@@ -1648,10 +1670,12 @@ def test_a_request_decodes_in_bounded_parts_to_what_it_decodes_to_at_once(monkey
         batch, yields = decoded_in_steps(encode(series), content_type)
         assert batch == whole[content_type] and len(batch.series) == 40
         assert yields >= 20
-    bad = [*series[:30], WriteSeries({"__name__": "parts", "bad-name": "x"}, [(1_700_000_000_000, 1.0)])]
-    with pytest.raises(RemoteWriteError) as refused:
-        decode_write_request(encode_write_request_v1(bad), V1, "snappy", LIMIT)
-    assert "series 30: invalid label name 'bad-name'" in refused.value.message
+    bad = [*series[:30], WriteSeries({"__name__": "parts", "": "x"}, [(1_700_000_000_000, 1.0)]), *series[30:]]
+    for content_type, encode in ((V1, encode_write_request_v1), (V2, encode_write_request_v2)):
+        for arrays in (False, True):
+            batch = decode_write_request(encode(bad), content_type, "snappy", LIMIT, arrays=arrays)
+            assert list(map(str, batch.rejected_series)) == ["series 30: empty label name"]
+            assert batch.sample_count == 40
 
 
 def test_v2_symbols_sent_after_the_series_that_use_them_are_found(monkeypatch):
@@ -1664,3 +1688,37 @@ def test_v2_symbols_sent_after_the_series_that_use_them_are_found(monkeypatch):
     series_only = write_v2_pb2.Request(timeseries=request.timeseries).SerializeToString()
     (found,) = decode_v2(series_only + symbols_only).series
     assert found.labels == {"__name__": "late", "a": "b"}
+
+
+@pytest.mark.parametrize(
+    "path_name, name",
+    [
+        ("k8s.pod.name", "k8s.pod.name"),  # no prefix: as it is
+        ("U__k8s_2e_pod_2e_name", "k8s.pod.name"),
+        ("U__http__server_2E_requests", "http_server.requests"),  # "__" is "_", hex either case
+        ("U___31_min", "1min"),  # "U__" then "_31_"
+        ("U__caf_e9_", "café"),
+        ("U__emoji_1f4c8_", "emoji\U0001f4c8"),
+        ("U__", ""),
+        ("U__a_", "U__a_"),  # a lone "_" at the end: left as it is, as Prometheus does
+        ("U__a_zz_", "U__a_zz_"),  # not hex
+        ("U__a_d800_", "U__a_d800_"),  # a surrogate is no code point
+        ("U__a_10ffff_", "U__a_10ffff_"),  # six hex digits: Prometheus's UnescapeName gives up
+    ],
+)
+def test_names_in_a_url_path_are_unescaped_as_prometheus_3_does(path_name, name):
+    assert unescape_name(path_name) == name
+
+
+def test_remote_read_maps_names_only_for_prometheus_2_readers():
+    labels = {"k8s.pod.name": "p-1"}
+    for agent in ("Prometheus/2.42.0", "Prometheus/1.8.2"):
+        assert labels_for_reader(agent)("http.server.duration", labels) == {
+            "__name__": "http_server_duration",
+            "k8s_pod_name": "p-1",
+        }
+    for agent in ("Prometheus/3.14.0", "Thanos/0.35", "", None):
+        assert labels_for_reader(agent)("http.server.duration", labels) == {
+            "__name__": "http.server.duration",
+            "k8s.pod.name": "p-1",
+        }

@@ -198,6 +198,32 @@ class TestIndex:
         assert await store.list_tag_keys(tenant, "we,ird=name\\") == sorted(tags)
 
     @pytest_twisted.ensureDeferred
+    async def test_utf8_names_as_prometheus_3_writes_them(self, store, tenant):
+        """Metric and label names need not be [a-zA-Z_:] identifiers: dotted OpenTelemetry names
+        and any other UTF-8 are stored, listed and found as written by every index, metadata and
+        exemplar query (docs/prometheus.rst, UTF-8 names)."""
+        name, tags = "http.server.request.duration", {"service.name": "api", "k8s.pod.name": "p-1", "wörk é": "ja"}
+        s = series(tenant, name, tags)
+        await store.write_series([s])
+        assert await store.get_series(tenant, [s.series_set_hash]) == {s.series_set_hash: s}
+        assert await store.list_metric_names(tenant) == [name]
+        assert await store.list_tag_keys(tenant, name) == sorted(tags)
+        assert await store.list_tenant_tag_keys(tenant) == sorted(tags)
+        assert await store.list_tag_values(tenant, name, "k8s.pod.name") == ["p-1"]
+        assert await store.list_tenant_tag_values(tenant, "wörk é") == ["ja"]
+        assert await store.find_series(tenant, name, "service.name", "api") == {s.series_set_hash}
+        assert await store.find_series(tenant, name, "__name__", name) == {s.series_set_hash}
+        assert list(await store.find_metrics_by_tag(tenant, "k8s.pod.name", "p-1")) == [name]
+        await store.write_metric_metadata([MetricMetadata(tenant, name, "histogram", "Duration.", "s")])
+        assert await store.get_metric_metadata(tenant, name) == MetricMetadata(
+            tenant, name, "histogram", "Duration.", "s"
+        )
+        now = int(time.time() * 1000)
+        await store.write_exemplars([ExemplarRow(tenant, s.series_set_hash, now, 0.5, {"trace.id": "abc"})])
+        [rows] = await store.read_exemplars(tenant, [s.series_set_hash], now - 1, now + 1)
+        assert [row.labels for row in rows] == [{"trace.id": "abc"}]
+
+    @pytest_twisted.ensureDeferred
     async def test_get_series_with_many_hashes(self, store, tenant):
         many = [series(tenant, "m", {"i": str(i)}) for i in range(1200)]
         await store.write_series(many)
