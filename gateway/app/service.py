@@ -51,10 +51,12 @@ from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site, UnsentAnswers
 from gateway.http.webui import WebUI
 from gateway.ingest.carbon import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
+from gateway.ingest.created import CreatedTimestamps
 from gateway.ingest.deletes import Deleter, SeriesSelection
 from gateway.ingest.limits import TenantLimits
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.ingest.pipeline import IngestPipeline
+from gateway.ingest.push import Writer
 from gateway.query.graphite.finder import Finder
 from gateway.query.graphite.graph import DrawHere, GraphPool
 from gateway.query.graphite.storage_schemas import StorageSchemas
@@ -273,14 +275,14 @@ def build_router(
     """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
     of the ingest pipeline only its clock). The query limits are each tenant's (``overrides``)."""
     max_points = overrides.limit("max-points-per-query")
-    NativeAPI(pipeline, planner, max_points).register(router)
+    writer = Writer(pipeline, CreatedTimestamps(store, pipeline, planner, config.created_timestamp_zero_ingestion))
+    NativeAPI(writer, planner, max_points).register(router)
     PrometheusAPI(
         store,
-        pipeline,
+        writer,
         planner,
         config.max_decompressed_bytes,
         overrides.limit("max-samples-per-query"),
-        config.created_timestamp_zero_ingestion,
         config.max_native_histogram_buckets,
         WriteLimits(
             config.remote_write_max_samples, config.remote_write_max_exemplars, config.remote_write_max_metadata
