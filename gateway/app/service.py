@@ -46,6 +46,7 @@ from gateway.http.auth import Credentials
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
+from gateway.http.otlp_api import OTLPAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site, UnsentAnswers
@@ -65,6 +66,7 @@ from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import QueryText
 from gateway.query.promql.service import PromQLService
 from gateway.store import open_store
+from protocols import otlp
 from protocols.prometheus import WriteLimits
 
 log = logging.getLogger(__name__)
@@ -287,6 +289,21 @@ def build_router(
         WriteLimits(
             config.remote_write_max_samples, config.remote_write_max_exemplars, config.remote_write_max_metadata
         ),
+    ).register(router)
+    OTLPAPI(
+        writer,
+        overrides,
+        otlp.Settings(
+            config.otlp_translation_strategy,
+            frozenset(config.otlp_promote_resource_attributes),
+            config.otlp_promote_scope_metadata,
+            config.otlp_keep_identifying_resource_attributes,
+            config.max_native_histogram_buckets,
+            config.query_lookback_delta,
+        ),
+        otlp.DeltaToCumulative() if config.otlp_convert_delta else None,
+        config.max_decompressed_bytes,
+        config.remote_write_max_samples,
     ).register(router)
     PromQLAPI(
         PromQLService(

@@ -12,12 +12,11 @@ mapping for Graphite series.
 import logging
 
 from twisted.internet import threads
-from twisted.web import server
 
 from gateway.core.cooperative import run_steps
 from gateway.core.overrides import PerTenant
 from gateway.http.promql_api import prometheus_errors
-from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
+from gateway.http.server import HTTPError, Response, Router, arg, header, json_response, read_body, request_tenant
 from gateway.ingest.push import Writer, remote_write_batch
 from gateway.query.planner import QueryPlanner
 from gateway.query.remote_read import RemoteRead
@@ -34,11 +33,6 @@ ROWS_PER_SLICE_CHECK = 1024
 # Encoding a native histogram costs about one float sample per this many bytes of its message
 # (its buckets: ~40 us for a 12-bucket histogram of 60 bytes).
 HISTOGRAM_BYTES_PER_SAMPLE = 4
-
-
-def _header(request: server.Request, name: bytes) -> str | None:
-    value = request.getHeader(name)
-    return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
 class PrometheusAPI:
@@ -85,8 +79,8 @@ class PrometheusAPI:
             batch = await run_steps(
                 prometheus.decode_write_request_steps(
                     body,
-                    _header(request, b"content-type"),
-                    _header(request, b"content-encoding"),
+                    header(request, b"content-type"),
+                    header(request, b"content-encoding"),
                     self.max_decompressed_bytes,
                     self.max_histogram_buckets,
                     arrays=True,
