@@ -23,6 +23,7 @@ import json
 import math
 import struct
 from collections.abc import Generator, Iterable
+from struct import unpack_from
 from typing import NamedTuple
 
 import numpy as np
@@ -150,6 +151,19 @@ class _Context(NamedTuple):
     promoted: dict[str, str]
     forced: dict[str, str]
 
+    @property
+    def key(self) -> tuple:
+        return tuple(self.promoted.items()), tuple(self.forced.items())
+
+
+# The labels of number points already seen, by their attributes' bytes (the known series of a
+# steady sender: translated once, then found by a bytes lookup), as remote write keeps the label
+# bytes it validated; emptied when it holds MAX_CACHED_SERIES.
+MAX_CACHED_SERIES = 200_000
+_SERIES_CACHE: dict[tuple, tuple[dict[str, str], tuple]] = {}
+_FIXED64_TAGS = {0x11: "start", 0x19: "time", 0x21: "double", 0x31: "int"}
+_EXEMPLARS_TAG = 0x2A
+
 
 class _Builder:
     """Builds the batch: series table and sample arrays, series with more than samples,
@@ -198,11 +212,11 @@ class _Builder:
 
     def sample(self, name: str, base: dict[str, str], timestamp: int, value: float, extra: tuple = ()) -> int:
         """Add a sample; returns its series' index in the table."""
-        labels = {**base, "__name__": name}
-        if extra:
-            labels[extra[0]] = extra[1]
-        labels = {k: labels[k] for k in sorted(labels) if labels[k]}
-        key = series_key(labels)
+        labels = series_labels(name, base, extra)
+        return self.sample_of(labels, series_key(labels), timestamp, value)
+
+    def sample_of(self, labels: dict[str, str], key: tuple, timestamp: int, value: float) -> int:
+        """Add a sample of a series whose labels and key are made already."""
         index = self.table.get(key)
         if index is None:
             index = self.table[key] = len(self.labels)
@@ -228,6 +242,46 @@ class _Builder:
             np.array(self.timestamps, dtype=np.int64),
             np.array(self.values, dtype=np.float64),
         )
+
+
+def series_labels(name: str, base: dict[str, str], extra: tuple = ()) -> dict[str, str]:
+    """A series' labels, sorted, empty values dropped: ``base``, ``__name__`` and an ``extra`` (le, quantile)."""
+    labels = {**base, "__name__": name}
+    if extra:
+        labels[extra[0]] = extra[1]
+    return {k: labels[k] for k in sorted(labels) if labels[k]}
+
+
+def _fixed_fields(raw: bytes) -> tuple[int, int, float, int] | None:
+    """(start ns, time ns, value, where the attributes start) of a NumberDataPoint's bytes as
+    protobuf writes them (fixed64 fields first, in field order); None when exemplars come
+    before the attributes (the general path reads those)."""
+    head = raw[:1] + raw[9:10] + raw[18:19]
+    if head == b"\x11\x19\x21":  # start, time, double: a sum's
+        start, time, value = unpack_from("<xQxQxd", raw)
+        return (start, time, value, 27) if raw[27:28] != b"\x2a" else None
+    if head[:2] == b"\x19\x21":  # time, double: a gauge's
+        time, value = unpack_from("<xQxd", raw)
+        return (0, time, value, 18) if raw[18:19] != b"\x2a" else None
+    start = time = 0
+    value = 0.0
+    position, size = 0, len(raw)
+    while position < size:
+        field = _FIXED64_TAGS.get(raw[position])
+        if field is None:
+            break
+        if field == "start":
+            start = unpack_from("<Q", raw, position + 1)[0]
+        elif field == "time":
+            time = unpack_from("<Q", raw, position + 1)[0]
+        elif field == "double":
+            value = unpack_from("<d", raw, position + 1)[0]
+        else:
+            value = float(unpack_from("<q", raw, position + 1)[0])
+        position += 9
+    if position < size and raw[position] == _EXEMPLARS_TAG:
+        return None
+    return start, time, value, position
 
 
 def _resource_context(builder: _Builder, resource) -> tuple[_Context, dict[str, str]]:
@@ -482,7 +536,11 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
     builder.metadata[name] = WriteMetadata(
         name, _PROMETHEUS_TYPES[kind], metric.description, names.unit_name(metric.unit)
     )
-    add = _ADD[metric.WhichOneof("data")]
+    data = metric.WhichOneof("data")
+    if data in ("gauge", "sum") and temporality != DELTA:
+        yield from _number_points(builder, metric, name, kind, context, first_point)
+        return
+    add = _ADD[data]
     for number, point in enumerate(_points(metric)):
         if number and not number % POINTS_PER_STEP:
             yield
@@ -491,6 +549,40 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
             base = builder.attributes(point.attributes, context)
             add(builder, name, kind, base, point, temporality)
         except (_Refused, NameError_, DeltaOutOfOrder) as error:
+            builder.refuse(1, f"metric {metric.name!r}: {error}")
+
+
+def _number_points(
+    builder: _Builder, metric, name: str, kind: str, context: _Context, first_point: int
+) -> Generator[None, None, None]:
+    """The points of a gauge or cumulative sum: each series' labels made once and found again
+    by its attributes' bytes (_SERIES_CACHE); a point with exemplars or flags takes _add_number."""
+    prefix = (builder.namer, context.key, name)
+    counter = kind == names.MONOTONIC_COUNTER
+    for number, point in enumerate(_points(metric)):
+        if number and not number % POINTS_PER_STEP:
+            yield
+        builder.point = first_point + number
+        raw = point.SerializeToString()
+        fields = _fixed_fields(raw)
+        try:
+            if fields is None or point.flags:
+                _add_number(builder, name, kind, builder.attributes(point.attributes, context), point, CUMULATIVE)
+                continue
+            start, time, value, attributes_at = fields
+            cache_key = (*prefix, raw[attributes_at:])
+            found = _SERIES_CACHE.get(cache_key)
+            if found is None:
+                labels = series_labels(name, builder.attributes(point.attributes, context))
+                found = (labels, series_key(labels))
+                if len(_SERIES_CACHE) >= MAX_CACHED_SERIES:
+                    _SERIES_CACHE.clear()
+                _SERIES_CACHE[cache_key] = found
+            timestamp = time // 1_000_000
+            index = builder.sample_of(found[0], found[1], timestamp, value)
+            if counter and start:
+                builder.extra_series(index, samples=[(timestamp, value)], created_timestamp=start // 1_000_000)
+        except NameError_ as error:
             builder.refuse(1, f"metric {metric.name!r}: {error}")
 
 
