@@ -19,7 +19,7 @@ from gateway.core.layout import Layout, parse_granularities
 from gateway.core.model import InvalidSample, Limits, validate_tenant
 from gateway.core.overrides import did_you_mean
 from gateway.downsample.partitions import parse_partitions
-from protocols.otlp.names import Namer
+from protocols.otlp.names import UNDERSCORE_ESCAPING_WITH_SUFFIXES, Namer
 from protocols.timespec import parse_duration
 
 RESERVED_DESCRIPTORS = 128  # open files kept free of client connections (--max-connections auto)
@@ -95,9 +95,10 @@ def _boolean(text) -> bool:
 
 
 def _translation_strategy(text) -> str:
-    """One of the OTLP translation strategies (protocols/otlp/names.py)."""
-    Namer.of(str(text))
-    return str(text)
+    """One of the OTLP translation strategies (protocols/otlp/names.py); empty: Prometheus 3's default."""
+    strategy = str(text).strip() or UNDERSCORE_ESCAPING_WITH_SUFFIXES
+    Namer.of(strategy)
+    return strategy
 
 
 def _attribute_names(text) -> tuple[str, ...]:
@@ -389,8 +390,8 @@ SETTINGS = [
     Setting(
         "otlp-translation-strategy",
         _translation_strategy,
-        "UnderscoreEscapingWithSuffixes",
-        "how OTLP metric and attribute names become Prometheus names, as Prometheus 3's otlp.translation_strategy: UnderscoreEscapingWithSuffixes, UnderscoreEscapingWithoutSuffixes, NoUTF8EscapingWithSuffixes or NoTranslation (per tenant in --overrides)",
+        "",
+        "how OTLP metric and attribute names become Prometheus names, as Prometheus 3's otlp.translation_strategy: UnderscoreEscapingWithSuffixes (empty: this, the default), UnderscoreEscapingWithoutSuffixes, NoUTF8EscapingWithSuffixes or NoTranslation (per tenant in --overrides)",
     ),
     Setting(
         "otlp-promote-resource-attributes",
@@ -405,7 +406,7 @@ SETTINGS = [
         "label OTLP series with their instrumentation scope (otel_scope_name, otel_scope_version, otel_scope_schema_url, otel_scope_<attribute>), as Prometheus 3's otlp.promote_scope_metadata",
     ),
     Setting(
-        "otlp-keep-identifying-resource-attributes",
+        "otlp-keep-identifying-attributes",
         _boolean,
         "false",
         "keep service.name, service.namespace and service.instance.id as target_info labels beside job and instance, as Prometheus 3's otlp.keep_identifying_resource_attributes",
@@ -514,7 +515,7 @@ class Config:
     otlp_translation_strategy: str
     otlp_promote_resource_attributes: tuple[str, ...]
     otlp_promote_scope_metadata: bool
-    otlp_keep_identifying_resource_attributes: bool
+    otlp_keep_identifying_attributes: bool
     otlp_convert_delta: bool
     max_metadata_length: int
     max_native_histogram_buckets: int

@@ -297,7 +297,7 @@ def build_router(
             config.otlp_translation_strategy,
             frozenset(config.otlp_promote_resource_attributes),
             config.otlp_promote_scope_metadata,
-            config.otlp_keep_identifying_resource_attributes,
+            config.otlp_keep_identifying_attributes,
             config.max_native_histogram_buckets,
             config.query_lookback_delta,
         ),

@@ -1,4 +1,4 @@
-"""OTLP/HTTP metrics requests and answers (https://opentelemetry.io/docs/specs/otlp/#otlphttp):
+"""OTLP/HTTP metrics requests and answers (the OTLP specification, "OTLP/HTTP"):
 an ExportMetricsServiceRequest as protobuf (``application/x-protobuf``) or JSON
 (``application/json``, trace and span ids in hex), gzip-compressed or not; the answer, an
 ExportMetricsServiceResponse in the request's encoding, with ``partial_success`` saying how
