@@ -215,3 +215,34 @@ def test_push_back_is_429_with_retry_after(start_gateway, tenant):
     answers = [post(gateway, tenant, request.SerializeToString()) for _ in range(3)]
     limited = [a for a in answers if a.status == 429]
     assert limited and all(a.headers.get("retry-after") for a in limited)
+
+
+def test_translation_settings_per_tenant(start_gateway, tmp_path, tenant):
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text(
+        f'[tenants."{tenant}"]\n'
+        'otlp-translation-strategy = "UnderscoreEscapingWithoutSuffixes"\n'
+        'otlp-promote-resource-attributes = ["service.version"]\n'
+    )
+    gateway = start_gateway("--overrides", str(overrides))
+    metric = m.Metric(
+        name="jobs.done",
+        unit="s",
+        sum=m.Sum(
+            aggregation_temporality=2,
+            is_monotonic=True,
+            data_points=[m.NumberDataPoint(as_int=3, time_unix_nano=time.time_ns())],
+        ),
+    )
+    request = ExportMetricsServiceRequest(
+        resource_metrics=[
+            m.ResourceMetrics(
+                resource=ResourceMessage(attributes=[kv("service.name", "shop"), kv("service.version", "2")]),
+                scope_metrics=[m.ScopeMetrics(metrics=[metric])],
+            )
+        ]
+    )
+    for who in (tenant, "other"):
+        assert partial_success(post(gateway, who, request.SerializeToString())) == (0, "")
+    assert values(gateway, tenant, "jobs_done") == {(("job", "shop"), ("service_version", "2")): 3.0}
+    assert values(gateway, "other", "jobs_done_seconds_total") == {(("job", "shop"),): 3.0}
