@@ -391,3 +391,25 @@ def test_answer_in_the_request_encoding():
     assert (answer.partial_success.rejected_data_points, answer.partial_success.error_message) == (2, "two refused")
     document = json.loads(otlp.encode_response(otlp.JSON, 2, "two refused"))
     assert document == {"partialSuccess": {"rejectedDataPoints": "2", "errorMessage": "two refused"}}
+
+
+def test_number_points_read_from_their_bytes_match_the_general_path():
+    """Gauges and cumulative sums take a fast path (series found by their attributes' bytes):
+    the same series, values and created timestamps come out as the general path's, known or not,
+    with ints, exemplars, stale flags and resources of the same attributes kept apart."""
+    exemplar = m.Exemplar(as_double=1.0, time_unix_nano=T_NS, span_id=b"\x01" * 8)
+    first = request(
+        gauge("g", 1.5, attributes=[kv("a", "1")]),
+        counter("c", 2, attributes=[kv("a", "1")], exemplars=[exemplar]),
+        counter("c", 3, attributes=[kv("a", "2")]),
+    )
+    other = request(gauge("g", 2.5, attributes=[kv("a", "1")]), resource=(kv("service.name", "web"),))
+    for _ in range(2):  # the second time, every series is known
+        translation = otlp.translate(first)
+        found = samples(translation)
+        assert found[labels(__name="g", a="1", job="shop", instance="i1")] == [(T_MS, 1.5)]
+        assert found[labels(__name="c_total", a="1", job="shop", instance="i1")] == [(T_MS, 2.0)]
+        assert found[labels(__name="c_total", a="2", job="shop", instance="i1")] == [(T_MS, 3.0)]
+        assert [s.exemplars[0].labels for s in translation.batch.series if s.exemplars] == [{"span_id": "01" * 8}]
+        assert [s.created_timestamp for s in translation.batch.series] == [T_MS - 60_000] * 2
+        assert samples(otlp.translate(other)) == {labels(__name="g", a="1", job="web"): [(T_MS, 2.5)]}

@@ -160,7 +160,9 @@ class _Context(NamedTuple):
 # steady sender: translated once, then found by a bytes lookup), as remote write keeps the label
 # bytes it validated; emptied when it holds MAX_CACHED_SERIES.
 MAX_CACHED_SERIES = 200_000
-_SERIES_CACHE: dict[tuple, tuple[dict[str, str], tuple]] = {}
+_SERIES_CACHE: dict[tuple[int, bytes], tuple[dict[str, str], tuple]] = {}
+_PREFIXES: dict[tuple, int] = {}  # (namer, resource and scope context, metric name): a number
+_DATA_POINTS_TAG = 0x0A  # field 1 of Gauge and Sum
 _FIXED64_TAGS = {0x11: "start", 0x19: "time", 0x21: "double", 0x31: "int"}
 _EXEMPLARS_TAG = 0x2A
 
@@ -252,34 +254,46 @@ def series_labels(name: str, base: dict[str, str], extra: tuple = ()) -> dict[st
     return {k: labels[k] for k in sorted(labels) if labels[k]}
 
 
-def _fixed_fields(raw: bytes) -> tuple[int, int, float, int] | None:
-    """(start ns, time ns, value, where the attributes start) of a NumberDataPoint's bytes as
-    protobuf writes them (fixed64 fields first, in field order); None when exemplars come
-    before the attributes (the general path reads those)."""
-    head = raw[:1] + raw[9:10] + raw[18:19]
-    if head == b"\x11\x19\x21":  # start, time, double: a sum's
-        start, time, value = unpack_from("<xQxQxd", raw)
-        return (start, time, value, 27) if raw[27:28] != b"\x2a" else None
-    if head[:2] == b"\x19\x21":  # time, double: a gauge's
-        time, value = unpack_from("<xQxd", raw)
-        return (0, time, value, 18) if raw[18:19] != b"\x2a" else None
-    start = time = 0
-    value = 0.0
-    position, size = 0, len(raw)
-    while position < size:
-        field = _FIXED64_TAGS.get(raw[position])
-        if field is None:
-            break
-        if field == "start":
-            start = unpack_from("<Q", raw, position + 1)[0]
-        elif field == "time":
-            time = unpack_from("<Q", raw, position + 1)[0]
-        elif field == "double":
-            value = unpack_from("<d", raw, position + 1)[0]
-        else:
-            value = float(unpack_from("<q", raw, position + 1)[0])
-        position += 9
-    if position < size and raw[position] == _EXEMPLARS_TAG:
+def _varint(raw: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = raw[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float, int] | None:
+    """(start ns, time ns, value, where the attributes start) of the NumberDataPoint at
+    ``raw[position:end]`` as protobuf writes it (fixed64 fields first, in field order); None
+    when exemplars come before the attributes (the general path reads those)."""
+    head = raw[position : position + 1] + raw[position + 9 : position + 10] + raw[position + 18 : position + 19]
+    if head == b"\x11\x19\x21" and end >= position + 27:  # start, time, double: a sum's
+        start, time, value = unpack_from("<xQxQxd", raw, position)
+        position += 27
+    elif head[:2] == b"\x19\x21" and end >= position + 18:  # time, double: a gauge's
+        start = 0
+        time, value = unpack_from("<xQxd", raw, position)
+        position += 18
+    else:
+        start = time = 0
+        value = 0.0
+        while position < end:
+            field = _FIXED64_TAGS.get(raw[position])
+            if field is None or position + 9 > end:
+                break
+            if field == "start":
+                start = unpack_from("<Q", raw, position + 1)[0]
+            elif field == "time":
+                time = unpack_from("<Q", raw, position + 1)[0]
+            elif field == "double":
+                value = unpack_from("<d", raw, position + 1)[0]
+            else:
+                value = float(unpack_from("<q", raw, position + 1)[0])
+            position += 9
+    if position < end and raw[position] == _EXEMPLARS_TAG:
         return None
     return start, time, value, position
 
@@ -555,31 +569,79 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
 def _number_points(
     builder: _Builder, metric, name: str, kind: str, context: _Context, first_point: int
 ) -> Generator[None, None, None]:
-    """The points of a gauge or cumulative sum: each series' labels made once and found again
-    by its attributes' bytes (_SERIES_CACHE); a point with exemplars or flags takes _add_number."""
-    prefix = (builder.namer, context.key, name)
+    """The points of a gauge or cumulative sum, read from their bytes (the data message written
+    once): each series' labels made once and found again by its attributes' bytes
+    (_SERIES_CACHE); a point with exemplars or flags takes _add_number."""
+    data = getattr(metric, metric.WhichOneof("data"))
+    points = data.data_points
+    raw = data.SerializeToString()
+    prefix = _PREFIXES.setdefault((builder.namer, context.key, name), len(_PREFIXES))
     counter = kind == names.MONOTONIC_COUNTER
-    for number, point in enumerate(_points(metric)):
+    table, add_series, add_time, add_value, add_point = (
+        builder.table,
+        builder.sample_series.append,
+        builder.timestamps.append,
+        builder.values.append,
+        builder.sample_points.append,
+    )
+    position, size, number = 0, len(raw), -1
+    while position < size:
+        tag, length = raw[position], raw[position + 1]
+        if length < 0x80:
+            position += 2
+        else:
+            length, position = _varint(raw, position + 1)
+        if tag != _DATA_POINTS_TAG:
+            if tag & 7 == 2:  # another length-delimited field: skipped
+                position += length
+            continue  # aggregation_temporality, is_monotonic: varints, read already
+        start_at, position = position, position + length
+        number += 1
         if number and not number % POINTS_PER_STEP:
             yield
         builder.point = first_point + number
-        raw = point.SerializeToString()
-        fields = _fixed_fields(raw)
+        fields: tuple[int, int, float, int] | None
+        if length >= 18 and raw[start_at] == 0x19 and raw[start_at + 9] == 0x21:  # time, double: a gauge's
+            time, value = unpack_from("<xQxd", raw, start_at)
+            fields = (0, time, value, start_at + 18)
+        elif length >= 27 and raw[start_at] == 0x11 and raw[start_at + 9] == 0x19 and raw[start_at + 18] == 0x21:
+            start, time, value = unpack_from("<xQxQxd", raw, start_at)  # start, time, double: a sum's
+            fields = (start, time, value, start_at + 27)
+        else:
+            fields = _fixed_fields(raw, start_at, position)
+        if fields is not None and fields[3] < position and raw[fields[3]] == _EXEMPLARS_TAG:
+            fields = None
         try:
-            if fields is None or point.flags:
+            if fields is None:
+                point = points[number]
                 _add_number(builder, name, kind, builder.attributes(point.attributes, context), point, CUMULATIVE)
                 continue
-            start, time, value, attributes_at = fields
-            cache_key = (*prefix, raw[attributes_at:])
-            found = _SERIES_CACHE.get(cache_key)
+            key = (prefix, raw[fields[3] : position])
+            found = _SERIES_CACHE.get(key)
             if found is None:
-                labels = series_labels(name, builder.attributes(point.attributes, context))
+                point = points[number]
+                base = builder.attributes(point.attributes, context)
+                if point.flags:
+                    _add_number(builder, name, kind, base, point, CUMULATIVE)
+                    continue
+                labels = series_labels(name, base)
                 found = (labels, series_key(labels))
                 if len(_SERIES_CACHE) >= MAX_CACHED_SERIES:
                     _SERIES_CACHE.clear()
-                _SERIES_CACHE[cache_key] = found
+                    _PREFIXES.clear()
+                    prefix = _PREFIXES.setdefault((builder.namer, context.key, name), 0)
+                    key = (prefix, key[1])
+                _SERIES_CACHE[key] = found
+            start, time, value, _ = fields
             timestamp = time // 1_000_000
-            index = builder.sample_of(found[0], found[1], timestamp, value)
+            index = table.get(found[1])
+            if index is None:
+                index = table[found[1]] = len(builder.labels)
+                builder.labels.append(found[0])
+            add_series(index)
+            add_time(timestamp)
+            add_value(value)
+            add_point(builder.point)
             if counter and start:
                 builder.extra_series(index, samples=[(timestamp, value)], created_timestamp=start // 1_000_000)
         except NameError_ as error:
