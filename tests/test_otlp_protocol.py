@@ -413,3 +413,13 @@ def test_number_points_read_from_their_bytes_match_the_general_path():
         assert [s.exemplars[0].labels for s in translation.batch.series if s.exemplars] == [{"span_id": "01" * 8}]
         assert [s.created_timestamp for s in translation.batch.series] == [T_MS - 60_000] * 2
         assert samples(otlp.translate(other)) == {labels(__name="g", a="1", job="web"): [(T_MS, 2.5)]}
+
+
+def test_a_stored_created_timestamp_is_not_sent_again_for_its_tenant():
+    sent = request(counter("stored.once", 1, attributes=[kv("a", "1")]), counter("stored.once", 2))
+    first = otlp.translate(sent, tenant="t")
+    assert len(first.batch.series) == 2
+    first.created_stored("t", refused_samples=[1])  # the second series' sample was refused
+    again = otlp.translate(sent, tenant="t")
+    assert [s.labels.get("a") for s in again.batch.series] == [None]
+    assert len(otlp.translate(sent, tenant="u").batch.series) == 2

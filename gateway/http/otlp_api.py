@@ -74,6 +74,7 @@ class OTLPAPI:
         translation = await run_steps(otlp.translate_steps(message, self.tenant_settings(tenant), self.delta, tenant))
         self.writer.pipeline.count_rejected(PROTOCOL, "otlp_translation", translation.refused_points)
         pushed = await self.writer.push(PROTOCOL, await remote_write_batch(tenant, translation.batch))
+        translation.created_stored(tenant, (reject.index for reject in pushed.samples.rejected))
         refused = translation.refused_points + _refused_points(translation, pushed)
         problems = translation.problems + pushed.problems()
         message_text = "; ".join(problems)

@@ -86,6 +86,18 @@ class Translation(NamedTuple):
     problems: list[str]
     sample_points: np.ndarray
     histogram_points: list[int]
+    # The created timestamps of known counter series sent with this batch: (where the cache
+    # remembers the one stored for each tenant, the timestamp, the position of its sample).
+    created: list[tuple[dict[str, int], int, int]]
+
+    def created_stored(self, tenant: str, refused_samples: Iterable[int]) -> None:
+        """Remember the created timestamps the writer stored (those of series whose sample was
+        not refused): a counter sends the same one with every point, and a series whose stored
+        one is unchanged then carries none (no object a point, no lookup in the writer)."""
+        refused = set(refused_samples)
+        for stored, created, position in self.created:
+            if position not in refused:
+                stored[tenant] = created
 
 
 class _Refused(ValueError):
@@ -160,7 +172,7 @@ class _Context(NamedTuple):
 # steady sender: translated once, then found by a bytes lookup), as remote write keeps the label
 # bytes it validated; emptied when it holds MAX_CACHED_SERIES.
 MAX_CACHED_SERIES = 200_000
-_SERIES_CACHE: dict[tuple[int, bytes], tuple[dict[str, str], tuple]] = {}
+_SERIES_CACHE: dict[tuple[int, bytes], tuple[dict[str, str], tuple, dict[str, int]]] = {}
 _PREFIXES: dict[tuple, int] = {}  # (namer, resource and scope context, metric name): a number
 _DATA_POINTS_TAG = 0x0A  # field 1 of Gauge and Sum
 _FIXED64_TAGS = {0x11: "start", 0x19: "time", 0x21: "double", 0x31: "int"}
@@ -189,6 +201,7 @@ class _Builder:
         self.problems: list[str] = []
         self.point = 0  # the number of the data point being translated
         self.target_info_seen: set[tuple[tuple, int]] = set()
+        self.created: list[tuple[dict[str, int], int, int]] = []
 
     def refuse(self, points: int, problem: str) -> None:
         self.refused += points
@@ -514,6 +527,7 @@ def translate_steps(
         builder.problems,
         np.array(builder.sample_points, dtype=np.int64),
         builder.histogram_points,
+        builder.created,
     )
 
 
@@ -625,7 +639,7 @@ def _number_points(
                     _add_number(builder, name, kind, base, point, CUMULATIVE)
                     continue
                 labels = series_labels(name, base)
-                found = (labels, series_key(labels))
+                found = (labels, series_key(labels), {})
                 if len(_SERIES_CACHE) >= MAX_CACHED_SERIES:
                     _SERIES_CACHE.clear()
                     _PREFIXES.clear()
@@ -642,8 +656,10 @@ def _number_points(
             add_time(timestamp)
             add_value(value)
             add_point(builder.point)
-            if counter and start:
-                builder.extra_series(index, samples=[(timestamp, value)], created_timestamp=start // 1_000_000)
+            created = start // 1_000_000
+            if counter and created and found[2].get(builder.tenant) != created:
+                builder.extra_series(index, samples=[(timestamp, value)], created_timestamp=created)
+                builder.created.append((found[2], created, len(builder.timestamps) - 1))
         except NameError_ as error:
             builder.refuse(1, f"metric {metric.name!r}: {error}")
 
