@@ -65,7 +65,7 @@ _NOT_METRIC_CHARS = re.compile(r"[^a-zA-Z0-9:]+")
 _NOT_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9]+")
 
 
-class NameError_(ValueError):
+class InvalidName(ValueError):
     """A metric or attribute name with no valid Prometheus name (empty, or underscores only)."""
 
 
@@ -123,7 +123,7 @@ def _metric_name(name: str, unit: str, kind: str, escape: bool, suffixes: bool) 
         built = "_".join(filter(None, re.split(r"[^a-zA-Z0-9:_]+", name)))
         built = "_" + built if built[:1].isdigit() else built
     if not built or (built != name and not built.strip("_")):
-        raise NameError_(f"metric name {name!r} has no valid Prometheus name")
+        raise InvalidName(f"metric name {name!r} has no valid Prometheus name")
     return built
 
 
@@ -172,12 +172,12 @@ def _label_name(name: str, escape: bool) -> str:
     (underscores included) one underscore, a reserved ``__x__`` name's underscores kept, ``key_``
     before a leading digit."""
     if not name:
-        raise NameError_("an attribute name is empty")
+        raise InvalidName("an attribute name is empty")
     if escape:
         reserved = len(name) >= 4 and name.startswith("__") and name.endswith("__")
         built = _NOT_LABEL_CHARS.sub("_", name[2:-2] if reserved else name)
         built = f"__{built}__" if reserved else built
         name = "key_" + built if built[:1].isdigit() else built
     if not name.strip("_"):
-        raise NameError_(f"attribute name {name!r} has no valid Prometheus label name")
+        raise InvalidName(f"attribute name {name!r} has no valid Prometheus label name")
     return name

@@ -32,7 +32,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from protocols.otlp import names
 from protocols.otlp.delta import DeltaOutOfOrder, DeltaToCumulative
-from protocols.otlp.names import NameError_, Namer
+from protocols.otlp.names import InvalidName, Namer
 from protocols.prometheus import types_pb2
 from protocols.prometheus.write import (
     Exemplar,
@@ -116,15 +116,11 @@ def _float_string(value: float) -> str:
 def _double_attribute(value: float) -> str:
     """A double attribute as pdata's Value.AsString writes it (JavaScript's number format)."""
     if math.isinf(value) or math.isnan(value):
-        return f"json: unsupported value: {_go_g(value)}"
+        return f"json: unsupported value: {_float_string(value)}"
     if value != 0 and (abs(value) < 1e-6 or abs(value) >= 1e21):
-        mantissa, exponent = repr(value).split("e") if "e" in repr(value) else (f"{value:e}".split("e"))
+        mantissa, exponent = repr(value).split("e")  # repr writes these with an exponent
         return f"{mantissa}e{'-' if exponent.startswith('-') else '+'}{int(exponent.lstrip('+-'))}"
     return np.format_float_positional(value, trim="-")
-
-
-def _go_g(value: float) -> str:
-    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
 
 
 def _raw_value(value):
@@ -278,10 +274,9 @@ def _varint(raw: bytes, position: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float, int] | None:
-    """(start ns, time ns, value, where the attributes start) of the NumberDataPoint at
-    ``raw[position:end]`` as protobuf writes it (fixed64 fields first, in field order); None
-    when exemplars come before the attributes (the general path reads those)."""
+def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float, int]:
+    """(start ns, time ns, value, where its other fields start) of the NumberDataPoint at
+    ``raw[position:end]`` as protobuf writes it (fixed64 fields first, in field order)."""
     head = raw[position : position + 1] + raw[position + 9 : position + 10] + raw[position + 18 : position + 19]
     if head == b"\x11\x19\x21" and end >= position + 27:  # start, time, double: a sum's
         start, time, value = unpack_from("<xQxQxd", raw, position)
@@ -306,8 +301,6 @@ def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float,
             else:
                 value = float(unpack_from("<q", raw, position + 1)[0])
             position += 9
-    if position < end and raw[position] == _EXEMPLARS_TAG:
-        return None
     return start, time, value, position
 
 
@@ -559,7 +552,7 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
             )
     try:
         name = builder.namer.metric_name(metric.name, metric.unit, kind)
-    except NameError_ as error:
+    except InvalidName as error:
         raise _Refused(str(error)) from None
     builder.metadata[name] = WriteMetadata(
         name, _PROMETHEUS_TYPES[kind], metric.description, names.unit_name(metric.unit)
@@ -576,7 +569,7 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
         try:
             base = builder.attributes(point.attributes, context)
             add(builder, name, kind, base, point, temporality)
-        except (_Refused, NameError_, DeltaOutOfOrder) as error:
+        except (_Refused, InvalidName, DeltaOutOfOrder) as error:
             builder.refuse(1, f"metric {metric.name!r}: {error}")
 
 
@@ -660,7 +653,7 @@ def _number_points(
             if counter and created and found[2].get(builder.tenant) != created:
                 builder.extra_series(index, samples=[(timestamp, value)], created_timestamp=created)
                 builder.created.append((found[2], created, len(builder.timestamps) - 1))
-        except NameError_ as error:
+        except InvalidName as error:
             builder.refuse(1, f"metric {metric.name!r}: {error}")
 
 
@@ -770,7 +763,7 @@ def _target_info(builder: _Builder, resource, identity: dict[str, str], earliest
         return
     try:
         base = builder.attributes(resource.attributes, _Context({}, identity), skipped=("__name__", *identifying))
-    except NameError_ as error:
+    except InvalidName as error:
         builder.refuse(0, f"target_info: {error}")
         return
     if not base.get("job") and not base.get("instance"):
