@@ -2,7 +2,7 @@
 requests decoded here, written by the ingest pipeline, read by gateway/query/remote_read.py.
 
 Status codes follow the specs: 204 once the store has accepted everything; 400 for a
-malformed request or rejected samples or native histograms (the good ones are written;
+malformed request or rejected series, samples or native histograms (the good ones are written;
 Prometheus does not retry 4xx); 413 for a body, or a decompressed body, over its limit; 415
 for a content type or encoding we do not speak; 429 with Retry-After over a tenant limit; 503
 when the store cannot take the write (Prometheus retries 5xx). docs/prometheus.rst has the details and the name
@@ -112,7 +112,8 @@ class PrometheusAPI:
         streamed = prometheus.negotiate_response_type(read_request.accepted_response_types) == (
             prometheus.STREAMED_XOR_CHUNKS
         )
-        answers = await self.remote_read.read(tenant, read_request.queries, streamed)
+        label_view = prometheus.labels_for_reader(header(request, b"user-agent"))
+        answers = await self.remote_read.read(tenant, read_request.queries, streamed, label_view)
         if streamed:
             return Response(200, self._stream(answers), prometheus.STREAMED_CONTENT_TYPE)
         return Response(

@@ -223,6 +223,9 @@ def test_translation_settings_per_tenant(start_gateway, tmp_path, tenant):
         f'[tenants."{tenant}"]\n'
         'otlp-translation-strategy = "UnderscoreEscapingWithoutSuffixes"\n'
         'otlp-promote-resource-attributes = ["service.version"]\n'
+        f'[tenants."{tenant}-utf8"]\n'
+        'otlp-translation-strategy = "NoUTF8EscapingWithSuffixes"\n'
+        'otlp-promote-resource-attributes = ["service.version"]\n'
     )
     gateway = start_gateway("--overrides", str(overrides))
     metric = m.Metric(
@@ -242,7 +245,10 @@ def test_translation_settings_per_tenant(start_gateway, tmp_path, tenant):
             )
         ]
     )
-    for who in (tenant, "other"):
+    for who in (tenant, "other", f"{tenant}-utf8"):
         assert partial_success(post(gateway, who, request.SerializeToString())) == (0, "")
     assert values(gateway, tenant, "jobs_done") == {(("job", "shop"), ("service_version", "2")): 3.0}
     assert values(gateway, "other", "jobs_done_seconds_total") == {(("job", "shop"),): 3.0}
+    assert values(gateway, f"{tenant}-utf8", '{"jobs.done_seconds_total"}') == {
+        (("job", "shop"), ("service.version", "2")): 3.0
+    }
