@@ -274,14 +274,14 @@ def _varint(raw: bytes, position: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float, int]:
+def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float, int] | None:
     """(start ns, time ns, value, where its other fields start) of the NumberDataPoint at
-    ``raw[position:end]`` as protobuf writes it (fixed64 fields first, in field order)."""
-    head = raw[position : position + 1] + raw[position + 9 : position + 10] + raw[position + 18 : position + 19]
-    if head == b"\x11\x19\x21" and end >= position + 27:  # start, time, double: a sum's
-        start, time, value = unpack_from("<xQxQxd", raw, position)
+    ``raw[position:end]`` as protobuf writes it (fixed64 fields first, in field order); None for
+    a point with exemplars, which _add_number reads whole."""
+    if end >= position + 27 and raw[position] == 0x11 and raw[position + 9] == 0x19 and raw[position + 18] == 0x21:
+        start, time, value = unpack_from("<xQxQxd", raw, position)  # start, time, double: a sum's
         position += 27
-    elif head[:2] == b"\x19\x21" and end >= position + 18:  # time, double: a gauge's
+    elif end >= position + 18 and raw[position] == 0x19 and raw[position + 9] == 0x21:  # time, double: a gauge's
         start = 0
         time, value = unpack_from("<xQxd", raw, position)
         position += 18
@@ -301,6 +301,8 @@ def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float,
             else:
                 value = float(unpack_from("<q", raw, position + 1)[0])
             position += 9
+    if position < end and raw[position] == _EXEMPLARS_TAG:
+        return None
     return start, time, value, position
 
 
@@ -607,17 +609,7 @@ def _number_points(
         if number and not number % POINTS_PER_STEP:
             yield
         builder.point = first_point + number
-        fields: tuple[int, int, float, int] | None
-        if length >= 18 and raw[start_at] == 0x19 and raw[start_at + 9] == 0x21:  # time, double: a gauge's
-            time, value = unpack_from("<xQxd", raw, start_at)
-            fields = (0, time, value, start_at + 18)
-        elif length >= 27 and raw[start_at] == 0x11 and raw[start_at + 9] == 0x19 and raw[start_at + 18] == 0x21:
-            start, time, value = unpack_from("<xQxQxd", raw, start_at)  # start, time, double: a sum's
-            fields = (start, time, value, start_at + 27)
-        else:
-            fields = _fixed_fields(raw, start_at, position)
-        if fields is not None and fields[3] < position and raw[fields[3]] == _EXEMPLARS_TAG:
-            fields = None
+        fields = _fixed_fields(raw, start_at, position)
         try:
             if fields is None:
                 point = points[number]
