@@ -438,7 +438,7 @@ class Evaluator:
             found = index >= 0
             index = np.maximum(index, 0)
             sample_ms, values = series.timestamps[index], series.values[index]
-            found &= (sample_ms >= refs - self.query.lookback_ms) & ~is_stale(values)
+            found &= (sample_ms > refs - self.query.lookback_ms) & ~is_stale(values)
             if found.any():
                 labels.append(series.labels)
                 rows.append(values)
@@ -467,7 +467,7 @@ class Evaluator:
             found = index >= 0
             index = np.maximum(index, 0)
             sample_ms, samples = series.timestamps[index], series.values[index]
-            found &= (sample_ms >= refs - self.query.lookback_ms) & np.not_equal(samples, None)  # None: a stale marker
+            found &= (sample_ms > refs - self.query.lookback_ms) & np.not_equal(samples, None)  # None: a stale marker
             if not found.any():
                 continue
             row = row_of.get(labels_key(series.labels))
@@ -509,7 +509,7 @@ class Evaluator:
         refs = self._refs(node, ctx)
         first, last = int(refs.min()) - range_ms, int(refs.max())
         start = step * (first // step)
-        if start < first:
+        if start <= first:  # left-open, as a range selector's window (Prometheus 3)
             start += step
         inner_times = np.arange(start, last + 1, step, dtype=np.int64)
         if not len(inner_times):  # no inner step in any window (changes(x[1h])[1s:1d]): no samples

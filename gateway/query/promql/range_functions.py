@@ -50,7 +50,7 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
         owner = np.repeat(np.arange(len(part), dtype=np.int64), [len(s.timestamps) for s in part])
         keys = timestamps - base + owner * span
         shift = np.arange(len(part), dtype=np.int64)[:, None] * span
-        lo = np.searchsorted(keys, (matrix.refs - matrix.range_ms - base)[None, :] + shift, side="left")
+        lo = np.searchsorted(keys, (matrix.refs - matrix.range_ms - base)[None, :] + shift, side="right")
         hi = np.searchsorted(keys, (matrix.refs - base)[None, :] + shift, side="right")
         result, present = compute(Series({}, timestamps, values), lo, hi)
         keep = present.any(axis=1)
@@ -297,12 +297,14 @@ def _windowed(matrix: RangeVector, reduce) -> Vector:
 
 
 def _kahan_add(increment: np.ndarray, total: np.ndarray, compensation: np.ndarray):
-    """Prometheus's kahanSumInc element-wise: Neumaier's compensated addition."""
+    """Prometheus 3's kahansum.Inc element-wise: Neumaier's compensated addition, whose
+    correction is dropped once the total is infinite."""
     new_total = total + increment
-    lost = np.where(
-        np.abs(total) >= np.abs(increment), (total - new_total) + increment, (increment - new_total) + total
-    )
-    return new_total, compensation + lost
+    with np.errstate(invalid="ignore"):
+        lost = np.where(
+            np.abs(total) >= np.abs(increment), (total - new_total) + increment, (increment - new_total) + total
+        )
+    return new_total, np.where(np.isinf(new_total), 0.0, compensation + lost)
 
 
 def _where(condition: np.ndarray, chosen: np.ndarray, other: np.ndarray) -> np.ndarray:
@@ -322,19 +324,33 @@ def compensated_sum(rows: np.ndarray) -> np.ndarray:
 
 
 def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """avg_over_time as Prometheus 2.42 computes it: an incremental mean with Kahan summation
-    (no sum that could overflow near ±MaxFloat64); once the mean is infinite, finite values and
-    infinities of its sign leave it. Window position by position, all steps at once."""
-    mean, compensation, count = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+    """avg_over_time as Prometheus 3 computes it: a Kahan sum divided by the count while the
+    sum stays finite; a row whose sum would overflow goes on as an incremental mean (with Kahan
+    summation too) from there. Window position by position, all steps at once."""
+    size = len(rows)
+    total, lost, count = np.zeros(size), np.zeros(size), np.zeros(size)
+    mean, mean_lost, incremental = np.zeros(size), np.zeros(size), np.zeros(size, dtype=bool)
     for column in range(rows.shape[1]):
         value, moves = rows[:, column], mask[:, column]
         count = count + moves
-        moved, corrected = _kahan_add(value / count - mean / count, mean, compensation)
-        infinite = np.isinf(mean)
-        if infinite.any():
-            moves = moves & ~(infinite & (np.isfinite(value) | (np.isinf(value) & ((mean > 0) == (value > 0)))))
-        mean, compensation = _where(moves, moved, mean), _where(moves, corrected, compensation)
-    return np.where(np.isinf(mean), mean, mean + compensation)
+        first = moves & (count == 1)
+        summing = moves & ~first & ~incremental
+        added, added_lost = _kahan_add(value, total, lost)
+        overflows = summing & np.isinf(added)
+        if overflows.any():
+            incremental = incremental | overflows
+            mean = np.where(overflows, total / (count - 1), mean)
+            mean_lost = np.where(overflows, lost / (count - 1), mean_lost)
+        summing &= ~overflows
+        total = np.where(first, value, np.where(summing, added, total))
+        lost = np.where(first, 0.0, np.where(summing, added_lost, lost))
+        stepping = moves & incremental
+        if stepping.any():
+            share = np.where(count > 0, (count - 1) / np.maximum(count, 1), 0.0)
+            moved, moved_lost = _kahan_add(value / np.maximum(count, 1), share * mean, share * mean_lost)
+            mean, mean_lost = np.where(stepping, moved, mean), np.where(stepping, moved_lost, mean_lost)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(incremental, mean + mean_lost, total / count + lost / count)
 
 
 def compensated_variance(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -139,10 +139,10 @@ class RangeVector(NamedTuple):
     guard: Guard = Guard()
 
     def windows(self, series: Series) -> tuple[np.ndarray, np.ndarray]:
-        """Per step, the first and one-past-last sample index inside the window (both ends inclusive,
-        as Prometheus 2.x selects). Functions ask once a series, so the deadline is checked there."""
+        """Per step, the first and one-past-last sample index inside the window (left-open, right
+        closed: (ref - range, ref], as Prometheus 3 selects). Functions ask once a series, so the deadline is checked there."""
         self.guard.check()
-        lo = np.searchsorted(series.timestamps, self.refs - self.range_ms, side="left")
+        lo = np.searchsorted(series.timestamps, self.refs - self.range_ms, side="right")
         hi = np.searchsorted(series.timestamps, self.refs, side="right")
         return lo, hi
 
