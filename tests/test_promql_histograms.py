@@ -93,8 +93,8 @@ def instant(text: str, at: float) -> dict:
 def test_a_selector_gives_histogram_samples_with_lookback():
     assert instant('latency{job="api"}', 60) == {tuple(sorted(API.items())): growing(4)}
     assert instant('latency{job="api"}', 70) == {tuple(sorted(API.items())): growing(4)}  # the last sample, 10 s old
-    assert instant('latency{job="api"}', 120 + 300) == {tuple(sorted(API.items())): growing(8)}
-    assert instant('latency{job="api"}', 120 + 301) == {}
+    assert instant('latency{job="api"}', 120 + 299) == {tuple(sorted(API.items())): growing(8)}
+    assert instant('latency{job="api"}', 120 + 300) == {}  # the lookback is left-open (Prometheus 3)
     both = instant("latency", 60)
     assert both[(("__name__", "latency"), ("job", "batch"))] == 1.0 and both[
         (("__name__", "latency"), ("job", "web"))
@@ -130,7 +130,7 @@ def test_histogram_quantile_interpolates_linearly_in_native_buckets():
     assert instant('histogram_quantile(0.75, latency{job="api"})', 60) == {api: 3.0}  # rank 18: 6 of 12 into (2, 4]
     # rank 2.4 in the zero bucket, which starts at 0 since there are no negative buckets
     assert instant('histogram_quantile(0.1, latency{job="api"})', 60) == {api: pytest.approx(0.001 * 2.4 / 4)}
-    assert instant('histogram_quantile(0.5, rate(latency{job="api"}[1m]))', 60) == {api: 2.0}
+    assert instant('histogram_quantile(0.5, rate(latency{job="api"}[1m]))', 60) == {api: pytest.approx(2.0)}
     assert instant('histogram_quantile(1.5, latency{job="api"})', 60) == {api: math.inf}
     # the classic path beside it is unchanged
     assert instant("histogram_quantile(0.5, latency_bucket)", 60) == {}
@@ -177,13 +177,13 @@ def test_counter_resets_add_the_sample_before_back():
     (irate,) = instant('irate(latency{job="web"}[1m])', 60).values()
     assert irate.count == pytest.approx(6 / 15)  # after a reset, the last sample alone
     # the custom bounds changed at 30 s: last minus first has no meaning, the element is left out
-    value, warnings = evaluate("increase(nhcb_rebucketed[1m])", 60)
+    value, warnings = evaluate("increase(nhcb_rebucketed[61s])", 60)
     assert not value.labels and warnings == [
         "rate/increase/delta: histograms with different custom bucket bounds: the element is left out"
     ]
-    # over [30 s, 60 s] the bounds are the same: 4 -> 6
-    (increase,) = instant("increase(nhcb_rebucketed[30s])", 60).values()
-    assert increase.count == 2.0 and increase.positive == {1: 2.0}
+    # over (0 s, 60 s] the bounds are the same: 4 -> 6, extended to the window's start: 2 * 60 / 30
+    (increase,) = instant("increase(nhcb_rebucketed[1m])", 60).values()
+    assert increase.count == 4.0 and increase.positive == {1: 4.0}
 
 
 def test_reset_detection():
@@ -202,8 +202,10 @@ def test_reset_detection():
 
 
 def test_schemas_are_reconciled_to_the_lowest():
-    (increase,) = instant("increase(sized[1m])", 60).values()
-    assert increase.schema == 0 and increase.positive == {1: 3.0} and increase.count == 3.0
+    (increase,) = instant("increase(sized[61s])", 60).values()  # 0 s and 60 s, extended 1 s back
+    assert (
+        increase.schema == 0 and increase.positive == {1: pytest.approx(3.05)} and increase.count == pytest.approx(3.05)
+    )
     merged = h(2.0, 3.0, {1: 1.0, 2: 1.0, -1: 2.0}, schema=1).add(h(1.0, 1.0, {1: 1.0}, threshold=0.6))
     # schema 1 bucket -1 ((0.5, 0.71]) and 0 would be schema 0 bucket 0 ((0.5, 1]): inside threshold 1 after widening
     assert (
@@ -281,7 +283,7 @@ def test_the_json_is_prometheus_2_42s():
     )
     value, _ = evaluate('latency{job="web"}[30s]', 60)
     (ranged,) = orjson.loads(_encode_instant(value, 60000, []))["data"]["result"]
-    assert [point[0] for point in ranged["histograms"]] == [30.0, 45.0, 60.0] and "values" not in ranged
+    assert [point[0] for point in ranged["histograms"]] == [45.0, 60.0] and "values" not in ranged  # (30 s, 60 s]
 
 
 def test_set_operators_and_relabelling_keep_histograms():

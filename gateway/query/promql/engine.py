@@ -22,7 +22,7 @@ import numpy as np
 import promql_parser
 
 from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
-from gateway.query.promql.range_functions import quantiles
+from gateway.query.promql.range_functions import KahanMean, compensated_sum, quantiles
 from gateway.query.promql.values import (
     NAME,
     Guard,
@@ -567,8 +567,7 @@ class Evaluator:
         np.add.at(counts, group_of, counted.astype(np.float64))
         with np.errstate(all="ignore"):
             if op == "sum":
-                result = np.zeros((count, ctx.steps))
-                np.add.at(result, group_of, np.where(vector.present, vector.values, 0.0))
+                result = _kahan_sum(vector, group_of, count)
             elif op == "avg":
                 result = _running_mean(vector, group_of, count)
             elif op == "count":
@@ -874,25 +873,33 @@ def _ranks(group_of: np.ndarray) -> list[np.ndarray]:
     return [np.flatnonzero(rank == r) for r in range(int(rank.max()) + 1)] if len(rank) else []
 
 
+def _kahan_sum(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
+    """sum as Prometheus 3 adds: each group's rows in input order with Neumaier's compensation
+    (compensated_sum, all steps at once); a group of one row is that row."""
+    values = np.where(vector.present, vector.values, 0.0)
+    if count == len(group_of):
+        result = np.zeros_like(values)
+        result[group_of] = values
+        return result
+    result = np.zeros((count, values.shape[1]))
+    order = np.argsort(group_of, kind="stable")
+    bounds = np.searchsorted(group_of[order], np.arange(count + 1))
+    for group in range(count):
+        result[group] = compensated_sum(values[order[bounds[group] : bounds[group + 1]]].T)
+    return result
+
+
 def _running_mean(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
-    """avg as Prometheus 2.42 computes it: an incremental mean (no sum that could overflow near
-    ±MaxFloat64); once the mean is infinite, finite values and infinities of its sign leave it."""
-    steps = vector.values.shape[1]
-    mean, seen = np.zeros((count, steps)), np.zeros((count, steps))
+    """avg as Prometheus 3 computes it (KahanMean), each group's rows in input order."""
+    mean = KahanMean((count, vector.values.shape[1]))
     for rows in _ranks(group_of):
-        groups, values, present = group_of[rows], vector.values[rows], vector.present[rows]
-        n = seen[groups] + present
-        old = mean[groups]
-        stays = np.isinf(old) & (np.isfinite(values) | (np.isinf(values) & ((old > 0) == (values > 0))))
-        moved = np.where(n == 1, values, old + (values / n - old / n))
-        mean[groups] = np.where(present & ((n == 1) | ~stays), moved, old)
-        seen[groups] = n
-    return mean
+        mean.add(group_of[rows], vector.values[rows], vector.present[rows])
+    return mean.result()
 
 
 def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
-    """stdvar as Prometheus 2.42 computes it: Welford's running update (identical values give
-    exactly 0)."""
+    """stdvar as Prometheus 3 computes it: Welford's running update (identical values give
+    exactly 0; a group whose first value is NaN or infinite gives NaN)."""
     steps = vector.values.shape[1]
     mean, squares, seen = np.zeros((count, steps)), np.zeros((count, steps)), np.zeros((count, steps))
     for rows in _ranks(group_of):
@@ -901,7 +908,7 @@ def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.nd
         old_mean = mean[groups]
         delta = values - old_mean
         new_mean = np.where(n == 1, values, old_mean + delta / n)
-        added = np.where(n == 1, 0.0, delta * (values - new_mean))
+        added = np.where(n == 1, np.where(np.isfinite(values), 0.0, np.nan), delta * (values - new_mean))
         mean[groups] = np.where(present, new_mean, old_mean)
         squares[groups] = np.where(present, squares[groups] + added, squares[groups])
         seen[groups] = n

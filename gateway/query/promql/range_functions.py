@@ -107,16 +107,13 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
         sampled = (ts[last_i] - ts[first_i]) / 1000
         with np.errstate(divide="ignore", invalid="ignore"):
             average = sampled / (hi - lo - 1)
-            if is_counter:
+            threshold = average * 1.1
+            to_start = np.where(to_start < threshold, to_start, average / 2)
+            if is_counter:  # Prometheus 3: the zero point bounds the start after the threshold's cut
                 to_zero = sampled * (first / result)
                 to_start = np.where((result > 0) & (first >= 0) & (to_zero < to_start), to_zero, to_start)
-            threshold = average * 1.1
-            interval = (
-                sampled
-                + np.where(to_start < threshold, to_start, average / 2)
-                + np.where(to_end < threshold, to_end, average / 2)
-            )
-            factor = interval / sampled
+            to_end = np.where(to_end < threshold, to_end, average / 2)
+            factor = (sampled + to_start + to_end) / sampled
             if is_rate:
                 factor = factor / range_s
             return result * factor, present
@@ -323,16 +320,20 @@ def compensated_sum(rows: np.ndarray) -> np.ndarray:
     return np.where(np.isinf(total), total, total + compensation)
 
 
-def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """avg_over_time as Prometheus 3 computes it: a Kahan sum divided by the count while the
-    sum stays finite; a row whose sum would overflow goes on as an incremental mean (with Kahan
-    summation too) from there. Window position by position, all steps at once."""
-    size = len(rows)
-    total, lost, count = np.zeros(size), np.zeros(size), np.zeros(size)
-    mean, mean_lost, incremental = np.zeros(size), np.zeros(size), np.zeros(size, dtype=bool)
-    for column in range(rows.shape[1]):
-        value, moves = rows[:, column], mask[:, column]
-        count = count + moves
+class KahanMean:
+    """Prometheus 3's mean (avg, avg_over_time) of many cells at once: a Kahan sum divided by
+    the count while the sum stays finite; a cell whose sum would overflow goes on as an
+    incremental mean (with Kahan summation too) from there. ``add`` takes the next value of
+    the cells at ``where`` (an index into the cells) where ``moves``."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.total, self.lost, self.count = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self.mean, self.mean_lost = np.zeros(shape), np.zeros(shape)
+        self.incremental = np.zeros(shape, dtype=bool)
+
+    def add(self, where, value: np.ndarray, moves: np.ndarray) -> None:
+        total, lost, mean, mean_lost = self.total[where], self.lost[where], self.mean[where], self.mean_lost[where]
+        count, incremental = self.count[where] + moves, self.incremental[where]
         first = moves & (count == 1)
         summing = moves & ~first & ~incremental
         added, added_lost = _kahan_add(value, total, lost)
@@ -342,15 +343,31 @@ def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
             mean = np.where(overflows, total / (count - 1), mean)
             mean_lost = np.where(overflows, lost / (count - 1), mean_lost)
         summing &= ~overflows
-        total = np.where(first, value, np.where(summing, added, total))
-        lost = np.where(first, 0.0, np.where(summing, added_lost, lost))
+        self.total[where] = np.where(first, value, np.where(summing, added, total))
+        self.lost[where] = np.where(first, 0.0, np.where(summing, added_lost, lost))
         stepping = moves & incremental
         if stepping.any():
-            share = np.where(count > 0, (count - 1) / np.maximum(count, 1), 0.0)
-            moved, moved_lost = _kahan_add(value / np.maximum(count, 1), share * mean, share * mean_lost)
+            counted = np.maximum(count, 1)
+            share = (counted - 1) / counted
+            moved, moved_lost = _kahan_add(value / counted, share * mean, share * mean_lost)
             mean, mean_lost = np.where(stepping, moved, mean), np.where(stepping, moved_lost, mean_lost)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(incremental, mean + mean_lost, total / count + lost / count)
+        self.mean[where], self.mean_lost[where] = mean, mean_lost
+        self.count[where], self.incremental[where] = count, incremental
+
+    def result(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(
+                self.incremental, self.mean + self.mean_lost, self.total / self.count + self.lost / self.count
+            )
+
+
+def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """avg_over_time as Prometheus 3 computes it (KahanMean), window position by position, all
+    steps at once."""
+    mean = KahanMean((len(rows),))
+    for column in range(rows.shape[1]):
+        mean.add(slice(None), rows[:, column], mask[:, column])
+    return mean.result()
 
 
 def compensated_variance(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
