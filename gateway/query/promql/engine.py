@@ -16,10 +16,12 @@ import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from decimal import Decimal
 from typing import NamedTuple
 
 import numpy as np
 import promql_parser
+import xxhash
 
 from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
 from gateway.query.promql.range_functions import KahanMean, compensated_sum, quantiles
@@ -45,7 +47,7 @@ from protocols.prometheus.read import Matcher
 DEFAULT_SUBQUERY_STEP_MS = 60_000
 _MATCH_TYPES = {"MatchOp.Equal": "EQ", "MatchOp.NotEqual": "NEQ", "MatchOp.Re": "RE", "MatchOp.NotRe": "NRE"}
 _COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
-_ARITHMETIC = {"+", "-", "*", "/", "%", "^"}  # the operators that drop __name__ (atan2 keeps it in 2.42)
+_ARITHMETIC = {"+", "-", "*", "/", "%", "^", "atan2"}  # the operators that drop __name__ (2.42 kept it for atan2)
 _SET_OPERATORS = {"and", "or", "unless"}
 
 
@@ -559,6 +561,19 @@ class Evaluator:
         if op in ("topk", "bottomk"):
             _check_k(param.values)
             return _top(vector, param.values, group_of, op)
+        if op == "limitk":
+            _check_k(param.values)
+            return _limit(vector, group_of, lambda rows, groups: _first_k(rows.sampled, groups, param.values))
+        if op == "limit_ratio":
+            if np.isnan(param.values).any():
+                raise PromQLError("Ratio value is NaN")
+            if (np.abs(param.values) > 1).any():
+                self.warn(
+                    "PromQL warning: ratio value should be between -1 and 1, got "
+                    f"{_go_float(param.values[np.argmax(np.abs(param.values))])}, capping to "
+                    f"{_go_float(np.clip(param.values[np.argmax(np.abs(param.values))], -1, 1))}"
+                )
+            return _limit(vector, group_of, lambda rows, groups: _sampled(rows.labels, param.values))
         count = len(group_labels)
         counted = vector.sampled if op in ("count", "group") else vector.present
         present = np.zeros((count, ctx.steps), dtype=bool)
@@ -916,10 +931,15 @@ def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.nd
 
 
 def _check_k(k_values: np.ndarray) -> None:
-    """topk/bottomk's k must fit an int64 at every step (NaN does not), as Prometheus checks."""
-    for k in k_values:
-        if not -(2.0**63) <= k <= 2.0**63:
-            raise PromQLError(f"Scalar value {k:g} overflows int64".replace("nan", "NaN"))
+    """topk/bottomk/limitk's k, checked as Prometheus 3 does (unless every k is under 1, which
+    gives nothing): not NaN, inside int64."""
+    if not k_values.max() < 1:
+        if np.isnan(k_values).any():
+            raise PromQLError("Parameter value is NaN")
+        if k_values.min() <= -(2.0**63):
+            raise PromQLError(f"Scalar value {_go_float(k_values.min())} underflows int64")
+        if k_values.max() >= 2.0**63:
+            raise PromQLError(f"Scalar value {_go_float(k_values.max())} overflows int64")
 
 
 def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) -> Vector:
@@ -958,6 +978,62 @@ def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) ->
         present[order],
         None if vector.sample_ms is None else vector.sample_ms[order],
     )
+
+
+def _limit(vector: Vector, group_of: np.ndarray, chosen) -> Vector:
+    """limitk/limit_ratio: the rows ``chosen(rows, their groups)`` keeps at each step, the rows
+    in Prometheus's input order (series sorted by their label sets)."""
+    order = np.array(sorted(range(len(vector.labels)), key=lambda row: sorted(vector.labels[row].items())), dtype=int)
+    ordered = vector.take(order)
+    kept = ordered.sampled & chosen(ordered, group_of[order])
+    histograms = None if ordered.histograms is None else np.where(kept, ordered.histograms, None)
+    return ordered._replace(present=ordered.present & kept, histograms=histograms).without_absent()
+
+
+def _first_k(present: np.ndarray, group_of: np.ndarray, k_values: np.ndarray) -> np.ndarray:
+    """The first k present rows of each group at each step (rows in order, k per step)."""
+    seen = np.zeros_like(present, dtype=np.int64)
+    for group in np.unique(group_of):
+        rows = np.flatnonzero(group_of == group)
+        seen[rows] = np.cumsum(present[rows], axis=0)
+    return seen <= np.floor(k_values)[None, :]
+
+
+def _sampled(labels: list[dict], ratios: np.ndarray) -> np.ndarray:
+    """limit_ratio's choice (Prometheus's HashRatioSampler): a series' offset in [0, 1) is the
+    xxHash64 of its label set as Prometheus 3 lays it out, over 2^64 - 1; a ratio r >= 0 keeps
+    offsets under r, a ratio r < 0 keeps offsets at or above 1 + r."""
+    offsets = np.array([_label_set_hash(series) / float(2**64 - 1) for series in labels])[:, None]
+    ratios = np.clip(ratios, -1.0, 1.0)[None, :]
+    return np.where(ratios >= 0, offsets < ratios, offsets >= 1 + ratios)
+
+
+def _label_set_hash(labels: dict[str, str]) -> int:
+    """Prometheus 3's Labels.Hash(): xxHash64 of each name and value, sorted by name, each
+    after its length (one byte below 255, else 255 and three bytes little-endian)."""
+    data = bytearray()
+    for name, value in sorted(labels.items()):
+        for text in (name.encode(), value.encode()):
+            data += bytes([len(text)]) if len(text) < 255 else b"\xff" + len(text).to_bytes(3, "little")
+            data += text
+    return xxhash.xxh64_intdigest(bytes(data))
+
+
+def _go_float(value: float) -> str:
+    """A float as Go's %v prints it in Prometheus's messages: the shortest digits, as an
+    exponent from 1e+06 up and below 1e-04 (1.5, -2, 1e+06, 9.2e+18, NaN, +Inf)."""
+    value = float(value)
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "0"
+    sign, digits, exponent = Decimal(repr(value)).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    decimal_exponent = len(digits) + exponent - 1
+    if -4 <= decimal_exponent < 6:
+        return repr(value).removesuffix(".0")
+    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{'-' if decimal_exponent < 0 else '+'}{abs(decimal_exponent):02d}"
 
 
 def _count_values(vector: Vector, label: str, grouping: list[str], without: bool, ctx: Context) -> Vector:

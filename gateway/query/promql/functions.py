@@ -46,6 +46,8 @@ _ELEMENTWISE = {
     "rad": np.radians,
 }
 _OVER_TIME = ("avg", "min", "max", "sum", "count", "stddev", "stdvar", "last", "present")
+# Prometheus 3's experimental ones (--enable-feature=promql-experimental-functions there)
+_OVER_TIME_3 = ("first", "mad", "ts_of_first", "ts_of_last", "ts_of_min", "ts_of_max")
 
 
 def _elementwise(function):
@@ -148,6 +150,31 @@ def _sort(descending: bool):
         return Vector([vector.labels[i] for i in order], vector.values[order], vector.present[order])
 
     return apply
+
+
+def _sort_by_label(descending: bool):
+    """sort_by_label(_desc): by the named labels' values in natural order (``a2`` before
+    ``a10``), ties by the whole label set, as Prometheus 3 (an instant query only)."""
+
+    def apply(ctx, args, call):
+        vector = args[0]
+        if ctx.steps != 1 or not vector.labels:
+            return vector
+        names = [argument.value for argument in args[1:]]
+
+        def key(row: int):
+            labels = vector.labels[row]
+            return [_natural(labels.get(name, "")) for name in names], sorted(labels.items())
+
+        order = sorted(range(len(vector.labels)), key=key, reverse=descending)
+        return Vector([vector.labels[i] for i in order], vector.values[order], vector.present[order])
+
+    return apply
+
+
+def _natural(text: str) -> list[tuple[int, int | str]]:
+    """The sort key of natural order: runs of digits compare as numbers, other runs as text."""
+    return [(0, int(run)) if run.isdigit() else (1, run) for run in re.findall(r"\d+|\D+", text)]
 
 
 def selector_labels(call_argument) -> dict:
@@ -364,6 +391,8 @@ FUNCTIONS.update(
         "pi": _pi,
         "sort": _sort(False),
         "sort_desc": _sort(True),
+        "sort_by_label": _sort_by_label(False),
+        "sort_by_label_desc": _sort_by_label(True),
         "absent": _absent,
         "absent_over_time": _absent_over_time,
         "label_replace": _label_replace,
@@ -400,6 +429,9 @@ FUNCTIONS.update(
         "histogram_fraction": _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step])),
         "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
         "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
+        "double_exponential_smoothing": _ranged(
+            lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))
+        ),
         "holt_winters": _ranged(lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))),
         "changes": _ranged(lambda ctx, a: ranged.changes(a[0])),
         "resets": _ranged(lambda ctx, a: ranged.resets(a[0])),
@@ -408,5 +440,5 @@ FUNCTIONS.update(
 )
 for _part in ("year", "month", "day_of_month", "day_of_year", "day_of_week", "days_in_month", "hour", "minute"):
     FUNCTIONS[_part] = _date_function(_part)
-for _name in _OVER_TIME:
+for _name in _OVER_TIME + _OVER_TIME_3:
     FUNCTIONS[f"{_name}_over_time"] = _ranged(lambda ctx, a, name=_name: ranged.over_time(a[0], name))

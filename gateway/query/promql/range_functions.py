@@ -232,7 +232,13 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
             return np.ones(lo.shape), present
         if name == "last":
             return series.values[np.maximum(hi - 1, 0)], present
-        _, vs, mask = gather(series, lo, hi, matrix.guard)
+        if name == "first":
+            return series.values[np.minimum(lo, len(series.values) - 1)], present
+        if name == "ts_of_last":
+            return series.timestamps[np.maximum(hi - 1, 0)] / 1000, present
+        if name == "ts_of_first":
+            return series.timestamps[np.minimum(lo, len(series.values) - 1)] / 1000, present
+        ts, vs, mask = gather(series, lo, hi, matrix.guard)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             if name == "sum":
                 return compensated_sum(np.where(mask, vs, 0.0)), present
@@ -241,6 +247,10 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
                 return reduce.reduce(np.where(mask, vs, np.nan), axis=1), present
             if name == "quantile":
                 return quantiles(np.where(mask, vs, np.inf), count, parameter), present
+            if name == "mad":
+                return _median_absolute_deviation(vs, mask, count), present
+            if name in ("ts_of_min", "ts_of_max"):
+                return _time_of_extreme(ts, vs, mask, name == "ts_of_max"), present
         raise AssertionError(name)
 
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -250,8 +260,25 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
             return _windowed(matrix, compensated_variance)
         if name == "stddev":
             return _windowed(matrix, lambda vs, mask: np.sqrt(compensated_variance(vs, mask)))
-    stacked = name in ("count", "present", "last")
-    return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name == "last")
+    stacked = name in ("count", "present", "last", "first", "ts_of_last", "ts_of_first")
+    return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name in ("last", "first"))
+
+
+def _median_absolute_deviation(vs: np.ndarray, mask: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """mad_over_time: the median of the distances to the median; a window holding NaN gives NaN."""
+    half = np.full(len(vs), 0.5)
+    median = quantiles(np.where(mask, vs, np.inf), count, half)
+    distances = quantiles(np.where(mask, np.abs(vs - median[:, None]), np.inf), count, half)
+    return np.where((mask & np.isnan(vs)).any(axis=1), np.nan, distances)
+
+
+def _time_of_extreme(ts: np.ndarray, vs: np.ndarray, mask: np.ndarray, largest: bool) -> np.ndarray:
+    """ts_of_max_over_time/ts_of_min_over_time: when the window's largest (smallest) value was
+    last seen, NaN left out unless the window holds nothing else (then its last sample)."""
+    extreme = (np.fmax if largest else np.fmin).reduce(np.where(mask, vs, np.nan), axis=1)
+    chosen = mask & ((vs == extreme[:, None]) | np.isnan(extreme)[:, None])
+    last = chosen.shape[1] - 1 - np.argmax(chosen[:, ::-1], axis=1)
+    return ts[np.arange(len(ts)), last] / 1000
 
 
 WINDOW_ELEMENTS = 1 << 21  # window samples _windowed reduces at once (a few tens of MB)

@@ -98,7 +98,10 @@ class Vector(NamedTuple):
         keep = self.sampled.any(axis=1)
         if keep.all():
             return self
-        index = np.flatnonzero(keep)
+        return self.take(np.flatnonzero(keep))
+
+    def take(self, index: np.ndarray) -> "Vector":
+        """The rows at ``index``, in that order."""
         stamps = None if self.sample_ms is None else self.sample_ms[index]
         histograms = None if self.histograms is None else self.histograms[index]
         return Vector([self.labels[i] for i in index], self.values[index], self.present[index], stamps, histograms)
@@ -129,7 +132,7 @@ class Series(NamedTuple):
 
 
 class RangeVector(NamedTuple):
-    """Series with, per step, the window [ref - range, ref] their samples are cut to;
+    """Series with, per step, the window (ref - range, ref] their samples are cut to;
     ``histogram_series`` are those holding native histograms (values: an object array)."""
 
     series: list[Series]
