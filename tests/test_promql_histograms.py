@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.http.promql_api import _encode_instant, _encode_matrix
+from gateway.http.promql_api import _encode_instant, _encode_matrix, _envelope
 from gateway.query.promql.engine import Evaluator, Query, parse, plan
 from gateway.query.promql.values import Series, Vector
 from protocols.prometheus.native_histogram import Histogram
@@ -321,3 +321,16 @@ def test_a_stored_nan_or_negative_zero_threshold_is_read_as_zero():
         assert stored.zero_threshold == 0.0
         a, b = reconcile(stored, h(1.0, 1.0, {1: 1.0}, threshold=0.5))
         assert a.zero_threshold == b.zero_threshold == 0.5
+
+
+def test_incompatible_sample_types_are_an_info_in_its_own_list():
+    value, annotations = evaluate('latency{job="api"} < 1', 60)
+    assert not value.labels and annotations == [
+        'PromQL info: incompatible sample types encountered for binary operator "<": histogram < float'
+    ]
+    _, annotations = evaluate('2 * latency{job="api"} + latency{job="api"} * 2 - 1 / latency{job="api"}', 60)
+    assert annotations == [
+        'PromQL info: incompatible sample types encountered for binary operator "/": float / histogram'
+    ]
+    document = orjson.loads(_envelope({}, [*annotations, "a warning"]))
+    assert document["infos"] == annotations and document["warnings"] == ["a warning"]

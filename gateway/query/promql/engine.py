@@ -558,6 +558,8 @@ class Evaluator:
                 raise PromQLError(f"invalid label name {param.value!r}")
             return _count_values(vector, param.value, grouping, without, ctx)
         group_of, group_labels = _groups(vector.labels, grouping, without)
+        if op in ("topk", "bottomk", "min", "max", "stddev", "stdvar", "quantile") and vector.histogram_present.any():
+            self.warn(f"PromQL info: ignored histogram in {op} aggregation")
         if op in ("topk", "bottomk"):
             _check_k(param.values)
             return _top(vector, param.values, group_of, op)
@@ -624,10 +626,14 @@ class Evaluator:
             value, keep = _operate(op, lhs.values, rhs.values)
             return Scalar(np.asarray(keep, dtype=np.float64) if op in _COMPARISONS else value)
         if isinstance(lhs, Scalar) or isinstance(rhs, Scalar):
+            everywhere, nowhere = np.ones(ctx.steps, dtype=bool), np.zeros(ctx.steps, dtype=bool)
+            left = (everywhere, nowhere) if isinstance(lhs, Scalar) else (lhs.present, lhs.histogram_present)
+            right = (everywhere, nowhere) if isinstance(rhs, Scalar) else (rhs.present, rhs.histogram_present)
+            _note_incompatible(op, ctx, *left, *right)
             return _vector_scalar(op, lhs, rhs, return_bool)
         if op in _SET_OPERATORS:
             return _set_operation(op, lhs, rhs, modifier)
-        return _vector_vector(op, lhs, rhs, modifier, return_bool)
+        return _vector_vector(op, lhs, rhs, modifier, return_bool, ctx)
 
 
 def _refuse_same_labels(vector: Vector) -> None:
@@ -667,6 +673,26 @@ def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, 
         }[op]
         keep = comparison(left, right)
         return left, keep
+
+
+# The binary operators Prometheus 3 applies to native histograms, by the sides' sample types;
+# any other drops the element with an info annotation.
+_HISTOGRAM_OPERATORS = {
+    ("float", "histogram"): {"*"},
+    ("histogram", "float"): {"*", "/"},
+    ("histogram", "histogram"): {"+", "-", "==", "!="},
+}
+
+
+def _note_incompatible(op: str, ctx: Context, left_float, left_histogram, right_float, right_histogram) -> None:
+    """Prometheus 3's info when ``op`` meets sample types it does not take (``float <
+    histogram``): the masks say where each side holds a float or a histogram."""
+    sides = {"float": (left_float, right_float), "histogram": (left_histogram, right_histogram)}
+    for (left, right), allowed in _HISTOGRAM_OPERATORS.items():
+        if op not in allowed and (sides[left][0] & sides[right][1]).any():
+            ctx.warn(
+                f'PromQL info: incompatible sample types encountered for binary operator "{op}": {left} {op} {right}'
+            )
 
 
 def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
@@ -772,7 +798,7 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     return merge_same_labels(stacked(left, right).without_absent())
 
 
-def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool) -> Vector:
+def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool, ctx: Context) -> Vector:
     card = str(modifier.card) if modifier is not None else "VectorMatchCardinality.OneToOne"
     if card.endswith("OneToMany"):
         many, one, swapped = rhs, lhs, True
@@ -809,6 +835,9 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
             many_seen[signature] = many.present[index] | (seen if seen is not None else False)
         other_values = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
         other_present = one.present[partners].any(axis=0)
+        mine = (many.present[index], many.histogram_present[index])
+        theirs = (other_present, one.histogram_present[partners].any(axis=0))
+        _note_incompatible(op, ctx, *(theirs + mine if swapped else mine + theirs))
         partner_labels = one.labels[partners[0]]
         left, right = (other_values, many.values[index]) if swapped else (many.values[index], other_values)
         value, keep = _operate(op, left, right)
