@@ -136,8 +136,8 @@ def _histograms(token: str) -> list[Histogram]:
     value = histogram(first)
     sequence = [value]
     for _ in range(int(times or 0)):
-        if step is not None:
-            value = value.add(histogram(step), -1.0 if sign == "-" else 1.0)
+        if step is not None:  # the sequence keeps the first one's counter reset hint
+            value = value.add(histogram(step), -1.0 if sign == "-" else 1.0).copy(reset_hint=value.reset_hint)
         sequence.append(value)
     return sequence
 

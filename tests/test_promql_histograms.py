@@ -176,11 +176,11 @@ def test_counter_resets_add_the_sample_before_back():
     assert increase.count == 6 + 18 and increase.positive == {1: 2 + 6, 2: 3 + 9} and increase.zero_count == 1 + 3
     (irate,) = instant('irate(latency{job="web"}[1m])', 60).values()
     assert irate.count == pytest.approx(6 / 15)  # after a reset, the last sample alone
-    # the custom bounds changed at 30 s: last minus first has no meaning, the element is left out
+    # the custom bounds changed at 30 s, which is a counter reset: the increase starts from nothing
+    # in the second sample's bounds (Prometheus 3), 6 over 60 s sampled, extended 1 s back
     value, warnings = evaluate("increase(nhcb_rebucketed[61s])", 60)
-    assert not value.labels and warnings == [
-        "rate/increase/delta: histograms with different custom bucket bounds: the element is left out"
-    ]
+    (increase,) = value.histograms[:, 0]
+    assert increase.count == pytest.approx(6.1) and increase.custom_values == (0.5, 2.0) and not warnings
     # over (0 s, 60 s] the bounds are the same: 4 -> 6, extended to the window's start: 2 * 60 / 30
     (increase,) = instant("increase(nhcb_rebucketed[1m])", 60).values()
     assert increase.count == 4.0 and increase.positive == {1: 4.0}
@@ -226,13 +226,18 @@ def test_sum_avg_count_and_scalar_arithmetic():
     assert instant(f"2 / {both}", 60) == {}
 
 
-def test_floats_and_histograms_in_one_sum_drop_the_element_with_a_warning():
+def test_floats_and_histograms_in_one_sum_drop_the_element_with_a_warning_and_custom_bounds_are_reconciled():
     value, warnings = evaluate("sum(latency)", 60)
-    assert not value.labels and warnings == ["sum: encountered a mix of histograms and floats: the element is left out"]
+    assert not value.labels and warnings == [
+        "PromQL warning: encountered a mix of histograms and floats for aggregation"
+    ]
     value, warnings = evaluate('sum by (job) (latency{job=~"api|batch"})', 60)
     assert len(value.labels) == 2 and not warnings
-    _, warnings = evaluate('sum({__name__=~"nhcb.*"})', 30)
-    assert warnings == ["sum: histograms with different custom bucket bounds: the element is left out"]
+    # custom bounds (0.5, 1, 5) and (0.5, 2): summed in the bounds both have, (0.5), with an info
+    value, warnings = evaluate('sum({__name__=~"nhcb.*"})', 30)
+    (total,) = value.histograms[:, 0]
+    assert total.custom_values == (0.5,) and total.positive == {0: 2.0, 1: 12.0} and total.count == 14.0
+    assert warnings == ["PromQL info: mismatched custom buckets were reconciled during aggregation"]
 
 
 def test_range_queries_and_subqueries_over_histograms():

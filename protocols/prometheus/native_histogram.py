@@ -8,6 +8,7 @@ holds (2^((i-1)/2^s), 2^(i/2^s)]; for custom buckets (schema -53, NHCB) bucket i
 up to +Inf.
 """
 
+import bisect
 import dataclasses
 import math
 import struct
@@ -18,7 +19,7 @@ from . import types_pb2
 from .xor import STALE_NAN_BITS
 
 CUSTOM_BUCKETS_SCHEMA = -53
-_RESET_YES, _RESET_NO = types_pb2.Histogram.YES, types_pb2.Histogram.NO
+RESET_HINT, NO_RESET_HINT = types_pb2.Histogram.YES, types_pb2.Histogram.NO
 _MAX_FLOAT = 1.7976931348623157e308
 _STALE_SUM = struct.pack("<Q", STALE_NAN_BITS)
 
@@ -99,9 +100,13 @@ class Histogram:
             negative={i: c * factor for i, c in self.negative.items()},
         )
 
-    def add(self, other: "Histogram", sign: float = 1.0) -> "Histogram":
-        """``self + sign * other`` in the lower of both schemas and the larger zero threshold."""
+    def add(self, other: "Histogram", sign: float = 1.0, on_reconcile=None) -> "Histogram":
+        """``self + sign * other`` in the lower of both schemas and the larger zero threshold;
+        custom buckets of different bounds in the bounds both have (``on_reconcile()`` is
+        called then: Prometheus 3 says so in an info)."""
         a, b = reconcile(self, other)
+        if on_reconcile is not None and (a.custom_values, b.custom_values) != (self.custom_values, other.custom_values):
+            on_reconcile()
         return a.copy(
             zero_count=a.zero_count + sign * b.zero_count,
             count=a.count + sign * b.count,
@@ -111,8 +116,19 @@ class Histogram:
             reset_hint=0,
         )
 
-    def sub(self, other: "Histogram") -> "Histogram":
-        return self.add(other, -1.0)
+    def sub(self, other: "Histogram", on_reconcile=None) -> "Histogram":
+        return self.add(other, -1.0, on_reconcile)
+
+    def rebucketed(self, bounds: tuple) -> "Histogram":
+        """A custom-bucket histogram in buckets of ``bounds`` (a subset of its own): each bucket
+        joins the first of them at or above its upper bound (+Inf: the last)."""
+        if bounds == self.custom_values:
+            return self
+        positive: dict[int, float] = {}
+        for index, count in self.positive.items():
+            target = bisect.bisect_left(bounds, self.bound(index))
+            positive[target] = positive.get(target, 0.0) + count
+        return self.copy(custom_values=bounds, positive=positive)
 
     def reduced(self, schema: int) -> "Histogram":
         """The same observations in buckets of a lower exponential schema (each 2^(delta) merge)."""
@@ -151,9 +167,9 @@ class Histogram:
         """Prometheus's DetectReset: this sample restarted the counter since ``previous`` (a
         count, the zero bucket or any bucket went down, the zero threshold shrank, the schema
         grew, or the custom bounds changed)."""
-        if self.reset_hint == _RESET_YES:
+        if self.reset_hint == RESET_HINT:
             return True
-        if self.reset_hint == _RESET_NO:
+        if self.reset_hint == NO_RESET_HINT:
             return False
         if self.count < previous.count or self.custom != previous.custom:
             return True
@@ -305,10 +321,14 @@ _RULES = {(False, True): 0, (True, False): 1, (False, False): 2, (True, True): 3
 
 
 def reconcile(a: Histogram, b: Histogram) -> tuple[Histogram, Histogram]:
-    """Both histograms in one bucket layout: the lower schema, the larger zero threshold."""
+    """Both histograms in one bucket layout: the lower schema, the larger zero threshold; custom
+    buckets of different bounds in the bounds both have (Prometheus 3's reconciliation)."""
     if a.custom or b.custom:
-        if a.custom != b.custom or a.custom_values != b.custom_values:
-            raise IncompatibleBuckets("histograms with different custom bucket bounds")
+        if a.custom != b.custom:
+            raise IncompatibleBuckets("histograms with exponential and custom buckets")
+        if a.custom_values != b.custom_values:
+            common = tuple(sorted(set(a.custom_values) & set(b.custom_values)))
+            return a.rebucketed(common), b.rebucketed(common)
         return a, b
     schema = min(a.schema, b.schema)
     a, b = a.reduced(schema), b.reduced(schema)

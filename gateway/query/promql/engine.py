@@ -16,7 +16,6 @@ import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from decimal import Decimal
 from typing import NamedTuple
 
 import numpy as np
@@ -35,13 +34,16 @@ from gateway.query.promql.values import (
     String,
     Vector,
     drop_metric_name,
+    go_float,
     is_stale,
     labels_key,
     merge_same_labels,
+    mixed_schemas_warning,
+    quantile_warning,
     stacked,
 )
 from protocols.linear_regex import BadPattern, compile_regex
-from protocols.prometheus.native_histogram import IncompatibleBuckets
+from protocols.prometheus.native_histogram import NO_RESET_HINT, RESET_HINT, IncompatibleBuckets
 from protocols.prometheus.read import Matcher
 
 DEFAULT_SUBQUERY_STEP_MS = 60_000
@@ -558,6 +560,8 @@ class Evaluator:
                 raise PromQLError(f"invalid label name {param.value!r}")
             return _count_values(vector, param.value, grouping, without, ctx)
         group_of, group_labels = _groups(vector.labels, grouping, without)
+        if op == "quantile" and (warning := quantile_warning(param.values)):
+            self.warn(warning)
         if op in ("topk", "bottomk", "min", "max", "stddev", "stdvar", "quantile") and vector.histogram_present.any():
             self.warn(f"PromQL info: ignored histogram in {op} aggregation")
         if op in ("topk", "bottomk"):
@@ -572,8 +576,8 @@ class Evaluator:
             if (np.abs(param.values) > 1).any():
                 self.warn(
                     "PromQL warning: ratio value should be between -1 and 1, got "
-                    f"{_go_float(param.values[np.argmax(np.abs(param.values))])}, capping to "
-                    f"{_go_float(np.clip(param.values[np.argmax(np.abs(param.values))], -1, 1))}"
+                    f"{go_float(param.values[np.argmax(np.abs(param.values))])}, capping to "
+                    f"{go_float(np.clip(param.values[np.argmax(np.abs(param.values))], -1, 1))}"
                 )
             return _limit(vector, group_of, lambda rows, groups: _sampled(rows.labels, param.values))
         count = len(group_labels)
@@ -730,19 +734,32 @@ def _aggregate_histograms(
     totals = np.full((count, ctx.steps), None, dtype=object)
     counts = np.zeros((count, ctx.steps))
     broken = np.zeros((count, ctx.steps), dtype=bool)
+    hints = np.zeros((count, ctx.steps), dtype=np.int64)  # bit 1: a counter reset said, bit 2: none said
     for row, step in zip(*np.nonzero(holds)):
         group, histogram = group_of[row], vector.histograms[row, step]
         counts[group, step] += 1
+        hints[group, step] |= {RESET_HINT: 1, NO_RESET_HINT: 2}.get(histogram.reset_hint, 0)
         if broken[group, step]:
             continue
         try:
-            totals[group, step] = histogram if totals[group, step] is None else totals[group, step].add(histogram)
-        except IncompatibleBuckets as error:
+            totals[group, step] = (
+                histogram
+                if totals[group, step] is None
+                else totals[group, step].add(
+                    histogram,
+                    on_reconcile=lambda: ctx.warn(
+                        "PromQL info: mismatched custom buckets were reconciled during aggregation"
+                    ),
+                )
+            )
+        except IncompatibleBuckets:
             broken[group, step] = True
-            ctx.warn(f"{op}: {error}: the element is left out")
+            ctx.warn(mixed_schemas_warning(vector.labels[row]))
     mixed = has_float & (counts > 0)
     if mixed.any():
-        ctx.warn(f"{op}: encountered a mix of histograms and floats: the element is left out")
+        ctx.warn("PromQL warning: encountered a mix of histograms and floats for aggregation")
+    if (hints == 3).any():
+        ctx.warn("PromQL warning: conflicting counter resets during histogram aggregation")
     for group, step in zip(*np.nonzero((counts > 0) & ~mixed & ~broken)):
         if op == "avg":
             totals[group, step] = totals[group, step].scale(1 / counts[group, step])
@@ -966,9 +983,9 @@ def _check_k(k_values: np.ndarray) -> None:
         if np.isnan(k_values).any():
             raise PromQLError("Parameter value is NaN")
         if k_values.min() <= -(2.0**63):
-            raise PromQLError(f"Scalar value {_go_float(k_values.min())} underflows int64")
+            raise PromQLError(f"Scalar value {go_float(k_values.min())} underflows int64")
         if k_values.max() >= 2.0**63:
-            raise PromQLError(f"Scalar value {_go_float(k_values.max())} overflows int64")
+            raise PromQLError(f"Scalar value {go_float(k_values.max())} overflows int64")
 
 
 def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) -> Vector:
@@ -1046,23 +1063,6 @@ def _label_set_hash(labels: dict[str, str]) -> int:
             data += bytes([len(text)]) if len(text) < 255 else b"\xff" + len(text).to_bytes(3, "little")
             data += text
     return xxhash.xxh64_intdigest(bytes(data))
-
-
-def _go_float(value: float) -> str:
-    """A float as Go's %v prints it in Prometheus's messages: the shortest digits, as an
-    exponent from 1e+06 up and below 1e-04 (1.5, -2, 1e+06, 9.2e+18, NaN, +Inf)."""
-    value = float(value)
-    if not math.isfinite(value):
-        return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
-    if value == 0:
-        return "0"
-    sign, digits, exponent = Decimal(repr(value)).normalize().as_tuple()
-    assert isinstance(exponent, int)
-    decimal_exponent = len(digits) + exponent - 1
-    if -4 <= decimal_exponent < 6:
-        return repr(value).removesuffix(".0")
-    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
-    return f"{'-' if sign else ''}{mantissa}e{'-' if decimal_exponent < 0 else '+'}{abs(decimal_exponent):02d}"
 
 
 def _count_values(vector: Vector, label: str, grouping: list[str], without: bool, ctx: Context) -> Vector:

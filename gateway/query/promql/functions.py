@@ -16,6 +16,7 @@ from gateway.query.promql.values import (
     drop_metric_name,
     labels_key,
     merge_same_labels,
+    quantile_warning,
     stacked,
 )
 from protocols.linear_regex import BadPattern, compile_regex
@@ -142,6 +143,8 @@ def _date_function(part):
 def _sort(descending: bool):
     def apply(ctx, args, call):
         vector = args[0]
+        if ctx.steps != 1:
+            _sort_warning(ctx)
         if ctx.steps != 1 or not vector.labels:
             return vector
         values = vector.values[:, 0]
@@ -158,6 +161,8 @@ def _sort_by_label(descending: bool):
 
     def apply(ctx, args, call):
         vector = args[0]
+        if ctx.steps != 1:
+            _sort_warning(ctx)
         if ctx.steps != 1 or not vector.labels:
             return vector
         names = [argument.value for argument in args[1:]]
@@ -289,6 +294,8 @@ def _of_histograms(compute):
 
 def _histogram_quantile(ctx, args, call):
     """Classic ``le`` buckets and native histograms both (as Prometheus, one call may hold both)."""
+    if warning := quantile_warning(args[0].values):
+        ctx.warn(warning)
     native = _of_histograms(lambda h, a, step: h.quantile(a[0].values[step]))(ctx, args, call)
     return stacked(_classic_quantile(ctx, args), native)
 
@@ -370,6 +377,17 @@ def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray) -> float:
     return start + (end - start) * (rank / count)
 
 
+def _quantile_over_time(ctx, args, call):
+    result = ranged.over_time(args[1], "quantile", args[0].values)
+    if result.labels and (warning := quantile_warning(args[0].values)):
+        ctx.warn(warning)
+    return result
+
+
+def _sort_warning(ctx) -> None:
+    ctx.warn("PromQL warning: sort is ineffective for range queries since results are always ordered by labels")
+
+
 def _ranged(compute):
     def apply(ctx, args, call):
         return compute(ctx, args)
@@ -435,7 +453,7 @@ FUNCTIONS.update(
         "holt_winters": _ranged(lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))),
         "changes": _ranged(lambda ctx, a: ranged.changes(a[0])),
         "resets": _ranged(lambda ctx, a: ranged.resets(a[0])),
-        "quantile_over_time": _ranged(lambda ctx, a: ranged.over_time(a[1], "quantile", a[0].values)),
+        "quantile_over_time": _quantile_over_time,
     }
 )
 for _part in ("year", "month", "day_of_month", "day_of_year", "day_of_week", "days_in_month", "hour", "minute"):

@@ -5,8 +5,18 @@ import itertools
 
 import numpy as np
 
-from gateway.query.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather, labels_key
-from protocols.prometheus.native_histogram import IncompatibleBuckets
+from gateway.query.promql.values import (
+    PromQLError,
+    RangeVector,
+    Series,
+    Vector,
+    drop_metric_name,
+    gather,
+    labels_key,
+    metric_name,
+    mixed_schemas_warning,
+)
+from protocols.prometheus.native_histogram import Histogram, IncompatibleBuckets
 from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 
 GAUGE_HINT = HistogramMessage.GAUGE
@@ -441,9 +451,10 @@ def absent_over_time(matrix: RangeVector, labels: dict) -> Vector:
 
 def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -> Vector:
     """rate/increase (counters) and delta (gauges) of native histograms: last minus first in the
-    lowest schema of the window, counter resets added back (histogramRate), then extrapolated as
-    extrapolated_rate does floats (without its zero-point cut, as Prometheus). A window whose
-    custom bucket bounds differ is left out with a warning, as Prometheus 3 does."""
+    lowest schema of the window, counter resets added back (histogramRate; a reset at the second
+    sample starts from nothing), then extrapolated as extrapolated_rate does floats, the zero
+    point taken from the counts. Custom bounds that differ are reconciled, with an info; a window
+    mixing exponential and custom buckets is left out with a warning, as Prometheus 3 does."""
     range_s = matrix.range_ms / 1000
     range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
 
@@ -453,32 +464,50 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
         for step in np.flatnonzero(hi - lo >= 2):
             window = hs[lo[step] : hi[step]]
             first, last = window[0], window[-1]
+            _warn_kind(window if is_counter else (first, last), is_counter, series.labels, warn)
+            if is_counter and window[1].detect_reset(first):  # from nothing, in the second's layout
+                second = window[1]
+                first = Histogram(second.schema, 0.0, 0.0, 0.0, 0.0, {}, {}, second.custom_values)
+            if len({h.custom for h in ([first, *window[1:]] if is_counter else (first, last))}) > 1:
+                warn(mixed_schemas_warning(series.labels))
+                continue
             try:
                 result = last.reduced(
                     min(h.schema for h in window) if is_counter else min(first.schema, last.schema)
-                ).sub(first)
+                ).sub(first, lambda: warn(f"{_RECONCILED} subtraction"))
                 if is_counter:
-                    for previous, current in itertools.pairwise(window):
+                    for previous, current in itertools.pairwise([first, *window[1:]]):
                         if current.detect_reset(previous):
-                            result = result.add(previous)
-            except IncompatibleBuckets as error:
-                warn(f"rate/increase/delta: {error}: the element is left out")
+                            result = result.add(previous, on_reconcile=lambda: warn(f"{_RECONCILED} addition"))
+            except IncompatibleBuckets:
+                warn(mixed_schemas_warning(series.labels))
                 continue
             first_ms, last_ms = ts[lo[step]], ts[hi[step] - 1]
             sampled = (last_ms - first_ms) / 1000
             average = sampled / (len(window) - 1)
             to_start, to_end = (first_ms - range_start[step]) / 1000, (range_end[step] - last_ms) / 1000
             threshold = average * 1.1
-            interval = (
-                sampled
-                + (to_start if to_start < threshold else average / 2)
-                + (to_end if to_end < threshold else average / 2)
-            )
+            to_start = to_start if to_start < threshold else average / 2
+            if is_counter and result.count > 0 and window[0].count >= 0:  # not below zero (Prometheus 3)
+                to_start = min(to_start, sampled * (window[0].count / result.count))
+            interval = sampled + to_start + (to_end if to_end < threshold else average / 2)
             factor = interval / sampled / (range_s if is_rate else 1)
             out[step] = result.scale(factor).copy(reset_hint=GAUGE_HINT)
         return out
 
     return _histogram_rows(matrix, compute)
+
+
+_RECONCILED = "PromQL info: mismatched custom buckets were reconciled during"
+
+
+def _warn_kind(histograms, counter: bool, labels: dict, warn) -> None:
+    """Prometheus 3's warnings on a counter function over a gauge histogram (any sample of the
+    window hinted so), and on a gauge function over a counter (its ends not hinted gauge)."""
+    if counter and any(h.reset_hint == GAUGE_HINT for h in histograms):
+        warn(f'PromQL warning: this native histogram metric is not a counter: "{metric_name(labels)}"')
+    elif not counter and any(h.reset_hint != GAUGE_HINT for h in histograms):
+        warn(f'PromQL warning: this native histogram metric is not a gauge: "{metric_name(labels)}"')
 
 
 def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
@@ -493,10 +522,15 @@ def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
             interval = (ts[hi[step] - 1] - ts[hi[step] - 2]) / 1000
             if interval == 0:
                 continue
+            _warn_kind((previous, last), is_rate, series.labels, warn)
             try:
-                result = last if is_rate and last.detect_reset(previous) else last.sub(previous)
-            except IncompatibleBuckets as error:
-                warn(f"irate/idelta: {error}: the element is left out")
+                result = (
+                    last
+                    if is_rate and last.detect_reset(previous)
+                    else last.sub(previous, lambda: warn(f"{_RECONCILED} subtraction"))
+                )
+            except IncompatibleBuckets:
+                warn(mixed_schemas_warning(series.labels))
                 continue
             out[step] = (result.scale(1 / interval) if is_rate else result).copy(reset_hint=GAUGE_HINT)
         return out

@@ -12,6 +12,7 @@ import math
 import sys
 import threading
 import time
+from decimal import Decimal
 from typing import NamedTuple
 
 import numpy as np
@@ -171,6 +172,45 @@ def merge_same_labels(vector: Vector) -> Vector:
             picked = np.argmax(holds[indexes], axis=0)
             histograms.append(vector.histograms[np.asarray(indexes)[picked], np.arange(holds.shape[1])])
     return Vector(labels, np.vstack(values), np.vstack(present), None, np.vstack(histograms) if histograms else None)
+
+
+def metric_name(labels: Labels) -> str:
+    return labels.get(NAME, "")
+
+
+def go_float(value: float) -> str:
+    """A float as Go's %v prints it in Prometheus's messages: the shortest digits, as an
+    exponent from 1e+06 up and below 1e-04 (1.5, -2, 1e+06, 9.2e+18, NaN, +Inf)."""
+    value = float(value)
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "0"
+    sign, digits, exponent = Decimal(repr(value)).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    decimal_exponent = len(digits) + exponent - 1
+    if -4 <= decimal_exponent < 6:
+        return repr(value).removesuffix(".0")
+    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{'-' if decimal_exponent < 0 else '+'}{abs(decimal_exponent):02d}"
+
+
+def mixed_schemas_warning(labels: Labels) -> str:
+    """Prometheus 3's warning on exponential and custom-bucket histograms met in one operation."""
+    return (
+        "PromQL warning: vector contains a mix of histograms with exponential and custom buckets schemas"
+        f' for metric name "{metric_name(labels)}"'
+    )
+
+
+def quantile_warning(q: np.ndarray) -> str | None:
+    """Prometheus 3's warning on quantiles outside [0, 1] (NaN first, then the largest, then the
+    smallest), None when all are inside."""
+    for bad in (q[np.isnan(q)], q[q > 1], q[q < 0]):
+        if len(bad):
+            value = bad.max() if (bad > 1).any() else bad.min()
+            return f"PromQL warning: quantile value should be between 0 and 1, got {go_float(value)}"
+    return None
 
 
 def drop_metric_name(labels: Labels) -> Labels:
