@@ -83,14 +83,34 @@ def parser_call(function, *args):
         raise ValueError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
 
 
+# Prometheus 3 language tsgate does not take (its parser, promql-parser 0.12, reads none of it
+# but fill()): a query using one is refused naming it, never answered as if it were not there.
+_UNSUPPORTED = (
+    (
+        re.compile(r"\b(anchored|smoothed)\b"),
+        "the anchored and smoothed range modifiers (Prometheus 3's experimental extended range selectors)",
+    ),
+    (re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),
+    (
+        re.compile(r"\[[^\]:]*[-+*/%^()][^\]]*\]|\b(offset|@)\s*\(|\b(step|range|min_of|max_of)\s*\("),
+        "duration expressions (Prometheus 3's experimental promql-duration-expr)",
+    ),
+)
+_FILL = "the fill(), fill_left() and fill_right() modifiers (Prometheus 3's experimental binop fill modifiers)"
+
+
 def parse(text: str):
     """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
-    and offsets out of range, regular expressions RE2 does not take."""
+    and offsets out of range, regular expressions RE2 does not take; and the Prometheus 3
+    language tsgate does not take, named."""
     try:
         expr = parser_call(promql_parser.parse, _raw_strings_quoted(text))
         for node in _nodes(expr):
             _check_node(node)
     except (ValueError, TypeError, OverflowError) as error:
+        feature = next((name for pattern, name in _UNSUPPORTED if pattern.search(text)), None)
+        if feature is not None:
+            raise PromQLError(f'invalid parameter "query": {feature} are not supported ({error})', "bad_data") from None
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     return expr
 
@@ -108,7 +128,11 @@ def _nodes(expr):
 
 def _check_node(node) -> None:
     """Reads what evaluation reads of a selector or subquery, so that what promql-parser cannot
-    hand over (an ``@`` before 1970 or past year 9999, a huge offset) is a parse error here."""
+    hand over (an ``@`` before 1970 or past year 9999, a huge offset) is a parse error here; a
+    fill() modifier, which tsgate does not apply, is refused."""
+    fill = node.modifier.fill_values if type(node).__name__ == "BinaryExpr" and node.modifier is not None else None
+    if fill is not None and (fill.lhs is not None or fill.rhs is not None):
+        raise ValueError(f"{_FILL} are not supported")
     if type(node).__name__ not in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
         return
     for name in ("offset", "range", "step"):
