@@ -63,8 +63,9 @@ remote_write:
 # area | modes | query.  Modes: IR instant and range, I instant only (range vectors, strings),
 # IR-ordered / I-ordered: the instant answer's order must match too; -3: Prometheus 3 answers
 # otherwise than 2.42 (tsgate answers as 3, docs/promql.rst), not compared; -3range: the range
-# answer only (its first windows hold the series' start: 3.x extrapolates it otherwise, or its
-# subquery steps fall on the left-open edge).  MID is replaced by a timestamp in the middle of
+# answer only: its first windows hold the series' start, which Prometheus 3 extrapolates
+# otherwise (every rate and increase here, whether a run's timing shows it or not), or its
+# subquery steps fall on the left-open edge.  MID is replaced by a timestamp in the middle of
 # the range, after d_vanishing went stale.
 QUERIES = """
 selector      | IR | d_requests_total
@@ -155,7 +156,7 @@ arithmetic    | IR | 2 ^ 3 ^ 2
 arithmetic    | IR | (1 + 2) / 4
 arithmetic    | IR | scalar(sum(d_load)) * 2
 arithmetic    | IR | d_duration_seconds_sum / d_duration_seconds_count
-arithmetic    | IR | rate(d_duration_seconds_sum[30s]) / rate(d_duration_seconds_count[30s])
+arithmetic    | IR-3range | rate(d_duration_seconds_sum[30s]) / rate(d_duration_seconds_count[30s])
 matching      | IR | d_requests_total{code="200"} / ignoring(code) d_requests_total{code="500"}
 matching      | IR | d_requests_total{code="200"} - on(instance, path) d_requests_total{code="500"}
 matching      | IR | d_requests_total * on(instance) group_left(version) d_version
@@ -187,13 +188,13 @@ rate          | IR-3range | rate(d_requests_total[10s])
 rate          | IR-3range | rate(d_requests_total[1m])
 rate          | IR | irate(d_requests_total[10s])
 rate          | IR-3range | increase(d_requests_total[30s])
-rate          | IR | increase(d_requests_total[3s])
+rate          | IR-3range | increase(d_requests_total[3s])
 rate          | IR | delta(d_temperature_celsius[20s])
 rate          | IR | idelta(d_temperature_celsius[10s])
 rate          | IR | deriv(d_temperature_celsius[30s])
 rate          | IR | predict_linear(d_temperature_celsius[30s], 60)
 rate          | IR | predict_linear(d_requests_total[20s], 3600)
-rate          | IR | rate(d_duration_seconds_count[30s])
+rate          | IR-3range | rate(d_duration_seconds_count[30s])
 rate          | IR | irate(d_load[5s])
 over_time     | IR | avg_over_time(d_temperature_celsius[30s])
 over_time     | IR | min_over_time(d_temperature_celsius[30s])
@@ -207,13 +208,13 @@ over_time     | IR | stdvar_over_time(d_ratio[45s])
 over_time     | IR | last_over_time(d_temperature_celsius[10s])
 over_time     | IR | present_over_time(d_requests_total[5s])
 over_time     | IR | present_over_time(d_vanishing[20s])
-histogram     | IR | histogram_quantile(0.9, rate(d_duration_seconds_bucket[30s]))
-histogram     | IR | histogram_quantile(0.5, sum by (le) (rate(d_duration_seconds_bucket[30s])))
+histogram     | IR-3range | histogram_quantile(0.9, rate(d_duration_seconds_bucket[30s]))
+histogram     | IR-3range | histogram_quantile(0.5, sum by (le) (rate(d_duration_seconds_bucket[30s])))
 histogram     | IR | histogram_quantile(0.99, sum by (le, handler) (d_duration_seconds_bucket))
 histogram     | IR | histogram_quantile(0, d_duration_seconds_bucket)
 histogram     | IR | histogram_quantile(1.5, d_duration_seconds_bucket)
 histogram     | IR | histogram_quantile(0.5, d_duration_seconds_bucket{le!="+Inf"})
-histogram     | IR | increase(d_duration_seconds_bucket[1m])
+histogram     | IR-3range | increase(d_duration_seconds_bucket[1m])
 labels        | IR | label_replace(d_temperature_celsius, "place", "$1", "room", "(.*)")
 labels        | IR | label_replace(d_requests_total, "short", "x$1", "path", "/(.)")
 labels        | IR | label_replace(d_requests_total, "nomatch", "$1", "path", "z(.*)")

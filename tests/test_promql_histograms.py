@@ -127,7 +127,8 @@ def test_histogram_quantile_interpolates_linearly_in_native_buckets():
     api = (("job", "api"),)
     # sample 4: 4 in the zero bucket, 8 in (1, 2], 12 in (2, 4]; 24 in all
     assert instant('histogram_quantile(0.5, latency{job="api"})', 60) == {api: 2.0}  # rank 12 ends (1, 2]
-    assert instant('histogram_quantile(0.75, latency{job="api"})', 60) == {api: 3.0}  # rank 18: 6 of 12 into (2, 4]
+    # rank 18: 6 of 12 into (2, 4], exponentially inside it (Prometheus 3): 2^1.5
+    assert instant('histogram_quantile(0.75, latency{job="api"})', 60) == {api: pytest.approx(2**1.5)}
     # rank 2.4 in the zero bucket, which starts at 0 since there are no negative buckets
     assert instant('histogram_quantile(0.1, latency{job="api"})', 60) == {api: pytest.approx(0.001 * 2.4 / 4)}
     assert instant('histogram_quantile(0.5, rate(latency{job="api"}[1m]))', 60) == {api: pytest.approx(2.0)}
@@ -145,8 +146,11 @@ def test_histogram_quantile_and_fraction_on_custom_buckets():
 
 
 def test_histogram_fraction_interpolates_inside_buckets():
-    # all of the zero bucket (4) and (1, 2] (8), half of (2, 4] (6) out of 24
-    assert instant('histogram_fraction(0, 3, latency{job="api"})', 60) == {(("job", "api"),): 0.75}
+    # all of the zero bucket (4) and (1, 2] (8), of (2, 4] the share below 3 exponentially
+    # (Prometheus 3: log2(3) - 1 of its 12), out of 24
+    assert instant('histogram_fraction(0, 3, latency{job="api"})', 60) == {
+        (("job", "api"),): pytest.approx((4 + 8 + 12 * (math.log2(3) - 1)) / 24)
+    }
     assert instant('histogram_fraction(-1, 0.0005, latency{job="api"})', 60) == {
         (("job", "api"),): pytest.approx(2 / 24)
     }

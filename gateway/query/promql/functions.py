@@ -297,11 +297,24 @@ def _histogram_quantile(ctx, args, call):
     if warning := quantile_warning(args[0].values):
         ctx.warn(warning)
     native = _of_histograms(lambda h, a, step: h.quantile(a[0].values[step]))(ctx, args, call)
-    return stacked(_classic_quantile(ctx, args), native)
+    q = args[0].values
+    classic = _classic(ctx, args[1], lambda step, uppers, counts: bucket_quantile(q[step], uppers, counts))
+    return stacked(classic, native)
 
 
-def _classic_quantile(ctx, args):
-    q, vector = args[0].values, args[1]
+def _histogram_fraction(ctx, args, call):
+    """Native histograms, and classic ``le`` buckets (Prometheus 3's BucketFraction)."""
+    native = _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step]))(ctx, args, call)
+    lower, upper = args[0].values, args[1].values
+    classic = _classic(
+        ctx, args[2], lambda step, uppers, counts: bucket_fraction(lower[step], upper[step], uppers, counts)
+    )
+    return stacked(classic, native)
+
+
+def _classic(ctx, vector, value_of):
+    """``value_of(step, upper bounds, cumulative counts)`` of each classic histogram (the series
+    of one label set but ``le``) at each step, its buckets sorted by upper bound."""
     groups: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
     group_labels = {}
     for index, labels in enumerate(vector.labels):
@@ -326,13 +339,57 @@ def _classic_quantile(ctx, args):
         any_present = present.any(axis=0)
         for step in np.flatnonzero(any_present):
             mask = present[:, step]
-            values[step] = bucket_quantile(q[step], uppers[mask], counts[mask, step])
+            values[step] = value_of(step, uppers[mask], counts[mask, step])
         out_labels.append(group_labels[key])
         out_values.append(values)
         out_present.append(any_present)
     if not out_labels:
         return Vector.empty(ctx.steps)
     return Vector(out_labels, np.vstack(out_values), np.vstack(out_present))
+
+
+def bucket_fraction(lower: float, upper: float, uppers: np.ndarray, counts: np.ndarray) -> float:
+    """Prometheus 3's BucketFraction over classic buckets sorted by upper bound: the share of
+    observations between ``lower`` and ``upper``, interpolated linearly inside the buckets the
+    ends fall in (the first bucket starts at 0 unless its bound is not above 0: from -Inf, whole)."""
+    if not len(uppers) or uppers[-1] != math.inf:
+        return math.nan
+    merged_uppers: list[float] = []
+    merged_counts: list[float] = []
+    for bound, count in zip(uppers.tolist(), counts.tolist()):
+        if merged_uppers and merged_uppers[-1] == bound:
+            merged_counts[-1] += count
+        else:
+            merged_uppers.append(bound)
+            merged_counts.append(count)
+    total = merged_counts[-1]
+    if total == 0 or math.isnan(lower) or math.isnan(upper):
+        return math.nan
+    if lower >= upper:
+        return 0.0
+    rank, lower_rank, upper_rank = 0.0, None, None
+    for i, (bound, count) in enumerate(zip(merged_uppers, merged_counts)):
+        start = merged_uppers[i - 1] if i else (-math.inf if merged_uppers[0] <= 0 else 0.0)
+
+        def interpolated(value: float) -> float:
+            return count if start == -math.inf else rank + (count - rank) * (value - start) / (bound - start)
+
+        if lower_rank is None and start >= lower:
+            lower_rank = rank
+        if upper_rank is None and start >= upper:
+            upper_rank = rank
+        if lower_rank is not None and upper_rank is not None:
+            break
+        if lower_rank is None and start < lower < bound:
+            lower_rank = interpolated(lower)
+        if upper_rank is None and start < upper < bound:
+            upper_rank = interpolated(upper)
+        if lower_rank is not None and upper_rank is not None:
+            break
+        rank = count
+    lower_rank = total if lower_rank is None or lower_rank > total else lower_rank
+    upper_rank = total if upper_rank is None or upper_rank > total else upper_rank
+    return (upper_rank - lower_rank) / total
 
 
 def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray) -> float:
@@ -444,7 +501,7 @@ FUNCTIONS.update(
         "histogram_avg": _of_histograms(lambda h, a, step: float(np.divide(h.sum, h.count))),
         "histogram_stdvar": _of_histograms(lambda h, a, step: h.variance()),
         "histogram_stddev": _of_histograms(lambda h, a, step: float(np.sqrt(h.variance()))),
-        "histogram_fraction": _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step])),
+        "histogram_fraction": _histogram_fraction,
         "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
         "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
         "double_exponential_smoothing": _ranged(
