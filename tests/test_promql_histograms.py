@@ -343,3 +343,16 @@ def test_incompatible_sample_types_are_an_info_in_its_own_list():
     ]
     document = orjson.loads(_envelope({}, [*annotations, "a warning"]))
     assert document["infos"] == annotations and document["warnings"] == ["a warning"]
+
+
+def test_over_time_functions_take_histograms_in():
+    """Prometheus 3: sum/avg_over_time add the window's histograms, count/last_over_time see them."""
+    api = (("job", "api"),)
+    # (30 s, 60 s]: samples 3 and 4 of the steady counter
+    (total,) = instant('sum_over_time(latency{job="api"}[30s])', 60).values()
+    assert total == growing(3).add(growing(4))
+    (mean,) = instant('avg_over_time(latency{job="api"}[30s])', 60).values()
+    assert mean.count == (growing(3).count + growing(4).count) / 2
+    assert instant('count_over_time(latency{job="api"}[30s])', 60) == {api: 2.0}
+    assert instant('last_over_time(latency{job="api"}[30s])', 60) == {tuple(sorted(API.items())): growing(4)}
+    assert instant('ts_of_first_over_time(latency{job="api"}[30s])', 60) == {api: 45.0}

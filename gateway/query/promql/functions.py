@@ -517,3 +517,7 @@ for _part in ("year", "month", "day_of_month", "day_of_year", "day_of_week", "da
     FUNCTIONS[_part] = _date_function(_part)
 for _name in _OVER_TIME + _OVER_TIME_3:
     FUNCTIONS[f"{_name}_over_time"] = _ranged(lambda ctx, a, name=_name: ranged.over_time(a[0], name))
+for _name in ("sum", "avg", "count", "present", "last", "first", "ts_of_last", "ts_of_first"):
+    FUNCTIONS[f"{_name}_over_time"] = _ranged(
+        lambda ctx, a, name=_name: ranged.over_time_of_histograms(a[0], name, ranged.over_time(a[0], name), ctx.warn)
+    )

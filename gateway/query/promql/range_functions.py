@@ -16,7 +16,7 @@ from gateway.query.promql.values import (
     metric_name,
     mixed_schemas_warning,
 )
-from protocols.prometheus.native_histogram import Histogram, IncompatibleBuckets
+from protocols.prometheus.native_histogram import NO_RESET_HINT, RESET_HINT, Histogram, IncompatibleBuckets
 from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 
 GAUGE_HINT = HistogramMessage.GAUGE
@@ -272,6 +272,79 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
             return _windowed(matrix, lambda vs, mask: np.sqrt(compensated_variance(vs, mask)))
     stacked = name in ("count", "present", "last", "first", "ts_of_last", "ts_of_first")
     return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name in ("last", "first"))
+
+
+def over_time_of_histograms(matrix: RangeVector, name: str, floats: Vector, warn) -> Vector:
+    """``floats`` (over_time's answer over the float samples) with the native histograms of the
+    range taken in, as Prometheus 3 does: ``sum``/``avg`` add them (a window of one series
+    holding floats and histograms gives nothing, with a warning); ``count``/``present`` count
+    both kinds; ``last``/``first`` and their ``ts_of_`` take the later (earlier) of both."""
+    if not matrix.histogram_series:
+        return floats
+    steps = len(matrix.refs)
+    keep_name = name in ("last", "first")
+    rows = {labels_key(labels): i for i, labels in enumerate(floats.labels)}
+    labels = list(floats.labels)
+    values, present = [*floats.values], [*floats.present]
+    histograms = [np.full(steps, None, dtype=object) for _ in labels]
+    float_series = {labels_key(s.labels): s for s in matrix.series}
+    for series in matrix.histogram_series:
+        lo, hi = matrix.windows(series)
+        holds = hi > lo
+        if not holds.any():
+            continue
+        out_labels = series.labels if keep_name else drop_metric_name(series.labels)
+        key = labels_key(out_labels)
+        if key not in rows:
+            rows[key] = len(labels)
+            labels.append(out_labels)
+            values.append(np.zeros(steps))
+            present.append(np.zeros(steps, dtype=bool))
+            histograms.append(np.full(steps, None, dtype=object))
+        row = rows[key]
+        other = float_series.get(labels_key(series.labels))
+        float_lo, float_hi = matrix.windows(other) if other is not None else (lo, lo)
+        with_floats = float_hi > float_lo
+        if name in ("count", "present"):
+            counted = (hi - lo) + np.where(present[row], values[row], 0.0) if name == "count" else np.ones(steps)
+            values[row] = np.where(holds, counted, values[row])
+            present[row] = present[row] | holds
+            continue
+        for step in np.flatnonzero(holds):
+            window_times = series.timestamps[lo[step] : hi[step]]
+            window = series.values[lo[step] : hi[step]]
+            if name in ("sum", "avg"):
+                if with_floats[step]:
+                    warn(
+                        f'PromQL warning: encountered a mix of histograms and floats for metric name "{metric_name(series.labels)}"'
+                    )
+                    present[row][step] = False
+                    continue
+                total = window[0]
+                try:
+                    for h in window[1:]:
+                        total = total.add(h, on_reconcile=lambda: warn(f"{_RECONCILED} aggregation"))
+                except IncompatibleBuckets:
+                    warn(mixed_schemas_warning(series.labels))
+                    continue
+                hints = {h.reset_hint for h in window}
+                if RESET_HINT in hints and NO_RESET_HINT in hints:
+                    warn("PromQL warning: conflicting counter resets during histogram aggregation")
+                histograms[row][step] = total.scale(1 / len(window)) if name == "avg" else total
+                continue
+            latest = name in ("last", "ts_of_last")
+            at = window_times[-1] if latest else window_times[0]
+            float_at = other.timestamps[float_hi[step] - 1 if latest else float_lo[step]] if with_floats[step] else None
+            if float_at is not None and (float_at > at if latest else float_at < at):
+                continue  # the float sample is the answer already
+            if name.startswith("ts_of_"):
+                values[row][step], present[row][step] = at / 1000, True
+            else:
+                present[row][step] = False
+                histograms[row][step] = window[-1] if latest else window[0]
+    if not labels:
+        return Vector.empty(steps)
+    return Vector(labels, np.vstack(values), np.vstack(present), None, np.vstack(histograms)).without_absent()
 
 
 def _median_absolute_deviation(vs: np.ndarray, mask: np.ndarray, count: np.ndarray) -> np.ndarray:
