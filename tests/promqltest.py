@@ -204,7 +204,8 @@ def labels(text: str) -> dict[str, str]:
 class Load:
     line: int
     interval_ms: int
-    series: list[tuple[dict[str, str], list[float | None]]] = field(default_factory=list)
+    series: list[tuple[dict[str, str], list]] = field(default_factory=list)
+    with_nhcb: bool = False  # load_with_nhcb: classic histograms also as custom-bucket ones
 
     def samples(self):
         """(labels, timestamp ms, value) of every sample."""
@@ -469,11 +470,13 @@ def _block_v3(line: int, block: list[str]) -> Load | Clear | Eval:
     if word == "clear":
         return Clear(line)
     if word in ("load", "load_with_nhcb"):
-        load = Load(line, duration_ms(head.split()[1]))
+        load = Load(line, duration_ms(head.split()[1]), with_nhcb=word == "load_with_nhcb")
         for text in body:
             if text.split()[0].endswith("@st"):
                 continue  # a start-timestamp line: the loader has no start timestamps
             load.series.append(_series_line(text))
+        if load.with_nhcb:
+            load.series += custom_bucket_series(load.series)
         return load
     found = _EVAL_V3.match(head)
     if not found:
@@ -519,3 +522,62 @@ def _eval_line_v3(case: Eval, text: str) -> None:
     else:
         series_labels, points = _series_line(text)
         case.series.append((series_labels, points))
+
+
+def custom_bucket_series(series: list[tuple[dict[str, str], list]]) -> list[tuple[dict[str, str], list]]:
+    """The classic histograms among ``series`` (``x_bucket{le=...}``, ``x_count``, ``x_sum``) as
+    native histograms with custom buckets, series ``x`` (Prometheus's convertnhcb, as
+    ``load_with_nhcb`` loads them): at each position the finite ``le`` bounds, the counts
+    between them, the count (``x_count`` or the +Inf bucket's) and the sum (``x_sum``, else 0).
+    A position whose buckets are not cumulative, or whose count is not the +Inf bucket's, has none."""
+    families: dict[tuple, dict] = {}
+    for labels_, points in series:
+        name = labels_.get("__name__", "")
+        suffix = next((s for s in ("_bucket", "_count", "_sum") if name.endswith(s)), None)
+        if suffix is None or (suffix == "_bucket" and "le" not in labels_):
+            continue
+        if suffix == "_bucket":
+            try:
+                le = float(labels_["le"])
+            except ValueError:
+                continue
+            if math.isnan(le):
+                continue
+        base = {k: v for k, v in labels_.items() if k != "le"} | {"__name__": name[: -len(suffix)]}
+        family = families.setdefault(tuple(sorted(base.items())), {"labels": base, "at": {}})
+        for index, value in enumerate(points):
+            if value is None or isinstance(value, Histogram):
+                continue
+            at = family["at"].setdefault(index, {"buckets": {}, "count": None, "sum": 0.0})
+            if suffix == "_bucket":
+                at["buckets"].setdefault(le, value)
+            else:
+                at[suffix[1:]] = value
+    converted = []
+    for family in families.values():
+        points: list = []
+        for index, at in sorted(family["at"].items()):
+            bounds = sorted(at["buckets"])
+            counts = [at["buckets"][b] for b in bounds]
+            count = at["count"] if at["count"] is not None else (counts[-1] if counts else 0.0)
+            if not bounds or bounds[-1] != math.inf:
+                bounds, counts = [*bounds, math.inf], [*counts, count]
+            if any(b < a for a, b in zip(counts, counts[1:])) or counts[-1] != count or min(counts) < 0:
+                continue
+            deltas = {i: c - (counts[i - 1] if i else 0.0) for i, c in enumerate(counts)}
+            points += [None] * (index - len(points))
+            points.append(
+                Histogram(
+                    CUSTOM_BUCKETS_SCHEMA,
+                    0.0,
+                    0.0,
+                    count,
+                    at["sum"],
+                    {i: d for i, d in deltas.items() if d},
+                    {},
+                    tuple(bounds[:-1]),
+                )
+            )
+        if any(p is not None for p in points):
+            converted.append((family["labels"], points))
+    return converted

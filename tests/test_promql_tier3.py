@@ -19,7 +19,17 @@ from gateway.core.model import HistogramSample
 from protocols.prometheus import types_pb2
 from protocols.prometheus.native_histogram import Histogram
 from tests import promql3files
-from tests.promqltest import Clear, Eval, Load, compare, histogram, parse_file_v3, same_value, values
+from tests.promqltest import (
+    Clear,
+    Eval,
+    Load,
+    compare,
+    custom_bucket_series,
+    histogram,
+    parse_file_v3,
+    same_value,
+    values,
+)
 from tests.test_promql_tier import Runner, Undescribed
 
 EXPECTED_FAILURES = Path(__file__).parent / "promql3_expected_failures.txt"
@@ -242,3 +252,16 @@ def test_histogram_notation():
     gappy = histogram("schema:0 sum:9 count:9 buckets:[1 0 2] offset:-2 n_buckets:[3 4] n_offset:5")
     for h in (sequence[2], gappy):
         assert Histogram.from_proto(types_pb2.Histogram.FromString(histogram_message(h))) == h
+
+
+def test_classic_histograms_load_with_nhcb_as_custom_buckets():
+    series = [
+        ({"__name__": "x_bucket", "le": "0.5", "a": "1"}, [1.0, 2.0]),
+        ({"__name__": "x_bucket", "le": "+Inf", "a": "1"}, [3.0, 2.0]),
+        ({"__name__": "x_sum", "a": "1"}, [4.5, None]),
+        ({"__name__": "y", "a": "1"}, [7.0]),
+    ]
+    ((labels, points),) = custom_bucket_series(series)
+    assert labels == {"__name__": "x", "a": "1"}
+    assert points[0] == histogram("schema:-53 custom_values:[0.5] buckets:[1 2] count:3 sum:4.5")
+    assert points[1] == histogram("schema:-53 custom_values:[0.5] buckets:[2] count:2 sum:0")
