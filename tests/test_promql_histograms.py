@@ -356,3 +356,17 @@ def test_over_time_functions_take_histograms_in():
     assert instant('count_over_time(latency{job="api"}[30s])', 60) == {api: 2.0}
     assert instant('last_over_time(latency{job="api"}[30s])', 60) == {tuple(sorted(API.items())): growing(4)}
     assert instant('ts_of_first_over_time(latency{job="api"}[30s])', 60) == {api: 45.0}
+
+
+def test_histograms_add_subtract_compare_and_negate_between_vectors():
+    """Prometheus 3: + and - between two histograms, == and != compare them (the left kept)."""
+    api = tuple(sorted(API.items()))
+    (double,) = instant('latency{job="api"} + latency{job="api"}', 60).values()
+    assert double == growing(4).scale(2.0)
+    (none,) = instant('latency{job="api"} - latency{job="api"}', 60).values()
+    assert none.count == 0 and none.reset_hint == 3  # a gauge
+    assert instant('latency{job="api"} == latency{job="api"}', 60) == {api: growing(4)}
+    assert instant('latency{job="api"} != latency{job="api"}', 60) == {}
+    assert instant('latency{job="api"} == bool latency{job="api"}', 60) == {(("job", "api"),): 1.0}
+    (negated,) = instant('-latency{job="api"}', 60).values()
+    assert negated == growing(4).scale(-1.0)

@@ -23,7 +23,7 @@ import promql_parser
 import xxhash
 
 from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
-from gateway.query.promql.range_functions import KahanMean, compensated_sum, quantiles
+from gateway.query.promql.range_functions import GAUGE_HINT, KahanMean, compensated_sum, quantiles
 from gateway.query.promql.values import (
     NAME,
     Guard,
@@ -435,7 +435,13 @@ class Evaluator:
             return self._aggregate(expr, ctx)
         if kind == "UnaryExpr":
             value = self.evaluate(expr.expr, times_ms)
-            value = Scalar(-value.values) if isinstance(value, Scalar) else value.with_values(-value.values)
+            if isinstance(value, Scalar):
+                value = Scalar(-value.values)
+            else:
+                negated = value.with_values(-value.values)
+                if value.histograms is not None:  # -h: every count and the sum negated (Prometheus 3)
+                    negated = negated._replace(histograms=_scaled(value.histograms, np.full(ctx.steps, -1.0), "*"))
+                value = negated.without_absent()
         elif kind == "Call":
             value = self._call(expr, ctx)
         elif kind == "BinaryExpr":
@@ -889,19 +895,56 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
             else:
                 present = present & keep
                 value = many.values[index] if swapped else left
+        value = np.asarray(value, dtype=np.float64)
+        histograms = _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, value, present)
         result_labels = _result_labels(labels, partner_labels, modifier, one_to_one, include, drop_name)
         key = labels_key(result_labels)
         if key in results:
-            old_labels, old_values, old_present = results[key]
-            if (old_present & present).any():
+            old_labels, old_values, old_present, old_histograms = results[key]
+            if ((old_present | np.not_equal(old_histograms, None)) & (present | np.not_equal(histograms, None))).any():
                 raise PromQLError("multiple matches for labels: grouping labels must ensure unique matches")
             value = np.where(present, value, old_values)
             present = present | old_present
-        results[key] = (result_labels, np.asarray(value, dtype=np.float64), present)
+            histograms = np.where(np.not_equal(histograms, None), histograms, old_histograms)
+        results[key] = (result_labels, value, present, histograms)
     if not results:
         return Vector.empty(steps)
-    labels, values, present = zip(*results.values())
-    return Vector(list(labels), np.vstack(values), np.vstack(present)).without_absent()
+    labels, values, present, histograms = zip(*results.values())
+    held = np.vstack(histograms)
+    return Vector(
+        list(labels), np.vstack(values), np.vstack(present), None, held if np.not_equal(held, None).any() else None
+    ).without_absent()
+
+
+def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, value, present) -> np.ndarray:
+    """The histogram results of one matched pair, where both sides hold a histogram (Prometheus
+    3: ``+`` and ``-`` add and subtract, ``==`` and ``!=`` compare, the left side kept; with
+    ``bool`` a float in ``value``/``present``); None elsewhere."""
+    steps = len(value)
+    out = np.full(steps, None, dtype=object)
+    if many.histograms is None or one.histograms is None or op not in ("+", "-", "==", "!="):
+        return out
+    theirs = np.full(steps, None, dtype=object)
+    for partner in partners:
+        theirs = np.where(np.not_equal(theirs, None), theirs, one.histograms[partner])
+    mine = many.histograms[index]
+    for step in np.flatnonzero(np.not_equal(mine, None) & np.not_equal(theirs, None)):
+        left, right = (theirs[step], mine[step]) if swapped else (mine[step], theirs[step])
+        reconciled = f"PromQL info: mismatched custom buckets were reconciled during {'addition' if op == '+' else 'subtraction'}"
+        try:
+            if op == "+":
+                out[step] = left.add(right, on_reconcile=lambda: ctx.warn(reconciled))
+            elif op == "-":
+                out[step] = left.sub(right, lambda: ctx.warn(reconciled)).copy(reset_hint=GAUGE_HINT)
+            else:
+                kept = (left.json(float) == right.json(float)) == (op == "==")
+                if return_bool:
+                    value[step], present[step] = float(kept), True
+                elif kept:
+                    out[step] = left
+        except IncompatibleBuckets:
+            ctx.warn(mixed_schemas_warning(many.labels[index]))
+    return out
 
 
 def _result_labels(
