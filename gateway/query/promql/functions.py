@@ -11,6 +11,7 @@ from gateway.query.promql import range_functions as ranged
 from gateway.query.promql.values import (
     NAME,
     PromQLError,
+    RangeVector,
     Scalar,
     Vector,
     drop_metric_name,
@@ -297,9 +298,22 @@ def _histogram_quantile(ctx, args, call):
     if warning := quantile_warning(args[0].values):
         ctx.warn(warning)
     native = _of_histograms(lambda h, a, step: h.quantile(a[0].values[step]))(ctx, args, call)
-    q = args[0].values
-    classic = _classic(ctx, args[1], lambda step, uppers, counts: bucket_quantile(q[step], uppers, counts))
+    q, monotonic = args[0].values, _monotonic_info(ctx)
+    classic = _classic(
+        ctx, args[1], lambda step, uppers, counts, name: bucket_quantile(q[step], uppers, counts, monotonic(name))
+    )
     return stacked(classic, native)
+
+
+def _monotonic_info(ctx):
+    def for_name(name: str):
+        return lambda: ctx.warn(
+            "PromQL info: input to histogram_quantile needed to be fixed for monotonicity (see "
+            "https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile)"
+            f' for metric name "{name}"'
+        )
+
+    return for_name
 
 
 def _histogram_fraction(ctx, args, call):
@@ -307,28 +321,33 @@ def _histogram_fraction(ctx, args, call):
     native = _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step]))(ctx, args, call)
     lower, upper = args[0].values, args[1].values
     classic = _classic(
-        ctx, args[2], lambda step, uppers, counts: bucket_fraction(lower[step], upper[step], uppers, counts)
+        ctx, args[2], lambda step, uppers, counts, name: bucket_fraction(lower[step], upper[step], uppers, counts)
     )
     return stacked(classic, native)
 
 
 def _classic(ctx, vector, value_of):
-    """``value_of(step, upper bounds, cumulative counts)`` of each classic histogram (the series
-    of one label set but ``le``) at each step, its buckets sorted by upper bound."""
+    """``value_of(step, upper bounds, cumulative counts, metric name)`` of each classic histogram
+    (the series of one label set but ``le``) at each step, its buckets sorted by upper bound; a
+    float series without a number in ``le`` is warned of, as Prometheus 3 does."""
     groups: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
-    group_labels = {}
+    group_labels, names = {}, {}
     for index, labels in enumerate(vector.labels):
-        if "le" not in labels:
-            continue
         try:
             upper = float(labels["le"])
-        except ValueError:
+        except (KeyError, ValueError):
+            if vector.present[index].any():  # a float series that is no bucket (histograms are native)
+                ctx.warn(
+                    f'PromQL warning: bucket label "le" is missing or has a malformed value of "{labels.get("le", "")}"'
+                    f' for metric name "{labels.get(NAME, "")}"'
+                )
             continue
         # grouped by every label but le (the name too), answered without the name: two bucket
         # families with the same other labels are "the same labelset", as in Prometheus
         key = labels_key({k: v for k, v in labels.items() if k != "le"})
         groups[key].append((upper, index))
         group_labels[key] = {k: v for k, v in labels.items() if k not in ("le", NAME)}
+        names[key] = labels.get(NAME, "")
     out_labels, out_values, out_present = [], [], []
     for key, buckets in groups.items():
         buckets.sort()
@@ -339,7 +358,7 @@ def _classic(ctx, vector, value_of):
         any_present = present.any(axis=0)
         for step in np.flatnonzero(any_present):
             mask = present[:, step]
-            values[step] = value_of(step, uppers[mask], counts[mask, step])
+            values[step] = value_of(step, uppers[mask], counts[mask, step], names[key])
         out_labels.append(group_labels[key])
         out_values.append(values)
         out_present.append(any_present)
@@ -392,7 +411,7 @@ def bucket_fraction(lower: float, upper: float, uppers: np.ndarray, counts: np.n
     return (upper_rank - lower_rank) / total
 
 
-def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray) -> float:
+def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray, on_forced=None) -> float:
     """Prometheus 2.42's bucketQuantile over classic buckets sorted by upper bound."""
     if math.isnan(q):
         return math.nan
@@ -415,6 +434,8 @@ def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray) -> float:
             highest = count
         elif count < highest:
             merged_counts[i] = highest
+            if on_forced is not None:
+                on_forced()
     if len(merged_uppers) < 2:
         return math.nan
     observations = merged_counts[-1]
@@ -443,6 +464,29 @@ def _quantile_over_time(ctx, args, call):
 
 def _sort_warning(ctx) -> None:
     ctx.warn("PromQL warning: sort is ineffective for range queries since results are always ordered by labels")
+
+
+def _noting_ignored_histograms(function):
+    """``function`` with Prometheus 3's info on the histograms it leaves out of a window that
+    holds floats too."""
+
+    def apply(ctx, args, call):
+        matrix = next(a for a in args if isinstance(a, RangeVector))
+        floats = {labels_key(s.labels): s for s in matrix.series}
+        for series in matrix.histogram_series:
+            other = floats.get(labels_key(series.labels))
+            if other is None:
+                continue
+            lo, hi = matrix.windows(series)
+            float_lo, float_hi = matrix.windows(other)
+            if ((hi > lo) & (float_hi > float_lo)).any():
+                ctx.warn(
+                    "PromQL info: ignored histograms in a range containing both floats and histograms"
+                    f' for metric name "{series.labels.get(NAME, "")}"'
+                )
+        return function(ctx, args, call)
+
+    return apply
 
 
 def _ranged(compute):
@@ -517,6 +561,13 @@ for _part in ("year", "month", "day_of_month", "day_of_year", "day_of_week", "da
     FUNCTIONS[_part] = _date_function(_part)
 for _name in _OVER_TIME + _OVER_TIME_3:
     FUNCTIONS[f"{_name}_over_time"] = _ranged(lambda ctx, a, name=_name: ranged.over_time(a[0], name))
+# float-only functions of a range: a window holding histograms beside floats is an info
+for _name in (
+    "deriv", "predict_linear", "double_exponential_smoothing", "holt_winters", "stddev_over_time",
+    "stdvar_over_time", "quantile_over_time", "min_over_time", "max_over_time", "mad_over_time",
+    "ts_of_min_over_time", "ts_of_max_over_time",
+):  # fmt: skip
+    FUNCTIONS[_name] = _noting_ignored_histograms(FUNCTIONS[_name])
 for _name in ("sum", "avg", "count", "present", "last", "first", "ts_of_last", "ts_of_first"):
     FUNCTIONS[f"{_name}_over_time"] = _ranged(
         lambda ctx, a, name=_name: ranged.over_time_of_histograms(a[0], name, ranged.over_time(a[0], name), ctx.warn)
