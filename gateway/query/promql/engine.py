@@ -922,12 +922,26 @@ def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, 
     ``bool`` a float in ``value``/``present``); None elsewhere."""
     steps = len(value)
     out = np.full(steps, None, dtype=object)
-    if many.histograms is None or one.histograms is None or op not in ("+", "-", "==", "!="):
+    if many.histograms is None and one.histograms is None:
         return out
     theirs = np.full(steps, None, dtype=object)
     for partner in partners:
-        theirs = np.where(np.not_equal(theirs, None), theirs, one.histograms[partner])
-    mine = many.histograms[index]
+        if one.histograms is not None:
+            theirs = np.where(np.not_equal(theirs, None), theirs, one.histograms[partner])
+    mine = many.histograms[index] if many.histograms is not None else np.full(steps, None, dtype=object)
+    if op in ("*", "/"):  # a histogram times a float (either side), divided by one (on the left)
+        floats = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
+        float_present = one.present[partners].any(axis=0)
+        sides = [(mine, floats, float_present, swapped), (theirs, many.values[index], many.present[index], not swapped)]
+        for histograms, factors, factor_present, histogram_right in sides:
+            if op == "/" and histogram_right:
+                continue
+            for step in np.flatnonzero(np.not_equal(histograms, None) & factor_present):
+                factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
+                out[step] = histograms[step].scale(factor)
+        return out
+    if op not in ("+", "-", "==", "!="):
+        return out
     for step in np.flatnonzero(np.not_equal(mine, None) & np.not_equal(theirs, None)):
         left, right = (theirs[step], mine[step]) if swapped else (mine[step], theirs[step])
         reconciled = f"PromQL info: mismatched custom buckets were reconciled during {'addition' if op == '+' else 'subtraction'}"

@@ -15,6 +15,7 @@ from gateway.query.promql.values import (
     labels_key,
     metric_name,
     mixed_schemas_warning,
+    stacked,
 )
 from protocols.prometheus.native_histogram import NO_RESET_HINT, RESET_HINT, Histogram, IncompatibleBuckets
 from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
@@ -221,13 +222,38 @@ def _counting(matrix: RangeVector, counted) -> Vector:
 
 
 def changes(matrix: RangeVector) -> Vector:
-    return _counting(
+    floats = _counting(
         matrix, lambda current, previous: (current != previous) & ~(np.isnan(current) & np.isnan(previous))
     )
+    return stacked(floats, _counting_histograms(matrix, lambda current, previous: current != previous))
 
 
 def resets(matrix: RangeVector) -> Vector:
-    return _counting(matrix, lambda current, previous: current < previous)
+    floats = _counting(matrix, lambda current, previous: current < previous)
+    return stacked(floats, _counting_histograms(matrix, lambda current, previous: current.detect_reset(previous)))
+
+
+def _counting_histograms(matrix: RangeVector, counted) -> Vector:
+    """changes/resets over the series that hold native histograms only: ``counted(current,
+    previous)`` of each pair of neighbours in the window (a change: any difference)."""
+    steps = len(matrix.refs)
+    with_floats = {labels_key(s.labels) for s in matrix.series if len(s.timestamps)}
+    labels, rows, masks = [], [], []
+    for series in matrix.histogram_series:
+        if labels_key(series.labels) in with_floats:
+            continue
+        lo, hi = matrix.windows(series)
+        values = np.zeros(steps)
+        for step in np.flatnonzero(hi > lo):
+            window = series.values[lo[step] : hi[step]]
+            values[step] = sum(bool(counted(b, a)) for a, b in itertools.pairwise(window))
+        if (hi > lo).any():
+            labels.append(drop_metric_name(series.labels))
+            rows.append(values)
+            masks.append(hi > lo)
+    if not labels:
+        return Vector.empty(steps)
+    return Vector(labels, np.vstack(rows), np.vstack(masks))
 
 
 def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = None) -> Vector:
