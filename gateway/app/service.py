@@ -46,15 +46,18 @@ from gateway.http.auth import Credentials
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
+from gateway.http.otlp_api import OTLPAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site, UnsentAnswers
 from gateway.http.webui import WebUI
 from gateway.ingest.carbon import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
+from gateway.ingest.created import CreatedTimestamps
 from gateway.ingest.deletes import Deleter, SeriesSelection
 from gateway.ingest.limits import TenantLimits
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.ingest.pipeline import IngestPipeline
+from gateway.ingest.push import Writer
 from gateway.query.graphite.finder import Finder
 from gateway.query.graphite.graph import DrawHere, GraphPool
 from gateway.query.graphite.storage_schemas import StorageSchemas
@@ -63,6 +66,7 @@ from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import QueryText
 from gateway.query.promql.service import PromQLService
 from gateway.store import open_store
+from protocols import otlp
 from protocols.prometheus import WriteLimits
 
 log = logging.getLogger(__name__)
@@ -273,18 +277,33 @@ def build_router(
     """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
     of the ingest pipeline only its clock). The query limits are each tenant's (``overrides``)."""
     max_points = overrides.limit("max-points-per-query")
-    NativeAPI(pipeline, planner, max_points).register(router)
+    writer = Writer(pipeline, CreatedTimestamps(store, pipeline, planner, config.created_timestamp_zero_ingestion))
+    NativeAPI(writer, planner, max_points).register(router)
     PrometheusAPI(
         store,
-        pipeline,
+        writer,
         planner,
         config.max_decompressed_bytes,
         overrides.limit("max-samples-per-query"),
-        config.created_timestamp_zero_ingestion,
         config.max_native_histogram_buckets,
         WriteLimits(
             config.remote_write_max_samples, config.remote_write_max_exemplars, config.remote_write_max_metadata
         ),
+    ).register(router)
+    OTLPAPI(
+        writer,
+        overrides,
+        otlp.Settings(
+            config.otlp_translation_strategy,
+            frozenset(config.otlp_promote_resource_attributes),
+            config.otlp_promote_scope_metadata,
+            config.otlp_keep_identifying_attributes,
+            config.max_native_histogram_buckets,
+            config.query_lookback_delta,
+        ),
+        otlp.DeltaToCumulative() if config.otlp_convert_delta else None,
+        config.max_decompressed_bytes,
+        config.remote_write_max_samples,
     ).register(router)
     PromQLAPI(
         PromQLService(
@@ -500,7 +519,7 @@ def settle_collector() -> None:
     process: frozen, they stay out of the collector's full passes. The thresholds then make full
     passes, which hold the GIL up to 80 ms while a large request's objects pile up, rarer: one
     every million allocations instead of every 70,000. They cost no memory because the store's
-    requests leave no cyclic garbage (gateway/store/cassandra_requests.py; docs/performance.rst)."""
+    requests leave no cyclic garbage (gateway/store/cassandra_requests.py; docs/performance-log.rst)."""
     gc.freeze()
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 

@@ -38,6 +38,7 @@ from twisted.internet.task import LoopingCall
 from gateway.core import metrics
 from gateway.core.layout import Layout, Retentions
 from gateway.core.model import InvalidSample, validate_tenant
+from protocols.otlp.names import STRATEGIES
 from protocols.timespec import parse_duration
 
 if TYPE_CHECKING:  # the services that read limits must not depend on the settings module or the store
@@ -57,6 +58,10 @@ LIMIT_KEYS = {
     "max-points-per-query": 1,
 }
 DURATION_KEYS = ("raw-retention", "exemplar-retention")
+# How a tenant's OTLP metrics are named (protocols/otlp): a strategy, a list of attribute names.
+OTLP_STRATEGY_KEY = "otlp-translation-strategy"
+OTLP_PROMOTED_KEY = "otlp-promote-resource-attributes"
+OTLP_KEYS = (OTLP_STRATEGY_KEY, OTLP_PROMOTED_KEY)
 ROLLUP_KEY = "rollup-retention"
 # Why a file without a tenants table is refused, and how to give no tenant its own values.
 NO_TENANTS = (
@@ -119,6 +124,16 @@ def _tenant_section(tenant: str, section: object, layout: Layout) -> dict:
             values[key] = _limit(tenant, key, value)
         elif key in DURATION_KEYS:
             values[key] = _retention(tenant, key, value, longest)
+        elif key == OTLP_STRATEGY_KEY:
+            if value not in STRATEGIES:
+                raise OverridesError(f"tenant {tenant!r}: {key} = {value!r} is not one of {', '.join(STRATEGIES)}")
+            values[key] = value
+        elif key == OTLP_PROMOTED_KEY:
+            if not isinstance(value, list) or not all(isinstance(name, str) and name for name in value):
+                raise OverridesError(
+                    f'tenant {tenant!r}: {key} must be a list of attribute names like ["k8s.pod.name"]'
+                )
+            values[key] = tuple(value)
         elif key == ROLLUP_KEY:
             names = [g.name for g in layout.granularities]
             if not isinstance(value, dict):
@@ -130,7 +145,7 @@ def _tenant_section(tenant: str, section: object, layout: Layout) -> dict:
                     )
             values[key] = {name: _retention(tenant, f"{key}.{name}", text, longest) for name, text in value.items()}
         else:
-            known = [*LIMIT_KEYS, *DURATION_KEYS, ROLLUP_KEY]
+            known = [*LIMIT_KEYS, *DURATION_KEYS, ROLLUP_KEY, *OTLP_KEYS]
             raise OverridesError(f"tenant {tenant!r}: unknown key {key!r}{did_you_mean(key, known)}")
     return values
 
@@ -154,7 +169,7 @@ def parse_overrides(text: str, layout: Layout) -> dict[str, dict]:
 
 def defaults(config: "Config") -> dict:
     """Every tenant's values from the flags, keyed as in the file."""
-    values: dict = {key: getattr(config, key.replace("-", "_")) for key in (*LIMIT_KEYS, *DURATION_KEYS)}
+    values: dict = {key: getattr(config, key.replace("-", "_")) for key in (*LIMIT_KEYS, *DURATION_KEYS, *OTLP_KEYS)}
     values[ROLLUP_KEY] = {g.name: g.retention_ms for g in config.layout.granularities}
     return values
 
@@ -333,4 +348,5 @@ def _readable(values: dict) -> dict:
     shown = {key: values[key] for key in LIMIT_KEYS}
     shown.update({key: duration_text(values[key]) for key in DURATION_KEYS})
     shown[ROLLUP_KEY] = {name: duration_text(ms) for name, ms in values[ROLLUP_KEY].items()}
+    shown.update({key: values[key] if key == OTLP_STRATEGY_KEY else list(values[key]) for key in OTLP_KEYS})
     return shown

@@ -17,7 +17,7 @@ from gateway.http.server import (
     request_tenant,
     require_arg,
 )
-from gateway.ingest.pipeline import IngestPipeline
+from gateway.ingest.push import Batch, Writer
 from gateway.query.planner import PointsBudget, QueryPlanner
 from gateway.query.read_path import ROLLUP_AGGREGATES
 from protocols import native_json
@@ -27,9 +27,10 @@ MAX_REPORTED_REJECTS = 100
 
 
 class NativeAPI:
-    def __init__(self, pipeline: IngestPipeline, planner: QueryPlanner, max_points: int | PerTenant):
+    def __init__(self, writer: Writer, planner: QueryPlanner, max_points: int | PerTenant):
         self.max_points = per_tenant("max-points-per-query", max_points)
-        self.pipeline = pipeline
+        self.writer = writer
+        self.pipeline = writer.pipeline
         self.planner = planner
 
     def register(self, router: Router) -> None:
@@ -73,7 +74,7 @@ class NativeAPI:
             samples.append(Sample(tenant, item.metric_name, item.tags, item.timestamp_ms, item.value))
             positions.append(index)
         self.pipeline.count_rejected("json", "bad_item", len(rejects))
-        result = await self.pipeline.ingest("json", samples)
+        result = (await self.writer.push("json", Batch(samples))).samples
         for reject in result.rejected:
             rejects.append({"index": positions[reject.index], "field": reject.field, "error": reject.problem})
         if not rejects:

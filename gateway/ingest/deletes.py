@@ -35,7 +35,7 @@ from gateway.query.promql.values import PromQLError
 from gateway.query.read_path import ReadPath, clamp_range
 from gateway.store import Store
 from gateway.store.contract import time_slot
-from protocols.prometheus import prometheus_labels
+from protocols.prometheus import utf8_labels
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class SeriesSelection:
         for text in selectors:
             expr = await threads.deferToThread(parse_selector, text)
             matchers = selector_matchers(expr)
-            for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
+            for key in await self.planner.select_by_matchers(tenant, matchers, utf8_labels):
                 found[key.series_set_hash] = key
         return sorted(found.values(), key=_order)
 

@@ -594,22 +594,8 @@ class Evaluator:
             self.warn(warning)
         if op in ("topk", "bottomk", "min", "max", "stddev", "stdvar", "quantile") and vector.histogram_present.any():
             self.warn(f"PromQL info: ignored histogram in {op} aggregation")
-        if op in ("topk", "bottomk"):
-            _check_k(param.values)
-            return _top(vector, param.values, group_of, op)
-        if op == "limitk":
-            _check_k(param.values)
-            return _limit(vector, group_of, lambda rows, groups: _first_k(rows.sampled, groups, param.values))
-        if op == "limit_ratio":
-            if np.isnan(param.values).any():
-                raise PromQLError("Ratio value is NaN")
-            if (np.abs(param.values) > 1).any():
-                self.warn(
-                    "PromQL warning: ratio value should be between -1 and 1, got "
-                    f"{go_float(param.values[np.argmax(np.abs(param.values))])}, capping to "
-                    f"{go_float(np.clip(param.values[np.argmax(np.abs(param.values))], -1, 1))}"
-                )
-            return _limit(vector, group_of, lambda rows, groups: _sampled(rows.labels, param.values))
+        if op in ("topk", "bottomk", "limitk", "limit_ratio"):
+            return self._selecting(op, vector, param.values, group_of)
         count = len(group_labels)
         counted = vector.sampled if op in ("count", "group") else vector.present
         present = np.zeros((count, ctx.steps), dtype=bool)
@@ -646,6 +632,24 @@ class Evaluator:
             histograms, mixed = _aggregate_histograms(vector, group_of, count, op, ctx)
             return Vector(group_labels, result, present & ~mixed, None, histograms).without_absent()
         return Vector(group_labels, result, present).without_absent()
+
+    def _selecting(self, op: str, vector: Vector, k: np.ndarray, group_of: np.ndarray) -> Vector:
+        """The aggregations that keep some of each group's series: topk, bottomk, limitk,
+        limit_ratio (k a ratio)."""
+        if op == "limit_ratio":
+            if np.isnan(k).any():
+                raise PromQLError("Ratio value is NaN")
+            if (np.abs(k) > 1).any():
+                beyond = k[np.argmax(np.abs(k))]
+                self.warn(
+                    f"PromQL warning: ratio value should be between -1 and 1, got {go_float(beyond)},"
+                    f" capping to {go_float(np.clip(beyond, -1, 1))}"
+                )
+            return _limit(vector, group_of, lambda rows, groups: _sampled(rows.labels, k))
+        _check_k(k)
+        if op == "limitk":
+            return _limit(vector, group_of, lambda rows, groups: _first_k(rows.sampled, groups, k))
+        return _top(vector, k, group_of, op)
 
     # -- binary operators -------------------------------------------------------------------
 
