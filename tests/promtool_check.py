@@ -2,7 +2,8 @@
 each file's loads become ``promtool test rules`` input series, each eval (each step of a range
 eval) an instant ``promql_expr_test``, and Prometheus's answers are compared with the file's
 expectations with the same tolerance. Order is not checked (promtool sorts), nor are ranges
-using ``start()``/``end()`` (an instant query has no range).
+using ``start()``/``end()`` (an instant query has no range), nor the cases marked ``# Prometheus 3:``
+(where 3.x changed the semantics and the file follows 3.x).
 
     python -m tests.promtool_check tests/promql/*.test     # prints the cases Prometheus answers otherwise
 """
@@ -75,7 +76,7 @@ def check(path: Path) -> list[str]:
                 states.append((states[-1][0] + [command], []))
             else:
                 states[-1][0].append(command)
-        elif not (command.step_ms and re.search(r"\b(start|end)\(\)", command.expr)):
+        elif not (command.prometheus3 or command.step_ms and re.search(r"\b(start|end)\(\)", command.expr)):
             states[-1][1].append(command)
     with tempfile.TemporaryDirectory() as directory:
         files = []

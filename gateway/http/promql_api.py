@@ -270,10 +270,19 @@ def _histogram_points(times: np.ndarray, histograms: np.ndarray) -> list:
     return [[t / 1000, h.json(format_value)] for t, h in zip(times.tolist(), histograms.tolist())]
 
 
-def _envelope(data, warnings: list[str]) -> bytes:
+INFO_PREFIX = "PromQL info:"
+
+
+def _envelope(data, annotations: list[str]) -> bytes:
+    """The success document; the annotations go to ``infos`` (Prometheus 3's "PromQL info: ..."
+    ones) and ``warnings`` (the others), as Prometheus 3's API sorts them."""
     document = {"status": "success", "data": data}
+    warnings = [text for text in annotations if not text.startswith(INFO_PREFIX)]
+    infos = [text for text in annotations if text.startswith(INFO_PREFIX)]
     if warnings:
         document["warnings"] = warnings
+    if infos:
+        document["infos"] = infos
     return orjson.dumps(document)
 
 

@@ -8,6 +8,7 @@ holds (2^((i-1)/2^s), 2^(i/2^s)]; for custom buckets (schema -53, NHCB) bucket i
 up to +Inf.
 """
 
+import bisect
 import dataclasses
 import math
 import struct
@@ -18,7 +19,7 @@ from . import types_pb2
 from .xor import STALE_NAN_BITS
 
 CUSTOM_BUCKETS_SCHEMA = -53
-_RESET_YES, _RESET_NO = types_pb2.Histogram.YES, types_pb2.Histogram.NO
+RESET_HINT, NO_RESET_HINT = types_pb2.Histogram.YES, types_pb2.Histogram.NO
 _MAX_FLOAT = 1.7976931348623157e308
 _STALE_SUM = struct.pack("<Q", STALE_NAN_BITS)
 
@@ -99,9 +100,13 @@ class Histogram:
             negative={i: c * factor for i, c in self.negative.items()},
         )
 
-    def add(self, other: "Histogram", sign: float = 1.0) -> "Histogram":
-        """``self + sign * other`` in the lower of both schemas and the larger zero threshold."""
+    def add(self, other: "Histogram", sign: float = 1.0, on_reconcile=None) -> "Histogram":
+        """``self + sign * other`` in the lower of both schemas and the larger zero threshold;
+        custom buckets of different bounds in the bounds both have (``on_reconcile()`` is
+        called then: Prometheus 3 says so in an info)."""
         a, b = reconcile(self, other)
+        if on_reconcile is not None and (a.custom_values, b.custom_values) != (self.custom_values, other.custom_values):
+            on_reconcile()
         return a.copy(
             zero_count=a.zero_count + sign * b.zero_count,
             count=a.count + sign * b.count,
@@ -111,8 +116,19 @@ class Histogram:
             reset_hint=0,
         )
 
-    def sub(self, other: "Histogram") -> "Histogram":
-        return self.add(other, -1.0)
+    def sub(self, other: "Histogram", on_reconcile=None) -> "Histogram":
+        return self.add(other, -1.0, on_reconcile)
+
+    def rebucketed(self, bounds: tuple) -> "Histogram":
+        """A custom-bucket histogram in buckets of ``bounds`` (a subset of its own): each bucket
+        joins the first of them at or above its upper bound (+Inf: the last)."""
+        if bounds == self.custom_values:
+            return self
+        positive: dict[int, float] = {}
+        for index, count in self.positive.items():
+            target = bisect.bisect_left(bounds, self.bound(index))
+            positive[target] = positive.get(target, 0.0) + count
+        return self.copy(custom_values=bounds, positive=positive)
 
     def reduced(self, schema: int) -> "Histogram":
         """The same observations in buckets of a lower exponential schema (each 2^(delta) merge)."""
@@ -151,9 +167,9 @@ class Histogram:
         """Prometheus's DetectReset: this sample restarted the counter since ``previous`` (a
         count, the zero bucket or any bucket went down, the zero threshold shrank, the schema
         grew, or the custom bounds changed)."""
-        if self.reset_hint == _RESET_YES:
+        if self.reset_hint == RESET_HINT:
             return True
-        if self.reset_hint == _RESET_NO:
+        if self.reset_hint == NO_RESET_HINT:
             return False
         if self.count < previous.count or self.custom != previous.custom:
             return True
@@ -191,13 +207,17 @@ class Histogram:
 
     def buckets(self) -> Iterator[Bucket]:
         """Every bucket, lowest first: negative, zero, positive (AllBucketIterator: the zero
-        bucket only with a count above 0, as in Prometheus)."""
+        bucket only with a count above 0, a bucket reaching into it cut at its edge, as in
+        Prometheus)."""
+        edge = self.zero_threshold
         for index in sorted(self.negative, reverse=True):
-            yield Bucket(-self.bound(index), -self.bound(index - 1), True, False, self.negative[index])
+            upper = -self.bound(index - 1)
+            yield Bucket(-self.bound(index), -edge if -edge < upper < 0 else upper, True, False, self.negative[index])
         if self.zero_count > 0:
-            yield Bucket(-self.zero_threshold, self.zero_threshold, True, True, self.zero_count)
+            yield Bucket(-edge, edge, True, True, self.zero_count)
         for index in sorted(self.positive):
-            yield Bucket(self.bound(index - 1), self.bound(index), False, True, self.positive[index])
+            lower = self.bound(index - 1)
+            yield Bucket(edge if 0 < lower < edge else lower, self.bound(index), False, True, self.positive[index])
 
     def json(self, format_value) -> dict:
         """Prometheus 2.42's JSON: count, sum, and the non-empty buckets as
@@ -219,66 +239,86 @@ class Histogram:
 
     # -- functions ----------------------------------------------------------------------------
 
-    def _interpolation_buckets(self) -> list[Bucket]:
-        """The buckets as histogram_quantile and histogram_fraction interpolate in: a zero
-        bucket beside buckets of one sign only starts (or ends) at 0; a first custom bucket
-        (from -Inf) starts at 0 when its upper bound is positive."""
-        found = [b for b in self.buckets() if b.count]
-        positive, negative = any(self.positive.values()), any(self.negative.values())
-        for i, b in enumerate(found):
-            if not self.custom and b.lower < 0 < b.upper:
-                if positive and not negative:
-                    found[i] = b._replace(lower=0.0)
-                elif negative and not positive:
-                    found[i] = b._replace(upper=0.0)
-            elif self.custom and b.lower == -math.inf and b.upper > 0:
-                found[i] = b._replace(lower=0.0)
-        return found
-
     def quantile(self, q: float) -> float:
-        """Prometheus 2.42's histogramQuantile: walk the buckets up to rank q * count and
-        interpolate linearly inside the bucket reached."""
+        """Prometheus 3's HistogramQuantile: the bucket the rank q * count falls in, walked from
+        the low end (from the high end for q >= 0.5, unless the sum is NaN), interpolated
+        linearly inside custom and zero buckets and exponentially inside exponential ones; a
+        zero bucket beside buckets of one sign only starts (ends) at 0, a first custom bucket
+        from -Inf at 0, and the +Inf bucket answers its lower bound."""
         if q < 0:
             return -math.inf
         if q > 1:
             return math.inf
         if self.count == 0 or math.isnan(q):
             return math.nan
-        rank, seen, bucket = q * self.count, 0.0, None
-        for bucket in self._interpolation_buckets():
+        forward = math.isnan(self.sum) or q < 0.5
+        rank = q * self.count if forward else (1 - q) * self.count
+        seen, bucket = 0.0, Bucket(0.0, 0.0, False, False, 0.0)
+        for bucket in self.buckets() if forward else reversed(list(self.buckets())):
+            if bucket.count == 0:
+                continue
             seen += bucket.count
             if seen >= rank:
                 break
-        if bucket is None:
-            return math.nan
-        if self.custom:
-            if bucket.lower == -math.inf:
-                return bucket.upper
-            if bucket.upper == math.inf:
-                return bucket.lower
+        lower, upper = bucket.lower, bucket.upper
+        if not self.custom and lower < 0 < upper:
+            if not self.negative and self.positive:
+                lower = 0.0
+            elif not self.positive and self.negative:
+                upper = 0.0
+        elif self.custom:
+            if lower == -math.inf:
+                if upper <= 0:
+                    return upper
+                lower = 0.0
+            elif upper == math.inf:
+                return lower
         seen = min(seen, self.count)
         if seen < rank:
-            return bucket.upper
-        rank -= seen - bucket.count
-        return bucket.lower + (bucket.upper - bucket.lower) * (rank / bucket.count)
+            return math.nan if math.isnan(self.sum) else upper
+        rank = rank - (seen - bucket.count) if forward else seen - rank
+        fraction = rank / bucket.count
+        if self.custom or (lower <= 0 <= upper):
+            return lower + (upper - lower) * fraction
+        low, high = math.log2(abs(lower)), math.log2(abs(upper))
+        if lower > 0:
+            return 2.0 ** (low + (high - low) * fraction)
+        return -(2.0 ** (high + (low - high) * (1 - fraction)))
 
     def fraction(self, lower: float, upper: float) -> float:
-        """histogram_fraction: the share of observations in [lower, upper], interpolating
-        linearly inside the buckets the ends fall in (an infinite bucket counts whole or not)."""
+        """Prometheus 3's HistogramFraction: the share of observations between ``lower`` and
+        ``upper``, interpolated inside the buckets the ends fall in (linearly in custom and zero
+        buckets, exponentially in exponential ones; a bucket from -Inf counts whole)."""
         if self.count == 0 or math.isnan(lower) or math.isnan(upper):
             return math.nan
         if lower >= upper:
             return 0.0
-        inside = 0.0
-        for b in self._interpolation_buckets():
-            low, high = max(b.lower, lower), min(b.upper, upper)
-            if high < low or (high == low and b.upper > b.lower):
-                continue
-            if low == b.lower and high == b.upper:
-                inside += b.count
-            elif math.isfinite(b.upper - b.lower):
-                inside += b.count * (high - low) / (b.upper - b.lower)
-        return inside / self.count
+        rank, lower_rank, upper_rank = 0.0, None, None
+        for b in self.buckets():
+            zero_bucket = b.lower <= 0 <= b.upper
+            if zero_bucket:
+                if not self.negative and self.positive:
+                    b = b._replace(lower=0.0)
+                elif not self.positive and self.negative:
+                    b = b._replace(upper=0.0)
+            linear = self.custom or zero_bucket
+            if lower_rank is None and b.lower >= lower:
+                lower_rank = rank
+            if upper_rank is None and b.lower >= upper:
+                upper_rank = rank
+            if lower_rank is not None and upper_rank is not None:
+                break
+            if lower_rank is None and b.lower < lower < b.upper:
+                lower_rank = rank + b.count * _fraction_below(b, lower, linear)
+            if upper_rank is None and b.lower < upper < b.upper:
+                upper_rank = rank + b.count * _fraction_below(b, upper, linear)
+            if lower_rank is not None and upper_rank is not None:
+                break
+            rank += b.count
+        total = sum(b.count for b in self.buckets()) if math.isnan(self.sum) else self.count
+        lower_rank = total if lower_rank is None or lower_rank > total else lower_rank
+        upper_rank = total if upper_rank is None or upper_rank > total else upper_rank
+        return (upper_rank - lower_rank) / self.count
 
     def variance(self) -> float:
         """histogram_stdvar (Prometheus 3): each bucket's observations taken at its geometric
@@ -304,11 +344,28 @@ class Histogram:
 _RULES = {(False, True): 0, (True, False): 1, (False, False): 2, (True, True): 3}
 
 
+def _fraction_below(bucket: Bucket, value: float, linear: bool) -> float:
+    """The share of ``bucket`` below ``value`` (Prometheus 3's FractionBelow): linear, or linear
+    in log2 of the bounds (negative buckets mirrored); a bucket from -Inf counts whole."""
+    if linear:
+        if bucket.lower == -math.inf:
+            return 1.0
+        return (value - bucket.lower) / (bucket.upper - bucket.lower)
+    low, high, point = math.log2(abs(bucket.lower)), math.log2(abs(bucket.upper)), math.log2(abs(value))
+    if value > 0:
+        return (point - low) / (high - low)
+    return 1 - (point - high) / (low - high)
+
+
 def reconcile(a: Histogram, b: Histogram) -> tuple[Histogram, Histogram]:
-    """Both histograms in one bucket layout: the lower schema, the larger zero threshold."""
+    """Both histograms in one bucket layout: the lower schema, the larger zero threshold; custom
+    buckets of different bounds in the bounds both have (Prometheus 3's reconciliation)."""
     if a.custom or b.custom:
-        if a.custom != b.custom or a.custom_values != b.custom_values:
-            raise IncompatibleBuckets("histograms with different custom bucket bounds")
+        if a.custom != b.custom:
+            raise IncompatibleBuckets("histograms with exponential and custom buckets")
+        if a.custom_values != b.custom_values:
+            common = tuple(sorted(set(a.custom_values) & set(b.custom_values)))
+            return a.rebucketed(common), b.rebucketed(common)
         return a, b
     schema = min(a.schema, b.schema)
     a, b = a.reduced(schema), b.reduced(schema)

@@ -95,16 +95,18 @@ def test_variance_is_welford_and_identical_values_give_exactly_zero():
     assert only("stddev_over_time(ot_kahan[5m])", 40) == 8.164965809277261e99
 
 
-def test_means_are_incremental_and_do_not_overflow():
-    assert only("avg(big)") == 5.666666666666666e307
+def test_means_are_kahan_sums_over_the_count_and_do_not_overflow():
+    """Prometheus 3's avg and avg_over_time: a Kahan sum divided by the count, an incremental
+    mean once the sum would overflow."""
+    assert only("avg(big)") == 5.666666666666665e307
     assert only('avg(big{i!="2"})') == BIG
-    assert only("avg(av)") == 0.4800000000000001  # 2.42's plain incremental mean, in input order
+    assert only("avg(av)") == 0.48
     assert only("avg_over_time(ot_avg[5m])", 40) == 0.48  # with Kahan summation
-    assert only("avg_over_time(ot_kahan[5m])", 40) == 0.0
-    assert only("avg_over_time(ot_mix[5m])") == 1.8888888888888888e307
-    assert only("avg_over_time(ot_big[5m])") == BIG
+    assert only("avg_over_time(ot_kahan[5m])", 40) == 1 / 3
+    assert only("avg_over_time(ot_mix[5m])") == 1.8888888888888883e307
+    assert only("avg_over_time(ot_big[5m])") == 1.6999999999999997e308  # the incremental mean after overflow
     assert only("sum_over_time(ot_kahan[5m])", 40) == 1.0  # Kahan: the 1 is not lost
-    assert only("sum(ks)") == 0.0  # the aggregation adds plainly, as 2.42 does
+    assert only("sum(ks)") == 1.0  # Kahan too (2.42 added plainly: 0)
     assert only("sum(big)") == math.inf
 
 
@@ -222,8 +224,9 @@ def test_histogram_stddev_of_a_negative_zero_threshold_is_nan_not_an_error():
 
 
 def reference_rate(times_ms: list[int], values: list[float], at_ms: int, range_ms: int) -> float | None:
-    """Prometheus 2.42's extrapolatedRate for rate(), operation by operation (the reference)."""
-    window = [(t, v) for t, v in zip(times_ms, values) if at_ms - range_ms <= t <= at_ms]
+    """Prometheus 3's extrapolatedRate for rate(), operation by operation (the reference): a
+    left-open window, the start cut at the threshold before the zero point bounds it."""
+    window = [(t, v) for t, v in zip(times_ms, values) if at_ms - range_ms < t <= at_ms]
     if len(window) < 2:
         return None
     result = window[-1][1] - window[0][1]
@@ -234,12 +237,13 @@ def reference_rate(times_ms: list[int], values: list[float], at_ms: int, range_m
     to_end = (at_ms - window[-1][0]) / 1000
     sampled = (window[-1][0] - window[0][0]) / 1000
     average = sampled / (len(window) - 1)
+    if to_start >= average * 1.1:
+        to_start = average / 2
     if result > 0 and window[0][1] >= 0:
         to_start = min(to_start, sampled * (window[0][1] / result))
-    interval = sampled
-    interval += to_start if to_start < average * 1.1 else average / 2
-    interval += to_end if to_end < average * 1.1 else average / 2
-    return result * (interval / sampled / (range_ms / 1000))
+    if to_end >= average * 1.1:
+        to_end = average / 2
+    return result * ((sampled + to_start + to_end) / sampled / (range_ms / 1000))
 
 
 def test_rate_adds_counter_resets_in_prometheus_order_bit_for_bit():

@@ -75,7 +75,8 @@ def test_queries_answer_prometheus_envelopes(loaded, tenant):
         ("/api/v1/query_range", {"query": "up", "start": "0", "end": "100000", "step": "1"}, 400, "bad_data"),
         ("/api/v1/query_range", {"query": "up[5m]", "start": "0", "end": "10", "step": "1"}, 400, "bad_data"),
         ("/api/v1/query", {"query": "1 > 2"}, 400, "bad_data"),
-        ("/api/v1/query", {"query": "limitk(1, up)"}, 400, "bad_data"),
+        ("/api/v1/query", {"query": "up + fill(0) up"}, 400, "bad_data"),
+        ("/api/v1/query", {"query": "limitk(NaN, up)"}, 422, "execution"),
         ("/api/v1/query", {"query": "jobs_total + on() jobs_total"}, 422, "execution"),
         ("/api/v1/query", {"query": "count_over_time(jobs_total[1h])"}, 200, None),
         ("/api/v1/query", {"query": "count_over_time(jobs_total[1h])[30m:1m]"}, 200, None),
@@ -205,4 +206,6 @@ def test_past_raw_retention_counters_read_their_rollups(start_gateway, backend_a
     across = promql(
         gateway, tenant, "/api/v1/query", query="increase(old_total[20m])", time=(slot + 40 * 60_000) / 1000
     ).json()
-    assert float(across["data"]["result"][0]["value"][1]) == pytest.approx(120.0, rel=0.01)
+    # the window is left-open (Prometheus 3): the roll-up point at its start is out, so 15 of the
+    # 20 minutes are sampled and the rest extrapolated
+    assert float(across["data"]["result"][0]["value"][1]) == pytest.approx(120.0, rel=0.02)

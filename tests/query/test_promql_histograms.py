@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.http.promql_api import _encode_instant, _encode_matrix
+from gateway.http.promql_api import _encode_instant, _encode_matrix, _envelope
 from gateway.query.promql.engine import Evaluator, Query, parse, plan
 from gateway.query.promql.values import Series, Vector
 from protocols.prometheus.native_histogram import Histogram
@@ -93,8 +93,8 @@ def instant(text: str, at: float) -> dict:
 def test_a_selector_gives_histogram_samples_with_lookback():
     assert instant('latency{job="api"}', 60) == {tuple(sorted(API.items())): growing(4)}
     assert instant('latency{job="api"}', 70) == {tuple(sorted(API.items())): growing(4)}  # the last sample, 10 s old
-    assert instant('latency{job="api"}', 120 + 300) == {tuple(sorted(API.items())): growing(8)}
-    assert instant('latency{job="api"}', 120 + 301) == {}
+    assert instant('latency{job="api"}', 120 + 299) == {tuple(sorted(API.items())): growing(8)}
+    assert instant('latency{job="api"}', 120 + 300) == {}  # the lookback is left-open (Prometheus 3)
     both = instant("latency", 60)
     assert both[(("__name__", "latency"), ("job", "batch"))] == 1.0 and both[
         (("__name__", "latency"), ("job", "web"))
@@ -127,10 +127,11 @@ def test_histogram_quantile_interpolates_linearly_in_native_buckets():
     api = (("job", "api"),)
     # sample 4: 4 in the zero bucket, 8 in (1, 2], 12 in (2, 4]; 24 in all
     assert instant('histogram_quantile(0.5, latency{job="api"})', 60) == {api: 2.0}  # rank 12 ends (1, 2]
-    assert instant('histogram_quantile(0.75, latency{job="api"})', 60) == {api: 3.0}  # rank 18: 6 of 12 into (2, 4]
+    # rank 18: 6 of 12 into (2, 4], exponentially inside it (Prometheus 3): 2^1.5
+    assert instant('histogram_quantile(0.75, latency{job="api"})', 60) == {api: pytest.approx(2**1.5)}
     # rank 2.4 in the zero bucket, which starts at 0 since there are no negative buckets
     assert instant('histogram_quantile(0.1, latency{job="api"})', 60) == {api: pytest.approx(0.001 * 2.4 / 4)}
-    assert instant('histogram_quantile(0.5, rate(latency{job="api"}[1m]))', 60) == {api: 2.0}
+    assert instant('histogram_quantile(0.5, rate(latency{job="api"}[1m]))', 60) == {api: pytest.approx(2.0)}
     assert instant('histogram_quantile(1.5, latency{job="api"})', 60) == {api: math.inf}
     # the classic path beside it is unchanged
     assert instant("histogram_quantile(0.5, latency_bucket)", 60) == {}
@@ -145,8 +146,11 @@ def test_histogram_quantile_and_fraction_on_custom_buckets():
 
 
 def test_histogram_fraction_interpolates_inside_buckets():
-    # all of the zero bucket (4) and (1, 2] (8), half of (2, 4] (6) out of 24
-    assert instant('histogram_fraction(0, 3, latency{job="api"})', 60) == {(("job", "api"),): 0.75}
+    # all of the zero bucket (4) and (1, 2] (8), of (2, 4] the share below 3 exponentially
+    # (Prometheus 3: log2(3) - 1 of its 12), out of 24
+    assert instant('histogram_fraction(0, 3, latency{job="api"})', 60) == {
+        (("job", "api"),): pytest.approx((4 + 8 + 12 * (math.log2(3) - 1)) / 24)
+    }
     assert instant('histogram_fraction(-1, 0.0005, latency{job="api"})', 60) == {
         (("job", "api"),): pytest.approx(2 / 24)
     }
@@ -176,14 +180,14 @@ def test_counter_resets_add_the_sample_before_back():
     assert increase.count == 6 + 18 and increase.positive == {1: 2 + 6, 2: 3 + 9} and increase.zero_count == 1 + 3
     (irate,) = instant('irate(latency{job="web"}[1m])', 60).values()
     assert irate.count == pytest.approx(6 / 15)  # after a reset, the last sample alone
-    # the custom bounds changed at 30 s: last minus first has no meaning, the element is left out
-    value, warnings = evaluate("increase(nhcb_rebucketed[1m])", 60)
-    assert not value.labels and warnings == [
-        "rate/increase/delta: histograms with different custom bucket bounds: the element is left out"
-    ]
-    # over [30 s, 60 s] the bounds are the same: 4 -> 6
-    (increase,) = instant("increase(nhcb_rebucketed[30s])", 60).values()
-    assert increase.count == 2.0 and increase.positive == {1: 2.0}
+    # the custom bounds changed at 30 s, which is a counter reset: the increase starts from nothing
+    # in the second sample's bounds (Prometheus 3), 6 over 60 s sampled, extended 1 s back
+    value, warnings = evaluate("increase(nhcb_rebucketed[61s])", 60)
+    (increase,) = value.histograms[:, 0]
+    assert increase.count == pytest.approx(6.1) and increase.custom_values == (0.5, 2.0) and not warnings
+    # over (0 s, 60 s] the bounds are the same: 4 -> 6, extended to the window's start: 2 * 60 / 30
+    (increase,) = instant("increase(nhcb_rebucketed[1m])", 60).values()
+    assert increase.count == 4.0 and increase.positive == {1: 4.0}
 
 
 def test_reset_detection():
@@ -202,8 +206,10 @@ def test_reset_detection():
 
 
 def test_schemas_are_reconciled_to_the_lowest():
-    (increase,) = instant("increase(sized[1m])", 60).values()
-    assert increase.schema == 0 and increase.positive == {1: 3.0} and increase.count == 3.0
+    (increase,) = instant("increase(sized[61s])", 60).values()  # 0 s and 60 s, extended 1 s back
+    assert (
+        increase.schema == 0 and increase.positive == {1: pytest.approx(3.05)} and increase.count == pytest.approx(3.05)
+    )
     merged = h(2.0, 3.0, {1: 1.0, 2: 1.0, -1: 2.0}, schema=1).add(h(1.0, 1.0, {1: 1.0}, threshold=0.6))
     # schema 1 bucket -1 ((0.5, 0.71]) and 0 would be schema 0 bucket 0 ((0.5, 1]): inside threshold 1 after widening
     assert (
@@ -224,13 +230,18 @@ def test_sum_avg_count_and_scalar_arithmetic():
     assert instant(f"2 / {both}", 60) == {}
 
 
-def test_floats_and_histograms_in_one_sum_drop_the_element_with_a_warning():
+def test_floats_and_histograms_in_one_sum_drop_the_element_with_a_warning_and_custom_bounds_are_reconciled():
     value, warnings = evaluate("sum(latency)", 60)
-    assert not value.labels and warnings == ["sum: encountered a mix of histograms and floats: the element is left out"]
+    assert not value.labels and warnings == [
+        "PromQL warning: encountered a mix of histograms and floats for aggregation"
+    ]
     value, warnings = evaluate('sum by (job) (latency{job=~"api|batch"})', 60)
     assert len(value.labels) == 2 and not warnings
-    _, warnings = evaluate('sum({__name__=~"nhcb.*"})', 30)
-    assert warnings == ["sum: histograms with different custom bucket bounds: the element is left out"]
+    # custom bounds (0.5, 1, 5) and (0.5, 2): summed in the bounds both have, (0.5), with an info
+    value, warnings = evaluate('sum({__name__=~"nhcb.*"})', 30)
+    (total,) = value.histograms[:, 0]
+    assert total.custom_values == (0.5,) and total.positive == {0: 2.0, 1: 12.0} and total.count == 14.0
+    assert warnings == ["PromQL info: mismatched custom buckets were reconciled during aggregation"]
 
 
 def test_range_queries_and_subqueries_over_histograms():
@@ -281,7 +292,7 @@ def test_the_json_is_prometheus_2_42s():
     )
     value, _ = evaluate('latency{job="web"}[30s]', 60)
     (ranged,) = orjson.loads(_encode_instant(value, 60000, []))["data"]["result"]
-    assert [point[0] for point in ranged["histograms"]] == [30.0, 45.0, 60.0] and "values" not in ranged
+    assert [point[0] for point in ranged["histograms"]] == [45.0, 60.0] and "values" not in ranged  # (30 s, 60 s]
 
 
 def test_set_operators_and_relabelling_keep_histograms():
@@ -319,3 +330,43 @@ def test_a_stored_nan_or_negative_zero_threshold_is_read_as_zero():
         assert stored.zero_threshold == 0.0
         a, b = reconcile(stored, h(1.0, 1.0, {1: 1.0}, threshold=0.5))
         assert a.zero_threshold == b.zero_threshold == 0.5
+
+
+def test_incompatible_sample_types_are_an_info_in_its_own_list():
+    value, annotations = evaluate('latency{job="api"} < 1', 60)
+    assert not value.labels and annotations == [
+        'PromQL info: incompatible sample types encountered for binary operator "<": histogram < float'
+    ]
+    _, annotations = evaluate('2 * latency{job="api"} + latency{job="api"} * 2 - 1 / latency{job="api"}', 60)
+    assert annotations == [
+        'PromQL info: incompatible sample types encountered for binary operator "/": float / histogram'
+    ]
+    document = orjson.loads(_envelope({}, [*annotations, "a warning"]))
+    assert document["infos"] == annotations and document["warnings"] == ["a warning"]
+
+
+def test_over_time_functions_take_histograms_in():
+    """Prometheus 3: sum/avg_over_time add the window's histograms, count/last_over_time see them."""
+    api = (("job", "api"),)
+    # (30 s, 60 s]: samples 3 and 4 of the steady counter
+    (total,) = instant('sum_over_time(latency{job="api"}[30s])', 60).values()
+    assert total == growing(3).add(growing(4))
+    (mean,) = instant('avg_over_time(latency{job="api"}[30s])', 60).values()
+    assert mean.count == (growing(3).count + growing(4).count) / 2
+    assert instant('count_over_time(latency{job="api"}[30s])', 60) == {api: 2.0}
+    assert instant('last_over_time(latency{job="api"}[30s])', 60) == {tuple(sorted(API.items())): growing(4)}
+    assert instant('ts_of_first_over_time(latency{job="api"}[30s])', 60) == {api: 45.0}
+
+
+def test_histograms_add_subtract_compare_and_negate_between_vectors():
+    """Prometheus 3: + and - between two histograms, == and != compare them (the left kept)."""
+    api = tuple(sorted(API.items()))
+    (double,) = instant('latency{job="api"} + latency{job="api"}', 60).values()
+    assert double == growing(4).scale(2.0)
+    (none,) = instant('latency{job="api"} - latency{job="api"}', 60).values()
+    assert none.count == 0 and none.reset_hint == 3  # a gauge
+    assert instant('latency{job="api"} == latency{job="api"}', 60) == {api: growing(4)}
+    assert instant('latency{job="api"} != latency{job="api"}', 60) == {}
+    assert instant('latency{job="api"} == bool latency{job="api"}', 60) == {(("job", "api"),): 1.0}
+    (negated,) = instant('-latency{job="api"}', 60).values()
+    assert negated == growing(4).scale(-1.0)

@@ -20,9 +20,10 @@ from typing import NamedTuple
 
 import numpy as np
 import promql_parser
+import xxhash
 
 from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
-from gateway.query.promql.range_functions import quantiles
+from gateway.query.promql.range_functions import GAUGE_HINT, KahanMean, compensated_sum, quantiles
 from gateway.query.promql.values import (
     NAME,
     Guard,
@@ -33,19 +34,22 @@ from gateway.query.promql.values import (
     String,
     Vector,
     drop_metric_name,
+    go_float,
     is_stale,
     labels_key,
     merge_same_labels,
+    mixed_schemas_warning,
+    quantile_warning,
     stacked,
 )
 from protocols.linear_regex import BadPattern, compile_regex
-from protocols.prometheus.native_histogram import IncompatibleBuckets
+from protocols.prometheus.native_histogram import NO_RESET_HINT, RESET_HINT, IncompatibleBuckets
 from protocols.prometheus.read import Matcher
 
 DEFAULT_SUBQUERY_STEP_MS = 60_000
 _MATCH_TYPES = {"MatchOp.Equal": "EQ", "MatchOp.NotEqual": "NEQ", "MatchOp.Re": "RE", "MatchOp.NotRe": "NRE"}
 _COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
-_ARITHMETIC = {"+", "-", "*", "/", "%", "^"}  # the operators that drop __name__ (atan2 keeps it in 2.42)
+_ARITHMETIC = {"+", "-", "*", "/", "%", "^", "atan2"}  # the operators that drop __name__ (2.42 kept it for atan2)
 _SET_OPERATORS = {"and", "or", "unless"}
 
 
@@ -79,14 +83,34 @@ def parser_call(function, *args):
         raise ValueError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
 
 
+# Prometheus 3 language tsgate does not take (its parser, promql-parser 0.12, reads none of it
+# but fill()): a query using one is refused naming it, never answered as if it were not there.
+_UNSUPPORTED = (
+    (
+        re.compile(r"\b(anchored|smoothed)\b"),
+        "the anchored and smoothed range modifiers (Prometheus 3's experimental extended range selectors)",
+    ),
+    (re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),
+    (
+        re.compile(r"\[[^\]:]*[-+*/%^()][^\]]*\]|\b(offset|@)\s*\(|\b(step|range|min_of|max_of)\s*\("),
+        "duration expressions (Prometheus 3's experimental promql-duration-expr)",
+    ),
+)
+_FILL = "the fill(), fill_left() and fill_right() modifiers (Prometheus 3's experimental binop fill modifiers)"
+
+
 def parse(text: str):
     """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
-    and offsets out of range, regular expressions RE2 does not take."""
+    and offsets out of range, regular expressions RE2 does not take; and the Prometheus 3
+    language tsgate does not take, named."""
     try:
         expr = parser_call(promql_parser.parse, _raw_strings_quoted(text))
         for node in _nodes(expr):
             _check_node(node)
     except (ValueError, TypeError, OverflowError) as error:
+        feature = next((name for pattern, name in _UNSUPPORTED if pattern.search(text)), None)
+        if feature is not None:
+            raise PromQLError(f'invalid parameter "query": {feature} are not supported ({error})', "bad_data") from None
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     return expr
 
@@ -104,7 +128,11 @@ def _nodes(expr):
 
 def _check_node(node) -> None:
     """Reads what evaluation reads of a selector or subquery, so that what promql-parser cannot
-    hand over (an ``@`` before 1970 or past year 9999, a huge offset) is a parse error here."""
+    hand over (an ``@`` before 1970 or past year 9999, a huge offset) is a parse error here; a
+    fill() modifier, which tsgate does not apply, is refused."""
+    fill = node.modifier.fill_values if type(node).__name__ == "BinaryExpr" and node.modifier is not None else None
+    if fill is not None and (fill.lhs is not None or fill.rhs is not None):
+        raise ValueError(f"{_FILL} are not supported")
     if type(node).__name__ not in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
         return
     for name in ("offset", "range", "step"):
@@ -407,7 +435,13 @@ class Evaluator:
             return self._aggregate(expr, ctx)
         if kind == "UnaryExpr":
             value = self.evaluate(expr.expr, times_ms)
-            value = Scalar(-value.values) if isinstance(value, Scalar) else value.with_values(-value.values)
+            if isinstance(value, Scalar):
+                value = Scalar(-value.values)
+            else:
+                negated = value.with_values(-value.values)
+                if value.histograms is not None:  # -h: every count and the sum negated (Prometheus 3)
+                    negated = negated._replace(histograms=_scaled(value.histograms, np.full(ctx.steps, -1.0), "*"))
+                value = negated.without_absent()
         elif kind == "Call":
             value = self._call(expr, ctx)
         elif kind == "BinaryExpr":
@@ -438,7 +472,7 @@ class Evaluator:
             found = index >= 0
             index = np.maximum(index, 0)
             sample_ms, values = series.timestamps[index], series.values[index]
-            found &= (sample_ms >= refs - self.query.lookback_ms) & ~is_stale(values)
+            found &= (sample_ms > refs - self.query.lookback_ms) & ~is_stale(values)
             if found.any():
                 labels.append(series.labels)
                 rows.append(values)
@@ -467,7 +501,7 @@ class Evaluator:
             found = index >= 0
             index = np.maximum(index, 0)
             sample_ms, samples = series.timestamps[index], series.values[index]
-            found &= (sample_ms >= refs - self.query.lookback_ms) & np.not_equal(samples, None)  # None: a stale marker
+            found &= (sample_ms > refs - self.query.lookback_ms) & np.not_equal(samples, None)  # None: a stale marker
             if not found.any():
                 continue
             row = row_of.get(labels_key(series.labels))
@@ -509,7 +543,7 @@ class Evaluator:
         refs = self._refs(node, ctx)
         first, last = int(refs.min()) - range_ms, int(refs.max())
         start = step * (first // step)
-        if start < first:
+        if start <= first:  # left-open, as a range selector's window (Prometheus 3)
             start += step
         inner_times = np.arange(start, last + 1, step, dtype=np.int64)
         if not len(inner_times):  # no inner step in any window (changes(x[1h])[1s:1d]): no samples
@@ -556,9 +590,12 @@ class Evaluator:
                 raise PromQLError(f"invalid label name {param.value!r}")
             return _count_values(vector, param.value, grouping, without, ctx)
         group_of, group_labels = _groups(vector.labels, grouping, without)
-        if op in ("topk", "bottomk"):
-            _check_k(param.values)
-            return _top(vector, param.values, group_of, op)
+        if op == "quantile" and (warning := quantile_warning(param.values)):
+            self.warn(warning)
+        if op in ("topk", "bottomk", "min", "max", "stddev", "stdvar", "quantile") and vector.histogram_present.any():
+            self.warn(f"PromQL info: ignored histogram in {op} aggregation")
+        if op in ("topk", "bottomk", "limitk", "limit_ratio"):
+            return self._selecting(op, vector, param.values, group_of)
         count = len(group_labels)
         counted = vector.sampled if op in ("count", "group") else vector.present
         present = np.zeros((count, ctx.steps), dtype=bool)
@@ -567,8 +604,7 @@ class Evaluator:
         np.add.at(counts, group_of, counted.astype(np.float64))
         with np.errstate(all="ignore"):
             if op == "sum":
-                result = np.zeros((count, ctx.steps))
-                np.add.at(result, group_of, np.where(vector.present, vector.values, 0.0))
+                result = _kahan_sum(vector, group_of, count)
             elif op == "avg":
                 result = _running_mean(vector, group_of, count)
             elif op == "count":
@@ -597,6 +633,24 @@ class Evaluator:
             return Vector(group_labels, result, present & ~mixed, None, histograms).without_absent()
         return Vector(group_labels, result, present).without_absent()
 
+    def _selecting(self, op: str, vector: Vector, k: np.ndarray, group_of: np.ndarray) -> Vector:
+        """The aggregations that keep some of each group's series: topk, bottomk, limitk,
+        limit_ratio (k a ratio)."""
+        if op == "limit_ratio":
+            if np.isnan(k).any():
+                raise PromQLError("Ratio value is NaN")
+            if (np.abs(k) > 1).any():
+                beyond = k[np.argmax(np.abs(k))]
+                self.warn(
+                    f"PromQL warning: ratio value should be between -1 and 1, got {go_float(beyond)},"
+                    f" capping to {go_float(np.clip(beyond, -1, 1))}"
+                )
+            return _limit(vector, group_of, lambda rows, groups: _sampled(rows.labels, k))
+        _check_k(k)
+        if op == "limitk":
+            return _limit(vector, group_of, lambda rows, groups: _first_k(rows.sampled, groups, k))
+        return _top(vector, k, group_of, op)
+
     # -- binary operators -------------------------------------------------------------------
 
     def _binary(self, node, ctx: Context):
@@ -610,10 +664,14 @@ class Evaluator:
             value, keep = _operate(op, lhs.values, rhs.values)
             return Scalar(np.asarray(keep, dtype=np.float64) if op in _COMPARISONS else value)
         if isinstance(lhs, Scalar) or isinstance(rhs, Scalar):
+            everywhere, nowhere = np.ones(ctx.steps, dtype=bool), np.zeros(ctx.steps, dtype=bool)
+            left = (everywhere, nowhere) if isinstance(lhs, Scalar) else (lhs.present, lhs.histogram_present)
+            right = (everywhere, nowhere) if isinstance(rhs, Scalar) else (rhs.present, rhs.histogram_present)
+            _note_incompatible(op, ctx, *left, *right)
             return _vector_scalar(op, lhs, rhs, return_bool)
         if op in _SET_OPERATORS:
             return _set_operation(op, lhs, rhs, modifier)
-        return _vector_vector(op, lhs, rhs, modifier, return_bool)
+        return _vector_vector(op, lhs, rhs, modifier, return_bool, ctx)
 
 
 def _refuse_same_labels(vector: Vector) -> None:
@@ -655,6 +713,26 @@ def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, 
         return left, keep
 
 
+# The binary operators Prometheus 3 applies to native histograms, by the sides' sample types;
+# any other drops the element with an info annotation.
+_HISTOGRAM_OPERATORS = {
+    ("float", "histogram"): {"*"},
+    ("histogram", "float"): {"*", "/"},
+    ("histogram", "histogram"): {"+", "-", "==", "!="},
+}
+
+
+def _note_incompatible(op: str, ctx: Context, left_float, left_histogram, right_float, right_histogram) -> None:
+    """Prometheus 3's info when ``op`` meets sample types it does not take (``float <
+    histogram``): the masks say where each side holds a float or a histogram."""
+    sides = {"float": (left_float, right_float), "histogram": (left_histogram, right_histogram)}
+    for (left, right), allowed in _HISTOGRAM_OPERATORS.items():
+        if op not in allowed and (sides[left][0] & sides[right][1]).any():
+            ctx.warn(
+                f'PromQL info: incompatible sample types encountered for binary operator "{op}": {left} {op} {right}'
+            )
+
+
 def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
     vector, scalar, swapped = (lhs, rhs, False) if isinstance(lhs, Vector) else (rhs, lhs, True)
     scalar_values = np.broadcast_to(scalar.values, vector.values.shape)
@@ -690,19 +768,32 @@ def _aggregate_histograms(
     totals = np.full((count, ctx.steps), None, dtype=object)
     counts = np.zeros((count, ctx.steps))
     broken = np.zeros((count, ctx.steps), dtype=bool)
+    hints = np.zeros((count, ctx.steps), dtype=np.int64)  # bit 1: a counter reset said, bit 2: none said
     for row, step in zip(*np.nonzero(holds)):
         group, histogram = group_of[row], vector.histograms[row, step]
         counts[group, step] += 1
+        hints[group, step] |= {RESET_HINT: 1, NO_RESET_HINT: 2}.get(histogram.reset_hint, 0)
         if broken[group, step]:
             continue
         try:
-            totals[group, step] = histogram if totals[group, step] is None else totals[group, step].add(histogram)
-        except IncompatibleBuckets as error:
+            totals[group, step] = (
+                histogram
+                if totals[group, step] is None
+                else totals[group, step].add(
+                    histogram,
+                    on_reconcile=lambda: ctx.warn(
+                        "PromQL info: mismatched custom buckets were reconciled during aggregation"
+                    ),
+                )
+            )
+        except IncompatibleBuckets:
             broken[group, step] = True
-            ctx.warn(f"{op}: {error}: the element is left out")
+            ctx.warn(mixed_schemas_warning(vector.labels[row]))
     mixed = has_float & (counts > 0)
     if mixed.any():
-        ctx.warn(f"{op}: encountered a mix of histograms and floats: the element is left out")
+        ctx.warn("PromQL warning: encountered a mix of histograms and floats for aggregation")
+    if (hints == 3).any():
+        ctx.warn("PromQL warning: conflicting counter resets during histogram aggregation")
     for group, step in zip(*np.nonzero((counts > 0) & ~mixed & ~broken)):
         if op == "avg":
             totals[group, step] = totals[group, step].scale(1 / counts[group, step])
@@ -758,7 +849,7 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     return merge_same_labels(stacked(left, right).without_absent())
 
 
-def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool) -> Vector:
+def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool, ctx: Context) -> Vector:
     card = str(modifier.card) if modifier is not None else "VectorMatchCardinality.OneToOne"
     if card.endswith("OneToMany"):
         many, one, swapped = rhs, lhs, True
@@ -795,6 +886,9 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
             many_seen[signature] = many.present[index] | (seen if seen is not None else False)
         other_values = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
         other_present = one.present[partners].any(axis=0)
+        mine = (many.present[index], many.histogram_present[index])
+        theirs = (other_present, one.histogram_present[partners].any(axis=0))
+        _note_incompatible(op, ctx, *(theirs + mine if swapped else mine + theirs))
         partner_labels = one.labels[partners[0]]
         left, right = (other_values, many.values[index]) if swapped else (many.values[index], other_values)
         value, keep = _operate(op, left, right)
@@ -805,19 +899,70 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
             else:
                 present = present & keep
                 value = many.values[index] if swapped else left
+        value = np.asarray(value, dtype=np.float64)
+        histograms = _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, value, present)
         result_labels = _result_labels(labels, partner_labels, modifier, one_to_one, include, drop_name)
         key = labels_key(result_labels)
         if key in results:
-            old_labels, old_values, old_present = results[key]
-            if (old_present & present).any():
+            old_labels, old_values, old_present, old_histograms = results[key]
+            if ((old_present | np.not_equal(old_histograms, None)) & (present | np.not_equal(histograms, None))).any():
                 raise PromQLError("multiple matches for labels: grouping labels must ensure unique matches")
             value = np.where(present, value, old_values)
             present = present | old_present
-        results[key] = (result_labels, np.asarray(value, dtype=np.float64), present)
+            histograms = np.where(np.not_equal(histograms, None), histograms, old_histograms)
+        results[key] = (result_labels, value, present, histograms)
     if not results:
         return Vector.empty(steps)
-    labels, values, present = zip(*results.values())
-    return Vector(list(labels), np.vstack(values), np.vstack(present)).without_absent()
+    labels, values, present, histograms = zip(*results.values())
+    held = np.vstack(histograms)
+    return Vector(
+        list(labels), np.vstack(values), np.vstack(present), None, held if np.not_equal(held, None).any() else None
+    ).without_absent()
+
+
+def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, value, present) -> np.ndarray:
+    """The histogram results of one matched pair, where both sides hold a histogram (Prometheus
+    3: ``+`` and ``-`` add and subtract, ``==`` and ``!=`` compare, the left side kept; with
+    ``bool`` a float in ``value``/``present``); None elsewhere."""
+    steps = len(value)
+    out = np.full(steps, None, dtype=object)
+    if many.histograms is None and one.histograms is None:
+        return out
+    theirs = np.full(steps, None, dtype=object)
+    for partner in partners:
+        if one.histograms is not None:
+            theirs = np.where(np.not_equal(theirs, None), theirs, one.histograms[partner])
+    mine = many.histograms[index] if many.histograms is not None else np.full(steps, None, dtype=object)
+    if op in ("*", "/"):  # a histogram times a float (either side), divided by one (on the left)
+        floats = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
+        float_present = one.present[partners].any(axis=0)
+        sides = [(mine, floats, float_present, swapped), (theirs, many.values[index], many.present[index], not swapped)]
+        for histograms, factors, factor_present, histogram_right in sides:
+            if op == "/" and histogram_right:
+                continue
+            for step in np.flatnonzero(np.not_equal(histograms, None) & factor_present):
+                factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
+                out[step] = histograms[step].scale(factor)
+        return out
+    if op not in ("+", "-", "==", "!="):
+        return out
+    for step in np.flatnonzero(np.not_equal(mine, None) & np.not_equal(theirs, None)):
+        left, right = (theirs[step], mine[step]) if swapped else (mine[step], theirs[step])
+        reconciled = f"PromQL info: mismatched custom buckets were reconciled during {'addition' if op == '+' else 'subtraction'}"
+        try:
+            if op == "+":
+                out[step] = left.add(right, on_reconcile=lambda: ctx.warn(reconciled))
+            elif op == "-":
+                out[step] = left.sub(right, lambda: ctx.warn(reconciled)).copy(reset_hint=GAUGE_HINT)
+            else:
+                kept = (left.json(float) == right.json(float)) == (op == "==")
+                if return_bool:
+                    value[step], present[step] = float(kept), True
+                elif kept:
+                    out[step] = left
+        except IncompatibleBuckets:
+            ctx.warn(mixed_schemas_warning(many.labels[index]))
+    return out
 
 
 def _result_labels(
@@ -874,25 +1019,33 @@ def _ranks(group_of: np.ndarray) -> list[np.ndarray]:
     return [np.flatnonzero(rank == r) for r in range(int(rank.max()) + 1)] if len(rank) else []
 
 
+def _kahan_sum(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
+    """sum as Prometheus 3 adds: each group's rows in input order with Neumaier's compensation
+    (compensated_sum, all steps at once); a group of one row is that row."""
+    values = np.where(vector.present, vector.values, 0.0)
+    if count == len(group_of):
+        result = np.zeros_like(values)
+        result[group_of] = values
+        return result
+    result = np.zeros((count, values.shape[1]))
+    order = np.argsort(group_of, kind="stable")
+    bounds = np.searchsorted(group_of[order], np.arange(count + 1))
+    for group in range(count):
+        result[group] = compensated_sum(values[order[bounds[group] : bounds[group + 1]]].T)
+    return result
+
+
 def _running_mean(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
-    """avg as Prometheus 2.42 computes it: an incremental mean (no sum that could overflow near
-    ±MaxFloat64); once the mean is infinite, finite values and infinities of its sign leave it."""
-    steps = vector.values.shape[1]
-    mean, seen = np.zeros((count, steps)), np.zeros((count, steps))
+    """avg as Prometheus 3 computes it (KahanMean), each group's rows in input order."""
+    mean = KahanMean((count, vector.values.shape[1]))
     for rows in _ranks(group_of):
-        groups, values, present = group_of[rows], vector.values[rows], vector.present[rows]
-        n = seen[groups] + present
-        old = mean[groups]
-        stays = np.isinf(old) & (np.isfinite(values) | (np.isinf(values) & ((old > 0) == (values > 0))))
-        moved = np.where(n == 1, values, old + (values / n - old / n))
-        mean[groups] = np.where(present & ((n == 1) | ~stays), moved, old)
-        seen[groups] = n
-    return mean
+        mean.add(group_of[rows], vector.values[rows], vector.present[rows])
+    return mean.result()
 
 
 def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
-    """stdvar as Prometheus 2.42 computes it: Welford's running update (identical values give
-    exactly 0)."""
+    """stdvar as Prometheus 3 computes it: Welford's running update (identical values give
+    exactly 0; a group whose first value is NaN or infinite gives NaN)."""
     steps = vector.values.shape[1]
     mean, squares, seen = np.zeros((count, steps)), np.zeros((count, steps)), np.zeros((count, steps))
     for rows in _ranks(group_of):
@@ -901,7 +1054,7 @@ def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.nd
         old_mean = mean[groups]
         delta = values - old_mean
         new_mean = np.where(n == 1, values, old_mean + delta / n)
-        added = np.where(n == 1, 0.0, delta * (values - new_mean))
+        added = np.where(n == 1, np.where(np.isfinite(values), 0.0, np.nan), delta * (values - new_mean))
         mean[groups] = np.where(present, new_mean, old_mean)
         squares[groups] = np.where(present, squares[groups] + added, squares[groups])
         seen[groups] = n
@@ -909,10 +1062,15 @@ def _running_variance(vector: Vector, group_of: np.ndarray, count: int) -> np.nd
 
 
 def _check_k(k_values: np.ndarray) -> None:
-    """topk/bottomk's k must fit an int64 at every step (NaN does not), as Prometheus checks."""
-    for k in k_values:
-        if not -(2.0**63) <= k <= 2.0**63:
-            raise PromQLError(f"Scalar value {k:g} overflows int64".replace("nan", "NaN"))
+    """topk/bottomk/limitk's k, checked as Prometheus 3 does (unless every k is under 1, which
+    gives nothing): not NaN, inside int64."""
+    if not k_values.max() < 1:
+        if np.isnan(k_values).any():
+            raise PromQLError("Parameter value is NaN")
+        if k_values.min() <= -(2.0**63):
+            raise PromQLError(f"Scalar value {go_float(k_values.min())} underflows int64")
+        if k_values.max() >= 2.0**63:
+            raise PromQLError(f"Scalar value {go_float(k_values.max())} overflows int64")
 
 
 def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) -> Vector:
@@ -951,6 +1109,45 @@ def _top(vector: Vector, k_values: np.ndarray, group_of: np.ndarray, op: str) ->
         present[order],
         None if vector.sample_ms is None else vector.sample_ms[order],
     )
+
+
+def _limit(vector: Vector, group_of: np.ndarray, chosen) -> Vector:
+    """limitk/limit_ratio: the rows ``chosen(rows, their groups)`` keeps at each step, the rows
+    in Prometheus's input order (series sorted by their label sets)."""
+    order = np.array(sorted(range(len(vector.labels)), key=lambda row: sorted(vector.labels[row].items())), dtype=int)
+    ordered = vector.take(order)
+    kept = ordered.sampled & chosen(ordered, group_of[order])
+    histograms = None if ordered.histograms is None else np.where(kept, ordered.histograms, None)
+    return ordered._replace(present=ordered.present & kept, histograms=histograms).without_absent()
+
+
+def _first_k(present: np.ndarray, group_of: np.ndarray, k_values: np.ndarray) -> np.ndarray:
+    """The first k present rows of each group at each step (rows in order, k per step)."""
+    seen = np.zeros_like(present, dtype=np.int64)
+    for group in np.unique(group_of):
+        rows = np.flatnonzero(group_of == group)
+        seen[rows] = np.cumsum(present[rows], axis=0)
+    return seen <= np.floor(k_values)[None, :]
+
+
+def _sampled(labels: list[dict], ratios: np.ndarray) -> np.ndarray:
+    """limit_ratio's choice (Prometheus's HashRatioSampler): a series' offset in [0, 1) is the
+    xxHash64 of its label set as Prometheus 3 lays it out, over 2^64 - 1; a ratio r >= 0 keeps
+    offsets under r, a ratio r < 0 keeps offsets at or above 1 + r."""
+    offsets = np.array([_label_set_hash(series) / float(2**64 - 1) for series in labels])[:, None]
+    ratios = np.clip(ratios, -1.0, 1.0)[None, :]
+    return np.where(ratios >= 0, offsets < ratios, offsets >= 1 + ratios)
+
+
+def _label_set_hash(labels: dict[str, str]) -> int:
+    """Prometheus 3's Labels.Hash(): xxHash64 of each name and value, sorted by name, each
+    after its length (one byte below 255, else 255 and three bytes little-endian)."""
+    data = bytearray()
+    for name, value in sorted(labels.items()):
+        for text in (name.encode(), value.encode()):
+            data += bytes([len(text)]) if len(text) < 255 else b"\xff" + len(text).to_bytes(3, "little")
+            data += text
+    return xxhash.xxh64_intdigest(bytes(data))
 
 
 def _count_values(vector: Vector, label: str, grouping: list[str], without: bool, ctx: Context) -> Vector:

@@ -11,11 +11,13 @@ from gateway.query.promql import range_functions as ranged
 from gateway.query.promql.values import (
     NAME,
     PromQLError,
+    RangeVector,
     Scalar,
     Vector,
     drop_metric_name,
     labels_key,
     merge_same_labels,
+    quantile_warning,
     stacked,
 )
 from protocols.linear_regex import BadPattern, compile_regex
@@ -46,6 +48,8 @@ _ELEMENTWISE = {
     "rad": np.radians,
 }
 _OVER_TIME = ("avg", "min", "max", "sum", "count", "stddev", "stdvar", "last", "present")
+# Prometheus 3's experimental ones (--enable-feature=promql-experimental-functions there)
+_OVER_TIME_3 = ("first", "mad", "ts_of_first", "ts_of_last", "ts_of_min", "ts_of_max")
 
 
 def _elementwise(function):
@@ -140,6 +144,8 @@ def _date_function(part):
 def _sort(descending: bool):
     def apply(ctx, args, call):
         vector = args[0]
+        if ctx.steps != 1:
+            _sort_warning(ctx)
         if ctx.steps != 1 or not vector.labels:
             return vector
         values = vector.values[:, 0]
@@ -148,6 +154,33 @@ def _sort(descending: bool):
         return Vector([vector.labels[i] for i in order], vector.values[order], vector.present[order])
 
     return apply
+
+
+def _sort_by_label(descending: bool):
+    """sort_by_label(_desc): by the named labels' values in natural order (``a2`` before
+    ``a10``), ties by the whole label set, as Prometheus 3 (an instant query only)."""
+
+    def apply(ctx, args, call):
+        vector = args[0]
+        if ctx.steps != 1:
+            _sort_warning(ctx)
+        if ctx.steps != 1 or not vector.labels:
+            return vector
+        names = [argument.value for argument in args[1:]]
+
+        def key(row: int):
+            labels = vector.labels[row]
+            return [_natural(labels.get(name, "")) for name in names], sorted(labels.items())
+
+        order = sorted(range(len(vector.labels)), key=key, reverse=descending)
+        return Vector([vector.labels[i] for i in order], vector.values[order], vector.present[order])
+
+    return apply
+
+
+def _natural(text: str) -> list[tuple[int, int | str]]:
+    """The sort key of natural order: runs of digits compare as numbers, other runs as text."""
+    return [(0, int(run)) if run.isdigit() else (1, run) for run in re.findall(r"\d+|\D+", text)]
 
 
 def selector_labels(call_argument) -> dict:
@@ -262,26 +295,59 @@ def _of_histograms(compute):
 
 def _histogram_quantile(ctx, args, call):
     """Classic ``le`` buckets and native histograms both (as Prometheus, one call may hold both)."""
+    if warning := quantile_warning(args[0].values):
+        ctx.warn(warning)
     native = _of_histograms(lambda h, a, step: h.quantile(a[0].values[step]))(ctx, args, call)
-    return stacked(_classic_quantile(ctx, args), native)
+    q, monotonic = args[0].values, _monotonic_info(ctx)
+    classic = _classic(
+        ctx, args[1], lambda step, uppers, counts, name: bucket_quantile(q[step], uppers, counts, monotonic(name))
+    )
+    return stacked(classic, native)
 
 
-def _classic_quantile(ctx, args):
-    q, vector = args[0].values, args[1]
+def _monotonic_info(ctx):
+    def for_name(name: str):
+        return lambda: ctx.warn(
+            "PromQL info: input to histogram_quantile needed to be fixed for monotonicity (see "
+            "https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile)"
+            f' for metric name "{name}"'
+        )
+
+    return for_name
+
+
+def _histogram_fraction(ctx, args, call):
+    """Native histograms, and classic ``le`` buckets (Prometheus 3's BucketFraction)."""
+    native = _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step]))(ctx, args, call)
+    lower, upper = args[0].values, args[1].values
+    classic = _classic(
+        ctx, args[2], lambda step, uppers, counts, name: bucket_fraction(lower[step], upper[step], uppers, counts)
+    )
+    return stacked(classic, native)
+
+
+def _classic(ctx, vector, value_of):
+    """``value_of(step, upper bounds, cumulative counts, metric name)`` of each classic histogram
+    (the series of one label set but ``le``) at each step, its buckets sorted by upper bound; a
+    float series without a number in ``le`` is warned of, as Prometheus 3 does."""
     groups: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
-    group_labels = {}
+    group_labels, names = {}, {}
     for index, labels in enumerate(vector.labels):
-        if "le" not in labels:
-            continue
         try:
             upper = float(labels["le"])
-        except ValueError:
+        except (KeyError, ValueError):
+            if vector.present[index].any():  # a float series that is no bucket (histograms are native)
+                ctx.warn(
+                    f'PromQL warning: bucket label "le" is missing or has a malformed value of "{labels.get("le", "")}"'
+                    f' for metric name "{labels.get(NAME, "")}"'
+                )
             continue
         # grouped by every label but le (the name too), answered without the name: two bucket
         # families with the same other labels are "the same labelset", as in Prometheus
         key = labels_key({k: v for k, v in labels.items() if k != "le"})
         groups[key].append((upper, index))
         group_labels[key] = {k: v for k, v in labels.items() if k not in ("le", NAME)}
+        names[key] = labels.get(NAME, "")
     out_labels, out_values, out_present = [], [], []
     for key, buckets in groups.items():
         buckets.sort()
@@ -292,7 +358,7 @@ def _classic_quantile(ctx, args):
         any_present = present.any(axis=0)
         for step in np.flatnonzero(any_present):
             mask = present[:, step]
-            values[step] = bucket_quantile(q[step], uppers[mask], counts[mask, step])
+            values[step] = value_of(step, uppers[mask], counts[mask, step], names[key])
         out_labels.append(group_labels[key])
         out_values.append(values)
         out_present.append(any_present)
@@ -301,7 +367,51 @@ def _classic_quantile(ctx, args):
     return Vector(out_labels, np.vstack(out_values), np.vstack(out_present))
 
 
-def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray) -> float:
+def bucket_fraction(lower: float, upper: float, uppers: np.ndarray, counts: np.ndarray) -> float:
+    """Prometheus 3's BucketFraction over classic buckets sorted by upper bound: the share of
+    observations between ``lower`` and ``upper``, interpolated linearly inside the buckets the
+    ends fall in (the first bucket starts at 0 unless its bound is not above 0: from -Inf, whole)."""
+    if not len(uppers) or uppers[-1] != math.inf:
+        return math.nan
+    merged_uppers: list[float] = []
+    merged_counts: list[float] = []
+    for bound, count in zip(uppers.tolist(), counts.tolist()):
+        if merged_uppers and merged_uppers[-1] == bound:
+            merged_counts[-1] += count
+        else:
+            merged_uppers.append(bound)
+            merged_counts.append(count)
+    total = merged_counts[-1]
+    if total == 0 or math.isnan(lower) or math.isnan(upper):
+        return math.nan
+    if lower >= upper:
+        return 0.0
+    rank, lower_rank, upper_rank = 0.0, None, None
+    for i, (bound, count) in enumerate(zip(merged_uppers, merged_counts)):
+        start = merged_uppers[i - 1] if i else (-math.inf if merged_uppers[0] <= 0 else 0.0)
+
+        def interpolated(value: float) -> float:
+            return count if start == -math.inf else rank + (count - rank) * (value - start) / (bound - start)
+
+        if lower_rank is None and start >= lower:
+            lower_rank = rank
+        if upper_rank is None and start >= upper:
+            upper_rank = rank
+        if lower_rank is not None and upper_rank is not None:
+            break
+        if lower_rank is None and start < lower < bound:
+            lower_rank = interpolated(lower)
+        if upper_rank is None and start < upper < bound:
+            upper_rank = interpolated(upper)
+        if lower_rank is not None and upper_rank is not None:
+            break
+        rank = count
+    lower_rank = total if lower_rank is None or lower_rank > total else lower_rank
+    upper_rank = total if upper_rank is None or upper_rank > total else upper_rank
+    return (upper_rank - lower_rank) / total
+
+
+def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray, on_forced=None) -> float:
     """Prometheus 2.42's bucketQuantile over classic buckets sorted by upper bound."""
     if math.isnan(q):
         return math.nan
@@ -324,6 +434,8 @@ def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray) -> float:
             highest = count
         elif count < highest:
             merged_counts[i] = highest
+            if on_forced is not None:
+                on_forced()
     if len(merged_uppers) < 2:
         return math.nan
     observations = merged_counts[-1]
@@ -341,6 +453,40 @@ def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray) -> float:
         count -= merged_counts[b - 1]
         rank -= merged_counts[b - 1]
     return start + (end - start) * (rank / count)
+
+
+def _quantile_over_time(ctx, args, call):
+    result = ranged.over_time(args[1], "quantile", args[0].values)
+    if result.labels and (warning := quantile_warning(args[0].values)):
+        ctx.warn(warning)
+    return result
+
+
+def _sort_warning(ctx) -> None:
+    ctx.warn("PromQL warning: sort is ineffective for range queries since results are always ordered by labels")
+
+
+def _noting_ignored_histograms(function):
+    """``function`` with Prometheus 3's info on the histograms it leaves out of a window that
+    holds floats too."""
+
+    def apply(ctx, args, call):
+        matrix = next(a for a in args if isinstance(a, RangeVector))
+        floats = {labels_key(s.labels): s for s in matrix.series}
+        for series in matrix.histogram_series:
+            other = floats.get(labels_key(series.labels))
+            if other is None:
+                continue
+            lo, hi = matrix.windows(series)
+            float_lo, float_hi = matrix.windows(other)
+            if ((hi > lo) & (float_hi > float_lo)).any():
+                ctx.warn(
+                    "PromQL info: ignored histograms in a range containing both floats and histograms"
+                    f' for metric name "{series.labels.get(NAME, "")}"'
+                )
+        return function(ctx, args, call)
+
+    return apply
 
 
 def _ranged(compute):
@@ -364,6 +510,8 @@ FUNCTIONS.update(
         "pi": _pi,
         "sort": _sort(False),
         "sort_desc": _sort(True),
+        "sort_by_label": _sort_by_label(False),
+        "sort_by_label_desc": _sort_by_label(True),
         "absent": _absent,
         "absent_over_time": _absent_over_time,
         "label_replace": _label_replace,
@@ -397,16 +545,30 @@ FUNCTIONS.update(
         "histogram_avg": _of_histograms(lambda h, a, step: float(np.divide(h.sum, h.count))),
         "histogram_stdvar": _of_histograms(lambda h, a, step: h.variance()),
         "histogram_stddev": _of_histograms(lambda h, a, step: float(np.sqrt(h.variance()))),
-        "histogram_fraction": _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step])),
+        "histogram_fraction": _histogram_fraction,
         "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
         "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
+        "double_exponential_smoothing": _ranged(
+            lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))
+        ),
         "holt_winters": _ranged(lambda ctx, a: ranged.holt_winters(a[0], float(a[1].values[0]), float(a[2].values[0]))),
         "changes": _ranged(lambda ctx, a: ranged.changes(a[0])),
         "resets": _ranged(lambda ctx, a: ranged.resets(a[0])),
-        "quantile_over_time": _ranged(lambda ctx, a: ranged.over_time(a[1], "quantile", a[0].values)),
+        "quantile_over_time": _quantile_over_time,
     }
 )
 for _part in ("year", "month", "day_of_month", "day_of_year", "day_of_week", "days_in_month", "hour", "minute"):
     FUNCTIONS[_part] = _date_function(_part)
-for _name in _OVER_TIME:
+for _name in _OVER_TIME + _OVER_TIME_3:
     FUNCTIONS[f"{_name}_over_time"] = _ranged(lambda ctx, a, name=_name: ranged.over_time(a[0], name))
+# float-only functions of a range: a window holding histograms beside floats is an info
+for _name in (
+    "deriv", "predict_linear", "double_exponential_smoothing", "holt_winters", "stddev_over_time",
+    "stdvar_over_time", "quantile_over_time", "min_over_time", "max_over_time", "mad_over_time",
+    "ts_of_min_over_time", "ts_of_max_over_time",
+):  # fmt: skip
+    FUNCTIONS[_name] = _noting_ignored_histograms(FUNCTIONS[_name])
+for _name in ("sum", "avg", "count", "present", "last", "first", "ts_of_last", "ts_of_first"):
+    FUNCTIONS[f"{_name}_over_time"] = _ranged(
+        lambda ctx, a, name=_name: ranged.over_time_of_histograms(a[0], name, ranged.over_time(a[0], name), ctx.warn)
+    )

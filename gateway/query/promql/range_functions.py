@@ -5,8 +5,19 @@ import itertools
 
 import numpy as np
 
-from gateway.query.promql.values import PromQLError, RangeVector, Series, Vector, drop_metric_name, gather, labels_key
-from protocols.prometheus.native_histogram import IncompatibleBuckets
+from gateway.query.promql.values import (
+    PromQLError,
+    RangeVector,
+    Series,
+    Vector,
+    drop_metric_name,
+    gather,
+    labels_key,
+    metric_name,
+    mixed_schemas_warning,
+    stacked,
+)
+from protocols.prometheus.native_histogram import NO_RESET_HINT, RESET_HINT, Histogram, IncompatibleBuckets
 from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 
 GAUGE_HINT = HistogramMessage.GAUGE
@@ -50,7 +61,7 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
         owner = np.repeat(np.arange(len(part), dtype=np.int64), [len(s.timestamps) for s in part])
         keys = timestamps - base + owner * span
         shift = np.arange(len(part), dtype=np.int64)[:, None] * span
-        lo = np.searchsorted(keys, (matrix.refs - matrix.range_ms - base)[None, :] + shift, side="left")
+        lo = np.searchsorted(keys, (matrix.refs - matrix.range_ms - base)[None, :] + shift, side="right")
         hi = np.searchsorted(keys, (matrix.refs - base)[None, :] + shift, side="right")
         result, present = compute(Series({}, timestamps, values), lo, hi)
         keep = present.any(axis=1)
@@ -107,16 +118,13 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
         sampled = (ts[last_i] - ts[first_i]) / 1000
         with np.errstate(divide="ignore", invalid="ignore"):
             average = sampled / (hi - lo - 1)
-            if is_counter:
+            threshold = average * 1.1
+            to_start = np.where(to_start < threshold, to_start, average / 2)
+            if is_counter:  # Prometheus 3: the zero point bounds the start after the threshold's cut
                 to_zero = sampled * (first / result)
                 to_start = np.where((result > 0) & (first >= 0) & (to_zero < to_start), to_zero, to_start)
-            threshold = average * 1.1
-            interval = (
-                sampled
-                + np.where(to_start < threshold, to_start, average / 2)
-                + np.where(to_end < threshold, to_end, average / 2)
-            )
-            factor = interval / sampled
+            to_end = np.where(to_end < threshold, to_end, average / 2)
+            factor = (sampled + to_start + to_end) / sampled
             if is_rate:
                 factor = factor / range_s
             return result * factor, present
@@ -214,13 +222,38 @@ def _counting(matrix: RangeVector, counted) -> Vector:
 
 
 def changes(matrix: RangeVector) -> Vector:
-    return _counting(
+    floats = _counting(
         matrix, lambda current, previous: (current != previous) & ~(np.isnan(current) & np.isnan(previous))
     )
+    return stacked(floats, _counting_histograms(matrix, lambda current, previous: current != previous))
 
 
 def resets(matrix: RangeVector) -> Vector:
-    return _counting(matrix, lambda current, previous: current < previous)
+    floats = _counting(matrix, lambda current, previous: current < previous)
+    return stacked(floats, _counting_histograms(matrix, lambda current, previous: current.detect_reset(previous)))
+
+
+def _counting_histograms(matrix: RangeVector, counted) -> Vector:
+    """changes/resets over the series that hold native histograms only: ``counted(current,
+    previous)`` of each pair of neighbours in the window (a change: any difference)."""
+    steps = len(matrix.refs)
+    with_floats = {labels_key(s.labels) for s in matrix.series if len(s.timestamps)}
+    labels, rows, masks = [], [], []
+    for series in matrix.histogram_series:
+        if labels_key(series.labels) in with_floats:
+            continue
+        lo, hi = matrix.windows(series)
+        values = np.zeros(steps)
+        for step in np.flatnonzero(hi > lo):
+            window = series.values[lo[step] : hi[step]]
+            values[step] = sum(bool(counted(b, a)) for a, b in itertools.pairwise(window))
+        if (hi > lo).any():
+            labels.append(drop_metric_name(series.labels))
+            rows.append(values)
+            masks.append(hi > lo)
+    if not labels:
+        return Vector.empty(steps)
+    return Vector(labels, np.vstack(rows), np.vstack(masks))
 
 
 def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = None) -> Vector:
@@ -235,7 +268,13 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
             return np.ones(lo.shape), present
         if name == "last":
             return series.values[np.maximum(hi - 1, 0)], present
-        _, vs, mask = gather(series, lo, hi, matrix.guard)
+        if name == "first":
+            return series.values[np.minimum(lo, len(series.values) - 1)], present
+        if name == "ts_of_last":
+            return series.timestamps[np.maximum(hi - 1, 0)] / 1000, present
+        if name == "ts_of_first":
+            return series.timestamps[np.minimum(lo, len(series.values) - 1)] / 1000, present
+        ts, vs, mask = gather(series, lo, hi, matrix.guard)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             if name == "sum":
                 return compensated_sum(np.where(mask, vs, 0.0)), present
@@ -244,6 +283,10 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
                 return reduce.reduce(np.where(mask, vs, np.nan), axis=1), present
             if name == "quantile":
                 return quantiles(np.where(mask, vs, np.inf), count, parameter), present
+            if name == "mad":
+                return _median_absolute_deviation(vs, mask, count), present
+            if name in ("ts_of_min", "ts_of_max"):
+                return _time_of_extreme(ts, vs, mask, name == "ts_of_max"), present
         raise AssertionError(name)
 
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -253,8 +296,98 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
             return _windowed(matrix, compensated_variance)
         if name == "stddev":
             return _windowed(matrix, lambda vs, mask: np.sqrt(compensated_variance(vs, mask)))
-    stacked = name in ("count", "present", "last")
-    return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name == "last")
+    stacked = name in ("count", "present", "last", "first", "ts_of_last", "ts_of_first")
+    return (_all_series if stacked else _per_series)(matrix, compute, keep_name=name in ("last", "first"))
+
+
+def over_time_of_histograms(matrix: RangeVector, name: str, floats: Vector, warn) -> Vector:
+    """``floats`` (over_time's answer over the float samples) with the native histograms of the
+    range taken in, as Prometheus 3 does: ``sum``/``avg`` add them (a window of one series
+    holding floats and histograms gives nothing, with a warning); ``count``/``present`` count
+    both kinds; ``last``/``first`` and their ``ts_of_`` take the later (earlier) of both."""
+    if not matrix.histogram_series:
+        return floats
+    steps = len(matrix.refs)
+    keep_name = name in ("last", "first")
+    rows = {labels_key(labels): i for i, labels in enumerate(floats.labels)}
+    labels = list(floats.labels)
+    values, present = [*floats.values], [*floats.present]
+    histograms = [np.full(steps, None, dtype=object) for _ in labels]
+    float_series = {labels_key(s.labels): s for s in matrix.series}
+    for series in matrix.histogram_series:
+        lo, hi = matrix.windows(series)
+        holds = hi > lo
+        if not holds.any():
+            continue
+        out_labels = series.labels if keep_name else drop_metric_name(series.labels)
+        key = labels_key(out_labels)
+        if key not in rows:
+            rows[key] = len(labels)
+            labels.append(out_labels)
+            values.append(np.zeros(steps))
+            present.append(np.zeros(steps, dtype=bool))
+            histograms.append(np.full(steps, None, dtype=object))
+        row = rows[key]
+        other = float_series.get(labels_key(series.labels))
+        float_lo, float_hi = matrix.windows(other) if other is not None else (lo, lo)
+        with_floats = float_hi > float_lo
+        if name in ("count", "present"):
+            counted = (hi - lo) + np.where(present[row], values[row], 0.0) if name == "count" else np.ones(steps)
+            values[row] = np.where(holds, counted, values[row])
+            present[row] = present[row] | holds
+            continue
+        for step in np.flatnonzero(holds):
+            window_times = series.timestamps[lo[step] : hi[step]]
+            window = series.values[lo[step] : hi[step]]
+            if name in ("sum", "avg"):
+                if with_floats[step]:
+                    warn(
+                        f'PromQL warning: encountered a mix of histograms and floats for metric name "{metric_name(series.labels)}"'
+                    )
+                    present[row][step] = False
+                    continue
+                total = window[0]
+                try:
+                    for h in window[1:]:
+                        total = total.add(h, on_reconcile=lambda: warn(f"{_RECONCILED} aggregation"))
+                except IncompatibleBuckets:
+                    warn(mixed_schemas_warning(series.labels))
+                    continue
+                hints = {h.reset_hint for h in window}
+                if RESET_HINT in hints and NO_RESET_HINT in hints:
+                    warn("PromQL warning: conflicting counter resets during histogram aggregation")
+                histograms[row][step] = total.scale(1 / len(window)) if name == "avg" else total
+                continue
+            latest = name in ("last", "ts_of_last")
+            at = window_times[-1] if latest else window_times[0]
+            float_at = other.timestamps[float_hi[step] - 1 if latest else float_lo[step]] if with_floats[step] else None
+            if float_at is not None and (float_at > at if latest else float_at < at):
+                continue  # the float sample is the answer already
+            if name.startswith("ts_of_"):
+                values[row][step], present[row][step] = at / 1000, True
+            else:
+                present[row][step] = False
+                histograms[row][step] = window[-1] if latest else window[0]
+    if not labels:
+        return Vector.empty(steps)
+    return Vector(labels, np.vstack(values), np.vstack(present), None, np.vstack(histograms)).without_absent()
+
+
+def _median_absolute_deviation(vs: np.ndarray, mask: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """mad_over_time: the median of the distances to the median; a window holding NaN gives NaN."""
+    half = np.full(len(vs), 0.5)
+    median = quantiles(np.where(mask, vs, np.inf), count, half)
+    distances = quantiles(np.where(mask, np.abs(vs - median[:, None]), np.inf), count, half)
+    return np.where((mask & np.isnan(vs)).any(axis=1), np.nan, distances)
+
+
+def _time_of_extreme(ts: np.ndarray, vs: np.ndarray, mask: np.ndarray, largest: bool) -> np.ndarray:
+    """ts_of_max_over_time/ts_of_min_over_time: when the window's largest (smallest) value was
+    last seen, NaN left out unless the window holds nothing else (then its last sample)."""
+    extreme = (np.fmax if largest else np.fmin).reduce(np.where(mask, vs, np.nan), axis=1)
+    chosen = mask & ((vs == extreme[:, None]) | np.isnan(extreme)[:, None])
+    last = chosen.shape[1] - 1 - np.argmax(chosen[:, ::-1], axis=1)
+    return ts[np.arange(len(ts)), last] / 1000
 
 
 WINDOW_ELEMENTS = 1 << 21  # window samples _windowed reduces at once (a few tens of MB)
@@ -297,12 +430,14 @@ def _windowed(matrix: RangeVector, reduce) -> Vector:
 
 
 def _kahan_add(increment: np.ndarray, total: np.ndarray, compensation: np.ndarray):
-    """Prometheus's kahanSumInc element-wise: Neumaier's compensated addition."""
+    """Prometheus 3's kahansum.Inc element-wise: Neumaier's compensated addition, whose
+    correction is dropped once the total is infinite."""
     new_total = total + increment
-    lost = np.where(
-        np.abs(total) >= np.abs(increment), (total - new_total) + increment, (increment - new_total) + total
-    )
-    return new_total, compensation + lost
+    with np.errstate(invalid="ignore"):
+        lost = np.where(
+            np.abs(total) >= np.abs(increment), (total - new_total) + increment, (increment - new_total) + total
+        )
+    return new_total, np.where(np.isinf(new_total), 0.0, compensation + lost)
 
 
 def _where(condition: np.ndarray, chosen: np.ndarray, other: np.ndarray) -> np.ndarray:
@@ -321,20 +456,54 @@ def compensated_sum(rows: np.ndarray) -> np.ndarray:
     return np.where(np.isinf(total), total, total + compensation)
 
 
+class KahanMean:
+    """Prometheus 3's mean (avg, avg_over_time) of many cells at once: a Kahan sum divided by
+    the count while the sum stays finite; a cell whose sum would overflow goes on as an
+    incremental mean (with Kahan summation too) from there. ``add`` takes the next value of
+    the cells at ``where`` (an index into the cells) where ``moves``."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.total, self.lost, self.count = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self.mean, self.mean_lost = np.zeros(shape), np.zeros(shape)
+        self.incremental = np.zeros(shape, dtype=bool)
+
+    def add(self, where, value: np.ndarray, moves: np.ndarray) -> None:
+        total, lost, mean, mean_lost = self.total[where], self.lost[where], self.mean[where], self.mean_lost[where]
+        count, incremental = self.count[where] + moves, self.incremental[where]
+        first = moves & (count == 1)
+        summing = moves & ~first & ~incremental
+        added, added_lost = _kahan_add(value, total, lost)
+        overflows = summing & np.isinf(added)
+        if overflows.any():
+            incremental = incremental | overflows
+            mean = np.where(overflows, total / (count - 1), mean)
+            mean_lost = np.where(overflows, lost / (count - 1), mean_lost)
+        summing &= ~overflows
+        self.total[where] = np.where(first, value, np.where(summing, added, total))
+        self.lost[where] = np.where(first, 0.0, np.where(summing, added_lost, lost))
+        stepping = moves & incremental
+        if stepping.any():
+            counted = np.maximum(count, 1)
+            share = (counted - 1) / counted
+            moved, moved_lost = _kahan_add(value / counted, share * mean, share * mean_lost)
+            mean, mean_lost = np.where(stepping, moved, mean), np.where(stepping, moved_lost, mean_lost)
+        self.mean[where], self.mean_lost[where] = mean, mean_lost
+        self.count[where], self.incremental[where] = count, incremental
+
+    def result(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(
+                self.incremental, self.mean + self.mean_lost, self.total / self.count + self.lost / self.count
+            )
+
+
 def compensated_mean(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """avg_over_time as Prometheus 2.42 computes it: an incremental mean with Kahan summation
-    (no sum that could overflow near ±MaxFloat64); once the mean is infinite, finite values and
-    infinities of its sign leave it. Window position by position, all steps at once."""
-    mean, compensation, count = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+    """avg_over_time as Prometheus 3 computes it (KahanMean), window position by position, all
+    steps at once."""
+    mean = KahanMean((len(rows),))
     for column in range(rows.shape[1]):
-        value, moves = rows[:, column], mask[:, column]
-        count = count + moves
-        moved, corrected = _kahan_add(value / count - mean / count, mean, compensation)
-        infinite = np.isinf(mean)
-        if infinite.any():
-            moves = moves & ~(infinite & (np.isfinite(value) | (np.isinf(value) & ((mean > 0) == (value > 0)))))
-        mean, compensation = _where(moves, moved, mean), _where(moves, corrected, compensation)
-    return np.where(np.isinf(mean), mean, mean + compensation)
+        mean.add(slice(None), rows[:, column], mask[:, column])
+    return mean.result()
 
 
 def compensated_variance(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -381,9 +550,10 @@ def absent_over_time(matrix: RangeVector, labels: dict) -> Vector:
 
 def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -> Vector:
     """rate/increase (counters) and delta (gauges) of native histograms: last minus first in the
-    lowest schema of the window, counter resets added back (histogramRate), then extrapolated as
-    extrapolated_rate does floats (without its zero-point cut, as Prometheus). A window whose
-    custom bucket bounds differ is left out with a warning, as Prometheus 3 does."""
+    lowest schema of the window, counter resets added back (histogramRate; a reset at the second
+    sample starts from nothing), then extrapolated as extrapolated_rate does floats, the zero
+    point taken from the counts. Custom bounds that differ are reconciled, with an info; a window
+    mixing exponential and custom buckets is left out with a warning, as Prometheus 3 does."""
     range_s = matrix.range_ms / 1000
     range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
 
@@ -393,32 +563,50 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
         for step in np.flatnonzero(hi - lo >= 2):
             window = hs[lo[step] : hi[step]]
             first, last = window[0], window[-1]
+            _warn_kind(window if is_counter else (first, last), is_counter, series.labels, warn)
+            if is_counter and window[1].detect_reset(first):  # from nothing, in the second's layout
+                second = window[1]
+                first = Histogram(second.schema, 0.0, 0.0, 0.0, 0.0, {}, {}, second.custom_values)
+            if len({h.custom for h in ([first, *window[1:]] if is_counter else (first, last))}) > 1:
+                warn(mixed_schemas_warning(series.labels))
+                continue
             try:
                 result = last.reduced(
                     min(h.schema for h in window) if is_counter else min(first.schema, last.schema)
-                ).sub(first)
+                ).sub(first, lambda: warn(f"{_RECONCILED} subtraction"))
                 if is_counter:
-                    for previous, current in itertools.pairwise(window):
+                    for previous, current in itertools.pairwise([first, *window[1:]]):
                         if current.detect_reset(previous):
-                            result = result.add(previous)
-            except IncompatibleBuckets as error:
-                warn(f"rate/increase/delta: {error}: the element is left out")
+                            result = result.add(previous, on_reconcile=lambda: warn(f"{_RECONCILED} addition"))
+            except IncompatibleBuckets:
+                warn(mixed_schemas_warning(series.labels))
                 continue
             first_ms, last_ms = ts[lo[step]], ts[hi[step] - 1]
             sampled = (last_ms - first_ms) / 1000
             average = sampled / (len(window) - 1)
             to_start, to_end = (first_ms - range_start[step]) / 1000, (range_end[step] - last_ms) / 1000
             threshold = average * 1.1
-            interval = (
-                sampled
-                + (to_start if to_start < threshold else average / 2)
-                + (to_end if to_end < threshold else average / 2)
-            )
+            to_start = to_start if to_start < threshold else average / 2
+            if is_counter and result.count > 0 and window[0].count >= 0:  # not below zero (Prometheus 3)
+                to_start = min(to_start, sampled * (window[0].count / result.count))
+            interval = sampled + to_start + (to_end if to_end < threshold else average / 2)
             factor = interval / sampled / (range_s if is_rate else 1)
             out[step] = result.scale(factor).copy(reset_hint=GAUGE_HINT)
         return out
 
     return _histogram_rows(matrix, compute)
+
+
+_RECONCILED = "PromQL info: mismatched custom buckets were reconciled during"
+
+
+def _warn_kind(histograms, counter: bool, labels: dict, warn) -> None:
+    """Prometheus 3's warnings on a counter function over a gauge histogram (any sample of the
+    window hinted so), and on a gauge function over a counter (its ends not hinted gauge)."""
+    if counter and any(h.reset_hint == GAUGE_HINT for h in histograms):
+        warn(f'PromQL warning: this native histogram metric is not a counter: "{metric_name(labels)}"')
+    elif not counter and any(h.reset_hint != GAUGE_HINT for h in histograms):
+        warn(f'PromQL warning: this native histogram metric is not a gauge: "{metric_name(labels)}"')
 
 
 def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
@@ -433,10 +621,15 @@ def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
             interval = (ts[hi[step] - 1] - ts[hi[step] - 2]) / 1000
             if interval == 0:
                 continue
+            _warn_kind((previous, last), is_rate, series.labels, warn)
             try:
-                result = last if is_rate and last.detect_reset(previous) else last.sub(previous)
-            except IncompatibleBuckets as error:
-                warn(f"irate/idelta: {error}: the element is left out")
+                result = (
+                    last
+                    if is_rate and last.detect_reset(previous)
+                    else last.sub(previous, lambda: warn(f"{_RECONCILED} subtraction"))
+                )
+            except IncompatibleBuckets:
+                warn(mixed_schemas_warning(series.labels))
                 continue
             out[step] = (result.scale(1 / interval) if is_rate else result).copy(reset_hint=GAUGE_HINT)
         return out

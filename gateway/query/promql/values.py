@@ -12,6 +12,7 @@ import math
 import sys
 import threading
 import time
+from decimal import Decimal
 from typing import NamedTuple
 
 import numpy as np
@@ -98,7 +99,10 @@ class Vector(NamedTuple):
         keep = self.sampled.any(axis=1)
         if keep.all():
             return self
-        index = np.flatnonzero(keep)
+        return self.take(np.flatnonzero(keep))
+
+    def take(self, index: np.ndarray) -> "Vector":
+        """The rows at ``index``, in that order."""
         stamps = None if self.sample_ms is None else self.sample_ms[index]
         histograms = None if self.histograms is None else self.histograms[index]
         return Vector([self.labels[i] for i in index], self.values[index], self.present[index], stamps, histograms)
@@ -129,7 +133,7 @@ class Series(NamedTuple):
 
 
 class RangeVector(NamedTuple):
-    """Series with, per step, the window [ref - range, ref] their samples are cut to;
+    """Series with, per step, the window (ref - range, ref] their samples are cut to;
     ``histogram_series`` are those holding native histograms (values: an object array)."""
 
     series: list[Series]
@@ -139,10 +143,10 @@ class RangeVector(NamedTuple):
     guard: Guard = Guard()
 
     def windows(self, series: Series) -> tuple[np.ndarray, np.ndarray]:
-        """Per step, the first and one-past-last sample index inside the window (both ends inclusive,
-        as Prometheus 2.x selects). Functions ask once a series, so the deadline is checked there."""
+        """Per step, the first and one-past-last sample index inside the window (left-open, right
+        closed: (ref - range, ref], as Prometheus 3 selects). Functions ask once a series, so the deadline is checked there."""
         self.guard.check()
-        lo = np.searchsorted(series.timestamps, self.refs - self.range_ms, side="left")
+        lo = np.searchsorted(series.timestamps, self.refs - self.range_ms, side="right")
         hi = np.searchsorted(series.timestamps, self.refs, side="right")
         return lo, hi
 
@@ -168,6 +172,45 @@ def merge_same_labels(vector: Vector) -> Vector:
             picked = np.argmax(holds[indexes], axis=0)
             histograms.append(vector.histograms[np.asarray(indexes)[picked], np.arange(holds.shape[1])])
     return Vector(labels, np.vstack(values), np.vstack(present), None, np.vstack(histograms) if histograms else None)
+
+
+def metric_name(labels: Labels) -> str:
+    return labels.get(NAME, "")
+
+
+def go_float(value: float) -> str:
+    """A float as Go's %v prints it in Prometheus's messages: the shortest digits, as an
+    exponent from 1e+06 up and below 1e-04 (1.5, -2, 1e+06, 9.2e+18, NaN, +Inf)."""
+    value = float(value)
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "0"
+    sign, digits, exponent = Decimal(repr(value)).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    decimal_exponent = len(digits) + exponent - 1
+    if -4 <= decimal_exponent < 6:
+        return repr(value).removesuffix(".0")
+    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{'-' if decimal_exponent < 0 else '+'}{abs(decimal_exponent):02d}"
+
+
+def mixed_schemas_warning(labels: Labels) -> str:
+    """Prometheus 3's warning on exponential and custom-bucket histograms met in one operation."""
+    return (
+        "PromQL warning: vector contains a mix of histograms with exponential and custom buckets schemas"
+        f' for metric name "{metric_name(labels)}"'
+    )
+
+
+def quantile_warning(q: np.ndarray) -> str | None:
+    """Prometheus 3's warning on quantiles outside [0, 1] (NaN first, then the largest, then the
+    smallest), None when all are inside."""
+    for bad in (q[np.isnan(q)], q[q > 1], q[q < 0]):
+        if len(bad):
+            value = bad.max() if (bad > 1).any() else bad.min()
+            return f"PromQL warning: quantile value should be between 0 and 1, got {go_float(value)}"
+    return None
 
 
 def drop_metric_name(labels: Labels) -> Labels:
