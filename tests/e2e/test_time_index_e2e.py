@@ -127,12 +127,14 @@ def test_a_dashboards_last_hour_after_hourly_deploys_answers_as_prometheus(
     status, answer = ask(gateway, tenant, "/api/v1/series", {"match[]": 'churn_total{job="api"}'})
     assert status == 422 and "100" in answer["error"]
 
-    # cardinality: the last five minutes' buckets hold the live generation (and the one before)
+    # cardinality: the last five minutes' buckets hold the live generation, and the one before
+    # where the range reaches into the previous hour, or where the run is in an hour's last quarter
+    # (part of that generation registered ahead in the next hour, spread by series)
     status, answer = ask(gateway, tenant, "/api/v1/status/tsdb", {"start": now - 300, "end": now, "limit": 3})
     assert status == 200 and "warnings" not in answer, answer
     stats = answer["data"]
     live = stats["headStats"]["numSeries"]
-    assert live in (PODS, 2 * PODS)
+    assert PODS <= live <= 2 * PODS
     assert stats["seriesCountByMetricName"] == [{"name": "churn_total", "value": live}]
     assert stats["labelValueCountByLabelName"][0] == {"name": "pod", "value": live}
     assert stats["seriesCountByLabelValuePair"][:2] == [
