@@ -381,6 +381,12 @@ class CassandraBase(Store):
         --overrides, else the flags'). Rows written before keep the TTL they were written with."""
         return retention(self.retentions.for_tenant(tenant)) // 1000
 
+    def _all_time_ttl_s(self, tenant: str) -> int:
+        """The TTL of an all-time index row (or metric metadata) of ``tenant`` written now: it ends
+        once the data of its series expired (the longest retention from now, and
+        ``all_time_margin_ms``), unless a series rewrites it meanwhile (index.DailyRefresh)."""
+        return self._ttl_s(tenant, lambda layout: layout.longest_retention_ms + self.all_time_margin_ms)
+
     def _time_slots(self, start_ms: int, end_ms: int, width_ms: int) -> range:
         """The slots (or partitions) ``width_ms`` wide of an inclusive range, at most the layout's
         longest retention before its end: a last guard, as the read path already cuts ranges to

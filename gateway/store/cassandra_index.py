@@ -17,21 +17,21 @@ class CassandraIndex(CassandraBase):
         ks = self.keyspace
         return {
             **super()._statement_texts(),
-            "tenant": f"INSERT INTO {ks}.tenants (tenant) VALUES (?)",
-            "metric_name": f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (?, ?)",
-            "series_set_hash": f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)",
-            "series_set": f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (?, ?, ?, ?, ?)",
-            "tag_key": f"INSERT INTO {ks}.tag_keys (tenant, metric_name, tag_key) VALUES (?, ?, ?)",
-            "tag_value": f"INSERT INTO {ks}.tag_values (tenant, metric_name, tag_key, tag_value) VALUES (?, ?, ?, ?)",
-            "path_leaf": f"UPDATE {ks}.graphite_paths SET is_leaf = true WHERE tenant = ? AND parent = ? AND name = ?",
-            "path_branch": f"UPDATE {ks}.graphite_paths SET is_branch = true WHERE tenant = ? AND parent = ? AND name = ?",
-            "tenant_tag_key": f"INSERT INTO {ks}.tenant_tag_keys (tenant, tag_key) VALUES (?, ?)",
-            "tenant_tag_value": f"INSERT INTO {ks}.tenant_tag_values (tenant, tag_key, tag_value) VALUES (?, ?, ?)",
-            "tag_metric": f"INSERT INTO {ks}.tag_metrics (tenant, tag_key, tag_value, metric_name) VALUES (?, ?, ?, ?)",
+            "tenant": f"INSERT INTO {ks}.tenants (tenant) VALUES (?) USING TTL ?",
+            "metric_name": f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (?, ?) USING TTL ?",
+            "series_set_hash": f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?) USING TTL ?",
+            "series_set": f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (?, ?, ?, ?, ?) USING TTL ?",
+            "tag_key": f"INSERT INTO {ks}.tag_keys (tenant, metric_name, tag_key) VALUES (?, ?, ?) USING TTL ?",
+            "tag_value": f"INSERT INTO {ks}.tag_values (tenant, metric_name, tag_key, tag_value) VALUES (?, ?, ?, ?) USING TTL ?",
+            "path_leaf": f"UPDATE {ks}.graphite_paths USING TTL ? SET is_leaf = true WHERE tenant = ? AND parent = ? AND name = ?",
+            "path_branch": f"UPDATE {ks}.graphite_paths USING TTL ? SET is_branch = true WHERE tenant = ? AND parent = ? AND name = ?",
+            "tenant_tag_key": f"INSERT INTO {ks}.tenant_tag_keys (tenant, tag_key) VALUES (?, ?) USING TTL ?",
+            "tenant_tag_value": f"INSERT INTO {ks}.tenant_tag_values (tenant, tag_key, tag_value) VALUES (?, ?, ?) USING TTL ?",
+            "tag_metric": f"INSERT INTO {ks}.tag_metrics (tenant, tag_key, tag_value, metric_name) VALUES (?, ?, ?, ?) USING TTL ?",
             "list_path_children": f"SELECT name, is_leaf, is_branch FROM {ks}.graphite_paths WHERE tenant = ? AND parent = ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
             "get_series": f"SELECT series_set_hash, metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
-            "path_flags": f"UPDATE {ks}.graphite_paths SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
+            "path_flags": f"UPDATE {ks}.graphite_paths USING TTL ? SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
             **{
                 f"delete_index_{table}": f"DELETE FROM {ks}.{table} WHERE {' AND '.join(f'{c} = ?' for c in columns)}"
                 for table, columns in INDEX_KEYS.items()
@@ -46,6 +46,13 @@ class CassandraIndex(CassandraBase):
                 for name, (table, column, keys) in LISTINGS.items()
             },
             **{
+                f"buckets_of_{name}{'_value' if value else ''}": f"SELECT bucket FROM {ks}.{bucket_table(table)}"
+                f" WHERE tenant = ? AND bucket IN ?{''.join(f' AND {c} = ?' for c in (*keys[1:], *([column] if value else [])))}"
+                " PER PARTITION LIMIT 1"
+                for name, (table, column, keys) in LISTINGS.items()
+                for value in (False, True)
+            },
+            **{
                 f"write_{bucket_table(table)}": f"INSERT INTO {ks}.{bucket_table(table)} ({', '.join(columns)})"
                 f" VALUES ({', '.join('?' * len(columns))}) USING TTL ?"
                 for table in BUCKET_TABLES
@@ -54,28 +61,34 @@ class CassandraIndex(CassandraBase):
         }
 
     def write_series(self, series: Sequence[SeriesKey]):
+        return self._execute_all(self._batched(self._all_time_requests(series)))
+
+    def _all_time_requests(self, series: Sequence[SeriesKey]) -> list[tuple]:
+        """The all-time rows of the series, each with the TTL that ends it once their data
+        expired (_all_time_ttl_s), unless written again meanwhile."""
         s, rows = self._statements, index_rows(series)
-        requests = [
-            *((s["tenant"], row) for row in rows.tenants),
-            *((s["metric_name"], row) for row in rows.metric_names),
-            *((s["series_set_hash"], row) for row in rows.series_set_hashes),
-            *((s["series_set"], row) for row in rows.series_sets),
-            *((s["tag_key"], row) for row in rows.tag_keys),
-            *((s["tag_value"], row) for row in rows.tag_values),
+        ttls = {tenant: self._all_time_ttl_s(tenant) for (tenant,) in rows.tenants}
+        return [
+            *((s["tenant"], (*row, ttls[row[0]])) for row in rows.tenants),
+            *((s["metric_name"], (*row, ttls[row[0]])) for row in rows.metric_names),
+            *((s["series_set_hash"], (*row, ttls[row[0]])) for row in rows.series_set_hashes),
+            *((s["series_set"], (*row, ttls[row[0]])) for row in rows.series_sets),
+            *((s["tag_key"], (*row, ttls[row[0]])) for row in rows.tag_keys),
+            *((s["tag_value"], (*row, ttls[row[0]])) for row in rows.tag_values),
             *(
-                (s["path_leaf" if leaf else "path_branch"], (tenant, parent, name))
+                (s["path_leaf" if leaf else "path_branch"], (ttls[tenant], tenant, parent, name))
                 for tenant, parent, name, leaf in rows.graphite_paths
             ),
-            *((s["tenant_tag_key"], row) for row in rows.tenant_tag_keys),
-            *((s["tenant_tag_value"], row) for row in rows.tenant_tag_values),
-            *((s["tag_metric"], row) for row in rows.tag_metrics),
+            *((s["tenant_tag_key"], (*row, ttls[row[0]])) for row in rows.tenant_tag_keys),
+            *((s["tenant_tag_value"], (*row, ttls[row[0]])) for row in rows.tenant_tag_values),
+            *((s["tag_metric"], (*row, ttls[row[0]])) for row in rows.tag_metrics),
         ]
-        return self._execute_all(self._batched(requests))
 
     def write_series_buckets(self, series_buckets: Sequence[tuple[SeriesKey, int]]):
-        """Each row with a TTL that ends it the tenant's raw retention after its bucket ends."""
+        """Each row with a TTL that ends it the tenant's raw retention after its bucket ends; and
+        the all-time rows of the series due a refresh (index.DailyRefresh), with a new TTL."""
         now, ttls = now_ms(), {}
-        requests = []
+        requests = self._all_time_requests(self._refresh.due(series_buckets))
         for table, rows in bucket_index_rows(series_buckets).items():
             statement = self._statements[f"write_{table}"]
             for row in rows:
@@ -99,6 +112,12 @@ class CassandraIndex(CassandraBase):
         return self._execute_all(requests).addCallback(
             lambda pages: sorted({getattr(r, column) for page in pages for r in page})
         )
+
+    def listing_buckets(self, name, keys, buckets, value=None):
+        """One request: ``bucket IN`` the buckets, a row at most a partition."""
+        statement = self._statements[f"buckets_of_{name}{'_value' if value is not None else ''}"]
+        parameters = (keys[0], list(buckets.starts()), *keys[1:], *([value] if value is not None else []))
+        return self._execute(statement, parameters).addCallback(lambda rows: sorted({r.bucket for r in rows}))
 
     def get_series(self, tenant, hashes: Iterable[str]):
         """READ_SERIES_PER_REQUEST series a request (``series_set_hash IN ?``): the downsampler
@@ -131,5 +150,6 @@ class CassandraIndex(CassandraBase):
 
     def write_path_flags(self, tenant, parent, name, is_leaf, is_branch):
         if is_leaf or is_branch:
-            return self._execute(self._statements["path_flags"], (is_leaf, is_branch, tenant, parent, name))
+            ttl_s = self._all_time_ttl_s(tenant)
+            return self._execute(self._statements["path_flags"], (ttl_s, is_leaf, is_branch, tenant, parent, name))
         return self._execute(self._statements["delete_index_graphite_paths"], (tenant, parent, name))
