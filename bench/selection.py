@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from twisted.internet import defer, task
+from twisted.internet import defer, task, threads
 
 from bench.common import exit_with
 from gateway.core.layout import DAY_MS, HOUR_MS, INDEX_BUCKET_MS, Layout
@@ -47,15 +47,19 @@ def generation_series(generation: int, pods: int) -> list[SeriesKey]:
 
 
 async def write_workload(store, now: int, days: int, pods: int, raw_days: int) -> None:
-    """Generation g (0 = today) lives over the UTC day ``g`` days before today's."""
+    """Generation g (0 = today) lives over the UTC day ``g`` days before today's: indexed in each
+    hour of it within the raw retention, and older ones in the last hour of their day alone (their
+    earlier buckets would have been swept; the last sets their last_bucket). A series' first
+    bucket a day writes its all-time rows too (index.DailyRefresh)."""
     today = now - now % DAY_MS
     for generation in range(days):
         keys = generation_series(generation, pods)
-        await store.write_series(keys)
         day = today - generation * DAY_MS
         if generation <= raw_days:
             hours = range(day, min(day + DAY_MS, now + 1), INDEX_BUCKET_MS)
-            await store.write_series_buckets([(key, hour) for hour in hours for key in keys])
+        else:
+            hours = range(day + DAY_MS - INDEX_BUCKET_MS, day + DAY_MS, INDEX_BUCKET_MS)
+        await store.write_series_buckets([(key, hour) for hour in hours for key in keys])
 
 
 def held(now: int, width: int, days: int, pods: int) -> int:
@@ -97,6 +101,7 @@ async def run(args) -> None:
     if args.cassandra:
         keyspace = f"bench_selection_{uuid.uuid4().hex[:8]}"
         cassandra = CassandraStore.from_url(f"cassandra://{args.cassandra}/{keyspace}", Layout())
+        await threads.deferToThread(cassandra.apply_schema)
         await cassandra.start()
         try:
             await measure("Cassandra", cassandra, now, args)

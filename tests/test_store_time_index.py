@@ -163,6 +163,27 @@ async def test_a_deleted_series_leaves_the_time_index_of_every_bucket_it_was_in(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_range_older_than_the_time_index_selects_the_series_seen_since_its_start(store, tenant):
+    """Past the time index (30 and 365 days) the planner reads the all-time index, one lookup a
+    filter, and keeps the series last indexed in a bucket since the range's start; late data of
+    an older bucket does not make a series look older."""
+    now = int(time.time() * 1000)
+    hour = now - now % B
+    year_old, recent = pod(tenant, 0, 0), pod(tenant, 1, 0)
+    await store.write_series_buckets([(year_old, hour - 40 * 24 * B)])
+    await store.write_series_buckets([(recent, hour - 2 * B)])
+    await store.write_series_buckets([(recent, hour - 10 * 24 * B)])  # late data
+    planner = QueryPlanner(store, 100, clock=lambda: now)
+    for days, expected in ((30, [recent]), (365, [year_old, recent])):
+        assert planner.index_buckets(tenant, now - days * 24 * B, now) is None
+        found = await planner.select_series(tenant, "churn_total", {"job": "api"}, now - days * 24 * B, now)
+        assert sorted(found) == sorted(expected)
+    assert await store.series_seen_since(tenant, [year_old.series_set_hash], hour - 41 * 24 * B) == {
+        year_old.series_set_hash
+    }
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_new_store_has_its_whole_history_in_the_time_index(store):
     assert store.bucket_index_since == BUCKET_INDEX_ALWAYS or isinstance(store, CassandraStore)
 

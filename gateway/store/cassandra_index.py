@@ -30,6 +30,8 @@ class CassandraIndex(CassandraBase):
             "tag_metric": f"INSERT INTO {ks}.tag_metrics (tenant, tag_key, tag_value, metric_name) VALUES (?, ?, ?, ?) USING TTL ?",
             "list_path_children": f"SELECT name, is_leaf, is_branch FROM {ks}.graphite_paths WHERE tenant = ? AND parent = ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
+            "last_buckets": f"SELECT series_set_hash, metric_name, last_bucket FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
+            "last_bucket": f"UPDATE {ks}.series_set_hashes USING TTL ? AND TIMESTAMP ? SET last_bucket = ? WHERE tenant = ? AND series_set_hash = ?",
             "get_series": f"SELECT series_set_hash, metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
             "path_flags": f"UPDATE {ks}.graphite_paths USING TTL ? SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
             **{
@@ -88,7 +90,9 @@ class CassandraIndex(CassandraBase):
         """Each row with a TTL that ends it the tenant's raw retention after its bucket ends; and
         the all-time rows of the series due a refresh (index.DailyRefresh), with a new TTL."""
         now, ttls = now_ms(), {}
-        requests = self._all_time_requests(self._refresh.due(series_buckets))
+        requests = self._all_time_requests(self._refresh.due(series_buckets)) + self._last_bucket_requests(
+            series_buckets
+        )
         for table, rows in bucket_index_rows(series_buckets).items():
             statement = self._statements[f"write_{table}"]
             for row in rows:
@@ -98,6 +102,35 @@ class CassandraIndex(CassandraBase):
                 ttl_s = max(1, (bucket + INDEX_BUCKET_MS + ttls[tenant] - now) // 1000)
                 requests.append((statement, (*row, ttl_s)))
         return self._execute_all(self._batched(requests))
+
+    def _last_bucket_requests(self, series_buckets: Sequence[tuple[SeriesKey, int]]) -> list[tuple]:
+        """series_set_hashes.last_bucket of each series: the newest bucket of the call, written with
+        the bucket's start (us) as its write time, so an older bucket indexed later (late data)
+        never replaces a newer one; an admin delete's tombstone (written now) still hides it."""
+        newest: dict[tuple[str, str], int] = {}
+        for key, bucket in series_buckets:
+            identity = (key.tenant, key.series_set_hash)
+            newest[identity] = max(bucket, newest.get(identity, bucket))
+        statement = self._statements["last_bucket"]
+        return [
+            (statement, (self._all_time_ttl_s(tenant), bucket * 1000, bucket, tenant, hash_))
+            for (tenant, hash_), bucket in newest.items()
+        ]
+
+    def series_seen_since(self, tenant, hashes: Iterable[str], bucket: int):
+        hashes = sorted(set(hashes))
+        statement = self._statements["last_buckets"]
+        chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
+
+        def seen(pages):
+            return {
+                row.series_set_hash
+                for page in pages
+                for row in page
+                if row.metric_name is not None and (row.last_bucket is None or row.last_bucket >= bucket)
+            }
+
+        return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(seen)
 
     def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
         """One LISTINGS entry: one request to the all-time table, or one a bucket (a partition each)
@@ -131,6 +164,7 @@ class CassandraIndex(CassandraBase):
                 row.series_set_hash: SeriesKey(tenant, row.series_set_hash, row.metric_name, dict(row.tags or {}))
                 for page in pages
                 for row in page
+                if row.metric_name is not None
             }
 
         return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(collect)

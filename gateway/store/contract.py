@@ -2,10 +2,11 @@
 
 Tables (docs/storage.rst has the layouts and the partition arithmetic):
 
-- ``tenants``            every tenant that ever wrote
+- ``tenants``            every tenant with data (the index shrinks with the data: docs/storage.rst)
 - ``metric_names``       tenant -> metric names
 - ``series_set_hashes``  (tenant, hash) -> metric name + tags, and the series' latest created timestamp
-                         (remote write 2.0), a column of its own written apart
+                         (remote write 2.0), a column of its own written apart; ``last_bucket``, the
+                         newest time-index bucket the series was indexed in
 - ``series_sets``        (tenant, metric, tag key, tag value) -> hashes; the intersection index.
                          Every series is also indexed under the pseudo tag ``__name__=<metric>``.
 - ``tag_keys``           (tenant, metric) -> tag keys
@@ -302,6 +303,12 @@ class IndexStore(abc.ABC):
     @abc.abstractmethod
     def get_series(self, tenant: str, hashes: Iterable[str]) -> Deferred:
         """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
+
+    @abc.abstractmethod
+    def series_seen_since(self, tenant: str, hashes: Iterable[str], bucket: int) -> Deferred:
+        """Fire with the set of ``hashes`` whose series was indexed in ``bucket`` or a later one
+        (series_set_hashes.last_bucket), or has no last bucket (written before it was kept): a
+        selection from the all-time index keeps only those that may have data in its range."""
 
     @abc.abstractmethod
     def _listing(self, name: str, keys: tuple, buckets: Buckets | None) -> Deferred:

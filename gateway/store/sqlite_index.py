@@ -96,6 +96,13 @@ class SQLiteIndex(SQLiteBase):
     def get_series(self, tenant, hashes: Iterable[str]):
         return self._read(_get_series, tenant, list(hashes))
 
+    def series_seen_since(self, tenant, hashes: Iterable[str], bucket: int):
+        def seen(connection):
+            rows = series_rows(connection, "last_bucket", tenant, list(hashes))
+            return {hash_ for hash_, last in rows if last is None or last >= bucket}
+
+        return self._read(seen)
+
     def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
         """One LISTINGS entry, sorted: from the all-time table, or the bucket table over ``buckets``
         (one index seek a bucket)."""
