@@ -13,13 +13,14 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from gateway.core import metrics
-from gateway.core.layout import HOUR_MS, INDEX_BUCKET_MS, Layout
+from gateway.core.layout import DAY_MS, HOUR_MS, INDEX_BUCKET_MS, Layout
 from gateway.core.model import Limits, SeriesKey, series_set_hash, series_set_text
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import PRE_INDEX_MS, IngestPipeline
 from gateway.query.planner import MAX_INDEX_BUCKETS, QueryPlanner, QueryTooLarge
 from gateway.store.cassandra import CassandraStore
 from gateway.store.contract import BUCKET_INDEX_ALWAYS, Buckets
+from gateway.store.index import DailyRefresh
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import Matcher, prometheus_labels
 
@@ -181,6 +182,19 @@ async def test_a_range_older_than_the_time_index_selects_the_series_seen_since_i
     assert await store.series_seen_since(tenant, [year_old.series_set_hash], hour - 41 * 24 * B) == {
         year_old.series_set_hash
     }
+
+
+def test_a_series_rewrites_its_all_time_rows_once_a_day_and_for_late_data():
+    refresh = DailyRefresh()
+    day = 20_000 * DAY_MS
+    a, b = pod("t", 0, 0), pod("t", 0, 1)
+    assert refresh.due([(a, day), (a, day + B), (b, day + 5 * B)]) == [a, b]
+    assert refresh.due([(a, day + 6 * B), (b, day + 7 * B)]) == []
+    assert refresh.due([(a, day + DAY_MS)]) == [a]  # the next day (ahead of time, say)
+    assert refresh.due([(b, day + 23 * B)]) == []  # the day before it is still remembered
+    assert refresh.due([(a, day + 2 * DAY_MS)]) == [a]
+    assert refresh.due([(b, day)]) == [b]  # older than two days: late data, rewritten each time
+    assert refresh.due([(b, day)]) == [b]
 
 
 @pytest_twisted.ensureDeferred

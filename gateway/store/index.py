@@ -133,10 +133,11 @@ class DailyRefresh:
     """The series whose all-time rows this process rewrote, by UTC day of the bucket indexed: a
     series is due again each day (and for any older day, late data), so a series that went away
     and came back after its rows expired is found again, and a series still written never expires.
-    Holds the series of the newest two days (a hash a series: about 60 bytes)."""
+    Holds the hashes of the newest two days, by tenant (a set entry a series a day, the hash
+    text shared with the caller's keys: 1M active series cost about 80 MB)."""
 
     def __init__(self):
-        self._days: dict[int, set[tuple[str, str]]] = {}
+        self._days: dict[int, dict[str, set[str]]] = {}
 
     def due(self, series_buckets: Sequence[tuple[SeriesKey, int]]) -> list[SeriesKey]:
         due: dict[tuple[str, str], SeriesKey] = {}
@@ -146,10 +147,11 @@ class DailyRefresh:
             if newest is None or day > newest:
                 newest = day
                 self._days = {d: done for d, done in self._days.items() if d >= day - DAY_MS}
-            done = self._days.setdefault(day, set()) if day >= newest - DAY_MS else None
-            identity = (key.tenant, key.series_set_hash)
-            if done is None or identity not in done:
-                due[identity] = key
-                if done is not None:
-                    done.add(identity)
+            if day < newest - DAY_MS:
+                due[(key.tenant, key.series_set_hash)] = key
+                continue
+            done = self._days.setdefault(day, {}).setdefault(key.tenant, set())
+            if key.series_set_hash not in done:
+                done.add(key.series_set_hash)
+                due[(key.tenant, key.series_set_hash)] = key
         return list(due.values())
