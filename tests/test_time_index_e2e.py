@@ -130,7 +130,7 @@ def test_a_dashboards_last_hour_after_hourly_deploys_answers_as_prometheus(
     assert status == 200 and "warnings" not in answer, answer
     stats = answer["data"]
     live = stats["headStats"]["numSeries"]
-    assert live in (PODS, 2 * PODS)
+    assert PODS <= live <= 2 * PODS  # in an hour's last quarter, part of the one before is indexed ahead
     assert stats["seriesCountByMetricName"] == [{"name": "churn_total", "value": live}]
     assert stats["labelValueCountByLabelName"][0] == {"name": "pod", "value": live}
     assert stats["seriesCountByLabelValuePair"][:2] == [
