@@ -16,11 +16,15 @@ methods and deletes through the driver's ``delete_index_rows`` and ``write_path_
 from collections.abc import Sequence
 
 import numpy as np
+from twisted.internet.defer import gatherResults
 
 from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import NAME_TAG, SeriesKey, now_ms
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.index import BUCKET_TABLES, Buckets, bucket_table, path_nodes
+
+# Index lookups deleting series keeps in flight at once (of the store's CALLS_IN_FLIGHT).
+LOOKUPS_AT_ONCE = 16
 
 # The key columns of each metadata table, in the order delete_index_rows takes them.
 INDEX_KEYS = {
@@ -94,14 +98,25 @@ async def _remove_from_all_time_index(store, series: Sequence[SeriesKey]) -> Non
             leaves.add((s.tenant, s.metric_name))
     await store.delete_index_rows(own)
     await _drop_unused_tags(store, sorted(pairs))
-    unused_names = [name for name in sorted(names) if not await store.find_series(*name, NAME_TAG, name[1])]
+    unused_names = await _unused(sorted(names), lambda tenant, name: store.find_series(tenant, name, NAME_TAG, name))
     await store.delete_index_rows({"metric_names": unused_names, "metric_metadata": unused_names})
     for tenant, metric_name in sorted(leaves):
         await _drop_path(store, tenant, metric_name)
 
 
+async def _unused(keys: list, lookup) -> list:
+    """The keys whose listing (``lookup(*key)``) is empty, LOOKUPS_AT_ONCE lookups in flight at a
+    time: a share of the store's bound on calls, where one at a time left its threads idle."""
+    unused = []
+    for first in range(0, len(keys), LOOKUPS_AT_ONCE):
+        part = keys[first : first + LOOKUPS_AT_ONCE]
+        found = await gatherResults([lookup(*key) for key in part], consumeErrors=True)
+        unused += [key for key, rows in zip(part, found) if not rows]
+    return unused
+
+
 async def _drop_unused_tags(store, pairs: list[tuple[str, str, str, str]]) -> None:
-    gone_values = [pair for pair in pairs if not await store.find_series(*pair)]
+    gone_values = await _unused(pairs, store.find_series)
     await store.delete_index_rows(
         {
             "tag_values": gone_values,
@@ -109,12 +124,12 @@ async def _drop_unused_tags(store, pairs: list[tuple[str, str, str, str]]) -> No
         }
     )
     metric_keys = sorted({(tenant, name, key) for tenant, name, key, _ in gone_values})
-    gone_keys = [mk for mk in metric_keys if not await store.list_tag_values(*mk)]
+    gone_keys = await _unused(metric_keys, store.list_tag_values)
     tenant_values = sorted({(tenant, key, value) for tenant, _, key, value in gone_values})
-    gone_tenant_values = [tv for tv in tenant_values if not await store.find_metrics_by_tag(*tv)]
+    gone_tenant_values = await _unused(tenant_values, store.find_metrics_by_tag)
     await store.delete_index_rows({"tag_keys": gone_keys, "tenant_tag_values": gone_tenant_values})
     tenant_keys = sorted({(tenant, key) for tenant, key, _ in gone_tenant_values})
-    gone_tenant_keys = [tk for tk in tenant_keys if not await store.list_tenant_tag_values(*tk)]
+    gone_tenant_keys = await _unused(tenant_keys, store.list_tenant_tag_values)
     await store.delete_index_rows({"tenant_tag_keys": gone_tenant_keys})
 
 
