@@ -10,7 +10,10 @@ pods are new or not). Prints, per series and bucket:
 - SQLite: the bytes the bucket tables take in the file (``dbstat``, pages in use), after writing
   the workload through SQLiteStore.write_series_buckets;
 - Cassandra: the rows' logical bytes (key columns as the driver sends them, before Cassandra's
-  own overhead and compression), since what a memtable holds is not on disk yet.
+  own overhead and compression), since what a memtable holds is not on disk yet;
+- the whole index of the tenant in the SQLite file (all-time and bucket tables, rows and bytes)
+  before and after the sweep once its data expired (the workload's buckets are of November 2023,
+  past the default retentions): it shrinks to nothing, and how long the sweep took.
 
     PYTHONPATH=. python -m bench.index_size
 """
@@ -18,6 +21,7 @@ pods are new or not). Prints, per series and bucket:
 import argparse
 import sqlite3
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +30,7 @@ from twisted.internet import defer, task
 from bench.common import exit_with
 from gateway.core.layout import INDEX_BUCKET_MS, Layout
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
+from gateway.store.deletion import INDEX_KEYS
 from gateway.store.index import bucket_index_rows
 from gateway.store.sqlite import SQLiteStore
 
@@ -57,19 +62,46 @@ def logical_bytes(row: tuple) -> int:
     return sum(8 if isinstance(value, int) else len(str(value).encode()) for value in row)
 
 
-async def sqlite_bytes(pairs: list[tuple[SeriesKey, int]], path: Path) -> int:
-    store = SQLiteStore(path, Layout())
-    await store.start()
-    try:
-        for start in range(0, len(pairs), 5000):
-            await store.write_series_buckets(pairs[start : start + 5000])
-    finally:
-        await store.close()
+INDEX_TABLES = ("tenants", *INDEX_KEYS)
+
+
+def index_size(path: Path) -> tuple[int, int]:
+    """Rows and bytes in use (dbstat) of every index table of the file, the bucket tables' part."""
+    with sqlite3.connect(path) as connection:
+        rows = sum(connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in INDEX_TABLES)
+        names = ", ".join(f"'{table}'" for table in INDEX_TABLES)
+        (used,) = connection.execute(
+            f"SELECT SUM(pgsize - unused) FROM dbstat WHERE name IN ({names}) OR name LIKE 'sqlite_autoindex_%'"
+            " OR name = 'series_set_hashes_last_bucket'"
+        ).fetchone()
+    return rows, used or 0
+
+
+def bucket_bytes(path: Path) -> int:
     with sqlite3.connect(path) as connection:
         (used,) = connection.execute(
             "SELECT SUM(pgsize - unused) FROM dbstat WHERE name LIKE 'bucket_%' OR name LIKE 'sqlite_autoindex_bucket_%'"
         ).fetchone()
     return used or 0
+
+
+async def sqlite_sizes(pairs: list[tuple[SeriesKey, int]], path: Path) -> dict[str, float]:
+    """Write the workload's buckets (which write the all-time rows too, as the first of a day does),
+    then sweep as the downsampler does once their data expired."""
+    store = SQLiteStore(path, Layout())
+    await store.start()
+    try:
+        for start in range(0, len(pairs), 5000):
+            await store.write_series_buckets(pairs[start : start + 5000])
+        sizes: dict[str, float] = {"bucket_bytes": bucket_bytes(path)}
+        sizes["rows_before"], sizes["bytes_before"] = index_size(path)
+        began = time.perf_counter()
+        await store.sweep(int(time.time() * 1000))
+        sizes["sweep_s"] = time.perf_counter() - began
+    finally:
+        await store.close()
+    sizes["rows_after"], sizes["bytes_after"] = index_size(path)
+    return sizes
 
 
 async def report(pairs: list[tuple[SeriesKey, int]]) -> None:
@@ -79,13 +111,18 @@ async def report(pairs: list[tuple[SeriesKey, int]]) -> None:
     total_rows = sum(by_table.values())
     logical = sum(logical_bytes(row) for keys in rows.values() for row in keys)
     with tempfile.TemporaryDirectory() as directory:
-        used = await sqlite_bytes(pairs, Path(directory) / "index.db")
+        sizes = await sqlite_sizes(pairs, Path(directory) / "index.db")
     print(f"{series_buckets} series-buckets")
     print(f"  rows a series a bucket: {total_rows / series_buckets:.2f}")
     for table, count in sorted(by_table.items()):
         print(f"    {table:28s} {count / series_buckets:.3f}")
-    print(f"  SQLite bytes a series a bucket (dbstat, bucket tables): {used / series_buckets:.0f}")
+    print(f"  SQLite bytes a series a bucket (dbstat, bucket tables): {sizes['bucket_bytes'] / series_buckets:.0f}")
     print(f"  Cassandra logical bytes a series a bucket (key columns as sent): {logical / series_buckets:.0f}")
+    print(
+        "  the index of a tenant whose data expired, SQLite: "
+        f"{sizes['rows_before']:.0f} rows, {sizes['bytes_before'] / 1e6:.1f} MB before the sweep;"
+        f" {sizes['rows_after']:.0f} rows, {sizes['bytes_after'] / 1e6:.1f} MB after (sweep {sizes['sweep_s']:.1f} s)"
+    )
 
 
 async def run(args) -> None:

@@ -2,7 +2,8 @@
 
 The plan (docs/storage.rst): each ``tag=value`` filter is one series_sets lookup, the matching series are the
 intersection of the lookups (a metric with no filter is looked up under ``__name__``), their
-names and tags come from series_set_hashes. Lookups run concurrently, within the store's bound on
+names and tags come from series_set_hashes. A range the time index does not cover keeps, of what
+the all-time index gives, the series indexed in a bucket since its start (last_bucket). Lookups run concurrently, within the store's bound on
 calls in flight (gateway/store/calls.py). The planner is the query APIs' read service too
 (gateway/query/read_service.py): what it selects is read through the one batched, budgeted read.
 """
@@ -111,6 +112,9 @@ class QueryPlanner(ReadService):
         lookups = [self.store.find_series(tenant, metric_name, k, v, buckets) for k, v in pairs]
         found = await gatherResults(lookups, consumeErrors=True)
         hashes = set.intersection(*found)
+        if buckets is None and start_ms is not None and hashes:
+            # the all-time index holds every series of the retention: keep those seen since the start
+            hashes = await self.store.series_seen_since(tenant, hashes, Buckets.of(start_ms, start_ms).first)
         if len(hashes) > self.max_series(tenant):
             raise QueryTooLarge(
                 f"the query matches {len(hashes)} series, over the limit of {self.max_series(tenant)}"

@@ -273,6 +273,10 @@ def slot_requests(statement, partition_key, keys: Sequence, slots: Sequence[int]
     ]
 
 
+# Cassandra refuses a TTL over 20 years; a row that would need more lives that long.
+MAX_TTL_S = 20 * 365 * 24 * 3600
+
+
 class CassandraBase(Store):
     """Connection, statements and request running; each role's mixin (cassandra_*.py) builds on it."""
 
@@ -380,6 +384,13 @@ class CassandraBase(Store):
         """The TTL of a row of ``tenant`` written now: ``retention`` of its layout (its own with
         --overrides, else the flags'). Rows written before keep the TTL they were written with."""
         return retention(self.retentions.for_tenant(tenant)) // 1000
+
+    def _all_time_ttl_s(self, tenant: str) -> int:
+        """The TTL of an all-time index row (or metric metadata) of ``tenant`` written now: it ends
+        once the data of its series expired (the longest retention from now, and
+        ``all_time_margin_ms``), unless a series rewrites it meanwhile (index.DailyRefresh)."""
+        ttl_s = self._ttl_s(tenant, lambda layout: layout.longest_retention_ms + self.all_time_margin_ms)
+        return min(ttl_s, MAX_TTL_S)
 
     def _time_slots(self, start_ms: int, end_ms: int, width_ms: int) -> range:
         """The slots (or partitions) ``width_ms`` wide of an inclusive range, at most the layout's

@@ -17,21 +17,23 @@ class CassandraIndex(CassandraBase):
         ks = self.keyspace
         return {
             **super()._statement_texts(),
-            "tenant": f"INSERT INTO {ks}.tenants (tenant) VALUES (?)",
-            "metric_name": f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (?, ?)",
-            "series_set_hash": f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)",
-            "series_set": f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (?, ?, ?, ?, ?)",
-            "tag_key": f"INSERT INTO {ks}.tag_keys (tenant, metric_name, tag_key) VALUES (?, ?, ?)",
-            "tag_value": f"INSERT INTO {ks}.tag_values (tenant, metric_name, tag_key, tag_value) VALUES (?, ?, ?, ?)",
-            "path_leaf": f"UPDATE {ks}.graphite_paths SET is_leaf = true WHERE tenant = ? AND parent = ? AND name = ?",
-            "path_branch": f"UPDATE {ks}.graphite_paths SET is_branch = true WHERE tenant = ? AND parent = ? AND name = ?",
-            "tenant_tag_key": f"INSERT INTO {ks}.tenant_tag_keys (tenant, tag_key) VALUES (?, ?)",
-            "tenant_tag_value": f"INSERT INTO {ks}.tenant_tag_values (tenant, tag_key, tag_value) VALUES (?, ?, ?)",
-            "tag_metric": f"INSERT INTO {ks}.tag_metrics (tenant, tag_key, tag_value, metric_name) VALUES (?, ?, ?, ?)",
+            "tenant": f"INSERT INTO {ks}.tenants (tenant) VALUES (?) USING TTL ?",
+            "metric_name": f"INSERT INTO {ks}.metric_names (tenant, metric_name) VALUES (?, ?) USING TTL ?",
+            "series_set_hash": f"INSERT INTO {ks}.series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?) USING TTL ?",
+            "series_set": f"INSERT INTO {ks}.series_sets (tenant, metric_name, tag_key, tag_value, series_set_hash) VALUES (?, ?, ?, ?, ?) USING TTL ?",
+            "tag_key": f"INSERT INTO {ks}.tag_keys (tenant, metric_name, tag_key) VALUES (?, ?, ?) USING TTL ?",
+            "tag_value": f"INSERT INTO {ks}.tag_values (tenant, metric_name, tag_key, tag_value) VALUES (?, ?, ?, ?) USING TTL ?",
+            "path_leaf": f"UPDATE {ks}.graphite_paths USING TTL ? SET is_leaf = true WHERE tenant = ? AND parent = ? AND name = ?",
+            "path_branch": f"UPDATE {ks}.graphite_paths USING TTL ? SET is_branch = true WHERE tenant = ? AND parent = ? AND name = ?",
+            "tenant_tag_key": f"INSERT INTO {ks}.tenant_tag_keys (tenant, tag_key) VALUES (?, ?) USING TTL ?",
+            "tenant_tag_value": f"INSERT INTO {ks}.tenant_tag_values (tenant, tag_key, tag_value) VALUES (?, ?, ?) USING TTL ?",
+            "tag_metric": f"INSERT INTO {ks}.tag_metrics (tenant, tag_key, tag_value, metric_name) VALUES (?, ?, ?, ?) USING TTL ?",
             "list_path_children": f"SELECT name, is_leaf, is_branch FROM {ks}.graphite_paths WHERE tenant = ? AND parent = ?",
             "list_tenants": f"SELECT tenant FROM {ks}.tenants",
+            "last_buckets": f"SELECT series_set_hash, metric_name, last_bucket FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
+            "last_bucket": f"UPDATE {ks}.series_set_hashes USING TTL ? AND TIMESTAMP ? SET last_bucket = ? WHERE tenant = ? AND series_set_hash = ?",
             "get_series": f"SELECT series_set_hash, metric_name, tags FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash IN ?",
-            "path_flags": f"UPDATE {ks}.graphite_paths SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
+            "path_flags": f"UPDATE {ks}.graphite_paths USING TTL ? SET is_leaf = ?, is_branch = ? WHERE tenant = ? AND parent = ? AND name = ?",
             **{
                 f"delete_index_{table}": f"DELETE FROM {ks}.{table} WHERE {' AND '.join(f'{c} = ?' for c in columns)}"
                 for table, columns in INDEX_KEYS.items()
@@ -46,6 +48,13 @@ class CassandraIndex(CassandraBase):
                 for name, (table, column, keys) in LISTINGS.items()
             },
             **{
+                f"buckets_of_{name}{'_value' if value else ''}": f"SELECT bucket FROM {ks}.{bucket_table(table)}"
+                f" WHERE tenant = ? AND bucket IN ?{''.join(f' AND {c} = ?' for c in (*keys[1:], *([column] if value else [])))}"
+                " PER PARTITION LIMIT 1"
+                for name, (table, column, keys) in LISTINGS.items()
+                for value in (False, True)
+            },
+            **{
                 f"write_{bucket_table(table)}": f"INSERT INTO {ks}.{bucket_table(table)} ({', '.join(columns)})"
                 f" VALUES ({', '.join('?' * len(columns))}) USING TTL ?"
                 for table in BUCKET_TABLES
@@ -54,28 +63,36 @@ class CassandraIndex(CassandraBase):
         }
 
     def write_series(self, series: Sequence[SeriesKey]):
+        return self._execute_all(self._batched(self._all_time_requests(series)))
+
+    def _all_time_requests(self, series: Sequence[SeriesKey]) -> list[tuple]:
+        """The all-time rows of the series, each with the TTL that ends it once their data
+        expired (_all_time_ttl_s), unless written again meanwhile."""
         s, rows = self._statements, index_rows(series)
-        requests = [
-            *((s["tenant"], row) for row in rows.tenants),
-            *((s["metric_name"], row) for row in rows.metric_names),
-            *((s["series_set_hash"], row) for row in rows.series_set_hashes),
-            *((s["series_set"], row) for row in rows.series_sets),
-            *((s["tag_key"], row) for row in rows.tag_keys),
-            *((s["tag_value"], row) for row in rows.tag_values),
+        ttls = {tenant: self._all_time_ttl_s(tenant) for (tenant,) in rows.tenants}
+        return [
+            *((s["tenant"], (*row, ttls[row[0]])) for row in rows.tenants),
+            *((s["metric_name"], (*row, ttls[row[0]])) for row in rows.metric_names),
+            *((s["series_set_hash"], (*row, ttls[row[0]])) for row in rows.series_set_hashes),
+            *((s["series_set"], (*row, ttls[row[0]])) for row in rows.series_sets),
+            *((s["tag_key"], (*row, ttls[row[0]])) for row in rows.tag_keys),
+            *((s["tag_value"], (*row, ttls[row[0]])) for row in rows.tag_values),
             *(
-                (s["path_leaf" if leaf else "path_branch"], (tenant, parent, name))
+                (s["path_leaf" if leaf else "path_branch"], (ttls[tenant], tenant, parent, name))
                 for tenant, parent, name, leaf in rows.graphite_paths
             ),
-            *((s["tenant_tag_key"], row) for row in rows.tenant_tag_keys),
-            *((s["tenant_tag_value"], row) for row in rows.tenant_tag_values),
-            *((s["tag_metric"], row) for row in rows.tag_metrics),
+            *((s["tenant_tag_key"], (*row, ttls[row[0]])) for row in rows.tenant_tag_keys),
+            *((s["tenant_tag_value"], (*row, ttls[row[0]])) for row in rows.tenant_tag_values),
+            *((s["tag_metric"], (*row, ttls[row[0]])) for row in rows.tag_metrics),
         ]
-        return self._execute_all(self._batched(requests))
 
     def write_series_buckets(self, series_buckets: Sequence[tuple[SeriesKey, int]]):
-        """Each row with a TTL that ends it the tenant's raw retention after its bucket ends."""
+        """Each row with a TTL that ends it the tenant's raw retention after its bucket ends; and
+        the all-time rows of the series due a refresh (index.DailyRefresh), with a new TTL."""
         now, ttls = now_ms(), {}
-        requests = []
+        requests = self._all_time_requests(self._refresh.due(series_buckets)) + self._last_bucket_requests(
+            series_buckets
+        )
         for table, rows in bucket_index_rows(series_buckets).items():
             statement = self._statements[f"write_{table}"]
             for row in rows:
@@ -85,6 +102,35 @@ class CassandraIndex(CassandraBase):
                 ttl_s = max(1, (bucket + INDEX_BUCKET_MS + ttls[tenant] - now) // 1000)
                 requests.append((statement, (*row, ttl_s)))
         return self._execute_all(self._batched(requests))
+
+    def _last_bucket_requests(self, series_buckets: Sequence[tuple[SeriesKey, int]]) -> list[tuple]:
+        """series_set_hashes.last_bucket of each series: the newest bucket of the call, written with
+        the bucket's start (us) as its write time, so an older bucket indexed later (late data)
+        never replaces a newer one; an admin delete's tombstone (written now) still hides it."""
+        newest: dict[tuple[str, str], int] = {}
+        for key, bucket in series_buckets:
+            identity = (key.tenant, key.series_set_hash)
+            newest[identity] = max(bucket, newest.get(identity, bucket))
+        statement = self._statements["last_bucket"]
+        return [
+            (statement, (self._all_time_ttl_s(tenant), bucket * 1000, bucket, tenant, hash_))
+            for (tenant, hash_), bucket in newest.items()
+        ]
+
+    def series_seen_since(self, tenant, hashes: Iterable[str], bucket: int):
+        hashes = sorted(set(hashes))
+        statement = self._statements["last_buckets"]
+        chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
+
+        def seen(pages):
+            return {
+                row.series_set_hash
+                for page in pages
+                for row in page
+                if row.metric_name is not None and (row.last_bucket is None or row.last_bucket >= bucket)
+            }
+
+        return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(seen)
 
     def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
         """One LISTINGS entry: one request to the all-time table, or one a bucket (a partition each)
@@ -100,6 +146,12 @@ class CassandraIndex(CassandraBase):
             lambda pages: sorted({getattr(r, column) for page in pages for r in page})
         )
 
+    def listing_buckets(self, name, keys, buckets, value=None):
+        """One request: ``bucket IN`` the buckets, a row at most a partition."""
+        statement = self._statements[f"buckets_of_{name}{'_value' if value is not None else ''}"]
+        parameters = (keys[0], list(buckets.starts()), *keys[1:], *([value] if value is not None else []))
+        return self._execute(statement, parameters).addCallback(lambda rows: sorted({r.bucket for r in rows}))
+
     def get_series(self, tenant, hashes: Iterable[str]):
         """READ_SERIES_PER_REQUEST series a request (``series_set_hash IN ?``): the downsampler
         asks for a whole sealing group at once."""
@@ -112,6 +164,7 @@ class CassandraIndex(CassandraBase):
                 row.series_set_hash: SeriesKey(tenant, row.series_set_hash, row.metric_name, dict(row.tags or {}))
                 for page in pages
                 for row in page
+                if row.metric_name is not None
             }
 
         return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(collect)
@@ -131,5 +184,6 @@ class CassandraIndex(CassandraBase):
 
     def write_path_flags(self, tenant, parent, name, is_leaf, is_branch):
         if is_leaf or is_branch:
-            return self._execute(self._statements["path_flags"], (is_leaf, is_branch, tenant, parent, name))
+            ttl_s = self._all_time_ttl_s(tenant)
+            return self._execute(self._statements["path_flags"], (ttl_s, is_leaf, is_branch, tenant, parent, name))
         return self._execute(self._statements["delete_index_graphite_paths"], (tenant, parent, name))

@@ -24,6 +24,7 @@ class CassandraLifecycle(CassandraBase):
             for table, column, cql_type in (
                 ("metric_names", "aggregators", "set<text>"),
                 ("series_set_hashes", "created_ms", "bigint"),
+                ("series_set_hashes", "last_bucket", "bigint"),
                 ("data_blocks", "head_written_at", "bigint"),
             ):
                 existing = {

@@ -13,18 +13,24 @@ class CassandraMetadata(CassandraBase):
         ks = self.keyspace
         return {
             **super()._statement_texts(),
-            "add_aggregators": f"UPDATE {ks}.metric_names SET aggregators = aggregators + ? WHERE tenant = ? AND metric_name = ?",
-            "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?)",
+            "add_aggregators": f"UPDATE {ks}.metric_names USING TTL ? SET aggregators = aggregators + ? WHERE tenant = ? AND metric_name = ?",
+            "metric_metadata": f"INSERT INTO {ks}.metric_metadata (tenant, metric_name, type, help, unit) VALUES (?, ?, ?, ?, ?) USING TTL ?",
             "get_metric_metadata": f"SELECT type, help, unit FROM {ks}.metric_metadata WHERE tenant = ? AND metric_name = ?",
-            "write_created": f"UPDATE {ks}.series_set_hashes SET created_ms = ? WHERE tenant = ? AND series_set_hash = ?",
+            "write_created": f"UPDATE {ks}.series_set_hashes USING TTL ? SET created_ms = ? WHERE tenant = ? AND series_set_hash = ?",
             "get_created": f"SELECT created_ms FROM {ks}.series_set_hashes WHERE tenant = ? AND series_set_hash = ?",
         }
 
     def add_metric_aggregators(self, tenant, metric_name, aggregators):
-        return self._execute(self._statements["add_aggregators"], (set(aggregators), tenant, metric_name))
+        return self._execute(
+            self._statements["add_aggregators"], (self._all_time_ttl_s(tenant), set(aggregators), tenant, metric_name)
+        )
 
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
-        return self._execute_all(self._batched([(self._statements["metric_metadata"], tuple(row)) for row in rows]))
+        return self._execute_all(
+            self._batched(
+                [(self._statements["metric_metadata"], (*row, self._all_time_ttl_s(row.tenant))) for row in rows]
+            )
+        )
 
     def get_metric_metadata(self, tenant, metric_name):
         def first(rows):
@@ -35,7 +41,9 @@ class CassandraMetadata(CassandraBase):
     def write_created_timestamps(self, rows):
         statement = self._statements["write_created"]
         return self._execute_all(
-            self._batched([(statement, (r.created_ms, r.tenant, r.series_set_hash)) for r in rows])
+            self._batched(
+                [(statement, (self._all_time_ttl_s(r.tenant), r.created_ms, r.tenant, r.series_set_hash)) for r in rows]
+            )
         )
 
     def get_created_timestamps(self, tenant, hashes: Iterable[str]):

@@ -113,6 +113,7 @@ def table_statements(options: SchemaOptions) -> list[str]:
         "    metric_name text,\n"
         "    tags map<text, text>,\n"
         "    created_ms bigint,\n"
+        "    last_bucket bigint,\n"
         "    PRIMARY KEY ((tenant, series_set_hash))\n"
         ")",
         f"CREATE TABLE IF NOT EXISTS {ks}.series_sets (\n"

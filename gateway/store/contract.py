@@ -2,10 +2,11 @@
 
 Tables (docs/storage.rst has the layouts and the partition arithmetic):
 
-- ``tenants``            every tenant that ever wrote
+- ``tenants``            every tenant with data (the index shrinks with the data: docs/storage.rst)
 - ``metric_names``       tenant -> metric names
 - ``series_set_hashes``  (tenant, hash) -> metric name + tags, and the series' latest created timestamp
-                         (remote write 2.0), a column of its own written apart
+                         (remote write 2.0), a column of its own written apart; ``last_bucket``, the
+                         newest time-index bucket the series was indexed in
 - ``series_sets``        (tenant, metric, tag key, tag value) -> hashes; the intersection index.
                          Every series is also indexed under the pseudo tag ``__name__=<metric>``.
 - ``tag_keys``           (tenant, metric) -> tag keys
@@ -68,11 +69,12 @@ import numpy as np
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 
 from gateway.core.errors import StoreBusy
-from gateway.core.layout import INDEX_BUCKET_MS, Granularity, Layout, Retentions
+from gateway.core.layout import Granularity, Layout, Retentions
 from gateway.core.model import SeriesKey
 from gateway.core.samples import Samples
 from gateway.store.calls import StoreCalls, store_call
 from gateway.store.deletion import remove_from_index
+from gateway.store.index import ALL_TIME_MARGIN_MS, Buckets, DailyRefresh
 
 
 class RawPoint(NamedTuple):
@@ -259,22 +261,6 @@ def time_slots(start_ms: int, end_ms: int, slot_width_ms: int) -> range:
     return range(time_slot(start_ms, slot_width_ms), end_ms + 1, slot_width_ms)
 
 
-class Buckets(NamedTuple):
-    """The time-index buckets (the start of each, ms) a lookup covers, both ends included: a lookup
-    given Buckets reads the time index (the series with samples in those buckets), one given None
-    the all-time index."""
-
-    first: int
-    last: int
-
-    @classmethod
-    def of(cls, start_ms: int, end_ms: int) -> "Buckets":
-        return cls(time_slot(start_ms, INDEX_BUCKET_MS), time_slot(end_ms, INDEX_BUCKET_MS))
-
-    def starts(self) -> range:
-        return range(self.first, self.last + 1, INDEX_BUCKET_MS)
-
-
 class Lifecycle(abc.ABC):
     """Opening and closing the store, its health and identity, and the sweep of expired data."""
 
@@ -320,11 +306,22 @@ class IndexStore(abc.ABC):
         """Fire with {hash: SeriesKey} for the hashes that exist (series_set_hashes)."""
 
     @abc.abstractmethod
+    def series_seen_since(self, tenant: str, hashes: Iterable[str], bucket: int) -> Deferred:
+        """Fire with the set of ``hashes`` whose series was indexed in ``bucket`` or a later one
+        (series_set_hashes.last_bucket), or has no last bucket (written before it was kept): a
+        selection from the all-time index keeps only those that may have data in its range."""
+
+    @abc.abstractmethod
     def _listing(self, name: str, keys: tuple, buckets: Buckets | None) -> Deferred:
         """Fire with the sorted values of one index listing (gateway/store/index.py LISTINGS:
         its table, the column listed, the key columns ``keys`` give), read from the all-time
         table or, with ``buckets``, from its bucket table on any of the buckets. The listings
         below are each one of these."""
+
+    @abc.abstractmethod
+    def listing_buckets(self, name: str, keys: tuple, buckets: Buckets, value: str | None = None) -> Deferred:
+        """Fire with the sorted starts of the buckets of ``buckets`` in which one index listing (as
+        ``_listing``) has a row, or has ``value`` where given: what deleting series asks of the time index."""
 
     def find_series(
         self, tenant: str, metric_name: str, tag_key: str, tag_value: str, buckets: Buckets | None = None
@@ -541,6 +538,9 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     # them, a few requests where one series at a time made about nine (docs/performance-log.rst,
     # "Sealing"). SQLite's single writer takes fewer, larger transactions.
     seal_group = 64
+    # How long all-time index rows outlive the data of their series where the store expires them
+    # by TTL (index.ALL_TIME_MARGIN_MS; a test shortens it).
+    all_time_margin_ms = ALL_TIME_MARGIN_MS
 
     def __init__(self, layout: Layout):
         self.layout = layout
@@ -550,6 +550,8 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
         self.slot_width_ms = layout.slot_width_ms
         # Each tenant's retentions for what is written from now on and for the sweep (--overrides).
         self.retentions = Retentions(layout)
+        # The series whose all-time rows this process rewrote today (write_series_buckets).
+        self._refresh = DailyRefresh()
         self.calls = StoreCalls()
 
     def __init_subclass__(cls, **kwargs):

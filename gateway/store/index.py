@@ -7,6 +7,7 @@ UPDATE); the rows themselves, and so what a series can be found by, are decided 
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from gateway.core.layout import DAY_MS, INDEX_BUCKET_MS
 from gateway.core.model import NAME_TAG, SeriesKey
 
 
@@ -86,6 +87,22 @@ LISTINGS = {
 }
 
 
+class Buckets(NamedTuple):
+    """The time-index buckets (the start of each, ms) a lookup covers, both ends included: a lookup
+    given Buckets reads the time index (the series with samples in those buckets), one given None
+    the all-time index."""
+
+    first: int
+    last: int
+
+    @classmethod
+    def of(cls, start_ms: int, end_ms: int) -> "Buckets":
+        return cls(start_ms - start_ms % INDEX_BUCKET_MS, end_ms - end_ms % INDEX_BUCKET_MS)
+
+    def starts(self) -> range:
+        return range(self.first, self.last + 1, INDEX_BUCKET_MS)
+
+
 def bucket_table(table: str) -> str:
     return f"bucket_{table}"
 
@@ -102,3 +119,39 @@ def bucket_index_rows(series_buckets: Sequence[tuple[SeriesKey, int]]) -> dict[s
         for table in BUCKET_TABLES:
             tables[bucket_table(table)] += [(row[0], bucket, *row[1:]) for row in getattr(rows, table)]
     return tables
+
+
+# How long Cassandra's all-time rows of a series outlive the longest retention of its tenant's data
+# counted from their last write: a series rewrites them in the first bucket of each UTC day it is
+# indexed in (DailyRefresh), so two rewrites of a series still written are at most two days apart,
+# and it may be indexed a bucket ahead. Past that, the TTL takes them (SQLite's sweep needs no
+# margin: it reads each series' last bucket): the all-time index shrinks with the data.
+ALL_TIME_MARGIN_MS = 2 * DAY_MS + INDEX_BUCKET_MS
+
+
+class DailyRefresh:
+    """The series whose all-time rows this process rewrote, by UTC day of the bucket indexed: a
+    series is due again each day (and for any older day, late data), so a series that went away
+    and came back after its rows expired is found again, and a series still written never expires.
+    Holds the hashes of the newest two days, by tenant (a set entry a series a day, the hash
+    text shared with the caller's keys: 1M active series cost about 80 MB)."""
+
+    def __init__(self):
+        self._days: dict[int, dict[str, set[str]]] = {}
+
+    def due(self, series_buckets: Sequence[tuple[SeriesKey, int]]) -> list[SeriesKey]:
+        due: dict[tuple[str, str], SeriesKey] = {}
+        newest = max(self._days, default=None)
+        for key, bucket in series_buckets:
+            day = bucket - bucket % DAY_MS
+            if newest is None or day > newest:
+                newest = day
+                self._days = {d: done for d, done in self._days.items() if d >= day - DAY_MS}
+            if day < newest - DAY_MS:
+                due[(key.tenant, key.series_set_hash)] = key
+                continue
+            done = self._days.setdefault(day, {}).setdefault(key.tenant, set())
+            if key.series_set_hash not in done:
+                done.add(key.series_set_hash)
+                due[(key.tenant, key.series_set_hash)] = key
+        return list(due.values())

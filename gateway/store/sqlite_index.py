@@ -4,7 +4,8 @@ import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 
-from gateway.core.model import SeriesKey
+from gateway.core.layout import INDEX_BUCKET_MS
+from gateway.core.model import SeriesKey, now_ms
 from gateway.store.contract import Buckets, PathNode
 from gateway.store.deletion import INDEX_KEYS
 from gateway.store.index import LISTINGS, bucket_index_rows, bucket_table, index_rows
@@ -12,16 +13,18 @@ from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_sql import column_values, single_statement, transaction
 
 
-def _series_statements(series: list[SeriesKey]) -> list[tuple[str, list]]:
+def _series_statements(series: list[SeriesKey], bucket: int) -> list[tuple[str, list]]:
+    """The all-time rows of the series, seen last (series_set_hashes.last_bucket) in ``bucket`` or later."""
     rows = index_rows(series)
     return [
         ("INSERT OR IGNORE INTO tenants VALUES (?)", rows.tenants),
         ("INSERT OR IGNORE INTO metric_names (tenant, metric_name) VALUES (?, ?)", rows.metric_names),
         (
-            "INSERT INTO series_set_hashes (tenant, series_set_hash, metric_name, tags) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT DO UPDATE SET metric_name = excluded.metric_name, tags = excluded.tags",
+            "INSERT INTO series_set_hashes (tenant, series_set_hash, metric_name, tags, last_bucket)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET metric_name = excluded.metric_name,"
+            " tags = excluded.tags, last_bucket = max(coalesce(last_bucket, 0), excluded.last_bucket)",
             [
-                (tenant, hash_, name, json.dumps(tags, sort_keys=True))
+                (tenant, hash_, name, json.dumps(tags, sort_keys=True), bucket)
                 for tenant, hash_, name, tags in rows.series_set_hashes
             ],
         ),
@@ -61,20 +64,44 @@ class SQLiteIndex(SQLiteBase):
     """The IndexStore role (contract.py)."""
 
     def write_series(self, series: Sequence[SeriesKey]):
-        return self._commit(_series_statements, list(series))
+        now = now_ms()
+        return self._commit(_series_statements, list(series), now - now % INDEX_BUCKET_MS)
 
     def write_series_buckets(self, series_buckets: Sequence[tuple[SeriesKey, int]]):
+        """The bucket rows; each series' last_bucket; and the all-time rows of the series due a
+        refresh (DailyRefresh), which gives them back to a series the sweep had taken out."""
         rows = bucket_index_rows(series_buckets)
+        last: dict[tuple[str, str], int] = {}
+        for key, bucket in series_buckets:
+            identity = (key.tenant, key.series_set_hash)
+            last[identity] = max(bucket, last.get(identity, bucket))
+        refresh = self._refresh.due(series_buckets)
+        first_bucket = min(bucket for _, bucket in series_buckets) if series_buckets else 0
         return self._commit(
             lambda: [
-                (f"INSERT OR IGNORE INTO {table} VALUES ({', '.join('?' * len(keys[0]))})", keys)
-                for table, keys in rows.items()
-                if keys
+                *(_series_statements(refresh, first_bucket) if refresh else []),
+                *(
+                    (f"INSERT OR IGNORE INTO {table} VALUES ({', '.join('?' * len(keys[0]))})", keys)
+                    for table, keys in rows.items()
+                    if keys
+                ),
+                (
+                    "UPDATE series_set_hashes SET last_bucket = max(coalesce(last_bucket, 0), ?)"
+                    " WHERE tenant = ? AND series_set_hash = ?",
+                    [(bucket, tenant, hash_) for (tenant, hash_), bucket in last.items()],
+                ),
             ]
         )
 
     def get_series(self, tenant, hashes: Iterable[str]):
         return self._read(_get_series, tenant, list(hashes))
+
+    def series_seen_since(self, tenant, hashes: Iterable[str], bucket: int):
+        def seen(connection):
+            rows = series_rows(connection, "last_bucket", tenant, list(hashes))
+            return {hash_ for hash_, last in rows if last is None or last >= bucket}
+
+        return self._read(seen)
 
     def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
         """One LISTINGS entry, sorted: from the all-time table, or the bucket table over ``buckets``
@@ -90,6 +117,17 @@ class SQLiteIndex(SQLiteBase):
             f" AND bucket IN ({', '.join('?' * len(starts))}) ORDER BY {column}"
         )
         return self._read(column_values, query, (*keys, *starts))
+
+    def listing_buckets(self, name, keys, buckets, value=None):
+        table, column, key_columns = LISTINGS[name]
+        starts = list(buckets.starts())
+        where = " AND ".join(f"{c}=?" for c in (*key_columns, *([column] if value is not None else [])))
+        query = (
+            f"SELECT DISTINCT bucket FROM {bucket_table(table)} WHERE {where}"
+            f" AND bucket IN ({', '.join('?' * len(starts))}) ORDER BY bucket"
+        )
+        params = (*keys, *([value] if value is not None else []), *starts)
+        return self._read(column_values, query, params)
 
     def list_tenants(self):
         return self._read(column_values, "SELECT tenant FROM tenants ORDER BY tenant", ())

@@ -1,14 +1,23 @@
 """Lifecycle of the SQLite driver: open (schema), close, health, identity and the sweep of expired data."""
 
+import json
+import sqlite3
+
 from twisted.internet import threads
+from twisted.internet.defer import ensureDeferred
 
 from gateway.core.layout import INDEX_BUCKET_MS, Layout, Retentions
+from gateway.core.model import SeriesKey
 from gateway.store.contract import time_slot
+from gateway.store.deletion import remove_from_index
 from gateway.store.index import BUCKET_TABLES, bucket_table
 from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_head import fold_head_log
 from gateway.store.sqlite_schema import start_writer
-from gateway.store.sqlite_sql import immediate, transaction
+from gateway.store.sqlite_sql import immediate, single_statement, transaction
+
+# Series whose data all expired, taken out of the index a step at a time by the sweep.
+EXPIRED_SERIES_A_STEP = 1000
 
 
 def _sweep_statements(layout: Layout, now_ms: int, tenants: str, tenant_params: list) -> list[tuple[str, list]]:
@@ -73,6 +82,30 @@ def _sweep(connection, retentions: Retentions, now_ms: int) -> None:
     connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
+def _expired_series(connection: sqlite3.Connection, retentions: Retentions, now_ms: int, limit: int) -> list[SeriesKey]:
+    """At most ``limit`` series last indexed in a bucket that ended their tenant's longest retention
+    ago: nothing of them is left in any table (series_set_hashes_last_bucket)."""
+    by_tenant = retentions.by_tenant
+    overridden = list(by_tenant)
+    others = f"tenant NOT IN ({', '.join('?' * len(overridden))})" if overridden else "1"
+    conditions = [
+        (retentions.layout, others, overridden),
+        *((layout, "tenant = ?", [t]) for t, layout in by_tenant.items()),
+    ]
+    found: list[SeriesKey] = []
+    for layout, tenants, params in conditions:
+        before = now_ms - layout.longest_retention_ms - INDEX_BUCKET_MS + 1
+        query = (
+            "SELECT tenant, series_set_hash, metric_name, tags FROM series_set_hashes"
+            f" WHERE last_bucket < ? AND {tenants} LIMIT ?"
+        )
+        rows = connection.execute(query, (before, *params, limit - len(found))).fetchall()
+        found += [SeriesKey(tenant, hash_, name, json.loads(tags)) for tenant, hash_, name, tags in rows]
+        if len(found) >= limit:
+            break
+    return found
+
+
 class SQLiteLifecycle(SQLiteBase):
     """The Lifecycle role (contract.py)."""
 
@@ -114,4 +147,15 @@ class SQLiteLifecycle(SQLiteBase):
         )
 
     def sweep(self, now_ms):
-        return self._write(_sweep, self.retentions, now_ms)
+        return ensureDeferred(self._sweep_all(now_ms))
+
+    async def _sweep_all(self, now_ms: int) -> None:
+        """The expired rows, then the index of the series they were the last of, then the tenants
+        left without series: the index of a tenant whose data expired shrinks to nothing."""
+        await self._write(_sweep, self.retentions, now_ms)
+        while expired := await self._read(_expired_series, self.retentions, now_ms, EXPIRED_SERIES_A_STEP):
+            await remove_from_index(self, expired, time_index=False)  # the sweep took their buckets
+        query = (
+            "DELETE FROM tenants WHERE NOT EXISTS (SELECT 1 FROM series_set_hashes s WHERE s.tenant = tenants.tenant)"
+        )
+        await self._commit(single_statement, query, [()])

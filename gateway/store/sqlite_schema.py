@@ -3,14 +3,14 @@
 import sqlite3
 import time
 
-from gateway.core.layout import Layout
+from gateway.core.layout import INDEX_BUCKET_MS, Layout
 from gateway.store.contract import BUCKET_INDEX_ALWAYS
 from gateway.store.deletion import INDEX_KEYS
 from gateway.store.index import BUCKET_TABLES, bucket_table
 from gateway.store.sqlite_head import fold_head_log
 from gateway.store.sqlite_sql import column_values, immediate, transaction
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
 # with SQLite's default 2 MiB those pages were read back for every commit (docs/performance-log.rst).
 WRITER_CACHE_KIB = 64 * 1024
@@ -100,6 +100,7 @@ CREATE TABLE IF NOT EXISTS series_set_hashes (
     metric_name TEXT NOT NULL,
     tags TEXT NOT NULL,
     created_ms INTEGER,
+    last_bucket INTEGER,
     PRIMARY KEY (tenant, series_set_hash)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS series_sets (
@@ -232,8 +233,18 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
     columns = {row[1] for row in connection.execute("PRAGMA table_info(metric_names)")}
     if "aggregators" not in columns:
         connection.execute("ALTER TABLE metric_names ADD COLUMN aggregators TEXT NOT NULL DEFAULT '[]'")
-    if "created_ms" not in {row[1] for row in connection.execute("PRAGMA table_info(series_set_hashes)")}:
+    series_columns = {row[1] for row in connection.execute("PRAGMA table_info(series_set_hashes)")}
+    if "created_ms" not in series_columns:
         connection.execute("ALTER TABLE series_set_hashes ADD COLUMN created_ms INTEGER")
+    if "last_bucket" not in series_columns:
+        # the upgrade: a series written before counts as seen now, so it leaves the index no
+        # sooner than the longest retention from now (docs/storage.rst)
+        with immediate(connection):
+            connection.execute("ALTER TABLE series_set_hashes ADD COLUMN last_bucket INTEGER")
+            now = int(time.time() * 1000)
+            connection.execute("UPDATE series_set_hashes SET last_bucket = ?", (now - now % INDEX_BUCKET_MS,))
+    # the sweep finds the series whose data expired by it (sqlite_lifecycle.py)
+    connection.execute("CREATE INDEX IF NOT EXISTS series_set_hashes_last_bucket ON series_set_hashes (last_bucket)")
     if "data_raw" in tables:
         # the upgrade from one row a sample keyed by series: every head row into the head log, in
         # one transaction; start_writer folds them into head_chunks next (docs/storage.rst)

@@ -23,6 +23,7 @@ from gateway.query.planner import QueryPlanner
 from gateway.query.read_path import ReadPath, rollup_samples
 from gateway.store.blocks import BadBlock, decode_block, encode_block, read_header
 from gateway.store.contract import RawPoint, Rollup
+from gateway.store.sqlite_schema import SCHEMA_VERSION
 from tests.conftest import read_blocks, read_head
 
 MINUTE = 60_000
@@ -213,7 +214,7 @@ def test_a_sqlite_file_of_one_row_a_sample_stays_readable(start_gateway, tmp_pat
     old.execute("PRAGMA journal_mode=WAL")
     old.executescript(
         re.sub(
-            r"CREATE TABLE IF NOT EXISTS (data_blocks|head_log|head_batches|head_chunks) \(.*?\);|    created_ms INTEGER,\n",
+            r"CREATE TABLE IF NOT EXISTS (data_blocks|head_log|head_batches|head_chunks) \(.*?\);|    (created_ms|last_bucket) INTEGER,\n",
             "",
             SCHEMA,
             flags=re.S,
@@ -303,7 +304,7 @@ async def test_a_sqlite_file_with_head_rows_keyed_by_series_is_upgraded_in_place
     tables = {name for (name,) in check.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "data_raw" not in tables and check.execute("SELECT count(*) FROM head_log").fetchone()[0] == 0
     assert check.execute("SELECT count(*) FROM head_chunks").fetchone()[0] == 2 * 3 * 3 - 1
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 10
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     check.close()
 
 
@@ -344,5 +345,5 @@ async def test_a_sqlite_file_with_a_head_log_of_one_row_a_sample_is_upgraded_to_
     check = sqlite3.connect(path)
     assert check.execute("SELECT count(*) FROM head_log").fetchone()[0] == 0
     assert check.execute("SELECT count(*) FROM head_batches").fetchone()[0] == 0
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 10
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     check.close()

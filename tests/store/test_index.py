@@ -2,6 +2,7 @@
 planner's selection by range, the pipeline's registration, expiry and the upgrade of a store
 written before it existed."""
 
+import dataclasses
 import sqlite3
 import time
 import uuid
@@ -12,13 +13,14 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from gateway.core import metrics
-from gateway.core.layout import HOUR_MS, INDEX_BUCKET_MS, Layout
+from gateway.core.layout import DAY_MS, HOUR_MS, INDEX_BUCKET_MS, Layout
 from gateway.core.model import Limits, SeriesKey, series_set_hash, series_set_text
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import PRE_INDEX_MS, IngestPipeline
 from gateway.query.planner import MAX_INDEX_BUCKETS, QueryPlanner, QueryTooLarge
 from gateway.store.cassandra import CassandraStore
 from gateway.store.contract import BUCKET_INDEX_ALWAYS, Buckets
+from gateway.store.index import DailyRefresh
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import Matcher, prometheus_labels
 
@@ -94,6 +96,105 @@ async def test_buckets_past_the_raw_retention_leave_the_time_index(store, tenant
     assert await store.find_series(tenant, "churn_total", "job", "api", Buckets(recent_bucket, recent_bucket)) == {
         recent.series_set_hash
     }
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_index_of_a_tenant_whose_data_expired_shrinks_to_nothing(store, tenant, monkeypatch):
+    """Series last indexed in a bucket that ended the tenant's longest retention ago leave every
+    index, the all-time one and the Graphite tree included: SQLite's sweep takes them (by
+    series_set_hashes.last_bucket), Cassandra's TTL (the longest retention, 1 s here, from the last
+    write: no margin here); a live tenant's stay."""
+    now = int(time.time() * 1000)
+    second = dataclasses.replace(
+        store.layout, raw_retention_ms=1000, exemplar_retention_ms=1000, head_retention_ms=1000, granularities=()
+    )
+    monkeypatch.setitem(store.retentions.by_tenant, tenant, second)
+    monkeypatch.setattr(store, "all_time_margin_ms", 0)
+    old = now - now % B - 3 * B
+    live_tenant = f"{tenant}-live"
+    dead = [pod(tenant, 0, 0), pod(tenant, 0, 1), key(tenant, "servers.a.cpu", {}), key(tenant, "servers.b.cpu", {})]
+    live = pod(live_tenant, 1, 0)
+    await store.write_series([live])
+    await store.write_series_buckets([*((s, old) for s in dead), (dead[0], old + B), (live, now - now % B)])
+    await store.sweep(now)
+    await deferLater(reactor, 1.5, lambda: None)  # a TTL of 1 s has passed
+
+    everything = Buckets(old, now)
+    for buckets in (None, everything):
+        assert await store.list_metric_names(tenant, buckets) == []
+        assert await store.find_series(tenant, "churn_total", "job", "api", buckets) == set()
+        assert await store.list_tag_keys(tenant, "churn_total", buckets) == []
+        assert await store.list_tag_values(tenant, "churn_total", "pod", buckets) == []
+        assert await store.list_tenant_tag_keys(tenant, buckets) == []
+        assert await store.list_tenant_tag_values(tenant, "job", buckets) == []
+        assert await store.find_metrics_by_tag(tenant, "job", "api", buckets) == []
+    assert await store.list_path_children(tenant, "") == []
+    assert await store.list_path_children(tenant, "servers") == []
+    assert await store.get_series(tenant, [s.series_set_hash for s in dead]) == {}
+    tenants = await store.list_tenants()
+    assert tenant not in tenants and live_tenant in tenants
+    assert await store.find_series(live_tenant, "churn_total", "job", "api") == {live.series_set_hash}
+    assert await store.list_tag_values(live_tenant, "churn_total", "pod", everything) == ["p1-0"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_deleted_series_leaves_the_time_index_of_every_bucket_it_was_in(store, tenant):
+    """Its own rows go from each bucket, and the shared ones no series of that bucket needs: label
+    values over those hours no longer show it."""
+    now = int(time.time() * 1000)
+    current, previous = now - now % B, now - now % B - B
+    gone, kept = pod(tenant, 0, 0), pod(tenant, 0, 1)
+    graphite = key(tenant, "servers.a.cpu", {})
+    await store.write_series([gone, kept, graphite])
+    await store.write_series_buckets([(gone, previous), (gone, current), (kept, current), (graphite, previous)])
+    await store.delete_series([gone, graphite])
+
+    both, only_previous = Buckets(previous, current), Buckets(previous, previous)
+    assert await store.find_series(tenant, "churn_total", "job", "api", both) == {kept.series_set_hash}
+    assert await store.find_series(tenant, "churn_total", "pod", "p0-0", both) == set()
+    assert await store.list_tag_values(tenant, "churn_total", "pod", both) == ["p0-1"]
+    assert await store.list_tenant_tag_values(tenant, "pod", both) == ["p0-1"]
+    assert await store.find_metrics_by_tag(tenant, "pod", "p0-0", both) == []
+    assert await store.list_metric_names(tenant, both) == ["churn_total"]
+    assert await store.list_metric_names(tenant, only_previous) == []
+    assert await store.list_tag_keys(tenant, "churn_total", only_previous) == []
+    assert await store.list_tenant_tag_keys(tenant, only_previous) == []
+    assert await store.list_tenant_tag_values(tenant, "job", only_previous) == []
+    assert await store.list_tag_values(tenant, "churn_total", "pod") == ["p0-1"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_range_older_than_the_time_index_selects_the_series_seen_since_its_start(store, tenant):
+    """Past the time index (30 and 365 days) the planner reads the all-time index, one lookup a
+    filter, and keeps the series last indexed in a bucket since the range's start; late data of
+    an older bucket does not make a series look older."""
+    now = int(time.time() * 1000)
+    hour = now - now % B
+    year_old, recent = pod(tenant, 0, 0), pod(tenant, 1, 0)
+    await store.write_series_buckets([(year_old, hour - 40 * 24 * B)])
+    await store.write_series_buckets([(recent, hour - 2 * B)])
+    await store.write_series_buckets([(recent, hour - 10 * 24 * B)])  # late data
+    planner = QueryPlanner(store, 100, clock=lambda: now)
+    for days, expected in ((30, [recent]), (365, [year_old, recent])):
+        assert planner.index_buckets(tenant, now - days * 24 * B, now) is None
+        found = await planner.select_series(tenant, "churn_total", {"job": "api"}, now - days * 24 * B, now)
+        assert sorted(found) == sorted(expected)
+    assert await store.series_seen_since(tenant, [year_old.series_set_hash], hour - 41 * 24 * B) == {
+        year_old.series_set_hash
+    }
+
+
+def test_a_series_rewrites_its_all_time_rows_once_a_day_and_for_late_data():
+    refresh = DailyRefresh()
+    day = 20_000 * DAY_MS
+    a, b = pod("t", 0, 0), pod("t", 0, 1)
+    assert refresh.due([(a, day), (a, day + B), (b, day + 5 * B)]) == [a, b]
+    assert refresh.due([(a, day + 6 * B), (b, day + 7 * B)]) == []
+    assert refresh.due([(a, day + DAY_MS)]) == [a]  # the next day (ahead of time, say)
+    assert refresh.due([(b, day + 23 * B)]) == []  # the day before it is still remembered
+    assert refresh.due([(a, day + 2 * DAY_MS)]) == [a]
+    assert refresh.due([(b, day)]) == [b]  # older than two days: late data, rewritten each time
+    assert refresh.due([(b, day)]) == [b]
 
 
 @pytest_twisted.ensureDeferred
