@@ -16,8 +16,8 @@ from gateway.core.layout import DAY_MS, HOUR_MS, Layout
 from gateway.core.model import SeriesKey
 from gateway.core.overrides import Overrides, OverridesError, parse_overrides
 from gateway.ingest.limits import RateLimited, TenantLimits
-from gateway.query.read_path import ReadPath
 from gateway.store.contract import RawPoint, Rollup
+from gateway.store.read_path import ReadPath
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_head
 from tests.gatewayproc import REPO, run_tsgate

@@ -146,8 +146,8 @@ def _delete(namespace: argparse.Namespace) -> int:
     if bool(namespace.match) == bool(namespace.patterns):
         raise ConfigError("give --match SELECTOR or --graphite PATTERN (each repeatable), not both")
     from gateway.http.promql_api import parse_time
-    from gateway.ingest.deletes import parse_selector
     from gateway.query.promql.values import PromQLError
+    from gateway.query.selection import parse_selector
 
     try:
         start = parse_time(namespace.start, "--start") if namespace.start else None
@@ -170,8 +170,9 @@ def _delete(namespace: argparse.Namespace) -> int:
     from gateway.app.service import pending_tracker, start_store
     from gateway.core.overrides import attach
     from gateway.downsample.pending import PendingMarks
-    from gateway.ingest.deletes import Deleter, SeriesSelection
+    from gateway.ingest.deletes import Deleter
     from gateway.query.planner import QueryPlanner
+    from gateway.query.selection import SeriesSelection
     from gateway.store import open_store
     from protocols.prometheus import prometheus_labels
 

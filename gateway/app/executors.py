@@ -550,9 +550,9 @@ class ExecutorSide(protocol.Protocol):
         from gateway.app.service import build_router
         from gateway.core.model import now_ms
         from gateway.http.server import Router
-        from gateway.ingest.deletes import SeriesSelection
         from gateway.query.graphite.graph import DrawHere
         from gateway.query.planner import QueryPlanner
+        from gateway.query.selection import SeriesSelection
         from gateway.store import open_store
 
         setup_logging(config.log_level, f"query executor {index} pid {os.getpid()}")

@@ -51,7 +51,7 @@ from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site, UnsentAnswers
 from gateway.http.webui import WebUI
 from gateway.ingest.carbon import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
-from gateway.ingest.deletes import Deleter, SeriesSelection
+from gateway.ingest.deletes import Deleter
 from gateway.ingest.limits import TenantLimits
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.ingest.pipeline import IngestPipeline
@@ -62,6 +62,7 @@ from gateway.query.graphite.tagdb import TagDB
 from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import QueryText
 from gateway.query.promql.service import PromQLService
+from gateway.query.selection import SeriesSelection
 from gateway.store import open_store
 from protocols.prometheus import WriteLimits
 

@@ -36,9 +36,9 @@ from gateway.core.model import (
 )
 from gateway.core.overrides import attach
 from gateway.downsample.aggregate import AGGREGATORS, series_kind
-from gateway.query.read_path import stitch_raw
 from gateway.store import open_store
 from gateway.store.blocks import encode_block
+from gateway.store.read_path import stitch_raw
 
 STORE_ATTEMPTS = 3  # tries of a file whose writes fail, 1 s then 2 s apart
 LANES_PER_WORKER = 4  # files a worker has in flight: one decodes while the others' writes wait on the store

@@ -19,7 +19,7 @@ from gateway.http.server import (
 )
 from gateway.ingest.pipeline import IngestPipeline
 from gateway.query.planner import PointsBudget, QueryPlanner
-from gateway.query.read_path import ROLLUP_AGGREGATES
+from gateway.store.read_path import ROLLUP_AGGREGATES
 from protocols import native_json
 from protocols.timespec import BadTime, parse_time
 

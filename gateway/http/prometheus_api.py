@@ -85,7 +85,7 @@ class PrometheusAPI:
         self.limits = limits
         self.remote_read = RemoteRead(store, planner, max_samples_per_query)
         self.max_decompressed_bytes = max_decompressed_bytes
-        self.created = CreatedTimestamps(store, pipeline, planner, created_timestamp_zero_ingestion)
+        self.created = CreatedTimestamps(store, pipeline, planner.path, created_timestamp_zero_ingestion)
 
     def register(self, router: Router) -> None:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
