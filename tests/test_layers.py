@@ -66,3 +66,38 @@ def test_imports_point_down_the_layers(path):
 @pytest.mark.parametrize("path", _sources("protocols"), ids=lambda p: str(p.relative_to(REPO)))
 def test_protocols_import_nothing_of_the_gateway(path):
     assert [m for _, m in _runtime_imports(ast.parse(path.read_text())) if m.startswith("gateway")] == []
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circle_inside_app():
+    """The modules of app/ import each other one way, lazy imports included: one composition root
+    (gateway/app/components.py) and commands built on it, no circle hidden behind a lazy import."""
+    modules = {_module(path): path for path in _sources("gateway/app")}
+    imports = {
+        name: {
+            target
+            for _, imported in _runtime_imports(ast.parse(path.read_text()))
+            for target in modules
+            if target != name and (imported == target or imported.startswith(target + "."))
+        }
+        for name, path in modules.items()
+    }
+    finished: set[str] = set()
+
+    def circle_from(name: str, trail: list[str]) -> list[str]:
+        if name in trail:
+            return [*trail[trail.index(name) :], name]
+        if name in finished:
+            return []
+        for target in sorted(imports[name]):
+            found = circle_from(target, [*trail, name])
+            if found:
+                return found
+        finished.add(name)
+        return []
+
+    assert [circle for name in sorted(modules) if (circle := circle_from(name, []))] == []

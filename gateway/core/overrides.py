@@ -40,9 +40,8 @@ from gateway.core.layout import Layout, Retentions
 from gateway.core.model import InvalidSample, validate_tenant
 from protocols.timespec import parse_duration
 
-if TYPE_CHECKING:  # the services that read limits must not depend on the settings module or the store
+if TYPE_CHECKING:  # the services that read limits must not depend on the settings module
     from gateway.app.config import Config
-    from gateway.store.contract import Store
 
 log = logging.getLogger(__name__)
 
@@ -268,15 +267,6 @@ class Overrides:
             "tenants": {tenant: _readable(values) for tenant, values in sorted(self.effective.items())},
             "overridden": {tenant: sorted(values) for tenant, values in sorted(self.by_tenant.items())},
         }
-
-
-def attach(config: "Config", store: "Store") -> Overrides:
-    """``config``'s overrides file loaded (OverridesError if refused), and ``store`` writing,
-    sweeping and deleting each tenant with its own retentions."""
-    overrides = Overrides(config)
-    overrides.load()
-    store.retentions = overrides.retentions
-    return overrides
 
 
 class OverridesWatch:

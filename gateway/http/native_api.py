@@ -27,7 +27,9 @@ MAX_REPORTED_REJECTS = 100
 
 
 class NativeAPI:
-    def __init__(self, pipeline: IngestPipeline, planner: QueryPlanner, max_points: int | PerTenant):
+    """``pipeline`` is None in a query executor, which serves no ingest route."""
+
+    def __init__(self, pipeline: IngestPipeline | None, planner: QueryPlanner, max_points: int | PerTenant):
         self.max_points = per_tenant("max-points-per-query", max_points)
         self.pipeline = pipeline
         self.planner = planner
@@ -129,7 +131,7 @@ class NativeAPI:
             if filters.get(key, value) != value:
                 return json_response(200, [])
             filters[key] = value
-        now = self.pipeline.clock()
+        now = self.planner.now()
         start_ms = self._time(request, "start", "1h-ago", now)
         end_ms = self._time(request, "end", "now", now)
         if start_ms > end_ms:

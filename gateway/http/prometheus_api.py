@@ -16,14 +16,11 @@ from twisted.web import server
 
 from gateway.core.cooperative import CHECK_EVERY, Slices, run_steps
 from gateway.core.model import NAME_TAG, ExemplarSample, HistogramSample, SeriesSamples, split_labels
-from gateway.core.overrides import PerTenant
 from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
 from gateway.ingest.created import CreatedTimestamps, name_and_tags
 from gateway.ingest.pipeline import IngestPipeline
-from gateway.query.planner import QueryPlanner
 from gateway.query.remote_read import RemoteRead
-from gateway.store import Store
 from gateway.store.contract import MetricMetadata
 from protocols import prometheus
 
@@ -69,23 +66,23 @@ def series_name_and_tags(labels) -> tuple[str, dict[str, str]]:
 
 
 class PrometheusAPI:
+    """``pipeline`` and ``created`` are None in a query executor, which serves no ingest route."""
+
     def __init__(
         self,
-        store: Store,
-        pipeline: IngestPipeline,
-        planner: QueryPlanner,
+        pipeline: IngestPipeline | None,
+        remote_read: RemoteRead,
+        created: CreatedTimestamps | None,
         max_decompressed_bytes: int,
-        max_samples_per_query: int | PerTenant,
-        created_timestamp_zero_ingestion: bool = False,
         max_histogram_buckets: int = 0,
         limits: prometheus.WriteLimits = prometheus.write.NO_LIMITS,
     ):
         self.pipeline = pipeline
         self.max_histogram_buckets = max_histogram_buckets
         self.limits = limits
-        self.remote_read = RemoteRead(store, planner, max_samples_per_query)
+        self.remote_read = remote_read
         self.max_decompressed_bytes = max_decompressed_bytes
-        self.created = CreatedTimestamps(store, pipeline, planner.path, created_timestamp_zero_ingestion)
+        self.created = created
 
     def register(self, router: Router) -> None:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
