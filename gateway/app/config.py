@@ -13,12 +13,12 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
 
 from gateway.core.layout import Layout, parse_granularities
 from gateway.core.model import InvalidSample, Limits, validate_tenant
 from gateway.core.overrides import did_you_mean
 from gateway.downsample.partitions import parse_partitions
+from gateway.store.cassandra_options import FLAG_OPTIONS, consistency_flag, replication_flag, with_flag_options
 from protocols.timespec import parse_duration
 
 RESERVED_DESCRIPTORS = 128  # open files kept free of client connections (--max-connections auto)
@@ -74,17 +74,6 @@ def _non_negative(text) -> int:
     return value
 
 
-def _consistency_level(text) -> str:
-    """A Cassandra consistency level name (as the driver spells them), or empty for the default."""
-    name = str(text).strip().upper()
-    if name:
-        from cassandra import ConsistencyLevel
-
-        if name not in ConsistencyLevel.name_to_value:
-            raise ValueError(f"{text!r} is not one of {', '.join(sorted(ConsistencyLevel.name_to_value))}")
-    return name
-
-
 def _boolean(text) -> bool:
     """``true``/``false`` (also yes/no, on/off, 1/0); the flag alone means true."""
     value = str(text).strip().lower()
@@ -131,19 +120,19 @@ SETTINGS = [
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
     Setting(
         "replication",
-        str,
+        replication_flag,
         "",
         "Cassandra keyspace replication made by 'tsgate schema apply': simple:N, DC:N[,DC:N] or NetworkTopologyStrategy:DC=N[,DC=N]; empty: the store URL's replication option, else simple:1",
     ),
     Setting(
         "write-consistency",
-        _consistency_level,
+        consistency_flag,
         "",
         "Cassandra consistency level a write must reach before a sample is acknowledged (docs/configuration.rst); empty: the store URL's, else LOCAL_QUORUM",
     ),
     Setting(
         "read-consistency",
-        _consistency_level,
+        consistency_flag,
         "",
         "Cassandra consistency level of reads; empty: the store URL's, else LOCAL_QUORUM",
     ),
@@ -480,18 +469,7 @@ class Config:
         """``--store`` (or the embedded store's file) with ``--replication`` and the consistency
         flags put in as its options, replacing the URL's own."""
         url = self.store or f"sqlite:///{self.data_dir / 'tsgate.db'}"
-        options = {
-            "replication": self.replication,
-            "write_consistency": self.write_consistency,
-            "read_consistency": self.read_consistency,
-        }
-        given = {name: value for name, value in options.items() if value}
-        if not given:
-            return url
-        location, _, query = url.partition("?")
-        merged = dict(parse_qsl(query, keep_blank_values=True))
-        merged.update(given)
-        return f"{location}?{urlencode(merged, safe=':,=')}"
+        return with_flag_options(url, {option: getattr(self, option) for option in FLAG_OPTIONS})
 
     @property
     def layout(self) -> Layout:
@@ -722,7 +700,7 @@ def build_config(namespace: argparse.Namespace) -> Config:
             raise ConfigError(str(error)) from None
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
-    cassandra_only = [f"--{name}" for name in ("replication", "write-consistency", "read-consistency") if raw[name]]
+    cassandra_only = [f"--{flag}" for flag in FLAG_OPTIONS.values() if raw[flag]]
     if cassandra_only and not str(values["store"]).startswith("cassandra://"):
         raise ConfigError(f"{', '.join(cassandra_only)}: only a cassandra:// --store has replication and consistency")
     config = Config(**values)
