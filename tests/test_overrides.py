@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from gateway.app.cli import build_parser
 from gateway.app.components import Components
-from gateway.app.config import build_config
+from gateway.app.config import TENANT_VALUES, build_config
 from gateway.core.layout import DAY_MS, HOUR_MS, Layout
 from gateway.core.model import Sample, SeriesKey
 from gateway.core.overrides import Overrides, OverridesError, parse_overrides
@@ -110,13 +110,13 @@ def test_a_tenant_section_overrides_some_keys_and_the_flags_give_the_rest(tmp_pa
 )
 def test_bad_files_are_refused_naming_the_tenant_the_key_and_why(text, problem):
     with pytest.raises(OverridesError) as refused:
-        parse_overrides(text, Layout())
+        parse_overrides(text, Layout(), TENANT_VALUES)
     assert problem in str(refused.value)
 
 
 @pytest.mark.parametrize("text", ["tenants = {}\n", "[tenants]\n"])
 def test_an_explicit_empty_tenants_table_gives_no_tenant_its_own_values(text):
-    assert parse_overrides(text, Layout()) == {}
+    assert parse_overrides(text, Layout(), TENANT_VALUES) == {}
 
 
 def reload_failures() -> float:

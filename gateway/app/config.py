@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.core.layout import Layout, parse_granularities
 from gateway.core.model import InvalidSample, Limits, validate_tenant
-from gateway.core.overrides import did_you_mean
+from gateway.core.overrides import TENANT_RETENTION, TENANT_ROLLUPS, TenantValue, did_you_mean, tenant_limit
 from gateway.downsample.partitions import parse_partitions
 from gateway.store.cassandra_options import FLAG_OPTIONS, consistency_flag, replication_flag, with_flag_options
 from protocols.timespec import parse_duration
@@ -88,6 +88,7 @@ class Setting:
     parse: Callable[[Any], Any]
     default: str
     help: str
+    per_tenant: TenantValue | None = None  # how an --overrides file gives it per tenant (gateway/core/overrides.py)
 
 
 SETTINGS = [
@@ -137,15 +138,33 @@ SETTINGS = [
         "Cassandra consistency level of reads; empty: the store URL's, else LOCAL_QUORUM",
     ),
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
-    Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (in sealed blocks)"),
+    Setting(
+        "raw-retention",
+        parse_duration,
+        "7d",
+        "how long raw samples are kept (in sealed blocks)",
+        per_tenant=TENANT_RETENTION,
+    ),
     Setting(
         "head-retention",
         parse_duration,
         "6h",
         "how long head rows (raw samples not yet sealed into a block) are kept past the end of their slot; the downsampler must seal a slot within it",
     ),
-    Setting("granularities", str, "5m:14d,1h:365d", "roll-up granularities with their retention, finest first"),
-    Setting("exemplar-retention", parse_duration, "7d", "how long Prometheus exemplars are kept (by their timestamp)"),
+    Setting(
+        "granularities",
+        str,
+        "5m:14d,1h:365d",
+        "roll-up granularities with their retention, finest first",
+        per_tenant=TENANT_ROLLUPS,
+    ),
+    Setting(
+        "exemplar-retention",
+        parse_duration,
+        "7d",
+        "how long Prometheus exemplars are kept (by their timestamp)",
+        per_tenant=TENANT_RETENTION,
+    ),
     Setting(
         "max-exemplars-per-series", _positive, "100", "exemplars kept per series and slot (--slot-width): the newest"
     ),
@@ -274,8 +293,16 @@ SETTINGS = [
         "samples waiting for the store before writes get 503 (fewer while the store is slow: what it stores in 0.3 x --shutdown-timeout)",
     ),
     Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
-    Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
-    Setting("max-samples-per-query", _positive, "5000000", "samples one remote-read query may return (422 above)"),
+    Setting(
+        "max-series-per-query", _positive, "10000", "series one query may read (422 above)", per_tenant=tenant_limit(1)
+    ),
+    Setting(
+        "max-samples-per-query",
+        _positive,
+        "5000000",
+        "samples one remote-read query may return (422 above)",
+        per_tenant=tenant_limit(1),
+    ),
     Setting(
         "query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"
     ),
@@ -290,6 +317,7 @@ SETTINGS = [
         _positive,
         "50000000",
         "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)",
+        per_tenant=tenant_limit(1),
     ),
     Setting(
         "query-executors",
@@ -333,18 +361,21 @@ SETTINGS = [
         _positive,
         "10000000",
         "points one /render or /api/query request may read, generate or bucket (time(), summarize(), hitcount(), ...), counted before the work is done (422 above)",
+        per_tenant=tenant_limit(1),
     ),
     Setting(
         "tenant-max-samples-per-second",
         _non_negative,
         "0",
         "per-tenant ingest rate of one process, 429 above; 0: no limit",
+        per_tenant=tenant_limit(0),
     ),
     Setting(
         "tenant-max-active-series",
         _non_negative,
         "0",
         "per-tenant series written in the last 20 min to one process; the new series beyond it are rejected, the others written; 0: no limit",
+        per_tenant=tenant_limit(0),
     ),
     Setting(
         "overrides",
@@ -384,6 +415,10 @@ SETTINGS = [
     ),
     Setting("log-level", lambda text: str(text).upper(), "info", "debug, info, warning or error"),
 ]
+# The settings an --overrides file may give per tenant, by their key in the file.
+TENANT_VALUES = {
+    setting.per_tenant.key or setting.name: setting.per_tenant for setting in SETTINGS if setting.per_tenant
+}
 
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
@@ -463,6 +498,11 @@ class Config:
     max_future: int
     workers: int | None
     log_level: str
+
+    @property
+    def tenant_values(self) -> dict[str, TenantValue]:
+        """The per-tenant settings (TENANT_VALUES): what gateway.core.overrides checks a file against."""
+        return TENANT_VALUES
 
     @property
     def store_url(self) -> str:
