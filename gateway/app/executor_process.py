@@ -13,7 +13,7 @@ from twisted.internet import defer, protocol, reactor, stdio
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from zope.interface import implementer
 
-from gateway.app.components import Components
+from gateway.app.components import Components, StoreStartError
 from gateway.app.config import Config
 from gateway.app.executors import ANSWER_FD, REQUEST_FD, ExecutedRequest, Frames, frame
 from gateway.app.logs import setup_logging
@@ -66,7 +66,7 @@ class ExecutorSide(protocol.Protocol):
 
     def _failed_start(self, failure) -> None:
         """The store unreachable is one line (the pool retries with backoff); anything else is a bug."""
-        if failure.check(StoreUnavailable):
+        if failure.check(StoreStartError) and isinstance(failure.value.__cause__, StoreUnavailable):
             log.warning("query executor could not start: %s", failure.value)
         else:
             log.error("query executor could not start: %s", failure.getTraceback())
