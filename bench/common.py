@@ -29,7 +29,7 @@ REQUEST_TIMEOUT_S = 60
 CASSANDRA_START_TIMEOUT_S = 240
 # Head rows a Cassandra started here takes before it is measured: until its JIT has compiled the
 # write path (about 2M rows) it costs 2-3 times the CPU a row of a server that has run a while
-# (docs/performance.rst, "Write path, end of the fifth session").
+# (docs/performance-log.rst, "Write path, end of the fifth session").
 CASSANDRA_WARMUP_ROUNDS = 1000  # of 2000 rows (bench.store_write)
 
 

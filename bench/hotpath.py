@@ -24,10 +24,10 @@ from twisted.internet import defer, task
 from gateway.core.layout import Layout
 from gateway.core.model import NAME_TAG, Limits, Sample, SeriesSamples, now_ms
 from gateway.downsample.pending import PendingMarks, StorePending
-from gateway.http.prometheus_api import series_name_and_tags
 from gateway.ingest.carbon import series_samples
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
+from gateway.ingest.push import series_name_and_tags
 from protocols import native_json
 from protocols.graphite.plaintext import PlaintextDecoder
 from protocols.prometheus import write as remote_write

@@ -21,7 +21,10 @@ def prometheus_binary() -> str:
 
 
 class PrometheusProcess:
-    def __init__(self, workdir: Path, config: str, *flags: str):
+    """A Prometheus on loopback: Debian's 2.42 unless ``binary`` names another (tests/prometheus3.py)."""
+
+    def __init__(self, workdir: Path, config: str, *flags: str, binary: str | None = None):
+        self.binary = binary
         self.workdir = workdir
         self.flags = flags
         self.port = free_port()
@@ -33,7 +36,7 @@ class PrometheusProcess:
 
     def start(self, timeout: float = 60) -> "PrometheusProcess":
         command = [
-            prometheus_binary(),
+            self.binary or prometheus_binary(),
             f"--config.file={self.config_path}",
             f"--storage.tsdb.path={self.workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",

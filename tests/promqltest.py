@@ -1,6 +1,6 @@
 """The PromQL test files (tests/promql/*.test): a small ``load``/``eval`` language of our own,
 after the idea of Prometheus's promql/testdata format, parsed here and run by
-tests/test_promql_tier.py (and checked against Prometheus 2.42 by tests/promtool_check.py).
+tests/query/test_promql_tier.py (and checked against Prometheus 2.42 by tests/promtool_check.py).
 
 A file is a list of commands; indented lines belong to the command above them; ``#`` starts a
 comment line::

@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -141,7 +142,7 @@ def _delete(namespace: argparse.Namespace) -> int:
 
     from gateway.app.components import Components
     from gateway.core.errors import LimitExceeded
-    from protocols.prometheus import prometheus_labels
+    from protocols.prometheus import utf8_labels
 
     async def run(reactor):
         components = Components(config).target("delete")  # the tenant's own limits and retentions
@@ -167,9 +168,7 @@ def _delete(namespace: argparse.Namespace) -> int:
             counts = await deleter.count(series, first, last)
             for count in counts:
                 key = count.series
-                name = (
-                    key.metric_name if namespace.patterns else _selector(prometheus_labels(key.metric_name, key.tags))
-                )
+                name = key.metric_name if namespace.patterns else _selector(utf8_labels(key.metric_name, key.tags))
                 gone = ", leaves the index" if count.removed else ""
                 print(f"{name}: {count.samples} samples, {count.histograms} histograms{gone}")
             samples = sum(c.samples for c in counts)
@@ -224,15 +223,28 @@ def _import_whisper(namespace: argparse.Namespace) -> int:
 
 
 def _selector(labels: dict[str, str]) -> str:
+    """A PromQL selector of the series, names outside PromQL's identifiers quoted as Prometheus 3 reads them."""
     name = labels.pop("__name__", "")
-    inside = ", ".join(f"{key}={value!r}".replace("'", '"') for key, value in sorted(labels.items()))
-    return f"{name}{{{inside}}}"
+    inside = ", ".join(f"{_label(key)}={_quoted(value)}" for key, value in sorted(labels.items()))
+    if _IDENTIFIER.fullmatch(name):
+        return f"{name}{{{inside}}}"
+    return "{" + ", ".join([_quoted(name), *([inside] if inside else [])]) + "}"
+
+
+_IDENTIFIER = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _label(name: str) -> str:
+    return name if _IDENTIFIER.fullmatch(name) and ":" not in name else _quoted(name)
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _overrides(namespace: argparse.Namespace) -> int:
     """``overrides check FILE``: validate an overrides file as a reload would, without a server,
     and print each tenant's effective values (JSON); exit 1 with the reason if it is refused."""
-    import json
 
     from gateway.core.overrides import Overrides, OverridesError
 

@@ -26,6 +26,7 @@ from gateway.http.auth import Credentials
 from gateway.http.graphite_api import GraphiteAPI
 from gateway.http.native_api import NativeAPI
 from gateway.http.ops import OpsAPI
+from gateway.http.otlp_api import OTLPAPI
 from gateway.http.prometheus_api import PrometheusAPI
 from gateway.http.promql_api import PromQLAPI
 from gateway.http.server import BodyDeadline, Router, Site, UnsentAnswers
@@ -36,6 +37,7 @@ from gateway.ingest.deletes import Deleter
 from gateway.ingest.limits import TenantLimits
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.ingest.pipeline import IngestPipeline
+from gateway.ingest.push import Writer
 from gateway.query.graphite.finder import Finder
 from gateway.query.graphite.graph import DrawHere, GraphPool
 from gateway.query.graphite.storage_schemas import StorageSchemas
@@ -46,6 +48,7 @@ from gateway.query.promql.service import PromQLService
 from gateway.query.remote_read import RemoteRead
 from gateway.query.selection import SeriesSelection
 from gateway.store import open_store
+from protocols import otlp
 from protocols.prometheus import WriteLimits
 
 # The share of --shutdown-timeout that the writes in flight may take to reach the store, and as
@@ -201,6 +204,12 @@ def _created(config: Config, store, pipeline: IngestPipeline, planner: QueryPlan
     return CreatedTimestamps(store, pipeline, planner.path, config.created_timestamp_zero_ingestion)
 
 
+@component("writer", "pipeline", "created")
+def _writer(config: Config, pipeline: IngestPipeline, created: CreatedTimestamps) -> Writer:
+    """The one write entry point (push) of the HTTP write APIs."""
+    return Writer(pipeline, created)
+
+
 @component("selection", "store", "planner")
 def _selection(config: Config, store, planner: QueryPlanner) -> SeriesSelection:
     return SeriesSelection(store, planner)
@@ -243,8 +252,8 @@ def _connections(config: Config) -> Connections:
     "store",
     "planner",
     "pipeline",
+    "writer",
     "remote_read",
-    "created",
     "graphs",
     "overrides",
     "executors",
@@ -257,8 +266,8 @@ def _router(
     store,
     planner,
     pipeline,
+    writer,
     remote_read,
-    created,
     graphs,
     overrides,
     executors,
@@ -268,7 +277,7 @@ def _router(
 ) -> Router:
     """The gateway's routes: its query routes go to ``executors`` where it has them."""
     router = Router(config.role_set, credentials, executors, UnsentAnswers(config.http_max_unsent_bytes))
-    add_routes(config, router, store, planner, pipeline, remote_read, created, graphs, overrides)
+    add_routes(config, router, store, planner, pipeline, writer, remote_read, graphs, overrides)
     AdminAPI(deleter, selection, executors, config.enable_admin_api, overrides).register(router)
     return router
 
@@ -277,7 +286,7 @@ def _router(
 def _executor_router(config: Config, store, planner, remote_read, overrides) -> Router:
     """A query executor's routes: the query routes alone, drawing graphs in the executor itself."""
     router = Router({"query"})
-    add_routes(config, router, store, planner, None, remote_read, None, DrawHere(), overrides)
+    add_routes(config, router, store, planner, None, None, remote_read, DrawHere(), overrides)
     return router
 
 
@@ -287,26 +296,41 @@ def add_routes(
     store,
     planner: QueryPlanner,
     pipeline: IngestPipeline | None,
+    writer: Writer | None,
     remote_read: RemoteRead,
-    created: CreatedTimestamps | None,
     graphs: GraphPool | DrawHere,
     overrides: Overrides,
 ) -> None:
     """Every API on ``router`` (which keeps the routes of its roles). The query limits are each
-    tenant's (``overrides``). ``pipeline`` and ``created`` are None in a query executor: it has
+    tenant's (``overrides``). ``pipeline`` and ``writer`` are None in a query executor: it has
     no ingest routes."""
     max_points = overrides.limit("max-points-per-query")
-    NativeAPI(pipeline, planner, max_points).register(router)
+    NativeAPI(writer, planner, max_points).register(router)
     PrometheusAPI(
-        pipeline,
+        writer,
         remote_read,
-        created,
         config.max_decompressed_bytes,
         config.max_native_histogram_buckets,
         WriteLimits(
             config.remote_write_max_samples, config.remote_write_max_exemplars, config.remote_write_max_metadata
         ),
     ).register(router)
+    if writer is not None:  # OTLP has ingest routes only
+        OTLPAPI(
+            writer,
+            overrides,
+            otlp.Settings(
+                config.otlp_translation_strategy,
+                frozenset(config.otlp_promote_resource_attributes),
+                config.otlp_promote_scope_metadata,
+                config.otlp_keep_identifying_attributes,
+                config.max_native_histogram_buckets,
+                config.query_lookback_delta,
+            ),
+            otlp.DeltaToCumulative() if config.otlp_convert_delta else None,
+            config.max_decompressed_bytes,
+            config.remote_write_max_samples,
+        ).register(router)
     PromQLAPI(
         PromQLService(
             store,

@@ -19,6 +19,7 @@ from gateway.core.model import InvalidSample, Limits, validate_tenant
 from gateway.core.overrides import TENANT_RETENTION, TENANT_ROLLUPS, TenantValue, did_you_mean, tenant_limit
 from gateway.downsample.partitions import parse_partitions
 from gateway.store.cassandra_options import FLAG_OPTIONS, consistency_flag, replication_flag, with_flag_options
+from protocols.otlp.names import STRATEGIES, UNDERSCORE_ESCAPING_WITH_SUFFIXES, Namer
 from protocols.timespec import parse_duration
 
 RESERVED_DESCRIPTORS = 128  # open files kept free of client connections (--max-connections auto)
@@ -80,6 +81,19 @@ def _boolean(text) -> bool:
     if value not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
         raise ValueError(f"{text!r} must be true or false")
     return value in ("true", "yes", "on", "1")
+
+
+def _translation_strategy(text) -> str:
+    """One of the OTLP translation strategies (protocols/otlp/names.py); empty: Prometheus 3's default."""
+    strategy = str(text).strip() or UNDERSCORE_ESCAPING_WITH_SUFFIXES
+    Namer.of(strategy)
+    return strategy
+
+
+def _attribute_names(text) -> tuple[str, ...]:
+    """Comma-separated OTLP attribute names (a TOML list too)."""
+    names = text if isinstance(text, list) else str(text).split(",")
+    return tuple(name.strip() for name in names if str(name).strip())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,6 +408,38 @@ SETTINGS = [
         "write a zero sample (or an empty histogram) at a remote-write 2.0 created timestamp not written before, as Prometheus 3's feature of that name, so rate() of a new counter counts its first samples",
     ),
     Setting(
+        "otlp-translation-strategy",
+        _translation_strategy,
+        "",
+        "how OTLP metric and attribute names become Prometheus names, as Prometheus 3's otlp.translation_strategy: UnderscoreEscapingWithSuffixes (empty: this, the default), UnderscoreEscapingWithoutSuffixes, NoUTF8EscapingWithSuffixes or NoTranslation (per tenant in --overrides)",
+        per_tenant=TenantValue("choice", choices=STRATEGIES),
+    ),
+    Setting(
+        "otlp-promote-resource-attributes",
+        _attribute_names,
+        "",
+        "OTLP resource attributes made labels of every series of their resource, comma-separated, as Prometheus 3's otlp.promote_resource_attributes (per tenant in --overrides)",
+        per_tenant=TenantValue("names"),
+    ),
+    Setting(
+        "otlp-promote-scope-metadata",
+        _boolean,
+        "false",
+        "label OTLP series with their instrumentation scope (otel_scope_name, otel_scope_version, otel_scope_schema_url, otel_scope_<attribute>), as Prometheus 3's otlp.promote_scope_metadata",
+    ),
+    Setting(
+        "otlp-keep-identifying-attributes",
+        _boolean,
+        "false",
+        "keep service.name, service.namespace and service.instance.id as target_info labels beside job and instance, as Prometheus 3's otlp.keep_identifying_resource_attributes",
+    ),
+    Setting(
+        "otlp-convert-delta",
+        _boolean,
+        "false",
+        "sum OTLP delta sums and histograms into cumulative ones in the gateway's memory (the deltas of a series must reach one replica); off, they are refused and named in the answer's partial_success",
+    ),
+    Setting(
         "max-metadata-length",
         _positive,
         "1024",
@@ -492,6 +538,11 @@ class Config:
     max_tag_value_length: int
     max_tags: int
     created_timestamp_zero_ingestion: bool
+    otlp_translation_strategy: str
+    otlp_promote_resource_attributes: tuple[str, ...]
+    otlp_promote_scope_metadata: bool
+    otlp_keep_identifying_attributes: bool
+    otlp_convert_delta: bool
     max_metadata_length: int
     max_native_histogram_buckets: int
     max_sample_age: int

@@ -295,7 +295,7 @@ def settle_collector() -> None:
     process: frozen, they stay out of the collector's full passes. The thresholds then make full
     passes, which hold the GIL up to 80 ms while a large request's objects pile up, rarer: one
     every million allocations instead of every 70,000. They cost no memory because the store's
-    requests leave no cyclic garbage (gateway/store/cassandra_requests.py; docs/performance.rst)."""
+    requests leave no cyclic garbage (gateway/store/cassandra_requests.py; docs/performance-log.rst)."""
     gc.freeze()
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 

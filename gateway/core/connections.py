@@ -87,7 +87,7 @@ class Connections:
             connection.close_when_idle()
         if not self.open:
             return defer.succeed(None)
-        deferred = defer.Deferred()
+        deferred: defer.Deferred[None] = defer.Deferred()
         self._empty.append(deferred)
         return deferred
 

@@ -53,11 +53,13 @@ class TenantValue(NamedTuple):
     setting of its one table (SETTINGS) with one, and the file is checked from those marks:
     ``limit`` a whole number of at least ``minimum`` (0: no limit, where 0 is allowed),
     ``retention`` a duration string, ``rollups`` a table of retentions by granularity name,
-    under ``key`` (the setting is --granularities)."""
+    under ``key`` (the setting is --granularities), ``choice`` one of ``choices``, ``names`` a
+    list of names (OTLP attributes)."""
 
     kind: str
     minimum: int = 0
     key: str = ""
+    choices: tuple[str, ...] = ()
 
 
 def tenant_limit(minimum: int) -> TenantValue:
@@ -130,6 +132,16 @@ def _tenant_section(tenant: str, section: object, layout: Layout, kinds: dict[st
             values[key] = _limit(tenant, key, value, kind.minimum)
         elif kind.kind == "retention":
             values[key] = _retention(tenant, key, value, longest)
+        elif kind.kind == "choice":
+            if value not in kind.choices:
+                raise OverridesError(f"tenant {tenant!r}: {key} = {value!r} is not one of {', '.join(kind.choices)}")
+            values[key] = value
+        elif kind.kind == "names":
+            if not isinstance(value, list) or not all(isinstance(name, str) and name for name in value):
+                raise OverridesError(
+                    f'tenant {tenant!r}: {key} must be a list of attribute names like ["k8s.pod.name"]'
+                )
+            values[key] = tuple(value)
         else:
             names = [g.name for g in layout.granularities]
             if not isinstance(value, dict):
@@ -287,18 +299,20 @@ class Overrides:
         }
 
     def _sets_retention(self, values: dict) -> bool:
-        return any(self.kinds[key].kind != "limit" for key in values)
+        return any(self.kinds[key].kind in ("retention", "rollups") for key in values)
 
     def _readable(self, values: dict) -> dict:
-        """Limits as numbers, retentions as the file writes them (``7d``)."""
+        """Each value as the file writes it: retentions as ``7d``, names as a list."""
         shown: dict = {}
         for key, kind in self.kinds.items():
-            if kind.kind == "limit":
-                shown[key] = values[key]
-            elif kind.kind == "retention":
+            if kind.kind == "retention":
                 shown[key] = duration_text(values[key])
-            else:
+            elif kind.kind == "rollups":
                 shown[key] = {name: duration_text(ms) for name, ms in values[key].items()}
+            elif kind.kind == "names":
+                shown[key] = list(values[key])
+            else:
+                shown[key] = values[key]
         return shown
 
 

@@ -13,7 +13,7 @@ through two workers counts twice.
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
 
@@ -36,6 +36,7 @@ class TenantActivity:
             return
         now = self.clock()
         tenants = set(map(_TENANT, series))
+        by_tenant: dict[str, list[str]]
         if len(tenants) == 1:
             by_tenant = {tenants.pop(): list(map(_HASH, series))}
         else:  # only the native API's items name tenants of their own
@@ -49,7 +50,7 @@ class TenantActivity:
         if hashes:
             self._record({tenant: hashes}, self.clock())
 
-    def _record(self, by_tenant: dict[str, Sequence[str]], now: float) -> None:
+    def _record(self, by_tenant: Mapping[str, Sequence[str]], now: float) -> None:
         for tenant, hashes in by_tenant.items():
             self._last_written.setdefault(tenant, {}).update(zip(hashes, repeat(now)))
             metrics.TENANT_SAMPLES.labels(tenant).inc(len(hashes))

@@ -17,7 +17,7 @@ from gateway.http.server import (
     request_tenant,
     require_arg,
 )
-from gateway.ingest.pipeline import IngestPipeline
+from gateway.ingest.push import Batch, Writer
 from gateway.query.planner import PointsBudget, QueryPlanner
 from gateway.store.read_path import ROLLUP_AGGREGATES
 from protocols import native_json
@@ -27,11 +27,11 @@ MAX_REPORTED_REJECTS = 100
 
 
 class NativeAPI:
-    """``pipeline`` is None in a query executor, which serves no ingest route."""
+    """``writer`` is None in a query executor, which serves no ingest route."""
 
-    def __init__(self, pipeline: IngestPipeline | None, planner: QueryPlanner, max_points: int | PerTenant):
+    def __init__(self, writer: Writer | None, planner: QueryPlanner, max_points: int | PerTenant):
         self.max_points = per_tenant("max-points-per-query", max_points)
-        self.pipeline = pipeline
+        self.writer = writer
         self.planner = planner
 
     def register(self, router: Router) -> None:
@@ -60,7 +60,7 @@ class NativeAPI:
         holding the GIL as long) is decoded on the reactor in slices (gateway.core.cooperative)."""
         request_tenant_ = explicit_tenant(request)
         body = read_body(request)
-        decoded, errors = await run_steps(decode(body, self.pipeline.clock()))
+        decoded, errors = await run_steps(decode(body, self.writer.pipeline.clock()))
         rejects = [{"index": e.index, "field": e.field, "error": e.problem} for e in errors]
         samples, positions = [], []
         slices = Slices()
@@ -74,8 +74,8 @@ class NativeAPI:
                 continue
             samples.append(Sample(tenant, item.metric_name, item.tags, item.timestamp_ms, item.value))
             positions.append(index)
-        self.pipeline.count_rejected("json", "bad_item", len(rejects))
-        result = await self.pipeline.ingest("json", samples)
+        self.writer.pipeline.count_rejected("json", "bad_item", len(rejects))
+        result = (await self.writer.push("json", Batch(samples))).samples
         for reject in result.rejected:
             rejects.append({"index": positions[reject.index], "field": reject.field, "error": reject.problem})
         if not rejects:

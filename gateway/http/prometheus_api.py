@@ -12,21 +12,16 @@ mapping for Graphite series.
 import logging
 
 from twisted.internet import threads
-from twisted.web import server
 
-from gateway.core.cooperative import CHECK_EVERY, Slices, run_steps
-from gateway.core.model import NAME_TAG, ExemplarSample, HistogramSample, SeriesSamples, split_labels
+from gateway.core.cooperative import run_steps
 from gateway.http.promql_api import prometheus_errors
-from gateway.http.server import HTTPError, Response, Router, arg, json_response, read_body, request_tenant
-from gateway.ingest.created import CreatedTimestamps, name_and_tags
-from gateway.ingest.pipeline import IngestPipeline
+from gateway.http.server import HTTPError, Response, Router, arg, header, json_response, read_body, request_tenant
+from gateway.ingest.push import Writer, remote_write_batch
 from gateway.query.remote_read import RemoteRead
-from gateway.store.contract import MetricMetadata
 from protocols import prometheus
 
 log = logging.getLogger(__name__)
 
-MAX_REPORTED_REJECTS = 10
 # A series this small is XOR-encoded on the reactor in about a millisecond; larger ones (pure
 # Python, ~2 us a sample) are encoded in a thread so that one long series stalls nobody.
 INLINE_ENCODE_SAMPLES = 1000
@@ -37,52 +32,22 @@ ROWS_PER_SLICE_CHECK = 1024
 HISTOGRAM_BYTES_PER_SAMPLE = 4
 
 
-def _header(request: server.Request, name: bytes) -> str | None:
-    value = request.getHeader(name)
-    return value.decode("latin-1") if isinstance(value, bytes) else value
-
-
-async def _metadata_rows(tenant: str, batch) -> list[MetricMetadata]:
-    """The type/help/unit a remote write carries: v1 metadata requests, v2 per-series fields
-    (made in slices: a request may carry --remote-write-max-metadata entries)."""
-    rows, slices = [], Slices()
-    for start in range(0, len(batch.metadata), ROWS_PER_SLICE_CHECK):
-        rows += [
-            MetricMetadata(tenant, m.metric_family_name, m.type, m.help, m.unit)
-            for m in batch.metadata[start : start + ROWS_PER_SLICE_CHECK]
-        ]
-        await slices.maybe_pause()
-    for index, series in enumerate(batch.series):
-        if not index % CHECK_EVERY:
-            await slices.maybe_pause()
-        if series.metric_type:
-            rows.append(MetricMetadata(tenant, series.labels[NAME_TAG], series.metric_type, series.help, series.unit))
-    return rows
-
-
-def series_name_and_tags(labels) -> tuple[str, dict[str, str]]:
-    """The metric name and tags of a series of remote write arrays (an entry of SampleArrays.labels)."""
-    return split_labels(prometheus.series_labels(labels))
-
-
 class PrometheusAPI:
-    """``pipeline`` and ``created`` are None in a query executor, which serves no ingest route."""
+    """``writer`` is None in a query executor, which serves no ingest route."""
 
     def __init__(
         self,
-        pipeline: IngestPipeline | None,
+        writer: Writer | None,
         remote_read: RemoteRead,
-        created: CreatedTimestamps | None,
         max_decompressed_bytes: int,
         max_histogram_buckets: int = 0,
         limits: prometheus.WriteLimits = prometheus.write.NO_LIMITS,
     ):
-        self.pipeline = pipeline
+        self.writer = writer
         self.max_histogram_buckets = max_histogram_buckets
         self.limits = limits
         self.remote_read = remote_read
         self.max_decompressed_bytes = max_decompressed_bytes
-        self.created = created
 
     def register(self, router: Router) -> None:
         router.add("/api/v1/write", ("POST",), "remote_write", self.write, role="ingest")
@@ -110,8 +75,8 @@ class PrometheusAPI:
             batch = await run_steps(
                 prometheus.decode_write_request_steps(
                     body,
-                    _header(request, b"content-type"),
-                    _header(request, b"content-encoding"),
+                    header(request, b"content-type"),
+                    header(request, b"content-encoding"),
                     self.max_decompressed_bytes,
                     self.max_histogram_buckets,
                     arrays=True,
@@ -119,62 +84,19 @@ class PrometheusAPI:
                 )
             )
         except prometheus.RemoteWriteError as error:
-            self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
+            self.writer.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
             if isinstance(error, prometheus.RequestTooLarge):
                 raise HTTPError(413, f"{error.message} (--remote-write-max-{error.kind})") from None
             raise
-        for refused in batch.rejected_histograms:
-            self.pipeline.count_rejected_histograms("prometheus", refused.reason)
-        histograms, exemplars = [], []
-        slices = Slices()
-        for index, series in enumerate(batch.series):
-            if not index % CHECK_EVERY:
-                await slices.maybe_pause()
-            if not series.histograms and not series.exemplars:
-                continue
-            name, tags = name_and_tags(series)
-            for start in range(0, len(series.histograms), ROWS_PER_SLICE_CHECK):
-                histograms.extend(
-                    HistogramSample(tenant, name, tags, h.timestamp, h.data)
-                    for h in series.histograms[start : start + ROWS_PER_SLICE_CHECK]
-                )
-                await slices.maybe_pause()
-            for start in range(0, len(series.exemplars), ROWS_PER_SLICE_CHECK):
-                exemplars.extend(
-                    ExemplarSample(tenant, name, tags, e.timestamp, e.value, e.labels)
-                    for e in series.exemplars[start : start + ROWS_PER_SLICE_CHECK]
-                )
-                await slices.maybe_pause()
-        await self.pipeline.ingest_metric_metadata(await _metadata_rows(tenant, batch))
-        created = await self.created.new(tenant, batch.series)
-        arrays = batch.arrays
-        assert arrays is not None  # decoded with arrays=True
-        samples = SeriesSamples(
-            tenant, arrays.keys, arrays.labels, series_name_and_tags, arrays.series, arrays.timestamps, arrays.values
-        )
-        result = await self.pipeline.ingest_arrays("prometheus", samples)
-        native = await self.pipeline.ingest_histograms("prometheus", histograms)
-        stored = await self.pipeline.ingest_exemplars("prometheus", exemplars)
-        await self.created.write(tenant, created)
+        pushed = await self.writer.push("prometheus", await remote_write_batch(tenant, batch))
         headers = (
-            prometheus.v2_written_headers(batch, result.accepted, stored.accepted, native.accepted)
+            prometheus.v2_written_headers(
+                batch, pushed.samples.accepted, pushed.exemplars.accepted, pushed.histograms.accepted
+            )
             if batch.version == 2
             else {}
         )
-        refused = [r.problem for r in batch.rejected_histograms]
-        parts = (
-            ("samples", len(arrays), _described(result)),
-            ("native histograms", len(histograms) + len(refused), refused + _described(native)),
-            ("exemplars", len(exemplars), _described(stored)),
-        )
-        problems = [
-            f"{len(found)} of {sent} {kind} rejected: " + "; ".join(found[:MAX_REPORTED_REJECTS])
-            for kind, sent, found in parts
-            if found
-        ]
-        if problems:
-            written = result.accepted + native.accepted + stored.accepted
-            message = f"{'; '.join(problems)}; " + ("the others were written" if written else "none were written")
+        if message := pushed.message():
             return Response(400, message.encode(), "text/plain; charset=utf-8", headers)
         return Response(204, b"", "text/plain; charset=utf-8", headers)
 
@@ -210,10 +132,6 @@ class PrometheusAPI:
                     frames = await threads.deferToThread(_series_frames, index, labels, found, native)
                 for frame in frames:
                     yield frame
-
-
-def _described(outcome) -> list[str]:
-    return [f"{r.field}: {r.problem}" for r in outcome.rejected]
 
 
 def _series_frames(index: int, labels: dict[str, str], found, native) -> list[bytes]:

@@ -18,6 +18,7 @@ from gateway.query.cardinality import tenant_cardinality
 from gateway.query.promql.engine import Query, format_value, parser_call
 from gateway.query.promql.service import PromQLService
 from gateway.query.promql.values import PromQLError, RangeVector, Scalar, String
+from protocols.prometheus import unescape_name
 
 MAX_POINTS_PER_SERIES = 11_000
 DAY_MS = 86_400_000
@@ -183,9 +184,14 @@ class PromQLAPI:
         return _answer(names[: _limit(request)])
 
     async def label_values(self, request, rest: str) -> Response:
-        name, _, tail = rest.partition("/")
-        if tail != "values":
+        """Values of a label: its name as written, or escaped as Prometheus 3 does in a path
+        (``U__k8s_2e_pod_2e_name`` for ``k8s.pod.name``)."""
+        escaped, _, tail = rest.rpartition("/")
+        if tail != "values" or not escaped:
             raise HTTPError(404, f"no such endpoint: /api/v1/label/{rest}")
+        name = unescape_name(escaped)
+        if not name:
+            raise PromQLError('invalid label name: ""', "bad_data")
         values = await self.service.label_values(
             request_tenant(request), name, args(request, "match[]"), *_time_range(request)
         )

@@ -474,6 +474,12 @@ def read_body(request: LimitedRequest) -> bytes:
 FORM = b"application/x-www-form-urlencoded"
 
 
+def header(request: server.Request, name: bytes) -> str | None:
+    """A request header as text (None when absent)."""
+    value = request.getHeader(name)
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
 def parse_form(request) -> None:
     """Add the fields of a form body (``application/x-www-form-urlencoded`` POST) to
     ``request.args``, over the query string's, as twisted.web would (the Site leaves it to us)."""

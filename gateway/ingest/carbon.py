@@ -28,6 +28,7 @@ from gateway.core.connections import Connections
 from gateway.core.model import SeriesSamples, now_ms
 from gateway.ingest.limits import RateLimited
 from gateway.ingest.pipeline import IngestPipeline, Overloaded
+from gateway.ingest.push import Batch, Pushed, Writer
 from gateway.store import StoreUnavailable
 from protocols.graphite import HTTP_REQUEST, http_request_line
 from protocols.graphite.arrays import Samples, concat, name_and_tags
@@ -85,6 +86,7 @@ class GraphiteIngest:
         clock=reactor,
     ):
         self.pipeline = pipeline
+        self.writer = Writer(pipeline)
         self.clock = clock  # the reactor's time and timers (a task.Clock in unit tests)
         self.batch_size = batch_size
         self.concurrency = concurrency
@@ -167,7 +169,7 @@ class GraphiteIngest:
         while self._queue and self._writing < self.concurrency and self._flush_call is None:
             self._writing += 1
             protocol, tenant, batch = self._take_batch()
-            defer.ensureDeferred(self.pipeline.ingest_arrays(protocol, series_samples(tenant, batch))).addCallbacks(
+            defer.ensureDeferred(self.writer.push(protocol, Batch(series_samples(tenant, batch)))).addCallbacks(
                 self._stored,
                 self._failed,
                 callbackArgs=(protocol, tenant, batch),
@@ -176,10 +178,10 @@ class GraphiteIngest:
             if self._queued < self.batch_size:
                 break  # a partial batch waits for more samples or the next completed write
 
-    def _stored(self, result, protocol: str, tenant: str, batch: Samples) -> None:
+    def _stored(self, pushed: Pushed, protocol: str, tenant: str, batch: Samples) -> None:
         """Log the samples the pipeline refused (it counted them; batches mix connections, so
         no peer), then account for the write."""
-        for reject in result.rejected:
+        for reject in pushed.samples.rejected:
             metric_name = name_and_tags(batch.series[batch.path_index[reject.index]])[0]
             self.reject_log.log(
                 protocol, reject.reason, f"{metric_name[:200]!r}: {reject.field} {reject.problem}", "a sender"

@@ -19,6 +19,7 @@ that a reload applies at once.
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Collection
 from itertools import filterfalse, repeat
 
 from gateway.core.errors import LimitExceeded
@@ -64,7 +65,8 @@ class TenantLimits:
         samples are not taken from its rate. RateLimited refuses the whole batch over the rate;
         nothing is recorded for a refused batch, for any of its tenants."""
         now = self.clock()
-        buckets, admitted, refused = {}, {}, {}
+        admitted: dict[str, Collection[str]] = {}
+        buckets, refused = {}, {}
         for tenant, series in batch.items():
             limit = self.max_active_series(tenant)
             if limit:
@@ -77,11 +79,11 @@ class TenantLimits:
             if rate and samples:
                 buckets[tenant] = self._take_tokens(tenant, samples, rate, now)
         self._buckets.update(buckets)
-        for tenant, series in admitted.items():
+        for tenant, keys in admitted.items():
             active = self._active.get(tenant)
             if active is not None:
-                active.update(zip(series, repeat(now)))
-                deque(map(active.move_to_end, series), maxlen=0)
+                active.update(zip(keys, repeat(now)))
+                deque(map(active.move_to_end, keys), maxlen=0)
         return {tenant: keys for tenant, keys in refused.items() if keys}
 
     def _split_new(self, tenant: str, series: dict[str, int], limit: int, now: float) -> tuple[list[str], set[str]]:

@@ -42,7 +42,7 @@ class KnownSeries(LRUMap):
     Keyed by the label set as a protocol decoded it, ``(tenant, metric name, (*tag names, *tag
     values))``: one flat tuple, which a dict's n names then n values decode unambiguously, and
     which costs no tuple per tag. A sample of a known series skips the validation of its name
-    and tags, the series-set text and the murmur3 hash: docs/performance.rst shows those were most
+    and tags, the series-set text and the murmur3 hash: docs/performance-log.rst shows those were most
     of ingest's own CPU. The same series with its tags in another order is a second entry (a
     harmless extra metadata write) with the same hash. An entry holds the tag values, with the
     names interned (ingest._compact): about 490 bytes for four tags, with the LRU's own links.

@@ -16,7 +16,7 @@ from twisted.internet.defer import gatherResults
 
 from gateway.core.model import NAME_TAG
 from gateway.query.planner import QueryPlanner
-from protocols.prometheus import prometheus_labels, prometheus_metric_name, sanitize_label_name
+from protocols.prometheus import utf8_labels
 
 
 class Cardinality(NamedTuple):
@@ -53,7 +53,7 @@ async def tenant_cardinality(planner: QueryPlanner, tenant: str, start_ms: int, 
     )
     series_by_name: Counter = Counter()
     for name, name_hashes in zip(counted_names, found):
-        series_by_name[prometheus_metric_name(name)] += len(name_hashes)
+        series_by_name[name] += len(name_hashes)
     hashes = sorted(set().union(*found))
     series_count = len(hashes)
     if len(counted_names) < len(names):
@@ -69,13 +69,12 @@ async def tenant_cardinality(planner: QueryPlanner, tenant: str, start_ms: int, 
     values_by_label = Counter({NAME_TAG: len(names)})
     bytes_by_label = Counter({NAME_TAG: sum(len(name.encode()) for name in names)})
     for key, values in zip(tag_keys, tag_values):
-        label = sanitize_label_name(key)
-        values_by_label[label] += len(values)
-        bytes_by_label[label] += sum(len(value.encode()) for value in values)
+        values_by_label[key] += len(values)
+        bytes_by_label[key] += sum(len(value.encode()) for value in values)
     sample = _spread(hashes, budget)
     pairs: Counter = Counter()
     for series in (await store.get_series(tenant, sample)).values():
-        pairs.update(f"{label}={value}" for label, value in prometheus_labels(series.metric_name, series.tags).items())
+        pairs.update(f"{label}={value}" for label, value in utf8_labels(series.metric_name, series.tags).items())
     if sample and len(sample) < series_count:
         scale = series_count / len(sample)
         pairs = Counter({pair: round(count * scale) for pair, count in pairs.items()})

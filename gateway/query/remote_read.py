@@ -1,7 +1,8 @@
 """Prometheus remote read and metadata over the planner and the read path: what
 gateway/http/prometheus_api.py asks for once it has decoded a request.
 
-Each query's series are selected with their Prometheus labels, sorted as Prometheus merges them;
+Each query's series are selected with their Prometheus labels (names as written, or mapped for a
+Prometheus 2.x reader: protocols/prometheus/names.py), sorted as Prometheus merges them;
 samples and native histograms are read through the one batched read (gateway/query/read_service.py),
 counted against --max-samples-per-query. Everything is read before the handler sends a status,
 so a query over the limit is a 422 for streamed answers too, never a cut stream. Past raw retention the read
@@ -15,7 +16,7 @@ from gateway.query.planner import QueryPlanner, QueryTooLarge
 from gateway.query.read_service import READ_BATCH, ReadBudget, Selection
 from gateway.store import Store
 from protocols import prometheus
-from protocols.prometheus import prometheus_labels
+from protocols.prometheus import utf8_labels
 
 
 class RemoteRead:
@@ -24,11 +25,13 @@ class RemoteRead:
         self.planner = planner
         self.max_samples_per_query = per_tenant("max-samples-per-query", max_samples_per_query)
 
-    async def read(self, tenant: str, queries, streamed: bool) -> list[list[tuple]]:
+    async def read(self, tenant: str, queries, streamed: bool, label_view=utf8_labels) -> list[list[tuple]]:
         """For each query, its series with samples, native histograms or (unless ``streamed``:
         chunks have no place for them) exemplars: (labels, samples, histograms) when
-        ``streamed``, else (labels, samples, exemplars, histograms) as encode_read_response takes them."""
-        selections = [await self._select(tenant, query) for query in queries]
+        ``streamed``, else (labels, samples, exemplars, histograms) as encode_read_response takes them.
+        Series are matched and answered with their labels as ``label_view`` shows them (names as
+        written, or mapped for a Prometheus 2.x reader: protocols/prometheus/names.py)."""
+        selections = [await self._select(tenant, query, label_view) for query in queries]
         histogram_budget = self._budget(tenant, "native histograms")  # one for the whole request
         histograms = [
             await self.planner.histograms(tenant, _hashes(s), q.start_ms, q.end_ms, histogram_budget)
@@ -63,9 +66,9 @@ class RemoteRead:
             )
         return complete
 
-    async def _select(self, tenant: str, query) -> Selection:
-        """The series a query's matchers select, with their Prometheus labels, sorted by labels."""
-        selection = await self.planner.select(tenant, query.matchers, prometheus_labels, query.start_ms, query.end_ms)
+    async def _select(self, tenant: str, query, label_view) -> Selection:
+        """The series a query's matchers select, with their labels as ``label_view`` shows them, sorted by labels."""
+        selection = await self.planner.select(tenant, query.matchers, label_view, query.start_ms, query.end_ms)
         return sorted(selection, key=lambda selected: sorted(selected.labels.items()))
 
     def _budget(self, tenant: str, what: str) -> ReadBudget:

@@ -12,7 +12,7 @@ from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import parse, selector_matchers
 from gateway.query.promql.values import PromQLError
 from gateway.store import Store
-from protocols.prometheus import prometheus_labels
+from protocols.prometheus import utf8_labels
 
 
 def parse_selector(text: str):
@@ -44,7 +44,7 @@ class SeriesSelection:
         for text in selectors:
             expr = await threads.deferToThread(parse_selector, text)
             matchers = selector_matchers(expr)
-            for key in await self.planner.select_by_matchers(tenant, matchers, prometheus_labels):
+            for key in await self.planner.select_by_matchers(tenant, matchers, utf8_labels):
                 found[key.series_set_hash] = key
         return sorted(found.values(), key=_order)
 

@@ -76,7 +76,7 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 
 # An UNLOGGED batch holds at most this many rows and bytes of values: 50 data_raw rows are about
 # Cassandra's batch_size_warn_threshold (5 KiB); the byte bound keeps batches of big metadata rows
-# (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance.rst measured it.
+# (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance-log.rst measured it.
 ROWS_PER_BATCH = 50
 BATCH_VALUE_BYTES = 16 * 1024
 
@@ -92,7 +92,7 @@ PARTITIONS_PER_REQUEST = 256
 RANGE_BY_TS = "tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? AND ts <= ?"
 
 # The execution profile of data reads: rows as plain tuples. The driver's default builds a
-# namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance.rst).
+# namedtuple class per page and a namedtuple per row, a third of a render's CPU (docs/performance-log.rst).
 PLAIN_ROWS = "plain_rows"
 
 

@@ -2,7 +2,7 @@
 
 cassandra-driver costs 11-13 µs of gateway CPU a head row in a batch (building, serializing and
 sending each statement in Python); acsylla binds a row in one C call (about 0.5 µs) and does the
-rest in C++ threads, 2-3 µs a row in all (docs/performance.rst, "Head writes on acsylla"). Every
+rest in C++ threads, 2-3 µs a row in all (docs/performance-log.rst, "Head writes on acsylla"). Every
 other statement stays on cassandra-driver.
 
 acsylla runs on an asyncio loop; this module owns one, in its own thread, with its own session.

@@ -35,7 +35,7 @@ class CassandraPending(CassandraBase):
     def delete_pending(self, rows):
         """Conditional deletes, ROWS_PER_BATCH of a partition a conditional batch: one Paxos
         round for them all, where one a row made sealing wait on Cassandra's Paxos work (about
-        half of its CPU in a seal: docs/performance.rst, "Sealing against ingest"). A batch
+        half of its CPU in a seal: docs/performance-log.rst, "Sealing against ingest"). A batch
         applies all or none, so where one of its rows was touched again the batch's rows are
         deleted one at a time."""
         statement, by_partition = self._statements["delete_pending"], defaultdict(list)

@@ -3,7 +3,7 @@
 A store call (write these 500 rows, read these 3 slots) is a group of requests. The first
 version bridged every request to its own Deferred through a DeferredSemaphore and a
 callFromThread: per request that was a Deferred, a semaphore round, and a reactor wake-up, about
-a third of the gateway's CPU on ingest (docs/performance.rst). Here requests wait in one queue;
+a third of the gateway's CPU on ingest (docs/performance-log.rst). Here requests wait in one queue;
 the driver's completion callbacks, on its I/O thread, start the next ones (as cassandra-driver's
 own execute_concurrent does), and only a finished group goes back to the reactor thread.
 
@@ -12,7 +12,7 @@ fires with the error once those already running have finished.
 
 A finished request's driver future is released at once (``_release``), so that reference counting
 frees it and its statement values: left in reference cycles, thousands of futures a second wait
-for the collector's full passes (docs/performance.rst, "/healthz and the collector").
+for the collector's full passes (docs/performance-log.rst, "/healthz and the collector").
 """
 
 import threading

@@ -45,7 +45,7 @@ from gateway.store.deletion import bucket_range, cut_block
 # fewer than HEAD_SHARED_PARTITION_ROWS rows (a request of under about 400 series spreads over 16
 # shards) share batches with the others of the request that have the same replicas (all of them on
 # a one-node cluster): a CQL request a partition cost both sides more than its rows there
-# (docs/performance.rst, "Head batches of several partitions": at 100 series a request, 3.2-3.5
+# (docs/performance-log.rst, "Head batches of several partitions": at 100 series a request, 3.2-3.5
 # µs less of the gateway's CPU a sample and 7.3-7.8 of Cassandra's; at 500, where partitions have
 # about 31 rows, Cassandra's cost rose by more than the gateway's fell). A batch of several
 # partitions stays within Cassandra's default warning thresholds, so a default node logs nothing
@@ -197,7 +197,7 @@ def head_batch(statement, rows: list[tuple], consistency: int) -> BatchStatement
     routing key and keyspace from it) and the others are added as values serialized here as
     ``bind()`` would (text as UTF-8, bigint, int and double big-endian: under 1 µs a row),
     through the batch's own ``_add_statement_and_params`` (cassandra-driver 3.29-3.30;
-    tests/test_cassandra_head.py reads every row back)."""
+    tests/store/test_cassandra_head.py reads every row back)."""
     batch = BatchStatement(BatchType.UNLOGGED, consistency_level=consistency)
     batch.add(statement.bind(rows[0]))
     query_id, add = statement.query_id, batch._add_statement_and_params

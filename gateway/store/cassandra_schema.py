@@ -18,7 +18,7 @@ TARGET_COMPACTION_WINDOWS = 30
 # alike (Cassandra's default is 4, max 32): head rows are read by their one-minute slice, which
 # lives in the few sstables flushed meanwhile, and leave with their whole window, so rewriting
 # them tier after tier bought nothing but was most of Cassandra's CPU per head row
-# (docs/performance.rst). The closing window is still compacted into one sstable, once.
+# (docs/performance-log.rst). The closing window is still compacted into one sstable, once.
 HEAD_COMPACTION_MIN_THRESHOLD = 32
 HEAD_COMPACTION_MAX_THRESHOLD = 64
 

@@ -24,11 +24,12 @@ Tables (docs/storage.rst has the layouts and the partition arithmetic):
                          index existed (``index_state``).
 - ``metric_metadata``    (tenant, metric) -> type, help, unit (from Prometheus remote write), so
                          roll-ups can tell counters from gauges.
-- ``data_raw``           (tenant, hash, time_slot) -> (ts, value): head rows, one a sample, kept
-                         until the downsampler sealed their slot (Layout.head_ttl_ms). Cassandra
-                         writes them to ``data_head`` (tenant, head slice, shard) -> (hash, ts,
-                         value) instead, so a request's samples are few mutations, and reads
-                         data_raw only for rows written before that table existed.
+- head rows              each sample written, kept until the downsampler sealed its slot
+                         (Layout.head_ttl_ms). Cassandra: ``data_head`` (tenant, head slice, shard)
+                         -> (hash, ts, value), so a request's samples are few mutations, and the
+                         legacy ``data_raw`` (tenant, hash, time_slot) -> (ts, value), read and
+                         deleted only for rows written before data_head existed. SQLite:
+                         ``head_batches`` folded into ``head_chunks`` (sqlite.py).
 - ``data_blocks``        (tenant, hash, block partition) -> (time_slot, block): each sealed slot's
                          samples as one compressed block (blocks.py), kept the raw retention; on
                          Cassandra also when the slot's head rows were last written and sealed.
@@ -385,7 +386,7 @@ class SampleStore(abc.ABC):
 
     @abc.abstractmethod
     def write_raw(self, points: Sequence[RawPoint]) -> Deferred:
-        """Upsert raw points as head rows (data_raw); fire only once the store has accepted all of them.
+        """Upsert raw points as head rows (data_head on Cassandra, the head log on SQLite); fire only once the store has accepted all of them.
         ``points`` may be RawColumns (ingest's samples as arrays): a driver may bind its columns."""
 
     @abc.abstractmethod
@@ -537,7 +538,7 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     seal_partitions_together: int | None = 16
     # Series-slots of one tenant sealed and rolled up together: each step (read the head and
     # blocks, write the blocks, write each granularity's roll-ups) is one store call for all of
-    # them, a few requests where one series at a time made about nine (docs/performance.rst,
+    # them, a few requests where one series at a time made about nine (docs/performance-log.rst,
     # "Sealing"). SQLite's single writer takes fewer, larger transactions.
     seal_group = 64
 

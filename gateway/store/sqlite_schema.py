@@ -12,7 +12,7 @@ from gateway.store.sqlite_sql import column_values, immediate, transaction
 
 SCHEMA_VERSION = 10
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
-# with SQLite's default 2 MiB those pages were read back for every commit (docs/performance.rst).
+# with SQLite's default 2 MiB those pages were read back for every commit (docs/performance-log.rst).
 WRITER_CACHE_KIB = 64 * 1024
 
 ROLLUP_TABLE = """

@@ -18,7 +18,14 @@ installed in a throwaway venv so it cannot change the project's protobuf:
 from .crc32c import crc32c
 from .errors import ProtocolError, RemoteReadError, RemoteWriteError
 from .histogram_chunks import NativeHistogram, decode_histogram_chunk, encode_histogram_chunk
-from .names import prometheus_labels, prometheus_metric_name, sanitize_label_name
+from .names import (
+    labels_for_reader,
+    prometheus_labels,
+    prometheus_metric_name,
+    sanitize_label_name,
+    unescape_name,
+    utf8_labels,
+)
 from .read import (
     SAMPLES,
     SAMPLES_CONTENT_TYPE,
@@ -46,6 +53,7 @@ from .write import (
     V2_CONTENT_TYPE,
     Exemplar,
     RejectedHistogram,
+    RejectedSeries,
     RequestTooLarge,
     WriteBatch,
     WriteHistogram,
@@ -80,6 +88,7 @@ __all__ = [
     "ReadHints",
     "ReadRequest",
     "RejectedHistogram",
+    "RejectedSeries",
     "RequestTooLarge",
     "RemoteReadError",
     "RemoteWriteError",
@@ -108,9 +117,12 @@ __all__ = [
     "iter_frames",
     "message_version",
     "negotiate_response_type",
+    "labels_for_reader",
     "prometheus_labels",
     "prometheus_metric_name",
     "sanitize_label_name",
+    "unescape_name",
+    "utf8_labels",
     "series_matches",
     "uncompressed_length",
     "v2_written_headers",

@@ -4,15 +4,19 @@ Decoding is a generator (decode_write_request_steps) that yields between bounded
 of the message of about PART_BYTES or one series, so that a server can interleave a 22 MB
 request with its other work; decode_write_request runs it to the end at once.
 
-The whole request is rejected on the first invalid series (the specs allow a
-receiver to refuse a request that holds any invalid sample), so a caller
-either stores everything in the returned batch or nothing. Native histograms are
-checked one by one instead: an invalid one, or one over the bucket limit, is left out
-of its series and listed in ``WriteBatch.rejected_histograms``; the rest is kept.
+An invalid series (its labels, label refs, exemplars or metadata refs) is left out of the
+batch and listed in ``WriteBatch.rejected_series``; the valid series beside it are kept, so
+a caller stores them and answers 400 naming the invalid ones, as Mimir does (Prometheus drops
+a batch answered 400: refusing all of it lost the good series at the sender). A request
+that is not a well-formed message at all is refused whole. Native histograms are checked one
+by one: an invalid one, or one over the bucket limit, is left out of its series and listed
+in ``WriteBatch.rejected_histograms``; the rest is kept.
+
+Label and metric names are any non-empty UTF-8 text, as Prometheus 3 accepts them
+(``http.server.request.duration``, ``k8s.pod.name``); protobuf has checked the UTF-8.
 """
 
 import math
-import re
 import struct
 import sys
 from collections.abc import Generator, Iterable, Iterator
@@ -42,7 +46,6 @@ EXEMPLARS_WRITTEN_HEADER = "X-Prometheus-Remote-Write-Exemplars-Written"
 METRIC_NAME_LABEL = "__name__"
 # Prometheus's bound on an exemplar's label set: names and values together, in characters.
 MAX_EXEMPLAR_LABELS_LENGTH = 128
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Native histogram schemas Prometheus accepts: exponential -4..8, and -53 (custom bucket bounds, NHCB).
 MIN_EXPONENTIAL_SCHEMA, MAX_EXPONENTIAL_SCHEMA = -4, 8
 CUSTOM_BUCKETS_SCHEMA = -53
@@ -86,6 +89,24 @@ class RejectedHistogram(NamedTuple):
     timestamp: int
     reason: str
     problem: str
+
+
+class RejectedSeries(NamedTuple):
+    """A series left out of the batch: its index in the request and what is wrong with it."""
+
+    series: int
+    problem: str
+
+    def __str__(self) -> str:
+        return f"series {self.series}: {self.problem}"
+
+
+class InvalidSeries(RemoteWriteError):
+    """A series that cannot be stored (400): the decoder leaves it out (RejectedSeries)."""
+
+    def __init__(self, index: int, problem: str):
+        super().__init__(400, f"series {index}: {problem}")
+        self.rejected = RejectedSeries(index, problem)
 
 
 class InvalidHistogram(ValueError):
@@ -193,6 +214,7 @@ class WriteBatch:
     series: list[WriteSeries] = field(default_factory=list)
     metadata: list[WriteMetadata] = field(default_factory=list)
     rejected_histograms: list[RejectedHistogram] = field(default_factory=list)
+    rejected_series: list[RejectedSeries] = field(default_factory=list)
     # Decoded with ``arrays=True``: every sample of the request. The series of plain 1.0 parts
     # (known labels and samples, nothing else) are then only there, not in ``series``.
     arrays: SampleArrays | None = None
@@ -393,23 +415,9 @@ def _parse(message, raw: bytes):
     return message
 
 
-# Label names already checked against _LABEL_NAME: a process sees few distinct names, and the
-# regex per label was a tenth of decoding. Bounded so hostile input cannot grow it.
-_VALID_LABEL_NAMES: set[str] = set()
-_MAX_VALID_LABEL_NAMES = 10_000
-
-
-def _check_label_name(index: int, name: str) -> None:
-    if not name:
-        raise RemoteWriteError(400, f"series {index}: empty label name")
-    if not _LABEL_NAME.fullmatch(name):
-        raise RemoteWriteError(400, f"series {index}: invalid label name {name!r}")
-    if len(_VALID_LABEL_NAMES) < _MAX_VALID_LABEL_NAMES:
-        _VALID_LABEL_NAMES.add(name)
-
-
 def _validated_labels(index: int, pairs: list[tuple[str, str]]) -> dict[str, str]:
-    """Check a series' labels against the spec and return them as a dict.
+    """Check a series' labels against the spec (names unique and not empty) and return them as
+    a dict, or raise InvalidSeries.
 
     Labels with an empty value are dropped: to Prometheus an empty label
     value is the same as an absent label. Labels out of order are sorted, as
@@ -419,43 +427,41 @@ def _validated_labels(index: int, pairs: list[tuple[str, str]]) -> dict[str, str
     labels: dict[str, str] = {}
     previous = ""
     for name, value in pairs:
-        if name not in _VALID_LABEL_NAMES:
-            _check_label_name(index, name)
+        if not name:
+            raise InvalidSeries(index, "empty label name")
         if name <= previous:
             if name == previous:
-                raise RemoteWriteError(400, f"series {index}: duplicate label name {name!r}")
+                raise InvalidSeries(index, f"duplicate label name {name!r}")
             return _validated_labels(index, sorted(pairs))
         previous = name
         if value:
             labels[name] = value
     if METRIC_NAME_LABEL not in labels:
-        raise RemoteWriteError(400, f"series {index}: missing or empty {METRIC_NAME_LABEL} label")
+        raise InvalidSeries(index, f"missing or empty {METRIC_NAME_LABEL} label")
     return labels
 
 
 def _exemplar(index: int, pairs: Iterable[tuple[str, str]], value: float, timestamp: int) -> Exemplar:
-    """Check an exemplar's labels (valid, distinct names; at most MAX_EXEMPLAR_LABELS_LENGTH
+    """Check an exemplar's labels (distinct, non-empty names; at most MAX_EXEMPLAR_LABELS_LENGTH
     characters in all, as Prometheus bounds them); empty values are dropped as for series."""
     labels: dict[str, str] = {}
     length = 0
     for name, label_value in pairs:
-        if name not in _VALID_LABEL_NAMES:
-            _check_label_name(index, name)
+        if not name:
+            raise InvalidSeries(index, "exemplar has an empty label name")
         if name in labels:
-            raise RemoteWriteError(400, f"series {index}: exemplar has a duplicate label name {name!r}")
+            raise InvalidSeries(index, f"exemplar has a duplicate label name {name!r}")
         length += len(name) + len(label_value)
         if label_value:
             labels[name] = label_value
     if length > MAX_EXEMPLAR_LABELS_LENGTH:
-        raise RemoteWriteError(
-            400, f"series {index}: exemplar labels are {length} characters long, over {MAX_EXEMPLAR_LABELS_LENGTH}"
-        )
+        raise InvalidSeries(index, f"exemplar labels are {length} characters long, over {MAX_EXEMPLAR_LABELS_LENGTH}")
     return Exemplar(labels, value, timestamp)
 
 
 # Label bytes of 1.0 series decoded and validated before: a sender sends the same bytes for a
 # series every time, so a known series is one set lookup of its bytes instead of a protobuf
-# object, two strings and a check a label (6 of its 8 us, see docs/performance.rst), and its
+# object, two strings and a check a label (6 of its 8 us, see docs/performance-log.rst), and its
 # labels are decoded again only if ingest does not know the series (series_labels). The bytes
 # are the objects the ingest's known-series cache keeps as keys, so an entry costs a set slot.
 # Emptied when full, so hostile input cannot grow it; as large as that cache by default, so
@@ -757,7 +763,10 @@ def _v2_plain_run(
     labels_of: list[dict[str, str] | tuple[str, ...]] = list(keys)
     known = list(map(_V2_VALID_LABEL_SETS.__contains__, keys))
     for count, index in enumerate(compress(range(len(keys)), map(not_, known)), 1):
-        labels_of[index] = _v2_new_labels(first_index + index, keys[index])
+        try:
+            labels_of[index] = _v2_new_labels(first_index + index, keys[index])
+        except InvalidSeries:
+            return None  # the protobuf decoder leaves it out
         if not count % V2_SERIES_PER_STEP:
             yield
     for labels, data in compress(zip(labels_of, metadata_of), metadata_of):
@@ -853,12 +862,12 @@ def _plain_series(arrays: SampleArrays) -> list[WriteSeries]:
 
 def _first_seen_labels(index: int, key: bytes) -> dict[str, str] | None:
     """Labels of bytes not seen before, decoded by protobuf, validated and remembered; None if the
-    bytes are not labels protobuf reads (the general decoder then reports it)."""
+    bytes are not labels protobuf reads or not valid ones (the general decoder then reports it)."""
     try:
         series = types_pb2.TimeSeries.FromString(key)
-    except DecodeError:
+        labels = _validated_labels(index, [(sys.intern(label.name), label.value) for label in series.labels])
+    except (DecodeError, InvalidSeries):
         return None
-    labels = _validated_labels(index, [(sys.intern(label.name), label.value) for label in series.labels])
     if len(_VALID_LABEL_BYTES) >= MAX_VALID_LABEL_BYTES:
         _VALID_LABEL_BYTES.clear()
     _VALID_LABEL_BYTES.add(key)
@@ -898,7 +907,7 @@ def _decode_v1(raw: bytes, max_histogram_buckets: int, plain: list[SampleArrays]
     batch = WriteBatch(version=1)
     for part in _parts(raw, PART_BYTES):
         yield
-        first_index = len(batch.series) + sum(len(done.keys) for done in plain or ())
+        first_index = len(batch.series) + len(batch.rejected_series) + sum(len(done.keys) for done in plain or ())
         before = counted.seen["samples"]
         arrays = yield from _decode_v1_plain(part, counted, first_index)
         if arrays is not None:
@@ -909,7 +918,7 @@ def _decode_v1(raw: bytes, max_histogram_buckets: int, plain: list[SampleArrays]
             continue
         counted.seen["samples"] = before  # counted again by the general decoder
         request = _parse(remote_pb2.WriteRequest(), part)
-        yield from _decode_v1_series(batch, request.timeseries, max_histogram_buckets, counted)
+        yield from _decode_v1_series(batch, first_index, request.timeseries, max_histogram_buckets, counted)
         batch.metadata += yield from _stepped(request.metadata, _v1_metadata, counted, "metadata")
     return batch
 
@@ -931,17 +940,22 @@ def _stepped(items, convert, counted: _Counted, kind: str) -> Generator[None, No
 
 
 def _decode_v1_series(
-    batch: WriteBatch, timeseries, max_histogram_buckets: int, counted: _Counted
+    batch: WriteBatch, first_index: int, timeseries, max_histogram_buckets: int, counted: _Counted
 ) -> Generator[None, None, None]:
-    for index, ts in enumerate(timeseries, len(batch.series)):
-        labels = _validated_labels(index, [(label.name, label.value) for label in ts.labels])
-        samples = yield from _stepped(ts.samples, _sample_pair, counted, "samples")
-        # Tested first: iterating an empty repeated field costs more than testing it (~0.5 µs a series).
-        exemplars = (
-            (yield from _stepped(ts.exemplars, partial(_v1_exemplar, index), counted, "exemplars"))
-            if ts.exemplars
-            else []
-        )
+    """The series of a part into ``batch``, an invalid one into its ``rejected_series``."""
+    for index, ts in enumerate(timeseries, first_index):
+        try:
+            labels = _validated_labels(index, [(label.name, label.value) for label in ts.labels])
+            samples = yield from _stepped(ts.samples, _sample_pair, counted, "samples")
+            # Tested first: iterating an empty repeated field costs more than testing it (~0.5 µs a series).
+            exemplars = (
+                (yield from _stepped(ts.exemplars, partial(_v1_exemplar, index), counted, "exemplars"))
+                if ts.exemplars
+                else []
+            )
+        except InvalidSeries as invalid:
+            batch.rejected_series.append(invalid.rejected)
+            continue
         histograms = (
             (yield from _histograms(batch, index, ts.histograms, max_histogram_buckets)) if ts.histograms else []
         )
@@ -964,10 +978,7 @@ def _v1_metadata(metadata) -> WriteMetadata:
 
 def _symbol(symbols: list[str], ref: int, index: int, what: str) -> str:
     if ref >= len(symbols):
-        raise RemoteWriteError(
-            400,
-            f"series {index}: {what} {ref} out of range (symbols table has {len(symbols)} entries)",
-        )
+        raise InvalidSeries(index, f"{what} {ref} out of range (symbols table has {len(symbols)} entries)")
     return symbols[ref]
 
 
@@ -992,21 +1003,27 @@ def _decode_v2(raw: bytes, max_histogram_buckets: int, counted: _Counted) -> Ste
 def _decode_v2_series(
     batch: WriteBatch, symbols: list[str], timeseries, max_histogram_buckets: int, counted: _Counted
 ) -> Generator[None, None, None]:
-    for index, ts in enumerate(timeseries, len(batch.series)):
+    """The series of a part into ``batch``, an invalid one into its ``rejected_series``."""
+    for index, ts in enumerate(timeseries, len(batch.series) + len(batch.rejected_series)):
         if not index % V2_SERIES_PER_STEP:
             yield
-        labels = _v2_labels(symbols, index, ts.labels_refs)
-        samples, histograms = ts.samples, ts.histograms
-        if not samples and not histograms:
-            raise RemoteWriteError(400, f"series {index}: no samples and no histograms")
-        metadata = ts.metadata
+        samples, histograms, metadata = ts.samples, ts.histograms, ts.metadata
+        try:
+            labels = _v2_labels(symbols, index, ts.labels_refs)
+            if not samples and not histograms:
+                raise InvalidSeries(index, "no samples and no histograms")
+            help_text = _symbol(symbols, metadata.help_ref, index, "help_ref")
+            unit = _symbol(symbols, metadata.unit_ref, index, "unit_ref")
+            exemplars = (
+                (yield from _stepped(ts.exemplars, partial(_v2_exemplar, symbols, index), counted, "exemplars"))
+                if ts.exemplars
+                else []
+            )
+        except InvalidSeries as invalid:
+            batch.rejected_series.append(invalid.rejected)
+            continue
         created = ts.created_timestamp or max(
             (*map(_start_timestamp, samples), *map(_start_timestamp, histograms)), default=0
-        )
-        exemplars = (
-            (yield from _stepped(ts.exemplars, partial(_v2_exemplar, symbols, index), counted, "exemplars"))
-            if ts.exemplars
-            else []
         )
         batch.series.append(
             WriteSeries(
@@ -1017,8 +1034,8 @@ def _decode_v2_series(
                 if histograms
                 else [],
                 metric_type=_V2_TYPE_NAMES.get(metadata.type, "unknown") if metadata.type else None,
-                help=_symbol(symbols, metadata.help_ref, index, "help_ref"),
-                unit=_symbol(symbols, metadata.unit_ref, index, "unit_ref"),
+                help=help_text,
+                unit=unit,
                 created_timestamp=created,
             )
         )
@@ -1043,7 +1060,7 @@ _V2_VALID_LABEL_SETS: set[tuple[str, ...]] = set()
 def _v2_labels(symbols: list[str], index: int, refs) -> dict[str, str]:
     """The labels of a 2.0 series from its refs into the symbols table, checked as _validated_labels does."""
     if len(refs) % 2:
-        raise RemoteWriteError(400, f"series {index}: odd number of labels_refs ({len(refs)})")
+        raise InvalidSeries(index, f"odd number of labels_refs ({len(refs)})")
     try:
         key = itemgetter(*refs)(symbols) if refs else ()
     except IndexError:
@@ -1076,7 +1093,7 @@ def _v2_metric_name(labels: dict[str, str] | tuple[str, ...]) -> str:
 def _v2_exemplar(symbols: list[str], index: int, exemplar) -> Exemplar:
     refs = exemplar.labels_refs
     if len(refs) % 2:
-        raise RemoteWriteError(400, f"series {index}: odd number of exemplar labels_refs ({len(refs)})")
+        raise InvalidSeries(index, f"odd number of exemplar labels_refs ({len(refs)})")
     pairs = [
         (
             _symbol(symbols, refs[i], index, "exemplar label name ref"),

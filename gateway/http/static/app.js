@@ -78,13 +78,21 @@ function quoted(value) {
   return `"${value.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n")}"`;
 }
 
-// Prometheus's text form of a series: name{label="value", ...} with \ " and newlines escaped.
+// A metric name or label name as PromQL reads it: as it is when it is a classic identifier, else
+// quoted, as Prometheus 3 writes UTF-8 names ({"http.server.request.duration", "k8s.pod.name"="p-1"}).
+function promqlName(name, metric) {
+  return (metric ? /^[a-zA-Z_:][a-zA-Z0-9_:]*$/ : /^[a-zA-Z_][a-zA-Z0-9_]*$/).test(name) ? name : quoted(name);
+}
+
+// Prometheus's text form of a series: name{label="value", ...} with \ " and newlines escaped;
+// a name outside the classic identifiers is quoted inside the braces, as Prometheus 3 writes it.
 function seriesText(labels) {
   const name = labels.__name__ || "";
   const pairs = Object.keys(labels)
     .filter((key) => key !== "__name__")
     .sort()
-    .map((key) => `${key}=${quoted(labels[key])}`);
+    .map((key) => `${promqlName(key, false)}=${quoted(labels[key])}`);
+  if (name && promqlName(name, true) !== name) return `{${[quoted(name), ...pairs].join(", ")}}`;
   return pairs.length ? `${name}{${pairs.join(", ")}}` : name || "{}";
 }
 
@@ -168,22 +176,16 @@ function renderMetricList() {
 }
 
 function matcher(label, value) {
-  return `{${label}=${quoted(value)}}`;
+  return `{${promqlName(label, false)}=${quoted(value)}}`;
 }
 
-// The name the Prometheus API gives a metric (a Graphite path's dots become "_"; docs/prometheus.rst).
-function prometheusName(metric) {
-  const name = metric.replace(/[^a-zA-Z0-9_:]/g, "_");
-  return /^[0-9]/.test(name) ? `_${name}` : name;
-}
-
-// A metric of the list (its name as written, dots and all): its series through the Prometheus API.
+// A metric of the list (its name as written, dots and all, as the Prometheus API shows it too):
+// its series through the Prometheus API.
 function showMetric(metric) {
   for (const item of $("metric-list").children) item.classList.toggle("selected", item.dataset.metric === metric);
   for (const item of $("label-list").children) item.classList.remove("selected");
   clear($("label-values"));
-  const name = prometheusName(metric);
-  return showSeries(matcher("__name__", name), metric, name);
+  return showSeries(matcher("__name__", metric), metric, seriesText({ __name__: metric }));
 }
 
 // The series ``selector`` matches as a table of their labels (the metric name too when they differ).

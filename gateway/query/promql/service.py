@@ -19,7 +19,7 @@ from gateway.query.promql.values import Guard, PromQLError, Series
 from gateway.query.read_service import ReadBudget, Selection
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow
-from protocols.prometheus import prometheus_labels, prometheus_metric_name, sanitize_label_name
+from protocols.prometheus import utf8_labels
 from protocols.prometheus.native_histogram import decode_sample
 
 
@@ -70,7 +70,7 @@ class PromQLService:
         guard.count(estimated_samples(expr, query, lambda key: 1))
         needs = plan(expr, query)
         selected = {
-            key: await self.planner.select(tenant, matchers, prometheus_labels, low, high)
+            key: await self.planner.select(tenant, matchers, utf8_labels, low, high)
             for key, (matchers, low, high) in needs.items()
         }
         guard.count(estimated_samples(expr, query, lambda key: len(selected[key])))
@@ -142,7 +142,7 @@ class PromQLService:
             expr = await threads.deferToThread(self.text.parse, text)
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
-            selection = await self.planner.select(tenant, selector_matchers(expr), prometheus_labels, start_ms, end_ms)
+            selection = await self.planner.select(tenant, selector_matchers(expr), utf8_labels, start_ms, end_ms)
             for selected in selection:
                 found[tuple(sorted(selected.labels.items()))] = selected.labels
         return [found[key] for key in sorted(found)]
@@ -154,7 +154,7 @@ class PromQLService:
         selectors, in [start_ms, end_ms] as ``matched`` reads it."""
         if not selectors:
             keys = await self.store.list_tenant_tag_keys(tenant, self.planner.index_buckets(tenant, start_ms, end_ms))
-            return sorted({"__name__", *(sanitize_label_name(k) for k in keys)})
+            return sorted({"__name__", *keys})
         return sorted({name for labels in await self.matched(tenant, selectors, start_ms, end_ms) for name in labels})
 
     async def label_values(
@@ -168,7 +168,7 @@ class PromQLService:
                 labels[name] for labels in await self.matched(tenant, selectors, start_ms, end_ms) if name in labels
             }
         elif name == "__name__":
-            values = {prometheus_metric_name(n) for n in await self.store.list_metric_names(tenant, buckets)}
+            values = set(await self.store.list_metric_names(tenant, buckets))
         else:
             values = set(await self.store.list_tenant_tag_values(tenant, name, buckets))
         return sorted(values)
@@ -189,7 +189,7 @@ class PromQLService:
         expr = await threads.deferToThread(self.text.parse, text)
         selected = {}
         for matchers, low, high in plan(expr, self.query(start_ms, end_ms, 0)).values():
-            for series in await self.planner.select(tenant, matchers, prometheus_labels, low, high):
+            for series in await self.planner.select(tenant, matchers, utf8_labels, low, high):
                 selected[series.key.series_set_hash] = series.labels
         found = await self.planner.exemplars(tenant, list(selected), start_ms, end_ms)
         result = [(labels, rows) for labels, rows in zip(selected.values(), found) if rows]

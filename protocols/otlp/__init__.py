@@ -1,0 +1,26 @@
+"""OpenTelemetry OTLP/HTTP metrics in, sans I/O: the request decoded (wire.py) and translated to
+Prometheus series as Prometheus 3 does it (translate.py, names.py, delta.py), the answer
+encoded. The messages are the ``opentelemetry-proto`` package's."""
+
+from .delta import DeltaToCumulative
+from .names import STRATEGIES, Namer
+from .translate import Settings, Translation, count_points, translate, translate_steps
+from .wire import JSON, PROTOBUF, OTLPError, decompress_steps, encode_response, parse, request_encoding
+
+__all__ = [
+    "JSON",
+    "PROTOBUF",
+    "STRATEGIES",
+    "DeltaToCumulative",
+    "Namer",
+    "OTLPError",
+    "Settings",
+    "Translation",
+    "count_points",
+    "decompress_steps",
+    "encode_response",
+    "parse",
+    "request_encoding",
+    "translate",
+    "translate_steps",
+]

@@ -1,0 +1,130 @@
+"""The query services on a real SQLite store, without a server: remote read (gateway/query/remote_read.py)
+and PromQL evaluation (gateway/query/promql/service.py) select, read and limit as the HTTP handlers
+rely on, so the handlers only decode and encode."""
+
+import numpy as np
+import pytest
+import pytest_twisted
+
+from gateway.core.model import HistogramSample, Limits, Sample, now_ms
+from gateway.ingest.metadata_cache import KnownSeries
+from gateway.ingest.pipeline import IngestPipeline
+from gateway.query.planner import QueryPlanner, QueryTooLarge
+from gateway.query.promql.service import PromQLService
+from gateway.query.promql.values import PromQLError
+from gateway.query.remote_read import RemoteRead
+from gateway.store.contract import MetricMetadata
+from protocols.prometheus import Matcher
+from protocols.prometheus.read import ReadQuery
+from tests.protocols.test_prometheus_protocol import histogram
+
+MINUTE = 60_000
+
+
+@pytest_twisted.async_yield_fixture
+async def written(sqlite_store, tenant):
+    """Three float series of 10 samples a minute apart and one native histogram series of 10,
+    all ending a minute ago; yields the time of the last sample."""
+    pipeline = IngestPipeline(sqlite_store, Limits(), KnownSeries(1000), 1_000_000)
+    end = (now_ms() // MINUTE - 1) * MINUTE
+    times = [end - i * MINUTE for i in range(9, -1, -1)]
+    samples = [
+        Sample(tenant, "requests_total", {"host": host}, ts, float(i * (n + 1)))
+        for n, host in enumerate(("b", "a", "c"))
+        for i, ts in enumerate(times)
+    ]
+    assert not (await pipeline.ingest("prometheus", samples)).rejected
+    histograms = [
+        HistogramSample(tenant, "latency", {"host": "a"}, ts, histogram(count=3 * (i + 1), timestamp=ts))
+        for i, ts in enumerate(times)
+    ]
+    assert not (await pipeline.ingest_histograms("prometheus", histograms)).rejected
+    yield end
+
+
+def remote_read(store, max_samples: int = 1_000_000) -> RemoteRead:
+    return RemoteRead(store, QueryPlanner(store, max_series=100), max_samples)
+
+
+@pytest_twisted.ensureDeferred
+async def test_remote_read_gives_series_sorted_by_labels_with_their_samples(sqlite_store, tenant, written):
+    query = ReadQuery(written - 30 * MINUTE, written, [Matcher("EQ", "__name__", "requests_total")])
+    (series,) = await remote_read(sqlite_store).read(tenant, [query], streamed=False)
+    assert [labels["host"] for labels, *_ in series] == ["a", "b", "c"]
+    labels, samples, exemplars, histograms = series[0]
+    assert labels == {"__name__": "requests_total", "host": "a"}
+    assert [value for _, value in samples.points()] == [float(2 * i) for i in range(10)]
+    assert exemplars == [] and histograms == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_remote_read_gives_native_histograms_as_written(sqlite_store, tenant, written):
+    query = ReadQuery(written - 30 * MINUTE, written, [Matcher("EQ", "__name__", "latency")])
+    ((labels, samples, histograms),) = (await remote_read(sqlite_store).read(tenant, [query], streamed=True))[0]
+    assert labels == {"__name__": "latency", "host": "a"} and len(samples) == 0
+    assert [h.data for h in histograms] == [
+        histogram(count=3 * (i + 1), timestamp=h.timestamp) for i, h in enumerate(histograms)
+    ]
+    assert histograms[-1].timestamp == written
+
+
+@pytest.mark.parametrize("matcher", [("EQ", "__name__", "requests_total"), ("EQ", "__name__", "latency")])
+@pytest_twisted.ensureDeferred
+async def test_remote_read_refuses_a_query_over_the_sample_budget(sqlite_store, tenant, written, matcher):
+    query = ReadQuery(written - 30 * MINUTE, written, [Matcher(*matcher)])
+    with pytest.raises(QueryTooLarge, match="--max-samples-per-query"):
+        await remote_read(sqlite_store, max_samples=9).read(tenant, [query], streamed=False)
+
+
+def promql(store, max_samples: int = 1_000_000, timeout_ms: int = 60_000) -> PromQLService:
+    return PromQLService(store, QueryPlanner(store, max_series=100), max_samples, 5 * MINUTE, timeout_ms)
+
+
+@pytest_twisted.ensureDeferred
+async def test_promql_evaluates_floats_and_native_histograms_read_from_the_store(sqlite_store, tenant, written):
+    service = promql(sqlite_store)
+    times = np.array([written])
+    value, warnings = await service.evaluate(
+        tenant, "sum(increase(requests_total[5m]))", service.query(written, written, 0), times, None
+    )
+    assert warnings == [] and value.values[0, 0] == pytest.approx(6 * 4 * 5 / 4)
+    value, _ = await service.evaluate(
+        tenant, "histogram_count(latency)", service.query(written, written, 0), times, None
+    )
+    assert value.labels == [{"host": "a"}] and value.values[0, 0] == 30.0
+
+
+@pytest.mark.parametrize("text", ["requests_total", "latency"])
+@pytest_twisted.ensureDeferred
+async def test_promql_refuses_a_query_over_the_sample_budget(sqlite_store, tenant, written, text):
+    service = promql(sqlite_store, max_samples=2)
+    with pytest.raises(PromQLError, match="--query-max-samples"):
+        await service.evaluate(tenant, f"{text}[10m]", service.query(written, written, 0), np.array([written]), None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_promql_label_lookups_use_prometheus_names(sqlite_store, tenant, written):
+    service = promql(sqlite_store)
+    assert await service.label_values(tenant, "host", ["requests_total"]) == ["a", "b", "c"]
+    assert "host" in await service.label_names(tenant, [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_metadata_lists_histogram_and_summary_families_and_limits_on_families(sqlite_store, tenant):
+    """Remote write carries a histogram's metadata under its family name (``lat``), which none of
+    its series bears (``lat_bucket``, ``lat_sum``, ``lat_count``); ``limit`` counts families found."""
+    pipeline = IngestPipeline(sqlite_store, Limits(), KnownSeries(1000), 1_000_000)
+    t = now_ms() - MINUTE
+    names = ["lat_bucket", "lat_sum", "lat_count", "rpc", "rpc_sum", "rpc_count", "jobs_total", "no_metadata"]
+    names += [f"g{i}" for i in range(5)]
+    assert not (await pipeline.ingest("prometheus", [Sample(tenant, name, {}, t, 1.0) for name in names])).rejected
+    families = {"lat": "histogram", "rpc": "summary", "jobs_total": "counter", **{f"g{i}": "gauge" for i in range(5)}}
+    await pipeline.ingest_metric_metadata(
+        [MetricMetadata(tenant, name, kind, f"{name} help", "") for name, kind in families.items()]
+    )
+    service = remote_read(sqlite_store)
+    rows = await service.metadata(tenant, None, None)
+    assert {row.metric_name: row.type for row in rows} == families
+    for limit in (1, 3, 5, 8):
+        assert len(await service.metadata(tenant, None, limit)) == limit
+    assert [row.type for row in await service.metadata(tenant, "lat", None)] == ["histogram"]
