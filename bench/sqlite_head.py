@@ -51,10 +51,10 @@ from bench.storage import (
 )
 from gateway.core.layout import Layout
 from gateway.core.model import now_ms
-from gateway.query.read_path import stitch_raw
 from gateway.store import sqlite_base, sqlite_head, sqlite_samples, sqlite_schema, sqlite_sql
 from gateway.store.blocks import encode_block
 from gateway.store.contract import RawData, RawPoint, SealedBlock
+from gateway.store.read_path import stitch_raw
 
 ROWS_PER_COMMIT = 2000
 WARMUP_ROUNDS = 6

@@ -3,7 +3,6 @@
 import argparse
 import dataclasses
 import json
-import logging
 import os
 import re
 import sys
@@ -22,6 +21,7 @@ from gateway.app.config import (
     did_you_mean,
     setting_flags,
 )
+from gateway.app.logs import setup_logging
 from gateway.app.workers import Worker, supervise
 
 DESCRIPTION = (
@@ -29,32 +29,6 @@ DESCRIPTION = (
     " Cassandra or Redis; 'tsgate COMMAND --help' lists the flags of a command."
 )
 INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
-
-
-class _NoDriverTracebacks(logging.Filter):
-    """The Cassandra driver's log lines without their tracebacks: a node that refuses a
-    connection is one line, not forty; and without Twisted's "Main loop terminated.", which
-    every command would print as it exits. ``--log-level debug`` keeps everything."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name.startswith("cassandra"):
-            record.exc_info = record.exc_text = record.stack_info = None
-        return not (record.name == "twisted" and record.getMessage() == "Main loop terminated.")
-
-
-def setup_logging(level: str, process: str = "") -> None:
-    """Everything, Twisted included, goes through the logging module to stderr.
-
-    ``process`` (e.g. ``worker 1 pid 4242``) tags each line when several processes share stderr.
-    """
-    from twisted.logger import STDLibLogObserver, globalLogBeginner
-
-    tag = f"[{process}] " if process else ""
-    logging.basicConfig(stream=sys.stderr, level=level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
-    if level != "DEBUG":
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(_NoDriverTracebacks())
-    globalLogBeginner.beginLoggingTo([STDLibLogObserver()], redirectStandardIO=False)
 
 
 def _serve(namespace: argparse.Namespace) -> int:
@@ -109,16 +83,14 @@ def _downsample(namespace: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     from twisted.internet import defer, task
 
-    from gateway.app.service import DownsampleRole, settle_collector, start_store
-    from gateway.core.overrides import attach
-    from gateway.store import open_store
+    from gateway.app.components import Components
+    from gateway.app.service import settle_collector
 
     async def once(reactor):
-        store = open_store(config.store_url, config.layout)
-        attach(config, store)  # the sweep deletes each tenant's rows past its own retentions
-        role = DownsampleRole(config, store)
+        components = Components(config).target("downsample-once")  # each tenant swept by its own retentions
+        role, store = components.get("downsample"), components.get("store")
         try:
-            await start_store(config, store, role.pending)
+            await components.start_store()
         except Exception as error:  # an unreachable store: one line, as `serve` says it
             print(f"tsgate downsample: could not start: {error}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None  # task.react's way to an exit code without a traceback
@@ -147,8 +119,8 @@ def _delete(namespace: argparse.Namespace) -> int:
     if bool(namespace.match) == bool(namespace.patterns):
         raise ConfigError("give --match SELECTOR or --graphite PATTERN (each repeatable), not both")
     from gateway.http.promql_api import parse_time
-    from gateway.ingest.deletes import parse_selector
     from gateway.query.promql.values import PromQLError
+    from gateway.query.selection import parse_selector
 
     try:
         start = parse_time(namespace.start, "--start") if namespace.start else None
@@ -168,38 +140,30 @@ def _delete(namespace: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     from twisted.internet import defer, task
 
-    from gateway.app.service import pending_tracker, start_store
-    from gateway.core.overrides import attach
-    from gateway.downsample.pending import PendingMarks
-    from gateway.ingest.deletes import Deleter, SeriesSelection
-    from gateway.query.planner import QueryPlanner
-    from gateway.store import open_store
+    from gateway.app.components import Components
+    from gateway.core.errors import LimitExceeded
     from protocols.prometheus import utf8_labels
 
     async def run(reactor):
-        store = open_store(config.store_url, config.layout)
-        attach(config, store)  # a tenant's data may reach back as far as its own retentions
-        shared_seen = None
-        if config.redis:
-            from gateway.ingest.metadata_cache import RedisSeenSeries
-
-            shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl)
+        components = Components(config).target("delete")  # the tenant's own limits and retentions
+        store, shared_seen = components.get("store"), components.get("shared_seen")
+        if shared_seen is not None:
             shared_seen.start()
-        tracker = pending_tracker(config, store)
         try:
-            await start_store(config, store, tracker, shared_seen)
+            await components.start_store()
         except Exception as error:
             print(f"tsgate delete: could not start: {error}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         try:
-            marks = PendingMarks(tracker, config.downsample_partitions_count)
-            planner = QueryPlanner(store, config.max_series_per_query)
-            deleter = Deleter(store, marks, config.max_future, shared_seen=shared_seen)
-            selection = SeriesSelection(store, planner)
-            if namespace.match:
-                series = await selection.select_prometheus(namespace.tenant, namespace.match)
-            else:
-                series = await selection.select_graphite(namespace.tenant, namespace.patterns)
+            deleter, selection = components.get("deleter"), components.get("selection")
+            try:
+                if namespace.match:
+                    series = await selection.select_prometheus(namespace.tenant, namespace.match)
+                else:
+                    series = await selection.select_graphite(namespace.tenant, namespace.patterns)
+            except LimitExceeded as error:  # the tenant's --max-series-per-query, say
+                print(f"tsgate delete: {error}", file=sys.stderr, flush=True)
+                raise SystemExit(1) from None
             first, last = deleter.bounds(start, end)
             counts = await deleter.count(series, first, last)
             for count in counts:

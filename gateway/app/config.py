@@ -13,13 +13,13 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
 
 from gateway.core.layout import Layout, parse_granularities
 from gateway.core.model import InvalidSample, Limits, validate_tenant
-from gateway.core.overrides import did_you_mean
+from gateway.core.overrides import TENANT_RETENTION, TENANT_ROLLUPS, TenantValue, did_you_mean, tenant_limit
 from gateway.downsample.partitions import parse_partitions
-from protocols.otlp.names import UNDERSCORE_ESCAPING_WITH_SUFFIXES, Namer
+from gateway.store.cassandra_options import FLAG_OPTIONS, consistency_flag, replication_flag, with_flag_options
+from protocols.otlp.names import STRATEGIES, UNDERSCORE_ESCAPING_WITH_SUFFIXES, Namer
 from protocols.timespec import parse_duration
 
 RESERVED_DESCRIPTORS = 128  # open files kept free of client connections (--max-connections auto)
@@ -75,17 +75,6 @@ def _non_negative(text) -> int:
     return value
 
 
-def _consistency_level(text) -> str:
-    """A Cassandra consistency level name (as the driver spells them), or empty for the default."""
-    name = str(text).strip().upper()
-    if name:
-        from cassandra import ConsistencyLevel
-
-        if name not in ConsistencyLevel.name_to_value:
-            raise ValueError(f"{text!r} is not one of {', '.join(sorted(ConsistencyLevel.name_to_value))}")
-    return name
-
-
 def _boolean(text) -> bool:
     """``true``/``false`` (also yes/no, on/off, 1/0); the flag alone means true."""
     value = str(text).strip().lower()
@@ -113,6 +102,7 @@ class Setting:
     parse: Callable[[Any], Any]
     default: str
     help: str
+    per_tenant: TenantValue | None = None  # how an --overrides file gives it per tenant (gateway/core/overrides.py)
 
 
 SETTINGS = [
@@ -145,32 +135,50 @@ SETTINGS = [
     Setting("store", str, "", "store URL; default sqlite:///<data-dir>/tsgate.db"),
     Setting(
         "replication",
-        str,
+        replication_flag,
         "",
         "Cassandra keyspace replication made by 'tsgate schema apply': simple:N, DC:N[,DC:N] or NetworkTopologyStrategy:DC=N[,DC=N]; empty: the store URL's replication option, else simple:1",
     ),
     Setting(
         "write-consistency",
-        _consistency_level,
+        consistency_flag,
         "",
         "Cassandra consistency level a write must reach before a sample is acknowledged (docs/configuration.rst); empty: the store URL's, else LOCAL_QUORUM",
     ),
     Setting(
         "read-consistency",
-        _consistency_level,
+        consistency_flag,
         "",
         "Cassandra consistency level of reads; empty: the store URL's, else LOCAL_QUORUM",
     ),
     Setting("slot-width", parse_duration, "1h", "time slot of raw data partitions"),
-    Setting("raw-retention", parse_duration, "7d", "how long raw samples are kept (in sealed blocks)"),
+    Setting(
+        "raw-retention",
+        parse_duration,
+        "7d",
+        "how long raw samples are kept (in sealed blocks)",
+        per_tenant=TENANT_RETENTION,
+    ),
     Setting(
         "head-retention",
         parse_duration,
         "6h",
         "how long head rows (raw samples not yet sealed into a block) are kept past the end of their slot; the downsampler must seal a slot within it",
     ),
-    Setting("granularities", str, "5m:14d,1h:365d", "roll-up granularities with their retention, finest first"),
-    Setting("exemplar-retention", parse_duration, "7d", "how long Prometheus exemplars are kept (by their timestamp)"),
+    Setting(
+        "granularities",
+        str,
+        "5m:14d,1h:365d",
+        "roll-up granularities with their retention, finest first",
+        per_tenant=TENANT_ROLLUPS,
+    ),
+    Setting(
+        "exemplar-retention",
+        parse_duration,
+        "7d",
+        "how long Prometheus exemplars are kept (by their timestamp)",
+        per_tenant=TENANT_RETENTION,
+    ),
     Setting(
         "max-exemplars-per-series", _positive, "100", "exemplars kept per series and slot (--slot-width): the newest"
     ),
@@ -299,8 +307,16 @@ SETTINGS = [
         "samples waiting for the store before writes get 503 (fewer while the store is slow: what it stores in 0.3 x --shutdown-timeout)",
     ),
     Setting("metadata-cache-size", _positive, "1000000", "series remembered as already indexed (in-memory LRU)"),
-    Setting("max-series-per-query", _positive, "10000", "series one query may read (422 above)"),
-    Setting("max-samples-per-query", _positive, "5000000", "samples one remote-read query may return (422 above)"),
+    Setting(
+        "max-series-per-query", _positive, "10000", "series one query may read (422 above)", per_tenant=tenant_limit(1)
+    ),
+    Setting(
+        "max-samples-per-query",
+        _positive,
+        "5000000",
+        "samples one remote-read query may return (422 above)",
+        per_tenant=tenant_limit(1),
+    ),
     Setting(
         "query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"
     ),
@@ -315,6 +331,7 @@ SETTINGS = [
         _positive,
         "50000000",
         "PromQL: samples one query may read, as Prometheus's --query.max-samples (422 above)",
+        per_tenant=tenant_limit(1),
     ),
     Setting(
         "query-executors",
@@ -358,18 +375,21 @@ SETTINGS = [
         _positive,
         "10000000",
         "points one /render or /api/query request may read, generate or bucket (time(), summarize(), hitcount(), ...), counted before the work is done (422 above)",
+        per_tenant=tenant_limit(1),
     ),
     Setting(
         "tenant-max-samples-per-second",
         _non_negative,
         "0",
         "per-tenant ingest rate of one process, 429 above; 0: no limit",
+        per_tenant=tenant_limit(0),
     ),
     Setting(
         "tenant-max-active-series",
         _non_negative,
         "0",
         "per-tenant series written in the last 20 min to one process; the new series beyond it are rejected, the others written; 0: no limit",
+        per_tenant=tenant_limit(0),
     ),
     Setting(
         "overrides",
@@ -392,12 +412,14 @@ SETTINGS = [
         _translation_strategy,
         "",
         "how OTLP metric and attribute names become Prometheus names, as Prometheus 3's otlp.translation_strategy: UnderscoreEscapingWithSuffixes (empty: this, the default), UnderscoreEscapingWithoutSuffixes, NoUTF8EscapingWithSuffixes or NoTranslation (per tenant in --overrides)",
+        per_tenant=TenantValue("choice", choices=STRATEGIES),
     ),
     Setting(
         "otlp-promote-resource-attributes",
         _attribute_names,
         "",
         "OTLP resource attributes made labels of every series of their resource, comma-separated, as Prometheus 3's otlp.promote_resource_attributes (per tenant in --overrides)",
+        per_tenant=TenantValue("names"),
     ),
     Setting(
         "otlp-promote-scope-metadata",
@@ -439,6 +461,10 @@ SETTINGS = [
     ),
     Setting("log-level", lambda text: str(text).upper(), "info", "debug, info, warning or error"),
 ]
+# The settings an --overrides file may give per tenant, by their key in the file.
+TENANT_VALUES = {
+    setting.per_tenant.key or setting.name: setting.per_tenant for setting in SETTINGS if setting.per_tenant
+}
 
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
@@ -525,22 +551,16 @@ class Config:
     log_level: str
 
     @property
+    def tenant_values(self) -> dict[str, TenantValue]:
+        """The per-tenant settings (TENANT_VALUES): what gateway.core.overrides checks a file against."""
+        return TENANT_VALUES
+
+    @property
     def store_url(self) -> str:
         """``--store`` (or the embedded store's file) with ``--replication`` and the consistency
         flags put in as its options, replacing the URL's own."""
         url = self.store or f"sqlite:///{self.data_dir / 'tsgate.db'}"
-        options = {
-            "replication": self.replication,
-            "write_consistency": self.write_consistency,
-            "read_consistency": self.read_consistency,
-        }
-        given = {name: value for name, value in options.items() if value}
-        if not given:
-            return url
-        location, _, query = url.partition("?")
-        merged = dict(parse_qsl(query, keep_blank_values=True))
-        merged.update(given)
-        return f"{location}?{urlencode(merged, safe=':,=')}"
+        return with_flag_options(url, {option: getattr(self, option) for option in FLAG_OPTIONS})
 
     @property
     def layout(self) -> Layout:
@@ -771,7 +791,7 @@ def build_config(namespace: argparse.Namespace) -> Config:
             raise ConfigError(str(error)) from None
     if values["log_level"] not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {raw['log-level']!r} is not debug, info, warning or error")
-    cassandra_only = [f"--{name}" for name in ("replication", "write-consistency", "read-consistency") if raw[name]]
+    cassandra_only = [f"--{flag}" for flag in FLAG_OPTIONS.values() if raw[flag]]
     if cassandra_only and not str(values["store"]).startswith("cassandra://"):
         raise ConfigError(f"{', '.join(cassandra_only)}: only a cassandra:// --store has replication and consistency")
     config = Config(**values)

@@ -2,7 +2,7 @@
 
 The serving process checks the credential and hands a compact description of the request
 (method, path, arguments, headers, body, principal) to an idle executor over a pipe; the
-executor runs the same router (gateway.app.service.build_router) on it and sends the answer back
+executor (gateway/app/executor_process.py) runs the query routes on it and sends the answer back
 (status, content type, headers, body). An executor runs one query at a time, so the CPU work of
 a query (parsing, regex matching, evaluation, encoding) never holds the serving process's GIL.
 
@@ -30,13 +30,11 @@ latest at its deadline) and its answer is dropped. docs/security.rst ("Query iso
 """
 
 import collections
-import ctypes
 import io
 import logging
 import math
 import os
 import pickle
-import signal
 import struct
 import sys
 from collections.abc import Callable
@@ -44,20 +42,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from prometheus_client import multiprocess
-from twisted.internet import defer, error, protocol, reactor, stdio
-from twisted.internet.interfaces import IHalfCloseableProtocol
+from twisted.internet import defer, error, protocol, reactor
 from twisted.internet.task import LoopingCall
 from twisted.web.http_headers import Headers
-from zope.interface import implementer
 
 from gateway.app.config import Config
 from gateway.core import metrics
 from gateway.core.errors import GatewayError, LimitExceeded, Timeout, Unavailable
 from gateway.core.model import DEFAULT_TENANT, SeriesKey
 from gateway.core.overrides import Overrides
-from gateway.http.errors import ErrorAnswer, HTTPError, error_answer
+from gateway.http.errors import ErrorAnswer, HTTPError
 from gateway.http.server import Response, error_response
-from gateway.store.contract import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -328,7 +323,7 @@ class QueryExecutors:
         process = reactor.spawnProcess(
             executor,
             sys.executable,
-            [sys.executable, "-m", "gateway.app.executors", str(os.getpid())],
+            [sys.executable, "-m", "gateway.app.executor_process", str(os.getpid())],
             env=dict(os.environ, PYTHONPATH=path),
             childFDs={REQUEST_FD: "w", 1: 1, 2: 2, ANSWER_FD: "r"},
         )
@@ -513,110 +508,3 @@ class QueryExecutors:
         for job in cut:
             job.fail(Unavailable("the gateway is stopping"))
         return len(cut)
-
-
-@implementer(IHalfCloseableProtocol)
-class ExecutorSide(protocol.Protocol):
-    """The executor process's end of the pipe: the first message starts it, then one query at a time."""
-
-    def __init__(self):
-        self.frames = Frames()
-        self.router = None
-        self.selection = None
-        self.overrides: Overrides | None = None
-
-    def dataReceived(self, data):  # noqa: N802 (Twisted's name)
-        for message in self.frames.feed(data):
-            if message[0] == "start":
-                defer.ensureDeferred(self._start(*message[1:])).addErrback(self._failed_start)
-            elif message[0] == "overrides":
-                self.overrides.use(message[1])
-            elif message[0] == "select":
-                defer.ensureDeferred(self._select(*message[1:]))
-            else:
-                defer.ensureDeferred(self._answer(message[1]))
-
-    def readConnectionLost(self):  # noqa: N802 (Twisted's name)
-        """The serving process closed the pipe (it stopped or died): nothing more to do."""
-        if reactor.running:
-            reactor.stop()
-
-    def writeConnectionLost(self):  # noqa: N802 (Twisted's name)
-        self.readConnectionLost()
-
-    async def _start(self, config: Config, index: int, overrides: dict[str, dict]) -> None:
-        """Build the query routes, with the gateway's per-tenant overrides (it sends each reload)."""
-        from gateway.app.cli import setup_logging
-        from gateway.app.service import build_router
-        from gateway.core.model import now_ms
-        from gateway.http.server import Router
-        from gateway.ingest.deletes import SeriesSelection
-        from gateway.query.graphite.graph import DrawHere
-        from gateway.query.planner import QueryPlanner
-        from gateway.store import open_store
-
-        setup_logging(config.log_level, f"query executor {index} pid {os.getpid()}")
-        self.overrides = Overrides(config)
-        self.overrides.use(overrides)
-        store = open_store(config.store_url, config.layout)
-        store.retentions = self.overrides.retentions
-        await store.start()
-        planner = QueryPlanner(store, self.overrides.limit("max-series-per-query"), max_future_ms=config.max_future)
-        no_ingest = SimpleNamespace(clock=now_ms)  # of the pipeline, the query routes only read its clock
-        self.router = build_router(config, store, planner, no_ingest, Router({"query"}), DrawHere(), self.overrides)
-        self.selection = SeriesSelection(store, planner)
-        self.transport.write(frame(("ready",)))
-
-    def _failed_start(self, failure) -> None:
-        """The store unreachable is one line (the pool retries with backoff); anything else is a bug."""
-        if failure.check(StoreUnavailable):
-            log.warning("query executor could not start: %s", failure.value)
-        else:
-            log.error("query executor could not start: %s", failure.getTraceback())
-        reactor.stop()
-
-    async def _answer(self, description: dict) -> None:
-        try:
-            response = await self.router.answer(ExecutedRequest(description))
-        except MemoryError:
-            self.transport.write(frame(("memory",)))
-            return
-        self.transport.write(frame(("answer", response.status, response.content_type, response.headers, response.body)))
-
-    async def _select(self, kind: str, tenant: str, patterns: list[str]) -> None:
-        """An admin delete's selection: the series, or the answer to the error that stopped it."""
-        try:
-            series = await self.selection.select(kind, tenant, patterns)
-        except MemoryError:
-            self.transport.write(frame(("memory",)))
-            return
-        except Exception as error:
-            self.transport.write(frame(("refused", error_answer(error, SimpleNamespace(uri=f"{kind} delete")))))
-            return
-        self.transport.write(frame(("selected", series)))
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: the kernel kills this executor when the serving process dies, even mid-query; one
-    that died while this process was starting is no longer its parent."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        sys.exit(0)
-
-
-def main() -> None:
-    # The serving process decides when an executor stops: a Ctrl-C or a SIGTERM sent to the whole
-    # process group reaches the executors too, and must not cut the queries the drain waits for.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the gateway reloads --overrides and sends them here
-    _die_with_parent(int(sys.argv[1]))
-    stdio.StandardIO(ExecutorSide(), stdin=REQUEST_FD, stdout=ANSWER_FD)
-    reactor.run(installSignalHandlers=False)
-
-
-if __name__ == "__main__":
-    main()

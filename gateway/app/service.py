@@ -1,4 +1,4 @@
-"""The running gateway: builds the store, pipeline, planner and HTTP site, and stops them cleanly.
+"""The running gateway: starts what gateway.app.components builds for it (target ``serve``), and stops it cleanly.
 
 Shutdown order (SIGTERM or SIGINT): stop accepting connections; close the open ones (an HTTP
 connection once the request under way is answered, carbon ones at once: what they sent is already
@@ -8,7 +8,7 @@ queued); wait for accepted writes to reach the store and for a running downsampl
 still open; close the store (and Redis), waiting until CLOSE_S after the grace (at least
 MIN_CLOSE_S); exit 0 at once, without waiting for threads still busy with work the shutdown cut. Nothing is acknowledged before the store has
 it, so what is left at the timeout was never acknowledged. What is accepted is bounded by what the
-store takes in FLUSH_SHARE of the timeout (writes in flight and the carbon backlog,
+store takes in components.FLUSH_SHARE of the timeout (writes in flight and the carbon backlog,
 IngestPipeline.flushable_samples), so the drain fits in it.
 
 So a gateway process ends within ``--shutdown-timeout`` + ANSWER_GRACE_S + CLOSE_S, plus however
@@ -23,7 +23,6 @@ import dataclasses
 import gc
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -34,47 +33,14 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.task import LoopingCall
 
 from gateway import __version__
+from gateway.app.components import Components, redact
 from gateway.app.config import Config
-from gateway.app.executors import QueryExecutors
 from gateway.app.workers import CONFIG_ERROR_EXIT, CannotListen, Worker, end_process
-from gateway.core.connections import Connections
-from gateway.core.overrides import Overrides, OverridesWatch, attach
-from gateway.downsample.pending import PendingMarks, RedisPartitionLock, RedisPending, StorePending, redis_namespace
-from gateway.downsample.processor import Downsampler
-from gateway.http.admin_api import AdminAPI
-from gateway.http.auth import Credentials
-from gateway.http.graphite_api import GraphiteAPI
-from gateway.http.native_api import NativeAPI
-from gateway.http.ops import OpsAPI
-from gateway.http.otlp_api import OTLPAPI
-from gateway.http.prometheus_api import PrometheusAPI
-from gateway.http.promql_api import PromQLAPI
-from gateway.http.server import BodyDeadline, Router, Site, UnsentAnswers
-from gateway.http.webui import WebUI
-from gateway.ingest.carbon import GraphiteIngest, PickleFactory, PlaintextDatagramProtocol, PlaintextFactory
-from gateway.ingest.created import CreatedTimestamps
-from gateway.ingest.deletes import Deleter, SeriesSelection
-from gateway.ingest.limits import TenantLimits
-from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
-from gateway.ingest.pipeline import IngestPipeline
-from gateway.ingest.push import Writer
-from gateway.query.graphite.finder import Finder
-from gateway.query.graphite.graph import DrawHere, GraphPool
-from gateway.query.graphite.storage_schemas import StorageSchemas
-from gateway.query.graphite.tagdb import TagDB
-from gateway.query.planner import QueryPlanner
-from gateway.query.promql.engine import QueryText
-from gateway.query.promql.service import PromQLService
-from gateway.store import open_store
-from protocols import otlp
-from protocols.prometheus import WriteLimits
+from gateway.core.overrides import OverridesWatch
 
 log = logging.getLogger(__name__)
 
 
-# The share of --shutdown-timeout that the writes in flight may take to reach the store, and as
-# much again for the carbon backlog: the bound on each follows the store's measured rate.
-FLUSH_SHARE = 0.3
 ANSWER_GRACE_S = 0.5  # for the 503s of queries cut by the shutdown to be written before connections close
 CLOSE_S = 1.0  # for the store and Redis to close
 MIN_CLOSE_S = 0.2  # however late the shutdown is
@@ -90,64 +56,28 @@ class Gateway:
     def __init__(self, config: Config, inherited: dict[str, int] | None = None):
         self.config = config
         self.inherited = inherited or {}
-        self.store = open_store(config.store_url, config.layout)
-        self.overrides = attach(config, self.store)
-        self.shared_seen = RedisSeenSeries(config.redis, config.redis_key_ttl) if config.redis else None
-        self.downsample = DownsampleRole(config, self.store)
-        self.pending = self.downsample.pending
-        self.marks = PendingMarks(self.pending, config.downsample_partitions_count)
-        self.pipeline = IngestPipeline(
-            self.store,
-            config.limits,
-            KnownSeries(config.metadata_cache_size),
-            config.max_inflight_samples,
-            self.shared_seen,
-            pending=self.marks,
-            tenant_limits=TenantLimits(
-                self.overrides.limit("tenant-max-samples-per-second"), self.overrides.limit("tenant-max-active-series")
-            ),
-            max_metadata_length=config.max_metadata_length,
-            flush_within_s=config.shutdown_timeout / 1000 * FLUSH_SHARE,
-        )
-        self.planner = QueryPlanner(
-            self.store, self.overrides.limit("max-series-per-query"), max_future_ms=config.max_future
-        )
-        roles = config.role_set
-        count = config.query_executor_count if "query" in roles else 0
-        self.executors = QueryExecutors(config, count, self.overrides) if count else None
+        self.components = Components(config).target("serve")
+        get = self.components.get
+        self.store = get("store")
+        self.overrides = get("overrides")
+        self.shared_seen = get("shared_seen")
+        self.pipeline = get("pipeline")
+        self.downsample = get("downsample")
+        self.executors = get("executors")
+        self.graphs = get("graphs")
+        self.connections = get("connections")
+        self.site = get("site")
+        self.graphite = get("graphite_ingest")
+        self.handlers = get("listeners")  # by listener name
         self.overrides_watch = OverridesWatch(self.overrides, self._overrides_reloaded)
-        credentials = Credentials.from_file(config.auth_file, config.auth_max_failures) if config.auth_file else None
-        self.graphs = GraphPool()
-        router = build_router(
-            config,
-            self.store,
-            self.planner,
-            self.pipeline,
-            Router(roles, credentials, self.executors, UnsentAnswers(config.http_max_unsent_bytes)),
-            self.graphs,
-            self.overrides,
-        )
-        deleter = Deleter(self.store, self.marks, config.max_future, self.pipeline.known, self.shared_seen)
-        selection = SeriesSelection(self.store, self.planner)
-        AdminAPI(deleter, selection, self.executors, config.enable_admin_api, self.overrides).register(router)
-        self.connections = Connections(config.connection_limit)
-        self.site = Site(
-            router,
-            config.max_body_bytes,
-            self.connections,
-            _seconds(config.http_idle_timeout),
-            BodyDeadline(_seconds(config.http_body_timeout), config.http_body_min_rate),
-            _seconds(config.http_write_timeout),
-        )
-        self.graphite = GraphiteIngest(self.pipeline, max_pending=config.graphite_max_pending)
         self.ports = []
-        self.downsample_loop = LoopingCall(self._downsample) if "downsample" in roles else None
+        self.downsample_loop = LoopingCall(self._downsample) if "downsample" in config.role_set else None
         self.downsample_stopped = defer.succeed(None)  # fires once the loop stopped and its last round ended
         self.serving = False  # start() completed: a stop after a failed start says nothing (the error said it)
         self.watchdog = Watchdog(config.shutdown_timeout / 1000 + OVERDUE_S)
 
     async def start(self) -> None:
-        await start_store(self.config, self.store, self.pending, self.shared_seen)
+        await self.components.start_store()
         if self.executors is not None:
             self.executors.start()  # after the store: its schema exists when they open it
             # listen once they can take queries: a client (or, under --workers, the worker's share
@@ -165,21 +95,8 @@ class Gateway:
         listeners = config.listeners
         if "ingest" not in config.role_set:
             log.info("roles %s: no carbon listeners", config.roles)
-        carbon_idle_s = _seconds(config.carbon_idle_timeout)
-        handlers = {
-            "http": self.site,
-            "graphite": PlaintextFactory(
-                self.graphite, config.graphite_tenant, config.graphite_max_line_length, self.connections, carbon_idle_s
-            ),
-            "graphite-udp": PlaintextDatagramProtocol(
-                self.graphite, config.graphite_tenant, config.graphite_max_line_length
-            ),
-            "pickle": PickleFactory(
-                self.graphite, config.graphite_tenant, config.pickle_max_frame_bytes, self.connections, carbon_idle_s
-            ),
-        }
         for name, address in listeners.items():
-            self.ports.append(self._listen(name, address, handlers[name]))
+            self.ports.append(self._listen(name, address, self.handlers[name]))
         log.info(
             "tsgate %s: HTTP on %s, graphite %s, graphite-udp %s, pickle %s, store %s, redis %s",
             __version__,
@@ -265,137 +182,6 @@ class Gateway:
             log.warning("downsample round failed (%s); retrying next round", error)
 
 
-def build_router(
-    config: Config,
-    store,
-    planner: QueryPlanner,
-    pipeline,
-    router: Router,
-    graphs: GraphPool | DrawHere,
-    overrides: Overrides,
-) -> Router:
-    """Every API on ``router``: in the gateway, and in a query executor (query routes only, and
-    of the ingest pipeline only its clock). The query limits are each tenant's (``overrides``)."""
-    max_points = overrides.limit("max-points-per-query")
-    writer = Writer(pipeline, CreatedTimestamps(store, pipeline, planner, config.created_timestamp_zero_ingestion))
-    NativeAPI(writer, planner, max_points).register(router)
-    PrometheusAPI(
-        store,
-        writer,
-        planner,
-        config.max_decompressed_bytes,
-        overrides.limit("max-samples-per-query"),
-        config.max_native_histogram_buckets,
-        WriteLimits(
-            config.remote_write_max_samples, config.remote_write_max_exemplars, config.remote_write_max_metadata
-        ),
-    ).register(router)
-    OTLPAPI(
-        writer,
-        overrides,
-        otlp.Settings(
-            config.otlp_translation_strategy,
-            frozenset(config.otlp_promote_resource_attributes),
-            config.otlp_promote_scope_metadata,
-            config.otlp_keep_identifying_attributes,
-            config.max_native_histogram_buckets,
-            config.query_lookback_delta,
-        ),
-        otlp.DeltaToCumulative() if config.otlp_convert_delta else None,
-        config.max_decompressed_bytes,
-        config.remote_write_max_samples,
-    ).register(router)
-    PromQLAPI(
-        PromQLService(
-            store,
-            planner,
-            overrides.limit("query-max-samples"),
-            config.query_lookback_delta,
-            config.query_timeout,
-            QueryText(config.query_max_length, config.query_max_terms, config.query_max_depth),
-        )
-    ).register(router)
-    schemas = StorageSchemas.from_file(config.graphite_storage_schemas)
-    GraphiteAPI(
-        pipeline,
-        planner,
-        Finder(store),
-        TagDB(store, planner),
-        schemas,
-        max_points,
-        graphs,
-        max_targets=config.render_max_targets,
-        max_query_length=config.query_max_length,
-        max_depth=config.query_max_depth,
-        max_terms=config.query_max_terms,
-    ).register(router)
-    OpsAPI(store, executors=router.executors).register(router)
-    WebUI(config, store, pipeline).register(router)
-    return router
-
-
-class DownsampleRole:
-    """What the downsample role needs beside the store: the pending tracker, the downsampler and
-    the partition lock. ``tsgate downsample --once`` builds only this and the store."""
-
-    def __init__(self, config: Config, store):
-        self.partitions = config.owned_partitions
-        self.pending = pending_tracker(config, store)
-        self.downsampler = Downsampler(
-            store, self.pending, config.layout, tuple(filter(None, config.counter_suffixes.split(",")))
-        )
-        self.partition_lock = partition_lock(config, self.pending)
-
-    async def run_once(self) -> int:
-        """One round over this replica's partitions; the number of series-slots rolled up."""
-        return await self.downsampler.run_once(self.partitions, self.partition_lock)
-
-    async def waiting(self) -> int:
-        """Series-slots of this replica's partitions still pending: not settled yet, or failed."""
-        return sum([await self.pending.waiting(partition) for partition in self.partitions])
-
-
-async def start_store(config: Config, store, pending, shared_seen: RedisSeenSeries | None = None) -> None:
-    """Connect the store, then prefix the Redis keys with its identity (redis_namespace). A store
-    that cannot start raises StoreStartError naming the setting to look at."""
-    try:
-        await store.start()
-    except OSError as error:  # e.g. ``Not a directory: tsgate-data/x`` without ``[Errno 20]``
-        reason = f"{error.strerror}: {error.filename}" if error.strerror and error.filename else str(error)
-        raise StoreStartError(f"{store_setting(config)}: {reason}") from error
-    except Exception as error:
-        raise StoreStartError(f"{store_setting(config)}: {error}") from error
-    if config.redis:
-        namespace = redis_namespace(await store.identity())
-        pending.use_namespace(namespace)
-        if shared_seen is not None:
-            shared_seen.namespace = namespace
-
-
-class StoreStartError(Exception):
-    """The store could not start; the message says why and which setting names it."""
-
-
-def store_setting(config: Config) -> str:
-    """The flag that chose the store, with its value: ``--store URL`` or ``--data-dir DIR``."""
-    return f"--store {redact(config.store_url)}" if config.store else f"--data-dir {config.data_dir}"
-
-
-def pending_tracker(config: Config, store):
-    fallback = StorePending(store, config.slot_width, config.downsample_delay)
-    if not config.redis:
-        return fallback
-    return RedisPending(config.redis, fallback, config.slot_width, config.downsample_delay)
-
-
-def partition_lock(config: Config, pending):
-    """Competing consumers through Redis unless partitions are pinned; without Redis, none."""
-    if not isinstance(pending, RedisPending) or config.downsample_partitions:
-        return None
-    lease = max(60_000, 6 * config.downsample_interval)
-    return RedisPartitionLock(pending, f"{socket.gethostname()}:{os.getpid()}", lease)
-
-
 class Watchdog:
     """Ends the process ``seconds`` after it is armed (at the stop signal), from a thread of its
     own: the bound on a stop holds even while one piece of work holds the reactor, which then
@@ -446,18 +232,8 @@ def _within(deferred: defer.Deferred, seconds: float) -> defer.Deferred:
     return outcome
 
 
-def _seconds(milliseconds: int) -> float | None:
-    """A timeout setting for Twisted: seconds, or None (never) for 0."""
-    return milliseconds / 1000 or None
-
-
 def _address(hostport: tuple[str, int] | None) -> str:
     return f"{hostport[0]}:{hostport[1]}" if hostport else "off"
-
-
-def redact(url: str) -> str:
-    """A URL fit for a log line: any password replaced by ***."""
-    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", re.sub(r"(password=)[^&]*", r"\1***", url))
 
 
 REACTOR_GIL_WAIT_S = 0.001

@@ -38,8 +38,8 @@ from gateway.core import samples
 from gateway.core.layout import INDEX_BUCKET_MS, Layout
 from gateway.core.samples import Samples
 from gateway.downsample.aggregate import roll_up
-from gateway.query.read_path import LATEST_MS
 from gateway.store.contract import Rollup
+from gateway.store.read_path import LATEST_MS
 
 POINT = np.dtype([("interval", ">u4"), ("value", ">f8")])
 CHUNK_POINTS = 1 << 20  # points read at a time: 12 MiB, and about 40 MiB of numpy temporaries

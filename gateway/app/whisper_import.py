@@ -22,7 +22,9 @@ from typing import NamedTuple
 
 from twisted.internet import defer, reactor, task, threads
 
+from gateway.app.components import Components
 from gateway.app.config import Config
+from gateway.app.logs import setup_logging
 from gateway.app.whisper_files import CorruptFile, by_slot, file_data, read_archives
 from gateway.core import samples
 from gateway.core.model import (
@@ -34,11 +36,9 @@ from gateway.core.model import (
     series_set_text,
     validate_series,
 )
-from gateway.core.overrides import attach
 from gateway.downsample.aggregate import AGGREGATORS, series_kind
-from gateway.query.read_path import stitch_raw
-from gateway.store import open_store
 from gateway.store.blocks import encode_block
+from gateway.store.read_path import stitch_raw
 
 STORE_ATTEMPTS = 3  # tries of a file whose writes fail, 1 s then 2 s apart
 LANES_PER_WORKER = 4  # files a worker has in flight: one decodes while the others' writes wait on the store
@@ -287,20 +287,18 @@ class Progress:
 
 def worker_main(job: Job, relatives: list[str], tasks, results) -> None:
     """A worker process: a reactor, a store, and LANES_PER_WORKER files in flight until the queue's end."""
-    from gateway.app.cli import setup_logging  # the CLI imports this module
-
     setup_logging(job.config.log_level, f"import worker pid {os.getpid()}")
     task.react(lambda reactor: defer.ensureDeferred(_work(job, relatives, tasks, results)))
 
 
 async def _work(job: Job, relatives: list[str], tasks, results) -> None:
-    store = open_store(job.config.store_url, job.config.layout)
+    components = Components(job.config).target("import")  # the tenant's own retentions: what is left out, the TTLs
+    store = components.get("store")
     try:
-        await store.start()
+        await components.start_store()
     except Exception as error:
         results.put(("fatal", f"could not start the store: {error}"))
         return
-    attach(job.config, store)  # the tenant's own retentions: what is old enough to leave out, the TTLs
     importer = FileImporter(store, job)
 
     async def lane():

@@ -31,38 +31,44 @@ import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from twisted.internet.task import LoopingCall
 
 from gateway.core import metrics
 from gateway.core.layout import Layout, Retentions
 from gateway.core.model import InvalidSample, validate_tenant
-from protocols.otlp.names import STRATEGIES
 from protocols.timespec import parse_duration
 
-if TYPE_CHECKING:  # the services that read limits must not depend on the settings module or the store
+if TYPE_CHECKING:  # the services that read limits must not depend on the settings module
     from gateway.app.config import Config
-    from gateway.store.contract import Store
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 5.0
-# The limits a tenant section may set (the flag names), and whether 0 is allowed (0: no limit).
-LIMIT_KEYS = {
-    "tenant-max-samples-per-second": 0,
-    "tenant-max-active-series": 0,
-    "max-series-per-query": 1,
-    "max-samples-per-query": 1,
-    "query-max-samples": 1,
-    "max-points-per-query": 1,
-}
-DURATION_KEYS = ("raw-retention", "exemplar-retention")
-# How a tenant's OTLP metrics are named (protocols/otlp): a strategy, a list of attribute names.
-OTLP_STRATEGY_KEY = "otlp-translation-strategy"
-OTLP_PROMOTED_KEY = "otlp-promote-resource-attributes"
-OTLP_KEYS = (OTLP_STRATEGY_KEY, OTLP_PROMOTED_KEY)
+
+
+class TenantValue(NamedTuple):
+    """How a setting is given per tenant in the file. gateway.app.config marks each per-tenant
+    setting of its one table (SETTINGS) with one, and the file is checked from those marks:
+    ``limit`` a whole number of at least ``minimum`` (0: no limit, where 0 is allowed),
+    ``retention`` a duration string, ``rollups`` a table of retentions by granularity name,
+    under ``key`` (the setting is --granularities), ``choice`` one of ``choices``, ``names`` a
+    list of names (OTLP attributes)."""
+
+    kind: str
+    minimum: int = 0
+    key: str = ""
+    choices: tuple[str, ...] = ()
+
+
+def tenant_limit(minimum: int) -> TenantValue:
+    return TenantValue("limit", minimum)
+
+
+TENANT_RETENTION = TenantValue("retention")
 ROLLUP_KEY = "rollup-retention"
+TENANT_ROLLUPS = TenantValue("rollups", key=ROLLUP_KEY)
 # Why a file without a tenants table is refused, and how to give no tenant its own values.
 NO_TENANTS = (
     "an empty file (one being rewritten, say) would drop every tenant's values;"
@@ -80,8 +86,7 @@ class OverridesError(ValueError):
     """A file refused: the message names the tenant and the key, and why."""
 
 
-def _limit(tenant: str, key: str, value: object) -> int:
-    minimum = LIMIT_KEYS[key]
+def _limit(tenant: str, key: str, value: object, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise OverridesError(f"tenant {tenant!r}: {key} = {value!r} is not a whole number")
     if value < minimum:
@@ -108,7 +113,7 @@ def _retention(tenant: str, key: str, value: object, longest_ms: int) -> int:
     return retention
 
 
-def _tenant_section(tenant: str, section: object, layout: Layout) -> dict:
+def _tenant_section(tenant: str, section: object, layout: Layout, kinds: dict[str, TenantValue]) -> dict:
     """One tenant's keys, checked: ``{key: value}`` with durations in ms and roll-up retentions
     as ``{granularity name: ms}``."""
     try:
@@ -120,21 +125,24 @@ def _tenant_section(tenant: str, section: object, layout: Layout) -> dict:
     longest = layout.longest_retention_ms
     values: dict = {}
     for key, value in section.items():
-        if key in LIMIT_KEYS:
-            values[key] = _limit(tenant, key, value)
-        elif key in DURATION_KEYS:
+        kind = kinds.get(key)
+        if kind is None:
+            raise OverridesError(f"tenant {tenant!r}: unknown key {key!r}{did_you_mean(key, kinds)}")
+        if kind.kind == "limit":
+            values[key] = _limit(tenant, key, value, kind.minimum)
+        elif kind.kind == "retention":
             values[key] = _retention(tenant, key, value, longest)
-        elif key == OTLP_STRATEGY_KEY:
-            if value not in STRATEGIES:
-                raise OverridesError(f"tenant {tenant!r}: {key} = {value!r} is not one of {', '.join(STRATEGIES)}")
+        elif kind.kind == "choice":
+            if value not in kind.choices:
+                raise OverridesError(f"tenant {tenant!r}: {key} = {value!r} is not one of {', '.join(kind.choices)}")
             values[key] = value
-        elif key == OTLP_PROMOTED_KEY:
+        elif kind.kind == "names":
             if not isinstance(value, list) or not all(isinstance(name, str) and name for name in value):
                 raise OverridesError(
                     f'tenant {tenant!r}: {key} must be a list of attribute names like ["k8s.pod.name"]'
                 )
             values[key] = tuple(value)
-        elif key == ROLLUP_KEY:
+        else:
             names = [g.name for g in layout.granularities]
             if not isinstance(value, dict):
                 raise OverridesError(f'tenant {tenant!r}: {key} must be a table like {{ {names[0]} = "30d" }}')
@@ -144,14 +152,12 @@ def _tenant_section(tenant: str, section: object, layout: Layout) -> dict:
                         f"tenant {tenant!r}: {key}: {name!r} is not one of --granularities ({', '.join(names)})"
                     )
             values[key] = {name: _retention(tenant, f"{key}.{name}", text, longest) for name, text in value.items()}
-        else:
-            known = [*LIMIT_KEYS, *DURATION_KEYS, ROLLUP_KEY, *OTLP_KEYS]
-            raise OverridesError(f"tenant {tenant!r}: unknown key {key!r}{did_you_mean(key, known)}")
     return values
 
 
-def parse_overrides(text: str, layout: Layout) -> dict[str, dict]:
-    """The tenant sections of an overrides file, every value checked; OverridesError otherwise."""
+def parse_overrides(text: str, layout: Layout, kinds: dict[str, TenantValue]) -> dict[str, dict]:
+    """The tenant sections of an overrides file, every value checked against ``kinds`` (the
+    per-tenant settings by their key in the file); OverridesError otherwise."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -164,12 +170,16 @@ def parse_overrides(text: str, layout: Layout) -> dict[str, dict]:
     tenants = document["tenants"]
     if not isinstance(tenants, dict):
         raise OverridesError("tenants must be a table of [tenants.NAME] sections")
-    return {tenant: _tenant_section(tenant, section, layout) for tenant, section in tenants.items()}
+    return {tenant: _tenant_section(tenant, section, layout, kinds) for tenant, section in tenants.items()}
 
 
 def defaults(config: "Config") -> dict:
     """Every tenant's values from the flags, keyed as in the file."""
-    values: dict = {key: getattr(config, key.replace("-", "_")) for key in (*LIMIT_KEYS, *DURATION_KEYS, *OTLP_KEYS)}
+    values: dict = {
+        key: getattr(config, key.replace("-", "_"))
+        for key, kind in config.tenant_values.items()
+        if kind.kind != "rollups"
+    }
     values[ROLLUP_KEY] = {g.name: g.retention_ms for g in config.layout.granularities}
     return values
 
@@ -207,12 +217,14 @@ class Overrides:
     def __init__(self, config: "Config", clock: Callable[[], float] = time.time):
         self.path: Path | None = config.overrides
         self.layout = config.layout
+        self.kinds: dict[str, TenantValue] = config.tenant_values
+        self.limits = [key for key, kind in self.kinds.items() if kind.kind == "limit"]
         self.defaults = defaults(config)
         self.clock = clock
         self.by_tenant: dict[str, dict] = {}  # only the keys each tenant's section sets
         self.effective: dict[str, dict] = {}
         self.retentions = Retentions(self.layout)
-        self.on_somewhere = {key for key in LIMIT_KEYS if self.defaults[key]}  # limits not 0 for some tenant
+        self.on_somewhere = {key for key in self.limits if self.defaults[key]}  # limits not 0 for some tenant
         self.loaded_at: float | None = None
         self._seen: tuple[int, int] | None = None  # (mtime ns, size) of the file last read
 
@@ -225,7 +237,7 @@ class Overrides:
             text = self.path.read_text(encoding="utf-8")
         except OSError as error:
             raise OverridesError(f"cannot read it: {error.strerror}") from None
-        self.use(parse_overrides(text, self.layout))
+        self.use(parse_overrides(text, self.layout, self.kinds))
 
     def reload(self, why: str = "SIGHUP") -> bool:
         """Read the file again; a bad one is logged and counted, and the last good one stays."""
@@ -252,9 +264,11 @@ class Overrides:
             merged[ROLLUP_KEY] = {**self.defaults[ROLLUP_KEY], **values.get(ROLLUP_KEY, {})}
             effective[tenant] = merged
         self.by_tenant, self.effective = by_tenant, effective
-        self.on_somewhere = {key for key in LIMIT_KEYS if any(v[key] for v in (self.defaults, *effective.values()))}
+        self.on_somewhere = {key for key in self.limits if any(v[key] for v in (self.defaults, *effective.values()))}
         self.retentions.by_tenant = {
-            tenant: self._layout(values) for tenant, values in effective.items() if _sets_retention(by_tenant[tenant])
+            tenant: self._layout(values)
+            for tenant, values in effective.items()
+            if self._sets_retention(by_tenant[tenant])
         }
         self.loaded_at = self.clock()
         metrics.OVERRIDES_LOADED_AT.set(self.loaded_at)
@@ -279,19 +293,27 @@ class Overrides:
         return {
             "file": str(self.path) if self.path is not None else None,
             "loaded_at": self.loaded_at,
-            "defaults": _readable(self.defaults),
-            "tenants": {tenant: _readable(values) for tenant, values in sorted(self.effective.items())},
+            "defaults": self._readable(self.defaults),
+            "tenants": {tenant: self._readable(values) for tenant, values in sorted(self.effective.items())},
             "overridden": {tenant: sorted(values) for tenant, values in sorted(self.by_tenant.items())},
         }
 
+    def _sets_retention(self, values: dict) -> bool:
+        return any(self.kinds[key].kind in ("retention", "rollups") for key in values)
 
-def attach(config: "Config", store: "Store") -> Overrides:
-    """``config``'s overrides file loaded (OverridesError if refused), and ``store`` writing,
-    sweeping and deleting each tenant with its own retentions."""
-    overrides = Overrides(config)
-    overrides.load()
-    store.retentions = overrides.retentions
-    return overrides
+    def _readable(self, values: dict) -> dict:
+        """Each value as the file writes it: retentions as ``7d``, names as a list."""
+        shown: dict = {}
+        for key, kind in self.kinds.items():
+            if kind.kind == "retention":
+                shown[key] = duration_text(values[key])
+            elif kind.kind == "rollups":
+                shown[key] = {name: duration_text(ms) for name, ms in values[key].items()}
+            elif kind.kind == "names":
+                shown[key] = list(values[key])
+            else:
+                shown[key] = values[key]
+        return shown
 
 
 class OverridesWatch:
@@ -324,10 +346,6 @@ class OverridesWatch:
             self.reloaded()
 
 
-def _sets_retention(values: dict) -> bool:
-    return any(key in values for key in (*DURATION_KEYS, ROLLUP_KEY))
-
-
 def _stamp(path: Path) -> tuple[int, int] | None:
     try:
         status = os.stat(path)
@@ -342,11 +360,3 @@ def duration_text(milliseconds: int) -> str:
         if milliseconds % size == 0:
             return f"{milliseconds // size}{unit}"
     return f"{milliseconds}ms"
-
-
-def _readable(values: dict) -> dict:
-    shown = {key: values[key] for key in LIMIT_KEYS}
-    shown.update({key: duration_text(values[key]) for key in DURATION_KEYS})
-    shown[ROLLUP_KEY] = {name: duration_text(ms) for name, ms in values[ROLLUP_KEY].items()}
-    shown.update({key: values[key] if key == OTLP_STRATEGY_KEY else list(values[key]) for key in OTLP_KEYS})
-    return shown

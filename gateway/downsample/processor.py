@@ -34,10 +34,10 @@ from gateway.downsample.failures import RollUpFailed, SlotFailures
 from gateway.downsample.histograms import roll_up_histograms
 from gateway.downsample.pending import Work
 from gateway.ingest.metadata_cache import SeenSeries
-from gateway.query.read_path import ReadPath, stitch_raw
 from gateway.store import Store
 from gateway.store.blocks import encode_block
 from gateway.store.contract import SealedBlock
+from gateway.store.read_path import ReadPath, stitch_raw
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,9 @@ from gateway.core.model import SeriesKey
 from gateway.core.overrides import Overrides
 from gateway.http.promql_api import parse_time, prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant
-from gateway.ingest.deletes import Deleter, SeriesSelection
+from gateway.ingest.deletes import Deleter
 from gateway.query.promql.values import PromQLError
+from gateway.query.selection import SeriesSelection
 from protocols.graphite.attime import parse_at_time
 
 if TYPE_CHECKING:  # the pool is built above this layer, by the service

@@ -117,11 +117,12 @@ MAX_REPORTED_REJECTS = 10
 
 class GraphiteAPI:
     """The handlers decode parameters, call the Graphite services (Finder for the path tree,
-    TagDB for tags, the evaluator for render, the ingest pipeline for tagSeries) and encode."""
+    TagDB for tags, the evaluator for render, the ingest pipeline for tagSeries) and encode.
+    ``pipeline`` is None in a query executor, which serves no ingest route."""
 
     def __init__(
         self,
-        pipeline: IngestPipeline,
+        pipeline: IngestPipeline | None,
         planner: QueryPlanner,
         finder: Finder,
         tags: tagdb.TagDB,

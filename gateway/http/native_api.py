@@ -19,7 +19,7 @@ from gateway.http.server import (
 )
 from gateway.ingest.push import Batch, Writer
 from gateway.query.planner import PointsBudget, QueryPlanner
-from gateway.query.read_path import ROLLUP_AGGREGATES
+from gateway.store.read_path import ROLLUP_AGGREGATES
 from protocols import native_json
 from protocols.timespec import BadTime, parse_time
 
@@ -27,10 +27,11 @@ MAX_REPORTED_REJECTS = 100
 
 
 class NativeAPI:
-    def __init__(self, writer: Writer, planner: QueryPlanner, max_points: int | PerTenant):
+    """``writer`` is None in a query executor, which serves no ingest route."""
+
+    def __init__(self, writer: Writer | None, planner: QueryPlanner, max_points: int | PerTenant):
         self.max_points = per_tenant("max-points-per-query", max_points)
         self.writer = writer
-        self.pipeline = writer.pipeline
         self.planner = planner
 
     def register(self, router: Router) -> None:
@@ -59,7 +60,7 @@ class NativeAPI:
         holding the GIL as long) is decoded on the reactor in slices (gateway.core.cooperative)."""
         request_tenant_ = explicit_tenant(request)
         body = read_body(request)
-        decoded, errors = await run_steps(decode(body, self.pipeline.clock()))
+        decoded, errors = await run_steps(decode(body, self.writer.pipeline.clock()))
         rejects = [{"index": e.index, "field": e.field, "error": e.problem} for e in errors]
         samples, positions = [], []
         slices = Slices()
@@ -73,7 +74,7 @@ class NativeAPI:
                 continue
             samples.append(Sample(tenant, item.metric_name, item.tags, item.timestamp_ms, item.value))
             positions.append(index)
-        self.pipeline.count_rejected("json", "bad_item", len(rejects))
+        self.writer.pipeline.count_rejected("json", "bad_item", len(rejects))
         result = (await self.writer.push("json", Batch(samples))).samples
         for reject in result.rejected:
             rejects.append({"index": positions[reject.index], "field": reject.field, "error": reject.problem})
@@ -130,7 +131,7 @@ class NativeAPI:
             if filters.get(key, value) != value:
                 return json_response(200, [])
             filters[key] = value
-        now = self.pipeline.clock()
+        now = self.planner.now()
         start_ms = self._time(request, "start", "1h-ago", now)
         end_ms = self._time(request, "end", "now", now)
         if start_ms > end_ms:

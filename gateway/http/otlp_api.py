@@ -14,7 +14,7 @@ OpenTelemetry exporters retry.
 from twisted.internet import threads
 
 from gateway.core.cooperative import run_steps
-from gateway.core.overrides import OTLP_PROMOTED_KEY, OTLP_STRATEGY_KEY, Overrides
+from gateway.core.overrides import Overrides
 from gateway.http.server import HTTPError, Response, Router, header, read_body, request_tenant
 from gateway.ingest.push import Pushed, Writer, remote_write_batch
 from protocols import otlp
@@ -50,7 +50,8 @@ class OTLPAPI:
         """The flags' settings with the tenant's own strategy and promoted attributes (--overrides)."""
         values = self.overrides.for_tenant(tenant)
         return self.settings._replace(
-            strategy=values[OTLP_STRATEGY_KEY], promote_resource_attributes=frozenset(values[OTLP_PROMOTED_KEY])
+            strategy=values["otlp-translation-strategy"],
+            promote_resource_attributes=frozenset(values["otlp-promote-resource-attributes"]),
         )
 
     async def write(self, request) -> Response:

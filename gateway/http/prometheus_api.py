@@ -14,13 +14,10 @@ import logging
 from twisted.internet import threads
 
 from gateway.core.cooperative import run_steps
-from gateway.core.overrides import PerTenant
 from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, header, json_response, read_body, request_tenant
 from gateway.ingest.push import Writer, remote_write_batch
-from gateway.query.planner import QueryPlanner
 from gateway.query.remote_read import RemoteRead
-from gateway.store import Store
 from protocols import prometheus
 
 log = logging.getLogger(__name__)
@@ -36,21 +33,20 @@ HISTOGRAM_BYTES_PER_SAMPLE = 4
 
 
 class PrometheusAPI:
+    """``writer`` is None in a query executor, which serves no ingest route."""
+
     def __init__(
         self,
-        store: Store,
-        writer: Writer,
-        planner: QueryPlanner,
+        writer: Writer | None,
+        remote_read: RemoteRead,
         max_decompressed_bytes: int,
-        max_samples_per_query: int | PerTenant,
         max_histogram_buckets: int = 0,
         limits: prometheus.WriteLimits = prometheus.write.NO_LIMITS,
     ):
-        self.pipeline = writer.pipeline
         self.writer = writer
         self.max_histogram_buckets = max_histogram_buckets
         self.limits = limits
-        self.remote_read = RemoteRead(store, planner, max_samples_per_query)
+        self.remote_read = remote_read
         self.max_decompressed_bytes = max_decompressed_bytes
 
     def register(self, router: Router) -> None:
@@ -88,7 +84,7 @@ class PrometheusAPI:
                 )
             )
         except prometheus.RemoteWriteError as error:
-            self.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
+            self.writer.pipeline.count_rejected("prometheus", f"http_{error.status}", 1)
             if isinstance(error, prometheus.RequestTooLarge):
                 raise HTTPError(413, f"{error.message} (--remote-write-max-{error.kind})") from None
             raise

@@ -15,9 +15,9 @@ from gateway.core.caches import LRUMap
 from gateway.core.cooperative import CHECK_EVERY, Slices
 from gateway.core.model import HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text, split_labels
 from gateway.ingest.pipeline import CreatedSample, IngestPipeline
-from gateway.query.read_service import ReadService
 from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp
+from gateway.store.read_path import ReadPath
 from protocols.prometheus import WriteSeries, types_pb2
 from protocols.prometheus.write import series_key
 
@@ -57,7 +57,7 @@ class CreatedTimestamps:
         self,
         store: Store,
         pipeline: IngestPipeline,
-        reads: ReadService,
+        reads: ReadPath,
         zero_ingestion: bool,
         remembered: int = 100_000,
     ):
@@ -103,13 +103,13 @@ class CreatedTimestamps:
                 continue
             name, tags = name_and_tags(item)
             if item.samples:
-                (found,) = await self.reads.raw(
+                (found,) = await self.reads.read_raw(
                     [SeriesKey(tenant, row.series_set_hash, name, tags)], created, min(times) - 1
                 )
                 if not len(found):
                     samples.append(Sample(tenant, name, tags, created, 0.0))
             else:
-                (found,) = await self.reads.histograms(tenant, [row.series_set_hash], created, min(times) - 1)
+                (found,) = await self.reads.read_histograms(tenant, [row.series_set_hash], created, min(times) - 1)
                 if not found:
                     first = min(item.histograms, key=lambda h: h.timestamp)
                     histograms.append(HistogramSample(tenant, name, tags, created, zero_histogram(first.data, created)))

@@ -1,6 +1,7 @@
 """Deleting series and samples: the admin endpoints and ``tsgate delete`` (docs/operations.rst).
 
-A delete selects series (Prometheus selectors, or Graphite paths and globs), then for each batch:
+A delete selects series (Prometheus selectors, or Graphite paths and globs: gateway/query/selection.py),
+then for each batch:
 
 1. cuts the range out of every table (Store.delete_samples), twice (a seal that ran during the
    first cut could have written back a block read before it; the second cut catches that), then
@@ -22,32 +23,18 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from twisted.internet import threads
 from twisted.internet.defer import gatherResults
 
-from gateway.core.model import SeriesKey, now_ms, series_set_hash, series_set_text
+from gateway.core.model import SeriesKey, now_ms
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.ingest.pipeline import PendingMarker
-from gateway.query.graphite.finder import Finder
-from gateway.query.planner import QueryPlanner
-from gateway.query.promql.engine import parse, selector_matchers
-from gateway.query.promql.values import PromQLError
-from gateway.query.read_path import ReadPath, clamp_range
 from gateway.store import Store
 from gateway.store.contract import time_slot
-from protocols.prometheus import utf8_labels
+from gateway.store.read_path import ReadPath, clamp_range
 
 log = logging.getLogger(__name__)
 
 BATCH = 256  # series deleted at a time
-
-
-def parse_selector(text: str):
-    """The parsed series selector; PromQLError bad_data for a text that is not one."""
-    expr = parse(text)
-    if type(expr).__name__ != "VectorSelector":
-        raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
-    return expr
 
 
 class SeriesCount(NamedTuple):
@@ -58,41 +45,6 @@ class SeriesCount(NamedTuple):
     samples: int
     histograms: int
     removed: bool
-
-
-class SeriesSelection:
-    """What a delete selects. The gateway runs it in a query executor (its CPU work on a
-    tenant's selectors stays off the serving process); ``tsgate delete`` runs it in place."""
-
-    def __init__(self, store: Store, planner: QueryPlanner):
-        self.store = store
-        self.planner = planner
-        self.finder = Finder(store)
-
-    async def select(self, kind: str, tenant: str, patterns: Sequence[str]) -> list[SeriesKey]:
-        """``select_prometheus`` ("prometheus") or ``select_graphite`` ("graphite")."""
-        if kind == "prometheus":
-            return await self.select_prometheus(tenant, patterns)
-        return await self.select_graphite(tenant, patterns)
-
-    async def select_prometheus(self, tenant: str, selectors: Sequence[str]) -> list[SeriesKey]:
-        """The series any of the selectors selects (PromQLError bad_data for one that is not a selector)."""
-        found: dict[str, SeriesKey] = {}
-        for text in selectors:
-            expr = await threads.deferToThread(parse_selector, text)
-            matchers = selector_matchers(expr)
-            for key in await self.planner.select_by_matchers(tenant, matchers, utf8_labels):
-                found[key.series_set_hash] = key
-        return sorted(found.values(), key=_order)
-
-    async def select_graphite(self, tenant: str, patterns: Sequence[str]) -> list[SeriesKey]:
-        """The Graphite series (paths without tags) whose path a pattern (a path or a glob) names."""
-        hashes: set[str] = set()
-        for pattern in patterns:
-            for path in await self.finder.leaves(tenant, pattern):
-                hashes.add(series_set_hash(series_set_text(path, {})))
-        found = await self.store.get_series(tenant, sorted(hashes))
-        return sorted(found.values(), key=_order)
 
 
 class Deleter:
@@ -225,10 +177,6 @@ class Deleter:
             log.info("delete: %d series got new data while they were deleted; indexed again", len(came_back))
             await self.store.write_series([key for key in series if _pair(key) in came_back])
         return len(series) - len(came_back)
-
-
-def _order(key: SeriesKey):
-    return key.tenant, key.metric_name, sorted(key.tags.items())
 
 
 def _by_tenant(series: Sequence[SeriesKey]) -> dict[str, list[str]]:

@@ -1,5 +1,5 @@
 """The one read of the query APIs: the series a query selected, read READ_BATCH at a time through
-the read path (gateway/query/read_path.py: bounded store calls, counted in the store metrics), each
+the read path (gateway/store/read_path.py: bounded store calls, counted in the store metrics), each
 batch spent from the request's ReadBudget before the next is read.
 
 PromQL, Prometheus remote read, Graphite render and the native /api/query all read here. Each API
@@ -15,9 +15,9 @@ from typing import NamedTuple
 from gateway.core.layout import Granularity
 from gateway.core.model import Limits, SeriesKey, now_ms
 from gateway.core.samples import Samples
-from gateway.query.read_path import ReadPath, SeriesData
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow, HistogramRow
+from gateway.store.read_path import ReadPath, SeriesData
 
 READ_BATCH = 256  # series read at a time, their samples counted against the budget in between
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Self
 from urllib.parse import parse_qsl, unquote
 
-from cassandra import ConsistencyLevel, OperationTimedOut, RequestExecutionException
+from cassandra import OperationTimedOut, RequestExecutionException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.connection import ConnectionException
@@ -23,6 +23,7 @@ from prometheus_client import Counter
 from twisted.internet import defer
 
 from gateway.core.layout import Layout
+from gateway.store.cassandra_options import parse_consistency, parse_replication
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import SchemaOptions
 from gateway.store.contract import Store, StoreUnavailable, time_slots
@@ -115,38 +116,11 @@ class CassandraOptions(NamedTuple):
     head_writer: str = "acsylla"
 
 
-def _consistency(name: str) -> int:
-    try:
-        return ConsistencyLevel.name_to_value[name.upper()]
-    except KeyError:
-        choices = ", ".join(sorted(ConsistencyLevel.name_to_value))
-        raise ValueError(f"consistency {name!r} is not one of {choices}") from None
-
-
-def _replication(text: str) -> tuple[tuple[str, int], ...]:
-    """``simple:3`` or ``dc1:3,dc2:2``; also spelt with the strategy's name, as CQL has it:
-    ``SimpleStrategy:3`` or ``NetworkTopologyStrategy:dc1=3,dc2=2``."""
-    strategy, _, factors = text.partition(":")
-    if strategy == "SimpleStrategy":
-        text = f"simple:{factors}"
-    elif strategy == "NetworkTopologyStrategy":
-        text = factors.replace("=", ":")
-    pairs = []
-    for item in text.split(","):
-        name, _, factor = item.partition(":")
-        if not name or not factor.isdigit() or int(factor) < 1:
-            raise ValueError(f"replication {text!r}: expected simple:N, DC:N,DC:N or NetworkTopologyStrategy:DC=N,DC=N")
-        pairs.append((name, int(factor)))
-    if any(name == "simple" for name, _ in pairs) and len(pairs) > 1:
-        raise ValueError(f"replication {text!r}: simple:N stands alone")
-    return tuple(pairs)
-
-
 def parse_url(url: str, layout: Layout) -> CassandraOptions:
     """``cassandra://[user:password@]host[:port][,host[:port]...]/keyspace[?option=value&...]``
 
     Options: replication (simple:N or DC:N,DC:N), consistency (both), read_consistency,
-    write_consistency, local_dc, username, password, tls (true/false), tls_ca (CA file),
+    write_consistency (those three also flags: gateway/store/cassandra_options.py), local_dc, username, password, tls (true/false), tls_ca (CA file),
     request_timeout (duration), max_inflight (requests in flight), head_writer (acsylla or
     driver: the client of data_head writes). docs/configuration.rst.
     """
@@ -186,7 +160,7 @@ def parse_url(url: str, layout: Layout) -> CassandraOptions:
     keyspace = keyspace or "tsdb"
     if not keyspace.replace("_", "a").isalnum() or not keyspace[0].isalpha():
         raise ValueError(f"keyspace {keyspace!r} must be letters, digits and _ and start with a letter")
-    consistency = options.get("consistency", "LOCAL_QUORUM")
+    consistency = options.get("consistency", "LOCAL_QUORUM")  # both, where the read or write one is not given
     max_inflight = int(options.get("max_inflight", "256"))
     if max_inflight < 1:
         raise ValueError("max_inflight must be at least 1")
@@ -195,9 +169,9 @@ def parse_url(url: str, layout: Layout) -> CassandraOptions:
         raise ValueError(f"head_writer {head_writer!r} is not one of {', '.join(HEAD_WRITERS)}")
     return CassandraOptions(
         hosts=hosts,
-        schema=SchemaOptions(keyspace, _replication(options.get("replication", "simple:1")), layout),
-        read_consistency=_consistency(options.get("read_consistency", consistency)),
-        write_consistency=_consistency(options.get("write_consistency", consistency)),
+        schema=SchemaOptions(keyspace, parse_replication(options.get("replication", "simple:1")), layout),
+        read_consistency=parse_consistency(options.get("read_consistency", consistency)),
+        write_consistency=parse_consistency(options.get("write_consistency", consistency)),
         local_dc=options.get("local_dc") or None,
         username=unquote(username) or options.get("username") or None,
         password=unquote(password) or options.get("password") or None,

@@ -524,7 +524,7 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     """A read of an inclusive range need not look further back from its end than the layout's
     longest retention (``Layout.longest_retention_ms``): Cassandra cuts wider ranges to their
     newest part rather than list a partition per slot (the read path cuts them before, to the
-    retentions before now; gateway/query/read_path.py)."""
+    retentions before now; gateway/store/read_path.py)."""
 
     # Sealing groups a tenant's series-slots by head shard, then hash order, over the settled work
     # of 16 partitions at a time (gateway/downsample/processor.py): on Cassandra a group's head

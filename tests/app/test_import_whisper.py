@@ -41,7 +41,7 @@ from gateway.app.whisper_files import CorruptFile, file_data, read_archives
 from gateway.app.whisper_import import FileImporter, Job, graphite_name
 from gateway.core.layout import DAY_MS, HOUR_MS, Layout, parse_granularities
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
-from gateway.core.overrides import attach
+from gateway.core.overrides import Overrides
 from gateway.downsample.aggregate import GAUGE, MAX_ONLY
 from gateway.store.blocks import decode_block
 from gateway.store.contract import RawPoint
@@ -480,7 +480,9 @@ async def test_a_tenant_with_its_own_raw_retention_gets_raw_blocks_only_within_i
     overrides.write_text(f'[tenants.{tenant}]\nraw-retention = "2h"\n')
     arguments = ["import", "whisper", str(tmp_path / "w"), *LAYOUT_FLAGS, "--overrides", str(overrides)]
     config = build_config(build_parser().parse_args(arguments))
-    attach(config, sqlite_store)
+    overrides = Overrides(config)
+    overrides.load()
+    sqlite_store.retentions = overrides.retentions  # as gateway.app.components wires a store
     importer = FileImporter(sqlite_store, Job(config, tmp_path / "w", tenant, "", now))
     assert (await importer.import_file("a.wsp"))[2] is None
     key = series_set_hash(series_set_text("a", {}))

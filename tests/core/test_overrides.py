@@ -11,13 +11,14 @@ import pytest_twisted
 from prometheus_client import REGISTRY
 
 from gateway.app.cli import build_parser
-from gateway.app.config import build_config
+from gateway.app.components import Components
+from gateway.app.config import TENANT_VALUES, build_config
 from gateway.core.layout import DAY_MS, HOUR_MS, Layout
-from gateway.core.model import SeriesKey
+from gateway.core.model import Sample, SeriesKey
 from gateway.core.overrides import Overrides, OverridesError, parse_overrides
 from gateway.ingest.limits import RateLimited, TenantLimits
-from gateway.query.read_path import ReadPath
 from gateway.store.contract import RawPoint, Rollup
+from gateway.store.read_path import ReadPath
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_head
 from tests.gatewayproc import REPO, run_tsgate
@@ -109,13 +110,13 @@ def test_a_tenant_section_overrides_some_keys_and_the_flags_give_the_rest(tmp_pa
 )
 def test_bad_files_are_refused_naming_the_tenant_the_key_and_why(text, problem):
     with pytest.raises(OverridesError) as refused:
-        parse_overrides(text, Layout())
+        parse_overrides(text, Layout(), TENANT_VALUES)
     assert problem in str(refused.value)
 
 
 @pytest.mark.parametrize("text", ["tenants = {}\n", "[tenants]\n"])
 def test_an_explicit_empty_tenants_table_gives_no_tenant_its_own_values(text):
-    assert parse_overrides(text, Layout()) == {}
+    assert parse_overrides(text, Layout(), TENANT_VALUES) == {}
 
 
 def reload_failures() -> float:
@@ -242,6 +243,36 @@ def test_overrides_check_validates_a_file_without_a_server(tmp_path):
     )
     assert refused.returncode == 1
     assert "tenant 'small': raw-retention: 'forever' is not a duration" in refused.stderr
+
+
+@pytest_twisted.ensureDeferred
+async def test_tsgate_delete_selects_under_each_tenants_own_max_series_per_query(tmp_path):
+    """``tsgate delete`` plans with the one planner of gateway.app.components: a tenant's own
+    max-series-per-query, not only the flag's."""
+    path = tmp_path / "overrides.toml"
+    path.write_text("[tenants.roomy]\nmax-series-per-query = 10\n")
+    flags = ["--data-dir", str(tmp_path / "data"), "--max-series-per-query", "1", "--overrides", str(path)]
+    components = Components(config_of(*flags))
+    pipeline = components.get("pipeline")
+    await components.start_store()
+    try:
+        for tenant in ("roomy", "plain"):
+            samples = [Sample(tenant, "up", {"job": job}, pipeline.clock() - 60_000, 1.0) for job in "abc"]
+            assert not (await pipeline.ingest("prometheus", samples)).rejected
+    finally:
+        await components.get("store").close()
+    delete = ["delete", *flags, "--match", "up", "--dry-run"]
+    out = run_tsgate(*delete, "--tenant", "roomy")
+    assert out.splitlines()[-1].startswith("dry run: would delete 3 samples and 0 histograms of 3 series"), out
+    refused = subprocess.run(
+        [sys.executable, "-m", "gateway.app.cli", *delete, "--tenant", "plain"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 1 and "--max-series-per-query" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr, refused.stderr
 
 
 @pytest_twisted.ensureDeferred

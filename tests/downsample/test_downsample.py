@@ -12,8 +12,8 @@ from gateway.core.layout import HOUR_MS, Layout, parse_granularities
 from gateway.core.samples import from_points
 from gateway.downsample.aggregate import CUMULATIVE_COUNTER, DELTA_COUNTER, GAUGE, MAX_ONLY, roll_up, series_kind
 from gateway.downsample.partitions import jump_hash, parse_partitions, partition_of
-from gateway.query.read_path import choose_granularity
 from gateway.store.contract import Rollup
+from gateway.store.read_path import choose_granularity
 from tests.gatewayproc import downsample_once, metric_value, wait_until_redis_is_used
 
 MINUTE = 60_000

@@ -32,10 +32,10 @@ from gateway.downsample.pending import PendingMarks, RedisPending, StorePending
 from gateway.downsample.processor import Downsampler
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
-from gateway.query.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.contract import HistogramRow, StoreUnavailable
 from gateway.store.histogram_rollup_rows import decode_interval
+from gateway.store.read_path import ReadPath
 from gateway.store.sqlite import SQLiteStore
 from protocols.prometheus import types_pb2
 from protocols.prometheus.xor import STALE_NAN_BITS

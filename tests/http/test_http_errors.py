@@ -13,7 +13,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from gateway.app.cli import build_parser
 from gateway.app.config import build_config
-from gateway.app.service import Gateway, start_store
+from gateway.app.service import Gateway
 from gateway.core.errors import ClientError, LimitExceeded, Timeout
 from gateway.core.model import Sample
 from gateway.http.promql_api import prometheus_errors
@@ -122,7 +122,7 @@ async def gateway(tmp_path):
     flags = ["serve", "--data-dir", str(tmp_path), "--query-executors", "0", "--max-series-per-query", "2"]
     config = build_config(build_parser().parse_args(flags))
     built = Gateway(config)
-    await start_store(config, built.store, built.pending)
+    await built.components.start_store()
     now_ms = built.pipeline.clock()
     samples = [Sample(TENANT, f"srv.{host}.cpu", {}, now_ms - 60_000, 1.0) for host in "abc"]
     assert not (await built.pipeline.ingest("graphite", samples)).rejected

@@ -20,9 +20,9 @@ from gateway.query.graphite.fetcher import StoreFetcher
 from gateway.query.graphite.finder import Finder
 from gateway.query.graphite.storage_schemas import StorageSchemas
 from gateway.query.planner import QueryPlanner
-from gateway.query.read_path import ReadPath, rollup_samples
 from gateway.store.blocks import BadBlock, decode_block, encode_block, read_header
 from gateway.store.contract import RawPoint, Rollup
+from gateway.store.read_path import ReadPath, rollup_samples
 from gateway.store.sqlite_schema import SCHEMA_VERSION
 from tests.conftest import read_blocks, read_head
 

@@ -1,12 +1,10 @@
 """The services behind the HTTP handlers, on both stores: the Graphite tree walks and tag counts
 run within the store's bound on calls in flight (gateway/store/calls.py); tagSeries and Prometheus metadata go through the ingest pipeline
 (validation, tenant limits, metadata written once); the pipeline marks pending work through its
-marker interface; the services import nothing of the HTTP layer, the config or the downsampler;
-carbon listeners open only with the ingest role."""
+marker interface (that the services import nothing of the layers above them is
+tests/project/test_layers.py's check); carbon listeners open only with the ingest role."""
 
 import socket
-import subprocess
-import sys
 import urllib.parse
 
 import pytest
@@ -23,7 +21,6 @@ from gateway.query.graphite.tagdb import TagDB, graphite_path
 from gateway.query.planner import QueryPlanner
 from gateway.store.calls import StoreCalls
 from gateway.store.contract import MetricMetadata
-from tests.gatewayproc import REPO
 
 READS = {
     "list_path_children",
@@ -250,28 +247,3 @@ def test_without_the_ingest_role_no_carbon_listener_opens(start_gateway, tmp_pat
     assert bound(writer.graphite_port, socket.SOCK_STREAM)
     assert bound(writer.graphite_port, socket.SOCK_DGRAM)
     assert bound(writer.pickle_port, socket.SOCK_STREAM)
-
-
-@pytest.mark.parametrize(
-    "module",
-    [
-        "gateway.ingest.pipeline",
-        "gateway.store.cassandra",
-        "gateway.store.sqlite",
-        "gateway.query.graphite.finder",
-        "gateway.query.graphite.tagdb",
-        "gateway.query.planner",
-        "gateway.ingest.created",
-        "gateway.query.remote_read",
-        "gateway.query.promql.service",
-    ],
-)
-def test_services_depend_on_no_http_config_or_downsampler(module):
-    """Dependencies point inwards: the pipeline marks pending work through PendingMarker, the
-    store drivers take plain values, the services know nothing of HTTP."""
-    check = (
-        f"import sys, {module}; print(sorted(n for n in sys.modules if n in ('gateway.app.config', 'gateway.app.service', 'gateway.app.cli')"
-        " or n.startswith(('gateway.downsample', 'gateway.http'))))"
-    )
-    result = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

@@ -9,7 +9,6 @@ import pytest_twisted
 
 from gateway.core.layout import HEAD_SHARDS, Layout, head_shard
 from gateway.downsample.processor import Downsampler
-from gateway.query.read_path import stitch_raw
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.cassandra import CassandraStore
 from gateway.store.cassandra_base import BATCH_WARNINGS
@@ -23,6 +22,7 @@ from gateway.store.cassandra_samples import (
     head_routing_key,
 )
 from gateway.store.contract import RawColumns, RawPoint, SealedBlock, time_slot
+from gateway.store.read_path import stitch_raw
 from tests.store.test_contract import series
 
 HOUR = 3_600_000

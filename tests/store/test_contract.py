@@ -18,7 +18,6 @@ from twisted.internet.threads import deferToThread
 from gateway.core import samples
 from gateway.core.layout import Layout
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
-from gateway.query.read_path import ReadPath
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.calls import StoreCalls
 from gateway.store.cassandra import CassandraStore
@@ -36,6 +35,7 @@ from gateway.store.contract import (
     time_slot,
     time_slots,
 )
+from gateway.store.read_path import ReadPath
 from gateway.store.sqlite import SQLiteStore
 from tests.conftest import read_blocks, read_head
 

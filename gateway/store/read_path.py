@@ -155,7 +155,7 @@ class ReadPath:
             return await self.store.read_histograms(tenant, hashes, start_ms, end_ms)
         boundary = self._boundary(granularity, tenant)
         old_end = min(end_ms, boundary - 1)
-        old = [[] for _ in hashes]
+        old: list[list[HistogramRow]] = [[] for _ in hashes]
         if old_end >= start_ms:
             intervals = await self.store.read_histogram_rollups(
                 granularity,
