@@ -108,7 +108,7 @@ def test_unwritable_store_fails_start_with_exit_1(tmp_path):
 
 
 def test_passwords_never_reach_the_log():
-    from gateway.app.service import redact
+    from gateway.app.components import redact
 
     assert redact("cassandra://me:secret@h1,h2/ks?password=x&tls=1") == "cassandra://me:***@h1,h2/ks?password=***&tls=1"
     assert redact("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"

@@ -195,7 +195,7 @@ def test_reads_past_raw_retention_use_roll_ups(start_gateway, tmp_path, tenant):
     maxima = gateway.get(f"/render?target={target}&from={t0 - 1}&until={t0 + 3599}&format=json&tenant={tenant}").json()
     assert {v for v, _ in maxima[0]["datapoints"] if v is not None} == {4.0}
     body = prometheus.encode_read_request(
-        [ReadQuery(t0 * 1000, (t0 + 3599) * 1000, [Matcher("EQ", "__name__", "old_gauge")])]
+        [ReadQuery(t0 * 1000, (t0 + 3599) * 1000, [Matcher("EQ", "__name__", "old.gauge")])]
     )
     answer = gateway.post("/api/v1/read", body, headers={"X-Scope-OrgID": tenant, "Content-Encoding": "snappy"})
     (result,) = prometheus.decode_read_response(answer.body, 1 << 20)
