@@ -26,9 +26,9 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from twisted.internet import defer, task, threads
+from twisted.internet import defer, threads
 
-from bench.common import exit_with
+from bench.common import exit_with, react_until_done
 from gateway.core.layout import INDEX_BUCKET_MS, Layout
 from gateway.core.model import Limits, SeriesSamples
 from gateway.ingest.metadata_cache import KnownSeries
@@ -171,12 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=int, default=2, help="minutes past the boundary to stop")
     parser.add_argument("--cassandra", metavar="HOST:PORT")
     args = parser.parse_args(argv)
-    try:
-        task.react(lambda reactor: defer.ensureDeferred(run(args)))
-    except SystemExit as exit_:
-        if exit_.code:
-            raise
-    return 0
+    return react_until_done(run, args)
 
 
 if __name__ == "__main__":

@@ -341,6 +341,19 @@ def run_part_alone(run, description: str, argv: list[str] | None = None) -> None
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def react_until_done(run, *args) -> int:
+    """Run the coroutine function ``run(*args)`` under the Twisted reactor to its end; 0, or the
+    failure's exit status (task.react always ends with sys.exit)."""
+    from twisted.internet import defer, task
+
+    try:
+        task.react(lambda reactor: defer.ensureDeferred(run(*args)))
+    except SystemExit as exit_:
+        if exit_.code:
+            raise
+    return 0
+
+
 def exit_with(main) -> None:
     """A script's exit: main's status, or 1 with the reason when a check failed (BenchError)."""
     try:

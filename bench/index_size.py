@@ -25,9 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from twisted.internet import defer, task
-
-from bench.common import exit_with
+from bench.common import exit_with, react_until_done
 from gateway.core.layout import INDEX_BUCKET_MS, Layout
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
 from gateway.store.deletion import INDEX_KEYS
@@ -135,12 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=500)
     parser.add_argument("--buckets", type=int, default=24)
     args = parser.parse_args(argv)
-    try:
-        task.react(lambda reactor: defer.ensureDeferred(run(args)))
-    except SystemExit as exit_:
-        if exit_.code:
-            raise
-    return 0
+    return react_until_done(run, args)
 
 
 if __name__ == "__main__":

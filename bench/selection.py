@@ -24,9 +24,9 @@ import time
 import uuid
 from pathlib import Path
 
-from twisted.internet import defer, task, threads
+from twisted.internet import threads
 
-from bench.common import exit_with
+from bench.common import exit_with, react_until_done
 from gateway.core.layout import DAY_MS, HOUR_MS, INDEX_BUCKET_MS, Layout
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
 from gateway.query.planner import QueryPlanner
@@ -118,12 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--cassandra", metavar="HOST:PORT")
     args = parser.parse_args(argv)
-    try:
-        task.react(lambda reactor: defer.ensureDeferred(run(args)))
-    except SystemExit as exit_:
-        if exit_.code:
-            raise
-    return 0
+    return react_until_done(run, args)
 
 
 if __name__ == "__main__":

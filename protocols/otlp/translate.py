@@ -42,6 +42,7 @@ from protocols.prometheus.write import (
     WriteHistogram,
     WriteMetadata,
     WriteSeries,
+    read_varint,
     series_key,
 )
 
@@ -261,17 +262,6 @@ def series_labels(name: str, base: dict[str, str], extra: tuple = ()) -> dict[st
     if extra:
         labels[extra[0]] = extra[1]
     return {k: labels[k] for k in sorted(labels) if labels[k]}
-
-
-def _varint(raw: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = raw[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
 
 
 def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float, int] | None:
@@ -599,7 +589,7 @@ def _number_points(
         if length < 0x80:
             position += 2
         else:
-            length, position = _varint(raw, position + 1)
+            length, position = read_varint(raw, position + 1)
         if tag != _DATA_POINTS_TAG:
             if tag & 7 == 2:  # another length-delimited field: skipped
                 position += length

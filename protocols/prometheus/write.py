@@ -384,12 +384,12 @@ def _parts(raw: bytes, part_bytes: int) -> Iterator[bytes]:
     start = offset = 0
     try:
         while offset < len(raw):
-            key, offset = _varint(raw, offset)
+            key, offset = read_varint(raw, offset)
             wire_type = key & 7
             if wire_type == 0:
-                offset = _varint(raw, offset)[1]
+                offset = read_varint(raw, offset)[1]
             elif wire_type == 2:
-                length, offset = _varint(raw, offset)
+                length, offset = read_varint(raw, offset)
                 offset += length
             elif wire_type in _SKIPPED_BYTES:
                 offset += _SKIPPED_BYTES[wire_type]
@@ -471,7 +471,7 @@ MAX_VALID_LABEL_BYTES = 1 << 20
 _unpack_double = struct.Struct("<d").unpack_from
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
     """The unsigned varint at ``pos`` and the position after it; IndexError past the end."""
     result = shift = 0
     while True:
@@ -518,7 +518,7 @@ def _decode_v1_plain(raw: bytes, counted: _Counted, first_index: int = 0) -> Gen
             if end < 0x80:
                 pos += 2
             else:
-                end, pos = _varint(raw, pos + 1)
+                end, pos = read_varint(raw, pos + 1)
             end += pos
             if end > size:
                 return None
@@ -535,7 +535,7 @@ def _decode_v1_plain(raw: bytes, counted: _Counted, first_index: int = 0) -> Gen
                     continue
             start = pos
             while pos < end and raw[pos] == 0x0A:  # field 1, labels
-                length, pos = _varint(raw, pos + 1)
+                length, pos = read_varint(raw, pos + 1)
                 pos += length
             if pos > end:
                 return None
@@ -660,7 +660,7 @@ def _v2_plain(raw: bytes, counted: _Counted) -> Generator[None, None, tuple[Samp
     pos, size = 0, len(raw)
     try:
         while pos < size and raw[pos] == 0x22:  # field 4, symbols
-            length, pos = _varint(raw, pos + 1)
+            length, pos = read_varint(raw, pos + 1)
             symbols.append(raw[pos : pos + length].decode())
             pos += length
             if not len(symbols) % V2_PLAIN_SERIES:
@@ -707,11 +707,11 @@ def _v2_plain_run(
     while pos < size and len(counts) < V2_PLAIN_SERIES and ref_bytes < V2_PLAIN_REF_BYTES:
         if raw[pos] != 0x2A:  # field 5, timeseries
             return None
-        end, pos = _varint(raw, pos + 1)
+        end, pos = read_varint(raw, pos + 1)
         end += pos
         if end > size or raw[pos] != 0x0A:  # field 1, labels_refs
             return None
-        length, pos = _varint(raw, pos + 1)
+        length, pos = read_varint(raw, pos + 1)
         ref_starts.append(pos)
         pos += length
         ref_stops.append(pos)
@@ -803,10 +803,10 @@ def _v2_metadata(symbols: list[str], name: str, data: bytes) -> WriteMetadata | 
     fields = {1: 0, 3: 0, 4: 0}
     pos = 0
     while pos < len(data):
-        key, pos = _varint(data, pos)
+        key, pos = read_varint(data, pos)
         if key & 7 or key >> 3 not in fields:
             return None
-        fields[key >> 3], pos = _varint(data, pos)
+        fields[key >> 3], pos = read_varint(data, pos)
     kind, help_ref, unit_ref = fields[1], fields[3], fields[4]
     if help_ref >= len(symbols) or unit_ref >= len(symbols):
         return None
@@ -894,7 +894,7 @@ def _plain_sample(raw: bytes, pos: int, stop: int) -> tuple[int, float] | None:
         value = _unpack_double(raw, pos + 1)[0]
         pos += 9
     if pos < stop and raw[pos] == 0x10:
-        timestamp, pos = _varint(raw, pos + 1)
+        timestamp, pos = read_varint(raw, pos + 1)
         if pos != stop or timestamp >= 1 << 64:
             return None
         if timestamp >= 1 << 63:  # int64 in two's complement
