@@ -259,7 +259,7 @@ class Credentials:
             )
         if not self._pool.started:
             self._pool.start()
-            reactor.addSystemEventTrigger("during", "shutdown", self._pool.stop)
+            reactor.addSystemEventTrigger("during", "shutdown", self._pool.stop)  # type: ignore[arg-type]  # zope interface: see [tool.mypy]
         self._waiting += 1
         try:
             return await threads.deferToThreadPool(reactor, self._pool, verify_password, password, stored)

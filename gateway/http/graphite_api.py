@@ -365,6 +365,7 @@ class GraphiteAPI:
         """Index series without data (Graphite's tagSeries) through the ingest pipeline, as a
         first sample would be; their canonical paths. A 400 names the rejected paths (the good
         ones beside them are registered)."""
+        assert self.pipeline is not None  # an ingest route: see the class docstring
         series, positions, rejects = [], [], []
         for index, path in enumerate(paths):
             try:

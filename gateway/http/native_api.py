@@ -58,6 +58,7 @@ class NativeAPI:
 
         A large body (10 MB: seconds of parsing and per-item Python, which a thread would do
         holding the GIL as long) is decoded on the reactor in slices (gateway.core.cooperative)."""
+        assert self.writer is not None  # an ingest route: see the class docstring
         request_tenant_ = explicit_tenant(request)
         body = read_body(request)
         decoded, errors = await run_steps(decode(body, self.writer.pipeline.clock()))

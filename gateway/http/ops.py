@@ -26,7 +26,7 @@ class StoreHealth:
     def __init__(self, store: Store, clock: IReactorTime):
         self.store = store
         self.clock = clock
-        self.answered_at = clock.seconds()  # the store answered its start
+        self.answered_at = clock.seconds()  # type: ignore[misc]  # the store answered its start; zope interface: see [tool.mypy]
         self.failure: str | None = None  # why the last ping that finished failed
         self.asked_at = 0.0  # when the ping in flight was sent
         self._waiting: dict[defer.Deferred, IDelayedCall] | None = None  # while a ping is in flight
@@ -35,12 +35,12 @@ class StoreHealth:
         """Fire, within HEALTHZ_DEADLINE_S, with True when the ping in flight has finished (answered
         or failed), False when it is still out."""
         if self._waiting is None:
-            self._waiting, self.asked_at = {}, self.clock.seconds()
+            self._waiting, self.asked_at = {}, self.clock.seconds()  # type: ignore[misc]  # zope interface: see [tool.mypy]
             defer.maybeDeferred(self.store.ping).addBoth(self._finished)
             if self._waiting is None:  # finished at once
                 return defer.succeed(True)
         answered: defer.Deferred = defer.Deferred()
-        self._waiting[answered] = self.clock.callLater(HEALTHZ_DEADLINE_S, self._late, self._waiting, answered)
+        self._waiting[answered] = self.clock.callLater(HEALTHZ_DEADLINE_S, self._late, self._waiting, answered)  # type: ignore[arg-type]  # zope interface: see [tool.mypy]
         return answered
 
     def _late(self, waiting: dict, answered: defer.Deferred) -> None:
@@ -53,10 +53,10 @@ class StoreHealth:
         if isinstance(outcome, Failure):
             self.failure = str(outcome.value)
         else:
-            self.answered_at, self.failure = self.clock.seconds(), None
+            self.answered_at, self.failure = self.clock.seconds(), None  # type: ignore[misc]  # zope interface: see [tool.mypy]
         waiting, self._waiting = self._waiting or {}, None
         for answered, late in waiting.items():
-            late.cancel()
+            late.cancel()  # type: ignore[misc]  # zope interface: see [tool.mypy]
             answered.callback(True)
 
 

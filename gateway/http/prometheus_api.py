@@ -69,6 +69,7 @@ class PrometheusAPI:
         return json_response(200, {"status": "success", "data": data})
 
     async def write(self, request) -> Response:
+        assert self.writer is not None  # an ingest route: see the class docstring
         tenant = request_tenant(request)
         body = read_body(request)
         try:

@@ -6,6 +6,7 @@ details and the deliberate differences."""
 import math
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 import orjson
@@ -58,8 +59,8 @@ def parse_time(text: str, name: str) -> int:
 
 def _time_range(request) -> tuple[int | None, int | None]:
     """The optional ``start`` and ``end`` of the metadata and exemplar endpoints (None where left out)."""
-    start = parse_time(arg(request, "start"), "start") if arg(request, "start") else None
-    end = parse_time(arg(request, "end"), "end") if arg(request, "end") else None
+    start = parse_time(arg(request, "start"), "start") if arg(request, "start") else None  # type: ignore[arg-type]  # checked just before
+    end = parse_time(arg(request, "end"), "end") if arg(request, "end") else None  # type: ignore[arg-type]  # checked just before
     if start is not None and end is not None and end < start:
         raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
     return start, end
@@ -77,7 +78,7 @@ def _status_range(request) -> tuple[int, int]:
             raise PromQLError(f'invalid parameter "date": cannot parse "{date}" as YYYY-MM-DD', "bad_data") from None
         start = round(day.timestamp() * 1000)
         return start, start + DAY_MS - 1
-    start, end = _time_range(request)
+    start, end = _time_range(request)  # type: ignore[assignment]  # start and end are None where left out
     end = int(time.time() * 1000) if end is None else end
     return (end - DAY_MS if start is None else start), end
 
@@ -131,7 +132,7 @@ class PromQLAPI:
 
     async def query(self, request) -> Response:
         text = _required(request, "query")
-        at_ms = parse_time(arg(request, "time"), "time") if arg(request, "time") else int(time.time() * 1000)
+        at_ms = parse_time(arg(request, "time"), "time") if arg(request, "time") else int(time.time() * 1000)  # type: ignore[arg-type]  # checked just before
         times = np.array([at_ms], dtype=np.int64)
         value, warnings = await self._evaluate(request, text, self.service.query(at_ms, at_ms, 0), times)
         return Response(200, await threads.deferToThread(_encode_instant, value, at_ms, warnings))
@@ -167,7 +168,7 @@ class PromQLAPI:
 
     async def _evaluate(self, request, text: str, query: Query, times: np.ndarray):
         """The value of the query, and the warnings its answer must carry."""
-        timeout_ms = parse_step(arg(request, "timeout"), "timeout") if arg(request, "timeout") else None
+        timeout_ms = parse_step(arg(request, "timeout"), "timeout") if arg(request, "timeout") else None  # type: ignore[arg-type]  # checked just before
         return await self.service.evaluate(request_tenant(request), text, query, times, timeout_ms)
 
     # -- metadata -----------------------------------------------------------------------------
@@ -291,11 +292,11 @@ def _series(
 ) -> dict | None:
     """A matrix series as Prometheus 2.42 writes one: ``values`` (floats) and ``histograms``,
     each only when there are some; None for a series with neither."""
-    series = {"metric": labels}
+    series: dict[str, Any] = {"metric": labels}
     if present.any():
         series["values"] = _points(times[present], values[present])
     if histograms is not None:
-        holds = np.not_equal(histograms, None)
+        holds = np.not_equal(histograms, None)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
         if holds.any():
             series["histograms"] = _histogram_points(times[holds], histograms[holds])
     return series if len(series) > 1 else None
@@ -331,7 +332,7 @@ def _encode_instant(value, at_ms: int, warnings: list[str]) -> bytes:
         histograms = {tuple(sorted(s.labels.items())): s for s in value.histogram_series}
         floats = {tuple(sorted(s.labels.items())): s for s in value.series}
         for key in sorted(floats.keys() | histograms.keys()):
-            series = {"metric": (floats.get(key) or histograms.get(key)).labels}
+            series = {"metric": (floats.get(key) or histograms.get(key)).labels}  # type: ignore[union-attr]  # the key is in one of them
             if key in floats:
                 lo, hi = value.windows(floats[key])
                 if hi[0] > lo[0]:

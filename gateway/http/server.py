@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from twisted.internet import defer, reactor
 from twisted.protocols.basic import FileSender
@@ -42,7 +42,7 @@ class Response(NamedTuple):
     """``body`` is bytes, or an async iterator of bytes that is streamed as it is produced."""
 
     status: int
-    body: object
+    body: Any  # bytes, or an async iterator of bytes
     content_type: str = JSON
     headers: dict[str, str] = {}
 
@@ -180,6 +180,9 @@ class Channel(http.HTTPChannel):
     over ``MAX_LENGTH`` (16 KiB): this one says why first, 414 for the request line, 431 for a header.
     """
 
+    # Set by the factory (Site.buildProtocol); a TCP transport (ITCPTransport, IProducer): see [tool.mypy].
+    site: "Site"
+    transport: Any
     listener = "http"
     awaiting_headers = True
     awaiting_request_line = True  # the next non-empty line starts a request
@@ -240,7 +243,7 @@ class Channel(http.HTTPChannel):
 
     def stalled_s(self) -> float:
         """How long the send buffer has stayed full (the client taking nothing); 0 when it is not."""
-        return 0.0 if self._stalled_since is None else reactor.seconds() - self._stalled_since
+        return 0.0 if self._stalled_since is None else reactor.seconds() - self._stalled_since  # type: ignore[misc]  # zope interface: see [tool.mypy]
 
     def drained(self) -> defer.Deferred:
         """Fires once the send buffer has room (at once when it has), or the connection is gone."""
@@ -248,7 +251,7 @@ class Channel(http.HTTPChannel):
             return defer.succeed(None)
         if self._drained_waiters is None:
             self._drained_waiters = []
-        deferred = defer.Deferred()
+        deferred: defer.Deferred[None] = defer.Deferred()
         self._drained_waiters.append(deferred)
         return deferred
 
@@ -310,7 +313,7 @@ class Channel(http.HTTPChannel):
             self._paused = False
             self.transport.resumeProducing()
         if self.site.body_deadline.enabled:
-            self._body_started, self._body_bytes = reactor.seconds(), 0
+            self._body_started, self._body_bytes = reactor.seconds(), 0  # type: ignore[misc]  # zope interface: see [tool.mypy]
             self._body_clock = self.callLater(BODY_CHECK_INTERVAL_S, self._check_body_pace)
         if held:
             self.rawDataReceived(b"".join(held))
@@ -331,7 +334,7 @@ class Channel(http.HTTPChannel):
         super().rawDataReceived(data)
 
     def _check_body_pace(self) -> None:
-        refusal = self.site.body_deadline.refusal(reactor.seconds() - self._body_started, self._body_bytes)
+        refusal = self.site.body_deadline.refusal(reactor.seconds() - self._body_started, self._body_bytes)  # type: ignore[misc]  # zope interface: see [tool.mypy]
         if refusal is None:
             self._body_clock = self.callLater(BODY_CHECK_INTERVAL_S, self._check_body_pace)
             return
@@ -433,7 +436,7 @@ class Channel(http.HTTPChannel):
 
 
 class Site(server.Site):
-    protocol = Channel
+    protocol = Channel  # type: ignore[assignment]  # Twisted wraps its own (HTTP/2 negotiation); ours is HTTP/1.1
     requestFactory = LimitedRequest
     noisy = False
 
@@ -465,10 +468,10 @@ class Site(server.Site):
 
 def read_body(request: LimitedRequest) -> bytes:
     if request.body_too_large:
-        limit = request.channel.site.max_body_bytes
+        limit = request.channel.site.max_body_bytes  # type: ignore[attr-defined]  # the site's channels are Channel
         raise HTTPError(413, f"request body is over the limit of {limit} bytes (--max-body-bytes)")
-    request.content.seek(0)
-    return request.content.read()
+    request.content.seek(0)  # type: ignore[attr-defined]  # the body is stored once the request is read
+    return request.content.read()  # type: ignore[attr-defined]  # the body is stored once the request is read
 
 
 FORM = b"application/x-www-form-urlencoded"
@@ -501,7 +504,7 @@ def _with_form(handler):
 
 def arg(request: server.Request, name: str, default: str | None = None) -> str | None:
     """A query-string or form argument as text; HTTPError 400 when it is not UTF-8."""
-    values = request.args.get(name.encode())
+    values = request.args.get(name.encode())  # type: ignore[attr-defined]  # Twisted sets args when it parses the request
     if not values:
         return default
     try:
@@ -511,7 +514,7 @@ def arg(request: server.Request, name: str, default: str | None = None) -> str |
 
 
 def args(request: server.Request, name: str) -> list[str]:
-    return _decoded(name, request.args.get(name.encode(), []))
+    return _decoded(name, request.args.get(name.encode(), []))  # type: ignore[attr-defined]  # Twisted sets args when it parses the request
 
 
 def _decoded(name: str, values: list[bytes]) -> list[str]:
@@ -549,11 +552,11 @@ def _tenant_parameter(request: server.Request) -> str | None:
     400 (promtool sends its URL's parameters in the query string and again in the form body).
     In ``request.args`` a form body's parameter replaces the query string's of the same name
     (Twisted), so when both may hold one, both are read."""
-    given = request.args.get(b"tenant", [])
+    given = request.args.get(b"tenant", [])  # type: ignore[attr-defined]  # Twisted sets args when it parses the request
     in_query = http.parse_qs(request.uri.partition(b"?")[2], 1).get(b"tenant", [])
     content_type = (request.getHeader(b"content-type") or b"").partition(b";")[0].strip().lower()
     if in_query and request.method == b"POST" and content_type == b"application/x-www-form-urlencoded":
-        given = in_query + http.parse_qs(read_body(request), 1).get(b"tenant", [])
+        given = in_query + http.parse_qs(read_body(request), 1).get(b"tenant", [])  # type: ignore[arg-type]  # the site's requests are LimitedRequest
     values = set(_decoded("tenant", given))
     if len(values) > 1:
         raise HTTPError(400, f"the tenant parameter names {len(values)} different tenants; give one", field="tenant")
@@ -604,7 +607,7 @@ def _method_label(method: bytes) -> str:
     return method.decode("ascii") if method in _KNOWN_METHODS else "other"
 
 
-_ACCESS_OF_ROLE = {"ingest": "write", "query": "read"}
+_ACCESS_OF_ROLE: dict[str | None, str] = {"ingest": "write", "query": "read"}
 
 
 class Router(resource.Resource):
@@ -637,7 +640,7 @@ class Router(resource.Resource):
         self.credentials = credentials
         self.executors = executors
         self.routes: dict[bytes, dict[bytes, tuple[str, Handler, str]]] = {}
-        self.prefixes: list[tuple[bytes, dict[bytes, tuple[str, object, str]]]] = []
+        self.prefixes: list[tuple[bytes, dict[bytes, tuple[str, Callable[[str], Handler], str]]]] = []
 
     def _wanted(self, role: str | None) -> bool:
         """Routes of a role this process does not have (``--roles``) are left out: 404."""
@@ -730,7 +733,7 @@ class Router(resource.Resource):
     def _client_gone(request: server.Request, handling: defer.Deferred) -> None:
         """The client closed the connection: cancel the handler's work, which stops at the store
         call or thread it awaits (a read loop at its next batch, PromQL evaluation at its next check)."""
-        request.client_gone = True
+        request.client_gone = True  # type: ignore[attr-defined]  # our own attribute on Twisted's request
         if not handling.called:
             metrics.CANCELLED_REQUESTS.inc()
             handling.cancel()
@@ -757,8 +760,8 @@ class Router(resource.Resource):
             if access != "any" and access not in principal.roles and "admin" not in principal.roles:
                 metrics.AUTH_FAILURES.labels("forbidden").inc()
                 raise HTTPError(403, f"credential {principal.name!r} lacks the {access!r} role this endpoint needs")
-            request.principal = principal
-        request.credential_checked = True
+            request.principal = principal  # type: ignore[attr-defined]  # our own attribute on Twisted's request
+        request.credential_checked = True  # type: ignore[attr-defined]  # our own attribute on Twisted's request
 
     async def _not_found(self, request):
         raise HTTPError(404, f"no such endpoint: {request.path.decode('utf-8', 'replace')}")
@@ -802,7 +805,7 @@ class Router(resource.Resource):
                 request.finish()
         finally:
             if held:
-                self.unsent.release(request)
+                self.unsent.release(request)  # type: ignore[union-attr]  # held only with a bound
             metrics.HTTP_REQUESTS.labels(name, _method_label(request.method), str(status)).observe(
                 time.perf_counter() - started
             )
@@ -817,7 +820,7 @@ class Router(resource.Resource):
         try:
             await FileSender().beginFileTransfer(source, request)
         except Exception:  # FileSender's way of saying the client went away
-            request.client_gone = True
+            request.client_gone = True  # type: ignore[attr-defined]  # our own attribute on Twisted's request
         finally:
             source.close()
 
@@ -832,8 +835,8 @@ class Router(resource.Resource):
                 if getattr(request, "client_gone", False):
                     return
                 request.write(chunk)
-                await channel.drained()
+                await channel.drained()  # type: ignore[attr-defined]  # the site's channels are Channel
         except Exception:
             log.exception("stream to %s failed midway; closing the connection", request.uri)
             channel.loseConnection()
-            request.client_gone = True
+            request.client_gone = True  # type: ignore[attr-defined]  # our own attribute on Twisted's request

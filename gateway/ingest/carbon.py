@@ -18,6 +18,7 @@ and counted.
 import logging
 import time
 from collections import deque
+from typing import Any
 
 from twisted.internet import defer, reactor, threads
 from twisted.internet.protocol import DatagramProtocol, Factory, Protocol
@@ -256,7 +257,7 @@ class GraphiteIngest:
             self._flush_call.reset(0)
         if not self.pending:
             return defer.succeed(None)
-        deferred = defer.Deferred()
+        deferred: defer.Deferred[None] = defer.Deferred()
         self._idle.append(deferred)
         return deferred
 
@@ -270,6 +271,8 @@ class _StreamProtocol(Protocol, TimeoutMixin):
     however they trickle, keep neither the timeout nor the connection cap away.
     """
 
+    # A TCP transport (ITCPTransport, IProducer): zope interfaces are not typed for mypy.
+    transport: Any
     protocol_name = ""
     evictable = True  # until a first line or frame is decoded (see gateway.core.connections)
     silent = True  # until the first bytes arrive

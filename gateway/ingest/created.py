@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from gateway.core.caches import LRUMap
 from gateway.core.cooperative import CHECK_EVERY, Slices
 from gateway.core.model import HistogramSample, Sample, SeriesKey, series_set_hash, series_set_text, split_labels
+from gateway.core.samples import Samples
 from gateway.ingest.pipeline import CreatedSample, IngestPipeline
 from gateway.store import Store
-from gateway.store.contract import CreatedTimestamp
+from gateway.store.contract import CreatedTimestamp, HistogramRow
 from gateway.store.read_path import ReadPath
 from protocols.prometheus import WriteSeries, types_pb2
 from protocols.prometheus.write import series_key
@@ -93,7 +94,9 @@ class CreatedTimestamps:
         ``zero_ingestion``): each before every sample of its series in the request, and only
         where nothing is stored from it up to them (Prometheus drops a zero that would land at or
         before a sample it has, so a zero never replaces a sample or lands between two)."""
-        samples, histograms = [], []
+        samples: list[Sample] = []
+        histograms: list[HistogramSample] = []
+        found: Samples | list[HistogramRow]
         if not self.zero_ingestion:
             return samples, histograms
         for item, row in new:

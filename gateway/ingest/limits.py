@@ -34,7 +34,7 @@ class RateLimited(LimitExceeded):
 
     def __init__(self, message: str, retry_after_s: int, limit: str = "samples_per_second"):
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_s: int = retry_after_s
         self.limit = limit
 
 

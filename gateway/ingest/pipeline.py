@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import compress, repeat
 from operator import itemgetter
 from sys import intern
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 import numpy as np
 from prometheus_client import Counter
@@ -75,7 +75,7 @@ _PRE_INDEX_LEAD = {char: PRE_INDEX_MS * (index + 1) // len(_BASE64) for index, c
 
 
 class Rejected(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the item's index in its batch, shadowing tuple.index
     field: str
     problem: str
     reason: str
@@ -124,8 +124,8 @@ class _Kind(NamedTuple):
     store call writing rows, its metrics, whether its series-slots are rolled up (marked
     pending), and whether it counts as a sample against the tenant's rate."""
 
-    check: Callable[[object, int, int], None] | None
-    row: Callable[[object, str], object]
+    check: Callable[[Any, int, int], None] | None
+    row: Callable[[Any, str], object]
     operation: str
     accepted: Counter | None
     rejected: Counter
@@ -354,7 +354,7 @@ class IngestPipeline:
         written once. Returns the keys of the accepted series in order, and the rejects with
         their index in ``series``."""
         admitted = await self._admit_and_write(protocol, _SERIES, series)
-        return admitted.rows, admitted.rejected
+        return cast(list[SeriesKey], admitted.rows), admitted.rejected
 
     async def _admit_and_write(self, protocol: str, kind: _Kind, items: Sequence) -> _Admitted:
         """The one loop every kind of data takes: resolve each item's series (validated and
@@ -398,7 +398,7 @@ class IngestPipeline:
                     key = (tenant, name, (*tags.keys(), *tags.values()))
                     hash_ = known.get(key) or fresh.get(key)
                 except (AttributeError, TypeError):
-                    key = hash_ = None
+                    key = hash_ = None  # type: ignore[assignment]  # validate_series refuses the item below
                 if hash_ is None:
                     validate_series(name, tags, self.limits)
                     if check is not None:
@@ -448,8 +448,8 @@ class IngestPipeline:
                     name, tags = batch.name_and_tags(batch.labels[index])
                     try:
                         validate_series(name, tags, self.limits)
-                    except InvalidSample as error:
-                        invalid[index] = error
+                    except InvalidSample as problem:
+                        invalid[index] = problem
                         continue
                     hash_ = fresh[keys[index]] = series_set_hash(series_set_text(name, tags))
                     new_series[(tenant, hash_)] = SeriesKey(tenant, hash_, name, tags)
@@ -646,7 +646,7 @@ class IngestPipeline:
         return wanted
 
     @staticmethod
-    async def _store_calls(write: Callable[[list], Deferred], rows: list) -> None:
+    async def _store_calls(write: Callable[[Sequence], Deferred], rows: Sequence) -> None:
         """``write(rows)`` in calls of at most ROWS_PER_STORE_CALL rows, all under way at once: a
         store prepares a call's rows on the reactor thread (~1-3 us a row), so one call of
         150,000 rows would hold it for a good part of a second."""
@@ -669,6 +669,7 @@ class IngestPipeline:
         process and the downsampler, and for the roll-up's own run), needs no mark: the roll-up
         reads it with the rest. So a steady stream marks once per series and slot, and a backfill
         of a past slot once per series every half delay instead of on every write."""
+        assert self.pending is not None  # _write marks only with a pending marker
         width = self.store.slot_width_ms
         now = self.clock()
         unmarked = {
@@ -692,7 +693,7 @@ class IngestPipeline:
         accepted is written from now on as fast as the store takes it: the bound on rows in
         flight is back to --max-inflight-samples."""
         self.draining = True
-        deferred = Deferred()
+        deferred: Deferred[None] = Deferred()
         if self.inflight_samples:
             self._drained.append(deferred)
         else:

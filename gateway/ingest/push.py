@@ -8,7 +8,7 @@ HTTP handlers only decode, push and encode.
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from gateway.core.cooperative import CHECK_EVERY, Slices
 from gateway.core.model import NAME_TAG, ExemplarSample, HistogramSample, Sample, SeriesSamples, split_labels
@@ -123,7 +123,7 @@ class Writer:
         if isinstance(batch.samples, SeriesSamples) and sample_count:
             samples = await pipeline.ingest_arrays(protocol, batch.samples)
         elif sample_count:
-            samples = await pipeline.ingest(protocol, batch.samples)
+            samples = await pipeline.ingest(protocol, cast(Sequence[Sample], batch.samples))
         histograms = await pipeline.ingest_histograms(protocol, batch.histograms) if batch.histograms else _NOTHING
         exemplars = await pipeline.ingest_exemplars(protocol, batch.exemplars) if batch.exemplars else _NOTHING
         if created:

@@ -10,7 +10,7 @@ So a request over its limit stops after the batch that crossed it, never after r
 """
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gateway.core.layout import Granularity
 from gateway.core.model import Limits, SeriesKey, now_ms
@@ -143,7 +143,7 @@ class ReadService:
     async def _batched(
         series: Sequence,
         read: Callable[[Sequence], Awaitable[list]],
-        count: Callable[[object], int],
+        count: Callable[[Any], int],
         budget: ReadBudget | None,
         what: str,
     ) -> list:

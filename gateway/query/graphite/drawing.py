@@ -14,6 +14,7 @@ import itertools
 import math
 import re
 import warnings
+from typing import Any
 
 import numpy as np
 from matplotlib import dates, rc_context
@@ -34,7 +35,7 @@ AXIS_LIMIT = 1e300
 
 def draw(options: GraphOptions, series_list) -> bytes:
     """The picture's bytes in ``options.format``."""
-    settings = {
+    settings: dict[Any, Any] = {
         "font.size": options.font_size,
         "text.parse_math": False,  # a "$" in a title or a series name is text, not TeX
         "svg.fonttype": "none",  # text stays text in SVG (searchable, selectable)
@@ -74,7 +75,7 @@ def _figure(options: GraphOptions, series_list) -> Figure:
     plotted = _plot(options, series_list, axes, right)
     first = min(series.start for series in series_list)
     last = max(series.end for series in series_list)
-    axes.set_xlim(np.datetime64(int(first), "s"), np.datetime64(int(last), "s"))
+    axes.set_xlim(np.datetime64(int(first), "s"), np.datetime64(int(last), "s"))  # type: ignore[arg-type]  # dates: matplotlib converts them
     for each in (axes, right):
         if each is not None:
             _style(options, each)

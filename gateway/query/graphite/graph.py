@@ -257,7 +257,7 @@ class GraphPool:
 
     async def draw(self, options: GraphOptions, series_list) -> bytes:
         executor = self._pool()
-        deadline = reactor.callLater(self.timeout_s, self._expire, executor)
+        deadline = reactor.callLater(self.timeout_s, self._expire, executor)  # type: ignore[arg-type]  # zope interface: see [tool.mypy]
         try:
             return await _deferred(executor.submit(_draw, options, series_list))
         except BrokenProcessPool:
@@ -267,8 +267,8 @@ class GraphPool:
             self._stop(executor)
             raise GraphUnavailable("the graph drawing process died; retry") from None
         finally:
-            if deadline.active():
-                deadline.cancel()
+            if deadline.active():  # type: ignore[misc]  # zope interface: see [tool.mypy]
+                deadline.cancel()  # type: ignore[misc]  # zope interface: see [tool.mypy]
 
     def _expire(self, executor: concurrent.futures.ProcessPoolExecutor) -> None:
         log.warning("a graph took more than %g s to draw: its drawing processes are stopped", self.timeout_s)

@@ -7,6 +7,7 @@ value per ``n`` (so ``for v in series`` and ``list(series)`` see consolidated va
 """
 
 import re
+from collections.abc import Iterable
 from itertools import islice
 
 CONSOLIDATION_FUNCTIONS = ("sum", "average", "avg", "avg_zero", "max", "min", "first", "last")
@@ -64,7 +65,7 @@ class TimeSeries(list):
         start: int,
         end: int,
         step: int,
-        values: list,
+        values: Iterable,
         tags: dict[str, str] | None = None,
         path_expression: str | None = None,
         x_files_factor: float = 0.0,
@@ -80,7 +81,7 @@ class TimeSeries(list):
         self.xFilesFactor = x_files_factor
         self.consolidationFunc = consolidation_func
         self.valuesPerPoint = 1
-        self.options = {}
+        self.options: dict = {}
 
     def __repr__(self):
         return (

@@ -8,7 +8,7 @@ non-empty value. The ``name`` tag is the metric name.
 """
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from twisted.internet.defer import ensureDeferred, gatherResults
 
@@ -31,7 +31,7 @@ class TagMatcher(NamedTuple):
     name: str
     type: str
     value: str
-    regex: object  # a compiled RE2 pattern for =~ and !=~, else None
+    regex: Any  # a compiled RE2 pattern for =~ and !=~, else None
 
     def matches(self, value: str) -> bool:
         if self.type == "EQ":

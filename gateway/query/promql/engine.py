@@ -16,7 +16,7 @@ import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import promql_parser
@@ -501,7 +501,7 @@ class Evaluator:
             found = index >= 0
             index = np.maximum(index, 0)
             sample_ms, samples = series.timestamps[index], series.values[index]
-            found &= (sample_ms > refs - self.query.lookback_ms) & np.not_equal(samples, None)  # None: a stale marker
+            found &= (sample_ms > refs - self.query.lookback_ms) & np.not_equal(samples, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
             if not found.any():
                 continue
             row = row_of.get(labels_key(series.labels))
@@ -533,7 +533,7 @@ class Evaluator:
             )
         histograms = []
         for found in self.histograms.get(selector_key(selector), []):
-            kept = np.not_equal(found.values, None)  # None: a stale marker
+            kept = np.not_equal(found.values, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
             histograms.append(Series(found.labels, found.timestamps[kept], found.values[kept]))
         return RangeVector(series, self._refs(selector, ctx), _ms(node.range), tuple(histograms), self.guard)
 
@@ -581,7 +581,8 @@ class Evaluator:
     def _aggregate(self, node, ctx: Context):
         op = str(node.op)
         vector = self.evaluate(node.expr, ctx.times_ms)
-        param = self.evaluate(node.param, ctx.times_ms) if node.param is not None else None
+        # Any: the parser gives a parameter to every aggregation that uses one.
+        param: Any = self.evaluate(node.param, ctx.times_ms) if node.param is not None else None
         modifier = node.modifier
         grouping = list(modifier.labels) if modifier is not None else []
         without = modifier is not None and str(modifier.type).endswith("Without")
@@ -679,13 +680,14 @@ def _refuse_same_labels(vector: Vector) -> None:
     label set (series that differed only by their dropped name) are an error, at whatever steps
     they hold samples."""
     for rows in (vector.present.any(axis=1), vector.histogram_present.any(axis=1)):
-        keys = [labels_key(labels) for labels, kept in zip(vector.labels, rows) if kept]
+        keys = [labels_key(labels) for labels, kept in zip(vector.labels, rows) if kept]  # type: ignore[arg-type]  # any(axis=1) of a 2-d array is an array
         if len(set(keys)) < len(keys):
             raise PromQLError("vector cannot contain metrics with the same labelset")
 
 
-def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Value and keep flag of ``left op right`` (the keep flag matters for comparisons only)."""
+def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, Any]:
+    """Value and keep flag of ``left op right`` (the keep flag matters for comparisons only: an
+    array for them, True otherwise)."""
     with np.errstate(all="ignore"):
         if op == "+":
             return left + right, True
@@ -751,7 +753,7 @@ def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
 def _scaled(histograms: np.ndarray, factors: np.ndarray, op: str) -> np.ndarray:
     """``histogram * scalar`` (either side) and ``histogram / scalar``, step by step."""
     out = np.full(histograms.shape, None, dtype=object)
-    for row, step in zip(*np.nonzero(np.not_equal(histograms, None))):
+    for row, step in zip(*np.nonzero(np.not_equal(histograms, None))):  # type: ignore[call-overload]  # numpy's stubs: None in an object array
         factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
         out[row, step] = histograms[row, step].scale(factor)
     return out
@@ -770,7 +772,7 @@ def _aggregate_histograms(
     broken = np.zeros((count, ctx.steps), dtype=bool)
     hints = np.zeros((count, ctx.steps), dtype=np.int64)  # bit 1: a counter reset said, bit 2: none said
     for row, step in zip(*np.nonzero(holds)):
-        group, histogram = group_of[row], vector.histograms[row, step]
+        group, histogram = group_of[row], vector.histograms[row, step]  # type: ignore[index]  # holds marks histograms, so they are there
         counts[group, step] += 1
         hints[group, step] |= {RESET_HINT: 1, NO_RESET_HINT: 2}.get(histogram.reset_hint, 0)
         if broken[group, step]:
@@ -824,13 +826,13 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
             return Vector.empty(steps)
         masks = np.vstack([right_present.get(_signature(labels, modifier), none) for labels in lhs.labels])
         keep = masks if op == "and" else ~masks
-        histograms = None if lhs.histograms is None else np.where(keep, lhs.histograms, None)
+        histograms = None if lhs.histograms is None else np.where(keep, lhs.histograms, None)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
         return Vector(lhs.labels, lhs.values, lhs.present & keep, lhs.sample_ms, histograms).without_absent()
     left_present: dict[tuple, np.ndarray] = {}
     for labels, present in zip(lhs.labels, lhs.sampled):
         key = _signature(labels, modifier)
         left_present[key] = left_present.get(key, np.zeros(steps, dtype=bool)) | present
-    labels = list(lhs.labels) + list(rhs.labels)
+    labels = list(lhs.labels) + list(rhs.labels)  # type: ignore[assignment]  # the loop's labels above were one label set
     if not labels:
         return Vector.empty(steps)
     right_kept = (
@@ -843,7 +845,7 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
         rhs.values,
         rhs.present & right_kept,
         None,
-        None if rhs.histograms is None else np.where(right_kept, rhs.histograms, None),
+        None if rhs.histograms is None else np.where(right_kept, rhs.histograms, None),  # type: ignore[call-overload]  # numpy's stubs: None in an object array
     )
     left = Vector(lhs.labels, lhs.values, lhs.present, None, lhs.histograms)
     return merge_same_labels(stacked(left, right).without_absent())
@@ -870,7 +872,7 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
                 f"found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side"
             )
     drop_name = op in _ARITHMETIC or return_bool
-    results: dict[tuple, tuple[dict, np.ndarray, np.ndarray]] = {}
+    results: dict[tuple, tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = {}
     many_seen: dict[tuple, np.ndarray] = {}
     for index, labels in enumerate(many.labels):
         signature = _signature(labels, modifier)
@@ -905,18 +907,22 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
         key = labels_key(result_labels)
         if key in results:
             old_labels, old_values, old_present, old_histograms = results[key]
-            if ((old_present | np.not_equal(old_histograms, None)) & (present | np.not_equal(histograms, None))).any():
+            if ((old_present | np.not_equal(old_histograms, None)) & (present | np.not_equal(histograms, None))).any():  # type: ignore[call-overload]  # numpy's stubs: None in an object array
                 raise PromQLError("multiple matches for labels: grouping labels must ensure unique matches")
             value = np.where(present, value, old_values)
             present = present | old_present
-            histograms = np.where(np.not_equal(histograms, None), histograms, old_histograms)
+            histograms = np.where(np.not_equal(histograms, None), histograms, old_histograms)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
         results[key] = (result_labels, value, present, histograms)
     if not results:
         return Vector.empty(steps)
     labels, values, present, histograms = zip(*results.values())
     held = np.vstack(histograms)
     return Vector(
-        list(labels), np.vstack(values), np.vstack(present), None, held if np.not_equal(held, None).any() else None
+        list(labels),
+        np.vstack(values),
+        np.vstack(present),
+        None,
+        held if np.not_equal(held, None).any() else None,  # type: ignore[call-overload]  # numpy's stubs: None in an object array
     ).without_absent()
 
 
@@ -931,7 +937,7 @@ def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, 
     theirs = np.full(steps, None, dtype=object)
     for partner in partners:
         if one.histograms is not None:
-            theirs = np.where(np.not_equal(theirs, None), theirs, one.histograms[partner])
+            theirs = np.where(np.not_equal(theirs, None), theirs, one.histograms[partner])  # type: ignore[call-overload]  # numpy's stubs: None in an object array
     mine = many.histograms[index] if many.histograms is not None else np.full(steps, None, dtype=object)
     if op in ("*", "/"):  # a histogram times a float (either side), divided by one (on the left)
         floats = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
@@ -940,13 +946,13 @@ def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, 
         for histograms, factors, factor_present, histogram_right in sides:
             if op == "/" and histogram_right:
                 continue
-            for step in np.flatnonzero(np.not_equal(histograms, None) & factor_present):
+            for step in np.flatnonzero(np.not_equal(histograms, None) & factor_present):  # type: ignore[call-overload]  # numpy's stubs: None in an object array
                 factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
                 out[step] = histograms[step].scale(factor)
         return out
     if op not in ("+", "-", "==", "!="):
         return out
-    for step in np.flatnonzero(np.not_equal(mine, None) & np.not_equal(theirs, None)):
+    for step in np.flatnonzero(np.not_equal(mine, None) & np.not_equal(theirs, None)):  # type: ignore[call-overload]  # numpy's stubs: None in an object array
         left, right = (theirs[step], mine[step]) if swapped else (mine[step], theirs[step])
         reconciled = f"PromQL info: mismatched custom buckets were reconciled during {'addition' if op == '+' else 'subtraction'}"
         try:
@@ -1117,7 +1123,7 @@ def _limit(vector: Vector, group_of: np.ndarray, chosen) -> Vector:
     order = np.array(sorted(range(len(vector.labels)), key=lambda row: sorted(vector.labels[row].items())), dtype=int)
     ordered = vector.take(order)
     kept = ordered.sampled & chosen(ordered, group_of[order])
-    histograms = None if ordered.histograms is None else np.where(kept, ordered.histograms, None)
+    histograms = None if ordered.histograms is None else np.where(kept, ordered.histograms, None)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
     return ordered._replace(present=ordered.present & kept, histograms=histograms).without_absent()
 
 

@@ -190,7 +190,7 @@ def selector_labels(call_argument) -> dict:
     if matchers is None:
         return {}
     labels = {}
-    counts = defaultdict(int)
+    counts: defaultdict = defaultdict(int)
     for matcher in matchers:
         counts[matcher.name] += 1
     for matcher in matchers:
@@ -421,7 +421,8 @@ def bucket_quantile(q: float, uppers: np.ndarray, counts: np.ndarray, on_forced=
         return math.inf
     if not len(uppers) or not math.isinf(uppers[-1]) or uppers[-1] < 0:
         return math.nan
-    merged_uppers, merged_counts = [], []
+    merged_uppers: list[float] = []
+    merged_counts: list[float] = []
     for upper, count in zip(uppers, counts):
         if merged_uppers and merged_uppers[-1] == upper:
             merged_counts[-1] += count

@@ -282,7 +282,7 @@ def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = Non
                 reduce = np.fmin if name == "min" else np.fmax
                 return reduce.reduce(np.where(mask, vs, np.nan), axis=1), present
             if name == "quantile":
-                return quantiles(np.where(mask, vs, np.inf), count, parameter), present
+                return quantiles(np.where(mask, vs, np.inf), count, parameter), present  # type: ignore[arg-type]  # quantile_over_time passes its parameter
             if name == "mad":
                 return _median_absolute_deviation(vs, mask, count), present
             if name in ("ts_of_min", "ts_of_max"):
@@ -360,7 +360,7 @@ def over_time_of_histograms(matrix: RangeVector, name: str, floats: Vector, warn
                 continue
             latest = name in ("last", "ts_of_last")
             at = window_times[-1] if latest else window_times[0]
-            float_at = other.timestamps[float_hi[step] - 1 if latest else float_lo[step]] if with_floats[step] else None
+            float_at = other.timestamps[float_hi[step] - 1 if latest else float_lo[step]] if with_floats[step] else None  # type: ignore[union-attr]  # other is set where with_floats
             if float_at is not None and (float_at > at if latest else float_at < at):
                 continue  # the float sample is the answer already
             if name.startswith("ts_of_"):
@@ -652,7 +652,7 @@ def _histogram_rows(matrix: RangeVector, compute) -> Vector:
         if other is not None:
             float_lo, float_hi = matrix.windows(other)
             row[float_hi > float_lo] = None
-        if np.not_equal(row, None).any():
+        if np.not_equal(row, None).any():  # type: ignore[call-overload]  # numpy's stubs: None in an object array
             labels.append(drop_metric_name(series.labels))
             rows.append(row)
     if not rows:

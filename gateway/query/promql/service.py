@@ -57,7 +57,7 @@ class PromQLService:
         try:
             return await self._evaluate(tenant, text, query, times, guard)
         except defer.CancelledError:
-            guard.cancelled.set()  # the evaluation thread stops at its next check
+            guard.cancelled.set()  # type: ignore[union-attr]  # the evaluation thread stops at its next check; this guard was built with its event
             raise
         except RecursionError:
             raise PromQLError(
@@ -204,7 +204,7 @@ def _budget(guard: Guard) -> ReadBudget:
 def _decoded_histograms(rows_by_series) -> list:
     """(timestamps, object array of Histogram or None for a stale marker) of each series' stored
     histograms; None for a series without."""
-    decoded = []
+    decoded: list = []
     for rows in rows_by_series:
         if not rows:
             decoded.append(None)

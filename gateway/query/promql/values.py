@@ -55,7 +55,7 @@ class Guard(NamedTuple):
         if time.monotonic() > self.deadline:
             raise PromQLError(f"query timed out in {during}", "timeout")
 
-    def count(self, samples: int) -> None:
+    def count(self, samples: int) -> None:  # type: ignore[override]  # the guard's sample count, not tuple.count
         if samples > self.max_samples:
             raise self.too_many()
 
@@ -86,7 +86,7 @@ class Vector(NamedTuple):
         """Where a row holds a histogram sample (all False without histograms)."""
         if self.histograms is None:
             return np.zeros(self.present.shape, dtype=bool)
-        return np.not_equal(self.histograms, None)
+        return np.not_equal(self.histograms, None)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
 
     @property
     def sampled(self) -> np.ndarray:
@@ -156,8 +156,8 @@ def merge_same_labels(vector: Vector) -> Vector:
     label_replace, the two sides of ``or``) merge, as Prometheus's range results do; two with a
     value at the same step are the error Prometheus gives."""
     rows: dict[tuple, list[int]] = {}
-    for index, labels in enumerate(vector.labels):
-        rows.setdefault(labels_key(labels), []).append(index)
+    for index, row_labels in enumerate(vector.labels):
+        rows.setdefault(labels_key(row_labels), []).append(index)
     if len(rows) == len(vector.labels):
         return vector
     holds = vector.histogram_present

@@ -66,7 +66,7 @@ def aggregation_key(series, nodes) -> str:
 
 def group_series(series_list, key_function) -> dict:
     """Series grouped by key, in order of first appearance."""
-    groups = {}
+    groups: dict = {}
     for series in series_list:
         groups.setdefault(key_function(series), []).append(series)
     return groups

@@ -168,7 +168,7 @@ class Param:
         return sorted(set(options), key=str)
 
     def to_json(self) -> dict:
-        result = {"name": self.name, "type": self.type.name}
+        result: dict[str, Any] = {"name": self.name, "type": self.type.name}
         if self.required:
             result["required"] = True
         if self.default is not None:
@@ -285,7 +285,7 @@ def series_function(*names: str, group: str, params: list, aggregator: bool = Fa
 
 def function_catalog(grouped: bool = False, group: str | None = None) -> dict:
     """The /functions document: name -> description (or group -> name -> description)."""
-    result = {}
+    result: dict = {}
     for name in sorted(REGISTRY):
         info = REGISTRY[name].info()
         if group is not None and info["group"] != group:
