@@ -10,6 +10,9 @@ delay): late data re-marks the slot and pushes it back. Two trackers keep that s
   ``pending|<partition>|<slot>`` (a set of ``<tenant>|<hash>``). A settled set is renamed to
   ``processing|...`` before it is read, so members added meanwhile start a new pending set instead
   of being removed unprocessed (an SREM after processing could lose them; docs/downsampling.rst).
+  ``slots|<partition>`` lists the slots that have a pending or processing set, so a round reads
+  its partition's slots without a SCAN of the whole keyspace (which also holds the known-series
+  caches: millions of keys at scale); a slot leaves it, atomically, once it has neither set.
   When Redis cannot be reached, ingest marks the store table instead (counted), and the
   downsampler reads both.
 """
@@ -29,6 +32,16 @@ from gateway.store.contract import PendingSet
 log = logging.getLogger(__name__)
 
 EVERY_SLOT = 2**62  # a time_slot bound past every slot: list_pending(partition, EVERY_SLOT) lists them all
+
+
+# KEYS: the slot index, the slot's pending and processing sets; ARGV: the slot. Drops the slot
+# from the index when it has neither set; 1 if it did.
+FORGET_SLOT = """
+if redis.call('exists', KEYS[2]) == 0 and redis.call('exists', KEYS[3]) == 0 then
+    return redis.call('srem', KEYS[1], ARGV[1])
+end
+return 0
+"""
 
 
 class Work(NamedTuple):
@@ -83,17 +96,21 @@ class RedisPending:
         self.slot_width_ms = slot_width_ms
         self.delay_ms = delay_ms
         self.namespace = ""
+        self._indexed = False
+        self._forget_slot = self.client.register_script(FORGET_SLOT)
 
     def use_namespace(self, namespace: str) -> None:
         """Prefix every key (see redis_namespace); set once the store's identity is known."""
         self.namespace = namespace
 
     async def track(self, items: list[PendingSet], now_ms: int) -> None:
-        """One pipelined round trip per batch: SET ingesting (with its expiry) per slot, SADD per series."""
+        """One pipelined round trip per batch: SET ingesting (with its expiry) per slot, SADD per
+        series, then each slot listed in its partition's index (after its set: FORGET_SLOT)."""
+        slots = {(i.partition, i.time_slot) for i in items}
 
         def write():
             pipeline = self.client.pipeline(transaction=False)
-            for partition, slot in {(i.partition, i.time_slot) for i in items}:
+            for partition, slot in slots:
                 expiry = max(slot + self.slot_width_ms + self.delay_ms - now_ms, self.delay_ms, 1)
                 pipeline.set(f"{self.namespace}ingesting|{partition}|{slot}", b"1", px=expiry)
             for item in items:
@@ -101,6 +118,8 @@ class RedisPending:
                     f"{self.namespace}pending|{item.partition}|{item.time_slot}",
                     f"{item.tenant}|{item.series_set_hash}",
                 )
+            for partition, slot in slots:
+                pipeline.sadd(f"{self.namespace}slots|{partition}", slot)
             pipeline.execute()
 
         try:
@@ -110,26 +129,50 @@ class RedisPending:
             log.warning("redis pending tracking failed (%s); marking the store table instead", error)
             await self.fallback.track(items, now_ms)
 
+    def _index_existing_sets(self) -> None:
+        """Once a process: list in ``slots|<partition>`` the sets a gateway without that index
+        left (one SCAN, not one a partition a round)."""
+        if self._indexed:
+            return
+        for prefix in ("processing", "pending"):
+            for key in self.client.scan_iter(match=f"{self.namespace}{prefix}|*", count=1000):
+                partition, slot = key.rsplit(b"|", 2)[1:]
+                self.client.sadd(f"{self.namespace}slots|{int(partition)}", int(slot))
+        self._indexed = True
+
+    def _slots(self, partition: int) -> list[int]:
+        """The partition's slots with a pending or processing set (and the emptied ones, forgotten
+        here: atomically, so a set made meanwhile keeps its slot listed)."""
+        self._index_existing_sets()
+        index = f"{self.namespace}slots|{partition}"
+        slots = []
+        for member in self.client.smembers(index):
+            slot = int(member)
+            keys = [f"{self.namespace}{prefix}|{partition}|{slot}" for prefix in ("pending", "processing")]
+            if self._forget_slot(keys=[index, *keys], args=[slot]):
+                continue
+            slots.append(slot)
+        return sorted(slots)
+
     async def settled(self, partition: int, now_ms: int) -> list[Work]:
         namespace = self.namespace
 
-        def scan() -> list[Work]:
+        def read() -> list[Work]:
             work = []
-            for prefix in ("processing", "pending"):
-                for key in self.client.scan_iter(match=f"{namespace}{prefix}|{partition}|*", count=1000):
-                    slot = int(key.rsplit(b"|", 1)[1])
-                    processing = f"{namespace}processing|{partition}|{slot}"
-                    if prefix == "pending":
-                        if self.client.exists(f"{namespace}ingesting|{partition}|{slot}") or not self.client.renamenx(
-                            key, processing
-                        ):
-                            continue
-                    members = [m.decode().rsplit("|", 1) for m in self.client.smembers(processing)]
-                    work.append(Work(partition, slot, [(tenant, hash_) for tenant, hash_ in members], processing))
-            return sorted(work, key=lambda w: w.time_slot)
+            for slot in self._slots(partition):
+                processing = f"{namespace}processing|{partition}|{slot}"
+                if not self.client.exists(processing):
+                    pending = f"{namespace}pending|{partition}|{slot}"
+                    if self.client.exists(f"{namespace}ingesting|{partition}|{slot}") or not self.client.renamenx(
+                        pending, processing
+                    ):
+                        continue
+                members = [m.decode().rsplit("|", 1) for m in self.client.smembers(processing)]
+                work.append(Work(partition, slot, [(tenant, hash_) for tenant, hash_ in members], processing))
+            return work
 
         try:
-            found = await threads.deferToThread(scan)
+            found = await threads.deferToThread(read)
         except self._errors as error:
             metrics.REDIS_ERRORS.labels("pending").inc()
             log.warning("redis pending scan failed (%s); only the store table is read this round", error)
@@ -150,6 +193,7 @@ class RedisPending:
                     f"{self.namespace}pending|{work.partition}|{work.time_slot}",
                     *(f"{tenant}|{hash_}" for tenant, hash_ in left),
                 )
+                pipeline.sadd(f"{self.namespace}slots|{work.partition}", work.time_slot)
             pipeline.delete(work.token)
             pipeline.execute()
 
@@ -160,9 +204,9 @@ class RedisPending:
 
         def count() -> int:
             return sum(
-                self.client.scard(key)
+                self.client.scard(f"{self.namespace}{prefix}|{partition}|{slot}")
+                for slot in self._slots(partition)
                 for prefix in ("processing", "pending")
-                for key in self.client.scan_iter(match=f"{self.namespace}{prefix}|{partition}|*", count=1000)
             )
 
         return await threads.deferToThread(count) + await self.fallback.waiting(partition)

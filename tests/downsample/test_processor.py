@@ -3,6 +3,7 @@ rolled up by exactly one of them, counted once, with the real trackers (the stor
 with partitions split between replicas, as ``--downsample-partitions`` does; Redis locks when
 both take every partition)."""
 
+import time
 import uuid
 
 import pytest
@@ -115,3 +116,41 @@ async def test_a_round_counts_what_it_left_pending_and_leaves_it_marked(sqlite_s
     assert sum([await pending.waiting(p) for p in everything]) == SERIES
     assert await downsampler.run_once(everything) == 0
     assert sum([await pending.waiting(p) for p in everything]) == SERIES
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_round_reads_its_slots_from_their_index_not_a_scan_of_the_keyspace(
+    sqlite_store, redis_server, tenant
+):
+    """Rounds list a partition's slots from ``slots|<partition>``: the Redis keyspace also holds
+    the known-series caches (millions of keys at scale), which a SCAN a partition a round would
+    walk every time. Sets left by a gateway without the index are found by one SCAN a process."""
+    namespace = f"tsgate|unit-{uuid.uuid4().hex}|"
+
+    def tracker() -> RedisPending:
+        pending = RedisPending(
+            redis_server.url, StorePending(sqlite_store, sqlite_store.slot_width_ms, 0), sqlite_store.slot_width_ms, 0
+        )
+        pending.use_namespace(namespace)
+        return pending
+
+    def scans(client) -> int:
+        return client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
+
+    writer = tracker()
+    await write_a_past_slot(sqlite_store, writer, tenant)
+    for key in writer.client.scan_iter(match=f"{namespace}slots|*"):  # as a gateway without the index left it
+        writer.client.delete(key)
+    downsampler = replica(sqlite_store, tracker())
+    everything = list(range(PARTITIONS))
+    time.sleep(0.01)  # at delay 0 a past slot's ingesting mark lives 1 ms: it has gone
+    before = scans(writer.client)
+    assert await downsampler.run_once(everything) == SERIES
+    after_first = scans(writer.client)
+    assert after_first - before <= 4  # the one look for sets without an index: two prefixes
+    await write_a_past_slot(sqlite_store, writer, tenant, hours_ago=3)
+    time.sleep(0.01)  # at delay 0 a past slot's ingesting mark lives 1 ms: it has gone
+    assert await downsampler.run_once(everything) == SERIES
+    assert await downsampler.run_once(everything) == 0
+    assert scans(writer.client) == after_first
+    assert not list(writer.client.scan_iter(match=f"{namespace}*"))
