@@ -124,7 +124,8 @@ async def test_a_redis_round_reads_its_slots_from_their_index_not_a_scan_of_the_
 ):
     """Rounds list a partition's slots from ``slots|<partition>``: the Redis keyspace also holds
     the known-series caches (millions of keys at scale), which a SCAN a partition a round would
-    walk every time. Sets left by a gateway without the index are found by one SCAN a process."""
+    walk every time. Sets left by a gateway without the index are found by one SCAN a process
+    (its calls depend on what else the shared Redis holds: only later rounds are counted)."""
     namespace = f"tsgate|unit-{uuid.uuid4().hex}|"
 
     def tracker() -> RedisPending:
@@ -145,9 +146,9 @@ async def test_a_redis_round_reads_its_slots_from_their_index_not_a_scan_of_the_
     everything = list(range(PARTITIONS))
     time.sleep(0.01)  # at delay 0 a past slot's ingesting mark lives 1 ms: it has gone
     before = scans(writer.client)
-    assert await downsampler.run_once(everything) == SERIES
+    assert await downsampler.run_once(everything) == SERIES  # its one SCAN found the unlisted sets
     after_first = scans(writer.client)
-    assert after_first - before <= 4  # the one look for sets without an index: two prefixes
+    assert after_first > before
     await write_a_past_slot(sqlite_store, writer, tenant, hours_ago=3)
     time.sleep(0.01)  # at delay 0 a past slot's ingesting mark lives 1 ms: it has gone
     assert await downsampler.run_once(everything) == SERIES
