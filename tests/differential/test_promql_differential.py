@@ -11,7 +11,7 @@ After about 70 s Prometheus reloads (SIGHUP) a configuration without scrape jobs
 away with stale markers and the data is frozen. The test then waits until remote read of
 tsgate returns exactly the sample timestamps remote read of Prometheus returns, and asks every
 query of ``QUERIES`` of both: as an instant query half a second after END and, unless marked instant-only, as a
-range query over [END - 60 s, END] with a step of 1 s, 5 s or 15 s (taken in turn). Prometheus
+range query over [END - 59.5 s, END + 0.5 s] with a step of 1 s, 5 s or 15 s (taken in turn). Prometheus
 gets GET requests; tsgate gets GET for instant queries and form POST for range queries, with the
 tenant in ``X-Scope-OrgID``. The other parameter forms of ``PARAMETER_FORMS`` (RFC 3339 times,
 fractions of seconds, durations as steps) must answer alike, and the bad requests of ``ERRORS``
@@ -566,14 +566,19 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
         for number, (area, modes, query) in enumerate(parsed_queries()):
             query = placed(query)
             ordered = modes.endswith("-ordered")
-            # instant queries half a second off the whole seconds, so no subquery step (whole
-            # seconds) falls on a window's left edge, which 2.42 includes and Prometheus 3 leaves out
+            # instant and range queries half a second off the whole seconds, so no subquery step
+            # (whole seconds) falls on a window's left edge, which 2.42 includes and Prometheus 3
+            # leaves out
             instant = {"query": query, "time": end + 0.5}
             requests = [] if modes.endswith("-3") else [("/api/v1/query", instant, ordered)]
             if modes.startswith("IR") and not modes.endswith(("-3", "-3range")):
                 step = RANGE_STEPS[number % len(RANGE_STEPS)]
                 requests.append(
-                    ("/api/v1/query_range", {"query": query, "start": start, "end": end, "step": step}, False)
+                    (
+                        "/api/v1/query_range",
+                        {"query": query, "start": start + 0.5, "end": end + 0.5, "step": step},
+                        False,
+                    )
                 )
             for path, params, in_order in requests:
                 asked += 1
