@@ -4,9 +4,9 @@ Debian ships Prometheus 2.42 only. Prometheus 3 is built here from the pinned mo
 ``github.com/prometheus/prometheus`` (checked against its SHA-256), with its own go.mod and go.sum
 (so every dependency is checked too) and the pinned Go toolchain of tests/compliance.py, without
 the web UI's built assets. The build takes minutes and a few GB of Go caches (removed afterwards);
-the binary is kept in the cache (``~/.cache/tsgate`` or ``$TSGATE_CACHE_DIR``). Tests and benches
-that compare with it ask ``cached_binary()`` and run only where a build is present;
-``python -m tests.prometheus3`` builds it.
+the binary is kept in the cache (``~/.cache/tsgate`` or ``$TSGATE_CACHE_DIR``). The differential
+tests that compare with it ask ``build()``, which builds it on a machine without it (as the
+remote-write compliance suite is built); ``python -m tests.prometheus3`` builds it ahead.
 """
 
 import fcntl
@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 from gateway.app.devservices.cassandra import cache_dir
@@ -86,6 +87,20 @@ def build() -> Path:
         (_target() / "complete").write_text(f"built in {time.monotonic() - started:.0f}s\n")
         _log(f"Prometheus {VERSION} ready in {time.monotonic() - started:.0f}s")
     return _target() / "prometheus"
+
+
+def answer_getters(gateway, tenant: str, reference):
+    """GETs of an API path with its query string, decoded: (tsgate's for ``tenant``, the reference
+    PrometheusProcess's), for the differential tests that ask both the same questions."""
+
+    def from_gateway(path: str) -> dict:
+        return gateway.get(path, headers={"X-Scope-OrgID": tenant}).json()
+
+    def from_reference(path: str) -> dict:
+        base, _, query = path.partition("?")
+        return reference.api(base, **dict(urllib.parse.parse_qsl(query)))
+
+    return from_gateway, from_reference
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """UTF-8 names answered as Prometheus 3.14 answers them: the same remote write 1.0 request (the
 issue's ``http.server.request.duration{service.name="api", k8s.pod.name="p-1"}``, a dotted name
 without labels, and a classic one) into Prometheus 3 and into tsgate, then the same questions of
-both; and a Prometheus 3 reading tsgate through remote read gets the names as written. Runs where
-tests/prometheus3.py has built Prometheus 3 (``python -m tests.prometheus3``), skipped elsewhere."""
+both; and a Prometheus 3 reading tsgate through remote read gets the names as written. Prometheus 3 is
+built by tests/prometheus3.py where the machine has not built it yet."""
 
 import time
 import urllib.parse
@@ -12,12 +12,11 @@ import pytest
 
 from protocols import prometheus
 from protocols.prometheus import Matcher, ReadQuery, WriteSeries
-from tests.prometheus3 import cached_binary
+from tests.prometheus3 import answer_getters, build
 from tests.prometheusproc import PrometheusProcess
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(cached_binary() is None, reason="Prometheus 3 not built here (python -m tests.prometheus3)"),
 ]
 
 NAME = "http.server.request.duration"
@@ -72,7 +71,7 @@ def ask(get, path: str, params: dict, at: float) -> dict:
 def test_utf8_names_read_back_as_prometheus_3_answers(start_gateway, tmp_path, tenant):
     gateway = start_gateway()
     reference = PrometheusProcess(
-        tmp_path / "p3", RECEIVER, "--web.enable-remote-write-receiver", binary=str(cached_binary())
+        tmp_path / "p3", RECEIVER, "--web.enable-remote-write-receiver", binary=str(build())
     ).start()
     try:
         now_ms = int(time.time() * 1000)
@@ -83,14 +82,7 @@ def test_utf8_names_read_back_as_prometheus_3_answers(start_gateway, tmp_path, t
         with urllib.request.urlopen(request, timeout=30) as answer:
             assert answer.status == 204
         at = now_ms / 1000
-
-        def from_gateway(path):
-            return gateway.get(path, headers={"X-Scope-OrgID": tenant}).json()
-
-        def from_reference(path):
-            base, _, query = path.partition("?")
-            return reference.api(base, **dict(urllib.parse.parse_qsl(query)))
-
+        from_gateway, from_reference = answer_getters(gateway, tenant, reference)
         answers = [
             (path, params, ask(from_reference, path, params, at), ask(from_gateway, path, params, at))
             for path, params in QUESTIONS
@@ -118,7 +110,7 @@ def test_prometheus_3_reads_utf8_names_from_tsgate(start_gateway, tmp_path, tena
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy", "X-Scope-OrgID": tenant}
     assert gateway.post("/api/v1/write", written(now_ms), headers=headers).status == 204
     config = READER.replace("GATEWAY_PORT", str(gateway.port)).replace("TENANT", tenant)
-    reader = PrometheusProcess(tmp_path / "reader", config, binary=str(cached_binary())).start()
+    reader = PrometheusProcess(tmp_path / "reader", config, binary=str(build())).start()
     try:
         answer = reader.api(
             "/api/v1/query", query='{"http.server.request.duration", "k8s.pod.name"="p-1"}', time=now_ms / 1000
