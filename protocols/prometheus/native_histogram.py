@@ -100,6 +100,26 @@ class Histogram:
             negative={i: c * factor for i, c in self.negative.items()},
         )
 
+    def divided(self, divisor: float) -> "Histogram":
+        """Every count and the sum divided by ``divisor`` (Prometheus's Div: ``h / s`` and the
+        means); dividing by 0 drops the buckets, leaving the zero bucket, count and sum infinite
+        (NaN where they were 0)."""
+        if divisor == 0:
+            return self.copy(
+                zero_count=_by_zero(self.zero_count, divisor),
+                count=_by_zero(self.count, divisor),
+                sum=_by_zero(self.sum, divisor),
+                positive={},
+                negative={},
+            )
+        return self.copy(
+            zero_count=self.zero_count / divisor,
+            count=self.count / divisor,
+            sum=self.sum / divisor,
+            positive={i: c / divisor for i, c in self.positive.items()},
+            negative={i: c / divisor for i, c in self.negative.items()},
+        )
+
     def add(self, other: "Histogram", sign: float = 1.0, on_reconcile=None) -> "Histogram":
         """``self + sign * other`` in the lower of both schemas and the larger zero threshold;
         custom buckets of different bounds in the bounds both have (``on_reconcile()`` is
@@ -339,6 +359,218 @@ class Histogram:
                 value = math.copysign(math.sqrt(product), b.upper) if product >= 0 else math.nan
             total += b.count * (value - mean) ** 2
         return total / self.count
+
+
+def kahan_inc(increment: float, total: float, compensation: float) -> tuple[float, float]:
+    """Prometheus 3's kahansum.Inc: Neumaier's compensated addition, the correction dropped once
+    the total is infinite."""
+    new_total = total + increment
+    if math.isinf(new_total):
+        return new_total, 0.0
+    if abs(total) >= abs(increment):
+        return new_total, compensation + ((total - new_total) + increment)
+    return new_total, compensation + ((increment - new_total) + total)
+
+
+@dataclasses.dataclass(slots=True)
+class HistogramSum:
+    """A running sum of histograms with its Kahan compensation, a histogram in the same bucket
+    layout (Prometheus 3's KahanAdd): sums of huge and tiny counts or sums lose less."""
+
+    total: Histogram
+    compensation: Histogram
+
+    @classmethod
+    def of(cls, first: Histogram) -> "HistogramSum":
+        return cls(first, _zeroed(first))
+
+    def add(self, other: Histogram, on_reconcile=None) -> None:
+        added = self.plus(other, on_reconcile)
+        self.total, self.compensation = added.total, added.compensation
+
+    def plus(self, other: Histogram, on_reconcile=None) -> "HistogramSum":
+        """``self + other``, in the layout both share (as Histogram.add; IncompatibleBuckets for
+        custom and exponential buckets met)."""
+        total, compensation = self.total, self.compensation
+        other_compensation = _zeroed(other)
+        if total.custom or other.custom:
+            if total.custom != other.custom:
+                raise IncompatibleBuckets("histograms with exponential and custom buckets")
+            if total.custom_values != other.custom_values:
+                if on_reconcile is not None:
+                    on_reconcile()
+                common = tuple(sorted(set(total.custom_values) & set(other.custom_values)))
+                total, compensation = _kahan_rebucketed(total, compensation, common)
+                other, other_compensation = _kahan_rebucketed(other, other_compensation, common)
+        else:
+            while total.zero_threshold != other.zero_threshold:
+                if total.zero_threshold > other.zero_threshold:
+                    other, other_compensation = _kahan_widened(other, other_compensation, total.zero_threshold)
+                if other.zero_threshold > total.zero_threshold:
+                    total, compensation = _kahan_widened(total, compensation, other.zero_threshold)
+            schema = min(total.schema, other.schema)
+            total, compensation = _kahan_reduced(total, compensation, schema)
+            other, other_compensation = _kahan_reduced(other, other_compensation, schema)
+        sums = {}
+        for field in ("zero_count", "count", "sum"):
+            value, lost = kahan_inc(getattr(other, field), getattr(total, field), getattr(compensation, field))
+            if field == "zero_count":
+                value, lost = kahan_inc(other_compensation.zero_count, value, lost)
+            sums[field], sums[f"lost_{field}"] = value, lost
+        buckets = {}
+        for side in ("positive", "negative"):
+            values, losts = dict(getattr(total, side)), dict(getattr(compensation, side))
+            theirs, their_losts = getattr(other, side), getattr(other_compensation, side)
+            for index in sorted(theirs):
+                value, lost = kahan_inc(theirs[index], values.get(index, 0.0), losts.get(index, 0.0))
+                values[index], losts[index] = kahan_inc(their_losts.get(index, 0.0), value, lost)
+            buckets[side], buckets[f"lost_{side}"] = values, losts
+        return HistogramSum(
+            total.copy(
+                zero_count=sums["zero_count"],
+                count=sums["count"],
+                sum=sums["sum"],
+                positive=buckets["positive"],
+                negative=buckets["negative"],
+                reset_hint=0,
+            ),
+            compensation.copy(
+                zero_count=sums["lost_zero_count"],
+                count=sums["lost_count"],
+                sum=sums["lost_sum"],
+                positive=buckets["lost_positive"],
+                negative=buckets["lost_negative"],
+            ),
+        )
+
+    def scale(self, factor: float) -> "HistogramSum":
+        return HistogramSum(self.total.scale(factor), self.compensation.scale(factor))
+
+    def divided(self, divisor: float) -> "HistogramSum":
+        return HistogramSum(self.total.divided(divisor), self.compensation.divided(divisor))
+
+    @property
+    def overflows(self) -> bool:
+        """Prometheus's HasOverflow: a count, the sum or a bucket of the total is infinite."""
+        h = self.total
+        return any(
+            math.isinf(v)
+            for v in (h.zero_count, h.count, h.sum, *h.positive.values(), *h.negative.values(), *h.custom_values)
+        )
+
+    def result(self) -> Histogram:
+        return self.total.add(self.compensation).copy(reset_hint=self.total.reset_hint)
+
+
+class HistogramMean:
+    """Prometheus 3's mean of histograms (avg, avg_over_time): their Kahan sum divided by their
+    number while no count of the sum overflows; from the sample that would overflow it on, an
+    incremental mean (with Kahan compensation too)."""
+
+    def __init__(self, first: Histogram):
+        self.running, self.number, self.incremental = HistogramSum.of(first), 1, False
+
+    def add(self, other: Histogram, on_reconcile=None) -> None:
+        self.number += 1
+        if not self.incremental:
+            added = self.running.plus(other, on_reconcile)
+            if not added.overflows:
+                self.running = added
+                return
+            self.incremental = True
+            self.running = self.running.divided(self.number - 1)
+        share = (self.number - 1) / self.number
+        self.running = self.running.scale(share).plus(other.divided(self.number), on_reconcile)
+
+    def result(self) -> Histogram:
+        return (self.running if self.incremental else self.running.divided(self.number)).result()
+
+
+def _zeroed(h: Histogram) -> Histogram:
+    """A compensation histogram for ``h``: its layout, every count 0."""
+    return h.copy(
+        zero_count=0.0,
+        count=0.0,
+        sum=0.0,
+        positive=dict.fromkeys(h.positive, 0.0),
+        negative=dict.fromkeys(h.negative, 0.0),
+        reset_hint=0,
+    )
+
+
+def _kahan_merged(
+    buckets: dict[int, float], losts: dict[int, float], target
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Buckets (and their compensations) joined into the buckets ``target(index)`` names,
+    added with compensation in index order (kahanReduceResolution)."""
+    merged: dict[int, float] = {}
+    merged_losts: dict[int, float] = {}
+    for index in sorted(buckets):
+        to = target(index)
+        if to not in merged:
+            merged[to], merged_losts[to] = buckets[index], losts.get(index, 0.0)
+            continue
+        value, lost = kahan_inc(buckets[index], merged[to], merged_losts[to])
+        merged[to], merged_losts[to] = kahan_inc(losts.get(index, 0.0), value, lost)
+    return merged, merged_losts
+
+
+def _kahan_reduced(h: Histogram, lost: Histogram, schema: int) -> tuple[Histogram, Histogram]:
+    if schema >= h.schema:
+        return h, lost
+    shift = h.schema - schema
+
+    def target(index: int) -> int:
+        return ((index - 1) >> shift) + 1
+
+    positive, lost_positive = _kahan_merged(h.positive, lost.positive, target)
+    negative, lost_negative = _kahan_merged(h.negative, lost.negative, target)
+    return (
+        h.copy(schema=schema, positive=positive, negative=negative),
+        lost.copy(schema=schema, positive=lost_positive, negative=lost_negative),
+    )
+
+
+def _kahan_rebucketed(h: Histogram, lost: Histogram, bounds: tuple) -> tuple[Histogram, Histogram]:
+    """Custom buckets joined into ``bounds`` (a subset of their own), as Histogram.rebucketed."""
+    if bounds == h.custom_values:
+        return h, lost
+    positive, lost_positive = _kahan_merged(
+        h.positive, lost.positive, lambda index: bisect.bisect_left(bounds, h.bound(index))
+    )
+    return (
+        h.copy(custom_values=bounds, positive=positive),
+        lost.copy(custom_values=bounds, positive=lost_positive),
+    )
+
+
+def _kahan_widened(h: Histogram, lost: Histogram, threshold: float) -> tuple[Histogram, Histogram]:
+    """The zero bucket grown to at least ``threshold`` as Histogram.widened, the buckets it
+    takes in added with compensation (zeroCountForLargerThreshold)."""
+    grown = h.widened(threshold).zero_threshold
+    zero, zero_lost = h.zero_count, lost.zero_count
+    kept = {}
+    for side in ("positive", "negative"):
+        buckets, losts = getattr(h, side), getattr(lost, side)
+        kept[side] = {i: c for i, c in buckets.items() if h.bound(i - 1) >= grown}
+        kept[f"lost_{side}"] = {i: losts.get(i, 0.0) for i in kept[side]}
+        for index in sorted(set(buckets) - set(kept[side])):
+            zero, zero_lost = kahan_inc(buckets[index], zero, zero_lost)
+            zero, zero_lost = kahan_inc(losts.get(index, 0.0), zero, zero_lost)
+    return (
+        h.copy(zero_threshold=grown, zero_count=zero, positive=kept["positive"], negative=kept["negative"]),
+        lost.copy(
+            zero_threshold=grown, zero_count=zero_lost, positive=kept["lost_positive"], negative=kept["lost_negative"]
+        ),
+    )
+
+
+def _by_zero(value: float, zero: float) -> float:
+    """``value / zero`` as IEEE 754 (and Go) divide: NaN for 0 or NaN, else an infinity of the
+    sign of both."""
+    if value == 0 or math.isnan(value):
+        return math.nan
+    return math.copysign(math.inf, value) * math.copysign(1.0, zero)
 
 
 _RULES = {(False, True): 0, (True, False): 1, (False, False): 2, (True, True): 3}

@@ -26,6 +26,7 @@ from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
 from gateway.query.promql.range_functions import GAUGE_HINT, KahanMean, compensated_sum, quantiles
 from gateway.query.promql.values import (
     NAME,
+    RECONCILED,
     Guard,
     PromQLError,
     RangeVector,
@@ -43,7 +44,13 @@ from gateway.query.promql.values import (
     stacked,
 )
 from protocols.linear_regex import BadPattern, compile_regex
-from protocols.prometheus.native_histogram import NO_RESET_HINT, RESET_HINT, IncompatibleBuckets
+from protocols.prometheus.native_histogram import (
+    NO_RESET_HINT,
+    RESET_HINT,
+    HistogramMean,
+    HistogramSum,
+    IncompatibleBuckets,
+)
 from protocols.prometheus.read import Matcher
 
 DEFAULT_SUBQUERY_STEP_MS = 60_000
@@ -754,9 +761,13 @@ def _scaled(histograms: np.ndarray, factors: np.ndarray, op: str) -> np.ndarray:
     """``histogram * scalar`` (either side) and ``histogram / scalar``, step by step."""
     out = np.full(histograms.shape, None, dtype=object)
     for row, step in zip(*np.nonzero(np.not_equal(histograms, None))):  # type: ignore[call-overload]  # numpy's stubs: None in an object array
-        factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
-        out[row, step] = histograms[row, step].scale(factor)
+        out[row, step] = _times_or_over(histograms[row, step], op, factors[step])
     return out
+
+
+def _times_or_over(histogram, op: str, factor: float):
+    """``histogram * factor`` or ``histogram / factor``."""
+    return histogram.scale(factor) if op == "*" else histogram.divided(factor)
 
 
 def _aggregate_histograms(
@@ -777,17 +788,11 @@ def _aggregate_histograms(
         hints[group, step] |= {RESET_HINT: 1, NO_RESET_HINT: 2}.get(histogram.reset_hint, 0)
         if broken[group, step]:
             continue
+        if totals[group, step] is None:
+            totals[group, step] = (HistogramMean if op == "avg" else HistogramSum.of)(histogram)
+            continue
         try:
-            totals[group, step] = (
-                histogram
-                if totals[group, step] is None
-                else totals[group, step].add(
-                    histogram,
-                    on_reconcile=lambda: ctx.warn(
-                        "PromQL info: mismatched custom buckets were reconciled during aggregation"
-                    ),
-                )
-            )
+            totals[group, step].add(histogram, on_reconcile=lambda: ctx.warn(f"{RECONCILED} aggregation"))
         except IncompatibleBuckets:
             broken[group, step] = True
             ctx.warn(mixed_schemas_warning(vector.labels[row]))
@@ -797,8 +802,7 @@ def _aggregate_histograms(
     if (hints == 3).any():
         ctx.warn("PromQL warning: conflicting counter resets during histogram aggregation")
     for group, step in zip(*np.nonzero((counts > 0) & ~mixed & ~broken)):
-        if op == "avg":
-            totals[group, step] = totals[group, step].scale(1 / counts[group, step])
+        totals[group, step] = totals[group, step].result()
     totals[mixed | broken] = None
     return totals, mixed
 
@@ -947,8 +951,7 @@ def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, 
             if op == "/" and histogram_right:
                 continue
             for step in np.flatnonzero(np.not_equal(histograms, None) & factor_present):  # type: ignore[call-overload]  # numpy's stubs: None in an object array
-                factor = factors[step] if op == "*" else 1 / factors[step] if factors[step] else math.inf
-                out[step] = histograms[step].scale(factor)
+                out[step] = _times_or_over(histograms[step], op, factors[step])
         return out
     if op not in ("+", "-", "==", "!="):
         return out

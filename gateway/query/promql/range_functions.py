@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 
 from gateway.query.promql.values import (
+    RECONCILED,
     PromQLError,
     RangeVector,
     Series,
@@ -17,7 +18,14 @@ from gateway.query.promql.values import (
     mixed_schemas_warning,
     stacked,
 )
-from protocols.prometheus.native_histogram import NO_RESET_HINT, RESET_HINT, Histogram, IncompatibleBuckets
+from protocols.prometheus.native_histogram import (
+    NO_RESET_HINT,
+    RESET_HINT,
+    Histogram,
+    HistogramMean,
+    HistogramSum,
+    IncompatibleBuckets,
+)
 from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 
 GAUGE_HINT = HistogramMessage.GAUGE
@@ -346,17 +354,17 @@ def over_time_of_histograms(matrix: RangeVector, name: str, floats: Vector, warn
                     )
                     present[row][step] = False
                     continue
-                total = window[0]
+                total = HistogramMean(window[0]) if name == "avg" else HistogramSum.of(window[0])
                 try:
                     for h in window[1:]:
-                        total = total.add(h, on_reconcile=lambda: warn(f"{_RECONCILED} aggregation"))
+                        total.add(h, on_reconcile=lambda: warn(f"{RECONCILED} aggregation"))
                 except IncompatibleBuckets:
                     warn(mixed_schemas_warning(series.labels))
                     continue
                 hints = {h.reset_hint for h in window}
                 if RESET_HINT in hints and NO_RESET_HINT in hints:
                     warn("PromQL warning: conflicting counter resets during histogram aggregation")
-                histograms[row][step] = total.scale(1 / len(window)) if name == "avg" else total
+                histograms[row][step] = total.result()
                 continue
             latest = name in ("last", "ts_of_last")
             at = window_times[-1] if latest else window_times[0]
@@ -573,11 +581,11 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
             try:
                 result = last.reduced(
                     min(h.schema for h in window) if is_counter else min(first.schema, last.schema)
-                ).sub(first, lambda: warn(f"{_RECONCILED} subtraction"))
+                ).sub(first, lambda: warn(f"{RECONCILED} subtraction"))
                 if is_counter:
                     for previous, current in itertools.pairwise([first, *window[1:]]):
                         if current.detect_reset(previous):
-                            result = result.add(previous, on_reconcile=lambda: warn(f"{_RECONCILED} addition"))
+                            result = result.add(previous, on_reconcile=lambda: warn(f"{RECONCILED} addition"))
             except IncompatibleBuckets:
                 warn(mixed_schemas_warning(series.labels))
                 continue
@@ -595,9 +603,6 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
         return out
 
     return _histogram_rows(matrix, compute)
-
-
-_RECONCILED = "PromQL info: mismatched custom buckets were reconciled during"
 
 
 def _warn_kind(histograms, counter: bool, labels: dict, warn) -> None:
@@ -626,7 +631,7 @@ def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
                 result = (
                     last
                     if is_rate and last.detect_reset(previous)
-                    else last.sub(previous, lambda: warn(f"{_RECONCILED} subtraction"))
+                    else last.sub(previous, lambda: warn(f"{RECONCILED} subtraction"))
                 )
             except IncompatibleBuckets:
                 warn(mixed_schemas_warning(series.labels))

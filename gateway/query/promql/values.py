@@ -195,6 +195,9 @@ def go_float(value: float) -> str:
     return f"{'-' if sign else ''}{mantissa}e{'-' if decimal_exponent < 0 else '+'}{abs(decimal_exponent):02d}"
 
 
+RECONCILED = "PromQL info: mismatched custom buckets were reconciled during"  # + the operation
+
+
 def mixed_schemas_warning(labels: Labels) -> str:
     """Prometheus 3's warning on exponential and custom-bucket histograms met in one operation."""
     return (
