@@ -259,12 +259,14 @@ class Histogram:
 
     # -- functions ----------------------------------------------------------------------------
 
-    def quantile(self, q: float) -> float:
+    def quantile(self, q: float, note=lambda what: None) -> float:
         """Prometheus 3's HistogramQuantile: the bucket the rank q * count falls in, walked from
         the low end (from the high end for q >= 0.5, unless the sum is NaN), interpolated
         linearly inside custom and zero buckets and exponentially inside exponential ones; a
         zero bucket beside buckets of one sign only starts (ends) at 0, a first custom bucket
-        from -Inf at 0, and the +Inf bucket answers its lower bound."""
+        from -Inf at 0, and the +Inf bucket answers its lower bound. NaN observations (a NaN sum,
+        a count above the buckets') are told to ``note`` ("result is NaN" where the rank is past
+        every bucket, else "result is skewed higher")."""
         if q < 0:
             return -math.inf
         if q > 1:
@@ -295,8 +297,13 @@ class Histogram:
                 return lower
         seen = min(seen, self.count)
         if seen < rank:
-            return math.nan if math.isnan(self.sum) else upper
+            if math.isnan(self.sum):
+                note("result is NaN")
+                return math.nan
+            return upper
         rank = rank - (seen - bucket.count) if forward else seen - rank
+        if self._has_nan_observations():
+            note("result is skewed higher")
         fraction = rank / bucket.count
         if self.custom or (lower <= 0 <= upper):
             return lower + (upper - lower) * fraction
@@ -305,10 +312,15 @@ class Histogram:
             return 2.0 ** (low + (high - low) * fraction)
         return -(2.0 ** (high + (low - high) * (1 - fraction)))
 
-    def fraction(self, lower: float, upper: float) -> float:
+    def _has_nan_observations(self) -> bool:
+        """The sum is NaN and the buckets hold fewer observations than the count."""
+        return math.isnan(self.sum) and sum(b.count for b in self.buckets()) < self.count
+
+    def fraction(self, lower: float, upper: float, note=lambda: None) -> float:
         """Prometheus 3's HistogramFraction: the share of observations between ``lower`` and
         ``upper``, interpolated inside the buckets the ends fall in (linearly in custom and zero
-        buckets, exponentially in exponential ones; a bucket from -Inf counts whole)."""
+        buckets, exponentially in exponential ones; a bucket from -Inf counts whole). NaN
+        observations count in no bucket: ``note()`` is told of them."""
         if self.count == 0 or math.isnan(lower) or math.isnan(upper):
             return math.nan
         if lower >= upper:
@@ -336,6 +348,8 @@ class Histogram:
                 break
             rank += b.count
         total = sum(b.count for b in self.buckets()) if math.isnan(self.sum) else self.count
+        if total < self.count:
+            note()
         lower_rank = total if lower_rank is None or lower_rank > total else lower_rank
         upper_rank = total if upper_rank is None or upper_rank > total else upper_rank
         return (upper_rank - lower_rank) / self.count

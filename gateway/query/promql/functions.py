@@ -17,6 +17,7 @@ from gateway.query.promql.values import (
     drop_metric_name,
     labels_key,
     merge_same_labels,
+    metric_name,
     quantile_warning,
     stacked,
 )
@@ -278,7 +279,8 @@ def _set_label(vector: Vector, destination: str, value_of) -> Vector:
 
 
 def _of_histograms(compute):
-    """A function of each histogram sample (and the step) giving a float; floats are left out."""
+    """A function of each histogram sample (its arguments, the step, the warn function and
+    the sample's metric name) giving a float; floats are left out."""
 
     def apply(ctx, args, call):
         vector = args[-1]
@@ -286,7 +288,9 @@ def _of_histograms(compute):
         values = np.full(holds.shape, np.nan)
         with np.errstate(all="ignore"):
             for row, step in zip(*np.nonzero(holds)):
-                values[row, step] = compute(vector.histograms[row, step], args, step)
+                values[row, step] = compute(
+                    vector.histograms[row, step], args, step, ctx.warn, metric_name(vector.labels[row])
+                )
         labels = [drop_metric_name(labels) for labels in vector.labels]
         return Vector(labels, values, holds).without_absent()
 
@@ -297,7 +301,15 @@ def _histogram_quantile(ctx, args, call):
     """Classic ``le`` buckets and native histograms both (as Prometheus, one call may hold both)."""
     if warning := quantile_warning(args[0].values):
         ctx.warn(warning)
-    native = _of_histograms(lambda h, a, step: h.quantile(a[0].values[step]))(ctx, args, call)
+    args = [*args[:-1], _apart_from_classic(ctx, args[-1])]
+    native = _of_histograms(
+        lambda h, a, step, warn, name: h.quantile(
+            a[0].values[step],
+            lambda result: warn(
+                f'PromQL info: input to histogram_quantile has NaN observations, {result} for metric name "{name}"'
+            ),
+        )
+    )(ctx, args, call)
     q, monotonic = args[0].values, _monotonic_info(ctx)
     classic = _classic(
         ctx, args[1], lambda step, uppers, counts, name: bucket_quantile(q[step], uppers, counts, monotonic(name))
@@ -318,12 +330,57 @@ def _monotonic_info(ctx):
 
 def _histogram_fraction(ctx, args, call):
     """Native histograms, and classic ``le`` buckets (Prometheus 3's BucketFraction)."""
-    native = _of_histograms(lambda h, a, step: h.fraction(a[0].values[step], a[1].values[step]))(ctx, args, call)
+    args = [*args[:-1], _apart_from_classic(ctx, args[-1])]
+    native = _of_histograms(
+        lambda h, a, step, warn, name: h.fraction(
+            a[0].values[step],
+            a[1].values[step],
+            lambda: warn(
+                "PromQL info: input to histogram_fraction has NaN observations, which are excluded from all"
+                f' fractions for metric name "{name}"'
+            ),
+        )
+    )(ctx, args, call)
     lower, upper = args[0].values, args[1].values
     classic = _classic(
         ctx, args[2], lambda step, uppers, counts, name: bucket_fraction(lower[step], upper[step], uppers, counts)
     )
     return stacked(classic, native)
+
+
+def _apart_from_classic(ctx, vector: Vector) -> Vector:
+    """``vector`` without the native histogram and the classic buckets of one label set (but
+    ``le``) at the steps both are there: Prometheus 3 answers neither, with a warning."""
+    if vector.histograms is None:
+        return vector
+    holds = vector.histogram_present
+    natives = {labels_key(labels): row for row, labels in enumerate(vector.labels) if holds[row].any()}
+    buckets: dict[int, list[int]] = defaultdict(list)
+    for index, labels in enumerate(vector.labels):
+        row = natives.get(labels_key({k: v for k, v in labels.items() if k != "le"}))
+        if row is not None and "le" in labels and _is_bound(labels["le"]):
+            buckets[row].append(index)
+    if not buckets:
+        return vector
+    present, histograms = vector.present.copy(), vector.histograms.copy()
+    for row, indexes in buckets.items():
+        clash = holds[row] & vector.present[indexes].any(axis=0)
+        if clash.any():
+            ctx.warn(
+                "PromQL warning: vector contains a mix of classic and native histograms"
+                f' for metric name "{metric_name(vector.labels[row])}"'
+            )
+            histograms[row, clash] = None
+            present[np.ix_(indexes, clash)] = False
+    return vector._replace(present=present, histograms=histograms)
+
+
+def _is_bound(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _classic(ctx, vector, value_of):
@@ -541,11 +598,11 @@ FUNCTIONS.update(
                 ranged.instant_rate(a[0], False), ranged.histogram_instant_rate(a[0], False, ctx.warn)
             )
         ),
-        "histogram_count": _of_histograms(lambda h, a, step: h.count),
-        "histogram_sum": _of_histograms(lambda h, a, step: h.sum),
-        "histogram_avg": _of_histograms(lambda h, a, step: float(np.divide(h.sum, h.count))),
-        "histogram_stdvar": _of_histograms(lambda h, a, step: h.variance()),
-        "histogram_stddev": _of_histograms(lambda h, a, step: float(np.sqrt(h.variance()))),
+        "histogram_count": _of_histograms(lambda h, *_: h.count),
+        "histogram_sum": _of_histograms(lambda h, *_: h.sum),
+        "histogram_avg": _of_histograms(lambda h, *_: float(np.divide(h.sum, h.count))),
+        "histogram_stdvar": _of_histograms(lambda h, *_: h.variance()),
+        "histogram_stddev": _of_histograms(lambda h, *_: float(np.sqrt(h.variance()))),
         "histogram_fraction": _histogram_fraction,
         "deriv": _ranged(lambda ctx, a: ranged.deriv(a[0])),
         "predict_linear": _ranged(lambda ctx, a: ranged.predict_linear(a[0], a[1].values, ctx.times_ms)),
