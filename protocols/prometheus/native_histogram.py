@@ -186,7 +186,7 @@ class Histogram:
     def detect_reset(self, previous: "Histogram") -> bool:
         """Prometheus's DetectReset: this sample restarted the counter since ``previous`` (a
         count, the zero bucket or any bucket went down, the zero threshold shrank, the schema
-        grew, or the custom bounds changed)."""
+        grew, or a bucket went down in the custom bounds both have)."""
         if self.reset_hint == RESET_HINT:
             return True
         if self.reset_hint == NO_RESET_HINT:
@@ -194,8 +194,10 @@ class Histogram:
         if self.count < previous.count or self.custom != previous.custom:
             return True
         if self.custom:
-            if self.custom_values != previous.custom_values:
-                return True
+            if self.custom_values != previous.custom_values:  # a bucket went down in the bounds both have
+                common = tuple(sorted(set(self.custom_values) & set(previous.custom_values)))
+                now, before = self.rebucketed(common), previous.rebucketed(common)
+                return any(count > now.positive.get(i, 0.0) for i, count in before.positive.items())
         elif self.schema > previous.schema or self.zero_threshold < previous.zero_threshold:
             return True
         before = previous.reduced(self.schema).widened(self.zero_threshold)

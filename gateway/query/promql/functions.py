@@ -94,7 +94,7 @@ def _time(ctx, args, call):
 def _timestamp(ctx, args, call):
     vector = args[0]
     stamps = vector.sample_ms if vector.sample_ms is not None else np.broadcast_to(ctx.times_ms, vector.values.shape)
-    return vector.with_values(stamps / 1000)
+    return vector.with_values(stamps / 1000)._replace(present=vector.sampled)  # a histogram sample's time too
 
 
 def _vector(ctx, args, call):
@@ -547,6 +547,18 @@ def _noting_ignored_histograms(function):
     return apply
 
 
+def _rate_like(of_floats, of_histograms, last_two: bool = False):
+    """A function of a range giving floats from float samples and histograms from histogram
+    samples; a series holding both kinds as ranged.kinds_apart says."""
+
+    def apply(ctx, args, call):
+        matrix = args[0]
+        answer = stacked(of_floats(ctx, matrix), of_histograms(ctx, matrix))
+        return ranged.kinds_apart(matrix, answer, ctx.warn, last_two)
+
+    return apply
+
+
 def _ranged(compute):
     def apply(ctx, args, call):
         return compute(ctx, args)
@@ -575,28 +587,27 @@ FUNCTIONS.update(
         "label_replace": _label_replace,
         "label_join": _label_join,
         "histogram_quantile": _histogram_quantile,
-        "rate": _ranged(
-            lambda ctx, a: stacked(
-                ranged.extrapolated_rate(a[0], True, True), ranged.histogram_rate(a[0], True, True, ctx.warn)
-            )
+        "rate": _rate_like(
+            lambda ctx, m: ranged.extrapolated_rate(m, True, True),
+            lambda ctx, m: ranged.histogram_rate(m, True, True, ctx.warn),
         ),
-        "increase": _ranged(
-            lambda ctx, a: stacked(
-                ranged.extrapolated_rate(a[0], True, False), ranged.histogram_rate(a[0], True, False, ctx.warn)
-            )
+        "increase": _rate_like(
+            lambda ctx, m: ranged.extrapolated_rate(m, True, False),
+            lambda ctx, m: ranged.histogram_rate(m, True, False, ctx.warn),
         ),
-        "delta": _ranged(
-            lambda ctx, a: stacked(
-                ranged.extrapolated_rate(a[0], False, False), ranged.histogram_rate(a[0], False, False, ctx.warn)
-            )
+        "delta": _rate_like(
+            lambda ctx, m: ranged.extrapolated_rate(m, False, False),
+            lambda ctx, m: ranged.histogram_rate(m, False, False, ctx.warn),
         ),
-        "irate": _ranged(
-            lambda ctx, a: stacked(ranged.instant_rate(a[0], True), ranged.histogram_instant_rate(a[0], True, ctx.warn))
+        "irate": _rate_like(
+            lambda ctx, m: ranged.instant_rate(m, True),
+            lambda ctx, m: ranged.histogram_instant_rate(m, True, ctx.warn),
+            last_two=True,
         ),
-        "idelta": _ranged(
-            lambda ctx, a: stacked(
-                ranged.instant_rate(a[0], False), ranged.histogram_instant_rate(a[0], False, ctx.warn)
-            )
+        "idelta": _rate_like(
+            lambda ctx, m: ranged.instant_rate(m, False),
+            lambda ctx, m: ranged.histogram_instant_rate(m, False, ctx.warn),
+            last_two=True,
         ),
         "histogram_count": _of_histograms(lambda h, *_: h.count),
         "histogram_sum": _of_histograms(lambda h, *_: h.sum),

@@ -2,6 +2,7 @@
 computed for every step at once: per series, each step's window is a slice of its samples."""
 
 import itertools
+import math
 
 import numpy as np
 
@@ -231,30 +232,59 @@ def _counting(matrix: RangeVector, counted) -> Vector:
 
 def changes(matrix: RangeVector) -> Vector:
     floats = _counting(
-        matrix, lambda current, previous: (current != previous) & ~(np.isnan(current) & np.isnan(previous))
+        _floats_apart(matrix),
+        lambda current, previous: (current != previous) & ~(np.isnan(current) & np.isnan(previous)),
     )
-    return stacked(floats, _counting_histograms(matrix, lambda current, previous: current != previous))
+    return stacked(
+        floats,
+        _counting_with_histograms(
+            matrix,
+            lambda current, previous: current != previous and not (math.isnan(current) and math.isnan(previous)),
+            lambda current, previous: current != previous,
+        ),
+    )
 
 
 def resets(matrix: RangeVector) -> Vector:
-    floats = _counting(matrix, lambda current, previous: current < previous)
-    return stacked(floats, _counting_histograms(matrix, lambda current, previous: current.detect_reset(previous)))
+    floats = _counting(_floats_apart(matrix), lambda current, previous: current < previous)
+    return stacked(
+        floats,
+        _counting_with_histograms(
+            matrix,
+            lambda current, previous: current < previous,
+            lambda current, previous: current.detect_reset(previous),
+        ),
+    )
 
 
-def _counting_histograms(matrix: RangeVector, counted) -> Vector:
-    """changes/resets over the series that hold native histograms only: ``counted(current,
-    previous)`` of each pair of neighbours in the window (a change: any difference)."""
+def _floats_apart(matrix: RangeVector) -> RangeVector:
+    """The matrix without the float series of the series holding histograms too."""
+    with_histograms = {labels_key(s.labels) for s in matrix.histogram_series}
+    return matrix._replace(series=[s for s in matrix.series if labels_key(s.labels) not in with_histograms])
+
+
+def _counting_with_histograms(matrix: RangeVector, float_counted, histogram_counted) -> Vector:
+    """changes/resets over the series that hold native histograms (and maybe floats): each pair
+    of neighbours in the window, floats and histograms in time order, counted by
+    ``float_counted``/``histogram_counted(current, previous)`` when both are of one kind, always
+    when the kind changes (as Prometheus 3 does)."""
     steps = len(matrix.refs)
-    with_floats = {labels_key(s.labels) for s in matrix.series if len(s.timestamps)}
+    floats = {labels_key(s.labels): s for s in matrix.series}
     labels, rows, masks = [], [], []
     for series in matrix.histogram_series:
-        if labels_key(series.labels) in with_floats:
-            continue
-        lo, hi = matrix.windows(series)
+        other = floats.get(labels_key(series.labels), Series(series.labels, np.zeros(0, np.int64), np.zeros(0)))
+        timestamps = np.concatenate([other.timestamps, series.timestamps])
+        order = np.argsort(timestamps, kind="stable")
+        merged = Series(
+            series.labels, timestamps[order], np.concatenate([other.values.astype(object), series.values])[order]
+        )
+        lo, hi = matrix.windows(merged)
         values = np.zeros(steps)
         for step in np.flatnonzero(hi > lo):
-            window = series.values[lo[step] : hi[step]]
-            values[step] = sum(bool(counted(b, a)) for a, b in itertools.pairwise(window))
+            window = merged.values[lo[step] : hi[step]]
+            values[step] = sum(
+                bool(_counted(a, b, float_counted, histogram_counted)) for a, b in itertools.pairwise(window)
+            )
         if (hi > lo).any():
             labels.append(drop_metric_name(series.labels))
             rows.append(values)
@@ -262,6 +292,12 @@ def _counting_histograms(matrix: RangeVector, counted) -> Vector:
     if not labels:
         return Vector.empty(steps)
     return Vector(labels, np.vstack(rows), np.vstack(masks))
+
+
+def _counted(previous, current, float_counted, histogram_counted) -> bool:
+    if isinstance(previous, Histogram) != isinstance(current, Histogram):
+        return True
+    return (histogram_counted if isinstance(current, Histogram) else float_counted)(current, previous)
 
 
 def over_time(matrix: RangeVector, name: str, parameter: np.ndarray | None = None) -> Vector:
@@ -644,22 +680,76 @@ def histogram_instant_rate(matrix: RangeVector, is_rate: bool, warn) -> Vector:
 
 def _histogram_rows(matrix: RangeVector, compute) -> Vector:
     """``compute(series, lo, hi) -> object row`` for every histogram series, as a Vector of
-    histogram samples (a window mixing floats and histograms of one series is left out)."""
+    histogram samples (kinds_apart then leaves out what a series holding floats too gives)."""
     steps = len(matrix.refs)
     if not matrix.histogram_series:
         return Vector.empty(steps)
     labels, rows = [], []
-    floats = {labels_key(s.labels): s for s in matrix.series}
     for series in matrix.histogram_series:
         lo, hi = matrix.windows(series)
         row = compute(series, lo, hi)
-        other = floats.get(labels_key(series.labels))
-        if other is not None:
-            float_lo, float_hi = matrix.windows(other)
-            row[float_hi > float_lo] = None
         if np.not_equal(row, None).any():  # type: ignore[call-overload]  # numpy's stubs: None in an object array
             labels.append(drop_metric_name(series.labels))
             rows.append(row)
     if not rows:
         return Vector.empty(steps)
     return Vector(labels, np.zeros((len(rows), steps)), np.zeros((len(rows), steps), dtype=bool), None, np.vstack(rows))
+
+
+def kinds_apart(matrix: RangeVector, answer: Vector, warn, last_two: bool = False) -> Vector:
+    """A rate-like function's ``answer`` (its float rows and its histogram rows, names dropped)
+    as Prometheus 3 gives it for a series holding floats and histograms both: nothing where the
+    window holds both kinds (``last_two``: where its last two samples are of both kinds, irate
+    and idelta), with a warning; elsewhere only the answer of the kind the window holds."""
+    floats = {labels_key(s.labels): s for s in matrix.series}
+    present, histograms = answer.present, answer.histograms
+    rows: dict[tuple, list[int]] = {}
+    for index, row_labels in enumerate(answer.labels):
+        rows.setdefault(labels_key(row_labels), []).append(index)
+    for series in matrix.histogram_series:
+        other = floats.get(labels_key(series.labels))
+        if other is None:
+            continue
+        float_keep, histogram_keep = (_last_two_kinds if last_two else _window_kinds)(matrix, other, series)
+        if (~float_keep & ~histogram_keep & _holds_two(matrix, other, series, last_two)).any():
+            warn(
+                "PromQL warning: encountered a mix of histograms and floats for metric name"
+                f' "{metric_name(series.labels)}"'
+            )
+        present, histograms = present.copy(), histograms.copy() if histograms is not None else None
+        for row in rows.get(labels_key(drop_metric_name(series.labels)), []):
+            present[row] &= float_keep
+            if histograms is not None:
+                histograms[row, ~histogram_keep] = None
+    return answer._replace(present=present, histograms=histograms).without_absent()
+
+
+def _window_kinds(matrix: RangeVector, floats: Series, histograms: Series) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, whether the window holds floats only, histograms only."""
+    float_lo, float_hi = matrix.windows(floats)
+    lo, hi = matrix.windows(histograms)
+    return hi == lo, float_hi == float_lo
+
+
+def _last_two_kinds(matrix: RangeVector, floats: Series, histograms: Series) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, whether the window's last two samples are floats, histograms."""
+    float_lo, float_hi = matrix.windows(floats)
+    lo, hi = matrix.windows(histograms)
+
+    def time(series: Series, lo, hi, back: int) -> np.ndarray:
+        """The time of the back-th last sample of each window (-inf where there is none)."""
+        at = hi - back
+        return np.where(at >= lo, series.timestamps[np.clip(at, 0, max(len(series.timestamps) - 1, 0))], -np.inf)
+
+    float_last, float_second = time(floats, float_lo, float_hi, 1), time(floats, float_lo, float_hi, 2)
+    last, second = time(histograms, lo, hi, 1), time(histograms, lo, hi, 2)
+    return float_second > last, second > float_last
+
+
+def _holds_two(matrix: RangeVector, floats: Series, histograms: Series, last_two: bool) -> np.ndarray:
+    """Per step, whether the window holds two samples (``last_two``) or one of each kind."""
+    float_lo, float_hi = matrix.windows(floats)
+    lo, hi = matrix.windows(histograms)
+    if last_two:
+        return (hi - lo) + (float_hi - float_lo) >= 2
+    return (hi > lo) & (float_hi > float_lo)
