@@ -564,7 +564,7 @@ class Evaluator:
             if present.any()
         ]
         histograms = [
-            Series(labels, inner_times[holds], row[holds])
+            Series(labels, inner_times[holds], np.array([_hint_unknown(h) for h in row[holds]], dtype=object))
             for labels, row, holds in zip(
                 inner.labels, inner.histograms if inner.histograms is not None else [], inner.histogram_present
             )
@@ -680,6 +680,14 @@ class Evaluator:
         if op in _SET_OPERATORS:
             return _set_operation(op, lhs, rhs, modifier)
         return _vector_vector(op, lhs, rhs, modifier, return_bool, ctx)
+
+
+def _hint_unknown(histogram):
+    """A subquery's histogram sample without a (no) counter reset hint, as Prometheus 3 gives
+    it: the subquery may miss the sample that reset the counter, or return it many times."""
+    if histogram.reset_hint in (RESET_HINT, NO_RESET_HINT):
+        return histogram.copy(reset_hint=0)
+    return histogram
 
 
 def _refuse_same_labels(vector: Vector) -> None:

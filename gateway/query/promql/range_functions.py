@@ -616,7 +616,7 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
                 continue
             try:
                 result = last.reduced(
-                    min(h.schema for h in window) if is_counter else min(first.schema, last.schema)
+                    min(h.schema for h in [first, *window[1:]]) if is_counter else min(first.schema, last.schema)
                 ).sub(first, lambda: warn(f"{RECONCILED} subtraction"))
                 if is_counter:
                     for previous, current in itertools.pairwise([first, *window[1:]]):
