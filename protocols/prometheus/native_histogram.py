@@ -241,6 +241,28 @@ class Histogram:
             lower = self.bound(index - 1)
             yield Bucket(edge if 0 < lower < edge else lower, self.bound(index), False, True, self.positive[index])
 
+    def text(self, format_number) -> str:
+        """Prometheus's FloatHistogram.String (count_values labels a histogram with it): count,
+        sum and the non-empty buckets, negative, zero, positive, each as its bounds and count
+        (numbers as ``format_number`` writes them, Go's %g)."""
+        parts = [f"count:{format_number(self.count)}", f"sum:{format_number(self.sum)}"]
+
+        def bucket(lower: float, upper: float, lower_inclusive: bool, upper_inclusive: bool, count: float) -> str:
+            return (
+                f"{'[' if lower_inclusive else '('}{format_number(lower)},{format_number(upper)}"
+                f"{']' if upper_inclusive else ')'}:{format_number(count)}"
+            )
+
+        for index in sorted(self.negative, reverse=True):
+            if self.negative[index]:
+                parts.append(bucket(-self.bound(index), -self.bound(index - 1), True, False, self.negative[index]))
+        if self.zero_count:
+            parts.append(bucket(-self.zero_threshold, self.zero_threshold, True, True, self.zero_count))
+        for index in sorted(self.positive):
+            if self.positive[index]:
+                parts.append(bucket(self.bound(index - 1), self.bound(index), False, True, self.positive[index]))
+        return "{" + ", ".join(parts) + "}"
+
     def json(self, format_value) -> dict:
         """Prometheus 2.42's JSON: count, sum, and the non-empty buckets as
         [boundary rule, lower, upper, count] (rule 0 (lo, hi], 1 [lo, hi), 2 (lo, hi), 3 [lo, hi])."""

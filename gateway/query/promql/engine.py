@@ -1168,11 +1168,16 @@ def _label_set_hash(labels: dict[str, str]) -> int:
 
 
 def _count_values(vector: Vector, label: str, grouping: list[str], without: bool, ctx: Context) -> Vector:
+    """count_values: a float sample's value as Prometheus writes it, a histogram sample's as
+    Prometheus's FloatHistogram.String."""
     counts: dict[tuple, tuple[dict, np.ndarray]] = {}
-    for labels, values, present in zip(vector.labels, vector.values, vector.present):
+    histograms = vector.histograms if vector.histograms is not None else np.full(vector.values.shape, None)
+    for labels, values, present, row_histograms in zip(vector.labels, vector.values, vector.present, histograms):
         base = _group_labels(labels, grouping, without)
-        for step in np.flatnonzero(present):
-            result = {**base, label: format_value(values[step])}
+        for step in np.flatnonzero(present | np.not_equal(row_histograms, None)):  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+            histogram = row_histograms[step]
+            text = format_value(values[step]) if histogram is None else histogram.text(go_float)
+            result = {**base, label: text}
             key = labels_key(result)
             if key not in counts:
                 counts[key] = (result, np.zeros(ctx.steps))
