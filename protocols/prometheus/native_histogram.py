@@ -19,7 +19,7 @@ from . import types_pb2
 from .xor import STALE_NAN_BITS
 
 CUSTOM_BUCKETS_SCHEMA = -53
-RESET_HINT, NO_RESET_HINT = types_pb2.Histogram.YES, types_pb2.Histogram.NO
+RESET_HINT, NO_RESET_HINT, UNKNOWN_HINT = types_pb2.Histogram.YES, types_pb2.Histogram.NO, types_pb2.Histogram.UNKNOWN
 _MAX_FLOAT = 1.7976931348623157e308
 _STALE_SUM = struct.pack("<Q", STALE_NAN_BITS)
 

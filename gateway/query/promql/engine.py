@@ -47,6 +47,7 @@ from protocols.linear_regex import BadPattern, compile_regex
 from protocols.prometheus.native_histogram import (
     NO_RESET_HINT,
     RESET_HINT,
+    UNKNOWN_HINT,
     HistogramMean,
     HistogramSum,
     IncompatibleBuckets,
@@ -412,6 +413,9 @@ class Evaluator:
         self.guard = Guard(deadline, max_samples, cancelled, setting)
         self.histograms = histograms or {}
         self.warnings: list[str] = []
+        # the path from the root to the node evaluated: under histogram_count/_sum/_avg, under a
+        # subquery or a function that needs the buckets (see _stats_hints)
+        self.under_stats_function = self.under_bucket_reader = False
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:
@@ -467,8 +471,15 @@ class Evaluator:
     def _instant(self, selector, ctx: Context) -> Vector:
         refs = self._refs(selector, ctx)
         vector = self._instant_floats(selector, ctx, refs)
-        histograms = self.histograms.get(selector_key(selector))
+        histograms = self._histogram_series(selector)
         return self._with_histograms(vector, histograms, refs, ctx) if histograms else vector
+
+    def _histogram_series(self, selector) -> list[Series]:
+        """The selector's histogram series, their hints as Prometheus 3 reads them (_stats_hints)."""
+        found = self.histograms.get(selector_key(selector), [])
+        if self.under_stats_function and not self.under_bucket_reader:
+            return [_stats_hints(series) for series in found]
+        return found
 
     def _instant_floats(self, selector, ctx: Context, refs: np.ndarray) -> Vector:
         labels, rows, masks, stamps = [], [], [], []
@@ -539,7 +550,7 @@ class Evaluator:
                 Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found
             )
         histograms = []
-        for found in self.histograms.get(selector_key(selector), []):
+        for found in self._histogram_series(selector):
             kept = np.not_equal(found.values, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
             histograms.append(Series(found.labels, found.timestamps[kept], found.values[kept]))
         return RangeVector(series, self._refs(selector, ctx), _ms(node.range), tuple(histograms), self.guard)
@@ -555,7 +566,12 @@ class Evaluator:
         inner_times = np.arange(start, last + 1, step, dtype=np.int64)
         if not len(inner_times):  # no inner step in any window (changes(x[1h])[1s:1d]): no samples
             return RangeVector([], refs, range_ms, (), self.guard)
-        inner = self.evaluate(node.expr, inner_times)
+        outer = self.under_bucket_reader
+        self.under_bucket_reader = True
+        try:
+            inner = self.evaluate(node.expr, inner_times)
+        finally:
+            self.under_bucket_reader = outer
         if not isinstance(inner, Vector):
             raise PromQLError("subquery is only allowed on instant vector", "bad_data")
         series = [
@@ -577,7 +593,13 @@ class Evaluator:
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
-        args = [self.evaluate(arg, ctx.times_ms) for arg in call.args]
+        outer = self.under_stats_function, self.under_bucket_reader
+        self.under_stats_function |= name in _STATS_FUNCTIONS
+        self.under_bucket_reader |= name in _BUCKET_FUNCTIONS
+        try:
+            args = [self.evaluate(arg, ctx.times_ms) for arg in call.args]
+        finally:
+            self.under_stats_function, self.under_bucket_reader = outer
         value = function(ctx, args, call)
         if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
             _refuse_same_labels(value)
@@ -682,11 +704,32 @@ class Evaluator:
         return _vector_vector(op, lhs, rhs, modifier, return_bool, ctx)
 
 
+_STATS_FUNCTIONS = {"histogram_count", "histogram_sum", "histogram_avg"}
+_BUCKET_FUNCTIONS = {"histogram_quantile", "histogram_quantiles", "histogram_fraction"}
+
+
+def _stats_hints(series: Series) -> Series:
+    """A series read for histogram_count/_sum/_avg alone (no subquery or bucket-reading
+    function on the way): Prometheus 3 reads it with its HistogramStatsIterator, which tells a
+    sample without a counter reset hint whether it reset the counter since the sample before
+    (so sum/avg of such samples may warn of conflicting hints where they would not otherwise)."""
+    hinted = series.values.copy()
+    previous = None
+    for index, histogram in enumerate(series.values):
+        if histogram is None:  # a stale marker
+            continue
+        if histogram.reset_hint == UNKNOWN_HINT and previous is not None:
+            hint = RESET_HINT if histogram.detect_reset(previous) else NO_RESET_HINT
+            hinted[index] = histogram.copy(reset_hint=hint)
+        previous = histogram
+    return series._replace(values=hinted)
+
+
 def _hint_unknown(histogram):
     """A subquery's histogram sample without a (no) counter reset hint, as Prometheus 3 gives
     it: the subquery may miss the sample that reset the counter, or return it many times."""
     if histogram.reset_hint in (RESET_HINT, NO_RESET_HINT):
-        return histogram.copy(reset_hint=0)
+        return histogram.copy(reset_hint=UNKNOWN_HINT)
     return histogram
 
 
