@@ -98,6 +98,7 @@ def check(path: Path) -> list[str]:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",  # an error message may hold a query's bytes that are no UTF-8 ("\xff")
             cwd=directory,
         ).stdout
         answers = _answers(output, {str(f.name): n for n, f in files})

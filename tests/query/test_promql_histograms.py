@@ -12,7 +12,7 @@ import pytest
 from gateway.http.promql_api import _encode_instant, _encode_matrix, _envelope
 from gateway.query.promql.engine import Evaluator, Query, parse, plan
 from gateway.query.promql.values import Series, Vector
-from protocols.prometheus.native_histogram import Histogram
+from protocols.prometheus.native_histogram import Histogram, HistogramMean, HistogramSum
 
 S = 1000
 
@@ -47,8 +47,13 @@ HISTOGRAMS = [
             (60, h(6.0, 6.0, {1: 6.0}, schema=-53, threshold=0.0, custom=(0.5, 2.0))),
         ],
     ),
+    # a metric whose type changed: floats at 0 s and 15 s, histograms from 30 s
+    ({"__name__": "retyped"}, [(30, growing(1)), (45, growing(2))]),
 ]
-FLOATS = [({"__name__": "latency", "job": "batch"}, [(t, 1.0) for t in range(0, 121, 15)])]
+FLOATS = [
+    ({"__name__": "latency", "job": "batch"}, [(t, 1.0) for t in range(0, 121, 15)]),
+    ({"__name__": "retyped"}, [(0, 1.0), (15, 2.0)]),
+]
 
 
 def _series(labels, points, objects: bool) -> Series:
@@ -370,3 +375,62 @@ def test_histograms_add_subtract_compare_and_negate_between_vectors():
     assert instant('latency{job="api"} == bool latency{job="api"}', 60) == {(("job", "api"),): 1.0}
     (negated,) = instant('-latency{job="api"}', 60).values()
     assert negated == growing(4).scale(-1.0)
+
+
+def test_histograms_add_with_kahan_compensation_and_average_incrementally_past_overflow():
+    """Prometheus 3's KahanAdd: 1e100 + 1 - 1e100 keeps the 1, in the sum and in the buckets."""
+    running = HistogramSum.of(h(1.0, 1e100, {1: 1e100}))
+    for histogram in (h(1.0, 1.0, {1: 1.0}), h(1.0, -1e100, {1: -1e100})):
+        running.add(histogram)
+    total = running.result()
+    assert (total.count, total.sum, total.positive) == (3.0, 1.0, {1: 1.0})
+    # counts past MaxFloat64 together: the mean goes on incrementally and stays finite
+    mean = HistogramMean(h(1.7e308, 2.0))
+    mean.add(h(1.5e308, 4.0))
+    assert mean.result().count == pytest.approx(1.6e308) and mean.result().sum == 3.0
+    # as Prometheus's Div: by 0 the buckets go, the counts and the sum become infinite or NaN
+    divided = h(4.0, 0.0, {1: 4.0}, zero=2.0).divided(0.0)
+    assert divided.positive == {} and divided.count == math.inf and divided.zero_count == math.inf
+    assert math.isnan(divided.sum)
+
+
+def test_custom_bucket_resets_are_judged_in_the_bounds_both_samples_have():
+    before = h(3.0, 3.0, {1: 3.0}, schema=-53, threshold=0.0, custom=(1.0,))  # 3 in (1, +Inf)
+    assert not h(3.0, 3.0, {1: 3.0}, schema=-53, threshold=0.0, custom=(5.0, 10.0)).detect_reset(before)
+    assert h(3.0, 3.0, {0: 3.0}, schema=-53, threshold=0.0, custom=(1.0, 10.0)).detect_reset(before)  # (1, +Inf) lost 3
+
+
+def test_nan_observations_are_told_and_histograms_have_prometheus_text():
+    nan = h(15.0, math.nan, {1: 12.0})  # 3 NaN observations, in no bucket
+    told = []
+    assert nan.quantile(0.4, told.append) == pytest.approx(math.sqrt(2))
+    assert nan.quantile(0.9, told.append) != nan.quantile(0.9, told.append) and told == [
+        "result is skewed higher",
+        "result is NaN",
+        "result is NaN",
+    ]
+    assert nan.fraction(-math.inf, math.inf, lambda: told.append("fraction")) == 0.8 and told[-1] == "fraction"
+    text = h(20.0, 10.0, {1: 2.0, 0: 1.0}, {1: 2.0, 0: 1.0}, zero=2.0).text(lambda v: f"{v:g}")
+    assert text == "{count:20, sum:10, [-2,-1):2, [-1,-0.5):1, [-0.001,0.001]:2, (0.5,1]:1, (1,2]:2}"
+
+
+def test_a_series_holding_floats_and_histograms():
+    """Prometheus 3: changes/resets walk both kinds in time order; irate by the last two samples;
+    rate nothing for a window holding both kinds, with a warning."""
+    assert instant("changes(retyped[1m])", 45) == {(): 3.0}  # 1 -> 2, 2 -> histogram, growing(1) -> growing(2)
+    assert instant("resets(retyped[1m])", 45) == {(): 1.0}  # the change of kind
+    assert instant("irate(retyped[1m])", 45)[()] == growing(1).scale(1 / 15)
+    mixed = 'PromQL warning: encountered a mix of histograms and floats for metric name "retyped"'
+    for query, at in (("irate(retyped[1m])", 30), ("rate(retyped[1m])", 45)):
+        value, warnings = evaluate(query, at)
+        assert not value.labels and warnings == [mixed]
+    assert instant("timestamp(retyped)", 45) == {(): 45.0}
+
+
+def test_a_sum_read_for_histogram_count_tells_counter_resets_as_prometheus_3():
+    """The selector under histogram_count is read as Prometheus's HistogramStatsIterator reads it:
+    web's sample at 60 s reset the counter, api's did not, so the sum warns of the conflict."""
+    conflict = "PromQL warning: conflicting counter resets during histogram aggregation"
+    assert evaluate('histogram_count(sum(latency{job=~"api|web"}))', 60)[1] == [conflict]
+    assert evaluate('sum(latency{job=~"api|web"})', 60)[1] == []
+    assert evaluate('histogram_count(last_over_time(sum(latency{job=~"api|web"})[1m:15s]))', 60)[1] == []  # a subquery

@@ -22,7 +22,7 @@ import numpy as np
 import promql_parser
 import xxhash
 
-from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
+from gateway.query.promql.functions import FUNCTIONS, valid_label_name
 from gateway.query.promql.range_functions import GAUGE_HINT, KahanMean, compensated_sum, quantiles
 from gateway.query.promql.values import (
     NAME,
@@ -120,7 +120,95 @@ def parse(text: str):
         if feature is not None:
             raise PromQLError(f'invalid parameter "query": {feature} are not supported ({error})', "bad_data") from None
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
+    _refuse_bytes_as_label_names(expr, _not_utf8_strings(text))
     return expr
+
+
+def _refuse_bytes_as_label_names(expr, not_utf8: dict[str, bytes]) -> None:
+    """A label name the query wrote as bytes that are no UTF-8 (``count_values("a\\xc5z", x)``)
+    refused as Prometheus 3 refuses it: promql-parser reads ``\\xc5`` as the character U+00C5,
+    where Go's strings hold the byte."""
+    if not not_utf8:
+        return
+    for node in _nodes(expr):
+        kind = type(node).__name__
+        if kind == "AggregateExpr" and str(node.op) == "count_values":
+            name = _string_of(node.param)
+            if name in not_utf8:
+                raise PromQLError(f"invalid label name {_go_quoted(not_utf8[name])}")
+        elif kind == "Call" and node.func.name in ("label_replace", "label_join"):
+            function = node.func.name
+            names = [("destination", node.args[1])]
+            if function == "label_join":
+                names = [("source", arg) for arg in node.args[3:]] + names
+            for role, arg in names:
+                name = _string_of(arg)
+                if name in not_utf8:
+                    shown = not_utf8[name].decode("utf-8", errors="replace")
+                    raise PromQLError(f"invalid {role} label name in {function}(): {shown}")
+
+
+def _string_of(node) -> str | None:
+    while type(node).__name__ == "ParenExpr":
+        node = node.expr
+    return node.val if type(node).__name__ == "StringLiteral" else None
+
+
+_STRING = re.compile(r""""((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|`[^`]*`|\#[^\n]*""", re.DOTALL)
+_ESCAPE = re.compile(r"\\(?:([0-7]{3})|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))", re.DOTALL)
+_SIMPLE_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def _not_utf8_strings(text: str) -> dict[str, bytes]:
+    """The quoted strings of the query whose escapes make bytes that are no UTF-8, as Go reads
+    them: each as promql-parser reads it (``\\xNN`` and octal escapes as characters) -> the
+    bytes Go's string holds."""
+    found = {}
+    for literal in _STRING.finditer(text):
+        body = literal.group(1) if literal.group(1) is not None else literal.group(2)
+        if body is None or "\\" not in body:
+            continue
+        as_parsed, as_bytes, position = [], bytearray(), 0
+        for escape in _ESCAPE.finditer(body):
+            plain = body[position : escape.start()]
+            as_parsed.append(plain)
+            as_bytes += plain.encode()
+            position = escape.end()
+            octal, hexadecimal, short, long, other = escape.groups()
+            if octal or hexadecimal:
+                byte = int(octal, 8) if octal else int(hexadecimal, 16)
+                as_parsed.append(chr(byte))
+                as_bytes.append(byte)
+            else:
+                char = chr(int(short or long, 16)) if short or long else _SIMPLE_ESCAPES.get(other, other)
+                as_parsed.append(char)
+                as_bytes += char.encode(errors="surrogatepass")
+        as_parsed.append(body[position:])
+        as_bytes += body[position:].encode()
+        try:
+            bytes(as_bytes).decode()
+        except UnicodeDecodeError:
+            found["".join(as_parsed)] = bytes(as_bytes)
+    return found
+
+
+def _go_quoted(raw: bytes) -> str:
+    """Go's strconv.Quote of bytes: a byte that starts no UTF-8 character as ``\\xNN``."""
+    out, index = [], 0
+    while index < len(raw):
+        for size in range(1, 5):
+            try:
+                char = raw[index : index + size].decode()
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append(f"\\x{raw[index]:02x}")
+            index += 1
+            continue
+        index += size
+        out.append(json.dumps(char, ensure_ascii=False)[1:-1])
+    return '"' + "".join(out) + '"'
 
 
 def _nodes(expr):
@@ -616,8 +704,8 @@ class Evaluator:
         grouping = list(modifier.labels) if modifier is not None else []
         without = modifier is not None and str(modifier.type).endswith("Without")
         if op == "count_values":
-            if not _LABEL_NAME.match(param.value):
-                raise PromQLError(f"invalid label name {param.value!r}")
+            if not valid_label_name(param.value):
+                raise PromQLError(f"invalid label name {json.dumps(param.value, ensure_ascii=False)}")
             return _count_values(vector, param.value, grouping, without, ctx)
         group_of, group_labels = _groups(vector.labels, grouping, without)
         if op == "quantile" and (warning := quantile_warning(param.values)):

@@ -210,7 +210,10 @@ def _absent_over_time(ctx, args, call):
     return ranged.absent_over_time(args[0], selector_labels(call.args[0]))
 
 
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+def valid_label_name(name: str) -> bool:
+    """Prometheus 3's UTF-8 label names: any non-empty text (``k8s.pod.name`` too). A string
+    the query wrote as bytes that are no UTF-8 (``"\\xff"``) is refused when parsed (engine.parse)."""
+    return bool(name)
 
 
 def _expand(template: str, match) -> str:
@@ -244,7 +247,7 @@ def _label_replace(ctx, args, call):
         regex = compile_regex(f"^(?:{pattern})$", dot_nl=True, capture=True)
     except BadPattern as error:
         raise PromQLError(f"invalid regular expression in label_replace(): {error}") from None
-    if not _LABEL_NAME.match(destination):
+    if not valid_label_name(destination):
         raise PromQLError(f"invalid destination label name in label_replace(): {destination}")
 
     def relabel(series):
@@ -257,7 +260,10 @@ def _label_replace(ctx, args, call):
 def _label_join(ctx, args, call):
     vector, destination, separator = args[0], args[1].value, args[2].value
     sources = [a.value for a in args[3:]]
-    if not _LABEL_NAME.match(destination):
+    for source in sources:
+        if not valid_label_name(source):
+            raise PromQLError(f"invalid source label name in label_join(): {source}")
+    if not valid_label_name(destination):
         raise PromQLError(f"invalid destination label name in label_join(): {destination}")
     return _set_label(vector, destination, lambda series: separator.join(series.get(s, "") for s in sources))
 
