@@ -430,7 +430,7 @@ class HistogramSum:
         """``self + other``, in the layout both share (as Histogram.add; IncompatibleBuckets for
         custom and exponential buckets met)."""
         total, compensation = self.total, self.compensation
-        other_compensation = _zeroed(other)
+        other_compensation = other.copy(zero_count=0.0, count=0.0, sum=0.0, positive={}, negative={})
         if total.custom or other.custom:
             if total.custom != other.custom:
                 raise IncompatibleBuckets("histograms with exponential and custom buckets")
@@ -449,35 +449,20 @@ class HistogramSum:
             schema = min(total.schema, other.schema)
             total, compensation = _kahan_reduced(total, compensation, schema)
             other, other_compensation = _kahan_reduced(other, other_compensation, schema)
-        sums = {}
-        for field in ("zero_count", "count", "sum"):
-            value, lost = kahan_inc(getattr(other, field), getattr(total, field), getattr(compensation, field))
-            if field == "zero_count":
-                value, lost = kahan_inc(other_compensation.zero_count, value, lost)
-            sums[field], sums[f"lost_{field}"] = value, lost
-        buckets = {}
-        for side in ("positive", "negative"):
-            values, losts = dict(getattr(total, side)), dict(getattr(compensation, side))
-            theirs, their_losts = getattr(other, side), getattr(other_compensation, side)
-            for index in sorted(theirs):
-                value, lost = kahan_inc(theirs[index], values.get(index, 0.0), losts.get(index, 0.0))
-                values[index], losts[index] = kahan_inc(their_losts.get(index, 0.0), value, lost)
-            buckets[side], buckets[f"lost_{side}"] = values, losts
+        zero, zero_lost = kahan_inc(other.zero_count, total.zero_count, compensation.zero_count)
+        zero, zero_lost = kahan_inc(other_compensation.zero_count, zero, zero_lost)
+        count, count_lost = kahan_inc(other.count, total.count, compensation.count)
+        total_sum, sum_lost = kahan_inc(other.sum, total.sum, compensation.sum)
+        positive, lost_positive = _kahan_added(
+            total.positive, compensation.positive, other.positive, other_compensation.positive
+        )
+        negative, lost_negative = _kahan_added(
+            total.negative, compensation.negative, other.negative, other_compensation.negative
+        )
         return HistogramSum(
-            total.copy(
-                zero_count=sums["zero_count"],
-                count=sums["count"],
-                sum=sums["sum"],
-                positive=buckets["positive"],
-                negative=buckets["negative"],
-                reset_hint=0,
-            ),
+            total.copy(zero_count=zero, count=count, sum=total_sum, positive=positive, negative=negative, reset_hint=0),
             compensation.copy(
-                zero_count=sums["lost_zero_count"],
-                count=sums["lost_count"],
-                sum=sums["lost_sum"],
-                positive=buckets["lost_positive"],
-                negative=buckets["lost_negative"],
+                zero_count=zero_lost, count=count_lost, sum=sum_lost, positive=lost_positive, negative=lost_negative
             ),
         )
 
@@ -534,6 +519,19 @@ def _zeroed(h: Histogram) -> Histogram:
         negative=dict.fromkeys(h.negative, 0.0),
         reset_hint=0,
     )
+
+
+def _kahan_added(
+    values: dict[int, float], losts: dict[int, float], theirs: dict[int, float], their_losts: dict[int, float]
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Buckets plus other buckets (and their compensations), bucket by bucket (kahanAddBuckets)."""
+    values, losts = dict(values), dict(losts)
+    for index, increment in theirs.items():
+        value, lost = kahan_inc(increment, values.get(index, 0.0), losts.get(index, 0.0))
+        if their_losts:
+            value, lost = kahan_inc(their_losts.get(index, 0.0), value, lost)
+        values[index], losts[index] = value, lost
+    return values, losts
 
 
 def _kahan_merged(

@@ -107,8 +107,13 @@ def test_counter_reset_detection_follows_prometheus():
     assert not is_counter_reset(floats, message(count=4.5, zero_count=0.5, deltas=(2.0, 2.0), is_float=True))
     assert is_counter_reset(floats, message(count=4.5, zero_count=0.5, deltas=(3.0, 1.0), is_float=True))
     custom = message(count=2, zero_count=0, schema=-53, positive=((0, 2),), deltas=(1, 0), custom=(1.0,))
-    assert is_counter_reset(
+    # other custom bounds: compared in the bounds both have (Prometheus 3.14), here +Inf alone (2 -> 5)
+    assert not is_counter_reset(
         custom, message(count=5, zero_count=0, schema=-53, positive=((0, 2),), deltas=(2, 1), custom=(2.0,))
+    )
+    # in the bounds (1, +Inf) both have, (-Inf, 1] went from 1 to 0
+    assert is_counter_reset(
+        custom, message(count=5, zero_count=0, schema=-53, positive=((0, 3),), deltas=(0, 2, 1), custom=(1.0, 2.0))
     )
     assert not is_counter_reset(
         custom, message(count=5, zero_count=0, schema=-53, positive=((0, 2),), deltas=(2, 1), custom=(1.0,))

@@ -738,8 +738,10 @@ def _last_two_kinds(matrix: RangeVector, floats: Series, histograms: Series) -> 
 
     def time(series: Series, lo, hi, back: int) -> np.ndarray:
         """The time of the back-th last sample of each window (-inf where there is none)."""
+        if not len(series.timestamps):
+            return np.full(len(lo), -np.inf)
         at = hi - back
-        return np.where(at >= lo, series.timestamps[np.clip(at, 0, max(len(series.timestamps) - 1, 0))], -np.inf)
+        return np.where(at >= lo, series.timestamps[np.clip(at, 0, len(series.timestamps) - 1)], -np.inf)
 
     float_last, float_second = time(floats, float_lo, float_hi, 1), time(floats, float_lo, float_hi, 2)
     last, second = time(histograms, lo, hi, 1), time(histograms, lo, hi, 2)
