@@ -22,6 +22,7 @@ import numpy as np
 import promql_parser
 import xxhash
 
+from gateway.query.promql.front import INSTANT, DurationError, QueryTimes, rewrite
 from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
 from gateway.query.promql.range_functions import GAUGE_HINT, KahanMean, compensated_sum, quantiles
 from gateway.query.promql.values import (
@@ -91,22 +92,21 @@ _UNSUPPORTED = (
         "the anchored and smoothed range modifiers (Prometheus 3's experimental extended range selectors)",
     ),
     (re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),
-    (
-        re.compile(r"\[[^\]:]*[-+*/%^()][^\]]*\]|\b(offset|@)\s*\(|\b(step|range|min_of|max_of)\s*\("),
-        "duration expressions (Prometheus 3's experimental promql-duration-expr)",
-    ),
 )
 _FILL = "the fill(), fill_left() and fill_right() modifiers (Prometheus 3's experimental binop fill modifiers)"
 
 
-def parse(text: str):
+def parse(text: str, times: QueryTimes = INSTANT):
     """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
     and offsets out of range, regular expressions RE2 does not take; and the Prometheus 3
-    language tsgate does not take, named."""
+    language tsgate does not take, named. Duration expressions are evaluated with ``times``
+    (gateway/query/promql/front.py)."""
     try:
-        expr = parser_call(promql_parser.parse, _raw_strings_quoted(text))
+        expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times)))
         for node in _nodes(expr):
             _check_node(node)
+    except DurationError as error:
+        raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     except (ValueError, TypeError, OverflowError) as error:
         feature = next((name for pattern, name in _UNSUPPORTED if pattern.search(text)), None)
         if feature is not None:
@@ -245,7 +245,9 @@ class QueryText(NamedTuple):
     max_terms: int = 300
     max_depth: int = 64
 
-    def parse(self, text: str):
+    def parse(self, text: str, query: Query | None = None):
+        """``text`` parsed, after its bounds are checked; its duration expressions evaluated
+        with the query's step and range (none: an instant query's)."""
         if len(text) > self.max_length:
             raise PromQLError(
                 f'invalid parameter "query": {len(text)} characters, over --query-max-length {self.max_length}',
@@ -264,7 +266,7 @@ class QueryText(NamedTuple):
                 f" over --query-max-terms {self.max_terms}",
                 "bad_data",
             )
-        return parse(text)
+        return parse(text, QueryTimes(query.step_ms, query.end_ms - query.start_ms) if query else INSTANT)
 
 
 def _ms(delta) -> int:
@@ -567,6 +569,8 @@ class Evaluator:
 
     def _call(self, call, ctx: Context):
         name = call.func.name
+        if name in ("start", "end", "range", "step"):
+            return Scalar(np.full(ctx.steps, self._query_constant(name)))
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
@@ -575,6 +579,18 @@ class Evaluator:
         if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
             _refuse_same_labels(value)
         return value
+
+    def _query_constant(self, name: str) -> float:
+        """start(), end(), range() and step() in seconds: the query's, whatever subquery they
+        are in; step() of an instant query is 0."""
+        query = self.query
+        if name == "start":
+            return query.start_ms / 1000
+        if name == "end":
+            return query.end_ms / 1000
+        if name == "range":
+            return (query.end_ms - query.start_ms) / 1000
+        return query.step_ms / 1000 if query.end_ms != query.start_ms else 0.0
 
     # -- aggregations -----------------------------------------------------------------------
 
