@@ -22,7 +22,7 @@ import numpy as np
 import promql_parser
 import xxhash
 
-from gateway.query.promql.front import INSTANT, DurationError, QueryTimes, rewrite
+from gateway.query.promql.front import INSTANT, MODIFIER_LABEL, FrontError, QueryTimes, rewrite
 from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
 from gateway.query.promql.range_functions import GAUGE_HINT, KahanMean, compensated_sum, quantiles
 from gateway.query.promql.values import (
@@ -85,14 +85,9 @@ def parser_call(function, *args):
 
 
 # Prometheus 3 language tsgate does not take (its parser, promql-parser 0.12, reads none of it
-# but fill()): a query using one is refused naming it, never answered as if it were not there.
-_UNSUPPORTED = (
-    (
-        re.compile(r"\b(anchored|smoothed)\b"),
-        "the anchored and smoothed range modifiers (Prometheus 3's experimental extended range selectors)",
-    ),
-    (re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),
-)
+# but fill(); front.py rewrites duration expressions and range modifiers): a query using one is
+# refused naming it, never answered as if it were not there.
+_UNSUPPORTED = ((re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),)
 _FILL = "the fill(), fill_left() and fill_right() modifiers (Prometheus 3's experimental binop fill modifiers)"
 
 
@@ -105,7 +100,7 @@ def parse(text: str, times: QueryTimes = INSTANT):
         expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times)))
         for node in _nodes(expr):
             _check_node(node)
-    except DurationError as error:
+    except FrontError as error:
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     except (ValueError, TypeError, OverflowError) as error:
         feature = next((name for pattern, name in _UNSUPPORTED if pattern.search(text)), None)
@@ -286,10 +281,20 @@ def _at_ms(node, query: Query) -> int | None:
 
 
 def selector_matchers(selector) -> list[Matcher]:
-    matchers = [Matcher(_MATCH_TYPES[str(m.op)], m.name, m.value) for m in selector.matchers.matchers]
+    """The selector's matchers, without the front's range modifier marker."""
+    matchers = [
+        Matcher(_MATCH_TYPES[str(m.op)], m.name, m.value)
+        for m in selector.matchers.matchers
+        if m.name != MODIFIER_LABEL
+    ]
     if selector.name:
         matchers.append(Matcher("EQ", NAME, selector.name))
     return matchers
+
+
+def range_modifier(selector) -> str | None:
+    """ "anchored" or "smoothed" where the query wrote it after the selector (front.py)."""
+    return next((m.value for m in selector.matchers.matchers if m.name == MODIFIER_LABEL), None)
 
 
 def selector_key(selector) -> tuple:
@@ -313,10 +318,15 @@ def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
             selector = node.vector_selector if kind == "MatrixSelector" else node
             offset, at = _ms(selector.offset), _at_ms(selector, query)
             ref_low, ref_high = (at - offset, at - offset) if at is not None else (low - offset, high - offset)
+            # An anchored window also reads a lookback before it, a smoothed one (and a smoothed
+            # instant selector) a lookback after it too.
+            modifier = range_modifier(selector) if kind != "SubqueryExpr" else None
+            before = query.lookback_ms if modifier else 0
+            after = query.lookback_ms if modifier == "smoothed" else 0
             if kind == "VectorSelector":
-                need(node, ref_low - query.lookback_ms, ref_high)
+                need(node, ref_low - query.lookback_ms, ref_high + after)
             elif kind == "MatrixSelector":
-                need(selector, ref_low - _ms(node.range), ref_high)
+                need(selector, ref_low - _ms(node.range) - before, ref_high + after)
             else:
                 walk(node.expr, ref_low - _ms(node.range), ref_high)
             return
@@ -360,6 +370,24 @@ def estimated_samples(expr, query: Query, series_of: Callable[[tuple], int]) -> 
 
     walk(expr, query.start_ms, query.end_ms, evaluation_steps(query))
     return total
+
+
+# The functions Prometheus 3 evaluates over anchored and smoothed windows (AnchoredSafeFunctions,
+# SmoothedSafeFunctions); the error names them as it does.
+_MODIFIER_FUNCTIONS = {
+    "anchored": ("changes", "delta", "increase", "rate", "resets"),
+    "smoothed": ("delta", "increase", "rate"),
+}
+
+
+def _check_range_modifier(call) -> None:
+    for arg in call.args:
+        if type(arg).__name__ == "MatrixSelector" and (modifier := range_modifier(arg.vector_selector)):
+            allowed = _MODIFIER_FUNCTIONS[modifier]
+            if call.func.name not in allowed:
+                raise PromQLError(
+                    f"{modifier} modifier can only be used with: {', '.join(allowed)} - not with {call.func.name}"
+                )
 
 
 def _children(node) -> list:
@@ -414,6 +442,13 @@ class Evaluator:
 
     def result(self, expr, times_ms: np.ndarray):
         """The query's answer: its value, with rows of one label set merged as Prometheus does."""
+        bare = expr.expr if type(expr).__name__ == "ParenExpr" else expr
+        if type(bare).__name__ == "MatrixSelector" and (modifier := range_modifier(bare.vector_selector)):
+            raise PromQLError(
+                f"a range selector with the {modifier} modifier is evaluated only inside"
+                f" {', '.join(_MODIFIER_FUNCTIONS[modifier])} (its samples alone are not supported)",
+                "bad_data",
+            )
         value = self.evaluate(expr, times_ms)
         return merge_same_labels(value) if isinstance(value, Vector) else value
 
@@ -461,6 +496,8 @@ class Evaluator:
 
     def _instant(self, selector, ctx: Context) -> Vector:
         refs = self._refs(selector, ctx)
+        if range_modifier(selector) == "smoothed":
+            return self._smoothed(selector, ctx, refs)
         vector = self._instant_floats(selector, ctx, refs)
         histograms = self.histograms.get(selector_key(selector))
         return self._with_histograms(vector, histograms, refs, ctx) if histograms else vector
@@ -483,6 +520,41 @@ class Evaluator:
         if not rows:
             return Vector.empty(ctx.steps)
         return Vector(labels, np.vstack(rows), np.vstack(masks), np.vstack(stamps))
+
+    def _smoothed(self, selector, ctx: Context, refs: np.ndarray) -> Vector:
+        """A smoothed instant selector (Prometheus 3's smoothSeries): each step's value
+        interpolated between the samples around it, within the lookback on either side; past
+        the last sample, the last value; before the first, none."""
+        if self.histograms.get(selector_key(selector)):
+            raise PromQLError(
+                "the smoothed modifier over native histograms is not supported (Prometheus 3's experimental)",
+                "bad_data",
+            )
+        lookback = self.query.lookback_ms
+        labels, rows, masks = [], [], []
+        for series in self.data.get(selector_key(selector), []):
+            fresh = ~is_stale(series.values)
+            ts, vs = series.timestamps[fresh], series.values[fresh]
+            if not len(ts):
+                continue
+            lo = np.searchsorted(ts, refs - lookback, side="right")
+            hi = np.searchsorted(ts, refs + lookback, side="right")
+            at = np.searchsorted(ts, refs, side="left")
+            index = np.minimum(at, len(ts) - 1)
+            exact = (at < hi) & (ts[index] == refs)
+            before = np.maximum(at - 1, 0)
+            between = (at > lo) & (at < hi)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                line = vs[before] + (vs[index] - vs[before]) * (refs - ts[before]) / (ts[index] - ts[before])
+            values = np.where(exact, vs[index], np.where(between, line, vs[before]))
+            found = exact | (at > lo)
+            if found.any():
+                labels.append(series.labels)
+                rows.append(values)
+                masks.append(found)
+        if not rows:
+            return Vector.empty(ctx.steps)
+        return Vector(labels, np.vstack(rows), np.vstack(masks))
 
     def _with_histograms(
         self, vector: Vector, histogram_series: list[Series], refs: np.ndarray, ctx: Context
@@ -537,7 +609,15 @@ class Evaluator:
         for found in self.histograms.get(selector_key(selector), []):
             kept = np.not_equal(found.values, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
             histograms.append(Series(found.labels, found.timestamps[kept], found.values[kept]))
-        return RangeVector(series, self._refs(selector, ctx), _ms(node.range), tuple(histograms), self.guard)
+        return RangeVector(
+            series,
+            self._refs(selector, ctx),
+            _ms(node.range),
+            tuple(histograms),
+            self.guard,
+            range_modifier(selector),
+            self.query.lookback_ms,
+        )
 
     def _subquery(self, node, ctx: Context) -> RangeVector:
         step = _ms(node.step) or DEFAULT_SUBQUERY_STEP_MS
@@ -574,6 +654,7 @@ class Evaluator:
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
+        _check_range_modifier(call)
         args = [self.evaluate(arg, ctx.times_ms) for arg in call.args]
         value = function(ctx, args, call)
         if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):

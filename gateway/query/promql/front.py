@@ -60,9 +60,10 @@ class Token(NamedTuple):
     end: int
 
 
-class DurationError(ValueError):
-    """A duration expression Prometheus refuses, worded as it words it (``start:end: reason``,
-    the positions being offsets in the query's text)."""
+class FrontError(ValueError):
+    """A duration expression or a range modifier Prometheus refuses, worded as it words it
+    (a duration's ``start:end: reason`` with offsets in the text, a modifier's
+    ``line:column: parse error: reason``)."""
 
 
 def tokens(text: str) -> list[Token]:
@@ -210,7 +211,7 @@ def _value(node: _Node, times: QueryTimes) -> float:
     if op == "neg":
         return -values[0]
     if op in ("/", "%") and values[1] == 0:
-        raise DurationError(f"{node.start}:{node.end}: {'division' if op == '/' else 'modulo'} by zero")
+        raise FrontError(f"{node.start}:{node.end}: {'division' if op == '/' else 'modulo'} by zero")
     return _OPERATIONS[op](*values)
 
 
@@ -219,11 +220,11 @@ def duration_ms(node: _Node, times: QueryTimes, negative_allowed: bool) -> int:
     seconds = _value(node, times)
     where = f"{node.start}:{node.end}"
     if math.isnan(seconds) or math.isinf(seconds):
-        raise DurationError(f"{where}: duration is NaN or infinite")
+        raise FrontError(f"{where}: duration is NaN or infinite")
     if seconds <= 0 and not negative_allowed:
-        raise DurationError(f"{where}: duration must be greater than 0")
+        raise FrontError(f"{where}: duration must be greater than 0")
     if abs(seconds) > _MAX_DURATION_SECONDS:
-        raise DurationError(f"{where}: duration is out of range")
+        raise FrontError(f"{where}: duration is out of range")
     return int(seconds * 1000)
 
 
@@ -232,42 +233,137 @@ def _ends_operand(token: Token | None) -> bool:
         return False
     if token.kind == "identifier":
         return token.text.lower() not in _NOT_AN_OPERAND
-    return token.text in (")", "]", "}")
+    return token.kind in ("number", "duration", "string") or token.text in (")", "]", "}")
+
+
+def _position(text: str, offset: int) -> str:
+    """``line:column`` of a text offset, as Prometheus's parse errors say where."""
+    return f"{text.count(chr(10), 0, offset) + 1}:{offset - text.rfind(chr(10), 0, offset)}"
+
+
+class _Selector:
+    """The selector the text has just read (a name, braces, a range, offsets, ``@``): where a
+    modifier's matcher goes, and the modifier it already carries."""
+
+    def __init__(self, name: Token | None, open_brace: int | None):
+        self.name = name
+        self.open_brace = open_brace  # token index of its "{", if it has braces
+        self.close_brace: int | None = None
+        self.modifier: str | None = None
+
+
+_GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+_SUBQUERY = object()  # the last operand read is a subquery
+_OTHER = object()  # the last operand read is neither a selector nor a subquery
 
 
 def rewrite(text: str, times: QueryTimes = INSTANT) -> str:
     """``text`` with its duration expressions evaluated and its range modifiers recorded as
     matchers (the module's docstring); ``text`` itself when it has neither."""
+    if MODIFIER_LABEL in text:
+        raise FrontError(f"the label name {MODIFIER_LABEL} is reserved")
     toks = tokens(text)
-    edits: list[tuple[int, int, str]] = []  # (start, end, replacement) in the text, in order
+    edits: list[tuple[int, int, str]] = []  # (start, end, replacement) in the text
     braces = 0
+    grouping = 0  # depth inside a by/without/on/ignoring/group_x label list
+    last: _Selector | object = _OTHER
     index = 0
     while index < len(toks):
-        token = toks[index]
-        if token.text == "{" and token.kind == "other":
+        token, word = toks[index], toks[index].text.lower()
+        previous = toks[index - 1] if index else None
+        following = toks[index + 1] if index + 1 < len(toks) else None
+        if grouping:
+            grouping += {"(": 1, ")": -1}.get(token.text, 0) if token.kind == "other" else 0
+        elif token.kind == "other" and token.text == "{":
+            if braces == 0 and not (
+                isinstance(last, _Selector)
+                and previous is not None
+                and previous.kind == "identifier"
+                and last.name is previous
+            ):
+                last = _Selector(None, index)
+            elif braces == 0 and isinstance(last, _Selector):
+                last.open_brace = index
             braces += 1
-        elif token.text == "}" and token.kind == "other":
+        elif token.kind == "other" and token.text == "}":
             braces = max(0, braces - 1)
+            if braces == 0 and isinstance(last, _Selector):
+                last.close_brace = index
         elif braces:
             pass
-        elif token.text == "[" and token.kind == "other":
+        elif token.kind == "other" and token.text == "[":
             index = _rewrite_brackets(toks, index + 1, times, edits)
+            if toks[index - 1].text == "]" and any(t.text == ":" for t in toks[_bracket_start(toks, index) : index]):
+                last = _SUBQUERY
             continue
-        elif (
-            token.kind == "identifier"
-            and token.text.lower() == "offset"
-            and _ends_operand(toks[index - 1] if index else None)
-        ):
+        elif token.kind == "identifier" and word == "offset" and _ends_operand(previous):
             index = _rewrite_offset(toks, index, times, edits)
             continue
+        elif token.text == "@" and _ends_operand(previous):
+            index = _skip_at(toks, index + 1)
+            continue
+        elif token.kind == "identifier" and word in RANGE_MODIFIERS and _ends_operand(previous):
+            _apply_modifier(text, toks, token, word, last, edits)
+        elif token.kind == "identifier" and word in _GROUPING and following is not None and following.text == "(":
+            grouping = 1
+            index += 2
+            last = _OTHER
+            continue
+        elif (
+            token.kind == "identifier" and word not in _NOT_AN_OPERAND and (following is None or following.text != "(")
+        ):
+            last = _Selector(token, None)
+        else:
+            last = _OTHER
         index += 1
     if not edits:
         return text
     out, position = [], 0
-    for start, end, replacement in edits:
+    for start, end, replacement in sorted(edits):
         out += [text[position:start], replacement]
         position = end
     return "".join([*out, text[position:]])
+
+
+def _bracket_start(toks: list[Token], after: int) -> int:
+    """The index of the "[" whose bracket ends just before ``after``."""
+    index = after - 1
+    while index > 0 and toks[index].text != "[":
+        index -= 1
+    return index
+
+
+def _skip_at(toks: list[Token], index: int) -> int:
+    """The index after ``@``'s timestamp: a signed number, ``start()`` or ``end()``."""
+    if index < len(toks) and toks[index].text in ("+", "-"):
+        index += 1
+    if index < len(toks) and toks[index].text.lower() in ("start", "end"):
+        return min(index + 3, len(toks))
+    return index + 1
+
+
+def _apply_modifier(text: str, toks: list[Token], keyword: Token, modifier: str, last, edits: list) -> None:
+    """Records ``anchored``/``smoothed`` as a matcher on the selector it follows and removes the
+    word; refused where Prometheus refuses it."""
+    where = _position(text, keyword.start)
+    if last is _SUBQUERY:
+        raise FrontError(f"{where}: parse error: {modifier} modifier is not supported for subqueries")
+    if not isinstance(last, _Selector):
+        raise FrontError(f"{where}: parse error: {modifier} modifier not implemented")
+    if last.modifier is not None and last.modifier != modifier:
+        raise FrontError(f"{where}: parse error: anchored and smoothed modifiers cannot be used together")
+    edits.append((keyword.start, keyword.end, ""))
+    if last.modifier is not None:
+        return
+    last.modifier = modifier
+    matcher = f'{MODIFIER_LABEL}="{modifier}"'
+    if last.close_brace is None:
+        assert last.name is not None
+        edits.append((last.name.end, last.name.end, "{" + matcher + "}"))
+        return
+    before = toks[last.close_brace - 1]
+    separator = "" if before.text in ("{", ",") else ","
+    edits.append((toks[last.close_brace].start, toks[last.close_brace].start, separator + matcher))
 
 
 def _rewrite_brackets(toks: list[Token], index: int, times: QueryTimes, edits: list) -> int:

@@ -56,13 +56,12 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
         part = series[first : first + stack]
         timestamps = np.concatenate([s.timestamps for s in part])
         values = np.concatenate([s.values for s in part])
-        base = min(int(timestamps.min()), int(matrix.refs.min()) - matrix.range_ms)
+        base = min(int(timestamps.min()), int(matrix.refs.min()) - matrix.range_ms - matrix.lookback_ms)
         span = max(int(timestamps.max()), int(matrix.refs.max())) - base + 1
         owner = np.repeat(np.arange(len(part), dtype=np.int64), [len(s.timestamps) for s in part])
         keys = timestamps - base + owner * span
         shift = np.arange(len(part), dtype=np.int64)[:, None] * span
-        lo = np.searchsorted(keys, (matrix.refs - matrix.range_ms - base)[None, :] + shift, side="right")
-        hi = np.searchsorted(keys, (matrix.refs - base)[None, :] + shift, side="right")
+        lo, hi = matrix.window_indexes(keys, (matrix.refs - base)[None, :] + shift)
         result, present = compute(Series({}, timestamps, values), lo, hi)
         keep = present.any(axis=1)
         labels += [s.labels if keep_name else drop_metric_name(s.labels) for s, kept in zip(part, keep) if kept]
@@ -100,6 +99,8 @@ def _with_resets(values: np.ndarray, result: np.ndarray, lo: np.ndarray, hi: np.
 
 
 def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> Vector:
+    if matrix.modifier is not None:
+        return extended_rate(matrix, is_counter, is_rate)
     range_s = matrix.range_ms / 1000
 
     def compute(series: Series, lo, hi):
@@ -130,6 +131,61 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
             return result * factor, present
 
     return _all_series(matrix, compute)
+
+
+def _interpolated(ts: np.ndarray, vs: np.ndarray, before: np.ndarray, at: np.ndarray, is_counter: bool) -> np.ndarray:
+    """The value at ``at`` on the line from sample ``before`` to the next; a counter that falls
+    between them restarts from 0 (Prometheus's interpolate)."""
+    after = np.minimum(before + 1, len(vs) - 1)
+    y1, y2 = vs[before], vs[after]
+    if is_counter:
+        y1 = np.where(y2 < y1, 0.0, y1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return y1 + (y2 - y1) * (at - ts[before]) / (ts[after] - ts[before])
+
+
+def extended_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> Vector:
+    """rate/increase/delta over an anchored or smoothed window (Prometheus 3's extendedRate):
+    no extrapolation; the window's left value is its anchor (the last sample at or before its
+    start, within the lookback) and its right value its last sample; smoothed, both are the
+    series' values interpolated at the window's start and end, from samples up to a lookback
+    beyond them. Counter resets between the two are added back."""
+    smoothed = matrix.modifier == "smoothed"
+    range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
+
+    def compute(series: Series, _lo, _hi):
+        ts, vs = series.timestamps, series.values
+        last_index = len(vs) - 1
+        lo = np.searchsorted(ts, range_start - matrix.lookback_ms, side="right")
+        hi = np.searchsorted(ts, range_end + (matrix.lookback_ms if smoothed else 0), side="right")
+        count = hi - lo
+        first = lo + np.maximum(np.minimum(np.searchsorted(ts, range_start, side="right") - lo, count - 1) - 1, 0)
+        last = lo + np.minimum(np.searchsorted(ts, range_end, side="left") - lo, count - 1) if smoothed else hi - 1
+        first, last = np.clip(first, 0, last_index), np.clip(last, 0, last_index)
+        present = (count > 0) & (ts[last] > range_start)
+        left, right = vs[first], vs[last]
+        if smoothed:
+            present &= ts[first] <= range_end
+            left = np.where(ts[first] < range_start, _interpolated(ts, vs, first, range_start, is_counter), left)
+            across_end = (last > lo) & (ts[last] > range_end)
+            right = np.where(across_end, _interpolated(ts, vs, np.maximum(last - 1, 0), range_end, is_counter), right)
+        result = right - left
+        if is_counter:
+            inner_first = first + (ts[first] <= range_start)
+            inner_last = last - (ts[last] >= range_end)
+            inner = inner_last >= inner_first
+            at_first, at_last = vs[np.clip(inner_first, 0, last_index)], vs[np.clip(inner_last, 0, last_index)]
+            correction = np.where(inner & (at_first < left), left, 0.0)
+            correction = _with_resets(
+                vs, correction, np.where(inner, inner_first, 0), np.where(inner, inner_last + 1, 0)
+            )
+            before_right = np.where(inner, at_last, left)
+            result = result + (correction + np.where(right < before_right, before_right, 0.0))
+        if is_rate:
+            result = result / (matrix.range_ms / 1000)
+        return result, present
+
+    return _per_series(matrix, compute)
 
 
 def instant_rate(matrix: RangeVector, is_rate: bool) -> Vector:
@@ -554,6 +610,11 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
     sample starts from nothing), then extrapolated as extrapolated_rate does floats, the zero
     point taken from the counts. Custom bounds that differ are reconciled, with an info; a window
     mixing exponential and custom buckets is left out with a warning, as Prometheus 3 does."""
+    if matrix.modifier is not None and matrix.histogram_series:
+        raise PromQLError(
+            f"the {matrix.modifier} modifier over native histograms is not supported (Prometheus 3's experimental)",
+            "bad_data",
+        )
     range_s = matrix.range_ms / 1000
     range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
 
