@@ -99,6 +99,7 @@ def test_functions_prometheus_does_not_extend_are_refused_as_it_words_it():
         ("rate(x[5m])[10m] smoothed", "1:18: parse error: smoothed modifier not implemented"),
         ("x anchored smoothed", "1:12: parse error: anchored and smoothed modifiers cannot be used together"),
         ('x{__tsgate_range_modifier__="smoothed"}', "the label name __tsgate_range_modifier__ is reserved"),
+        ('{a=~".*"}[5m] anchored', "vector selector must contain at least one non-empty matcher"),
     ],
 )
 def test_modifiers_prometheus_refuses_are_refused(text, error):

@@ -120,3 +120,32 @@ def test_what_promql_parser_reads_reaches_it_unchanged():
 
 def _testdata3() -> Path:
     return prometheus3.module_source() / "promql" / "promqltest" / "testdata"
+
+
+M = "__tsgate_range_modifier__"
+
+
+@pytest.mark.parametrize(
+    "text, rewritten",
+    [
+        ("increase(x[1m] anchored)", f'increase(x{{{M}="anchored"}}[1m] )'),
+        ('rate(x{a="b"}[5m] SMOOTHED)', f'rate(x{{a="b",{M}="smoothed"}}[5m] )'),
+        ('rate({__name__="x",}[5m] smoothed)', f'rate({{__name__="x",{M}="smoothed"}}[5m] )'),
+        ("rate(x{}[5m] anchored)", f'rate(x{{{M}="anchored"}}[5m] )'),
+        ("x offset -100 smoothed + 0", f'x{{{M}="smoothed"}} offset -100  + 0'),
+        ("x @ start() smoothed", f'x{{{M}="smoothed"}} @ start() '),
+        ("rate(x[1m+1m] offset (1m/2) anchored)", f'rate(x{{{M}="anchored"}}[120000ms] offset 30000ms )'),
+        ("x + on(a) group_left(b) y smoothed", f'x + on(a) group_left(b) y{{{M}="smoothed"}} '),
+        ("x anchored anchored", f'x{{{M}="anchored"}}  '),
+    ],
+)
+def test_range_modifiers_become_a_matcher_on_their_selector(text, rewritten):
+    assert rewrite(text, RANGE_QUERY) == rewritten
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['x{a="anchored"}', "sum(anchored)", "anchored", "sum by (smoothed) (x)", "x # smoothed\n", 'x{"smoothed"="1"}'],
+)
+def test_the_words_elsewhere_are_left_alone(text):
+    assert rewrite(text, RANGE_QUERY) == text

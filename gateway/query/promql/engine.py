@@ -139,12 +139,25 @@ def _check_node(node) -> None:
         except (ValueError, OverflowError):
             raise ValueError("timestamp out of bounds for @ modifier (tsgate takes 1970 to 9999)") from None
     if type(node).__name__ == "VectorSelector":
+        if range_modifier(node) and not node.name and all(_matches_empty(m) for m in selector_matchers(node)):
+            # promql-parser checked the selector with the front's marker, which matches no empty value
+            raise ValueError("vector selector must contain at least one non-empty matcher")
         for matcher in node.matchers.matchers:
             if str(matcher.op) in ("MatchOp.Re", "MatchOp.NotRe"):
                 try:
                     compile_regex(matcher.value, dot_nl=True)
                 except BadPattern as error:
                     raise ValueError(f"error parsing regexp: {error}") from None
+
+
+def _matches_empty(matcher: Matcher) -> bool:
+    if matcher.type in ("EQ", "NEQ"):
+        return (matcher.value == "") == (matcher.type == "EQ")
+    try:
+        matches = compile_regex(matcher.value, dot_nl=True).fullmatch("") is not None
+    except BadPattern:
+        return False  # refused below, naming the pattern
+    return matches == (matcher.type == "RE")
 
 
 def _raw_strings_quoted(text: str) -> str:

@@ -262,6 +262,13 @@ def rewrite(text: str, times: QueryTimes = INSTANT) -> str:
     matchers (the module's docstring); ``text`` itself when it has neither."""
     if MODIFIER_LABEL in text:
         raise FrontError(f"the label name {MODIFIER_LABEL} is reserved")
+    try:
+        return _rewritten(text, times)
+    except RecursionError:
+        raise FrontError("a duration expression nested too deeply") from None
+
+
+def _rewritten(text: str, times: QueryTimes) -> str:
     toks = tokens(text)
     edits: list[tuple[int, int, str]] = []  # (start, end, replacement) in the text
     braces = 0
