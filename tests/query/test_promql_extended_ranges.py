@@ -9,6 +9,7 @@ import pytest
 
 from gateway.query.promql.engine import Evaluator, Query, parse, plan
 from gateway.query.promql.values import PromQLError, Series, Vector
+from protocols.prometheus.native_histogram import Histogram
 
 S = 1000
 LOOKBACK = 300 * S
@@ -30,20 +31,44 @@ DATA = [
 ]
 
 
+def histograms(name: str, points: list[tuple[float, float]]) -> Series:
+    """A native histogram series whose one bucket holds its whole count, the sum the count."""
+    return Series(
+        {"__name__": name},
+        np.array([int(t * S) for t, _ in points], dtype=np.int64),
+        np.array([Histogram(0, 0.0, 0.0, c, c, {0: c}, {}) for _, c in points], dtype=object),
+    )
+
+
+HISTOGRAMS = [
+    histograms("requests", [(t, 1 + t / 15) for t in range(0, 106, 15)]),
+    histograms("restarted", [(0, 5), (15, 10), (30, 2), (45, 6)]),
+]
+
+
+def _selected(series: list[Series], matchers) -> list[Series]:
+    return [s for s in series if all(m.matches(s.labels.get(m.name, "")) for m in matchers)]
+
+
 def instant(text: str, at: float) -> dict:
+    """The query's value at ``at``: floats as floats, a histogram as its count."""
     expr = parse(text)
     query = Query(int(at * S), int(at * S), 0, LOOKBACK)
-    data = {
-        key: [s for s in DATA if all(m.matches(s.labels.get(m.name, "")) for m in matchers)]
-        for key, (matchers, _low, _high) in plan(expr, query).items()
-    }
-    value = Evaluator(query, data, time.monotonic() + 10).result(expr, np.array([query.start_ms], dtype=np.int64))
+    needs = plan(expr, query)
+    data = {key: _selected(DATA, matchers) for key, (matchers, _low, _high) in needs.items()}
+    histogram_data = {key: _selected(HISTOGRAMS, matchers) for key, (matchers, _low, _high) in needs.items()}
+    evaluator = Evaluator(query, data, time.monotonic() + 10, histogram_data)
+    value = evaluator.result(expr, np.array([query.start_ms], dtype=np.int64))
     assert isinstance(value, Vector)
-    return {
+    found = {
         tuple(sorted(labels.items())): float(values[0])
         for labels, values, present in zip(value.labels, value.values, value.present)
         if present[0]
     }
+    for labels, row in zip(value.labels, value.histograms if value.histograms is not None else []):
+        if row[0] is not None:
+            found[tuple(sorted(labels.items()))] = row[0].count
+    return found
 
 
 def test_anchored_increase_starts_at_the_last_sample_before_the_window():
@@ -76,6 +101,19 @@ def test_smoothed_instant_selector_interpolates_and_keeps_the_name():
     assert instant("gauge smoothed", 200) == {(("__name__", "gauge"),): 120.0}  # past the last sample: its value
     assert instant("late smoothed", 30) == {}  # before the first: nothing
     assert instant("late smoothed + 0", 90) == {(): 5.5}
+
+
+def test_native_histograms_are_extended_as_floats_are():
+    # (−10 s, 50 s]: no anchor before the window, so its first sample (count 1) to the last (4)
+    assert instant("increase(requests[1m] anchored)", 50) == {(): 3.0}
+    # smoothed, the end is read between 45 s (4) and 60 s (5)
+    assert instant("increase(requests[1m] smoothed)", 50) == pytest.approx({(): 3 + 1 / 3})
+    assert instant("rate(requests[1m] smoothed)", 50) == pytest.approx({(): (3 + 1 / 3) / 60})
+    # 5 10 | reset | 2 6 anchored at 5: 6 - 5 + the 10 before the reset
+    assert instant("increase(restarted[45s] anchored)", 45) == {(): 11.0}
+    assert instant("requests smoothed", 7) == pytest.approx({(("__name__", "requests"),): 1 + 7 / 15})
+    # across the reset the counter restarts from nothing: a third of the way from 0 to 2
+    assert instant("restarted smoothed", 20) == pytest.approx({(("__name__", "restarted"),): 2 / 3})
 
 
 def test_functions_prometheus_does_not_extend_are_refused_as_it_words_it():

@@ -24,7 +24,13 @@ import xxhash
 
 from gateway.query.promql.front import INSTANT, MODIFIER_LABEL, FrontError, QueryTimes, rewrite
 from gateway.query.promql.functions import _LABEL_NAME, FUNCTIONS
-from gateway.query.promql.range_functions import GAUGE_HINT, KahanMean, compensated_sum, quantiles
+from gateway.query.promql.range_functions import (
+    GAUGE_HINT,
+    KahanMean,
+    compensated_sum,
+    interpolated_histogram,
+    quantiles,
+)
 from gateway.query.promql.values import (
     NAME,
     Guard,
@@ -537,37 +543,92 @@ class Evaluator:
     def _smoothed(self, selector, ctx: Context, refs: np.ndarray) -> Vector:
         """A smoothed instant selector (Prometheus 3's smoothSeries): each step's value
         interpolated between the samples around it, within the lookback on either side; past
-        the last sample, the last value; before the first, none."""
-        if self.histograms.get(selector_key(selector)):
-            raise PromQLError(
-                "the smoothed modifier over native histograms is not supported (Prometheus 3's experimental)",
-                "bad_data",
-            )
-        lookback = self.query.lookback_ms
-        labels, rows, masks = [], [], []
-        for series in self.data.get(selector_key(selector), []):
-            fresh = ~is_stale(series.values)
-            ts, vs = series.timestamps[fresh], series.values[fresh]
-            if not len(ts):
-                continue
-            lo = np.searchsorted(ts, refs - lookback, side="right")
-            hi = np.searchsorted(ts, refs + lookback, side="right")
-            at = np.searchsorted(ts, refs, side="left")
-            index = np.minimum(at, len(ts) - 1)
-            exact = (at < hi) & (ts[index] == refs)
-            before = np.maximum(at - 1, 0)
-            between = (at > lo) & (at < hi)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                line = vs[before] + (vs[index] - vs[before]) * (refs - ts[before]) / (ts[index] - ts[before])
-            values = np.where(exact, vs[index], np.where(between, line, vs[before]))
-            found = exact | (at > lo)
-            if found.any():
-                labels.append(series.labels)
-                rows.append(values)
-                masks.append(found)
+        the last sample, the last value; before the first, none. A step whose lookbacks hold
+        both floats and native histograms of the series has no value, with a warning."""
+        key = selector_key(selector)
+        floats = {labels_key(s.labels): s for s in self.data.get(key, [])}
+        histograms = {labels_key(s.labels): s for s in self.histograms.get(key, [])}
+        labels, rows, masks, histogram_rows = [], [], [], []
+        for identity in dict.fromkeys([*floats, *histograms]):
+            float_series, histogram_series = floats.get(identity), histograms.get(identity)
+            row, present = np.zeros(ctx.steps), np.zeros(ctx.steps, dtype=bool)
+            histogram_row = np.full(ctx.steps, None, dtype=object)
+            mixed = np.zeros(ctx.steps, dtype=bool)
+            if float_series is not None and histogram_series is not None:
+                mixed = self._lookback_holds(float_series, refs, ~is_stale(float_series.values)) & (
+                    self._lookback_holds(histogram_series, refs, np.not_equal(histogram_series.values, None))  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
+                )
+                if mixed.any():
+                    ctx.warn(
+                        "PromQL warning: encountered a mix of histograms and floats for metric name"
+                        f' "{(float_series.labels).get(NAME, "")}"'
+                    )
+            if float_series is not None:
+                row, present = self._smoothed_floats(float_series, refs)
+                present &= ~mixed
+            if histogram_series is not None:
+                histogram_row = self._smoothed_histograms(histogram_series, refs, ctx)
+                histogram_row[mixed] = None
+            if present.any() or np.not_equal(histogram_row, None).any():  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+                labels.append((float_series or histogram_series).labels)  # type: ignore[union-attr]  # one of them is there
+                rows.append(row)
+                masks.append(present)
+                histogram_rows.append(histogram_row)
         if not rows:
             return Vector.empty(ctx.steps)
-        return Vector(labels, np.vstack(rows), np.vstack(masks))
+        holding = any(np.not_equal(r, None).any() for r in histogram_rows)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+        return Vector(labels, np.vstack(rows), np.vstack(masks), None, np.vstack(histogram_rows) if holding else None)
+
+    def _lookback_holds(self, series: Series, refs: np.ndarray, kept: np.ndarray) -> np.ndarray:
+        """Per step, whether a kept sample lies within a lookback either side of it."""
+        ts = series.timestamps[kept]
+        lookback = self.query.lookback_ms
+        return np.searchsorted(ts, refs + lookback, side="right") > np.searchsorted(ts, refs - lookback, side="right")
+
+    def _smoothed_floats(self, series: Series, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        fresh = ~is_stale(series.values)
+        ts, vs = series.timestamps[fresh], series.values[fresh]
+        if not len(ts):
+            return np.zeros(len(refs)), np.zeros(len(refs), dtype=bool)
+        lookback = self.query.lookback_ms
+        lo = np.searchsorted(ts, refs - lookback, side="right")
+        hi = np.searchsorted(ts, refs + lookback, side="right")
+        at = np.searchsorted(ts, refs, side="left")
+        index = np.minimum(at, len(ts) - 1)
+        exact = (at < hi) & (ts[index] == refs)
+        before = np.maximum(at - 1, 0)
+        between = (at > lo) & (at < hi)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            line = vs[before] + (vs[index] - vs[before]) * (refs - ts[before]) / (ts[index] - ts[before])
+        return np.where(exact, vs[index], np.where(between, line, vs[before])), exact | (at > lo)
+
+    def _smoothed_histograms(self, series: Series, refs: np.ndarray, ctx: Context) -> np.ndarray:
+        """_smoothed_floats for native histograms, a step at a time: a counter (not both ends
+        hinted gauge) restarts from nothing across a reset; past the last sample its value
+        with no reset hint; exponential and custom buckets met: no value, a warning."""
+        kept = np.not_equal(series.values, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
+        ts, hs = series.timestamps[kept], series.values[kept]
+        out = np.full(len(refs), None, dtype=object)
+        lookback = self.query.lookback_ms
+        lo = np.searchsorted(ts, refs - lookback, side="right")
+        hi = np.searchsorted(ts, refs + lookback, side="right")
+        at = np.searchsorted(ts, refs, side="left")
+        for step in np.flatnonzero((at > lo) | ((at < hi) & (ts[np.minimum(at, len(ts) - 1)] == refs))):
+            i, ref = int(at[step]), int(refs[step])
+            if i < hi[step] and ts[i] == ref:
+                out[step] = hs[i]
+            elif i < hi[step]:
+                previous, following = hs[i - 1], hs[i]
+                counter = not previous.reset_hint == following.reset_hint == GAUGE_HINT
+                try:
+                    if previous.custom != following.custom:
+                        raise IncompatibleBuckets
+                    out[step] = interpolated_histogram(previous, ts[i - 1], following, ts[i], ref, counter, ctx.warn)
+                except IncompatibleBuckets:
+                    ctx.warn(mixed_schemas_warning(series.labels))
+            else:
+                out[step] = hs[i - 1].copy(reset_hint=0)
+        return out
 
     def _with_histograms(
         self, vector: Vector, histogram_series: list[Series], refs: np.ndarray, ctx: Context
