@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gateway.query.promql.engine import Evaluator, Query, parse, plan
-from gateway.query.promql.values import PromQLError, Series, Vector
+from gateway.query.promql.values import PromQLError, RangeVector, Series, Vector
 from protocols.prometheus.native_histogram import Histogram
 
 S = 1000
@@ -125,9 +125,28 @@ def test_functions_prometheus_does_not_extend_are_refused_as_it_words_it():
     assert str(refused.value) == (
         "anchored modifier can only be used with: changes, delta, increase, rate, resets - not with max_over_time"
     )
-    with pytest.raises(PromQLError) as refused:
-        instant("gauge[1m] anchored", 90)
-    assert refused.value.error_type == "bad_data" and "anchored modifier" in str(refused.value)
+
+
+def samples(text: str, at: float) -> dict:
+    expr = parse(text)
+    query = Query(int(at * S), int(at * S), 0, LOOKBACK)
+    needs = plan(expr, query)
+    data = {key: _selected(DATA, matchers) for key, (matchers, _low, _high) in needs.items()}
+    value = Evaluator(query, data, time.monotonic() + 10).result(expr, np.array([query.start_ms], dtype=np.int64))
+    assert isinstance(value, RangeVector)
+    found = {}
+    for series in value.series:
+        lo, hi = value.windows(series)
+        found[series.labels["__name__"]] = list(zip(series.timestamps[lo[0] : hi[0]] / S, series.values[lo[0] : hi[0]]))
+    return found
+
+
+def test_an_extended_range_selector_alone_answers_its_samples_with_the_boundaries():
+    # (90 s, 150 s]: the anchor's value at the start, the last value at the end
+    assert samples("gauge[1m] anchored", 150) == {"gauge": [(90, 60.0), (120, 120.0), (150, 120.0)]}
+    # smoothed: both read off the line through the samples
+    assert samples("gauge[1m] smoothed", 90) == {"gauge": [(30, 30.0), (60, 60.0), (90, 90.0)]}
+    assert samples("late[1m] anchored", 30) == {}
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from gateway.query.promql.range_functions import (
     GAUGE_HINT,
     KahanMean,
     compensated_sum,
+    extended_samples,
     interpolated_histogram,
     quantiles,
 )
@@ -461,14 +462,9 @@ class Evaluator:
 
     def result(self, expr, times_ms: np.ndarray):
         """The query's answer: its value, with rows of one label set merged as Prometheus does."""
-        bare = expr.expr if type(expr).__name__ == "ParenExpr" else expr
-        if type(bare).__name__ == "MatrixSelector" and (modifier := range_modifier(bare.vector_selector)):
-            raise PromQLError(
-                f"a range selector with the {modifier} modifier is evaluated only inside"
-                f" {', '.join(_MODIFIER_FUNCTIONS[modifier])} (its samples alone are not supported)",
-                "bad_data",
-            )
         value = self.evaluate(expr, times_ms)
+        if isinstance(value, RangeVector) and value.modifier is not None:
+            return extended_samples(value)
         return merge_same_labels(value) if isinstance(value, Vector) else value
 
     def evaluate(self, expr, times_ms: np.ndarray):

@@ -163,6 +163,41 @@ def _extended_ends(matrix: RangeVector, ts: np.ndarray) -> tuple[np.ndarray, np.
     return lo, first, last, present
 
 
+def extended_samples(matrix: RangeVector) -> RangeVector:
+    """An anchored or smoothed range selector answered as it is, at one time (Prometheus's
+    extendFloats): each series' samples inside the window between a sample at its start (the
+    anchor's value, or smoothed the value interpolated there) and one at its end (the last
+    value, or smoothed interpolated there). The window is widened by a millisecond so that it
+    holds the sample at its start."""
+    if matrix.histogram_series:
+        raise PromQLError(f"{matrix.modifier} modifier is not supported with histograms")
+    smoothed = matrix.modifier == "smoothed"
+    start, end = int(matrix.refs[0]) - matrix.range_ms, int(matrix.refs[0])
+    extended = []
+    for series in matrix.series:
+        ts, vs = series.timestamps, series.values
+        if not len(ts):
+            continue
+        lo, firsts, lasts, present = _extended_ends(matrix, ts)
+        if not present[0]:
+            continue
+        first, last = int(firsts[0]), int(lasts[0])
+        left, right = vs[first], vs[last]
+        if smoothed and ts[first] < start:
+            left = _interpolated(ts, vs, np.array(first), np.array(start), False)
+        if smoothed and last > lo[0] and ts[last] > end:
+            right = _interpolated(ts, vs, np.array(last - 1), np.array(end), False)
+        inner = slice(first + int(ts[first] <= start), last + 1 - int(ts[last] >= end))
+        extended.append(
+            Series(
+                series.labels,
+                np.concatenate([[start], ts[inner], [end]]).astype(np.int64),
+                np.concatenate([[left], vs[inner], [right]]).astype(np.float64),
+            )
+        )
+    return RangeVector(extended, matrix.refs, matrix.range_ms + 1, (), matrix.guard)
+
+
 def extended_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> Vector:
     """rate/increase/delta over an anchored or smoothed window (Prometheus 3's extendedRate):
     no extrapolation; the window's left value is its anchor (the last sample at or before its
