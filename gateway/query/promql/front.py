@@ -245,10 +245,9 @@ class _Selector:
     """The selector the text has just read (a name, braces, a range, offsets, ``@``): where a
     modifier's matcher goes, and the modifier it already carries."""
 
-    def __init__(self, name: Token | None, open_brace: int | None):
+    def __init__(self, name: Token | None):
         self.name = name
-        self.open_brace = open_brace  # token index of its "{", if it has braces
-        self.close_brace: int | None = None
+        self.close_brace: int | None = None  # the token index of its "}", if it has braces
         self.modifier: str | None = None
 
 
@@ -282,15 +281,8 @@ def _rewritten(text: str, times: QueryTimes) -> str:
         if grouping:
             grouping += {"(": 1, ")": -1}.get(token.text, 0) if token.kind == "other" else 0
         elif token.kind == "other" and token.text == "{":
-            if braces == 0 and not (
-                isinstance(last, _Selector)
-                and previous is not None
-                and previous.kind == "identifier"
-                and last.name is previous
-            ):
-                last = _Selector(None, index)
-            elif braces == 0 and isinstance(last, _Selector):
-                last.open_brace = index
+            if braces == 0 and not (isinstance(last, _Selector) and last.name is previous):
+                last = _Selector(None)  # braces without a name before them
             braces += 1
         elif token.kind == "other" and token.text == "}":
             braces = max(0, braces - 1)
@@ -299,8 +291,8 @@ def _rewritten(text: str, times: QueryTimes) -> str:
         elif braces:
             pass
         elif token.kind == "other" and token.text == "[":
-            index = _rewrite_brackets(toks, index + 1, times, edits)
-            if toks[index - 1].text == "]" and any(t.text == ":" for t in toks[_bracket_start(toks, index) : index]):
+            index, subquery = _rewrite_brackets(toks, index + 1, times, edits)
+            if subquery:
                 last = _SUBQUERY
             continue
         elif token.kind == "identifier" and word == "offset" and _ends_operand(previous):
@@ -319,7 +311,7 @@ def _rewritten(text: str, times: QueryTimes) -> str:
         elif (
             token.kind == "identifier" and word not in _NOT_AN_OPERAND and (following is None or following.text != "(")
         ):
-            last = _Selector(token, None)
+            last = _Selector(token)
         else:
             last = _OTHER
         index += 1
@@ -330,14 +322,6 @@ def _rewritten(text: str, times: QueryTimes) -> str:
         out += [text[position:start], replacement]
         position = end
     return "".join([*out, text[position:]])
-
-
-def _bracket_start(toks: list[Token], after: int) -> int:
-    """The index of the "[" whose bracket ends just before ``after``."""
-    index = after - 1
-    while index > 0 and toks[index].text != "[":
-        index -= 1
-    return index
 
 
 def _skip_at(toks: list[Token], index: int) -> int:
@@ -373,12 +357,13 @@ def _apply_modifier(text: str, toks: list[Token], keyword: Token, modifier: str,
     edits.append((toks[last.close_brace].start, toks[last.close_brace].start, separator + matcher))
 
 
-def _rewrite_brackets(toks: list[Token], index: int, times: QueryTimes, edits: list) -> int:
+def _rewrite_brackets(toks: list[Token], index: int, times: QueryTimes, edits: list) -> tuple[int, bool]:
     """A range ``[d]`` or a subquery's ``[d:d]``: each side that is an expression, not a literal,
-    written as milliseconds. The index after what was read."""
+    written as milliseconds. The index after what was read, and whether it was a subquery."""
     for terminators in ((":", "]"), ("]",)):
-        if index < len(toks) and toks[index].text == "]" and terminators == ("]",):
-            return index + 1  # a subquery with its default step
+        subquery = terminators == ("]",)
+        if subquery and index < len(toks) and toks[index].text == "]":
+            return index + 1, True  # a subquery with its default step
         parser = _DurationParser(toks, index)
         try:
             node = parser.expression()
@@ -386,13 +371,13 @@ def _rewrite_brackets(toks: list[Token], index: int, times: QueryTimes, edits: l
             if after is None or after.text not in terminators:
                 raise _NotADuration
         except _NotADuration:
-            return index
+            return index, False
         if parser.index - index > 1:  # not a single literal
             edits.append((node.start, node.end, f"{duration_ms(node, times, negative_allowed=False)}ms"))
         index = parser.index + 1
         if after.text == "]":
-            return index
-    return index
+            return index, subquery
+    return index, True
 
 
 def _rewrite_offset(toks: list[Token], index: int, times: QueryTimes, edits: list) -> int:
