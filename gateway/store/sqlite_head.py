@@ -301,9 +301,9 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
         " ORDER BY series_set_hash, time_slot, seq"
     )
     for hash_, slot, seq, timestamps, values in connection.execute(query, (tenant, *hashes, first_slot, last_slot)):
-        owner = position[hash_]
-        keys[owner].append((slot, seq))
-        chunk_owners.append(owner)
+        at = position[hash_]
+        keys[at].append((slot, seq))
+        chunk_owners.append(at)
         timestamp_blobs.append(timestamps)
         value_blobs.append(values)
     sizes = np.fromiter(map(len, timestamp_blobs), dtype=np.intp, count=len(timestamp_blobs)) // 8
