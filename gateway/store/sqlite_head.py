@@ -6,6 +6,7 @@ is what files of schema version 8 hold: folded at start, never written since.
 
 import sqlite3
 from collections.abc import Sequence
+from itertools import repeat
 
 import numpy as np
 
@@ -287,33 +288,61 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
 
 
 def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> list[tuple[Samples, tuple]]:
-    """Each series' head samples in the range: its chunks (one indexed range a series), then its
-    samples still in head_batches (the batches of the tenant overlapping the range, in write
-    order; a batch naming none of the series is skipped on its text), the last write winning;
-    beside them the (slot, seq) of the chunks read (RawData.head_keys)."""
-    logged: dict[str, tuple[list, list]] = {hash_: ([], []) for hash_ in hashes}
+    """Each series' head samples in the range, the last write of a timestamp winning: its chunks
+    (one query for all the series, in slot and write order), then its samples still in
+    head_batches; beside them the (slot, seq) of the chunks read (RawData.head_keys). The samples
+    of all the series are merged at once, as arrays: one stable sort by series and timestamp."""
+    position = {hash_: at for at, hash_ in enumerate(hashes)}
+    keys: list[list] = [[] for _ in hashes]
+    chunk_owners, timestamp_blobs, value_blobs = [], [], []
+    query = (
+        "SELECT series_set_hash, time_slot, seq, timestamps, vals FROM head_chunks WHERE tenant=?"
+        f" AND series_set_hash IN ({','.join('?' * len(hashes))}) AND time_slot BETWEEN ? AND ?"
+        " ORDER BY series_set_hash, time_slot, seq"
+    )
+    for hash_, slot, seq, timestamps, values in connection.execute(query, (tenant, *hashes, first_slot, last_slot)):
+        at = position[hash_]
+        keys[at].append((slot, seq))
+        chunk_owners.append(at)
+        timestamp_blobs.append(timestamps)
+        value_blobs.append(values)
+    sizes = np.fromiter(map(len, timestamp_blobs), dtype=np.intp, count=len(timestamp_blobs)) // 8
+    chunked = (
+        np.repeat(np.array(chunk_owners, dtype=np.intp), sizes),
+        np.frombuffer(b"".join(timestamp_blobs), dtype="<i8"),
+        np.frombuffer(b"".join(value_blobs), dtype="<f8"),
+    )
+    owner, timestamps, values = (
+        np.concatenate(parts) for parts in zip(chunked, _logged_samples(connection, tenant, position, start_ms, end_ms))
+    )
+    order = np.lexsort((timestamps, owner))  # stable: of one series' equal timestamps the last written stays last
+    owner, timestamps, values = owner[order], timestamps[order], values[order]
+    last_write = np.r_[(owner[1:] != owner[:-1]) | (timestamps[1:] != timestamps[:-1]), True]
+    kept = np.flatnonzero(last_write & (timestamps >= start_ms) & (timestamps <= end_ms))
+    owner, timestamps, values = owner[kept], timestamps[kept], values[kept]
+    bounds = np.searchsorted(owner, np.arange(len(hashes) + 1)).tolist()
+    return [
+        (Samples(timestamps[a:b], values[a:b]), tuple(series_keys))
+        for a, b, series_keys in zip(bounds, bounds[1:], keys)
+    ]
+
+
+def _logged_samples(
+    connection, tenant: str, position: dict[str, int], start_ms: int, end_ms: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The samples in the range still in head_batches of the series at ``position``: their series'
+    positions, timestamps and values, in write order (the batches of the tenant overlapping the
+    range; a batch naming none of a few series is skipped on its text)."""
     query = "SELECT hashes, timestamps, vals FROM head_batches WHERE tenant=? AND last_ts >= ? AND first_ts <= ? ORDER BY id"
-    few = len(hashes) <= 16
+    few = len(position) <= 16
+    owners, kept_timestamps, kept_values = [np.empty(0, dtype=np.intp)], [empty().timestamps], [empty().values]
     for batch in connection.execute(query, (tenant, start_ms, end_ms)):
-        if few and not any(hash_ in batch[0] for hash_ in hashes):
+        if few and not any(hash_ in batch[0] for hash_ in position):
             continue
         batch_hashes, timestamps, values = _batch_samples(*batch)
-        wanted = np.fromiter(map(logged.__contains__, batch_hashes), dtype=bool, count=len(batch_hashes))
-        kept = np.flatnonzero((timestamps >= start_ms) & (timestamps <= end_ms) & wanted)
-        for at in kept.tolist():
-            series_timestamps, series_values = logged[batch_hashes[at]]
-            series_timestamps.append(timestamps[at])
-            series_values.append(values[at])
-    found = []
-    for hash_ in hashes:
-        chunks = head_slots(connection, tenant, hash_, first_slot, last_slot)
-        slots = [samples.empty(), *(h for h, _ in chunks.values())]
-        parts = [Samples(np.concatenate([s.timestamps for s in slots]), np.concatenate([s.values for s in slots]))]
-        logged_timestamps, logged_values = logged[hash_]
-        if logged_timestamps:
-            parts.append(
-                Samples(np.array(logged_timestamps, dtype=np.int64), np.array(logged_values, dtype=np.float64))
-            )
-        keys = tuple((slot, seq) for slot, (_, seqs) in chunks.items() for seq in seqs)
-        found.append((samples.merge(parts).between(start_ms, end_ms), keys))
-    return found
+        owner = np.fromiter(map(position.get, batch_hashes, repeat(-1)), dtype=np.intp, count=len(batch_hashes))
+        kept = np.flatnonzero((owner >= 0) & (timestamps >= start_ms) & (timestamps <= end_ms))
+        owners.append(owner[kept])
+        kept_timestamps.append(timestamps[kept])
+        kept_values.append(values[kept])
+    return np.concatenate(owners), np.concatenate(kept_timestamps), np.concatenate(kept_values)

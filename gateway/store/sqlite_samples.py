@@ -21,9 +21,21 @@ from gateway.store.sqlite_head import (
     raw_statements,
     read_head,
 )
-from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, many_rows_statements, nullable
+from gateway.store.sqlite_sql import decode_nullable, immediate, many_rows_statements, nullable
 
-BLOCKS_QUERY = "SELECT block FROM data_blocks WHERE tenant=? AND series_set_hash=? AND time_slot BETWEEN ? AND ? ORDER BY time_slot"
+
+def series_blocks(connection, tenant: str, hashes: Sequence[str], first_slot: int, last_slot: int) -> dict[str, list]:
+    """Each series' sealed blocks in the slots, in slot order, in one query for all the series
+    (series without blocks there are left out)."""
+    query = (
+        "SELECT series_set_hash, block FROM data_blocks WHERE tenant=?"
+        f" AND series_set_hash IN ({','.join('?' * len(hashes))}) AND time_slot BETWEEN ? AND ?"
+        " ORDER BY series_set_hash, time_slot"
+    )
+    found: dict[str, list] = {}
+    for hash_, block in connection.execute(query, (tenant, *hashes, first_slot, last_slot)):
+        found.setdefault(hash_, []).append(block)
+    return found
 
 
 def _write_blocks(connection, width: int, blocks: Sequence[SealedBlock]) -> None:
@@ -121,10 +133,8 @@ class SQLiteSamples(SQLiteBase):
             connection.execute("BEGIN")
             try:
                 heads = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
-                return [
-                    RawData(column_values(connection, BLOCKS_QUERY, (tenant, hash_, first_slot, last_slot)), *head)
-                    for hash_, head in zip(hashes, heads)
-                ]
+                blocks = series_blocks(connection, tenant, hashes, first_slot, last_slot)
+                return [RawData(blocks.get(hash_, []), *head) for hash_, head in zip(hashes, heads)]
             finally:
                 connection.execute("COMMIT")
 

@@ -158,12 +158,7 @@ def test_values_are_written_as_prometheus_writes_them():
 @pytest.mark.parametrize(
     "text, named",
     [
-        ("rate(x[5m] smoothed)", "the anchored and smoothed range modifiers"),
-        ("x[5m] anchored", "the anchored and smoothed range modifiers"),
         ("x >/ 0.5", "the histogram trim operators >/ and </"),
-        ("x[5m + 1m]", "duration expressions"),
-        ("rate(x[step()])", "duration expressions"),
-        ("x offset (1m * 2)", "duration expressions"),
         ("x + fill(0) y", "the fill(), fill_left() and fill_right() modifiers"),
         ("x > fill_left(1) fill_right(2) y", "the fill(), fill_left() and fill_right() modifiers"),
     ],

@@ -774,6 +774,49 @@ class TestSQLiteDriver:
             await store.close()
 
     @pytest_twisted.ensureDeferred
+    async def test_sqlite_head_read_of_many_series_at_once_is_each_series_read_alone(self, tmp_path, tenant):
+        """One read of many series (chunks of several slots and seqs, batches not folded yet,
+        timestamps rewritten in each) gives each series what reading it alone gives, and what was
+        written last of each timestamp within the range: the arrays of all the series are merged
+        at once, so one series' samples must never leak into its neighbour's."""
+        path = tmp_path / "many.db"
+        store = SQLiteStore(path, Layout(), fold_rows=1000)
+        await store.start()
+        hashes = [f"s{n}" for n in range(7)]
+        expected: dict[str, dict[int, float]] = {h: {} for h in hashes}
+
+        async def write(round_: int) -> None:
+            points = []
+            for n, h in enumerate(hashes[:-1]):  # the last series is never written
+                for ts in range(n % 3, 3 * HOUR, HOUR // 2 + 7 * n):
+                    value = float(round_ * 100 + n)
+                    points.append(RawPoint(tenant, h, ts, value))
+                    expected[h][ts] = value
+            await store.write_raw(points[::-1] if round_ % 2 else points)
+
+        async def folded() -> None:
+            store._fold()
+            while sqlite3.connect(path).execute("SELECT count(*) FROM head_batches").fetchone()[0]:
+                await deferLater(reactor, 0.02)
+
+        try:
+            for round_ in range(3):
+                await write(round_)
+                if round_ < 2:
+                    await folded()
+            start, end = HOUR // 3, 5 * HOUR // 2
+            together = await store.read_raw(tenant, hashes, start, end)
+            for h, raw in zip(hashes, together):
+                (alone,) = await store.read_raw(tenant, [h], start, end)
+                assert raw.head.points() == alone.head.points()
+                assert raw.head.points() == sorted((ts, v) for ts, v in expected[h].items() if start <= ts <= end)
+                assert raw.head_keys == alone.head_keys
+            assert together[-1].head.points() == [] and together[-1].head_keys == ()
+            assert len({key for raw in together for key in raw.head_keys}) > 2  # chunks of several slots and folds
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
     async def test_sqlite_block_write_keeps_only_head_samples_the_block_does_not_hold(self, tmp_path, tenant):
         """A group's block write drops the chunks of each series-slot whose every sample its block
         sealed bit for bit, and keeps in the head what was written after the seal read its head:

@@ -22,8 +22,16 @@ import numpy as np
 import promql_parser
 import xxhash
 
+from gateway.query.promql.front import INSTANT, MODIFIER_LABEL, FrontError, QueryTimes, rewrite
 from gateway.query.promql.functions import FUNCTIONS, valid_label_name
-from gateway.query.promql.range_functions import GAUGE_HINT, KahanMean, compensated_sum, quantiles
+from gateway.query.promql.range_functions import (
+    GAUGE_HINT,
+    KahanMean,
+    compensated_sum,
+    extended_samples,
+    interpolated_histogram,
+    quantiles,
+)
 from gateway.query.promql.values import (
     NAME,
     RECONCILED,
@@ -92,29 +100,23 @@ def parser_call(function, *args):
 
 
 # Prometheus 3 language tsgate does not take (its parser, promql-parser 0.12, reads none of it
-# but fill()): a query using one is refused naming it, never answered as if it were not there.
-_UNSUPPORTED = (
-    (
-        re.compile(r"\b(anchored|smoothed)\b"),
-        "the anchored and smoothed range modifiers (Prometheus 3's experimental extended range selectors)",
-    ),
-    (re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),
-    (
-        re.compile(r"\[[^\]:]*[-+*/%^()][^\]]*\]|\b(offset|@)\s*\(|\b(step|range|min_of|max_of)\s*\("),
-        "duration expressions (Prometheus 3's experimental promql-duration-expr)",
-    ),
-)
+# but fill(); front.py rewrites duration expressions and range modifiers): a query using one is
+# refused naming it, never answered as if it were not there.
+_UNSUPPORTED = ((re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),)
 _FILL = "the fill(), fill_left() and fill_right() modifiers (Prometheus 3's experimental binop fill modifiers)"
 
 
-def parse(text: str):
+def parse(text: str, times: QueryTimes = INSTANT):
     """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
     and offsets out of range, regular expressions RE2 does not take; and the Prometheus 3
-    language tsgate does not take, named."""
+    language tsgate does not take, named. Duration expressions are evaluated with ``times``
+    (gateway/query/promql/front.py)."""
     try:
-        expr = parser_call(promql_parser.parse, _raw_strings_quoted(text))
+        expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times)))
         for node in _nodes(expr):
             _check_node(node)
+    except FrontError as error:
+        raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     except (ValueError, TypeError, OverflowError) as error:
         feature = next((name for pattern, name in _UNSUPPORTED if pattern.search(text)), None)
         if feature is not None:
@@ -240,12 +242,25 @@ def _check_node(node) -> None:
         except (ValueError, OverflowError):
             raise ValueError("timestamp out of bounds for @ modifier (tsgate takes 1970 to 9999)") from None
     if type(node).__name__ == "VectorSelector":
+        if range_modifier(node) and not node.name and all(_matches_empty(m) for m in selector_matchers(node)):
+            # promql-parser checked the selector with the front's marker, which matches no empty value
+            raise ValueError("vector selector must contain at least one non-empty matcher")
         for matcher in node.matchers.matchers:
             if str(matcher.op) in ("MatchOp.Re", "MatchOp.NotRe"):
                 try:
                     compile_regex(matcher.value, dot_nl=True)
                 except BadPattern as error:
                     raise ValueError(f"error parsing regexp: {error}") from None
+
+
+def _matches_empty(matcher: Matcher) -> bool:
+    if matcher.type in ("EQ", "NEQ"):
+        return (matcher.value == "") == (matcher.type == "EQ")
+    try:
+        matches = compile_regex(matcher.value, dot_nl=True).fullmatch("") is not None
+    except BadPattern:
+        return False  # refused below, naming the pattern
+    return matches == (matcher.type == "RE")
 
 
 def _raw_strings_quoted(text: str) -> str:
@@ -341,7 +356,9 @@ class QueryText(NamedTuple):
     max_terms: int = 300
     max_depth: int = 64
 
-    def parse(self, text: str):
+    def parse(self, text: str, query: Query | None = None):
+        """``text`` parsed, after its bounds are checked; its duration expressions evaluated
+        with the query's step and range (none: an instant query's)."""
         if len(text) > self.max_length:
             raise PromQLError(
                 f'invalid parameter "query": {len(text)} characters, over --query-max-length {self.max_length}',
@@ -360,7 +377,7 @@ class QueryText(NamedTuple):
                 f" over --query-max-terms {self.max_terms}",
                 "bad_data",
             )
-        return parse(text)
+        return parse(text, QueryTimes(query.step_ms, query.end_ms - query.start_ms) if query else INSTANT)
 
 
 def _ms(delta) -> int:
@@ -380,10 +397,20 @@ def _at_ms(node, query: Query) -> int | None:
 
 
 def selector_matchers(selector) -> list[Matcher]:
-    matchers = [Matcher(_MATCH_TYPES[str(m.op)], m.name, m.value) for m in selector.matchers.matchers]
+    """The selector's matchers, without the front's range modifier marker."""
+    matchers = [
+        Matcher(_MATCH_TYPES[str(m.op)], m.name, m.value)
+        for m in selector.matchers.matchers
+        if m.name != MODIFIER_LABEL
+    ]
     if selector.name:
         matchers.append(Matcher("EQ", NAME, selector.name))
     return matchers
+
+
+def range_modifier(selector) -> str | None:
+    """ "anchored" or "smoothed" where the query wrote it after the selector (front.py)."""
+    return next((m.value for m in selector.matchers.matchers if m.name == MODIFIER_LABEL), None)
 
 
 def selector_key(selector) -> tuple:
@@ -407,10 +434,15 @@ def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
             selector = node.vector_selector if kind == "MatrixSelector" else node
             offset, at = _ms(selector.offset), _at_ms(selector, query)
             ref_low, ref_high = (at - offset, at - offset) if at is not None else (low - offset, high - offset)
+            # An anchored window also reads a lookback before it, a smoothed one (and a smoothed
+            # instant selector) a lookback after it too.
+            modifier = range_modifier(selector) if kind != "SubqueryExpr" else None
+            before = query.lookback_ms if modifier else 0
+            after = query.lookback_ms if modifier == "smoothed" else 0
             if kind == "VectorSelector":
-                need(node, ref_low - query.lookback_ms, ref_high)
+                need(node, ref_low - query.lookback_ms, ref_high + after)
             elif kind == "MatrixSelector":
-                need(selector, ref_low - _ms(node.range), ref_high)
+                need(selector, ref_low - _ms(node.range) - before, ref_high + after)
             else:
                 walk(node.expr, ref_low - _ms(node.range), ref_high)
             return
@@ -454,6 +486,24 @@ def estimated_samples(expr, query: Query, series_of: Callable[[tuple], int]) -> 
 
     walk(expr, query.start_ms, query.end_ms, evaluation_steps(query))
     return total
+
+
+# The functions Prometheus 3 evaluates over anchored and smoothed windows (AnchoredSafeFunctions,
+# SmoothedSafeFunctions); the error names them as it does.
+_MODIFIER_FUNCTIONS = {
+    "anchored": ("changes", "delta", "increase", "rate", "resets"),
+    "smoothed": ("delta", "increase", "rate"),
+}
+
+
+def _check_range_modifier(call) -> None:
+    for arg in call.args:
+        if type(arg).__name__ == "MatrixSelector" and (modifier := range_modifier(arg.vector_selector)):
+            allowed = _MODIFIER_FUNCTIONS[modifier]
+            if call.func.name not in allowed:
+                raise PromQLError(
+                    f"{modifier} modifier can only be used with: {', '.join(allowed)} - not with {call.func.name}"
+                )
 
 
 def _children(node) -> list:
@@ -512,6 +562,8 @@ class Evaluator:
     def result(self, expr, times_ms: np.ndarray):
         """The query's answer: its value, with rows of one label set merged as Prometheus does."""
         value = self.evaluate(expr, times_ms)
+        if isinstance(value, RangeVector) and value.modifier is not None:
+            return extended_samples(value)
         return merge_same_labels(value) if isinstance(value, Vector) else value
 
     def evaluate(self, expr, times_ms: np.ndarray):
@@ -558,6 +610,8 @@ class Evaluator:
 
     def _instant(self, selector, ctx: Context) -> Vector:
         refs = self._refs(selector, ctx)
+        if range_modifier(selector) == "smoothed":
+            return self._smoothed(selector, ctx, refs)
         vector = self._instant_floats(selector, ctx, refs)
         histograms = self._histogram_series(selector)
         return self._with_histograms(vector, histograms, refs, ctx) if histograms else vector
@@ -587,6 +641,96 @@ class Evaluator:
         if not rows:
             return Vector.empty(ctx.steps)
         return Vector(labels, np.vstack(rows), np.vstack(masks), np.vstack(stamps))
+
+    def _smoothed(self, selector, ctx: Context, refs: np.ndarray) -> Vector:
+        """A smoothed instant selector (Prometheus 3's smoothSeries): each step's value
+        interpolated between the samples around it, within the lookback on either side; past
+        the last sample, the last value; before the first, none. A step whose lookbacks hold
+        both floats and native histograms of the series has no value, with a warning."""
+        key = selector_key(selector)
+        floats = {labels_key(s.labels): s for s in self.data.get(key, [])}
+        histograms = {labels_key(s.labels): s for s in self.histograms.get(key, [])}
+        labels, rows, masks, histogram_rows = [], [], [], []
+        for identity in dict.fromkeys([*floats, *histograms]):
+            float_series, histogram_series = floats.get(identity), histograms.get(identity)
+            row, present = np.zeros(ctx.steps), np.zeros(ctx.steps, dtype=bool)
+            histogram_row = np.full(ctx.steps, None, dtype=object)
+            mixed = np.zeros(ctx.steps, dtype=bool)
+            if float_series is not None and histogram_series is not None:
+                mixed = self._lookback_holds(float_series, refs, ~is_stale(float_series.values)) & (
+                    self._lookback_holds(histogram_series, refs, np.not_equal(histogram_series.values, None))  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
+                )
+                if mixed.any():
+                    ctx.warn(
+                        "PromQL warning: encountered a mix of histograms and floats for metric name"
+                        f' "{(float_series.labels).get(NAME, "")}"'
+                    )
+            if float_series is not None:
+                row, present = self._smoothed_floats(float_series, refs)
+                present &= ~mixed
+            if histogram_series is not None:
+                histogram_row = self._smoothed_histograms(histogram_series, refs, ctx)
+                histogram_row[mixed] = None
+            if present.any() or np.not_equal(histogram_row, None).any():  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+                labels.append((float_series or histogram_series).labels)  # type: ignore[union-attr]  # one of them is there
+                rows.append(row)
+                masks.append(present)
+                histogram_rows.append(histogram_row)
+        if not rows:
+            return Vector.empty(ctx.steps)
+        holding = any(np.not_equal(r, None).any() for r in histogram_rows)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+        return Vector(labels, np.vstack(rows), np.vstack(masks), None, np.vstack(histogram_rows) if holding else None)
+
+    def _lookback_holds(self, series: Series, refs: np.ndarray, kept: np.ndarray) -> np.ndarray:
+        """Per step, whether a kept sample lies within a lookback either side of it."""
+        ts = series.timestamps[kept]
+        lookback = self.query.lookback_ms
+        return np.searchsorted(ts, refs + lookback, side="right") > np.searchsorted(ts, refs - lookback, side="right")
+
+    def _smoothed_floats(self, series: Series, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        fresh = ~is_stale(series.values)
+        ts, vs = series.timestamps[fresh], series.values[fresh]
+        if not len(ts):
+            return np.zeros(len(refs)), np.zeros(len(refs), dtype=bool)
+        lookback = self.query.lookback_ms
+        lo = np.searchsorted(ts, refs - lookback, side="right")
+        hi = np.searchsorted(ts, refs + lookback, side="right")
+        at = np.searchsorted(ts, refs, side="left")
+        index = np.minimum(at, len(ts) - 1)
+        exact = (at < hi) & (ts[index] == refs)
+        before = np.maximum(at - 1, 0)
+        between = (at > lo) & (at < hi)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            line = vs[before] + (vs[index] - vs[before]) * (refs - ts[before]) / (ts[index] - ts[before])
+        return np.where(exact, vs[index], np.where(between, line, vs[before])), exact | (at > lo)
+
+    def _smoothed_histograms(self, series: Series, refs: np.ndarray, ctx: Context) -> np.ndarray:
+        """_smoothed_floats for native histograms, a step at a time: a counter (not both ends
+        hinted gauge) restarts from nothing across a reset; past the last sample its value
+        with no reset hint; exponential and custom buckets met: no value, a warning."""
+        kept = np.not_equal(series.values, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
+        ts, hs = series.timestamps[kept], series.values[kept]
+        out = np.full(len(refs), None, dtype=object)
+        lookback = self.query.lookback_ms
+        lo = np.searchsorted(ts, refs - lookback, side="right")
+        hi = np.searchsorted(ts, refs + lookback, side="right")
+        at = np.searchsorted(ts, refs, side="left")
+        for step in np.flatnonzero((at > lo) | ((at < hi) & (ts[np.minimum(at, len(ts) - 1)] == refs))):
+            i, ref = int(at[step]), int(refs[step])
+            if i < hi[step] and ts[i] == ref:
+                out[step] = hs[i]
+            elif i < hi[step]:
+                previous, following = hs[i - 1], hs[i]
+                counter = not previous.reset_hint == following.reset_hint == GAUGE_HINT
+                try:
+                    if previous.custom != following.custom:
+                        raise IncompatibleBuckets
+                    out[step] = interpolated_histogram(previous, ts[i - 1], following, ts[i], ref, counter, ctx.warn)
+                except IncompatibleBuckets:
+                    ctx.warn(mixed_schemas_warning(series.labels))
+            else:
+                out[step] = hs[i - 1].copy(reset_hint=0)
+        return out
 
     def _with_histograms(
         self, vector: Vector, histogram_series: list[Series], refs: np.ndarray, ctx: Context
@@ -641,7 +785,15 @@ class Evaluator:
         for found in self._histogram_series(selector):
             kept = np.not_equal(found.values, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
             histograms.append(Series(found.labels, found.timestamps[kept], found.values[kept]))
-        return RangeVector(series, self._refs(selector, ctx), _ms(node.range), tuple(histograms), self.guard)
+        return RangeVector(
+            series,
+            self._refs(selector, ctx),
+            _ms(node.range),
+            tuple(histograms),
+            self.guard,
+            range_modifier(selector),
+            self.query.lookback_ms,
+        )
 
     def _subquery(self, node, ctx: Context) -> RangeVector:
         step = _ms(node.step) or DEFAULT_SUBQUERY_STEP_MS
@@ -678,9 +830,12 @@ class Evaluator:
 
     def _call(self, call, ctx: Context):
         name = call.func.name
+        if name in ("start", "end", "range", "step"):
+            return Scalar(np.full(ctx.steps, self._query_constant(name)))
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
+        _check_range_modifier(call)
         outer = self.under_stats_function, self.under_bucket_reader
         self.under_stats_function |= name in _STATS_FUNCTIONS
         self.under_bucket_reader |= name in _BUCKET_FUNCTIONS
@@ -692,6 +847,18 @@ class Evaluator:
         if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
             _refuse_same_labels(value)
         return value
+
+    def _query_constant(self, name: str) -> float:
+        """start(), end(), range() and step() in seconds: the query's, whatever subquery they
+        are in; step() of an instant query is 0."""
+        query = self.query
+        if name == "start":
+            return query.start_ms / 1000
+        if name == "end":
+            return query.end_ms / 1000
+        if name == "range":
+            return (query.end_ms - query.start_ms) / 1000
+        return query.step_ms / 1000 if query.end_ms != query.start_ms else 0.0
 
     # -- aggregations -----------------------------------------------------------------------
 

@@ -108,6 +108,14 @@ def _scalar(ctx, args, call):
     return Scalar(np.where(single, values, np.nan))
 
 
+def _min_of(ctx, args, call):
+    return Scalar(np.minimum(args[0].values, args[1].values))
+
+
+def _max_of(ctx, args, call):
+    return Scalar(np.maximum(args[0].values, args[1].values))
+
+
 def _pi(ctx, args, call):
     return Scalar(np.full(ctx.steps, math.pi))
 
@@ -584,6 +592,8 @@ FUNCTIONS.update(
         "vector": _vector,
         "scalar": _scalar,
         "pi": _pi,
+        "min_of": _min_of,
+        "max_of": _max_of,
         "sort": _sort(False),
         "sort_desc": _sort(True),
         "sort_by_label": _sort_by_label(False),

@@ -65,13 +65,12 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
         part = series[first : first + stack]
         timestamps = np.concatenate([s.timestamps for s in part])
         values = np.concatenate([s.values for s in part])
-        base = min(int(timestamps.min()), int(matrix.refs.min()) - matrix.range_ms)
+        base = min(int(timestamps.min()), int(matrix.refs.min()) - matrix.range_ms - matrix.lookback_ms)
         span = max(int(timestamps.max()), int(matrix.refs.max())) - base + 1
         owner = np.repeat(np.arange(len(part), dtype=np.int64), [len(s.timestamps) for s in part])
         keys = timestamps - base + owner * span
         shift = np.arange(len(part), dtype=np.int64)[:, None] * span
-        lo = np.searchsorted(keys, (matrix.refs - matrix.range_ms - base)[None, :] + shift, side="right")
-        hi = np.searchsorted(keys, (matrix.refs - base)[None, :] + shift, side="right")
+        lo, hi = matrix.window_indexes(keys, (matrix.refs - base)[None, :] + shift)
         result, present = compute(Series({}, timestamps, values), lo, hi)
         keep = present.any(axis=1)
         labels += [s.labels if keep_name else drop_metric_name(s.labels) for s, kept in zip(part, keep) if kept]
@@ -109,6 +108,8 @@ def _with_resets(values: np.ndarray, result: np.ndarray, lo: np.ndarray, hi: np.
 
 
 def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> Vector:
+    if matrix.modifier is not None:
+        return extended_rate(matrix, is_counter, is_rate)
     range_s = matrix.range_ms / 1000
 
     def compute(series: Series, lo, hi):
@@ -139,6 +140,108 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
             return result * factor, present
 
     return _all_series(matrix, compute)
+
+
+def _interpolated(ts: np.ndarray, vs: np.ndarray, before: np.ndarray, at: np.ndarray, is_counter: bool) -> np.ndarray:
+    """The value at ``at`` on the line from sample ``before`` to the next; a counter that falls
+    between them restarts from 0 (Prometheus's interpolate)."""
+    after = np.minimum(before + 1, len(vs) - 1)
+    y1, y2 = vs[before], vs[after]
+    if is_counter:
+        y1 = np.where(y2 < y1, 0.0, y1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return y1 + (y2 - y1) * (at - ts[before]) / (ts[after] - ts[before])
+
+
+def _extended_ends(matrix: RangeVector, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per step of an anchored or smoothed window over the samples at ``ts``: the first sample
+    read (a lookback before the window), the left and right boundary samples, and whether
+    there is a value (a sample after the window's start; smoothed, one at or before its end)."""
+    smoothed = matrix.modifier == "smoothed"
+    range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
+    last_index = len(ts) - 1
+    lo = np.searchsorted(ts, range_start - matrix.lookback_ms, side="right")
+    hi = np.searchsorted(ts, range_end + (matrix.lookback_ms if smoothed else 0), side="right")
+    count = hi - lo
+    first = lo + np.maximum(np.minimum(np.searchsorted(ts, range_start, side="right") - lo, count - 1) - 1, 0)
+    last = lo + np.minimum(np.searchsorted(ts, range_end, side="left") - lo, count - 1) if smoothed else hi - 1
+    first, last = np.clip(first, 0, last_index), np.clip(last, 0, last_index)
+    present = (count > 0) & (ts[last] > range_start)
+    if smoothed:
+        present &= ts[first] <= range_end
+    return lo, first, last, present
+
+
+def extended_samples(matrix: RangeVector) -> RangeVector:
+    """An anchored or smoothed range selector answered as it is, at one time (Prometheus's
+    extendFloats): each series' samples inside the window between a sample at its start (the
+    anchor's value, or smoothed the value interpolated there) and one at its end (the last
+    value, or smoothed interpolated there). The window is widened by a millisecond so that it
+    holds the sample at its start."""
+    if matrix.histogram_series:
+        raise PromQLError(f"{matrix.modifier} modifier is not supported with histograms")
+    smoothed = matrix.modifier == "smoothed"
+    start, end = int(matrix.refs[0]) - matrix.range_ms, int(matrix.refs[0])
+    extended = []
+    for series in matrix.series:
+        ts, vs = series.timestamps, series.values
+        if not len(ts):
+            continue
+        lo, firsts, lasts, present = _extended_ends(matrix, ts)
+        if not present[0]:
+            continue
+        first, last = int(firsts[0]), int(lasts[0])
+        left, right = vs[first], vs[last]
+        if smoothed and ts[first] < start:
+            left = _interpolated(ts, vs, np.array(first), np.array(start), False)
+        if smoothed and last > lo[0] and ts[last] > end:
+            right = _interpolated(ts, vs, np.array(last - 1), np.array(end), False)
+        inner = slice(first + int(ts[first] <= start), last + 1 - int(ts[last] >= end))
+        extended.append(
+            Series(
+                series.labels,
+                np.concatenate([[start], ts[inner], [end]]).astype(np.int64),
+                np.concatenate([[left], vs[inner], [right]]).astype(np.float64),
+            )
+        )
+    return RangeVector(extended, matrix.refs, matrix.range_ms + 1, (), matrix.guard)
+
+
+def extended_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> Vector:
+    """rate/increase/delta over an anchored or smoothed window (Prometheus 3's extendedRate):
+    no extrapolation; the window's left value is its anchor (the last sample at or before its
+    start, within the lookback) and its right value its last sample; smoothed, both are the
+    series' values interpolated at the window's start and end, from samples up to a lookback
+    beyond them. Counter resets between the two are added back."""
+    smoothed = matrix.modifier == "smoothed"
+    range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
+
+    def compute(series: Series, _lo, _hi):
+        ts, vs = series.timestamps, series.values
+        last_index = len(vs) - 1
+        lo, first, last, present = _extended_ends(matrix, ts)
+        left, right = vs[first], vs[last]
+        if smoothed:
+            left = np.where(ts[first] < range_start, _interpolated(ts, vs, first, range_start, is_counter), left)
+            across_end = (last > lo) & (ts[last] > range_end)
+            right = np.where(across_end, _interpolated(ts, vs, np.maximum(last - 1, 0), range_end, is_counter), right)
+        result = right - left
+        if is_counter:
+            inner_first = first + (ts[first] <= range_start)
+            inner_last = last - (ts[last] >= range_end)
+            inner = inner_last >= inner_first
+            at_first, at_last = vs[np.clip(inner_first, 0, last_index)], vs[np.clip(inner_last, 0, last_index)]
+            correction = np.where(inner & (at_first < left), left, 0.0)
+            correction = _with_resets(
+                vs, correction, np.where(inner, inner_first, 0), np.where(inner, inner_last + 1, 0)
+            )
+            before_right = np.where(inner, at_last, left)
+            result = result + (correction + np.where(right < before_right, before_right, 0.0))
+        if is_rate:
+            result = result / (matrix.range_ms / 1000)
+        return result, present
+
+    return _per_series(matrix, compute)
 
 
 def instant_rate(matrix: RangeVector, is_rate: bool) -> Vector:
@@ -598,6 +701,8 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
     sample starts from nothing), then extrapolated as extrapolated_rate does floats, the zero
     point taken from the counts. Custom bounds that differ are reconciled, with an info; a window
     mixing exponential and custom buckets is left out with a warning, as Prometheus 3 does."""
+    if matrix.modifier is not None:
+        return extended_histogram_rate(matrix, is_counter, is_rate, warn)
     range_s = matrix.range_ms / 1000
     range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
 
@@ -639,6 +744,103 @@ def histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -
         return out
 
     return _histogram_rows(matrix, compute)
+
+
+def interpolated_histogram(
+    h1: Histogram, t1: int, h2: Histogram, t2: int, at: int, is_counter: bool, warn
+) -> Histogram:
+    """The histogram at ``at`` on the line from ``h1`` to ``h2``; a counter reset between them
+    restarts from nothing (Prometheus's interpolateHistograms). IncompatibleBuckets where one
+    has exponential and the other custom buckets."""
+    if at == t1:
+        return h1
+    if at == t2:
+        return h2
+    fraction = (at - t1) / (t2 - t1)
+    if is_counter and h2.detect_reset(h1):
+        return h2.scale(fraction)
+    difference = h2.sub(h1, lambda: warn(f"{RECONCILED} subtraction"))
+    line = difference.scale(fraction).add(h1, on_reconcile=lambda: warn(f"{RECONCILED} addition"))
+    return line.copy(reset_hint=_hint_of_sum(h2.reset_hint, h1.reset_hint))
+
+
+def _hint_of_sum(receiver: int, other: int) -> int:
+    """The reset hint of ``receiver`` plus or minus ``other`` (Prometheus's adjustCounterReset):
+    kept where both agree, a gauge where either is one, else unknown."""
+    if receiver == other:
+        return receiver
+    return GAUGE_HINT if GAUGE_HINT in (receiver, other) else 0
+
+
+def extended_histogram_rate(matrix: RangeVector, is_counter: bool, is_rate: bool, warn) -> Vector:
+    """extended_rate of native histograms (Prometheus 3's extendedHistogramRate): right minus
+    left, counter resets between them added back, no extrapolation."""
+    smoothed = matrix.modifier == "smoothed"
+    range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
+
+    def compute(series: Series, _lo, _hi):
+        out = np.full(len(matrix.refs), None, dtype=object)
+        ts, hs = series.timestamps, series.values
+        lo, firsts, lasts, present = _extended_ends(matrix, ts)
+        for step in np.flatnonzero(present):
+            first, last, start, end = int(firsts[step]), int(lasts[step]), int(range_start[step]), int(range_end[step])
+            window = hs[first : last + 1]
+            if len({h.custom for h in window}) > 1:
+                warn(mixed_schemas_warning(series.labels))
+                continue
+            if is_counter:
+                _warn_kind(window, True, series.labels, warn)
+            try:
+                left = hs[first]
+                if smoothed and ts[first] < start:
+                    left = interpolated_histogram(
+                        hs[first], ts[first], hs[first + 1], ts[first + 1], start, is_counter, warn
+                    )
+                right = hs[last]
+                if smoothed and last > lo[step] and ts[last] > end:
+                    right = interpolated_histogram(
+                        hs[last - 1], ts[last - 1], hs[last], ts[last], end, is_counter, warn
+                    )
+                if not is_counter:
+                    _warn_kind((left, right), False, series.labels, warn)
+                result = right.sub(left, lambda: warn(f"{RECONCILED} subtraction"))
+                if is_counter:
+                    result = _histogram_correction(
+                        hs, first, last, left, right, smoothed and ts[first] < start, result, warn
+                    )
+            except IncompatibleBuckets:
+                warn(mixed_schemas_warning(series.labels))
+                continue
+            if is_rate:
+                result = result.scale(1000 / matrix.range_ms)
+            out[step] = result.copy(reset_hint=GAUGE_HINT)
+        return out
+
+    return _histogram_rows(matrix, compute)
+
+
+def _histogram_correction(hs, first: int, last: int, left, right, left_interpolated: bool, result, warn):
+    """``result`` plus the value before each counter reset from ``left`` through the samples
+    between the boundary samples to ``right`` (correctForCounterResetsHistogram): a reset the
+    left interpolation spanned is already in ``left``; the last sample is ``right`` itself."""
+    inner_first, previous = first + 1, left
+    if left_interpolated and hs[first + 1].detect_reset(hs[first]):
+        previous = hs[first + 1]
+        inner_first += 1
+    if inner_first > last:
+        return result
+    correction = None
+    for current in [*hs[inner_first:last], right]:
+        if current.detect_reset(previous):
+            correction = (
+                previous
+                if correction is None
+                else correction.add(previous, on_reconcile=lambda: warn(f"{RECONCILED} addition"))
+            )
+        previous = current
+    if correction is None:
+        return result
+    return result.add(correction, on_reconcile=lambda: warn(f"{RECONCILED} addition"))
 
 
 def _warn_kind(histograms, counter: bool, labels: dict, warn) -> None:

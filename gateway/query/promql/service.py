@@ -66,7 +66,7 @@ class PromQLService:
             ) from None
 
     async def _evaluate(self, tenant: str, text: str, query: Query, times: np.ndarray, guard: Guard):
-        expr = await threads.deferToThread(self.text.parse, text)
+        expr = await threads.deferToThread(self.text.parse, text, query)
         guard.count(estimated_samples(expr, query, lambda key: 1))
         needs = plan(expr, query)
         selected = {

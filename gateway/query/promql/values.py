@@ -141,13 +141,24 @@ class RangeVector(NamedTuple):
     range_ms: int
     histogram_series: tuple = ()
     guard: Guard = Guard()
+    modifier: str | None = None  # "anchored" or "smoothed" (Prometheus 3's extended range selectors)
+    lookback_ms: int = 0  # how far before a window an anchored or smoothed one looks for its boundary
 
     def windows(self, series: Series) -> tuple[np.ndarray, np.ndarray]:
         """Per step, the first and one-past-last sample index inside the window (left-open, right
         closed: (ref - range, ref], as Prometheus 3 selects). Functions ask once a series, so the deadline is checked there."""
         self.guard.check()
-        lo = np.searchsorted(series.timestamps, self.refs - self.range_ms, side="right")
-        hi = np.searchsorted(series.timestamps, self.refs, side="right")
+        return self.window_indexes(series.timestamps, self.refs)
+
+    def window_indexes(self, timestamps: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The windows ending at ``ends`` over the sorted ``timestamps``. An anchored window also
+        holds its anchor, the last sample at or before its start within the lookback, and is
+        empty without a sample after its start (Prometheus's pickFirstSampleIndices)."""
+        lo = np.searchsorted(timestamps, ends - self.range_ms, side="right")
+        hi = np.searchsorted(timestamps, ends, side="right")
+        if self.modifier == "anchored":
+            in_lookback = np.searchsorted(timestamps, ends - self.range_ms - self.lookback_ms, side="right")
+            lo = np.where(hi > lo, np.maximum(lo - 1, in_lookback), hi)
         return lo, hi
 
 
