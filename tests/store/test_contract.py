@@ -773,8 +773,17 @@ class TestSQLiteDriver:
         finally:
             await store.close()
 
+    @pytest.mark.parametrize(
+        "hashes",
+        [
+            [series_set_hash(f"s{n}") for n in range(7)],  # the gateway's own: batches looked up as arrays
+            [f"s{n}" for n in range(7)],
+            ["a" * 23, "b" * 25, *(series_set_hash(f"s{n}") for n in range(5))],  # widths summing as 24s do
+        ],
+        ids=["series-set-hashes", "short", "mixed-widths"],
+    )
     @pytest_twisted.ensureDeferred
-    async def test_sqlite_head_read_of_many_series_at_once_is_each_series_read_alone(self, tmp_path, tenant):
+    async def test_sqlite_head_read_of_many_series_at_once_is_each_series_read_alone(self, tmp_path, tenant, hashes):
         """One read of many series (chunks of several slots and seqs, batches not folded yet,
         timestamps rewritten in each) gives each series what reading it alone gives, and what was
         written last of each timestamp within the range: the arrays of all the series are merged
@@ -782,7 +791,6 @@ class TestSQLiteDriver:
         path = tmp_path / "many.db"
         store = SQLiteStore(path, Layout(), fold_rows=1000)
         await store.start()
-        hashes = [f"s{n}" for n in range(7)]
         expected: dict[str, dict[int, float]] = {h: {} for h in hashes}
 
         async def write(round_: int) -> None:
@@ -812,6 +820,9 @@ class TestSQLiteDriver:
                 assert raw.head.points() == sorted((ts, v) for ts, v in expected[h].items() if start <= ts <= end)
                 assert raw.head_keys == alone.head_keys
             assert together[-1].head.points() == [] and together[-1].head_keys == ()
+            wide = [h for h in hashes if len(h) == len(series_set_hash(""))]
+            for h, raw in zip(wide, await store.read_raw(tenant, wide, start, end)):
+                assert raw.head.points() == sorted((ts, v) for ts, v in expected[h].items() if start <= ts <= end)
             assert len({key for raw in together for key in raw.head_keys}) > 2  # chunks of several slots and folds
         finally:
             await store.close()
