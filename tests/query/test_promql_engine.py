@@ -158,7 +158,6 @@ def test_values_are_written_as_prometheus_writes_them():
 @pytest.mark.parametrize(
     "text, named",
     [
-        ("x >/ 0.5", "the histogram trim operators >/ and </"),
         ("x + fill(0) y", "the fill(), fill_left() and fill_right() modifiers"),
         ("x > fill_left(1) fill_right(2) y", "the fill(), fill_left() and fill_right() modifiers"),
     ],
@@ -169,3 +168,8 @@ def test_prometheus_3_language_tsgate_does_not_take_is_refused_by_name(text, nam
         parse(text)
     assert refused.value.kind == "bad_data" and f'invalid parameter "query": {named}' in str(refused.value)
     assert "are not supported" in str(refused.value)
+
+
+def test_a_trim_operator_takes_no_bool():
+    with pytest.raises(PromQLError, match="bool modifier can only be used on comparison operators"):
+        parse("h >/ bool 1")

@@ -149,3 +149,29 @@ def test_range_modifiers_become_a_matcher_on_their_selector(text, rewritten):
 )
 def test_the_words_elsewhere_are_left_alone(text):
     assert rewrite(text, RANGE_QUERY) == text
+
+
+S, V = "__tsgate_trim_scalar__", "__tsgate_trim_vector__"
+
+
+@pytest.mark.parametrize(
+    "text, rewritten",
+    [
+        ("h </ +Inf", f"h < {S}(+Inf)"),
+        ("h >/ on (label) f", f"h > on (label) {V}(f)"),
+        ("h >/ 1 > 2", f"h > {S}(1) > 2"),  # left-associative at the comparisons' precedence
+        ("h >/ 1 + x * 2 and y", f"h > {V}(1 + x * 2) and y"),  # + and * bind tighter, and looser
+        ("sum(h >/ scalar(x) + time()) by (a)", f"sum(h > {S}(scalar(x) + time())) by (a)"),
+        ('h </ {__name__="f"}', f'h < {V}({{__name__="f"}})'),
+        ("a >/ b </ (1)", f"a > {V}(b) < {S}((1))"),
+        ('x{a=">/"} > / 2', 'x{a=">/"} > / 2'),  # not adjacent, or in a string: no trim operator
+    ],
+)
+def test_trim_operators_become_a_comparison_with_a_reserved_wrapper(text, rewritten):
+    assert rewrite(text) == rewritten
+
+
+@pytest.mark.parametrize("name", [S, V])
+def test_the_trim_wrappers_are_reserved(name):
+    with pytest.raises(PromQLError, match=f"the function name {name} is reserved"):
+        QueryText().parse(f"x > {name}(1)")

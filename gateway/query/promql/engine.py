@@ -22,7 +22,15 @@ import numpy as np
 import promql_parser
 import xxhash
 
-from gateway.query.promql.front import INSTANT, MODIFIER_LABEL, FrontError, QueryTimes, rewrite
+from gateway.query.promql.front import (
+    INSTANT,
+    MODIFIER_LABEL,
+    TRIM_SCALAR,
+    TRIM_VECTOR,
+    FrontError,
+    QueryTimes,
+    rewrite,
+)
 from gateway.query.promql.functions import FUNCTIONS, valid_label_name
 from gateway.query.promql.range_functions import (
     GAUGE_HINT,
@@ -66,6 +74,7 @@ DEFAULT_SUBQUERY_STEP_MS = 60_000
 _MATCH_TYPES = {"MatchOp.Equal": "EQ", "MatchOp.NotEqual": "NEQ", "MatchOp.Re": "RE", "MatchOp.NotRe": "NRE"}
 _COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
 _ARITHMETIC = {"+", "-", "*", "/", "%", "^", "atan2"}  # the operators that drop __name__ (2.42 kept it for atan2)
+_TRIMS = {">": ">/", "<": "</"}  # the histogram trim operators (which keep __name__), as front.py writes them
 _SET_OPERATORS = {"and", "or", "unless"}
 
 
@@ -76,7 +85,10 @@ promql_parser.register_extra_functions(
             "holt_winters",
             [promql_parser.ValueType.Matrix, promql_parser.ValueType.Scalar, promql_parser.ValueType.Scalar],
             promql_parser.ValueType.Vector,
-        )
+        ),
+        # front.py's wrappers of a trim operator's right operand
+        promql_parser.Function(TRIM_SCALAR, [promql_parser.ValueType.Scalar], promql_parser.ValueType.Scalar),
+        promql_parser.Function(TRIM_VECTOR, [promql_parser.ValueType.Vector], promql_parser.ValueType.Vector),
     ]
 )
 
@@ -99,10 +111,8 @@ def parser_call(function, *args):
         raise ValueError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
 
 
-# Prometheus 3 language tsgate does not take (its parser, promql-parser 0.12, reads none of it
-# but fill(); front.py rewrites duration expressions and range modifiers): a query using one is
-# refused naming it, never answered as if it were not there.
-_UNSUPPORTED = ((re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),)
+# A Prometheus 3 modifier tsgate does not apply (promql-parser reads it): refused naming it,
+# never answered as if it were not there.
 _FILL = "the fill(), fill_left() and fill_right() modifiers (Prometheus 3's experimental binop fill modifiers)"
 
 
@@ -118,9 +128,6 @@ def parse(text: str, times: QueryTimes = INSTANT):
     except FrontError as error:
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     except (ValueError, TypeError, OverflowError) as error:
-        feature = next((name for pattern, name in _UNSUPPORTED if pattern.search(text)), None)
-        if feature is not None:
-            raise PromQLError(f'invalid parameter "query": {feature} are not supported ({error})', "bad_data") from None
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     _refuse_bytes_as_label_names(expr, _not_utf8_strings(text))
     return expr
@@ -231,6 +238,8 @@ def _check_node(node) -> None:
     fill = node.modifier.fill_values if type(node).__name__ == "BinaryExpr" and node.modifier is not None else None
     if fill is not None and (fill.lhs is not None or fill.rhs is not None):
         raise ValueError(f"{_FILL} are not supported")
+    if _is_trim(node) and node.modifier is not None and node.modifier.return_bool:
+        raise ValueError("bool modifier can only be used on comparison operators")
     if type(node).__name__ not in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
         return
     for name in ("offset", "range", "step"):
@@ -251,6 +260,13 @@ def _check_node(node) -> None:
                     compile_regex(matcher.value, dot_nl=True)
                 except BadPattern as error:
                     raise ValueError(f"error parsing regexp: {error}") from None
+
+
+def _is_trim(node) -> bool:
+    """A binary expression front.py wrote for a trim operator (its right side wrapped)."""
+    if type(node).__name__ != "BinaryExpr":
+        return False
+    return type(node.rhs).__name__ == "Call" and node.rhs.func.name in (TRIM_SCALAR, TRIM_VECTOR)
 
 
 def _matches_empty(matcher: Matcher) -> bool:
@@ -939,10 +955,18 @@ class Evaluator:
     # -- binary operators -------------------------------------------------------------------
 
     def _binary(self, node, ctx: Context):
-        op = str(node.op)
-        lhs, rhs = self.evaluate(node.lhs, ctx.times_ms), self.evaluate(node.rhs, ctx.times_ms)
+        op, right = str(node.op), node.rhs
         modifier = node.modifier
         return_bool = bool(modifier is not None and modifier.return_bool)
+        if _is_trim(node):
+            op, right = _TRIMS[op], right.args[0]
+        outer = self.under_bucket_reader
+        self.under_bucket_reader |= op in _TRIMS.values()  # a trim reads the buckets
+        try:
+            lhs = self.evaluate(node.lhs, ctx.times_ms)
+        finally:
+            self.under_bucket_reader = outer
+        rhs = self.evaluate(right, ctx.times_ms)
         if op in _COMPARISONS and not return_bool and isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
             raise PromQLError("comparisons between scalars must use BOOL modifier", "bad_data")
         if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
@@ -1016,6 +1040,8 @@ def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, 
             return np.power(left, right), True
         if op == "atan2":
             return np.arctan2(left, right), True
+        if op in _TRIMS.values():  # a trim of floats: no result
+            return left, np.zeros(np.shape(left), dtype=bool)
         comparison = {
             "==": np.equal,
             "!=": np.not_equal,
@@ -1032,7 +1058,7 @@ def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, 
 # any other drops the element with an info annotation.
 _HISTOGRAM_OPERATORS = {
     ("float", "histogram"): {"*"},
-    ("histogram", "float"): {"*", "/"},
+    ("histogram", "float"): {"*", "/", *_TRIMS.values()},
     ("histogram", "histogram"): {"+", "-", "==", "!="},
 }
 
@@ -1057,8 +1083,8 @@ def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
         if return_bool:
             return vector.with_values(keep.astype(np.float64))
         return Vector(vector.labels, vector.values, vector.present & keep, vector.sample_ms).without_absent()
-    result = vector.with_values(np.asarray(value, dtype=np.float64), drop_name=op in _ARITHMETIC)
-    if vector.histograms is not None and (op == "*" or (op == "/" and not swapped)):
+    result = vector.with_values(np.asarray(value, dtype=np.float64), keep, drop_name=op in _ARITHMETIC)
+    if vector.histograms is not None and (op == "*" or (op in ("/", *_TRIMS.values()) and not swapped)):
         result = result._replace(histograms=_scaled(vector.histograms, scalar.values, op)).without_absent()
     return result
 
@@ -1072,7 +1098,9 @@ def _scaled(histograms: np.ndarray, factors: np.ndarray, op: str) -> np.ndarray:
 
 
 def _times_or_over(histogram, op: str, factor: float):
-    """``histogram * factor`` or ``histogram / factor``."""
+    """``histogram * factor``, ``histogram / factor``, or the histogram trimmed at ``factor``."""
+    if op in _TRIMS.values():
+        return histogram.trimmed(factor, upper=op == "</")
     return histogram.scale(factor) if op == "*" else histogram.divided(factor)
 
 
@@ -1205,6 +1233,8 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
         left, right = (other_values, many.values[index]) if swapped else (many.values[index], other_values)
         value, keep = _operate(op, left, right)
         present = many.present[index] & other_present
+        if op in _TRIMS.values():
+            present = present & keep
         if op in _COMPARISONS:
             if return_bool:
                 value = keep.astype(np.float64)
@@ -1249,12 +1279,12 @@ def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, 
         if one.histograms is not None:
             theirs = np.where(np.not_equal(theirs, None), theirs, one.histograms[partner])  # type: ignore[call-overload]  # numpy's stubs: None in an object array
     mine = many.histograms[index] if many.histograms is not None else np.full(steps, None, dtype=object)
-    if op in ("*", "/"):  # a histogram times a float (either side), divided by one (on the left)
+    if op in ("*", "/", *_TRIMS.values()):  # a histogram times a float (either side), divided or trimmed by one (left)
         floats = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
         float_present = one.present[partners].any(axis=0)
         sides = [(mine, floats, float_present, swapped), (theirs, many.values[index], many.present[index], not swapped)]
         for histograms, factors, factor_present, histogram_right in sides:
-            if op == "/" and histogram_right:
+            if op != "*" and histogram_right:
                 continue
             for step in np.flatnonzero(np.not_equal(histograms, None) & factor_present):  # type: ignore[call-overload]  # numpy's stubs: None in an object array
                 out[step] = _times_or_over(histograms[step], op, factors[step])
