@@ -111,11 +111,6 @@ def parser_call(function, *args):
         raise ValueError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
 
 
-# A Prometheus 3 modifier tsgate does not apply (promql-parser reads it): refused naming it,
-# never answered as if it were not there.
-_FILL = "the fill(), fill_left() and fill_right() modifiers (Prometheus 3's experimental binop fill modifiers)"
-
-
 def parse(text: str, times: QueryTimes = INSTANT):
     """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
     and offsets out of range, regular expressions RE2 does not take; and the Prometheus 3
@@ -234,10 +229,9 @@ def _nodes(expr):
 def _check_node(node) -> None:
     """Reads what evaluation reads of a selector or subquery, so that what promql-parser cannot
     hand over (an ``@`` before 1970 or past year 9999, a huge offset) is a parse error here; a
-    fill() modifier, which tsgate does not apply, is refused."""
-    fill = node.modifier.fill_values if type(node).__name__ == "BinaryExpr" and node.modifier is not None else None
-    if fill is not None and (fill.lhs is not None or fill.rhs is not None):
-        raise ValueError(f"{_FILL} are not supported")
+    fill modifier where Prometheus 3 refuses one (a set operator), or bool on a trim operator."""
+    if _fills(node) != (None, None) and str(node.op) in _SET_OPERATORS:
+        raise ValueError("filling in missing series not allowed for set operators")
     if _is_trim(node) and node.modifier is not None and node.modifier.return_bool:
         raise ValueError("bool modifier can only be used on comparison operators")
     if type(node).__name__ not in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
@@ -260,6 +254,14 @@ def _check_node(node) -> None:
                     compile_regex(matcher.value, dot_nl=True)
                 except BadPattern as error:
                     raise ValueError(f"error parsing regexp: {error}") from None
+
+
+def _fills(node) -> tuple[float | None, float | None]:
+    """A binary expression's ``fill_left()`` and ``fill_right()`` values (``fill()`` sets both),
+    None where it has none."""
+    modifier = node.modifier if type(node).__name__ == "BinaryExpr" else None
+    fill = modifier.fill_values if modifier is not None else None
+    return (None, None) if fill is None else (fill.lhs, fill.rhs)
 
 
 def _is_trim(node) -> bool:
@@ -972,6 +974,8 @@ class Evaluator:
         if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
             value, keep = _operate(op, lhs.values, rhs.values)
             return Scalar(np.asarray(keep, dtype=np.float64) if op in _COMPARISONS else value)
+        if (isinstance(lhs, Scalar) or isinstance(rhs, Scalar)) and _fills(node) != (None, None):
+            raise PromQLError("filling in missing series only allowed between instant vectors", "bad_data")
         if isinstance(lhs, Scalar) or isinstance(rhs, Scalar):
             everywhere, nowhere = np.ones(ctx.steps, dtype=bool), np.zeros(ctx.steps, dtype=bool)
             left = (everywhere, nowhere) if isinstance(lhs, Scalar) else (lhs.present, lhs.histogram_present)
@@ -980,7 +984,7 @@ class Evaluator:
             return _vector_scalar(op, lhs, rhs, return_bool)
         if op in _SET_OPERATORS:
             return _set_operation(op, lhs, rhs, modifier)
-        return _vector_vector(op, lhs, rhs, modifier, return_bool, ctx)
+        return _vector_vector(op, lhs, rhs, modifier, return_bool, ctx, _fills(node))
 
 
 _STATS_FUNCTIONS = {"histogram_count", "histogram_sum", "histogram_avg"}
@@ -1189,14 +1193,21 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     return merge_same_labels(stacked(left, right).without_absent())
 
 
-def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool, ctx: Context) -> Vector:
+def _vector_vector(
+    op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool, ctx: Context, fills: tuple = (None, None)
+) -> Vector:
+    """``lhs op rhs`` matched series by series. ``fills``: the fill_left() and fill_right()
+    values; as in Prometheus 3's VectorBinop, the right one stands in for a missing partner of
+    the "many" side (the left one without group_right), the left one for a missing partner of
+    the "one" side."""
     card = str(modifier.card) if modifier is not None else "VectorMatchCardinality.OneToOne"
     if card.endswith("OneToMany"):
         many, one, swapped = rhs, lhs, True
     else:
         many, one, swapped = lhs, rhs, False
+    fill_many, fill_one = fills
     steps = many.values.shape[1]
-    if not many.labels or not one.labels:
+    if (not many.labels and not one.labels) or ((not many.labels or not one.labels) and fills == (None, None)):
         return Vector.empty(steps)
     one_to_one = not (card.endswith("ManyToOne") or card.endswith("OneToMany"))
     include = list(modifier.group_labels or []) if modifier is not None and not one_to_one else []
@@ -1210,11 +1221,25 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
                 f"found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side"
             )
     drop_name = op in _ARITHMETIC or return_bool
-    results: dict[tuple, tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = {}
+    results = _Rows(steps)
     many_seen: dict[tuple, np.ndarray] = {}
+    many_present: dict[tuple, np.ndarray] = {}  # by signature: where a "many" series is present
+
+    def add_filled(labels: dict, partner: dict, side: Vector, row: int, alone: np.ndarray, fill: float, left: bool):
+        value, present, histograms = _filled(op, ctx, side, row, alone, fill, left, return_bool)
+        results.add(
+            _result_labels(labels, partner, modifier, one_to_one, include, drop_name), value, present, histograms
+        )
+
     for index, labels in enumerate(many.labels):
         signature = _signature(labels, modifier)
-        partners = by_signature.get(signature)
+        partners = by_signature.get(signature, [])
+        many_present[signature] = many.sampled[index] | many_present.get(signature, False)
+        if fill_one is not None:
+            alone = many.sampled[index] & ~one.sampled[partners].any(axis=0) if partners else many.sampled[index]
+            if alone.any():
+                matched = dict((k, v) for k, v in signature if v)
+                add_filled(labels, matched, many, index, alone, fill_one, not swapped)
         if not partners:
             continue
         if one_to_one:
@@ -1244,26 +1269,76 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
         value = np.asarray(value, dtype=np.float64)
         histograms = _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, value, present)
         result_labels = _result_labels(labels, partner_labels, modifier, one_to_one, include, drop_name)
-        key = labels_key(result_labels)
-        if key in results:
-            old_labels, old_values, old_present, old_histograms = results[key]
+        results.add(result_labels, value, present, histograms)
+    if fill_many is not None:
+        for index, labels in enumerate(one.labels):
+            signature = _signature(labels, modifier)
+            alone = one.sampled[index] & ~many_present.get(signature, np.zeros(steps, dtype=bool))
+            if alone.any():
+                matched = dict((k, v) for k, v in signature if v)
+                add_filled(matched, labels, one, index, alone, fill_many, swapped)
+    return results.vector()
+
+
+class _Rows:
+    """The result rows of a vector-vector operation, by label set: rows of one label set merge
+    where their steps do not overlap, else they are the error Prometheus reports."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.rows: dict[tuple, tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def add(self, labels: dict, value: np.ndarray, present: np.ndarray, histograms: np.ndarray) -> None:
+        key = labels_key(labels)
+        if key in self.rows:
+            old_labels, old_values, old_present, old_histograms = self.rows[key]
             if ((old_present | np.not_equal(old_histograms, None)) & (present | np.not_equal(histograms, None))).any():  # type: ignore[call-overload]  # numpy's stubs: None in an object array
                 raise PromQLError("multiple matches for labels: grouping labels must ensure unique matches")
             value = np.where(present, value, old_values)
             present = present | old_present
             histograms = np.where(np.not_equal(histograms, None), histograms, old_histograms)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
-        results[key] = (result_labels, value, present, histograms)
-    if not results:
-        return Vector.empty(steps)
-    labels, values, present, histograms = zip(*results.values())
-    held = np.vstack(histograms)
-    return Vector(
-        list(labels),
-        np.vstack(values),
-        np.vstack(present),
-        None,
-        held if np.not_equal(held, None).any() else None,  # type: ignore[call-overload]  # numpy's stubs: None in an object array
-    ).without_absent()
+        self.rows[key] = (labels, value, present, histograms)
+
+    def vector(self) -> Vector:
+        if not self.rows:
+            return Vector.empty(self.steps)
+        labels, values, present, histograms = zip(*self.rows.values())
+        held = np.vstack(histograms)
+        return Vector(
+            list(labels),
+            np.vstack(values),
+            np.vstack(present),
+            None,
+            held if np.not_equal(held, None).any() else None,  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+        ).without_absent()
+
+
+def _filled(
+    op: str, ctx: Context, side: Vector, row: int, alone: np.ndarray, fill: float, left: bool, return_bool: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Value, presence and histograms of ``side``'s row ``row`` where ``alone`` (its partner
+    missing) operated with the float ``fill`` in the partner's place (Prometheus 3's fill
+    modifiers); ``left``: the row is the query's left operand."""
+    steps = len(alone)
+    values, filled = side.values[row], np.full(steps, fill)
+    present = side.present[row] & alone
+    held = np.where(alone, side.histograms[row], None) if side.histograms is not None else np.full(steps, None)
+    mine, theirs = (present, np.not_equal(held, None)), (alone, np.zeros(steps, dtype=bool))  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+    _note_incompatible(op, ctx, *(mine + theirs if left else theirs + mine))
+    histograms = np.full(steps, None, dtype=object)
+    if op == "*" or (op in ("/", *_TRIMS.values()) and left):
+        for step in np.flatnonzero(mine[1]):
+            histograms[step] = _times_or_over(held[step], op, fill)
+    left_values, right_values = (values, filled) if left else (filled, values)
+    value, keep = _operate(op, left_values, right_values)
+    if op in _COMPARISONS:
+        if return_bool:
+            value = keep.astype(np.float64)
+        else:
+            value, present = left_values, present & keep
+    elif op in _TRIMS.values():
+        present = present & keep
+    return np.asarray(value, dtype=np.float64), present, histograms
 
 
 def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, value, present) -> np.ndarray:
