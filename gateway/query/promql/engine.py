@@ -23,6 +23,7 @@ import promql_parser
 import xxhash
 
 from gateway.query.promql.front import (
+    INFO_LABELS,
     INSTANT,
     MODIFIER_LABEL,
     TRIM_SCALAR,
@@ -117,7 +118,13 @@ def parse(text: str, times: QueryTimes = INSTANT):
     language tsgate does not take, named. Duration expressions are evaluated with ``times``
     (gateway/query/promql/front.py)."""
     try:
-        expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times)))
+        try:
+            expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times)))
+        except ValueError as error:
+            if "info" not in text or _EMPTY_SELECTOR not in str(error):
+                raise
+            # info()'s label selector may match the empty value in Prometheus (front.py)
+            expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times, info_labels=True)))
         for node in _nodes(expr):
             _check_node(node)
     except FrontError as error:
@@ -126,6 +133,9 @@ def parse(text: str, times: QueryTimes = INSTANT):
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     _refuse_bytes_as_label_names(expr, _not_utf8_strings(text))
     return expr
+
+
+_EMPTY_SELECTOR = "vector selector must contain at least one non-empty matcher"
 
 
 def _refuse_bytes_as_label_names(expr, not_utf8: dict[str, bytes]) -> None:
@@ -222,6 +232,8 @@ def _nodes(expr):
         yield expr.vector_selector
     elif kind == "SubqueryExpr":
         yield from _nodes(expr.expr)
+    elif kind == "Call" and expr.func.name == "info":
+        yield from expr.args[1:]
     for child in _children(expr):
         yield from _nodes(child)
 
@@ -232,6 +244,12 @@ def _check_node(node) -> None:
     fill modifier where Prometheus 3 refuses one (a set operator), or bool on a trim operator."""
     if _fills(node) != (None, None) and str(node.op) in _SET_OPERATORS:
         raise ValueError("filling in missing series not allowed for set operators")
+    if type(node).__name__ == "Call" and node.func.name == "info" and len(node.args) > 1:
+        labels = node.args[1]
+        if type(labels).__name__ != "VectorSelector":
+            raise ValueError('expected label selectors only in call to function "info"')
+        if labels.name:
+            raise ValueError("expected label selectors only, got vector selector instead")
     if _is_trim(node) and node.modifier is not None and node.modifier.return_bool:
         raise ValueError("bool modifier can only be used on comparison operators")
     if type(node).__name__ not in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
@@ -245,9 +263,14 @@ def _check_node(node) -> None:
         except (ValueError, OverflowError):
             raise ValueError("timestamp out of bounds for @ modifier (tsgate takes 1970 to 9999)") from None
     if type(node).__name__ == "VectorSelector":
-        if range_modifier(node) and not node.name and all(_matches_empty(m) for m in selector_matchers(node)):
+        modifier = range_modifier(node)
+        if (
+            modifier not in (None, INFO_LABELS)
+            and not node.name
+            and all(_matches_empty(m) for m in selector_matchers(node))
+        ):
             # promql-parser checked the selector with the front's marker, which matches no empty value
-            raise ValueError("vector selector must contain at least one non-empty matcher")
+            raise ValueError(_EMPTY_SELECTOR)
         for matcher in node.matchers.matchers:
             if str(matcher.op) in ("MatchOp.Re", "MatchOp.NotRe"):
                 try:
@@ -440,11 +463,13 @@ def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
     needs: dict[tuple, tuple[list[Matcher], int, int]] = {}
 
     def need(selector, low: int, high: int) -> None:
-        key = selector_key(selector)
+        need_key(selector_key(selector), selector_matchers(selector), low, high)
+
+    def need_key(key: tuple, matchers: list[Matcher], low: int, high: int) -> None:
         if key in needs:
             _, old_low, old_high = needs[key]
             low, high = min(low, old_low), max(high, old_high)
-        needs[key] = (selector_matchers(selector), low, high)
+        needs[key] = (matchers, low, high)
 
     def walk(node, low: int, high: int) -> None:
         kind = type(node).__name__
@@ -464,6 +489,8 @@ def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
             else:
                 walk(node.expr, ref_low - _ms(node.range), ref_high)
             return
+        if kind == "Call" and node.func.name == "info":
+            need_key(*_info_read(node, query, low, high))
         for child in _children(node):
             walk(child, low, high)
 
@@ -492,6 +519,9 @@ def estimated_samples(expr, query: Query, series_of: Callable[[tuple], int]) -> 
             total += series_of(selector_key(node)) * steps
         elif kind == "MatrixSelector":
             total += series_of(selector_key(node.vector_selector)) * steps
+        elif kind == "Call" and node.func.name == "info":
+            total += series_of(_info_read(node, query, low, high)[0]) * steps
+            walk(node.args[0], low, high, steps)
         elif kind == "SubqueryExpr":
             step = _ms(node.step) or DEFAULT_SUBQUERY_STEP_MS
             offset, at = _ms(node.offset), _at_ms(node, query)
@@ -526,6 +556,8 @@ def _check_range_modifier(call) -> None:
 
 def _children(node) -> list:
     kind = type(node).__name__
+    if kind == "Call" and node.func.name == "info":
+        return [node.args[0]]  # the second is no selector of its own: it filters the info series
     if kind == "Call":
         return list(node.args)
     if kind == "AggregateExpr":
@@ -535,6 +567,77 @@ def _children(node) -> list:
     if kind in ("ParenExpr", "UnaryExpr"):
         return [node.expr]
     return []
+
+
+_IDENTIFYING = ("instance", "job")  # the labels joining a series to its info series
+
+
+def _info_names(matchers: list[Matcher] | None) -> list[Matcher]:
+    """The metric name matchers of the info series (effectiveInfoNameMatchers): those given if
+    one is = or =~, else ``.+_info`` besides them; ``target_info`` when none is given."""
+    if not matchers:
+        return [Matcher("EQ", NAME, "target_info")]
+    if any(m.type in ("EQ", "RE") for m in matchers):
+        return matchers
+    return [Matcher("RE", NAME, ".+_info"), *matchers]
+
+
+def _info_read(call, query: Query, low: int, high: int) -> tuple[tuple, list[Matcher], int, int]:
+    """The info series ``info()`` reads: their key, matchers, and the window (Prometheus's
+    infoSelectHints: from a lookback before the start to the end, moved by the offset and
+    ``@`` of the first selector of the first argument)."""
+    wanted = selector_matchers(call.args[1]) if len(call.args) > 1 else []
+    matchers = [m for m in wanted if m.name != NAME] + _info_names([m for m in wanted if m.name == NAME] or None)
+    selector = next((n for n in _nodes(call.args[0]) if type(n).__name__ == "VectorSelector"), None)
+    offset, at = (_ms(selector.offset), _at_ms(selector, query)) if selector is not None else (0, None)
+    first, last = (at, at) if at is not None else (low, high)
+    key = tuple(sorted((m.name, m.type, m.value) for m in matchers))
+    return key, matchers, first - query.lookback_ms + 1 - offset, last - offset
+
+
+def _info_signature(name: str, labels: dict) -> tuple:
+    return (name, *((label, labels[label]) for label in _IDENTIFYING if labels.get(label)))
+
+
+def _newest_info(info: Vector, rows: list[int]) -> np.ndarray:
+    """Per step, the row of the newest sample among info series of one signature (-1: none);
+    two of the same time are the error Prometheus reports."""
+    stamps = np.where(info.present[rows], info.sample_ms[rows], np.iinfo(np.int64).min)  # type: ignore[index]  # _instant_floats sets sample_ms
+    best = stamps.argmax(axis=0)
+    newest = stamps.max(axis=0)
+    if ((stamps == newest) & info.present[rows]).sum(axis=0).max() > 1:
+        raise PromQLError("found duplicate series for info metric")
+    return np.where(info.present[rows].any(axis=0), np.asarray(rows)[best], -1)
+
+
+def _info_labels(labels: dict, infos: list[dict], data: list[Matcher]) -> dict | None:
+    """The data labels the info series add to an element (None: no info series matched);
+    two info series disagreeing on one are an error."""
+    if not infos:
+        return None
+    wanted = {m.name for m in data}
+    added: dict[str, str] = {}
+    for info in infos:
+        for name, value in info.items():
+            if name == NAME or (wanted and name not in wanted):
+                continue
+            if added.get(name, value) != value:
+                raise PromQLError(f"conflicting label: {name}")
+            if name not in labels:
+                added[name] = value
+    return added
+
+
+def _matches_value(matcher: Matcher, value: str) -> bool:
+    if matcher.type in ("EQ", "NEQ"):
+        return (matcher.value == value) == (matcher.type == "EQ")
+    return (compile_regex(matcher.value, dot_nl=True).fullmatch(value) is not None) == (matcher.type == "RE")
+
+
+def _masked(vector: Vector, at: np.ndarray) -> Vector:
+    """The vector's samples at the steps ``at`` only."""
+    histograms = None if vector.histograms is None else np.where(at, vector.histograms, None)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+    return Vector(vector.labels, vector.values, vector.present & at, vector.sample_ms, histograms)
 
 
 class Context(NamedTuple):
@@ -630,7 +733,7 @@ class Evaluator:
         refs = self._refs(selector, ctx)
         if range_modifier(selector) == "smoothed":
             return self._smoothed(selector, ctx, refs)
-        vector = self._instant_floats(selector, ctx, refs)
+        vector = self._instant_floats(self.data.get(selector_key(selector), []), ctx, refs)
         histograms = self._histogram_series(selector)
         return self._with_histograms(vector, histograms, refs, ctx) if histograms else vector
 
@@ -641,9 +744,9 @@ class Evaluator:
             return [_stats_hints(series) for series in found]
         return found
 
-    def _instant_floats(self, selector, ctx: Context, refs: np.ndarray) -> Vector:
+    def _instant_floats(self, found_series: list[Series], ctx: Context, refs: np.ndarray) -> Vector:
         labels, rows, masks, stamps = [], [], [], []
-        for series in self.data.get(selector_key(selector), []):
+        for series in found_series:
             if not len(series.timestamps):
                 continue
             index = np.searchsorted(series.timestamps, refs, side="right") - 1
@@ -850,6 +953,8 @@ class Evaluator:
         name = call.func.name
         if name in ("start", "end", "range", "step"):
             return Scalar(np.full(ctx.steps, self._query_constant(name)))
+        if name == "info":
+            return self._info(call, ctx)
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
@@ -865,6 +970,69 @@ class Evaluator:
         if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
             _refuse_same_labels(value)
         return value
+
+    def _info(self, call, ctx: Context) -> Vector:
+        """Prometheus 3's experimental ``info(v, {labels})``: each element of ``v`` gains the
+        data labels of the info series (``target_info`` unless the second argument names
+        others) with its ``instance`` and ``job``, the newest one at each step; elements that
+        are info series themselves pass as they are."""
+        base = self.evaluate(call.args[0], ctx.times_ms)
+        wanted = selector_matchers(call.args[1]) if len(call.args) > 1 else []
+        names = _info_names([m for m in wanted if m.name == NAME] if wanted else None)
+        data = [m for m in wanted if m.name != NAME]
+        info = self._info_vector(call, ctx, base.labels, names)
+        by_signature: dict[tuple, list[int]] = defaultdict(list)
+        for row, labels in enumerate(info.labels):
+            by_signature[_info_signature(labels.get(NAME, ""), labels)].append(row)
+        newest = {signature: _newest_info(info, rows) for signature, rows in by_signature.items()}
+        info_names = sorted({labels.get(NAME, "") for labels in info.labels})
+        keep_bare = all(_matches_value(m, "") for m in data)
+        parts = []
+        for row, labels in enumerate(base.labels):
+            part = base.take(np.array([row]))
+            if all(_matches_value(m, labels.get(NAME, "")) for m in names):
+                parts.append(part)
+                continue
+            chosen = np.array([newest.get(_info_signature(n, labels), np.full(ctx.steps, -1)) for n in info_names])
+            combos, step_combo = np.unique(chosen.reshape(len(info_names), ctx.steps).T, axis=0, return_inverse=True)
+            for index, combo in enumerate(combos):
+                added = _info_labels(labels, [info.labels[i] for i in combo if i >= 0], data)
+                if added is None and not keep_bare:
+                    continue
+                at = step_combo.reshape(-1) == index
+                parts.append(_masked(part, at)._replace(labels=[{**labels, **(added or {})}]))
+        out = Vector.empty(ctx.steps)
+        for part in parts:
+            out = stacked(out, part)
+        return out.without_absent()
+
+    def _info_vector(self, call, ctx: Context, base_labels: list[dict], names: list[Matcher]) -> Vector:
+        """The info series at each step (the newest sample within the lookback, read from the
+        window Prometheus reads them from), of those whose identifying labels some element of
+        the base has."""
+        key, _, first, last = _info_read(call, self.query, int(ctx.times_ms[0]), int(ctx.times_ms[-1]))
+        identifying: dict[str, set[str]] = defaultdict(set)
+        for labels in base_labels:
+            if not all(_matches_value(m, labels.get(NAME, "")) for m in names):
+                for name in _IDENTIFYING:
+                    if labels.get(name):
+                        identifying[name].add(labels[name])
+        if not identifying:
+            return Vector.empty(ctx.steps)
+
+        def wanted(series: Series) -> bool:
+            return all(series.labels.get(name) in values for name, values in identifying.items())
+
+        for series in self.histograms.get(key, []):
+            inside = (series.timestamps >= first) & (series.timestamps <= last)
+            if wanted(series) and inside.any():
+                raise PromQLError("info sample should be float")
+        windowed = []
+        for series in self.data.get(key, []):
+            if wanted(series):
+                inside = (series.timestamps >= first) & (series.timestamps <= last)
+                windowed.append(series._replace(timestamps=series.timestamps[inside], values=series.values[inside]))
+        return self._instant_floats(windowed, ctx, ctx.times_ms)
 
     def _query_constant(self, name: str) -> float:
         """start(), end(), range() and step() in seconds: the query's, whatever subquery they

@@ -15,6 +15,11 @@ rewritten into text it reads, before it parses the query.
   right operand is a scalar or a vector: reserved function names the evaluator reads back as
   the trim operator. A query whose text holds one is refused.
 
+- Asked to (``info_labels``), the label selector of ``info(v, {...})`` gets the matcher
+  ``MODIFIER_LABEL="info"`` too: Prometheus takes one whose matchers all match the empty value
+  there (``{data=~".*"}``), promql-parser does not, so the engine asks where promql-parser
+  refused one; the evaluator reads that selector's matchers without it.
+
 Text without any of these reaches promql-parser unchanged. The tokenizer reads strings (with their
 escapes), backtick strings and comments whole, so nothing inside them is rewritten.
 """
@@ -26,6 +31,7 @@ from typing import NamedTuple
 
 MODIFIER_LABEL = "__tsgate_range_modifier__"
 RANGE_MODIFIERS = ("anchored", "smoothed")
+INFO_LABELS = "info"  # MODIFIER_LABEL's value on info()'s label selector
 TRIM_SCALAR = "__tsgate_trim_scalar__"
 TRIM_VECTOR = "__tsgate_trim_vector__"
 _RESERVED = (MODIFIER_LABEL, TRIM_SCALAR, TRIM_VECTOR)
@@ -264,23 +270,26 @@ _SUBQUERY = object()  # the last operand read is a subquery
 _OTHER = object()  # the last operand read is neither a selector nor a subquery
 
 
-def rewrite(text: str, times: QueryTimes = INSTANT) -> str:
-    """``text`` with its duration expressions evaluated and its range modifiers recorded as
-    matchers (the module's docstring); ``text`` itself when it has neither."""
+def rewrite(text: str, times: QueryTimes = INSTANT, info_labels: bool = False) -> str:
+    """``text`` with its duration expressions evaluated, its range modifiers recorded as
+    matchers, its trim operators written as comparisons, and with ``info_labels`` info()'s label
+    selector marked (the module's docstring); ``text`` itself when it has none of these."""
     if MODIFIER_LABEL in text:
         raise FrontError(f"the label name {MODIFIER_LABEL} is reserved")
     if (reserved := next((name for name in (TRIM_SCALAR, TRIM_VECTOR) if name in text), None)) is not None:
         raise FrontError(f"the function name {reserved} is reserved")
     try:
-        return _rewritten(text, times)
+        return _rewritten(text, times, info_labels)
     except RecursionError:
         raise FrontError("a duration expression nested too deeply") from None
 
 
-def _rewritten(text: str, times: QueryTimes) -> str:
+def _rewritten(text: str, times: QueryTimes, info_labels: bool) -> str:
     toks = tokens(text)
     edits: list[tuple[int, int, str]] = []  # (start, end, replacement) in the text
     _rewrite_trims(toks, edits)
+    if info_labels:
+        _mark_info_labels(toks, edits)
     braces = 0
     grouping = 0  # depth inside a by/without/on/ignoring/group_x label list
     last: _Selector | object = _OTHER
@@ -477,3 +486,22 @@ def _is_vector(toks: list[Token]) -> bool:
             return True
         index += 1
     return False
+
+
+def _mark_info_labels(toks: list[Token], edits: list) -> None:
+    """``info(v, {...})``'s label selector with the matcher MODIFIER_LABEL="info" added."""
+    for index in range(len(toks) - 1):
+        if toks[index].text != "info" or toks[index].kind != "identifier" or toks[index + 1].text != "(":
+            continue
+        depth, comma = 0, index + 1
+        while comma < len(toks):
+            depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(toks[comma].text, 0)
+            if depth <= 0 or depth == 1 and toks[comma].text == ",":
+                break
+            comma += 1
+        if depth != 1 or comma + 1 >= len(toks) or toks[comma + 1].text != "{":
+            continue
+        close = _after_group(toks, comma + 1) - 1
+        if close < len(toks) and toks[close].text == "}":
+            separator = "" if toks[close - 1].text in ("{", ",") else ","
+            edits.append((toks[close].start, toks[close].start, f'{separator}{MODIFIER_LABEL}="{INFO_LABELS}"'))
