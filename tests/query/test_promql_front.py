@@ -175,3 +175,23 @@ def test_trim_operators_become_a_comparison_with_a_reserved_wrapper(text, rewrit
 def test_the_trim_wrappers_are_reserved(name):
     with pytest.raises(PromQLError, match=f"the function name {name} is reserved"):
         QueryText().parse(f"x > {name}(1)")
+
+
+@pytest.mark.parametrize(
+    "text, rewritten",
+    [
+        ('info(x, {data=~".*"})', f'info(x, {{data=~".*",{M}="info"}})'),
+        ('sum(info(rate(x[5m]), {a="}",}))', f'sum(info(rate(x[5m]), {{a="}}",{M}="info"}}))'),
+        ("info(x)", "info(x)"),
+        ('info{a="b"} + info', 'info{a="b"} + info'),  # a metric named info
+    ],
+)
+def test_info_label_selectors_are_marked_when_asked(text, rewritten):
+    assert rewrite(text, info_labels=True) == rewritten
+
+
+def test_an_info_label_selector_matching_the_empty_value_parses():
+    """promql-parser refuses it (as any selector); Prometheus takes it in info()."""
+    QueryText().parse('info(x, {data=~".*"})')
+    with pytest.raises(PromQLError, match="at least one non-empty matcher"):
+        QueryText().parse('info(x, {data=~".*"}) + {a=~".*"}')
