@@ -44,6 +44,7 @@ from gateway.query.promql.range_functions import (
 from gateway.query.promql.values import (
     NAME,
     RECONCILED,
+    SCHEMA_LABELS,
     Guard,
     PromQLError,
     RangeVector,
@@ -1313,13 +1314,15 @@ def _aggregate_histograms(
     return totals, mixed
 
 
-def _signature(labels: dict, modifier, include_name: bool = False) -> tuple:
+def _signature(labels: dict, modifier, include_name: bool = False, without: frozenset = frozenset((NAME,))) -> tuple:
+    """The labels a series is matched on; ``without``: the schema labels left out unless
+    ``on()`` names them (the name; for set operators its type and unit too)."""
     matching = modifier.matching if modifier is not None else None
     if matching is not None and str(matching.type).endswith("Include"):
         return tuple((name, labels.get(name, "")) for name in sorted(matching.labels))
     ignored = set(matching.labels) if matching is not None else set()
     if not include_name:
-        ignored.add(NAME)
+        ignored |= without
     return tuple(sorted((k, v) for k, v in labels.items() if k not in ignored))
 
 
@@ -1328,25 +1331,32 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     steps = lhs.values.shape[1] if lhs.labels else rhs.values.shape[1]
     right_present: dict[tuple, np.ndarray] = {}
     for labels, present in zip(rhs.labels, rhs.sampled):
-        key = _signature(labels, modifier)
+        key = _signature(labels, modifier, without=SCHEMA_LABELS)
         right_present[key] = right_present.get(key, np.zeros(steps, dtype=bool)) | present
     none = np.zeros(steps, dtype=bool)
     if op in ("and", "unless"):
         if not lhs.labels:
             return Vector.empty(steps)
-        masks = np.vstack([right_present.get(_signature(labels, modifier), none) for labels in lhs.labels])
+        masks = np.vstack(
+            [right_present.get(_signature(labels, modifier, without=SCHEMA_LABELS), none) for labels in lhs.labels]
+        )
         keep = masks if op == "and" else ~masks
         histograms = None if lhs.histograms is None else np.where(keep, lhs.histograms, None)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
         return Vector(lhs.labels, lhs.values, lhs.present & keep, lhs.sample_ms, histograms).without_absent()
     left_present: dict[tuple, np.ndarray] = {}
     for labels, present in zip(lhs.labels, lhs.sampled):
-        key = _signature(labels, modifier)
+        key = _signature(labels, modifier, without=SCHEMA_LABELS)
         left_present[key] = left_present.get(key, np.zeros(steps, dtype=bool)) | present
     labels = list(lhs.labels) + list(rhs.labels)  # type: ignore[assignment]  # the loop's labels above were one label set
     if not labels:
         return Vector.empty(steps)
     right_kept = (
-        np.vstack([~left_present.get(_signature(right_labels, modifier), none) for right_labels in rhs.labels])
+        np.vstack(
+            [
+                ~left_present.get(_signature(right_labels, modifier, without=SCHEMA_LABELS), none)
+                for right_labels in rhs.labels
+            ]
+        )
         if rhs.labels
         else np.zeros((0, steps), dtype=bool)
     )
