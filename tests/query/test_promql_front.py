@@ -164,6 +164,7 @@ S, V = "__tsgate_trim_scalar__", "__tsgate_trim_vector__"
         ("sum(h >/ scalar(x) + time()) by (a)", f"sum(h > {S}(scalar(x) + time())) by (a)"),
         ('h </ {__name__="f"}', f'h < {V}({{__name__="f"}})'),
         ("a >/ b </ (1)", f"a > {V}(b) < {S}((1))"),
+        ("h >/ fill_left(0) fill", f"h > fill_left(0) {V}(fill)"),  # a metric named fill
         ('x{a=">/"} > / 2', 'x{a=">/"} > / 2'),  # not adjacent, or in a string: no trim operator
     ],
 )

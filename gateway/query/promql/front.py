@@ -422,6 +422,7 @@ def _rewrite_offset(toks: list[Token], index: int, times: QueryTimes, edits: lis
 # loosely as the comparisons or more loosely, a closing bracket or an argument's comma.
 _ENDS_COMPARISON_OPERAND = {"==", "!=", ">=", "<=", ">", "<", "and", "or", "unless", ")", "]", "}", ","}
 _BINARY_MODIFIERS = {"bool", "on", "ignoring", "group_left", "group_right", "fill", "fill_left", "fill_right"}
+_MODIFIERS_WITH_LABELS = {"on", "ignoring", "fill", "fill_left", "fill_right"}  # else a metric of that name
 # The words of a scalar expression: a vector's operand names something else (or opens braces).
 _SCALAR_WORDS = {"inf", "nan", "time", "pi", "bool"}
 
@@ -437,6 +438,9 @@ def _rewrite_trims(toks: list[Token], edits: list) -> None:
         edits.append((slash.start, slash.end, ""))
         first = index + 2
         while first < len(toks) and toks[first].text.lower() in _BINARY_MODIFIERS:
+            following = toks[first + 1].text if first + 1 < len(toks) else ""
+            if toks[first].text.lower() in _MODIFIERS_WITH_LABELS and following != "(":
+                break
             first += 1
             if first < len(toks) and toks[first].text == "(":
                 first = _after_group(toks, first)
