@@ -207,6 +207,45 @@ class Histogram:
             count > self.negative.get(i, 0.0) for i, count in before.negative.items()
         )
 
+    def trimmed(self, value: float, upper: bool) -> "Histogram":
+        """Prometheus 3's trim operators: ``h </ value`` (``upper``) keeps the observations below
+        ``value``, ``h >/ value`` those above it. A bucket the value cuts keeps its interpolated
+        share (linear for custom buckets, log-linear for exponential ones); when a bucket changes,
+        count and sum become the kept counts and their buckets' midpoints times the counts."""
+        total = weighted = 0.0
+        changed = False
+        kept_sides = []
+        for side, buckets in ((1, self.positive), (-1, self.negative)):
+            kept = {}
+            for index, count in buckets.items():
+                if count == 0:
+                    continue
+                if side == 1:
+                    bucket = Bucket(self.bound(index - 1), self.bound(index), False, True, count)
+                else:
+                    bucket = Bucket(-self.bound(index), -self.bound(index - 1), True, False, count)
+                keep, midpoint = _trim_bucket(bucket, value, upper, side == 1, self.custom)
+                total += keep
+                weighted += midpoint * keep
+                changed = changed or keep != count
+                if keep != 0:
+                    kept[index] = keep
+            kept_sides.append(kept)
+        zero_count = self.zero_count
+        if zero_count > 0:
+            has_positive, has_negative = any(self.positive.values()), any(self.negative.values())
+            low = 0.0 if has_positive and not has_negative else -self.zero_threshold
+            high = 0.0 if has_negative and not has_positive else self.zero_threshold
+            zero_count, midpoint = _trim_zero_bucket(zero_count, low, high, value, upper)
+            changed = changed or zero_count != self.zero_count
+            weighted += midpoint * zero_count
+            total += zero_count
+        if not changed:
+            return self
+        return self.copy(
+            zero_count=zero_count, count=total, sum=weighted, positive=kept_sides[0], negative=kept_sides[1]
+        )
+
     # -- buckets ------------------------------------------------------------------------------
 
     def bound(self, index: int) -> float:
@@ -607,6 +646,82 @@ def _by_zero(value: float, zero: float) -> float:
     if value == 0 or math.isnan(value):
         return math.nan
     return math.copysign(math.inf, value) * math.copysign(1.0, zero)
+
+
+def _trim_bucket(bucket: Bucket, value: float, upper: bool, positive: bool, linear: bool) -> tuple[float, float]:
+    """What a bucket keeps of its count after a trim at ``value``, and the midpoint of the part
+    kept (Prometheus 3's TrimBuckets for one bucket)."""
+    lower, high, count = bucket.lower, bucket.upper, bucket.count
+    whole = high <= value if upper else lower >= value
+    if whole:
+        return count, _midpoint(lower, high, positive, linear)
+    cut = lower < value if upper else high > value
+    if not cut:
+        return 0.0, 0.0
+    if math.isinf(lower) or math.isinf(high):
+        return _trim_infinite_bucket(bucket, value, upper)
+    below = count if value >= high else 0.0 if value <= lower else count * _fraction_below(bucket, value, linear)
+    if upper:
+        return below, _midpoint(lower, value, positive, linear)
+    return count - below, _midpoint(value, high, positive, linear)
+
+
+def _trim_infinite_bucket(bucket: Bucket, value: float, upper: bool) -> tuple[float, float]:
+    """A trim through a bucket reaching -Inf or +Inf: kept whole or dropped, except a custom
+    first bucket with a positive upper bound, read as starting at 0."""
+    lower, high, count = bucket.lower, bucket.upper, bucket.count
+    if lower == -math.inf:
+        if upper:
+            if value >= high:
+                return count, 0.0
+            if value > 0 and high > 0 and not math.isinf(high):
+                return count * value / high, value / 2
+            if high <= 0:
+                return count, value
+            return 0.0, _finite(high)
+        if value <= lower:
+            return count, 0.0
+        if value >= 0 and high > value and not math.isinf(high):
+            return count * (1 - value / high), (value + high) / 2
+        return 0.0, _finite(high)
+    if upper or value < lower:
+        return 0.0, _finite(lower)
+    return count, value
+
+
+def _finite(bound: float) -> float:
+    return 0.0 if math.isinf(bound) else bound
+
+
+def _trim_zero_bucket(count: float, lower: float, upper: float, value: float, upper_trim: bool) -> tuple[float, float]:
+    """The zero bucket's share after a trim, as a linear bucket from ``lower`` to ``upper``
+    (0 on a side without buckets), and the midpoint of the part kept."""
+    if upper_trim:
+        if value <= lower:
+            return 0.0, 0.0
+        if value >= upper:
+            return count, (lower + upper) / 2
+        return count * (value - lower) / (upper - lower), (lower + value) / 2
+    if value <= lower:
+        return count, (lower + upper) / 2
+    if value >= upper:
+        return 0.0, 0.0
+    return count * (upper - value) / (upper - lower), (value + upper) / 2
+
+
+def _midpoint(lower: float, upper: float, positive: bool, linear: bool) -> float:
+    """The midpoint of what a trimmed bucket keeps: arithmetic for custom buckets, geometric
+    (signed) for exponential ones, the finite bound where the other is infinite."""
+    if math.isinf(lower):
+        if math.isinf(upper):
+            return 0.0
+        return upper / 2 if upper > 0 else upper
+    if math.isinf(upper):
+        return lower
+    if linear:
+        return (lower + upper) / 2
+    mean = math.sqrt(abs(lower * upper))
+    return mean if positive else -mean
 
 
 _RULES = {(False, True): 0, (True, False): 1, (False, False): 2, (True, True): 3}

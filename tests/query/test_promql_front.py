@@ -149,3 +149,50 @@ def test_range_modifiers_become_a_matcher_on_their_selector(text, rewritten):
 )
 def test_the_words_elsewhere_are_left_alone(text):
     assert rewrite(text, RANGE_QUERY) == text
+
+
+S, V = "__tsgate_trim_scalar__", "__tsgate_trim_vector__"
+
+
+@pytest.mark.parametrize(
+    "text, rewritten",
+    [
+        ("h </ +Inf", f"h < {S}(+Inf)"),
+        ("h >/ on (label) f", f"h > on (label) {V}(f)"),
+        ("h >/ 1 > 2", f"h > {S}(1) > 2"),  # left-associative at the comparisons' precedence
+        ("h >/ 1 + x * 2 and y", f"h > {V}(1 + x * 2) and y"),  # + and * bind tighter, and looser
+        ("sum(h >/ scalar(x) + time()) by (a)", f"sum(h > {S}(scalar(x) + time())) by (a)"),
+        ('h </ {__name__="f"}', f'h < {V}({{__name__="f"}})'),
+        ("a >/ b </ (1)", f"a > {V}(b) < {S}((1))"),
+        ("h >/ fill_left(0) fill", f"h > fill_left(0) {V}(fill)"),  # a metric named fill
+        ('x{a=">/"} > / 2', 'x{a=">/"} > / 2'),  # not adjacent, or in a string: no trim operator
+    ],
+)
+def test_trim_operators_become_a_comparison_with_a_reserved_wrapper(text, rewritten):
+    assert rewrite(text) == rewritten
+
+
+@pytest.mark.parametrize("name", [S, V])
+def test_the_trim_wrappers_are_reserved(name):
+    with pytest.raises(PromQLError, match=f"the function name {name} is reserved"):
+        QueryText().parse(f"x > {name}(1)")
+
+
+@pytest.mark.parametrize(
+    "text, rewritten",
+    [
+        ('info(x, {data=~".*"})', f'info(x, {{data=~".*",{M}="info"}})'),
+        ('sum(info(rate(x[5m]), {a="}",}))', f'sum(info(rate(x[5m]), {{a="}}",{M}="info"}}))'),
+        ("info(x)", "info(x)"),
+        ('info{a="b"} + info', 'info{a="b"} + info'),  # a metric named info
+    ],
+)
+def test_info_label_selectors_are_marked_when_asked(text, rewritten):
+    assert rewrite(text, info_labels=True) == rewritten
+
+
+def test_an_info_label_selector_matching_the_empty_value_parses():
+    """promql-parser refuses it (as any selector); Prometheus takes it in info()."""
+    QueryText().parse('info(x, {data=~".*"})')
+    with pytest.raises(PromQLError, match="at least one non-empty matcher"):
+        QueryText().parse('info(x, {data=~".*"}) + {a=~".*"}')

@@ -22,7 +22,16 @@ import numpy as np
 import promql_parser
 import xxhash
 
-from gateway.query.promql.front import INSTANT, MODIFIER_LABEL, FrontError, QueryTimes, rewrite
+from gateway.query.promql.front import (
+    INFO_LABELS,
+    INSTANT,
+    MODIFIER_LABEL,
+    TRIM_SCALAR,
+    TRIM_VECTOR,
+    FrontError,
+    QueryTimes,
+    rewrite,
+)
 from gateway.query.promql.functions import FUNCTIONS, valid_label_name
 from gateway.query.promql.range_functions import (
     GAUGE_HINT,
@@ -35,6 +44,7 @@ from gateway.query.promql.range_functions import (
 from gateway.query.promql.values import (
     NAME,
     RECONCILED,
+    SCHEMA_LABELS,
     Guard,
     PromQLError,
     RangeVector,
@@ -66,6 +76,7 @@ DEFAULT_SUBQUERY_STEP_MS = 60_000
 _MATCH_TYPES = {"MatchOp.Equal": "EQ", "MatchOp.NotEqual": "NEQ", "MatchOp.Re": "RE", "MatchOp.NotRe": "NRE"}
 _COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
 _ARITHMETIC = {"+", "-", "*", "/", "%", "^", "atan2"}  # the operators that drop __name__ (2.42 kept it for atan2)
+_TRIMS = {">": ">/", "<": "</"}  # the histogram trim operators (which keep __name__), as front.py writes them
 _SET_OPERATORS = {"and", "or", "unless"}
 
 
@@ -76,7 +87,10 @@ promql_parser.register_extra_functions(
             "holt_winters",
             [promql_parser.ValueType.Matrix, promql_parser.ValueType.Scalar, promql_parser.ValueType.Scalar],
             promql_parser.ValueType.Vector,
-        )
+        ),
+        # front.py's wrappers of a trim operator's right operand
+        promql_parser.Function(TRIM_SCALAR, [promql_parser.ValueType.Scalar], promql_parser.ValueType.Scalar),
+        promql_parser.Function(TRIM_VECTOR, [promql_parser.ValueType.Vector], promql_parser.ValueType.Vector),
     ]
 )
 
@@ -99,31 +113,30 @@ def parser_call(function, *args):
         raise ValueError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
 
 
-# Prometheus 3 language tsgate does not take (its parser, promql-parser 0.12, reads none of it
-# but fill(); front.py rewrites duration expressions and range modifiers): a query using one is
-# refused naming it, never answered as if it were not there.
-_UNSUPPORTED = ((re.compile(r"[<>]/"), "the histogram trim operators >/ and </ (Prometheus 3's experimental)"),)
-_FILL = "the fill(), fill_left() and fill_right() modifiers (Prometheus 3's experimental binop fill modifiers)"
-
-
 def parse(text: str, times: QueryTimes = INSTANT):
     """The parsed expression, refused as Prometheus refuses it (bad_data): syntax, ``@`` times
     and offsets out of range, regular expressions RE2 does not take; and the Prometheus 3
     language tsgate does not take, named. Duration expressions are evaluated with ``times``
     (gateway/query/promql/front.py)."""
     try:
-        expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times)))
+        try:
+            expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times)))
+        except ValueError as error:
+            if "info" not in text or _EMPTY_SELECTOR not in str(error):
+                raise
+            # info()'s label selector may match the empty value in Prometheus (front.py)
+            expr = parser_call(promql_parser.parse, _raw_strings_quoted(rewrite(text, times, info_labels=True)))
         for node in _nodes(expr):
             _check_node(node)
     except FrontError as error:
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     except (ValueError, TypeError, OverflowError) as error:
-        feature = next((name for pattern, name in _UNSUPPORTED if pattern.search(text)), None)
-        if feature is not None:
-            raise PromQLError(f'invalid parameter "query": {feature} are not supported ({error})', "bad_data") from None
         raise PromQLError(f'invalid parameter "query": {error}', "bad_data") from None
     _refuse_bytes_as_label_names(expr, _not_utf8_strings(text))
     return expr
+
+
+_EMPTY_SELECTOR = "vector selector must contain at least one non-empty matcher"
 
 
 def _refuse_bytes_as_label_names(expr, not_utf8: dict[str, bytes]) -> None:
@@ -220,6 +233,8 @@ def _nodes(expr):
         yield expr.vector_selector
     elif kind == "SubqueryExpr":
         yield from _nodes(expr.expr)
+    elif kind == "Call" and expr.func.name == "info":
+        yield from expr.args[1:]
     for child in _children(expr):
         yield from _nodes(child)
 
@@ -227,10 +242,17 @@ def _nodes(expr):
 def _check_node(node) -> None:
     """Reads what evaluation reads of a selector or subquery, so that what promql-parser cannot
     hand over (an ``@`` before 1970 or past year 9999, a huge offset) is a parse error here; a
-    fill() modifier, which tsgate does not apply, is refused."""
-    fill = node.modifier.fill_values if type(node).__name__ == "BinaryExpr" and node.modifier is not None else None
-    if fill is not None and (fill.lhs is not None or fill.rhs is not None):
-        raise ValueError(f"{_FILL} are not supported")
+    fill modifier where Prometheus 3 refuses one (a set operator), or bool on a trim operator."""
+    if _fills(node) != (None, None) and str(node.op) in _SET_OPERATORS:
+        raise ValueError("filling in missing series not allowed for set operators")
+    if type(node).__name__ == "Call" and node.func.name == "info" and len(node.args) > 1:
+        labels = node.args[1]
+        if type(labels).__name__ != "VectorSelector":
+            raise ValueError('expected label selectors only in call to function "info"')
+        if labels.name:
+            raise ValueError("expected label selectors only, got vector selector instead")
+    if _is_trim(node) and node.modifier is not None and node.modifier.return_bool:
+        raise ValueError("bool modifier can only be used on comparison operators")
     if type(node).__name__ not in ("VectorSelector", "MatrixSelector", "SubqueryExpr"):
         return
     for name in ("offset", "range", "step"):
@@ -242,15 +264,35 @@ def _check_node(node) -> None:
         except (ValueError, OverflowError):
             raise ValueError("timestamp out of bounds for @ modifier (tsgate takes 1970 to 9999)") from None
     if type(node).__name__ == "VectorSelector":
-        if range_modifier(node) and not node.name and all(_matches_empty(m) for m in selector_matchers(node)):
+        modifier = range_modifier(node)
+        if (
+            modifier not in (None, INFO_LABELS)
+            and not node.name
+            and all(_matches_empty(m) for m in selector_matchers(node))
+        ):
             # promql-parser checked the selector with the front's marker, which matches no empty value
-            raise ValueError("vector selector must contain at least one non-empty matcher")
+            raise ValueError(_EMPTY_SELECTOR)
         for matcher in node.matchers.matchers:
             if str(matcher.op) in ("MatchOp.Re", "MatchOp.NotRe"):
                 try:
                     compile_regex(matcher.value, dot_nl=True)
                 except BadPattern as error:
                     raise ValueError(f"error parsing regexp: {error}") from None
+
+
+def _fills(node) -> tuple[float | None, float | None]:
+    """A binary expression's ``fill_left()`` and ``fill_right()`` values (``fill()`` sets both),
+    None where it has none."""
+    modifier = node.modifier if type(node).__name__ == "BinaryExpr" else None
+    fill = modifier.fill_values if modifier is not None else None
+    return (None, None) if fill is None else (fill.lhs, fill.rhs)
+
+
+def _is_trim(node) -> bool:
+    """A binary expression front.py wrote for a trim operator (its right side wrapped)."""
+    if type(node).__name__ != "BinaryExpr":
+        return False
+    return type(node.rhs).__name__ == "Call" and node.rhs.func.name in (TRIM_SCALAR, TRIM_VECTOR)
 
 
 def _matches_empty(matcher: Matcher) -> bool:
@@ -422,11 +464,13 @@ def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
     needs: dict[tuple, tuple[list[Matcher], int, int]] = {}
 
     def need(selector, low: int, high: int) -> None:
-        key = selector_key(selector)
+        need_key(selector_key(selector), selector_matchers(selector), low, high)
+
+    def need_key(key: tuple, matchers: list[Matcher], low: int, high: int) -> None:
         if key in needs:
             _, old_low, old_high = needs[key]
             low, high = min(low, old_low), max(high, old_high)
-        needs[key] = (selector_matchers(selector), low, high)
+        needs[key] = (matchers, low, high)
 
     def walk(node, low: int, high: int) -> None:
         kind = type(node).__name__
@@ -446,6 +490,8 @@ def plan(expr, query: Query) -> dict[tuple, tuple[list[Matcher], int, int]]:
             else:
                 walk(node.expr, ref_low - _ms(node.range), ref_high)
             return
+        if kind == "Call" and node.func.name == "info":
+            need_key(*_info_read(node, query, low, high))
         for child in _children(node):
             walk(child, low, high)
 
@@ -474,6 +520,9 @@ def estimated_samples(expr, query: Query, series_of: Callable[[tuple], int]) -> 
             total += series_of(selector_key(node)) * steps
         elif kind == "MatrixSelector":
             total += series_of(selector_key(node.vector_selector)) * steps
+        elif kind == "Call" and node.func.name == "info":
+            total += series_of(_info_read(node, query, low, high)[0]) * steps
+            walk(node.args[0], low, high, steps)
         elif kind == "SubqueryExpr":
             step = _ms(node.step) or DEFAULT_SUBQUERY_STEP_MS
             offset, at = _ms(node.offset), _at_ms(node, query)
@@ -508,6 +557,8 @@ def _check_range_modifier(call) -> None:
 
 def _children(node) -> list:
     kind = type(node).__name__
+    if kind == "Call" and node.func.name == "info":
+        return [node.args[0]]  # the second is no selector of its own: it filters the info series
     if kind == "Call":
         return list(node.args)
     if kind == "AggregateExpr":
@@ -517,6 +568,77 @@ def _children(node) -> list:
     if kind in ("ParenExpr", "UnaryExpr"):
         return [node.expr]
     return []
+
+
+_IDENTIFYING = ("instance", "job")  # the labels joining a series to its info series
+
+
+def _info_names(matchers: list[Matcher] | None) -> list[Matcher]:
+    """The metric name matchers of the info series (effectiveInfoNameMatchers): those given if
+    one is = or =~, else ``.+_info`` besides them; ``target_info`` when none is given."""
+    if not matchers:
+        return [Matcher("EQ", NAME, "target_info")]
+    if any(m.type in ("EQ", "RE") for m in matchers):
+        return matchers
+    return [Matcher("RE", NAME, ".+_info"), *matchers]
+
+
+def _info_read(call, query: Query, low: int, high: int) -> tuple[tuple, list[Matcher], int, int]:
+    """The info series ``info()`` reads: their key, matchers, and the window (Prometheus's
+    infoSelectHints: from a lookback before the start to the end, moved by the offset and
+    ``@`` of the first selector of the first argument)."""
+    wanted = selector_matchers(call.args[1]) if len(call.args) > 1 else []
+    matchers = [m for m in wanted if m.name != NAME] + _info_names([m for m in wanted if m.name == NAME] or None)
+    selector = next((n for n in _nodes(call.args[0]) if type(n).__name__ == "VectorSelector"), None)
+    offset, at = (_ms(selector.offset), _at_ms(selector, query)) if selector is not None else (0, None)
+    first, last = (at, at) if at is not None else (low, high)
+    key = tuple(sorted((m.name, m.type, m.value) for m in matchers))
+    return key, matchers, first - query.lookback_ms + 1 - offset, last - offset
+
+
+def _info_signature(name: str, labels: dict) -> tuple:
+    return (name, *((label, labels[label]) for label in _IDENTIFYING if labels.get(label)))
+
+
+def _newest_info(info: Vector, rows: list[int]) -> np.ndarray:
+    """Per step, the row of the newest sample among info series of one signature (-1: none);
+    two of the same time are the error Prometheus reports."""
+    stamps = np.where(info.present[rows], info.sample_ms[rows], np.iinfo(np.int64).min)  # type: ignore[index]  # _instant_floats sets sample_ms
+    best = stamps.argmax(axis=0)
+    newest = stamps.max(axis=0)
+    if ((stamps == newest) & info.present[rows]).sum(axis=0).max() > 1:
+        raise PromQLError("found duplicate series for info metric")
+    return np.where(info.present[rows].any(axis=0), np.asarray(rows)[best], -1)
+
+
+def _info_labels(labels: dict, infos: list[dict], data: list[Matcher]) -> dict | None:
+    """The data labels the info series add to an element (None: no info series matched);
+    two info series disagreeing on one are an error."""
+    if not infos:
+        return None
+    wanted = {m.name for m in data}
+    added: dict[str, str] = {}
+    for info in infos:
+        for name, value in info.items():
+            if name == NAME or (wanted and name not in wanted):
+                continue
+            if added.get(name, value) != value:
+                raise PromQLError(f"conflicting label: {name}")
+            if name not in labels:
+                added[name] = value
+    return added
+
+
+def _matches_value(matcher: Matcher, value: str) -> bool:
+    if matcher.type in ("EQ", "NEQ"):
+        return (matcher.value == value) == (matcher.type == "EQ")
+    return (compile_regex(matcher.value, dot_nl=True).fullmatch(value) is not None) == (matcher.type == "RE")
+
+
+def _masked(vector: Vector, at: np.ndarray) -> Vector:
+    """The vector's samples at the steps ``at`` only."""
+    histograms = None if vector.histograms is None else np.where(at, vector.histograms, None)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+    return Vector(vector.labels, vector.values, vector.present & at, vector.sample_ms, histograms)
 
 
 class Context(NamedTuple):
@@ -612,7 +734,7 @@ class Evaluator:
         refs = self._refs(selector, ctx)
         if range_modifier(selector) == "smoothed":
             return self._smoothed(selector, ctx, refs)
-        vector = self._instant_floats(selector, ctx, refs)
+        vector = self._instant_floats(self.data.get(selector_key(selector), []), ctx, refs)
         histograms = self._histogram_series(selector)
         return self._with_histograms(vector, histograms, refs, ctx) if histograms else vector
 
@@ -623,9 +745,9 @@ class Evaluator:
             return [_stats_hints(series) for series in found]
         return found
 
-    def _instant_floats(self, selector, ctx: Context, refs: np.ndarray) -> Vector:
+    def _instant_floats(self, found_series: list[Series], ctx: Context, refs: np.ndarray) -> Vector:
         labels, rows, masks, stamps = [], [], [], []
-        for series in self.data.get(selector_key(selector), []):
+        for series in found_series:
             if not len(series.timestamps):
                 continue
             index = np.searchsorted(series.timestamps, refs, side="right") - 1
@@ -832,6 +954,8 @@ class Evaluator:
         name = call.func.name
         if name in ("start", "end", "range", "step"):
             return Scalar(np.full(ctx.steps, self._query_constant(name)))
+        if name == "info":
+            return self._info(call, ctx)
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
@@ -847,6 +971,69 @@ class Evaluator:
         if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
             _refuse_same_labels(value)
         return value
+
+    def _info(self, call, ctx: Context) -> Vector:
+        """Prometheus 3's experimental ``info(v, {labels})``: each element of ``v`` gains the
+        data labels of the info series (``target_info`` unless the second argument names
+        others) with its ``instance`` and ``job``, the newest one at each step; elements that
+        are info series themselves pass as they are."""
+        base = self.evaluate(call.args[0], ctx.times_ms)
+        wanted = selector_matchers(call.args[1]) if len(call.args) > 1 else []
+        names = _info_names([m for m in wanted if m.name == NAME] if wanted else None)
+        data = [m for m in wanted if m.name != NAME]
+        info = self._info_vector(call, ctx, base.labels, names)
+        by_signature: dict[tuple, list[int]] = defaultdict(list)
+        for row, labels in enumerate(info.labels):
+            by_signature[_info_signature(labels.get(NAME, ""), labels)].append(row)
+        newest = {signature: _newest_info(info, rows) for signature, rows in by_signature.items()}
+        info_names = sorted({labels.get(NAME, "") for labels in info.labels})
+        keep_bare = all(_matches_value(m, "") for m in data)
+        parts = []
+        for row, labels in enumerate(base.labels):
+            part = base.take(np.array([row]))
+            if all(_matches_value(m, labels.get(NAME, "")) for m in names):
+                parts.append(part)
+                continue
+            chosen = np.array([newest.get(_info_signature(n, labels), np.full(ctx.steps, -1)) for n in info_names])
+            combos, step_combo = np.unique(chosen.reshape(len(info_names), ctx.steps).T, axis=0, return_inverse=True)
+            for index, combo in enumerate(combos):
+                added = _info_labels(labels, [info.labels[i] for i in combo if i >= 0], data)
+                if added is None and not keep_bare:
+                    continue
+                at = step_combo.reshape(-1) == index
+                parts.append(_masked(part, at)._replace(labels=[{**labels, **(added or {})}]))
+        out = Vector.empty(ctx.steps)
+        for part in parts:
+            out = stacked(out, part)
+        return out.without_absent()
+
+    def _info_vector(self, call, ctx: Context, base_labels: list[dict], names: list[Matcher]) -> Vector:
+        """The info series at each step (the newest sample within the lookback, read from the
+        window Prometheus reads them from), of those whose identifying labels some element of
+        the base has."""
+        key, _, first, last = _info_read(call, self.query, int(ctx.times_ms[0]), int(ctx.times_ms[-1]))
+        identifying: dict[str, set[str]] = defaultdict(set)
+        for labels in base_labels:
+            if not all(_matches_value(m, labels.get(NAME, "")) for m in names):
+                for name in _IDENTIFYING:
+                    if labels.get(name):
+                        identifying[name].add(labels[name])
+        if not identifying:
+            return Vector.empty(ctx.steps)
+
+        def wanted(series: Series) -> bool:
+            return all(series.labels.get(name) in values for name, values in identifying.items())
+
+        for series in self.histograms.get(key, []):
+            inside = (series.timestamps >= first) & (series.timestamps <= last)
+            if wanted(series) and inside.any():
+                raise PromQLError("info sample should be float")
+        windowed = []
+        for series in self.data.get(key, []):
+            if wanted(series):
+                inside = (series.timestamps >= first) & (series.timestamps <= last)
+                windowed.append(series._replace(timestamps=series.timestamps[inside], values=series.values[inside]))
+        return self._instant_floats(windowed, ctx, ctx.times_ms)
 
     def _query_constant(self, name: str) -> float:
         """start(), end(), range() and step() in seconds: the query's, whatever subquery they
@@ -939,15 +1126,25 @@ class Evaluator:
     # -- binary operators -------------------------------------------------------------------
 
     def _binary(self, node, ctx: Context):
-        op = str(node.op)
-        lhs, rhs = self.evaluate(node.lhs, ctx.times_ms), self.evaluate(node.rhs, ctx.times_ms)
+        op, right = str(node.op), node.rhs
         modifier = node.modifier
         return_bool = bool(modifier is not None and modifier.return_bool)
+        if _is_trim(node):
+            op, right = _TRIMS[op], right.args[0]
+        outer = self.under_bucket_reader
+        self.under_bucket_reader |= op in _TRIMS.values()  # a trim reads the buckets
+        try:
+            lhs = self.evaluate(node.lhs, ctx.times_ms)
+        finally:
+            self.under_bucket_reader = outer
+        rhs = self.evaluate(right, ctx.times_ms)
         if op in _COMPARISONS and not return_bool and isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
             raise PromQLError("comparisons between scalars must use BOOL modifier", "bad_data")
         if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
             value, keep = _operate(op, lhs.values, rhs.values)
             return Scalar(np.asarray(keep, dtype=np.float64) if op in _COMPARISONS else value)
+        if (isinstance(lhs, Scalar) or isinstance(rhs, Scalar)) and _fills(node) != (None, None):
+            raise PromQLError("filling in missing series only allowed between instant vectors", "bad_data")
         if isinstance(lhs, Scalar) or isinstance(rhs, Scalar):
             everywhere, nowhere = np.ones(ctx.steps, dtype=bool), np.zeros(ctx.steps, dtype=bool)
             left = (everywhere, nowhere) if isinstance(lhs, Scalar) else (lhs.present, lhs.histogram_present)
@@ -956,7 +1153,7 @@ class Evaluator:
             return _vector_scalar(op, lhs, rhs, return_bool)
         if op in _SET_OPERATORS:
             return _set_operation(op, lhs, rhs, modifier)
-        return _vector_vector(op, lhs, rhs, modifier, return_bool, ctx)
+        return _vector_vector(op, lhs, rhs, modifier, return_bool, ctx, _fills(node))
 
 
 _STATS_FUNCTIONS = {"histogram_count", "histogram_sum", "histogram_avg"}
@@ -1016,6 +1213,8 @@ def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, 
             return np.power(left, right), True
         if op == "atan2":
             return np.arctan2(left, right), True
+        if op in _TRIMS.values():  # a trim of floats: no result
+            return left, np.zeros(np.shape(left), dtype=bool)
         comparison = {
             "==": np.equal,
             "!=": np.not_equal,
@@ -1032,7 +1231,7 @@ def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, 
 # any other drops the element with an info annotation.
 _HISTOGRAM_OPERATORS = {
     ("float", "histogram"): {"*"},
-    ("histogram", "float"): {"*", "/"},
+    ("histogram", "float"): {"*", "/", *_TRIMS.values()},
     ("histogram", "histogram"): {"+", "-", "==", "!="},
 }
 
@@ -1057,8 +1256,8 @@ def _vector_scalar(op: str, lhs, rhs, return_bool: bool) -> Vector:
         if return_bool:
             return vector.with_values(keep.astype(np.float64))
         return Vector(vector.labels, vector.values, vector.present & keep, vector.sample_ms).without_absent()
-    result = vector.with_values(np.asarray(value, dtype=np.float64), drop_name=op in _ARITHMETIC)
-    if vector.histograms is not None and (op == "*" or (op == "/" and not swapped)):
+    result = vector.with_values(np.asarray(value, dtype=np.float64), keep, drop_name=op in _ARITHMETIC)
+    if vector.histograms is not None and (op == "*" or (op in ("/", *_TRIMS.values()) and not swapped)):
         result = result._replace(histograms=_scaled(vector.histograms, scalar.values, op)).without_absent()
     return result
 
@@ -1072,7 +1271,9 @@ def _scaled(histograms: np.ndarray, factors: np.ndarray, op: str) -> np.ndarray:
 
 
 def _times_or_over(histogram, op: str, factor: float):
-    """``histogram * factor`` or ``histogram / factor``."""
+    """``histogram * factor``, ``histogram / factor``, or the histogram trimmed at ``factor``."""
+    if op in _TRIMS.values():
+        return histogram.trimmed(factor, upper=op == "</")
     return histogram.scale(factor) if op == "*" else histogram.divided(factor)
 
 
@@ -1113,13 +1314,15 @@ def _aggregate_histograms(
     return totals, mixed
 
 
-def _signature(labels: dict, modifier, include_name: bool = False) -> tuple:
+def _signature(labels: dict, modifier, include_name: bool = False, without: frozenset = frozenset((NAME,))) -> tuple:
+    """The labels a series is matched on; ``without``: the schema labels left out unless
+    ``on()`` names them (the name; for set operators its type and unit too)."""
     matching = modifier.matching if modifier is not None else None
     if matching is not None and str(matching.type).endswith("Include"):
         return tuple((name, labels.get(name, "")) for name in sorted(matching.labels))
     ignored = set(matching.labels) if matching is not None else set()
     if not include_name:
-        ignored.add(NAME)
+        ignored |= without
     return tuple(sorted((k, v) for k, v in labels.items() if k not in ignored))
 
 
@@ -1128,25 +1331,32 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     steps = lhs.values.shape[1] if lhs.labels else rhs.values.shape[1]
     right_present: dict[tuple, np.ndarray] = {}
     for labels, present in zip(rhs.labels, rhs.sampled):
-        key = _signature(labels, modifier)
+        key = _signature(labels, modifier, without=SCHEMA_LABELS)
         right_present[key] = right_present.get(key, np.zeros(steps, dtype=bool)) | present
     none = np.zeros(steps, dtype=bool)
     if op in ("and", "unless"):
         if not lhs.labels:
             return Vector.empty(steps)
-        masks = np.vstack([right_present.get(_signature(labels, modifier), none) for labels in lhs.labels])
+        masks = np.vstack(
+            [right_present.get(_signature(labels, modifier, without=SCHEMA_LABELS), none) for labels in lhs.labels]
+        )
         keep = masks if op == "and" else ~masks
         histograms = None if lhs.histograms is None else np.where(keep, lhs.histograms, None)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
         return Vector(lhs.labels, lhs.values, lhs.present & keep, lhs.sample_ms, histograms).without_absent()
     left_present: dict[tuple, np.ndarray] = {}
     for labels, present in zip(lhs.labels, lhs.sampled):
-        key = _signature(labels, modifier)
+        key = _signature(labels, modifier, without=SCHEMA_LABELS)
         left_present[key] = left_present.get(key, np.zeros(steps, dtype=bool)) | present
     labels = list(lhs.labels) + list(rhs.labels)  # type: ignore[assignment]  # the loop's labels above were one label set
     if not labels:
         return Vector.empty(steps)
     right_kept = (
-        np.vstack([~left_present.get(_signature(right_labels, modifier), none) for right_labels in rhs.labels])
+        np.vstack(
+            [
+                ~left_present.get(_signature(right_labels, modifier, without=SCHEMA_LABELS), none)
+                for right_labels in rhs.labels
+            ]
+        )
         if rhs.labels
         else np.zeros((0, steps), dtype=bool)
     )
@@ -1161,14 +1371,21 @@ def _set_operation(op: str, lhs: Vector, rhs: Vector, modifier) -> Vector:
     return merge_same_labels(stacked(left, right).without_absent())
 
 
-def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool, ctx: Context) -> Vector:
+def _vector_vector(
+    op: str, lhs: Vector, rhs: Vector, modifier, return_bool: bool, ctx: Context, fills: tuple = (None, None)
+) -> Vector:
+    """``lhs op rhs`` matched series by series. ``fills``: the fill_left() and fill_right()
+    values; as in Prometheus 3's VectorBinop, the right one stands in for a missing partner of
+    the "many" side (the left one without group_right), the left one for a missing partner of
+    the "one" side."""
     card = str(modifier.card) if modifier is not None else "VectorMatchCardinality.OneToOne"
     if card.endswith("OneToMany"):
         many, one, swapped = rhs, lhs, True
     else:
         many, one, swapped = lhs, rhs, False
+    fill_many, fill_one = fills
     steps = many.values.shape[1]
-    if not many.labels or not one.labels:
+    if (not many.labels and not one.labels) or ((not many.labels or not one.labels) and fills == (None, None)):
         return Vector.empty(steps)
     one_to_one = not (card.endswith("ManyToOne") or card.endswith("OneToMany"))
     include = list(modifier.group_labels or []) if modifier is not None and not one_to_one else []
@@ -1182,11 +1399,25 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
                 f"found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side"
             )
     drop_name = op in _ARITHMETIC or return_bool
-    results: dict[tuple, tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = {}
+    results = _Rows(steps)
     many_seen: dict[tuple, np.ndarray] = {}
+    many_present: dict[tuple, np.ndarray] = {}  # by signature: where a "many" series is present
+
+    def add_filled(labels: dict, partner: dict, side: Vector, row: int, alone: np.ndarray, fill: float, left: bool):
+        value, present, histograms = _filled(op, ctx, side, row, alone, fill, left, return_bool)
+        results.add(
+            _result_labels(labels, partner, modifier, one_to_one, include, drop_name), value, present, histograms
+        )
+
     for index, labels in enumerate(many.labels):
         signature = _signature(labels, modifier)
-        partners = by_signature.get(signature)
+        partners = by_signature.get(signature, [])
+        many_present[signature] = many.sampled[index] | many_present.get(signature, False)
+        if fill_one is not None:
+            alone = many.sampled[index] & ~one.sampled[partners].any(axis=0) if partners else many.sampled[index]
+            if alone.any():
+                matched = dict((k, v) for k, v in signature if v)
+                add_filled(labels, matched, many, index, alone, fill_one, not swapped)
         if not partners:
             continue
         if one_to_one:
@@ -1205,6 +1436,8 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
         left, right = (other_values, many.values[index]) if swapped else (many.values[index], other_values)
         value, keep = _operate(op, left, right)
         present = many.present[index] & other_present
+        if op in _TRIMS.values():
+            present = present & keep
         if op in _COMPARISONS:
             if return_bool:
                 value = keep.astype(np.float64)
@@ -1214,26 +1447,76 @@ def _vector_vector(op: str, lhs: Vector, rhs: Vector, modifier, return_bool: boo
         value = np.asarray(value, dtype=np.float64)
         histograms = _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, value, present)
         result_labels = _result_labels(labels, partner_labels, modifier, one_to_one, include, drop_name)
-        key = labels_key(result_labels)
-        if key in results:
-            old_labels, old_values, old_present, old_histograms = results[key]
+        results.add(result_labels, value, present, histograms)
+    if fill_many is not None:
+        for index, labels in enumerate(one.labels):
+            signature = _signature(labels, modifier)
+            alone = one.sampled[index] & ~many_present.get(signature, np.zeros(steps, dtype=bool))
+            if alone.any():
+                matched = dict((k, v) for k, v in signature if v)
+                add_filled(matched, labels, one, index, alone, fill_many, swapped)
+    return results.vector()
+
+
+class _Rows:
+    """The result rows of a vector-vector operation, by label set: rows of one label set merge
+    where their steps do not overlap, else they are the error Prometheus reports."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.rows: dict[tuple, tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def add(self, labels: dict, value: np.ndarray, present: np.ndarray, histograms: np.ndarray) -> None:
+        key = labels_key(labels)
+        if key in self.rows:
+            old_labels, old_values, old_present, old_histograms = self.rows[key]
             if ((old_present | np.not_equal(old_histograms, None)) & (present | np.not_equal(histograms, None))).any():  # type: ignore[call-overload]  # numpy's stubs: None in an object array
                 raise PromQLError("multiple matches for labels: grouping labels must ensure unique matches")
             value = np.where(present, value, old_values)
             present = present | old_present
             histograms = np.where(np.not_equal(histograms, None), histograms, old_histograms)  # type: ignore[call-overload]  # numpy's stubs: None in an object array
-        results[key] = (result_labels, value, present, histograms)
-    if not results:
-        return Vector.empty(steps)
-    labels, values, present, histograms = zip(*results.values())
-    held = np.vstack(histograms)
-    return Vector(
-        list(labels),
-        np.vstack(values),
-        np.vstack(present),
-        None,
-        held if np.not_equal(held, None).any() else None,  # type: ignore[call-overload]  # numpy's stubs: None in an object array
-    ).without_absent()
+        self.rows[key] = (labels, value, present, histograms)
+
+    def vector(self) -> Vector:
+        if not self.rows:
+            return Vector.empty(self.steps)
+        labels, values, present, histograms = zip(*self.rows.values())
+        held = np.vstack(histograms)
+        return Vector(
+            list(labels),
+            np.vstack(values),
+            np.vstack(present),
+            None,
+            held if np.not_equal(held, None).any() else None,  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+        ).without_absent()
+
+
+def _filled(
+    op: str, ctx: Context, side: Vector, row: int, alone: np.ndarray, fill: float, left: bool, return_bool: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Value, presence and histograms of ``side``'s row ``row`` where ``alone`` (its partner
+    missing) operated with the float ``fill`` in the partner's place (Prometheus 3's fill
+    modifiers); ``left``: the row is the query's left operand."""
+    steps = len(alone)
+    values, filled = side.values[row], np.full(steps, fill)
+    present = side.present[row] & alone
+    held = np.where(alone, side.histograms[row], None) if side.histograms is not None else np.full(steps, None)
+    mine, theirs = (present, np.not_equal(held, None)), (alone, np.zeros(steps, dtype=bool))  # type: ignore[call-overload]  # numpy's stubs: None in an object array
+    _note_incompatible(op, ctx, *(mine + theirs if left else theirs + mine))
+    histograms = np.full(steps, None, dtype=object)
+    if op == "*" or (op in ("/", *_TRIMS.values()) and left):
+        for step in np.flatnonzero(mine[1]):
+            histograms[step] = _times_or_over(held[step], op, fill)
+    left_values, right_values = (values, filled) if left else (filled, values)
+    value, keep = _operate(op, left_values, right_values)
+    if op in _COMPARISONS:
+        if return_bool:
+            value = keep.astype(np.float64)
+        else:
+            value, present = left_values, present & keep
+    elif op in _TRIMS.values():
+        present = present & keep
+    return np.asarray(value, dtype=np.float64), present, histograms
 
 
 def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, value, present) -> np.ndarray:
@@ -1249,12 +1532,12 @@ def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, 
         if one.histograms is not None:
             theirs = np.where(np.not_equal(theirs, None), theirs, one.histograms[partner])  # type: ignore[call-overload]  # numpy's stubs: None in an object array
     mine = many.histograms[index] if many.histograms is not None else np.full(steps, None, dtype=object)
-    if op in ("*", "/"):  # a histogram times a float (either side), divided by one (on the left)
+    if op in ("*", "/", *_TRIMS.values()):  # a histogram times a float (either side), divided or trimmed by one (left)
         floats = np.where(one.present[partners], one.values[partners], 0.0).sum(axis=0)
         float_present = one.present[partners].any(axis=0)
         sides = [(mine, floats, float_present, swapped), (theirs, many.values[index], many.present[index], not swapped)]
         for histograms, factors, factor_present, histogram_right in sides:
-            if op == "/" and histogram_right:
+            if op != "*" and histogram_right:
                 continue
             for step in np.flatnonzero(np.not_equal(histograms, None) & factor_present):  # type: ignore[call-overload]  # numpy's stubs: None in an object array
                 out[step] = _times_or_over(histograms[step], op, factors[step])

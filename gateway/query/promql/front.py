@@ -10,7 +10,17 @@ rewritten into text it reads, before it parses the query.
   evaluator read and strip. A query whose text holds that label name is refused, so the
   marker never collides with what a user wrote.
 
-Text without either reaches promql-parser unchanged. The tokenizer reads strings (with their
+- The histogram trim operators ``h </ x`` and ``h >/ x`` are written as ``h < TRIM(x)`` and
+  ``h > TRIM(x)`` (the same precedence), TRIM being ``TRIM_SCALAR`` or ``TRIM_VECTOR`` as the
+  right operand is a scalar or a vector: reserved function names the evaluator reads back as
+  the trim operator. A query whose text holds one is refused.
+
+- Asked to (``info_labels``), the label selector of ``info(v, {...})`` gets the matcher
+  ``MODIFIER_LABEL="info"`` too: Prometheus takes one whose matchers all match the empty value
+  there (``{data=~".*"}``), promql-parser does not, so the engine asks where promql-parser
+  refused one; the evaluator reads that selector's matchers without it.
+
+Text without any of these reaches promql-parser unchanged. The tokenizer reads strings (with their
 escapes), backtick strings and comments whole, so nothing inside them is rewritten.
 """
 
@@ -21,6 +31,10 @@ from typing import NamedTuple
 
 MODIFIER_LABEL = "__tsgate_range_modifier__"
 RANGE_MODIFIERS = ("anchored", "smoothed")
+INFO_LABELS = "info"  # MODIFIER_LABEL's value on info()'s label selector
+TRIM_SCALAR = "__tsgate_trim_scalar__"
+TRIM_VECTOR = "__tsgate_trim_vector__"
+_RESERVED = (MODIFIER_LABEL, TRIM_SCALAR, TRIM_VECTOR)
 
 _TOKEN = re.compile(
     r"""(?P<space>\s+)
@@ -256,20 +270,26 @@ _SUBQUERY = object()  # the last operand read is a subquery
 _OTHER = object()  # the last operand read is neither a selector nor a subquery
 
 
-def rewrite(text: str, times: QueryTimes = INSTANT) -> str:
-    """``text`` with its duration expressions evaluated and its range modifiers recorded as
-    matchers (the module's docstring); ``text`` itself when it has neither."""
+def rewrite(text: str, times: QueryTimes = INSTANT, info_labels: bool = False) -> str:
+    """``text`` with its duration expressions evaluated, its range modifiers recorded as
+    matchers, its trim operators written as comparisons, and with ``info_labels`` info()'s label
+    selector marked (the module's docstring); ``text`` itself when it has none of these."""
     if MODIFIER_LABEL in text:
         raise FrontError(f"the label name {MODIFIER_LABEL} is reserved")
+    if (reserved := next((name for name in (TRIM_SCALAR, TRIM_VECTOR) if name in text), None)) is not None:
+        raise FrontError(f"the function name {reserved} is reserved")
     try:
-        return _rewritten(text, times)
+        return _rewritten(text, times, info_labels)
     except RecursionError:
         raise FrontError("a duration expression nested too deeply") from None
 
 
-def _rewritten(text: str, times: QueryTimes) -> str:
+def _rewritten(text: str, times: QueryTimes, info_labels: bool) -> str:
     toks = tokens(text)
     edits: list[tuple[int, int, str]] = []  # (start, end, replacement) in the text
+    _rewrite_trims(toks, edits)
+    if info_labels:
+        _mark_info_labels(toks, edits)
     braces = 0
     grouping = 0  # depth inside a by/without/on/ignoring/group_x label list
     last: _Selector | object = _OTHER
@@ -396,3 +416,96 @@ def _rewrite_offset(toks: list[Token], index: int, times: QueryTimes, edits: lis
     else:
         edits.append((toks[index].start, node.end, ""))
     return parser.index
+
+
+# What ends a trim operator's right operand at its own nesting level: an operator binding as
+# loosely as the comparisons or more loosely, a closing bracket or an argument's comma.
+_ENDS_COMPARISON_OPERAND = {"==", "!=", ">=", "<=", ">", "<", "and", "or", "unless", ")", "]", "}", ","}
+_BINARY_MODIFIERS = {"bool", "on", "ignoring", "group_left", "group_right", "fill", "fill_left", "fill_right"}
+_MODIFIERS_WITH_LABELS = {"on", "ignoring", "fill", "fill_left", "fill_right"}  # else a metric of that name
+# The words of a scalar expression: a vector's operand names something else (or opens braces).
+_SCALAR_WORDS = {"inf", "nan", "time", "pi", "bool"}
+
+
+def _rewrite_trims(toks: list[Token], edits: list) -> None:
+    """``>/`` and ``</`` (the two characters adjacent, as Prometheus's lexer reads them) written
+    as a comparison of the same precedence with its right operand wrapped in TRIM_SCALAR() or
+    TRIM_VECTOR() (the module's docstring)."""
+    for index in range(len(toks) - 1):
+        token, slash = toks[index], toks[index + 1]
+        if token.text not in ("<", ">") or slash.text != "/" or slash.start != token.end:
+            continue
+        edits.append((slash.start, slash.end, ""))
+        first = index + 2
+        while first < len(toks) and toks[first].text.lower() in _BINARY_MODIFIERS:
+            following = toks[first + 1].text if first + 1 < len(toks) else ""
+            if toks[first].text.lower() in _MODIFIERS_WITH_LABELS and following != "(":
+                break
+            first += 1
+            if first < len(toks) and toks[first].text == "(":
+                first = _after_group(toks, first)
+        last = _operand_end(toks, first)
+        if last <= first:
+            continue  # no operand: promql-parser says what is missing
+        wrapper = TRIM_VECTOR if _is_vector(toks[first:last]) else TRIM_SCALAR
+        edits.append((toks[first].start, toks[first].start, wrapper + "("))
+        edits.append((toks[last - 1].end, toks[last - 1].end, ")"))
+
+
+def _after_group(toks: list[Token], index: int) -> int:
+    """The index after the bracket group opening at ``index``."""
+    depth = 0
+    while index < len(toks):
+        depth += (
+            {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(toks[index].text, 0)
+            if toks[index].kind == "other"
+            else 0
+        )
+        index += 1
+        if depth <= 0:
+            break
+    return index
+
+
+def _operand_end(toks: list[Token], index: int) -> int:
+    """The index after the operand of a comparison-precedence operator starting at ``index``."""
+    while index < len(toks):
+        token = toks[index]
+        if token.text.lower() in _ENDS_COMPARISON_OPERAND and token.kind != "string":
+            break
+        index = _after_group(toks, index) if token.kind == "other" and token.text in "([{" else index + 1
+    return index
+
+
+def _is_vector(toks: list[Token]) -> bool:
+    """Whether an operand is a vector: outside ``scalar(...)``, it names a selector or a vector
+    function, or opens braces."""
+    index = 0
+    while index < len(toks):
+        token, word = toks[index], toks[index].text.lower()
+        if token.kind == "identifier" and word == "scalar" and index + 1 < len(toks) and toks[index + 1].text == "(":
+            index = _after_group(toks, index + 1)
+            continue
+        if token.text == "{" and token.kind == "other" or token.kind == "identifier" and word not in _SCALAR_WORDS:
+            return True
+        index += 1
+    return False
+
+
+def _mark_info_labels(toks: list[Token], edits: list) -> None:
+    """``info(v, {...})``'s label selector with the matcher MODIFIER_LABEL="info" added."""
+    for index in range(len(toks) - 1):
+        if toks[index].text != "info" or toks[index].kind != "identifier" or toks[index + 1].text != "(":
+            continue
+        depth, comma = 0, index + 1
+        while comma < len(toks):
+            depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(toks[comma].text, 0)
+            if depth <= 0 or depth == 1 and toks[comma].text == ",":
+                break
+            comma += 1
+        if depth != 1 or comma + 1 >= len(toks) or toks[comma + 1].text != "{":
+            continue
+        close = _after_group(toks, comma + 1) - 1
+        if close < len(toks) and toks[close].text == "}":
+            separator = "" if toks[close - 1].text in ("{", ",") else ","
+            edits.append((toks[close].start, toks[close].start, f'{separator}{MODIFIER_LABEL}="{INFO_LABELS}"'))

@@ -15,6 +15,7 @@ from gateway.query.promql.values import (
     Scalar,
     Vector,
     drop_metric_name,
+    go_float,
     labels_key,
     merge_same_labels,
     metric_name,
@@ -331,6 +332,29 @@ def _histogram_quantile(ctx, args, call):
     return stacked(classic, native)
 
 
+def _histogram_quantiles(ctx, args, call):
+    """Prometheus 3's experimental ``histogram_quantiles(v, "label", q, ...)``: histogram_quantile
+    of each quantile, its rows labelled ``label`` = the quantile as OpenMetrics writes it."""
+    vector, label = args[0], args[1].value
+    parts = []
+    for quantile in args[2:]:
+        result = _histogram_quantile(ctx, [quantile, vector], call)
+        for value in np.unique(quantile.values):  # a quantile may differ between steps
+            at = quantile.values == value if not math.isnan(value) else np.isnan(quantile.values)
+            named = [{**labels, label: _open_metrics_float(float(value))} for labels in result.labels]
+            parts.append(Vector(named, result.values, result.present & at).without_absent())
+    out = Vector.empty(ctx.steps)
+    for part in parts:
+        out = stacked(out, part)
+    return out
+
+
+def _open_metrics_float(value: float) -> str:
+    """A float as Prometheus's FormatOpenMetricsFloat writes it (``1.0``, ``0.25``, ``+Inf``)."""
+    text = go_float(value)
+    return text if not math.isfinite(value) or "e" in text or "." in text else text + ".0"
+
+
 def _monotonic_info(ctx):
     def for_name(name: str):
         return lambda: ctx.warn(
@@ -603,6 +627,7 @@ FUNCTIONS.update(
         "label_replace": _label_replace,
         "label_join": _label_join,
         "histogram_quantile": _histogram_quantile,
+        "histogram_quantiles": _histogram_quantiles,
         "rate": _rate_like(
             lambda ctx, m: ranged.extrapolated_rate(m, True, True),
             lambda ctx, m: ranged.histogram_rate(m, True, True, ctx.warn),

@@ -227,10 +227,17 @@ def quantile_warning(q: np.ndarray) -> str | None:
     return None
 
 
+# The metric's schema labels (Prometheus 3's schema.IsMetadataLabel): the name, and the type and
+# unit its type-and-unit-labels feature stores as labels, dropped together.
+SCHEMA_LABELS = frozenset((NAME, "__type__", "__unit__"))
+
+
 def drop_metric_name(labels: Labels) -> Labels:
-    if NAME not in labels:
+    """The labels without the metric's name, type and unit (where an operation or a function
+    changes what the metric is)."""
+    if SCHEMA_LABELS.isdisjoint(labels):
         return labels
-    return {k: v for k, v in labels.items() if k != NAME}
+    return {k: v for k, v in labels.items() if k not in SCHEMA_LABELS}
 
 
 def labels_key(labels: Labels) -> tuple:
