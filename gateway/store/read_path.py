@@ -192,8 +192,12 @@ class ReadPath:
         ]
         found: list = [None] * len(series)
         for indexes, raw in zip(by_tenant.values(), await gatherResults(reads, consumeErrors=True)):
-            # decoding the blocks of many series takes a while: in a thread, off the reactor
-            stitched = await threads.deferToThread(_stitch_all, raw, start_ms, end_ms)
+            # decoding the blocks of many series takes a while: in a thread, off the reactor (head
+            # samples alone are as they are: no thread to wait for)
+            if any(data.blocks for data in raw):
+                stitched = await threads.deferToThread(_stitch_all, raw, start_ms, end_ms)
+            else:
+                stitched = [data.head for data in raw]
             for index, data in zip(indexes, stitched):
                 found[index] = data
         return found

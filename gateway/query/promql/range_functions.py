@@ -903,6 +903,8 @@ def kinds_apart(matrix: RangeVector, answer: Vector, warn, last_two: bool = Fals
     as Prometheus 3 gives it for a series holding floats and histograms both: nothing where the
     window holds both kinds (``last_two``: where its last two samples are of both kinds, irate
     and idelta), with a warning; elsewhere only the answer of the kind the window holds."""
+    if not matrix.histogram_series:  # the usual case: no series to look up (a key a series costs)
+        return answer.without_absent()
     floats = {labels_key(s.labels): s for s in matrix.series}
     present, histograms = answer.present, answer.histograms
     rows: dict[tuple, list[int]] = {}
