@@ -19,6 +19,7 @@
 """
 
 import base64
+import itertools
 import json
 import math
 import struct
@@ -32,7 +33,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from protocols.otlp import names
 from protocols.otlp.delta import DeltaOutOfOrder, DeltaToCumulative
 from protocols.otlp.names import InvalidName, Namer
-from protocols.otlp.wire import PROTOBUF, OTLPError, parse, split_request
+from protocols.otlp.wire import PROTOBUF, OTLPError, metric_data, parse, split_request
 from protocols.prometheus import types_pb2
 from protocols.prometheus.write import (
     Exemplar,
@@ -451,7 +452,7 @@ def translate_steps(
         if item is None:
             yield
             continue
-        number, resource_metrics = item
+        number, resource_metrics, data_bytes = item
         if resource is None or resource.number != number:
             _target_info(builder, resource)
             resource = _Resource(number, resource_metrics.resource)
@@ -460,6 +461,7 @@ def translate_steps(
             scope = _scope_labels(builder, scope_metrics)
             scoped = _Context(context.promoted, {**context.forced, **scope}) if scope else context
             for metric in scope_metrics.metrics:
+                raw_data = next(data_bytes)
                 data_points = _points(metric)
                 if not data_points:
                     continue
@@ -473,7 +475,7 @@ def translate_steps(
                         " (--remote-write-max-samples)",
                     )
                 try:
-                    yield from _metric(builder, metric, scoped, before)
+                    yield from _metric(builder, metric, raw_data, scoped, before)
                 except _Refused as error:
                     builder.refuse(len(data_points), str(error))
     _target_info(builder, resource)
@@ -506,20 +508,24 @@ class _Resource:
         self.latest = max(times) if self.latest is None else max(self.latest, *times)
 
 
-def _resource_metrics(request: ExportMetricsServiceRequest | bytes) -> Iterator[tuple[tuple[int, int], Any] | None]:
+def _resource_metrics(
+    request: ExportMetricsServiceRequest | bytes,
+) -> Iterator[tuple[tuple[int, int], Any, Iterator[bytes | None]] | None]:
     """The ResourceMetrics of a request, each with its number (the same for every piece of one
-    resource), and None between the pieces of a protobuf request's bytes."""
+    resource) and the bytes of its metrics' data messages where the request's bytes hold them
+    (wire.metric_data; else None each), and None between the pieces of a protobuf request."""
     if isinstance(request, ExportMetricsServiceRequest):
         for index, resource_metrics in enumerate(request.resource_metrics):
-            yield (0, index), resource_metrics
+            yield (0, index), resource_metrics, itertools.repeat(None)
         return
     for piece in split_request(request):
         if piece is None:
             yield None
             continue
         number, raw = piece
-        for index, resource_metrics in enumerate(parse(raw, PROTOBUF).resource_metrics):
-            yield (number, index), resource_metrics
+        message = parse(raw, PROTOBUF)
+        for index, (resource_metrics, data) in enumerate(zip(message.resource_metrics, metric_data(raw))):
+            yield (number, index), resource_metrics, iter(data)
         yield None
 
 
@@ -535,7 +541,9 @@ def translate(
             return done.value
 
 
-def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> Generator[None, None, None]:
+def _metric(
+    builder: _Builder, metric, raw_data: bytes | None, context: _Context, first_point: int
+) -> Generator[None, None, None]:
     kind = _kind(metric)
     if not kind:
         raise _Refused(f"metric {metric.name!r} has no data of a known type")
@@ -558,7 +566,7 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
     )
     data = metric.WhichOneof("data")
     if data in ("gauge", "sum") and temporality != DELTA:
-        yield from _number_points(builder, metric, name, kind, context, first_point)
+        yield from _number_points(builder, metric, raw_data, name, kind, context, first_point)
         return
     add = _ADD[data]
     for number, point in enumerate(_points(metric)):
@@ -573,16 +581,17 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
 
 
 def _number_points(
-    builder: _Builder, metric, name: str, kind: str, context: _Context, first_point: int
+    builder: _Builder, metric, raw: bytes | None, name: str, kind: str, context: _Context, first_point: int
 ) -> Generator[None, None, None]:
-    """The points of a gauge or cumulative sum, read from their bytes (the data message written
-    once): each series' labels made once and found again by its attributes' bytes
+    """The points of a gauge or cumulative sum, read from their bytes (``raw``, the data message
+    as the request holds it, or written again): each series' labels made once and found again by its attributes' bytes
     (_SERIES_CACHE), times and values read by _ReadNumbers with numpy; a point in another
     layout (no start time on a counter, exemplars, fields left out) or with flags takes
     _add_number."""
     data = getattr(metric, metric.WhichOneof("data"))
     points = data.data_points
-    raw = data.SerializeToString()
+    if raw is None:
+        raw = data.SerializeToString()
     prefix = _PREFIXES.setdefault((builder.namer, context.key, name), len(_PREFIXES))
     counter = kind == names.MONOTONIC_COUNTER
     numbers = _ReadNumbers(builder, raw, counter)

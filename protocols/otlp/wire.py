@@ -141,6 +141,33 @@ def _cut(raw: bytes, start: int, end: int, level: int, piece_bytes: int) -> Iter
         yield head + b"".join(group)
 
 
+def metric_data(raw: bytes) -> list[list[bytes | None]]:
+    """The bytes of each metric's data message (its gauge, sum, histogram...) in a protobuf
+    request, by resource then in order (what the parsed message would serialize again), found
+    by walking the fields above the data points only; None for a metric whose data is not one
+    field (protobuf merges repeated ones)."""
+    found = []
+    for resource_at, resource_end in _messages(raw, 0, len(raw), 1):
+        metrics: list[bytes | None] = []
+        for scope_at, scope_end in _messages(raw, resource_at, resource_end, 2):
+            for metric_at, metric_end in _messages(raw, scope_at, scope_end, 2):
+                data = [
+                    raw[value_at:stop]
+                    for number, wire, _, value_at, stop in filter(None, _fields(raw, metric_at, metric_end))
+                    if number in _CUT_FIELDS[2] and wire == _LENGTH_DELIMITED
+                ]
+                metrics.append(data[0] if len(data) == 1 else None)
+        found.append(metrics)
+    return found
+
+
+def _messages(raw: bytes, start: int, end: int, number: int) -> Iterator[tuple[int, int]]:
+    """Where the values of the message's length-delimited fields of ``number`` start and end."""
+    for field in _fields(raw, start, end):
+        if field is not None and field[0] == number and field[1] == _LENGTH_DELIMITED:
+            yield field[3], field[4]
+
+
 def _fields(raw: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int, int] | None]:
     """The fields of the message ``raw[start:end]``: (number, wire type, where its tag starts,
     where its value starts, where it ends), and None every FIELDS_PER_STEP fields; 400 for a

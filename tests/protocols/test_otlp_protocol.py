@@ -17,7 +17,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from protocols import otlp
 from protocols.otlp import names
 from protocols.otlp.translate import STALE_NAN, attribute_string, buckets_layout
-from protocols.otlp.wire import PIECE_BYTES
+from protocols.otlp.wire import PIECE_BYTES, metric_data
 from protocols.prometheus import types_pb2
 
 pytestmark = pytest.mark.fast
@@ -411,10 +411,12 @@ def test_answer_in_the_request_encoding():
     assert document == {"partialSuccess": {"rejectedDataPoints": "2", "errorMessage": "two refused"}}
 
 
-def test_number_points_read_from_their_bytes_match_the_general_path():
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["message", "bytes"])
+def test_number_points_read_from_their_bytes_match_the_general_path(as_bytes):
     """Gauges and cumulative sums take a fast path (series found by their attributes' bytes):
     the same series, values and created timestamps come out as the general path's, known or not,
-    with ints, exemplars, stale flags and resources of the same attributes kept apart."""
+    with ints, exemplars, stale flags and resources of the same attributes kept apart, from a
+    message or from a request's bytes (the data messages read where the request holds them)."""
     exemplar = m.Exemplar(as_double=1.0, time_unix_nano=T_NS, span_id=b"\x01" * 8)
     first = request(
         gauge("g", 1.5, attributes=[kv("a", "1")]),
@@ -422,6 +424,8 @@ def test_number_points_read_from_their_bytes_match_the_general_path():
         counter("c", 3, attributes=[kv("a", "2")]),
     )
     other = request(gauge("g", 2.5, attributes=[kv("a", "1")]), resource=(kv("service.name", "web"),))
+    if as_bytes:
+        first, other = first.SerializeToString(), other.SerializeToString()
     for _ in range(2):  # the second time, every series is known
         translation = otlp.translate(first)
         found = samples(translation)
@@ -443,7 +447,8 @@ def test_a_stored_created_timestamp_is_not_sent_again_for_its_tenant():
     assert len(otlp.translate(sent, tenant="u").batch.series) == 2
 
 
-def test_number_points_of_every_layout_read_from_their_bytes():
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["message", "bytes"])
+def test_number_points_of_every_layout_read_from_their_bytes(as_bytes):
     """Ints and doubles, a gauge with a start time and a counter without one (no created
     timestamp, the general path): the same values the first time and once their series are known."""
     sent = request(
@@ -453,6 +458,8 @@ def test_number_points_of_every_layout_read_from_their_bytes():
         counter("unstarted", 4, start=0),
         counter("doubles", 0, as_double=1.25),
     )
+    if as_bytes:
+        sent = sent.SerializeToString()
     for _ in range(2):
         translation = otlp.translate(sent, tenant="layouts")
         found = samples(translation)
@@ -537,6 +544,13 @@ def test_a_split_request_pieces_hold_the_whole_in_order():
     assert all(len(message.resource_metrics) == 1 for message in messages)
     assert [item for message in messages for item in flattened(message)] == flattened(sent)
     assert list(otlp.split_request(raw, len(raw))) == [(0, raw)]  # small enough: whole
+    for _, piece in pieces:  # each metric's data message, as the parsed piece holds it
+        found = [data for resource in metric_data(piece) for data in resource]
+        parsed = ExportMetricsServiceRequest.FromString(piece).resource_metrics[0]
+        expected = [
+            getattr(metric, metric.WhichOneof("data")) for scope in parsed.scope_metrics for metric in scope.metrics
+        ]
+        assert [type(data).FromString(raw) for raw, data in zip(found, expected)] == expected
 
 
 @pytest.mark.parametrize(
