@@ -584,10 +584,10 @@ def _number_points(
     builder: _Builder, metric, raw: bytes | None, name: str, kind: str, context: _Context, first_point: int
 ) -> Generator[None, None, None]:
     """The points of a gauge or cumulative sum, read from their bytes (``raw``, the data message
-    as the request holds it, or written again): each series' labels made once and found again by its attributes' bytes
-    (_SERIES_CACHE), times and values read by _ReadNumbers with numpy; a point in another
-    layout (no start time on a counter, exemplars, fields left out) or with flags takes
-    _add_number."""
+    as the request holds it, or written again): each series' labels made once and found again
+    by its attributes' bytes (_SERIES_CACHE), times and values read by _ReadNumbers with numpy;
+    a point in another layout (no start time on a counter, exemplars, fields left out) or with
+    flags takes _add_number."""
     data = getattr(metric, metric.WhichOneof("data"))
     points = data.data_points
     if raw is None:
