@@ -607,6 +607,9 @@ def _number_points(
         tag, length = raw[position], raw[position + 1]
         if length < 0x80:
             position += 2
+        elif raw[position + 2] < 0x80:  # a point of 128 bytes to 16 KiB
+            length = length - 0x80 + (raw[position + 2] << 7)
+            position += 3
         else:
             length, position = read_varint(raw, position + 1)
         if tag != _DATA_POINTS_TAG:

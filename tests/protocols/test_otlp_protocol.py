@@ -457,6 +457,8 @@ def test_number_points_of_every_layout_read_from_their_bytes(as_bytes):
         gauge("started", 2.5, start_time_unix_nano=T_NS - 10**9),
         counter("unstarted", 4, start=0),
         counter("doubles", 0, as_double=1.25),
+        gauge("long", 1.0, attributes=[kv("a", "x" * 200)]),  # a point's length in two bytes
+        gauge("long", 2.0, attributes=[kv("a", "y" * 20_000)]),  # in three
     )
     if as_bytes:
         sent = sent.SerializeToString()
@@ -468,6 +470,8 @@ def test_number_points_of_every_layout_read_from_their_bytes(as_bytes):
         assert found[labels(__name="started", job="shop", instance="i1")] == [(T_MS, 2.5)]
         assert found[labels(__name="unstarted_total", job="shop", instance="i1")] == [(T_MS, 4.0)]
         assert found[labels(__name="doubles_total", job="shop", instance="i1")] == [(T_MS, 1.25)]
+        assert found[labels(__name="long", a="x" * 200, job="shop", instance="i1")] == [(T_MS, 1.0)]
+        assert found[labels(__name="long", a="y" * 20_000, job="shop", instance="i1")] == [(T_MS, 2.0)]
         assert [(s.labels["__name__"], s.created_timestamp) for s in translation.batch.series] == [
             ("doubles_total", T_MS - 60_000)
         ]
