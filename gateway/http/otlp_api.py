@@ -1,6 +1,7 @@
 """OpenTelemetry metrics in (OTLP/HTTP, docs/opentelemetry.rst), at Prometheus 3's path
 ``/api/v1/otlp/v1/metrics`` and Mimir's ``/otlp/v1/metrics``: decoded and translated by
-protocols/otlp (gunzipped and translated in slices, a large message parsed in a thread), then
+protocols/otlp (gunzipped, parsed and translated in slices: protobuf a piece of at most
+PIECE_BYTES at a time, JSON over INLINE_PARSE_BYTES in a thread), then
 written by the one write entry point (gateway.ingest.push) as a remote write is, under the
 same body, decompression, request-size and tenant limits and the same bound on writes in flight.
 
@@ -15,13 +16,13 @@ from twisted.internet import threads
 
 from gateway.core.cooperative import run_steps
 from gateway.core.overrides import Overrides
-from gateway.http.server import HTTPError, Response, Router, header, read_body, request_tenant
+from gateway.http.server import Response, Router, header, read_body, request_tenant
 from gateway.ingest.push import Pushed, Writer, remote_write_batch
 from protocols import otlp
 
 PROTOCOL = "otlp"
-# A decompressed message larger than this is parsed in a thread (protobuf parses ~100 MB/s;
-# JSON much slower): a smaller one costs the reactor a few ms at most.
+# A decompressed JSON message larger than this is parsed in a thread: a smaller one costs the
+# reactor a few ms at most.
 INLINE_PARSE_BYTES = 256 * 1024
 
 
@@ -61,18 +62,15 @@ class OTLPAPI:
         raw = await run_steps(
             otlp.decompress_steps(body, header(request, b"content-encoding"), self.max_decompressed_bytes)
         )
-        if len(raw) > INLINE_PARSE_BYTES:
-            message = await threads.deferToThread(otlp.parse, raw, encoding)
-        else:
-            message = otlp.parse(raw, encoding)
-        points = otlp.count_points(message)
-        if points > self.max_points:
-            raise HTTPError(
-                413,
-                f"the request carries {points} data points, over the {self.max_points} one request may carry"
-                " (--remote-write-max-samples)",
-            )
-        translation = await run_steps(otlp.translate_steps(message, self.tenant_settings(tenant), self.delta, tenant))
+        request_or_bytes = raw  # protobuf: parsed a piece at a time as it is translated
+        if encoding == otlp.JSON:
+            if len(raw) > INLINE_PARSE_BYTES:
+                request_or_bytes = await threads.deferToThread(otlp.parse, raw, encoding)
+            else:
+                request_or_bytes = otlp.parse(raw, encoding)
+        translation = await run_steps(
+            otlp.translate_steps(request_or_bytes, self.tenant_settings(tenant), self.delta, tenant, self.max_points)
+        )
         self.writer.pipeline.count_rejected(PROTOCOL, "otlp_translation", translation.refused_points)
         pushed = await self.writer.push(PROTOCOL, await remote_write_batch(tenant, translation.batch))
         translation.created_stored(tenant, (reject.index for reject in pushed.samples.rejected))

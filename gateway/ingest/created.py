@@ -20,7 +20,7 @@ from gateway.store import Store
 from gateway.store.contract import CreatedTimestamp, HistogramRow
 from gateway.store.read_path import ReadPath
 from protocols.prometheus import WriteSeries, types_pb2
-from protocols.prometheus.write import series_key
+from protocols.prometheus.write import label_bytes, series_key
 
 
 def name_and_tags(series: WriteSeries) -> tuple[str, dict[str, str]]:
@@ -46,11 +46,16 @@ def zero_histogram(data: bytes, created_ms: int) -> bytes:
     return zero.SerializeToString()
 
 
-def series_cache_keys(tenant: str, series: WriteSeries) -> tuple[tuple, tuple]:
+def series_cache_keys(tenant: str, series: WriteSeries) -> tuple[tuple, tuple, tuple]:
     """The keys a remote-write series has in the pipeline's known-series cache once written: by
-    its samples (IngestPipeline.ingest_arrays), by its histograms (ingest_histograms)."""
+    its samples (IngestPipeline.ingest_arrays; a translated OTLP series' by its label bytes), by
+    its histograms (ingest_histograms)."""
     name, tags = name_and_tags(series)
-    return (tenant, series_key(series.labels)), (tenant, name, (*tags.keys(), *tags.values()))
+    return (
+        (tenant, series_key(series.labels)),
+        (tenant, label_bytes(series.labels)),
+        (tenant, name, (*tags.keys(), *tags.values())),
+    )
 
 
 class CreatedTimestamps:
@@ -80,7 +85,7 @@ class CreatedTimestamps:
         if not candidates:
             return []
         stored = await self.store.get_created_timestamps(tenant, [hash_ for _, hash_ in candidates])
-        self._stored.add_all({self._key(tenant, item): stored[hash_] for item, hash_ in candidates if hash_ in stored})
+        await self._remember(tenant, [(item, stored[hash_]) for item, hash_ in candidates if hash_ in stored])
         return [
             (item, CreatedTimestamp(tenant, hash_, item.created_timestamp))
             for item, hash_ in candidates
@@ -124,7 +129,14 @@ class CreatedTimestamps:
         answer gives. Only of series the pipeline indexed: one whose every sample was refused has
         no metadata row to hold its created timestamp."""
         known = self.pipeline.known
-        created = [(item, row) for item, row in created if any(map(known.get, series_cache_keys(tenant, item)))]
+        indexed = []
+        slices = Slices()
+        for index, (item, row) in enumerate(created):
+            if not index % CHECK_EVERY:
+                await slices.maybe_pause()
+            if any(map(known.get, series_cache_keys(tenant, item))):
+                indexed.append((item, row))
+        created = indexed
         if not created:
             return
         now = self.pipeline.clock()
@@ -136,7 +148,17 @@ class CreatedTimestamps:
         await self.pipeline.ingest_created(
             "prometheus", [CreatedSample(tenant, *name_and_tags(item), row.created_ms) for item, row in created]
         )
-        self._stored.add_all({self._key(tenant, item): row.created_ms for item, row in created})
+        await self._remember(tenant, [(item, row.created_ms) for item, row in created])
+
+    async def _remember(self, tenant: str, stored: list[tuple[WriteSeries, int]]) -> None:
+        """Remember the created timestamp stored of each series, in slices (an OTLP request's
+        first sight of its counters may bring 40,000)."""
+        slices = Slices()
+        for start in range(0, len(stored), CHECK_EVERY):
+            self._stored.add_all(
+                {self._key(tenant, item): created for item, created in stored[start : start + CHECK_EVERY]}
+            )
+            await slices.maybe_pause()
 
     @staticmethod
     def _key(tenant: str, item: WriteSeries) -> tuple:

@@ -4,8 +4,8 @@ encoded. The messages are the ``opentelemetry-proto`` package's."""
 
 from .delta import DeltaToCumulative
 from .names import STRATEGIES, Namer
-from .translate import Settings, Translation, count_points, translate, translate_steps
-from .wire import JSON, PROTOBUF, OTLPError, decompress_steps, encode_response, parse, request_encoding
+from .translate import Settings, Translation, translate, translate_steps
+from .wire import JSON, PROTOBUF, OTLPError, decompress_steps, encode_response, parse, request_encoding, split_request
 
 __all__ = [
     "JSON",
@@ -16,11 +16,11 @@ __all__ = [
     "OTLPError",
     "Settings",
     "Translation",
-    "count_points",
     "decompress_steps",
     "encode_response",
     "parse",
     "request_encoding",
+    "split_request",
     "translate",
     "translate_steps",
 ]

@@ -19,12 +19,12 @@
 """
 
 import base64
+import itertools
 import json
 import math
 import struct
-from collections.abc import Generator, Iterable
-from struct import unpack_from
-from typing import NamedTuple
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -33,6 +33,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from protocols.otlp import names
 from protocols.otlp.delta import DeltaOutOfOrder, DeltaToCumulative
 from protocols.otlp.names import InvalidName, Namer
+from protocols.otlp.wire import PROTOBUF, OTLPError, metric_data, parse, split_request
 from protocols.prometheus import types_pb2
 from protocols.prometheus.write import (
     Exemplar,
@@ -42,8 +43,8 @@ from protocols.prometheus.write import (
     WriteHistogram,
     WriteMetadata,
     WriteSeries,
+    label_bytes,
     read_varint,
-    series_key,
 )
 
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
@@ -169,11 +170,13 @@ class _Context(NamedTuple):
 # steady sender: translated once, then found by a bytes lookup), as remote write keeps the label
 # bytes it validated; emptied when it holds MAX_CACHED_SERIES.
 MAX_CACHED_SERIES = 200_000
-_SERIES_CACHE: dict[tuple[int, bytes], tuple[dict[str, str], tuple, dict[str, int]]] = {}
+_SERIES_CACHE: dict[tuple[int, bytes], tuple[dict[str, str], bytes, dict[str, int]]] = {}
 _PREFIXES: dict[tuple, int] = {}  # (namer, resource and scope context, metric name): a number
 _DATA_POINTS_TAG = 0x0A  # field 1 of Gauge and Sum
-_FIXED64_TAGS = {0x11: "start", 0x19: "time", 0x21: "double", 0x31: "int"}
-_EXEMPLARS_TAG = 0x2A
+# A NumberDataPoint as protobuf writes it: fixed64 fields in field order, start (0x11), time
+# (0x19), then the value, a double (0x21) or an int (0x31), then its attributes.
+_START, _TIME, _DOUBLE, _INT = 0x11, 0x19, 0x21, 0x31
+_EIGHT_BYTES = np.arange(8)
 
 
 class _Builder:
@@ -185,7 +188,7 @@ class _Builder:
         self.namer = Namer.of(settings.strategy)
         self.delta = delta
         self.tenant = tenant
-        self.table: dict[tuple, int] = {}
+        self.table: dict[bytes, int] = {}  # a series by its label bytes (label_bytes)
         self.labels: list[LabelsEntry] = []
         self.sample_series: list[int] = []
         self.timestamps: list[int] = []
@@ -197,7 +200,7 @@ class _Builder:
         self.refused = 0
         self.problems: list[str] = []
         self.point = 0  # the number of the data point being translated
-        self.target_info_seen: set[tuple[tuple, int]] = set()
+        self.target_info_seen: set[tuple[bytes, int]] = set()
         self.created: list[tuple[dict[str, int], int, int]] = []
 
     def refuse(self, points: int, problem: str) -> None:
@@ -225,9 +228,9 @@ class _Builder:
     def sample(self, name: str, base: dict[str, str], timestamp: int, value: float, extra: tuple = ()) -> int:
         """Add a sample; returns its series' index in the table."""
         labels = series_labels(name, base, extra)
-        return self.sample_of(labels, series_key(labels), timestamp, value)
+        return self.sample_of(labels, label_bytes(labels), timestamp, value)
 
-    def sample_of(self, labels: dict[str, str], key: tuple, timestamp: int, value: float) -> int:
+    def sample_of(self, labels: dict[str, str], key: bytes, timestamp: int, value: float) -> int:
         """Add a sample of a series whose labels and key are made already."""
         index = self.table.get(key)
         if index is None:
@@ -262,38 +265,6 @@ def series_labels(name: str, base: dict[str, str], extra: tuple = ()) -> dict[st
     if extra:
         labels[extra[0]] = extra[1]
     return {k: labels[k] for k in sorted(labels) if labels[k]}
-
-
-def _fixed_fields(raw: bytes, position: int, end: int) -> tuple[int, int, float, int] | None:
-    """(start ns, time ns, value, where its other fields start) of the NumberDataPoint at
-    ``raw[position:end]`` as protobuf writes it (fixed64 fields first, in field order); None for
-    a point with exemplars, which _add_number reads whole."""
-    if end >= position + 27 and raw[position] == 0x11 and raw[position + 9] == 0x19 and raw[position + 18] == 0x21:
-        start, time, value = unpack_from("<xQxQxd", raw, position)  # start, time, double: a sum's
-        position += 27
-    elif end >= position + 18 and raw[position] == 0x19 and raw[position + 9] == 0x21:  # time, double: a gauge's
-        start = 0
-        time, value = unpack_from("<xQxd", raw, position)
-        position += 18
-    else:
-        start = time = 0
-        value = 0.0
-        while position < end:
-            field = _FIXED64_TAGS.get(raw[position])
-            if field is None or position + 9 > end:
-                break
-            if field == "start":
-                start = unpack_from("<Q", raw, position + 1)[0]
-            elif field == "time":
-                time = unpack_from("<Q", raw, position + 1)[0]
-            elif field == "double":
-                value = unpack_from("<d", raw, position + 1)[0]
-            else:
-                value = float(unpack_from("<q", raw, position + 1)[0])
-            position += 9
-    if position < end and raw[position] == _EXEMPLARS_TAG:
-        return None
-    return start, time, value, position
 
 
 def _resource_context(builder: _Builder, resource) -> tuple[_Context, dict[str, str]]:
@@ -462,47 +433,52 @@ def _temporality(metric) -> int | None:
     return None
 
 
-def count_points(request: ExportMetricsServiceRequest) -> int:
-    """The data points of a request (to refuse one over a limit before translating it)."""
-    return sum(
-        len(_points(metric))
-        for resource_metrics in request.resource_metrics
-        for scope_metrics in resource_metrics.scope_metrics
-        for metric in scope_metrics.metrics
-    )
-
-
 def translate_steps(
-    request: ExportMetricsServiceRequest,
+    request: ExportMetricsServiceRequest | bytes,
     settings: Settings = DEFAULT_SETTINGS,
     delta: DeltaToCumulative | None = None,
     tenant: str = "",
+    max_points: int = 0,
 ) -> Generator[None, None, Translation]:
-    """Translate ``request``, yielding every POINTS_PER_STEP data points. ``delta``: where delta
-    sums and histograms are summed into cumulative ones (None: they are refused)."""
+    """Translate ``request`` (a message, or a protobuf one's bytes, parsed a piece at a time:
+    wire.split_request), yielding every POINTS_PER_STEP data points and between pieces.
+    ``delta``: where delta sums and histograms are summed into cumulative ones (None: they are
+    refused); 413 once the request holds more than ``max_points`` data points (0: no limit),
+    before they are translated."""
     builder = _Builder(settings, delta, tenant)
     points = 0
-    for resource_metrics in request.resource_metrics:
-        context, identity = _resource_context(builder, resource_metrics.resource)
-        earliest, latest = None, None
+    resource: _Resource | None = None
+    for item in _resource_metrics(request):
+        if item is None:
+            yield
+            continue
+        number, resource_metrics, data_bytes = item
+        if resource is None or resource.number != number:
+            _target_info(builder, resource)
+            resource = _Resource(number, resource_metrics.resource)
+        context, resource.identity = _resource_context(builder, resource_metrics.resource)
         for scope_metrics in resource_metrics.scope_metrics:
             scope = _scope_labels(builder, scope_metrics)
             scoped = _Context(context.promoted, {**context.forced, **scope}) if scope else context
             for metric in scope_metrics.metrics:
+                raw_data = next(data_bytes)
                 data_points = _points(metric)
                 if not data_points:
                     continue
-                times = [point.time_unix_nano for point in data_points]
-                earliest = min(times) if earliest is None else min(earliest, *times)
-                latest = max(times) if latest is None else max(latest, *times)
+                resource.saw([point.time_unix_nano for point in data_points])
                 before = points
                 points += len(data_points)
+                if max_points and points > max_points:
+                    raise OTLPError(
+                        413,
+                        f"the request carries more than {max_points} data points, the most one request may carry"
+                        " (--remote-write-max-samples)",
+                    )
                 try:
-                    yield from _metric(builder, metric, scoped, before)
+                    yield from _metric(builder, metric, raw_data, scoped, before)
                 except _Refused as error:
                     builder.refuse(len(data_points), str(error))
-        if earliest is not None and latest is not None:
-            _target_info(builder, resource_metrics.resource, identity, earliest // 1_000_000, latest // 1_000_000)
+    _target_info(builder, resource)
     batch = WriteBatch(version=2, series=builder.series, metadata=list(builder.metadata.values()))
     batch.arrays = builder.arrays()
     return Translation(
@@ -516,8 +492,45 @@ def translate_steps(
     )
 
 
+class _Resource:
+    """A resource being translated (its metrics may come in several pieces): its number in the
+    request, its job and instance, and the times of its first and last points (ns)."""
+
+    def __init__(self, number: tuple[int, int], resource):
+        self.number = number
+        self.resource = resource
+        self.identity: dict[str, str] = {}
+        self.earliest: int | None = None
+        self.latest: int | None = None
+
+    def saw(self, times: list[int]) -> None:
+        self.earliest = min(times) if self.earliest is None else min(self.earliest, *times)
+        self.latest = max(times) if self.latest is None else max(self.latest, *times)
+
+
+def _resource_metrics(
+    request: ExportMetricsServiceRequest | bytes,
+) -> Iterator[tuple[tuple[int, int], Any, Iterator[bytes | None]] | None]:
+    """The ResourceMetrics of a request, each with its number (the same for every piece of one
+    resource) and the bytes of its metrics' data messages where the request's bytes hold them
+    (wire.metric_data; else None each), and None between the pieces of a protobuf request."""
+    if isinstance(request, ExportMetricsServiceRequest):
+        for index, resource_metrics in enumerate(request.resource_metrics):
+            yield (0, index), resource_metrics, itertools.repeat(None)
+        return
+    for piece in split_request(request):
+        if piece is None:
+            yield None
+            continue
+        number, raw = piece
+        message = parse(raw, PROTOBUF)
+        for index, (resource_metrics, data) in enumerate(zip(message.resource_metrics, metric_data(raw))):
+            yield (number, index), resource_metrics, iter(data)
+        yield None
+
+
 def translate(
-    request: ExportMetricsServiceRequest, settings: Settings = DEFAULT_SETTINGS, delta=None, tenant: str = ""
+    request: ExportMetricsServiceRequest | bytes, settings: Settings = DEFAULT_SETTINGS, delta=None, tenant: str = ""
 ):
     """translate_steps run to its end."""
     steps = translate_steps(request, settings, delta, tenant)
@@ -528,7 +541,9 @@ def translate(
             return done.value
 
 
-def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> Generator[None, None, None]:
+def _metric(
+    builder: _Builder, metric, raw_data: bytes | None, context: _Context, first_point: int
+) -> Generator[None, None, None]:
     kind = _kind(metric)
     if not kind:
         raise _Refused(f"metric {metric.name!r} has no data of a known type")
@@ -551,7 +566,7 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
     )
     data = metric.WhichOneof("data")
     if data in ("gauge", "sum") and temporality != DELTA:
-        yield from _number_points(builder, metric, name, kind, context, first_point)
+        yield from _number_points(builder, metric, raw_data, name, kind, context, first_point)
         return
     add = _ADD[data]
     for number, point in enumerate(_points(metric)):
@@ -566,21 +581,25 @@ def _metric(builder: _Builder, metric, context: _Context, first_point: int) -> G
 
 
 def _number_points(
-    builder: _Builder, metric, name: str, kind: str, context: _Context, first_point: int
+    builder: _Builder, metric, raw: bytes | None, name: str, kind: str, context: _Context, first_point: int
 ) -> Generator[None, None, None]:
-    """The points of a gauge or cumulative sum, read from their bytes (the data message written
-    once): each series' labels made once and found again by its attributes' bytes
-    (_SERIES_CACHE); a point with exemplars or flags takes _add_number."""
+    """The points of a gauge or cumulative sum, read from their bytes (``raw``, the data message
+    as the request holds it, or written again): each series' labels made once and found again
+    by its attributes' bytes (_SERIES_CACHE), times and values read by _ReadNumbers with numpy;
+    a point in another layout (no start time on a counter, exemplars, fields left out) or with
+    flags takes _add_number."""
     data = getattr(metric, metric.WhichOneof("data"))
     points = data.data_points
-    raw = data.SerializeToString()
+    if raw is None:
+        raw = data.SerializeToString()
     prefix = _PREFIXES.setdefault((builder.namer, context.key, name), len(_PREFIXES))
     counter = kind == names.MONOTONIC_COUNTER
-    table, add_series, add_time, add_value, add_point = (
+    numbers = _ReadNumbers(builder, raw, counter)
+    table, labels_of, add_series, add_time, add_point = (
         builder.table,
+        builder.labels,
         builder.sample_series.append,
-        builder.timestamps.append,
-        builder.values.append,
+        numbers.time_at.append,
         builder.sample_points.append,
     )
     position, size, number = 0, len(raw), -1
@@ -588,55 +607,100 @@ def _number_points(
         tag, length = raw[position], raw[position + 1]
         if length < 0x80:
             position += 2
+        elif raw[position + 2] < 0x80:  # a point of 128 bytes to 16 KiB
+            length = length - 0x80 + (raw[position + 2] << 7)
+            position += 3
         else:
             length, position = read_varint(raw, position + 1)
         if tag != _DATA_POINTS_TAG:
             if tag & 7 == 2:  # another length-delimited field: skipped
                 position += length
             continue  # aggregation_temporality, is_monotonic: varints, read already
-        start_at, position = position, position + length
+        at, position = position, position + length
         number += 1
         if number and not number % POINTS_PER_STEP:
+            numbers.done()
             yield
-        builder.point = first_point + number
-        fields = _fixed_fields(raw, start_at, position)
+        if length >= 27 and raw[at] == _START and raw[at + 9] == _TIME and raw[at + 18] in (_DOUBLE, _INT):
+            time_at = at + 10
+        elif not counter and length >= 18 and raw[at] == _TIME and raw[at + 9] in (_DOUBLE, _INT):
+            time_at = at + 1
+        else:
+            time_at = 0
         try:
-            if fields is None:
-                point = points[number]
-                _add_number(builder, name, kind, builder.attributes(point.attributes, context), point, CUMULATIVE)
-                continue
-            key = (prefix, raw[fields[3] : position])
-            found = _SERIES_CACHE.get(key)
+            found = _SERIES_CACHE.get((prefix, raw[time_at + 17 : position])) if time_at else None
             if found is None:
+                numbers.done()  # the samples before this point's, in order
+                builder.point = first_point + number
                 point = points[number]
                 base = builder.attributes(point.attributes, context)
-                if point.flags:
+                if not time_at or point.flags or point.exemplars:
                     _add_number(builder, name, kind, base, point, CUMULATIVE)
                     continue
                 labels = series_labels(name, base)
-                found = (labels, series_key(labels), {})
+                found = (labels, label_bytes(labels), {})
                 if len(_SERIES_CACHE) >= MAX_CACHED_SERIES:
                     _SERIES_CACHE.clear()
                     _PREFIXES.clear()
                     prefix = _PREFIXES.setdefault((builder.namer, context.key, name), 0)
-                    key = (prefix, key[1])
-                _SERIES_CACHE[key] = found
-            start, time, value, _ = fields
-            timestamp = time // 1_000_000
+                _SERIES_CACHE[(prefix, raw[time_at + 17 : position])] = found
             index = table.get(found[1])
             if index is None:
-                index = table[found[1]] = len(builder.labels)
-                builder.labels.append(found[0])
+                index = table[found[1]] = len(labels_of)
+                labels_of.append(found[0])
             add_series(index)
-            add_time(timestamp)
-            add_value(value)
-            add_point(builder.point)
-            created = start // 1_000_000
-            if counter and created and found[2].get(builder.tenant) != created:
-                builder.extra_series(index, samples=[(timestamp, value)], created_timestamp=created)
-                builder.created.append((found[2], created, len(builder.timestamps) - 1))
+            add_time(time_at)
+            add_point(first_point + number)
+            if counter:
+                numbers.stored.append(found[2])
         except InvalidName as error:
             builder.refuse(1, f"metric {metric.name!r}: {error}")
+    numbers.done()
+    builder.point = first_point + number  # the point target_info's samples are counted with
+
+
+class _ReadNumbers:
+    """The times and values of number points whose series are in the builder's arrays already
+    (``time_at``: where each point's time is in ``raw``, its value 9 bytes on, a counter's start
+    9 bytes before), read at once with numpy; a counter series whose start time is not the
+    created timestamp ``stored`` for the tenant (the cache's dict of each point) gets it sent."""
+
+    def __init__(self, builder: _Builder, raw: bytes, counter: bool):
+        self.builder = builder
+        self.bytes = np.frombuffer(raw, dtype=np.uint8)
+        self.counter = counter
+        self.time_at: list[int] = []
+        self.stored: list[dict[str, int]] = []
+
+    def _fixed64(self, at: np.ndarray) -> np.ndarray:
+        return self.bytes[at[:, None] + _EIGHT_BYTES].view("<u8").reshape(-1)
+
+    def done(self) -> None:
+        """Add the times and values of the points read so far."""
+        if not self.time_at:
+            return
+        builder = self.builder
+        at = np.array(self.time_at, dtype=np.intp)
+        first = len(builder.timestamps)
+        timestamps = (self._fixed64(at) // 1_000_000).astype(np.int64)
+        values = self._fixed64(at + 9).view(np.float64)
+        ints = self.bytes[at + 8] == _INT
+        if ints.any():
+            values[ints] = values[ints].view(np.int64)
+        builder.timestamps.extend(timestamps.tolist())
+        builder.values.extend(values.tolist())
+        if self.counter:
+            created = (self._fixed64(at - 9) // 1_000_000).astype(np.int64)
+            tenant = builder.tenant
+            stored = np.array([known.get(tenant, 0) for known in self.stored], dtype=np.int64)
+            for number in np.flatnonzero((created != 0) & (created != stored)).tolist():
+                position = first + number
+                sample = (builder.timestamps[position], builder.values[position])
+                index = builder.sample_series[position]
+                builder.extra_series(index, samples=[sample], created_timestamp=int(created[number]))
+                builder.created.append((self.stored[number], int(created[number]), position))
+        self.time_at.clear()
+        self.stored.clear()
 
 
 def _created(point) -> int:
@@ -728,9 +792,13 @@ _ADD = {
 }
 
 
-def _target_info(builder: _Builder, resource, identity: dict[str, str], earliest: int, latest: int) -> None:
-    """target_info samples of a resource with attributes beyond its identity and with a job or
+def _target_info(builder: _Builder, read: _Resource | None) -> None:
+    """target_info samples of a resource with points, attributes beyond its identity and a job or
     instance: from its first point to its last every half lookback delta, and at its last."""
+    if read is None or read.earliest is None or read.latest is None:
+        return
+    resource, identity = read.resource, read.identity
+    earliest, latest = read.earliest // 1_000_000, read.latest // 1_000_000
     identifying = (
         ()
         if builder.settings.keep_identifying_resource_attributes
@@ -751,7 +819,7 @@ def _target_info(builder: _Builder, resource, identity: dict[str, str], earliest
     if not base.get("job") and not base.get("instance"):
         return
     builder.metadata.setdefault(TARGET_INFO, WriteMetadata(TARGET_INFO, "gauge", "Target metadata", ""))
-    key = series_key(base)
+    key = label_bytes(base)
     interval = builder.settings.lookback_delta_ms // 2
     times = [*range(earliest, latest, interval), latest]
     for timestamp in times:

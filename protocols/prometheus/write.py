@@ -157,6 +157,16 @@ def series_key(labels: dict[str, str]) -> tuple[str, ...]:
     return (*labels.keys(), *labels.values())
 
 
+def label_bytes(labels: dict[str, str]) -> bytes:
+    """A label set as remote write 1.0 carries it (the labels of a TimeSeries, in the dict's
+    order): the key in SampleArrays of a series the OTLP translator made, as a 1.0 request of
+    sorted labels has it. Bytes hash once, where a tuple's hash is computed at every lookup
+    (0.3-0.6 us a series in the known-series cache, bench.otlp)."""
+    return types_pb2.TimeSeries(
+        labels=[types_pb2.Label(name=name, value=value) for name, value in labels.items()]
+    ).SerializeToString()
+
+
 def _series_arrays(series: list[WriteSeries]) -> Generator[None, None, SampleArrays]:
     """The samples of decoded series as arrays, yielding between runs of series."""
     keys, counts, timestamps, values = [], [], [], []

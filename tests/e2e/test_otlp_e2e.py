@@ -252,3 +252,33 @@ def test_translation_settings_per_tenant(start_gateway, tmp_path, tenant):
     assert values(gateway, f"{tenant}-utf8", '{"jobs.done_seconds_total"}') == {
         (("job", "shop"), ("service.version", "2")): 3.0
     }
+
+
+def many_points(name: str, points: int, series: int, now_ns: int) -> bytes:
+    """A protobuf request of one counter of ``points`` points across ``series`` series (two
+    attributes each: ~60 bytes a point), each series' a second apart up to ``now_ns``."""
+    data = [
+        m.NumberDataPoint(
+            as_double=float(n),
+            time_unix_nano=now_ns - (points // series - n // series) * 10**9,
+            start_time_unix_nano=now_ns - 3600 * 10**9,
+            attributes=[kv("series", str(n % series)), kv("zone", "zone-a")],
+        )
+        for n in range(points)
+    ]
+    metric = m.Metric(name=name, sum=m.Sum(aggregation_temporality=2, is_monotonic=True, data_points=data))
+    return export(metric).SerializeToString()
+
+
+def test_a_request_over_a_piece_is_written_whole_and_one_over_the_points_limit_is_a_413(start_gateway, tenant):
+    """A protobuf request over 512 KiB is parsed and translated a piece at a time (wire.split_request):
+    every point is written; one over --remote-write-max-samples is refused before it is translated."""
+    gateway = start_gateway("--remote-write-max-samples", "11000", "--tenant-max-samples-per-second", "0")
+    now_ns = time.time_ns()
+    body = many_points("pieces", 10_000, 100, now_ns)
+    assert len(body) > 512 * 1024
+    assert partial_success(post(gateway, tenant, body)) == (0, "")
+    assert values(gateway, tenant, "sum(count_over_time(pieces_total[30m]))") == {(): 10_000.0}
+    over = post(gateway, tenant, many_points("over", 12_000, 100, now_ns))
+    assert over.status == 413 and b"more than 11000 data points" in over.body
+    assert query(gateway, tenant, "over_total") == []

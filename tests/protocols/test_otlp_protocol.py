@@ -17,6 +17,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from protocols import otlp
 from protocols.otlp import names
 from protocols.otlp.translate import STALE_NAN, attribute_string, buckets_layout
+from protocols.otlp.wire import PIECE_BYTES, metric_data
 from protocols.prometheus import types_pb2
 
 pytestmark = pytest.mark.fast
@@ -410,10 +411,12 @@ def test_answer_in_the_request_encoding():
     assert document == {"partialSuccess": {"rejectedDataPoints": "2", "errorMessage": "two refused"}}
 
 
-def test_number_points_read_from_their_bytes_match_the_general_path():
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["message", "bytes"])
+def test_number_points_read_from_their_bytes_match_the_general_path(as_bytes):
     """Gauges and cumulative sums take a fast path (series found by their attributes' bytes):
     the same series, values and created timestamps come out as the general path's, known or not,
-    with ints, exemplars, stale flags and resources of the same attributes kept apart."""
+    with ints, exemplars, stale flags and resources of the same attributes kept apart, from a
+    message or from a request's bytes (the data messages read where the request holds them)."""
     exemplar = m.Exemplar(as_double=1.0, time_unix_nano=T_NS, span_id=b"\x01" * 8)
     first = request(
         gauge("g", 1.5, attributes=[kv("a", "1")]),
@@ -421,6 +424,8 @@ def test_number_points_read_from_their_bytes_match_the_general_path():
         counter("c", 3, attributes=[kv("a", "2")]),
     )
     other = request(gauge("g", 2.5, attributes=[kv("a", "1")]), resource=(kv("service.name", "web"),))
+    if as_bytes:
+        first, other = first.SerializeToString(), other.SerializeToString()
     for _ in range(2):  # the second time, every series is known
         translation = otlp.translate(first)
         found = samples(translation)
@@ -440,3 +445,152 @@ def test_a_stored_created_timestamp_is_not_sent_again_for_its_tenant():
     again = otlp.translate(sent, tenant="t")
     assert [s.labels.get("a") for s in again.batch.series] == [None]
     assert len(otlp.translate(sent, tenant="u").batch.series) == 2
+
+
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["message", "bytes"])
+def test_number_points_of_every_layout_read_from_their_bytes(as_bytes):
+    """Ints and doubles, a gauge with a start time and a counter without one (no created
+    timestamp, the general path): the same values the first time and once their series are known."""
+    sent = request(
+        gauge("ints", 0, attributes=[kv("a", "1")]),
+        m.Metric(name="ints", gauge=m.Gauge(data_points=[m.NumberDataPoint(as_int=-7, time_unix_nano=T_NS)])),
+        gauge("started", 2.5, start_time_unix_nano=T_NS - 10**9),
+        counter("unstarted", 4, start=0),
+        counter("doubles", 0, as_double=1.25),
+        gauge("long", 1.0, attributes=[kv("a", "x" * 200)]),  # a point's length in two bytes
+        gauge("long", 2.0, attributes=[kv("a", "y" * 20_000)]),  # in three
+    )
+    if as_bytes:
+        sent = sent.SerializeToString()
+    for _ in range(2):
+        translation = otlp.translate(sent, tenant="layouts")
+        found = samples(translation)
+        assert found[labels(__name="ints", a="1", job="shop", instance="i1")] == [(T_MS, 0.0)]
+        assert found[labels(__name="ints", job="shop", instance="i1")] == [(T_MS, -7.0)]
+        assert found[labels(__name="started", job="shop", instance="i1")] == [(T_MS, 2.5)]
+        assert found[labels(__name="unstarted_total", job="shop", instance="i1")] == [(T_MS, 4.0)]
+        assert found[labels(__name="doubles_total", job="shop", instance="i1")] == [(T_MS, 1.25)]
+        assert found[labels(__name="long", a="x" * 200, job="shop", instance="i1")] == [(T_MS, 1.0)]
+        assert found[labels(__name="long", a="y" * 20_000, job="shop", instance="i1")] == [(T_MS, 2.0)]
+        assert [(s.labels["__name__"], s.created_timestamp) for s in translation.batch.series] == [
+            ("doubles_total", T_MS - 60_000)
+        ]
+
+
+def many_points_request(points: int):
+    """Two resources: a counter of ``points`` points (and a histogram) under one, a gauge under the other."""
+    counters = m.Metric(
+        name="hits",
+        sum=m.Sum(
+            is_monotonic=True,
+            aggregation_temporality=CUMULATIVE,
+            data_points=[
+                m.NumberDataPoint(
+                    as_double=float(n),
+                    time_unix_nano=T_NS + n * 10**6,
+                    start_time_unix_nano=T_NS - 10**9,
+                    attributes=[kv("n", str(n % 10))],
+                )
+                for n in range(points)
+            ],
+        ),
+    )
+    histograms = m.Metric(
+        name="latency",
+        unit="s",
+        histogram=m.Histogram(
+            aggregation_temporality=CUMULATIVE,
+            data_points=[
+                m.HistogramDataPoint(
+                    time_unix_nano=T_NS, count=3, sum=1.5, explicit_bounds=[0.1, 1], bucket_counts=[1, 1, 1]
+                )
+            ]
+            * 3,
+        ),
+    )
+    first = m.ResourceMetrics(
+        resource=Resource(attributes=[kv("service.name", "shop"), kv("service.instance.id", "i1"), kv("host", "h")]),
+        scope_metrics=[
+            m.ScopeMetrics(scope=InstrumentationScope(name="a"), metrics=[counters]),
+            m.ScopeMetrics(scope=InstrumentationScope(name="b"), metrics=[histograms]),
+        ],
+    )
+    second = m.ResourceMetrics(
+        resource=Resource(attributes=[kv("service.name", "web")]),
+        scope_metrics=[m.ScopeMetrics(metrics=[gauge("g", 1.0)])],
+    )
+    return ExportMetricsServiceRequest(resource_metrics=[first, second])
+
+
+def flattened(message) -> list:
+    """(resource, scope, metric without its points, point) of every data point of a request."""
+    found = []
+    for resource_metrics in message.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                data = getattr(metric, metric.WhichOneof("data"))
+                head = m.Metric()
+                head.CopyFrom(metric)
+                getattr(head, metric.WhichOneof("data")).ClearField("data_points")
+                for point in data.data_points:
+                    found.append((resource_metrics.resource, scope_metrics.scope, head, point))
+    return found
+
+
+def test_a_split_request_pieces_hold_the_whole_in_order():
+    sent = many_points_request(40)
+    raw = sent.SerializeToString()
+    pieces = [piece for piece in otlp.split_request(raw, 300) if piece is not None]
+    assert len(pieces) > 10
+    assert all(len(piece) <= 300 + 64 for _, piece in pieces)  # the repeated heads at most on top
+    assert sorted({number for number, _ in pieces}) == [0, 1]
+    messages = [ExportMetricsServiceRequest.FromString(piece) for _, piece in pieces]
+    assert all(len(message.resource_metrics) == 1 for message in messages)
+    assert [item for message in messages for item in flattened(message)] == flattened(sent)
+    assert list(otlp.split_request(raw, len(raw))) == [(0, raw)]  # small enough: whole
+    for _, piece in pieces:  # each metric's data message, as the parsed piece holds it
+        found = [data for resource in metric_data(piece) for data in resource]
+        parsed = ExportMetricsServiceRequest.FromString(piece).resource_metrics[0]
+        expected = [
+            getattr(metric, metric.WhichOneof("data")) for scope in parsed.scope_metrics for metric in scope.metrics
+        ]
+        assert [type(data).FromString(raw) for raw, data in zip(found, expected)] == expected
+
+
+@pytest.mark.parametrize(
+    "body, problem",
+    [
+        (b"\x0a\xff\x7f" + bytes(400), "field 1 at byte 0 runs past the end of its message"),
+        (  # a scope_metrics of a resource_metrics longer than its resource_metrics, whose bytes follow
+            b"\x0a\x95\x03" + b"\x0a\x8d\x03" + bytes(397) + b"\x12\x05abc" + b"\x0a\x00",
+            "field 2 at byte 403 runs past the end of its message",
+        ),
+        (b"\x0b" + bytes(400), "field 1 at byte 0 has wire type 3"),
+        (bytes(400) + b"\x0a\xff", "a varint at byte 400 runs past the end"),
+    ],
+)
+def test_a_malformed_length_in_a_split_request_is_a_400_naming_it(body, problem):
+    with pytest.raises(otlp.OTLPError) as error:
+        list(otlp.split_request(body, 300))
+    assert error.value.status == 400
+    assert problem in str(error.value)
+
+
+def test_a_request_over_a_piece_is_translated_as_its_message_is():
+    sent = many_points_request(15_000)
+    raw = sent.SerializeToString()
+    assert len(raw) > PIECE_BYTES
+    whole, pieces = otlp.translate(sent, tenant="whole"), otlp.translate(raw, tenant="pieces")
+    assert samples(pieces) == samples(whole)
+    assert pieces.points == whole.points == 15_004
+    assert pieces.batch.metadata == whole.batch.metadata
+    assert [s.created_timestamp for s in pieces.batch.series] == [s.created_timestamp for s in whole.batch.series]
+    assert labels(__name="target_info", host="h", instance="i1", job="shop") in samples(pieces)
+
+
+def test_a_request_over_the_points_limit_is_a_413_before_translating():
+    steps = otlp.translate_steps(many_points_request(5).SerializeToString(), max_points=4)
+    with pytest.raises(otlp.OTLPError) as error:
+        run(steps)
+    assert error.value.status == 413
+    assert "more than 4 data points" in str(error.value)
