@@ -396,7 +396,7 @@ def started_servers(stack: contextlib.ExitStack, args: argparse.Namespace, workd
     (with --cassandra), all stopped (keyspace dropped) with the stack."""
     servers = {}
     (workdir / "prometheus").mkdir(parents=True)
-    prometheus = prometheus_service(which("prometheus"), workdir / "prometheus")
+    prometheus = prometheus_service(args.prometheus or which("prometheus"), workdir / "prometheus")
     stack.callback(prometheus.stop)
     servers["prometheus"] = prometheus, None
     sqlite_url = f"sqlite:///{workdir / 'tsgate.db'}"
@@ -574,6 +574,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seal", action="store_true", help="run tsgate downsample --once after the writes")
     parser.add_argument(
         "--max-series-per-query", type=int, default=10000, help="tsgate's --max-series-per-query (default 10000)"
+    )
+    parser.add_argument(
+        "--prometheus",
+        metavar="BINARY",
+        help="the Prometheus to compare with (default: prometheus on PATH, 2.42 here; tsgate answers as 3.x"
+        " where the two differ: python -m tests.prometheus3 builds 3.14)",
     )
     args = parser.parse_args(argv)
     args.generations = args.generations or ([1, 4] if args.quick else [1, 24, 168])
