@@ -196,6 +196,9 @@ def labels(text: str) -> dict[str, str]:
         raise FormatError(f"not a series: {text!r}")
     found = {m.name: m.value for m in selector.matchers.matchers if str(m.op) == "MatchOp.Equal"}
     if selector.name:
+        # Prometheus's grammar builds a named series' labels with a labels.Builder, which leaves
+        # out labels with an empty value (its Reset); ``{...}`` alone keeps them (labels.New).
+        found = {k: v for k, v in found.items() if v}
         found["__name__"] = selector.name
     return found
 

@@ -339,6 +339,7 @@ def add_routes(
             config.query_lookback_delta,
             config.query_timeout,
             QueryText(config.query_max_length, config.query_max_terms, config.query_max_depth),
+            config.promql_delayed_name_removal,
         )
     ).register(router)
     GraphiteAPI(

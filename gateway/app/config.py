@@ -321,6 +321,12 @@ SETTINGS = [
         "query-lookback-delta", parse_duration, "5m", "PromQL: how far back an instant selector looks for a sample"
     ),
     Setting(
+        "promql-delayed-name-removal",
+        _boolean,
+        "false",
+        "PromQL: keep __name__ through the query and drop it only from the answer where a function or operator dropped it, as Prometheus's --enable-feature=promql-delayed-name-removal (label_replace/label_join can still read or keep it)",
+    ),
+    Setting(
         "query-timeout",
         parse_duration,
         "2m",
@@ -520,6 +526,7 @@ class Config:
     max_series_per_query: int
     max_samples_per_query: int
     query_lookback_delta: int
+    promql_delayed_name_removal: bool
     query_timeout: int
     query_max_samples: int
     query_executors: int | None

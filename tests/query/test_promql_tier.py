@@ -31,11 +31,14 @@ MIN_CASES = 600
 class Runner:
     """Loads a file's samples into a tenant of the store and answers its evals as the HTTP API does."""
 
-    def __init__(self, store):
+    def __init__(self, store, delayed_name_removal: bool = False):
         self.store = store
         self.pipeline = IngestPipeline(store, Limits(), KnownSeries(100_000), 10_000_000, clock=lambda: NOW_MS)
         planner = QueryPlanner(store, max_series=10_000, clock=lambda: NOW_MS)
-        self.api = PromQLAPI(PromQLService(store, planner, 50_000_000, LOOKBACK_MS, 60_000))
+        service = PromQLService(
+            store, planner, 50_000_000, LOOKBACK_MS, 60_000, delayed_name_removal=delayed_name_removal
+        )
+        self.api = PromQLAPI(service)
         self.generation = 0
 
     @property

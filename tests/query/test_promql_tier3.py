@@ -190,7 +190,7 @@ def listed() -> dict[str, tuple[str, str]]:
 
 async def file_failures(store, path: Path) -> dict[str, tuple[str, list[str]]]:
     """Each failing case of the file: ``file:line`` -> (its expression, what differs)."""
-    runner = Runner3(store)
+    runner = Runner3(store, delayed_name_removal=True)  # as promqltest's engine runs every file
     found = {}
     for command in parse_file_v3(path):
         if isinstance(command, Clear):

@@ -42,20 +42,24 @@ from gateway.query.promql.range_functions import (
     quantiles,
 )
 from gateway.query.promql.values import (
+    DELAYED_NAME_REMOVAL,
     NAME,
     RECONCILED,
     SCHEMA_LABELS,
     Guard,
+    NameToDrop,
     PromQLError,
     RangeVector,
     Scalar,
     Series,
     String,
     Vector,
+    answer_labels,
     drop_metric_name,
     go_float,
     is_stale,
     labels_key,
+    marked_like,
     merge_same_labels,
     mixed_schemas_warning,
     quantile_warning,
@@ -667,8 +671,10 @@ class Evaluator:
         max_samples: int = sys.maxsize,
         cancelled: threading.Event | None = None,
         setting: str = "--query-max-samples",
+        delayed_name_removal: bool = False,
     ):
         self.query = query
+        self.delayed_name_removal = delayed_name_removal
         self.data = data
         self.guard = Guard(deadline, max_samples, cancelled, setting)
         self.histograms = histograms or {}
@@ -682,11 +688,19 @@ class Evaluator:
             self.warnings.append(message)
 
     def result(self, expr, times_ms: np.ndarray):
-        """The query's answer: its value, with rows of one label set merged as Prometheus does."""
-        value = self.evaluate(expr, times_ms)
-        if isinstance(value, RangeVector) and value.modifier is not None:
-            return extended_samples(value)
-        return merge_same_labels(value) if isinstance(value, Vector) else value
+        """The query's answer: its value, with rows of one label set merged as Prometheus does
+        (after the delayed name removal, where it is on)."""
+        delayed = DELAYED_NAME_REMOVAL.set(self.delayed_name_removal)
+        try:
+            value = self.evaluate(expr, times_ms)
+        finally:
+            DELAYED_NAME_REMOVAL.reset(delayed)
+        if isinstance(value, RangeVector):
+            value = _without_delayed_names(value)
+            return extended_samples(value) if value.modifier is not None else value
+        if isinstance(value, Vector):
+            return merge_same_labels(value._replace(labels=[answer_labels(labels) for labels in value.labels]))
+        return value
 
     def evaluate(self, expr, times_ms: np.ndarray):
         self.guard.check()
@@ -1185,6 +1199,26 @@ def _hint_unknown(histogram):
     return histogram
 
 
+def _without_delayed_names(matrix: RangeVector) -> RangeVector:
+    """A subquery's answer after the delayed name removal: series that became one label set are
+    the error Prometheus gives where they overlap, one series where they do not."""
+    if not any(isinstance(series.labels, NameToDrop) for series in matrix.series):
+        return matrix
+    merged: dict[tuple, list[Series]] = {}
+    for series in matrix.series:
+        labels = answer_labels(series.labels)
+        merged.setdefault(labels_key(labels), []).append(series._replace(labels=labels))
+    series_list = []
+    for parts in merged.values():
+        timestamps = np.concatenate([part.timestamps for part in parts])
+        order = np.argsort(timestamps, kind="stable")
+        if len(np.unique(timestamps)) < len(timestamps):
+            raise PromQLError("vector cannot contain metrics with the same labelset")
+        values = np.concatenate([part.values for part in parts])
+        series_list.append(Series(parts[0].labels, timestamps[order], values[order]))
+    return matrix._replace(series=series_list)
+
+
 def _refuse_same_labels(vector: Vector) -> None:
     """A range function's result, as Prometheus 2.42 checks it: two of its series with the same
     label set (series that differed only by their dropped name) are an error, at whatever steps
@@ -1566,7 +1600,8 @@ def _histogram_pairs(op, ctx, many, index, one, partners, swapped, return_bool, 
 def _result_labels(
     labels: dict, partner: dict, modifier, one_to_one: bool, include: list[str], drop_name: bool
 ) -> dict:
-    result = drop_metric_name(labels) if drop_name else dict(labels)
+    named = drop_metric_name(labels) if drop_name else labels
+    result = dict(named)
     matching = modifier.matching if modifier is not None else None
     if one_to_one and matching is not None:
         names = set(matching.labels)
@@ -1579,7 +1614,7 @@ def _result_labels(
             result = {**result, name: partner[name]}
         else:
             result = {k: v for k, v in result.items() if k != name}
-    return result
+    return marked_like(named, result)
 
 
 # -- aggregation helpers --------------------------------------------------------------------
@@ -1603,6 +1638,7 @@ def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple
             index_of[key] = len(group_labels)
             group_labels.append(group)
         group_of[row] = index_of[key]
+        group_labels[group_of[row]] = marked_like(labels, group_labels[group_of[row]])
     return group_of, group_labels
 
 

@@ -17,6 +17,7 @@ from gateway.query.promql.values import (
     drop_metric_name,
     go_float,
     labels_key,
+    marked_like,
     merge_same_labels,
     metric_name,
     quantile_warning,
@@ -289,7 +290,7 @@ def _set_label(vector: Vector, destination: str, value_of) -> Vector:
         changed = {k: v for k, v in series.items() if k != destination}
         if value:
             changed[destination] = value
-        labels.append(changed)
+        labels.append(changed if destination == NAME else marked_like(series, changed))
     return merge_same_labels(Vector(labels, vector.values, vector.present, vector.sample_ms, vector.histograms))
 
 
@@ -341,7 +342,9 @@ def _histogram_quantiles(ctx, args, call):
         result = _histogram_quantile(ctx, [quantile, vector], call)
         for value in np.unique(quantile.values):  # a quantile may differ between steps
             at = quantile.values == value if not math.isnan(value) else np.isnan(quantile.values)
-            named = [{**labels, label: _open_metrics_float(float(value))} for labels in result.labels]
+            named = [
+                marked_like(labels, {**labels, label: _open_metrics_float(float(value))}) for labels in result.labels
+            ]
             parts.append(Vector(named, result.values, result.present & at).without_absent())
     out = Vector.empty(ctx.steps)
     for part in parts:

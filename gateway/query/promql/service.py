@@ -32,6 +32,7 @@ class PromQLService:
         lookback_ms: int,
         timeout_ms: int,
         text: QueryText | None = None,
+        delayed_name_removal: bool = False,
     ):
         self.store = store
         self.planner = planner
@@ -39,6 +40,7 @@ class PromQLService:
         self.lookback_ms = lookback_ms
         self.timeout_ms = timeout_ms
         self.text = text or QueryText()
+        self.delayed_name_removal = delayed_name_removal
 
     def query(self, start_ms: int, end_ms: int, step_ms: int) -> Query:
         """A query over [start_ms, end_ms] every ``step_ms`` (0: instant), with the configured lookback."""
@@ -82,7 +84,14 @@ class PromQLService:
             consumeErrors=True,
         ).addErrback(lambda failure: failure.value.subFailure.raiseException())
         evaluator = Evaluator(
-            query, data, guard.deadline, histograms, guard.max_samples, guard.cancelled, guard.setting
+            query,
+            data,
+            guard.deadline,
+            histograms,
+            guard.max_samples,
+            guard.cancelled,
+            guard.setting,
+            self.delayed_name_removal,
         )
         value = await threads.deferToThread(evaluator.result, expr, times)
         return value, self._rollup_warnings(tenant, needs) + evaluator.warnings

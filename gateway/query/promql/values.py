@@ -12,6 +12,7 @@ import math
 import sys
 import threading
 import time
+from contextvars import ContextVar
 from decimal import Decimal
 from typing import NamedTuple
 
@@ -232,12 +233,40 @@ def quantile_warning(q: np.ndarray) -> str | None:
 SCHEMA_LABELS = frozenset((NAME, "__type__", "__unit__"))
 
 
+class NameToDrop(dict):
+    """Labels an operation took the metric's name from while the name removal is delayed
+    (Prometheus's promql-delayed-name-removal, --promql-delayed-name-removal): they keep their
+    schema labels until the answer, so label_replace/label_join can still read or keep the name
+    and ``by (__name__)`` still groups by it; ``answer_labels`` removes them then."""
+
+
+# Whether the query being evaluated (in this thread) delays the name removal: set for the whole
+# evaluation by Evaluator.result, read where drop_metric_name is called, deep in the functions.
+DELAYED_NAME_REMOVAL: ContextVar[bool] = ContextVar("delayed_name_removal", default=False)
+
+
 def drop_metric_name(labels: Labels) -> Labels:
     """The labels without the metric's name, type and unit (where an operation or a function
-    changes what the metric is)."""
+    changes what the metric is); marked to lose them at the answer where the removal is delayed."""
     if SCHEMA_LABELS.isdisjoint(labels):
         return labels
+    if DELAYED_NAME_REMOVAL.get():
+        return labels if isinstance(labels, NameToDrop) else NameToDrop(labels)
     return {k: v for k, v in labels.items() if k not in SCHEMA_LABELS}
+
+
+def marked_like(original: Labels, labels: Labels) -> Labels:
+    """``labels`` (built from ``original``) marked to lose the name at the answer if ``original`` was."""
+    if isinstance(original, NameToDrop) and not isinstance(labels, NameToDrop):
+        return NameToDrop(labels)
+    return labels
+
+
+def answer_labels(labels: Labels) -> Labels:
+    """The labels the answer shows: without the schema labels where their removal was delayed."""
+    if isinstance(labels, NameToDrop):
+        return {k: v for k, v in labels.items() if k not in SCHEMA_LABELS}
+    return labels
 
 
 def labels_key(labels: Labels) -> tuple:
