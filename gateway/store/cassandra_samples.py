@@ -222,17 +222,24 @@ def head_routing_key(tenant: str, slice_ms: int, shard: int) -> bytes:
     return b"".join(_SHORT(len(part)) + part + b"\x00" for part in (tenant.encode(), _BIGINT(slice_ms), _INT(shard)))
 
 
-def _head_runs(page: list[tuple[str, int, float]]) -> list[tuple[str, Samples]]:
-    """A page of (series_set_hash, ts, value) head rows -> (hash, Samples) for each run of rows of
-    one series (a partition's rows come clustered by series): columns converted by numpy at once,
-    where a Python loop over the rows was a sixth of a seal's CPU."""
-    if not page:
-        return []
-    hashes, timestamps, values = zip(*page)
+def _head_samples(rows: list[tuple[str, int, float]], hashes: Sequence[str]) -> list[Samples]:
+    """(series_set_hash, ts, value) head rows, in the order read -> each of ``hashes``' samples,
+    the later of two rows of one timestamp winning. A page holds many slices' rows, series after
+    series in each, so a series comes in many short runs: all the rows are put in order at once
+    (one stable sort by series and timestamp), where a merge of each series' runs cost a numpy
+    call a run (about a sample a run over a dashboard's hour)."""
+    if not rows:
+        return [samples.empty() for _ in hashes]
+    position = {hash_: at for at, hash_ in enumerate(hashes)}
+    names, timestamps, values = zip(*rows)
+    owner = np.fromiter(map(position.__getitem__, names), dtype=np.intp, count=len(rows))
     ts, vs = np.array(timestamps, dtype=np.int64), np.array(values, dtype=np.float64)
-    names = np.array(hashes, dtype=object)
-    bounds = [0, *(np.flatnonzero(names[1:] != names[:-1]) + 1).tolist(), len(page)]
-    return [(hashes[a], Samples(ts[a:b], vs[a:b])) for a, b in zip(bounds, bounds[1:])]
+    order = np.lexsort((ts, owner))
+    owner, ts, vs = owner[order], ts[order], vs[order]
+    last_write = np.r_[(owner[1:] != owner[:-1]) | (ts[1:] != ts[:-1]), True]
+    owner, ts, vs = owner[last_write], ts[last_write], vs[last_write]
+    bounds = np.searchsorted(owner, np.arange(len(hashes) + 1)).tolist()
+    return [Samples(ts[a:b], vs[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 class CassandraSamples(CassandraBase):
@@ -376,13 +383,10 @@ class CassandraSamples(CassandraBase):
             ]
 
             def assemble(results):
-                heads: dict[str, list[Samples]] = defaultdict(list)
-                for page in results[: len(head_requests)]:
-                    for hash_, run in _head_runs(page):
-                        heads[hash_].append(run)
+                rows = [row for page in results[: len(head_requests)] for row in page]
                 for (hash_, _), page in zip(legacy, results[len(head_requests) :]):
-                    heads[hash_] += [run for _, run in _head_runs([(hash_, *row) for row in page])]
-                return [RawData(blocks[h], samples.merge(heads[h])) for h in hashes]
+                    rows += [(hash_, *row) for row in page]
+                return [RawData(blocks[h], head) for h, head in zip(hashes, _head_samples(rows, hashes))]
 
             return self._execute_all(head_requests + legacy_requests, PLAIN_ROWS).addCallback(assemble)
 
