@@ -36,7 +36,7 @@ ALL_TIME_TABLES = (
 )
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1  # Murmur3Partitioner's ring: (MIN_TOKEN, MAX_TOKEN]
 TOKEN_RANGES = 256  # a table's ring in this many equal ranges: the unit of progress kept
-RANGES_AT_ONCE = 4  # ranges read at the same time
+RANGES_AT_ONCE = 8  # ranges read at the same time
 BATCHES_IN_FLIGHT = 8  # rewrite batches (CassandraBase._batched) in flight per range read
 PAGE_ROWS = 2000
 ROWS_PER_FLUSH = 5000  # rewrites collected from a range before they are sent
