@@ -95,13 +95,17 @@ def _expire_old_index(config, store, namespace: argparse.Namespace) -> int:
     store.retentions = overrides.retentions
     try:
         walked = store.expire_old_index(lambda line: print(line, flush=True), namespace.max_ranges, namespace.restart)
+    except KeyboardInterrupt:
+        print("tsgate schema expire-old-index: interrupted; run it again to continue", file=sys.stderr)
+        return 130
     except Exception as error:
         print(f"tsgate schema expire-old-index: {error} (run it again to continue)", file=sys.stderr)
         return 1
     rate = walked.rows_seen / walked.seconds if walked.seconds else 0.0
     print(
-        f"{walked.ranges} token ranges walked in {walked.seconds:.1f} s: {walked.rows_seen:,} rows seen"
-        f" ({rate:,.0f} a second), {walked.rows_rewritten:,} rewritten with a TTL"
+        f"{walked.ranges} token ranges walked ({walked.done_ranges} of {walked.total_ranges} done)"
+        f" in {walked.seconds:.1f} s: {walked.rows_seen:,} rows seen ({rate:,.0f} a second),"
+        f" {walked.rows_rewritten:,} rewritten with a TTL"
     )
     if walked.finished:
         print("every all-time index row has a TTL: rows written before the upgrade expire with their data")

@@ -54,7 +54,8 @@ class Table(NamedTuple):
 
 
 class Walked(NamedTuple):
-    ranges: int
+    ranges: int  # walked by this run
+    done_ranges: int  # done by this run and those before
     total_ranges: int
     rows_seen: int
     rows_rewritten: int
@@ -86,6 +87,7 @@ class OldIndexExpiry:
 
     def run(self, max_ranges: int | None = None, restart: bool = False) -> Walked:
         started = time.monotonic()
+        self._table("index_state")  # where progress is kept: says `schema apply` is due when missing
         if restart:
             for name in ALL_TIME_TABLES:
                 self.session.execute(f"DELETE FROM {self.keyspace}.index_state WHERE name = %s", [_progress_name(name)])
@@ -96,10 +98,9 @@ class OldIndexExpiry:
             done, table_seen, table_rewritten = self._walk(table, budget)
             budget -= done
             ranges, seen, rewritten = ranges + done, seen + table_seen, rewritten + table_rewritten
-        left = sum(TOKEN_RANGES - self._done_before(name) for name in ALL_TIME_TABLES)
-        return Walked(
-            ranges, len(ALL_TIME_TABLES) * TOKEN_RANGES, seen, rewritten, time.monotonic() - started, left == 0
-        )
+        total = len(ALL_TIME_TABLES) * TOKEN_RANGES
+        done = sum(self._done_before(name) for name in ALL_TIME_TABLES)
+        return Walked(ranges, done, total, seen, rewritten, time.monotonic() - started, done == total)
 
     def _table(self, name: str) -> Table:
         rows = list(

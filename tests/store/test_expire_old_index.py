@@ -13,7 +13,7 @@ from gateway.app.cli import main
 from gateway.core.layout import DAY_MS, Layout
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
 from gateway.store.cassandra import CassandraStore
-from gateway.store.cassandra_old_index import ALL_TIME_TABLES, TOKEN_RANGES
+from gateway.store.cassandra_old_index import ALL_TIME_TABLES, TOKEN_RANGES, OldIndexExpiry
 from gateway.store.contract import CreatedTimestamp, MetricMetadata, Store
 from gateway.store.index import ALL_TIME_MARGIN_MS
 
@@ -98,9 +98,11 @@ async def test_old_rows_get_their_tenants_ttl_and_a_stopped_run_continues(
 
     out = run(capsys, url, "--overrides", str(overrides), "--restart", "--max-ranges", "5")
     assert "tenants: 5 of 256 token ranges" in out and "stopped before the end" in out
+    assert f"5 token ranges walked (5 of {RANGES} done)" in out
     out = run(capsys, url, "--overrides", str(overrides))
     assert "tenants: 5 of 256 token ranges done by an earlier run" in out
-    assert f"{RANGES - 5} token ranges walked" in out and "every all-time index row has a TTL" in out
+    assert f"{RANGES - 5} token ranges walked ({RANGES} of {RANGES} done)" in out
+    assert "every all-time index row has a TTL" in out
 
     for t, longest_ms in ((tenant, Layout().longest_retention_ms), (short, 30 * DAY_MS)):
         expected_s = (longest_ms + ALL_TIME_MARGIN_MS) // 1000
@@ -141,6 +143,32 @@ async def test_with_a_tiny_retention_the_old_rows_expire(store, url, tenant, mon
     assert await store.get_series(tenant, [s.series_set_hash for s in dead]) == {}
     assert await store.get_metric_metadata(tenant, "http_requests_total") is None
     assert tenant not in await store.list_tenants()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_series_deleted_while_the_step_runs_stays_deleted(store, url, tenant, monkeypatch, capsys):
+    """The rewrites carry the run's start as their write time: a gateway's delete between the
+    step's read of a row and its rewrite (later) wins, and the series does not come back."""
+    kept, gone, graphite = await write_as_before_the_upgrade(store, monkeypatch, tenant)
+    send, deleted = OldIndexExpiry._send, []
+
+    def delete_then_send(self, requests):
+        if not deleted and any(
+            "series_set_hashes" in statement.query_string and parameters[1] == gone.series_set_hash
+            for statement, parameters in requests
+        ):
+            self.session.execute(
+                f"DELETE FROM {self.keyspace}.series_set_hashes WHERE tenant = %s AND series_set_hash = %s",
+                (tenant, gone.series_set_hash),
+            )
+            deleted.append(gone)
+        return send(self, requests)
+
+    monkeypatch.setattr(OldIndexExpiry, "_send", delete_then_send)
+    run(capsys, url, "--restart")
+    assert deleted == [gone]
+    found = await store.get_series(tenant, [s.series_set_hash for s in (kept, gone, graphite)])
+    assert sorted(found) == sorted([kept.series_set_hash, graphite.series_set_hash])
 
 
 def test_the_flags_of_the_step_are_refused_elsewhere(capsys):
