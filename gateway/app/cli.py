@@ -48,7 +48,8 @@ def _serve(namespace: argparse.Namespace) -> int:
 
 
 def _schema(namespace: argparse.Namespace) -> int:
-    """``schema print`` shows the CQL for the settings; ``schema apply`` creates or upgrades it."""
+    """``schema print`` shows the CQL for the settings; ``schema apply`` creates or upgrades it;
+    ``schema expire-old-index`` gives index rows written before the time index their TTL."""
     from gateway.store.cassandra import CassandraStore, parse_url
     from gateway.store.cassandra_schema import schema_text
 
@@ -59,10 +60,14 @@ def _schema(namespace: argparse.Namespace) -> int:
         options = parse_url(config.store_url, config.layout)
     except ValueError as error:
         raise ConfigError(f"--store: {error}") from None
+    if namespace.action != "expire-old-index" and (namespace.max_ranges is not None or namespace.restart):
+        raise ConfigError("--max-ranges and --restart belong to `tsgate schema expire-old-index`")
     if namespace.action == "print":
         print(schema_text(options.schema), end="")
         return 0
     setup_logging(config.log_level)
+    if namespace.action == "expire-old-index":
+        return _expire_old_index(config, CassandraStore(options), namespace)
     try:
         statements = CassandraStore(options).apply_schema()
     except Exception as error:
@@ -72,6 +77,40 @@ def _schema(namespace: argparse.Namespace) -> int:
     print(f"schema applied: keyspace {options.schema.keyspace}, {len(statements) - len(notes)} statements")
     for note in notes:
         print(note)
+    return 0
+
+
+def _expire_old_index(config, store, namespace: argparse.Namespace) -> int:
+    """``schema expire-old-index``: the all-time index rows a gateway older than the time index
+    wrote without a TTL get the TTL of their tenant's retentions (--overrides), printing progress."""
+    from gateway.core.overrides import Overrides, OverridesError
+
+    if namespace.max_ranges is not None and namespace.max_ranges < 1:
+        raise ConfigError("--max-ranges must be at least 1")
+    overrides = Overrides(config)
+    try:
+        overrides.load()
+    except OverridesError as error:
+        raise ConfigError(f"--overrides: {error}") from None
+    store.retentions = overrides.retentions
+    try:
+        walked = store.expire_old_index(lambda line: print(line, flush=True), namespace.max_ranges, namespace.restart)
+    except KeyboardInterrupt:
+        print("tsgate schema expire-old-index: interrupted; run it again to continue", file=sys.stderr)
+        return 130
+    except Exception as error:
+        print(f"tsgate schema expire-old-index: {error} (run it again to continue)", file=sys.stderr)
+        return 1
+    rate = walked.rows_seen / walked.seconds if walked.seconds else 0.0
+    print(
+        f"{walked.ranges} token ranges walked ({walked.done_ranges} of {walked.total_ranges} done)"
+        f" in {walked.seconds:.1f} s: {walked.rows_seen:,} rows seen ({rate:,.0f} a second),"
+        f" {walked.rows_rewritten:,} rewritten with a TTL"
+    )
+    if walked.finished:
+        print("every all-time index row has a TTL: rows written before the upgrade expire with their data")
+    else:
+        print("stopped before the end (--max-ranges): run it again to continue where it stopped")
     return 0
 
 
@@ -322,9 +361,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway")
     add_arguments(serve)
     serve.set_defaults(func=_serve)
-    schema = commands.add_parser("schema", help="print or apply the Cassandra schema")
-    schema.add_argument("action", choices=["print", "apply"])
-    add_arguments(schema, SCHEMA_SETTINGS)
+    schema = commands.add_parser(
+        "schema", help="print or apply the Cassandra schema; give old index rows their TTL (expire-old-index)"
+    )
+    schema.add_argument("action", choices=["print", "apply", "expire-old-index"])
+    schema.add_argument(
+        "--max-ranges",
+        type=int,
+        metavar="N",
+        help="expire-old-index: stop after N token ranges (of 256 a table); a run again continues there",
+    )
+    schema.add_argument(
+        "--restart", action="store_true", help="expire-old-index: forget the progress kept and walk every table again"
+    )
+    add_arguments(schema, (*SCHEMA_SETTINGS, "overrides"))
     schema.set_defaults(func=_schema)
     downsample = commands.add_parser("downsample", help="roll up settled slots (see --once)")
     downsample.add_argument("--once", action="store_true", help="process everything settled now, then exit")

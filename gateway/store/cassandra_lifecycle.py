@@ -6,6 +6,7 @@ from twisted.internet import defer, threads
 
 from gateway.store.cassandra_base import CassandraBase, unavailable_error
 from gateway.store.cassandra_head_writer import AcsyllaHeadWriter
+from gateway.store.cassandra_old_index import OldIndexExpiry, Walked
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import keyspace_statement, table_statements, upgrade_statements
 from gateway.store.contract import BUCKET_INDEX_ALWAYS, StoreUnavailable, time_slot
@@ -53,6 +54,15 @@ class CassandraLifecycle(CassandraBase):
                 statements.append(self._index_histograms(session))
             statements.append(self._bucket_index_since(session, "series_set_hashes" in tables))
             return statements
+        finally:
+            self.cluster.shutdown()
+
+    def expire_old_index(self, say, max_ranges: int | None = None, restart: bool = False) -> Walked:
+        """Give the all-time index rows written without a TTL theirs (cassandra_old_index.py);
+        blocking (used by ``tsgate schema expire-old-index``)."""
+        session = self._connect(self.keyspace)
+        try:
+            return OldIndexExpiry(self, session, say).run(max_ranges, restart)
         finally:
             self.cluster.shutdown()
 
