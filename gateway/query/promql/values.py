@@ -161,15 +161,16 @@ class RangeVector(NamedTuple):
         a bound are counted (a bincount and a cumulative sum): a pass over the samples and the
         cells, where a search of every cell in all the samples costs a log of them a cell."""
         steps = len(self.refs)
-        starts = np.cumsum(lengths) - lengths
         owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths) * (steps + 1)
 
         def at_or_before(bounds: np.ndarray) -> np.ndarray:
             order = None if (bounds[1:] >= bounds[:-1]).all() else np.argsort(bounds, kind="stable")
             sorted_bounds = bounds if order is None else bounds[order]
             first_bound = _first_at_or_after(sorted_bounds, timestamps)  # the sample counts from there
+            # (series, bound) cells in order: the running count is the samples of the series
+            # before and of this one up to the bound, one past its last sample's index
             counts = np.bincount(owner + first_bound, minlength=len(lengths) * (steps + 1))
-            indexes = starts[:, None] + np.cumsum(counts.reshape(len(lengths), steps + 1)[:, :steps], axis=1)
+            indexes = np.cumsum(counts).reshape(len(lengths), steps + 1)[:, :steps]
             if order is not None:
                 indexes[:, order] = indexes.copy()
             return indexes
