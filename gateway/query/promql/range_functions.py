@@ -54,8 +54,10 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
     """As _per_series, many series at once: their samples are laid end to end and every window
     becomes a (series, step) pair of indexes into them. For the functions that only look at a
     window's ends and at pairs of neighbours inside it, which never straddle two series."""
-    series = [s for s in matrix.series if len(s.timestamps)]
-    lengths = np.fromiter((len(s.timestamps) for s in series), np.int64, len(series))
+    lengths = np.fromiter((len(s.timestamps) for s in matrix.series), np.int64, len(matrix.series))
+    sampled = np.flatnonzero(lengths)
+    series = matrix.series if len(sampled) == len(lengths) else [matrix.series[i] for i in sampled]
+    lengths = lengths[sampled]
     labels, rows, masks = [], [], []
     for first, end in _stacks(lengths, len(matrix.refs)):
         matrix.guard.check()
