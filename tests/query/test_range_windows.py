@@ -4,7 +4,7 @@ RangeVector.stacked_windows) answer exactly what each series alone gives, across
 import numpy as np
 import pytest
 
-from gateway.query.promql import range_functions
+from gateway.query.promql import range_functions, values
 from gateway.query.promql.values import RangeVector, Series
 
 MINUTE = 60_000
@@ -63,23 +63,31 @@ FUNCTIONS = {
 }
 
 
+# SEARCHED_SAMPLES_A_CELL: windows always searched, always counted
+STRATEGIES = {"searched": 0, "counted": 10**9}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES.values(), ids=STRATEGIES.keys())
 @pytest.mark.parametrize("refs", REFS.values(), ids=REFS.keys())
 @pytest.mark.parametrize("name", FUNCTIONS)
-def test_many_series_at_once_answer_as_each_alone(monkeypatch, name, refs):
+def test_many_series_at_once_answer_as_each_alone(monkeypatch, name, refs, strategy):
     monkeypatch.setattr(range_functions, "STACK_CELLS", 700)  # a few series a stack: many stacks
+    monkeypatch.setattr(values, "SEARCHED_SAMPLES_A_CELL", strategy)
     matrix = RangeVector(_churned_series(60, np.random.default_rng(7)), refs, 5 * MINUTE)
     together = _rows(FUNCTIONS[name](matrix))
     alone = _one_at_a_time(FUNCTIONS[name], matrix)
     assert together.keys() == alone.keys()
     assert len(together) >= 5  # series with an answer, to compare
-    for key, (values, present) in alone.items():
+    for key, (answer, present) in alone.items():
         np.testing.assert_array_equal(together[key][1], present)
-        np.testing.assert_array_equal(together[key][0][present], values[present])  # bit for bit, NaN too
+        np.testing.assert_array_equal(together[key][0][present], answer[present])  # bit for bit, NaN too
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES.values(), ids=STRATEGIES.keys())
 @pytest.mark.parametrize("modifier", [None, "anchored"])
 @pytest.mark.parametrize("refs", REFS.values(), ids=REFS.keys())
-def test_stacked_windows_are_each_series_windows(refs, modifier):
+def test_stacked_windows_are_each_series_windows(monkeypatch, refs, modifier, strategy):
+    monkeypatch.setattr(values, "SEARCHED_SAMPLES_A_CELL", strategy)
     series = _churned_series(30, np.random.default_rng(3))
     matrix = RangeVector(series, refs, 5 * MINUTE, modifier=modifier, lookback_ms=5 * MINUTE)
     lengths = np.array([len(s.timestamps) for s in series])
@@ -90,8 +98,10 @@ def test_stacked_windows_are_each_series_windows(refs, modifier):
         np.testing.assert_array_equal(hi[row] - offset, expected_hi)
 
 
-def test_stacked_windows_of_refs_out_of_order():
+@pytest.mark.parametrize("strategy", STRATEGIES.values(), ids=STRATEGIES.keys())
+def test_stacked_windows_of_refs_out_of_order(monkeypatch, strategy):
     """Refs in no order (none the engine makes today) are windowed as sorted ones would be."""
+    monkeypatch.setattr(values, "SEARCHED_SAMPLES_A_CELL", strategy)
     series = _churned_series(10, np.random.default_rng(5))
     refs = START + np.array([90, 3, 45, 45, 0, 200]) * MINUTE
     matrix = RangeVector(series, refs, 5 * MINUTE)
