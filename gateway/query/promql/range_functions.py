@@ -31,8 +31,7 @@ from protocols.prometheus.types_pb2 import Histogram as HistogramMessage
 
 GAUGE_HINT = HistogramMessage.GAUGE
 
-STACK = 32  # series evaluated together by _all_series
-STACK_CELLS = STACK * 11_000  # (series, step) cells of one stack: fewer series for a subquery's millions of steps
+STACK_CELLS = 12_000  # samples and (series, step) cells _all_series evaluates at once
 
 
 def _per_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector:
@@ -52,25 +51,20 @@ def _per_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
 
 
 def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector:
-    """As _per_series, STACK series at a time: their samples are laid end to end and every
-    window becomes a (series, step) pair of indexes into them. For the functions that only look
-    at a window's ends and at pairs of neighbours inside it, which never straddle two series.
-    (A few dozen series at a time: arrays of all of them at once cost more in page faults than
-    the loop they save; fewer when there are many steps, so that the deadline is checked often.)"""
-    series = [s for s in matrix.series if len(s.timestamps)]
+    """As _per_series, many series at once: their samples are laid end to end and every window
+    becomes a (series, step) pair of indexes into them. For the functions that only look at a
+    window's ends and at pairs of neighbours inside it, which never straddle two series."""
+    lengths = np.fromiter((len(s.timestamps) for s in matrix.series), np.int64, len(matrix.series))
+    sampled = np.flatnonzero(lengths)
+    series = matrix.series if len(sampled) == len(lengths) else [matrix.series[i] for i in sampled]
+    lengths = lengths[sampled]
     labels, rows, masks = [], [], []
-    stack = max(1, min(STACK, STACK_CELLS // max(len(matrix.refs), 1)))
-    for first in range(0, len(series), stack):
+    for first, end in _stacks(lengths, len(matrix.refs)):
         matrix.guard.check()
-        part = series[first : first + stack]
+        part = series[first:end]
         timestamps = np.concatenate([s.timestamps for s in part])
         values = np.concatenate([s.values for s in part])
-        base = min(int(timestamps.min()), int(matrix.refs.min()) - matrix.range_ms - matrix.lookback_ms)
-        span = max(int(timestamps.max()), int(matrix.refs.max())) - base + 1
-        owner = np.repeat(np.arange(len(part), dtype=np.int64), [len(s.timestamps) for s in part])
-        keys = timestamps - base + owner * span
-        shift = np.arange(len(part), dtype=np.int64)[:, None] * span
-        lo, hi = matrix.window_indexes(keys, (matrix.refs - base)[None, :] + shift)
+        lo, hi = matrix.stacked_windows(timestamps, lengths[first:end])
         result, present = compute(Series({}, timestamps, values), lo, hi)
         keep = present.any(axis=1)
         labels += [s.labels if keep_name else drop_metric_name(s.labels) for s, kept in zip(part, keep) if kept]
@@ -79,6 +73,22 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
     if not labels:
         return Vector.empty(len(matrix.refs))
     return Vector(labels, np.vstack(rows), np.vstack(masks))
+
+
+def _stacks(lengths: np.ndarray, steps: int) -> list[tuple[int, int]]:
+    """Runs of series (first, end) of about STACK_CELLS samples and (series, step) cells each,
+    one series at least: arrays of that size stay in the processor's cache and in the
+    allocator's heap (larger ones are mapped afresh, a page fault every 4 KiB of every
+    temporary: all series at once cost twice the loop they save), and the deadline is checked
+    between them."""
+    totals = np.cumsum(lengths + steps)
+    runs, first = [], 0
+    while first < len(lengths):
+        before = int(totals[first - 1]) if first else 0
+        end = max(int(np.searchsorted(totals, before + STACK_CELLS, side="right")), first + 1)
+        runs.append((first, end))
+        first = end
+    return runs
 
 
 def _prefix(flags: np.ndarray) -> np.ndarray:
@@ -97,8 +107,11 @@ def _with_resets(values: np.ndarray, result: np.ndarray, lo: np.ndarray, hi: np.
     the other in time order as Prometheus adds them. (A difference of prefix sums would carry the
     rounding of every earlier reset of the series into the window: the rate would differ from
     Prometheus's in its last bits, and ceil() of a rate that is a whole number by 1.)"""
-    after_reset = np.flatnonzero(values[1:] < values[:-1]) + 1
-    first, end = np.searchsorted(after_reset, lo + 1), np.searchsorted(after_reset, hi)
+    is_reset = np.zeros(len(values), dtype=bool)
+    is_reset[1:] = values[1:] < values[:-1]
+    after_reset = np.flatnonzero(is_reset)
+    resets_before = np.concatenate([[0], np.cumsum(is_reset)])  # [i]: the resets before sample i
+    first, end = resets_before[np.minimum(lo + 1, len(values))], resets_before[hi]
     for k in range(int((end - first).max(initial=0))):
         index = first + k
         inside = index < end
@@ -113,17 +126,22 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
     range_s = matrix.range_ms / 1000
 
     def compute(series: Series, lo, hi):
+        """Over the windows of two samples or more alone (a series lives in a few of a range's
+        windows where series churn)."""
         ts, vs = series.timestamps, series.values
         present = hi - lo >= 2
-        if not present.any():
-            return np.zeros(lo.shape), present
-        first_i, last_i = np.minimum(lo, len(vs) - 1), np.maximum(hi - 1, 0)
+        answer = np.zeros(lo.shape)
+        cells = np.flatnonzero(present)
+        if not len(cells):
+            return answer, present
+        lo, hi = lo.ravel()[cells], hi.ravel()[cells]
+        range_end = np.broadcast_to(matrix.refs, present.shape).ravel()[cells]
+        first_i, last_i = lo, hi - 1
         first, last = vs[first_i], vs[last_i]
         result = last - first
         if is_counter:
             result = _with_resets(vs, result, lo, hi)
-        range_start, range_end = matrix.refs - matrix.range_ms, matrix.refs
-        to_start = (ts[first_i] - range_start) / 1000
+        to_start = (ts[first_i] - (range_end - matrix.range_ms)) / 1000
         to_end = (range_end - ts[last_i]) / 1000
         sampled = (ts[last_i] - ts[first_i]) / 1000
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -137,7 +155,8 @@ def extrapolated_rate(matrix: RangeVector, is_counter: bool, is_rate: bool) -> V
             factor = (sampled + to_start + to_end) / sampled
             if is_rate:
                 factor = factor / range_s
-            return result * factor, present
+            answer.ravel()[cells] = result * factor
+            return answer, present
 
     return _all_series(matrix, compute)
 
