@@ -75,7 +75,7 @@ def test_queries_answer_prometheus_envelopes(loaded, tenant):
         ("/api/v1/query_range", {"query": "up", "start": "0", "end": "100000", "step": "1"}, 400, "bad_data"),
         ("/api/v1/query_range", {"query": "up[5m]", "start": "0", "end": "10", "step": "1"}, 400, "bad_data"),
         ("/api/v1/query", {"query": "1 > 2"}, 400, "bad_data"),
-        ("/api/v1/query", {"query": "up + fill(0) up"}, 400, "bad_data"),
+        ("/api/v1/query", {"query": "start_timestamp(up)"}, 400, "bad_data"),  # a feature left out: named
         ("/api/v1/query", {"query": "limitk(NaN, up)"}, 422, "execution"),
         ("/api/v1/query", {"query": "jobs_total + on() jobs_total"}, 422, "execution"),
         ("/api/v1/query", {"query": "count_over_time(jobs_total[1h])"}, 200, None),
