@@ -208,6 +208,7 @@ class QueryPlanner(ReadService):
         name_matchers = [m for m in matchers if m.name == NAME_TAG]
         tag_matchers = [m for m in matchers if m.name != NAME_TAG]
         found: Selection = []
+        checks = [(m.name, m.matches) for m in matchers]
         buckets = self.index_buckets(tenant, start_ms, end_ms)
         for metric_name in await self._metric_names(tenant, name_matchers, tag_matchers, label_view, buckets):
             hashes = await self._candidates(tenant, metric_name, tag_matchers, buckets)
@@ -217,10 +218,12 @@ class QueryPlanner(ReadService):
                     f" ({self.max_series.setting(tenant)}); narrow it"
                 )
             series = await self._get_series(tenant, hashes)
-            for key in sorted(series.values(), key=lambda s: sorted(s.tags.items())):
-                labels = label_view(key.metric_name, key.tags)
-                if all(m.matches(labels.get(m.name, "")) for m in matchers):
-                    found.append(Selected(key, labels))
+            matched = [
+                Selected(key, labels)
+                for key in series.values()
+                if _matches(checks, labels := label_view(key.metric_name, key.tags))
+            ]
+            found.extend(sorted(matched, key=lambda selected: sorted(selected.key.tags.items())))
         return found
 
     async def _metric_names(self, tenant: str, name_matchers, tag_matchers, label_view, buckets) -> list[str]:
@@ -274,3 +277,11 @@ class QueryPlanner(ReadService):
     async def _union(self, tenant: str, metric_name: str, tag_key: str, values: list[str], buckets) -> set[str]:
         lookups = [self.store.find_series(tenant, metric_name, tag_key, v, buckets) for v in values]
         return set().union(*await gatherResults(lookups, consumeErrors=True))
+
+
+def _matches(checks: list, labels: dict[str, str]) -> bool:
+    """Whether ``labels`` satisfy every (label name, matches) check, an absent label being ""."""
+    for name, matches in checks:
+        if not matches(labels.get(name, "")):
+            return False
+    return True

@@ -107,6 +107,16 @@ def test_aggregations_and_matching():
     assert instant('up unless on(job) requests_total{job="web"}', 60) == {(("__name__", "up"), ("job", "api")): 1.0}
 
 
+def test_by_groups_rows_by_their_values_an_absent_label_as_empty_in_order_of_first_appearance():
+    value = evaluate('count by (le) ({__name__=~"up|latency_bucket"})', 60)
+    assert isinstance(value, Vector)
+    assert value.labels == [{}, {"le": "0.1"}, {"le": "0.5"}, {"le": "+Inf"}]
+    assert value.values[:, 0].tolist() == [2.0, 1.0, 1.0, 1.0]
+    value = evaluate('count without (job) ({__name__=~"up|latency_bucket"})', 60)
+    assert isinstance(value, Vector)
+    assert value.labels == [{}, {"le": "0.1"}, {"le": "0.5"}, {"le": "+Inf"}]
+
+
 def test_histogram_quantile_on_classic_buckets():
     assert instant("histogram_quantile(0.5, latency_bucket)", 60) == {(): pytest.approx(0.3)}
     assert instant("histogram_quantile(0.99, latency_bucket)", 60) == {(): 0.5}

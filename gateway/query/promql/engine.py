@@ -47,6 +47,7 @@ from gateway.query.promql.values import (
     RECONCILED,
     SCHEMA_LABELS,
     Guard,
+    LabelsKey,
     NameToDrop,
     PromQLError,
     RangeVector,
@@ -1204,7 +1205,7 @@ def _without_delayed_names(matrix: RangeVector) -> RangeVector:
     the error Prometheus gives where they overlap, one series where they do not."""
     if not any(isinstance(series.labels, NameToDrop) for series in matrix.series):
         return matrix
-    merged: dict[tuple, list[Series]] = {}
+    merged: dict[LabelsKey, list[Series]] = {}
     for series in matrix.series:
         labels = answer_labels(series.labels)
         merged.setdefault(labels_key(labels), []).append(series._replace(labels=labels))
@@ -1498,7 +1499,7 @@ class _Rows:
 
     def __init__(self, steps: int):
         self.steps = steps
-        self.rows: dict[tuple, tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.rows: dict[LabelsKey, tuple[dict, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def add(self, labels: dict, value: np.ndarray, present: np.ndarray, histograms: np.ndarray) -> None:
         key = labels_key(labels)
@@ -1628,18 +1629,26 @@ def _group_labels(labels: dict, grouping: list[str], without: bool) -> dict:
 
 
 def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple[np.ndarray, list[dict]]:
-    index_of: dict[tuple, int] = {}
+    """Each row's group and each group's labels, in order of first appearance. With ``by`` a
+    group is the tuple of its labels' values ("" for an absent one, as _group_labels leaves it
+    out), so its labels are built once a group, not once a row."""
+    index_of: dict = {}
     group_labels: list[dict] = []
-    group_of = np.zeros(len(all_labels), dtype=np.int64)
-    for row, labels in enumerate(all_labels):
-        group = _group_labels(labels, grouping, without)
-        key = labels_key(group)
-        if key not in index_of:
-            index_of[key] = len(group_labels)
-            group_labels.append(group)
-        group_of[row] = index_of[key]
-        group_labels[group_of[row]] = marked_like(labels, group_labels[group_of[row]])
-    return group_of, group_labels
+    group_of = []
+    for labels in all_labels:
+        if without:
+            group = _group_labels(labels, grouping, without)
+            key: Any = labels_key(group)
+        else:
+            key = tuple([labels.get(name, "") for name in grouping])
+        index = index_of.get(key)
+        if index is None:
+            index = index_of[key] = len(group_labels)
+            group_labels.append(group if without else _group_labels(labels, grouping, without))
+        group_of.append(index)
+        if isinstance(labels, NameToDrop):
+            group_labels[index] = marked_like(labels, group_labels[index])
+    return np.array(group_of, dtype=np.int64), group_labels
 
 
 def _ranks(group_of: np.ndarray) -> list[np.ndarray]:
@@ -1787,7 +1796,7 @@ def _label_set_hash(labels: dict[str, str]) -> int:
 def _count_values(vector: Vector, label: str, grouping: list[str], without: bool, ctx: Context) -> Vector:
     """count_values: a float sample's value as Prometheus writes it, a histogram sample's as
     Prometheus's FloatHistogram.String."""
-    counts: dict[tuple, tuple[dict, np.ndarray]] = {}
+    counts: dict[LabelsKey, tuple[dict, np.ndarray]] = {}
     histograms = vector.histograms if vector.histograms is not None else np.full(vector.values.shape, None)
     for labels, values, present, row_histograms in zip(vector.labels, vector.values, vector.present, histograms):
         base = _group_labels(labels, grouping, without)

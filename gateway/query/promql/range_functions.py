@@ -8,6 +8,7 @@ import numpy as np
 
 from gateway.query.promql.values import (
     RECONCILED,
+    LabelsKey,
     PromQLError,
     RangeVector,
     Series,
@@ -926,7 +927,7 @@ def kinds_apart(matrix: RangeVector, answer: Vector, warn, last_two: bool = Fals
         return answer.without_absent()
     floats = {labels_key(s.labels): s for s in matrix.series}
     present, histograms = answer.present, answer.histograms
-    rows: dict[tuple, list[int]] = {}
+    rows: dict[LabelsKey, list[int]] = {}
     for index, row_labels in enumerate(answer.labels):
         rows.setdefault(labels_key(row_labels), []).append(index)
     for series in matrix.histogram_series:
