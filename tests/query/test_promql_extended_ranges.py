@@ -10,17 +10,10 @@ import pytest
 from gateway.query.promql.engine import Evaluator, Query, parse, plan
 from gateway.query.promql.values import PromQLError, RangeVector, Series, Vector
 from protocols.prometheus.native_histogram import Histogram
+from tests.query.test_promql_engine import series
 
 S = 1000
 LOOKBACK = 300 * S
-
-
-def series(labels: dict, points: list[tuple[float, float]]) -> Series:
-    return Series(
-        labels,
-        np.array([int(t * S) for t, _ in points], dtype=np.int64),
-        np.array([v for _, v in points], dtype=np.float64),
-    )
 
 
 DATA = [
@@ -135,9 +128,9 @@ def samples(text: str, at: float) -> dict:
     value = Evaluator(query, data, time.monotonic() + 10).result(expr, np.array([query.start_ms], dtype=np.int64))
     assert isinstance(value, RangeVector)
     found = {}
-    for series in value.series:
-        lo, hi = value.windows(series)
-        found[series.labels["__name__"]] = list(zip(series.timestamps[lo[0] : hi[0]] / S, series.values[lo[0] : hi[0]]))
+    for one in value.series:
+        lo, hi = value.windows(one)
+        found[one.labels["__name__"]] = list(zip(one.timestamps[lo[0] : hi[0]] / S, one.values[lo[0] : hi[0]]))
     return found
 
 
