@@ -225,17 +225,18 @@ def test_a_stop_signal_under_continuous_load_exits_0_in_time_and_keeps_every_ack
 
 
 def start_a_long_downsample_round(tmp_path, shutdown_timeout: str) -> GatewayProcess:
-    """A gateway whose first downsample round (8,000 series in each of three settled slots:
-    some seconds of work even with grouped sealing) is under way: the work of a slot is counted
-    done once all of it is, so the round is under way once the oldest slot's is (SQLite seals
-    all partitions of a slot together). The data is written by a gateway without the downsample
-    role first, so that the round finds all of it."""
+    """A gateway whose first downsample round (4,000 series in each of sixteen settled slots:
+    some seconds of work even with grouped sealing and batched reads; three slots of 8,000 were
+    once sealed in 0.85 s after the first) is under way: the work of a slot is counted done once
+    all of it is, so the round is under way once the oldest slot's is (SQLite seals all
+    partitions of a slot together), with fifteen slots still to do. The data is written by a
+    gateway without the downsample role first, so that the round finds all of it."""
     writer = GatewayProcess(tmp_path, "--roles", "ingest,query").start()
     last_settled_slot = (int(time.time()) // 3600 - 2) * 3600
     body = [
         {"metricName": "ds_stop", "tags": {"i": str(i)}, "ts": last_settled_slot - 3600 * j + 60, "value": j}
-        for i in range(8000)
-        for j in range(3)
+        for i in range(4000)
+        for j in range(16)
     ]
     assert writer.post("/api/write", body, timeout=60).status == 200
     assert writer.stop() == 0
@@ -247,7 +248,7 @@ def start_a_long_downsample_round(tmp_path, shutdown_timeout: str) -> GatewayPro
         found = re.search(r"^tsgate_downsampled_series_slots_total (\S+)$", gateway.get("/metrics").body.decode(), re.M)
         return found and float(found.group(1))
 
-    wait_for(series_slots_done, what="the downsample round under way")
+    wait_for(series_slots_done, timeout=60, what="the downsample round under way")
     return gateway
 
 
