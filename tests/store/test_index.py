@@ -35,20 +35,32 @@ def pod(tenant: str, generation: int, index: int) -> SeriesKey:
     return key(tenant, "churn_total", {"job": "api", "pod": f"p{generation}-{index}"})
 
 
+def recent_hours() -> int:
+    """A bucket start a day ago, whose buckets are all within the raw retention: Cassandra keeps a
+    bucket's rows the raw retention past its end (a bucket of 1970 would live a second)."""
+    now = time.time_ns() // 1_000_000
+    return now - now % B - 24 * B
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_bucket_lists_only_the_series_indexed_in_it(store, tenant):
+    H = recent_hours()
     first, second = pod(tenant, 0, 0), pod(tenant, 1, 0)
     graphite = key(tenant, "servers.a.cpu", {})
     await store.write_series([first, second, graphite])
-    await store.write_series_buckets([(first, 10 * B), (second, 11 * B), (graphite, 11 * B)])
-    only_10, only_11, both = Buckets(10 * B, 10 * B), Buckets(11 * B, 11 * B), Buckets(10 * B, 11 * B)
+    await store.write_series_buckets([(first, H + 10 * B), (second, H + 11 * B), (graphite, H + 11 * B)])
+    only_10, only_11, both = (
+        Buckets(H + 10 * B, H + 10 * B),
+        Buckets(H + 11 * B, H + 11 * B),
+        Buckets(H + 10 * B, H + 11 * B),
+    )
 
     assert await store.find_series(tenant, "churn_total", "job", "api", only_10) == {first.series_set_hash}
     assert await store.find_series(tenant, "churn_total", "job", "api", both) == {
         first.series_set_hash,
         second.series_set_hash,
     }
-    assert await store.find_series(tenant, "churn_total", "job", "api", Buckets(12 * B, 20 * B)) == set()
+    assert await store.find_series(tenant, "churn_total", "job", "api", Buckets(H + 12 * B, H + 20 * B)) == set()
     assert await store.list_tag_values(tenant, "churn_total", "pod", only_11) == ["p1-0"]
     assert await store.list_tag_values(tenant, "churn_total", "pod", both) == ["p0-0", "p1-0"]
     assert await store.list_tag_keys(tenant, "churn_total", only_10) == ["job", "pod"]
@@ -68,15 +80,16 @@ async def test_a_bucket_lists_only_the_series_indexed_in_it(store, tenant):
 
 @pytest_twisted.ensureDeferred
 async def test_writing_a_bucket_again_is_harmless_and_tenants_stay_apart(store, tenant):
+    H = recent_hours()
     series = pod(tenant, 0, 0)
     other = pod(f"{tenant}-other", 0, 1)
     await store.write_series([series, other])
     for _ in range(2):
-        await store.write_series_buckets([(series, 5 * B), (other, 5 * B)])
-    assert await store.find_series(tenant, "churn_total", "job", "api", Buckets(5 * B, 5 * B)) == {
+        await store.write_series_buckets([(series, H + 5 * B), (other, H + 5 * B)])
+    assert await store.find_series(tenant, "churn_total", "job", "api", Buckets(H + 5 * B, H + 5 * B)) == {
         series.series_set_hash
     }
-    assert await store.list_tenant_tag_values(tenant, "pod", Buckets(5 * B, 5 * B)) == ["p0-0"]
+    assert await store.list_tenant_tag_values(tenant, "pod", Buckets(H + 5 * B, H + 5 * B)) == ["p0-0"]
 
 
 @pytest_twisted.ensureDeferred
