@@ -83,6 +83,17 @@ def test_many_series_at_once_answer_as_each_alone(monkeypatch, name, refs, strat
         np.testing.assert_array_equal(together[key][0][present], answer[present])  # bit for bit, NaN too
 
 
+def assert_stacked_windows_are_each_series_windows(matrix: RangeVector, series: list) -> None:
+    """The windows found for all the series at once, each shifted to its own series' samples,
+    are those found for that series alone."""
+    lengths = np.array([len(s.timestamps) for s in series])
+    lo, hi = matrix.stacked_windows(np.concatenate([s.timestamps for s in series]), lengths)
+    for row, (offset, one) in enumerate(zip(np.cumsum(lengths) - lengths, series)):
+        expected_lo, expected_hi = matrix.windows(one)
+        np.testing.assert_array_equal(lo[row] - offset, expected_lo)
+        np.testing.assert_array_equal(hi[row] - offset, expected_hi)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES.values(), ids=STRATEGIES.keys())
 @pytest.mark.parametrize("modifier", [None, "anchored"])
 @pytest.mark.parametrize("refs", REFS.values(), ids=REFS.keys())
@@ -90,12 +101,7 @@ def test_stacked_windows_are_each_series_windows(monkeypatch, refs, modifier, st
     monkeypatch.setattr(values, "SEARCHED_SAMPLES_A_CELL", strategy)
     series = _churned_series(30, np.random.default_rng(3))
     matrix = RangeVector(series, refs, 5 * MINUTE, modifier=modifier, lookback_ms=5 * MINUTE)
-    lengths = np.array([len(s.timestamps) for s in series])
-    lo, hi = matrix.stacked_windows(np.concatenate([s.timestamps for s in series]), lengths)
-    for row, (offset, one) in enumerate(zip(np.cumsum(lengths) - lengths, series)):
-        expected_lo, expected_hi = matrix.windows(one)
-        np.testing.assert_array_equal(lo[row] - offset, expected_lo)
-        np.testing.assert_array_equal(hi[row] - offset, expected_hi)
+    assert_stacked_windows_are_each_series_windows(matrix, series)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES.values(), ids=STRATEGIES.keys())
@@ -105,9 +111,4 @@ def test_stacked_windows_of_refs_out_of_order(monkeypatch, strategy):
     series = _churned_series(10, np.random.default_rng(5))
     refs = START + np.array([90, 3, 45, 45, 0, 200]) * MINUTE
     matrix = RangeVector(series, refs, 5 * MINUTE)
-    lengths = np.array([len(s.timestamps) for s in series])
-    lo, hi = matrix.stacked_windows(np.concatenate([s.timestamps for s in series]), lengths)
-    for row, (offset, one) in enumerate(zip(np.cumsum(lengths) - lengths, series)):
-        expected_lo, expected_hi = matrix.windows(one)
-        np.testing.assert_array_equal(lo[row] - offset, expected_lo)
-        np.testing.assert_array_equal(hi[row] - offset, expected_hi)
+    assert_stacked_windows_are_each_series_windows(matrix, series)
