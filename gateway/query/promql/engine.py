@@ -912,12 +912,7 @@ class Evaluator:
 
     def _range(self, node, ctx: Context) -> RangeVector:
         selector = node.vector_selector
-        series = []
-        for found in self.data.get(selector_key(selector), []):
-            stale = is_stale(found.values)
-            series.append(
-                Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found
-            )
+        series = _without_stale_markers(self.data.get(selector_key(selector), []))
         histograms = []
         for found in self._histogram_series(selector):
             kept = np.not_equal(found.values, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
@@ -1216,6 +1211,25 @@ def _without_delayed_names(matrix: RangeVector) -> RangeVector:
         values = np.concatenate([part.values for part in parts])
         series_list.append(Series(parts[0].labels, timestamps[order], values[order]))
     return matrix._replace(series=series_list)
+
+
+def _without_stale_markers(found: list[Series]) -> list[Series]:
+    """The series without their stale markers (a range selector's windows hold samples only),
+    the markers found in all the series' values at once: most series have none."""
+    if not found:
+        return found
+    stale = is_stale(np.concatenate([series.values for series in found]))
+    if not stale.any():
+        return found
+    bounds = np.cumsum([0, *(len(series.values) for series in found)])
+    marked = set(np.searchsorted(bounds, np.flatnonzero(stale), side="right") - 1)
+    kept = []
+    for at, series in enumerate(found):
+        if at in marked:
+            fresh = ~stale[bounds[at] : bounds[at + 1]]
+            series = Series(series.labels, series.timestamps[fresh], series.values[fresh])
+        kept.append(series)
+    return kept
 
 
 def _refuse_same_labels(vector: Vector) -> None:
