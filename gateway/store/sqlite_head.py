@@ -316,16 +316,33 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     owner, timestamps, values = (
         np.concatenate(parts) for parts in zip(chunked, _logged_samples(connection, tenant, hashes, start_ms, end_ms))
     )
-    order = np.lexsort((timestamps, owner))  # stable: of one series' equal timestamps the last written stays last
-    owner, timestamps, values = owner[order], timestamps[order], values[order]
-    last_write = np.r_[(owner[1:] != owner[:-1]) | (timestamps[1:] != timestamps[:-1]), True]
-    kept = np.flatnonzero(last_write & (timestamps >= start_ms) & (timestamps <= end_ms))
+    inside = np.flatnonzero((timestamps >= start_ms) & (timestamps <= end_ms))
+    kept = inside[_last_writes(owner[inside], timestamps[inside])]
     owner, timestamps, values = owner[kept], timestamps[kept], values[kept]
     bounds = np.searchsorted(owner, np.arange(len(hashes) + 1)).tolist()
     return [
         (Samples(timestamps[a:b], values[a:b]), tuple(series_keys))
         for a, b, series_keys in zip(bounds, bounds[1:], keys)
     ]
+
+
+def _last_writes(owner: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
+    """Where the samples to keep are, by series then timestamp: of each series' timestamp, the
+    last written (the highest index). Series and timestamp make one number to sort, and the
+    last write of each is the highest index among its equals: an unstable sort of numbers takes
+    a tenth of a stable sort by two keys (np.lexsort: 6 ms for 55,000 samples of 1,100 series)."""
+    if not len(timestamps):
+        return np.empty(0, dtype=np.intp)
+    earliest = int(timestamps.min())
+    span_bits = (int(timestamps.max()) - earliest).bit_length()
+    if span_bits + int(owner.max()).bit_length() > 62:  # beyond any stored range: sort by two keys
+        order = np.lexsort((timestamps, owner))
+        ranked_owner, ranked_time = owner[order], timestamps[order]
+        return order[np.r_[(ranked_owner[1:] != ranked_owner[:-1]) | (ranked_time[1:] != ranked_time[:-1]), True]]
+    key = (owner.astype(np.int64) << span_bits) | (timestamps - earliest)
+    order = np.argsort(key)
+    ranked = key[order]
+    return np.maximum.reduceat(order, np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]))
 
 
 def _logged_samples(
@@ -364,8 +381,9 @@ class _Positions:
     def __init__(self, hashes: Sequence[str]):
         self.by_hash = {hash_: at for at, hash_ in enumerate(hashes)}
         self.wanted: np.ndarray | None = None
-        if hashes and all(len(hash_) == HASH_WIDTH and hash_.isascii() for hash_ in hashes):
-            wanted = np.array([hash_.encode("ascii") for hash_ in hashes], dtype=f"S{HASH_WIDTH}")
+        joined = "".join(hashes)
+        if hashes and set(map(len, hashes)) == {HASH_WIDTH} and joined.isascii():
+            wanted = np.frombuffer(joined.encode("ascii"), dtype=f"S{HASH_WIDTH}")
             prefixes = _prefixes(wanted.view(np.uint8).reshape(len(hashes), HASH_WIDTH))
             self.order = np.argsort(prefixes, kind="stable")
             self.sorted = prefixes[self.order]
