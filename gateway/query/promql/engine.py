@@ -731,7 +731,7 @@ class Evaluator:
                     negated = negated._replace(histograms=_scaled(value.histograms, np.full(ctx.steps, -1.0), "*"))
                 value = negated.without_absent()
         elif kind == "Call":
-            value = self._call(expr, ctx)
+            return self._call(expr, ctx)  # merged there, its label sets checked once
         elif kind == "BinaryExpr":
             value = self._binary(expr, ctx)
         else:
@@ -965,7 +965,7 @@ class Evaluator:
         if name in ("start", "end", "range", "step"):
             return Scalar(np.full(ctx.steps, self._query_constant(name)))
         if name == "info":
-            return self._info(call, ctx)
+            return merge_same_labels(self._info(call, ctx))
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
@@ -978,9 +978,11 @@ class Evaluator:
         finally:
             self.under_stats_function, self.under_bucket_reader = outer
         value = function(ctx, args, call)
-        if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
-            _refuse_same_labels(value)
-        return value
+        if not isinstance(value, Vector):
+            return value
+        if any(isinstance(arg, RangeVector) for arg in args) and _refuse_same_labels(value):
+            return value  # no two rows of one label set: nothing to merge
+        return merge_same_labels(value)
 
     def _info(self, call, ctx: Context) -> Vector:
         """Prometheus 3's experimental ``info(v, {labels})``: each element of ``v`` gains the
@@ -1232,14 +1234,18 @@ def _without_stale_markers(found: list[Series]) -> list[Series]:
     return kept
 
 
-def _refuse_same_labels(vector: Vector) -> None:
+def _refuse_same_labels(vector: Vector) -> bool:
     """A range function's result, as Prometheus 2.42 checks it: two of its series with the same
     label set (series that differed only by their dropped name) are an error, at whatever steps
-    they hold samples."""
+    they hold samples. True when no two rows have the same label set (most results)."""
+    keys = [labels_key(labels) for labels in vector.labels]
+    if len(set(keys)) == len(keys):
+        return True
     for rows in (vector.present.any(axis=1), vector.histogram_present.any(axis=1)):
         keys = [labels_key(labels) for labels, kept in zip(vector.labels, rows) if kept]  # type: ignore[arg-type]  # any(axis=1) of a 2-d array is an array
         if len(set(keys)) < len(keys):
             raise PromQLError("vector cannot contain metrics with the same labelset")
+    return False
 
 
 def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, Any]:
@@ -1692,6 +1698,8 @@ def _kahan_sum(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
         result = np.zeros_like(values)
         result[group_of] = values
         return result
+    if count == 1:
+        return compensated_sum(values, axis=0)[np.newaxis]
     result = np.zeros((count, values.shape[1]))
     order = np.argsort(group_of, kind="stable")
     bounds = np.searchsorted(group_of[order], np.arange(count + 1))
