@@ -135,6 +135,9 @@ def test_instant_selectors_of_many_series_at_once_answer_as_each_alone(monkeypat
     rows = {labels["i"]: row for row, labels in enumerate(together.labels)}
     answered = 0
     for one in series:
+        if not len(one.timestamps):
+            assert one.labels["i"] not in rows
+            continue
         # the reference: each step's search in the series alone
         index = np.searchsorted(one.timestamps, refs, side="right") - 1
         last = np.maximum(index, 0)
