@@ -218,12 +218,11 @@ class QueryPlanner(ReadService):
         checks = [(m.name, m.matches) for m in matchers]
         asked = tuple((m.name, m.type, m.value) for m in matchers)
         buckets = self.index_buckets(tenant, start_ms, end_ms)
-        exact = next((m.value for m in name_matchers if m.type == "EQ"), None)
+        exact: str | None = next((m.value for m in name_matchers if m.type == "EQ"), None)
         # an exact name's candidates first: found, they are the metric's (no lookup to learn it exists)
         exact_hashes = await self._candidates(tenant, exact, tag_matchers, buckets) if exact is not None else set()
-        if exact_hashes:
-            names = [exact]
-        else:
+        names: list[str] = [exact] if exact is not None and exact_hashes else []
+        if not names:
             names = await self._metric_names(tenant, name_matchers, tag_matchers, label_view, buckets)
         for metric_name in names:
             if metric_name == exact and exact_hashes:
