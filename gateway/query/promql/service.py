@@ -16,7 +16,7 @@ from gateway.core.overrides import PerTenant, per_tenant
 from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
 from gateway.query.promql.values import Guard, PromQLError, Series
-from gateway.query.read_service import ReadBudget, Selection
+from gateway.query.read_service import READ_BATCH, ReadBudget, Selected, Selection
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow
 from protocols.prometheus import utf8_labels
@@ -144,38 +144,71 @@ class PromQLService:
     async def matched(
         self, tenant: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
     ) -> list[dict]:
-        """Label sets of the series the selectors select (of those with samples in [start_ms,
-        end_ms]: those with data in the range's time-index buckets, without a start every series), sorted."""
-        found: dict[tuple, dict] = {}
+        """Label sets of the series the selectors select, sorted: with a start, those with data in
+        [start_ms, end_ms] (``_with_data``), as Prometheus lists a series with a chunk in the range;
+        without, every series of the tenant."""
+        found = await self._selected(tenant, selectors, start_ms, end_ms)
+        if start_ms is not None:
+            found = await self._with_data(tenant, found, start_ms, end_ms)
+        return [found[key].labels for key in sorted(found)]
+
+    async def _selected(
+        self, tenant: str, selectors: list[str], start_ms: int | None, end_ms: int | None
+    ) -> dict[tuple, Selected]:
+        """The series the selectors select in the time index's buckets of [start_ms, end_ms] (every
+        series without a start), by their sorted labels."""
+        found: dict[tuple, Selected] = {}
         for text in selectors:
             expr = await threads.deferToThread(self.text.parse, text)
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
             selection = await self.planner.select(tenant, selector_matchers(expr), utf8_labels, start_ms, end_ms)
             for selected in selection:
-                found[tuple(sorted(selected.labels.items()))] = selected.labels
-        return [found[key] for key in sorted(found)]
+                found[tuple(sorted(selected.labels.items()))] = selected
+        return found
+
+    async def _with_data(
+        self, tenant: str, found: dict[tuple, Selected], start_ms: int, end_ms: int | None
+    ) -> dict[tuple, Selected]:
+        """Of ``found``, the series with data in [start_ms, end_ms] (to --max-future ahead without an
+        end): raw samples or native histograms, or the roll-up the read path reads for a range
+        starting past the raw retention. The time index lists a series for its whole hour bucket,
+        and the next one when it was written in the last quarter of its bucket (docs/storage.rst):
+        a store call a READ_BATCH of series asks which of them hold data (Store.series_with_data)."""
+        start_ms, end_ms = self.planner.readable(
+            start_ms, self.planner.now() + self.planner.path.max_future_ms if end_ms is None else end_ms
+        )
+        granularity = self.planner.rollup_for(start_ms, tenant)
+        selected = list(found.items())
+        kept: dict[tuple, Selected] = {}
+        for first in range(0, len(selected), READ_BATCH):
+            batch = selected[first : first + READ_BATCH]
+            hashes = [s.key.series_set_hash for _, s in batch]
+            with_data = await self.store.series_with_data(tenant, hashes, start_ms, end_ms, granularity)
+            kept.update((key, s) for key, s in batch if s.key.series_set_hash in with_data)
+        return kept
 
     async def label_names(
         self, tenant: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
     ) -> list[str]:
         """Label names of the series the selectors select, or of the whole tenant without
-        selectors, in [start_ms, end_ms] as ``matched`` reads it."""
+        selectors, in the time index's buckets of [start_ms, end_ms] (as Prometheus reads its
+        index, without checking chunks)."""
         if not selectors:
             keys = await self.store.list_tenant_tag_keys(tenant, self.planner.index_buckets(tenant, start_ms, end_ms))
             return sorted({"__name__", *keys})
-        return sorted({name for labels in await self.matched(tenant, selectors, start_ms, end_ms) for name in labels})
+        selected = await self._selected(tenant, selectors, start_ms, end_ms)
+        return sorted({name for s in selected.values() for name in s.labels})
 
     async def label_values(
         self, tenant: str, name: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
     ) -> list[str]:
         """Values of a label on the series the selectors select, or on the whole tenant without
-        selectors, in [start_ms, end_ms] as ``matched`` reads it."""
+        selectors, in the time index's buckets of [start_ms, end_ms] as ``label_names`` reads them."""
         buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
         if selectors:
-            values = {
-                labels[name] for labels in await self.matched(tenant, selectors, start_ms, end_ms) if name in labels
-            }
+            selected = await self._selected(tenant, selectors, start_ms, end_ms)
+            values = {s.labels[name] for s in selected.values() if name in s.labels}
         elif name == "__name__":
             values = set(await self.store.list_metric_names(tenant, buckets))
         else:
