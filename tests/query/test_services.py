@@ -128,6 +128,34 @@ async def test_series_over_a_range_lists_those_with_floats_or_native_histograms_
 
 
 @pytest_twisted.ensureDeferred
+async def test_series_over_hours_reads_only_the_series_of_the_edge_buckets(sqlite_store, tenant):
+    """A series the index gives for a bucket has samples in it or in the bucket before: those of
+    the buckets from the range's second whole one to its last are kept unread; only the series of
+    the edge buckets alone are asked of the store."""
+    hour = now_ms() // HOUR_MS * HOUR_MS - 5 * HOUR_MS
+    spans = {"steady": (0, 290), "early": (0, 10), "short": (130, 140)}
+    pipeline = IngestPipeline(sqlite_store, Limits(), KnownSeries(1000), 1_000_000)
+    samples = [
+        Sample(tenant, "jobs_total", {"job": name}, hour + minute * MINUTE, 1.0)
+        for name, (first, last) in spans.items()
+        for minute in range(first, last + 1, 10)
+    ]
+    assert not (await pipeline.ingest("prometheus", samples)).rejected
+    asked: list[str] = []
+    checked = sqlite_store.series_with_data
+
+    def series_with_data(tenant, hashes, *rest):
+        asked.extend(hashes)
+        return checked(tenant, hashes, *rest)
+
+    sqlite_store.series_with_data = series_with_data
+    found = await promql(sqlite_store).matched(tenant, ["jobs_total"], hour + 30 * MINUTE, hour + 270 * MINUTE)
+    assert [labels["job"] for labels in found] == ["short", "steady"]
+    (early,) = await sqlite_store.find_series(tenant, "jobs_total", "job", "early")
+    assert asked == [early]
+
+
+@pytest_twisted.ensureDeferred
 async def test_series_over_a_range_past_the_raw_retention_lists_those_with_rollups_in_it(sqlite_store, tenant):
     """Before the raw retention the read path reads roll-ups: a series whose 5m roll-up has a row
     in the range has data there; one whose roll-ups end before it has none."""

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import numpy as np
 from twisted.internet import defer, threads
 
+from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
@@ -149,7 +150,7 @@ class PromQLService:
         without, every series of the tenant."""
         found = await self._selected(tenant, selectors, start_ms, end_ms)
         if start_ms is not None:
-            found = await self._with_data(tenant, found, start_ms, end_ms)
+            found = await self._with_data(tenant, selectors, found, start_ms, end_ms)
         return [found[key].labels for key in sorted(found)]
 
     async def _selected(
@@ -168,24 +169,30 @@ class PromQLService:
         return found
 
     async def _with_data(
-        self, tenant: str, found: dict[tuple, Selected], start_ms: int, end_ms: int | None
+        self, tenant: str, selectors: list[str], found: dict[tuple, Selected], start_ms: int, end_ms: int | None
     ) -> dict[tuple, Selected]:
         """Of ``found``, the series with data in [start_ms, end_ms] (to --max-future ahead without an
         end): raw samples or native histograms, or the roll-up the read path reads for a range
         starting past the raw retention. The time index lists a series for its whole hour bucket,
-        and the next one when it was written in the last quarter of its bucket (docs/storage.rst):
-        a store call a READ_BATCH of series asks which of them hold data (Store.series_with_data)."""
+        and the next one when it was written in the last quarter of its bucket (docs/storage.rst,
+        "Grain"): the series the index gives for the range's inner buckets (``_inner_buckets``)
+        have data in it; the others are asked of the store, a READ_BATCH a call
+        (Store.series_with_data)."""
         start_ms, end_ms = self.planner.readable(
             start_ms, self.planner.now() + self.planner.path.max_future_ms if end_ms is None else end_ms
         )
+        inner = _inner_buckets(start_ms, end_ms)
+        certain: dict[tuple, Selected] = {}
+        if inner is not None and self.planner.index_buckets(tenant, *inner) is not None:
+            certain = await self._selected(tenant, selectors, *inner)
+        kept = {key: selected for key, selected in found.items() if key in certain}
+        unsure = [(key, selected) for key, selected in found.items() if key not in certain]
         granularity = self.planner.rollup_for(start_ms, tenant)
-        selected = list(found.items())
-        kept: dict[tuple, Selected] = {}
-        for first in range(0, len(selected), READ_BATCH):
-            batch = selected[first : first + READ_BATCH]
-            hashes = [s.key.series_set_hash for _, s in batch]
+        for first in range(0, len(unsure), READ_BATCH):
+            batch = unsure[first : first + READ_BATCH]
+            hashes = [selected.key.series_set_hash for _, selected in batch]
             with_data = await self.store.series_with_data(tenant, hashes, start_ms, end_ms, granularity)
-            kept.update((key, s) for key, s in batch if s.key.series_set_hash in with_data)
+            kept.update((key, selected) for key, selected in batch if selected.key.series_set_hash in with_data)
         return kept
 
     async def label_names(
@@ -236,6 +243,16 @@ class PromQLService:
         found = await self.planner.exemplars(tenant, list(selected), start_ms, end_ms)
         result = [(labels, rows) for labels, rows in zip(selected.values(), found) if rows]
         return sorted(result, key=lambda item: sorted(item[0].items()))
+
+
+def _inner_buckets(start_ms: int, end_ms: int) -> tuple[int, int] | None:
+    """The time-index buckets of [start_ms, end_ms] whose series all have samples in it (None:
+    there are none), as a range: a series indexed in a bucket has samples in it, or in the bucket
+    before when it was indexed ahead (gateway/ingest/pipeline.py), so the buckets from the
+    second that starts in the range to the last that ends in it."""
+    first = -(-start_ms // INDEX_BUCKET_MS) * INDEX_BUCKET_MS + INDEX_BUCKET_MS
+    last_end = (end_ms + 1) // INDEX_BUCKET_MS * INDEX_BUCKET_MS - 1
+    return (first, last_end) if first < last_end else None
 
 
 def _budget(guard: Guard) -> ReadBudget:
