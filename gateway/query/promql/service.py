@@ -176,8 +176,8 @@ class PromQLService:
         starting past the raw retention. The time index lists a series for its whole hour bucket,
         and the next one when it was written in the last quarter of its bucket (docs/storage.rst,
         "Grain"): the series the index gives for the range's inner buckets (``_inner_buckets``)
-        have data in it; the others are asked of the store, a READ_BATCH a call
-        (Store.series_with_data)."""
+        have data in it; the others are asked of the store, a READ_BATCH a call, the calls at once
+        within the store's bound (Store.series_with_data)."""
         start_ms, end_ms = self.planner.readable(
             start_ms, self.planner.now() + self.planner.path.max_future_ms if end_ms is None else end_ms
         )
@@ -188,11 +188,13 @@ class PromQLService:
         kept = {key: selected for key, selected in found.items() if key in certain}
         unsure = [(key, selected) for key, selected in found.items() if key not in certain]
         granularity = self.planner.rollup_for(start_ms, tenant)
-        for first in range(0, len(unsure), READ_BATCH):
-            batch = unsure[first : first + READ_BATCH]
-            hashes = [selected.key.series_set_hash for _, selected in batch]
-            with_data = await self.store.series_with_data(tenant, hashes, start_ms, end_ms, granularity)
-            kept.update((key, selected) for key, selected in batch if selected.key.series_set_hash in with_data)
+        hashes = [selected.key.series_set_hash for _, selected in unsure]
+        checks = [
+            self.store.series_with_data(tenant, hashes[first : first + READ_BATCH], start_ms, end_ms, granularity)
+            for first in range(0, len(hashes), READ_BATCH)
+        ]
+        with_data = set().union(*await defer.gatherResults(checks, consumeErrors=True))
+        kept.update((key, selected) for key, selected in unsure if selected.key.series_set_hash in with_data)
         return kept
 
     async def label_names(
