@@ -16,7 +16,6 @@ driver reconnects on its own when Cassandra comes back.
 """
 
 import functools
-import time
 
 from twisted.internet.defer import ensureDeferred
 
@@ -46,10 +45,9 @@ class CassandraStore(
     @functools.partial(store_call, bounded=False)
     def series_with_data(self, tenant, hashes, start_ms, end_ms, granularity=None):
         """Through the reads (a composite of bounded store calls): the data_blocks rows and the
-        head rows of unsealed slots of the range's newest minute, then of the whole range, then
-        histograms and roll-ups, each read asking only for the series not found yet."""
-        now = int(time.time() * 1000)
-        return ensureDeferred(series_with_data_read(self, tenant, hashes, start_ms, end_ms, granularity, now))
+        head rows of unsealed slots of the range, then histograms and roll-ups, each read asking
+        only for the series not found yet."""
+        return ensureDeferred(series_with_data_read(self, tenant, hashes, start_ms, end_ms, granularity))
 
 
 __all__ = ["CassandraStore", "parse_url"]

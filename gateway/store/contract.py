@@ -538,43 +538,24 @@ class MetadataStore(abc.ABC):
         """Fire with {hash: created_ms} for the hashes that have one."""
 
 
-# What series_with_data_read reads first of a range: its newest minute (to now), where every
-# series scraped at least once a minute and still alive has a sample; the others are then read
-# over the whole range. A query's check of 500 live series of the last hour reads 500 head rows
-# there, not 30,000 (docs/storage.rst, "Grain").
-PROBE_MS = 60_000
-
-
 async def series_with_data_read(
-    store: "Store",
-    tenant: str,
-    hashes: Sequence[str],
-    start_ms: int,
-    end_ms: int,
-    granularity: Granularity | None,
-    now_ms: int,
+    store: "Store", tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int, granularity: Granularity | None
 ) -> set[str]:
-    """Store.series_with_data through read_raw (the range's newest PROBE_MS up to ``now_ms``
-    first, then the whole range), then the histogram and roll-up reads, each series read only
-    until one of them finds data."""
+    """Store.series_with_data through read_raw, then the histogram and roll-up reads, each series
+    read only until one of them finds data."""
     hashes = list(hashes)
     if end_ms < start_ms:
         return set()
-    probe_end = min(end_ms, now_ms)
-    probe = (max(start_ms, probe_end - PROBE_MS), probe_end)
-    ranges = (
-        [probe, (start_ms, end_ms)] if probe[0] <= probe[1] and probe != (start_ms, end_ms) else [(start_ms, end_ms)]
-    )
-    reads = [functools.partial(_raw_with_data, store, tenant, *range_) for range_ in ranges]
-    reads.append(functools.partial(_rows_with_data, store.read_histograms, tenant, start_ms, end_ms))
+    reads = [
+        functools.partial(_raw_with_data, store, tenant, start_ms, end_ms),
+        functools.partial(_rows_with_data, store.read_histograms, tenant, start_ms, end_ms),
+    ]
     if granularity is not None:
+        rollups = functools.partial(_rollups_of_many, store, granularity)
+        histogram_rollups = functools.partial(store.read_histogram_rollups, granularity)
         reads += [
-            functools.partial(
-                _rows_with_data, functools.partial(_rollups_of_many, store, granularity), tenant, start_ms, end_ms
-            ),
-            functools.partial(
-                _rows_with_data, functools.partial(store.read_histogram_rollups, granularity), tenant, start_ms, end_ms
-            ),
+            functools.partial(_rows_with_data, rollups, tenant, start_ms, end_ms),
+            functools.partial(_rows_with_data, histogram_rollups, tenant, start_ms, end_ms),
         ]
     found: set[str] = set()
     for read in reads:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import numpy as np
 from twisted.internet import defer, threads
 
-from gateway.core.layout import INDEX_BUCKET_MS
+from gateway.core.layout import INDEX_BUCKET_MS, Granularity
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
@@ -22,6 +22,11 @@ from gateway.store import Store
 from gateway.store.contract import ExemplarRow
 from protocols.prometheus import utf8_labels
 from protocols.prometheus.native_histogram import decode_sample
+
+# What /api/v1/series first asks the store about: the newest minute of its range (up to now), where
+# every live series scraped at least once a minute has a sample; only the series not found there
+# are read over the whole range (on both stores reading a range's head is most of the check's cost).
+PROBE_MS = 60_000
 
 
 class PromQLService:
@@ -176,8 +181,9 @@ class PromQLService:
         starting past the raw retention. The time index lists a series for its whole hour bucket,
         and the next one when it was written in the last quarter of its bucket (docs/storage.rst,
         "Grain"): the series the index gives for the range's inner buckets (``_inner_buckets``)
-        have data in it; the others are asked of the store, a READ_BATCH a call, the calls at once
-        within the store's bound (Store.series_with_data)."""
+        have data in it; the others are asked of the store, first about the range's newest
+        PROBE_MS (up to now), where every live series has a sample, then those not found there
+        about the whole range."""
         start_ms, end_ms = self.planner.readable(
             start_ms, self.planner.now() + self.planner.path.max_future_ms if end_ms is None else end_ms
         )
@@ -187,15 +193,30 @@ class PromQLService:
             certain = await self._selected(tenant, selectors, *inner)
         kept = {key: selected for key, selected in found.items() if key in certain}
         unsure = [(key, selected) for key, selected in found.items() if key not in certain]
-        granularity = self.planner.rollup_for(start_ms, tenant)
-        hashes = [selected.key.series_set_hash for _, selected in unsure]
+        probe_end = min(end_ms, self.planner.now())
+        probe = (max(start_ms, probe_end - PROBE_MS), probe_end)
+        checks = [(start_ms, end_ms, self.planner.rollup_for(start_ms, tenant))]
+        if probe[0] <= probe[1] and probe != (start_ms, end_ms):
+            checks.insert(0, (*probe, None))
+        for low, high, granularity in checks:
+            if not unsure:
+                break
+            with_data = await self._series_with_data(
+                tenant, [s.key.series_set_hash for _, s in unsure], low, high, granularity
+            )
+            kept.update((key, s) for key, s in unsure if s.key.series_set_hash in with_data)
+            unsure = [(key, s) for key, s in unsure if s.key.series_set_hash not in with_data]
+        return kept
+
+    async def _series_with_data(
+        self, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity: Granularity | None
+    ) -> set[str]:
+        """Store.series_with_data, a store call a READ_BATCH of series, the calls at once within the store's bound."""
         checks = [
             self.store.series_with_data(tenant, hashes[first : first + READ_BATCH], start_ms, end_ms, granularity)
             for first in range(0, len(hashes), READ_BATCH)
         ]
-        with_data = set().union(*await defer.gatherResults(checks, consumeErrors=True))
-        kept.update((key, selected) for key, selected in unsure if selected.key.series_set_hash in with_data)
-        return kept
+        return set().union(*await defer.gatherResults(checks, consumeErrors=True))
 
     async def label_names(
         self, tenant: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
