@@ -2,8 +2,8 @@
 has decoded a request. Each selector's series are selected once; their samples and native
 histograms are read through the one batched read (gateway/query/read_service.py), counted against
 --query-max-samples and checked against the query's deadline (what the evaluation will hold, series x steps, is counted first,
-before anything is read); parsing, histogram decoding and evaluation run in threads, off
-the reactor. docs/promql.rst."""
+before anything is read); parsing (but of short and recently parsed texts), histogram decoding
+and evaluation run in threads, off the reactor. docs/promql.rst."""
 
 import threading
 import time
@@ -46,6 +46,13 @@ class PromQLService:
         """A query over [start_ms, end_ms] every ``step_ms`` (0: instant), with the configured lookback."""
         return Query(start_ms, end_ms, step_ms, self.lookback_ms)
 
+    async def _parsed(self, text: str, query: Query | None = None):
+        """``text`` parsed: here when that costs next to nothing (QueryText.parses_at_once), as
+        for a dashboard's texts, else in a thread, off the reactor."""
+        if self.text.parses_at_once(text, query):
+            return self.text.parse(text, query)
+        return await threads.deferToThread(self.text.parse, text, query)
+
     async def evaluate(self, tenant: str, text: str, query: Query, times: np.ndarray, timeout_ms: int | None):
         """The value of the query at ``times``, and the warnings its answer must carry; the
         deadline is the asked timeout, at most the configured one."""
@@ -68,7 +75,7 @@ class PromQLService:
             ) from None
 
     async def _evaluate(self, tenant: str, text: str, query: Query, times: np.ndarray, guard: Guard):
-        expr = await threads.deferToThread(self.text.parse, text, query)
+        expr = await self._parsed(text, query)
         guard.count(estimated_samples(expr, query, lambda key: 1))
         needs = plan(expr, query)
         selected = {
@@ -148,7 +155,7 @@ class PromQLService:
         end_ms]: those with data in the range's time-index buckets, without a start every series), sorted."""
         found: dict[tuple, dict] = {}
         for text in selectors:
-            expr = await threads.deferToThread(self.text.parse, text)
+            expr = await self._parsed(text)
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
             selection = await self.planner.select(tenant, selector_matchers(expr), utf8_labels, start_ms, end_ms)
@@ -195,7 +202,7 @@ class PromQLService:
         if end_ms < start_ms:
             raise PromQLError('invalid parameter "end": end timestamp must not be before start time', "bad_data")
         start_ms, end_ms = self.planner.exemplar_range(start_ms, end_ms)
-        expr = await threads.deferToThread(self.text.parse, text)
+        expr = await self._parsed(text)
         selected = {}
         for matchers, low, high in plan(expr, self.query(start_ms, end_ms, 0)).values():
             for series in await self.planner.select(tenant, matchers, utf8_labels, low, high):
