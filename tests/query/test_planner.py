@@ -122,3 +122,22 @@ async def test_series_come_by_name_then_tags_on_every_run(sqlite_store, tenant):
         tenant, [Matcher("EQ", "__name__", "disk")], graphite_labels
     )
     assert [k.tags for k in found] == sorted((t for _, t in names), key=lambda t: sorted(t.items()))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_selection_is_given_again_while_the_index_finds_the_same_series(planner, sqlite_store, tenant):
+    """The index is read every time; while it finds the same series for the same matchers, the
+    selection built before (labels, checks, order) is given again, and a series written since,
+    or other matchers, select anew."""
+    planner = QueryPlanner(sqlite_store, max_series=100)
+    matchers = [Matcher("EQ", "__name__", "cpu"), Matcher("NRE", "dc", "y")]
+    first = await planner.select(tenant, matchers, graphite_labels)
+    again = await planner.select(tenant, matchers, graphite_labels)
+    assert [s.key.tags for s in first] == [{"host": "a", "dc": "x"}, {"host": "c"}]
+    assert again == first and all(a is b for a, b in zip(again, first))
+    other = await planner.select(tenant, [Matcher("EQ", "__name__", "cpu"), Matcher("RE", "dc", "y")], graphite_labels)
+    assert [s.key.tags for s in other] == [{"host": "b", "dc": "y"}]
+    tags = {"host": "d", "dc": "z"}
+    await sqlite_store.write_series([SeriesKey(tenant, series_set_hash(series_set_text("cpu", tags)), "cpu", tags)])
+    after = await planner.select(tenant, matchers, graphite_labels)
+    assert [s.key.tags for s in after] == [{"host": "a", "dc": "x"}, tags, {"host": "c"}]

@@ -780,8 +780,14 @@ class TestSQLiteDriver:
             [series_set_hash(f"s{n}") for n in range(7)],  # the gateway's own: batches looked up as arrays
             [f"s{n}" for n in range(7)],
             ["a" * 23, "b" * 25, *(series_set_hash(f"s{n}") for n in range(5))],  # widths summing as 24s do
+            # first 8 bytes shared: read together through the dict, alone through the array search,
+            # which must not take a neighbour with the same first 8 bytes for the series read
+            [
+                *("AAAAAAAA" + series_set_hash(f"s{n}")[8:] for n in range(3)),
+                *(series_set_hash(f"s{n}") for n in range(3, 7)),
+            ],
         ],
-        ids=["series-set-hashes", "short", "mixed-widths"],
+        ids=["series-set-hashes", "short", "mixed-widths", "shared-prefixes"],
     )
     @pytest_twisted.ensureDeferred
     async def test_sqlite_head_read_of_many_series_at_once_is_each_series_read_alone(self, tmp_path, tenant, hashes):

@@ -612,14 +612,19 @@ def _where(condition: np.ndarray, chosen: np.ndarray, other: np.ndarray) -> np.n
     return chosen if condition.all() else np.where(condition, chosen, other)
 
 
-def compensated_sum(rows: np.ndarray) -> np.ndarray:
-    """sum_over_time as Prometheus 2.42 adds each row (zeros padding its end): Neumaier's
-    running sum, whose running totals are a cumulative sum and whose corrections add up
-    likewise, so no loop is needed; an infinite total is answered as it is."""
-    totals = np.cumsum(rows, axis=1)
-    before = np.concatenate([np.zeros((len(rows), 1)), totals[:, :-1]], axis=1)
+def compensated_sum(rows: np.ndarray, axis: int = 1) -> np.ndarray:
+    """sum_over_time as Prometheus 2.42 adds each row (zeros padding its end) along ``axis``:
+    Neumaier's running sum, whose running totals are a cumulative sum and whose corrections add
+    up likewise, so no loop is needed; an infinite total is answered as it is. (Summing along
+    the axis the array is laid out in: a transposed view costs strided passes.)"""
+    totals = np.cumsum(rows, axis=axis)
+    before = np.zeros_like(totals)
+    if axis == 0:
+        before[1:] = totals[:-1]
+    else:
+        before[:, 1:] = totals[:, :-1]
     lost = np.where(np.abs(before) >= np.abs(rows), (before - totals) + rows, (rows - totals) + before)
-    total, compensation = totals[:, -1], np.cumsum(lost, axis=1)[:, -1]
+    total, compensation = np.take(totals, -1, axis=axis), np.take(np.cumsum(lost, axis=axis), -1, axis=axis)
     return np.where(np.isinf(total), total, total + compensation)
 
 
