@@ -40,6 +40,7 @@ from gateway.query.promql.range_functions import (
     extended_samples,
     interpolated_histogram,
     quantiles,
+    series_stacks,
 )
 from gateway.query.promql.values import (
     DELAYED_NAME_REMOVAL,
@@ -820,21 +821,27 @@ class Evaluator:
         return found
 
     def _instant_floats(self, found_series: list[Series], ctx: Context, refs: np.ndarray) -> Vector:
+        """Each series' last sample at or before each step within the lookback, none where that
+        sample is a stale marker: many series at once, as windows of the lookback's width over
+        their samples laid end to end (range_functions.series_stacks)."""
+        series = [found for found in found_series if len(found.timestamps)]
+        lookback = RangeVector(series, refs, self.query.lookback_ms, guard=self.guard)
+        lengths = np.fromiter((len(found.timestamps) for found in series), np.int64, len(series))
         labels, rows, masks, stamps = [], [], [], []
-        for series in found_series:
-            if not len(series.timestamps):
-                continue
-            index = np.searchsorted(series.timestamps, refs, side="right") - 1
-            found = index >= 0
-            index = np.maximum(index, 0)
-            sample_ms, values = series.timestamps[index], series.values[index]
-            found &= (sample_ms > refs - self.query.lookback_ms) & ~is_stale(values)
-            if found.any():
-                labels.append(series.labels)
-                rows.append(values)
-                masks.append(found)
-                stamps.append(sample_ms)
-        if not rows:
+        for first, end in series_stacks(lengths, ctx.steps):
+            self.guard.check()
+            part = series[first:end]
+            timestamps = np.concatenate([found.timestamps for found in part])
+            values = np.concatenate([found.values for found in part])
+            lo, hi = lookback.stacked_windows(timestamps, lengths[first:end])
+            last = np.maximum(hi - 1, 0)  # inside the series wherever its window holds a sample
+            found = (hi > lo) & ~is_stale(values[last])
+            kept = found.any(axis=1)
+            labels += [one.labels for one, keep in zip(part, kept) if keep]
+            rows.append(values[last][kept])
+            masks.append(found[kept])
+            stamps.append(timestamps[last][kept])
+        if not labels:
             return Vector.empty(ctx.steps)
         return Vector(labels, np.vstack(rows), np.vstack(masks), np.vstack(stamps))
 

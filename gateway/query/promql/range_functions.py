@@ -60,7 +60,7 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
     series = matrix.series if len(sampled) == len(lengths) else [matrix.series[i] for i in sampled]
     lengths = lengths[sampled]
     labels, rows, masks = [], [], []
-    for first, end in _stacks(lengths, len(matrix.refs)):
+    for first, end in series_stacks(lengths, len(matrix.refs)):
         matrix.guard.check()
         part = series[first:end]
         timestamps = np.concatenate([s.timestamps for s in part])
@@ -76,7 +76,7 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
     return Vector(labels, np.vstack(rows), np.vstack(masks))
 
 
-def _stacks(lengths: np.ndarray, steps: int) -> list[tuple[int, int]]:
+def series_stacks(lengths: np.ndarray, steps: int) -> list[tuple[int, int]]:
     """Runs of series (first, end) of about STACK_CELLS samples and (series, step) cells each,
     one series at least: arrays of that size stay in the processor's cache and in the
     allocator's heap (larger ones are mapped afresh, a page fault every 4 KiB of every
