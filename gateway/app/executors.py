@@ -74,9 +74,12 @@ def frame(message) -> bytes:
 
 
 def send_now(writer, data: bytes) -> None:
-    """Write ``data`` to a pipe (a Twisted writer) at once: Twisted writes at its next turn of the
-    reactor, one more epoll round per message on each side of every query. What the pipe does not
-    take now is written as Twisted would, when it drains (a pipe that broke: as Twisted would too)."""
+    """Write ``data`` to a pipe (a Twisted writer; None once closed: nothing to write to) at once:
+    Twisted writes at its next turn of the reactor, one more epoll round per message on each side
+    of every query. What the pipe does not take now is written as Twisted would, when it drains
+    (a pipe that broke: as Twisted would too)."""
+    if writer is None:
+        return
     writer.write(data)
     if writer.connected:
         writer.doWrite()
