@@ -218,8 +218,17 @@ class QueryPlanner(ReadService):
         checks = [(m.name, m.matches) for m in matchers]
         asked = tuple((m.name, m.type, m.value) for m in matchers)
         buckets = self.index_buckets(tenant, start_ms, end_ms)
-        for metric_name in await self._metric_names(tenant, name_matchers, tag_matchers, label_view, buckets):
-            hashes = await self._candidates(tenant, metric_name, tag_matchers, buckets)
+        exact: str | None = next((m.value for m in name_matchers if m.type == "EQ"), None)
+        # an exact name's candidates first: found, they are the metric's (no lookup to learn it exists)
+        exact_hashes = await self._candidates(tenant, exact, tag_matchers, buckets) if exact is not None else set()
+        names: list[str] = [exact] if exact is not None and exact_hashes else []
+        if not names:
+            names = await self._metric_names(tenant, name_matchers, tag_matchers, label_view, buckets)
+        for metric_name in names:
+            if metric_name == exact and exact_hashes:
+                hashes = exact_hashes
+            else:
+                hashes = await self._candidates(tenant, metric_name, tag_matchers, buckets)
             if len(found) + len(hashes) > self.max_series(tenant):
                 raise QueryTooLarge(
                     f"the query matches more than {self.max_series(tenant)} series"
@@ -242,11 +251,9 @@ class QueryPlanner(ReadService):
         return found
 
     async def _metric_names(self, tenant: str, name_matchers, tag_matchers, label_view, buckets) -> list[str]:
-        """Metric names to look in: an exact name directly; else the names the tenant-wide tag
-        index gives for the tag matchers that need a value; else all of the tenant's names."""
-        exact = [m.value for m in name_matchers if m.type == "EQ"]
-        if exact and await self.store.find_series(tenant, exact[0], NAME_TAG, exact[0], buckets):
-            return [exact[0]]
+        """Metric names to look in (an exact name without candidates of its own being one the
+        label view may show otherwise): the names the tenant-wide tag index gives for the tag
+        matchers that need a value; else all of the tenant's names."""
         names = None
         for matcher in tag_matchers:
             if matcher.matches(""):
