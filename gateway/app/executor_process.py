@@ -15,7 +15,7 @@ from zope.interface import implementer
 
 from gateway.app.components import Components, StoreStartError
 from gateway.app.config import Config
-from gateway.app.executors import ANSWER_FD, REQUEST_FD, ExecutedRequest, Frames, frame
+from gateway.app.executors import ANSWER_FD, REQUEST_FD, ExecutedRequest, Frames, frame, send_now
 from gateway.app.logs import setup_logging
 from gateway.app.service import settle_collector, tune_allocator
 from gateway.core.overrides import Overrides
@@ -79,7 +79,8 @@ class ExecutorSide(protocol.Protocol):
         except MemoryError:
             self.transport.write(frame(("memory",)))
             return
-        self.transport.write(frame(("answer", response.status, response.content_type, response.headers, response.body)))
+        answer = frame(("answer", response.status, response.content_type, response.headers, response.body))
+        send_now(self.transport._writer, answer)  # StandardIO's pipe writer: it has no public name
 
     async def _select(self, kind: str, tenant: str, patterns: list[str]) -> None:
         """An admin delete's selection: the series, or the answer to the error that stopped it."""

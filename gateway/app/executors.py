@@ -73,6 +73,18 @@ def frame(message) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
+def send_now(writer, data: bytes) -> None:
+    """Write ``data`` to a pipe (a Twisted writer; None once closed: nothing to write to) at once:
+    Twisted writes at its next turn of the reactor, one more epoll round per message on each side
+    of every query. What the pipe does not take now is written as Twisted would, when it drains
+    (a pipe that broke: as Twisted would too)."""
+    if writer is None:
+        return
+    writer.write(data)
+    if writer.connected:
+        writer.doWrite()
+
+
 class Frames:
     """Splits a byte stream back into the messages ``frame`` made."""
 
@@ -226,7 +238,7 @@ class Executor(protocol.ProcessProtocol):
     def run(self, job: Job) -> None:
         self.job = job
         job.executor = self
-        self.transport.writeToChild(REQUEST_FD, frame(job.message))
+        send_now(self.transport.pipes[REQUEST_FD], frame(job.message))
 
     def kill(self, reason: str) -> None:
         """SIGKILL: whatever the query is doing, it stops now, and the executor gets no more

@@ -92,6 +92,42 @@ def test_duration_errors_as_prometheus_words_them(text, error):
     assert (raised.value.args[0], raised.value.error_type) == (f'invalid parameter "query": {error}', "bad_data")
 
 
+def test_a_text_parsed_again_is_the_same_expression_for_the_same_bounds_and_times():
+    """A dashboard's texts are parsed once (QueryText keeps them): the same text, bounds and query
+    times give the same (immutable) expression; other times or bounds parse again, and the
+    bounds are checked for each (a text kept under loose bounds is refused under tight ones)."""
+    text = 'sum(rate(cache_test_total{job="api"}[step()*5]))'
+    hour = Query(0, 3_600_000, 60_000, 300_000)
+    first = QueryText().parse(text, hour)
+    assert QueryText().parse(text, hour) is first
+    with pytest.raises(AttributeError):
+        first.op = None  # what makes sharing it safe
+    other_step = QueryText().parse(text, Query(0, 3_600_000, 30_000, 300_000))
+    assert other_step is not first and other_step.expr.args[0].range.total_seconds() == 150
+    with pytest.raises(PromQLError, match="over --query-max-length 10"):
+        QueryText(max_length=10).parse(text, hour)
+
+
+def test_short_and_recently_parsed_texts_parse_at_once_others_in_a_thread():
+    """``parses_at_once`` says which texts cost next to nothing to parse (PromQLService parses
+    those without a thread hop): short ones, and longer ones parsed recently; a text that is
+    refused stays refused (errors are not kept)."""
+    text_of = QueryText()
+    long_text = "+".join(f"parses_at_once_{i}" for i in range(12))
+    assert text_of.parses_at_once("up")
+    assert not text_of.parses_at_once(long_text)
+    text_of.parse(long_text)
+    assert text_of.parses_at_once(long_text)
+    assert not text_of.parses_at_once(long_text, Query(0, 60_000, 15_000, 300_000))  # other times
+    huge = "+".join(["x"] * 2500)  # over what is kept
+    with pytest.raises(PromQLError):
+        text_of.parse(huge)
+    assert not text_of.parses_at_once(huge)
+    for _ in range(2):
+        with pytest.raises(PromQLError, match="unclosed"):
+            text_of.parse("sum(x")
+
+
 def test_the_parsed_query_holds_the_evaluated_durations():
     expr = QueryText().parse("rate(x[step()*3] offset (1m/2))", Query(0, 60_000, 20_000, 300_000))
     selector = expr.args[0]
