@@ -365,29 +365,27 @@ class CassandraSamples(CassandraBase):
         ]
 
         def read_heads(pages):
-            rows: dict[str, list] = {hash_: [] for hash_ in hashes}
+            found: dict[str, list[tuple[int, bytes]]] = {hash_: [] for hash_ in hashes}
+            legacy, unsealed = defaultdict(list), defaultdict(list)
             for page in pages:
                 for hash_, slot, block, written, head_written, sealed in page:
-                    rows[hash_].append((slot, block, written, head_written, sealed))
-            blocks, legacy, unsealed = {}, [], defaultdict(list)
-            for hash_, found in rows.items():
-                found.sort(key=lambda row: row[0])
-                blocks[hash_] = [block for _, block, _, _, _ in found if block is not None]
-                legacy_slots = [slot for slot, _, written, _, sealed in found if _unsealed(written, sealed)]
-                if legacy_slots:
-                    legacy.append((hash_, legacy_slots))
-                for slot, _, _, head_written, sealed in found:
+                    if block is not None:
+                        found[hash_].append((slot, block))
+                    if _unsealed(written, sealed):
+                        legacy[hash_].append(slot)
                     if _unsealed(head_written, sealed):
                         unsealed[(head_shard(hash_), slot)].append(hash_)
+            blocks = {hash_: [block for _, block in sorted(some, key=itemgetter(0))] for hash_, some in found.items()}
+            legacy = {hash_: sorted(slots) for hash_, slots in legacy.items()}
             head_requests = self._head_reads(tenant, unsealed, start_ms, end_ms)
             legacy_requests = [
                 (self._statements["read_legacy_head"], (tenant, hash_, slots, start_ms, end_ms))
-                for hash_, slots in legacy
+                for hash_, slots in legacy.items()
             ]
 
             def assemble(results):
                 rows = [row for page in results[: len(head_requests)] for row in page]
-                for (hash_, _), page in zip(legacy, results[len(head_requests) :]):
+                for hash_, page in zip(legacy, results[len(head_requests) :]):
                     rows += [(hash_, *row) for row in page]
                 return [RawData(blocks[h], head) for h, head in zip(hashes, _head_samples(rows, hashes))]
 
@@ -401,7 +399,7 @@ class CassandraSamples(CassandraBase):
         and HEAD_SERIES_SLICES_PER_REQUEST series-slices a request."""
         slices_of: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
         for (shard, slot), slot_hashes in sorted(unsealed.items()):
-            slices_of[(shard, tuple(slot_hashes))] += self.layout.head_slices(slot, start_ms, end_ms)
+            slices_of[(shard, tuple(sorted(slot_hashes)))] += self.layout.head_slices(slot, start_ms, end_ms)
         statement, requests = self._statements["read_head"], []
         for (shard, shard_hashes), slices in slices_of.items():
             for i in range(0, len(shard_hashes), READ_SERIES_PER_REQUEST):
