@@ -7,7 +7,8 @@ G generations of 500 pods (one an hour, ``churn_requests_total{job="api", pod="p
 
   query     ``sum(rate(churn_requests_total{job="api"}[5m]))`` over the last hour at step 60
             through the PromQL API's handler: wall and CPU p50 and min of --runs, and the
-            planner's select, histograms and samples steps (mean wall)
+            planner's select, histograms and samples steps (mean wall) and the Cassandra
+            requests of one query, by table
   read_raw  CassandraStore.read_raw of the live generation's 500 series over that hour and its
             5 m of lookback, in READ_BATCH calls as the query's read makes them: wall and CPU
 
@@ -95,6 +96,23 @@ async def timed_runs(run, runs: int) -> tuple[list[float], list[float]]:
     return walls, cpus
 
 
+async def cassandra_requests(store, call) -> str:
+    """The requests one ``call`` sends through the store's request queue, by table read."""
+    counts: collections.Counter = collections.Counter()
+    run = store._requests.run
+
+    def counted(requests, profile):
+        counts.update(statement.query_string.partition(" FROM ")[2].split()[0] for statement, _ in requests)
+        return run(requests, profile)
+
+    store._requests.run = counted
+    try:
+        await call()
+    finally:
+        store._requests.run = run
+    return ", ".join(f"{table.partition('.')[2]} {count}" for table, count in counts.most_common())
+
+
 async def measure(store, tenant: str, generations: int, now: int, runs: int) -> None:
     planner = QueryPlanner(store, max_series=10_000, clock=lambda: now)
     api = PromQLAPI(PromQLService(store, planner, 50_000_000, 300_000, 60_000))
@@ -128,9 +146,10 @@ async def measure(store, tenant: str, generations: int, now: int, runs: int) -> 
             raise RuntimeError(f"the query answered {response.status}: {response.body[:300]!r}")
 
     walls, cpus = await timed_runs(query, runs)
+    requests = await cassandra_requests(store, query)
     per_step = ", ".join(f"{name} {seconds / (runs + 3) * 1000:.1f} ms" for name, seconds in steps.items())
     print(
-        f"G={generations} query     wall {p50_and_min(walls)}; CPU {p50_and_min(cpus)}; steps (mean wall): {per_step}"
+        f"G={generations} query     wall {p50_and_min(walls)}; CPU {p50_and_min(cpus)}; steps (mean wall): {per_step}; Cassandra requests: {requests}"
     )
     live = generations - 1
     hashes = [series_set_hash(series_set_text("churn_requests_total", pod_labels(live, i))) for i in range(PODS)]
