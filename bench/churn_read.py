@@ -9,6 +9,8 @@ G generations of 500 pods (one an hour, ``churn_requests_total{job="api", pod="p
             through the PromQL API's handler: wall and CPU p50 and min of --runs, and the
             planner's select, histograms and samples steps (mean wall) and the Cassandra
             requests of one query, by table
+  count     ``count(churn_requests_total{job="api"})`` at ``now`` (an instant query: 5 m of
+            lookback), the same figures
   read_raw  CassandraStore.read_raw of the live generation's 500 series over that hour and its
             5 m of lookback, in READ_BATCH calls as the query's read makes them: wall and CPU
 
@@ -47,6 +49,7 @@ KEYSPACE = "bench_churn_read"
 PODS = 500
 HOUR_MS = 3_600_000
 QUERY = b'sum(rate(churn_requests_total{job="api"}[5m]))'
+COUNT = b'count(churn_requests_total{job="api"})'
 LOOKBACK_MS = 5 * 60_000
 
 
@@ -132,25 +135,32 @@ async def measure(store, tenant: str, generations: int, now: int, runs: int) -> 
     for name in ("select", "histograms", "samples"):
         setattr(planner, name, step(name, getattr(planner, name)))
 
-    async def query():
+    async def answer(handler, args: dict[bytes, list[bytes]]) -> None:
         request = DummyRequest([b""])
-        request.args = {
-            b"query": [QUERY],
-            b"start": [str((now - HOUR_MS) / 1000).encode()],
-            b"end": [str(now / 1000).encode()],
-            b"step": [b"60"],
-        }
+        request.args = args
         request.requestHeaders.setRawHeaders(b"x-scope-orgid", [tenant.encode()])
-        response = await prometheus_errors(api.query_range)(request)
+        response = await prometheus_errors(handler)(request)
         if response.status != 200:
             raise RuntimeError(f"the query answered {response.status}: {response.body[:300]!r}")
 
-    walls, cpus = await timed_runs(query, runs)
-    requests = await cassandra_requests(store, query)
-    per_step = ", ".join(f"{name} {seconds / (runs + 3) * 1000:.1f} ms" for name, seconds in steps.items())
-    print(
-        f"G={generations} query     wall {p50_and_min(walls)}; CPU {p50_and_min(cpus)}; steps (mean wall): {per_step}; Cassandra requests: {requests}"
-    )
+    async def query_range():
+        end = str(now / 1000).encode()
+        await answer(
+            api.query_range,
+            {b"query": [QUERY], b"start": [str((now - HOUR_MS) / 1000).encode()], b"end": [end], b"step": [b"60"]},
+        )
+
+    async def count_now():
+        await answer(api.query, {b"query": [COUNT], b"time": [str(now / 1000).encode()]})
+
+    for name, query in (("query", query_range), ("count", count_now)):
+        steps.clear()
+        walls, cpus = await timed_runs(query, runs)
+        requests = await cassandra_requests(store, query)
+        per_step = ", ".join(f"{step} {seconds / (runs + 4) * 1000:.1f} ms" for step, seconds in steps.items())
+        print(
+            f"G={generations} {name:9s} wall {p50_and_min(walls)}; CPU {p50_and_min(cpus)}; steps (mean wall): {per_step}; Cassandra requests: {requests}"
+        )
     live = generations - 1
     hashes = [series_set_hash(series_set_text("churn_requests_total", pod_labels(live, i))) for i in range(PODS)]
 
