@@ -123,7 +123,7 @@ def _downsample(namespace: argparse.Namespace) -> int:
     from twisted.internet import defer, task
 
     from gateway.app.components import Components
-    from gateway.app.service import settle_collector
+    from gateway.app.service import settle_collector, tune_allocator
 
     async def once(reactor):
         components = Components(config).target("downsample-once")  # each tenant swept by its own retentions
@@ -134,6 +134,7 @@ def _downsample(namespace: argparse.Namespace) -> int:
             print(f"tsgate downsample: could not start: {error}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None  # task.react's way to an exit code without a traceback
         settle_collector()  # as serve does: full collector passes were a third of a seal's CPU
+        tune_allocator()
         try:
             done = await role.run_once()
             failed = role.downsampler.round_failed

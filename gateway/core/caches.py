@@ -39,6 +39,35 @@ class LRUMap:
             entries.popitem(last=False)
 
 
+class WeightedLRUMap:
+    """A map that forgets its least recently used entries once their weights (what each entry
+    holds, e.g. a number of series) add up to more than ``max_weight``; an entry heavier than
+    that is not kept."""
+
+    def __init__(self, max_weight: int):
+        self.max_weight = max_weight
+        self.weight = 0
+        self._entries: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        """The value, or None."""
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        self._entries.move_to_end(key)
+        return found[0]
+
+    def put(self, key, value, weight: int) -> None:
+        if key in self._entries:
+            self.weight -= self._entries.pop(key)[1]
+        if weight > self.max_weight:
+            return
+        self._entries[key] = (value, weight)
+        self.weight += weight
+        while self.weight > self.max_weight:
+            self.weight -= self._entries.popitem(last=False)[1][1]
+
+
 class SlotHolds:
     """Until when (ms) a series' slot needs no more work, by (tenant, slot) then series-set hash:
     the hashes of a batch are checked in C loops (no tuple a sample), and a slot leaves once its

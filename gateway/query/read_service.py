@@ -1,4 +1,4 @@
-"""The one read of the query APIs: the series a query selected, read READ_BATCH at a time through
+"""The one read of the query APIs: the series a query selected, read a batch at a time through
 the read path (gateway/store/read_path.py: bounded store calls, counted in the store metrics), each
 batch spent from the request's ReadBudget before the next is read.
 
@@ -19,7 +19,17 @@ from gateway.store import Store
 from gateway.store.contract import ExemplarRow, HistogramRow
 from gateway.store.read_path import ReadPath, SeriesData
 
-READ_BATCH = 256  # series read at a time, their samples counted against the budget in between
+READ_BATCH = 256  # series read at a time over READ_BATCH_SPAN_MS or more, their samples counted in between
+READ_BATCH_SPAN_MS = 6 * 3600_000
+MAX_READ_BATCH = 2048
+
+
+def series_per_read(start_ms: int, end_ms: int) -> int:
+    """How many series one store call reads: READ_BATCH over READ_BATCH_SPAN_MS or more, more
+    over a shorter range, whose series hold fewer samples each (a dashboard's last hour: 1536,
+    one call where 256 a call made six, each a thread hop, a query and, on SQLite, a scan of the
+    head's unfolded batches), up to MAX_READ_BATCH (SQLite's IN lists, Cassandra's fan-out)."""
+    return min(MAX_READ_BATCH, READ_BATCH * max(1, READ_BATCH_SPAN_MS // max(end_ms - start_ms, 1)))
 
 
 class Selected(NamedTuple):
@@ -104,20 +114,34 @@ class ReadService:
                 return self.path.read(part, start_ms, end_ms, aggregate, fallback, before_raw)
             return self.path.read_rollup(part, granularity, aggregate, start_ms, end_ms, fallback)
 
-        return await self._batched(series, read, lambda found: len(found.samples), budget, what)
+        return await self._batched(
+            series, read, lambda found: len(found.samples), budget, what, series_per_read(start_ms, end_ms)
+        )
 
     async def raw(
         self, series: Sequence[SeriesKey], start_ms: int, end_ms: int, budget: ReadBudget | None = None, what: str = ""
     ) -> list[Samples]:
         """Each series' raw samples alone (blocks merged with head rows), whatever the retention."""
-        return await self._batched(series, lambda part: self.path.read_raw(part, start_ms, end_ms), len, budget, what)
+        return await self._batched(
+            series,
+            lambda part: self.path.read_raw(part, start_ms, end_ms),
+            len,
+            budget,
+            what,
+            series_per_read(start_ms, end_ms),
+        )
 
     async def histograms(
         self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int, budget: ReadBudget | None = None
     ) -> list[list[HistogramRow]]:
         """Each series' native histograms, oldest first; each histogram is one sample of the budget."""
         return await self._batched(
-            hashes, lambda part: self.path.read_histograms(tenant, part, start_ms, end_ms), len, budget, ""
+            hashes,
+            lambda part: self.path.read_histograms(tenant, part, start_ms, end_ms),
+            len,
+            budget,
+            "",
+            series_per_read(start_ms, end_ms),
         )
 
     async def exemplars(
@@ -127,7 +151,12 @@ class ReadService:
         if end_ms < start_ms:
             return [[] for _ in hashes]
         return await self._batched(
-            hashes, lambda part: self.path.read_exemplars(tenant, part, start_ms, end_ms), len, None, ""
+            hashes,
+            lambda part: self.path.read_exemplars(tenant, part, start_ms, end_ms),
+            len,
+            None,
+            "",
+            series_per_read(start_ms, end_ms),
         )
 
     async def created(self, tenant: str, series: Sequence[SeriesKey]) -> list[int | None]:
@@ -146,14 +175,15 @@ class ReadService:
         count: Callable[[Any], int],
         budget: ReadBudget | None,
         what: str,
+        batch: int = READ_BATCH,
     ) -> list:
-        """The one read loop: ``read`` each READ_BATCH of ``series``, spending what each batch
+        """The one read loop: ``read`` each ``batch`` of ``series``, spending what each batch
         holds (``count`` of each series' result) before the next is read."""
         found: list = []
-        for first in range(0, len(series), READ_BATCH):
+        for first in range(0, len(series), batch):
             if budget is not None:
                 budget.check()
-            part = await read(series[first : first + READ_BATCH])
+            part = await read(series[first : first + batch])
             if budget is not None:
                 budget.spend(sum(count(result) for result in part), what)
             found.extend(part)

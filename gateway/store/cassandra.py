@@ -15,6 +15,11 @@ Timeouts and unavailable replicas become StoreUnavailable (HTTP 503, so senders 
 driver reconnects on its own when Cassandra comes back.
 """
 
+import functools
+
+from twisted.internet.defer import ensureDeferred
+
+from gateway.store.calls import store_call
 from gateway.store.cassandra_base import parse_url
 from gateway.store.cassandra_exemplars import CassandraExemplars
 from gateway.store.cassandra_histograms import CassandraHistograms
@@ -23,6 +28,7 @@ from gateway.store.cassandra_lifecycle import CassandraLifecycle
 from gateway.store.cassandra_metadata import CassandraMetadata
 from gateway.store.cassandra_pending import CassandraPending
 from gateway.store.cassandra_samples import CassandraSamples
+from gateway.store.contract import series_with_data_read
 
 
 class CassandraStore(
@@ -35,6 +41,13 @@ class CassandraStore(
     CassandraMetadata,
 ):
     """Every role of the contract on one connection (cassandra_base.CassandraBase)."""
+
+    @functools.partial(store_call, bounded=False)
+    def series_with_data(self, tenant, hashes, start_ms, end_ms, granularity=None):
+        """Through the reads (a composite of bounded store calls): the data_blocks rows and the
+        head rows of unsealed slots of the range, then histograms and roll-ups, each read asking
+        only for the series not found yet."""
+        return ensureDeferred(series_with_data_read(self, tenant, hashes, start_ms, end_ms, granularity))
 
 
 __all__ = ["CassandraStore", "parse_url"]

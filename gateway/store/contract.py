@@ -72,6 +72,7 @@ from gateway.core.errors import StoreBusy
 from gateway.core.layout import Granularity, Layout, Retentions
 from gateway.core.model import SeriesKey
 from gateway.core.samples import Samples
+from gateway.store.blocks import read_header
 from gateway.store.calls import StoreCalls, store_call
 from gateway.store.deletion import remove_from_index
 from gateway.store.index import ALL_TIME_MARGIN_MS, Buckets, DailyRefresh
@@ -225,6 +226,16 @@ class RawData(NamedTuple):
     blocks: list[bytes]
     head: Samples
     head_keys: tuple = ()
+
+
+def holds_samples(data: RawData, start_ms: int, end_ms: int) -> bool:
+    """Whether what read_raw gave for an inclusive range holds a sample in it: a head sample (read_raw
+    gives those of the range), or a block whose first to last timestamp overlaps the range, as
+    Prometheus checks a chunk's (no block is decoded)."""
+    if len(data.head):
+        return True
+    headers = map(read_header, data.blocks)
+    return any(h.count and h.first_ms <= end_ms and h.last_ms >= start_ms for h in headers)
 
 
 class SealedBlock(NamedTuple):
@@ -426,6 +437,17 @@ class SampleStore(abc.ABC):
         """Fire with the [Rollup] of one series in an inclusive range, in time order."""
 
     @abc.abstractmethod
+    def series_with_data(
+        self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int, granularity: Granularity | None = None
+    ) -> Deferred:
+        """Fire with the set of ``hashes`` that hold data in an inclusive range: a raw sample (a head
+        row, or a block overlapping it: ``holds_samples``) or a native histogram, or, with a
+        ``granularity``, a row of that roll-up (floats or histograms). What /api/v1/series asks,
+        as Prometheus checks a series' chunks against the range: the time index lists a series
+        for a whole bucket, and a bucket ahead (docs/storage.rst). ``series_with_data_read`` answers
+        it through the reads; a driver may answer in fewer requests."""
+
+    @abc.abstractmethod
     def delete_samples(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
         """Delete what these series hold in an inclusive range (gateway/store/deletion.py): head
         rows, the samples of blocks (each block rewritten without them, in a way that a seal
@@ -514,6 +536,52 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def get_created_timestamps(self, tenant: str, hashes: Iterable[str]) -> Deferred:
         """Fire with {hash: created_ms} for the hashes that have one."""
+
+
+async def series_with_data_read(
+    store: "Store", tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int, granularity: Granularity | None
+) -> set[str]:
+    """Store.series_with_data through read_raw, then the histogram and roll-up reads, each series
+    read only until one of them finds data."""
+    hashes = list(hashes)
+    if end_ms < start_ms:
+        return set()
+    reads = [
+        functools.partial(_raw_with_data, store, tenant, start_ms, end_ms),
+        functools.partial(_rows_with_data, store.read_histograms, tenant, start_ms, end_ms),
+    ]
+    if granularity is not None:
+        rollups = functools.partial(_rollups_of_many, store, granularity)
+        histogram_rollups = functools.partial(store.read_histogram_rollups, granularity)
+        reads += [
+            functools.partial(_rows_with_data, rollups, tenant, start_ms, end_ms),
+            functools.partial(_rows_with_data, histogram_rollups, tenant, start_ms, end_ms),
+        ]
+    found: set[str] = set()
+    for read in reads:
+        rest = [hash_ for hash_ in hashes if hash_ not in found]
+        if not rest:
+            break
+        found.update(await read(rest))
+    return found
+
+
+async def _raw_with_data(store: "Store", tenant: str, start_ms: int, end_ms: int, hashes: list[str]) -> set[str]:
+    raw = await store.read_raw(tenant, hashes, start_ms, end_ms)
+    return {hash_ for hash_, data in zip(hashes, raw) if holds_samples(data, start_ms, end_ms)}
+
+
+async def _rows_with_data(read, tenant: str, start_ms: int, end_ms: int, hashes: list[str]) -> set[str]:
+    """The hashes for which ``read(tenant, hashes, start_ms, end_ms)`` gives rows."""
+    return {hash_ for hash_, rows in zip(hashes, await read(tenant, hashes, start_ms, end_ms)) if rows}
+
+
+def _rollups_of_many(
+    store: "Store", granularity: Granularity, tenant: str, hashes: list[str], start_ms: int, end_ms: int
+) -> Deferred:
+    """read_rollups of each series, concurrently: a list of rows a series, in order."""
+    reads = [store.read_rollups(granularity, tenant, hash_, start_ms, end_ms) for hash_ in hashes]
+    return gatherResults(reads, consumeErrors=True)
 
 
 # bucket_index_since of a store whose time index is as old as its data: every time is in it.

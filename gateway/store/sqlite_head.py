@@ -297,18 +297,16 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     of all the series are merged at once, as arrays: one stable sort by series and timestamp."""
     position = {hash_: at for at, hash_ in enumerate(hashes)}
     keys: list[list] = [[] for _ in hashes]
-    chunk_owners, timestamp_blobs, value_blobs = [], [], []
     query = (
         "SELECT series_set_hash, time_slot, seq, timestamps, vals FROM head_chunks WHERE tenant=?"
         f" AND series_set_hash IN ({','.join('?' * len(hashes))}) AND time_slot BETWEEN ? AND ?"
         " ORDER BY series_set_hash, time_slot, seq"
     )
-    for hash_, slot, seq, timestamps, values in connection.execute(query, (tenant, *hashes, first_slot, last_slot)):
-        at = position[hash_]
+    rows = connection.execute(query, (tenant, *hashes, first_slot, last_slot)).fetchall()
+    owner_hashes, slots, seqs, timestamp_blobs, value_blobs = zip(*rows) if rows else ((),) * 5
+    chunk_owners = list(map(position.__getitem__, owner_hashes))
+    for at, slot, seq in zip(chunk_owners, slots, seqs):
         keys[at].append((slot, seq))
-        chunk_owners.append(at)
-        timestamp_blobs.append(timestamps)
-        value_blobs.append(values)
     sizes = np.fromiter(map(len, timestamp_blobs), dtype=np.intp, count=len(timestamp_blobs)) // 8
     chunked = (
         np.repeat(np.array(chunk_owners, dtype=np.intp), sizes),
@@ -318,16 +316,33 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     owner, timestamps, values = (
         np.concatenate(parts) for parts in zip(chunked, _logged_samples(connection, tenant, hashes, start_ms, end_ms))
     )
-    order = np.lexsort((timestamps, owner))  # stable: of one series' equal timestamps the last written stays last
-    owner, timestamps, values = owner[order], timestamps[order], values[order]
-    last_write = np.r_[(owner[1:] != owner[:-1]) | (timestamps[1:] != timestamps[:-1]), True]
-    kept = np.flatnonzero(last_write & (timestamps >= start_ms) & (timestamps <= end_ms))
+    inside = np.flatnonzero((timestamps >= start_ms) & (timestamps <= end_ms))
+    kept = inside[_last_writes(owner[inside], timestamps[inside])]
     owner, timestamps, values = owner[kept], timestamps[kept], values[kept]
     bounds = np.searchsorted(owner, np.arange(len(hashes) + 1)).tolist()
     return [
         (Samples(timestamps[a:b], values[a:b]), tuple(series_keys))
         for a, b, series_keys in zip(bounds, bounds[1:], keys)
     ]
+
+
+def _last_writes(owner: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
+    """Where the samples to keep are, by series then timestamp: of each series' timestamp, the
+    last written (the highest index). Series and timestamp make one number to sort, and the
+    last write of each is the highest index among its equals: an unstable sort of numbers takes
+    a tenth of a stable sort by two keys (np.lexsort: 6 ms for 55,000 samples of 1,100 series)."""
+    if not len(timestamps):
+        return np.empty(0, dtype=np.intp)
+    earliest = int(timestamps.min())
+    span_bits = (int(timestamps.max()) - earliest).bit_length()
+    if span_bits + int(owner.max()).bit_length() > 62:  # beyond any stored range: sort by two keys
+        order = np.lexsort((timestamps, owner))
+        ranked_owner, ranked_time = owner[order], timestamps[order]
+        return order[np.r_[(ranked_owner[1:] != ranked_owner[:-1]) | (ranked_time[1:] != ranked_time[:-1]), True]]
+    key = (owner.astype(np.int64) << span_bits) | (timestamps - earliest)
+    order = np.argsort(key)
+    ranked = key[order]
+    return np.maximum.reduceat(order, np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]))
 
 
 def _logged_samples(
@@ -358,23 +373,36 @@ class _Positions:
     hashes are one text, and where every hash is as wide as a series-set hash (every hash the
     gateway writes), the text is cut into a numpy array and looked up by one sorted search
     instead of a dict lookup a sample (a read of 1000 series scans the unfolded batches once a
-    READ_BATCH, up to FOLD_ROWS samples each time)."""
+    READ_BATCH, up to FOLD_ROWS samples each time). The search is on each hash's first 8 bytes
+    as a number (a search on 24-byte strings cost 1.3 ms a read of 256 series), and a found
+    position is then confirmed on the whole hash; hashes whose first 8 bytes are not unique in
+    the read (48 bits of a murmur3 hash) take the dict."""
 
     def __init__(self, hashes: Sequence[str]):
         self.by_hash = {hash_: at for at, hash_ in enumerate(hashes)}
-        self.sorted: np.ndarray | None = None
-        if hashes and all(len(hash_) == HASH_WIDTH and hash_.isascii() for hash_ in hashes):
-            wanted = np.array([hash_.encode("ascii") for hash_ in hashes], dtype=f"S{HASH_WIDTH}")
-            self.order = np.argsort(wanted, kind="stable")
-            self.sorted = wanted[self.order]
+        self.wanted: np.ndarray | None = None
+        joined = "".join(hashes)
+        if hashes and set(map(len, hashes)) == {HASH_WIDTH} and joined.isascii():
+            wanted = np.frombuffer(joined.encode("ascii"), dtype=f"S{HASH_WIDTH}")
+            prefixes = _prefixes(wanted.view(np.uint8).reshape(len(hashes), HASH_WIDTH))
+            self.order = np.argsort(prefixes, kind="stable")
+            self.sorted = prefixes[self.order]
+            if (self.sorted[1:] != self.sorted[:-1]).all():
+                self.wanted = wanted
 
     def of(self, text: str, count: int) -> np.ndarray:
         """The position of each of the ``count`` hashes of ``text`` (newline-separated), -1 for
         those not read."""
-        if self.sorted is not None and len(text) == count * (HASH_WIDTH + 1) - 1 and text.isascii():
+        if self.wanted is not None and len(text) == count * (HASH_WIDTH + 1) - 1 and text.isascii():
             rows = np.frombuffer(text.encode("ascii") + b"\n", dtype=np.uint8).reshape(count, HASH_WIDTH + 1)
             if (rows[:, HASH_WIDTH] == ord("\n")).all():  # so no hash is wider or narrower
                 batch = np.ascontiguousarray(rows[:, :HASH_WIDTH]).view(f"S{HASH_WIDTH}").ravel()
-                at = np.minimum(np.searchsorted(self.sorted, batch), len(self.sorted) - 1)
-                return np.where(self.sorted[at] == batch, self.order[at], -1)
+                found = np.minimum(np.searchsorted(self.sorted, _prefixes(rows)), len(self.sorted) - 1)
+                at = self.order[found]
+                return np.where(self.wanted[at] == batch, at, -1)
         return np.fromiter(map(self.by_hash.get, text.split("\n"), repeat(-1)), dtype=np.intp, count=count)
+
+
+def _prefixes(rows: np.ndarray) -> np.ndarray:
+    """The first 8 bytes of each row of bytes, as one unsigned number each."""
+    return np.ascontiguousarray(rows[:, :8]).view("<u8").ravel()

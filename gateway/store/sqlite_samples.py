@@ -10,7 +10,16 @@ from twisted.internet.defer import succeed
 from gateway.core import samples
 from gateway.core.layout import Layout
 from gateway.core.samples import Samples
-from gateway.store.contract import ROLLUP_COLUMNS, RawColumns, RawData, RawPoint, Rollup, SealedBlock, time_slot
+from gateway.store.contract import (
+    ROLLUP_COLUMNS,
+    RawColumns,
+    RawData,
+    RawPoint,
+    Rollup,
+    SealedBlock,
+    holds_samples,
+    time_slot,
+)
 from gateway.store.deletion import bucket_range, cut_block
 from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_head import (
@@ -21,7 +30,10 @@ from gateway.store.sqlite_head import (
     raw_statements,
     read_head,
 )
-from gateway.store.sqlite_sql import decode_nullable, immediate, many_rows_statements, nullable
+from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, many_rows_statements, nullable
+
+# Series a query of series_with_data asks about (``series_set_hash IN (...)``).
+SERIES_PER_QUERY = 500
 
 
 def series_blocks(connection, tenant: str, hashes: Sequence[str], first_slot: int, last_slot: int) -> dict[str, list]:
@@ -35,6 +47,46 @@ def series_blocks(connection, tenant: str, hashes: Sequence[str], first_slot: in
     found: dict[str, list] = {}
     for hash_, block in connection.execute(query, (tenant, *hashes, first_slot, last_slot)):
         found.setdefault(hash_, []).append(block)
+    return found
+
+
+def raw_data(connection, width: int, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> list[RawData]:
+    """read_raw's RawData of each series, from one snapshot: a fold or a seal committing meanwhile
+    cannot move samples past the read."""
+    first_slot, last_slot = time_slot(start_ms, width), time_slot(end_ms, width)
+    connection.execute("BEGIN")
+    try:
+        heads = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
+        blocks = series_blocks(connection, tenant, hashes, first_slot, last_slot)
+        return [RawData(blocks.get(hash_, []), *head) for hash_, head in zip(hashes, heads)]
+    finally:
+        connection.execute("COMMIT")
+
+
+def _series_with_data(
+    connection, layout: Layout, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity
+) -> set[str]:
+    """series_with_data (contract.py), SERIES_PER_QUERY series a query: their head and blocks,
+    then, for those without raw samples there, the native histograms and the roll-up tables."""
+    tables = [("histograms", layout.slot_width_ms)]
+    if granularity is not None:
+        width = granularity.partition_width_ms
+        tables += [(granularity.table, width), (granularity.histogram_table, width)]
+    found: set[str] = set()
+    for at in range(0, len(hashes), SERIES_PER_QUERY):
+        chunk = hashes[at : at + SERIES_PER_QUERY]
+        raw = raw_data(connection, layout.slot_width_ms, tenant, chunk, start_ms, end_ms)
+        found.update(hash_ for hash_, data in zip(chunk, raw) if holds_samples(data, start_ms, end_ms))
+        for table, width in tables:
+            rest = [hash_ for hash_ in chunk if hash_ not in found]
+            if not rest:
+                break
+            query = (
+                f"SELECT DISTINCT series_set_hash FROM {table} WHERE tenant=? AND series_set_hash IN"
+                f" ({','.join('?' * len(rest))}) AND time_slot BETWEEN ? AND ? AND ts BETWEEN ? AND ?"
+            )
+            slots = (time_slot(start_ms, width), time_slot(end_ms, width))
+            found.update(column_values(connection, query, (tenant, *rest, *slots, start_ms, end_ms)))
     return found
 
 
@@ -125,20 +177,13 @@ class SQLiteSamples(SQLiteBase):
         hashes = list(hashes)
         if end_ms < start_ms:
             return succeed([RawData([], samples.empty()) for _ in hashes])
-        first_slot = time_slot(start_ms, self.slot_width_ms)
-        last_slot = time_slot(end_ms, self.slot_width_ms)
+        return self._read(raw_data, self.slot_width_ms, tenant, hashes, start_ms, end_ms)
 
-        def read(connection):
-            # one snapshot: a fold or a seal committing meanwhile cannot move samples past the read
-            connection.execute("BEGIN")
-            try:
-                heads = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
-                blocks = series_blocks(connection, tenant, hashes, first_slot, last_slot)
-                return [RawData(blocks.get(hash_, []), *head) for hash_, head in zip(hashes, heads)]
-            finally:
-                connection.execute("COMMIT")
-
-        return self._read(read)
+    def series_with_data(self, tenant, hashes, start_ms, end_ms, granularity=None):
+        """One reader call: a query a table per SERIES_PER_QUERY series (contract.py)."""
+        if end_ms < start_ms:
+            return succeed(set())
+        return self._read(_series_with_data, self.layout, tenant, list(hashes), start_ms, end_ms, granularity)
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys=()):
         one = SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys)

@@ -1,11 +1,16 @@
-"""The range functions evaluated for many series at once (range_functions._all_series,
-RangeVector.stacked_windows) answer exactly what each series alone gives, across stacks."""
+"""The range functions and instant selectors evaluated for many series at once
+(range_functions._all_series, Evaluator._instant_floats, RangeVector.stacked_windows) answer
+exactly what each series alone gives, across stacks."""
+
+import math
 
 import numpy as np
 import pytest
 
 from gateway.query.promql import range_functions, values
+from gateway.query.promql.engine import Context, Evaluator, Query
 from gateway.query.promql.values import RangeVector, Series
+from protocols.prometheus.xor import STALE_NAN_BITS
 
 MINUTE = 60_000
 START = 1_700_000_000_000
@@ -112,3 +117,41 @@ def test_stacked_windows_of_refs_out_of_order(monkeypatch, strategy):
     refs = START + np.array([90, 3, 45, 45, 0, 200]) * MINUTE
     matrix = RangeVector(series, refs, 5 * MINUTE)
     assert_stacked_windows_are_each_series_windows(matrix, series)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES.values(), ids=STRATEGIES.keys())
+@pytest.mark.parametrize("refs", REFS.values(), ids=REFS.keys())
+def test_instant_selectors_of_many_series_at_once_answer_as_each_alone(monkeypatch, refs, strategy):
+    """Each step's last sample within the lookback, none where it is a stale marker."""
+    monkeypatch.setattr(range_functions, "STACK_CELLS", 700)
+    monkeypatch.setattr(values, "SEARCHED_SAMPLES_A_CELL", strategy)
+    series = _churned_series(60, np.random.default_rng(11))
+    stale = np.array([STALE_NAN_BITS]).view(np.float64)[0]
+    for one in series[::4]:
+        one.values[len(one.values) // 2 :: 3] = stale
+    evaluator = Evaluator(Query(START, START, 0, 5 * MINUTE), {}, math.inf)
+    ctx = Context(refs)
+    together = evaluator._instant_floats(series, ctx, refs)
+    rows = {labels["i"]: row for row, labels in enumerate(together.labels)}
+    answered = 0
+    for one in series:
+        if not len(one.timestamps):
+            assert one.labels["i"] not in rows
+            continue
+        # the reference: each step's search in the series alone
+        index = np.searchsorted(one.timestamps, refs, side="right") - 1
+        last = np.maximum(index, 0)
+        present = (
+            (index >= 0)
+            & (one.timestamps[last] > refs - 5 * MINUTE)
+            & (one.values[last].view(np.int64) != STALE_NAN_BITS)
+        )
+        if not present.any():
+            assert one.labels["i"] not in rows
+            continue
+        answered += 1
+        row = rows[one.labels["i"]]
+        np.testing.assert_array_equal(together.present[row], present)
+        np.testing.assert_array_equal(together.values[row][present], one.values[last][present])
+        np.testing.assert_array_equal(together.sample_ms[row][present], one.timestamps[last][present])
+    assert answered >= 5 and any(one.labels["i"] not in rows for one in series)

@@ -1,7 +1,8 @@
 """The one read of the query APIs (gateway/query/read_service.py) on a real SQLite store, its clock
-fixed: READ_BATCH series a store call, the budget counted across batches and refusing after the
-batch that crossed it (the next is never read), its check run before every batch, and no more
-store reads in flight than the store's bound on calls (gateway/store/calls.py)."""
+fixed: READ_BATCH series a store call over READ_BATCH_SPAN_MS (more over a shorter range), the
+budget counted across batches and refusing after the batch that crossed it (the next is never
+read), its check run before every batch, and no more store reads in flight than the store's bound
+on calls (gateway/store/calls.py)."""
 
 import pytest
 import pytest_twisted
@@ -9,12 +10,20 @@ import pytest_twisted
 from gateway.core.model import Limits, Sample, SeriesKey, now_ms, series_set_hash, series_set_text
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
-from gateway.query.read_service import READ_BATCH, ReadBudget, ReadService
+from gateway.query.read_service import (
+    MAX_READ_BATCH,
+    READ_BATCH,
+    READ_BATCH_SPAN_MS,
+    ReadBudget,
+    ReadService,
+    series_per_read,
+)
 from tests.query.test_service_layer import CountedReads
 
 MINUTE = 60_000
 DAY = 24 * 60 * MINUTE
 SERIES = 2 * READ_BATCH + 88
+SPAN = READ_BATCH_SPAN_MS  # a range read READ_BATCH series a call
 
 
 class Refused(Exception):
@@ -49,10 +58,21 @@ async def test_reads_a_batch_of_series_a_store_call_and_counts_every_batch(sqlit
     now, keys = written
     reads, counted = service(sqlite_store, now)
     budget = ReadBudget(10_000, refuse)
-    found = await reads.samples(keys, now - 10 * MINUTE, now, budget)
+    found = await reads.samples(keys, now - SPAN, now, budget)
     assert [len(call[2]) for call in counted.asked] == [READ_BATCH, READ_BATCH, 88]
     assert [list(read.samples.values) for read in found] == [[2.0, 1.0]] * SERIES
     assert budget.spent == 2 * SERIES
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_shorter_range_reads_more_series_a_store_call(sqlite_store, written):
+    """A dashboard's last hour holds a sixth of the samples a series: six times the series a call."""
+    now, keys = written
+    reads, counted = service(sqlite_store, now)
+    found = await reads.samples(keys, now - SPAN // 6, now, ReadBudget(10_000, refuse))
+    assert [len(call[2]) for call in counted.asked] == [SERIES]
+    assert [list(read.samples.values) for read in found] == [[2.0, 1.0]] * SERIES
+    assert series_per_read(now - MINUTE, now) == MAX_READ_BATCH  # a minute: at most that many a call
 
 
 @pytest_twisted.ensureDeferred
@@ -61,7 +81,7 @@ async def test_refuses_after_the_batch_that_crosses_the_budget_and_reads_no_furt
     reads, counted = service(sqlite_store, now)
     budget = ReadBudget(3 * READ_BATCH, refuse)  # the first batch holds 2 x 256 samples, the second as many
     with pytest.raises(Refused, match=f"^reading load: {2 * READ_BATCH}$"):
-        await reads.samples(keys, now - 10 * MINUTE, now, budget, "reading load")
+        await reads.samples(keys, now - SPAN, now, budget, "reading load")
     assert len(counted.asked) == 2 and budget.spent == 4 * READ_BATCH
 
 
@@ -78,7 +98,7 @@ async def test_checks_before_each_batch(sqlite_store, written):
             raise Refused("deadline")
 
     with pytest.raises(Refused, match="deadline"):
-        await reads.samples(keys, now - 10 * MINUTE, now, ReadBudget(10**9, refuse, check))
+        await reads.samples(keys, now - SPAN, now, ReadBudget(10**9, refuse, check))
     assert len(counted.asked) == 2
 
 
@@ -100,8 +120,8 @@ async def test_histograms_and_exemplars_are_read_a_batch_at_a_time(sqlite_store,
     reads, counted = service(sqlite_store, now)
     hashes = [key.series_set_hash for key in keys]
     budget = ReadBudget(10, refuse)
-    assert await reads.histograms(keys[0].tenant, hashes, now - 10 * MINUTE, now, budget) == [[]] * SERIES
-    assert await reads.exemplars(keys[0].tenant, hashes, *reads.exemplar_range(now - 10 * MINUTE, now)) == [[]] * SERIES
+    assert await reads.histograms(keys[0].tenant, hashes, now - SPAN, now, budget) == [[]] * SERIES
+    assert await reads.exemplars(keys[0].tenant, hashes, *reads.exemplar_range(now - SPAN, now)) == [[]] * SERIES
     assert [(call[0], len(call[2])) for call in counted.asked] == [
         (operation, size)
         for operation in ("read_histograms", "read_exemplars")

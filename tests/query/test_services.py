@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 import pytest_twisted
 
-from gateway.core.model import HistogramSample, Limits, Sample, now_ms
+from gateway.core.layout import DAY_MS, HOUR_MS
+from gateway.core.model import HistogramSample, Limits, Sample, SeriesKey, now_ms
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
 from gateway.query.planner import QueryPlanner, QueryTooLarge
 from gateway.query.promql.service import PromQLService
 from gateway.query.promql.values import PromQLError
 from gateway.query.remote_read import RemoteRead
-from gateway.store.contract import MetricMetadata
+from gateway.store.contract import MetricMetadata, Rollup
 from protocols.prometheus import Matcher
 from protocols.prometheus.read import ReadQuery
 from tests.protocols.test_prometheus_protocol import histogram
@@ -107,6 +108,75 @@ async def test_promql_label_lookups_use_prometheus_names(sqlite_store, tenant, w
     service = promql(sqlite_store)
     assert await service.label_values(tenant, "host", ["requests_total"]) == ["a", "b", "c"]
     assert "host" in await service.label_names(tenant, [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_series_over_a_range_lists_those_with_floats_or_native_histograms_in_it(sqlite_store, tenant, written):
+    service = promql(sqlite_store)
+    every = [{"__name__": "latency", "host": "a"}, *({"__name__": "requests_total", "host": h} for h in "abc")]
+    selectors = ["latency", "requests_total"]
+    assert await service.matched(tenant, selectors, written - 30 * MINUTE, written) == every
+    assert await service.matched(tenant, selectors, written - 9 * MINUTE, written - 9 * MINUTE) == every
+    assert await service.matched(tenant, selectors, written + 1, written + 5 * MINUTE) == []
+    assert await service.matched(tenant, selectors) == every
+    # label values read the index, as Prometheus reads its own without chunks
+    assert await service.label_values(tenant, "host", ["requests_total"], written + 1, written + 5 * MINUTE) == [
+        "a",
+        "b",
+        "c",
+    ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_series_over_hours_reads_only_the_series_of_the_edge_buckets(sqlite_store, tenant):
+    """A series the index gives for a bucket has samples in it or in the bucket before: those of
+    the buckets from the range's second whole one to its last are kept unread; only the series of
+    the edge buckets alone are asked of the store."""
+    hour = now_ms() // HOUR_MS * HOUR_MS - 5 * HOUR_MS
+    spans = {"steady": (0, 290), "early": (0, 10), "short": (130, 140)}
+    pipeline = IngestPipeline(sqlite_store, Limits(), KnownSeries(1000), 1_000_000)
+    samples = [
+        Sample(tenant, "jobs_total", {"job": name}, hour + minute * MINUTE, 1.0)
+        for name, (first, last) in spans.items()
+        for minute in range(first, last + 1, 10)
+    ]
+    assert not (await pipeline.ingest("prometheus", samples)).rejected
+    asked: list[str] = []
+    checked = sqlite_store.series_with_data
+
+    def series_with_data(tenant, hashes, *rest):
+        asked.extend(hashes)
+        return checked(tenant, hashes, *rest)
+
+    sqlite_store.series_with_data = series_with_data
+    found = await promql(sqlite_store).matched(tenant, ["jobs_total"], hour + 30 * MINUTE, hour + 270 * MINUTE)
+    assert [labels["job"] for labels in found] == ["short", "steady"]
+    (early,) = await sqlite_store.find_series(tenant, "jobs_total", "job", "early")
+    assert set(asked) == {early}
+
+
+@pytest_twisted.ensureDeferred
+async def test_series_over_a_range_past_the_raw_retention_lists_those_with_rollups_in_it(sqlite_store, tenant):
+    """Before the raw retention the read path reads roll-ups: a series whose 5m roll-up has a row
+    in the range has data there; one whose roll-ups end before it has none."""
+    now = now_ms()
+    start, end = now - 10 * DAY_MS, now - 9 * DAY_MS
+    inside, before = (SeriesKey(tenant, f"{name}-hash", "jobs_total", {"job": name}) for name in ("inside", "before"))
+    await sqlite_store.write_series([inside, before])
+    seen = now - 9 * DAY_MS - 12 * HOUR_MS
+    await sqlite_store.write_series_buckets([(inside, seen - seen % HOUR_MS), (before, seen - seen % HOUR_MS)])
+    five = sqlite_store.layout.granularity("5m")
+    at = seen - seen % five.width_ms
+    await sqlite_store.write_rollups(
+        five,
+        [
+            Rollup(tenant, inside.series_set_hash, at, last=1.0, increase=0.0),
+            Rollup(tenant, before.series_set_hash, start - DAY_MS, last=1.0, increase=0.0),
+        ],
+    )
+    assert await promql(sqlite_store).matched(tenant, ["jobs_total"], start, end) == [
+        {"__name__": "jobs_total", "job": "inside"}
+    ]
 
 
 @pytest_twisted.ensureDeferred

@@ -40,6 +40,7 @@ from gateway.query.promql.range_functions import (
     extended_samples,
     interpolated_histogram,
     quantiles,
+    series_stacks,
 )
 from gateway.query.promql.values import (
     DELAYED_NAME_REMOVAL,
@@ -731,7 +732,7 @@ class Evaluator:
                     negated = negated._replace(histograms=_scaled(value.histograms, np.full(ctx.steps, -1.0), "*"))
                 value = negated.without_absent()
         elif kind == "Call":
-            value = self._call(expr, ctx)
+            return self._call(expr, ctx)  # merged there, its label sets checked once
         elif kind == "BinaryExpr":
             value = self._binary(expr, ctx)
         else:
@@ -761,21 +762,27 @@ class Evaluator:
         return found
 
     def _instant_floats(self, found_series: list[Series], ctx: Context, refs: np.ndarray) -> Vector:
+        """Each series' last sample at or before each step within the lookback, none where that
+        sample is a stale marker: many series at once, as windows of the lookback's width over
+        their samples laid end to end (range_functions.series_stacks)."""
+        series = [found for found in found_series if len(found.timestamps)]
+        lookback = RangeVector(series, refs, self.query.lookback_ms, guard=self.guard)
+        lengths = np.fromiter((len(found.timestamps) for found in series), np.int64, len(series))
         labels, rows, masks, stamps = [], [], [], []
-        for series in found_series:
-            if not len(series.timestamps):
-                continue
-            index = np.searchsorted(series.timestamps, refs, side="right") - 1
-            found = index >= 0
-            index = np.maximum(index, 0)
-            sample_ms, values = series.timestamps[index], series.values[index]
-            found &= (sample_ms > refs - self.query.lookback_ms) & ~is_stale(values)
-            if found.any():
-                labels.append(series.labels)
-                rows.append(values)
-                masks.append(found)
-                stamps.append(sample_ms)
-        if not rows:
+        for first, end in series_stacks(lengths, ctx.steps):
+            self.guard.check()
+            part = series[first:end]
+            timestamps = np.concatenate([found.timestamps for found in part])
+            values = np.concatenate([found.values for found in part])
+            lo, hi = lookback.stacked_windows(timestamps, lengths[first:end])
+            last = np.maximum(hi - 1, 0)  # inside the series wherever its window holds a sample
+            found = (hi > lo) & ~is_stale(values[last])
+            kept = found.any(axis=1)
+            labels += [one.labels for one, keep in zip(part, kept) if keep]
+            rows.append(values[last][kept])
+            masks.append(found[kept])
+            stamps.append(timestamps[last][kept])
+        if not labels:
             return Vector.empty(ctx.steps)
         return Vector(labels, np.vstack(rows), np.vstack(masks), np.vstack(stamps))
 
@@ -912,12 +919,7 @@ class Evaluator:
 
     def _range(self, node, ctx: Context) -> RangeVector:
         selector = node.vector_selector
-        series = []
-        for found in self.data.get(selector_key(selector), []):
-            stale = is_stale(found.values)
-            series.append(
-                Series(found.labels, found.timestamps[~stale], found.values[~stale]) if stale.any() else found
-            )
+        series = _without_stale_markers(self.data.get(selector_key(selector), []))
         histograms = []
         for found in self._histogram_series(selector):
             kept = np.not_equal(found.values, None)  # type: ignore[call-overload]  # None: a stale marker; numpy's stubs: None in an object array
@@ -970,7 +972,7 @@ class Evaluator:
         if name in ("start", "end", "range", "step"):
             return Scalar(np.full(ctx.steps, self._query_constant(name)))
         if name == "info":
-            return self._info(call, ctx)
+            return merge_same_labels(self._info(call, ctx))
         function = FUNCTIONS.get(name)
         if function is None:
             raise PromQLError(f"function {name!r} is not supported", "bad_data")
@@ -983,9 +985,11 @@ class Evaluator:
         finally:
             self.under_stats_function, self.under_bucket_reader = outer
         value = function(ctx, args, call)
-        if isinstance(value, Vector) and any(isinstance(arg, RangeVector) for arg in args):
-            _refuse_same_labels(value)
-        return value
+        if not isinstance(value, Vector):
+            return value
+        if any(isinstance(arg, RangeVector) for arg in args) and _refuse_same_labels(value):
+            return value  # no two rows of one label set: nothing to merge
+        return merge_same_labels(value)
 
     def _info(self, call, ctx: Context) -> Vector:
         """Prometheus 3's experimental ``info(v, {labels})``: each element of ``v`` gains the
@@ -1085,10 +1089,8 @@ class Evaluator:
             return self._selecting(op, vector, param.values, group_of)
         count = len(group_labels)
         counted = vector.sampled if op in ("count", "group") else vector.present
-        present = np.zeros((count, ctx.steps), dtype=bool)
-        np.logical_or.at(present, group_of, counted)
-        counts = np.zeros((count, ctx.steps))
-        np.add.at(counts, group_of, counted.astype(np.float64))
+        counts = _group_sums(counted, group_of, count)
+        present = counts > 0
         with np.errstate(all="ignore"):
             if op == "sum":
                 result = _kahan_sum(vector, group_of, count)
@@ -1220,14 +1222,37 @@ def _without_delayed_names(matrix: RangeVector) -> RangeVector:
     return matrix._replace(series=series_list)
 
 
-def _refuse_same_labels(vector: Vector) -> None:
+def _without_stale_markers(found: list[Series]) -> list[Series]:
+    """The series without their stale markers (a range selector's windows hold samples only),
+    the markers found in all the series' values at once: most series have none."""
+    if not found:
+        return found
+    stale = is_stale(np.concatenate([series.values for series in found]))
+    if not stale.any():
+        return found
+    bounds = np.cumsum([0, *(len(series.values) for series in found)])
+    marked = set(np.searchsorted(bounds, np.flatnonzero(stale), side="right") - 1)
+    kept = []
+    for at, series in enumerate(found):
+        if at in marked:
+            fresh = ~stale[bounds[at] : bounds[at + 1]]
+            series = Series(series.labels, series.timestamps[fresh], series.values[fresh])
+        kept.append(series)
+    return kept
+
+
+def _refuse_same_labels(vector: Vector) -> bool:
     """A range function's result, as Prometheus 2.42 checks it: two of its series with the same
     label set (series that differed only by their dropped name) are an error, at whatever steps
-    they hold samples."""
+    they hold samples. True when no two rows have the same label set (most results)."""
+    keys = [labels_key(labels) for labels in vector.labels]
+    if len(set(keys)) == len(keys):
+        return True
     for rows in (vector.present.any(axis=1), vector.histogram_present.any(axis=1)):
         keys = [labels_key(labels) for labels, kept in zip(vector.labels, rows) if kept]  # type: ignore[arg-type]  # any(axis=1) of a 2-d array is an array
         if len(set(keys)) < len(keys):
             raise PromQLError("vector cannot contain metrics with the same labelset")
+    return False
 
 
 def _operate(op: str, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, Any]:
@@ -1651,6 +1676,16 @@ def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple
     return np.array(group_of, dtype=np.int64), group_labels
 
 
+def _group_sums(rows: np.ndarray, group_of: np.ndarray, count: int) -> np.ndarray:
+    """The sum of each group's rows (``group_of`` gives a row's group): rows sorted by group and
+    summed a run at a time, as np.add.at does it several times slower."""
+    if count <= 1:
+        return rows.sum(axis=0, dtype=np.float64)[np.newaxis][:count]
+    order = np.argsort(group_of, kind="stable")
+    starts = np.searchsorted(group_of[order], np.arange(count))
+    return np.add.reduceat(rows[order].astype(np.float64), starts, axis=0)
+
+
 def _ranks(group_of: np.ndarray) -> list[np.ndarray]:
     """The rows of every group in input order, rank by rank: the r-th array holds each group's
     r-th row (at most one per group), so a running update is vectorised across groups and steps
@@ -1670,11 +1705,13 @@ def _kahan_sum(vector: Vector, group_of: np.ndarray, count: int) -> np.ndarray:
         result = np.zeros_like(values)
         result[group_of] = values
         return result
+    if count == 1:
+        return compensated_sum(values, axis=0)[np.newaxis]
     result = np.zeros((count, values.shape[1]))
     order = np.argsort(group_of, kind="stable")
     bounds = np.searchsorted(group_of[order], np.arange(count + 1))
     for group in range(count):
-        result[group] = compensated_sum(values[order[bounds[group] : bounds[group + 1]]].T)
+        result[group] = compensated_sum(values[order[bounds[group] : bounds[group + 1]]], axis=0)
     return result
 
 

@@ -60,7 +60,7 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
     series = matrix.series if len(sampled) == len(lengths) else [matrix.series[i] for i in sampled]
     lengths = lengths[sampled]
     labels, rows, masks = [], [], []
-    for first, end in _stacks(lengths, len(matrix.refs)):
+    for first, end in series_stacks(lengths, len(matrix.refs)):
         matrix.guard.check()
         part = series[first:end]
         timestamps = np.concatenate([s.timestamps for s in part])
@@ -76,7 +76,7 @@ def _all_series(matrix: RangeVector, compute, keep_name: bool = False) -> Vector
     return Vector(labels, np.vstack(rows), np.vstack(masks))
 
 
-def _stacks(lengths: np.ndarray, steps: int) -> list[tuple[int, int]]:
+def series_stacks(lengths: np.ndarray, steps: int) -> list[tuple[int, int]]:
     """Runs of series (first, end) of about STACK_CELLS samples and (series, step) cells each,
     one series at least: arrays of that size stay in the processor's cache and in the
     allocator's heap (larger ones are mapped afresh, a page fault every 4 KiB of every
@@ -612,14 +612,19 @@ def _where(condition: np.ndarray, chosen: np.ndarray, other: np.ndarray) -> np.n
     return chosen if condition.all() else np.where(condition, chosen, other)
 
 
-def compensated_sum(rows: np.ndarray) -> np.ndarray:
-    """sum_over_time as Prometheus 2.42 adds each row (zeros padding its end): Neumaier's
-    running sum, whose running totals are a cumulative sum and whose corrections add up
-    likewise, so no loop is needed; an infinite total is answered as it is."""
-    totals = np.cumsum(rows, axis=1)
-    before = np.concatenate([np.zeros((len(rows), 1)), totals[:, :-1]], axis=1)
+def compensated_sum(rows: np.ndarray, axis: int = 1) -> np.ndarray:
+    """sum_over_time as Prometheus 2.42 adds each row (zeros padding its end) along ``axis``:
+    Neumaier's running sum, whose running totals are a cumulative sum and whose corrections add
+    up likewise, so no loop is needed; an infinite total is answered as it is. (Summing along
+    the axis the array is laid out in: a transposed view costs strided passes.)"""
+    totals = np.cumsum(rows, axis=axis)
+    before = np.zeros_like(totals)
+    if axis == 0:
+        before[1:] = totals[:-1]
+    else:
+        before[:, 1:] = totals[:, :-1]
     lost = np.where(np.abs(before) >= np.abs(rows), (before - totals) + rows, (rows - totals) + before)
-    total, compensation = totals[:, -1], np.cumsum(lost, axis=1)[:, -1]
+    total, compensation = np.take(totals, -1, axis=axis), np.take(np.cumsum(lost, axis=axis), -1, axis=axis)
     return np.where(np.isinf(total), total, total + compensation)
 
 

@@ -12,15 +12,21 @@ from datetime import UTC, datetime
 import numpy as np
 from twisted.internet import defer, threads
 
+from gateway.core.layout import INDEX_BUCKET_MS, Granularity
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.query.planner import QueryPlanner
 from gateway.query.promql.engine import Evaluator, Query, QueryText, estimated_samples, plan, selector_matchers
 from gateway.query.promql.values import Guard, PromQLError, Series
-from gateway.query.read_service import ReadBudget, Selection
+from gateway.query.read_service import READ_BATCH, ReadBudget, Selected, Selection
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow
 from protocols.prometheus import utf8_labels
 from protocols.prometheus.native_histogram import decode_sample
+
+# What /api/v1/series first asks the store about: the newest minute of its range (up to now), where
+# every live series scraped at least once a minute has a sample; only the series not found there
+# are read over the whole range (on both stores reading a range's head is most of the check's cost).
+PROBE_MS = 60_000
 
 
 class PromQLService:
@@ -144,38 +150,95 @@ class PromQLService:
     async def matched(
         self, tenant: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
     ) -> list[dict]:
-        """Label sets of the series the selectors select (of those with samples in [start_ms,
-        end_ms]: those with data in the range's time-index buckets, without a start every series), sorted."""
-        found: dict[tuple, dict] = {}
+        """Label sets of the series the selectors select, sorted: with a start, those with data in
+        [start_ms, end_ms] (``_with_data``), as Prometheus lists a series with a chunk in the range;
+        without, every series of the tenant."""
+        found = await self._selected(tenant, selectors, start_ms, end_ms)
+        if start_ms is not None:
+            found = await self._with_data(tenant, selectors, found, start_ms, end_ms)
+        return [found[key].labels for key in sorted(found)]
+
+    async def _selected(
+        self, tenant: str, selectors: list[str], start_ms: int | None, end_ms: int | None
+    ) -> dict[tuple, Selected]:
+        """The series the selectors select in the time index's buckets of [start_ms, end_ms] (every
+        series without a start), by their sorted labels."""
+        found: dict[tuple, Selected] = {}
         for text in selectors:
             expr = await threads.deferToThread(self.text.parse, text)
             if type(expr).__name__ != "VectorSelector":
                 raise PromQLError(f'invalid parameter "match[]": {text!r} is not a series selector', "bad_data")
             selection = await self.planner.select(tenant, selector_matchers(expr), utf8_labels, start_ms, end_ms)
             for selected in selection:
-                found[tuple(sorted(selected.labels.items()))] = selected.labels
-        return [found[key] for key in sorted(found)]
+                found[tuple(sorted(selected.labels.items()))] = selected
+        return found
+
+    async def _with_data(
+        self, tenant: str, selectors: list[str], found: dict[tuple, Selected], start_ms: int, end_ms: int | None
+    ) -> dict[tuple, Selected]:
+        """Of ``found``, the series with data in [start_ms, end_ms] (to --max-future ahead without an
+        end): raw samples or native histograms, or the roll-up the read path reads for a range
+        starting past the raw retention. The time index lists a series for its whole hour bucket,
+        and the next one when it was written in the last quarter of its bucket (docs/storage.rst,
+        "Grain"): the series the index gives for the range's inner buckets (``_inner_buckets``)
+        have data in it; the others are asked of the store, first about the range's newest
+        PROBE_MS (up to now), where every live series has a sample, then those not found there
+        about the whole range."""
+        start_ms, end_ms = self.planner.readable(
+            start_ms, self.planner.now() + self.planner.path.max_future_ms if end_ms is None else end_ms
+        )
+        inner = _inner_buckets(start_ms, end_ms)
+        certain: dict[tuple, Selected] = {}
+        if inner is not None and self.planner.index_buckets(tenant, *inner) is not None:
+            certain = await self._selected(tenant, selectors, *inner)
+        kept = {key: selected for key, selected in found.items() if key in certain}
+        unsure = [(key, selected) for key, selected in found.items() if key not in certain]
+        probe_end = min(end_ms, self.planner.now())
+        probe = (max(start_ms, probe_end - PROBE_MS), probe_end)
+        checks = [(start_ms, end_ms, self.planner.rollup_for(start_ms, tenant))]
+        if probe[0] <= probe[1] and probe != (start_ms, end_ms):
+            checks.insert(0, (*probe, None))
+        for low, high, granularity in checks:
+            if not unsure:
+                break
+            with_data = await self._series_with_data(
+                tenant, [s.key.series_set_hash for _, s in unsure], low, high, granularity
+            )
+            kept.update((key, s) for key, s in unsure if s.key.series_set_hash in with_data)
+            unsure = [(key, s) for key, s in unsure if s.key.series_set_hash not in with_data]
+        return kept
+
+    async def _series_with_data(
+        self, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity: Granularity | None
+    ) -> set[str]:
+        """Store.series_with_data, a store call a READ_BATCH of series, the calls at once within the store's bound."""
+        checks = [
+            self.store.series_with_data(tenant, hashes[first : first + READ_BATCH], start_ms, end_ms, granularity)
+            for first in range(0, len(hashes), READ_BATCH)
+        ]
+        return set().union(*await defer.gatherResults(checks, consumeErrors=True))
 
     async def label_names(
         self, tenant: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
     ) -> list[str]:
         """Label names of the series the selectors select, or of the whole tenant without
-        selectors, in [start_ms, end_ms] as ``matched`` reads it."""
+        selectors, in the time index's buckets of [start_ms, end_ms] (as Prometheus reads its
+        index, without checking chunks)."""
         if not selectors:
             keys = await self.store.list_tenant_tag_keys(tenant, self.planner.index_buckets(tenant, start_ms, end_ms))
             return sorted({"__name__", *keys})
-        return sorted({name for labels in await self.matched(tenant, selectors, start_ms, end_ms) for name in labels})
+        selected = await self._selected(tenant, selectors, start_ms, end_ms)
+        return sorted({name for s in selected.values() for name in s.labels})
 
     async def label_values(
         self, tenant: str, name: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
     ) -> list[str]:
         """Values of a label on the series the selectors select, or on the whole tenant without
-        selectors, in [start_ms, end_ms] as ``matched`` reads it."""
+        selectors, in the time index's buckets of [start_ms, end_ms] as ``label_names`` reads them."""
         buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
         if selectors:
-            values = {
-                labels[name] for labels in await self.matched(tenant, selectors, start_ms, end_ms) if name in labels
-            }
+            selected = await self._selected(tenant, selectors, start_ms, end_ms)
+            values = {s.labels[name] for s in selected.values() if name in s.labels}
         elif name == "__name__":
             values = set(await self.store.list_metric_names(tenant, buckets))
         else:
@@ -203,6 +266,16 @@ class PromQLService:
         found = await self.planner.exemplars(tenant, list(selected), start_ms, end_ms)
         result = [(labels, rows) for labels, rows in zip(selected.values(), found) if rows]
         return sorted(result, key=lambda item: sorted(item[0].items()))
+
+
+def _inner_buckets(start_ms: int, end_ms: int) -> tuple[int, int] | None:
+    """The time-index buckets of [start_ms, end_ms] whose series all have samples in it (None:
+    there are none), as a range: a series indexed in a bucket has samples in it, or in the bucket
+    before when it was indexed ahead (gateway/ingest/pipeline.py), so the buckets from the
+    second that starts in the range to the last that ends in it."""
+    first = -(-start_ms // INDEX_BUCKET_MS) * INDEX_BUCKET_MS + INDEX_BUCKET_MS
+    last_end = (end_ms + 1) // INDEX_BUCKET_MS * INDEX_BUCKET_MS - 1
+    return (first, last_end) if first < last_end else None
 
 
 def _budget(guard: Guard) -> ReadBudget:
