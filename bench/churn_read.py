@@ -12,7 +12,7 @@ G generations of 500 pods (one an hour, ``churn_requests_total{job="api", pod="p
   count     ``count(churn_requests_total{job="api"})`` at ``now`` (an instant query: 5 m of
             lookback), the same figures
   read_raw  CassandraStore.read_raw of the live generation's 500 series over that hour and its
-            5 m of lookback, in READ_BATCH calls as the query's read makes them: wall and CPU
+            5 m of lookback, in calls of series_per_read as the query's read makes them: wall and CPU
 
 CPU is this process's (process_time: the reactor thread and the driver's I/O thread). Figures in
 docs/performance-log.rst ("The churn query on Cassandra"). Run from the repository root:
@@ -42,7 +42,7 @@ from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
 from gateway.query.planner import QueryPlanner
 from gateway.query.promql.service import PromQLService
-from gateway.query.read_service import READ_BATCH
+from gateway.query.read_service import series_per_read
 from gateway.store.cassandra import CassandraStore
 
 KEYSPACE = "bench_churn_read"
@@ -165,8 +165,10 @@ async def measure(store, tenant: str, generations: int, now: int, runs: int) -> 
     hashes = [series_set_hash(series_set_text("churn_requests_total", pod_labels(live, i))) for i in range(PODS)]
 
     async def read_raw():
-        for first in range(0, len(hashes), READ_BATCH):
-            await store.read_raw(tenant, hashes[first : first + READ_BATCH], now - HOUR_MS - LOOKBACK_MS, now)
+        start = now - HOUR_MS - LOOKBACK_MS
+        batch = series_per_read(start, now)
+        for first in range(0, len(hashes), batch):
+            await store.read_raw(tenant, hashes[first : first + batch], start, now)
 
     walls, cpus = await timed_runs(read_raw, runs)
     print(f"G={generations} read_raw  wall {p50_and_min(walls)}; CPU {p50_and_min(cpus)}")
