@@ -349,28 +349,14 @@ class CassandraSamples(CassandraBase):
         """The data_blocks rows of the range, READ_SERIES_PER_REQUEST series a request
         (``series_set_hash IN ?``) per block partition, then the head rows of the slots written
         since their last seal, if any (the head rows of the others are all in their blocks):
-        from data_head, the series of one shard together (``slice IN ? AND shard = ? AND
+        from data_head, the series of one shard and slot together (``slice IN ? AND shard = ? AND
         series_set_hash IN ?``), and from data_raw (the head of the layout before data_head, one
-        request a series) where a slot's ``written_at`` says it has rows there. The head rows of
-        the slots no seal can have read yet (_unsealable_from: the current one, mostly) are read
-        at once, beside the data_blocks rows, for every series, and kept where the series-slot has
-        a ``head_written_at``: a last-hour or instant query waits for one round of requests
-        there, not two. (Head rows outlive their slot's seal, so reading them where a seal did
-        after all reads again what its block holds: the same samples, which the head's win over.)"""
+        request a series) where a slot's ``written_at`` says it has rows there."""
         hashes = list(hashes)
         if end_ms < start_ms:
             return defer.succeed([RawData([], samples.empty()) for _ in hashes])
         width = self.slot_width_ms
         first, last = time_slot(start_ms, width), time_slot(end_ms, width)
-        unsealable = max(first, self._unsealable_from())
-        by_shard: dict[int, list[str]] = defaultdict(list)
-        for hash_ in hashes if unsealable <= last else ():
-            by_shard[head_shard(hash_)].append(hash_)
-        fresh = {
-            (shard, slot): shard_hashes
-            for shard, shard_hashes in by_shard.items()
-            for slot in range(unsealable, last + 1, width)
-        }
         statement = self._statements["read_slots"]
         partitions = self._time_slots(first, last, self.layout.block_partition_width_ms)
         chunks = [hashes[i : i + READ_SERIES_PER_REQUEST] for i in range(0, len(hashes), READ_SERIES_PER_REQUEST)]
@@ -379,20 +365,15 @@ class CassandraSamples(CassandraBase):
         ]
 
         def read_heads(pages):
-            """The blocks, and the head rows of the older slots (data_head's, then data_raw's)."""
             found: dict[str, list[tuple[int, bytes]]] = {hash_: [] for hash_ in hashes}
             legacy, unsealed = defaultdict(list), defaultdict(list)
-            unwritten = {(shard, slot): set(shard_hashes) for (shard, slot), shard_hashes in fresh.items()}
             for page in pages:
                 for hash_, slot, block, written, head_written, sealed in page:
                     if block is not None:
                         found[hash_].append((slot, block))
                     if _unsealed(written, sealed):
                         legacy[hash_].append(slot)
-                    if slot >= unsealable:
-                        if head_written is not None:
-                            unwritten[(head_shard(hash_), slot)].discard(hash_)
-                    elif _unsealed(head_written, sealed):
+                    if _unsealed(head_written, sealed):
                         unsealed[(head_shard(hash_), slot)].append(hash_)
             blocks = {hash_: [block for _, block in sorted(some, key=itemgetter(0))] for hash_, some in found.items()}
             legacy = {hash_: sorted(slots) for hash_, slots in legacy.items()}
@@ -402,40 +383,15 @@ class CassandraSamples(CassandraBase):
                 for hash_, slots in legacy.items()
             ]
 
-            def rows_of(results):
+            def assemble(results):
                 rows = [row for page in results[: len(head_requests)] for row in page]
                 for hash_, page in zip(legacy, results[len(head_requests) :]):
                     rows += [(hash_, *row) for row in page]
-                return blocks, rows, {key: hashes for key, hashes in unwritten.items() if hashes}
+                return [RawData(blocks[h], head) for h, head in zip(hashes, _head_samples(rows, hashes))]
 
-            return self._execute_all(head_requests + legacy_requests, PLAIN_ROWS).addCallback(rows_of)
+            return self._execute_all(head_requests + legacy_requests, PLAIN_ROWS).addCallback(assemble)
 
-        def assemble(results):
-            """The head rows read at once, but those of series-slots with no ``head_written_at`` (a
-            write that failed before it landed is not read, and a delete finds every row read)."""
-            (blocks, rows, unwritten), fresh_pages = results
-            fresh_rows = [row for page in fresh_pages for row in page]
-            if unwritten:
-                skipped = {(hash_, slot) for (_, slot), some in unwritten.items() for hash_ in some}
-                fresh_rows = [row for row in fresh_rows if (row[0], row[1] - row[1] % width) not in skipped]
-            rows = fresh_rows + rows
-            return [RawData(blocks[h], head) for h, head in zip(hashes, _head_samples(rows, hashes))]
-
-        reads = [
-            self._execute_all(requests, PLAIN_ROWS).addCallback(read_heads),
-            self._execute_all(self._head_reads(tenant, fresh, start_ms, end_ms), PLAIN_ROWS),
-        ]
-        read = defer.gatherResults(reads, consumeErrors=True)
-        read.addErrback(lambda failure: failure.value.subFailure)
-        return read.addCallback(assemble)
-
-    def _unsealable_from(self) -> int:
-        """The first slot no seal can have read yet: a slot settles once it has ended and seen no
-        write for the settle delay, by the downsampler's clock, which may be ahead of this one by
-        SEAL_CLOCK_MARGIN_MS (at most half the settle delay)."""
-        layout = self.layout
-        margin = min(SEAL_CLOCK_MARGIN_MS, layout.settle_delay_ms // 2)
-        return time_slot(int(time.time() * 1000) - layout.settle_delay_ms + margin, self.slot_width_ms)
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(read_heads)
 
     def _head_reads(self, tenant: str, unsealed: dict[tuple[int, int], list[str]], start_ms: int, end_ms: int) -> list:
         """Requests for the data_head rows in a range of the series of each (shard, slot): the slots

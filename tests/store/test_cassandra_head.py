@@ -253,42 +253,6 @@ async def test_a_range_over_two_slots_of_different_series_in_a_shard_reads_back_
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_current_slots_head_is_read_beside_its_blocks_in_one_round(cassandra_store, tenant):
-    """The current slot cannot have been sealed: its head rows are read for every series with the
-    data_blocks rows, not after them; a block written into it meanwhile (as whisper import
-    writes them) is read too, the head's samples winning."""
-    keys = [series(tenant, "current", {"i": str(i)}) for i in range(40)]
-    await cassandra_store.write_series(keys)
-    now = int(time.time() * 1000)
-    slot = time_slot(now, HOUR)
-    head = range(now - 30 * MINUTE, now, MINUTE)
-    await cassandra_store.write_raw(
-        [RawPoint(tenant, k.series_set_hash, ts, i + ts / 1e6) for i, k in enumerate(keys) for ts in head]
-    )
-    imported = np.array([slot, head[-1]], dtype=np.int64)  # one sample of its own, one the head's too
-    await cassandra_store.write_block(
-        tenant, keys[0].series_set_hash, slot, encode_block(imported, np.array([-1.0, -2.0])), [], now
-    )
-    runs, answered = [], []
-    run = cassandra_store._requests.run
-
-    def logged(requests, profile):
-        tables = {statement.query_string.split(" FROM ")[1].split()[0].rpartition(".")[2] for statement, _ in requests}
-        series = {h for _, values in requests for h in values[3]} if tables == {"data_head"} else set()
-        runs.append((tables, series, len(answered)))
-        return run(requests, profile).addCallback(lambda pages: answered.append(1) or pages)
-
-    cassandra_store._requests.run = logged
-    start, end = now - 40 * MINUTE, now
-    found = await cassandra_store.read_raw(tenant, [k.series_set_hash for k in keys], start, end)
-    first_round = [(tables, series) for tables, series, before in runs if before == 0]
-    assert first_round == [({"data_blocks"}, set()), ({"data_head"}, {k.series_set_hash for k in keys})]
-    expected = [[(ts, i + ts / 1e6) for ts in head if start <= ts] for i in range(40)]
-    expected[0] = sorted({**dict(expected[0]), **({slot: -1.0} if start <= slot else {})}.items())
-    assert [stitch_raw(raw, start, end).points() for raw in found] == expected
-
-
-@pytest_twisted.ensureDeferred
 async def test_late_data_into_a_sealed_slot_is_read_and_sealed_again(cassandra_store, tenant):
     key = series(tenant, "late", {})
     await cassandra_store.write_series([key])
