@@ -6,7 +6,7 @@ from twisted.internet import threads
 
 from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import SeriesKey, now_ms
-from gateway.store.cassandra_base import READ_SERIES_PER_REQUEST, CassandraBase
+from gateway.store.cassandra_base import PLAIN_ROWS, READ_SERIES_PER_REQUEST, CassandraBase
 from gateway.store.contract import Buckets, PathNode
 from gateway.store.deletion import INDEX_KEYS
 from gateway.store.index import BUCKET_TABLES, LISTINGS, bucket_index_rows, bucket_table, index_rows
@@ -141,16 +141,15 @@ class CassandraIndex(CassandraBase):
 
     def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
         """One LISTINGS entry: one request to the all-time table, or one a bucket (a partition each)
-        to the bucket table, united; sorted."""
-        column = LISTINGS[name][1]
+        to the bucket table, united; sorted. Rows as plain tuples (PLAIN_ROWS): a churning tenant's
+        bucket lists a series a row."""
         if buckets is None:
-            return self._execute(self._statements[name], keys).addCallback(
-                lambda rows: sorted({getattr(r, column) for r in rows})
-            )
-        statement = self._statements[f"bucket_{name}"]
-        requests = [(statement, (keys[0], bucket, *keys[1:])) for bucket in buckets.starts()]
-        return self._execute_all(requests).addCallback(
-            lambda pages: sorted({getattr(r, column) for page in pages for r in page})
+            requests = [(self._statements[name], keys)]
+        else:
+            statement = self._statements[f"bucket_{name}"]
+            requests = [(statement, (keys[0], bucket, *keys[1:])) for bucket in buckets.starts()]
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(
+            lambda pages: sorted({value for page in pages for (value,) in page})
         )
 
     def listing_buckets(self, name, keys, buckets, value=None):

@@ -72,10 +72,13 @@ WRITTEN_AT_MARGIN_MS = 3_600_000
 WRITTEN_AT_REMEMBERED = 1_000_000
 SEAL_CLOCK_MARGIN_MS = 60_000
 
-# data_head partitions (slices of one shard) one head read covers: with READ_SERIES_PER_REQUEST
-# series at 10 s that is about 4000 rows, a request a busy Cassandra answers within its read
-# timeout (the 60 slices of a slot at once timed out on the loaded 2-core box).
-HEAD_SLICES_PER_REQUEST = 10
+# Series-slices (a series in a data_head partition, a slice of one shard) one head read covers:
+# 64 series x 10 slices at 10 s is about 4000 rows, a request a busy Cassandra answers within its
+# read timeout (the 60 slices of a slot at once timed out on the loaded 2-core box). A request of
+# fewer series covers more slices, so a shard's series of a last-hour dashboard (500 series are
+# about 31 a shard) take 4 requests, not one per 10 slices of each slot (16 requests a shard at 2
+# slots: the requests, not the rows, were most of the driver's CPU; docs/performance-log.rst).
+HEAD_SERIES_SLICES_PER_REQUEST = 640
 
 _BIGINT, _INT, _DOUBLE = struct.Struct(">q").pack, struct.Struct(">i").pack, struct.Struct(">d").pack
 _SHORT = struct.Struct(">H").pack
@@ -362,29 +365,27 @@ class CassandraSamples(CassandraBase):
         ]
 
         def read_heads(pages):
-            rows: dict[str, list] = {hash_: [] for hash_ in hashes}
+            found: dict[str, list[tuple[int, bytes]]] = {hash_: [] for hash_ in hashes}
+            legacy, unsealed = defaultdict(list), defaultdict(list)
             for page in pages:
                 for hash_, slot, block, written, head_written, sealed in page:
-                    rows[hash_].append((slot, block, written, head_written, sealed))
-            blocks, legacy, unsealed = {}, [], defaultdict(list)
-            for hash_, found in rows.items():
-                found.sort(key=lambda row: row[0])
-                blocks[hash_] = [block for _, block, _, _, _ in found if block is not None]
-                legacy_slots = [slot for slot, _, written, _, sealed in found if _unsealed(written, sealed)]
-                if legacy_slots:
-                    legacy.append((hash_, legacy_slots))
-                for slot, _, _, head_written, sealed in found:
+                    if block is not None:
+                        found[hash_].append((slot, block))
+                    if _unsealed(written, sealed):
+                        legacy[hash_].append(slot)
                     if _unsealed(head_written, sealed):
                         unsealed[(head_shard(hash_), slot)].append(hash_)
+            blocks = {hash_: [block for _, block in sorted(some, key=itemgetter(0))] for hash_, some in found.items()}
+            legacy = {hash_: sorted(slots) for hash_, slots in legacy.items()}
             head_requests = self._head_reads(tenant, unsealed, start_ms, end_ms)
             legacy_requests = [
                 (self._statements["read_legacy_head"], (tenant, hash_, slots, start_ms, end_ms))
-                for hash_, slots in legacy
+                for hash_, slots in legacy.items()
             ]
 
             def assemble(results):
                 rows = [row for page in results[: len(head_requests)] for row in page]
-                for (hash_, _), page in zip(legacy, results[len(head_requests) :]):
+                for hash_, page in zip(legacy, results[len(head_requests) :]):
                     rows += [(hash_, *row) for row in page]
                 return [RawData(blocks[h], head) for h, head in zip(hashes, _head_samples(rows, hashes))]
 
@@ -393,17 +394,19 @@ class CassandraSamples(CassandraBase):
         return self._execute_all(requests, PLAIN_ROWS).addCallback(read_heads)
 
     def _head_reads(self, tenant: str, unsealed: dict[tuple[int, int], list[str]], start_ms: int, end_ms: int) -> list:
-        """Requests for the data_head rows in a range of the series of each (shard, slot):
-        READ_SERIES_PER_REQUEST series and HEAD_SLICES_PER_REQUEST of the slot's slices that
-        overlap the range a request."""
-        statement, requests = self._statements["read_head"], []
+        """Requests for the data_head rows in a range of the series of each (shard, slot): the slots
+        of a shard with the same unsealed series read together, up to READ_SERIES_PER_REQUEST series
+        and HEAD_SERIES_SLICES_PER_REQUEST series-slices a request."""
+        slices_of: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
         for (shard, slot), slot_hashes in sorted(unsealed.items()):
-            slices = self.layout.head_slices(slot, start_ms, end_ms)
-            for i in range(0, len(slot_hashes), READ_SERIES_PER_REQUEST):
-                chunk = slot_hashes[i : i + READ_SERIES_PER_REQUEST]
-                for j in range(0, len(slices), HEAD_SLICES_PER_REQUEST):
-                    some = slices[j : j + HEAD_SLICES_PER_REQUEST]
-                    requests.append((statement, (tenant, some, shard, chunk, start_ms, end_ms)))
+            slices_of[(shard, tuple(sorted(slot_hashes)))] += self.layout.head_slices(slot, start_ms, end_ms)
+        statement, requests = self._statements["read_head"], []
+        for (shard, shard_hashes), slices in slices_of.items():
+            for i in range(0, len(shard_hashes), READ_SERIES_PER_REQUEST):
+                chunk = list(shard_hashes[i : i + READ_SERIES_PER_REQUEST])
+                per_request = max(1, HEAD_SERIES_SLICES_PER_REQUEST // len(chunk))
+                for j in range(0, len(slices), per_request):
+                    requests.append((statement, (tenant, slices[j : j + per_request], shard, chunk, start_ms, end_ms)))
         return requests
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys=()):

@@ -11,12 +11,13 @@ from gateway.core.layout import HEAD_SHARDS, Layout, head_shard
 from gateway.downsample.processor import Downsampler
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.cassandra import CassandraStore
-from gateway.store.cassandra_base import BATCH_WARNINGS
+from gateway.store.cassandra_base import BATCH_WARNINGS, READ_SERIES_PER_REQUEST
 from gateway.store.cassandra_samples import (
     HEAD_BATCH_DATA_BYTES,
     HEAD_BATCH_PARTITIONS,
     HEAD_PARTITION_BATCH_DATA_BYTES,
     HEAD_ROW_DATA_BYTES,
+    HEAD_SERIES_SLICES_PER_REQUEST,
     HEAD_SHARED_PARTITION_ROWS,
     _head_batches,
     head_routing_key,
@@ -213,6 +214,42 @@ async def test_a_slot_spanning_every_slice_reads_exactly_any_range_before_and_af
         found = await cassandra_store.read_raw(tenant, [k.series_set_hash for k in keys], start, end)
         stitched = [stitch_raw(raw, start, end).points() for raw in found]
         assert stitched == [expected(i, start, end) for i in range(len(keys))]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_shards_slots_with_the_same_series_are_read_together_in_few_requests(cassandra_store, tenant):
+    """A last-hour dashboard of 500 series: about 31 a shard over 66 slices of two slots. Each
+    (series, slice) is read once, by requests of at most READ_SERIES_PER_REQUEST series and
+    HEAD_SERIES_SLICES_PER_REQUEST series-slices: 4 a shard, where one a slot and 10 slices took 8."""
+    slot = past_slot()
+    start, end = slot + 25 * MINUTE, slot + HOUR + 30 * MINUTE
+    hashes = [f"h{i}" for i in range(31)]
+    other = [f"o{i}" for i in range(70)]  # a shard whose slots hold different series
+    unsealed = {(3, slot): hashes, (3, slot + HOUR): hashes, (5, slot): other, (5, slot + HOUR): other[:2]}
+    requests = cassandra_store._head_reads(tenant, unsealed, start, end)
+    read = [(shard, h, s) for _, (_, slices, shard, chunk, _, _) in requests for h in chunk for s in slices]
+    slices = {slot: range(start, slot + HOUR, MINUTE), slot + HOUR: range(slot + HOUR, end + 1, MINUTE)}
+    wanted = [(shard, h, s) for (shard, at), some in unsealed.items() for h in some for s in slices[at]]
+    assert sorted(read) == sorted(wanted)
+    assert all(len(chunk) <= READ_SERIES_PER_REQUEST for _, (_, _, _, chunk, _, _) in requests)
+    assert all(len(c) * len(s) <= HEAD_SERIES_SLICES_PER_REQUEST for _, (_, s, _, c, _, _) in requests)
+    assert sum(shard == 3 for _, (_, _, shard, _, _, _) in requests) == 4
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_range_over_two_slots_of_different_series_in_a_shard_reads_back_exactly(cassandra_store, tenant):
+    keys = [series(tenant, "two-slots", {"i": str(i)}) for i in range(40)]
+    await cassandra_store.write_series(keys)
+    slot = past_slot()
+    first = range(slot + 50 * MINUTE, slot + HOUR, MINUTE)
+    second = range(slot + HOUR, slot + HOUR + 10 * MINUTE, MINUTE)
+    timestamps = {i: [*first, *second] if i % 3 == 0 else first if i % 3 == 1 else second for i in range(40)}
+    await cassandra_store.write_raw(
+        [RawPoint(tenant, k.series_set_hash, ts, i + ts / 1e6) for i, k in enumerate(keys) for ts in timestamps[i]]
+    )
+    start, end = slot + 55 * MINUTE, slot + HOUR + 5 * MINUTE
+    found = await head_points(cassandra_store, tenant, keys, start, end)
+    assert found == [[(ts, i + ts / 1e6) for ts in timestamps[i] if start <= ts <= end] for i in range(40)]
 
 
 @pytest_twisted.ensureDeferred
