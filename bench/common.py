@@ -188,9 +188,11 @@ class Service:
             connection.close()
 
 
-def tsgate_service(name: str, store_args: list[str], log_path: Path, extra_args: list[str] = ()) -> Service:
-    """A real ``tsgate serve`` on a free HTTP port; the carbon listeners are off unless extra_args set them
-    (their default ports may be held by other gateways on the box)."""
+def tsgate_service(
+    name: str, store_args: list[str], log_path: Path, extra_args: list[str] = (), repo: Path = REPO
+) -> Service:
+    """A real ``tsgate serve`` (of the checkout at ``repo``) on a free HTTP port; the carbon listeners
+    are off unless extra_args set them (their default ports may be held by other gateways on the box)."""
     port = free_port()
     command = [
         sys.executable,
@@ -210,7 +212,7 @@ def tsgate_service(name: str, store_args: list[str], log_path: Path, extra_args:
         "1000000",
         *extra_args,
     ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
     return Service(name, command, port, "/healthz", log_path, env)
 
 

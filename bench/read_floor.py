@@ -20,7 +20,6 @@ a box's load weighs on both alike: an A/B of a change. Run from the repository r
 import argparse
 import contextlib
 import http.client
-import os
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ import urllib.parse
 from pathlib import Path
 
 from bench.churn import QUERY_HEADERS, SELECTOR, Workload, dashboard_queries, load
-from bench.common import REPO, Service, free_port, wait_until_idle
+from bench.common import REPO, Service, tsgate_service, wait_until_idle
 from bench.find import percentile
 
 WARM_UP = 10
@@ -51,28 +50,11 @@ def dashboard_paths(workload: Workload) -> list[tuple[str, str]]:
 
 
 def gateway(name: str, root: Path, workdir: Path) -> Service:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "gateway.app.cli",
-        "serve",
-        "--http",
-        f"127.0.0.1:{port}",
-        "--graphite",
-        "",
-        "--pickle",
-        "",
-        "--store",
-        f"sqlite:///{workdir / 'tsgate.db'}",
-        "--log-level",
-        "warning",
-        "--roles",
-        "ingest,query",
-        "--max-sample-age",
-        "3d",
-    ]
-    return Service(name, command, port, "/healthz", workdir / "tsgate.log", dict(os.environ, PYTHONPATH=str(root)))
+    """A gateway of the checkout at ``root`` on SQLite in ``workdir``."""
+    store = ["--store", f"sqlite:///{workdir / 'tsgate.db'}"]
+    return tsgate_service(
+        name, store, workdir / "tsgate.log", ["--roles", "ingest,query", "--max-sample-age", "3d"], root
+    )
 
 
 def timed(services: list[Service], path: str, runs: int) -> list[tuple[str, list[float]]]:
