@@ -521,6 +521,7 @@ def test_limit_exclude_grep_sorting():
     assert names("limit(a.*.c, 1)") == ["a.b.c"]
     assert names("exclude(a.*.c, 'x')") == ["a.b.c"]
     assert names("grep(a.*.c, 'x')") == ["a.x.c"]
+    assert names("grep(verticalLine('now'), 'x')") == [] and names("exclude(verticalLine('now'), 'x')") == [None]
     assert names("sortByName(group(a.x.c, a.b.c))") == ["a.b.c", "a.x.c"]
     assert names("sortByName(group(a.b.c, a.x.c), reverse=true)") == ["a.x.c", "a.b.c"]
     assert names("sortByMaxima(group(a.b.c, a.x.c))") == ["a.x.c", "a.b.c"]

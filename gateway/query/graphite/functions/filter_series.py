@@ -205,7 +205,7 @@ def mostDeviant(request, seriesList, n):
 def exclude(request, seriesList, pattern):
     """Drop the series whose name matches a regular expression."""
     regex = _compile(pattern)
-    return [series for series in seriesList if not regex.search(series.name)]
+    return [series for series in seriesList if not regex.search(_name_text(series))]
 
 
 @series_function(
@@ -219,7 +219,13 @@ def exclude(request, seriesList, pattern):
 def grep(request, seriesList, pattern):
     """Keep the series whose name matches a regular expression."""
     regex = _compile(pattern)
-    return [series for series in seriesList if regex.search(series.name)]
+    return [series for series in seriesList if regex.search(_name_text(series))]
+
+
+def _name_text(series) -> str:
+    """A series' name as the patterns read it: ``verticalLine`` without a label names its series
+    None, as graphite-web does (whose grep then fails with a 500); its tags say "None"."""
+    return str(series.name)
 
 
 @series_function(
