@@ -18,6 +18,7 @@ from gateway.app.config import Config
 from gateway.app.executors import ANSWER_FD, REQUEST_FD, ExecutedRequest, Frames, frame, send_now
 from gateway.app.logs import setup_logging
 from gateway.app.service import settle_collector, tune_allocator
+from gateway.core import blocking
 from gateway.core.overrides import Overrides
 from gateway.http.errors import error_answer
 from gateway.store.contract import StoreUnavailable
@@ -114,6 +115,7 @@ def main() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the gateway reloads --overrides and sends them here
     _die_with_parent(int(sys.argv[1]))
     tune_allocator()  # the queries' arrays are computed here
+    blocking.run_on_caller()  # one request at a time: a thread would only add its hand-offs
     settle_collector()  # as the serving process: its series and selection caches stay out of full passes
     stdio.StandardIO(ExecutorSide(), stdin=REQUEST_FD, stdout=ANSWER_FD)
     reactor.run(installSignalHandlers=False)
