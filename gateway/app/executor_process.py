@@ -5,6 +5,7 @@ delete's selection, at a time and sends each answer back on its pipe."""
 import ctypes
 import logging
 import os
+import resource
 import signal
 import sys
 from types import SimpleNamespace
@@ -80,7 +81,9 @@ class ExecutorSide(protocol.Protocol):
         except MemoryError:
             self.transport.write(frame(("memory",)))
             return
-        answer = frame(("answer", response.status, response.content_type, response.headers, response.body))
+        answer = frame(
+            ("answer", peak_resident_bytes(), response.status, response.content_type, response.headers, response.body)
+        )
         send_now(self.transport._writer, answer)  # StandardIO's pipe writer: it has no public name
 
     async def _select(self, kind: str, tenant: str, patterns: list[str]) -> None:
@@ -91,9 +94,17 @@ class ExecutorSide(protocol.Protocol):
             self.transport.write(frame(("memory",)))
             return
         except Exception as error:
-            self.transport.write(frame(("refused", error_answer(error, SimpleNamespace(uri=f"{kind} delete")))))
+            refusal = error_answer(error, SimpleNamespace(uri=f"{kind} delete"))
+            self.transport.write(frame(("refused", peak_resident_bytes(), refusal)))
             return
-        self.transport.write(frame(("selected", series)))
+        self.transport.write(frame(("selected", peak_resident_bytes(), series)))
+
+
+def peak_resident_bytes() -> int:
+    """The most resident memory this process ever had (Linux's ru_maxrss, in KiB: VmHWM), sent
+    with each answer for the serving process's memory cap: a system call here, where the serving
+    process would read /proc (0.07 ms, a sixth of a small request's cost)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _die_with_parent(parent_pid: int) -> None:
