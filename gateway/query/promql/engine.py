@@ -1715,7 +1715,11 @@ def _group_labels(labels: dict, grouping: list[str], without: bool) -> dict:
 def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple[np.ndarray, list[dict]]:
     """Each row's group and each group's labels, in order of first appearance. With ``by`` a
     group is the tuple of its labels' values ("" for an absent one, as _group_labels leaves it
-    out), so its labels are built once a group, not once a row."""
+    out), so its labels are built once a group, not once a row; without either (``sum(x)``)
+    every row is in the one group, without labels."""
+    if not grouping and not without:
+        marked = next((labels for labels in all_labels if isinstance(labels, NameToDrop)), {})
+        return np.zeros(len(all_labels), dtype=np.int64), [marked_like(marked, {})] if all_labels else []
     index_of: dict = {}
     group_labels: list[dict] = []
     group_of = []
