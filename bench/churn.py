@@ -530,19 +530,19 @@ def print_headlines(results: list[Result]) -> None:
     smallest G >= 2, whose last hour holds the same 1,000 series (``like``), and Prometheus's own."""
     counts = sorted({r.generations for r in results})
     smallest, largest = counts[0], counts[-1]
-    like_for_like = next((g for g in counts if g >= 2), largest)
+    like_for_like = next((g for g in counts if 2 <= g < largest), None)
     by_count = {(r.generations, r.query, r.target): r for r in results}
     print(
         f"\nheadlines: tsgate p50 at G={largest} / at G={smallest} (target <= {TARGET_GROWTH}); "
         f"tsgate / Prometheus p50 at G={largest} (target <= {TARGET_RATIO:g}); "
-        f"like: tsgate p50 at G={largest} / at G={like_for_like} (the same series in the last hour); "
+        f"like: tsgate p50 at G={largest} / at G={like_for_like or '-'} (the same series in the last hour); "
         f"Prometheus's own growth from G={smallest}"
     )
     for r in results:
         if r.generations != largest:
             continue
         base = by_count.get((smallest, r.query, r.target))
-        like = by_count.get((like_for_like, r.query, r.target))
+        like = by_count.get((like_for_like, r.query, r.target)) if like_for_like else None
         growth = r.tsgate.p50 / base.tsgate.p50 if base else math.nan
         like_growth = r.tsgate.p50 / like.tsgate.p50 if like else math.nan
         prometheus_growth = r.prometheus.p50 / base.prometheus.p50 if base else math.nan

@@ -1718,7 +1718,7 @@ def _groups(all_labels: list[dict], grouping: list[str], without: bool) -> tuple
     out), so its labels are built once a group, not once a row; without either (``sum(x)``)
     every row is in the one group, without labels."""
     if not grouping and not without:
-        marked = next((labels for labels in all_labels if isinstance(labels, NameToDrop)), {})
+        marked: dict = next((labels for labels in all_labels if isinstance(labels, NameToDrop)), {})
         return np.zeros(len(all_labels), dtype=np.int64), [marked_like(marked, {})] if all_labels else []
     index_of: dict = {}
     group_labels: list[dict] = []
