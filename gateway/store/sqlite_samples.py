@@ -3,7 +3,7 @@ deletion of a range.
 """
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from twisted.internet.defer import succeed
@@ -110,7 +110,7 @@ def _series_with_data(
     data in a recent range has it), the whole raw data, the native histograms, the roll-up tables.
     A sample found in the chunks is there whatever a fold does meanwhile; raw_data finds every other."""
     width = layout.slot_width_ms
-    reads = [
+    reads: list[Callable[[list[str]], Iterable[str]]] = [
         functools.partial(_in_head_chunks, connection, width, tenant, start_ms, end_ms),
         functools.partial(_raw_with_data, connection, width, tenant, start_ms, end_ms),
         functools.partial(_rows_in_range, connection, "histograms", width, tenant, start_ms, end_ms),
