@@ -18,7 +18,7 @@ gets 204, one 70 min older 400 "out of bounds"); in time order it takes all 168 
 default configuration (no out-of-order window).
 Every request goes to both systems; errors are counted and printed, not fatal.
 
-For each generation count (``--generations``, default 1,24,168), a fresh Prometheus
+For each generation count (``--generations``, default 1,2,24,168), a fresh Prometheus
 (``--web.enable-remote-write-receiver``, data in a temporary directory) and a fresh ``tsgate
 serve`` on SQLite (``--roles ingest,query``: no roll-ups in the background, so nothing competes
 with the queries; ``--seal`` runs ``tsgate downsample --once`` after the writes, as data this old
@@ -39,7 +39,10 @@ last 2-3 h, whole), so it may list more than the range holds: the note gives bot
 
 Headlines: tsgate's p50 at the largest G over its p50 at the smallest G per query (target <= 1.3:
 a query of the last hour costs what the last hour holds) and tsgate / Prometheus at the largest G
-(target <= 2).
+(target <= 2). The last hour of G=1 holds 500 series and that of any G >= 2 holds 1,000 (the
+generation before the last has samples until a minute before the hour, in the first steps' 5 m
+windows), so ``like`` also gives the growth from the smallest G >= 2, the same series in the range
+(the history alone), and ``Prometheus growth`` Prometheus's own from the smallest G.
 
 ``--long-ranges``: after the largest G, ``count(churn_requests_total{job="api"})`` over the last
 1 h, 1 d and 7 d (as far as the data goes; about 720 steps) and ``/api/v1/series`` over the same
@@ -523,23 +526,32 @@ def print_table(generations: int, results: list[Result]) -> None:
 
 
 def print_headlines(results: list[Result]) -> None:
-    smallest = min(r.generations for r in results)
-    largest = max(r.generations for r in results)
-    first = {(r.query, r.target): r for r in results if r.generations == smallest}
+    """The issue's headlines at the largest G, and beside the growth from G=1 the growth from the
+    smallest G >= 2, whose last hour holds the same 1,000 series (``like``), and Prometheus's own."""
+    counts = sorted({r.generations for r in results})
+    smallest, largest = counts[0], counts[-1]
+    like_for_like = next((g for g in counts if g >= 2), largest)
+    by_count = {(r.generations, r.query, r.target): r for r in results}
     print(
         f"\nheadlines: tsgate p50 at G={largest} / at G={smallest} (target <= {TARGET_GROWTH}); "
-        f"tsgate / Prometheus p50 at G={largest} (target <= {TARGET_RATIO:g})"
+        f"tsgate / Prometheus p50 at G={largest} (target <= {TARGET_RATIO:g}); "
+        f"like: tsgate p50 at G={largest} / at G={like_for_like} (the same series in the last hour); "
+        f"Prometheus's own growth from G={smallest}"
     )
     for r in results:
         if r.generations != largest:
             continue
-        base = first.get((r.query, r.target))
+        base = by_count.get((smallest, r.query, r.target))
+        like = by_count.get((like_for_like, r.query, r.target))
         growth = r.tsgate.p50 / base.tsgate.p50 if base else math.nan
+        like_growth = r.tsgate.p50 / like.tsgate.p50 if like else math.nan
+        prometheus_growth = r.prometheus.p50 / base.prometheus.p50 if base else math.nan
         ratio = r.tsgate.p50 / r.prometheus.p50
         answered = r.tsgate.status == "200" and base is not None and base.tsgate.status == "200"
         line = (
             f"headline: {r.query:<30} {r.target:<17} growth {growth:6.2f} {verdict(answered, growth, TARGET_GROWTH)}"
             f"  vs Prometheus {ratio:6.2f} {verdict(r.tsgate.status == '200', ratio, TARGET_RATIO)}"
+            f"  like {like_growth:5.2f}  Prometheus growth {prometheus_growth:5.2f}"
         )
         print(line.rstrip() + ("" if r.tsgate.status == "200" else f"  (tsgate answered {r.tsgate.status})"))
 
@@ -563,7 +575,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m bench.churn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--generations", type=generation_counts, help="generation counts, comma-separated (default 1,24,168)"
+        "--generations", type=generation_counts, help="generation counts, comma-separated (default 1,2,24,168)"
     )
     parser.add_argument("--runs", type=int, help="timed requests per query and server, after one warm-up (default 10)")
     parser.add_argument("--quick", action="store_true", help="generations 1,4 and 3 runs: a smoke run")
@@ -582,7 +594,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         " where the two differ: python -m tests.prometheus3 builds 3.14)",
     )
     args = parser.parse_args(argv)
-    args.generations = args.generations or ([1, 4] if args.quick else [1, 24, 168])
+    args.generations = args.generations or ([1, 4] if args.quick else [1, 2, 24, 168])
     args.runs = args.runs or (3 if args.quick else 10)
     return args
 

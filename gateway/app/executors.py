@@ -12,7 +12,8 @@ The serving process enforces, per query:
   executor killed (SIGKILL) and replaced; the client gets 503 (Prometheus's ``timeout``
   envelope on /api/v1/ routes);
 - the memory cap (``--query-max-memory-bytes``: the executor's peak resident memory, checked
-  every 100 ms and before an answer is relayed, or a MemoryError in it): 422 naming the setting,
+  every 100 ms and, as the executor reports it with each answer, before the answer is relayed,
+  or a MemoryError in it): 422 naming the setting,
   and the executor is replaced;
 - the queue bound (``--query-queue``): 429 with Retry-After;
 - fairness: a tenant holds at most half of the executors and half of the queue (rounded up),
@@ -447,19 +448,19 @@ class QueryExecutors:
                 for waiter in waiting:
                     waiter.callback(True)
             self.idle.append(executor)
-        elif kind == "memory" or executor.peak_resident_bytes() > self.config.query_max_memory_bytes:
+        elif kind == "memory" or message[1] > self.config.query_max_memory_bytes:
             executor.kill("memory")  # a MemoryError, or past the cap between two checks: ``ended`` answers 422
         else:
             job = executor.job
             executor.job = None
             self._release(job.tenant)
             if kind == "answer":
-                status, content_type, headers, body = message[1:]
+                status, content_type, headers, body = message[2:]
                 job.finish(Response(status, body, content_type, headers))
             elif kind == "selected":
-                job.finish(message[1])
+                job.finish(message[2])
             else:  # "refused"
-                job.fail(ExecutorRefusal(message[1]))
+                job.fail(ExecutorRefusal(message[2]))
             self.idle.append(executor)
         self._dispatch()
 

@@ -11,8 +11,7 @@ import json
 import time
 import zoneinfo
 
-from twisted.internet import threads
-
+from gateway.core import blocking
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.http.server import HTTPError, Response, Router, arg, args, json_response, request_tenant, require_arg
 from gateway.ingest.pipeline import IngestPipeline
@@ -217,7 +216,7 @@ class GraphiteAPI:
             x_files_factor=x_files_factor,
             max_data_points=max_points,
             budget=budget,
-            offload=threads.deferToThread,
+            offload=blocking.in_thread,
             max_depth=self.max_depth,
             max_terms=self.max_terms,
         )
@@ -242,7 +241,7 @@ class GraphiteAPI:
         if form == "json":
             no_nulls = arg(request, "noNullPoints", "false").lower() in ("1", "true")
             callback = _jsonp_callback(request)
-            body = await threads.deferToThread(_consolidated_json, series_list, max_points, no_nulls, callback)
+            body = await blocking.in_thread(_consolidated_json, series_list, max_points, no_nulls, callback)
             return Response(200, body, render_formats.CONTENT_TYPES["jsonp" if callback else "json"])
         encode = {
             "csv": render_formats.encode_csv,
@@ -251,9 +250,7 @@ class GraphiteAPI:
             "msgpack": render_formats.encode_msgpack,
         }[form]
         body = await (
-            threads.deferToThread(encode, series_list, tz)
-            if form == "csv"
-            else threads.deferToThread(encode, series_list)
+            blocking.in_thread(encode, series_list, tz) if form == "csv" else blocking.in_thread(encode, series_list)
         )
         return Response(200, body, render_formats.CONTENT_TYPES[form])
 

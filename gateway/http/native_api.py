@@ -1,7 +1,6 @@
 """The native JSON API (docs/native-api.rst): writes, metadata and queries under /api/."""
 
-from twisted.internet import threads
-
+from gateway.core import blocking
 from gateway.core.cooperative import CHECK_EVERY, Slices, run_steps
 from gateway.core.model import InvalidSample, Sample, validate_tenant
 from gateway.core.overrides import PerTenant, per_tenant
@@ -161,7 +160,7 @@ class NativeAPI:
             raw,
         )
         # A JSON document of a million samples takes seconds to build: in a thread, off the reactor.
-        return Response(200, await threads.deferToThread(native_json.encode_query_results, results))
+        return Response(200, await blocking.in_thread(native_json.encode_query_results, results))
 
     def _granularity(self, request):
         """An explicit ``granularity=5m`` (or ISO ``PT5M``); None for ``raw`` or none given."""

@@ -11,8 +11,7 @@ mapping for Graphite series.
 
 import logging
 
-from twisted.internet import threads
-
+from gateway.core import blocking
 from gateway.core.cooperative import run_steps
 from gateway.http.promql_api import prometheus_errors
 from gateway.http.server import HTTPError, Response, Router, arg, header, json_response, read_body, request_tenant
@@ -115,7 +114,7 @@ class PrometheusAPI:
             return Response(200, self._stream(answers), prometheus.STREAMED_CONTENT_TYPE)
         return Response(
             200,
-            await threads.deferToThread(prometheus.encode_read_response, answers),
+            await blocking.in_thread(prometheus.encode_read_response, answers),
             prometheus.SAMPLES_CONTENT_TYPE,
             {"Content-Encoding": "snappy"},
         )
@@ -131,7 +130,7 @@ class PrometheusAPI:
                 ):
                     frames = _series_frames(index, labels, found, native)
                 else:
-                    frames = await threads.deferToThread(_series_frames, index, labels, found, native)
+                    frames = await blocking.in_thread(_series_frames, index, labels, found, native)
                 for frame in frames:
                     yield frame
 

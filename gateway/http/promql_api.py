@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import orjson
 import promql_parser
-from twisted.internet import threads
 
 from gateway import __version__
+from gateway.core import blocking
 from gateway.http.server import HTTPError, Response, Router, arg, args, error_response, request_tenant
 from gateway.query.cardinality import tenant_cardinality
 from gateway.query.promql.engine import Query, format_value, parser_call
@@ -37,7 +37,7 @@ async def _encoded(encode, value, *rest) -> bytes:
         isinstance(value, Scalar | Vector) and value.values.size <= SMALL_ANSWER_POINTS and _no_histograms(value)
     ):
         return encode(value, *rest)
-    return await threads.deferToThread(encode, value, *rest)
+    return await blocking.in_thread(encode, value, *rest)
 
 
 def _no_histograms(value: "Scalar | Vector") -> bool:

@@ -4,8 +4,7 @@ in a query executor, ``tsgate delete`` in place."""
 
 from collections.abc import Sequence
 
-from twisted.internet import threads
-
+from gateway.core import blocking
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
 from gateway.query.graphite.finder import Finder
 from gateway.query.planner import QueryPlanner
@@ -42,7 +41,7 @@ class SeriesSelection:
         """The series any of the selectors selects (PromQLError bad_data for one that is not a selector)."""
         found: dict[str, SeriesKey] = {}
         for text in selectors:
-            expr = await threads.deferToThread(parse_selector, text)
+            expr = await blocking.in_thread(parse_selector, text)
             matchers = selector_matchers(expr)
             for key in await self.planner.select_by_matchers(tenant, matchers, utf8_labels):
                 found[key.series_set_hash] = key

@@ -2,8 +2,7 @@
 
 from collections.abc import Iterable, Sequence
 
-from twisted.internet import threads
-
+from gateway.core import blocking
 from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import SeriesKey, now_ms
 from gateway.store.cassandra_base import PLAIN_ROWS, READ_SERIES_PER_REQUEST, CassandraBase
@@ -108,7 +107,7 @@ class CassandraIndex(CassandraBase):
                     found.append((statement, (*row, ttl_s)))
             return self._batched(found)
 
-        return threads.deferToThread(requests).addCallback(self._execute_all)
+        return blocking.in_thread(requests).addCallback(self._execute_all)
 
     def _last_bucket_requests(self, series_buckets: Sequence[tuple[SeriesKey, int]]) -> list[tuple]:
         """series_set_hashes.last_bucket of each series: the newest bucket of the call, written with

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 from cassandra.query import BatchStatement, BatchType
-from twisted.internet import defer, threads
+from twisted.internet import defer
 
-from gateway.core import samples
+from gateway.core import blocking, samples
 from gateway.core.caches import SlotHolds
 from gateway.core.layout import HEAD_SHARDS, head_shard
 from gateway.core.samples import Samples
@@ -531,7 +531,7 @@ class CassandraSamples(CassandraBase):
 
     async def _cut_block(self, key: tuple, block: bytes, start_ms: int, end_ms: int) -> None:
         for _ in range(CUT_BLOCK_ATTEMPTS):
-            cut = await threads.deferToThread(cut_block, block, start_ms, end_ms)
+            cut = await blocking.in_thread(cut_block, block, start_ms, end_ms)
             if cut is block:
                 return
             ttl = self._ttl_s(key[0], lambda layout: layout.raw_retention_ms)

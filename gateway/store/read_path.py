@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from twisted.internet import threads
 from twisted.internet.defer import gatherResults
 
-from gateway.core import samples
+from gateway.core import blocking, samples
 from gateway.core.layout import Granularity, Layout
 from gateway.core.model import Limits, SeriesKey, now_ms
 from gateway.core.samples import Samples
@@ -164,7 +163,7 @@ class ReadPath:
                 time_slot(start_ms, granularity.width_ms),
                 old_end,
             )
-            old = await threads.deferToThread(lambda: [kept_in_range(rows, start_ms, old_end) for rows in intervals])
+            old = await blocking.in_thread(lambda: [kept_in_range(rows, start_ms, old_end) for rows in intervals])
         if end_ms < boundary:
             return old
         new = await self.store.read_histograms(tenant, hashes, boundary, end_ms)
@@ -195,7 +194,7 @@ class ReadPath:
             # decoding the blocks of many series takes a while: in a thread, off the reactor (head
             # samples alone are as they are: no thread to wait for)
             if any(data.blocks for data in raw):
-                stitched = await threads.deferToThread(_stitch_all, raw, start_ms, end_ms)
+                stitched = await blocking.in_thread(_stitch_all, raw, start_ms, end_ms)
             else:
                 stitched = [data.head for data in raw]
             for index, data in zip(indexes, stitched):

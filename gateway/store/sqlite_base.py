@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import unquote, urlsplit
 
-from twisted.internet import reactor, task, threads
+from twisted.internet import task
 from twisted.internet.defer import Deferred
 from twisted.python.threadpool import ThreadPool
 
+from gateway.core import blocking
 from gateway.core.layout import Layout
 from gateway.store.contract import Store, StoreUnavailable
 from gateway.store.sqlite_head import FOLD_ROWS, fold_head_log
@@ -108,7 +109,7 @@ class SQLiteBase(Store):
             except sqlite3.OperationalError as error:
                 raise StoreUnavailable(f"sqlite: {error}") from error
 
-        return threads.deferToThreadPool(reactor, pool, guarded)
+        return blocking.in_pool(pool, guarded)
 
     def _write(self, function, *args):
         return self._run(self._writer, function, *args)

@@ -12,9 +12,9 @@ consolidated into buckets of that width the same way, as whisper's coarser archi
 """
 
 import numpy as np
-from twisted.internet import threads
 from twisted.internet.defer import ensureDeferred, gatherResults
 
+from gateway.core import blocking
 from gateway.core.model import SeriesKey, series_set_hash, series_set_text
 from gateway.core.samples import Samples
 from gateway.query.graphite import tagdb
@@ -121,7 +121,7 @@ class StoreFetcher:
             for index, read in zip(indexes, found):
                 data[index] = read
         # Millions of points become Python lists here: in a thread, off the reactor.
-        return await threads.deferToThread(_bucketed, keys, windows, data, rollup is not None, wanted, path_expression)
+        return await blocking.in_thread(_bucketed, keys, windows, data, rollup is not None, wanted, path_expression)
 
 
 def _bucketed(keys, windows, data, from_rollup: bool, wanted: str, path_expression: str) -> list[TimeSeries]:

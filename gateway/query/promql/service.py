@@ -11,8 +11,9 @@ import time
 from datetime import UTC, datetime
 
 import numpy as np
-from twisted.internet import defer, threads
+from twisted.internet import defer
 
+from gateway.core import blocking
 from gateway.core.layout import INDEX_BUCKET_MS, Granularity
 from gateway.core.overrides import PerTenant, per_tenant
 from gateway.query.planner import QueryPlanner
@@ -70,7 +71,7 @@ class PromQLService:
         for a dashboard's texts, else in a thread, off the reactor."""
         if self.text.parses_at_once(text, query):
             return self.text.parse(text, query)
-        return await threads.deferToThread(self.text.parse, text, query)
+        return await blocking.in_thread(self.text.parse, text, query)
 
     async def evaluate(self, tenant: str, text: str, query: Query, times: np.ndarray, timeout_ms: int | None):
         """The value of the query at ``times``, and the warnings its answer must carry; the
@@ -123,7 +124,7 @@ class PromQLService:
         if _small(text, held, data, histograms):
             value = evaluator.result(expr, times)
         else:
-            value = await threads.deferToThread(evaluator.result, expr, times)
+            value = await blocking.in_thread(evaluator.result, expr, times)
         return value, self._rollup_warnings(tenant, needs) + evaluator.warnings
 
     def _rollup_warnings(self, tenant: str, needs: dict) -> list[str]:
@@ -166,7 +167,7 @@ class PromQLService:
             rows = await self.planner.histograms(tenant, [s.key.series_set_hash for s in series], low, high, budget)
             if not any(rows):
                 continue
-            for selected_series, decoded in zip(series, await threads.deferToThread(_decoded_histograms, rows)):
+            for selected_series, decoded in zip(series, await blocking.in_thread(_decoded_histograms, rows)):
                 if decoded is not None:
                     found.setdefault(key, []).append(Series(selected_series.labels, *decoded))
         return found
