@@ -217,7 +217,7 @@ class PromQLService:
         if inner is not None and self.planner.index_buckets(tenant, *inner) is not None:
             certain = await self._selected(tenant, selectors, *inner)
         kept = {key: selected for key, selected in found.items() if key in certain}
-        unsure = [(key, selected) for key, selected in found.items() if key not in certain]
+        unsure = {selected.key.series_set_hash: key for key, selected in found.items() if key not in certain}
         probe_end = min(end_ms, self.planner.now())
         probe = (max(start_ms, probe_end - PROBE_MS), probe_end)
         checks = [(start_ms, end_ms, self.planner.rollup_for(start_ms, tenant))]
@@ -226,11 +226,9 @@ class PromQLService:
         for low, high, granularity in checks:
             if not unsure:
                 break
-            with_data = await self._series_with_data(
-                tenant, [s.key.series_set_hash for _, s in unsure], low, high, granularity
-            )
-            kept.update((key, s) for key, s in unsure if s.key.series_set_hash in with_data)
-            unsure = [(key, s) for key, s in unsure if s.key.series_set_hash not in with_data]
+            for hash_ in await self._series_with_data(tenant, list(unsure), low, high, granularity):
+                key = unsure.pop(hash_)
+                kept[key] = found[key]
         return kept
 
     async def _series_with_data(
@@ -259,16 +257,15 @@ class PromQLService:
         self, tenant: str, name: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
     ) -> list[str]:
         """Values of a label on the series the selectors select, or on the whole tenant without
-        selectors, in the time index's buckets of [start_ms, end_ms] as ``label_names`` reads them."""
-        buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
+        selectors, in the time index's buckets of [start_ms, end_ms] as ``label_names`` reads them
+        (the store's listings come sorted and distinct)."""
         if selectors:
             selected = await self._selected(tenant, selectors, start_ms, end_ms)
-            values = {s.labels[name] for s in selected.values() if name in s.labels}
-        elif name == "__name__":
-            values = set(await self.store.list_metric_names(tenant, buckets))
-        else:
-            values = set(await self.store.list_tenant_tag_values(tenant, name, buckets))
-        return sorted(values)
+            return sorted({s.labels[name] for s in selected.values() if name in s.labels})
+        buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
+        if name == "__name__":
+            return await self.store.list_metric_names(tenant, buckets)
+        return await self.store.list_tenant_tag_values(tenant, name, buckets)
 
     async def exemplars(
         self, tenant: str, text: str, start_ms: int | None, end_ms: int | None
