@@ -24,6 +24,7 @@ from gateway.store.contract import (
 from gateway.store.deletion import bucket_range, cut_block
 from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_head import (
+    _logged_samples,
     drop_sealed_chunks,
     fold_head_log,
     head_slots,
@@ -84,10 +85,16 @@ def _in_head_chunks(connection, width: int, tenant: str, start_ms: int, end_ms: 
     return {owners[at] for at in np.unique(inside).tolist()}
 
 
-def _raw_with_data(connection, width: int, tenant: str, start_ms: int, end_ms: int, hashes: list[str]) -> set[str]:
-    """The hashes whose raw data (head chunks and log, blocks: one snapshot) holds a sample of the range."""
-    raw = raw_data(connection, width, tenant, hashes, start_ms, end_ms)
-    return {hash_ for hash_, data in zip(hashes, raw) if holds_samples(data, start_ms, end_ms)}
+def _in_head_log(connection, tenant: str, start_ms: int, end_ms: int, hashes: list[str]) -> set[str]:
+    """The hashes with a sample of the range still in head_batches (not folded yet)."""
+    owners = _logged_samples(connection, tenant, hashes, start_ms, end_ms)[0]
+    return {hashes[at] for at in np.unique(owners).tolist()}
+
+
+def _in_blocks(connection, width: int, tenant: str, start_ms: int, end_ms: int, hashes: list[str]) -> set[str]:
+    """The hashes with a sealed block whose first to last time overlaps the range (holds_samples)."""
+    blocks = series_blocks(connection, tenant, hashes, time_slot(start_ms, width), time_slot(end_ms, width))
+    return {h for h, found in blocks.items() if holds_samples(RawData(found, samples.empty()), start_ms, end_ms)}
 
 
 def _rows_in_range(
@@ -107,12 +114,14 @@ def _series_with_data(
 ) -> set[str]:
     """series_with_data (contract.py), SERIES_PER_QUERY series a query, each asked of the next read
     only when the ones before found nothing: the timestamps of the head chunks (where a series with
-    data in a recent range has it), the whole raw data, the native histograms, the roll-up tables.
-    A sample found in the chunks is there whatever a fold does meanwhile; raw_data finds every other."""
+    data in a recent range has it), the head log, the headers of the blocks, the native histograms,
+    the roll-up tables; no series' samples are merged or decoded. One snapshot: a fold moving
+    samples from the log to the chunks meanwhile cannot hide them from both reads."""
     width = layout.slot_width_ms
     reads: list[Callable[[list[str]], Iterable[str]]] = [
         functools.partial(_in_head_chunks, connection, width, tenant, start_ms, end_ms),
-        functools.partial(_raw_with_data, connection, width, tenant, start_ms, end_ms),
+        functools.partial(_in_head_log, connection, tenant, start_ms, end_ms),
+        functools.partial(_in_blocks, connection, width, tenant, start_ms, end_ms),
         functools.partial(_rows_in_range, connection, "histograms", width, tenant, start_ms, end_ms),
     ]
     if granularity is not None:
@@ -123,13 +132,17 @@ def _series_with_data(
             for table in (granularity.table, granularity.histogram_table)
         ]
     found: set[str] = set()
-    for at in range(0, len(hashes), SERIES_PER_QUERY):
-        chunk = hashes[at : at + SERIES_PER_QUERY]
-        for read in reads:
-            rest = [hash_ for hash_ in chunk if hash_ not in found]
-            if not rest:
-                break
-            found.update(read(rest))
+    connection.execute("BEGIN")
+    try:
+        for at in range(0, len(hashes), SERIES_PER_QUERY):
+            chunk = hashes[at : at + SERIES_PER_QUERY]
+            for read in reads:
+                rest = [hash_ for hash_ in chunk if hash_ not in found]
+                if not rest:
+                    break
+                found.update(read(rest))
+    finally:
+        connection.execute("COMMIT")
     return found
 
 
@@ -209,6 +222,7 @@ class SQLiteSamples(SQLiteBase):
     seal_by_head_shard = False
     seal_partitions_together = None
     seal_group = 256  # SEALED_READ (sqlite_head.py) reads a group's chunk keys in one query
+    head_read_by_slot = True  # _in_head_chunks reads a chunk a series-slot
 
     def write_raw(self, points: Sequence[RawPoint]):
         if not isinstance(points, RawColumns):

@@ -29,7 +29,7 @@ from gateway.query.promql.engine import (
 from gateway.query.promql.values import Guard, PromQLError, Series
 from gateway.query.read_service import READ_BATCH, ReadBudget, Selected, Selection
 from gateway.store import Store
-from gateway.store.contract import ExemplarRow
+from gateway.store.contract import ExemplarRow, time_slot
 from protocols.prometheus import utf8_labels
 from protocols.prometheus.native_histogram import decode_sample
 
@@ -208,7 +208,9 @@ class PromQLService:
         "Grain"): the series the index gives for the range's inner buckets (``_inner_buckets``)
         have data in it; the others are asked of the store, first about the range's newest
         PROBE_MS (up to now), where every live series has a sample, then those not found there
-        about the whole range."""
+        about the whole range; a range within one time slot at once where the store reads its head
+        a slot at a time (Store.head_read_by_slot), as a probe there would only ask again about the
+        series without data."""
         start_ms, end_ms = self.planner.readable(
             start_ms, self.planner.now() + self.planner.path.max_future_ms if end_ms is None else end_ms
         )
@@ -221,7 +223,9 @@ class PromQLService:
         probe_end = min(end_ms, self.planner.now())
         probe = (max(start_ms, probe_end - PROBE_MS), probe_end)
         checks = [(start_ms, end_ms, self.planner.rollup_for(start_ms, tenant))]
-        if probe[0] <= probe[1] and probe != (start_ms, end_ms):
+        width = self.store.layout.slot_width_ms
+        one_slot = self.store.head_read_by_slot and time_slot(start_ms, width) == time_slot(end_ms, width)
+        if probe[0] <= probe[1] and probe != (start_ms, end_ms) and not one_slot:
             checks.insert(0, (*probe, None))
         for low, high, granularity in checks:
             if not unsure:
