@@ -218,8 +218,7 @@ class PromQLService:
         certain: dict[tuple, Selected] = {}
         if inner is not None and self.planner.index_buckets(tenant, *inner) is not None:
             certain = await self._selected(tenant, selectors, *inner)
-        kept = {key: selected for key, selected in found.items() if key in certain}
-        unsure = {selected.key.series_set_hash: key for key, selected in found.items() if key not in certain}
+        unsure = {selected.key.series_set_hash for key, selected in found.items() if key not in certain}
         probe_end = min(end_ms, self.planner.now())
         probe = (max(start_ms, probe_end - PROBE_MS), probe_end)
         checks = [(start_ms, end_ms, self.planner.rollup_for(start_ms, tenant))]
@@ -230,10 +229,9 @@ class PromQLService:
         for low, high, granularity in checks:
             if not unsure:
                 break
-            for hash_ in await self._series_with_data(tenant, list(unsure), low, high, granularity):
-                key = unsure.pop(hash_)
-                kept[key] = found[key]
-        return kept
+            unsure -= await self._series_with_data(tenant, list(unsure), low, high, granularity)
+        # in the selection's order, which is mostly the labels' order: matched sorts them in one pass
+        return {key: selected for key, selected in found.items() if selected.key.series_set_hash not in unsure}
 
     async def _series_with_data(
         self, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity: Granularity | None
