@@ -606,6 +606,11 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     # them, a few requests where one series at a time made about nine (docs/performance-log.rst,
     # "Sealing"). SQLite's single writer takes fewer, larger transactions.
     seal_group = 64
+    # Whether series_with_data reads a range's head a slot at a time, whatever its length (SQLite's
+    # head chunks): /api/v1/series then asks about a range within one slot at once, where probing
+    # its newest minute first would only ask again about the series without data there. Cassandra
+    # reads its head a minute's slice at a time, so the probe spares it the rest of the range.
+    head_read_by_slot = False
     # How long all-time index rows outlive the data of their series where the store expires them
     # by TTL (index.ALL_TIME_MARGIN_MS; a test shortens it).
     all_time_margin_ms = ALL_TIME_MARGIN_MS

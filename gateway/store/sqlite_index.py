@@ -4,6 +4,8 @@ import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 
+import orjson
+
 from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import SeriesKey, now_ms
 from gateway.store.contract import Buckets, PathNode
@@ -60,6 +62,11 @@ def _get_series(connection: sqlite3.Connection, tenant: str, hashes: list[str]) 
     }
 
 
+def _json_listing(connection: sqlite3.Connection, query: str, parameters: tuple) -> list[str]:
+    """The distinct values, sorted, of a query giving one json_group_array of them."""
+    return sorted(set(orjson.loads(connection.execute(query, parameters).fetchone()[0])))
+
+
 class SQLiteIndex(SQLiteBase):
     """The IndexStore role (contract.py)."""
 
@@ -108,18 +115,21 @@ class SQLiteIndex(SQLiteBase):
 
     def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
         """One LISTINGS entry, sorted: from the all-time table, or the bucket table over ``buckets``
-        (one index seek a bucket)."""
+        (one index seek a bucket). The rows come as one JSON array built by SQLite (json_group_array)
+        and are deduplicated and sorted here: a Python row a value and SQLite's DISTINCT were most
+        of the cost (1,500 values of two buckets: 0.42 ms that way, 0.19 ms this way)."""
         table, column, key_columns = LISTINGS[name]
         where = " AND ".join(f"{c}=?" for c in key_columns)
         if buckets is None:
-            query = f"SELECT {column} FROM {table} WHERE {where} ORDER BY {column}"
-            return self._read(column_values, query, keys)
-        starts = list(buckets.starts())
-        query = (
-            f"SELECT DISTINCT {column} FROM {bucket_table(table)} WHERE {where}"
-            f" AND bucket IN ({', '.join('?' * len(starts))}) ORDER BY {column}"
-        )
-        return self._read(column_values, query, (*keys, *starts))
+            query, parameters = f"SELECT json_group_array({column}) FROM {table} WHERE {where}", keys
+        else:
+            starts = list(buckets.starts())
+            query = (
+                f"SELECT json_group_array({column}) FROM {bucket_table(table)} WHERE {where}"
+                f" AND bucket IN ({', '.join('?' * len(starts))})"
+            )
+            parameters = (*keys, *starts)
+        return self._read(_json_listing, query, parameters)
 
     def listing_buckets(self, name, keys, buckets, value=None):
         table, column, key_columns = LISTINGS[name]

@@ -156,6 +156,29 @@ async def test_series_over_hours_reads_only_the_series_of_the_edge_buckets(sqlit
 
 
 @pytest_twisted.ensureDeferred
+async def test_series_of_a_range_within_one_slot_asks_the_store_once(sqlite_store, tenant):
+    """SQLite reads its head a slot at a time (Store.head_read_by_slot): a range within one slot is
+    asked about at once, not its newest minute first and then again for the series not found there
+    (a series indexed in the hour without data in the range was asked about twice)."""
+    hour = now_ms() // HOUR_MS * HOUR_MS - 2 * HOUR_MS
+    minutes = {"live": 54, "earlier": 51, "gone": 10}
+    pipeline = IngestPipeline(sqlite_store, Limits(), KnownSeries(1000), 1_000_000)
+    samples = [Sample(tenant, "jobs_total", {"job": job}, hour + m * MINUTE, 1.0) for job, m in minutes.items()]
+    assert not (await pipeline.ingest("prometheus", samples)).rejected
+    calls: list[list[str]] = []
+    checked = sqlite_store.series_with_data
+
+    def series_with_data(tenant, hashes, *rest):
+        calls.append(list(hashes))
+        return checked(tenant, hashes, *rest)
+
+    sqlite_store.series_with_data = series_with_data
+    found = await promql(sqlite_store).matched(tenant, ["jobs_total"], hour + 50 * MINUTE, hour + 55 * MINUTE)
+    assert [labels["job"] for labels in found] == ["earlier", "live"]
+    assert len(calls) == 1 and len(calls[0]) == 3
+
+
+@pytest_twisted.ensureDeferred
 async def test_series_over_a_range_past_the_raw_retention_lists_those_with_rollups_in_it(sqlite_store, tenant):
     """Before the raw retention the read path reads roll-ups: a series whose 5m roll-up has a row
     in the range has data there; one whose roll-ups end before it has none."""

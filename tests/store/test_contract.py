@@ -32,6 +32,7 @@ from gateway.store.contract import (
     RawPoint,
     Rollup,
     SealedBlock,
+    holds_samples,
     time_slot,
     time_slots,
 )
@@ -884,6 +885,33 @@ class TestSQLiteDriver:
             for h, raw in zip(wide, await store.read_raw(tenant, wide, start, end)):
                 assert raw.head.points() == sorted((ts, v) for ts, v in expected[h].items() if start <= ts <= end)
             assert len({key for raw in together for key in raw.head_keys}) > 2  # chunks of several slots and folds
+        finally:
+            await store.close()
+
+    @pytest_twisted.ensureDeferred
+    async def test_sqlite_series_with_data_finds_samples_in_chunks_and_log_alike(self, tmp_path, tenant):
+        """series_with_data looks at the head chunks' timestamps first, then reads the rest whole:
+        over every range it gives the series whose read_raw holds a sample there, whether that
+        sample is in a chunk (folded), still in the log, in both, or rewritten."""
+        path = tmp_path / "with-data.db"
+        store = SQLiteStore(path, Layout(), fold_rows=1000)
+        await store.start()
+        hashes = [series_set_hash(f"s{n}") for n in range(6)]
+        try:
+            # s0-s3 folded into chunks (s3 across two slots), then s2, s4 and s3 again in the log; s5 never written
+            await store.write_raw(
+                [RawPoint(tenant, hashes[n], ts, float(n)) for n, ts in ((0, 10), (1, 20 * 60_000), (2, 50), (3, 30))]
+                + [RawPoint(tenant, hashes[3], HOUR + 30, 1.0)]
+            )
+            store._fold()
+            while sqlite3.connect(path).execute("SELECT count(*) FROM head_batches").fetchone()[0]:
+                await deferLater(reactor, 0.02)
+            await store.write_raw([RawPoint(tenant, hashes[n], ts, 9.0) for n, ts in ((2, 70), (4, 40), (3, 30))])
+            for start, end in [(0, HOUR), (10, 10), (11, 49), (31, HOUR + 29), (40, 70), (HOUR, 2 * HOUR), (5, 4)]:
+                raw = await store.read_raw(tenant, hashes, start, end)
+                expected = {h for h, data in zip(hashes, raw) if holds_samples(data, start, end)}
+                assert await store.series_with_data(tenant, hashes, start, end) == expected, (start, end)
+            assert await store.series_with_data(tenant, hashes, 31, HOUR + 29) == {hashes[1], hashes[2], hashes[4]}
         finally:
             await store.close()
 

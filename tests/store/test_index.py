@@ -79,6 +79,25 @@ async def test_a_bucket_lists_only_the_series_indexed_in_it(store, tenant):
 
 
 @pytest_twisted.ensureDeferred
+async def test_listings_over_buckets_are_distinct_sorted_and_exact(store, tenant):
+    """A value in several buckets is listed once, every listing sorted by code point, and any
+    text comes back as written (quotes, backslashes, control characters, NUL, beyond the BMP):
+    SQLite lists through a JSON array it builds."""
+    H = recent_hours()
+    values = ["b", 'q"uote\\', "a\x00b", "\x01\n\t", "\u2028", "é", "😀", "Z", " "]
+    written = [key(tenant, "m", {"k": value}) for value in values]
+    await store.write_series(written)
+    await store.write_series_buckets([(s, H + B * (n % 3)) for n, s in enumerate(written)] + [(written[0], H + 2 * B)])
+    buckets = Buckets(H, H + 2 * B)
+    assert await store.list_tag_values(tenant, "m", "k", buckets) == sorted(values)
+    assert await store.list_tenant_tag_values(tenant, "k", buckets) == sorted(values)
+    assert await store.list_tag_values(tenant, "m", "k") == sorted(values)
+    assert await store.list_tag_keys(tenant, "m", buckets) == ["k"]
+    assert await store.find_series(tenant, "m", "k", "a\x00b", buckets) == {written[2].series_set_hash}
+    assert await store.find_series(tenant, "m", "__name__", "m", buckets) == {s.series_set_hash for s in written}
+
+
+@pytest_twisted.ensureDeferred
 async def test_writing_a_bucket_again_is_harmless_and_tenants_stay_apart(store, tenant):
     H = recent_hours()
     series = pod(tenant, 0, 0)

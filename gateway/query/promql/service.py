@@ -29,7 +29,7 @@ from gateway.query.promql.engine import (
 from gateway.query.promql.values import Guard, PromQLError, Series
 from gateway.query.read_service import READ_BATCH, ReadBudget, Selected, Selection
 from gateway.store import Store
-from gateway.store.contract import ExemplarRow
+from gateway.store.contract import ExemplarRow, time_slot
 from protocols.prometheus import utf8_labels
 from protocols.prometheus.native_histogram import decode_sample
 
@@ -208,7 +208,9 @@ class PromQLService:
         "Grain"): the series the index gives for the range's inner buckets (``_inner_buckets``)
         have data in it; the others are asked of the store, first about the range's newest
         PROBE_MS (up to now), where every live series has a sample, then those not found there
-        about the whole range."""
+        about the whole range; a range within one time slot at once where the store reads its head
+        a slot at a time (Store.head_read_by_slot), as a probe there would only ask again about the
+        series without data."""
         start_ms, end_ms = self.planner.readable(
             start_ms, self.planner.now() + self.planner.path.max_future_ms if end_ms is None else end_ms
         )
@@ -216,22 +218,20 @@ class PromQLService:
         certain: dict[tuple, Selected] = {}
         if inner is not None and self.planner.index_buckets(tenant, *inner) is not None:
             certain = await self._selected(tenant, selectors, *inner)
-        kept = {key: selected for key, selected in found.items() if key in certain}
-        unsure = [(key, selected) for key, selected in found.items() if key not in certain]
+        unsure = {selected.key.series_set_hash for key, selected in found.items() if key not in certain}
         probe_end = min(end_ms, self.planner.now())
         probe = (max(start_ms, probe_end - PROBE_MS), probe_end)
         checks = [(start_ms, end_ms, self.planner.rollup_for(start_ms, tenant))]
-        if probe[0] <= probe[1] and probe != (start_ms, end_ms):
+        width = self.store.layout.slot_width_ms
+        one_slot = self.store.head_read_by_slot and time_slot(start_ms, width) == time_slot(end_ms, width)
+        if probe[0] <= probe[1] and probe != (start_ms, end_ms) and not one_slot:
             checks.insert(0, (*probe, None))
         for low, high, granularity in checks:
             if not unsure:
                 break
-            with_data = await self._series_with_data(
-                tenant, [s.key.series_set_hash for _, s in unsure], low, high, granularity
-            )
-            kept.update((key, s) for key, s in unsure if s.key.series_set_hash in with_data)
-            unsure = [(key, s) for key, s in unsure if s.key.series_set_hash not in with_data]
-        return kept
+            unsure -= await self._series_with_data(tenant, list(unsure), low, high, granularity)
+        # in the selection's order, which is mostly the labels' order: matched sorts them in one pass
+        return {key: selected for key, selected in found.items() if selected.key.series_set_hash not in unsure}
 
     async def _series_with_data(
         self, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity: Granularity | None
@@ -259,16 +259,15 @@ class PromQLService:
         self, tenant: str, name: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
     ) -> list[str]:
         """Values of a label on the series the selectors select, or on the whole tenant without
-        selectors, in the time index's buckets of [start_ms, end_ms] as ``label_names`` reads them."""
-        buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
+        selectors, in the time index's buckets of [start_ms, end_ms] as ``label_names`` reads them
+        (the store's listings come sorted and distinct)."""
         if selectors:
             selected = await self._selected(tenant, selectors, start_ms, end_ms)
-            values = {s.labels[name] for s in selected.values() if name in s.labels}
-        elif name == "__name__":
-            values = set(await self.store.list_metric_names(tenant, buckets))
-        else:
-            values = set(await self.store.list_tenant_tag_values(tenant, name, buckets))
-        return sorted(values)
+            return sorted({s.labels[name] for s in selected.values() if name in s.labels})
+        buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
+        if name == "__name__":
+            return await self.store.list_metric_names(tenant, buckets)
+        return await self.store.list_tenant_tag_values(tenant, name, buckets)
 
     async def exemplars(
         self, tenant: str, text: str, start_ms: int | None, end_ms: int | None
