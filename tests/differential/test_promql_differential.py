@@ -524,13 +524,35 @@ def points_difference(expected: list, got: list) -> str:
     return "; ".join(parts)
 
 
+def scraping_off_whole_seconds(gateway, exporters, tmp_path, tenant) -> tuple[PrometheusProcess, str, str]:
+    """A Prometheus scraping the exporters into tsgate, whose scrapes fall off the whole seconds,
+    with its configuration and the tenant it writes. Prometheus times a target's scrapes at a
+    fixed offset in the second (from a hash of its labels); at offset 0 every sample sits on the
+    whole-second edges of ``@`` and subquery windows, which 2.42 includes and Prometheus 3 (as
+    tsgate) leaves out. Such a start is replaced by one whose targets carry another label (so
+    another hash) and write another tenant: about one run in 500."""
+    for attempt in range(5):
+        written = tenant if attempt == 0 else f"{tenant}-{attempt}"
+        values = {"EXPORTER_A": exporters[0], "EXPORTER_B": exporters[1], "GATEWAY_PORT": gateway.port}
+        config = PROMETHEUS_CONFIG.replace("TENANT", written)
+        for key, value in values.items():
+            config = config.replace(key, str(value))
+        if attempt:
+            config = config.replace("]}]", f'], labels: {{attempt: "{attempt}"}}}}]')
+        prometheus = PrometheusProcess(tmp_path / f"prometheus-{attempt}", config).start()
+        deadline = time.monotonic() + 30
+        while not (scraped := prometheus.api("/api/v1/query", query="timestamp(up)")["data"]["result"]):
+            assert time.monotonic() < deadline, "Prometheus never scraped the exporters"
+            time.sleep(0.5)
+        if all(round(float(found["value"][1]) * 1000) % 1000 for found in scraped):
+            return prometheus, config, written
+        prometheus.stop()
+    raise AssertionError("Prometheus scraped on whole seconds five times over")
+
+
 def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters, tmp_path, tenant):
     gateway = start_gateway(*backend_args)
-    values = {"EXPORTER_A": exporters[0], "EXPORTER_B": exporters[1], "GATEWAY_PORT": gateway.port, "TENANT": tenant}
-    config = PROMETHEUS_CONFIG
-    for key, value in values.items():
-        config = config.replace(key, str(value))
-    prometheus = PrometheusProcess(tmp_path / "prometheus", config).start()
+    prometheus, config, tenant = scraping_off_whole_seconds(gateway, exporters, tmp_path, tenant)
     try:
         deadline = time.monotonic() + 30
         while not prometheus.api("/api/v1/query", query="d_version")["data"]["result"]:
