@@ -314,7 +314,7 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
         np.frombuffer(b"".join(value_blobs), dtype="<f8"),
     )
     owner, timestamps, values = (
-        np.concatenate(parts) for parts in zip(chunked, _logged_samples(connection, tenant, hashes, start_ms, end_ms))
+        np.concatenate(parts) for parts in zip(chunked, logged_samples(connection, tenant, hashes, start_ms, end_ms))
     )
     inside = np.flatnonzero((timestamps >= start_ms) & (timestamps <= end_ms))
     kept = inside[_last_writes(owner[inside], timestamps[inside])]
@@ -345,7 +345,7 @@ def _last_writes(owner: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
     return np.maximum.reduceat(order, np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]))
 
 
-def _logged_samples(
+def logged_samples(
     connection, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The samples in the range still in head_batches of ``hashes``: their series' positions in

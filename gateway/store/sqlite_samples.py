@@ -24,11 +24,11 @@ from gateway.store.contract import (
 from gateway.store.deletion import bucket_range, cut_block
 from gateway.store.sqlite_base import SQLiteBase
 from gateway.store.sqlite_head import (
-    _logged_samples,
     drop_sealed_chunks,
     fold_head_log,
     head_slots,
     keep_in_head_slot,
+    logged_samples,
     raw_statements,
     read_head,
 )
@@ -87,7 +87,7 @@ def _in_head_chunks(connection, width: int, tenant: str, start_ms: int, end_ms: 
 
 def _in_head_log(connection, tenant: str, start_ms: int, end_ms: int, hashes: list[str]) -> set[str]:
     """The hashes with a sample of the range still in head_batches (not folded yet)."""
-    owners = _logged_samples(connection, tenant, hashes, start_ms, end_ms)[0]
+    owners = logged_samples(connection, tenant, hashes, start_ms, end_ms)[0]
     return {hashes[at] for at in np.unique(owners).tolist()}
 
 
