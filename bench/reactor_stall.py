@@ -6,7 +6,8 @@ The request is the heavy case of issue 23: --series series of --labels labels ea
 (or --v1). The series are the same in every request (new timestamps), so the first request
 also indexes them and the later ones show the steady cost. One connection sends --requests of
 them back to back while another asks GET /healthz every --probe-ms; the table gives the
-requests' times and the probe's latencies. The gateway runs on SQLite in a temporary directory.
+requests' times and the probe's latencies. The gateway runs on SQLite in a temporary directory,
+or with --cassandra HOST:PORT on a fresh keyspace of that Cassandra (dropped at the end).
 
 With --json the requests are native JSON writes (POST /api/write) of --series items with
 --labels tags each instead (default 30,000 x 10: 7 MB, under --max-body-bytes). With --otlp they
@@ -19,11 +20,14 @@ data points with a start time and five attributes each, as bench.otlp sends (def
     python -m bench.reactor_stall --json                   # 30,000 x 10, native JSON
     python -m bench.reactor_stall --otlp --requests 3      # 40,000 counter points, OTLP protobuf
     python -m bench.reactor_stall --otlp-json --requests 3 # the same in OTLP JSON
+    python -m bench.reactor_stall --series 20000 --v1 --cassandra 127.0.0.1:9142
 """
 
 import argparse
+import contextlib
 import http.client
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -34,8 +38,9 @@ from pathlib import Path
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from bench.common import exit_with, post_until_accepted, tsgate_service
+from bench.common import connect, exit_with, fresh_keyspace, post_until_accepted, tsgate_service
 from bench.otlp import otlp_body
+from gateway.app.config import parse_hostport
 from protocols.prometheus import WriteSeries, encode_write_request_v1, encode_write_request_v2
 from protocols.prometheus.write import V2_CONTENT_TYPE
 
@@ -102,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="native JSON writes instead of remote write")
     parser.add_argument("--otlp", action="store_true", help="OTLP/HTTP protobuf counters instead of remote write")
     parser.add_argument("--otlp-json", action="store_true", help="OTLP/HTTP JSON counters instead of remote write")
+    parser.add_argument("--cassandra", metavar="HOST:PORT", help="a fresh keyspace of this Cassandra, not SQLite")
     args = parser.parse_args(argv)
     otlp = args.otlp or args.otlp_json
     args.series = args.series or (40_000 if otlp else 30_000 if args.json else 150_000)
@@ -127,41 +133,52 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.requests} requests of {args.series} series x {args.labels} labels, {len(bodies[0]) / 1e6:.2f} MB {form}"
     )
     workdir = Path(tempfile.mkdtemp(prefix="tsgate-bench-stall-"))
-    service = tsgate_service(
-        "tsgate (sqlite)",
-        ["--data-dir", str(workdir / "data")],
-        workdir / "tsgate.log",
-        ["--max-inflight-samples", str(10 * args.series), "--metadata-cache-size", str(2 * args.series)],
-    )
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        store = ["--data-dir", str(workdir / "data")]
+        if args.cassandra:
+            host, port = parse_hostport(args.cassandra)
+            cluster = connect(host, port)
+            stack.callback(cluster.shutdown)
+            keyspace = f"tsgate_bench_stall_{os.getpid()}"
+            store = ["--store", stack.enter_context(fresh_keyspace(cluster.connect(), host, port, keyspace))]
+        service = tsgate_service(
+            f"tsgate ({'cassandra' if args.cassandra else 'sqlite'})",
+            store,
+            workdir / "tsgate.log",
+            ["--max-inflight-samples", str(10 * args.series), "--metadata-cache-size", str(2 * args.series)],
+        )
+        stack.callback(service.stop)
         service.start()
-        prober = Prober(service.port, args.probe_ms / 1000)
-        prober.start()
-        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=600)
-        spans = []
-        for body in bodies:
-            started = time.perf_counter()
-            post_until_accepted(connection, path, body, headers, accepted)
-            spans.append((started, time.perf_counter()))
-        prober.stop.set()
-        prober.join()
-        times = [end - start for start, end in spans]
-        print(f"request times (s): {', '.join(f'{t:.2f}' for t in times)}")
-        steady = times[1:] or times
-        print(f"samples/s after the first request: {args.series * len(steady) / sum(steady):,.0f}")
-        phases = [("first request (new series)", spans[:1]), ("later requests (known series)", spans[1:])]
-        for name, phase in phases:
-            latencies = [took for sent, took in prober.latencies if any(start <= sent < end for start, end in phase)]
-            if not latencies:
-                continue
-            print(
-                f"/healthz during the {name}, {len(latencies)} probes: p50 {statistics.median(latencies) * 1000:.1f}"
-                f" ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
-            )
-    finally:
-        service.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        measure(args, service.port, bodies, path, headers, accepted)
     return 0
+
+
+def measure(args: argparse.Namespace, port: int, bodies: list[bytes], path: str, headers: dict, accepted: int) -> None:
+    """Send the requests while the prober asks /healthz; print the table."""
+    prober = Prober(port, args.probe_ms / 1000)
+    prober.start()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    spans = []
+    for body in bodies:
+        started = time.perf_counter()
+        post_until_accepted(connection, path, body, headers, accepted)
+        spans.append((started, time.perf_counter()))
+    prober.stop.set()
+    prober.join()
+    times = [end - start for start, end in spans]
+    print(f"request times (s): {', '.join(f'{t:.2f}' for t in times)}")
+    steady = times[1:] or times
+    print(f"samples/s after the first request: {args.series * len(steady) / sum(steady):,.0f}")
+    phases = [("first request (new series)", spans[:1]), ("later requests (known series)", spans[1:])]
+    for name, phase in phases:
+        latencies = [took for sent, took in prober.latencies if any(start <= sent < end for start, end in phase)]
+        if not latencies:
+            continue
+        print(
+            f"/healthz during the {name}, {len(latencies)} probes: p50 {statistics.median(latencies) * 1000:.1f}"
+            f" ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -239,7 +239,15 @@ class Executor(protocol.ProcessProtocol):
     def run(self, job: Job) -> None:
         self.job = job
         job.executor = self
+        metrics.QUERY_RUNNING.inc()
         send_now(self.transport.pipes[REQUEST_FD], frame(job.message))
+
+    def take_job(self) -> Job | None:
+        """The query this executor runs, which leaves it (answered, cut or lost); None if idle."""
+        job, self.job = self.job, None
+        if job is not None:
+            metrics.QUERY_RUNNING.dec()
+        return job
 
     def kill(self, reason: str) -> None:
         """SIGKILL: whatever the query is doing, it stops now, and the executor gets no more
@@ -451,8 +459,8 @@ class QueryExecutors:
         elif kind == "memory" or message[1] > self.config.query_max_memory_bytes:
             executor.kill("memory")  # a MemoryError, or past the cap between two checks: ``ended`` answers 422
         else:
-            job = executor.job
-            executor.job = None
+            job = executor.take_job()
+            assert job is not None, f"executor {executor.index} answered {kind!r} without a query"
             self._release(job.tenant)
             if kind == "answer":
                 status, content_type, headers, body = message[2:]
@@ -473,7 +481,7 @@ class QueryExecutors:
             self.idle.remove(executor)
         if executor.ready and executor.kill_reason is None:
             metrics.QUERY_EXECUTORS_READY.dec()
-        job = executor.job
+        job = executor.take_job()
         holding = executor.holding  # one that died starting passes its hold on to the next
         if job is not None:
             holding = job.tenant  # released once the replacement is ready
@@ -515,8 +523,9 @@ class QueryExecutors:
         self._count_queued(-self.queued)
         self.waiting.clear()
         for executor in list(self.executors):
-            if executor.job is not None:
-                cut.append(executor.job)
+            job = executor.take_job()
+            if job is not None:
+                cut.append(job)
             executor.kill("shutdown")
         for job in cut:
             job.fail(Unavailable("the gateway is stopping"))

@@ -9,9 +9,11 @@ at start and the work runs on the calling thread, its Deferred already fired. A 
 holds there: the serving process kills an executor that overruns it.
 """
 
+import threading
 from collections.abc import Callable
 
 from twisted.internet import defer, reactor, threads
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 _on_caller = False
@@ -36,3 +38,22 @@ def in_pool(pool: ThreadPool, function: Callable, *args, **kwargs) -> defer.Defe
     if _on_caller:
         return defer.maybeDeferred(function, *args, **kwargs)
     return threads.deferToThreadPool(reactor, pool, function, *args, **kwargs)
+
+
+def in_daemon_thread(function: Callable, *args) -> defer.Deferred:
+    """``function(*args)`` in a daemon thread of its own: for a close that may take longer than a
+    stop allows (a driver's shutdown, a thread to join that is busy). The reactor joins the
+    threads of its pool when it stops, so such work there would hold the process past its
+    bound; this thread is not waited for."""
+    done: defer.Deferred = defer.Deferred()
+
+    def run() -> None:
+        try:
+            result = function(*args)
+        except BaseException:
+            reactor.callFromThread(done.errback, Failure())
+        else:
+            reactor.callFromThread(done.callback, result)
+
+    threading.Thread(target=run, name=getattr(function, "__name__", "close"), daemon=True).start()
+    return done

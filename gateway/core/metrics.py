@@ -155,6 +155,7 @@ QUERY_EXECUTORS_READY = Gauge(
     "tsgate_query_executors_ready", "Query executors started and able to take queries", multiprocess_mode="livesum"
 )
 QUERY_QUEUED = Gauge("tsgate_query_queued", "Queries waiting for a query executor", multiprocess_mode="livesum")
+QUERY_RUNNING = Gauge("tsgate_query_running", "Queries running in a query executor", multiprocess_mode="livesum")
 
 
 def observe_store(operation: str, deferred):

@@ -5,8 +5,10 @@ become StoreUnavailable.
 
 import abc
 import contextlib
+import functools
 import logging
 import ssl
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -21,7 +23,9 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from cassandra.query import BatchStatement, BatchType, tuple_factory
 from prometheus_client import Counter
 from twisted.internet import defer
+from twisted.python.threadpool import ThreadPool
 
+from gateway.core import blocking
 from gateway.core.layout import Layout
 from gateway.store.cassandra_options import parse_consistency, parse_replication
 from gateway.store.cassandra_requests import RequestQueue
@@ -78,6 +82,7 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 # Cassandra's batch_size_warn_threshold (5 KiB); the byte bound keeps batches of big metadata rows
 # (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance-log.rst measured it.
 ROWS_PER_BATCH = 50
+BIND_ON_CALLER_ROWS = 256  # a write of more rows is bound on the binder thread (_write_rows)
 BATCH_VALUE_BYTES = 16 * 1024
 
 # Series whose data_blocks rows one request reads (an IN on the partition key): the Python driver's
@@ -264,6 +269,10 @@ class CassandraBase(Store):
         self._requests: RequestQueue | None = None
         self._head_writer: Any = None  # an AcsyllaHeadWriter once open() ran, with head_writer=acsylla
         self._statements: dict[str, object] = {}
+        # Binds the rows of large writes (_write_rows), started by start(): one thread, see there.
+        self._binder = ThreadPool(1, 1, name="cassandra-binder")
+        # a daemon: a process that never closes its store (a worker killed at its stop deadline) still exits
+        self._binder.threadFactory = functools.partial(threading.Thread, daemon=True)  # type: ignore[assignment]
 
     @classmethod
     def from_url(cls, url: str, layout: Layout) -> Self:
@@ -378,6 +387,22 @@ class CassandraBase(Store):
         (slots ``width_ms`` wide, the slot width unless given)."""
         slots = list(self._time_slots(start_ms, end_ms, width_ms or self.slot_width_ms))
         return slot_requests(statement, tenant, hashes, slots, *more)
+
+    def _write_rows(self, requests: list[tuple[Any, tuple]] | Callable[[], list[tuple[Any, tuple]]]) -> defer.Deferred:
+        """Single-row writes, bound and batched (_batched), then run; fires with their results.
+        ``requests`` may be a function that builds them, to build them off the reactor too.
+
+        Up to BIND_ON_CALLER_ROWS rows are bound on the caller. More, and whatever a function
+        builds, are bound on the store's one binder thread: the 20,000 new series of a large
+        remote write are 200,000 index rows, seconds of Python. Bound on the reactor they stall
+        it; bound in the reactor's pool of eight threads at once, they kept it waiting for the
+        GIL behind all of them (/healthz p50 0.5 s, max 2.8 s, under two such writers; the stop
+        of a gateway in that state was seconds late). One thread takes the GIL in turns with the
+        reactor alone."""
+        if not callable(requests) and len(requests) <= BIND_ON_CALLER_ROWS:
+            return self._execute_all(self._batched(requests))
+        build = requests if callable(requests) else lambda: requests
+        return blocking.in_pool(self._binder, lambda: self._batched(build())).addCallback(self._execute_all)
 
     def _batched(self, requests: list[tuple[Any, tuple]]) -> list[tuple[Any, tuple]]:
         """Single-row writes as UNLOGGED batches of up to ROWS_PER_BATCH rows sharing a replica.

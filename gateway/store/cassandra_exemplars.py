@@ -39,7 +39,7 @@ class CassandraExemplars(CassandraBase):
             )
             for e in exemplars
         ]
-        return self._execute_all(self._batched(requests))
+        return self._write_rows(requests)
 
     def read_exemplars(self, tenant, hashes, start_ms, end_ms):
         """The newest ``max_exemplars_per_series`` of each slot (PER PARTITION LIMIT over the

@@ -85,7 +85,7 @@ class CassandraHistograms(CassandraBase):
         index = self._statements["write_histogram_series"]
         kept = {tenant: self._ttl_s(tenant, histogram_retention_ms) for tenant in ttls}
         requests += [(index, (tenant, table, slot, hash_, kept[tenant])) for tenant, slot, hash_ in sorted(indexed)]
-        return self._execute_all(self._batched(requests))
+        return self._write_rows(requests)
 
     def _read_histogram_table(self, table: str, statement, width: int, tenant, hashes, start_ms, end_ms):
         """histogram_series first (one partition a slot), then only the series-slots it names."""

@@ -2,7 +2,6 @@
 
 from collections.abc import Iterable, Sequence
 
-from gateway.core import blocking
 from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import SeriesKey, now_ms
 from gateway.store.cassandra_base import PLAIN_ROWS, READ_SERIES_PER_REQUEST, CassandraBase
@@ -64,7 +63,7 @@ class CassandraIndex(CassandraBase):
         }
 
     def write_series(self, series: Sequence[SeriesKey]):
-        return self._execute_all(self._batched(self._all_time_requests(series)))
+        return self._write_rows(lambda: self._all_time_requests(series))
 
     def _all_time_requests(self, series: Sequence[SeriesKey]) -> list[tuple]:
         """The all-time rows of the series, each with the TTL that ends it once their data
@@ -94,8 +93,6 @@ class CassandraIndex(CassandraBase):
         due = self._refresh.due(series_buckets)
 
         def requests() -> list:
-            # built in a thread: 40,000 new series are 400,000 index rows, a third of a second of
-            # Python the reactor would otherwise spend (the GIL is shared in turns)
             found = self._all_time_requests(due) + self._last_bucket_requests(series_buckets)
             for table, rows in bucket_index_rows(series_buckets).items():
                 statement = self._statements[f"write_{table}"]
@@ -105,9 +102,9 @@ class CassandraIndex(CassandraBase):
                         ttls[tenant] = self.retentions.for_tenant(tenant).raw_retention_ms
                     ttl_s = max(1, (bucket + INDEX_BUCKET_MS + ttls[tenant] - now) // 1000)
                     found.append((statement, (*row, ttl_s)))
-            return self._batched(found)
+            return found
 
-        return blocking.in_thread(requests).addCallback(self._execute_all)
+        return self._write_rows(requests)
 
     def _last_bucket_requests(self, series_buckets: Sequence[tuple[SeriesKey, int]]) -> list[tuple]:
         """series_set_hashes.last_bucket of each series: the newest bucket of the call, written with
@@ -185,7 +182,7 @@ class CassandraIndex(CassandraBase):
 
     def delete_index_rows(self, rows):
         requests = [(self._statements[f"delete_index_{table}"], key) for table, keys in rows.items() for key in keys]
-        return self._execute_all(self._batched(requests))
+        return self._write_rows(requests)
 
     def write_path_flags(self, tenant, parent, name, is_leaf, is_branch):
         if is_leaf or is_branch:

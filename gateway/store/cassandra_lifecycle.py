@@ -4,6 +4,7 @@ import time
 
 from twisted.internet import defer, threads
 
+from gateway.core import blocking
 from gateway.store.cassandra_base import CassandraBase, unavailable_error
 from gateway.store.cassandra_head_writer import AcsyllaHeadWriter
 from gateway.store.cassandra_old_index import OldIndexExpiry, Walked
@@ -129,15 +130,22 @@ class CassandraLifecycle(CassandraBase):
 
         if self.options.head_writer == "acsylla":
             self._head_writer = AcsyllaHeadWriter(self.options, self._statement_texts()["head"])
-        return threads.deferToThread(connect)
+        # once connected: a thread started for a store that never opens would keep a CLI command alive
+        return threads.deferToThread(connect).addCallback(lambda _: self._binder.start())
 
     def close(self):
-        """The head writer first (its loop thread and session), then the driver's cluster."""
+        """The head writer first (its loop thread and session), then the binder thread and the
+        driver's cluster."""
         closed = self._head_writer.close() if self._head_writer else defer.succeed(None)
-        cluster = self.cluster
-        if cluster:
-            closed.addBoth(lambda result: threads.deferToThread(cluster.shutdown).addCallback(lambda _: result))
-        return closed
+        cluster, binder = self.cluster, self._binder
+
+        def stop_threads():
+            if binder.started:
+                binder.stop()
+            if cluster:
+                cluster.shutdown()
+
+        return closed.addBoth(lambda result: blocking.in_daemon_thread(stop_threads).addCallback(lambda _: result))
 
     def ping(self):
         return self._execute("SELECT release_version FROM system.local")

@@ -26,10 +26,8 @@ class CassandraMetadata(CassandraBase):
         )
 
     def write_metric_metadata(self, rows: Sequence[MetricMetadata]):
-        return self._execute_all(
-            self._batched(
-                [(self._statements["metric_metadata"], (*row, self._all_time_ttl_s(row.tenant))) for row in rows]
-            )
+        return self._write_rows(
+            [(self._statements["metric_metadata"], (*row, self._all_time_ttl_s(row.tenant))) for row in rows]
         )
 
     def get_metric_metadata(self, tenant, metric_name):
@@ -40,10 +38,8 @@ class CassandraMetadata(CassandraBase):
 
     def write_created_timestamps(self, rows):
         statement = self._statements["write_created"]
-        return self._execute_all(
-            self._batched(
-                [(statement, (self._all_time_ttl_s(r.tenant), r.created_ms, r.tenant, r.series_set_hash)) for r in rows]
-            )
+        return self._write_rows(
+            [(statement, (self._all_time_ttl_s(r.tenant), r.created_ms, r.tenant, r.series_set_hash)) for r in rows]
         )
 
     def get_created_timestamps(self, tenant, hashes: Iterable[str]):

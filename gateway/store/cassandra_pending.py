@@ -22,7 +22,7 @@ class CassandraPending(CassandraBase):
 
     def mark_pending(self, rows, touched_ms):
         statement = self._statements["pending"]
-        return self._execute_all(self._batched([(statement, (*row[:4], touched_ms)) for row in rows]))
+        return self._write_rows([(statement, (*row[:4], touched_ms)) for row in rows])
 
     def list_pending(self, partition, before_slot):
         def rows(found):

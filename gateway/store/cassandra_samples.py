@@ -313,7 +313,7 @@ class CassandraSamples(CassandraBase):
             written = self._execute_all(self._batched(entries) + batches)
         else:
             heads = writer.write(chunks)
-            written = defer.gatherResults([self._execute_all(self._batched(entries)), heads], consumeErrors=True)
+            written = defer.gatherResults([self._write_rows(entries), heads], consumeErrors=True)
             written.addErrback(lambda failure: failure.value.subFailure)
         return written.addCallback(lambda _: self._hold_written_at(fresh, now))
 
@@ -437,7 +437,7 @@ class CassandraSamples(CassandraBase):
             )
             for b in blocks
         ]
-        return self._execute_all(self._batched(requests))
+        return self._write_rows(requests)
 
     def write_rollups(self, granularity, rows):
         """An UPDATE of only the aggregates a row has, so no tombstones are written for the rest;
@@ -450,7 +450,7 @@ class CassandraSamples(CassandraBase):
             key = (row.tenant, row.series_set_hash, time_slot(row.timestamp_ms, width), row.timestamp_ms)
             ttl = self._ttl_s(row.tenant, lambda layout: layout.granularity(name).retention_ms)
             requests.append((statement, (ttl, *(getattr(row, c) for c in columns), *key)))
-        return self._execute_all(self._batched(requests))
+        return self._write_rows(requests)
 
     def read_rollups(self, granularity, tenant, series_set_hash, start_ms, end_ms):
         statement = self._statements[f"read_{granularity.table}"]

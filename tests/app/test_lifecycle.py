@@ -34,8 +34,11 @@ PROMPTLY_WORKERS_S = 40
 # Past --shutdown-timeout: the gateway's stated margin (gateway.app.service.SHUTDOWN_MARGIN_S),
 # and 2 s more for this test's own clock on a loaded box.
 STOP_MARGIN_S = SHUTDOWN_MARGIN_S + 2
-# A query that runs for many seconds, its memory growing slowly (86 M subquery steps).
-LONG_QUERY = "/api/v1/query?" + urllib.parse.urlencode({"query": "count_over_time(vector(1)[1000d:1s])"})
+# A query that runs for many seconds: ten subqueries of 86 M steps, one after another. One alone
+# took 0.6 s to 9 s, as the executor's allocator had its memory already or had to fault it in.
+LONG_QUERY = "/api/v1/query?" + urllib.parse.urlencode(
+    {"query": " + ".join(f"count_over_time(vector({k})[1000d:1s])" for k in range(1, 11))}
+)
 LONG_QUERY_FLAGS = ("--query-timeout=60s", "--query-max-memory-bytes=8000000000", "--query-max-samples=1000000000000")
 
 
@@ -442,11 +445,11 @@ def test_the_supervisor_kills_a_worker_that_does_not_stop_in_time(tmp_path):
 
 
 def long_query_under_way(gateway: GatewayProcess) -> http.client.HTTPConnection:
-    """LONG_QUERY sent on a connection of its own, and running (not waiting for an executor)."""
+    """LONG_QUERY sent on a connection of its own, and running in an executor (read by a busy
+    gateway, not only sent, and not waiting for an executor)."""
     connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=60)
     connection.request("GET", LONG_QUERY)
-    wait_for(lambda: metric_value(gateway, "tsgate_query_queued") == 0, what="the query running")
-    time.sleep(0.5)
+    wait_for(lambda: metric_value(gateway, "tsgate_query_running") == 1, what="the query running")
     return connection
 
 

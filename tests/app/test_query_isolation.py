@@ -220,8 +220,10 @@ def test_a_tenant_filling_the_pool_leaves_room_for_another(slow_gateway):
     """Tenant A holds one of the two executors and two queue places; its next query gets 429,
     tenant B's query runs at once; a waiting query whose client goes away leaves the queue."""
     first = [_slow_query_connection(slow_gateway) for _ in range(3)]  # one running, two waiting
-    time.sleep(0.5)
-    assert metric_value(slow_gateway, "tsgate_query_queued") == 2
+    deadline = time.monotonic() + 10
+    while [metric_value(slow_gateway, f"tsgate_query_{state}") for state in ("running", "queued")] != [1, 2]:
+        assert time.monotonic() < deadline, "tenant A's three queries did not reach one running and two waiting"
+        time.sleep(0.1)
     started = time.perf_counter()
     refused = slow_gateway.get(query_path("up"), headers={"X-Scope-OrgID": "tenant-a"})
     refused_s = time.perf_counter() - started

@@ -185,7 +185,11 @@ def test_sigterm_under_large_writes_and_a_long_query_on_cassandra_ends_every_pro
         connection = long_query_under_way(gateway)
         started = time.monotonic()
         gateway.process.send_signal(signal.SIGTERM)
-        answer = connection.getresponse()
+        try:
+            answer = connection.getresponse()
+        except (OSError, http.client.HTTPException) as cut:
+            gateway.process.wait(SHUTDOWN_TIMEOUT_S + 30)
+            raise AssertionError(f"the running query got no answer ({cut!r}):\n{gateway.log()[-6000:]}") from cut
         status, body = answer.status, answer.read()
         code = gateway.process.wait(SHUTDOWN_TIMEOUT_S + 30)
         elapsed = time.monotonic() - started

@@ -49,3 +49,12 @@ def test_on_the_caller_an_error_is_the_deferred_s_failure_not_raised(on_caller):
     failures = []
     blocking.in_thread(refuse, "no").addErrback(failures.append)
     assert failures and failures[0].check(ValueError) and str(failures[0].value) == "no"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_daemon_thread_runs_the_work_and_its_error_is_the_deferred_s_failure():
+    """Not one of the reactor's pool, which the reactor joins when it stops."""
+    thread = await blocking.in_daemon_thread(threading.current_thread)
+    assert thread.daemon and thread is not threading.current_thread()
+    with pytest.raises(ValueError, match="late"):
+        await blocking.in_daemon_thread(refuse, "late")
