@@ -13,7 +13,7 @@ from twisted.internet import reactor, threads
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.threadpool import ThreadPool
 
-from gateway.core import metrics
+from gateway.core import blocking, metrics
 from gateway.core.caches import LRUMap
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class RedisSeenSeries:
         self._pool.start()
 
     def stop(self) -> Deferred:
-        return threads.deferToThread(self._pool.stop)
+        return blocking.in_daemon_thread(self._pool.stop)
 
     def ping(self) -> Deferred:
         """Fire when Redis answers PING, fail with why not (the status page's health check)."""

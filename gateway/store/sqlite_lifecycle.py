@@ -3,9 +3,9 @@
 import json
 import sqlite3
 
-from twisted.internet import threads
 from twisted.internet.defer import ensureDeferred
 
+from gateway.core import blocking
 from gateway.core.layout import INDEX_BUCKET_MS, Layout, Retentions
 from gateway.core.model import SeriesKey
 from gateway.store.contract import time_slot
@@ -135,7 +135,7 @@ class SQLiteLifecycle(SQLiteBase):
                 connection.close()
             self._connections.clear()
 
-        return threads.deferToThread(stop_and_close)
+        return blocking.in_daemon_thread(stop_and_close)
 
     def ping(self):
         return self._read(lambda connection: connection.execute("SELECT 1").fetchone())
