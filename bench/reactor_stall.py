@@ -38,7 +38,7 @@ from pathlib import Path
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from bench.common import connect, exit_with, fresh_keyspace, post_until_accepted, tsgate_service
+from bench.common import connect, exit_with, fresh_keyspace, post_until_accepted, tree_cpu_s, tsgate_service
 from bench.otlp import otlp_body
 from gateway.app.config import parse_hostport
 from protocols.prometheus import WriteSeries, encode_write_request_v1, encode_write_request_v2
@@ -150,24 +150,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         stack.callback(service.stop)
         service.start()
-        measure(args, service.port, bodies, path, headers, accepted)
+        measure(args, service, bodies, path, headers, accepted)
     return 0
 
 
-def measure(args: argparse.Namespace, port: int, bodies: list[bytes], path: str, headers: dict, accepted: int) -> None:
-    """Send the requests while the prober asks /healthz; print the table."""
+def measure(args: argparse.Namespace, service, bodies: list[bytes], path: str, headers: dict, accepted: int) -> None:
+    """Send the requests while the prober asks /healthz; print the table, and the gateway's CPU."""
+    port = service.port
     prober = Prober(port, args.probe_ms / 1000)
     prober.start()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    spans = []
+    spans, cpu = [], []
     for body in bodies:
-        started = time.perf_counter()
+        started, cpu_before = time.perf_counter(), tree_cpu_s(service.pid)
         post_until_accepted(connection, path, body, headers, accepted)
         spans.append((started, time.perf_counter()))
+        cpu.append(tree_cpu_s(service.pid) - cpu_before)
     prober.stop.set()
     prober.join()
     times = [end - start for start, end in spans]
     print(f"request times (s): {', '.join(f'{t:.2f}' for t in times)}")
+    print(f"gateway CPU a request (s, the prober's requests included): {', '.join(f'{c:.2f}' for c in cpu)}")
     steady = times[1:] or times
     print(f"samples/s after the first request: {args.series * len(steady) / sum(steady):,.0f}")
     phases = [("first request (new series)", spans[:1]), ("later requests (known series)", spans[1:])]

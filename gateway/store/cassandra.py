@@ -8,9 +8,10 @@ batching). Every statement is prepared and runs asynchronously through one bound
 queue (cassandra_requests.py): each store call fires one Deferred on the reactor thread, so the
 reactor never waits on Cassandra. Head rows go in UNLOGGED batches of one data_head partition
 (one mutation), or of a request's small partitions that share their replicas (_head_batches),
-through acsylla (cassandra_head_writer.py, on a loop thread of its own), or with
-head_writer=driver through the queue (head_batch); other writes of many rows go in
-UNLOGGED batches of rows that share a replica (_batched), up to ROWS_PER_BATCH rows a request.
+through acsylla (cassandra_acsylla.py, on a loop thread of its own), or with
+head_writer=driver through the queue (head_batch); other writes of many rows (_write_rows) go in
+UNLOGGED batches of rows that share a replica, up to ROWS_PER_BATCH rows a request, bound on the
+store's binder thread, through acsylla too (or the queue with head_writer=driver).
 Timeouts and unavailable replicas become StoreUnavailable (HTTP 503, so senders retry); the
 driver reconnects on its own when Cassandra comes back.
 """

@@ -82,6 +82,7 @@ logging.getLogger("cassandra.protocol").addFilter(BatchWarningFilter())
 # Cassandra's batch_size_warn_threshold (5 KiB); the byte bound keeps batches of big metadata rows
 # (long tag values) far under batch_size_fail_threshold (50 KiB). docs/performance-log.rst measured it.
 ROWS_PER_BATCH = 50
+PROTOCOL_VERSION = 5
 BIND_ON_CALLER_ROWS = 256  # a write of more rows is bound on the binder thread (_write_rows)
 BATCH_VALUE_BYTES = 16 * 1024
 
@@ -101,8 +102,8 @@ RANGE_BY_TS = "tenant = ? AND series_set_hash = ? AND time_slot = ? AND ts >= ? 
 PLAIN_ROWS = "plain_rows"
 
 
-# The clients data_head rows can be written with (URL option head_writer): acsylla
-# (cassandra_head_writer.py, 4-5 times less CPU a row) or the cassandra-driver like every other statement.
+# The clients bulk writes (data_head rows, _write_rows) can go through (URL option head_writer):
+# acsylla (cassandra_acsylla.py, 4-5 times less CPU a row) or cassandra-driver like every other statement.
 HEAD_WRITERS = ("acsylla", "driver")
 
 
@@ -267,7 +268,7 @@ class CassandraBase(Store):
         self.cluster: Any = None  # a Cluster once open() ran
         self.session: Any = None  # its Session
         self._requests: RequestQueue | None = None
-        self._head_writer: Any = None  # an AcsyllaHeadWriter once open() ran, with head_writer=acsylla
+        self._acsylla: Any = None  # an AcsyllaWriter once start() ran, unless head_writer=driver
         self._statements: dict[str, object] = {}
         # Binds the rows of large writes (_write_rows), started by start(): one thread, see there.
         self._binder = ThreadPool(1, 1, name="cassandra-binder")
@@ -302,7 +303,7 @@ class CassandraBase(Store):
             auth_provider=auth,
             ssl_context=ssl_context,
             connect_timeout=options.request_timeout_s,
-            protocol_version=5,
+            protocol_version=PROTOCOL_VERSION,
         )
 
     def _connect(self, keyspace: str | None):
@@ -389,12 +390,13 @@ class CassandraBase(Store):
         return slot_requests(statement, tenant, hashes, slots, *more)
 
     def _write_rows(self, requests: list[tuple[Any, tuple]] | Callable[[], list[tuple[Any, tuple]]]) -> defer.Deferred:
-        """Single-row writes, bound and batched (_batched), then run; fires with their results.
-        ``requests`` may be a function that builds them, to build them off the reactor too.
+        """Single-row writes, in UNLOGGED batches of rows that share a replica; fires once all are
+        written. ``requests`` may be a function that builds them, to build them off the reactor too.
 
-        Up to BIND_ON_CALLER_ROWS rows are bound on the caller. More, and whatever a function
-        builds, are bound on the store's one binder thread: the 20,000 new series of a large
-        remote write are 200,000 index rows, seconds of Python. Bound on the reactor they stall
+        Up to BIND_ON_CALLER_ROWS rows are bound on the caller, by cassandra-driver. More, and
+        whatever a function builds, are bound on the store's one binder thread, by acsylla (one C
+        call a row) unless the URL says head_writer=driver: the 20,000 new series of a large
+        remote write are hundreds of thousands of index rows. Bound on the reactor they stall
         it; bound in the reactor's pool of eight threads at once, they kept it waiting for the
         GIL behind all of them (/healthz p50 0.5 s, max 2.8 s, under two such writers; the stop
         of a gateway in that state was seconds late). One thread takes the GIL in turns with the
@@ -402,33 +404,47 @@ class CassandraBase(Store):
         if not callable(requests) and len(requests) <= BIND_ON_CALLER_ROWS:
             return self._execute_all(self._batched(requests))
         build = requests if callable(requests) else lambda: requests
-        return blocking.in_pool(self._binder, lambda: self._batched(build())).addCallback(self._execute_all)
+        writer = self._acsylla
+        if writer is None:
+            return blocking.in_pool(self._binder, lambda: self._batched(build())).addCallback(self._execute_all)
+
+        def bound() -> list:
+            batches = self._chunked(build(), lambda request: _values_size(request[1]), routing_key)
+            return [writer.bound([(statement.query_string, values) for statement, values in rows]) for rows in batches]
+
+        return blocking.in_pool(self._binder, bound).addCallback(writer.run)
 
     def _batched(self, requests: list[tuple[Any, tuple]]) -> list[tuple[Any, tuple]]:
-        """Single-row writes as UNLOGGED batches of up to ROWS_PER_BATCH rows sharing a replica.
+        """Single-row writes as UNLOGGED batches of cassandra-driver, by _chunked."""
+        if len(requests) <= 1:
+            return requests
+        bound = [statement.bind(parameters) for statement, parameters in requests]
+        chunks = self._chunked(bound, lambda statement: _values_size(statement.values), _bound_routing_key)
+        return [self._batch(chunk) for chunk in chunks]
+
+    def _chunked(self, rows: list, size: Callable[[Any], int], key: Callable[[Any], bytes]) -> list[list]:
+        """Rows in batches of up to ROWS_PER_BATCH rows and BATCH_VALUE_BYTES that share a replica.
 
         A batch goes to one coordinator, which applies each partition's mutation; when that node
         is a replica of every partition in the batch, batching saves the per-request cost on both
         sides (the driver's request path is most of a Python client's CPU per row) without the
         extra hop that makes multi-partition batches an anti-pattern. So rows are grouped by the
-        first replica of their partition (one group on a one-node cluster), in the given order.
+        first replica of their partition (``key``: its routing key; one group on a one-node
+        cluster), in the given order.
         """
-        if len(requests) <= 1:
-            return requests
-        bound = [statement.bind(parameters) for statement, parameters in requests]
-        batched = []
-        for group in self._by_replica(bound):
+        batches = []
+        for group in self._by_replica(rows, key):
             chunk: list = []
-            size = 0
-            for statement in group:
-                statement_size = sum(len(value) for value in statement.values if value)
-                if chunk and (len(chunk) == ROWS_PER_BATCH or size + statement_size > BATCH_VALUE_BYTES):
-                    batched.append(self._batch(chunk))
-                    chunk, size = [], 0
-                chunk.append(statement)
-                size += statement_size
-            batched.append(self._batch(chunk))
-        return batched
+            total = 0
+            for row in group:
+                row_size = size(row)
+                if chunk and (len(chunk) == ROWS_PER_BATCH or total + row_size > BATCH_VALUE_BYTES):
+                    batches.append(chunk)
+                    chunk, total = [], 0
+                chunk.append(row)
+                total += row_size
+            batches.append(chunk)
+        return batches
 
     def _batch(self, statements: list) -> tuple[object, tuple]:
         if len(statements) == 1:
@@ -444,12 +460,40 @@ class CassandraBase(Store):
         token_map = self.cluster.metadata.token_map
         return None if token_map is None or len(self.cluster.metadata.all_hosts()) <= 1 else token_map
 
-    def _by_replica(self, bound: list) -> list[list]:
+    def _by_replica(self, rows: list, key: Callable[[Any], bytes]) -> list[list]:
         token_map = self._token_map()
         if token_map is None:
-            return [bound]
+            return [rows]
         groups: dict[object, list] = defaultdict(list)
-        for statement in bound:
-            replicas = token_map.get_replicas(self.keyspace, token_map.token_class.from_key(statement.routing_key))
-            groups[replicas[0] if replicas else None].append(statement)
+        for row in rows:
+            replicas = token_map.get_replicas(self.keyspace, token_map.token_class.from_key(key(row)))
+            groups[replicas[0] if replicas else None].append(row)
         return list(groups.values())
+
+
+def _values_size(values) -> int:
+    """About the bytes a row's values take in a batch (a bound statement's are serialized already;
+    an unbound row's texts, blobs and maps of texts, the tags of series_sets, count)."""
+    size = 0
+    for value in values:
+        if isinstance(value, (str, bytes)):
+            size += len(value)
+        elif isinstance(value, dict):
+            size += sum(len(key) + len(item) for key, item in value.items())
+    return size
+
+
+def _bound_routing_key(statement) -> bytes:
+    return statement.routing_key
+
+
+def routing_key(request: tuple[Any, tuple]) -> bytes:
+    """The partition key of a (prepared statement, values) row, serialized as cassandra-driver's
+    BoundStatement.routing_key does, without binding the row: each component as a 2-byte length,
+    its bytes and a zero byte, or a lone component's bytes."""
+    statement, values = request
+    columns = statement.column_metadata
+    parts = [columns[i].type.serialize(values[i], PROTOCOL_VERSION) for i in statement.routing_key_indexes]
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(len(part).to_bytes(2, "big") + part + b"\x00" for part in parts)

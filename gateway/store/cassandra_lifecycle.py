@@ -5,8 +5,8 @@ import time
 from twisted.internet import defer, threads
 
 from gateway.core import blocking
+from gateway.store.cassandra_acsylla import AcsyllaWriter
 from gateway.store.cassandra_base import CassandraBase, unavailable_error
-from gateway.store.cassandra_head_writer import AcsyllaHeadWriter
 from gateway.store.cassandra_old_index import OldIndexExpiry, Walked
 from gateway.store.cassandra_requests import RequestQueue
 from gateway.store.cassandra_schema import keyspace_statement, table_statements, upgrade_statements
@@ -129,14 +129,20 @@ class CassandraLifecycle(CassandraBase):
             self._requests = RequestQueue(self.session, self.options.max_inflight, unavailable_error)
 
         if self.options.head_writer == "acsylla":
-            self._head_writer = AcsyllaHeadWriter(self.options, self._statement_texts()["head"])
+            texts = self._statement_texts()
+            writes = [
+                text
+                for name, text in texts.items()
+                if text.startswith(("INSERT", "UPDATE")) and name != "add_aggregators"
+            ]
+            self._acsylla = AcsyllaWriter(self.options, writes, texts["head"])
         # once connected: a thread started for a store that never opens would keep a CLI command alive
         return threads.deferToThread(connect).addCallback(lambda _: self._binder.start())
 
     def close(self):
         """The head writer first (its loop thread and session), then the binder thread and the
         driver's cluster."""
-        closed = self._head_writer.close() if self._head_writer else defer.succeed(None)
+        closed = self._acsylla.close() if self._acsylla else defer.succeed(None)
         cluster, binder = self.cluster, self._binder
 
         def stop_threads():

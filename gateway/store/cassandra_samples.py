@@ -307,7 +307,7 @@ class CassandraSamples(CassandraBase):
                 groups[replicas].append(list(rows))
             self._written_at_updates(columns, now, entries, fresh)
         chunks = [batch for partitions in groups.values() for batch in _head_batches(partitions)]
-        writer = self._head_writer
+        writer = self._acsylla
         if writer is None:  # head_writer=driver: one group of requests with the head_written_at updates
             batches = [(head_batch(statement, chunk, consistency), ()) for chunk in chunks]
             written = self._execute_all(self._batched(entries) + batches)

@@ -1,17 +1,19 @@
-"""data_head writes through acsylla (the C++ driver for asyncio), the ingest hot path on Cassandra.
+"""Bulk writes through acsylla (the C++ driver for asyncio): data_head rows, the ingest hot path
+on Cassandra, and every write of many rows (the index rows of new series above all).
 
-cassandra-driver costs 11-13 µs of gateway CPU a head row in a batch (building, serializing and
+cassandra-driver costs 11-13 µs of gateway CPU a row in a batch (building, serializing and
 sending each statement in Python); acsylla binds a row in one C call (about 0.5 µs) and does the
-rest in C++ threads, 2-3 µs a row in all (docs/performance-log.rst, "Head writes on acsylla"). Every
-other statement stays on cassandra-driver.
+rest in C++ threads, 2-3 µs a row in all (docs/performance-log.rst, "Head writes on acsylla").
+Reads and single statements stay on cassandra-driver.
 
 acsylla runs on an asyncio loop; this module owns one, in its own thread, with its own session.
-The reactor binds the rows of each batch (one C call a row) and hands the batches over; the
-loop runs them, at most ``max_inflight`` at once, and fires the caller's Deferred back on the
-reactor thread.
+The caller binds the rows of each batch (one C call a row: the reactor for head rows, the
+store's binder thread for the rest) and hands the batches over; the loop runs them, at most
+``max_inflight`` at once, and fires the caller's Deferred back on the reactor thread.
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ipaddress
 import logging
@@ -83,10 +85,11 @@ def log_message(message: acsylla.LogMessage) -> None:
 
 
 # Seconds close() waits for the session to close (requests under way finish or time out first).
+CONNECT_WAIT_S = 10.0  # besides request_timeout: the longest the binder waits for a connection
 CLOSE_TIMEOUT_S = 30
 
 
-def head_write_error(error: BaseException) -> BaseException:
+def write_error(error: BaseException) -> BaseException:
     """acsylla's errors as cassandra_base.unavailable_error maps the driver's: faults of the
     cluster become StoreUnavailable (503, the sender retries), counted by error."""
     DRIVER_ERRORS.labels(type(error).__name__).inc()
@@ -144,8 +147,8 @@ def cluster_settings(options: CassandraOptions) -> dict:
     return settings
 
 
-class AcsyllaHeadWriter:
-    """One acsylla session for the data_head INSERT, on an asyncio loop in a thread of its own.
+class AcsyllaWriter:
+    """One acsylla session for the store's write statements, on an asyncio loop in a thread of its own.
 
     It connects on the first write, not at the store's start: most processes that open a store
     write no head rows (query executors, the downsampler, ``tsgate`` commands), and those open
@@ -153,13 +156,15 @@ class AcsyllaHeadWriter:
     with the same settings; a connection that fails here fails that write (and the next write
     tries again)."""
 
-    def __init__(self, options: CassandraOptions, insert_cql: str):
+    def __init__(self, options: CassandraOptions, statements: Sequence[str], head_cql: str):
         self.options = options
-        self.insert_cql = insert_cql
+        self.statements = list(statements)  # the CQL of every statement it may be given, prepared at connection
+        self.head_cql = head_cql
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="acsylla-head-writer", daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="acsylla-writer", daemon=True)
+        self._starting = threading.Lock()
         self._session: Any = None
-        self._prepared: Any = None
+        self._prepared: dict[str, Any] | None = None  # by CQL
         self._connecting: asyncio.Future | None = None
         self._inflight = asyncio.Semaphore(options.max_inflight)  # bound to the loop at its first use
         self._consistency = acsylla.Consistency(options.write_consistency)
@@ -173,20 +178,50 @@ class AcsyllaHeadWriter:
         if self._closed:
             return defer.fail(StoreUnavailable("cassandra (acsylla): closed"))
         if self._prepared is not None:
-            return self._on_loop(self._run([self._batch(rows) for rows in batches]))
-        if not self._thread.is_alive():
-            self._thread.start()
+            return self.run([self._head_batch(rows) for rows in batches])
+        self._start_thread()
         return self._on_loop(self._connect_and_write(batches))
+
+    def bound(self, rows: Sequence[tuple[str, tuple]]):
+        """An UNLOGGED batch of (CQL, values) rows, bound here. Connects first if need be, waiting
+        for it: only for a thread that may block (the store's binder), never the reactor."""
+        if self._prepared is None:
+            if self._closed:
+                raise StoreUnavailable("cassandra (acsylla): closed")
+            self._start_thread()
+            wait_s = CONNECT_WAIT_S + self.options.request_timeout_s
+            try:
+                asyncio.run_coroutine_threadsafe(self._connected(), self._loop).result(wait_s)
+            except concurrent.futures.TimeoutError:  # the loop stopped (a close) or the cluster hangs
+                raise StoreUnavailable(f"cassandra (acsylla): no connection within {wait_s:g}s") from None
+        prepared = self._prepared
+        assert prepared is not None
+        batch = self._new_batch()
+        add = batch.add_statement
+        for cql, values in rows:
+            add(prepared[cql].bind(values))
+        return batch
+
+    def run(self, batches: list) -> defer.Deferred:
+        """Run bound batches; fires on the reactor thread as ``write``'s Deferred does."""
+        if self._closed:
+            return defer.fail(StoreUnavailable("cassandra (acsylla): closed"))
+        return self._on_loop(self._run(batches))
+
+    def _start_thread(self) -> None:
+        with self._starting:  # the reactor (head rows) and the binder thread may both be first
+            if not self._thread.is_alive():
+                self._thread.start()
 
     async def _connect_and_write(self, batches: Sequence[Sequence[tuple]]) -> None:
         await self._connected()
-        await self._run([self._batch(rows) for rows in batches])
+        await self._run([self._head_batch(rows) for rows in batches])
 
     async def _run(self, batches: list) -> None:
         results = await asyncio.gather(*(self._execute(batch) for batch in batches), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
-                raise head_write_error(result)
+                raise write_error(result)
 
     async def _connected(self) -> None:
         """Connect and prepare once; writes that arrive meanwhile wait for the same attempt."""
@@ -198,23 +233,28 @@ class AcsyllaHeadWriter:
             await asyncio.shield(self._connecting)
         except Exception as error:
             self._connecting = None
-            raise head_write_error(error) from error
+            raise write_error(error) from error
 
     async def _connect(self) -> None:
         session = await acsylla.create_cluster(**cluster_settings(self.options)).create_session()
         try:
-            prepared = await session.create_prepared(self.insert_cql)
+            prepared = await asyncio.gather(*(session.create_prepared(cql) for cql in self.statements))
         except Exception:
             await session.close()
             raise
-        self._session, self._prepared = session, prepared
+        self._session, self._prepared = session, dict(zip(self.statements, prepared))
 
-    def _batch(self, rows: Sequence[tuple]):
-        """One C call a row to bind it."""
+    def _new_batch(self):
         batch = acsylla.create_batch_unlogged()
         batch.set_consistency(self._consistency)
         batch.set_is_idempotent(True)
-        bind, add = self._prepared.bind, batch.add_statement
+        return batch
+
+    def _head_batch(self, rows: Sequence[tuple]):
+        """One C call a row to bind it."""
+        assert self._prepared is not None
+        batch = self._new_batch()
+        bind, add = self._prepared[self.head_cql].bind, batch.add_statement
         for row in rows:
             add(bind(row))
         return batch

@@ -1,4 +1,4 @@
-"""data_head writes through acsylla (gateway/store/cassandra_head_writer.py) on a real Cassandra 5.0:
+"""data_head writes through acsylla (gateway/store/cassandra_acsylla.py) on a real Cassandra 5.0:
 rows read back as the driver's do, cluster faults become StoreUnavailable (503), close() stops the
 loop thread, and a process that never closes its store still exits."""
 
@@ -15,6 +15,7 @@ from twisted.internet.task import deferLater
 
 from gateway.core.layout import Layout
 from gateway.store.cassandra import CassandraStore, parse_url
+from gateway.store.cassandra_base import routing_key
 from gateway.store.contract import RawPoint, StoreUnavailable, time_slot
 from tests.store.test_contract import series
 
@@ -22,7 +23,7 @@ HOUR = 3_600_000
 
 
 def writer_threads() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name == "acsylla-head-writer"]
+    return [thread for thread in threading.enumerate() if thread.name == "acsylla-writer"]
 
 
 def url_with(url: str, option: str) -> str:
@@ -50,9 +51,39 @@ async def test_both_head_writers_write_rows_that_read_back(cassandra_url, tenant
         found = await store.read_raw(tenant, [k.series_set_hash for k in keys], slot, slot + HOUR - 1)
         for i, raw in enumerate(found):
             assert raw.head.points() == [(ts, float(i * ts % 1000)) for ts in timestamps]
+        # the index rows of the 300 series (thousands of rows, bound on the binder thread)
+        assert sorted(await store.list_tag_values(tenant, f"hw_{head_writer}", "i")) == sorted(
+            str(i) for i in range(300)
+        )
+        assert len(await store.get_series(tenant, [k.series_set_hash for k in keys])) == 300
     finally:
         await store.close()
     assert not writer_threads()
+
+
+SAMPLE_VALUES = {"text": "tenant-a", "varchar": "tenant-a", "bigint": 1795946760000, "int": 7, "blob": b"\x01\x02"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_routing_key_of_an_unbound_row_is_the_drivers(cassandra_url):
+    """Rows bound by acsylla are grouped by replica on the routing key computed from the driver's
+    statement metadata: it must be the key the driver computes when it binds the row."""
+    store = CassandraStore.from_url(cassandra_url, Layout())
+    await store.start()
+    try:
+        checked = 0
+        for statement in store._statements.values():
+            if not statement.routing_key_indexes:
+                continue
+            columns = statement.column_metadata
+            values = tuple(SAMPLE_VALUES.get(column.type.typename, None) for column in columns)
+            if any(values[i] is None for i in statement.routing_key_indexes):
+                continue
+            assert routing_key((statement, values)) == statement.bind(values).routing_key, statement.query_string
+            checked += 1
+        assert checked > 20
+    finally:
+        await store.close()
 
 
 def errors_counted() -> float:
@@ -74,7 +105,7 @@ async def test_a_write_at_a_consistency_the_cluster_cannot_meet_is_store_unavail
     await store.start()
     try:
         before = errors_counted()
-        writer = store._head_writer
+        writer = store._acsylla
         slot = time_slot(int(time.time() * 1000), HOUR)
         rows = [(tenant, slot, 0, "h", slot + i, 1.0, 3600) for i in range(10)]
         with pytest.raises(StoreUnavailable, match=r"cassandra \(acsylla\): CassError.*(Unavailable|NoHostsAvailable)"):
@@ -97,7 +128,7 @@ async def test_a_write_fails_when_one_of_its_batches_fails(cassandra_url, tenant
         good = [(tenant, slot, shard, "h", slot + shard, 1.0, 3600) for shard in range(8)]
         bad = [(tenant, slot, shard, "h", slot + shard, 1.0, -1) for shard in range(8, 16)]
         with pytest.raises(Exception, match="TTL"):
-            await store._head_writer.write([good, bad, good])
+            await store._acsylla.write([good, bad, good])
         (found,) = await store.read_raw(tenant, ["h"], slot, slot + HOUR - 1)
         assert found.head.points() == []  # no head_written_at: a write that failed is not found
     finally:
@@ -121,7 +152,7 @@ async def test_cassandras_warnings_about_batches_of_many_partitions_are_counted_
         slot = time_slot(int(time.time() * 1000), HOUR)
         rows = [(tenant, slot, i % 16, f"h{i}", slot, 1.0, 3600) for i in range(200)]
         for _ in range(3):
-            await store._head_writer.write([rows])
+            await store._acsylla.write([rows])
         await deferLater(reactor, 0.2, lambda: None)  # acsylla logs from its own thread
         assert batch_warnings_counted() >= before + 6
         assert len([r for r in caplog.records if r.name == "acsylla" and "Batch for" in r.getMessage()]) <= 1
@@ -140,7 +171,7 @@ async def test_the_first_head_write_connects_and_close_stops_the_loop_thread(cas
     assert len(writer_threads()) == 1
     await store.close()
     assert not writer_threads()
-    await store._head_writer.close()
+    await store._acsylla.close()
     with pytest.raises(StoreUnavailable, match="closed"):
         await store.write_raw([RawPoint(tenant, "h", now, 1.0)])
 
@@ -160,7 +191,7 @@ async def test_a_failed_connect_fails_the_write_and_the_next_write_tries_again(c
     store = CassandraStore.from_url(cassandra_url, Layout())
     await store.start()
     try:
-        store._head_writer.options = store.options._replace(hosts=[("127.0.0.1", 1)], request_timeout_s=2.0)
+        store._acsylla.options = store.options._replace(hosts=[("127.0.0.1", 1)], request_timeout_s=2.0)
         now = int(time.time() * 1000)
         for _ in range(2):
             with pytest.raises(StoreUnavailable, match="acsylla"):
