@@ -443,7 +443,8 @@ class CassandraBase(Store):
                     chunk, total = [], 0
                 chunk.append(row)
                 total += row_size
-            batches.append(chunk)
+            if chunk:
+                batches.append(chunk)
         return batches
 
     def _batch(self, statements: list) -> tuple[object, tuple]:
