@@ -84,8 +84,8 @@ def log_message(message: acsylla.LogMessage) -> None:
         LOGGER.log(LOG_LEVELS.get(message.log_level, logging.WARNING), "%s", message.message)
 
 
-# Seconds close() waits for the session to close (requests under way finish or time out first).
 CONNECT_WAIT_S = 10.0  # besides request_timeout: the longest the binder waits for a connection
+# Seconds close() waits for the session to close (requests under way finish or time out first).
 CLOSE_TIMEOUT_S = 30
 
 
@@ -151,7 +151,7 @@ class AcsyllaWriter:
     """One acsylla session for the store's write statements, on an asyncio loop in a thread of its own.
 
     It connects on the first write, not at the store's start: most processes that open a store
-    write no head rows (query executors, the downsampler, ``tsgate`` commands), and those open
+    write nothing in bulk (query executors, the downsampler, ``tsgate`` commands), and those open
     no session and start no thread. The store's start has already connected cassandra-driver
     with the same settings; a connection that fails here fails that write (and the next write
     tries again)."""
