@@ -13,7 +13,7 @@ import numpy as np
 from gateway.core import samples
 from gateway.core.samples import Samples, empty
 from gateway.store.contract import RawColumns, RawPoint
-from gateway.store.sqlite_sql import decode_value, immediate
+from gateway.store.sqlite_sql import decode_value, immediate, series_rows
 
 # The head log is folded into head_chunks once it holds this many rows: a bigger log gives a
 # series more samples a chunk (fewer B-tree pages written a sample), and every head read a
@@ -297,12 +297,8 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     of all the series are merged at once, as arrays: one stable sort by series and timestamp."""
     position = {hash_: at for at, hash_ in enumerate(hashes)}
     keys: list[list] = [[] for _ in hashes]
-    query = (
-        "SELECT series_set_hash, time_slot, seq, timestamps, vals FROM head_chunks WHERE tenant=?"
-        f" AND series_set_hash IN ({','.join('?' * len(hashes))}) AND time_slot BETWEEN ? AND ?"
-        " ORDER BY series_set_hash, time_slot, seq"
-    )
-    rows = connection.execute(query, (tenant, *hashes, first_slot, last_slot)).fetchall()
+    columns = "series_set_hash, time_slot, seq, timestamps, vals"
+    rows = series_rows(connection, "head_chunks", columns, tenant, hashes, first_slot, last_slot)
     owner_hashes, slots, seqs, timestamp_blobs, value_blobs = zip(*rows) if rows else ((),) * 5
     chunk_owners = list(map(position.__getitem__, owner_hashes))
     for at, slot, seq in zip(chunk_owners, slots, seqs):

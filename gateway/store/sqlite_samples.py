@@ -32,7 +32,14 @@ from gateway.store.sqlite_head import (
     raw_statements,
     read_head,
 )
-from gateway.store.sqlite_sql import column_values, decode_nullable, immediate, many_rows_statements, nullable
+from gateway.store.sqlite_sql import (
+    column_values,
+    decode_nullable,
+    immediate,
+    many_rows_statements,
+    nullable,
+    series_rows,
+)
 
 # Series a query of series_with_data asks about (``series_set_hash IN (...)``).
 SERIES_PER_QUERY = 500
@@ -41,13 +48,10 @@ SERIES_PER_QUERY = 500
 def series_blocks(connection, tenant: str, hashes: Sequence[str], first_slot: int, last_slot: int) -> dict[str, list]:
     """Each series' sealed blocks in the slots, in slot order, in one query for all the series
     (series without blocks there are left out)."""
-    query = (
-        "SELECT series_set_hash, block FROM data_blocks WHERE tenant=?"
-        f" AND series_set_hash IN ({','.join('?' * len(hashes))}) AND time_slot BETWEEN ? AND ?"
-        " ORDER BY series_set_hash, time_slot"
-    )
     found: dict[str, list] = {}
-    for hash_, block in connection.execute(query, (tenant, *hashes, first_slot, last_slot)):
+    for hash_, block in series_rows(
+        connection, "data_blocks", "series_set_hash, block", tenant, hashes, first_slot, last_slot
+    ):
         found.setdefault(hash_, []).append(block)
     return found
 
@@ -69,12 +73,8 @@ def _in_head_chunks(connection, width: int, tenant: str, start_ms: int, end_ms: 
     """The hashes with a sample of the range in head_chunks, known from their timestamps alone, in
     one query for all the series: neither the values nor the merge of the writes (read_head's work,
     three quarters of a read of 256 series) are needed to know that a sample is there."""
-    query = (
-        "SELECT series_set_hash, timestamps FROM head_chunks WHERE tenant=?"
-        f" AND series_set_hash IN ({','.join('?' * len(hashes))}) AND time_slot BETWEEN ? AND ?"
-    )
     slots = (time_slot(start_ms, width), time_slot(end_ms, width))
-    rows = connection.execute(query, (tenant, *hashes, *slots)).fetchall()
+    rows = series_rows(connection, "head_chunks", "series_set_hash, timestamps", tenant, hashes, *slots)
     if not rows:
         return set()
     owners, blobs = zip(*rows)

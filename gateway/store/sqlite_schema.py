@@ -8,7 +8,7 @@ from gateway.store.contract import BUCKET_INDEX_ALWAYS
 from gateway.store.deletion import INDEX_KEYS
 from gateway.store.index import BUCKET_TABLES, bucket_table
 from gateway.store.sqlite_head import fold_head_log
-from gateway.store.sqlite_sql import column_values, immediate, transaction
+from gateway.store.sqlite_sql import SLOT_INDEXED, column_values, immediate, slot_index, transaction
 
 SCHEMA_VERSION = 11
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
@@ -243,6 +243,8 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
             connection.execute("ALTER TABLE series_set_hashes ADD COLUMN last_bucket INTEGER")
             now = int(time.time() * 1000)
             connection.execute("UPDATE series_set_hashes SET last_bucket = ?", (now - now % INDEX_BUCKET_MS,))
+    for table in SLOT_INDEXED:  # reads of many series scan a slot by them (series_rows)
+        connection.execute(slot_index(table))
     # the sweep finds the series whose data expired by it (sqlite_lifecycle.py)
     connection.execute("CREATE INDEX IF NOT EXISTS series_set_hashes_last_bucket ON series_set_hashes (last_bucket)")
     if "data_raw" in tables:

@@ -1,11 +1,18 @@
 """The SQLite head read's choice of samples (gateway/store/sqlite_head.py): of each series'
 timestamp the last written, by series then time, whether the series and timestamps fit one
-sortable number or (timestamps spanning more than any stored range) need a two-key sort."""
+sortable number or (timestamps spanning more than any stored range) need a two-key sort; and
+the rows of many series read by a scan of their slots or a probe a series (series_rows)."""
+
+import sqlite3
 
 import numpy as np
 import pytest
 
+from gateway.core.layout import Layout
+from gateway.store import sqlite_sql
 from gateway.store.sqlite_head import _last_writes
+from gateway.store.sqlite_schema import start_writer
+from gateway.store.sqlite_sql import series_rows
 
 
 def expected(owner: np.ndarray, timestamps: np.ndarray) -> list[tuple[int, int, int]]:
@@ -24,3 +31,33 @@ def test_the_last_write_of_each_series_timestamp_in_order(span):
     kept = _last_writes(owner, timestamps)
     assert [(int(owner[i]), int(timestamps[i]), int(i)) for i in kept] == expected(owner, timestamps)
     assert len(_last_writes(owner[:0], timestamps[:0])) == 0
+
+
+@pytest.mark.parametrize("spare", [0, 1_000], ids=["probes", "scan"])
+def test_series_rows_gives_each_series_rows_of_the_slots_in_slot_and_write_order(tmp_path, monkeypatch, spare):
+    """series_rows probes each series' key or scans the slots' index (SCAN_SPARE decides): either
+    way, the rows of the series asked for within the slots, of the tenant asked for, each series'
+    in slot then seq order whatever order they were written in; none for slots holding none."""
+    monkeypatch.setattr(sqlite_sql, "SCAN_SPARE", spare)
+    connection = sqlite3.connect(tmp_path / "rows.db", isolation_level=None)
+    start_writer(connection, Layout())
+    rng = np.random.default_rng(3)
+    rows = [
+        (tenant, f"h{n}", slot, seq, b"", b"")
+        for tenant in "tu"
+        for n in range(8)
+        for slot in range(4)
+        for seq in range(3)
+    ]
+    connection.executemany(
+        "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", [rows[i] for i in rng.permutation(len(rows))]
+    )
+    wanted = ["h5", "h1", "h6", "missing"]
+    found = series_rows(connection, "head_chunks", "series_set_hash, time_slot, seq", "t", wanted, 1, 2)
+    by_series = {h: [(slot, seq) for owner, slot, seq in found if owner == h] for h in wanted}
+    assert by_series == {"h5": [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)], "missing": []} | {
+        h: [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)] for h in ("h1", "h6")
+    }
+    assert len(found) == 18
+    assert series_rows(connection, "head_chunks", "seq", "t", wanted, 7, 9) == []
+    assert series_rows(connection, "data_blocks", "block", "t", wanted, 0, 9) == []
