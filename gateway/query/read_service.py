@@ -9,6 +9,7 @@ query.max-samples, --max-samples-per-query for remote read, --max-points-per-que
 So a request over its limit stops after the batch that crossed it, never after reading everything.
 """
 
+import operator
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -115,7 +116,12 @@ class ReadService:
             return self.path.read_rollup(part, granularity, aggregate, start_ms, end_ms, fallback)
 
         return await self._batched(
-            series, read, lambda found: len(found.samples), budget, what, series_per_read(start_ms, end_ms)
+            series,
+            read,
+            operator.attrgetter("samples.timestamps.size"),
+            budget,
+            what,
+            series_per_read(start_ms, end_ms),
         )
 
     async def raw(
@@ -185,6 +191,6 @@ class ReadService:
                 budget.check()
             part = await read(series[first : first + batch])
             if budget is not None:
-                budget.spend(sum(count(result) for result in part), what)
+                budget.spend(sum(map(count, part)), what)
             found.extend(part)
         return found

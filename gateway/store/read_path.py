@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from twisted.internet.defer import gatherResults
+from twisted.internet.defer import ensureDeferred, gatherResults
 
 from gateway.core import blocking, samples
 from gateway.core.layout import Granularity, Layout
@@ -182,24 +182,29 @@ class ReadPath:
         start_ms, end_ms = clamp_range(start_ms, end_ms)
         if end_ms < start_ms:
             return [samples.empty() for _ in series]
+        tenants = [key.tenant for key in series]
+        if len(set(tenants)) == 1:  # a query's series: no regrouping
+            return await self._read_tenant(tenants[0], [key.series_set_hash for key in series], start_ms, end_ms)
         by_tenant: dict[str, list[int]] = {}
-        for index, key in enumerate(series):
-            by_tenant.setdefault(key.tenant, []).append(index)
+        for index, tenant in enumerate(tenants):
+            by_tenant.setdefault(tenant, []).append(index)
         reads = [
-            self.store.read_raw(tenant, [series[i].series_set_hash for i in indexes], start_ms, end_ms)
+            ensureDeferred(self._read_tenant(tenant, [series[i].series_set_hash for i in indexes], start_ms, end_ms))
             for tenant, indexes in by_tenant.items()
         ]
         found: list = [None] * len(series)
-        for indexes, raw in zip(by_tenant.values(), await gatherResults(reads, consumeErrors=True)):
-            # decoding the blocks of many series takes a while: in a thread, off the reactor (head
-            # samples alone are as they are: no thread to wait for)
-            if any(data.blocks for data in raw):
-                stitched = await blocking.in_thread(_stitch_all, raw, start_ms, end_ms)
-            else:
-                stitched = [data.head for data in raw]
+        for indexes, stitched in zip(by_tenant.values(), await gatherResults(reads, consumeErrors=True)):
             for index, data in zip(indexes, stitched):
                 found[index] = data
         return found
+
+    async def _read_tenant(self, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> list[Samples]:
+        raw = await self.store.read_raw(tenant, hashes, start_ms, end_ms)
+        # decoding the blocks of many series takes a while: in a thread, off the reactor (head
+        # samples alone are as they are: no thread to wait for)
+        if any(data.blocks for data in raw):
+            return await blocking.in_thread(_stitch_all, raw, start_ms, end_ms)
+        return [data.head for data in raw]
 
     async def read_rollup(
         self,

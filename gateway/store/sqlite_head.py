@@ -290,10 +290,10 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
         )
 
 
-def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> list[tuple[Samples, tuple]]:
+def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> tuple[list[Samples], list[tuple]]:
     """Each series' head samples in the range, the last write of a timestamp winning: its chunks
     (one query for all the series, in slot and write order), then its samples still in
-    head_batches; beside them the (slot, seq) of the chunks read (RawData.head_keys). The samples
+    head_batches; and each series' (slot, seq) of the chunks read (RawData.head_keys). The samples
     of all the series are merged at once, as arrays: one stable sort by series and timestamp."""
     position = {hash_: at for at, hash_ in enumerate(hashes)}
     keys: list[list] = [[] for _ in hashes]
@@ -316,10 +316,7 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     kept = inside[_last_writes(owner[inside], timestamps[inside])]
     owner, timestamps, values = owner[kept], timestamps[kept], values[kept]
     bounds = np.searchsorted(owner, np.arange(len(hashes) + 1)).tolist()
-    return [
-        (Samples(timestamps[a:b], values[a:b]), tuple(series_keys))
-        for a, b, series_keys in zip(bounds, bounds[1:], keys)
-    ]
+    return [Samples(timestamps[a:b], values[a:b]) for a, b in zip(bounds, bounds[1:])], list(map(tuple, keys))
 
 
 def _last_writes(owner: np.ndarray, timestamps: np.ndarray) -> np.ndarray:

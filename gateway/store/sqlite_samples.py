@@ -62,9 +62,9 @@ def raw_data(connection, width: int, tenant: str, hashes: list[str], start_ms: i
     first_slot, last_slot = time_slot(start_ms, width), time_slot(end_ms, width)
     connection.execute("BEGIN")
     try:
-        heads = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
+        heads, keys = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
         blocks = series_blocks(connection, tenant, hashes, first_slot, last_slot)
-        return [RawData(blocks.get(hash_, []), *head) for hash_, head in zip(hashes, heads)]
+        return list(map(RawData, [blocks.get(hash_, []) for hash_ in hashes], heads, keys))
     finally:
         connection.execute("COMMIT")
 

@@ -33,12 +33,16 @@ def test_the_last_write_of_each_series_timestamp_in_order(span):
     assert len(_last_writes(owner[:0], timestamps[:0])) == 0
 
 
-@pytest.mark.parametrize("spare", [0, 1_000], ids=["probes", "scan"])
-def test_series_rows_gives_each_series_rows_of_the_slots_in_slot_and_write_order(tmp_path, monkeypatch, spare):
-    """series_rows probes each series' key or scans the slots' index (SCAN_SPARE decides): either
-    way, the rows of the series asked for within the slots, of the tenant asked for, each series'
-    in slot then seq order whatever order they were written in; none for slots holding none."""
+@pytest.mark.parametrize(
+    "spare, here", [(0, 0), (1_000, 0), (1_000, 1_000)], ids=["probes", "scan-filtered-by-sqlite", "scan-filtered-here"]
+)
+def test_series_rows_gives_each_series_rows_of_the_slots_in_slot_and_write_order(tmp_path, monkeypatch, spare, here):
+    """series_rows probes each series' key or scans the slots' index, keeping the rows asked for
+    in SQLite or in Python (SCAN_SPARE and FILTER_HERE decide): every way, the rows of the series
+    asked for within the slots, of the tenant asked for, each series' in slot then seq order
+    whatever order they were written in; none for slots holding none."""
     monkeypatch.setattr(sqlite_sql, "SCAN_SPARE", spare)
+    monkeypatch.setattr(sqlite_sql, "FILTER_HERE", here)
     connection = sqlite3.connect(tmp_path / "rows.db", isolation_level=None)
     start_writer(connection, Layout())
     rng = np.random.default_rng(3)

@@ -148,9 +148,7 @@ class PromQLService:
             series = selected[key]
             reads = await self.planner.samples([s.key for s in series], low, high, budget)
             data[key] = [
-                Series(s.labels, read.samples.timestamps, read.samples.values)
-                for s, read in zip(series, reads)
-                if len(read.samples)
+                Series(s.labels, *read.samples) for s, read in zip(series, reads) if read.samples.timestamps.size
             ]
         return data
 
