@@ -41,8 +41,9 @@ from gateway.store.sqlite_sql import (
     series_rows,
 )
 
-# Series a query of series_with_data asks about (``series_set_hash IN (...)``).
-SERIES_PER_QUERY = 500
+# Series a query of series_with_data asks about (``series_set_hash IN (...)``): as many as the
+# query layer reads at once (read_service.MAX_READ_BATCH).
+SERIES_PER_QUERY = 2048
 
 
 def series_blocks(connection, tenant: str, hashes: Sequence[str], first_slot: int, last_slot: int) -> dict[str, list]:
