@@ -611,6 +611,11 @@ class Store(Lifecycle, IndexStore, SampleStore, HistogramStore, ExemplarStore, P
     # its newest minute first would only ask again about the series without data there. Cassandra
     # reads its head a minute's slice at a time, so the probe spares it the rest of the range.
     head_read_by_slot = False
+    # Series a series_with_data call of /api/v1/series asks about: Cassandra's calls run at once
+    # within the store's bound, and 256 a call spread over its connections (one call of 1,000
+    # series took 32 ms where four took 27); SQLite's run one after the other, each scanning the
+    # range's head slots once.
+    series_with_data_batch = 256
     # How long all-time index rows outlive the data of their series where the store expires them
     # by TTL (index.ALL_TIME_MARGIN_MS; a test shortens it).
     all_time_margin_ms = ALL_TIME_MARGIN_MS

@@ -224,6 +224,7 @@ class SQLiteSamples(SQLiteBase):
     seal_partitions_together = None
     seal_group = 256  # SEALED_READ (sqlite_head.py) reads a group's chunk keys in one query
     head_read_by_slot = True  # _in_head_chunks reads a chunk a series-slot
+    series_with_data_batch = SERIES_PER_QUERY
 
     def write_raw(self, points: Sequence[RawPoint]):
         if not isinstance(points, RawColumns):

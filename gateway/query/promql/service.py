@@ -27,7 +27,7 @@ from gateway.query.promql.engine import (
     selector_matchers,
 )
 from gateway.query.promql.values import Guard, PromQLError, Series
-from gateway.query.read_service import ReadBudget, Selected, Selection, series_per_read
+from gateway.query.read_service import ReadBudget, Selected, Selection
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow, time_slot
 from protocols.prometheus import utf8_labels
@@ -234,9 +234,9 @@ class PromQLService:
     async def _series_with_data(
         self, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity: Granularity | None
     ) -> set[str]:
-        """Store.series_with_data, a store call as many series as a read of the range takes
-        (series_per_read: the last hour's in one), the calls at once within the store's bound."""
-        batch = series_per_read(start_ms, end_ms)
+        """Store.series_with_data, a call a Store.series_with_data_batch of series, the calls at
+        once within the store's bound."""
+        batch = self.store.series_with_data_batch
         checks = [
             self.store.series_with_data(tenant, hashes[first : first + batch], start_ms, end_ms, granularity)
             for first in range(0, len(hashes), batch)
