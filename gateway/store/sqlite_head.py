@@ -4,6 +4,7 @@ of numpy bytes a series-slot); reads take both (docs/storage.rst). ``head_log``,
 is what files of schema version 8 hold: folded at start, never written since.
 """
 
+import operator
 import sqlite3
 from collections.abc import Sequence
 from itertools import repeat
@@ -292,14 +293,18 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
 
 def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> tuple[list[Samples], list[tuple]]:
     """Each series' head samples in the range, the last write of a timestamp winning: its chunks
-    (one query for all the series, in slot and write order), then its samples still in
+    (one query for all the series, put in slot and write order), then its samples still in
     head_batches; and each series' (slot, seq) of the chunks read (RawData.head_keys). The samples
     of all the series are merged at once, as arrays: one stable sort by series and timestamp."""
     position = {hash_: at for at, hash_ in enumerate(hashes)}
     keys: list[list] = [[] for _ in hashes]
     columns = "series_set_hash, time_slot, seq, timestamps, vals"
     rows = series_rows(connection, "head_chunks", columns, tenant, hashes, first_slot, last_slot)
-    owner_hashes, slots, seqs, timestamp_blobs, value_blobs = zip(*rows) if rows else ((),) * 5
+    columns_read = list(zip(*rows)) if rows else [()] * 5
+    order = np.lexsort((np.array(columns_read[2], dtype=np.int64), np.array(columns_read[1], dtype=np.int64)))
+    if (order[1:] < order[:-1]).any():  # into write order: by slot, then seq
+        columns_read = [operator.itemgetter(*order.tolist())(column) for column in columns_read]
+    owner_hashes, slots, seqs, timestamp_blobs, value_blobs = columns_read
     chunk_owners = list(map(position.__getitem__, owner_hashes))
     for at, slot, seq in zip(chunk_owners, slots, seqs):
         keys[at].append((slot, seq))

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.core.layout import Layout
 from gateway.store import sqlite_sql
-from gateway.store.sqlite_head import _last_writes
+from gateway.store.sqlite_head import _last_writes, read_head
 from gateway.store.sqlite_schema import start_writer
 from gateway.store.sqlite_sql import series_rows
 
@@ -33,18 +33,13 @@ def test_the_last_write_of_each_series_timestamp_in_order(span):
     assert len(_last_writes(owner[:0], timestamps[:0])) == 0
 
 
-@pytest.mark.parametrize(
-    "spare, here", [(0, 0), (1_000, 0), (1_000, 1_000)], ids=["probes", "scan-filtered-by-sqlite", "scan-filtered-here"]
-)
-def test_series_rows_gives_each_series_rows_of_the_slots_in_slot_and_write_order(tmp_path, monkeypatch, spare, here):
-    """series_rows probes each series' key or scans the slots' index, keeping the rows asked for
-    in SQLite or in Python (SCAN_SPARE and FILTER_HERE decide): every way, the rows of the series
-    asked for within the slots, of the tenant asked for, each series' in slot then seq order
-    whatever order they were written in; none for slots holding none."""
+@pytest.mark.parametrize("spare", [0, 1_000], ids=["probes", "scan"])
+def test_series_rows_gives_the_rows_of_the_series_asked_for_in_the_slots_in_slot_order(tmp_path, monkeypatch, spare):
+    """series_rows probes each series' key or scans the slots (SCAN_SPARE decides): either way,
+    the rows of the series asked for within the slots, of the tenant asked for, each series' in
+    slot order; none for slots holding none."""
     monkeypatch.setattr(sqlite_sql, "SCAN_SPARE", spare)
-    monkeypatch.setattr(sqlite_sql, "FILTER_HERE", here)
-    connection = sqlite3.connect(tmp_path / "rows.db", isolation_level=None)
-    start_writer(connection, Layout())
+    connection = store_file(tmp_path)
     rng = np.random.default_rng(3)
     rows = [
         (tenant, f"h{n}", slot, seq, b"", b"")
@@ -58,10 +53,31 @@ def test_series_rows_gives_each_series_rows_of_the_slots_in_slot_and_write_order
     )
     wanted = ["h5", "h1", "h6", "missing"]
     found = series_rows(connection, "head_chunks", "series_set_hash, time_slot, seq", "t", wanted, 1, 2)
-    by_series = {h: [(slot, seq) for owner, slot, seq in found if owner == h] for h in wanted}
-    assert by_series == {"h5": [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)], "missing": []} | {
-        h: [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)] for h in ("h1", "h6")
-    }
-    assert len(found) == 18
+    assert sorted(found) == [(h, slot, seq) for h in ("h1", "h5", "h6") for slot in (1, 2) for seq in range(3)]
+    for h in wanted:
+        slots = [slot for owner, slot, _ in found if owner == h]
+        assert slots == sorted(slots)
     assert series_rows(connection, "head_chunks", "seq", "t", wanted, 7, 9) == []
     assert series_rows(connection, "data_blocks", "block", "t", wanted, 0, 9) == []
+
+
+@pytest.mark.parametrize("spare", [0, 1_000], ids=["probes", "scan"])
+def test_the_head_read_takes_the_last_written_chunk_whatever_order_its_rows_were_inserted_in(
+    tmp_path, monkeypatch, spare
+):
+    """A chunk's seq, not where its row lies in the file, says when it was written: of two chunks
+    of a series-slot holding the same timestamp, the head read keeps the higher seq's value."""
+    monkeypatch.setattr(sqlite_sql, "SCAN_SPARE", spare)
+    connection = store_file(tmp_path)
+    for seq, timestamps, value in ((2, [10, 20], 2.0), (1, [10, 30], 1.0)):  # the later write first
+        blobs = (np.array(timestamps, dtype="<i8").tobytes(), np.full(len(timestamps), value, dtype="<f8").tobytes())
+        connection.execute("INSERT INTO head_chunks VALUES ('t', 'h0', 0, ?, ?, ?)", (seq, *blobs))
+    (head, _), keys = read_head(connection, "t", ["h0", "h1"], 0, 0, 0, 100)
+    assert head.points() == [(10, 2.0), (20, 2.0), (30, 1.0)]
+    assert keys == [((0, 1), (0, 2)), ()]
+
+
+def store_file(tmp_path) -> sqlite3.Connection:
+    connection = sqlite3.connect(tmp_path / "rows.db", isolation_level=None)
+    start_writer(connection, Layout())
+    return connection
