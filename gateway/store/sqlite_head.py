@@ -14,7 +14,7 @@ import numpy as np
 from gateway.core import samples
 from gateway.core.samples import Samples, empty
 from gateway.store.contract import RawColumns, RawPoint
-from gateway.store.sqlite_sql import decode_value, immediate, series_rows
+from gateway.store.sqlite_sql import decode_value, immediate, slot_rows
 
 # The head log is folded into head_chunks once it holds this many rows: a bigger log gives a
 # series more samples a chunk (fewer B-tree pages written a sample), and every head read a
@@ -299,7 +299,7 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     position = {hash_: at for at, hash_ in enumerate(hashes)}
     keys: list[list] = [[] for _ in hashes]
     columns = "series_set_hash, time_slot, seq, timestamps, vals"
-    rows = series_rows(connection, "head_chunks", columns, tenant, hashes, first_slot, last_slot)
+    rows = slot_rows(connection, "head_chunks", columns, tenant, hashes, first_slot, last_slot)
     columns_read = list(zip(*rows)) if rows else [()] * 5
     order = np.lexsort((np.array(columns_read[2], dtype=np.int64), np.array(columns_read[1], dtype=np.int64)))
     if (order[1:] < order[:-1]).any():  # into write order: by slot, then seq

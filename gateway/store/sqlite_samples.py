@@ -38,7 +38,7 @@ from gateway.store.sqlite_sql import (
     immediate,
     many_rows_statements,
     nullable,
-    series_rows,
+    slot_rows,
 )
 
 # Series a query of series_with_data asks about (``series_set_hash IN (...)``): as many as the
@@ -50,7 +50,7 @@ def series_blocks(connection, tenant: str, hashes: Sequence[str], first_slot: in
     """Each series' sealed blocks in the slots, in slot order, in one query for all the series
     (series without blocks there are left out)."""
     found: dict[str, list] = {}
-    for hash_, block in series_rows(
+    for hash_, block in slot_rows(
         connection, "data_blocks", "series_set_hash, block", tenant, hashes, first_slot, last_slot
     ):
         found.setdefault(hash_, []).append(block)
@@ -75,7 +75,7 @@ def _in_head_chunks(connection, width: int, tenant: str, start_ms: int, end_ms: 
     one query for all the series: neither the values nor the merge of the writes (read_head's work,
     three quarters of a read of 256 series) are needed to know that a sample is there."""
     slots = (time_slot(start_ms, width), time_slot(end_ms, width))
-    rows = series_rows(connection, "head_chunks", "series_set_hash, timestamps", tenant, hashes, *slots)
+    rows = slot_rows(connection, "head_chunks", "series_set_hash, timestamps", tenant, hashes, *slots)
     if not rows:
         return set()
     owners, blobs = zip(*rows)

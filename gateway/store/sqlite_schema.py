@@ -243,7 +243,7 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
             connection.execute("ALTER TABLE series_set_hashes ADD COLUMN last_bucket INTEGER")
             now = int(time.time() * 1000)
             connection.execute("UPDATE series_set_hashes SET last_bucket = ?", (now - now % INDEX_BUCKET_MS,))
-    for table in SLOT_INDEXED:  # reads of many series scan a slot by them (series_rows)
+    for table in SLOT_INDEXED:  # reads of many series scan a slot by them (slot_rows)
         connection.execute(slot_index(table))
     # the sweep finds the series whose data expired by it (sqlite_lifecycle.py)
     connection.execute("CREATE INDEX IF NOT EXISTS series_set_hashes_last_bucket ON series_set_hashes (last_bucket)")

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 _FLOAT = struct.Struct("<d")
 # Variables an INSERT of many rows binds at most: SQLite's limit before 3.32 (since, 32766).
 STATEMENT_VARIABLES = 999
-# A read of many series' rows scans its slots (series_rows) when they hold at most this many
+# A read of many series' rows scans its slots (slot_rows) when they hold at most this many
 # times the rows of the series asked for, and probes each series' key otherwise: reading a row
 # of a scan costs about a third of a probe (0.6 µs against 1.6 a series).
 SCAN_SPARE = 3
 # Tables keyed (tenant, series_set_hash, time_slot, ...) with an index "<table>_by_slot" on
-# (tenant, time_slot) for series_rows' scans. The index has no hash in it, so that its entries
+# (tenant, time_slot) for slot_rows' scans. The index has no hash in it, so that its entries
 # are appended in write order (a fold of 100,000 samples of 8,000 series inserting 8,000 chunks
 # at random places of an index holding the hash cost remote write 17 % more CPU a sample).
 SLOT_INDEXED = ("head_chunks", "data_blocks")
@@ -52,7 +52,7 @@ def column_values(connection: sqlite3.Connection, query: str, parameters: tuple)
     return [row[0] for row in connection.execute(query, parameters)]
 
 
-def series_rows(
+def slot_rows(
     connection: sqlite3.Connection,
     table: str,
     columns: str,

@@ -1,7 +1,7 @@
 """The SQLite head read's choice of samples (gateway/store/sqlite_head.py): of each series'
 timestamp the last written, by series then time, whether the series and timestamps fit one
 sortable number or (timestamps spanning more than any stored range) need a two-key sort; and
-the rows of many series read by a scan of their slots or a probe a series (series_rows)."""
+the rows of many series read by a scan of their slots or a probe a series (slot_rows)."""
 
 import sqlite3
 
@@ -12,7 +12,7 @@ from gateway.core.layout import Layout
 from gateway.store import sqlite_sql
 from gateway.store.sqlite_head import _last_writes, read_head
 from gateway.store.sqlite_schema import start_writer
-from gateway.store.sqlite_sql import series_rows
+from gateway.store.sqlite_sql import slot_rows
 
 
 def expected(owner: np.ndarray, timestamps: np.ndarray) -> list[tuple[int, int, int]]:
@@ -34,8 +34,8 @@ def test_the_last_write_of_each_series_timestamp_in_order(span):
 
 
 @pytest.mark.parametrize("spare", [0, 1_000], ids=["probes", "scan"])
-def test_series_rows_gives_the_rows_of_the_series_asked_for_in_the_slots_in_slot_order(tmp_path, monkeypatch, spare):
-    """series_rows probes each series' key or scans the slots (SCAN_SPARE decides): either way,
+def test_slot_rows_gives_the_rows_of_the_series_asked_for_in_the_slots_in_slot_order(tmp_path, monkeypatch, spare):
+    """slot_rows probes each series' key or scans the slots (SCAN_SPARE decides): either way,
     the rows of the series asked for within the slots, of the tenant asked for, each series' in
     slot order; none for slots holding none."""
     monkeypatch.setattr(sqlite_sql, "SCAN_SPARE", spare)
@@ -52,13 +52,13 @@ def test_series_rows_gives_the_rows_of_the_series_asked_for_in_the_slots_in_slot
         "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", [rows[i] for i in rng.permutation(len(rows))]
     )
     wanted = ["h5", "h1", "h6", "missing"]
-    found = series_rows(connection, "head_chunks", "series_set_hash, time_slot, seq", "t", wanted, 1, 2)
+    found = slot_rows(connection, "head_chunks", "series_set_hash, time_slot, seq", "t", wanted, 1, 2)
     assert sorted(found) == [(h, slot, seq) for h in ("h1", "h5", "h6") for slot in (1, 2) for seq in range(3)]
     for h in wanted:
         slots = [slot for owner, slot, _ in found if owner == h]
         assert slots == sorted(slots)
-    assert series_rows(connection, "head_chunks", "seq", "t", wanted, 7, 9) == []
-    assert series_rows(connection, "data_blocks", "block", "t", wanted, 0, 9) == []
+    assert slot_rows(connection, "head_chunks", "seq", "t", wanted, 7, 9) == []
+    assert slot_rows(connection, "data_blocks", "block", "t", wanted, 0, 9) == []
 
 
 @pytest.mark.parametrize("spare", [0, 1_000], ids=["probes", "scan"])
