@@ -5,8 +5,9 @@ Workload: G generations of 500 pods, one generation an hour (a deploy). Generati
 [now - (G-g) h, now - (G-g-1) h), so the last generation ends a minute before ``now`` and 500
 series are live at any time: G x 500 series and G x 30,000 samples (G=24: 12,000 series, 720,000
 samples; G=168: 84,000 and 5.04M). Values rise by 0.5-8 a minute, multiples of 0.5 (exact in
-binary and in text). ``now`` is taken once at the start, rounded down to the minute, and every
-query of every generation count uses it, so answers are comparable.
+binary and in text). ``now`` is taken once at the start, rounded down to the minute (``--minute M``: the
+last M minutes past an hour at or before it), and every query of every generation count uses it,
+so answers are comparable.
 
 Sending: remote write 1.0 (bench.remote_write's encoder and sender), 4 connections, each owning
 125 pods of every generation; a request holds its 125 pods x 20 consecutive minutes (2,500
@@ -31,7 +32,10 @@ Timed, after every server is idle: the queries Grafana sends for a dashboard of 
 warm-up then ``--runs`` (10) rounds of one request to each server in turn (the order reversed every
 other round), each on one keep-alive connection per server; p50 and p90 in ms. Whatever the status
 (tsgate's 422 "matches more than N series" included), the time to the last byte is a figure and the
-status is printed. Then, untimed, tsgate's answer is compared with Prometheus's (numbers within
+status is printed, and each server's CPU a request (``P cpu``, ``T cpu``: the on-CPU time of its
+process tree over the timed rounds, divided by the rounds; tsgate's serving process and query
+executors together), a figure the box's idle wake-ups and neighbours move much less than the
+time to the answer. Then, untimed, tsgate's answer is compared with Prometheus's (numbers within
 1e-9 relative, series sets and label value lists as sets), and each with the exact answer where the
 workload defines one (``exact P/T``): 500 series now, the 500 pods of the last hour, the labels
 {__name__, job, pod}. Prometheus answers label and series requests per block (its head holds the
@@ -52,6 +56,7 @@ Run from the repository root::
 
     python -m bench.churn --quick
     python -m bench.churn --generations 1,24
+    python -m bench.churn --minute 30 --runs 30
     python -m bench.churn --generations 1,24,168 --long-ranges --cassandra 127.0.0.1:9142
 
 Everything started binds 127.0.0.1 and is stopped at the end, failed or not; temporary
@@ -74,7 +79,17 @@ import urllib.parse
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.common import BenchError, Service, connect, fresh_keyspace, settle, tsgate_service, wait_until_idle, which
+from bench.common import (
+    BenchError,
+    Service,
+    connect,
+    fresh_keyspace,
+    settle,
+    tree_run_time_s,
+    tsgate_service,
+    wait_until_idle,
+    which,
+)
 from bench.downsample import run_downsampler
 from bench.find import percentile
 from bench.remote_write import TENANT, prometheus_service, send
@@ -188,18 +203,25 @@ class Timed(NamedTuple):
     p50: float
     p90: float
     answer: bytes
+    cpu_ms: float  # the server's CPU a timed request: its whole process tree, threads included
 
 
 def time_interleaved(targets: dict[str, Service], path: str, runs: int) -> dict[str, Timed]:
     """One warm-up request to each target, then ``runs`` rounds of one timed request to each in turn
-    (the order reversed every other round). Any status is timed; the last answer is kept."""
+    (the order reversed every other round). Any status is timed; the last answer is kept. Each
+    target's CPU over the timed rounds, divided by ``runs``, is its CPU a request: unlike the time
+    to the answer, it does not grow when the box's cores wake slowly from idle or another guest
+    shares them, so runs at different hours compare (docs/performance-log.rst)."""
     connections = {
         name: http.client.HTTPConnection("127.0.0.1", t.port, timeout=QUERY_TIMEOUT_S) for name, t in targets.items()
     }
     times: dict[str, list[float]] = {name: [] for name in targets}
     last: dict[str, tuple[str, bytes]] = {}
+    cpu_s: dict[str, float] = {}
     try:
         for round_number in range(runs + 1):
+            if round_number == 1:
+                cpu_s = {name: tree_run_time_s(t.pid) for name, t in targets.items()}
             for name in list(targets) if round_number % 2 == 0 else list(reversed(targets)):
                 started = time.perf_counter()
                 try:
@@ -214,11 +236,14 @@ def time_interleaved(targets: dict[str, Service], path: str, runs: int) -> dict[
                 last[name] = status, answer
                 if round_number:
                     times[name].append(elapsed_ms)
+        cpu_s = {name: tree_run_time_s(t.pid) - cpu_s[name] for name, t in targets.items()}
     finally:
         for connection in connections.values():
             connection.close()
     return {
-        name: Timed(last[name][0], percentile(found, 0.5), percentile(found, 0.9), last[name][1])
+        name: Timed(
+            last[name][0], percentile(found, 0.5), percentile(found, 0.9), last[name][1], cpu_s[name] * 1000 / runs
+        )
         for name, found in times.items()
     }
 
@@ -514,13 +539,15 @@ def print_table(generations: int, results: list[Result]) -> None:
     print(f"\nG={generations}: {generations * PODS:,} series, {generations * PODS * MINUTES:,} samples")
     print(
         f"{'query':<30}{'tsgate':>17}{'P p50':>9}{'P p90':>9}{'T p50':>9}{'T p90':>9}{'T/P':>7}"
-        f"{'status P/T':>12}{'equal':>7}{'exact P/T':>11}  note"
+        f"{'P cpu':>8}{'T cpu':>8}{'T/P':>7}{'status P/T':>12}{'equal':>7}{'exact P/T':>11}  note"
     )
     for r in results:
         ratio = r.tsgate.p50 / r.prometheus.p50 if r.prometheus.p50 else math.nan
+        cpu_ratio = r.tsgate.cpu_ms / r.prometheus.cpu_ms if r.prometheus.cpu_ms else math.nan
         print(
             f"{r.query:<30}{r.target.removeprefix('tsgate '):>17}{r.prometheus.p50:>9.1f}{r.prometheus.p90:>9.1f}"
             f"{r.tsgate.p50:>9.1f}{r.tsgate.p90:>9.1f}{ratio:>7.2f}"
+            f"{r.prometheus.cpu_ms:>8.2f}{r.tsgate.cpu_ms:>8.2f}{cpu_ratio:>7.2f}"
             f"{r.prometheus.status + '/' + r.tsgate.status:>12}{'yes' if r.equal else 'no':>7}{r.exact:>11}  {r.note}"
         )
 
@@ -536,7 +563,7 @@ def print_headlines(results: list[Result]) -> None:
         f"\nheadlines: tsgate p50 at G={largest} / at G={smallest} (target <= {TARGET_GROWTH}); "
         f"tsgate / Prometheus p50 at G={largest} (target <= {TARGET_RATIO:g}); "
         f"like: tsgate p50 at G={largest} / at G={like_for_like or '-'} (the same series in the last hour); "
-        f"Prometheus's own growth from G={smallest}"
+        f"Prometheus's own growth from G={smallest}; CPU a request, tsgate / Prometheus, at G={largest}"
     )
     for r in results:
         if r.generations != largest:
@@ -547,11 +574,12 @@ def print_headlines(results: list[Result]) -> None:
         like_growth = r.tsgate.p50 / like.tsgate.p50 if like else math.nan
         prometheus_growth = r.prometheus.p50 / base.prometheus.p50 if base else math.nan
         ratio = r.tsgate.p50 / r.prometheus.p50
+        cpu_ratio = r.tsgate.cpu_ms / r.prometheus.cpu_ms if r.prometheus.cpu_ms else math.nan
         answered = r.tsgate.status == "200" and base is not None and base.tsgate.status == "200"
         line = (
             f"headline: {r.query:<30} {r.target:<17} growth {growth:6.2f} {verdict(answered, growth, TARGET_GROWTH)}"
             f"  vs Prometheus {ratio:6.2f} {verdict(r.tsgate.status == '200', ratio, TARGET_RATIO)}"
-            f"  like {like_growth:5.2f}  Prometheus growth {prometheus_growth:5.2f}"
+            f"  like {like_growth:5.2f}  Prometheus growth {prometheus_growth:5.2f}  CPU vs Prometheus {cpu_ratio:5.2f}"
         )
         print(line.rstrip() + ("" if r.tsgate.status == "200" else f"  (tsgate answered {r.tsgate.status})"))
 
@@ -585,6 +613,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--long-ranges", action="store_true", help="after the largest G, time 1h/1d/7d ranges too")
     parser.add_argument("--seal", action="store_true", help="run tsgate downsample --once after the writes")
     parser.add_argument(
+        "--minute",
+        type=int,
+        choices=range(60),
+        metavar="M",
+        help="take as now the last minute M of an hour, at or before the start (default: the start's minute)",
+    )
+    parser.add_argument(
         "--max-series-per-query", type=int, default=10000, help="tsgate's --max-series-per-query (default 10000)"
     )
     parser.add_argument(
@@ -599,10 +634,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def now_at_minute(now_ms: int, minute: int | None) -> int:
+    """``now_ms`` (a whole minute), or the last time at or before it at ``minute`` past an hour:
+    the time index registers series by the hour, so the cost of a last-hour query depends on the
+    minute it is asked at (docs/storage.rst, "Grain"), and runs at different hours compare only
+    at the same minute."""
+    if minute is None:
+        return now_ms
+    return now_ms - (now_ms // STEP_MS - minute) % MINUTES * STEP_MS
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print("command: python -m bench.churn " + shlex.join(sys.argv[1:] if argv is None else argv), flush=True)
-    now_ms = int(time.time()) // 60 * 60 * 1000
+    now_ms = now_at_minute(int(time.time()) // 60 * 60 * 1000, args.minute)
     print(
         f"now = {now_ms // 1000} ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(now_ms // 1000))}); "
         f"generations {','.join(map(str, args.generations))}; {args.runs} runs; "

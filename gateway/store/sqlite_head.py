@@ -29,6 +29,12 @@ SEALED_READ = 500
 # The width of a series-set hash (gateway/core/model.py: base64 of 16 bytes), which reads of many
 # series look up batches by.
 HASH_WIDTH = 24
+# A chunk's first and last timestamps come before its blobs, so that a read of a range passes
+# over the chunks outside it without reading them (in a file upgraded to them they come last).
+INSERT_CHUNK = (
+    "INSERT INTO head_chunks (tenant, series_set_hash, time_slot, seq, first_ts, last_ts, timestamps, vals)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
 INSERT_BATCH = "INSERT INTO head_batches (tenant, first_ts, last_ts, samples, hashes, timestamps, vals) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
@@ -111,7 +117,7 @@ def _fold_batches(connection: sqlite3.Connection, width: int) -> None:
             chunks = []
             for tenant, (hashes, timestamps, values) in by_tenant.items():
                 chunks += _chunks(tenant, hashes, np.concatenate(timestamps), np.concatenate(values), width, last_id)
-            connection.executemany("INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", chunks)
+            connection.executemany(INSERT_CHUNK, chunks)
             connection.execute("DELETE FROM head_batches WHERE id <= ?", (last_id,))
         if last_id == ids[-1]:
             return
@@ -135,14 +141,21 @@ def _chunks(tenant: str, hashes: list[str], timestamps: np.ndarray, values: np.n
     unordered = set((np.cumsum(first)[1:][~first[1:] & (timestamps[1:] <= timestamps[:-1])] - 1).tolist())
     timestamp_bytes, value_bytes = _chunk_blobs(Samples(timestamps, values))
     chunks = []
-    for group, (start, stop, code, slot) in enumerate(
-        zip(starts.tolist(), stops.tolist(), series[starts].tolist(), slots[starts].tolist())
+    for group, (start, stop, code, slot, first_ts, last_ts) in enumerate(
+        zip(
+            starts.tolist(),
+            stops.tolist(),
+            series[starts].tolist(),
+            slots[starts].tolist(),
+            timestamps[starts].tolist(),
+            timestamps[stops - 1].tolist(),
+        )
     ):
         if group in unordered:
-            blobs = _chunk_blobs(samples.merge([Samples(timestamps[start:stop], values[start:stop])]))
+            chunks.append((tenant, names[code], slot, seq, *_chunk_columns(timestamps[start:stop], values[start:stop])))
         else:
             blobs = timestamp_bytes[start * 8 : stop * 8], value_bytes[start * 8 : stop * 8]
-        chunks.append((tenant, names[code], slot, seq, *blobs))
+            chunks.append((tenant, names[code], slot, seq, first_ts, last_ts, *blobs))
     return chunks
 
 
@@ -164,8 +177,8 @@ def _fold_row_log(connection: sqlite3.Connection, width: int) -> None:
                 timestamps.append(ts)
                 values.append(value)
             connection.executemany(
-                "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)",
-                [(*key, last_id, *_chunk_blobs(_log_samples(*columns))) for key, columns in groups.items()],
+                INSERT_CHUNK,
+                [(*key, last_id, *_chunk_columns(*_log_samples(*columns))) for key, columns in groups.items()],
             )
             connection.execute("DELETE FROM head_log WHERE id <= ?", (last_id,))
         if count < FOLD_BATCH_ROWS:
@@ -177,6 +190,12 @@ def _log_samples(timestamps: list[int], values: list) -> Samples:
     if bytes in map(type, values):  # a NaN or -0.0 (encode_value); C-speed, unlike a generator
         values = [decode_value(v) for v in values]
     return samples.merge([Samples(np.array(timestamps, dtype=np.int64), np.array(values, dtype=np.float64))])
+
+
+def _chunk_columns(timestamps: np.ndarray, values: np.ndarray) -> tuple[int, int, bytes, bytes]:
+    """A chunk's first and last timestamps and its blobs, from its samples (in any order: merged here)."""
+    merged = samples.merge([Samples(timestamps, values)])
+    return int(merged.timestamps[0]), int(merged.timestamps[-1]), *_chunk_blobs(merged)
 
 
 def _chunk_blobs(head: Samples) -> tuple[bytes, bytes]:
@@ -285,9 +304,8 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
         "DELETE FROM head_chunks WHERE tenant=? AND series_set_hash=? AND time_slot=?", (tenant, hash_, slot)
     )
     if keep.any():
-        kept = Samples(head.timestamps[keep], head.values[keep])
         connection.execute(
-            "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", (tenant, hash_, slot, seqs[-1], *_chunk_blobs(kept))
+            INSERT_CHUNK, (tenant, hash_, slot, seqs[-1], *_chunk_columns(head.timestamps[keep], head.values[keep]))
         )
 
 
@@ -299,7 +317,7 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     position = {hash_: at for at, hash_ in enumerate(hashes)}
     keys: list[list] = [[] for _ in hashes]
     columns = "series_set_hash, time_slot, seq, timestamps, vals"
-    rows = slot_rows(connection, "head_chunks", columns, tenant, hashes, first_slot, last_slot)
+    rows = slot_rows(connection, "head_chunks", columns, tenant, hashes, first_slot, last_slot, (start_ms, end_ms))
     columns_read = list(zip(*rows)) if rows else [()] * 5
     order = np.lexsort((np.array(columns_read[2], dtype=np.int64), np.array(columns_read[1], dtype=np.int64)))
     if (order[1:] < order[:-1]).any():  # into write order: by slot, then seq

@@ -75,7 +75,9 @@ def _in_head_chunks(connection, width: int, tenant: str, start_ms: int, end_ms: 
     one query for all the series: neither the values nor the merge of the writes (read_head's work,
     three quarters of a read of 256 series) are needed to know that a sample is there."""
     slots = (time_slot(start_ms, width), time_slot(end_ms, width))
-    rows = slot_rows(connection, "head_chunks", "series_set_hash, timestamps", tenant, hashes, *slots)
+    rows = slot_rows(
+        connection, "head_chunks", "series_set_hash, timestamps", tenant, hashes, *slots, (start_ms, end_ms)
+    )
     if not rows:
         return set()
     owners, blobs = zip(*rows)

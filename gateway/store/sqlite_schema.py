@@ -10,7 +10,7 @@ from gateway.store.index import BUCKET_TABLES, bucket_table
 from gateway.store.sqlite_head import fold_head_log
 from gateway.store.sqlite_sql import SLOT_INDEXED, column_values, immediate, slot_index, transaction
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 # The writer's page cache: head rows of many series land on as many B-tree pages a commit, and
 # with SQLite's default 2 MiB those pages were read back for every commit (docs/performance-log.rst).
 WRITER_CACHE_KIB = 64 * 1024
@@ -180,6 +180,8 @@ CREATE TABLE IF NOT EXISTS head_chunks (
     series_set_hash TEXT NOT NULL,
     time_slot INTEGER NOT NULL,
     seq INTEGER NOT NULL,
+    first_ts INTEGER,
+    last_ts INTEGER,
     timestamps BLOB NOT NULL,
     vals BLOB NOT NULL,
     PRIMARY KEY (tenant, series_set_hash, time_slot, seq)
@@ -243,6 +245,11 @@ def _create_schema(connection: sqlite3.Connection, granularities) -> None:
             connection.execute("ALTER TABLE series_set_hashes ADD COLUMN last_bucket INTEGER")
             now = int(time.time() * 1000)
             connection.execute("UPDATE series_set_hashes SET last_bucket = ?", (now - now % INDEX_BUCKET_MS,))
+    chunk_columns = {row[1] for row in connection.execute("PRAGMA table_info(head_chunks)")}
+    if "last_ts" not in chunk_columns:
+        # the upgrade to chunk time bounds: older chunks have none (NULL) and are always read
+        connection.execute("ALTER TABLE head_chunks ADD COLUMN first_ts INTEGER")
+        connection.execute("ALTER TABLE head_chunks ADD COLUMN last_ts INTEGER")
     for table in SLOT_INDEXED:  # reads of many series scan a slot by them (slot_rows)
         connection.execute(slot_index(table))
     # the sweep finds the series whose data expired by it (sqlite_lifecycle.py)

@@ -60,9 +60,12 @@ def slot_rows(
     hashes: Sequence[str],
     first_slot: int,
     last_slot: int,
+    overlapping: tuple[int, int] | None = None,
 ) -> list:
     """The ``columns`` of ``table``'s rows of ``hashes`` in the slots (the hash first), each
-    series' rows in slot order. Where the slots hold at most SCAN_SPARE times as many rows as
+    series' rows in slot order; with ``overlapping`` (start_ms, end_ms), only the rows whose
+    first_ts to last_ts overlaps it or who have none (head_chunks: a 5-minute read at the top of
+    the hour passes over the previous hour's chunks that end before it, without their blobs). Where the slots hold at most SCAN_SPARE times as many rows as
     series asked for, one scan of the slots' rows, those of other series left out here: 0.6 ms
     for the 1,000 chunks of the 1,000 series a last-hour count() of 500 pods a deploy reads
     (half of them with no chunk in the slot), against 1.6 for a probe of the primary key a
@@ -75,14 +78,20 @@ def slot_rows(
     span = (tenant, first_slot, last_slot)
     by_slot = f"{table} INDEXED BY {table}_by_slot WHERE tenant=? AND time_slot BETWEEN ? AND ?"
     held = connection.execute(f"SELECT count(*) FROM (SELECT 1 FROM {by_slot} LIMIT ?)", (*span, bound + 1))
+    within: str = ""
+    bounds: tuple[int, ...] = ()
+    if overlapping is not None:
+        within = " AND (last_ts IS NULL OR last_ts >= ?) AND (first_ts IS NULL OR first_ts <= ?)"
+        bounds = overlapping
     if held.fetchone()[0] <= bound:
         wanted = set(hashes)
-        return [row for row in connection.execute(f"SELECT {columns} FROM {by_slot}", span) if row[0] in wanted]
+        scan = f"SELECT {columns} FROM {by_slot}{within}"
+        return [row for row in connection.execute(scan, (*span, *bounds)) if row[0] in wanted]
     probes = (
         f"SELECT {columns} FROM {table} WHERE tenant=? AND series_set_hash IN ({','.join('?' * len(hashes))})"
-        " AND time_slot BETWEEN ? AND ? ORDER BY series_set_hash, time_slot"
+        f" AND time_slot BETWEEN ? AND ?{within} ORDER BY series_set_hash, time_slot"
     )
-    return connection.execute(probes, (tenant, *hashes, first_slot, last_slot)).fetchall()
+    return connection.execute(probes, (tenant, *hashes, first_slot, last_slot, *bounds)).fetchall()
 
 
 @contextlib.contextmanager

@@ -309,6 +309,54 @@ async def test_a_sqlite_file_with_head_rows_keyed_by_series_is_upgraded_in_place
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_sqlite_file_whose_chunks_have_no_time_bounds_answers_the_same_after_the_upgrade(tmp_path):
+    """A file of schema version 11 (head_chunks without first_ts and last_ts) opens: its chunks,
+    whose bounds are unknown, are read by every range that reaches their slot, beside the chunks
+    folded since, which have bounds; a range holding none of a chunk's samples answers without it."""
+    from gateway.store.sqlite import SQLiteStore
+
+    path = tmp_path / "v11.db"
+    store = SQLiteStore(path, Layout(), fold_rows=1)
+    await store.start()
+    await store.close()
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript(
+        "DROP TABLE head_chunks;"
+        "CREATE TABLE head_chunks (tenant TEXT NOT NULL, series_set_hash TEXT NOT NULL, time_slot INTEGER NOT NULL,"
+        " seq INTEGER NOT NULL, timestamps BLOB NOT NULL, vals BLOB NOT NULL,"
+        " PRIMARY KEY (tenant, series_set_hash, time_slot, seq));"
+        "CREATE INDEX head_chunks_by_slot ON head_chunks (tenant, time_slot);"
+        "UPDATE sqlite_sequence SET seq = 1 WHERE name = 'head_batches';"  # its chunk's seq below
+        "PRAGMA user_version=11;"
+    )
+    minutes = np.arange(0, 10, dtype=np.int64) * 60_000
+    old.execute(
+        "INSERT INTO head_chunks VALUES ('a', 'h1', 0, 1, ?, ?)",
+        (minutes.astype("<i8").tobytes(), minutes.astype("<f8").tobytes()),
+    )
+    old.close()
+    store = SQLiteStore(path, Layout(), fold_rows=1)
+    await store.start()
+    try:
+        await store.write_raw([RawPoint("a", "h1", 30 * 60_000, -1.0)])  # folded at once, with bounds
+        while sqlite3.connect(path).execute("SELECT count(*) FROM head_batches").fetchone()[0]:
+            await deferLater(reactor, 0.02)
+        (found,) = await store.read_raw("a", ["h1"], 0, HOUR_MS - 1)
+        assert found.head.points() == [*((int(m), float(m)) for m in minutes), (30 * 60_000, -1.0)]
+        (late,) = await store.read_raw("a", ["h1"], 20 * 60_000, HOUR_MS - 1)
+        assert late.head.points() == [(30 * 60_000, -1.0)]
+        assert set(await store.series_with_data("a", ["h1"], 5 * 60_000, 6 * 60_000)) == {"h1"}
+        assert set(await store.series_with_data("a", ["h1"], 40 * 60_000, 50 * 60_000)) == set()
+    finally:
+        await store.close()
+    check = sqlite3.connect(path)
+    bounds = check.execute("SELECT seq > 1, first_ts, last_ts FROM head_chunks ORDER BY seq").fetchall()
+    assert bounds == [(0, None, None), (1, 30 * 60_000, 30 * 60_000)]
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    check.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_sqlite_file_with_a_head_log_of_one_row_a_sample_is_upgraded_to_head_batches(tmp_path):
     """A file of schema version 8 (head rows appended to head_log, one a sample) opens: its log is
     folded into chunks, and samples written since (into head_batches) come after them, so that a

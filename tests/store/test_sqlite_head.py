@@ -1,7 +1,8 @@
 """The SQLite head read's choice of samples (gateway/store/sqlite_head.py): of each series'
 timestamp the last written, by series then time, whether the series and timestamps fit one
-sortable number or (timestamps spanning more than any stored range) need a two-key sort; and
-the rows of many series read by a scan of their slots or a probe a series (slot_rows)."""
+sortable number or (timestamps spanning more than any stored range) need a two-key sort; the
+rows of many series read by a scan of their slots or a probe a series (slot_rows); and the
+chunks outside a read's range passed over on their first and last timestamps."""
 
 import sqlite3
 
@@ -10,7 +11,7 @@ import pytest
 
 from gateway.core.layout import Layout
 from gateway.store import sqlite_sql
-from gateway.store.sqlite_head import _last_writes, read_head
+from gateway.store.sqlite_head import INSERT_CHUNK, _last_writes, fold_head_log, read_head
 from gateway.store.sqlite_schema import start_writer
 from gateway.store.sqlite_sql import slot_rows
 
@@ -42,15 +43,13 @@ def test_slot_rows_gives_the_rows_of_the_series_asked_for_in_the_slots_in_slot_o
     connection = store_file(tmp_path)
     rng = np.random.default_rng(3)
     rows = [
-        (tenant, f"h{n}", slot, seq, b"", b"")
+        (tenant, f"h{n}", slot, seq, None, None, b"", b"")
         for tenant in "tu"
         for n in range(8)
         for slot in range(4)
         for seq in range(3)
     ]
-    connection.executemany(
-        "INSERT INTO head_chunks VALUES (?, ?, ?, ?, ?, ?)", [rows[i] for i in rng.permutation(len(rows))]
-    )
+    connection.executemany(INSERT_CHUNK, [rows[i] for i in rng.permutation(len(rows))])
     wanted = ["h5", "h1", "h6", "missing"]
     found = slot_rows(connection, "head_chunks", "series_set_hash, time_slot, seq", "t", wanted, 1, 2)
     assert sorted(found) == [(h, slot, seq) for h in ("h1", "h5", "h6") for slot in (1, 2) for seq in range(3)]
@@ -71,10 +70,52 @@ def test_the_head_read_takes_the_last_written_chunk_whatever_order_its_rows_were
     connection = store_file(tmp_path)
     for seq, timestamps, value in ((2, [10, 20], 2.0), (1, [10, 30], 1.0)):  # the later write first
         blobs = (np.array(timestamps, dtype="<i8").tobytes(), np.full(len(timestamps), value, dtype="<f8").tobytes())
-        connection.execute("INSERT INTO head_chunks VALUES ('t', 'h0', 0, ?, ?, ?)", (seq, *blobs))
+        connection.execute(INSERT_CHUNK, ("t", "h0", 0, seq, min(timestamps), max(timestamps), *blobs))
     (head, _), keys = read_head(connection, "t", ["h0", "h1"], 0, 0, 0, 100)
     assert head.points() == [(10, 2.0), (20, 2.0), (30, 1.0)]
     assert keys == [((0, 1), (0, 2)), ()]
+
+
+@pytest.mark.parametrize("spare", [0, 1_000], ids=["probes", "scan"])
+def test_a_read_passes_over_the_chunks_outside_its_range_and_reads_those_without_bounds(tmp_path, monkeypatch, spare):
+    """A fold gives each chunk its first and last timestamps; a read of a range takes only the
+    chunks overlapping it (its keys name only those), and every chunk of a file upgraded to the
+    bounds (NULL: unknown); what it answers is the same as a read of every chunk."""
+    monkeypatch.setattr(sqlite_sql, "SCAN_SPARE", spare)
+    connection = store_file(tmp_path)
+    hour = Layout().slot_width_ms
+    for seq, (first, last) in enumerate([(0, 10), (20, 30), (40, 50)], start=1):  # three folds of h0
+        minutes = np.arange(first, last + 1, dtype=np.int64) * 60_000
+        blobs = (minutes.astype("<i8").tobytes(), (minutes / 60_000).astype("<f8").tobytes())
+        connection.execute(
+            INSERT_CHUNK,
+            ("t", "h0", 0, seq, int(minutes[0]) if seq < 3 else None, int(minutes[-1]) if seq < 3 else None, *blobs),
+        )
+    (head, _), keys = read_head(connection, "t", ["h0", "h1"], 0, 0, 25 * 60_000, 35 * 60_000)
+    assert head.points() == [(m * 60_000, float(m)) for m in range(25, 31)]
+    assert keys == [((0, 2), (0, 3)), ()]
+    (whole, _), _ = read_head(connection, "t", ["h0", "h1"], 0, 0, 0, hour - 1)
+    assert len(whole) == 33
+    assert slot_rows(connection, "head_chunks", "series_set_hash, seq", "t", ["h0"], 0, 0, (55 * 60_000, hour)) == [
+        ("h0", 3)
+    ]
+
+
+def test_a_fold_writes_each_chunk_first_and_last_timestamps(tmp_path):
+    connection = store_file(tmp_path)
+    hour = Layout().slot_width_ms
+    timestamps = np.array([hour + 5_000, 7_000, hour - 1, 3_000, hour + 9_000], dtype=np.int64)
+    connection.execute(
+        "INSERT INTO head_batches (tenant, first_ts, last_ts, samples, hashes, timestamps, vals) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        ("t", 3_000, hour + 9_000, 5, "h0\nh0\nh0\nh1\nh0", timestamps.astype("<i8").tobytes(), np.ones(5).tobytes()),
+    )
+    fold_head_log(connection, hour)
+    chunks = connection.execute("SELECT series_set_hash, time_slot, first_ts, last_ts FROM head_chunks ORDER BY 1, 2")
+    assert chunks.fetchall() == [
+        ("h0", 0, 7_000, hour - 1),
+        ("h0", hour, hour + 5_000, hour + 9_000),
+        ("h1", 0, 3_000, 3_000),
+    ]
 
 
 def store_file(tmp_path) -> sqlite3.Connection:
