@@ -34,8 +34,8 @@ other round), each on one keep-alive connection per server; p50 and p90 in ms. W
 (tsgate's 422 "matches more than N series" included), the time to the last byte is a figure and the
 status is printed, and each server's CPU a request (``P cpu``, ``T cpu``: the on-CPU time of its
 process tree over the timed rounds, divided by the rounds; tsgate's serving process and query
-executors together), a figure the box's idle wake-ups and neighbours move much less than the
-time to the answer. Then, untimed, tsgate's answer is compared with Prometheus's (numbers within
+executors together), which leaves out the time a request waits for an idle core to wake (it
+still moves with the box: caches, neighbours; compare its ratio). Then, untimed, tsgate's answer is compared with Prometheus's (numbers within
 1e-9 relative, series sets and label value lists as sets), and each with the exact answer where the
 workload defines one (``exact P/T``): 500 series now, the 500 pods of the last hour, the labels
 {__name__, job, pod}. Prometheus answers label and series requests per block (its head holds the
@@ -210,8 +210,9 @@ def time_interleaved(targets: dict[str, Service], path: str, runs: int) -> dict[
     """One warm-up request to each target, then ``runs`` rounds of one timed request to each in turn
     (the order reversed every other round). Any status is timed; the last answer is kept. Each
     target's CPU over the timed rounds, divided by ``runs``, is its CPU a request: unlike the time
-    to the answer, it does not grow when the box's cores wake slowly from idle or another guest
-    shares them, so runs at different hours compare (docs/performance-log.rst)."""
+    to the answer, it leaves out the waits for an idle core to wake; it still moves with the box
+    (caches, other guests), so its ratio to Prometheus's is the figure to compare across runs
+    (docs/performance-log.rst)."""
     connections = {
         name: http.client.HTTPConnection("127.0.0.1", t.port, timeout=QUERY_TIMEOUT_S) for name, t in targets.items()
     }
