@@ -152,7 +152,15 @@ def _chunks(tenant: str, hashes: list[str], timestamps: np.ndarray, values: np.n
         )
     ):
         if group in unordered:
-            chunks.append((tenant, names[code], slot, seq, *_chunk_columns(timestamps[start:stop], values[start:stop])))
+            chunks.append(
+                (
+                    tenant,
+                    names[code],
+                    slot,
+                    seq,
+                    *_chunk_columns(samples.merge([Samples(timestamps[start:stop], values[start:stop])])),
+                )
+            )
         else:
             blobs = timestamp_bytes[start * 8 : stop * 8], value_bytes[start * 8 : stop * 8]
             chunks.append((tenant, names[code], slot, seq, first_ts, last_ts, *blobs))
@@ -178,7 +186,7 @@ def _fold_row_log(connection: sqlite3.Connection, width: int) -> None:
                 values.append(value)
             connection.executemany(
                 INSERT_CHUNK,
-                [(*key, last_id, *_chunk_columns(*_log_samples(*columns))) for key, columns in groups.items()],
+                [(*key, last_id, *_chunk_columns(_log_samples(*columns))) for key, columns in groups.items()],
             )
             connection.execute("DELETE FROM head_log WHERE id <= ?", (last_id,))
         if count < FOLD_BATCH_ROWS:
@@ -192,10 +200,9 @@ def _log_samples(timestamps: list[int], values: list) -> Samples:
     return samples.merge([Samples(np.array(timestamps, dtype=np.int64), np.array(values, dtype=np.float64))])
 
 
-def _chunk_columns(timestamps: np.ndarray, values: np.ndarray) -> tuple[int, int, bytes, bytes]:
-    """A chunk's first and last timestamps and its blobs, from its samples (in any order: merged here)."""
-    merged = samples.merge([Samples(timestamps, values)])
-    return int(merged.timestamps[0]), int(merged.timestamps[-1]), *_chunk_blobs(merged)
+def _chunk_columns(chunk: Samples) -> tuple[int, int, bytes, bytes]:
+    """A chunk's first and last timestamps and its blobs, from its samples (sorted, unique)."""
+    return int(chunk.timestamps[0]), int(chunk.timestamps[-1]), *_chunk_blobs(chunk)
 
 
 def _chunk_blobs(head: Samples) -> tuple[bytes, bytes]:
@@ -305,7 +312,8 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
     )
     if keep.any():
         connection.execute(
-            INSERT_CHUNK, (tenant, hash_, slot, seqs[-1], *_chunk_columns(head.timestamps[keep], head.values[keep]))
+            INSERT_CHUNK,
+            (tenant, hash_, slot, seqs[-1], *_chunk_columns(Samples(head.timestamps[keep], head.values[keep]))),
         )
 
 
