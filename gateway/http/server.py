@@ -502,6 +502,19 @@ def _with_form(handler):
     return call
 
 
+def _first_here(in_process: Handler | None, by_executor: Handler) -> Handler:
+    """A query route's handler in a process with executors: ``in_process`` answers what it can
+    here (a query-string request; it answers None for the rest), an executor the rest."""
+    if in_process is None:
+        return lambda request, *rest: by_executor(request)
+
+    async def call(request, *rest):
+        answer = await in_process(request, *rest)
+        return await by_executor(request) if answer is None else answer
+
+    return call
+
+
 def arg(request: server.Request, name: str, default: str | None = None) -> str | None:
     """A query-string or form argument as text; HTTPError 400 when it is not UTF-8."""
     values = request.args.get(name.encode())  # type: ignore[attr-defined]  # Twisted sets args when it parses the request
@@ -654,27 +667,37 @@ class Router(resource.Resource):
         handler: Handler,
         role: str | None = None,
         access: str | None = None,
+        in_process: Handler | None = None,
     ) -> None:
+        """With executors, a query route is answered by one, but for what ``in_process`` answers
+        (not None) first, here: the cheap requests of the route, bounded in cost by the handler."""
         if not self._wanted(role):
             return
-        handler = self.executors.run if role == "query" and self.executors is not None else _with_form(handler)
+        if role == "query" and self.executors is not None:
+            handler = _first_here(in_process, self.executors.run)
+        else:
+            handler = _with_form(handler)
         access = access or _ACCESS_OF_ROLE.get(role, "admin")
         by_method = self.routes.setdefault(path.encode(), {})
         for method in methods:
             by_method[method.encode()] = (name, handler, access)
 
-    def add_prefix(self, prefix: str, methods: tuple[str, ...], name: str, handler, role: str | None = None) -> None:
-        """Route every path under ``prefix``; the handler gets the rest of the path (decoded)."""
+    def add_prefix(
+        self, prefix: str, methods: tuple[str, ...], name: str, handler, role: str | None = None, in_process=None
+    ) -> None:
+        """Route every path under ``prefix``; the handler (and ``in_process``, as ``add``'s) gets
+        the rest of the path (decoded)."""
         if not self._wanted(role):
             return
         access = _ACCESS_OF_ROLE.get(role, "admin")
         executors = self.executors if role == "query" else None
         with_form = _with_form(handler)
+        by_executor = _first_here(in_process, executors.run) if executors is not None else None
 
         def bound(rest: str):
             async def call(request):
-                if executors is not None:
-                    return await executors.run(request)
+                if by_executor is not None:
+                    return await by_executor(request, rest)
                 return await with_form(request, rest)
 
             return call

@@ -2,12 +2,19 @@
 
 from collections.abc import Iterable, Sequence
 
+from twisted.internet import defer
+
 from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import SeriesKey, now_ms
 from gateway.store.cassandra_base import PLAIN_ROWS, READ_SERIES_PER_REQUEST, CassandraBase
 from gateway.store.contract import Buckets, PathNode
 from gateway.store.deletion import INDEX_KEYS
 from gateway.store.index import BUCKET_TABLES, LISTINGS, bucket_index_rows, bucket_table, index_rows
+
+# The statements of a listing: as it is, and with a LIMIT (``most_rows``, contract.py ``_listing``).
+LISTING_LIMITS = (("", ""), ("_limited", " LIMIT ?"))
+# A bounded listing reads at most this many buckets, a request each: a day of the time index.
+BOUNDED_LISTING_REQUESTS = 24
 
 
 class CassandraIndex(CassandraBase):
@@ -39,13 +46,16 @@ class CassandraIndex(CassandraBase):
                 for table, columns in INDEX_KEYS.items()
             },
             **{
-                name: f"SELECT {column} FROM {ks}.{table} WHERE {' AND '.join(f'{c} = ?' for c in keys)}"
+                f"{name}{limited}": f"SELECT {column} FROM {ks}.{table} WHERE {' AND '.join(f'{c} = ?' for c in keys)}{limit}"
                 for name, (table, column, keys) in LISTINGS.items()
+                for limited, limit in LISTING_LIMITS
             },
             **{
-                f"bucket_{name}": f"SELECT {column} FROM {ks}.{bucket_table(table)} WHERE tenant = ? AND bucket = ?"
+                f"bucket_{name}{limited}": f"SELECT {column} FROM {ks}.{bucket_table(table)} WHERE tenant = ? AND bucket = ?"
                 + "".join(f" AND {c} = ?" for c in keys[1:])
+                + limit
                 for name, (table, column, keys) in LISTINGS.items()
+                for limited, limit in LISTING_LIMITS
             },
             **{
                 f"buckets_of_{name}{'_value' if value else ''}": f"SELECT bucket FROM {ks}.{bucket_table(table)}"
@@ -135,18 +145,27 @@ class CassandraIndex(CassandraBase):
 
         return self._execute_all([(statement, (tenant, chunk)) for chunk in chunks]).addCallback(seen)
 
-    def _listing(self, name: str, keys: tuple, buckets: Buckets | None):
+    def _listing(self, name: str, keys: tuple, buckets: Buckets | None, most_rows: int | None = None):
         """One LISTINGS entry: one request to the all-time table, or one a bucket (a partition each)
         to the bucket table, united; sorted. Rows as plain tuples (PLAIN_ROWS): a churning tenant's
-        bucket lists a series a row."""
+        bucket lists a series a row. With ``most_rows``, each request has a LIMIT of one row
+        more, and a listing of more than BOUNDED_LISTING_REQUESTS buckets is not read (None)."""
+        limited, extra = ("", ()) if most_rows is None else ("_limited", (most_rows + 1,))
         if buckets is None:
-            requests = [(self._statements[name], keys)]
+            requests = [(self._statements[f"{name}{limited}"], (*keys, *extra))]
         else:
-            statement = self._statements[f"bucket_{name}"]
-            requests = [(statement, (keys[0], bucket, *keys[1:])) for bucket in buckets.starts()]
-        return self._execute_all(requests, PLAIN_ROWS).addCallback(
-            lambda pages: sorted({value for page in pages for (value,) in page})
-        )
+            starts = list(buckets.starts())
+            if most_rows is not None and len(starts) > BOUNDED_LISTING_REQUESTS:
+                return defer.succeed(None)
+            statement = self._statements[f"bucket_{name}{limited}"]
+            requests = [(statement, (keys[0], bucket, *keys[1:], *extra)) for bucket in starts]
+
+        def united(pages):
+            if most_rows is not None and sum(len(page) for page in pages) > most_rows:
+                return None
+            return sorted({value for page in pages for (value,) in page})
+
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(united)
 
     def listing_buckets(self, name, keys, buckets, value=None):
         """One request: ``bucket IN`` the buckets, a row at most a partition."""

@@ -323,11 +323,13 @@ class IndexStore(abc.ABC):
         selection from the all-time index keeps only those that may have data in its range."""
 
     @abc.abstractmethod
-    def _listing(self, name: str, keys: tuple, buckets: Buckets | None) -> Deferred:
+    def _listing(self, name: str, keys: tuple, buckets: Buckets | None, most_rows: int | None = None) -> Deferred:
         """Fire with the sorted values of one index listing (gateway/store/index.py LISTINGS:
         its table, the column listed, the key columns ``keys`` give), read from the all-time
         table or, with ``buckets``, from its bucket table on any of the buckets. The listings
-        below are each one of these."""
+        below are each one of these. With ``most_rows``, fire with None rather than read more
+        index rows than that (a value's row in each bucket counts), or than the store reads in
+        few requests: the bound of a listing answered in the serving process."""
 
     @abc.abstractmethod
     def listing_buckets(self, name: str, keys: tuple, buckets: Buckets, value: str | None = None) -> Deferred:
@@ -345,9 +347,9 @@ class IndexStore(abc.ABC):
     def list_tenants(self) -> Deferred:
         """Fire with the sorted list of tenants."""
 
-    def list_metric_names(self, tenant: str, buckets: Buckets | None = None) -> Deferred:
-        """Fire with the sorted metric names of a tenant."""
-        return self._listing("list_metric_names", (tenant,), buckets)
+    def list_metric_names(self, tenant: str, buckets: Buckets | None = None, most_rows: int | None = None) -> Deferred:
+        """Fire with the sorted metric names of a tenant (None past ``most_rows``, as ``_listing``)."""
+        return self._listing("list_metric_names", (tenant,), buckets, most_rows)
 
     def list_tag_keys(self, tenant: str, metric_name: str, buckets: Buckets | None = None) -> Deferred:
         """Fire with the sorted tag keys of a metric (never ``__name__``)."""
@@ -361,13 +363,18 @@ class IndexStore(abc.ABC):
     def list_path_children(self, tenant: str, parent: str) -> Deferred:
         """Fire with the sorted [PathNode] directly under a Graphite path ("" is the root)."""
 
-    def list_tenant_tag_keys(self, tenant: str, buckets: Buckets | None = None) -> Deferred:
-        """Fire with every tag key of the tenant, sorted."""
-        return self._listing("list_tenant_tag_keys", (tenant,), buckets)
+    def list_tenant_tag_keys(
+        self, tenant: str, buckets: Buckets | None = None, most_rows: int | None = None
+    ) -> Deferred:
+        """Fire with every tag key of the tenant, sorted (None past ``most_rows``, as ``_listing``)."""
+        return self._listing("list_tenant_tag_keys", (tenant,), buckets, most_rows)
 
-    def list_tenant_tag_values(self, tenant: str, tag_key: str, buckets: Buckets | None = None) -> Deferred:
-        """Fire with every value of a tag key across the tenant's metrics, sorted."""
-        return self._listing("list_tenant_tag_values", (tenant, tag_key), buckets)
+    def list_tenant_tag_values(
+        self, tenant: str, tag_key: str, buckets: Buckets | None = None, most_rows: int | None = None
+    ) -> Deferred:
+        """Fire with every value of a tag key across the tenant's metrics, sorted (None past
+        ``most_rows``, as ``_listing``)."""
+        return self._listing("list_tenant_tag_values", (tenant, tag_key), buckets, most_rows)
 
     def find_metrics_by_tag(
         self, tenant: str, tag_key: str, tag_value: str, buckets: Buckets | None = None

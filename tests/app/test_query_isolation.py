@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from bench import fairness
+from gateway.http.promql_api import IN_PROCESS_LISTING_ROWS
 from tests.gatewayproc import GatewayProcess, metric_value
 
 pytestmark = pytest.mark.slow  # every test here runs gateway processes
@@ -218,7 +219,16 @@ def slow_gateway(tmp_path):
 
 def test_a_tenant_filling_the_pool_leaves_room_for_another(slow_gateway):
     """Tenant A holds one of the two executors and two queue places; its next query gets 429,
-    tenant B's query runs at once; a waiting query whose client goes away leaves the queue."""
+    tenant B's query runs at once; a waiting query whose client goes away leaves the queue.
+    Its label listings of a GET without match[] are answered by the serving process meanwhile,
+    but for one of more index rows than it reads (IN_PROCESS_LISTING_ROWS) and a POST."""
+    now_ms = int(time.time() * 1000)
+    pods = [
+        {"metricName": "big", "tags": {"pod": f"p{n}"}, "timestamp": now_ms - 10_000, "value": n}
+        for n in range(IN_PROCESS_LISTING_ROWS + 1)
+    ]
+    up = {"metricName": "up", "tags": {"job": "a"}, "timestamp": now_ms - 10_000, "value": 1}
+    assert slow_gateway.post("/api/write", [up, *pods], headers={"X-Scope-OrgID": "tenant-a"}).status == 200
     first = [_slow_query_connection(slow_gateway) for _ in range(3)]  # one running, two waiting
     deadline = time.monotonic() + 10
     while [metric_value(slow_gateway, f"tsgate_query_{state}") for state in ("running", "queued")] != [1, 2]:
@@ -237,6 +247,15 @@ def test_a_tenant_filling_the_pool_leaves_room_for_another(slow_gateway):
     assert refused.json()["status"] == "error"
     assert other.status == 200 and other.json()["data"]["result"], other.body
     assert refused_s < FAST_S and other_s < 2
+    tenant_a = {"X-Scope-OrgID": "tenant-a"}
+    names = slow_gateway.get("/api/v1/labels", headers=tenant_a)
+    assert names.status == 200 and names.json()["data"] == ["__name__", "job", "pod"], names.body
+    values = slow_gateway.get(f"/api/v1/label/job/values?start={now_ms / 1000 - 3600}", headers=tenant_a)
+    assert values.status == 200 and values.json()["data"] == ["a"], values.body
+    assert slow_gateway.get("/api/v1/label/pod/values", headers=tenant_a).status == 429
+    assert slow_gateway.get("/api/v1/label/job/values?match[]=up", headers=tenant_a).status == 429
+    form = {**tenant_a, "Content-Type": "application/x-www-form-urlencoded"}
+    assert slow_gateway.request("POST", "/api/v1/labels", b"", headers=form).status == 429
     first[2].close()  # the client of a waiting query goes away
     deadline = time.monotonic() + 3
     while metric_value(slow_gateway, "tsgate_query_queued") != 1:

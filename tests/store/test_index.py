@@ -98,6 +98,25 @@ async def test_listings_over_buckets_are_distinct_sorted_and_exact(store, tenant
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_bounded_listing_reads_at_most_its_rows(store, tenant):
+    """``most_rows`` counts index rows, a value once a bucket: a listing within it answers as
+    without it, one past it None (the serving process leaves that one to an executor)."""
+    H = recent_hours()
+    pods = [pod(tenant, 0, n) for n in range(3)]
+    await store.write_series(pods)
+    await store.write_series_buckets([(s, H) for s in pods] + [(s, H + B) for s in pods])
+    two = Buckets(H, H + B)
+    assert await store.list_tenant_tag_values(tenant, "pod", two, most_rows=6) == ["p0-0", "p0-1", "p0-2"]
+    assert await store.list_tenant_tag_values(tenant, "pod", two, most_rows=5) is None
+    assert await store.list_tenant_tag_values(tenant, "pod", None, most_rows=3) == ["p0-0", "p0-1", "p0-2"]
+    assert await store.list_tenant_tag_values(tenant, "pod", None, most_rows=2) is None
+    assert await store.list_tenant_tag_keys(tenant, two, most_rows=4) == ["job", "pod"]
+    assert await store.list_tenant_tag_keys(tenant, two, most_rows=3) is None
+    assert await store.list_metric_names(tenant, Buckets(H, H), most_rows=1) == ["churn_total"]
+    assert await store.list_metric_names(tenant, None, most_rows=0) is None
+
+
+@pytest_twisted.ensureDeferred
 async def test_writing_a_bucket_again_is_harmless_and_tenants_stay_apart(store, tenant):
     H = recent_hours()
     series = pod(tenant, 0, 0)

@@ -244,30 +244,47 @@ class PromQLService:
         return set().union(*await defer.gatherResults(checks, consumeErrors=True))
 
     async def label_names(
-        self, tenant: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
-    ) -> list[str]:
+        self,
+        tenant: str,
+        selectors: list[str],
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+        most_rows: int | None = None,
+    ) -> list[str] | None:
         """Label names of the series the selectors select, or of the whole tenant without
         selectors, in the time index's buckets of [start_ms, end_ms] (as Prometheus reads its
-        index, without checking chunks)."""
+        index, without checking chunks). With ``most_rows``, only a listing of the tenant of at
+        most that many index rows, else None: what the serving process answers itself."""
         if not selectors:
-            keys = await self.store.list_tenant_tag_keys(tenant, self.planner.index_buckets(tenant, start_ms, end_ms))
-            return sorted({"__name__", *keys})
+            buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
+            keys = await self.store.list_tenant_tag_keys(tenant, buckets, most_rows)
+            return None if keys is None else sorted({"__name__", *keys})
+        if most_rows is not None:
+            return None
         selected = await self._selected(tenant, selectors, start_ms, end_ms)
         return sorted({name for s in selected.values() for name in s.labels})
 
     async def label_values(
-        self, tenant: str, name: str, selectors: list[str], start_ms: int | None = None, end_ms: int | None = None
-    ) -> list[str]:
+        self,
+        tenant: str,
+        name: str,
+        selectors: list[str],
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+        most_rows: int | None = None,
+    ) -> list[str] | None:
         """Values of a label on the series the selectors select, or on the whole tenant without
         selectors, in the time index's buckets of [start_ms, end_ms] as ``label_names`` reads them
-        (the store's listings come sorted and distinct)."""
+        (the store's listings come sorted and distinct); ``most_rows`` as ``label_names``'."""
         if selectors:
+            if most_rows is not None:
+                return None
             selected = await self._selected(tenant, selectors, start_ms, end_ms)
             return sorted({s.labels[name] for s in selected.values() if name in s.labels})
         buckets = self.planner.index_buckets(tenant, start_ms, end_ms)
         if name == "__name__":
-            return await self.store.list_metric_names(tenant, buckets)
-        return await self.store.list_tenant_tag_values(tenant, name, buckets)
+            return await self.store.list_metric_names(tenant, buckets, most_rows)
+        return await self.store.list_tenant_tag_values(tenant, name, buckets, most_rows)
 
     async def exemplars(
         self, tenant: str, text: str, start_ms: int | None, end_ms: int | None
