@@ -52,8 +52,10 @@ def read(gateway, tenant: str, name: str, tags: dict, start_ms: int, end_ms: int
     return sorted(query(gateway, tenant, name, tags, start_ms, end_ms, granularity="raw"))
 
 
-def admin(gateway, tenant: str, path: str, params: list[tuple[str, str]]):
-    return gateway.post(f"{path}?{urllib.parse.urlencode(params)}", b"", headers={"X-Scope-OrgID": tenant})
+def admin(gateway, tenant: str, path: str, params: list[tuple[str, str]], timeout: float = 30):
+    return gateway.post(
+        f"{path}?{urllib.parse.urlencode(params)}", b"", headers={"X-Scope-OrgID": tenant}, timeout=timeout
+    )
 
 
 def sealed(gateway, timeout_s: float = 60) -> None:
@@ -328,7 +330,8 @@ def test_parallel_deletes_of_every_series_leave_healthz_answering(start_gateway,
             time.sleep(0.05)
 
     def delete() -> None:
-        answers.append(admin(gateway, tenant, "/api/v1/admin/tsdb/delete_series", selector))
+        # removing 20,000 series takes SQLite 30 s on a quiet 2-core box: a client waits for it
+        answers.append(admin(gateway, tenant, "/api/v1/admin/tsdb/delete_series", selector, timeout=300))
 
     prober = threading.Thread(target=probe)
     prober.start()

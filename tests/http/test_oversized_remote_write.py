@@ -125,8 +125,11 @@ def fuzz_body(rng: random.Random, now_ms: int, number: int) -> tuple[bytes, int]
 
 def test_a_fuzz_of_remote_write_shapes_and_sizes_never_stalls_or_fails_the_gateway(start_gateway):
     """Remote writes of random shapes and sizes, up to past the limits, from two clients for
-    FUZZ_S seconds: each is answered 204, or 400/413 naming what is refused (never a 5xx, never a
-    dropped connection), while /healthz keeps its p99 under FUZZ_HEALTHZ_P99_S."""
+    FUZZ_S seconds: each is answered 204, or 400/413 naming what is refused (never a 500, never a
+    dropped connection), while /healthz keeps its p99 under FUZZ_HEALTHZ_P99_S. A 503 naming the
+    samples in flight is the backpressure a sender retries (--max-inflight-samples, a bound that
+    follows the store's measured rate): a large request meeting the other client's on a busy box
+    gets it, and is no failure."""
     gateway = start_gateway()
     now_ms = int(time.time() * 1000)
     answers: list[tuple[int, bytes]] = []
@@ -152,7 +155,11 @@ def test_a_fuzz_of_remote_write_shapes_and_sizes_never_stalls_or_fails_the_gatew
     statuses = Counter(status for status, _ in answers)
     print(f"{len(answers)} remote writes, by status {dict(statuses)}; /healthz p99 {p99(latencies) * 1000:.0f} ms")
     assert len(answers) >= 10
-    unexpected = [(status, body) for status, body in answers if status not in (204, 400, 413)]
+    unexpected = [
+        (status, body)
+        for status, body in answers
+        if status not in (204, 400, 413) and not (status == 503 and b"already waiting for the store" in body)
+    ]
     assert unexpected == [], unexpected
     assert set(statuses) >= {204, 400}
     assert p99(latencies) < FUZZ_HEALTHZ_P99_S, f"/healthz p99 {p99(latencies) * 1000:.0f} ms"
