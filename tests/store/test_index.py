@@ -19,6 +19,7 @@ from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import PRE_INDEX_MS, IngestPipeline
 from gateway.query.planner import MAX_INDEX_BUCKETS, QueryPlanner, QueryTooLarge
 from gateway.store.cassandra import CassandraStore
+from gateway.store.cassandra_index import BOUNDED_LISTING_REQUESTS
 from gateway.store.contract import BUCKET_INDEX_ALWAYS, Buckets
 from gateway.store.index import DailyRefresh
 from gateway.store.sqlite import SQLiteStore
@@ -114,6 +115,10 @@ async def test_a_bounded_listing_reads_at_most_its_rows(store, tenant):
     assert await store.list_tenant_tag_keys(tenant, two, most_rows=3) is None
     assert await store.list_metric_names(tenant, Buckets(H, H), most_rows=1) == ["churn_total"]
     assert await store.list_metric_names(tenant, None, most_rows=0) is None
+    # Cassandra reads a bucket a request: a bounded listing reads at most BOUNDED_LISTING_REQUESTS
+    wide = Buckets(H - BOUNDED_LISTING_REQUESTS * B, H + B)
+    expected = None if isinstance(store, CassandraStore) else ["p0-0", "p0-1", "p0-2"]
+    assert await store.list_tenant_tag_values(tenant, "pod", wide, most_rows=100) == expected
 
 
 @pytest_twisted.ensureDeferred
