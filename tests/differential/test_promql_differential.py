@@ -2,14 +2,16 @@
 
 A real Prometheus scrapes two small exporters served by the test (one collector each, their
 values a function of the scrape count, different per instance) every second and remote-writes
-everything into tsgate (``?tenant=`` in the URL: Prometheus 2.42 sends no configured headers).
+everything into two gateways, one on each store (the embedded SQLite store alone, and Cassandra
+with Redis; ``?tenant=`` in the URL: Prometheus 2.42 sends no configured headers): one run of
+scrapes serves both stores, each answer of Prometheus is compared with both.
 The exporters hold counters that reset, gauges that move (some in [-1, 1], some >= 1, some
 negative with .5 fractions), a classic histogram with two label sets, a constant "version"
 series and a series that disappears after 30 scrapes, so Prometheus writes a stale marker.
 
 After about 70 s Prometheus reloads (SIGHUP) a configuration without scrape jobs: the targets go
 away with stale markers and the data is frozen. The test then waits until remote read of
-tsgate returns exactly the sample timestamps remote read of Prometheus returns, and asks every
+each gateway returns exactly the sample timestamps remote read of Prometheus returns, and asks every
 query of ``QUERIES`` of both: as an instant query half a second after END and, unless marked instant-only, as a
 range query over [END - 59.5 s, END + 0.5 s] with a step of 1 s, 5 s or 15 s (taken in turn). Prometheus
 gets GET requests; tsgate gets GET for instant queries and form POST for range queries, with the
@@ -56,7 +58,8 @@ scrape_configs:
   - job_name: diff
     static_configs: [{targets: ["127.0.0.1:EXPORTER_A", "127.0.0.1:EXPORTER_B"]}]
 remote_write:
-  - url: http://127.0.0.1:GATEWAY_PORT/api/v1/write?tenant=TENANT
+"""
+REMOTE_WRITE = """  - url: http://127.0.0.1:GATEWAY_PORT/api/v1/write?tenant=TENANT
     queue_config: {batch_send_deadline: 500ms, min_backoff: 100ms, max_backoff: 1s}
 """
 
@@ -524,19 +527,18 @@ def points_difference(expected: list, got: list) -> str:
     return "; ".join(parts)
 
 
-def scraping_off_whole_seconds(gateway, exporters, tmp_path, tenant) -> tuple[PrometheusProcess, str, str]:
-    """A Prometheus scraping the exporters into tsgate, whose scrapes fall off the whole seconds,
-    with its configuration and the tenant it writes. Prometheus times a target's scrapes at a
-    fixed offset in the second (from a hash of its labels); at offset 0 every sample sits on the
-    whole-second edges of ``@`` and subquery windows, which 2.42 includes and Prometheus 3 (as
+def scraping_off_whole_seconds(gateways, exporters, tmp_path, tenant) -> tuple[PrometheusProcess, str, str]:
+    """A Prometheus scraping the exporters into every gateway, whose scrapes fall off the whole
+    seconds, with its configuration and the tenant it writes. Prometheus times a target's scrapes
+    at a fixed offset in the second (from a hash of its labels); at offset 0 every sample sits on
+    the whole-second edges of ``@`` and subquery windows, which 2.42 includes and Prometheus 3 (as
     tsgate) leaves out. Such a start is replaced by one whose targets carry another label (so
     another hash) and write another tenant: about one run in 500."""
     for attempt in range(5):
         written = tenant if attempt == 0 else f"{tenant}-{attempt}"
-        values = {"EXPORTER_A": exporters[0], "EXPORTER_B": exporters[1], "GATEWAY_PORT": gateway.port}
-        config = PROMETHEUS_CONFIG.replace("TENANT", written)
-        for key, value in values.items():
-            config = config.replace(key, str(value))
+        config = PROMETHEUS_CONFIG.replace("EXPORTER_A", str(exporters[0])).replace("EXPORTER_B", str(exporters[1]))
+        for gateway in gateways:
+            config += REMOTE_WRITE.replace("GATEWAY_PORT", str(gateway.port)).replace("TENANT", written)
         if attempt:
             config = config.replace("]}]", f'], labels: {{attempt: "{attempt}"}}}}]')
         prometheus = PrometheusProcess(tmp_path / f"prometheus-{attempt}", config).start()
@@ -550,9 +552,17 @@ def scraping_off_whole_seconds(gateway, exporters, tmp_path, tenant) -> tuple[Pr
     raise AssertionError("Prometheus scraped on whole seconds five times over")
 
 
-def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters, tmp_path, tenant):
-    gateway = start_gateway(*backend_args)
-    prometheus, config, tenant = scraping_off_whole_seconds(gateway, exporters, tmp_path, tenant)
+@pytest.fixture
+def gateways(start_gateway, cassandra_url, redis_server) -> dict:
+    """A gateway on each store, by name: the embedded store alone, and Cassandra with Redis."""
+    return {
+        "sqlite": start_gateway(),
+        "cassandra": start_gateway("--store", cassandra_url, "--redis", redis_server.url),
+    }
+
+
+def test_promql_answers_match_prometheus(gateways, exporters, tmp_path, tenant):
+    prometheus, config, tenant = scraping_off_whole_seconds(gateways.values(), exporters, tmp_path, tenant)
     try:
         deadline = time.monotonic() + 30
         while not prometheus.api("/api/v1/query", query="d_version")["data"]["result"]:
@@ -572,10 +582,11 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
         mid = start + WINDOW // 2
         span = ((start - 600) * 1000, stopped * 1000 + 5000)
         reference = raw_timestamps(f"http://127.0.0.1:{prometheus.port}/api/v1/read", {}, *span)
-        deadline = time.monotonic() + 60
-        while raw_timestamps(gateway.url + "/api/v1/read", {"X-Scope-OrgID": tenant}, *span) != reference:
-            assert time.monotonic() < deadline, "tsgate never held the samples Prometheus holds"
-            time.sleep(1)
+        for store, gateway in gateways.items():
+            deadline = time.monotonic() + 60
+            while raw_timestamps(gateway.url + "/api/v1/read", {"X-Scope-OrgID": tenant}, *span) != reference:
+                assert time.monotonic() < deadline, f"tsgate on {store} never held the samples Prometheus holds"
+                time.sleep(1)
 
         def placed(text: str) -> str:
             for name, at in (("START", start), ("END", end), ("MID", mid)):
@@ -610,10 +621,10 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
                 )
                 if expected["data"]["result"] in ([], None):
                     empty.append(query)
-                _, got = ask_tsgate(gateway, tenant, path, params)
-                problem = difference(expected, got, in_order)
-                if problem:
-                    mismatches.append(f"[{area}] {path} {params}: {problem}")
+                for store, gateway in gateways.items():
+                    problem = difference(expected, ask_tsgate(gateway, tenant, path, params)[1], in_order)
+                    if problem:
+                        mismatches.append(f"{store} [{area}] {path} {params}: {problem}")
         for path, params in PARAMETER_FORMS:
             params = {key: placed(value) for key, value in params.items()}
             asked += 1
@@ -621,21 +632,25 @@ def test_promql_answers_match_prometheus(start_gateway, backend_args, exporters,
             assert status == 200 and expected["data"]["result"], (
                 f"the test's parameters are wrong: {params}: {expected}"
             )
-            problem = difference(expected, ask_tsgate(gateway, tenant, path, params)[1], False)
-            if problem:
-                mismatches.append(f"[parameters] {path} {params}: {problem}")
+            for store, gateway in gateways.items():
+                problem = difference(expected, ask_tsgate(gateway, tenant, path, params)[1], False)
+                if problem:
+                    mismatches.append(f"{store} [parameters] {path} {params}: {problem}")
         for path, params in ERRORS:
             params = {key: placed(value) for key, value in params.items()}
             asked += 1
             status, expected = ask_prometheus(prometheus, path, params)
             assert expected["status"] == "error", f"Prometheus accepted the bad request {params}"
-            their_status, got = ask_tsgate(gateway, tenant, path, params)
-            if (their_status, got.get("status"), got.get("errorType")) != (status, "error", expected["errorType"]):
-                mismatches.append(
-                    f"[error] {path} {params}: expected {status} {expected['errorType']} ({expected['error']}), got {their_status} {json.dumps(got)[:300]}"
-                )
+            for store, gateway in gateways.items():
+                their_status, got = ask_tsgate(gateway, tenant, path, params)
+                if (their_status, got.get("status"), got.get("errorType")) != (status, "error", expected["errorType"]):
+                    mismatches.append(
+                        f"{store} [error] {path} {params}: expected {status} {expected['errorType']} ({expected['error']}), got {their_status} {json.dumps(got)[:300]}"
+                    )
     finally:
         prometheus.stop()
     assert asked >= 300 and len(empty) < 20, f"too many empty reference answers: {empty}"
-    assert not mismatches, f"{len(mismatches)} of {asked} answers differ from Prometheus:\n" + "\n".join(mismatches)
-    assert "Traceback" not in gateway.log()
+    assert not mismatches, (
+        f"{len(mismatches)} answers of {asked} requests to each store differ from Prometheus:\n" + "\n".join(mismatches)
+    )
+    assert not [store for store, gateway in gateways.items() if "Traceback" in gateway.log()]
