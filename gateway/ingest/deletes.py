@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from twisted.internet.defer import gatherResults
 
+from gateway.core.layout import Granularity
 from gateway.core.model import SeriesKey, now_ms
 from gateway.ingest.metadata_cache import KnownSeries, RedisSeenSeries
 from gateway.ingest.pipeline import PendingMarker
@@ -119,29 +119,26 @@ class Deleter:
         return [(start, end) for start, end in parts if start <= end]
 
     async def _with_data(self, series: list[SeriesKey], parts: list[tuple[int, int]]) -> set[tuple[str, str]]:
-        """(tenant, hash) of the series with raw samples, histograms or roll-up rows in any of the parts."""
+        """(tenant, hash) of the series with raw samples, histograms or roll-up rows in any of the
+        parts: the store's series_with_data within the raw retention, then within each roll-up's
+        with that granularity for the series still without (a few store calls a batch; raw rows
+        past the raw retention that have not expired yet count there, and keep a series indexed
+        until they do)."""
         found: set[tuple[str, str]] = set()
         now, layout = now_ms(), self.store.retentions.widest()
         raw_oldest = now - layout.raw_retention_ms - layout.slot_width_ms
-        for start, end in parts:
-            raw_start = max(start, raw_oldest)
-            if raw_start <= end:
-                for key, samples in zip(series, await self.reader.read_raw(series, raw_start, end)):
-                    if len(samples):
-                        found.add(_pair(key))
-                for tenant, hashes in _by_tenant(series).items():
-                    rows = await self.store.read_histograms(tenant, hashes, raw_start, end)
-                    found.update((tenant, h) for h, r in zip(hashes, rows) if r)
-            for granularity in layout.granularities:
-                oldest = max(start, now - granularity.retention_ms - granularity.partition_width_ms)
-                unknown = [key for key in series if _pair(key) not in found] if oldest <= end else []
-                reads = [
-                    self.store.read_rollups(granularity, key.tenant, key.series_set_hash, oldest, end)
-                    for key in unknown
-                ]
-                for key, rows in zip(unknown, await gatherResults(reads, consumeErrors=True)):
-                    if rows:
-                        found.add(_pair(key))
+        ranges: list[tuple[int, int, Granularity | None]] = [
+            (max(start, raw_oldest), end, None) for start, end in parts
+        ]
+        for rollup in layout.granularities:
+            oldest = now - rollup.retention_ms - rollup.partition_width_ms
+            ranges += [(max(start, oldest), end, rollup) for start, end in parts]
+        for start, end, granularity in ranges:
+            if start > end:
+                continue
+            for tenant, hashes in _by_tenant([key for key in series if _pair(key) not in found]).items():
+                held = await self.store.series_with_data(tenant, hashes, start, end, granularity)
+                found.update((tenant, hash_) for hash_ in held)
         return found
 
     async def _roll_up_again(self, series: list[SeriesKey], start_ms: int, end_ms: int) -> None:

@@ -167,11 +167,24 @@ class CassandraIndex(CassandraBase):
 
         return self._execute_all(requests, PLAIN_ROWS).addCallback(united)
 
-    def listing_buckets(self, name, keys, buckets, value=None):
-        """One request: ``bucket IN`` the buckets, a row at most a partition."""
-        statement = self._statements[f"buckets_of_{name}{'_value' if value is not None else ''}"]
-        parameters = (keys[0], list(buckets.starts()), *keys[1:], *([value] if value is not None else []))
-        return self._execute(statement, parameters).addCallback(lambda rows: sorted({r.bucket for r in rows}))
+    def listings_with_rows(self, name, listings):
+        """A request a listing, a row at most."""
+        statement = self._statements[f"{name}_limited"]
+        requests = [(statement, (*keys, 1)) for keys in listings]
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(lambda pages: [bool(page) for page in pages])
+
+    def listings_buckets(self, name, listings, buckets):
+        """A request a listing: ``bucket IN`` the buckets, a row at most a partition."""
+        listings = list(listings)
+        if not listings:
+            return defer.succeed([])
+        with_value = len(listings[0]) > len(LISTINGS[name][2])
+        statement = self._statements[f"buckets_of_{name}{'_value' if with_value else ''}"]
+        starts = list(buckets.starts())
+        requests = [(statement, (keys[0], starts, *keys[1:])) for keys in listings]
+        return self._execute_all(requests, PLAIN_ROWS).addCallback(
+            lambda pages: [{bucket for (bucket,) in page} for page in pages]
+        )
 
     def get_series(self, tenant, hashes: Iterable[str]):
         """READ_SERIES_PER_REQUEST series a request (``series_set_hash IN ?``): the downsampler

@@ -332,9 +332,16 @@ class IndexStore(abc.ABC):
         few requests: the bound of a listing answered in the serving process."""
 
     @abc.abstractmethod
-    def listing_buckets(self, name: str, keys: tuple, buckets: Buckets, value: str | None = None) -> Deferred:
-        """Fire with the sorted starts of the buckets of ``buckets`` in which one index listing (as
-        ``_listing``) has a row, or has ``value`` where given: what deleting series asks of the time index."""
+    def listings_with_rows(self, name: str, listings: Sequence[tuple]) -> Deferred:
+        """Fire with, for each listing's keys of ``listings`` (as ``_listing`` takes them), whether
+        the all-time table has a row for it: what deleting series asks, many listings a call."""
+
+    @abc.abstractmethod
+    def listings_buckets(self, name: str, listings: Sequence[tuple], buckets: Buckets) -> Deferred:
+        """Fire with, for each listing of ``listings``, the set of starts of the buckets of
+        ``buckets`` in which it has a row: its keys as ``_listing`` takes them, or those and one
+        value more, then a row holding that value (every listing of a call alike). What deleting
+        series asks of the time index, many listings a call."""
 
     def find_series(
         self, tenant: str, metric_name: str, tag_key: str, tag_value: str, buckets: Buckets | None = None

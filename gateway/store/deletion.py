@@ -9,22 +9,24 @@ series needs any more, level by level (a tag value, then its tag key; a metric's
 Prometheus metadata; a Graphite leaf, then each branch above it left without children). The time
 index alike, bucket by bucket: in each bucket a series was indexed in, its own bucket_series_sets
 rows, then the shared rows no series of that bucket needs (so a listing over those hours no longer
-shows a deleted series' values). remove_from_index asks the store through the contract's read
-methods and deletes through the driver's ``delete_index_rows`` and ``write_path_flags``.
+shows a deleted series' values). remove_from_index asks the store whether listings still have
+rows (``listings_with_rows``, ``listings_buckets``: LISTINGS_A_CALL listings a store call) and
+deletes through the driver's ``delete_index_rows`` and ``write_path_flags``.
 """
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
-from twisted.internet.defer import gatherResults
 
 from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import NAME_TAG, SeriesKey, now_ms
 from gateway.store.blocks import decode_block, encode_block
 from gateway.store.index import BUCKET_TABLES, Buckets, bucket_table, path_nodes
 
-# Index lookups deleting series keeps in flight at once (of the store's CALLS_IN_FLIGHT).
-LOOKUPS_AT_ONCE = 16
+# Index listings deleting series asks about in one store call: a delete of 20,000 series asked
+# 100,000 of them, a call each, and those took most of its 30 s on SQLite.
+LISTINGS_A_CALL = 500
 
 # The key columns of each metadata table, in the order delete_index_rows takes them.
 INDEX_KEYS = {
@@ -98,25 +100,29 @@ async def _remove_from_all_time_index(store, series: Sequence[SeriesKey]) -> Non
             leaves.add((s.tenant, s.metric_name))
     await store.delete_index_rows(own)
     await _drop_unused_tags(store, sorted(pairs))
-    unused_names = await _unused(sorted(names), lambda tenant, name: store.find_series(tenant, name, NAME_TAG, name))
-    await store.delete_index_rows({"metric_names": unused_names, "metric_metadata": unused_names})
+    unused_names = await _unused(store, "find_series", [(t, name, NAME_TAG, name) for t, name in sorted(names)])
+    gone_names = [(tenant, name) for tenant, name, _, _ in unused_names]
+    await store.delete_index_rows({"metric_names": gone_names, "metric_metadata": gone_names})
     for tenant, metric_name in sorted(leaves):
         await _drop_path(store, tenant, metric_name)
 
 
-async def _unused(keys: list, lookup) -> list:
-    """The keys whose listing (``lookup(*key)``) is empty, LOOKUPS_AT_ONCE lookups in flight at a
-    time: a share of the store's bound on calls, where one at a time left its threads idle."""
-    unused = []
-    for first in range(0, len(keys), LOOKUPS_AT_ONCE):
-        part = keys[first : first + LOOKUPS_AT_ONCE]
-        found = await gatherResults([lookup(*key) for key in part], consumeErrors=True)
-        unused += [key for key, rows in zip(part, found) if not rows]
-    return unused
+async def _in_parts(ask, listings: list) -> list:
+    """``ask`` of LISTINGS_A_CALL listings at a time, the answers of all in their order."""
+    found: list = []
+    for first in range(0, len(listings), LISTINGS_A_CALL):
+        found += await ask(listings[first : first + LISTINGS_A_CALL])
+    return found
+
+
+async def _unused(store, name: str, listings: list[tuple]) -> list[tuple]:
+    """The listings (keys of ``name``) without a row in the all-time table."""
+    held = await _in_parts(functools.partial(store.listings_with_rows, name), listings)
+    return [keys for keys, has_rows in zip(listings, held) if not has_rows]
 
 
 async def _drop_unused_tags(store, pairs: list[tuple[str, str, str, str]]) -> None:
-    gone_values = await _unused(pairs, store.find_series)
+    gone_values = await _unused(store, "find_series", pairs)
     await store.delete_index_rows(
         {
             "tag_values": gone_values,
@@ -124,12 +130,12 @@ async def _drop_unused_tags(store, pairs: list[tuple[str, str, str, str]]) -> No
         }
     )
     metric_keys = sorted({(tenant, name, key) for tenant, name, key, _ in gone_values})
-    gone_keys = await _unused(metric_keys, store.list_tag_values)
+    gone_keys = await _unused(store, "list_tag_values", metric_keys)
     tenant_values = sorted({(tenant, key, value) for tenant, _, key, value in gone_values})
-    gone_tenant_values = await _unused(tenant_values, store.find_metrics_by_tag)
+    gone_tenant_values = await _unused(store, "find_metrics_by_tag", tenant_values)
     await store.delete_index_rows({"tag_keys": gone_keys, "tenant_tag_values": gone_tenant_values})
     tenant_keys = sorted({(tenant, key) for tenant, key, _ in gone_tenant_values})
-    gone_tenant_keys = await _unused(tenant_keys, store.list_tenant_tag_values)
+    gone_tenant_keys = await _unused(store, "list_tenant_tag_values", tenant_keys)
     await store.delete_index_rows({"tenant_tag_keys": gone_tenant_keys})
 
 
@@ -151,70 +157,63 @@ async def _drop_path(store, tenant: str, metric_name: str) -> None:
             return
 
 
-async def _remove_from_buckets(store, series: Sequence[SeriesKey], span) -> None:
-    """remove_from_index in the time index: the buckets of ``span`` each series is indexed in (one
-    lookup a series), its own rows there, then per shared row the buckets no series needs it in any
-    more (one lookup a distinct row a level, over the buckets it may be gone from)."""
+async def _remove_from_buckets(store, series: Sequence[SeriesKey], span: Buckets) -> None:
+    """remove_from_index in the time index: the buckets of ``span`` each series is indexed in, its
+    own rows there, then per shared row the buckets no series needs it in any more, level by
+    level (LISTINGS_A_CALL listings a store call)."""
+
+    async def gone(name: str, wanted: dict[tuple, set[int]]) -> list[tuple]:
+        """(*keys, bucket) of each listing of ``wanted`` and each of its buckets in which it is now empty."""
+        listings = sorted(wanted)
+        left = await _in_parts(lambda part: store.listings_buckets(name, part, span), listings)
+        return [(*keys, bucket) for keys, held in zip(listings, left) for bucket in sorted(wanted[keys] - held)]
+
     own: list[tuple] = []
     pairs: dict[tuple[str, str, str, str], set[int]] = {}
     names: dict[tuple[str, str], set[int]] = {}
-    for s in series:
-        found = await store.listing_buckets(
-            "find_series", (s.tenant, s.metric_name, NAME_TAG, s.metric_name), span, s.series_set_hash
-        )
-        for bucket in found:
+    indexed = [(s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash) for s in series]
+    for s, found in zip(
+        series, await _in_parts(lambda part: store.listings_buckets("find_series", part, span), indexed)
+    ):
+        for bucket in sorted(found):
             own.append((s.tenant, bucket, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash))
             for key, value in s.tags.items():
                 own.append((s.tenant, bucket, s.metric_name, key, value, s.series_set_hash))
                 pairs.setdefault((s.tenant, s.metric_name, key, value), set()).update(found)
+        if found:
             names.setdefault((s.tenant, s.metric_name), set()).update(found)
     await store.delete_index_rows({bucket_table("series_sets"): own})
 
-    async def gone(name: str, keys: tuple, buckets: set[int]) -> list[int]:
-        """The buckets of ``buckets`` in which a listing is now empty."""
-        left = await store.listing_buckets(name, keys, Buckets(min(buckets), max(buckets)))
-        return sorted(buckets - set(left))
-
-    values: list[tuple[str, int, str, str, str]] = []
+    values = await gone("find_series", pairs)  # (tenant, name, key, value, bucket)
     metric_keys: dict[tuple[str, str, str], set[int]] = {}
     tenant_values: dict[tuple[str, str, str], set[int]] = {}
-    for (tenant, name, key, value), buckets in sorted(pairs.items()):
-        for bucket in await gone("find_series", (tenant, name, key, value), buckets):
-            values.append((tenant, bucket, name, key, value))
-            metric_keys.setdefault((tenant, name, key), set()).add(bucket)
-            tenant_values.setdefault((tenant, key, value), set()).add(bucket)
+    for tenant, name, key, value, bucket in values:
+        metric_keys.setdefault((tenant, name, key), set()).add(bucket)
+        tenant_values.setdefault((tenant, key, value), set()).add(bucket)
     await store.delete_index_rows(
         {
-            bucket_table("tag_values"): values,
-            bucket_table("tag_metrics"): [
-                (tenant, bucket, key, value, name) for tenant, bucket, name, key, value in values
+            bucket_table("tag_values"): [(t, bucket, name, key, value) for t, name, key, value, bucket in values],
+            bucket_table("tag_metrics"): [(t, bucket, key, value, name) for t, name, key, value, bucket in values],
+        }
+    )
+    gone_keys = await gone("list_tag_values", metric_keys)  # (tenant, name, key, bucket)
+    gone_tenant_values = await gone("find_metrics_by_tag", tenant_values)  # (tenant, key, value, bucket)
+    tenant_keys: dict[tuple[str, str], set[int]] = {}
+    for tenant, key, _, bucket in gone_tenant_values:
+        tenant_keys.setdefault((tenant, key), set()).add(bucket)
+    await store.delete_index_rows(
+        {
+            bucket_table("tag_keys"): [(t, bucket, name, key) for t, name, key, bucket in gone_keys],
+            bucket_table("tenant_tag_values"): [
+                (t, bucket, key, value) for t, key, value, bucket in gone_tenant_values
             ],
         }
     )
-    keys = [
-        (tenant, bucket, name, key)
-        for (tenant, name, key), buckets in sorted(metric_keys.items())
-        for bucket in await gone("list_tag_values", (tenant, name, key), buckets)
-    ]
-    gone_tenant_values: list[tuple[str, int, str, str]] = []
-    tenant_keys: dict[tuple[str, str], set[int]] = {}
-    for (tenant, key, value), buckets in sorted(tenant_values.items()):
-        for bucket in await gone("find_metrics_by_tag", (tenant, key, value), buckets):
-            gone_tenant_values.append((tenant, bucket, key, value))
-            tenant_keys.setdefault((tenant, key), set()).add(bucket)
+    gone_tenant_keys = await gone("list_tenant_tag_values", tenant_keys)  # (tenant, key, bucket)
+    gone_names = await gone("find_series", {(t, name, NAME_TAG, name): b for (t, name), b in names.items()})
     await store.delete_index_rows(
-        {bucket_table("tag_keys"): keys, bucket_table("tenant_tag_values"): gone_tenant_values}
-    )
-    gone_tenant_keys = [
-        (tenant, bucket, key)
-        for (tenant, key), buckets in sorted(tenant_keys.items())
-        for bucket in await gone("list_tenant_tag_values", (tenant, key), buckets)
-    ]
-    gone_names = [
-        (tenant, bucket, name)
-        for (tenant, name), buckets in sorted(names.items())
-        for bucket in await gone("find_series", (tenant, name, NAME_TAG, name), buckets)
-    ]
-    await store.delete_index_rows(
-        {bucket_table("tenant_tag_keys"): gone_tenant_keys, bucket_table("metric_names"): gone_names}
+        {
+            bucket_table("tenant_tag_keys"): [(t, bucket, key) for t, key, bucket in gone_tenant_keys],
+            bucket_table("metric_names"): [(t, bucket, name) for t, name, _, _, bucket in gone_names],
+        }
     )

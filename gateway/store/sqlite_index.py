@@ -5,6 +5,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 
 import orjson
+from twisted.internet.defer import succeed
 
 from gateway.core.layout import INDEX_BUCKET_MS
 from gateway.core.model import SeriesKey, now_ms
@@ -69,6 +70,11 @@ def _json_listing(
     it gave more than ``most_rows``."""
     values = orjson.loads(connection.execute(query, parameters).fetchone()[0])
     return None if most_rows is not None and len(values) > most_rows else sorted(set(values))
+
+
+def _each_listing(connection: sqlite3.Connection, query: str, after: tuple, listings: list[tuple], answer) -> list:
+    """``answer`` of the rows of ``query`` for each listing's parameters (then ``after``'s)."""
+    return [answer(connection.execute(query, (*keys, *after)).fetchall()) for keys in listings]
 
 
 class SQLiteIndex(SQLiteBase):
@@ -138,16 +144,24 @@ class SQLiteIndex(SQLiteBase):
             rows, parameters = f"{rows} LIMIT ?", (*parameters, most_rows + 1)
         return self._read(_json_listing, f"SELECT json_group_array(listed) FROM ({rows})", parameters, most_rows)
 
-    def listing_buckets(self, name, keys, buckets, value=None):
+    def listings_with_rows(self, name, listings):
+        table, _, key_columns = LISTINGS[name]
+        query = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {' AND '.join(f'{c}=?' for c in key_columns)})"
+        return self._read(_each_listing, query, (), list(listings), lambda rows: bool(rows[0][0]))
+
+    def listings_buckets(self, name, listings, buckets):
+        """One reader call: a query a listing (a thread hop each was most of a delete's time)."""
+        listings = list(listings)
+        if not listings:
+            return succeed([])
         table, column, key_columns = LISTINGS[name]
-        starts = list(buckets.starts())
-        where = " AND ".join(f"{c}=?" for c in (*key_columns, *([column] if value is not None else [])))
+        starts = tuple(buckets.starts())
+        columns = (*key_columns, column)[: len(listings[0])]
         query = (
-            f"SELECT DISTINCT bucket FROM {bucket_table(table)} WHERE {where}"
-            f" AND bucket IN ({', '.join('?' * len(starts))}) ORDER BY bucket"
+            f"SELECT DISTINCT bucket FROM {bucket_table(table)} WHERE {' AND '.join(f'{c}=?' for c in columns)}"
+            f" AND bucket IN ({', '.join('?' * len(starts))})"
         )
-        params = (*keys, *([value] if value is not None else []), *starts)
-        return self._read(column_values, query, params)
+        return self._read(_each_listing, query, starts, listings, lambda rows: {bucket for (bucket,) in rows})
 
     def list_tenants(self):
         return self._read(column_values, "SELECT tenant FROM tenants ORDER BY tenant", ())
