@@ -122,6 +122,33 @@ async def test_a_bounded_listing_reads_at_most_its_rows(store, tenant):
 
 
 @pytest_twisted.ensureDeferred
+async def test_many_listings_are_asked_in_one_call(store, tenant):
+    """What a delete asks of the index: whether each listing has a row (all-time), and the
+    buckets in which each has one, or has a given value; answers in the order asked."""
+    H = recent_hours()
+    first, second = pod(tenant, 0, 0), pod(tenant, 1, 0)
+    await store.write_series([first, second])
+    await store.write_series_buckets([(first, H), (first, H + B), (second, H + B)])
+    assert await store.listings_with_rows(
+        "find_series", [(tenant, "churn_total", "pod", "p1-0"), (tenant, "churn_total", "pod", "p9-9")]
+    ) == [True, False]
+    assert await store.listings_with_rows("list_tenant_tag_values", [(tenant, "nope"), (tenant, "job")]) == [
+        False,
+        True,
+    ]
+    span = Buckets(H - B, H + 2 * B)
+    assert await store.listings_buckets(
+        "find_series",
+        [(tenant, "churn_total", "pod", "p0-0"), (tenant, "churn_total", "pod", "p1-0"), (tenant, "x", "pod", "p")],
+        span,
+    ) == [{H, H + B}, {H + B}, set()]
+    name = (tenant, "churn_total", "__name__", "churn_total")
+    with_values = [(*name, first.series_set_hash), (*name, second.series_set_hash), (*name, "unknown")]
+    assert await store.listings_buckets("find_series", with_values, span) == [{H, H + B}, {H + B}, set()]
+    assert await store.listings_buckets("list_tag_values", [], span) == []
+
+
+@pytest_twisted.ensureDeferred
 async def test_writing_a_bucket_again_is_harmless_and_tenants_stay_apart(store, tenant):
     H = recent_hours()
     series = pod(tenant, 0, 0)
