@@ -11,7 +11,7 @@ from gateway.core.model import HistogramSample, Limits, Sample, SeriesKey, now_m
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
 from gateway.query.planner import QueryPlanner, QueryTooLarge
-from gateway.query.promql.service import PromQLService
+from gateway.query.promql.service import OVERSIZED_LISTING_MS, PromQLService
 from gateway.query.promql.values import PromQLError
 from gateway.query.remote_read import RemoteRead
 from gateway.store.contract import MetricMetadata, Rollup
@@ -108,6 +108,30 @@ async def test_promql_label_lookups_use_prometheus_names(sqlite_store, tenant, w
     service = promql(sqlite_store)
     assert await service.label_values(tenant, "host", ["requests_total"]) == ["a", "b", "c"]
     assert "host" in await service.label_names(tenant, [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_listing_past_the_serving_process_bound_is_not_read_there_again_for_a_while(
+    sqlite_store, tenant, written
+):
+    """The serving process's bounded listing (``most_rows``) answers None past its bound, and
+    then None without reading for OVERSIZED_LISTING_MS (an executor answers it); after that it
+    reads again, and answers once the listing fits."""
+    clock = [written]
+    service = PromQLService(
+        sqlite_store, QueryPlanner(sqlite_store, max_series=100, clock=lambda: clock[0]), 1000, 5 * MINUTE, 60_000
+    )
+    reads = []
+    listing = sqlite_store.list_tenant_tag_values
+    sqlite_store.list_tenant_tag_values = lambda *args: reads.append(args) or listing(*args)
+    start = written - 30 * MINUTE
+    assert await service.label_values(tenant, "host", [], start, written, most_rows=2) is None
+    assert await service.label_values(tenant, "host", [], start, written, most_rows=2) is None
+    assert len(reads) == 1
+    assert await service.label_values(tenant, "host", [], start, written) == ["a", "b", "c"]
+    clock[0] += OVERSIZED_LISTING_MS
+    assert await service.label_values(tenant, "host", [], start, written, most_rows=3) == ["a", "b", "c"]
+    assert len(reads) == 3
 
 
 @pytest_twisted.ensureDeferred
