@@ -347,7 +347,9 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     kept = inside[_last_writes(owner[inside], timestamps[inside])]
     owner, timestamps, values = owner[kept], timestamps[kept], values[kept]
     bounds = np.searchsorted(owner, np.arange(len(hashes) + 1)).tolist()
-    return [Samples(timestamps[a:b], values[a:b]) for a, b in zip(bounds, bounds[1:])], list(map(tuple, keys))
+    nothing = empty()  # one for every series without samples: a churning tenant's selection has many
+    heads = [Samples(timestamps[a:b], values[a:b]) if b > a else nothing for a, b in zip(bounds, bounds[1:])]
+    return heads, list(map(tuple, keys))
 
 
 def _last_writes(owner: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
