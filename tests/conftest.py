@@ -170,6 +170,16 @@ def gateway(start_gateway, backend_args):
     return start_gateway(*backend_args)
 
 
+@pytest.fixture
+def gateways(start_gateway, cassandra_url, redis_server) -> dict:
+    """A gateway on each store, by name, for a test whose one real client (a Prometheus scraping
+    for a minute) feeds both: the embedded store alone, and Cassandra with Redis."""
+    return {
+        "sqlite": start_gateway(),
+        "cassandra": start_gateway("--store", cassandra_url, "--redis", redis_server.url),
+    }
+
+
 async def read_head(store, tenant, series_set_hash, start_ms, end_ms):
     """The head rows of one series from store.read_raw (tests of the store contract)."""
     (found,) = await store.read_raw(tenant, [series_set_hash], start_ms, end_ms)

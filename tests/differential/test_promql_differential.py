@@ -552,15 +552,6 @@ def scraping_off_whole_seconds(gateways, exporters, tmp_path, tenant) -> tuple[P
     raise AssertionError("Prometheus scraped on whole seconds five times over")
 
 
-@pytest.fixture
-def gateways(start_gateway, cassandra_url, redis_server) -> dict:
-    """A gateway on each store, by name: the embedded store alone, and Cassandra with Redis."""
-    return {
-        "sqlite": start_gateway(),
-        "cassandra": start_gateway("--store", cassandra_url, "--redis", redis_server.url),
-    }
-
-
 def test_promql_answers_match_prometheus(gateways, exporters, tmp_path, tenant):
     prometheus, config, tenant = scraping_off_whole_seconds(gateways.values(), exporters, tmp_path, tenant)
     try:

@@ -281,12 +281,12 @@ def serve_histograms(family) -> tuple[http.server.ThreadingHTTPServer, int]:
     return server, server.server_address[1]
 
 
-def histogram_writer(gateway, exporter_port: int, tmp_path, tenant: str) -> PrometheusProcess:
-    """A Prometheus with native histograms on, scraping the exporter and remote-writing to tsgate."""
-    values = {"GATEWAY_PORT": gateway.port, "EXPORTER_PORT": exporter_port, "TENANT": tenant}
-    return PrometheusProcess(
-        tmp_path / "writer", configured(WRITER, **values), "--enable-feature=native-histograms"
-    ).start()
+def histogram_writer(gateways, exporter_port: int, tmp_path, tenant: str) -> PrometheusProcess:
+    """A Prometheus with native histograms on, scraping the exporter and remote-writing to each gateway."""
+    scraping, sending = WRITER.split("remote_write:\n")
+    config = configured(scraping, EXPORTER_PORT=exporter_port) + "remote_write:\n"
+    config += "".join(configured(sending, GATEWAY_PORT=gateway.port, TENANT=tenant) for gateway in gateways)
+    return PrometheusProcess(tmp_path / "writer", config, "--enable-feature=native-histograms").start()
 
 
 def received_histograms(gateway, tenant: str, name: str, at_least: int, timeout: float):
@@ -316,7 +316,7 @@ def test_real_prometheus_sends_native_histograms_and_reads_agree(
     (send_native_histograms); tsgate's remote read gives it back with the count and sum
     Prometheus's own query API shows at the same timestamp, and the exporter's buckets."""
     gateway = start_gateway(*backend_args)
-    writer = histogram_writer(gateway, native_exporter, tmp_path, tenant)
+    writer = histogram_writer([gateway], native_exporter, tmp_path, tenant)
     try:
         result = received_histograms(gateway, tenant, "tsgate_e2e_latency_seconds", 3, 60)
         histograms = [h for series in result.timeseries for h in series.histograms]
@@ -426,41 +426,42 @@ def _numbers(value, exact: bool):
 
 
 def test_real_prometheus_and_tsgate_agree_on_promql_over_native_histograms(
-    start_gateway, backend_args, restarting_exporter, tmp_path, tenant
+    gateways, restarting_exporter, tmp_path, tenant
 ):
     """Prometheus 2.42 scrapes a native histogram that restarts every 8 scrapes and remote-writes
-    it; at the timestamps of the last samples tsgate received, tsgate's PromQL answers (histogram
-    JSON, counts, sums) equal Prometheus's own where 2.42 and 3 agree."""
-    gateway = start_gateway(*backend_args)
-    writer = histogram_writer(gateway, restarting_exporter, tmp_path, tenant)
+    it to a gateway on each store; at the timestamps of the last samples each received, its PromQL
+    answers (histogram JSON, counts, sums) equal Prometheus's own where 2.42 and 3 agree."""
+    writer = histogram_writer(gateways.values(), restarting_exporter, tmp_path, tenant)
     try:
-        result = received_histograms(gateway, tenant, "tsgate_e2e_size_bytes", 20, 90)
-        histograms = [h for series in result.timeseries for h in series.histograms]
-        compared = 0
-        for histogram in histograms[-3:]:
-            for text in HISTOGRAM_QUERIES:
-                params = {"query": text, "time": histogram.timestamp / 1000}
-                expected = writer.api("/api/v1/query", **params)
+        for store, gateway in gateways.items():
+            result = received_histograms(gateway, tenant, "tsgate_e2e_size_bytes", 20, 90)
+            histograms = [h for series in result.timeseries for h in series.histograms]
+            compared = 0
+            for histogram in histograms[-3:]:
+                for text in HISTOGRAM_QUERIES:
+                    params = {"query": text, "time": histogram.timestamp / 1000}
+                    expected = writer.api("/api/v1/query", **params)
+                    got = gateway.get(
+                        "/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
+                    ).json()
+                    assert expected["status"] == "success" and expected["data"]["result"], (text, expected)
+                    assert _numbers(got["data"], True) == _numbers(expected["data"], False), (
+                        f"{store}: {text}\n{got}\n{expected}"
+                    )
+                    compared += 1
+            assert compared == 3 * len(HISTOGRAM_QUERIES)
+            end = histograms[-1].timestamp / 1000
+            for text in ("tsgate_e2e_size_bytes", "histogram_count(tsgate_e2e_size_bytes)"):
+                params = {"query": text, "start": end - 8, "end": end, "step": 0.5}
+                expected = writer.api("/api/v1/query_range", **params)
                 got = gateway.get(
-                    "/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
+                    "/api/v1/query_range?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
                 ).json()
-                assert expected["status"] == "success" and expected["data"]["result"], (text, expected)
-                assert _numbers(got["data"], True) == _numbers(expected["data"], False), f"{text}\n{got}\n{expected}"
-                compared += 1
-        assert compared == 3 * len(HISTOGRAM_QUERIES)
-        end = histograms[-1].timestamp / 1000
-        for text in ("tsgate_e2e_size_bytes", "histogram_count(tsgate_e2e_size_bytes)"):
-            params = {"query": text, "start": end - 8, "end": end, "step": 0.5}
-            expected = writer.api("/api/v1/query_range", **params)
-            got = gateway.get(
-                "/api/v1/query_range?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
-            ).json()
-            assert (
-                expected["status"] == "success"
-                and len(expected["data"]["result"][0].get("histograms") or expected["data"]["result"][0]["values"])
-                == 17
-            )
-            assert _numbers(got["data"], True) == _numbers(expected["data"], False), f"{text}\n{got}\n{expected}"
+                result = expected["data"]["result"][0]
+                assert expected["status"] == "success" and len(result.get("histograms") or result["values"]) == 17
+                assert _numbers(got["data"], True) == _numbers(expected["data"], False), (
+                    f"{store}: {text}\n{got}\n{expected}"
+                )
     finally:
         writer.stop()
-    assert "Traceback" not in gateway.log()
+    assert not [store for store, gateway in gateways.items() if "Traceback" in gateway.log()]
