@@ -120,10 +120,9 @@ class Deleter:
 
     async def _with_data(self, series: list[SeriesKey], parts: list[tuple[int, int]]) -> set[tuple[str, str]]:
         """(tenant, hash) of the series with raw samples, histograms or roll-up rows in any of the
-        parts: the store's series_with_data within the raw retention, then within each roll-up's
-        with that granularity for the series still without (a few store calls a batch; raw rows
-        past the raw retention that have not expired yet count there, and keep a series indexed
-        until they do)."""
+        parts: the store's series_with_data of raw data within the raw retention, then of each
+        roll-up's rows within its own retention for the series still without (a few store calls
+        a batch)."""
         found: set[tuple[str, str]] = set()
         now, layout = now_ms(), self.store.retentions.widest()
         raw_oldest = now - layout.raw_retention_ms - layout.slot_width_ms
@@ -137,7 +136,7 @@ class Deleter:
             if start > end:
                 continue
             for tenant, hashes in _by_tenant([key for key in series if _pair(key) not in found]).items():
-                held = await self.store.series_with_data(tenant, hashes, start, end, granularity)
+                held = await self.store.series_with_data(tenant, hashes, start, end, granularity, granularity is None)
                 found.update((tenant, hash_) for hash_ in held)
         return found
 

@@ -44,11 +44,11 @@ class CassandraStore(
     """Every role of the contract on one connection (cassandra_base.CassandraBase)."""
 
     @functools.partial(store_call, bounded=False)
-    def series_with_data(self, tenant, hashes, start_ms, end_ms, granularity=None):
+    def series_with_data(self, tenant, hashes, start_ms, end_ms, granularity=None, raw=True):
         """Through the reads (a composite of bounded store calls): the data_blocks rows and the
         head rows of unsealed slots of the range, then histograms and roll-ups, each read asking
         only for the series not found yet."""
-        return ensureDeferred(series_with_data_read(self, tenant, hashes, start_ms, end_ms, granularity))
+        return ensureDeferred(series_with_data_read(self, tenant, hashes, start_ms, end_ms, granularity, raw))
 
 
 __all__ = ["CassandraStore", "parse_url"]

@@ -452,14 +452,22 @@ class SampleStore(abc.ABC):
 
     @abc.abstractmethod
     def series_with_data(
-        self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int, granularity: Granularity | None = None
+        self,
+        tenant: str,
+        hashes: Sequence[str],
+        start_ms: int,
+        end_ms: int,
+        granularity: Granularity | None = None,
+        raw: bool = True,
     ) -> Deferred:
         """Fire with the set of ``hashes`` that hold data in an inclusive range: a raw sample (a head
         row, or a block overlapping it: ``holds_samples``) or a native histogram, or, with a
         ``granularity``, a row of that roll-up (floats or histograms). What /api/v1/series asks,
         as Prometheus checks a series' chunks against the range: the time index lists a series
-        for a whole bucket, and a bucket ahead (docs/storage.rst). ``series_with_data_read`` answers
-        it through the reads; a driver may answer in fewer requests."""
+        for a whole bucket, and a bucket ahead (docs/storage.rst). With ``raw`` false, only the
+        roll-up's rows count (a delete asks so over a roll-up's retention: on Cassandra a raw read
+        of a year lists a partition a slot). ``series_with_data_read`` answers it through the
+        reads; a driver may answer in fewer requests."""
 
     @abc.abstractmethod
     def delete_samples(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
@@ -553,17 +561,25 @@ class MetadataStore(abc.ABC):
 
 
 async def series_with_data_read(
-    store: "Store", tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int, granularity: Granularity | None
+    store: "Store",
+    tenant: str,
+    hashes: Sequence[str],
+    start_ms: int,
+    end_ms: int,
+    granularity: Granularity | None,
+    raw: bool = True,
 ) -> set[str]:
     """Store.series_with_data through read_raw, then the histogram and roll-up reads, each series
     read only until one of them finds data."""
     hashes = list(hashes)
     if end_ms < start_ms:
         return set()
-    reads = [
-        functools.partial(_raw_with_data, store, tenant, start_ms, end_ms),
-        functools.partial(_rows_with_data, store.read_histograms, tenant, start_ms, end_ms),
-    ]
+    reads = []
+    if raw:
+        reads += [
+            functools.partial(_raw_with_data, store, tenant, start_ms, end_ms),
+            functools.partial(_rows_with_data, store.read_histograms, tenant, start_ms, end_ms),
+        ]
     if granularity is not None:
         rollups = functools.partial(_rollups_of_many, store, granularity)
         histogram_rollups = functools.partial(store.read_histogram_rollups, granularity)

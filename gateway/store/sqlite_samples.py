@@ -113,7 +113,7 @@ def _rows_in_range(
 
 
 def _series_with_data(
-    connection, layout: Layout, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity
+    connection, layout: Layout, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity, raw: bool
 ) -> set[str]:
     """series_with_data (contract.py), SERIES_PER_QUERY series a query, each asked of the next read
     only when the ones before found nothing: the timestamps of the head chunks (where a series with
@@ -121,12 +121,14 @@ def _series_with_data(
     the roll-up tables; no series' samples are merged or decoded. One snapshot: a fold moving
     samples from the log to the chunks meanwhile cannot hide them from both reads."""
     width = layout.slot_width_ms
-    reads: list[Callable[[list[str]], Iterable[str]]] = [
-        functools.partial(_in_head_chunks, connection, width, tenant, start_ms, end_ms),
-        functools.partial(_in_head_log, connection, tenant, start_ms, end_ms),
-        functools.partial(_in_blocks, connection, width, tenant, start_ms, end_ms),
-        functools.partial(_rows_in_range, connection, "histograms", width, tenant, start_ms, end_ms),
-    ]
+    reads: list[Callable[[list[str]], Iterable[str]]] = []
+    if raw:
+        reads += [
+            functools.partial(_in_head_chunks, connection, width, tenant, start_ms, end_ms),
+            functools.partial(_in_head_log, connection, tenant, start_ms, end_ms),
+            functools.partial(_in_blocks, connection, width, tenant, start_ms, end_ms),
+            functools.partial(_rows_in_range, connection, "histograms", width, tenant, start_ms, end_ms),
+        ]
     if granularity is not None:
         reads += [
             functools.partial(
@@ -240,11 +242,11 @@ class SQLiteSamples(SQLiteBase):
             return succeed([RawData([], samples.empty()) for _ in hashes])
         return self._read(raw_data, self.slot_width_ms, tenant, hashes, start_ms, end_ms)
 
-    def series_with_data(self, tenant, hashes, start_ms, end_ms, granularity=None):
+    def series_with_data(self, tenant, hashes, start_ms, end_ms, granularity=None, raw=True):
         """One reader call (_series_with_data; contract.py)."""
         if end_ms < start_ms:
             return succeed(set())
-        return self._read(_series_with_data, self.layout, tenant, list(hashes), start_ms, end_ms, granularity)
+        return self._read(_series_with_data, self.layout, tenant, list(hashes), start_ms, end_ms, granularity, raw)
 
     def write_block(self, tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys=()):
         one = SealedBlock(tenant, series_set_hash, slot_ms, block, sealed, head_read_ms, head_keys)

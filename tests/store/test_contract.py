@@ -500,6 +500,11 @@ class TestSeriesWithData:
         assert await store.series_with_data(tenant, asked, 0, 10 * HOUR, fine) == {"rolled"}
         assert await store.series_with_data(tenant, asked, 0, 10 * HOUR, coarse) == {"histogram"}
         assert await store.series_with_data(tenant, asked, 5 * HOUR + 1, 6 * HOUR - 1, fine) == set()
+        # raw=False: the roll-up's rows alone (what a delete asks over a roll-up's retention)
+        await store.write_raw([RawPoint(tenant, "raw only", 5 * HOUR, 1.0)])
+        with_raw = ["raw only", *asked]
+        assert await store.series_with_data(tenant, with_raw, 0, 10 * HOUR, fine) == {"raw only", "rolled"}
+        assert await store.series_with_data(tenant, with_raw, 0, 10 * HOUR, fine, raw=False) == {"rolled"}
 
     @pytest_twisted.ensureDeferred
     async def test_many_series_at_once(self, store, tenant):
