@@ -379,11 +379,13 @@ def logged_samples(
     range; a batch naming none of a few series is skipped on its text)."""
     query = "SELECT hashes, timestamps, vals FROM head_batches WHERE tenant=? AND last_ts >= ? AND first_ts <= ? ORDER BY id"
     few = len(hashes) <= 16
-    positions = _Positions(hashes)
+    positions = None  # built at the first batch: the log of a settled tenant has none in most ranges
     owners, kept_timestamps, kept_values = [np.empty(0, dtype=np.intp)], [empty().timestamps], [empty().values]
     for text, timestamp_bytes, value_bytes in connection.execute(query, (tenant, start_ms, end_ms)):
         if few and not any(hash_ in text for hash_ in hashes):
             continue
+        if positions is None:
+            positions = _Positions(hashes)
         timestamps = np.frombuffer(timestamp_bytes, dtype="<i8")
         in_range = (timestamps >= start_ms) & (timestamps <= end_ms)
         owner = positions.of(text, len(timestamps))
