@@ -130,7 +130,7 @@ async def test_a_listing_past_the_serving_process_bound_is_not_read_there_again_
     assert len(reads) == 1
     assert await service.label_values(tenant, "host", [], start, written) == ["a", "b", "c"]
     clock[0] += OVERSIZED_LISTING_MS
-    assert await service.label_values(tenant, "host", [], start, written, most_rows=3) == ["a", "b", "c"]
+    assert await service.label_values(tenant, "host", [], start, written, most_rows=100) == ["a", "b", "c"]
     assert len(reads) == 3
 
 
