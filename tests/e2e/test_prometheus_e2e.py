@@ -183,14 +183,12 @@ def canonical_exemplars(answer: dict) -> list:
     return sorted((sorted(item["seriesLabels"].items()), item["exemplars"]) for item in answer["data"])
 
 
-def test_real_prometheus_sends_exemplars_and_both_answer_alike(start_gateway, backend_args, exporter, tmp_path, tenant):
-    """Prometheus 2.42 with exemplar storage scrapes exemplars and remote-writes them
-    (send_exemplars); tsgate's /api/v1/query_exemplars then answers what Prometheus's own does."""
-    gateway = start_gateway(*backend_args)
-    values = dict(GATEWAY_PORT=gateway.port, EXPORTER_PORT=exporter, TENANT=tenant)
-    writer = PrometheusProcess(
-        tmp_path / "writer", configured(WRITER, **values), "--enable-feature=exemplar-storage"
-    ).start()
+def test_real_prometheus_sends_exemplars_and_both_answer_alike(gateways, exporter, tmp_path, tenant):
+    """Prometheus 2.42 with exemplar storage scrapes exemplars and remote-writes them to a gateway
+    on each store (send_exemplars); each one's /api/v1/query_exemplars then answers what
+    Prometheus's own does."""
+    config = writer_config(gateways.values(), exporter, tenant)
+    writer = PrometheusProcess(tmp_path / "writer", config, "--enable-feature=exemplar-storage").start()
     try:
         query = 'rate(tsgate_e2e_requests_total{path="/a"}[1m])'
         deadline = time.monotonic() + 60
@@ -198,20 +196,24 @@ def test_real_prometheus_sends_exemplars_and_both_answer_alike(start_gateway, ba
             end = time.time() - 3
             params = {"query": query, "start": end - 30, "end": end}
             expected = canonical_exemplars(writer.api("/api/v1/query_exemplars", **params))
-            got = canonical_exemplars(
-                gateway.get(
-                    "/api/v1/query_exemplars?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
-                ).json()
-            )
-            if expected and len(expected[0][1]) >= 5 and got == expected:
+            got = {
+                store: canonical_exemplars(
+                    gateway.get(
+                        "/api/v1/query_exemplars?" + urllib.parse.urlencode(params),
+                        headers={"X-Scope-OrgID": tenant},
+                    ).json()
+                )
+                for store, gateway in gateways.items()
+            }
+            if expected and len(expected[0][1]) >= 5 and all(answer == expected for answer in got.values()):
                 break
             assert time.monotonic() < deadline, (expected, got)
             time.sleep(1)
-        labels, exemplars = got[0]
+        labels, exemplars = expected[0]
         assert dict(labels)["job"] == "exporter" and exemplars[0]["labels"]["trace_id"] and exemplars[0]["value"] == "1"
     finally:
         writer.stop()
-    assert "Traceback" not in gateway.log()
+    assert not [store for store, gateway in gateways.items() if "Traceback" in gateway.log()]
 
 
 # The exposition format Prometheus 2.42 scrapes native histograms in (io.prometheus.client, metrics.proto).
@@ -281,11 +283,16 @@ def serve_histograms(family) -> tuple[http.server.ThreadingHTTPServer, int]:
     return server, server.server_address[1]
 
 
-def histogram_writer(gateways, exporter_port: int, tmp_path, tenant: str) -> PrometheusProcess:
-    """A Prometheus with native histograms on, scraping the exporter and remote-writing to each gateway."""
+def writer_config(gateways, exporter_port: int, tenant: str) -> str:
+    """WRITER scraping the exporter and remote-writing ``tenant`` to each gateway."""
     scraping, sending = WRITER.split("remote_write:\n")
     config = configured(scraping, EXPORTER_PORT=exporter_port) + "remote_write:\n"
-    config += "".join(configured(sending, GATEWAY_PORT=gateway.port, TENANT=tenant) for gateway in gateways)
+    return config + "".join(configured(sending, GATEWAY_PORT=gateway.port, TENANT=tenant) for gateway in gateways)
+
+
+def histogram_writer(gateways, exporter_port: int, tmp_path, tenant: str) -> PrometheusProcess:
+    """A Prometheus with native histograms on, scraping the exporter and remote-writing to each gateway."""
+    config = writer_config(gateways, exporter_port, tenant)
     return PrometheusProcess(tmp_path / "writer", config, "--enable-feature=native-histograms").start()
 
 
@@ -309,41 +316,39 @@ def native_exporter():
     server.shutdown()
 
 
-def test_real_prometheus_sends_native_histograms_and_reads_agree(
-    start_gateway, backend_args, native_exporter, tmp_path, tenant
-):
-    """Prometheus 2.42 with native histograms scrapes one and remote-writes it
-    (send_native_histograms); tsgate's remote read gives it back with the count and sum
+def test_real_prometheus_sends_native_histograms_and_reads_agree(gateways, native_exporter, tmp_path, tenant):
+    """Prometheus 2.42 with native histograms scrapes one and remote-writes it to a gateway on each
+    store (send_native_histograms); each one's remote read gives it back with the count and sum
     Prometheus's own query API shows at the same timestamp, and the exporter's buckets."""
-    gateway = start_gateway(*backend_args)
-    writer = histogram_writer([gateway], native_exporter, tmp_path, tenant)
+    writer = histogram_writer(gateways.values(), native_exporter, tmp_path, tenant)
     try:
-        result = received_histograms(gateway, tenant, "tsgate_e2e_latency_seconds", 3, 60)
-        histograms = [h for series in result.timeseries for h in series.histograms]
-        (series,) = result.timeseries
-        assert {label.name: label.value for label in series.labels}["job"] == "exporter" and not series.samples
-        for histogram in histograms:
-            answer = writer.api("/api/v1/query", query="tsgate_e2e_latency_seconds", time=histogram.timestamp / 1000)
-            (own,) = answer["data"]["result"]
-            assert (
-                own["histogram"][1]["count"] == str(histogram.count_int)
-                and float(own["histogram"][1]["sum"]) == histogram.sum
-            )
-            observations = histogram.count_int - 1
-            assert (histogram.schema, histogram.zero_threshold, histogram.zero_count_int) == (0, 0.001, 1)
-            assert [(s.offset, s.length) for s in histogram.positive_spans] == [(1, 1)] and list(
-                histogram.positive_deltas
-            ) == [observations]
-            for function in ("histogram_count", "histogram_sum"):
-                params = {"query": f"{function}(tsgate_e2e_latency_seconds)", "time": histogram.timestamp / 1000}
-                expected = writer.api("/api/v1/query", **params)["data"]["result"]
-                got = gateway.get(
-                    "/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
-                ).json()["data"]["result"]
-                assert expected and got == expected, (function, got, expected)
+        for store, gateway in gateways.items():
+            result = received_histograms(gateway, tenant, "tsgate_e2e_latency_seconds", 3, 60)
+            histograms = [h for series in result.timeseries for h in series.histograms]
+            (series,) = result.timeseries
+            assert {label.name: label.value for label in series.labels}["job"] == "exporter" and not series.samples
+            for histogram in histograms:
+                at = histogram.timestamp / 1000
+                (own,) = writer.api("/api/v1/query", query="tsgate_e2e_latency_seconds", time=at)["data"]["result"]
+                assert (
+                    own["histogram"][1]["count"] == str(histogram.count_int)
+                    and float(own["histogram"][1]["sum"]) == histogram.sum
+                ), store
+                observations = histogram.count_int - 1
+                assert (histogram.schema, histogram.zero_threshold, histogram.zero_count_int) == (0, 0.001, 1)
+                assert [(s.offset, s.length) for s in histogram.positive_spans] == [(1, 1)] and list(
+                    histogram.positive_deltas
+                ) == [observations]
+                for function in ("histogram_count", "histogram_sum"):
+                    params = {"query": f"{function}(tsgate_e2e_latency_seconds)", "time": at}
+                    expected = writer.api("/api/v1/query", **params)["data"]["result"]
+                    got = gateway.get(
+                        "/api/v1/query?" + urllib.parse.urlencode(params), headers={"X-Scope-OrgID": tenant}
+                    ).json()["data"]["result"]
+                    assert expected and got == expected, (store, function, got, expected)
     finally:
         writer.stop()
-    assert "Traceback" not in gateway.log()
+    assert not [store for store, gateway in gateways.items() if "Traceback" in gateway.log()]
 
 
 def _packed(values: list[int]) -> bytes:
