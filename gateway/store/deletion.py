@@ -163,18 +163,24 @@ async def _remove_from_buckets(store, series: Sequence[SeriesKey], span: Buckets
     level (LISTINGS_A_CALL listings a store call)."""
 
     async def gone(name: str, wanted: dict[tuple, set[int]]) -> list[tuple]:
-        """(*keys, bucket) of each listing of ``wanted`` and each of its buckets in which it is now empty."""
-        listings = sorted(wanted)
-        left = await _in_parts(lambda part: store.listings_buckets(name, part, span), listings)
-        return [(*keys, bucket) for keys, held in zip(listings, left) for bucket in sorted(wanted[keys] - held)]
+        """(*keys, bucket) of each listing of ``wanted`` and each of its buckets in which it is now
+        empty; each asked over its own first to last bucket (a request reads a partition a bucket
+        on Cassandra), listings of the same buckets together."""
+        by_buckets: dict[Buckets, list[tuple]] = {}
+        for keys in sorted(wanted):
+            by_buckets.setdefault(Buckets(min(wanted[keys]), max(wanted[keys])), []).append(keys)
+        found = []
+        for buckets, listings in by_buckets.items():
+            left = await _in_parts(functools.partial(store.listings_buckets, name, buckets=buckets), listings)
+            found += [(*keys, bucket) for keys, held in zip(listings, left) for bucket in sorted(wanted[keys] - held)]
+        return found
 
     own: list[tuple] = []
     pairs: dict[tuple[str, str, str, str], set[int]] = {}
     names: dict[tuple[str, str], set[int]] = {}
     indexed = [(s.tenant, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash) for s in series]
-    for s, found in zip(
-        series, await _in_parts(lambda part: store.listings_buckets("find_series", part, span), indexed)
-    ):
+    in_span = functools.partial(store.listings_buckets, "find_series", buckets=span)
+    for s, found in zip(series, await _in_parts(in_span, indexed)):
         for bucket in sorted(found):
             own.append((s.tenant, bucket, s.metric_name, NAME_TAG, s.metric_name, s.series_set_hash))
             for key, value in s.tags.items():
