@@ -319,24 +319,25 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
 
 def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> tuple[list[Samples], list[tuple]]:
     """Each series' head samples in the range, the last write of a timestamp winning: its chunks
-    (one query for all the series, put in slot and write order), then its samples still in
-    head_batches; and each series' (slot, seq) of the chunks read (RawData.head_keys). The samples
-    of all the series are merged at once, as arrays: one stable sort by series and timestamp."""
+    (one query for all the series, put in series, slot and write order), then its samples still
+    in head_batches; and each series' (slot, seq) of the chunks read (RawData.head_keys). The
+    samples of all the series are merged at once, as arrays (_last_writes)."""
     position = {hash_: at for at, hash_ in enumerate(hashes)}
-    keys: list[list] = [[] for _ in hashes]
     columns = "series_set_hash, time_slot, seq, timestamps, vals"
     rows = slot_rows(connection, "head_chunks", columns, tenant, hashes, first_slot, last_slot, (start_ms, end_ms))
-    columns_read = list(zip(*rows)) if rows else [()] * 5
-    order = np.lexsort((np.array(columns_read[2], dtype=np.int64), np.array(columns_read[1], dtype=np.int64)))
-    if (order[1:] < order[:-1]).any():  # into write order: by slot, then seq
-        columns_read = [operator.itemgetter(*order.tolist())(column) for column in columns_read]
-    owner_hashes, slots, seqs, timestamp_blobs, value_blobs = columns_read
-    chunk_owners = list(map(position.__getitem__, owner_hashes))
-    for at, slot, seq in zip(chunk_owners, slots, seqs):
-        keys[at].append((slot, seq))
+    owner_hashes, slots, seqs, timestamp_blobs, value_blobs = zip(*rows) if rows else [()] * 5
+    chunk_owners = np.fromiter(map(position.__getitem__, owner_hashes), dtype=np.intp, count=len(owner_hashes))
+    order = np.lexsort((np.array(seqs, dtype=np.int64), np.array(slots, dtype=np.int64), chunk_owners))
+    if (order[1:] < order[:-1]).any():
+        pick = operator.itemgetter(*order.tolist())
+        slots, seqs, timestamp_blobs, value_blobs = pick(slots), pick(seqs), pick(timestamp_blobs), pick(value_blobs)
+        chunk_owners = chunk_owners[order]
+    written = list(zip(slots, seqs))
+    chunk_bounds = np.searchsorted(chunk_owners, np.arange(len(hashes) + 1)).tolist()
+    keys = [tuple(written[a:b]) for a, b in zip(chunk_bounds, chunk_bounds[1:])]
     sizes = np.fromiter(map(len, timestamp_blobs), dtype=np.intp, count=len(timestamp_blobs)) // 8
     chunked = (
-        np.repeat(np.array(chunk_owners, dtype=np.intp), sizes),
+        np.repeat(chunk_owners, sizes),
         np.frombuffer(b"".join(timestamp_blobs), dtype="<i8"),
         np.frombuffer(b"".join(value_blobs), dtype="<f8"),
     )
@@ -349,16 +350,23 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     bounds = np.searchsorted(owner, np.arange(len(hashes) + 1)).tolist()
     nothing = empty()  # one for every series without samples: a churning tenant's selection has many
     heads = [Samples(timestamps[a:b], values[a:b]) if b > a else nothing for a, b in zip(bounds, bounds[1:])]
-    return heads, list(map(tuple, keys))
+    return heads, keys
 
 
 def _last_writes(owner: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
     """Where the samples to keep are, by series then timestamp: of each series' timestamp, the
-    last written (the highest index). Series and timestamp make one number to sort, and the
-    last write of each is the highest index among its equals: an unstable sort of numbers takes
-    a tenth of a stable sort by two keys (np.lexsort: 6 ms for 55,000 samples of 1,100 series)."""
+    last written (the highest index). The samples come in series order as a rule, each series'
+    in write order and time order (read_head): a stable sort by series (linear on runs) and one
+    look at the timestamps confirm it (0.1 ms for 65,000 samples of 1,000 series, against 1.7
+    for the sort by series and timestamp, which remains for overlapping writes). Series and
+    timestamp make one number to sort, and the last write of each is the highest index among
+    its equals: an unstable sort of numbers takes a tenth of np.lexsort's stable sort by two keys."""
     if not len(timestamps):
         return np.empty(0, dtype=np.intp)
+    order = np.argsort(owner, kind="stable")
+    ranked_owner, ranked_time = owner[order], timestamps[order]
+    if ((ranked_time[1:] > ranked_time[:-1]) | (ranked_owner[1:] != ranked_owner[:-1])).all():
+        return order
     earliest = int(timestamps.min())
     span_bits = (int(timestamps.max()) - earliest).bit_length()
     if span_bits + int(owner.max()).bit_length() > 62:  # beyond any stored range: sort by two keys

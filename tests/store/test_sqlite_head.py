@@ -1,8 +1,9 @@
 """The SQLite head read's choice of samples (gateway/store/sqlite_head.py): of each series'
-timestamp the last written, by series then time, whether the series and timestamps fit one
-sortable number or (timestamps spanning more than any stored range) need a two-key sort; the
-rows of many series read by a scan of their slots or a probe a series (slot_rows); and the
-chunks outside a read's range passed over on their first and last timestamps."""
+timestamp the last written, by series then time, whether the samples come in that order
+already (the usual head), the series and timestamps fit one sortable number or (timestamps
+spanning more than any stored range) need a two-key sort; the rows of many series read by a
+scan of their slots or a probe a series (slot_rows); and the chunks outside a read's range
+passed over on their first and last timestamps."""
 
 import sqlite3
 
@@ -32,6 +33,21 @@ def test_the_last_write_of_each_series_timestamp_in_order(span):
     kept = _last_writes(owner, timestamps)
     assert [(int(owner[i]), int(timestamps[i]), int(i)) for i in kept] == expected(owner, timestamps)
     assert len(_last_writes(owner[:0], timestamps[:0])) == 0
+
+
+@pytest.mark.parametrize("rewritten", [None, 0, 4_999], ids=["none", "first", "last"])
+def test_samples_in_series_and_time_order_are_kept_as_they_are_unless_a_timestamp_comes_again(rewritten):
+    """The usual head (each series' chunks in time order, none overlapping) needs no sort by
+    timestamp; one timestamp written twice anywhere, and the later write wins as before."""
+    owner = np.repeat(np.arange(100), 50)
+    timestamps = np.tile(np.arange(50) * 15_000, 100) + 1_795_980_000_000
+    if rewritten is not None:
+        owner = np.r_[owner, owner[rewritten]]
+        timestamps = np.r_[timestamps, timestamps[rewritten]]
+    kept = _last_writes(owner, timestamps)
+    assert [(int(owner[i]), int(timestamps[i]), int(i)) for i in kept] == expected(owner, timestamps)
+    if rewritten is None:
+        assert kept.tolist() == list(range(len(owner)))
 
 
 @pytest.mark.parametrize("spare", [0, 1_000], ids=["probes", "scan"])
