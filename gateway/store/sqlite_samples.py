@@ -112,6 +112,20 @@ def _rows_in_range(
     return column_values(connection, query, (tenant, *hashes, *slots, start_ms, end_ms))
 
 
+def _histograms_in_range(
+    connection, table: str, width: int, tenant: str, start_ms: int, end_ms: int, hashes: list[str]
+) -> list[str]:
+    """_rows_in_range of a histogram table, asked only when histogram_series names a series of
+    the tenant there in the range's slots (the read path's authority, read_histograms): a tenant
+    without native histograms pays one index seek, not a probe a series."""
+    slots = (time_slot(start_ms, width), time_slot(end_ms, width))
+    named = connection.execute(
+        "SELECT 1 FROM histogram_series WHERE tenant=? AND source=? AND time_slot BETWEEN ? AND ? LIMIT 1",
+        (tenant, table, *slots),
+    ).fetchone()
+    return _rows_in_range(connection, table, width, tenant, start_ms, end_ms, hashes) if named else []
+
+
 def _series_with_data(
     connection, layout: Layout, tenant: str, hashes: list[str], start_ms: int, end_ms: int, granularity, raw: bool
 ) -> set[str]:
@@ -127,14 +141,15 @@ def _series_with_data(
             functools.partial(_in_head_chunks, connection, width, tenant, start_ms, end_ms),
             functools.partial(_in_head_log, connection, tenant, start_ms, end_ms),
             functools.partial(_in_blocks, connection, width, tenant, start_ms, end_ms),
-            functools.partial(_rows_in_range, connection, "histograms", width, tenant, start_ms, end_ms),
+            functools.partial(_histograms_in_range, connection, "histograms", width, tenant, start_ms, end_ms),
         ]
     if granularity is not None:
+        rollup_width = granularity.partition_width_ms
         reads += [
+            functools.partial(_rows_in_range, connection, granularity.table, rollup_width, tenant, start_ms, end_ms),
             functools.partial(
-                _rows_in_range, connection, table, granularity.partition_width_ms, tenant, start_ms, end_ms
-            )
-            for table in (granularity.table, granularity.histogram_table)
+                _histograms_in_range, connection, granularity.histogram_table, rollup_width, tenant, start_ms, end_ms
+            ),
         ]
     found: set[str] = set()
     connection.execute("BEGIN")
