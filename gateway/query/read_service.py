@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from gateway.core.layout import Granularity
 from gateway.core.model import Limits, SeriesKey, now_ms
-from gateway.core.samples import Samples
+from gateway.core.samples import Samples, SamplesStack
 from gateway.store import Store
 from gateway.store.contract import ExemplarRow, HistogramRow
 from gateway.store.read_path import ReadPath, SeriesData
@@ -122,6 +122,20 @@ class ReadService:
             budget,
             what,
             series_per_read(start_ms, end_ms),
+        )
+
+    async def stacked_samples(
+        self, series: Sequence[SeriesKey], start_ms: int, end_ms: int, budget: ReadBudget | None = None, what: str = ""
+    ) -> list[SamplesStack]:
+        """``samples`` (raw, or a roll-up's average before the raw retention) laid end to end, a
+        stack a batch of series in their order, read against the same budget (ReadPath.read_stacked;
+        a stack a batch: one of all would copy every sample of the query once more)."""
+
+        async def read(part):
+            return [await self.path.read_stacked(part, start_ms, end_ms)]
+
+        return await self._batched(
+            series, read, lambda stack: len(stack.timestamps), budget, what, series_per_read(start_ms, end_ms)
         )
 
     async def raw(

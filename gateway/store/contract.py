@@ -71,7 +71,7 @@ from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from gateway.core.errors import StoreBusy
 from gateway.core.layout import Granularity, Layout, Retentions
 from gateway.core.model import SeriesKey
-from gateway.core.samples import Samples
+from gateway.core.samples import Samples, SamplesStack, stacked
 from gateway.store.blocks import read_header
 from gateway.store.calls import StoreCalls, store_call
 from gateway.store.deletion import remove_from_index
@@ -226,6 +226,21 @@ class RawData(NamedTuple):
     blocks: list[bytes]
     head: Samples
     head_keys: tuple = ()
+
+
+class RawStack(NamedTuple):
+    """read_raw of many series at once (read_raw_stacked): their head samples laid end to end, in
+    the order asked, and the blocks of the series that have any, by hash."""
+
+    head: SamplesStack
+    blocks: dict[str, list[bytes]]
+
+
+def raw_stack(hashes: Sequence[str], raw: Sequence[RawData]) -> RawStack:
+    """The RawStack of read_raw's answer for ``hashes``."""
+    return RawStack(
+        stacked([data.head for data in raw]), {hash_: data.blocks for hash_, data in zip(hashes, raw) if data.blocks}
+    )
 
 
 def holds_samples(data: RawData, start_ms: int, end_ms: int) -> bool:
@@ -417,6 +432,13 @@ class SampleStore(abc.ABC):
         the blocks of the slots that overlap it, in slot order, and the Samples of the head rows
         in it not sealed into those blocks yet (a driver may return sealed head rows too: the head
         wins, with the same values). Many series at once, so a driver can read them in few requests."""
+
+    @functools.partial(store_call, bounded=False)
+    def read_raw_stacked(self, tenant: str, hashes: Sequence[str], start_ms: int, end_ms: int) -> Deferred:
+        """Fire with read_raw's answer as one RawStack (what the PromQL read takes: a Samples and a
+        RawData a series cost more than a short range's samples); a driver may read it so at once."""
+        hashes = list(hashes)
+        return self.read_raw(tenant, hashes, start_ms, end_ms).addCallback(lambda raw: raw_stack(hashes, raw))
 
     @abc.abstractmethod
     def write_block(

@@ -12,7 +12,7 @@ from itertools import repeat
 import numpy as np
 
 from gateway.core import samples
-from gateway.core.samples import Samples, empty
+from gateway.core.samples import Samples, SamplesStack, empty
 from gateway.store.contract import RawColumns, RawPoint
 from gateway.store.sqlite_sql import decode_value, immediate, slot_rows
 
@@ -318,10 +318,19 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
 
 
 def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> tuple[list[Samples], list[tuple]]:
-    """Each series' head samples in the range, the last write of a timestamp winning: its chunks
-    (one query for all the series, put in series, slot and write order), then its samples still
-    in head_batches; and each series' (slot, seq) of the chunks read (RawData.head_keys). The
-    samples of all the series are merged at once, as arrays (_last_writes)."""
+    """Each series' head samples in the range (stacked_head's, a Samples a series) and the
+    (slot, seq) of the chunks read (RawData.head_keys)."""
+    head, keys = stacked_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
+    return head.split(), keys
+
+
+def stacked_head(
+    connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms
+) -> tuple[SamplesStack, list[tuple]]:
+    """The series' head samples in the range, laid end to end in the order of ``hashes``, the
+    last write of a timestamp winning: its chunks (one query for all the series, put in series,
+    slot and write order), then its samples still in head_batches; and each series' (slot, seq)
+    of the chunks read. The samples of all the series are merged at once, as arrays (_last_writes)."""
     position = {hash_: at for at, hash_ in enumerate(hashes)}
     columns = "series_set_hash, time_slot, seq, timestamps, vals"
     rows = slot_rows(connection, "head_chunks", columns, tenant, hashes, first_slot, last_slot, (start_ms, end_ms))
@@ -348,9 +357,7 @@ def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_m
     kept = inside[_last_writes(owner[inside], timestamps[inside])]
     owner, timestamps, values = owner[kept], timestamps[kept], values[kept]
     bounds = np.searchsorted(owner, np.arange(len(hashes) + 1)).tolist()
-    nothing = empty()  # one for every series without samples: a churning tenant's selection has many
-    heads = [Samples(timestamps[a:b], values[a:b]) if b > a else nothing for a, b in zip(bounds, bounds[1:])]
-    return heads, keys
+    return SamplesStack(bounds, timestamps, values), keys
 
 
 def _last_writes(owner: np.ndarray, timestamps: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from gateway.store.contract import (
     RawColumns,
     RawData,
     RawPoint,
+    RawStack,
     Rollup,
     SealedBlock,
     holds_samples,
@@ -31,6 +32,7 @@ from gateway.store.sqlite_head import (
     logged_samples,
     raw_statements,
     read_head,
+    stacked_head,
 )
 from gateway.store.sqlite_sql import (
     column_values,
@@ -66,6 +68,17 @@ def raw_data(connection, width: int, tenant: str, hashes: list[str], start_ms: i
         heads, keys = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
         blocks = series_blocks(connection, tenant, hashes, first_slot, last_slot)
         return list(map(RawData, [blocks.get(hash_, []) for hash_ in hashes], heads, keys))
+    finally:
+        connection.execute("COMMIT")
+
+
+def stacked_raw_data(connection, width: int, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> RawStack:
+    """raw_data as one RawStack: the head read's arrays as they are (stacked_head)."""
+    first_slot, last_slot = time_slot(start_ms, width), time_slot(end_ms, width)
+    connection.execute("BEGIN")
+    try:
+        head, _ = stacked_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
+        return RawStack(head, series_blocks(connection, tenant, hashes, first_slot, last_slot))
     finally:
         connection.execute("COMMIT")
 
@@ -256,6 +269,12 @@ class SQLiteSamples(SQLiteBase):
         if end_ms < start_ms:
             return succeed([RawData([], samples.empty()) for _ in hashes])
         return self._read(raw_data, self.slot_width_ms, tenant, hashes, start_ms, end_ms)
+
+    def read_raw_stacked(self, tenant, hashes, start_ms, end_ms):
+        hashes = list(hashes)
+        if end_ms < start_ms:
+            return succeed(RawStack(samples.stacked([samples.empty()] * len(hashes)), {}))
+        return self._read(stacked_raw_data, self.slot_width_ms, tenant, hashes, start_ms, end_ms)
 
     def series_with_data(self, tenant, hashes, start_ms, end_ms, granularity=None, raw=True):
         """One reader call (_series_with_data; contract.py)."""

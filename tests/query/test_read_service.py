@@ -49,7 +49,9 @@ async def written(sqlite_store, tenant):
 
 
 def service(store, now: int, concurrency: int = 32) -> tuple[ReadService, CountedReads]:
-    counted = CountedReads(store, concurrency, {"read_raw", "read_rollups", "read_histograms", "read_exemplars"})
+    counted = CountedReads(
+        store, concurrency, {"read_raw", "read_raw_stacked", "read_rollups", "read_histograms", "read_exemplars"}
+    )
     return ReadService(counted, clock=lambda: now), counted  # type: ignore[arg-type]
 
 
@@ -61,6 +63,19 @@ async def test_reads_a_batch_of_series_a_store_call_and_counts_every_batch(sqlit
     found = await reads.samples(keys, now - SPAN, now, budget)
     assert [len(call[2]) for call in counted.asked] == [READ_BATCH, READ_BATCH, 88]
     assert [list(read.samples.values) for read in found] == [[2.0, 1.0]] * SERIES
+    assert budget.spent == 2 * SERIES
+
+
+@pytest_twisted.ensureDeferred
+async def test_stacked_samples_are_read_in_the_same_batches_a_stack_each(sqlite_store, written):
+    """The PromQL read: each batch's samples laid end to end, the series in their order."""
+    now, keys = written
+    reads, counted = service(sqlite_store, now)
+    budget = ReadBudget(10_000, refuse)
+    stacks = await reads.stacked_samples(keys, now - SPAN, now, budget)
+    assert [call[0] for call in counted.asked] == ["read_raw_stacked"] * 3
+    assert [len(stack.bounds) - 1 for stack in stacks] == [READ_BATCH, READ_BATCH, 88]
+    assert [list(part.values) for stack in stacks for part in stack.split()] == [[2.0, 1.0]] * SERIES
     assert budget.spent == 2 * SERIES
 
 

@@ -10,6 +10,7 @@ from gateway.core.layout import DAY_MS, HOUR_MS
 from gateway.core.model import HistogramSample, Limits, Sample, SeriesKey, now_ms
 from gateway.ingest.metadata_cache import KnownSeries
 from gateway.ingest.pipeline import IngestPipeline
+from gateway.query import read_service
 from gateway.query.planner import QueryPlanner, QueryTooLarge
 from gateway.query.promql.service import OVERSIZED_LISTING_MS, PromQLService
 from gateway.query.promql.values import PromQLError
@@ -93,6 +94,21 @@ async def test_promql_evaluates_floats_and_native_histograms_read_from_the_store
         tenant, "histogram_count(latency)", service.query(written, written, 0), times, None
     )
     assert value.labels == [{"host": "a"}] and value.values[0, 0] == 30.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_promql_reads_series_over_several_batches_each_with_its_own_samples(
+    sqlite_store, tenant, written, monkeypatch
+):
+    """A stack of samples a batch of series (ReadService.stacked_samples): each series keeps its labels and samples."""
+    monkeypatch.setattr(read_service, "READ_BATCH", 2)
+    monkeypatch.setattr(read_service, "MAX_READ_BATCH", 2)
+    service = promql(sqlite_store)
+    value, _ = await service.evaluate(
+        tenant, "requests_total", service.query(written, written, 0), np.array([written]), None
+    )
+    found = {labels["host"]: row[0] for labels, row in zip(value.labels, value.values.tolist())}
+    assert found == {"b": 9.0, "a": 18.0, "c": 27.0}
 
 
 @pytest.mark.parametrize("text", ["requests_total", "latency"])

@@ -330,6 +330,9 @@ class TestSamples:
         found = await store.read_raw(tenant, asked, 0, HOUR - 1)
         assert [f.head.points()[-1:] for f in found] == [[]] + [[(1000 + i, float(i))] for i in reversed(range(150))]
         assert [len(f.blocks) for f in found] == [0] + [int(i % 3 == 0) for i in reversed(range(150))]
+        stacked = await store.read_raw_stacked(tenant, asked, 0, HOUR - 1)
+        assert [part.points() for part in stacked.head.split()] == [f.head.points() for f in found]
+        assert stacked.blocks == {h: f.blocks for h, f in zip(asked, found) if f.blocks}
 
     @pytest_twisted.ensureDeferred
     async def test_blocks_by_slot(self, store, tenant):
@@ -374,6 +377,13 @@ class TestSamples:
         assert points(empty) == []
         (inside,) = await reader.read_raw([h], 15, 25)
         assert points(inside) == [(20, -1.0), (25, 2.5)]
+        recent = ReadPath(store, clock=lambda: 2 * HOUR)  # the range within the retentions: read's too
+        for start, end in ((0, 2 * HOUR), (15, 25), (HOUR, 2 * HOUR), (10, 5)):
+            both = [h, series(tenant, "none", {})]
+            stacked = await recent.read_stacked(both, start, end)
+            expected = [points(found.samples) for found in await recent.read(both, start, end)]
+            assert [points(part) for part in stacked.split()] == expected
+            assert expected[0] or (start, end) == (10, 5)
 
     @pytest_twisted.ensureDeferred
     async def test_rollups_upsert_and_read(self, store, tenant):

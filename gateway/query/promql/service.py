@@ -152,13 +152,18 @@ class PromQLService:
     async def _fetch(self, selected: dict[tuple, Selection], needs: dict, guard: Guard) -> dict[tuple, list[Series]]:
         """The samples of every selector's ``selected`` series, through the one read."""
         budget = _budget(guard)
-        data = {}
+        data: dict[tuple, list[Series]] = {}
         for key, (_, low, high) in needs.items():
             series = selected[key]
-            reads = await self.planner.samples([s.key for s in series], low, high, budget)
-            data[key] = [
-                Series(s.labels, *read.samples) for s, read in zip(series, reads) if read.samples.timestamps.size
-            ]
+            data[key] = []
+            first = 0
+            for stack in await self.planner.stacked_samples([s.key for s in series], low, high, budget):
+                timestamps, values, bounds = stack.timestamps, stack.values, stack.bounds
+                part = series[first : first + len(bounds) - 1]
+                first += len(part)
+                data[key] += [
+                    Series(s.labels, timestamps[a:b], values[a:b]) for s, a, b in zip(part, bounds, bounds[1:]) if b > a
+                ]
         return data
 
     async def _fetch_histograms(
