@@ -317,13 +317,6 @@ def keep_in_head_slot(connection, tenant: str, hash_: str, slot: int, head: Samp
         )
 
 
-def read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms) -> tuple[list[Samples], list[tuple]]:
-    """Each series' head samples in the range (stacked_head's, a Samples a series) and the
-    (slot, seq) of the chunks read (RawData.head_keys)."""
-    head, keys = stacked_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
-    return head.split(), keys
-
-
 def stacked_head(
     connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms
 ) -> tuple[SamplesStack, list[tuple]]:
@@ -363,7 +356,7 @@ def stacked_head(
 def _last_writes(owner: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
     """Where the samples to keep are, by series then timestamp: of each series' timestamp, the
     last written (the highest index). The samples come in series order as a rule, each series'
-    in write order and time order (read_head): a stable sort by series (linear on runs) and one
+    in write order and time order (stacked_head): a stable sort by series (linear on runs) and one
     look at the timestamps confirm it (0.1 ms for 65,000 samples of 1,000 series, against 1.7
     for the sort by series and timestamp, which remains for overlapping writes). Series and
     timestamp make one number to sort, and the last write of each is the highest index among

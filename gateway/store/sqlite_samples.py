@@ -10,7 +10,7 @@ from twisted.internet.defer import succeed
 
 from gateway.core import samples
 from gateway.core.layout import Layout
-from gateway.core.samples import Samples
+from gateway.core.samples import Samples, SamplesStack
 from gateway.store.contract import (
     ROLLUP_COLUMNS,
     RawColumns,
@@ -31,7 +31,6 @@ from gateway.store.sqlite_head import (
     keep_in_head_slot,
     logged_samples,
     raw_statements,
-    read_head,
     stacked_head,
 )
 from gateway.store.sqlite_sql import (
@@ -59,33 +58,35 @@ def series_blocks(connection, tenant: str, hashes: Sequence[str], first_slot: in
     return found
 
 
-def raw_data(connection, width: int, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> list[RawData]:
-    """read_raw's RawData of each series, from one snapshot: a fold or a seal committing meanwhile
-    cannot move samples past the read."""
+def _head_and_blocks(
+    connection, width: int, tenant: str, hashes: list[str], start_ms: int, end_ms: int
+) -> tuple[SamplesStack, list[tuple], dict[str, list]]:
+    """The series' head samples in the range (stacked_head), the chunks read, and their blocks,
+    from one snapshot: a fold or a seal committing meanwhile cannot move samples past the read."""
     first_slot, last_slot = time_slot(start_ms, width), time_slot(end_ms, width)
     connection.execute("BEGIN")
     try:
-        heads, keys = read_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
-        blocks = series_blocks(connection, tenant, hashes, first_slot, last_slot)
-        return list(map(RawData, [blocks.get(hash_, []) for hash_ in hashes], heads, keys))
+        head, keys = stacked_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
+        return head, keys, series_blocks(connection, tenant, hashes, first_slot, last_slot)
     finally:
         connection.execute("COMMIT")
+
+
+def raw_data(connection, width: int, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> list[RawData]:
+    """read_raw's RawData of each series."""
+    head, keys, blocks = _head_and_blocks(connection, width, tenant, hashes, start_ms, end_ms)
+    return list(map(RawData, [blocks.get(hash_, []) for hash_ in hashes], head.split(), keys))
 
 
 def stacked_raw_data(connection, width: int, tenant: str, hashes: list[str], start_ms: int, end_ms: int) -> RawStack:
-    """raw_data as one RawStack: the head read's arrays as they are (stacked_head)."""
-    first_slot, last_slot = time_slot(start_ms, width), time_slot(end_ms, width)
-    connection.execute("BEGIN")
-    try:
-        head, _ = stacked_head(connection, tenant, hashes, first_slot, last_slot, start_ms, end_ms)
-        return RawStack(head, series_blocks(connection, tenant, hashes, first_slot, last_slot))
-    finally:
-        connection.execute("COMMIT")
+    """read_raw_stacked's RawStack: the head read's arrays as they are."""
+    head, _, blocks = _head_and_blocks(connection, width, tenant, hashes, start_ms, end_ms)
+    return RawStack(head, blocks)
 
 
 def _in_head_chunks(connection, width: int, tenant: str, start_ms: int, end_ms: int, hashes: list[str]) -> set[str]:
     """The hashes with a sample of the range in head_chunks, known from their timestamps alone, in
-    one query for all the series: neither the values nor the merge of the writes (read_head's work,
+    one query for all the series: neither the values nor the merge of the writes (stacked_head's work,
     three quarters of a read of 256 series) are needed to know that a sample is there."""
     slots = (time_slot(start_ms, width), time_slot(end_ms, width))
     rows = slot_rows(

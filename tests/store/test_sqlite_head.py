@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.layout import Layout
 from gateway.store import sqlite_sql
-from gateway.store.sqlite_head import INSERT_CHUNK, _last_writes, fold_head_log, read_head
+from gateway.store.sqlite_head import INSERT_CHUNK, _last_writes, fold_head_log, stacked_head
 from gateway.store.sqlite_schema import start_writer
 from gateway.store.sqlite_sql import slot_rows
 
@@ -87,7 +87,8 @@ def test_the_head_read_takes_the_last_written_chunk_whatever_order_its_rows_were
     for seq, timestamps, value in ((2, [10, 20], 2.0), (1, [10, 30], 1.0)):  # the later write first
         blobs = (np.array(timestamps, dtype="<i8").tobytes(), np.full(len(timestamps), value, dtype="<f8").tobytes())
         connection.execute(INSERT_CHUNK, ("t", "h0", 0, seq, min(timestamps), max(timestamps), *blobs))
-    (head, _), keys = read_head(connection, "t", ["h0", "h1"], 0, 0, 0, 100)
+    stack, keys = stacked_head(connection, "t", ["h0", "h1"], 0, 0, 0, 100)
+    head, _ = stack.split()
     assert head.points() == [(10, 2.0), (20, 2.0), (30, 1.0)]
     assert keys == [((0, 1), (0, 2)), ()]
 
@@ -107,11 +108,12 @@ def test_a_read_passes_over_the_chunks_outside_its_range_and_reads_those_without
             INSERT_CHUNK,
             ("t", "h0", 0, seq, int(minutes[0]) if seq < 3 else None, int(minutes[-1]) if seq < 3 else None, *blobs),
         )
-    (head, _), keys = read_head(connection, "t", ["h0", "h1"], 0, 0, 25 * 60_000, 35 * 60_000)
+    stack, keys = stacked_head(connection, "t", ["h0", "h1"], 0, 0, 25 * 60_000, 35 * 60_000)
+    head, _ = stack.split()
     assert head.points() == [(m * 60_000, float(m)) for m in range(25, 31)]
     assert keys == [((0, 2), (0, 3)), ()]
-    (whole, _), _ = read_head(connection, "t", ["h0", "h1"], 0, 0, 0, hour - 1)
-    assert len(whole) == 33
+    stack, _ = stacked_head(connection, "t", ["h0", "h1"], 0, 0, 0, hour - 1)
+    assert stack.bounds == [0, 33, 33]
     assert slot_rows(connection, "head_chunks", "series_set_hash, seq", "t", ["h0"], 0, 0, (55 * 60_000, hour)) == [
         ("h0", 3)
     ]
