@@ -99,13 +99,19 @@ def assert_stacked_windows_are_each_series_windows(matrix: RangeVector, series: 
         np.testing.assert_array_equal(hi[row] - offset, expected_hi)
 
 
+# a whole number of a range query's steps (windows found with the steps' ends), not one, and more
+# steps than the query has
+RANGES = {"5m": 5 * MINUTE, "90s": 90_000, "200m": 200 * MINUTE}
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES.values(), ids=STRATEGIES.keys())
 @pytest.mark.parametrize("modifier", [None, "anchored"])
+@pytest.mark.parametrize("range_ms", RANGES.values(), ids=RANGES.keys())
 @pytest.mark.parametrize("refs", REFS.values(), ids=REFS.keys())
-def test_stacked_windows_are_each_series_windows(monkeypatch, refs, modifier, strategy):
+def test_stacked_windows_are_each_series_windows(monkeypatch, refs, range_ms, modifier, strategy):
     monkeypatch.setattr(values, "SEARCHED_SAMPLES_A_CELL", strategy)
     series = _churned_series(30, np.random.default_rng(3))
-    matrix = RangeVector(series, refs, 5 * MINUTE, modifier=modifier, lookback_ms=5 * MINUTE)
+    matrix = RangeVector(series, refs, range_ms, modifier=modifier, lookback_ms=5 * MINUTE)
     assert_stacked_windows_are_each_series_windows(matrix, series)
 
 

@@ -170,7 +170,7 @@ class RangeVector(NamedTuple):
         steps = len(self.refs)
         if len(timestamps) > SEARCHED_SAMPLES_A_CELL * len(lengths) * steps:
             return self._searched_windows(timestamps, lengths)
-        owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths) * (steps + 1)
+        owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
 
         def at_or_before(bounds: np.ndarray) -> np.ndarray:
             order = None if (bounds[1:] >= bounds[:-1]).all() else np.argsort(bounds, kind="stable")
@@ -178,13 +178,14 @@ class RangeVector(NamedTuple):
             first_bound = _first_at_or_after(sorted_bounds, timestamps)  # the sample counts from there
             # (series, bound) cells in order: the running count is the samples of the series
             # before and of this one up to the bound, one past its last sample's index
-            counts = np.bincount(owner + first_bound, minlength=len(lengths) * (steps + 1))
-            indexes = np.cumsum(counts).reshape(len(lengths), steps + 1)[:, :steps]
+            cells = len(bounds) + 1
+            counts = np.bincount(owner * cells + first_bound, minlength=len(lengths) * cells)
+            indexes = np.cumsum(counts).reshape(len(lengths), cells)[:, :-1]
             if order is not None:
                 indexes[:, order] = indexes.copy()
             return indexes
 
-        return self._windows(at_or_before, self.refs)
+        return self._windows(at_or_before, self.refs, at_once=True)
 
     def _searched_windows(self, timestamps: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """stacked_windows by a search of every cell: each series' times are shifted to a span
@@ -194,20 +195,41 @@ class RangeVector(NamedTuple):
         shift = np.arange(len(lengths), dtype=np.int64) * span
         keys = timestamps - base + np.repeat(shift, lengths)
         return self._windows(
-            lambda bounds: np.searchsorted(keys, (bounds - base)[None, :] + shift[:, None], side="right"), self.refs
+            lambda bounds: np.searchsorted(keys, (bounds - base)[None, :] + shift[:, None], side="right"),
+            self.refs,
+            at_once=True,
         )
 
-    def _windows(self, at_or_before, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _windows(self, at_or_before, ends: np.ndarray, at_once: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The windows ending at ``ends``, from ``at_or_before(bounds)``: one past the index of
         the last sample at or before each bound. An anchored window also holds its anchor, the
         last sample at or before its start within the lookback, and is empty without a sample
-        after its start (Prometheus's pickFirstSampleIndices)."""
-        lo = at_or_before(ends - self.range_ms)
-        hi = at_or_before(ends)
+        after its start (Prometheus's pickFirstSampleIndices). ``at_once`` (a call over many
+        series): where the range is a whole number of evenly spaced steps, as it mostly is, each
+        window's start is an earlier step's end, and one call over the ends and the first starts
+        gives both."""
+        shift = _steps_in(self.range_ms, ends) if at_once else None
+        if shift is None:
+            lo, hi = at_or_before(ends - self.range_ms), at_or_before(ends)
+        else:
+            both = at_or_before(np.concatenate([ends[:shift] - self.range_ms, ends]))
+            lo, hi = both[..., : len(ends)], both[..., shift:]
         if self.modifier == "anchored":
             in_lookback = at_or_before(ends - self.range_ms - self.lookback_ms)
             lo = np.where(hi > lo, np.maximum(lo - 1, in_lookback), hi)
         return lo, hi
+
+
+def _steps_in(range_ms: int, ends: np.ndarray) -> int | None:
+    """How many steps of the evenly spaced ``ends`` make ``range_ms`` (at most their number), or
+    None when it is no whole number of them."""
+    if len(ends) < 2:
+        return None
+    spacing = ends[1:] - ends[:-1]
+    step = int(spacing[0])
+    if step <= 0 or range_ms % step or not (spacing == step).all():
+        return None
+    return min(range_ms // step, len(ends))
 
 
 def _first_at_or_after(bounds: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
