@@ -566,10 +566,11 @@ def _tenant_parameter(request: server.Request) -> str | None:
     In ``request.args`` a form body's parameter replaces the query string's of the same name
     (Twisted), so when both may hold one, both are read."""
     given = request.args.get(b"tenant", [])  # type: ignore[attr-defined]  # Twisted sets args when it parses the request
-    in_query = http.parse_qs(request.uri.partition(b"?")[2], 1).get(b"tenant", [])
     content_type = (request.getHeader(b"content-type") or b"").partition(b";")[0].strip().lower()
-    if in_query and request.method == b"POST" and content_type == b"application/x-www-form-urlencoded":
-        given = in_query + http.parse_qs(read_body(request), 1).get(b"tenant", [])  # type: ignore[arg-type]  # the site's requests are LimitedRequest
+    if request.method == b"POST" and content_type == b"application/x-www-form-urlencoded":
+        in_query = http.parse_qs(request.uri.partition(b"?")[2], 1).get(b"tenant", [])
+        if in_query:
+            given = in_query + http.parse_qs(read_body(request), 1).get(b"tenant", [])  # type: ignore[arg-type]  # the site's requests are LimitedRequest
     values = set(_decoded("tenant", given))
     if len(values) > 1:
         raise HTTPError(400, f"the tenant parameter names {len(values)} different tenants; give one", field="tenant")
