@@ -61,8 +61,10 @@ def slot_rows(
     first_slot: int,
     last_slot: int,
     overlapping: tuple[int, int] | None = None,
+    column_parameters: tuple = (),
 ) -> list:
-    """The ``columns`` of ``table``'s rows of ``hashes`` in the slots (the hash first), each
+    """The ``columns`` of ``table``'s rows of ``hashes`` in the slots (the hash first; the
+    ``column_parameters`` are those of the columns' expressions), each
     series' rows in slot order; with ``overlapping`` (start_ms, end_ms), only the rows whose
     first_ts to last_ts overlaps it or who have none (head_chunks: a 5-minute read at the top of
     the hour passes over the previous hour's chunks that end before it, without their blobs). Where the slots hold at most SCAN_SPARE times as many rows as
@@ -86,12 +88,13 @@ def slot_rows(
     if held.fetchone()[0] <= bound:
         wanted = set(hashes)
         scan = f"SELECT {columns} FROM {by_slot}{within}"
-        return [row for row in connection.execute(scan, (*span, *bounds)) if row[0] in wanted]
+        return [row for row in connection.execute(scan, (*column_parameters, *span, *bounds)) if row[0] in wanted]
     probes = (
         f"SELECT {columns} FROM {table} WHERE tenant=? AND series_set_hash IN ({','.join('?' * len(hashes))})"
         f" AND time_slot BETWEEN ? AND ?{within} ORDER BY series_set_hash, time_slot"
     )
-    return connection.execute(probes, (tenant, *hashes, first_slot, last_slot, *bounds)).fetchall()
+    parameters = (*column_parameters, tenant, *hashes, first_slot, last_slot, *bounds)
+    return connection.execute(probes, parameters).fetchall()
 
 
 @contextlib.contextmanager

@@ -483,6 +483,21 @@ class TestSeriesWithData:
         assert await store.series_with_data(tenant, asked, 10, 5) == set()
 
     @pytest_twisted.ensureDeferred
+    async def test_samples_around_a_range_without_one_inside_do_not_count(self, store, tenant):
+        """Written together (one head chunk a series on a folded store): samples on both sides of
+        a range count only where one is inside it, by its first, last or a middle sample."""
+        minute = 60_000
+        gap = [RawPoint(tenant, "gap", ts * minute, 1.0) for ts in (10, 30)]
+        middle = [RawPoint(tenant, "middle", ts * minute, 1.0) for ts in (10, 20, 30)]
+        await store.write_raw(gap + middle)
+        asked = ["gap", "middle"]
+        assert await store.series_with_data(tenant, asked, 15 * minute, 25 * minute) == {"middle"}
+        assert await store.series_with_data(tenant, asked, 21 * minute, 29 * minute) == set()
+        assert await store.series_with_data(tenant, asked, 5 * minute, 10 * minute) == {"gap", "middle"}
+        assert await store.series_with_data(tenant, asked, 30 * minute, 40 * minute) == {"gap", "middle"}
+        assert await store.series_with_data(tenant, asked, 11 * minute, 19 * minute) == set()
+
+    @pytest_twisted.ensureDeferred
     async def test_a_block_counts_when_its_first_to_last_time_overlaps_the_range(self, store, tenant):
         """Sealed samples, their head rows gone (as after a seal): the block header's times decide."""
         block = encode_block(np.array([10 * 60_000, 20 * 60_000]), np.array([1.0, 2.0]))
