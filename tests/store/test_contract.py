@@ -483,13 +483,16 @@ class TestSeriesWithData:
         assert await store.series_with_data(tenant, asked, 10, 5) == set()
 
     @pytest_twisted.ensureDeferred
-    async def test_samples_around_a_range_without_one_inside_do_not_count(self, store, tenant):
+    @pytest.mark.parametrize("others", [0, 20], ids=["few series", "many others in the slot"])
+    async def test_samples_around_a_range_without_one_inside_do_not_count(self, store, tenant, others):
         """Written together (one head chunk a series on a folded store): samples on both sides of
-        a range count only where one is inside it, by its first, last or a middle sample."""
+        a range count only where one is inside it, by its first, last or a middle sample; asked
+        of a slot of few series (SQLite scans it) or of many (SQLite looks the series up)."""
         minute = 60_000
         gap = [RawPoint(tenant, "gap", ts * minute, 1.0) for ts in (10, 30)]
         middle = [RawPoint(tenant, "middle", ts * minute, 1.0) for ts in (10, 20, 30)]
-        await store.write_raw(gap + middle)
+        crowd = [RawPoint(tenant, f"other {i}", 20 * minute, 1.0) for i in range(others)]
+        await store.write_raw(gap + middle + crowd)
         asked = ["gap", "middle"]
         assert await store.series_with_data(tenant, asked, 15 * minute, 25 * minute) == {"middle"}
         assert await store.series_with_data(tenant, asked, 21 * minute, 29 * minute) == set()
